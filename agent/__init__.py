@@ -1,0 +1,3 @@
+"""fieldsync's replication agent."""
+
+__version__ = "0.1.0"

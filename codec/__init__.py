@@ -1,0 +1,23 @@
+"""fieldsync's message codec: headers, file names, message files, keys, packing."""
+
+from .errors import (
+    BadFileName,
+    BadSignature,
+    CodecError,
+    CorruptMessage,
+    InvalidValue,
+    KeyFileError,
+    MessageError,
+    MessageTooLarge,
+    SealError,
+    UnknownSender,
+    UnsupportedVersion,
+    WrongRecipient,
+)
+from .ops import Operation, OpKind, Transaction, Value, check_value, values_identical
+
+__all__ = [
+    "BadFileName", "BadSignature", "CodecError", "CorruptMessage", "InvalidValue", "KeyFileError",
+    "MessageError", "MessageTooLarge", "SealError", "UnknownSender", "UnsupportedVersion",
+    "WrongRecipient", "Operation", "OpKind", "Transaction", "Value", "check_value", "values_identical",
+]

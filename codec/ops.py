@@ -1,0 +1,167 @@
+"""Replicated operations and transactions: the values message payloads carry.
+
+Rules of this file:
+* An :class:`Operation` is a tuple underneath (``table, kind, key, before,
+  after``).  It is the hot value of the whole system: the packer serializes
+  it without conversion and the decoder rebuilds it cheaply, so it is a
+  ``NamedTuple`` subclass rather than a dataclass.  Constructing one through
+  its class validates it; the decoder builds them through ``_trusted`` after
+  checking the payload structure itself.
+* Values are the SQLite storage classes and nothing else: ``None``, ``int``
+  (signed 64-bit), ``float`` (NaN and infinities included), ``str``, ``bytes``.
+* Row images are plain ``dict``\\ s from column name to value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Mapping, NamedTuple, Union
+
+from .errors import InvalidValue
+
+Value = Union[None, int, float, str, bytes]
+RowImage = Mapping[str, Value]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# Commit offsets and counters travel as unsigned 64-bit numbers in headers;
+# keep them in the signed range so SQLite can store them too.
+OFFSET_MAX = INT64_MAX
+
+
+class OpKind(IntEnum):
+    INSERT = 1
+    UPDATE = 2
+    DELETE = 3
+
+
+def check_value(value: object, where: str) -> None:
+    """Raise InvalidValue unless ``value`` is one of SQLite's storage classes."""
+    kind = type(value)
+    if value is None or kind is str or kind is bytes or kind is float:
+        return
+    if kind is int:
+        if not INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
+            raise InvalidValue(f"{where}: integer {value} is outside SQLite's 64-bit range")
+        return
+    raise InvalidValue(f"{where}: {kind.__name__} is not a SQLite value (None, int, float, str, bytes)")
+
+
+def check_image(image: object, where: str) -> None:
+    if image is None:
+        return
+    if not isinstance(image, dict):
+        raise InvalidValue(f"{where}: row image must be a dict of column -> value, not {type(image).__name__}")
+    for column, value in image.items():
+        if type(column) is not str or not column:
+            raise InvalidValue(f"{where}: column names must be non-empty strings, got {column!r}")
+        check_value(value, f"{where}.{column}")
+
+
+class _OperationFields(NamedTuple):
+    table: str
+    kind: OpKind
+    key: tuple
+    before: dict | None
+    after: dict | None
+
+
+class Operation(_OperationFields):
+    """One row change.
+
+    * INSERT: ``after`` is the full new row, ``before`` is None.
+    * UPDATE: ``before`` holds the old values of the columns checked for
+      conflicts (at least the changed ones), ``after`` the new values of the
+      changed columns.
+    * DELETE: ``before`` holds the old row, ``after`` is None.
+
+    ``key`` is the primary-key values in primary-key column order.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, table: str, kind: int, key: tuple, before: dict | None = None,
+                after: dict | None = None) -> "Operation":
+        if type(table) is not str or not table:
+            raise InvalidValue(f"operation table must be a non-empty string, got {table!r}")
+        try:
+            kind = OpKind(kind)
+        except ValueError:
+            raise InvalidValue(f"operation on {table}: unknown kind {kind!r}") from None
+        if not isinstance(key, tuple) or not key:
+            raise InvalidValue(f"operation on {table}: key must be a non-empty tuple, got {key!r}")
+        for position, part in enumerate(key):
+            check_value(part, f"{table} key[{position}]")
+        check_image(before, f"{table} before")
+        check_image(after, f"{table} after")
+        if kind is OpKind.INSERT and (after is None or before is not None):
+            raise InvalidValue(f"INSERT on {table} needs an after-image and no before-image")
+        if kind is OpKind.DELETE and (before is None or after is not None):
+            raise InvalidValue(f"DELETE on {table} needs a before-image and no after-image")
+        if kind is OpKind.UPDATE and (before is None or after is None):
+            raise InvalidValue(f"UPDATE on {table} needs both a before-image and an after-image")
+        return tuple.__new__(cls, (table, kind, key, before, after))
+
+    @classmethod
+    def _trusted(cls, fields: tuple) -> "Operation":
+        """Build without validation (the decoder has checked the structure)."""
+        return tuple.__new__(cls, fields)
+
+    # Convenience constructors used by capture and by tests.
+    @classmethod
+    def insert(cls, table: str, key: tuple, row: dict) -> "Operation":
+        return cls(table, OpKind.INSERT, key, None, row)
+
+    @classmethod
+    def update(cls, table: str, key: tuple, old: dict, new: dict) -> "Operation":
+        return cls(table, OpKind.UPDATE, key, old, new)
+
+    @classmethod
+    def delete(cls, table: str, key: tuple, old: dict) -> "Operation":
+        return cls(table, OpKind.DELETE, key, old, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """One committed transaction of a site's log.
+
+    ``commit`` is its commit offset in the publisher's log (strictly
+    increasing along the log); ``origin`` names the site where the change was
+    first made.
+    """
+
+    commit: int
+    origin: str
+    ops: tuple[Operation, ...]
+
+    def __post_init__(self) -> None:
+        if type(self.commit) is not int or not 0 < self.commit <= OFFSET_MAX:
+            raise InvalidValue(f"transaction commit offset must be an int in 1..{OFFSET_MAX}, got {self.commit!r}")
+        if type(self.origin) is not str or not self.origin:
+            raise InvalidValue(f"transaction {self.commit}: origin must be a non-empty site name")
+        if type(self.ops) is not tuple:
+            object.__setattr__(self, "ops", tuple(self.ops))
+        for op in self.ops:
+            if not isinstance(op, Operation):
+                raise InvalidValue(f"transaction {self.commit}: ops must be Operation values, got {type(op).__name__}")
+
+
+def values_identical(left: object, right: object) -> bool:
+    """Equality that treats NaN as equal to NaN and tells 0.0 from -0.0.
+
+    SQLite keeps both distinctions, so a round trip must too; ``==`` cannot
+    check that for floats.
+    """
+    if type(left) is not type(right):
+        return False
+    if isinstance(left, float):
+        if math.isnan(left):
+            return math.isnan(right)  # type: ignore[arg-type]
+        return left == right and math.copysign(1.0, left) == math.copysign(1.0, right)  # type: ignore[arg-type]
+    if isinstance(left, (tuple, list)):
+        return len(left) == len(right) and all(values_identical(a, b) for a, b in zip(left, right))  # type: ignore[arg-type]
+    if isinstance(left, dict):
+        return left.keys() == right.keys() and all(values_identical(v, right[k]) for k, v in left.items())  # type: ignore[index, union-attr]
+    return left == right
