@@ -14,10 +14,10 @@ from .errors import (
     UnsupportedVersion,
     WrongRecipient,
 )
-from .ops import Operation, OpKind, Transaction, Value, check_value, values_identical
+from .ops import OP_KIND_NAMES, Operation, OpKind, Transaction, Value, check_operation, check_value, values_identical
 
 __all__ = [
     "BadFileName", "BadSignature", "CodecError", "CorruptMessage", "InvalidValue", "KeyFileError",
     "MessageError", "MessageTooLarge", "SealError", "UnknownSender", "UnsupportedVersion",
-    "WrongRecipient", "Operation", "OpKind", "Transaction", "Value", "check_value", "values_identical",
+    "WrongRecipient", "OP_KIND_NAMES", "Operation", "OpKind", "check_operation", "Transaction", "Value", "check_value", "values_identical",
 ]

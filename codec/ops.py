@@ -1,12 +1,14 @@
 """Replicated operations and transactions: the values message payloads carry.
 
 Rules of this file:
-* An :class:`Operation` is a tuple underneath (``table, kind, key, before,
-  after``).  It is the hot value of the whole system: the packer serializes
-  it without conversion and the decoder rebuilds it cheaply, so it is a
-  ``NamedTuple`` subclass rather than a dataclass.  Constructing one through
-  its class validates it; the decoder builds them through ``_trusted`` after
-  checking the payload structure itself.
+* An operation is a 5-tuple ``(table, kind, key, before, after)``.  It is the
+  hot value of the whole system, so it stays a tuple: :class:`Operation` is a
+  ``NamedTuple`` subclass that validates on construction (local code builds
+  operations with it), the packer serializes it without conversion, and the
+  decoder hands back the plain tuples msgpack made (equal to the
+  ``Operation`` they came from).  Code that applies decoded operations
+  passes each through :func:`check_operation`, which validates it and gives
+  the named form.
 * Values are the SQLite storage classes and nothing else: ``None``, ``int``
   (signed 64-bit), ``float`` (NaN and infinities included), ``str``, ``bytes``.
 * Row images are plain ``dict``\\ s from column name to value.
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import IntEnum
 from typing import Mapping, NamedTuple, Union
 
 from .errors import InvalidValue
@@ -31,10 +32,16 @@ INT64_MAX = 2**63 - 1
 OFFSET_MAX = INT64_MAX
 
 
-class OpKind(IntEnum):
+class OpKind:
+    """Operation kinds.  Plain ints (not an Enum) so decoded operations need
+    no conversion; :data:`OP_KIND_NAMES` gives their names."""
+
     INSERT = 1
     UPDATE = 2
     DELETE = 3
+
+
+OP_KIND_NAMES = {OpKind.INSERT: "INSERT", OpKind.UPDATE: "UPDATE", OpKind.DELETE: "DELETE"}
 
 
 def check_value(value: object, where: str) -> None:
@@ -62,7 +69,7 @@ def check_image(image: object, where: str) -> None:
 
 class _OperationFields(NamedTuple):
     table: str
-    kind: OpKind
+    kind: int  # an OpKind value
     key: tuple
     before: dict | None
     after: dict | None
@@ -86,28 +93,21 @@ class Operation(_OperationFields):
                 after: dict | None = None) -> "Operation":
         if type(table) is not str or not table:
             raise InvalidValue(f"operation table must be a non-empty string, got {table!r}")
-        try:
-            kind = OpKind(kind)
-        except ValueError:
-            raise InvalidValue(f"operation on {table}: unknown kind {kind!r}") from None
+        if type(kind) is not int or kind not in OP_KIND_NAMES:
+            raise InvalidValue(f"operation on {table}: unknown kind {kind!r}")
         if not isinstance(key, tuple) or not key:
             raise InvalidValue(f"operation on {table}: key must be a non-empty tuple, got {key!r}")
         for position, part in enumerate(key):
             check_value(part, f"{table} key[{position}]")
         check_image(before, f"{table} before")
         check_image(after, f"{table} after")
-        if kind is OpKind.INSERT and (after is None or before is not None):
+        if kind == OpKind.INSERT and (after is None or before is not None):
             raise InvalidValue(f"INSERT on {table} needs an after-image and no before-image")
-        if kind is OpKind.DELETE and (before is None or after is not None):
+        if kind == OpKind.DELETE and (before is None or after is not None):
             raise InvalidValue(f"DELETE on {table} needs a before-image and no after-image")
-        if kind is OpKind.UPDATE and (before is None or after is None):
+        if kind == OpKind.UPDATE and (before is None or after is None):
             raise InvalidValue(f"UPDATE on {table} needs both a before-image and an after-image")
         return tuple.__new__(cls, (table, kind, key, before, after))
-
-    @classmethod
-    def _trusted(cls, fields: tuple) -> "Operation":
-        """Build without validation (the decoder has checked the structure)."""
-        return tuple.__new__(cls, fields)
 
     # Convenience constructors used by capture and by tests.
     @classmethod
@@ -123,13 +123,28 @@ class Operation(_OperationFields):
         return cls(table, OpKind.DELETE, key, old, None)
 
 
+def check_operation(fields: tuple) -> Operation:
+    """Validate a decoded operation tuple and return it as an Operation.
+
+    Raises InvalidValue naming what is wrong.
+    """
+    if isinstance(fields, Operation):
+        return fields
+    if type(fields) is not tuple or len(fields) != 5:
+        raise InvalidValue(f"operation must be a 5-tuple (table, kind, key, before, after), got {fields!r:.80}")
+    table, kind, key, before, after = fields
+    return Operation(table, kind, key, before, after)
+
+
 @dataclass(frozen=True, slots=True)
 class Transaction:
     """One committed transaction of a site's log.
 
     ``commit`` is its commit offset in the publisher's log (strictly
     increasing along the log); ``origin`` names the site where the change was
-    first made.
+    first made.  Built locally, ``ops`` holds :class:`Operation` values; in a
+    decoded message it holds the equal plain tuples (see
+    :func:`check_operation`).
     """
 
     commit: int
@@ -143,9 +158,20 @@ class Transaction:
             raise InvalidValue(f"transaction {self.commit}: origin must be a non-empty site name")
         if type(self.ops) is not tuple:
             object.__setattr__(self, "ops", tuple(self.ops))
-        for op in self.ops:
-            if not isinstance(op, Operation):
-                raise InvalidValue(f"transaction {self.commit}: ops must be Operation values, got {type(op).__name__}")
+        if not set(map(type, self.ops)) <= {Operation}:
+            for op in self.ops:
+                if not isinstance(op, Operation):
+                    raise InvalidValue(f"transaction {self.commit}: ops must be Operation values, "
+                                       f"got {type(op).__name__}")
+
+    @classmethod
+    def _trusted(cls, commit: int, origin: str, ops: tuple[Operation, ...]) -> "Transaction":
+        """Build without validation (the decoder has checked the structure)."""
+        transaction = object.__new__(cls)
+        object.__setattr__(transaction, "commit", commit)
+        object.__setattr__(transaction, "origin", origin)
+        object.__setattr__(transaction, "ops", ops)
+        return transaction
 
 
 def values_identical(left: object, right: object) -> bool:
@@ -154,13 +180,15 @@ def values_identical(left: object, right: object) -> bool:
     SQLite keeps both distinctions, so a round trip must too; ``==`` cannot
     check that for floats.
     """
+    if isinstance(left, tuple) and isinstance(right, tuple):  # Operation vs decoded tuple
+        return len(left) == len(right) and all(values_identical(a, b) for a, b in zip(left, right))
     if type(left) is not type(right):
         return False
     if isinstance(left, float):
         if math.isnan(left):
             return math.isnan(right)  # type: ignore[arg-type]
         return left == right and math.copysign(1.0, left) == math.copysign(1.0, right)  # type: ignore[arg-type]
-    if isinstance(left, (tuple, list)):
+    if isinstance(left, (tuple, list)) and isinstance(right, (tuple, list)):
         return len(left) == len(right) and all(values_identical(a, b) for a, b in zip(left, right))  # type: ignore[arg-type]
     if isinstance(left, dict):
         return left.keys() == right.keys() and all(values_identical(v, right[k]) for k, v in left.items())  # type: ignore[index, union-attr]

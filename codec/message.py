@@ -1,0 +1,427 @@
+"""Message files, format version 1 (docs/message-format.md is the specification).
+
+Rules of this file:
+* Encoding is a pure function of (content, header, names, incarnation, keys):
+  no clock, no randomness, even when sealing.
+* :func:`decode_message` raises only :class:`~codec.errors.MessageError`
+  subclasses, each naming the file; cheap checks come first, the signature is
+  verified before anything is decompressed, and decompression is capped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import msgpack
+import zstandard
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from .errors import (
+    BadSignature,
+    CodecError,
+    CorruptMessage,
+    InvalidValue,
+    MessageTooLarge,
+    SealError,
+    UnknownSender,
+    UnsupportedVersion,
+    WrongRecipient,
+)
+from .header import Header
+from .keys import PublicKeys, SiteKeys
+from .names import Kind, MessageName, check_site_name
+from .ops import INT64_MAX, Transaction
+
+MAGIC = b"FSMF"
+VERSION = 1
+ZSTD_LEVEL = 3
+SIGNATURE_SIZE = 64
+INCARNATION_SIZE = 16
+# Largest uncompressed payload a message may carry: the packer never makes
+# more, the decoder refuses more (a decompression bomb is rejected, not expanded).
+MAX_PAYLOAD = 16 * 1024 * 1024
+# Largest file the decoder reads at all; senders may use any -l up to this.
+MAX_FILE_SIZE = 16 * 1024 * 1024
+
+FLAG_SEALED = 0x01
+FLAG_PART = 0x02
+_KNOWN_FLAGS = FLAG_SEALED | FLAG_PART
+_KIND_BYTE = {Kind.DATA: ord("D"), Kind.CONTROL: ord("C")}
+_BYTE_KIND = {value: kind for kind, value in _KIND_BYTE.items()}
+
+# magic, version, kind, flags, reserved, resend_count, prev, last, seq, incarnation
+_FIXED = struct.Struct(">4sBBBBQQQI16s")
+_LENGTHS = struct.Struct(">II")  # raw payload length, stored payload length
+SEAL_OVERHEAD = 32 + 16  # ephemeral X25519 public key + Poly1305 tag
+_NONCE = bytes(12)  # each sealing key encrypts exactly one payload
+
+_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
+                                       write_checksum=False, write_dict_id=False)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def frame_overhead(sender: str, recipient: str, *, sealed: bool = False) -> int:
+    """Bytes a message file adds around its compressed payload."""
+    overhead = (_FIXED.size + 1 + len(sender.encode()) + 1 + len(recipient.encode())
+                + _LENGTHS.size + SIGNATURE_SIZE)
+    return overhead + (SEAL_OVERHEAD if sealed else 0)
+
+
+def compress(payload: bytes) -> bytes:
+    return _compressor.compress(payload)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """The sender's view of the pair, carried by a control message.
+
+    Every field is monotone (receivers merge by max): ``log_received`` and
+    ``rereceive_count`` describe what the sender received from the recipient
+    (a confirmation, and a resend request when ``rereceive_count`` grew);
+    ``log_sent`` and ``resend_count`` describe what the sender has sent, so a
+    lost last message can be noticed.
+    """
+
+    log_received: int
+    rereceive_count: int
+    log_sent: int
+    resend_count: int
+
+    def __post_init__(self) -> None:
+        for field in ("log_received", "rereceive_count", "log_sent", "resend_count"):
+            value = getattr(self, field)
+            if type(value) is not int or not 0 <= value <= INT64_MAX:
+                raise InvalidValue(f"control {field} must be an integer >= 0, got {value!r}")
+
+    def header(self) -> Header:
+        return Header(resend_count=min(self.rereceive_count, 2**32 - 1), prev=0,
+                      last=self.log_received, seq=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A decoded message file.
+
+    A data message carries ``transactions``; a part of a split transaction
+    carries ``part`` (raw payload bytes to join with its siblings, see
+    :func:`reassemble`); a control message carries ``control``.
+    """
+
+    kind: Kind
+    header: Header
+    sender: str
+    recipient: str
+    incarnation: bytes
+    sealed: bool
+    transactions: tuple[Transaction, ...] | None = None
+    part: bytes | None = None
+    control: ControlState | None = None
+
+    @property
+    def is_part(self) -> bool:
+        return self.part is not None
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedMessage:
+    """A finished message file: its name, header and bytes."""
+
+    name: str
+    header: Header
+    data: bytes
+
+
+# --- encoding ------------------------------------------------------------------
+
+_packer_options = {"use_bin_type": True}
+
+
+def serialize_transaction(transaction: Transaction) -> bytes:
+    """The payload bytes of one transaction (a msgpack array element)."""
+    try:
+        return msgpack.packb((transaction.commit, transaction.origin, transaction.ops), **_packer_options)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidValue(f"transaction {transaction.commit} cannot be serialized: {error}") from None
+
+
+def array_header(count: int) -> bytes:
+    packer = msgpack.Packer()
+    return packer.pack_array_header(count)
+
+
+def _seal(keys: SiteKeys, recipient: PublicKeys, aad: bytes, compressed: bytes) -> bytes:
+    # The ephemeral key is derived from the sender's secret and the content,
+    # so sealing stays deterministic and each key encrypts one payload only.
+    ephemeral_seed = HKDF(hashes.SHA256(), 32, salt=hashlib.sha256(aad + compressed).digest(),
+                          info=b"fieldsync v1 ephemeral").derive(keys.secret_seed())
+    ephemeral = X25519PrivateKey.from_private_bytes(ephemeral_seed)
+    ephemeral_public = ephemeral.public_key().public_bytes(serialization.Encoding.Raw,
+                                                           serialization.PublicFormat.Raw)
+    key = _seal_key(ephemeral.exchange(recipient.seal_key()), ephemeral_public, recipient.seal)
+    return ephemeral_public + ChaCha20Poly1305(key).encrypt(_NONCE, compressed, aad)
+
+
+def _seal_key(shared: bytes, ephemeral_public: bytes, recipient_public: bytes) -> bytes:
+    return HKDF(hashes.SHA256(), 32, salt=None,
+                info=b"fieldsync v1 seal" + ephemeral_public + recipient_public).derive(shared)
+
+
+def frame(kind: Kind, header: Header, *, keys: SiteKeys, recipient: str, incarnation: bytes,
+          raw_length: int, compressed: bytes, part: bool = False,
+          seal_to: PublicKeys | None = None) -> bytes:
+    """Assemble, optionally seal, and sign a message file around a compressed payload."""
+    if type(incarnation) is not bytes or len(incarnation) != INCARNATION_SIZE:
+        raise InvalidValue(f"incarnation id must be {INCARNATION_SIZE} bytes")
+    if not 0 <= raw_length <= MAX_PAYLOAD:
+        raise InvalidValue(f"payload of {raw_length} bytes is over the {MAX_PAYLOAD}-byte limit")
+    check_site_name(recipient)
+    if seal_to is not None and seal_to.site != recipient:
+        raise InvalidValue(f"sealing key is for {seal_to.site}, not the recipient {recipient}")
+    sender_bytes = keys.site.encode()
+    recipient_bytes = recipient.encode()
+    flags = (FLAG_SEALED if seal_to is not None else 0) | (FLAG_PART if part else 0)
+    stored_length = len(compressed) + (SEAL_OVERHEAD if seal_to is not None else 0)
+    prefix = b"".join((
+        _FIXED.pack(MAGIC, VERSION, _KIND_BYTE[kind], flags, 0, header.resend_count, header.prev,
+                    header.last, header.seq, incarnation),
+        bytes((len(sender_bytes),)), sender_bytes, bytes((len(recipient_bytes),)), recipient_bytes,
+        _LENGTHS.pack(raw_length, stored_length),
+    ))
+    stored = _seal(keys, seal_to, prefix, compressed) if seal_to is not None else compressed
+    body = prefix + stored
+    return body + keys.signer.sign(body)
+
+
+def encode_data_message(transactions: Sequence[Transaction], header: Header, *, keys: SiteKeys,
+                        recipient: str, incarnation: bytes,
+                        seal_to: PublicKeys | None = None) -> EncodedMessage:
+    """Encode one whole data message (no size limit is applied; see codec.packing)."""
+    if header.is_part:
+        raise InvalidValue(f"header {header} is a part header; whole messages need prev < last")
+    previous = header.prev
+    for transaction in transactions:
+        if not previous < transaction.commit <= header.last:
+            raise InvalidValue(f"transaction {transaction.commit} is outside {header} or out of order")
+        previous = transaction.commit
+    payload = array_header(len(transactions)) + b"".join(map(serialize_transaction, transactions))
+    data = frame(Kind.DATA, header, keys=keys, recipient=recipient, incarnation=incarnation,
+                 raw_length=len(payload), compressed=compress(payload), seal_to=seal_to)
+    return EncodedMessage(str(MessageName(keys.site, recipient, Kind.DATA, header)), header, data)
+
+
+def encode_control_message(state: ControlState, *, keys: SiteKeys, recipient: str,
+                           incarnation: bytes, seal_to: PublicKeys | None = None) -> EncodedMessage:
+    payload = msgpack.packb((state.log_received, state.rereceive_count, state.log_sent,
+                             state.resend_count))
+    header = state.header()
+    data = frame(Kind.CONTROL, header, keys=keys, recipient=recipient, incarnation=incarnation,
+                 raw_length=len(payload), compressed=compress(payload), seal_to=seal_to)
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    return EncodedMessage(str(MessageName(keys.site, recipient, Kind.CONTROL, header, digest)),
+                          header, data)
+
+
+# --- decoding ------------------------------------------------------------------
+
+_MIN_SIZE = _FIXED.size + 1 + 1 + 1 + 1 + _LENGTHS.size + SIGNATURE_SIZE
+
+
+def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys],
+                   recipient: str, recipient_keys: SiteKeys | None = None,
+                   max_file_size: int = MAX_FILE_SIZE) -> Message:
+    """Check and decode one message file.
+
+    ``source`` names the file in errors; ``recipient`` is the site reading it.
+    ``recipient_keys`` opens sealed messages.  Raises only MessageError
+    subclasses.
+    """
+    size = len(data)
+    if size > max_file_size:
+        raise MessageTooLarge(source, f"file is {size} bytes, over the {max_file_size}-byte limit")
+    if size < _MIN_SIZE:
+        if data[:4] != MAGIC[:min(4, size)]:
+            raise CorruptMessage(source, "not a fieldsync message (bad magic)")
+        raise CorruptMessage(source, f"truncated: {size} bytes is shorter than any message")
+    (magic, version, kind_byte, flags, reserved, resend_count, prev, last, seq,
+     incarnation) = _FIXED.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptMessage(source, "not a fieldsync message (bad magic)")
+    if version != VERSION:
+        raise UnsupportedVersion(source, f"format version {version} (this agent reads version {VERSION})")
+    kind = _BYTE_KIND.get(kind_byte)
+    if kind is None or reserved != 0 or flags & ~_KNOWN_FLAGS:
+        raise CorruptMessage(source, "bad kind, flags or reserved byte")
+    position = _FIXED.size
+    sender, position = _read_name(data, position, source, "sender")
+    to, position = _read_name(data, position, source, "recipient")
+    if position + _LENGTHS.size > size:
+        raise CorruptMessage(source, "truncated inside the fixed fields")
+    raw_length, stored_length = _LENGTHS.unpack_from(data, position)
+    position += _LENGTHS.size
+    if position + stored_length + SIGNATURE_SIZE != size:
+        raise CorruptMessage(source, f"length fields say {position + stored_length + SIGNATURE_SIZE} "
+                                     f"bytes, file has {size} (truncated or extended)")
+    sender_key = keyring.get(sender)
+    if sender_key is None:
+        raise UnknownSender(source, f"sender {sender!r} is not in the keyring")
+    if to != recipient:
+        raise WrongRecipient(source, f"addressed to {to!r}, this site is {recipient!r}")
+    body_end = position + stored_length
+    try:
+        sender_key.verifier().verify(data[body_end:], data[:body_end])
+    except InvalidSignature:
+        raise BadSignature(source, f"signature does not verify with the key of {sender} "
+                                   f"({sender_key.fingerprint})") from None
+    # Everything below is signed by the sender; checks guard against a faulty peer.
+    try:
+        header = Header(resend_count, prev, last, seq)
+    except InvalidValue as error:
+        raise CorruptMessage(source, f"bad header: {error}") from None
+    if raw_length > MAX_PAYLOAD:
+        raise MessageTooLarge(source, f"payload expands to {raw_length} bytes, over the "
+                                      f"{MAX_PAYLOAD}-byte limit (decompression bomb?)")
+    stored = data[position:body_end]
+    sealed = bool(flags & FLAG_SEALED)
+    if sealed:
+        stored = _unseal(stored, data[:position], recipient_keys, source)
+    payload = _decompress(stored, raw_length, source)
+    base = dict(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
+                sealed=sealed)
+    is_part = bool(flags & FLAG_PART)
+    if kind is Kind.CONTROL:
+        if is_part:
+            raise CorruptMessage(source, "a control message cannot be a part")
+        return Message(**base, control=_control_state(payload, source))
+    if is_part != header.is_part:
+        raise CorruptMessage(source, f"part flag disagrees with header {header}")
+    if is_part:
+        return Message(**base, part=payload)
+    return Message(**base, transactions=_transactions(payload, header, source))
+
+
+def _read_name(data: bytes, position: int, source: str, what: str) -> tuple[str, int]:
+    if position >= len(data):
+        raise CorruptMessage(source, f"truncated before the {what} name")
+    length = data[position]
+    end = position + 1 + length
+    if end > len(data):
+        raise CorruptMessage(source, f"truncated inside the {what} name")
+    try:
+        name = check_site_name(data[position + 1:end].decode("ascii"))
+    except (UnicodeDecodeError, InvalidValue):
+        raise CorruptMessage(source, f"{what} name is not a valid site name") from None
+    return name, end
+
+
+def _unseal(stored: bytes, aad: bytes, keys: SiteKeys | None, source: str) -> bytes:
+    if keys is None:
+        raise SealError(source, "message is sealed and no sealing key was given to open it")
+    if len(stored) < SEAL_OVERHEAD:
+        raise CorruptMessage(source, "sealed payload is too short")
+    ephemeral_public = stored[:32]
+    try:
+        shared = keys.sealer.exchange(X25519PublicKey.from_public_bytes(ephemeral_public))
+        key = _seal_key(shared, ephemeral_public, keys.public.seal)
+        return ChaCha20Poly1305(key).decrypt(_NONCE, stored[32:], aad)
+    except (InvalidTag, ValueError):
+        raise SealError(source, f"sealed payload does not open with the key of {keys.site}") from None
+
+
+def _decompress(stored: bytes, raw_length: int, source: str) -> bytes:
+    try:
+        declared = zstandard.frame_content_size(stored)
+    except zstandard.ZstdError:
+        raise CorruptMessage(source, "payload is not a zstd frame") from None
+    if declared != raw_length:
+        raise CorruptMessage(source, f"zstd frame declares {declared} bytes, header says {raw_length}")
+    try:
+        payload = _decompressor.decompress(stored)
+    except zstandard.ZstdError as error:
+        raise CorruptMessage(source, f"payload does not decompress ({error})") from None
+    if len(payload) != raw_length:
+        raise CorruptMessage(source, f"payload decompressed to {len(payload)} bytes, expected {raw_length}")
+    return payload
+
+
+# What msgpack raises on bad input: its own errors, and builtins for bad
+# UTF-8, unhashable or non-string map keys, and over-deep nesting.
+_UNPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError, UnicodeDecodeError, OverflowError,
+                  RecursionError)
+
+
+def _unpack(payload: bytes, source: str) -> object:
+    try:
+        return msgpack.unpackb(payload, use_list=False, raw=False, strict_map_key=True)
+    except _UNPACK_ERRORS as error:
+        raise CorruptMessage(source, f"payload is not valid msgpack ({type(error).__name__})") from None
+
+
+def _control_state(payload: bytes, source: str) -> ControlState:
+    fields = _unpack(payload, source)
+    if type(fields) is not tuple or len(fields) != 4:
+        raise CorruptMessage(source, "control payload must hold four counters")
+    try:
+        return ControlState(*fields)
+    except InvalidValue as error:
+        raise CorruptMessage(source, f"bad control payload: {error}") from None
+
+
+def _transactions(payload: bytes, header: Header, source: str) -> tuple[Transaction, ...]:
+    entries = _unpack(payload, source)
+    if type(entries) is not tuple:
+        raise CorruptMessage(source, "payload must be an array of transactions")
+    previous = header.prev
+    result = []
+    for entry in entries:
+        transaction = _transaction(entry, source)
+        if not previous < transaction.commit <= header.last:
+            raise CorruptMessage(source, f"transaction {transaction.commit} is outside {header} or out of order")
+        previous = transaction.commit
+        result.append(transaction)
+    return tuple(result)
+
+
+def _transaction(entry: object, source: str) -> Transaction:
+    # Operations stay the plain 5-tuples msgpack made (see codec.ops): their
+    # values are checked one by one where they are applied, which touches
+    # each value anyway; checking them here would cost more than decoding.
+    try:
+        commit, origin, ops = entry  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise CorruptMessage(source, "payload holds a malformed transaction") from None
+    if (type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str
+            or not origin or type(ops) is not tuple):
+        raise CorruptMessage(source, "payload holds a malformed transaction")
+    if ops and (set(map(type, ops)) != {tuple} or set(map(len, ops)) != {5}):
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed operation")
+    return Transaction._trusted(commit, origin, ops)
+
+
+def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") -> Transaction:
+    """Join the parts of one split transaction (in seq order) back into it."""
+    if not parts:
+        raise CorruptMessage(source, "no parts")
+    first = parts[0].header
+    for index, part in enumerate(parts):
+        header = part.header
+        if part.part is None:
+            raise CorruptMessage(source, f"message {header} is not a part")
+        if header.seq != index or header.resend_count != first.resend_count or header.prev != first.prev:
+            raise CorruptMessage(source, f"part {header} does not follow {first} in sequence")
+        final = index == len(parts) - 1
+        if header.is_final_part != final:
+            raise CorruptMessage(source, f"part {header} is {'not ' if final else ''}the final part")
+    payload = b"".join(part.part for part in parts)  # type: ignore[misc]
+    entry = _unpack(payload, source)
+    transaction = _transaction(entry, source)
+    last = parts[-1].header.last
+    if not first.prev < transaction.commit <= last:
+        raise CorruptMessage(source, f"transaction {transaction.commit} is outside ({first.prev}, {last}]")
+    return transaction

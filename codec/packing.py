@@ -1,0 +1,229 @@
+"""Packing a stream of transactions into size-limited message files.
+
+Rules of this file:
+* Messages are cut at commit boundaries only.  A transaction whose message
+  would not fit even alone is split into parts that carry it alone, numbered
+  ``seq`` 0..k, all but the final with ``prev == last``.
+* Every finished file is at most ``max_size`` bytes, counted on the file.
+* The cut points are a pure function of the input stream, the start offset,
+  the limit and the names: any producer (the agent, the Spark job) that packs
+  the same stream makes the same files.  The compressed-size estimate used
+  to choose cut points is carried along the stream, never taken from a clock
+  or from outside state.
+* Memory is bounded by one message plus one transaction of look-ahead,
+  whatever the backlog.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Iterable, Iterator
+
+from .errors import InvalidValue
+from .header import Header
+from .keys import PublicKeys, SiteKeys
+from .message import (
+    MAX_PAYLOAD,
+    EncodedMessage,
+    array_header,
+    compress,
+    frame,
+    frame_overhead,
+    serialize_transaction,
+)
+from .names import Kind, MessageName, check_site_name
+from .ops import Transaction
+
+DEFAULT_MAX_SIZE = 50_000
+MIN_MAX_SIZE = 10_000
+MAX_MAX_SIZE = 16 * 1024 * 1024
+
+# Fill to this share of the space by estimate; the rest absorbs estimate error.
+_FILL = 0.97
+# A message whose compressed payload came out under this share of the space
+# is grown once with the corrected estimate.
+_GROW_BELOW = 0.90
+_INITIAL_RATIO = 0.5
+
+
+def check_max_size(max_size: int) -> int:
+    if type(max_size) is not int or not MIN_MAX_SIZE <= max_size <= MAX_MAX_SIZE:
+        raise InvalidValue(f"maximum message size must be {MIN_MAX_SIZE}..{MAX_MAX_SIZE} bytes, got {max_size!r}")
+    return max_size
+
+
+class _Candidate:
+    """A compressed payload for the first ``count`` queued transactions."""
+
+    __slots__ = ("count", "raw_length", "compressed")
+
+    def __init__(self, count: int, raw_length: int, compressed: bytes) -> None:
+        self.count = count
+        self.raw_length = raw_length
+        self.compressed = compressed
+
+
+def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipient: str,
+                  incarnation: bytes, resend_count: int, start: int,
+                  max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
+                  seal_to: PublicKeys | None = None) -> Iterator[EncodedMessage]:
+    """Yield the message files for ``transactions`` (in commit order, after ``start``).
+
+    ``start`` is the ``prev`` of the first message (the publisher's
+    ``log_sent``).  When ``end`` is given and lies beyond the last
+    transaction, the final message's ``last`` is raised to it (or, when
+    there are no transactions at all, one empty message covers
+    ``(start, end]``), so the receiver's ``log_received`` reaches the end of
+    what was scanned even when the tail held nothing for it.
+    """
+    check_max_size(max_size)
+    check_site_name(recipient)
+    packer = _Packer(keys, recipient, incarnation, resend_count, max_size, seal_to)
+    return packer.run(iter(transactions), start, end)
+
+
+class _Packer:
+    def __init__(self, keys: SiteKeys, recipient: str, incarnation: bytes, resend_count: int,
+                 max_size: int, seal_to: PublicKeys | None) -> None:
+        self.keys = keys
+        self.recipient = recipient
+        self.incarnation = incarnation
+        self.resend_count = resend_count
+        self.seal_to = seal_to
+        self.space = max_size - frame_overhead(keys.site, recipient, sealed=seal_to is not None)
+        if self.space < 1024:
+            raise InvalidValue(f"maximum message size {max_size} leaves no room for a payload")
+        self.target = int(self.space * _FILL)
+        self.ratio = _INITIAL_RATIO
+        # Serialized transactions read but not yet placed: (commit, bytes).
+        self.queue: list[tuple[int, bytes]] = []
+        self.exhausted = False
+        self.last_commit = 0
+
+    # -- input ------------------------------------------------------------------
+
+    def _pull(self, source: Iterator[Transaction]) -> bool:
+        """Queue one more transaction; False when the input is exhausted."""
+        if self.exhausted:
+            return False
+        transaction = next(source, None)
+        if transaction is None:
+            self.exhausted = True
+            return False
+        if transaction.commit <= self.last_commit:
+            raise InvalidValue(f"transaction {transaction.commit} does not follow {self.last_commit}: "
+                               "commit offsets must increase")
+        self.last_commit = transaction.commit
+        serialized = serialize_transaction(transaction)
+        self.queue.append((transaction.commit, serialized))
+        return True
+
+    def _count_by_estimate(self, source: Iterator[Transaction], minimum: int) -> int:
+        """How many queued transactions fill the space by the current estimate."""
+        count = 0
+        raw = 1
+        while True:
+            if count == len(self.queue) and not self._pull(source):
+                break
+            size = len(self.queue[count][1])
+            if count >= minimum and (raw + size) * self.ratio > self.target:
+                break
+            if count >= max(minimum, 1) and raw + size > MAX_PAYLOAD:
+                break
+            raw += size
+            count += 1
+        return count
+
+    def _compress(self, count: int) -> _Candidate:
+        payload = array_header(count) + b"".join(entry[1] for entry in islice(self.queue, count))
+        return _Candidate(count, len(payload), compress(payload))
+
+    # -- output -----------------------------------------------------------------
+
+    def run(self, source: Iterator[Transaction], start: int, end: int | None) -> Iterator[EncodedMessage]:
+        if start < 0:
+            raise InvalidValue(f"start offset must be >= 0, got {start}")
+        self.last_commit = start
+        prev = start
+        pending: tuple[Kind, Header, int, bytes, bool] | None = None
+        while True:
+            count = self._count_by_estimate(source, 1)
+            if count == 0:
+                break
+            candidate = self._fit(source, count)
+            if candidate is None:
+                # The first queued transaction does not fit alone: split it.
+                commit, serialized = self.queue.pop(0)
+                for seq, chunk_raw, chunk, final in self._split(serialized):
+                    if pending is not None:
+                        yield self._finish(pending, None)
+                    header = Header(self.resend_count, prev, commit if final else prev, seq)
+                    pending = (Kind.DATA, header, chunk_raw, chunk, True)
+                prev = commit
+                continue
+            last = self.queue[candidate.count - 1][0]
+            del self.queue[:candidate.count]
+            if pending is not None:
+                yield self._finish(pending, None)
+            pending = (Kind.DATA, Header(self.resend_count, prev, last, 0), candidate.raw_length,
+                       candidate.compressed, False)
+            prev = last
+        if pending is not None:
+            yield self._finish(pending, end)
+        elif end is not None and end > start:
+            payload = array_header(0)
+            yield self._finish((Kind.DATA, Header(self.resend_count, start, end, 0), len(payload),
+                                compress(payload), False), None)
+
+    def _finish(self, pending: tuple[Kind, Header, int, bytes, bool], end: int | None) -> EncodedMessage:
+        kind, header, raw_length, compressed, part = pending
+        if end is not None and end > header.last:
+            if header.is_part and not header.is_final_part:
+                raise AssertionError("a non-final part cannot end the stream")
+            header = Header(header.resend_count, header.prev, end, header.seq)
+        data = frame(kind, header, keys=self.keys, recipient=self.recipient, incarnation=self.incarnation,
+                     raw_length=raw_length, compressed=compressed, part=part, seal_to=self.seal_to)
+        return EncodedMessage(str(MessageName(self.keys.site, self.recipient, kind, header)), header, data)
+
+    def _fit(self, source: Iterator[Transaction], count: int) -> _Candidate | None:
+        """The largest candidate that fits, by estimate plus correction; None
+        when even the first transaction alone does not fit."""
+        candidate = self._compress(count)
+        grown = False
+        while len(candidate.compressed) > self.space:
+            self.ratio = len(candidate.compressed) / candidate.raw_length
+            if candidate.count == 1:
+                return None
+            smaller = min(self._count_by_estimate(source, 0), candidate.count - 1)
+            candidate = self._compress(max(smaller, 1))
+            grown = True  # never grow after shrinking
+        self.ratio = len(candidate.compressed) / candidate.raw_length
+        more_available = candidate.count < len(self.queue) or self._pull(source)
+        if not grown and more_available and len(candidate.compressed) < self.space * _GROW_BELOW:
+            larger = self._count_by_estimate(source, candidate.count)
+            if larger > candidate.count:
+                attempt = self._compress(larger)
+                if len(attempt.compressed) <= self.space:
+                    candidate = attempt
+                    self.ratio = len(candidate.compressed) / candidate.raw_length
+        return candidate
+
+    def _split(self, serialized: bytes) -> Iterator[tuple[int, int, bytes, bool]]:
+        """Cut one transaction's bytes into parts that each fit."""
+        offset = 0
+        seq = 0
+        total = len(serialized)
+        while offset < total:
+            length = min(total - offset, MAX_PAYLOAD, max(1, int(self.target / self.ratio)))
+            while True:
+                chunk = compress(serialized[offset:offset + length])
+                if len(chunk) <= self.space:
+                    break
+                self.ratio = len(chunk) / length
+                length = max(1, min(length - 1, int(self.target / self.ratio)))
+            self.ratio = len(chunk) / length
+            final = offset + length == total
+            yield seq, length, chunk, final
+            offset += length
+            seq += 1
+
