@@ -76,7 +76,7 @@ class PublicKeys:
     @classmethod
     def from_line(cls, line: str) -> "PublicKeys":
         parts = line.strip().split()
-        if len(parts) != 6 or " ".join(parts[:2]) != PUBLIC_MAGIC:
+        if len(parts) != 5 or " ".join(parts[:2]) != PUBLIC_MAGIC:
             raise InvalidValue(f"not a fieldsync public key line: {line.strip()[:60]!r}")
         site = parts[2]
         return cls(check_site_name(site), _unb64(parts[3], f"sign key of {site}"),

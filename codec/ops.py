@@ -180,6 +180,8 @@ def values_identical(left: object, right: object) -> bool:
     SQLite keeps both distinctions, so a round trip must too; ``==`` cannot
     check that for floats.
     """
+    if isinstance(left, Transaction) and isinstance(right, Transaction):
+        return (left.commit, left.origin) == (right.commit, right.origin) and values_identical(left.ops, right.ops)
     if isinstance(left, tuple) and isinstance(right, tuple):  # Operation vs decoded tuple
         return len(left) == len(right) and all(values_identical(a, b) for a, b in zip(left, right))
     if type(left) is not type(right):

@@ -1,0 +1,142 @@
+"""Golden message files of format version 1.
+
+``python -m tests.codec.golden --write`` made ``fixtures/messages/v1/`` once;
+the files are never regenerated.  A format change gets a new version folder,
+and the tests keep decoding every old one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from codec.header import Header
+from codec.keys import SiteKeys
+from codec.message import ControlState, encode_control_message, encode_data_message
+from codec.ops import Operation, Transaction
+from codec.packing import pack_messages
+
+ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "messages" / "v1"
+HQ = SiteKeys.from_seeds("hq", bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"),
+                         bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"))
+FIELD = SiteKeys.from_seeds("field1",
+                            bytes.fromhex("4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb"),
+                            bytes.fromhex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb"))
+INCARNATION = bytes.fromhex("6669656c6473796e632d676f6c64656e")
+
+
+def transactions() -> list[Transaction]:
+    return [
+        Transaction(923_357, "hq", (
+            Operation.insert("customer", (1,), {"id": 1, "name": "Ana Silva", "city": "Porto", "balance": 1250.5,
+                                                "photo": b"\x89PNG\x00\xff", "note": None}),
+            Operation.insert("customer", (2,), {"id": 2, "name": "Hiro Tanaka ✓ 𝄞", "city": "Osaka",
+                                                "balance": float("nan"), "photo": b"", "note": "-0.0 next"}),
+            Operation.update("customer", (2,), {"balance": float("nan")}, {"balance": -0.0}),
+        )),
+        Transaction(942_712, "field2", (
+            Operation.delete("order_line", (7, "A"), {"order_id": 7, "line": "A", "qty": 9_223_372_036_854_775_807,
+                                                      "price": float("-inf")}),
+        )),
+    ]
+
+
+def big_transaction() -> Transaction:
+    # Deterministic, poorly compressible content so it needs several 10,000-byte parts.
+    state = 12345
+    ops = []
+    for row in range(24):
+        chunk = bytearray()
+        for _ in range(1500):
+            state = (state * 6364136223846793005 + 1442695040888963407) % 2**64
+            chunk.append(state >> 56)
+        ops.append(Operation.insert("attachment", (row,), {"id": row, "data": bytes(chunk)}))
+    return Transaction(1_119_170, "hq", tuple(ops))
+
+
+def build() -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    single = encode_data_message(transactions(), Header(0, 923_200, 942_712), keys=HQ, recipient="field1",
+                                 incarnation=INCARNATION)
+    files[single.name] = single.data
+    for part in pack_messages([big_transaction()], keys=HQ, recipient="field1", incarnation=INCARNATION,
+                              resend_count=0, start=942_712, max_size=10_000):
+        files[part.name] = part.data
+    sealed = encode_data_message(transactions()[:1], Header(1, 923_200, 923_357), keys=HQ, recipient="field1",
+                                 incarnation=INCARNATION, seal_to=FIELD.public)
+    files[sealed.name] = sealed.data
+    control = encode_control_message(ControlState(log_received=4711, rereceive_count=2, log_sent=942_712,
+                                                  resend_count=1), keys=HQ, recipient="field1",
+                                     incarnation=INCARNATION)
+    files[control.name] = control.data
+    return files
+
+
+def tag(value: object) -> object:
+    """JSON form of a SQLite value that keeps every distinction."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError("bool is not a SQLite value")
+    if isinstance(value, int):
+        return {"int": str(value)}
+    if isinstance(value, float):
+        if math.isnan(value):
+            return {"float": "nan"}
+        return {"float": repr(value)}
+    if isinstance(value, str):
+        return {"text": value}
+    if isinstance(value, bytes):
+        return {"blob": value.hex()}
+    raise TypeError(type(value))
+
+
+def transaction_json(transaction: Transaction) -> dict:
+    return {
+        "commit": transaction.commit,
+        "origin": transaction.origin,
+        "ops": [{"table": t, "kind": k, "key": [tag(v) for v in key],
+                 "before": None if b is None else {c: tag(v) for c, v in b.items()},
+                 "after": None if a is None else {c: tag(v) for c, v in a.items()}}
+                for t, k, key, b, a in transaction.ops],
+    }
+
+
+def expected() -> dict:
+    return {
+        "format_version": 1,
+        "incarnation": INCARNATION.hex(),
+        "single": {"header": "(0-0000923200-0000942712-0)",
+                   "transactions": [transaction_json(t) for t in transactions()]},
+        "multi_part": {"headers_first_last": ["(0-0000942712-0000942712-0)", "(0-0000942712-0001119170-"],
+                       "transaction": transaction_json(big_transaction())},
+        "sealed": {"header": "(1-0000923200-0000923357-0)",
+                   "transactions": [transaction_json(transactions()[0])]},
+        "control": {"log_received": 4711, "rereceive_count": 2, "log_sent": 942_712, "resend_count": 1},
+    }
+
+
+def write(force: bool) -> None:
+    if ROOT.exists() and any(ROOT.iterdir()) and not force:
+        raise SystemExit(f"{ROOT} exists: golden files are never regenerated (make a new version folder)")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    for name, data in build().items():
+        (ROOT / name).write_bytes(data)
+    (ROOT / "hq.pub").write_text(HQ.public.to_line() + "\n")
+    (ROOT / "field1.pub").write_text(FIELD.public.to_line() + "\n")
+    FIELD.save(ROOT / "field1.key")  # throw-away test key, to open the sealed file
+    (ROOT / "expected.json").write_text(json.dumps(expected(), indent=2, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true")
+    parser.add_argument("--force", action="store_true")
+    arguments = parser.parse_args()
+    if not arguments.write:
+        parser.print_help()
+        sys.exit(2)
+    write(arguments.force)

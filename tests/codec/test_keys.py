@@ -1,0 +1,90 @@
+import os
+import stat
+
+import pytest
+
+from codec.errors import InvalidValue, KeyFileError
+from codec.keys import Keyring, PublicKeys, SiteKeys
+
+
+def test_generate_save_load_round_trip(tmp_path):
+    keys = SiteKeys.generate("hq")
+    path = keys.save(tmp_path / "hq.key")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    loaded = SiteKeys.load(path)
+    assert loaded.public == keys.public
+    signature = loaded.signer.sign(b"data")
+    keys.public.verifier().verify(signature, b"data")
+    assert "sign" not in repr(loaded) and keys.public.fingerprint in repr(loaded)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_load_refuses_a_key_others_can_read(tmp_path):
+    path = SiteKeys.generate("hq").save(tmp_path / "hq.key")
+    os.chmod(path, 0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        SiteKeys.load(path)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("", "not a fieldsync secret key"),
+    ("fieldsync-secret-key v1\nsite: hq\nsign: AAAA\n", "missing seal"),
+    ("fieldsync-secret-key v1\nsite: hq\nsign: !!\nseal: AAAA\n", "not base64"),
+    ("fieldsync-secret-key v1\nsite: hq\nsign: AAAA\nseal: AAAA\n", "32 bytes"),
+    ("fieldsync-secret-key v1\nsite: ../x\nsign: AAAA\nseal: AAAA\n", "invalid site name"),
+    ("fieldsync-secret-key v1\nbroken line\n", "line 2"),
+])
+def test_bad_key_files_give_one_clear_error(tmp_path, text, problem):
+    path = tmp_path / "k.key"
+    path.write_text(text)
+    os.chmod(path, 0o600)
+    with pytest.raises(KeyFileError, match=problem) as raised:
+        SiteKeys.load(path)
+    assert str(path) in str(raised.value)
+
+
+def test_missing_key_file(tmp_path):
+    with pytest.raises(KeyFileError, match="cannot read"):
+        SiteKeys.load(tmp_path / "absent.key")
+
+
+def test_fingerprint_is_short_stable_and_distinct():
+    keys = SiteKeys.from_seeds("hq", bytes(32), bytes(range(32)))
+    fingerprint = keys.public.fingerprint
+    assert len(fingerprint) == 19 and fingerprint.count("-") == 3
+    assert fingerprint == SiteKeys.from_seeds("hq", bytes(32), bytes(range(32))).public.fingerprint
+    assert fingerprint != SiteKeys.from_seeds("hq", bytes([1]) * 32, bytes(range(32))).public.fingerprint
+
+
+def test_public_key_line_round_trip_and_errors():
+    public = SiteKeys.generate("field-7").public
+    assert PublicKeys.from_line(public.to_line()) == public
+    for line in ("", "fieldsync-public-key v1 hq", "ssh-ed25519 AAAA hq",
+                 public.to_line().replace("field-7", "a/b")):
+        with pytest.raises(InvalidValue):
+            PublicKeys.from_line(line)
+
+
+def test_keyring_refuses_silent_key_change(tmp_path):
+    first = SiteKeys.generate("f1").public
+    second = SiteKeys.generate("f1").public
+    ring = Keyring([first])
+    ring.add(first)  # the same key again is fine
+    with pytest.raises(InvalidValue, match="different key"):
+        ring.add(second)
+    ring.add(second, replace=True)
+    assert ring["f1"] == second
+    ring.add(SiteKeys.generate("f2").public)
+    ring.save(tmp_path / "ring")
+    assert dict(Keyring.load(tmp_path / "ring")) == dict(ring)
+    ring.remove("f2")
+    assert list(ring) == ["f1"] and len(ring) == 1
+    with pytest.raises(TypeError):
+        ring.view["x"] = first  # the view is read-only
+
+
+def test_keyring_file_errors_name_the_line(tmp_path):
+    path = tmp_path / "ring"
+    path.write_text("# peers\n" + SiteKeys.generate("f1").public.to_line() + "\ngarbage\n")
+    with pytest.raises(KeyFileError, match=r"ring:3"):
+        Keyring.load(path)

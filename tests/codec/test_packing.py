@@ -1,0 +1,181 @@
+import os
+import random
+import tracemalloc
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from codec.errors import InvalidValue
+from codec.header import Header
+from codec.message import decode_message, reassemble
+from codec.ops import Operation, Transaction, values_identical
+from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, pack_messages
+
+from .helpers import FIELD, HQ, INCARNATION, KEYRING
+
+
+def pack(transactions, **options):
+    options.setdefault("resend_count", 0)
+    options.setdefault("start", 0)
+    return list(pack_messages(transactions, keys=HQ, recipient="field1", incarnation=INCARNATION, **options))
+
+
+def unpack_stream(messages, start, max_size, recipient_keys=None):
+    """Check every rule a receiver relies on and return the transactions."""
+    result = []
+    prev = start
+    group = []
+    for encoded in messages:
+        assert len(encoded.data) <= max_size, f"{encoded.name} is {len(encoded.data)} bytes"
+        message = decode_message(encoded.data, source=encoded.name, keyring=KEYRING, recipient="field1",
+                                 recipient_keys=recipient_keys)
+        header = message.header
+        assert header.prev == prev, f"{header} does not follow {prev}"
+        if message.is_part:
+            assert header.seq == len(group)
+            group.append(message)
+            if header.is_final_part:
+                result.append(reassemble(group))
+                group = []
+                prev = header.last
+            else:
+                assert header.last == header.prev
+        else:
+            assert header.seq == 0 and header.prev < header.last
+            result.extend(message.transactions)
+            prev = header.last
+    assert not group, "stream ends inside a multi-part group"
+    return result, prev
+
+
+def make_transactions(sizes, seed=1, start=0):
+    rng = random.Random(seed)
+    commit = start
+    transactions = []
+    for size in sizes:
+        commit += rng.randint(1, 50)
+        ops = tuple(Operation.insert("t", (i,), {"id": i, "v": rng.random(), "s": "x" * rng.randint(0, 40)})
+                    for i in range(size))
+        transactions.append(Transaction(commit, "hq", ops))
+    return transactions
+
+
+def test_small_stream_fits_one_message_and_round_trips():
+    transactions = make_transactions([3, 1, 7])
+    messages = pack(transactions, start=0)
+    assert len(messages) == 1
+    assert messages[0].header == Header(0, 0, transactions[-1].commit, 0)
+    decoded, last = unpack_stream(messages, 0, DEFAULT_MAX_SIZE)
+    assert values_identical(decoded, transactions)
+
+
+def test_large_transaction_is_split_like_the_seed_example():
+    # Incompressible blobs force a transaction of ~200 KB over 50,000-byte messages.
+    big = Transaction(1_119_170, "hq", tuple(Operation.insert("b", (i,), {"id": i, "data": os.urandom(4000)})
+                                             for i in range(50)))
+    messages = pack([big], start=942_712)
+    headers = [str(m.header) for m in messages]
+    assert len(messages) >= 4
+    assert headers[0] == "(0-0000942712-0000942712-0)"
+    assert headers[1] == "(0-0000942712-0000942712-1)"
+    assert headers[-1] == f"(0-0000942712-0001119170-{len(messages) - 1})"
+    decoded, last = unpack_stream(messages, 942_712, DEFAULT_MAX_SIZE)
+    assert values_identical(decoded, [big]) and last == 1_119_170
+
+
+def test_messages_are_cut_at_commit_boundaries_and_filled():
+    transactions = make_transactions([40] * 300)
+    messages = pack(transactions)
+    decoded, _ = unpack_stream(messages, 0, DEFAULT_MAX_SIZE)
+    assert values_identical(decoded, transactions)
+    commits = {t.commit for t in transactions}
+    assert all(m.header.last in commits for m in messages)
+    # Cut points leave little space unused (the last message may be short).
+    assert min(len(m.data) for m in messages[:-1]) > 0.8 * DEFAULT_MAX_SIZE
+
+
+def test_same_input_gives_same_bytes():
+    transactions = make_transactions([25] * 100 + [3000], seed=4)
+    first = [m.data for m in pack(transactions, start=5, resend_count=3)]
+    assert first == [m.data for m in pack(transactions, start=5, resend_count=3)]
+    assert first != [m.data for m in pack(transactions, start=5, resend_count=4)]
+
+
+def test_end_extends_the_final_message_or_makes_an_empty_one():
+    transactions = make_transactions([2, 2])
+    messages = pack(transactions, end=10_000)
+    assert messages[-1].header.last == 10_000
+    decoded, last = unpack_stream(messages, 0, DEFAULT_MAX_SIZE)
+    assert values_identical(decoded, transactions) and last == 10_000
+    empty = pack([], start=50, end=80)
+    assert [m.header for m in empty] == [Header(0, 50, 80, 0)]
+    assert unpack_stream(empty, 50, DEFAULT_MAX_SIZE) == ([], 80)
+    assert pack([], start=50) == [] and pack([], start=50, end=50) == []
+
+
+def test_sealed_stream_respects_the_limit():
+    transactions = make_transactions([60] * 50, seed=9)
+    messages = pack(transactions, seal_to=FIELD.public, max_size=MIN_MAX_SIZE)
+    decoded, _ = unpack_stream(messages, 0, MIN_MAX_SIZE, recipient_keys=FIELD)
+    assert values_identical(decoded, transactions)
+
+
+@pytest.mark.parametrize("size", [0, MIN_MAX_SIZE - 1, 10**9, 50_000.0])
+def test_bad_limits_are_refused(size):
+    with pytest.raises(InvalidValue):
+        pack([], max_size=size)
+
+
+def test_out_of_order_commits_are_refused():
+    a, b = make_transactions([1, 1])
+    with pytest.raises(InvalidValue, match="must increase"):
+        pack([b, a])
+    with pytest.raises(InvalidValue):
+        pack([a], start=a.commit)
+
+
+def test_memory_stays_bounded_by_the_message_size_whatever_the_backlog():
+    consumed = 0
+
+    def backlog():
+        nonlocal consumed
+        for index in range(1, 60_001):
+            consumed += 1
+            yield Transaction(index, "hq", (Operation.insert("t", (index,), {"id": index, "v": os.urandom(40)}),))
+
+    tracemalloc.start()
+    first_message_consumed = None
+    count = 0
+    for message in pack_messages(backlog(), keys=HQ, recipient="field1", incarnation=INCARNATION,
+                                 resend_count=0, start=0):
+        count += 1
+        if first_message_consumed is None:
+            first_message_consumed = consumed
+            per_message = message.header.last
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert consumed == 60_000 and count > 10
+    # Streaming: the first message came out long before the input ended ...
+    assert first_message_consumed < 3 * per_message + 10
+    # ... and the peak stays a few messages' worth, not the backlog's (~5 MB serialized).
+    assert peak < 2_000_000, peak
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.one_of(st.integers(0, 30), st.integers(200, 1500)), min_size=0, max_size=25),
+       blob=st.integers(0, 3000), max_size=st.sampled_from([MIN_MAX_SIZE, 23_456, DEFAULT_MAX_SIZE]),
+       start=st.integers(0, 10**12), seed=st.integers(0, 1000))
+def test_packer_rules_hold_for_arbitrary_transaction_sizes(sizes, blob, max_size, start, seed):
+    rng = random.Random(seed)
+    transactions = []
+    commit = start
+    for size in sizes:
+        commit += rng.randint(1, 10**6)
+        ops = tuple(Operation.insert("t", (i,), {"id": i, "r": rng.randbytes(rng.randint(0, blob)),
+                                                 "s": "abc" * rng.randint(0, 30)}) for i in range(size))
+        transactions.append(Transaction(commit, "hq", ops))
+    messages = pack(transactions, start=start, max_size=max_size, resend_count=seed)
+    assert all(m.header.resend_count == seed for m in messages)
+    decoded, last = unpack_stream(messages, start, max_size)
+    assert values_identical(decoded, transactions)
+    assert last == (transactions[-1].commit if transactions else start)
