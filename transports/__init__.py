@@ -1,0 +1,39 @@
+"""Transports move message files between site inboxes: the interface, the
+registry of plugins (``folder``, ``sftp``, ``email``, third-party entry
+points) and the typed errors they raise.  Plugins are imported on first use."""
+
+from .base import Incoming, Transport, TransportWrapper, check_message_name
+from .errors import (
+    BadAddress,
+    BadTransportOptions,
+    InvalidMessageName,
+    RegistryError,
+    TransportClosed,
+    TransportError,
+    TransportNameTaken,
+    TransportNotInstalled,
+    TransportRefused,
+    TransportUnavailable,
+    UnknownTransport,
+)
+from .registry import (
+    ENTRY_POINT_GROUP,
+    RegistryEntry,
+    TransportSpec,
+    available_transports,
+    create_transport,
+    get_transport_class,
+    parse_transport_spec,
+    refresh_entry_points,
+    register,
+    registry,
+)
+
+__all__ = [
+    "Incoming", "Transport", "TransportWrapper", "check_message_name",
+    "BadAddress", "BadTransportOptions", "InvalidMessageName", "RegistryError", "TransportClosed",
+    "TransportError", "TransportNameTaken", "TransportNotInstalled", "TransportRefused",
+    "TransportUnavailable", "UnknownTransport",
+    "ENTRY_POINT_GROUP", "RegistryEntry", "TransportSpec", "available_transports", "create_transport",
+    "get_transport_class", "parse_transport_spec", "refresh_entry_points", "register", "registry",
+]

@@ -1,0 +1,312 @@
+"""The ``folder`` transport: message files in a directory per site inbox.
+
+Rules of this file:
+* The address is a directory that must already exist; a missing one is a
+  folder that is not mounted or plugged in, never something to create.
+* A file becomes visible whole or not at all: it is written under a dot-name
+  ``.<name>.<16 hex>.tmp`` in the same directory, fsynced, renamed with
+  ``os.replace`` and the directory fsynced.
+* Only entries directly inside the inbox are read or removed, by the name the
+  listing gave; symbolic links, directories, devices and FIFOs are ignored
+  and opened with ``O_NOFOLLOW``, so nothing outside the inbox is touched.
+* Every blocking call runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from codec.errors import BadFileName
+from codec.names import MessageName
+
+from .base import Incoming, Transport
+from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STALE_TEMP_AGE = 3600.0
+DEFAULT_MAX_FILE_SIZE = 256 * 1024 * 1024
+
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+# What this transport writes while sending; only these are ever cleaned up.
+_OWN_TEMP = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp\Z")
+# Partial files of other tools (copy programs, SFTP clients): never yielded.
+_TEMP_SUFFIXES = (".tmp", ".part", ".partial", ".filepart", ".crdownload", "~")
+
+_REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+# Directory fsync is not supported everywhere (some network shares, Windows).
+_DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES})
+
+
+@dataclass(frozen=True, slots=True)
+class _FolderToken:
+    """Which copy of a file a receive read; ack removes only that copy."""
+
+    directory: str
+    name: str
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.name)
+
+    def matches(self, status: os.stat_result) -> bool:
+        return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns) == (
+            self.device, self.inode, self.size, self.mtime_ns)
+
+
+def _translate(error: OSError, doing: str, path: str) -> TransportError:
+    """One-line transport error for an OSError raised while ``doing`` ``path``."""
+    code = errno.errorcode.get(error.errno or 0, "unknown")
+    text = f"{doing} {path}: {error.strerror or error} [{code}]"
+    if error.errno in _REFUSED_ERRNOS:
+        return TransportRefused(text + "; check the folder's permissions and that it is writable")
+    if error.errno in (errno.ENOENT, errno.ENOTDIR):
+        return TransportUnavailable(text + "; is the drive or share mounted?")
+    return TransportUnavailable(text)
+
+
+def _is_temporary(name: str) -> bool:
+    return name.startswith(".") or name.endswith(_TEMP_SUFFIXES)
+
+
+def _is_own_temp(name: str) -> bool:
+    match = _OWN_TEMP.match(name)
+    if match is None:
+        return False
+    try:
+        MessageName.parse(match["name"])
+    except BadFileName:
+        return False
+    return True
+
+
+def _fsync_directory(directory: str) -> None:
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    except OSError as error:
+        raise _translate(error, "cannot open folder", directory) from None
+    try:
+        os.fsync(dir_fd)
+    except OSError as error:
+        if error.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise _translate(error, "cannot flush folder", directory) from None
+        log.debug("folder %s does not support fsync (%s); rename durability is up to the file system",
+                  directory, error.strerror)
+    finally:
+        os.close(dir_fd)
+
+
+class FolderTransport(Transport):
+    """Message files in directories, e.g. ``/mnt/share/fieldsync/hq``.
+
+    Options:
+        stale_temp_age: seconds after which a temp file left by a crashed
+            sender is removed by ``receive`` (default one hour).
+        min_age: seconds a file must be unmodified before ``receive`` yields
+            it (default 0).  Set a few seconds when people copy files into the
+            inbox by hand, so a copy in progress is not read.
+        max_file_size: files larger than this are left in place and logged,
+            never read into memory (default 256 MiB).
+        file_mode: permission bits for sent files; default: 0o666 less umask.
+    """
+
+    def __init__(self, *, stale_temp_age: float = DEFAULT_STALE_TEMP_AGE, min_age: float = 0.0,
+                 max_file_size: int = DEFAULT_MAX_FILE_SIZE, file_mode: int | None = None) -> None:
+        super().__init__()
+        if not stale_temp_age > 0:
+            raise ValueError(f"stale_temp_age must be > 0 seconds, got {stale_temp_age!r}")
+        if not min_age >= 0:
+            raise ValueError(f"min_age must be >= 0 seconds, got {min_age!r}")
+        if type(max_file_size) is not int or max_file_size < 0:
+            raise ValueError(f"max_file_size must be a byte count >= 0, got {max_file_size!r}")
+        if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):
+            raise ValueError(f"file_mode must be permission bits 0..0o777, got {file_mode!r}")
+        self.stale_temp_age = float(stale_temp_age)
+        self.min_age = float(min_age)
+        self.max_file_size = max_file_size
+        self.file_mode = file_mode
+
+    def __repr__(self) -> str:
+        return f"FolderTransport(closed={self.closed})"
+
+    def check_address(self, address: str) -> str:
+        """The address is a directory path; ``~`` is expanded, the result made absolute."""
+        address = super().check_address(address)
+        return os.path.abspath(os.path.expanduser(address))
+
+    # -- send ----------------------------------------------------------------
+
+    async def _send(self, address: str, name: str, data: bytes) -> None:
+        await asyncio.to_thread(self._send_blocking, address, name, data)
+
+    def _send_blocking(self, directory: str, name: str, data: bytes) -> None:
+        self._require_directory(directory, "cannot send to folder")
+        temp_path = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
+        target_path = os.path.join(directory, name)
+        try:
+            fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o666)
+        except OSError as error:
+            raise _translate(error, "cannot create a file in folder", directory) from None
+        try:
+            try:
+                if self.file_mode is not None:
+                    os.fchmod(fd, self.file_mode)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp_path, target_path)
+        except BaseException as error:
+            try:
+                os.unlink(temp_path)
+            except OSError:
+                pass
+            if isinstance(error, OSError):
+                raise _translate(error, f"cannot write {name} to folder", directory) from None
+            raise
+        _fsync_directory(directory)
+
+    @staticmethod
+    def _require_directory(directory: str, doing: str) -> None:
+        try:
+            status = os.stat(directory)
+        except OSError as error:
+            if error.errno == errno.ENOENT:
+                raise TransportUnavailable(
+                    f"{doing} {directory}: it does not exist; is the drive or share mounted? "
+                    "(fieldsync never creates it: create it or fix the address)") from None
+            if error.errno == errno.ENOTDIR:
+                raise BadAddress(f"{doing} {directory}: part of the path is a file, not a folder") from None
+            raise _translate(error, doing, directory) from None
+        if not stat.S_ISDIR(status.st_mode):
+            raise BadAddress(f"{doing} {directory}: it is a file, not a folder; fix the address")
+
+    # -- receive -------------------------------------------------------------
+
+    async def _receive(self, address: str) -> AsyncIterator[Incoming]:
+        names = await asyncio.to_thread(self._scan_blocking, address)
+        for name in names:
+            self._check_open()
+            incoming = await asyncio.to_thread(self._read_blocking, address, name)
+            if incoming is not None:
+                yield incoming
+
+    def _scan_blocking(self, directory: str) -> list[str]:
+        """Sorted names of the regular files to read; removes stale temp files."""
+        self._require_directory(directory, "cannot read inbox folder")
+        names: list[str] = []
+        now = time.time()
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+                        continue
+                    if _is_temporary(entry.name):
+                        self._remove_if_stale_temp(directory, entry, now)
+                        continue
+                    names.append(entry.name)
+        except OSError as error:
+            raise _translate(error, "cannot list inbox folder", directory) from None
+        names.sort()
+        return names
+
+    def _remove_if_stale_temp(self, directory: str, entry: os.DirEntry[str], now: float) -> None:
+        if not _is_own_temp(entry.name):
+            return
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+            if age < self.stale_temp_age:
+                return
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            log.warning("could not remove stale temp file %s in %s: %s", entry.name, directory, error.strerror)
+            return
+        log.info("removed %s in %s: a send that was interrupted %.0f s ago left it", entry.name, directory, age)
+
+    def _read_blocking(self, directory: str, name: str) -> Incoming | None:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
+        except FileNotFoundError:
+            return None  # taken by another reader, or acked, since the listing
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                return None  # became a symbolic link since the listing
+            if error.errno in (errno.EACCES, errno.EPERM):
+                log.warning("cannot read %s in inbox %s: %s; fix its permissions", name, directory, error.strerror)
+                return None
+            raise _translate(error, f"cannot read {name} in inbox folder", directory) from None
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                return None
+            if before.st_size > self.max_file_size:
+                log.warning("%s in inbox %s is %d bytes, over the %d byte limit; left in place, not read",
+                            name, directory, before.st_size, self.max_file_size)
+                return None
+            if self.min_age and time.time() - before.st_mtime < self.min_age:
+                return None  # maybe still being copied in; next receive reads it
+            chunks = []
+            remaining = before.st_size + 1  # one more byte tells us the file grew
+            while remaining > 0:
+                chunk = os.read(fd, min(remaining, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                remaining -= len(chunk)
+            data = b"".join(chunks)
+            after = os.fstat(fd)
+        except OSError as error:
+            raise _translate(error, f"cannot read {name} in inbox folder", directory) from None
+        finally:
+            os.close(fd)
+        if len(data) != before.st_size or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            log.info("%s in inbox %s changed while it was read; it will be read on the next receive", name, directory)
+            return None
+        token = _FolderToken(directory, name, before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
+        return Incoming(name, data, token)
+
+    # -- ack -----------------------------------------------------------------
+
+    async def _ack(self, incoming: Incoming) -> None:
+        token = incoming.token
+        if not isinstance(token, _FolderToken):
+            raise TypeError(f"{incoming!r} was not received by a folder transport")
+        await asyncio.to_thread(self._ack_blocking, token)
+
+    @staticmethod
+    def _ack_blocking(token: _FolderToken) -> None:
+        path = token.path
+        try:
+            if not token.matches(os.stat(path, follow_symlinks=False)):
+                # Replaced by a new delivery since it was read: that copy has not
+                # been stored yet, so it stays for the next receive.
+                log.debug("%s was replaced since it was received; keeping the new copy", path)
+                return
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise _translate(error, f"cannot remove {token.name} from inbox folder", token.directory) from None
+        _fsync_directory(token.directory)
