@@ -26,8 +26,10 @@ from .registry import (
     parse_transport_spec,
     refresh_entry_points,
     register,
-    registry,
 )
+
+# The read-only view is ``transports.registry.registry``; it is not re-exported
+# here so that ``transports.registry`` stays the module.
 
 __all__ = [
     "Incoming", "Transport", "TransportWrapper", "check_message_name",
@@ -35,5 +37,5 @@ __all__ = [
     "TransportError", "TransportNameTaken", "TransportNotInstalled", "TransportRefused",
     "TransportUnavailable", "UnknownTransport",
     "ENTRY_POINT_GROUP", "RegistryEntry", "TransportSpec", "available_transports", "create_transport",
-    "get_transport_class", "parse_transport_spec", "refresh_entry_points", "register", "registry",
+    "get_transport_class", "parse_transport_spec", "refresh_entry_points", "register",
 ]
