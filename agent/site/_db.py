@@ -1,0 +1,129 @@
+"""SQLite plumbing shared by the site modules.
+
+Rules of this file:
+* Connections run in autocommit mode (``isolation_level=None``); every
+  transaction is opened explicitly with :func:`write_transaction` (``BEGIN
+  IMMEDIATE``) or :func:`read_transaction` (``BEGIN``), so it is always clear
+  which statements commit together.
+* A function that opens a transaction never calls another that opens one;
+  helpers that expect an open transaction say so in their docstring.
+* SQLite errors leave this package as :class:`SiteError` subclasses only
+  (see :func:`translate`); constraint errors that the apply path handles are
+  caught there before they get here.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Iterator
+
+from .errors import InvalidSetting, NotASite, SiteBusy, SiteDatabaseError, SiteError
+
+DEFAULT_BUSY_TIMEOUT = 30.0  # seconds
+
+_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def quote_ident(name: str) -> str:
+    """Quote an SQL identifier (table or column name) for SQLite."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3.Connection:
+    """Open ``path`` the way every fieldsync connection is opened.
+
+    ``synchronous=FULL``: an apply is confirmed to the peer right after it
+    commits, so a commit the disk later loses would be a confirmed
+    transaction missing for ever.
+    """
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               cached_statements=512, timeout=busy_timeout)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        conn.execute("PRAGMA synchronous = FULL")
+    except sqlite3.DatabaseError as error:
+        raise NotASite(f"{path}: cannot open as an SQLite database ({error})") from error
+    return conn
+
+
+def translate(error: sqlite3.Error, doing: str) -> SiteError:
+    """The SiteError to raise for an SQLite error met while ``doing``."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _BUSY_CODES:
+        return SiteBusy(f"{doing}: the database stayed locked by another connection ({error}); "
+                        "retry later or raise the busy timeout")
+    return SiteDatabaseError(f"{doing}: SQLite error: {error}")
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection, doing: str) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; roll back on any exception.
+
+    Holding the write lock from the start means the transaction sees every
+    committed change and nobody commits until it ends.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as error:
+        raise translate(error, doing) from error
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException as error:
+        _rollback(conn)
+        if isinstance(error, sqlite3.Error):
+            raise translate(error, doing) from error
+        raise
+
+
+@contextmanager
+def read_transaction(conn: sqlite3.Connection, doing: str) -> Iterator[sqlite3.Connection]:
+    """A read transaction: all reads inside see one snapshot (WAL)."""
+    try:
+        conn.execute("BEGIN")
+    except sqlite3.Error as error:
+        raise translate(error, doing) from error
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException as error:
+        _rollback(conn)
+        if isinstance(error, sqlite3.Error):
+            raise translate(error, doing) from error
+        raise
+
+
+@contextmanager
+def sqlite_errors(doing: str) -> Iterator[None]:
+    """Translate SQLite errors of statements run outside an explicit transaction."""
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise translate(error, doing) from error
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the original error is the one to report
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def format_time(moment: datetime | None) -> str | None:
+    """Times are stored as ISO 8601 text in UTC (sortable, readable in SQL)."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        raise InvalidSetting(f"time {moment!r} has no time zone; pass an aware datetime")
+    return moment.astimezone(timezone.utc).isoformat()
+
+
+def parse_time(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)

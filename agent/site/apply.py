@@ -1,0 +1,528 @@
+"""Applying a peer's transactions.
+
+Rules of this file:
+* One call applies a batch and sets the peer's ``log_received`` in one
+  SQLite write transaction: a crash anywhere leaves all of it or none of it.
+* Local changes committed before the batch are first cut into their own log
+  transaction; then each applied transaction is cut into a log transaction
+  whose origin is the peer.  A log transaction never mixes origins, and
+  the capture triggers see applied rows like any other write.
+* A bad operation never stops the batch: INSERT of an existing key,
+  UPDATE/DELETE of a missing row, a constraint failure, a malformed
+  operation or an unknown table/column is recorded in
+  ``fieldsync_apply_error`` and the rest goes on.  Only problems with the
+  batch as a whole (offsets going backwards, out of order) or with the
+  database itself abort it.
+* At the consolidated an UPDATE is conditional on its before-image
+  (``col IS ?``, SQLite's equality); a mismatch is a conflict, recorded in
+  ``fieldsync_conflict`` and resolved by the table's policy or a hook, and
+  the resulting row goes back to the origin.  A remote applies what the
+  consolidated sends as is.
+* Fast path: consecutive operations with the same table, kind and columns
+  run as one ``executemany`` inside a savepoint; if any row of it did not
+  go as planned, the savepoint is rolled back and the run is replayed one
+  operation at a time with the full checks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any, Callable, Iterable, Mapping
+
+from codec.ops import OpKind, Operation, Transaction
+
+from ._db import format_time, quote_ident, utc_now
+from .capture import FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, Shape, ShapeCache, write_capture_row
+from .errors import ApplyRefused, ConflictHookFailed, IncarnationMismatch, InvalidSetting
+from .log import cut_locked, top_seq
+from .remotes import get_remote
+from .schema import Role, SiteIdentity
+from .values import operation_problem, pack, unpack, value_problem
+
+
+class Resolution(str, Enum):
+    """How a conflict at the consolidated is resolved."""
+
+    INCOMING = "incoming"   # apply the incoming change (the default)
+    LOCAL = "local"         # keep the local row; the origin gets it back
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """What a conflict hook is shown.  ``local_row`` is the whole current row."""
+
+    peer: str
+    peer_commit: int
+    table: str
+    key: tuple
+    local_row: Mapping[str, Any]
+    incoming: Operation
+
+
+# A hook returns a Resolution, or a dict of column -> value to write over
+# the local row (a merge).
+ConflictHook = Callable[[Conflict], "Resolution | dict[str, Any]"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    peer: str
+    log_received: int
+    transactions_applied: int
+    transactions_skipped: int   # commit <= the log_received already recorded
+    operations_applied: int
+    conflicts: int
+    errors: int
+    log_commits: tuple[int, ...]  # local log transactions written for the batch
+
+
+class _Table:
+    """What the apply path needs to know about a local table."""
+
+    __slots__ = ("name", "quoted", "columns", "key_columns", "where_key", "shape", "policy")
+
+    def __init__(self, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...]) -> None:
+        self.name = name
+        self.quoted = quote_ident(name)
+        self.columns = columns
+        self.key_columns = key_columns
+        self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
+        self.shape: Shape | None = None
+        self.policy = Resolution.INCOMING
+
+
+class _Batch:
+    __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors")
+
+    def __init__(self, peer: str, now: str) -> None:
+        self.peer = peer
+        self.commit = 0
+        self.now = now
+        self.applied = 0
+        self.conflicts = 0
+        self.errors = 0
+
+
+class Applier:
+    """Applies batches on one connection, caching table metadata and SQL."""
+
+    def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache) -> None:
+        self._conn = conn
+        self._shapes = shapes
+        self._schema_version = -1
+        self._tables: dict[str, _Table | None] = {}
+        self._sql: dict[tuple, str] = {}
+        self._article_shapes: dict[str, int] = {}
+        self._policies: dict[str, str] = {}
+        self.hooks: dict[str | None, ConflictHook] = {}
+
+    # --- metadata --------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        version = self._conn.execute("PRAGMA schema_version").fetchone()[0]
+        if version != self._schema_version:
+            self._schema_version = version
+            self._tables.clear()
+            self._sql.clear()
+        shapes = dict(self._conn.execute("SELECT lower(table_name), shape FROM fieldsync_article").fetchall())
+        policies = dict(self._conn.execute("SELECT lower(table_name), policy FROM fieldsync_conflict_policy")
+                        .fetchall())
+        self._article_shapes = shapes
+        self._policies = policies
+        for lowered, table in self._tables.items():
+            if table is not None:
+                self._attach(lowered, table)
+
+    def _attach(self, lowered: str, table: _Table) -> None:
+        shape_id = self._article_shapes.get(lowered)
+        table.shape = None if shape_id is None else self._shapes.get(shape_id)
+        table.policy = Resolution(self._policies.get(lowered, Resolution.INCOMING.value))
+
+    def _table(self, name: str) -> _Table | None:
+        lowered = name.lower()
+        try:
+            return self._tables[lowered]
+        except KeyError:
+            pass
+        table = None
+        row = self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                                 (name,)).fetchone()
+        if row is not None and not lowered.startswith(("fieldsync_", "sqlite_")):
+            columns, keyed = [], []
+            for _cid, column, _type, _notnull, _default, pk, hidden in self._conn.execute(
+                    f"PRAGMA table_xinfo({quote_ident(row[0])})"):
+                if not hidden:
+                    columns.append(column)
+                    if pk:
+                        keyed.append((pk, column))
+            if keyed:
+                table = _Table(row[0], tuple(columns), tuple(column for _, column in sorted(keyed)))
+                self._attach(lowered, table)
+        self._tables[lowered] = table
+        return table
+
+    # --- the batch ------------------------------------------------------------------
+
+    def apply_locked(self, identity: SiteIdentity, peer: str, transactions: Iterable[Transaction],
+                     log_received: int, *, messages: int, peer_incarnation: bytes | None,
+                     now: datetime | None) -> ApplyResult:
+        """Apply ``transactions`` from ``peer``; the caller holds the write
+        transaction and commits it when this returns."""
+        conn = self._conn
+        remote = get_remote(conn, peer)
+        if peer_incarnation is not None:
+            if type(peer_incarnation) is not bytes or len(peer_incarnation) != 16:
+                raise InvalidSetting("a peer incarnation id is 16 bytes")
+            if remote.peer_incarnation is not None and remote.peer_incarnation != peer_incarnation:
+                raise IncarnationMismatch(
+                    f"peer {peer!r} now has incarnation {peer_incarnation.hex()} but {remote.peer_incarnation.hex()} "
+                    "is recorded: its database was rebuilt or restored, so its offsets cannot be trusted; "
+                    "extract the remote again (or reset the pair) before exchanging messages")
+        if type(log_received) is not int or log_received < remote.log_received:
+            raise ApplyRefused(f"log_received for {peer!r} would go back from {remote.log_received} to "
+                               f"{log_received!r}; nothing applied")
+        if type(messages) is not int or messages < 0:
+            raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
+        self._refresh()
+        end = cut_locked(conn, identity.name)
+        consolidated = identity.role is Role.CONSOLIDATED
+        batch = _Batch(peer, format_time(now or utc_now()))
+        applied = skipped = 0
+        previous = remote.log_received
+        commits: list[int] = []
+        for transaction in transactions:
+            commit = transaction.commit
+            if commit <= remote.log_received:
+                skipped += 1  # applied before (a confirmation was lost)
+                continue
+            if commit <= previous:
+                raise ApplyRefused(f"transaction {commit} from {peer!r} follows {previous}: out of order; "
+                                   "nothing applied")
+            if commit > log_received:
+                raise ApplyRefused(f"transaction {commit} from {peer!r} lies beyond the new log_received "
+                                   f"{log_received}; nothing applied")
+            previous = commit
+            batch.commit = commit
+            self._apply_operations(transaction.ops, batch, consolidated)
+            applied += 1
+            top = top_seq(conn)
+            if top > end:
+                conn.execute("INSERT INTO fieldsync_log (commit_offset, origin, first_seq) VALUES (?, ?, ?)",
+                             (top, peer, end + 1))
+                commits.append(top)
+                end = top
+        conn.execute(
+            "UPDATE fieldsync_remote SET log_received = ?, receive_count = receive_count + ?, last_received_at = ?,"
+            " peer_incarnation = coalesce(peer_incarnation, ?) WHERE name = ?",
+            (log_received, messages, batch.now, peer_incarnation, peer))
+        return ApplyResult(peer, log_received, applied, skipped, batch.applied, batch.conflicts, batch.errors,
+                           tuple(commits))
+
+    def _apply_operations(self, ops: tuple, batch: _Batch, consolidated: bool) -> None:
+        run: list = []
+        signature: tuple | None = None
+        for op in ops:
+            problem = operation_problem(op)
+            if problem is not None:
+                self._flush(run, signature, batch, consolidated)
+                run, signature = [], None
+                self._error(batch, op, f"malformed operation: {problem}")
+                continue
+            kind = op[1]
+            if kind == OpKind.INSERT:
+                key = (op[0], kind, tuple(op[4]))
+            elif kind == OpKind.UPDATE:
+                key = (op[0], kind, tuple(op[4]), tuple(op[3]) if consolidated else None, len(op[2]))
+            else:
+                key = (op[0], kind, len(op[2]))
+            if key != signature:
+                self._flush(run, signature, batch, consolidated)
+                run, signature = [], key
+            run.append(op)
+        self._flush(run, signature, batch, consolidated)
+
+    # --- runs ---------------------------------------------------------------------
+
+    def _flush(self, run: list, signature: tuple | None, batch: _Batch, consolidated: bool) -> None:
+        if not run:
+            return
+        table = self._table(signature[0])  # type: ignore[index]
+        if table is None:
+            for op in run:
+                self._error(batch, op, f"no table {op[0]!r} with a primary key at this site")
+            return
+        kind = signature[1]  # type: ignore[index]
+        key_length = len(run[0][2])
+        if key_length != len(table.key_columns):
+            for op in run:
+                self._error(batch, op, f"key has {key_length} values but {table.name} has "
+                                       f"{len(table.key_columns)} key columns")
+            return
+        columns = set(table.columns)
+        named = (*run[0][4], *(run[0][3] or ())) if kind != OpKind.DELETE else ()
+        missing = [column for column in named if column not in columns]
+        if missing:
+            for op in run:
+                self._error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
+            return
+        if kind == OpKind.INSERT:
+            sql = self._insert_sql(table, tuple(run[0][4]), ignore=True)
+            params = [tuple(op[4].values()) for op in run]
+        elif kind == OpKind.UPDATE:
+            after_columns = tuple(run[0][4])
+            before_columns = tuple(run[0][3]) if consolidated else ()
+            sql = self._update_sql(table, after_columns, before_columns)
+            if consolidated:
+                params = [(*op[4].values(), *op[2], *op[3].values()) for op in run]
+            else:
+                params = [(*op[4].values(), *op[2]) for op in run]
+        else:
+            sql = self._delete_sql(table)
+            params = [op[2] for op in run]
+        if self._fast(sql, params):
+            batch.applied += len(run)
+            return
+        for op in run:
+            self._one(table, op, batch, consolidated)
+
+    def _fast(self, sql: str, params: list) -> bool:
+        conn = self._conn
+        conn.execute("SAVEPOINT fieldsync_run")
+        try:
+            done = conn.executemany(sql, params).rowcount == len(params)
+        except sqlite3.IntegrityError:
+            done = False
+        if not done:
+            conn.execute("ROLLBACK TO fieldsync_run")
+        conn.execute("RELEASE fieldsync_run")
+        return done
+
+    # --- one operation, with every check -------------------------------------------
+
+    def _one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
+        kind = op[1]
+        try:
+            if kind == OpKind.INSERT:
+                self._insert_one(table, op, batch, consolidated)
+            elif kind == OpKind.UPDATE:
+                self._update_one(table, op, batch, consolidated)
+            else:
+                if self._conn.execute(self._delete_sql(table), op[2]).rowcount == 0:
+                    self._error(batch, op, "DELETE of a missing row")
+                else:
+                    batch.applied += 1
+        except sqlite3.IntegrityError as error:
+            self._error(batch, op, f"constraint failed: {error}")
+
+    def _insert_one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
+        after = op[4]
+        try:
+            self._conn.execute(self._insert_sql(table, tuple(after), ignore=False), tuple(after.values()))
+        except sqlite3.IntegrityError as error:
+            local = self._select(table, op[2])
+            if local is None:  # another constraint than the key refused the row
+                self._error(batch, op, f"constraint failed: {error}")
+                return
+        else:
+            batch.applied += 1
+            return
+        if consolidated:
+            # The consolidated keeps its row and sends it back so the origin converges.
+            self._error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
+                                   f"{batch.peer}")
+            self._return_to_origin(table, {**local, **after}, local)
+        else:
+            # A remote takes the consolidated's row as is.
+            self._conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
+            self._error(batch, op, "INSERT of an existing key: the row was overwritten with the incoming one")
+
+    def _update_one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
+        conn = self._conn
+        key, before, after = op[2], op[3], op[4]
+        unconditional = self._update_sql(table, tuple(after), ())
+        if not consolidated:
+            if conn.execute(unconditional, (*after.values(), *key)).rowcount:
+                batch.applied += 1
+            else:
+                self._error(batch, op, "UPDATE of a missing row")
+            return
+        if conn.execute(self._update_sql(table, tuple(after), tuple(before)),
+                        (*after.values(), *key, *before.values())).rowcount:
+            batch.applied += 1
+            return
+        local = self._select(table, key)
+        if local is None:
+            self._error(batch, op, "UPDATE of a missing row")
+            return
+        self._conflict(table, op, local, batch)
+
+    def _conflict(self, table: _Table, op: tuple, local: dict, batch: _Batch) -> None:
+        conn = self._conn
+        key, before, after = op[2], op[3], op[4]
+        incoming = tuple.__new__(Operation, op) if not isinstance(op, Operation) else op
+        hook = self.hooks.get(table.name.lower(), self.hooks.get(None))
+        if hook is not None:
+            try:
+                decision = hook(Conflict(batch.peer, batch.commit, table.name, key, dict(local), incoming))
+            except Exception as error:
+                raise ConflictHookFailed(f"conflict hook for {table.name} raised {type(error).__name__}: {error}; "
+                                         "the batch was rolled back") from error
+        else:
+            decision = table.policy
+        if isinstance(decision, Resolution):
+            written = after if decision is Resolution.INCOMING else {}
+        elif isinstance(decision, dict):
+            written = decision
+            for column, value in decision.items():
+                if column not in table.columns or value_problem(value) is not None:
+                    raise ConflictHookFailed(f"conflict hook for {table.name} returned a bad value for column "
+                                             f"{column!r}; the batch was rolled back")
+        else:
+            raise ConflictHookFailed(f"conflict hook for {table.name} returned {type(decision).__name__}, not a "
+                                     "Resolution or a dict of column values; the batch was rolled back")
+        if written:
+            conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+        final_key = tuple(written.get(column, part) for column, part in zip(table.key_columns, key))
+        result = self._select(table, final_key)
+        resolution = decision.value if isinstance(decision, Resolution) else "merged"
+        conn.execute(
+            "INSERT INTO fieldsync_conflict (at, peer, peer_commit, table_name, key, local_row, incoming_before,"
+            " incoming_after, resolution, result_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (batch.now, batch.peer, batch.commit, table.name, pack(key), pack(local), pack(before), pack(after),
+             resolution, None if result is None else pack(result)))
+        batch.conflicts += 1
+        batch.applied += 1
+        if result is not None:
+            # What the origin holds now: its change over our old row.
+            self._return_to_origin(table, {**local, **after}, result)
+
+    def _return_to_origin(self, table: _Table, origin_row: dict, result: dict) -> None:
+        """Capture ``result`` as a change to send back to the peer being
+        applied (and only to it), as a full row over ``origin_row``."""
+        shape = table.shape
+        if shape is None:
+            return  # the table is not published here: nothing goes anywhere
+        values = [origin_row.get(column) for column in shape.columns]
+        values += [result.get(column) for column in shape.columns]
+        write_capture_row(self._conn, shape, KIND_UPDATE, FLAG_RETURN_TO_ORIGIN, values)
+
+    # --- records and SQL ------------------------------------------------------------
+
+    def _select(self, table: _Table, key: tuple) -> dict | None:
+        sql = self._sql.get(("select", table.name))
+        if sql is None:
+            columns = ", ".join(quote_ident(column) for column in table.columns)
+            sql = f"SELECT {columns} FROM {table.quoted} WHERE {table.where_key}"
+            self._sql[("select", table.name)] = sql
+        row = self._conn.execute(sql, key).fetchone()
+        return None if row is None else dict(zip(table.columns, row))
+
+    def _error(self, batch: _Batch, op: object, problem: str) -> None:
+        batch.errors += 1
+        table = kind = key = None
+        if isinstance(op, tuple) and len(op) == 5:
+            table = op[0] if type(op[0]) is str else None
+            kind = op[1] if type(op[1]) is int else None
+            key = _packed(op[2])
+        self._conn.execute(
+            "INSERT INTO fieldsync_apply_error (at, peer, peer_commit, table_name, kind, key, operation, problem)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (batch.now, batch.peer, batch.commit, table, kind, key, _packed(op), problem))
+
+    def _insert_sql(self, table: _Table, columns: tuple[str, ...], ignore: bool) -> str:
+        cache_key = ("insert", table.name, columns, ignore)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            names = ", ".join(quote_ident(column) for column in columns)
+            sql = (f"INSERT INTO {table.quoted} ({names}) VALUES ({', '.join('?' * len(columns))})"
+                   + (" ON CONFLICT DO NOTHING" if ignore else ""))
+            self._sql[cache_key] = sql
+        return sql
+
+    def _update_sql(self, table: _Table, after: tuple[str, ...], before: tuple[str, ...]) -> str:
+        cache_key = ("update", table.name, after, before)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            assignments = ", ".join(f"{quote_ident(column)} = ?" for column in after)
+            checks = "".join(f" AND {quote_ident(column)} IS ?" for column in before)
+            sql = f"UPDATE {table.quoted} SET {assignments} WHERE {table.where_key}{checks}"
+            self._sql[cache_key] = sql
+        return sql
+
+    def _delete_sql(self, table: _Table) -> str:
+        cache_key = ("delete", table.name)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            sql = f"DELETE FROM {table.quoted} WHERE {table.where_key}"
+            self._sql[cache_key] = sql
+        return sql
+
+
+def _packed(value: object) -> bytes:
+    try:
+        return pack(value)
+    except (TypeError, ValueError, OverflowError):
+        return pack(repr(value))
+
+
+# --- records --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConflictRecord:
+    id: int
+    at: datetime
+    peer: str
+    peer_commit: int
+    table: str
+    key: tuple
+    local_row: dict
+    incoming_before: dict | None
+    incoming_after: dict | None
+    resolution: str
+    result_row: dict | None
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyErrorRecord:
+    id: int
+    at: datetime
+    peer: str
+    peer_commit: int
+    table: str | None
+    kind: int | None
+    key: tuple | None
+    operation: object
+    problem: str
+
+
+def list_conflicts(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ConflictRecord, ...]:
+    rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, key, local_row, incoming_before,"
+                        " incoming_after, resolution, result_row FROM fieldsync_conflict WHERE id > ? ORDER BY id",
+                        (after_id,)).fetchall()
+    return tuple(
+        ConflictRecord(i, datetime.fromisoformat(at), peer, commit, table, tuple(unpack(key)), unpack(local),
+                       unpack(before), unpack(after), resolution, unpack(result))
+        for i, at, peer, commit, table, key, local, before, after, resolution, result in rows)
+
+
+def list_apply_errors(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
+    rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, kind, key, operation, problem"
+                        " FROM fieldsync_apply_error WHERE id > ? ORDER BY id", (after_id,)).fetchall()
+    result = []
+    for i, at, peer, commit, table, kind, key, operation, problem in rows:
+        key_value = unpack(key)
+        result.append(ApplyErrorRecord(i, datetime.fromisoformat(at), peer, commit, table, kind,
+                                       tuple(key_value) if isinstance(key_value, (list, tuple)) else None,
+                                       unpack(operation), problem))
+    return tuple(result)
+
+
+def check_policy(policy: object) -> Resolution:
+    try:
+        return Resolution(policy)
+    except ValueError:
+        raise InvalidSetting(f"conflict policy must be 'incoming' or 'local', got {policy!r}") from None

@@ -1,0 +1,188 @@
+"""Change capture: table metadata, capture shapes and triggers.
+
+Rules of this file:
+* Capture is done by three ``AFTER`` row triggers per published table that
+  each run one ``INSERT INTO fieldsync_capture`` of plain column references.
+  No function calls, no lookups: the application pays one extra row insert
+  per changed row and nothing else.
+* A trigger records whole row images: INSERT the new row, DELETE the old
+  row, UPDATE the old row then the new row.  Deciding which columns
+  changed, which subscriber sees the row and the origin of the change is
+  done when the log is read or written, not in the trigger.
+* A *shape* fixes the column order of a table's capture rows.  Capture rows
+  name their shape, so rows captured before a schema change stay readable
+  after it.  Shapes are never modified or deleted.
+* Functions here expect the caller to hold a write transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from dataclasses import dataclass
+
+from ._db import quote_ident
+from .errors import UnpublishableTable
+from .schema import PREFIX, ensure_capture_width, value_column
+
+KIND_INSERT = 1
+KIND_UPDATE = 2
+KIND_DELETE = 3
+
+# Capture-row flag: a row written by conflict resolution at the
+# consolidated (not by a trigger).  It goes only to the origin of its log
+# transaction, as the full resulting row, so the origin converges.
+FLAG_RETURN_TO_ORIGIN = 1
+
+_TRIGGER_EVENTS = (("ins", "INSERT"), ("upd", "UPDATE"), ("del", "DELETE"))
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """An application table as SQLite describes it now."""
+
+    name: str                       # as spelled in sqlite_master
+    columns: tuple[str, ...]        # stored columns (generated ones excluded), table order
+    key_columns: tuple[str, ...]    # primary-key columns, key order
+    sql: str
+    without_rowid: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The column layout of a table's capture rows."""
+
+    id: int
+    table: str
+    columns: tuple[str, ...]
+    key_columns: tuple[str, ...]
+
+    @property
+    def key_positions(self) -> tuple[int, ...]:
+        return tuple(self.columns.index(column) for column in self.key_columns)
+
+
+_WITHOUT_ROWID = re.compile(r"\)\s*(?:STRICT\s*,\s*)?WITHOUT\s+ROWID\s*(?:,\s*STRICT\s*)?$", re.IGNORECASE)
+
+
+def table_info(conn: sqlite3.Connection, table: str) -> TableInfo:
+    """Describe ``table`` for publishing; raise UnpublishableTable when it
+    cannot be replicated."""
+    if type(table) is not str or not table:
+        raise UnpublishableTable(f"table name must be a non-empty string, got {table!r}")
+    row = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE name = ? COLLATE NOCASE"
+                       " AND type IN ('table', 'view')", (table,)).fetchone()
+    if row is None:
+        raise UnpublishableTable(f"table {table!r} does not exist in this database; create it before publishing")
+    kind, name, sql = row
+    if kind == "view":
+        raise UnpublishableTable(f"{name!r} is a view; only tables can be published")
+    if name.lower().startswith(PREFIX) or name.lower().startswith("sqlite_"):
+        raise UnpublishableTable(f"{name!r} belongs to fieldsync or SQLite and cannot be published")
+    if sql is None or sql.lstrip().upper().startswith("CREATE VIRTUAL"):
+        raise UnpublishableTable(f"{name!r} is a virtual table; only ordinary tables can be published")
+    columns: list[str] = []
+    keyed: list[tuple[int, str]] = []
+    for _cid, column, _type, _notnull, _default, pk, hidden in conn.execute(
+            f"PRAGMA table_xinfo({quote_ident(name)})"):
+        if hidden:
+            continue  # generated columns are recomputed at every site
+        columns.append(column)
+        if pk:
+            keyed.append((pk, column))
+    if not keyed:
+        raise UnpublishableTable(
+            f"table {name!r} has no primary key: rows without a key cannot be matched at other sites and the "
+            "copies drift apart; add a PRIMARY KEY and publish it again")
+    return TableInfo(name, tuple(columns), tuple(column for _, column in sorted(keyed)), sql,
+                     bool(_WITHOUT_ROWID.search(sql.strip())))
+
+
+def trigger_names(table: str) -> list[str]:
+    return [f"{PREFIX}{suffix}_{table}" for suffix, _ in _TRIGGER_EVENTS]
+
+
+def install_capture(conn: sqlite3.Connection, info: TableInfo) -> int:
+    """Create a shape for ``info`` and (re)create its capture triggers.
+    Returns the shape id."""
+    cursor = conn.execute(
+        "INSERT INTO fieldsync_shape (table_name, columns, key_columns, table_sql) VALUES (?, ?, ?, ?)",
+        (info.name, json.dumps(info.columns), json.dumps(info.key_columns), info.sql))
+    shape = cursor.lastrowid
+    width = len(info.columns)
+    ensure_capture_width(conn, 2 * width)
+    drop_capture(conn, info.name)
+    table = quote_ident(info.name)
+    old = [f"OLD.{quote_ident(column)}" for column in info.columns]
+    new = [f"NEW.{quote_ident(column)}" for column in info.columns]
+    targets = {
+        "INSERT": (KIND_INSERT, new),
+        "UPDATE": (KIND_UPDATE, old + new),
+        "DELETE": (KIND_DELETE, old),
+    }
+    for (suffix, event), name in zip(_TRIGGER_EVENTS, trigger_names(info.name)):
+        kind, sources = targets[event]
+        value_columns = ", ".join(value_column(index) for index in range(len(sources)))
+        conn.execute(
+            f"CREATE TRIGGER {quote_ident(name)} AFTER {event} ON {table} FOR EACH ROW BEGIN "
+            f"INSERT INTO fieldsync_capture (shape, kind, {value_columns}) "
+            f"VALUES ({shape}, {kind}, {', '.join(sources)}); END")
+    return shape  # type: ignore[return-value]
+
+
+def drop_capture(conn: sqlite3.Connection, table: str) -> None:
+    for name in trigger_names(table):
+        conn.execute(f"DROP TRIGGER IF EXISTS {quote_ident(name)}")
+
+
+def write_capture_row(conn: sqlite3.Connection, shape: Shape, kind: int, flags: int,
+                      values: list) -> None:
+    """Insert a capture row by hand (conflict resolution); ``values`` are
+    in shape order (old then new for an UPDATE)."""
+    value_columns = ", ".join(value_column(index) for index in range(len(values)))
+    placeholders = ", ".join("?" * len(values))
+    conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, flags, {value_columns})"
+                 f" VALUES (?, ?, ?, {placeholders})", (shape.id, kind, flags, *values))
+
+
+class ShapeCache:
+    """Shapes by id.  Shapes never change once written, so they are cached
+    for the life of the connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._shapes: dict[int, Shape] = {}
+
+    def get(self, shape_id: int) -> Shape:
+        shape = self._shapes.get(shape_id)
+        if shape is None:
+            row = self._conn.execute("SELECT table_name, columns, key_columns FROM fieldsync_shape WHERE id = ?",
+                                     (shape_id,)).fetchone()
+            if row is None:
+                raise LookupError(f"capture shape {shape_id} is missing")
+            shape = Shape(shape_id, row[0], tuple(json.loads(row[1])), tuple(json.loads(row[2])))
+            self._shapes[shape_id] = shape
+        return shape
+
+
+def refresh_changed_tables(conn: sqlite3.Connection) -> list[str]:
+    """Re-install capture for published tables whose definition changed
+    since they were published (``ALTER TABLE``), inside the caller's write
+    transaction.  Returns the tables refreshed.
+
+    Rows captured before keep their old shape; rows after use the new one.
+    """
+    refreshed = []
+    rows = conn.execute(
+        "SELECT a.table_name, s.table_sql, m.sql FROM fieldsync_article a"
+        " JOIN fieldsync_shape s ON s.id = a.shape"
+        " LEFT JOIN sqlite_master m ON m.type = 'table' AND m.name = a.table_name COLLATE NOCASE").fetchall()
+    for table, published_sql, current_sql in rows:
+        if current_sql is None or current_sql == published_sql:
+            continue  # a dropped table keeps its article until it is removed
+        info = table_info(conn, table)
+        shape = install_capture(conn, info)
+        conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
+        refreshed.append(info.name)
+    return refreshed

@@ -1,0 +1,327 @@
+"""The site database adapter: one object per open site database.
+
+Rules of this file:
+* This is the only API the agent uses.  It is synchronous; the asyncio
+  agent calls it from a worker thread (``asyncio.to_thread``).  One
+  :class:`SiteDatabase` serialises its own calls with a lock, so handing it
+  to several threads is safe, but two threads gain nothing.
+* Every method is one short transaction of its own (or none), except the
+  log readers, which fetch chunk by chunk.
+* Other processes may use the same file at the same time (applications,
+  another agent command); SQLite's WAL mode and write lock arbitrate.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import datetime, time
+from typing import Any, Iterable, Iterator
+
+from codec.ops import Transaction
+
+from ._db import DEFAULT_BUSY_TIMEOUT, read_transaction, sqlite_errors, write_transaction
+from .apply import (
+    Applier,
+    ApplyErrorRecord,
+    ApplyResult,
+    ConflictHook,
+    ConflictRecord,
+    Resolution,
+    check_policy,
+    list_apply_errors,
+    list_conflicts,
+)
+from .capture import ShapeCache, refresh_changed_tables, table_info
+from .errors import InvalidSetting, SiteError
+from .log import cut_locked, log_end, truncate_locked
+from .publications import (
+    Article,
+    LoggedOperation,
+    Publication,
+    Subscription,
+    SubscriberReader,
+    Value,
+    add_article_locked,
+    create_publication_locked,
+    drop_publication_locked,
+    list_publications,
+    list_subscriptions,
+    read_operations,
+    read_transactions,
+    remove_article_locked,
+    resolve_range,
+    subscribe_locked,
+    unsubscribe_locked,
+)
+from .remotes import (
+    RemoteUser,
+    add_remote_locked,
+    get_remote,
+    list_remotes,
+    record_error_locked,
+    record_send_locked,
+    remove_remote_locked,
+    update_remote_locked,
+)
+from .schema import Role, SiteIdentity, init_database, open_database, read_identity
+
+
+class SiteDatabase:
+    """An open site database.  Make one with :meth:`init` or :meth:`open`."""
+
+    def __init__(self, conn: Any, path: str) -> None:
+        self._conn = conn
+        self.path = path
+        self._lock = threading.RLock()
+        self._shapes = ShapeCache(conn)
+        self._applier = Applier(conn, self._shapes)
+        self._schema_seen = -1
+        with sqlite_errors(f"reading the identity of {path}"):
+            self._identity = read_identity(conn)
+
+    # --- life cycle -------------------------------------------------------------------
+
+    @classmethod
+    def init(cls, path: str | os.PathLike[str], *, name: str, role: Role | str, address: str | None = None,
+             transport: str | None = None, public_key: str | None = None, secret: bytes | None = None,
+             now: datetime | None = None, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> "SiteDatabase":
+        """Turn the SQLite file at ``path`` (existing or new) into a site:
+        its own tables, WAL mode, a name, a role and a new incarnation id."""
+        conn = init_database(path, name=name, role=role, address=address, transport=transport,
+                             public_key=public_key, secret=secret, now=now, busy_timeout=busy_timeout)
+        return cls(conn, os.fspath(path))
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> "SiteDatabase":
+        conn = open_database(path, busy_timeout=busy_timeout)
+        return cls(conn, os.fspath(path))
+
+    def close(self) -> None:
+        """Close the connection.  Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "SiteDatabase":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def identity(self) -> SiteIdentity:
+        return self._identity
+
+    @property
+    def connection(self) -> Any:
+        """The underlying sqlite3 connection (tests and tools only)."""
+        return self._conn
+
+    def _write(self, doing: str):  # type: ignore[no-untyped-def]
+        if self._conn is None:
+            raise SiteError(f"site database {self.path} is closed")
+        return write_transaction(self._conn, doing)
+
+    def _read(self, doing: str):  # type: ignore[no-untyped-def]
+        if self._conn is None:
+            raise SiteError(f"site database {self.path} is closed")
+        return read_transaction(self._conn, doing)
+
+    def _refresh_identity(self) -> None:
+        self._identity = read_identity(self._conn)
+
+    # --- publications and subscriptions --------------------------------------------
+
+    def create_publication(self, name: str, articles: Iterable[Article | str] = (), *,
+                           now: datetime | None = None) -> Publication:
+        """Create a publication of ``articles`` (Article values or table
+        names) and start capturing their tables."""
+        with self._lock, self._write(f"creating publication {name!r}"):
+            create_publication_locked(self._conn, name, articles, now)
+            return self._publication(name)
+
+    def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
+                    subscribe_by: str | None = None) -> Article:
+        article = Article(table, None if columns is None else tuple(columns), subscribe_by)
+        with self._lock, self._write(f"publishing table {table!r}"):
+            return add_article_locked(self._conn, publication, article)
+
+    def remove_article(self, table: str) -> None:
+        """Stop publishing ``table`` (its capture triggers are dropped)."""
+        with self._lock, self._write(f"unpublishing table {table!r}"):
+            remove_article_locked(self._conn, table)
+
+    def drop_publication(self, name: str) -> None:
+        with self._lock, self._write(f"dropping publication {name!r}"):
+            drop_publication_locked(self._conn, name)
+
+    def publications(self) -> tuple[Publication, ...]:
+        with self._lock, self._read("listing publications"):
+            return list_publications(self._conn)
+
+    def _publication(self, name: str) -> Publication:
+        return next(p for p in list_publications(self._conn) if p.name == name)
+
+    def subscribe(self, remote: str, publication: str, value: Value = None, *, now: datetime | None = None) -> None:
+        """Subscribe ``remote`` to ``publication`` with ``value`` (the value
+        its SUBSCRIBE BY columns must hold).  Rows already in the subset are
+        not sent: extract the remote again to give it them."""
+        with self._lock, self._write(f"subscribing {remote!r} to {publication!r}"):
+            subscribe_locked(self._conn, remote, publication, value, now)
+
+    def unsubscribe(self, remote: str, publication: str) -> int:
+        with self._lock, self._write(f"unsubscribing {remote!r} from {publication!r}"):
+            return unsubscribe_locked(self._conn, remote, publication)
+
+    def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]:
+        with self._lock, self._read("listing subscriptions"):
+            return list_subscriptions(self._conn, remote)
+
+    # --- the log ----------------------------------------------------------------------
+
+    def scan(self) -> int:
+        """Cut everything captured and committed since the last scan into one
+        log transaction (origin: this site); return the log end.
+
+        Runs under the write lock, so no application transaction is in
+        progress and none is ever split.  Also re-installs capture for
+        published tables whose definition changed (ALTER TABLE).
+        """
+        with self._lock, self._write("scanning captured changes"):
+            version = self._conn.execute("PRAGMA schema_version").fetchone()[0]
+            if version != self._schema_seen:
+                refresh_changed_tables(self._conn)
+                self._schema_seen = self._conn.execute("PRAGMA schema_version").fetchone()[0]
+            return cut_locked(self._conn, self._identity.name)
+
+    def log_end(self) -> int:
+        """The commit offset of the last log transaction (0 when empty)."""
+        with self._lock, sqlite_errors("reading the log end"):
+            return log_end(self._conn)
+
+    def read_log(self, subscriber: str, after: int, until: int | None = None) -> Iterator[Transaction]:
+        """The log transactions in ``(after, until]`` as ``subscriber`` sees
+        them, in commit order, read in chunks.
+
+        ``until`` defaults to the log end when the call is made; pass the
+        value of :meth:`log_end` to know where the read stopped.  Transactions
+        with nothing for the subscriber are left out.  A single log
+        transaction is held in memory whole; :meth:`read_log_ops` streams
+        operation by operation.
+        """
+        reader, until = self._reader(subscriber, after, until)
+        return read_transactions(self._conn, reader, after, until, lock=self._lock)
+
+    def read_log_ops(self, subscriber: str, after: int, until: int | None = None) -> Iterator[LoggedOperation]:
+        """Like :meth:`read_log`, one ``(commit, origin, operation)`` at a time."""
+        reader, until = self._reader(subscriber, after, until)
+        return read_operations(self._conn, reader, after, until, lock=self._lock)
+
+    def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
+        with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):
+            reader = SubscriberReader(self._conn, self._identity, self._shapes, subscriber)
+            return reader, resolve_range(self._conn, after, until)
+
+    def truncate_log(self) -> int:
+        """Delete log entries at or below the smallest confirm_sent of all
+        peers; return the truncation point."""
+        with self._lock, self._write("truncating the log"):
+            return truncate_locked(self._conn)
+
+    # --- remote users ---------------------------------------------------------------
+
+    def add_remote(self, name: str, *, address: str | None = None, transport: str | None = None,
+                   public_key: str | None = None, send_every: int | None = None,
+                   send_at: time | str | None = None, start: int | None = None,
+                   peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser:
+        """Add a peer.  Its stream starts at ``start`` (default: the log end):
+        it is assumed to hold everything up to there."""
+        with self._lock, self._write(f"adding remote {name!r}"):
+            return add_remote_locked(self._conn, self._identity, name, address=address, transport=transport,
+                                     public_key=public_key, send_every=send_every, send_at=send_at, start=start,
+                                     peer_incarnation=peer_incarnation, now=now)
+
+    def remove_remote(self, name: str) -> None:
+        """Remove a peer and its subscriptions (the log it held back may then
+        be truncated)."""
+        with self._lock, self._write(f"removing remote {name!r}"):
+            remove_remote_locked(self._conn, name)
+
+    def remote(self, name: str) -> RemoteUser:
+        with self._lock, self._read(f"reading remote {name!r}"):
+            return get_remote(self._conn, name)
+
+    def remotes(self) -> tuple[RemoteUser, ...]:
+        """Every row of the remote-user table (for ``agent status``)."""
+        with self._lock, self._read("listing remotes"):
+            return list_remotes(self._conn)
+
+    def update_remote(self, name: str, **changes: Any) -> RemoteUser:
+        """Change columns of one remote-user row in a short transaction,
+        e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
+        with self._lock, self._write(f"updating remote {name!r}"):
+            return update_remote_locked(self._conn, name, changes)
+
+    def record_send(self, name: str, *, log_sent: int, messages: int = 1, now: datetime | None = None) -> RemoteUser:
+        """Set log_sent after messages went to the outbound queue, counting them."""
+        with self._lock, self._write(f"recording a send to {name!r}"):
+            return record_send_locked(self._conn, name, log_sent, messages, now)
+
+    def record_transport_error(self, name: str, message: str | None, *, now: datetime | None = None) -> RemoteUser:
+        """Remember the last transport error for ``name`` (None clears it)."""
+        with self._lock, self._write(f"recording an error for {name!r}"):
+            return record_error_locked(self._conn, name, message, now)
+
+    # --- apply ------------------------------------------------------------------------
+
+    def apply(self, peer: str, transactions: Iterable[Transaction], *, log_received: int, messages: int = 1,
+              peer_incarnation: bytes | None = None, now: datetime | None = None) -> ApplyResult:
+        """Apply ``transactions`` from ``peer`` and set its ``log_received``,
+        all in one SQLite transaction.  Transactions at or below the
+        recorded log_received are skipped."""
+        with self._lock, self._write(f"applying transactions from {peer!r}"):
+            return self._applier.apply_locked(self._identity, peer, transactions, log_received, messages=messages,
+                                              peer_incarnation=peer_incarnation, now=now)
+
+    def set_conflict_policy(self, table: str, policy: Resolution | str | None) -> None:
+        """Per-table conflict policy at the consolidated (None: the default,
+        incoming wins)."""
+        with self._lock, self._write(f"setting the conflict policy of {table!r}"):
+            info = table_info(self._conn, table)
+            if policy is None:
+                self._conn.execute("DELETE FROM fieldsync_conflict_policy WHERE table_name = ?", (info.name,))
+            else:
+                self._conn.execute("INSERT OR REPLACE INTO fieldsync_conflict_policy (table_name, policy)"
+                                   " VALUES (?, ?)", (info.name, check_policy(policy).value))
+
+    def set_conflict_hook(self, table: str | None, hook: ConflictHook | None) -> None:
+        """A Python callable deciding conflicts on ``table`` (None: every
+        table without its own hook).  It returns a Resolution or a dict of
+        column values to write (a merge).  Hooks live in this object only."""
+        if hook is not None and not callable(hook):
+            raise InvalidSetting("a conflict hook must be callable")
+        key = None if table is None else table.lower()
+        with self._lock:
+            if hook is None:
+                self._applier.hooks.pop(key, None)
+            else:
+                self._applier.hooks[key] = hook
+
+    def conflicts(self, after_id: int = 0) -> tuple[ConflictRecord, ...]:
+        with self._lock, self._read("listing conflicts"):
+            return list_conflicts(self._conn, after_id)
+
+    def apply_errors(self, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
+        with self._lock, self._read("listing apply errors"):
+            return list_apply_errors(self._conn, after_id)
+
+    # --- extraction ------------------------------------------------------------------
+
+    def extract(self, remote: str, path: str | os.PathLike[str], *, keys: Any = None,
+                now: datetime | None = None):  # type: ignore[no-untyped-def]
+        """Create the remote database of ``remote`` at ``path``; see
+        :func:`agent.site.extract.extract_remote`."""
+        from .extract import extract_remote
+        return extract_remote(self, remote, path, keys=keys, now=now)

@@ -1,0 +1,99 @@
+"""The site database's error tree.
+
+Every failure the site adapter reports is one of these; any other exception
+escaping :mod:`agent.site` is a bug.  Messages say what went wrong, with
+what, and what to do next, on one line.
+"""
+
+from __future__ import annotations
+
+
+class SiteError(Exception):
+    """Base of every error raised by :mod:`agent.site`."""
+
+
+class InvalidSetting(SiteError, ValueError):
+    """A value handed in by local code breaks the rules (bad site name,
+    unknown role, a schedule with both SEND EVERY and SEND AT, ...)."""
+
+
+class NotASite(SiteError):
+    """The file is not a fieldsync site database (never initialised, or not
+    SQLite at all)."""
+
+
+class AlreadyASite(SiteError):
+    """``init`` was asked to turn a database that already is a site into one."""
+
+
+class UnsupportedSiteVersion(SiteError):
+    """The site database was written by a newer fieldsync with another layout."""
+
+
+class WrongRole(SiteError):
+    """The operation is meant for the other role (e.g. extraction at a remote)."""
+
+
+class UnpublishableTable(SiteError):
+    """A table cannot be published: it does not exist, has no primary key,
+    is a view or virtual table, or belongs to fieldsync or SQLite."""
+
+
+class PublicationError(SiteError):
+    """A publication, article or subscription request is inconsistent."""
+
+
+class UnknownPublication(PublicationError):
+    """No publication of that name exists."""
+
+
+class UnknownRemote(SiteError):
+    """No remote-user row of that name exists."""
+
+
+class RemoteExists(SiteError):
+    """A remote-user row of that name exists already."""
+
+
+class InvariantViolation(SiteError):
+    """An update of the remote-user table would break a protocol invariant
+    (``confirm_sent <= log_sent <= log end``, or a counter going backwards)."""
+
+
+class LogOffsetError(SiteError):
+    """An offset handed to the log reader is not a commit boundary of this log."""
+
+
+class LogTruncated(LogOffsetError):
+    """The log was truncated past the requested start offset; the entries
+    are gone (they were confirmed by every peer)."""
+
+
+class ApplyRefused(SiteError):
+    """A batch from a peer cannot be applied as a whole: ``log_received``
+    would go backwards, or its transactions are out of order.  Nothing of
+    the batch was applied."""
+
+
+class IncarnationMismatch(SiteError):
+    """The peer's incarnation id differs from the one recorded for it: the
+    peer database was rebuilt or restored.  Offsets from it cannot be trusted."""
+
+
+class ConflictHookFailed(SiteError):
+    """A conflict hook raised or returned something that is not a resolution.
+    The whole batch was rolled back."""
+
+
+class ExtractionError(SiteError):
+    """A remote database could not be extracted."""
+
+
+class SiteBusy(SiteError):
+    """The database stayed locked by another connection for longer than the
+    busy timeout."""
+
+
+class SiteDatabaseError(SiteError):
+    """SQLite reported an error the adapter does not expect (I/O error, full
+    disk, corrupt file).  The original error is the ``__cause__``."""

@@ -1,0 +1,323 @@
+"""Extraction (SQL Remote's dbxtract): build a remote's database from the
+consolidated.
+
+Rules of this file:
+* The remote starts at one consistent point E of the consolidated's log:
+  under the consolidated's write lock, everything captured is cut into the
+  log (E = log end), the remote's row is set to ``log_sent = confirm_sent =
+  E``, and a second connection opens the read snapshot the rows are copied
+  from, before the lock is released.  The snapshot then holds exactly the
+  changes at or below E; everything after E reaches the remote through the
+  log.  Applications wait only for that short step, not for the copy.
+* Both directions start a new epoch (``resend_count`` / ``rereceive_count``
+  one higher than before), so messages of an earlier incarnation of this
+  remote still queued somewhere are stale on arrival and deleted.
+* The remote file is built under a temporary name and renamed into place
+  when complete: a crash leaves no half-made remote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from ._db import connect, format_time, quote_ident, read_transaction, translate, utc_now, write_transaction
+from .capture import TableInfo, refresh_changed_tables, table_info
+from .errors import ExtractionError, InvalidSetting, WrongRole
+from .log import cut_locked
+from .publications import Article, create_publication_locked
+from .remotes import get_remote
+from .schema import Role, init_database, read_identity
+
+if TYPE_CHECKING:
+    from .database import SiteDatabase
+
+COPY_CHUNK = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteKeys:
+    """Key material for a new remote (made by the codec).  ``public_key`` is
+    the text form stored in both remote-user tables; ``secret`` is opaque
+    bytes stored in the remote's own site row for its agent to load."""
+
+    public_key: str | None = None
+    secret: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.public_key is not None and type(self.public_key) is not str:
+            raise InvalidSetting("a public key is stored as text")
+        if self.secret is not None and type(self.secret) is not bytes:
+            raise InvalidSetting("remote key material must be bytes")
+
+
+KeySource = RemoteKeys | bytes | Callable[[str], "RemoteKeys | bytes"] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractResult:
+    remote: str
+    path: str
+    offset: int                 # the consolidated's log offset the remote holds everything up to
+    incarnation: bytes          # the new remote's incarnation id
+    rows: Mapping[str, int]     # rows copied per table
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    info: TableInfo
+    publication: str
+    columns: tuple[str, ...]            # published columns, table order
+    subscribe_by: str | None
+    values: frozenset | None            # None: every row
+    subset: bool                        # a column subset of the table
+
+
+def _resolve_keys(keys: KeySource, remote: str) -> RemoteKeys:
+    if callable(keys):
+        keys = keys(remote)
+    if keys is None:
+        return RemoteKeys()
+    if isinstance(keys, bytes):
+        return RemoteKeys(secret=keys)
+    if isinstance(keys, RemoteKeys):
+        return keys
+    raise InvalidSetting(f"remote keys must be RemoteKeys, bytes or a callable returning them, "
+                         f"got {type(keys).__name__}")
+
+
+def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
+    values: dict[str, set] = {}
+    for publication, value in conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?",
+                                           (remote,)):
+        bucket = values.setdefault(publication, set())
+        if value is not None:
+            bucket.add(value)
+    plans = []
+    for table, publication, columns, subscribe_by in conn.execute(
+            "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article ORDER BY rowid").fetchall():
+        if publication not in values:
+            continue
+        info = table_info(conn, table)
+        published = info.columns if columns is None else tuple(
+            column for column in info.columns if column in set(json.loads(columns)) | set(info.key_columns))
+        plans.append(_Plan(info, publication, published, subscribe_by,
+                           frozenset(values[publication]) if subscribe_by else None, published != info.columns))
+    return plans
+
+
+def _table_sql(conn: sqlite3.Connection, plan: _Plan) -> str:
+    if not plan.subset:
+        return plan.info.sql
+    # Rebuild the definition from the published columns; table constraints
+    # other than the key (CHECK, UNIQUE, FOREIGN KEY) are not carried.
+    definitions = []
+    for _cid, name, declared, notnull, default, _pk, hidden in conn.execute(
+            f"PRAGMA table_xinfo({quote_ident(plan.info.name)})"):
+        if hidden or name not in plan.columns:
+            continue
+        text = quote_ident(name) + (f" {declared}" if declared else "")
+        if notnull:
+            text += " NOT NULL"
+        if default is not None:
+            text += f" DEFAULT ({default})"
+        definitions.append(text)
+    definitions.append(f"PRIMARY KEY ({', '.join(quote_ident(c) for c in plan.info.key_columns)})")
+    return (f"CREATE TABLE {quote_ident(plan.info.name)} ({', '.join(definitions)})"
+            + (" WITHOUT ROWID" if plan.info.without_rowid else ""))
+
+
+def _index_sql(conn: sqlite3.Connection, plan: _Plan) -> list[str]:
+    statements = []
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ?"
+                                  " AND sql IS NOT NULL", (plan.info.name,)).fetchall():
+        if plan.subset:
+            used = [row[2] for row in conn.execute(f"PRAGMA index_xinfo({quote_ident(name)})") if row[5]]
+            if any(column is None or column not in plan.columns for column in used):
+                continue  # the index needs a column the remote does not have
+        statements.append(sql)
+    return statements
+
+
+def _remove(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            os.remove(f"{path}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not supported here (e.g. Windows)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[str], *, keys: KeySource = None,
+                   now: datetime | None = None) -> ExtractResult:
+    """Create the database of ``remote`` at ``path`` from the consolidated
+    ``site``: the published schema of its subscribed tables, its rows, its
+    identity (new incarnation, role remote) and the remote-user rows of both
+    sides, all taken at one consistent log offset while applications go on
+    writing.  ``remote`` must have been added (with its subscriptions).
+
+    Extracting a remote again replaces its stream: the consolidated forgets
+    what the previous copy had sent and confirmed.
+    """
+    identity = site.identity
+    if identity.role is not Role.CONSOLIDATED:
+        raise WrongRole(f"site {identity.name!r} is a remote; extract remotes from the consolidated")
+    target = Path(path)
+    if any(Path(f"{target}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+        raise ExtractionError(f"{target} exists already; remove it or choose another path")
+    if not target.parent.is_dir():
+        raise ExtractionError(f"directory {target.parent} does not exist")
+    conn = site.connection
+    with site._lock, read_transaction(conn, f"planning the extraction of {remote!r}"):
+        row = get_remote(conn, remote)
+        plans = _plans(conn, remote)
+        table_sql = [(_table_sql(conn, plan), _index_sql(conn, plan)) for plan in plans]
+    material = _resolve_keys(keys, remote)
+    stamp = format_time(now or utc_now())
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.address, transport=row.transport,
+                             public_key=material.public_key or row.public_key, secret=material.secret, now=now)
+        try:
+            incarnation = read_identity(copy).incarnation
+            offset, counts, epochs = _copy(site, copy, remote, plans, table_sql, incarnation, material, temporary)
+            _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
+            copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            copy.close()
+        if Path(f"{temporary}-wal").exists() and Path(f"{temporary}-wal").stat().st_size:
+            raise ExtractionError(f"{temporary}: SQLite left an unmerged WAL file; the copy is incomplete")
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        _remove_sidecars(temporary)
+        os.rename(temporary, target)
+        _fsync_directory(target.parent)
+    except sqlite3.Error as error:
+        _remove(temporary)
+        raise ExtractionError(f"extracting {remote!r} to {target} failed: {translate(error, 'copying')}") from error
+    except BaseException:
+        _remove(temporary)
+        raise
+    return ExtractResult(remote, str(target), offset, incarnation, counts)
+
+
+def _remove_sidecars(path: Path) -> None:
+    for suffix in ("-wal", "-shm"):
+        try:
+            os.remove(f"{path}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
+def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: list[_Plan],
+          table_sql: list[tuple[str, list[str]]], incarnation: bytes, material: RemoteKeys,
+          temporary: Path) -> tuple[int, dict[str, int], tuple[int, int]]:
+    """Pin the snapshot at the log offset E and copy the subscribed rows."""
+    with write_transaction(copy, f"creating the tables of {remote!r}"):
+        for create_table, _indexes in table_sql:
+            copy.execute(create_table)
+    copy.execute("ATTACH DATABASE ? AS source", (site.path,))
+    try:
+        conn = site.connection
+        with site._lock, write_transaction(conn, f"fixing the extraction point of {remote!r}"):
+            refresh_changed_tables(conn)
+            offset = cut_locked(conn, site.identity.name)
+            current = get_remote(conn, remote)
+            epochs = (current.resend_count + 1, current.rereceive_count + 1)
+            conn.execute(
+                "UPDATE fieldsync_remote SET log_send = ?, log_sent = ?, confirm_sent = ?, resend_count = ?,"
+                " log_received = 0, confirm_received = 0, rereceive_count = ?, send_count = 0, last_sent_at = NULL,"
+                " receive_count = 0, last_received_at = NULL, peer_incarnation = ?,"
+                " public_key = coalesce(?, public_key), last_error = NULL, last_error_at = NULL WHERE name = ?",
+                (offset, offset, offset, epochs[0], epochs[1], incarnation, material.public_key, remote))
+            # The snapshot starts now, while no one else can commit: it holds
+            # exactly what was committed up to ``offset``.
+            copy.execute("BEGIN")
+            copy.execute("SELECT count(*) FROM source.fieldsync_log").fetchone()
+        counts: dict[str, int] = {}
+        try:
+            for plan in plans:
+                counts[plan.info.name] = _copy_rows(copy, plan)
+            copy.execute("COMMIT")
+        except BaseException:
+            if copy.in_transaction:
+                copy.execute("ROLLBACK")
+            raise
+    finally:
+        copy.execute("DETACH DATABASE source")
+    return offset, counts, epochs
+
+
+def _copy_rows(copy: sqlite3.Connection, plan: _Plan) -> int:
+    names = ", ".join(quote_ident(column) for column in plan.columns)
+    insert = (f"INSERT INTO main.{quote_ident(plan.info.name)} ({names})"
+              f" VALUES ({', '.join('?' * len(plan.columns))})")
+    selected = list(plan.columns)
+    position = None
+    if plan.values is not None:
+        if plan.subscribe_by in plan.columns:
+            position = plan.columns.index(plan.subscribe_by)  # type: ignore[arg-type]
+        else:  # the filter column is not published: read it alongside, then drop it
+            selected.append(plan.subscribe_by)  # type: ignore[arg-type]
+            position = len(plan.columns)
+    source = copy.execute(f"SELECT {', '.join(quote_ident(c) for c in selected)}"
+                          f" FROM source.{quote_ident(plan.info.name)}")
+    width = len(plan.columns)
+    values = plan.values
+    writer = copy.cursor()
+    total = 0
+    while True:
+        rows = source.fetchmany(COPY_CHUNK)
+        if not rows:
+            return total
+        if position is not None:
+            # The same test the log reader applies (Python equality), so the
+            # copy and the stream agree on which rows are the remote's.
+            rows = [row[:width] for row in rows if row[position] in values]  # type: ignore[operator]
+        writer.executemany(insert, rows)
+        total += len(rows)
+
+
+def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[_Plan],  # type: ignore[no-untyped-def]
+                   table_sql: list[tuple[str, list[str]]], offset: int, epochs: tuple[int, int], stamp: str) -> None:
+    """Indexes, publications (so the remote captures its own changes) and
+    the remote's row for its consolidated."""
+    with write_transaction(copy, f"finishing the remote database of {row.name!r}"):
+        for _create_table, indexes in table_sql:
+            for statement in indexes:
+                copy.execute(statement)
+        articles: dict[str, list[Article]] = {}
+        for plan in plans:
+            subscribe_by = plan.subscribe_by if plan.subscribe_by in plan.columns else None
+            articles.setdefault(plan.publication, []).append(Article(plan.info.name, None, subscribe_by))
+        for publication, items in articles.items():
+            create_publication_locked(copy, publication, items, None)
+        resend_count, rereceive_count = epochs
+        copy.execute(
+            "INSERT INTO fieldsync_remote (name, log_send, log_sent, confirm_sent, resend_count, log_received,"
+            " confirm_received, rereceive_count, transport, address, public_key, send_every, send_at,"
+            " peer_incarnation, created_at) VALUES (?, 0, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (consolidated.name, rereceive_count, offset, offset, resend_count, consolidated.transport,
+             consolidated.address, consolidated.public_key, row.send_every,
+             None if row.send_at is None else row.send_at.isoformat(), consolidated.incarnation, stamp))
+
+

@@ -1,0 +1,141 @@
+"""The site's transaction log: turning captured rows into log transactions,
+reading them back in commit order, and truncating what every peer confirmed.
+
+Rules of this file:
+* A log transaction is a run of capture rows ``[first_seq, commit_offset]``;
+  its commit offset is the seq of its last capture row, so offsets are
+  strictly increasing integers > 0 and tell the log's order directly.
+* Log transactions are only ever cut while the write lock is held
+  (``BEGIN IMMEDIATE``): then no application transaction is half-way
+  through, so everything captured so far is committed and complete, and a
+  cut never splits an application transaction.
+* Entries at or below ``truncated_through`` are gone; reading from before
+  it is an error, never a silent gap.
+* Functions whose name ends in ``_locked`` expect the caller to hold a
+  write transaction; the readers run each chunk in its own statement.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import nullcontext
+from typing import ContextManager, Iterator
+
+from .errors import LogOffsetError, LogTruncated, SiteDatabaseError
+
+READ_CHUNK = 1000
+
+
+def log_end(conn: sqlite3.Connection) -> int:
+    """The commit offset of the last log transaction (0 for an empty log)."""
+    row = conn.execute("SELECT max(coalesce((SELECT max(commit_offset) FROM fieldsync_log), 0),"
+                       " (SELECT truncated_through FROM fieldsync_site WHERE id = 1))").fetchone()
+    return row[0] or 0
+
+
+def truncated_through(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT truncated_through FROM fieldsync_site WHERE id = 1").fetchone()[0]
+
+
+def top_seq(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT max(seq) FROM fieldsync_capture").fetchone()[0] or 0
+
+
+def cut_locked(conn: sqlite3.Connection, origin: str, end: int | None = None) -> int:
+    """Group every capture row after the log end into one log transaction
+    with ``origin``; return the log end afterwards.  Caller holds the write
+    lock.  ``end`` may pass the current log end when the caller knows it."""
+    if end is None:
+        end = log_end(conn)
+    top = top_seq(conn)
+    if top <= end:
+        return end
+    conn.execute("INSERT INTO fieldsync_log (commit_offset, origin, first_seq) VALUES (?, ?, ?)",
+                 (top, origin, end + 1))
+    return top
+
+
+def check_boundary(conn: sqlite3.Connection, offset: int, what: str) -> None:
+    """Raise unless ``offset`` is 0, the truncation point or a commit offset."""
+    if type(offset) is not int or offset < 0:
+        raise LogOffsetError(f"{what} must be a non-negative integer log offset, got {offset!r}")
+    floor = truncated_through(conn)
+    if offset < floor:
+        raise LogTruncated(f"{what} {offset} lies before the log's truncation point {floor}: those entries "
+                           "were confirmed by every peer and deleted; the peer needs a new extraction")
+    if offset == floor:
+        return
+    if conn.execute("SELECT 1 FROM fieldsync_log WHERE commit_offset = ?", (offset,)).fetchone() is None:
+        raise LogOffsetError(f"{what} {offset} is not a commit offset of this log")
+
+
+def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int = READ_CHUNK,
+                 lock: threading.RLock | None = None) -> Iterator[tuple[int, str, tuple]]:
+    """Yield ``(commit_offset, origin, capture_row)`` for every capture row of
+    the log transactions in ``(after, until]``, in log order.
+
+    Memory holds one chunk of capture rows and one of log rows.  Both bounds
+    must be commit boundaries (the caller checks), so transactions are
+    never cut.  ``capture_row`` is ``(seq, shape, kind, flags, v0, v1, ...)``.
+    """
+    guard: ContextManager = lock if lock is not None else nullcontext()
+    commits = _iter_commits(conn, after, until, chunk, guard)
+    commit, origin = 0, ""
+    position = after
+    while True:
+        with guard:
+            rows = conn.execute("SELECT * FROM fieldsync_capture WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                                (position, until, chunk)).fetchall()
+        if not rows:
+            return
+        for row in rows:
+            seq = row[0]
+            while seq > commit:
+                try:
+                    commit, origin = next(commits)
+                except StopIteration:
+                    raise SiteDatabaseError(f"capture row {seq} belongs to no log transaction; "
+                                            "the log tables were changed outside fieldsync") from None
+            yield commit, origin, row
+        position = rows[-1][0]
+
+
+def _iter_commits(conn: sqlite3.Connection, after: int, until: int, chunk: int,
+                  guard: ContextManager) -> Iterator[tuple[int, str]]:
+    position = after
+    while True:
+        with guard:
+            rows = conn.execute("SELECT commit_offset, origin FROM fieldsync_log WHERE commit_offset > ?"
+                                " AND commit_offset <= ? ORDER BY commit_offset LIMIT ?",
+                                (position, until, chunk)).fetchall()
+        if not rows:
+            return
+        yield from rows
+        position = rows[-1][0]
+
+
+def truncate_locked(conn: sqlite3.Connection) -> int:
+    """Delete log entries at or below the smallest ``confirm_sent`` of all
+    peers; return the truncation point.  Caller holds the write lock.
+
+    With no peers nothing is deleted: a peer added later starts at the log
+    end anyway, and deleting would be the one mistake that cannot be undone.
+    The capture row with the largest seq and the last log row are kept even
+    when confirmed, so seq (and so commit offsets) never go back.
+    """
+    floor = truncated_through(conn)
+    bound = conn.execute("SELECT min(confirm_sent) FROM fieldsync_remote").fetchone()[0]
+    if bound is None or bound <= floor:
+        return floor
+    # Only ever cut at a commit boundary at or below the bound.
+    bound = conn.execute("SELECT max(commit_offset) FROM fieldsync_log WHERE commit_offset <= ?",
+                         (bound,)).fetchone()[0]
+    if bound is None or bound <= floor:
+        return floor
+    conn.execute("DELETE FROM fieldsync_capture WHERE seq <= ? AND seq < (SELECT max(seq) FROM fieldsync_capture)",
+                 (bound,))
+    conn.execute("DELETE FROM fieldsync_log WHERE commit_offset <= ?"
+                 " AND commit_offset < (SELECT max(commit_offset) FROM fieldsync_log)", (bound,))
+    conn.execute("UPDATE fieldsync_site SET truncated_through = ? WHERE id = 1", (bound,))
+    return bound

@@ -1,0 +1,392 @@
+"""Publications, subscriptions, and reading the log for one subscriber.
+
+Rules of this file:
+* A publication is a set of *articles*; an article is one table, optionally
+  restricted to some columns (the key columns are always included) and
+  optionally with a ``SUBSCRIBE BY`` column.  A table belongs to at most one
+  publication, so each subscriber sees each table through one article.
+* At the consolidated, a remote subscribes to a publication with a value
+  (several values make several subscriptions); it receives the rows whose
+  SUBSCRIBE BY column equals one of its values (``NULL`` never matches;
+  ``7`` and ``7.0`` match, ``'7'`` and ``7`` do not: Python equality on
+  SQLite values).  Articles without SUBSCRIBE BY send every row.
+* At a remote, the consolidated receives every row of every article: the
+  remote's data already is its subset.
+* Reading turns capture rows into :class:`codec.ops.Operation` values:
+  ops whose origin is the subscriber are dropped (no echo), except rows a
+  conflict resolution marked for their origin; an UPDATE that moves a row
+  into or out of the subscriber's subset becomes an INSERT of the full
+  published row or a DELETE.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterable, Iterator, NamedTuple
+
+from codec.ops import OpKind, Operation, Transaction
+
+from ._db import format_time, parse_time, utc_now
+from .capture import (
+    FLAG_RETURN_TO_ORIGIN,
+    KIND_DELETE,
+    KIND_INSERT,
+    KIND_UPDATE,
+    Shape,
+    ShapeCache,
+    drop_capture,
+    install_capture,
+    table_info,
+)
+from .errors import InvalidSetting, LogOffsetError, PublicationError, UnknownPublication, UnknownRemote
+from .log import check_boundary, iter_capture, log_end
+from .schema import Role, SiteIdentity
+from .values import value_problem
+
+Value = None | int | float | str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Article:
+    """One table of a publication.  ``columns`` None means every column."""
+
+    table: str
+    columns: tuple[str, ...] | None = None
+    subscribe_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.table) is not str or not self.table:
+            raise InvalidSetting(f"article table must be a non-empty string, got {self.table!r}")
+        if self.columns is not None:
+            if isinstance(self.columns, str) or not all(type(c) is str and c for c in self.columns):
+                raise InvalidSetting(f"article columns of {self.table} must be a sequence of column names")
+            object.__setattr__(self, "columns", tuple(self.columns))
+        if self.subscribe_by is not None and (type(self.subscribe_by) is not str or not self.subscribe_by):
+            raise InvalidSetting(f"SUBSCRIBE BY column of {self.table} must be a column name")
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    name: str
+    articles: tuple[Article, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    remote: str
+    publication: str
+    value: Value
+    created_at: datetime
+
+
+class LoggedOperation(NamedTuple):
+    """One operation of the log as a subscriber sees it."""
+
+    commit: int
+    origin: str
+    operation: Operation
+
+
+def check_publication_name(name: object) -> str:
+    if type(name) is not str or not name or len(name) > 128 or not name.isprintable():
+        raise InvalidSetting(f"publication name must be 1-128 printable characters, got {name!r}")
+    return name  # type: ignore[return-value]
+
+
+def _as_article(item: Article | str) -> Article:
+    return item if isinstance(item, Article) else Article(item)
+
+
+# --- definitions (callers hold a write transaction) ---------------------------
+
+
+def create_publication_locked(conn: sqlite3.Connection, name: str, articles: Iterable[Article | str],
+                              now: datetime | None) -> None:
+    check_publication_name(name)
+    if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone():
+        raise PublicationError(f"publication {name!r} exists already; add articles to it instead")
+    conn.execute("INSERT INTO fieldsync_publication (name, created_at) VALUES (?, ?)",
+                 (name, format_time(now or utc_now())))
+    for article in articles:
+        add_article_locked(conn, name, _as_article(article))
+
+
+def add_article_locked(conn: sqlite3.Connection, publication: str, article: Article) -> Article:
+    if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (publication,)).fetchone() is None:
+        raise UnknownPublication(f"no publication named {publication!r}; create it first")
+    info = table_info(conn, article.table)
+    taken = conn.execute("SELECT publication FROM fieldsync_article WHERE table_name = ?", (info.name,)).fetchone()
+    if taken:
+        raise PublicationError(f"table {info.name!r} is already published in {taken[0]!r}; a table belongs to "
+                               "one publication")
+    known = {column.lower(): column for column in info.columns}
+    columns = None
+    if article.columns is not None:
+        wanted = set()
+        for column in article.columns:
+            if column.lower() not in known:
+                raise PublicationError(f"table {info.name!r} has no column {column!r} to publish")
+            wanted.add(known[column.lower()])
+        wanted.update(info.key_columns)
+        columns = tuple(column for column in info.columns if column in wanted)
+        if columns == info.columns:
+            columns = None
+    subscribe_by = None
+    if article.subscribe_by is not None:
+        if article.subscribe_by.lower() not in known:
+            raise PublicationError(f"SUBSCRIBE BY column {article.subscribe_by!r} is not a stored column of "
+                                   f"{info.name!r}")
+        subscribe_by = known[article.subscribe_by.lower()]
+    shape = install_capture(conn, info)
+    conn.execute("INSERT INTO fieldsync_article (table_name, publication, columns, subscribe_by, shape)"
+                 " VALUES (?, ?, ?, ?, ?)",
+                 (info.name, publication, None if columns is None else json.dumps(columns), subscribe_by, shape))
+    return Article(info.name, columns, subscribe_by)
+
+
+def remove_article_locked(conn: sqlite3.Connection, table: str) -> None:
+    row = conn.execute("SELECT table_name FROM fieldsync_article WHERE table_name = ?", (table,)).fetchone()
+    if row is None:
+        raise PublicationError(f"table {table!r} is not published")
+    drop_capture(conn, row[0])
+    conn.execute("DELETE FROM fieldsync_article WHERE table_name = ?", (row[0],))
+
+
+def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
+    if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
+        raise UnknownPublication(f"no publication named {name!r}")
+    for (table,) in conn.execute("SELECT table_name FROM fieldsync_article WHERE publication = ?",
+                                 (name,)).fetchall():
+        drop_capture(conn, table)
+    conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
+    conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (name,))
+    conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))
+
+
+def list_publications(conn: sqlite3.Connection) -> tuple[Publication, ...]:
+    articles: dict[str, list[Article]] = {}
+    for (name,) in conn.execute("SELECT name FROM fieldsync_publication ORDER BY name"):
+        articles[name] = []
+    for table, publication, columns, subscribe_by in conn.execute(
+            "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article ORDER BY table_name"):
+        articles[publication].append(
+            Article(table, None if columns is None else tuple(json.loads(columns)), subscribe_by))
+    return tuple(Publication(name, tuple(items)) for name, items in articles.items())
+
+
+def subscribe_locked(conn: sqlite3.Connection, remote: str, publication: str, value: Value,
+                     now: datetime | None) -> None:
+    if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone() is None:
+        raise UnknownRemote(f"no remote named {remote!r}; add it before subscribing it")
+    if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (publication,)).fetchone() is None:
+        raise UnknownPublication(f"no publication named {publication!r}")
+    problem = value_problem(value)
+    if problem is not None:
+        raise InvalidSetting(f"subscription value: {problem}")
+    if isinstance(value, float) and math.isnan(value):
+        raise InvalidSetting("subscription value cannot be NaN (SQLite stores NaN as NULL, which matches nothing)")
+    for (existing,) in conn.execute("SELECT value FROM fieldsync_subscription WHERE remote = ? AND publication = ?",
+                                    (remote, publication)).fetchall():
+        if type(existing) is type(value) and existing == value:
+            return  # subscribing twice is harmless
+    conn.execute("INSERT INTO fieldsync_subscription (remote, publication, value, created_at) VALUES (?, ?, ?, ?)",
+                 (remote, publication, value, format_time(now or utc_now())))
+
+
+def unsubscribe_locked(conn: sqlite3.Connection, remote: str, publication: str) -> int:
+    """Drop every subscription of ``remote`` to ``publication``; return how many."""
+    return conn.execute("DELETE FROM fieldsync_subscription WHERE remote = ? AND publication = ?",
+                        (remote, publication)).rowcount
+
+
+def list_subscriptions(conn: sqlite3.Connection, remote: str | None = None) -> tuple[Subscription, ...]:
+    query = "SELECT remote, publication, value, created_at FROM fieldsync_subscription"
+    params: tuple = ()
+    if remote is not None:
+        query += " WHERE remote = ?"
+        params = (remote,)
+    rows = conn.execute(query + " ORDER BY remote, publication, rowid", params).fetchall()
+    return tuple(Subscription(r, p, v, parse_time(t)) for r, p, v, t in rows)  # type: ignore[arg-type]
+
+
+# --- reading the log for a subscriber ------------------------------------------
+
+
+class _View:
+    """How one subscriber sees the capture rows of one shape."""
+
+    __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values")
+
+    def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
+                 values: frozenset | None) -> None:
+        self.table = shape.table
+        self.width = len(shape.columns)
+        wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
+        self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
+        self.names = tuple(shape.columns[i] for i in self.positions)
+        self.key_positions = shape.key_positions
+        if subscribe_by is None or values is None:
+            self.filter_position = None
+            self.values = None
+        elif subscribe_by in shape.columns:
+            self.filter_position = shape.columns.index(subscribe_by)
+            self.values = values
+        else:  # the filter column did not exist when these rows were captured
+            self.filter_position = None
+            self.values = frozenset()
+
+    def contains(self, row: tuple) -> bool:
+        if self.filter_position is None:
+            return self.values is None
+        return row[self.filter_position] in self.values  # type: ignore[operator]
+
+    def image(self, row: tuple) -> dict:
+        return {name: row[i] for name, i in zip(self.names, self.positions)}
+
+    def key(self, row: tuple) -> tuple:
+        return tuple(row[i] for i in self.key_positions)
+
+
+def _same(left: object, right: object) -> bool:
+    if type(left) is not type(right):
+        return False
+    if type(left) is float:
+        return left == right and math.copysign(1.0, left) == math.copysign(1.0, right)  # type: ignore[arg-type]
+    return left == right
+
+
+def _operation(table: str, kind: int, key: tuple, before: dict | None, after: dict | None) -> Operation:
+    # Built from values SQLite handed back, so already valid: skip the
+    # constructor's per-value checks on this hot path.
+    return tuple.__new__(Operation, (table, kind, key, before, after))
+
+
+class SubscriberReader:
+    """Turns capture rows into the operations one subscriber receives."""
+
+    def __init__(self, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
+                 subscriber: str) -> None:
+        if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
+            raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
+        self.subscriber = subscriber
+        self._shapes = shapes
+        self._views: dict[int, _View | None] = {}
+        self._articles: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
+        rows = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
+        if identity.role is Role.REMOTE:
+            # The consolidated gets everything a remote publishes.
+            for table, _publication, columns, _subscribe_by in rows:
+                self._articles[table.lower()] = (None if columns is None else tuple(json.loads(columns)), None, None)
+            return
+        values: dict[str, set] = {}
+        for publication, value in conn.execute(
+                "SELECT publication, value FROM fieldsync_subscription WHERE remote = ?", (subscriber,)):
+            bucket = values.setdefault(publication, set())
+            if value is not None:
+                bucket.add(value)
+        for table, publication, columns, subscribe_by in rows:
+            if publication not in values:
+                continue
+            self._articles[table.lower()] = (None if columns is None else tuple(json.loads(columns)), subscribe_by,
+                                             frozenset(values[publication]) if subscribe_by else None)
+
+    def _view(self, shape_id: int) -> _View | None:
+        try:
+            return self._views[shape_id]
+        except KeyError:
+            pass
+        shape = self._shapes.get(shape_id)
+        article = self._articles.get(shape.table.lower())
+        view = None if article is None else _View(shape, *article)
+        self._views[shape_id] = view
+        return view
+
+    def operation(self, origin: str, row: tuple) -> Operation | None:
+        """The operation ``row`` (a capture row) becomes for the subscriber, if any."""
+        flags = row[3]
+        returning = flags is not None and flags & FLAG_RETURN_TO_ORIGIN
+        if (origin == self.subscriber) != bool(returning):
+            return None  # own change (echo), or a correction meant for another site
+        view = self._view(row[1])
+        if view is None:
+            return None
+        kind = row[2]
+        width = view.width
+        if kind == KIND_INSERT:
+            new = row[4:4 + width]
+            if not view.contains(new):
+                return None
+            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
+        if kind == KIND_DELETE:
+            old = row[4:4 + width]
+            if not view.contains(old):
+                return None
+            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if kind != KIND_UPDATE:
+            return None
+        old = row[4:4 + width]
+        new = row[4 + width:4 + 2 * width]
+        was_in = view.contains(old)
+        is_in = view.contains(new)
+        if was_in and is_in:
+            if returning:
+                before, after = view.image(old), view.image(new)
+            else:
+                changed = [i for i in view.positions if not _same(old[i], new[i])]
+                if not changed:
+                    return None
+                names = self._shapes.get(row[1]).columns
+                before = {names[i]: old[i] for i in changed}
+                after = {names[i]: new[i] for i in changed}
+            return _operation(view.table, OpKind.UPDATE, view.key(old), before, after)
+        if was_in:
+            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if is_in:
+            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
+        return None
+
+
+def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:
+    check_boundary(conn, after, "start offset")
+    end = log_end(conn)
+    if until is None:
+        until = end
+    else:
+        if until > end:
+            raise LogOffsetError(f"end offset {until} lies beyond the log end {end}")
+        check_boundary(conn, until, "end offset")
+    if until < after:
+        raise LogOffsetError(f"end offset {until} lies before start offset {after}")
+    return until
+
+
+def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
+                    lock: threading.RLock | None = None) -> Iterator[LoggedOperation]:
+    for commit, origin, row in iter_capture(conn, after, until, lock=lock):
+        op = reader.operation(origin, row)
+        if op is not None:
+            yield LoggedOperation(commit, origin, op)
+
+
+def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
+                      lock: threading.RLock | None = None) -> Iterator[Transaction]:
+    """Group :func:`read_operations` into transactions; a log transaction
+    with nothing for the subscriber yields nothing."""
+    ops: list[Operation] = []
+    commit, origin = 0, ""
+    for logged_commit, logged_origin, row in iter_capture(conn, after, until, lock=lock):
+        if logged_commit != commit:
+            if ops:
+                yield Transaction._trusted(commit, origin, tuple(ops))
+                ops = []
+            commit, origin = logged_commit, logged_origin
+        op = reader.operation(logged_origin, row)
+        if op is not None:
+            ops.append(op)
+    if ops:
+        yield Transaction._trusted(commit, origin, tuple(ops))

@@ -1,0 +1,207 @@
+"""The remote-user table (SQL Remote's SYSREMOTEUSER), one row per peer.
+
+Rules of this file:
+* At the consolidated there is one row per remote; at a remote exactly one,
+  for its consolidated.
+* Every change runs in its own short write transaction, except
+  ``log_received``, which :mod:`agent.site.apply` moves together with the
+  applied data.
+* Updates keep the protocol's invariants: ``confirm_sent <= log_sent <= log
+  end``, and ``confirm_sent``, ``resend_count``, ``log_received``,
+  ``confirm_received`` and ``rereceive_count`` never go backwards.  Breaking
+  one raises :class:`InvariantViolation`; it would be a protocol bug.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, fields
+from datetime import datetime, time
+from typing import Any
+
+from ._db import format_time, parse_time, utc_now
+from .errors import InvalidSetting, InvariantViolation, RemoteExists, UnknownRemote, WrongRole
+from .log import log_end
+from .schema import Role, SiteIdentity, check_name
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteUser:
+    """One row of the remote-user table.  Offsets are in the local log unless
+    named ``*_received`` (those are in the peer's log)."""
+
+    name: str
+    log_send: int
+    log_sent: int
+    confirm_sent: int
+    resend_count: int
+    log_received: int
+    confirm_received: int
+    rereceive_count: int
+    send_count: int
+    last_sent_at: datetime | None
+    receive_count: int
+    last_received_at: datetime | None
+    transport: str | None
+    address: str | None
+    public_key: str | None
+    send_every: int | None       # seconds (SEND EVERY)
+    send_at: time | None         # time of day (SEND AT)
+    peer_incarnation: bytes | None
+    last_error: str | None
+    last_error_at: datetime | None
+    created_at: datetime
+
+    @property
+    def sending_due(self) -> bool:
+        return self.log_send > self.log_sent
+
+
+_COLUMNS = tuple(field.name for field in fields(RemoteUser))
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM fieldsync_remote"
+_TIME_FIELDS = {"last_sent_at", "last_received_at", "last_error_at", "created_at"}
+_OFFSET_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
+                  "rereceive_count", "send_count", "receive_count")
+_MONOTONE = ("confirm_sent", "resend_count", "log_received", "confirm_received", "rereceive_count",
+             "send_count", "receive_count")
+UPDATABLE = frozenset(_COLUMNS) - {"name", "created_at"}
+
+
+def _row(values: tuple) -> RemoteUser:
+    record = dict(zip(_COLUMNS, values))
+    for name in _TIME_FIELDS:
+        record[name] = parse_time(record[name])
+    if record["send_at"] is not None:
+        record["send_at"] = time.fromisoformat(record["send_at"])
+    return RemoteUser(**record)
+
+
+def _check_schedule(send_every: object, send_at: object) -> tuple[int | None, str | None]:
+    if send_every is not None and send_at is not None:
+        raise InvalidSetting("a remote is sent to either EVERY interval or AT a time of day, not both")
+    if send_every is not None and (type(send_every) is not int or send_every <= 0):
+        raise InvalidSetting(f"send_every must be a positive number of seconds, got {send_every!r}")
+    if send_at is None:
+        return send_every, None  # type: ignore[return-value]
+    if isinstance(send_at, str):
+        try:
+            send_at = time.fromisoformat(send_at)
+        except ValueError:
+            raise InvalidSetting(f"send_at must be a time of day such as '18:30', got {send_at!r}") from None
+    if not isinstance(send_at, time) or send_at.tzinfo is not None:
+        raise InvalidSetting(f"send_at must be a local time of day such as '18:30', got {send_at!r}")
+    return None, send_at.isoformat()
+
+
+def _check_text(what: str, value: object) -> None:
+    if value is not None and type(value) is not str:
+        raise InvalidSetting(f"{what} must be text, got {type(value).__name__}")
+
+
+def _check_incarnation(value: object) -> None:
+    if value is not None and (type(value) is not bytes or len(value) != 16):
+        raise InvalidSetting("a peer incarnation id is 16 bytes")
+
+
+def get_remote(conn: sqlite3.Connection, name: str) -> RemoteUser:
+    row = conn.execute(_SELECT + " WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        raise UnknownRemote(f"no remote named {name!r}; add it with add_remote")
+    return _row(row)
+
+
+def list_remotes(conn: sqlite3.Connection) -> tuple[RemoteUser, ...]:
+    return tuple(_row(row) for row in conn.execute(_SELECT + " ORDER BY name"))
+
+
+def add_remote_locked(conn: sqlite3.Connection, identity: SiteIdentity, name: str, *, address: str | None = None,
+                      transport: str | None = None, public_key: str | None = None, send_every: int | None = None,
+                      send_at: time | str | None = None, start: int | None = None,
+                      peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser:
+    check_name(name, "remote name")
+    if name == identity.name:
+        raise InvalidSetting(f"a site cannot be its own remote ({name!r})")
+    for what, value in (("address", address), ("transport", transport), ("public key", public_key)):
+        _check_text(what, value)
+    _check_incarnation(peer_incarnation)
+    every, at = _check_schedule(send_every, send_at)
+    if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (name,)).fetchone():
+        raise RemoteExists(f"remote {name!r} exists already; update it instead")
+    if identity.role is Role.REMOTE:
+        other = conn.execute("SELECT name FROM fieldsync_remote").fetchone()
+        if other:
+            raise WrongRole(f"remote site {identity.name!r} already has its consolidated {other[0]!r}; "
+                            "a remote exchanges messages with one consolidated only")
+    end = log_end(conn)
+    if start is None:
+        start = end
+    if type(start) is not int or not 0 <= start <= end:
+        raise InvariantViolation(f"a new remote starts at a log offset in 0..{end}, got {start!r}")
+    conn.execute(
+        "INSERT INTO fieldsync_remote (name, log_send, log_sent, confirm_sent, transport, address, public_key,"
+        " send_every, send_at, peer_incarnation, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (name, start, start, start, transport, address, public_key, every, at, peer_incarnation,
+         format_time(now or utc_now())))
+    return get_remote(conn, name)
+
+
+def remove_remote_locked(conn: sqlite3.Connection, name: str) -> None:
+    if conn.execute("DELETE FROM fieldsync_remote WHERE name = ?", (name,)).rowcount == 0:
+        raise UnknownRemote(f"no remote named {name!r}")
+    conn.execute("DELETE FROM fieldsync_subscription WHERE remote = ?", (name,))
+
+
+def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str, Any]) -> RemoteUser:
+    unknown = set(changes) - UPDATABLE
+    if unknown:
+        raise InvalidSetting(f"remote-user columns {sorted(unknown)} cannot be updated; "
+                             f"updatable: {sorted(UPDATABLE)}")
+    current = get_remote(conn, name)
+    for field_name in _OFFSET_FIELDS:
+        if field_name in changes:
+            value = changes[field_name]
+            if type(value) is not int or value < 0:
+                raise InvalidSetting(f"{field_name} must be a non-negative integer, got {value!r}")
+            if field_name in _MONOTONE and value < getattr(current, field_name):
+                raise InvariantViolation(f"{field_name} of {name!r} cannot go back from "
+                                         f"{getattr(current, field_name)} to {value}")
+    for what in ("transport", "address", "public_key", "last_error"):
+        if what in changes:
+            _check_text(what, changes[what])
+    if "peer_incarnation" in changes:
+        _check_incarnation(changes["peer_incarnation"])
+    stored = dict(changes)
+    if "send_every" in changes or "send_at" in changes:
+        every, at = _check_schedule(changes.get("send_every", current.send_every),
+                                    changes.get("send_at", current.send_at))
+        stored["send_every"], stored["send_at"] = every, at
+    for field_name in _TIME_FIELDS & set(changes):
+        stored[field_name] = format_time(changes[field_name])
+    log_sent = stored.get("log_sent", current.log_sent)
+    confirm_sent = stored.get("confirm_sent", current.confirm_sent)
+    if confirm_sent > log_sent:
+        raise InvariantViolation(f"confirm_sent ({confirm_sent}) of {name!r} would exceed log_sent ({log_sent})")
+    if "log_sent" in stored or "log_send" in stored:
+        end = log_end(conn)
+        if log_sent > end:
+            raise InvariantViolation(f"log_sent ({log_sent}) of {name!r} would lie beyond the log end ({end})")
+    if not stored:
+        return current
+    assignments = ", ".join(f"{column} = ?" for column in stored)
+    conn.execute(f"UPDATE fieldsync_remote SET {assignments} WHERE name = ?", (*stored.values(), name))
+    return get_remote(conn, name)
+
+
+def record_send_locked(conn: sqlite3.Connection, name: str, log_sent: int, messages: int,
+                       now: datetime | None) -> RemoteUser:
+    current = get_remote(conn, name)
+    if type(messages) is not int or messages < 0:
+        raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
+    return update_remote_locked(conn, name, {"log_sent": log_sent, "send_count": current.send_count + messages,
+                                             "last_sent_at": now or utc_now()})
+
+
+def record_error_locked(conn: sqlite3.Connection, name: str, message: str | None,
+                        now: datetime | None) -> RemoteUser:
+    return update_remote_locked(conn, name, {"last_error": message,
+                                             "last_error_at": None if message is None else (now or utc_now())})

@@ -1,0 +1,303 @@
+"""fieldsync's own tables inside a site database, and the site identity.
+
+Rules of this file:
+* Every table fieldsync creates is named ``fieldsync_*`` so it never clashes
+  with an application table; publishing a ``fieldsync_*`` table is refused.
+* The layout has a version (``fieldsync_site.schema_version``); a database
+  written by a newer layout is refused rather than misread.
+* The capture table's value columns have no declared type, so SQLite stores
+  each value exactly as the application's row held it (no affinity).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from pathlib import Path
+
+from codec.errors import InvalidValue
+from codec.names import check_site_name
+
+from ._db import connect, format_time, parse_time, quote_ident, translate, utc_now, write_transaction
+from .errors import AlreadyASite, InvalidSetting, NotASite, UnsupportedSiteVersion
+
+SCHEMA_VERSION = 1
+INITIAL_VALUE_COLUMNS = 16
+PREFIX = "fieldsync_"
+
+
+class Role(str, Enum):
+    CONSOLIDATED = "consolidated"
+    REMOTE = "remote"
+
+
+@dataclass(frozen=True, slots=True)
+class SiteIdentity:
+    """Who this database is.  ``incarnation`` is 16 random bytes (a UUID4),
+    new at init and at extraction; every message carries it."""
+
+    name: str
+    role: Role
+    incarnation: bytes
+    address: str | None
+    transport: str | None
+    public_key: str | None
+    created_at: datetime
+    # Opaque key material handed to extraction (e.g. a codec key file's
+    # text); kept out of repr so it never lands in a log line.
+    secret: bytes | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "site name")
+        if not isinstance(self.role, Role):
+            raise InvalidSetting(f"site role must be a Role, got {self.role!r}")
+        if type(self.incarnation) is not bytes or len(self.incarnation) != 16:
+            raise InvalidSetting("site incarnation must be 16 bytes")
+
+    @property
+    def incarnation_uuid(self) -> uuid.UUID:
+        return uuid.UUID(bytes=self.incarnation)
+
+
+def check_name(name: object, what: str) -> str:
+    """Site names follow the codec's rule (they end up in message file names)."""
+    try:
+        return check_site_name(name)  # type: ignore[arg-type]
+    except InvalidValue as error:
+        raise InvalidSetting(f"{what}: {error}") from None
+
+
+def check_role(role: object) -> Role:
+    try:
+        return Role(role)
+    except ValueError:
+        raise InvalidSetting(f"site role must be 'consolidated' or 'remote', got {role!r}") from None
+
+
+def new_incarnation() -> bytes:
+    return uuid.uuid4().bytes
+
+
+_TABLES = """
+CREATE TABLE fieldsync_site (
+    id                INTEGER PRIMARY KEY CHECK (id = 1),
+    schema_version    INTEGER NOT NULL,
+    name              TEXT NOT NULL,
+    role              TEXT NOT NULL CHECK (role IN ('consolidated', 'remote')),
+    incarnation       BLOB NOT NULL CHECK (length(incarnation) = 16),
+    address           TEXT,
+    transport         TEXT,
+    public_key        TEXT,
+    secret            BLOB,
+    created_at        TEXT NOT NULL,
+    truncated_through INTEGER NOT NULL DEFAULT 0
+);
+-- One row per captured row change, written by the triggers.  seq is the
+-- rowid: SQLite allocates max(seq)+1, and truncation never deletes the row
+-- holding the largest seq, so seq only grows.
+CREATE TABLE fieldsync_capture (
+    seq   INTEGER PRIMARY KEY,
+    shape INTEGER NOT NULL,
+    kind  INTEGER NOT NULL,
+    flags INTEGER,
+    {value_columns}
+);
+-- One row per log transaction: it holds the capture rows with seq in
+-- [first_seq, commit_offset].  The commit offset is the seq of its last row.
+CREATE TABLE fieldsync_log (
+    commit_offset INTEGER PRIMARY KEY,
+    origin        TEXT NOT NULL,
+    first_seq     INTEGER NOT NULL
+);
+CREATE TABLE fieldsync_shape (
+    id          INTEGER PRIMARY KEY,
+    table_name  TEXT NOT NULL,
+    columns     TEXT NOT NULL,
+    key_columns TEXT NOT NULL,
+    table_sql   TEXT
+);
+CREATE TABLE fieldsync_publication (
+    name       TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE fieldsync_article (
+    table_name   TEXT PRIMARY KEY COLLATE NOCASE,
+    publication  TEXT NOT NULL REFERENCES fieldsync_publication (name),
+    columns      TEXT,
+    subscribe_by TEXT,
+    shape        INTEGER NOT NULL REFERENCES fieldsync_shape (id)
+);
+CREATE TABLE fieldsync_subscription (
+    remote      TEXT NOT NULL,
+    publication TEXT NOT NULL REFERENCES fieldsync_publication (name),
+    value,
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX fieldsync_subscription_remote ON fieldsync_subscription (remote, publication);
+CREATE TABLE fieldsync_remote (
+    name             TEXT PRIMARY KEY,
+    log_send         INTEGER NOT NULL DEFAULT 0,
+    log_sent         INTEGER NOT NULL DEFAULT 0,
+    confirm_sent     INTEGER NOT NULL DEFAULT 0,
+    resend_count     INTEGER NOT NULL DEFAULT 0,
+    log_received     INTEGER NOT NULL DEFAULT 0,
+    confirm_received INTEGER NOT NULL DEFAULT 0,
+    rereceive_count  INTEGER NOT NULL DEFAULT 0,
+    send_count       INTEGER NOT NULL DEFAULT 0,
+    last_sent_at     TEXT,
+    receive_count    INTEGER NOT NULL DEFAULT 0,
+    last_received_at TEXT,
+    transport        TEXT,
+    address          TEXT,
+    public_key       TEXT,
+    send_every       INTEGER CHECK (send_every IS NULL OR send_every > 0),
+    send_at          TEXT,
+    peer_incarnation BLOB CHECK (peer_incarnation IS NULL OR length(peer_incarnation) = 16),
+    last_error       TEXT,
+    last_error_at    TEXT,
+    created_at       TEXT NOT NULL,
+    CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
+    CHECK (send_every IS NULL OR send_at IS NULL)
+);
+CREATE TABLE fieldsync_conflict (
+    id              INTEGER PRIMARY KEY,
+    at              TEXT NOT NULL,
+    peer            TEXT NOT NULL,
+    peer_commit     INTEGER NOT NULL,
+    table_name      TEXT NOT NULL,
+    key             BLOB NOT NULL,
+    local_row       BLOB NOT NULL,
+    incoming_before BLOB,
+    incoming_after  BLOB,
+    resolution      TEXT NOT NULL,
+    result_row      BLOB
+);
+CREATE TABLE fieldsync_apply_error (
+    id          INTEGER PRIMARY KEY,
+    at          TEXT NOT NULL,
+    peer        TEXT NOT NULL,
+    peer_commit INTEGER NOT NULL,
+    table_name  TEXT,
+    kind        INTEGER,
+    key         BLOB,
+    operation   BLOB,
+    problem     TEXT NOT NULL
+);
+CREATE TABLE fieldsync_conflict_policy (
+    table_name TEXT PRIMARY KEY COLLATE NOCASE,
+    policy     TEXT NOT NULL CHECK (policy IN ('incoming', 'local'))
+);
+"""
+
+
+def value_column(index: int) -> str:
+    return f"v{index}"
+
+
+def _create_statements() -> list[str]:
+    value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
+    text = _TABLES.replace("{value_columns}", value_columns)
+    return [statement.strip() for statement in text.split(";") if statement.strip()]
+
+
+def is_site(conn: sqlite3.Connection) -> bool:
+    row = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fieldsync_site'").fetchone()
+    return row is not None
+
+
+def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, address: str | None = None,
+                  transport: str | None = None, public_key: str | None = None, secret: bytes | None = None,
+                  now: datetime | None = None, busy_timeout: float | None = None) -> sqlite3.Connection:
+    """Turn the SQLite file at ``path`` (new or existing) into a site and
+    return an open connection to it."""
+    check_name(name, "site name")
+    role = check_role(role)
+    for what, value in (("address", address), ("transport", transport), ("public key", public_key)):
+        if value is not None and type(value) is not str:
+            raise InvalidSetting(f"site {what} must be text, got {type(value).__name__}")
+    if secret is not None and type(secret) is not bytes:
+        raise InvalidSetting("site secret must be bytes")
+    created = format_time(now or utc_now())
+    conn = connect(str(path), **({} if busy_timeout is None else {"busy_timeout": busy_timeout}))
+    try:
+        try:
+            if is_site(conn):
+                raise AlreadyASite(f"{path} is already the fieldsync site {read_identity(conn).name!r}; "
+                                   "open it instead of initialising it again")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.DatabaseError as error:
+            raise NotASite(f"{path}: cannot use as an SQLite database ({error})") from error
+        if mode.lower() != "wal":
+            raise InvalidSetting(f"{path}: SQLite refused WAL mode (journal mode stays {mode!r}); "
+                                 "a site needs a file on a local disk")
+        with write_transaction(conn, f"initialising site {name} in {path}"):
+            if is_site(conn):  # another process won the race
+                raise AlreadyASite(f"{path} was turned into a site concurrently")
+            for statement in _create_statements():
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO fieldsync_site (id, schema_version, name, role, incarnation, address, transport,"
+                " public_key, secret, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (SCHEMA_VERSION, name, role.value, new_incarnation(), address, transport, public_key, secret,
+                 created),
+            )
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = None) -> sqlite3.Connection:
+    """Open an existing site database; refuse anything else."""
+    location = Path(path)
+    if not location.is_file():
+        raise NotASite(f"{path}: no such database file; create the site with init first")
+    conn = connect(str(location), **({} if busy_timeout is None else {"busy_timeout": busy_timeout}))
+    try:
+        try:
+            site = is_site(conn)
+        except sqlite3.DatabaseError as error:
+            raise NotASite(f"{path}: not an SQLite database ({error})") from error
+        if not site:
+            raise NotASite(f"{path} is an SQLite database but not a fieldsync site; initialise it first")
+        version = conn.execute("SELECT schema_version FROM fieldsync_site").fetchone()
+        if version is None:
+            raise NotASite(f"{path}: fieldsync_site is empty; the site was never initialised completely")
+        if version[0] > SCHEMA_VERSION:
+            raise UnsupportedSiteVersion(f"{path} uses site layout {version[0]}; this fieldsync reads up to "
+                                         f"{SCHEMA_VERSION}: upgrade fieldsync")
+    except sqlite3.Error as error:
+        conn.close()
+        raise translate(error, f"opening {path}") from error
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def read_identity(conn: sqlite3.Connection) -> SiteIdentity:
+    row = conn.execute("SELECT name, role, incarnation, address, transport, public_key, created_at, secret"
+                       " FROM fieldsync_site WHERE id = 1").fetchone()
+    if row is None:
+        raise NotASite("the database has no site identity row")
+    name, role, incarnation, address, transport, public_key, created_at, secret = row
+    return SiteIdentity(name, Role(role), incarnation, address, transport, public_key,
+                        parse_time(created_at), secret)  # type: ignore[arg-type]
+
+
+def capture_width(conn: sqlite3.Connection) -> int:
+    """How many value columns the capture table has."""
+    names = [row[1] for row in conn.execute("PRAGMA table_info(fieldsync_capture)")]
+    return sum(1 for column in names if column.startswith("v") and column[1:].isdigit())
+
+
+def ensure_capture_width(conn: sqlite3.Connection, needed: int) -> None:
+    """Widen the capture table to ``needed`` value columns (inside a write
+    transaction).  ADD COLUMN only touches the schema, not the rows."""
+    width = capture_width(conn)
+    for index in range(width, needed):
+        conn.execute(f"ALTER TABLE fieldsync_capture ADD COLUMN {quote_ident(value_column(index))}")
