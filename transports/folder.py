@@ -98,6 +98,8 @@ def _is_own_temp(name: str) -> bool:
 
 
 def _fsync_directory(directory: str) -> None:
+    if os.name == "nt":
+        return  # os.open cannot open a directory on Windows; the rename is then as durable as NTFS makes it.
     try:
         dir_fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
     except OSError as error:
