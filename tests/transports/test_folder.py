@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-import transports.folder as folder_module
 from transports import BadAddress, InvalidMessageName, TransportRefused, TransportUnavailable
 from transports.folder import FolderTransport
 
