@@ -1,0 +1,465 @@
+"""The message-tracking protocol for one pair of sites, both directions.
+
+Rules of this file:
+* Sans-I/O: no asyncio, files, sockets, clock or randomness.  Every entry
+  point takes ``now`` (seconds, any epoch) and returns a list of actions for
+  the caller to carry out, in order.  ``get_timer()`` says when
+  ``handle_timer(now)`` wants to run next.
+* The caller persists :attr:`PairProtocol.state` whenever it changed
+  *before* carrying out the actions that follow (a resend request must not
+  leave before the ``rereceive_count`` it carries is durable).
+* Receiving side (this site reads the peer's log): ``log_received``,
+  ``confirm_received``, ``rereceive_count`` and the pending inbound messages.
+  Publishing side (the peer reads this site's log): ``log_send``,
+  ``log_sent``, ``confirm_sent``, ``resend_count``.
+* Offsets on the receiving side are in the peer's log; on the publishing
+  side in this site's log.  Rule numbers refer to docs/protocol.md.
+* Misuse by local code raises :class:`LocalProtocolError` (a bug); anything
+  a peer sends is handled with actions, never exceptions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+from typing import Union
+
+from codec.header import Header
+from codec.message import ControlState
+
+from .errors import AgentError
+
+
+class LocalProtocolError(AgentError):
+    """Local code drove the protocol in a way it does not allow (a bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PairState:
+    """The remote-user row's protocol columns for one peer."""
+
+    log_send: int = 0
+    log_sent: int = 0
+    confirm_sent: int = 0
+    resend_count: int = 0
+    log_received: int = 0
+    confirm_received: int = 0
+    rereceive_count: int = 0
+    peer_incarnation: bytes | None = None
+    # Kept across runs so that batch runs (`run --once`) detect gaps too:
+    peer_log_sent: int = 0  # the most the peer said it sent (tail-loss detection)
+    gap_polls: int = 0  # consecutive polls that saw a gap
+    request_patience: int = 0  # polls the current gap must last; 0 = Settings.patience
+
+    def __post_init__(self) -> None:
+        if not self.confirm_sent <= self.log_sent:
+            raise LocalProtocolError(f"confirm_sent {self.confirm_sent} is after log_sent {self.log_sent}")
+        for name in ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received",
+                     "confirm_received", "rereceive_count", "peer_log_sent", "gap_polls", "request_patience"):
+            if getattr(self, name) < 0:
+                raise LocalProtocolError(f"{name} must be >= 0")
+
+
+# --- actions --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Apply these inbound messages (one whole message, or a complete group of
+    parts in seq order) in ONE database transaction that also sets
+    ``log_received``; skip their transactions with commit <= ``skip_through``.
+    Then call :meth:`PairProtocol.apply_done` (or ``apply_aborted``)."""
+
+    message_ids: tuple[str, ...]
+    skip_through: int
+    log_received: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteInbound:
+    """Remove these inbound messages from the queue; ``reason`` says why
+    (``applied``, ``stale``, ``duplicate``)."""
+
+    message_ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """Move this inbound message aside, never apply it; ``reason`` says why."""
+
+    message_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendData:
+    """Read this site's log in ``(start, end]`` for the peer, pack it into
+    messages of epoch ``resend_count`` (the final one covering up to ``end``),
+    enqueue them durably, then call :meth:`PairProtocol.send_done`."""
+
+    start: int
+    end: int
+    resend_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeOutbound:
+    """Drop queued-but-unsent outbound messages of epochs below this one."""
+
+    below_resend_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendControl:
+    """Send this control message to the peer."""
+
+    state: ControlState
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStopped:
+    """The peer's incarnation id changed: its stream is stopped until an
+    operator acts (re-extraction).  Report it."""
+
+    expected: bytes
+    received: bytes
+
+
+Action = Union[Apply, DeleteInbound, Quarantine, SendData, PurgeOutbound, SendControl, StreamStopped]
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """What happened on this pair since the agent started."""
+
+    applied_messages: int = 0
+    stale_deleted: int = 0
+    duplicates_deleted: int = 0
+    rejected: int = 0
+    resend_requests_sent: int = 0
+    resends_done: int = 0
+    controls_sent: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    sort_key: tuple[int, int, int, int]
+    message_id: str
+    header: Header
+
+
+@dataclass(slots=True)
+class _ResendRequest:
+    resend_count: int
+    log_received: int
+    due: float
+
+
+@dataclass(slots=True)
+class Settings:
+    """Tuning of the protocol (dbremote switches in brackets)."""
+
+    patience: int = 1  # polls before a gap counts as a loss [-rp]
+    resend_urgency: float = 30.0  # seconds a resend request waits [-ru]
+    max_patience: int = 64  # the backoff between repeated requests stops growing here
+
+    def __post_init__(self) -> None:
+        if self.patience < 1:
+            raise LocalProtocolError("patience must be at least 1 poll")
+        if self.resend_urgency < 0:
+            raise LocalProtocolError("resend urgency must be >= 0 seconds")
+
+
+class PairProtocol:
+    """One pair of sites: this site and ``peer``."""
+
+    def __init__(self, peer: str, state: PairState, settings: Settings | None = None) -> None:
+        self.peer = peer
+        self.settings = settings or Settings()
+        self._state = state
+        self._pending: dict[str, _Pending] = {}
+        self._by_prev: list[tuple[tuple[int, int, int, int], str]] = []
+        self._applying: Apply | None = None
+        self._sending: SendData | None = None
+        self._stopped: StreamStopped | None = None
+        self._resend_request: _ResendRequest | None = None
+        self._confirm_due = False
+        self.counters = Counters()
+
+    # -- read-only views ---------------------------------------------------------------
+
+    @property
+    def state(self) -> PairState:
+        return self._state
+
+    @property
+    def stopped(self) -> StreamStopped | None:
+        return self._stopped
+
+    @property
+    def pending_ids(self) -> tuple[str, ...]:
+        return tuple(message_id for _, message_id in self._by_prev)
+
+    def get_timer(self) -> float | None:
+        return None if self._resend_request is None else self._resend_request.due
+
+    def _count(self, **increments: int) -> None:
+        self.counters = replace(self.counters, **{name: getattr(self.counters, name) + value
+                                                  for name, value in increments.items()})
+
+    # -- receiving side ------------------------------------------------------------------
+
+    def _check_incarnation(self, incarnation: bytes) -> list[Action]:
+        known = self._state.peer_incarnation
+        if known is None:
+            self._state = replace(self._state, peer_incarnation=incarnation)
+            return []
+        if known != incarnation and self._stopped is None:
+            self._stopped = StreamStopped(known, incarnation)
+            return [self._stopped]
+        return []
+
+    def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes) -> list[Action]:
+        """A data message from the peer is durably in the inbound queue."""
+        actions = self._check_incarnation(incarnation)
+        if self._stopped is not None and incarnation != self._state.peer_incarnation:
+            return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
+        if message_id in self._pending:
+            return actions
+        if header.resend_count < self._state.rereceive_count:
+            self._count(stale_deleted=1)
+            return actions + [DeleteInbound((message_id,), "stale")]
+        sort_key = (header.prev, header.resend_count, header.seq, header.last)
+        self._pending[message_id] = _Pending(sort_key, message_id, header)
+        bisect.insort(self._by_prev, (sort_key, message_id))
+        return actions + self._advance(now)
+
+    def message_rejected(self, now: float, message_id: str, reason: str) -> list[Action]:
+        """A file from the peer failed its checks; it counts as missing."""
+        self._count(rejected=1)
+        return [Quarantine(message_id, reason)]
+
+    def poll(self, now: float) -> list[Action]:
+        """A receive poll (every receive delay, and once per batch run)."""
+        actions = self._advance(now)
+        if self._applying is not None or self._stopped is not None:
+            return actions
+        state = self._state
+        if not self._gap_evident():
+            if state.gap_polls:
+                self._state = replace(state, gap_polls=0)
+            return actions
+        patience = state.request_patience or self.settings.patience
+        if state.gap_polls < patience:
+            # Rule 4: a gap must still be there after `patience` more polls.
+            self._state = replace(state, gap_polls=state.gap_polls + 1)
+            return actions
+        # The gap outlived patience: ask for a resend.  The next request needs
+        # twice the patience (until progress), so a slow resend is not
+        # overtaken by another one: no resend storms.
+        self._state = replace(state, gap_polls=0, rereceive_count=state.rereceive_count + 1,
+                              request_patience=min(patience * 2, self.settings.max_patience))
+        self._count(resend_requests_sent=1)
+        actions += self._delete_stale()
+        actions.append(self._control("resend request"))
+        return actions
+
+    def apply_done(self, now: float, log_received: int) -> list[Action]:
+        """The database committed the last :class:`Apply` with this ``log_received``."""
+        applying = self._applying
+        if applying is None or log_received != applying.log_received:
+            raise LocalProtocolError(f"apply_done({log_received}) without a matching Apply")
+        self._applying = None
+        for message_id in applying.message_ids:
+            self._forget(message_id)
+        self._state = replace(self._state, log_received=log_received, gap_polls=0, request_patience=0)
+        self._confirm_due = True
+        self._count(applied_messages=len(applying.message_ids))
+        return [DeleteInbound(applying.message_ids, "applied")] + self._advance(now)
+
+    def apply_aborted(self, now: float, quarantine: str | None = None) -> list[Action]:
+        """The last :class:`Apply` did not commit.  With ``quarantine`` (the
+        messages cannot ever be applied, e.g. a malformed payload from a faulty
+        peer) they are set aside and count as missing; otherwise they stay
+        queued and are tried again at the next poll."""
+        applying = self._applying
+        if applying is None:
+            raise LocalProtocolError("apply_aborted without an Apply")
+        self._applying = None
+        if quarantine is None:
+            return []
+        actions: list[Action] = []
+        for message_id in applying.message_ids:
+            self._forget(message_id)
+            self._count(rejected=1)
+            actions.append(Quarantine(message_id, quarantine))
+        return actions
+
+    def _forget(self, message_id: str) -> None:
+        pending = self._pending.pop(message_id)
+        index = bisect.bisect_left(self._by_prev, (pending.sort_key, message_id))
+        del self._by_prev[index]
+
+    def _delete_stale(self) -> list[Action]:
+        """Rule 1, after rereceive_count grew: epochs below it are stale."""
+        rereceive_count = self._state.rereceive_count
+        stale = [p.message_id for p in self._pending.values() if p.header.resend_count < rereceive_count]
+        for message_id in stale:
+            self._forget(message_id)
+        if not stale:
+            return []
+        self._count(stale_deleted=len(stale))
+        return [DeleteInbound(tuple(stale), "stale")]
+
+    def _delete_duplicates(self) -> list[Action]:
+        """Rule 1: messages log_received already covers (a non-final part once
+        log_received has moved past its prev).  Only messages with
+        prev <= log_received can qualify, and they sort first."""
+        log_received = self._state.log_received
+        end = bisect.bisect_right(self._by_prev, ((log_received, 2**63, 2**63, 2**63), ""))
+        duplicates = []
+        for _, message_id in self._by_prev[:end]:
+            header = self._pending[message_id].header
+            if header.last <= log_received if header.is_final_part else header.prev < log_received:
+                duplicates.append(message_id)
+        for message_id in duplicates:
+            self._forget(message_id)
+        if not duplicates:
+            return []
+        self._count(duplicates_deleted=len(duplicates))
+        return [DeleteInbound(tuple(duplicates), "duplicate")]
+
+    def _advance(self, now: float) -> list[Action]:
+        """Rules 1-2: clean up, then start applying the next applicable message."""
+        actions = self._delete_duplicates()
+        if self._applying is not None or self._stopped is not None:
+            return actions
+        candidate = self._applicable()
+        if candidate is not None:
+            self._applying = candidate
+            actions.append(candidate)
+        return actions
+
+    def _applicable(self) -> Apply | None:
+        """Rule 2: a message or complete group with prev <= log_received < last,
+        the newest epoch first."""
+        log_received = self._state.log_received
+        end = bisect.bisect_right(self._by_prev, ((log_received, 2**63, 2**63, 2**63), ""))
+        best: Apply | None = None
+        best_epoch = -1
+        groups: dict[tuple[int, int], list[_Pending]] = {}
+        for _, message_id in self._by_prev[:end]:
+            pending = self._pending[message_id]
+            header = pending.header
+            if header.is_part:
+                groups.setdefault((header.resend_count, header.prev), []).append(pending)
+            elif header.last > log_received and header.resend_count > best_epoch:
+                best = Apply((message_id,), log_received, header.last)
+                best_epoch = header.resend_count
+        for (epoch, _), members in groups.items():
+            members.sort(key=lambda p: p.header.seq)
+            final = members[-1].header
+            complete = (final.is_final_part and final.seq == len(members) - 1
+                        and all(m.header.seq == index for index, m in enumerate(members)))
+            if complete and final.last > log_received and epoch > best_epoch:
+                best = Apply(tuple(m.message_id for m in members), log_received, final.last)
+                best_epoch = epoch
+        return best
+
+    def _gap_evident(self) -> bool:
+        """Something is known to be missing: a later message waits, or the
+        peer said it sent beyond what arrived."""
+        return bool(self._pending) or self._state.peer_log_sent > self._state.log_received
+
+    # -- control messages ------------------------------------------------------------
+
+    def control_received(self, now: float, control: ControlState, incarnation: bytes) -> list[Action]:
+        """A control message from the peer (fields are monotone: merge by max)."""
+        actions = self._check_incarnation(incarnation)
+        if self._stopped is not None and incarnation != self._state.peer_incarnation:
+            return actions
+        state = self._state
+        # Receiving side: the peer's view of what it has sent (tail-loss detection),
+        # and publishing side, rule 6: a confirmation.
+        peer_log_sent = max(state.peer_log_sent, control.log_sent)
+        confirmed = max(state.confirm_sent, min(control.log_received, state.log_sent))
+        if (peer_log_sent, confirmed) != (state.peer_log_sent, state.confirm_sent):
+            self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed)
+        # Rule 7: a resend request, acted on after the urgency delay.
+        if control.rereceive_count > self._state.resend_count:
+            request = self._resend_request
+            if request is None:
+                self._resend_request = _ResendRequest(control.rereceive_count, control.log_received,
+                                                      now + self.settings.resend_urgency)
+            else:
+                request.resend_count = max(request.resend_count, control.rereceive_count)
+                request.log_received = max(request.log_received, control.log_received)
+            actions += self.handle_timer(now)
+        return actions
+
+    def handle_timer(self, now: float) -> list[Action]:
+        request = self._resend_request
+        if request is None or now < request.due or self._sending is not None:
+            return []
+        self._resend_request = None
+        state = self._state
+        if request.resend_count <= state.resend_count:
+            return []
+        confirm_sent = max(state.confirm_sent, min(request.log_received, state.log_sent))
+        self._state = replace(state, resend_count=request.resend_count, confirm_sent=confirm_sent,
+                              log_sent=confirm_sent, log_send=max(state.log_send, state.log_sent))
+        self._count(resends_done=1)
+        return [PurgeOutbound(request.resend_count)] + self._start_send()
+
+    def send_controls(self, now: float, *, force: bool = False) -> list[Action]:
+        """The send phase: confirm when something changed (rule 3), or always
+        with ``force`` (batch runs and heartbeats: confirmations go out even
+        when nothing changed, which repairs a lost one)."""
+        if not (force or self._confirm_due):
+            return []
+        return [self._control("confirmation")]
+
+    def _control(self, reason: str) -> SendControl:
+        state = self._state
+        self._confirm_due = False
+        if state.confirm_received != state.log_received:
+            self._state = state = replace(state, confirm_received=state.log_received)
+        self._count(controls_sent=1)
+        return SendControl(ControlState(log_received=state.log_received, rereceive_count=state.rereceive_count,
+                                        log_sent=state.log_sent, resend_count=state.resend_count), reason)
+
+    # -- publishing side -------------------------------------------------------------
+
+    def send_due(self, now: float, log_end: int) -> list[Action]:
+        """The send schedule fired: everything committed up to ``log_end`` is due."""
+        state = self._state
+        if log_end > state.log_send:
+            self._state = replace(state, log_send=log_end)
+        return self.handle_timer(now) + self._start_send()
+
+    def _start_send(self) -> list[Action]:
+        state = self._state
+        if self._sending is not None or state.log_send <= state.log_sent:
+            return []
+        self._sending = SendData(state.log_sent, state.log_send, state.resend_count)
+        return [self._sending]
+
+    def send_done(self, now: float, log_sent: int) -> list[Action]:
+        """The messages of the last :class:`SendData` are durably queued."""
+        sending = self._sending
+        if sending is None or log_sent != sending.end:
+            raise LocalProtocolError(f"send_done({log_sent}) without a matching SendData")
+        self._sending = None
+        state = self._state
+        if sending.resend_count == state.resend_count and sending.start == state.log_sent:
+            self._state = replace(state, log_sent=log_sent)
+        return self.handle_timer(now) + self._start_send()
+
+    def send_aborted(self, now: float) -> list[Action]:
+        """The last :class:`SendData` failed before log_sent could move; retry later."""
+        if self._sending is None:
+            raise LocalProtocolError("send_aborted without a SendData")
+        self._sending = None
+        return []

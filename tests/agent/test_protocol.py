@@ -1,0 +1,399 @@
+"""The protocol core, driven without I/O (see pairsim.py).  Every test
+checks the invariants I1 and I2 after each step."""
+
+import random
+
+import pytest
+
+from agent.protocol import (Apply, DeleteInbound, LocalProtocolError, PairProtocol, PairState, PurgeOutbound,
+                            Quarantine, SendControl, SendData, Settings, StreamStopped)
+from codec.header import Header
+from codec.message import ControlState
+
+from .pairsim import INCARNATION_P, Pair
+
+
+def run_until_quiet(pair: Pair, cycles: int = 30) -> int:
+    for number in range(cycles):
+        pair.cycle()
+        pair.check_invariants()
+        if pair.quiescent() and not pair.to_s and not pair.to_p:
+            return number + 1
+    raise AssertionError(f"no quiescence: P={pair.p.state} S={pair.s.state}")
+
+
+def test_normal_replication_confirms_everything():
+    pair = Pair()
+    pair.commit(10)
+    run_until_quiet(pair)
+    assert pair.applied == pair.log
+    assert pair.p.counters.resends_done == 0 and pair.s.counters.resend_requests_sent == 0
+
+
+def test_multi_part_groups_apply_once_atomically():
+    pair = Pair()
+    pair.commit(4)
+    pair.big = frozenset({pair.log[1], pair.log[3]})
+    run_until_quiet(pair)
+    assert pair.applied == pair.log
+
+
+def test_lost_message_is_resent_in_a_new_epoch_and_old_copies_are_stale():
+    pair = Pair(per_message=1)
+    pair.commit(4)
+    pair.now += 60
+    pair.p_run(pair.p.send_due(pair.now, pair.log[-1]))
+    pair.flush_outbox()
+    lost = pair.to_s.pop(1)  # the second message never arrives
+    pair.deliver_to_s()
+    assert pair.applied == pair.log[:1]
+    run_until_quiet(pair)
+    assert pair.p.state.resend_count == 1 and pair.s.state.rereceive_count == 1
+    # The old-epoch copy turns up late: it is deleted as stale, never applied.
+    pair.to_s.append(lost)
+    pair.deliver_to_s()
+    assert lost.message_id not in pair.inbox and pair.s.counters.stale_deleted >= 1
+    pair.check_invariants()
+
+
+def test_lost_last_message_is_detected_from_the_publishers_control():
+    pair = Pair()
+    pair.commit(3)
+    pair.now += 60
+    pair.p_run(pair.p.send_due(pair.now, pair.log[-1]))
+    pair.p_run(pair.p.send_controls(pair.now, force=True))
+    pair.flush_outbox()
+    pair.to_s = [f for f in pair.to_s if f.kind == "control"]  # the only data message is lost
+    pair.deliver_to_s()
+    assert pair.s.state.peer_log_sent == pair.log[-1] and pair.s.state.log_received == 0
+    run_until_quiet(pair)
+    assert pair.applied == pair.log and pair.p.state.resend_count == 1
+
+
+def test_lost_confirmation_is_repaired_by_the_next_one():
+    pair = Pair()
+    pair.commit(3)
+    pair.now += 60
+    pair.p_run(pair.p.send_due(pair.now, pair.log[-1]))
+    pair.flush_outbox()
+    pair.deliver_to_s()
+    pair.s_run(pair.s.send_controls(pair.now))
+    pair.to_p.clear()  # the confirmation is lost
+    assert pair.p.state.confirm_sent == 0
+    run_until_quiet(pair)
+    assert pair.p.state.confirm_sent == pair.log[-1] and pair.p.state.resend_count == 0
+
+
+def test_duplicated_and_reordered_messages_apply_once_in_order():
+    pair = Pair(per_message=1)
+    pair.commit(6)
+    pair.now += 60
+    pair.p_run(pair.p.send_due(pair.now, pair.log[-1]))
+    pair.flush_outbox()
+    pair.to_s = list(reversed(pair.to_s + pair.to_s[:3]))
+    pair.deliver_to_s()
+    assert pair.applied == pair.log
+    run_until_quiet(pair)
+    assert pair.p.state.resend_count == 0
+
+
+def test_corrupt_message_counts_as_missing_and_is_resent():
+    pair = Pair(per_message=2)
+    pair.commit(4)
+    pair.now += 60
+    pair.p_run(pair.p.send_due(pair.now, pair.log[-1]))
+    pair.flush_outbox()
+    pair.to_s[0].corrupt = True
+    pair.deliver_to_s()
+    assert pair.s.counters.rejected == 1 and pair.quarantined
+    run_until_quiet(pair)
+    assert pair.applied == pair.log
+
+
+def test_regenerated_messages_after_a_publisher_crash_overlap_and_are_skipped():
+    pair = Pair(per_message=2)
+    pair.commit(3)
+    saved = pair.p.state
+    pair.now += 60
+    # P packs and queues (0, end] but crashes before send_done records log_sent.
+    pair._pack(SendData(saved.log_sent, pair.log[-1], saved.resend_count))
+    pair.flush_outbox()
+    first_version = list(pair.to_s)
+    pair.p = PairProtocol("S", saved, pair.settings)  # restart from the persisted state
+    pair.commit(3)
+    pair.per_message = 4  # cut differently this time
+    pair.to_s = first_version[:1]
+    pair.deliver_to_s()
+    assert pair.s.state.log_received == first_version[0].header.last
+    run_until_quiet(pair)
+    assert pair.applied == pair.log and pair.p.state.resend_count == 0
+
+
+def test_randomized_faults_keep_the_invariants():
+    for seed in range(150):
+        rng = random.Random(seed)
+        pair = Pair(per_message=rng.randint(1, 4), settings=Settings(patience=rng.randint(1, 3),
+                                                                     resend_urgency=rng.choice([0.0, 90.0])))
+        for step in range(25):
+            if rng.random() < 0.6:
+                pair.commit(rng.randint(1, 4))
+                pair.big = frozenset(c for c in pair.log if rng.random() < 0.15) | pair.big
+            pair.now += 60
+            pair.p_run(pair.p.handle_timer(pair.now))
+            pair.p_run(pair.p.send_due(pair.now, pair.log[-1] if pair.log else 0))
+            pair.p_run(pair.p.send_controls(pair.now, force=rng.random() < 0.5))
+            pair.flush_outbox()
+            survivors = []
+            for flight in pair.to_s:
+                roll = rng.random()
+                if roll < 0.1:
+                    continue  # lost
+                if roll < 0.15:
+                    flight.corrupt = True
+                survivors.append(flight)
+                if rng.random() < 0.1:
+                    survivors.append(flight)  # duplicated
+            rng.shuffle(survivors)
+            held = [f for f in survivors if rng.random() < 0.1]
+            pair.to_s = [f for f in survivors if f not in held]
+            pair.deliver_to_s()
+            pair.to_s = held
+            pair.s_run(pair.s.poll(pair.now))
+            pair.s_run(pair.s.send_controls(pair.now, force=rng.random() < 0.5))
+            pair.to_p = [f for f in pair.to_p if rng.random() > 0.1]
+            rng.shuffle(pair.to_p)
+            pair.deliver_to_p()
+            pair.check_invariants()
+            for flight in pair.to_s:
+                flight.corrupt = False
+        run_until_quiet(pair, cycles=80)
+        assert pair.applied == pair.log, seed
+
+
+# --- targeted rules ---------------------------------------------------------------------
+
+def protocol(**state) -> PairProtocol:
+    return PairProtocol("peer", PairState(**state), Settings(patience=1, resend_urgency=10.0))
+
+
+def test_state_validation():
+    with pytest.raises(LocalProtocolError):
+        PairState(log_sent=1, confirm_sent=2)
+    with pytest.raises(LocalProtocolError):
+        PairState(log_received=-1)
+    with pytest.raises(LocalProtocolError):
+        Settings(patience=0)
+    with pytest.raises(LocalProtocolError):
+        Settings(resend_urgency=-1)
+
+
+def test_applicable_rule_and_skip_through():
+    core = protocol(log_received=50)
+    # prev 40 <= 50 < 70: applicable, skipping commits <= 50.
+    actions = core.message_queued(0, "m", Header(0, 40, 70), INCARNATION_P)
+    assert actions == [Apply(("m",), 50, 70)]
+    # While applying, nothing else starts; a second message waits.
+    assert core.message_queued(0, "n", Header(0, 70, 90), INCARNATION_P) == []
+    actions = core.apply_done(1, 70)
+    assert actions == [DeleteInbound(("m",), "applied"), Apply(("n",), 70, 90)]
+    assert core.state.log_received == 70
+
+
+def test_duplicates_and_stale_messages_are_deleted():
+    core = protocol(log_received=50, rereceive_count=2)
+    assert core.message_queued(0, "old", Header(1, 50, 60), INCARNATION_P) == [DeleteInbound(("old",), "stale")]
+    assert core.message_queued(0, "dup", Header(2, 30, 50), INCARNATION_P) == [DeleteInbound(("dup",), "duplicate")]
+    # A non-final part whose prev equals log_received waits for its siblings ...
+    assert core.message_queued(0, "p0", Header(2, 50, 50, 0), INCARNATION_P) == []
+    # ... one whose prev is behind log_received is a duplicate.
+    assert core.message_queued(0, "q0", Header(2, 40, 40, 0), INCARNATION_P) == [DeleteInbound(("q0",), "duplicate")]
+    assert core.message_queued(0, "p0", Header(2, 50, 50, 0), INCARNATION_P) == []  # same id again: ignored
+    assert core.pending_ids == ("p0",)
+    assert core.counters.stale_deleted == 1 and core.counters.duplicates_deleted == 2
+
+
+def test_incomplete_or_inconsistent_groups_are_not_applied():
+    core = protocol(log_received=10)
+    core.message_queued(0, "a0", Header(0, 10, 10, 0), INCARNATION_P)
+    assert core.message_queued(0, "a2", Header(0, 10, 30, 2), INCARNATION_P) == []  # part 1 missing
+    actions = core.message_queued(0, "a1", Header(0, 10, 10, 1), INCARNATION_P)
+    assert actions == [Apply(("a0", "a1", "a2"), 10, 30)]
+
+
+def test_newest_epoch_wins_among_applicable_messages():
+    core = protocol(log_received=10)
+    core.message_queued(0, "x", Header(0, 10, 10, 0), INCARNATION_P)  # an incomplete group of epoch 0
+    core._applying = Apply(("z",), 0, 1)  # hold applies while both arrive
+    core.message_queued(0, "e0", Header(0, 10, 20), INCARNATION_P)
+    core.message_queued(0, "e1", Header(1, 10, 20), INCARNATION_P)
+    core._applying = None
+    assert core._applicable() == Apply(("e1",), 10, 20)
+    core._applying = Apply(("z",), 0, 1)
+    core.message_queued(0, "e1-early", Header(1, 5, 20), INCARNATION_P)
+    core.message_queued(0, "e0-late", Header(0, 10, 25), INCARNATION_P)
+    core._applying = None
+    # Equal epochs: the first in stream order; never the older epoch's message.
+    assert core._applicable() == Apply(("e1-early",), 10, 20)
+    core2 = protocol(log_received=10)
+    core2._applying = Apply(("z",), 0, 1)
+    core2.message_queued(0, "g1", Header(1, 10, 10, 0), INCARNATION_P)
+    core2.message_queued(0, "g1b", Header(1, 10, 20, 1), INCARNATION_P)
+    core2.message_queued(0, "w0", Header(0, 10, 20), INCARNATION_P)
+    core2._applying = None
+    assert core2._applicable() == Apply(("g1", "g1b"), 10, 20)
+    core3 = protocol(log_received=10)
+    core3._applying = Apply(("z",), 0, 1)
+    core3.message_queued(0, "g0", Header(0, 10, 10, 0), INCARNATION_P)
+    core3.message_queued(0, "g0b", Header(0, 10, 20, 1), INCARNATION_P)
+    core3.message_queued(0, "w1", Header(1, 10, 20), INCARNATION_P)
+    core3._applying = None
+    assert core3._applicable() == Apply(("w1",), 10, 20)
+
+
+def test_gap_waits_for_patience_then_requests_once_with_backoff():
+    core = PairProtocol("peer", PairState(), Settings(patience=2, resend_urgency=0))
+    core.message_queued(0, "later", Header(0, 20, 30), INCARNATION_P)
+    assert core.poll(1) == [] and core.poll(2) == []  # seen, then patience polls
+    actions = core.poll(3)
+    assert actions == [DeleteInbound(("later",), "stale"),
+                       SendControl(ControlState(0, 1, 0, 0), "resend request")]
+    assert core.state.request_patience == 4
+    core.control_received(4, ControlState(0, 0, 30, 0), INCARNATION_P)  # the peer sent up to 30
+    for now in range(5, 9):
+        assert core.poll(now) == []  # backoff: the gap must last 4 more polls
+    assert core.state.rereceive_count == 1
+    assert isinstance(core.poll(9)[-1], SendControl) and core.state.rereceive_count == 2
+    assert core.state.request_patience == 8
+    # Progress resets the patience.
+    core.message_queued(10, "resent", Header(2, 0, 30), INCARNATION_P)
+    core.apply_done(10, 30)
+    assert core.state.request_patience == 0 and core.state.gap_polls == 0
+
+
+def test_no_gap_resets_the_poll_count():
+    core = protocol()
+    core.message_queued(0, "later", Header(0, 20, 30), INCARNATION_P)
+    core.poll(1)
+    assert core.state.gap_polls == 1
+    core._forget("later")
+    assert core.poll(2) == [] and core.state.gap_polls == 0
+    assert core.poll(3) == [] and core.state.gap_polls == 0
+
+
+def test_poll_does_nothing_more_while_applying():
+    core = protocol()
+    actions = core.message_queued(0, "m", Header(0, 0, 10), INCARNATION_P)
+    assert actions == [Apply(("m",), 0, 10)]
+    assert core.poll(1) == []
+
+
+def test_apply_aborted_retries_or_quarantines():
+    core = protocol()
+    core.message_queued(0, "m", Header(0, 0, 10), INCARNATION_P)
+    assert core.apply_aborted(1) == []
+    assert core.poll(2) == [Apply(("m",), 0, 10)]
+    assert core.apply_aborted(3, quarantine="malformed payload") == [Quarantine("m", "malformed payload")]
+    assert core.counters.rejected == 1 and core.pending_ids == ()
+    with pytest.raises(LocalProtocolError):
+        core.apply_aborted(4)
+    with pytest.raises(LocalProtocolError):
+        core.apply_done(4, 10)
+
+
+def test_confirmation_rules():
+    core = protocol(log_send=100, log_sent=100, confirm_sent=10)
+    core.control_received(0, ControlState(log_received=60, rereceive_count=0, log_sent=0, resend_count=0),
+                          INCARNATION_P)
+    assert core.state.confirm_sent == 60
+    core.control_received(0, ControlState(40, 0, 0, 0), INCARNATION_P)  # older confirmation: merged by max
+    assert core.state.confirm_sent == 60
+    core.control_received(0, ControlState(500, 0, 0, 0), INCARNATION_P)  # never beyond log_sent (I1)
+    assert core.state.confirm_sent == 100
+
+
+def test_resend_request_waits_for_urgency_and_coalesces():
+    core = protocol(log_send=100, log_sent=100, confirm_sent=20, resend_count=0)
+    assert core.control_received(0, ControlState(30, 1, 0, 0), INCARNATION_P) == []
+    assert core.get_timer() == 10.0
+    assert core.control_received(5, ControlState(35, 2, 0, 0), INCARNATION_P) == []
+    assert core.handle_timer(9) == []
+    actions = core.handle_timer(10)
+    assert actions == [PurgeOutbound(2), SendData(35, 100, 2)]
+    assert (core.state.resend_count, core.state.confirm_sent, core.state.log_sent) == (2, 35, 35)
+    assert core.get_timer() is None and core.handle_timer(11) == []
+    # A duplicate request (k <= resend_count) is ignored.
+    core.send_done(12, 100)
+    assert core.control_received(13, ControlState(35, 2, 0, 0), INCARNATION_P) == []
+    assert core.get_timer() is None
+
+
+def test_resend_request_is_deferred_while_a_send_is_in_flight():
+    core = PairProtocol("peer", PairState(log_sent=10, confirm_sent=10), Settings(resend_urgency=0))
+    assert core.send_due(0, 50) == [SendData(10, 50, 0)]
+    assert core.control_received(1, ControlState(10, 1, 0, 0), INCARNATION_P) == []
+    actions = core.send_done(2, 50)
+    assert actions == [PurgeOutbound(1), SendData(10, 50, 1)]
+
+
+def test_request_already_superseded_when_timer_fires():
+    core = protocol(log_send=10, log_sent=10)
+    core.control_received(0, ControlState(0, 1, 0, 0), INCARNATION_P)
+    core._state = PairState(log_send=10, log_sent=10, resend_count=3)
+    assert core.handle_timer(100) == []
+
+
+def test_send_flow_and_misuse():
+    core = protocol(log_sent=5, confirm_sent=5)
+    assert core.send_due(0, 5) == []  # nothing new
+    assert core.send_due(0, 20) == [SendData(5, 20, 0)]
+    assert core.send_due(0, 30) == []  # one send at a time
+    assert core.send_done(1, 20) == [SendData(20, 30, 0)]
+    with pytest.raises(LocalProtocolError):
+        core.send_done(2, 99)
+    assert core.send_aborted(2) == []
+    assert core.state.log_sent == 20
+    with pytest.raises(LocalProtocolError):
+        core.send_aborted(3)
+    assert core.send_due(4, 30) == [SendData(20, 30, 0)]
+
+
+def test_send_done_of_a_superseded_epoch_does_not_move_log_sent():
+    core = protocol(log_sent=5, confirm_sent=5)
+    core.send_due(0, 20)
+    core._state = PairState(log_send=20, log_sent=5, confirm_sent=5, resend_count=1)
+    core.send_done(1, 20)
+    assert core.state.log_sent == 5
+
+
+def test_controls_carry_the_pair_view_and_confirm_received():
+    core = protocol(log_received=40, rereceive_count=1, log_sent=7, confirm_sent=7, resend_count=2)
+    assert core.send_controls(0) == []
+    [control] = core.send_controls(0, force=True)
+    assert control.state == ControlState(40, 1, 7, 2) and core.state.confirm_received == 40
+    core.message_queued(0, "m", Header(1, 40, 50), INCARNATION_P)
+    core.apply_done(1, 50)
+    [control] = core.send_controls(2)
+    assert control.state.log_received == 50 and control.reason == "confirmation"
+
+
+def test_incarnation_change_stops_the_stream():
+    core = protocol()
+    core.message_queued(0, "a", Header(0, 0, 10), INCARNATION_P)
+    core.apply_done(0, 10)
+    other = b"X" * 16
+    actions = core.message_queued(1, "b", Header(0, 10, 20), other)
+    assert actions[0] == StreamStopped(INCARNATION_P, other)
+    assert isinstance(actions[1], Quarantine) and core.stopped is not None
+    # Old-incarnation messages are kept but nothing is applied while stopped.
+    assert core.message_queued(2, "c", Header(0, 10, 20), INCARNATION_P) == []
+    assert core.poll(3) == []
+    assert core.control_received(4, ControlState(99, 5, 99, 0), other) == []
+    assert core.state.peer_log_sent == 0
+    # The stop is reported once.
+    assert core.message_queued(5, "d", Header(0, 20, 30), other) == [Quarantine("d", actions[1].reason)]
+
+
+def test_first_contact_adopts_the_peer_incarnation():
+    core = protocol()
+    core.control_received(0, ControlState(0, 0, 0, 0), INCARNATION_P)
+    assert core.state.peer_incarnation == INCARNATION_P
