@@ -79,15 +79,23 @@ class ApplyResult:
     log_commits: tuple[int, ...]  # local log transactions written for the batch
 
 
+_VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
+_OP_TYPES = frozenset({tuple, Operation})
+# Operations per savepoint on the fast path (see _flush).
+_INSERT_CHUNK = 500
+_CHANGE_CHUNK = 50
+
+
 class _Table:
     """What the apply path needs to know about a local table."""
 
-    __slots__ = ("name", "quoted", "columns", "key_columns", "where_key", "shape", "policy")
+    __slots__ = ("name", "quoted", "columns", "column_set", "key_columns", "where_key", "shape", "policy")
 
     def __init__(self, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...]) -> None:
         self.name = name
         self.quoted = quote_ident(name)
         self.columns = columns
+        self.column_set = frozenset(columns)
         self.key_columns = key_columns
         self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
         self.shape: Shape | None = None
@@ -222,78 +230,101 @@ class Applier:
                            tuple(commits))
 
     def _apply_operations(self, ops: tuple, batch: _Batch, consolidated: bool) -> None:
+        # Group consecutive operations of one table, kind and column list into
+        # runs, building their statement parameters on the way (this loop is
+        # the adapter's hot path).  The checks here are the cheap structural
+        # ones (C-level type sets); column names are checked per run against
+        # the table, integer ranges by SQLite's binding (an overflow sends the
+        # run down the slow path, which checks every operation fully).
         run: list = []
+        params: list = []
         signature: tuple | None = None
+        plain = _VALUE_TYPES
         for op in ops:
-            problem = operation_problem(op)
-            if problem is not None:
-                self._flush(run, signature, batch, consolidated)
-                run, signature = [], None
-                self._error(batch, op, f"malformed operation: {problem}")
+            mine = None
+            if type(op) in _OP_TYPES and len(op) == 5:
+                table, kind, key, before, after = op
+                if type(table) is str and type(key) is tuple and key and type(kind) is int:
+                    if kind == 1:  # INSERT
+                        if (before is None and type(after) is dict
+                                and {*map(type, key), *map(type, after.values())} <= plain):
+                            mine = (table, 1, *after)
+                            values = tuple(after.values())
+                    elif kind == 2:  # UPDATE
+                        if (type(before) is dict and type(after) is dict and after
+                                and {*map(type, key), *map(type, after.values()),
+                                     *map(type, before.values())} <= plain):
+                            if consolidated:
+                                mine = (table, 2, len(key), *after, None, *before)
+                                values = (*after.values(), *key, *before.values())
+                            else:
+                                mine = (table, 2, len(key), *after)
+                                values = (*after.values(), *key)
+                    elif kind == 3:  # DELETE
+                        if (after is None and type(before) is dict
+                                and {*map(type, key), *map(type, before.values())} <= plain):
+                            mine = (table, 3, len(key))
+                            values = key
+            if mine is None:
+                self._flush(run, params, signature, batch, consolidated)
+                run, params, signature = [], [], None
+                self._error(batch, op, f"malformed operation: {operation_problem(op) or 'bad structure'}")
                 continue
-            kind = op[1]
-            if kind == OpKind.INSERT:
-                key = (op[0], kind, tuple(op[4]))
-            elif kind == OpKind.UPDATE:
-                key = (op[0], kind, tuple(op[4]), tuple(op[3]) if consolidated else None, len(op[2]))
-            else:
-                key = (op[0], kind, len(op[2]))
-            if key != signature:
-                self._flush(run, signature, batch, consolidated)
-                run, signature = [], key
+            if mine != signature:
+                self._flush(run, params, signature, batch, consolidated)
+                run, params, signature = [], [], mine
             run.append(op)
-        self._flush(run, signature, batch, consolidated)
+            params.append(values)
+        self._flush(run, params, signature, batch, consolidated)
 
     # --- runs ---------------------------------------------------------------------
 
-    def _flush(self, run: list, signature: tuple | None, batch: _Batch, consolidated: bool) -> None:
+    def _flush(self, run: list, params: list, signature: tuple | None, batch: _Batch, consolidated: bool) -> None:
         if not run:
             return
-        table = self._table(signature[0])  # type: ignore[index]
+        first = run[0]
+        table = self._table(first[0])
         if table is None:
             for op in run:
                 self._error(batch, op, f"no table {op[0]!r} with a primary key at this site")
             return
-        kind = signature[1]  # type: ignore[index]
-        key_length = len(run[0][2])
-        if key_length != len(table.key_columns):
+        kind = first[1]
+        if len(first[2]) != len(table.key_columns):
             for op in run:
-                self._error(batch, op, f"key has {key_length} values but {table.name} has "
+                self._error(batch, op, f"key has {len(first[2])} values but {table.name} has "
                                        f"{len(table.key_columns)} key columns")
             return
-        columns = set(table.columns)
-        named = (*run[0][4], *(run[0][3] or ())) if kind != OpKind.DELETE else ()
-        missing = [column for column in named if column not in columns]
+        named = () if kind == OpKind.DELETE else (*first[4], *(first[3] or ()))
+        missing = [column for column in named if column not in table.column_set]
         if missing:
             for op in run:
                 self._error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
             return
         if kind == OpKind.INSERT:
-            sql = self._insert_sql(table, tuple(run[0][4]), ignore=True)
-            params = [tuple(op[4].values()) for op in run]
+            sql = self._insert_sql(table, tuple(first[4]), ignore=True)
         elif kind == OpKind.UPDATE:
-            after_columns = tuple(run[0][4])
-            before_columns = tuple(run[0][3]) if consolidated else ()
-            sql = self._update_sql(table, after_columns, before_columns)
-            if consolidated:
-                params = [(*op[4].values(), *op[2], *op[3].values()) for op in run]
-            else:
-                params = [(*op[4].values(), *op[2]) for op in run]
+            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else ())
         else:
             sql = self._delete_sql(table)
-            params = [op[2] for op in run]
-        if self._fast(sql, params):
-            batch.applied += len(run)
-            return
-        for op in run:
-            self._one(table, op, batch, consolidated)
+        # A savepoint journals every existing page a statement changes; past
+        # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
+        # file, which halves UPDATE speed.  Small chunks stay in memory.
+        step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
+        for start in range(0, len(run), step):
+            chunk = params[start:start + step] if len(run) > step else params
+            if self._fast(sql, chunk):
+                batch.applied += len(chunk)
+                continue
+            for op in run[start:start + step]:
+                self._one(table, op, batch, consolidated)
 
     def _fast(self, sql: str, params: list) -> bool:
         conn = self._conn
         conn.execute("SAVEPOINT fieldsync_run")
         try:
             done = conn.executemany(sql, params).rowcount == len(params)
-        except sqlite3.IntegrityError:
+        except (sqlite3.IntegrityError, OverflowError, sqlite3.ProgrammingError):
+            # ProgrammingError: a row bound the wrong number of values.
             done = False
         if not done:
             conn.execute("ROLLBACK TO fieldsync_run")
@@ -303,6 +334,10 @@ class Applier:
     # --- one operation, with every check -------------------------------------------
 
     def _one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
+        problem = operation_problem(op)
+        if problem is not None:
+            self._error(batch, op, f"malformed operation: {problem}")
+            return
         kind = op[1]
         try:
             if kind == OpKind.INSERT:
