@@ -242,6 +242,40 @@ def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys
     ``recipient_keys`` opens sealed messages.  Raises only MessageError
     subclasses.
     """
+    frame_info = _open_frame(data, source, keyring, recipient, max_file_size)
+    kind, header, sender, to, incarnation, flags, raw_length, position, body_end = frame_info
+    stored = data[position:body_end]
+    sealed = bool(flags & FLAG_SEALED)
+    if sealed:
+        stored = _unseal(stored, data[:position], recipient_keys, source)
+    payload = _decompress(stored, raw_length, source)
+    base = dict(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
+                sealed=sealed)
+    is_part = bool(flags & FLAG_PART)
+    if kind is Kind.CONTROL:
+        return Message(**base, control=_control_state(payload, source))
+    if is_part:
+        return Message(**base, part=payload)
+    return Message(**base, transactions=_transactions(payload, header, source))
+
+
+def check_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys], recipient: str,
+                  max_file_size: int = MAX_FILE_SIZE) -> Message:
+    """Check a file's frame and signature without opening its payload.
+
+    The returned Message carries the header fields only (no transactions,
+    part or control); :func:`decode_message` later opens the payload.  This
+    is what a receiver does before queueing a file durably: cheap, and a
+    file that passes was made by the sender for this site.
+    """
+    kind, header, sender, to, incarnation, flags, _, _, _ = _open_frame(data, source, keyring, recipient,
+                                                                        max_file_size)
+    return Message(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
+                   sealed=bool(flags & FLAG_SEALED))
+
+
+def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], recipient: str,
+                max_file_size: int) -> tuple:
     size = len(data)
     if size > max_file_size:
         raise MessageTooLarge(source, f"file is {size} bytes, over the {max_file_size}-byte limit")
@@ -287,23 +321,12 @@ def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys
     if raw_length > MAX_PAYLOAD:
         raise MessageTooLarge(source, f"payload expands to {raw_length} bytes, over the "
                                       f"{MAX_PAYLOAD}-byte limit (decompression bomb?)")
-    stored = data[position:body_end]
-    sealed = bool(flags & FLAG_SEALED)
-    if sealed:
-        stored = _unseal(stored, data[:position], recipient_keys, source)
-    payload = _decompress(stored, raw_length, source)
-    base = dict(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
-                sealed=sealed)
     is_part = bool(flags & FLAG_PART)
-    if kind is Kind.CONTROL:
-        if is_part:
-            raise CorruptMessage(source, "a control message cannot be a part")
-        return Message(**base, control=_control_state(payload, source))
-    if is_part != header.is_part:
+    if kind is Kind.CONTROL and is_part:
+        raise CorruptMessage(source, "a control message cannot be a part")
+    if kind is Kind.DATA and is_part != header.is_part:
         raise CorruptMessage(source, f"part flag disagrees with header {header}")
-    if is_part:
-        return Message(**base, part=payload)
-    return Message(**base, transactions=_transactions(payload, header, source))
+    return kind, header, sender, to, incarnation, flags, raw_length, position, body_end
 
 
 def _read_name(data: bytes, position: int, source: str, what: str) -> tuple[str, int]:

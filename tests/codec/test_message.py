@@ -155,3 +155,19 @@ def test_unknown_sender_even_with_valid_signature():
     data = encode(sample_transactions()).data
     with pytest.raises(UnknownSender):
         decode(data, keyring=Keyring([OTHER.public]))
+
+
+def test_check_message_verifies_the_frame_without_opening_the_payload():
+    from codec.message import check_message
+
+    good = encode(sample_transactions(), seal_to=FIELD.public)
+    checked = check_message(good.data, source="m", keyring=KEYRING, recipient="field1")
+    assert checked.header == Header(0, 100, 200) and checked.sealed and checked.transactions is None
+    # A signed file whose payload is not a zstd frame passes the frame check
+    # but not decoding; a forged one fails both.
+    bad_payload = craft(stored=b"not zstd at all")
+    assert check_message(bad_payload, source="m", keyring=KEYRING, recipient="field1").kind.value == "d"
+    with pytest.raises(CorruptMessage):
+        decode(bad_payload)
+    with pytest.raises(BadSignature):
+        check_message(craft(keys=OTHER), source="m", keyring=KEYRING, recipient="field1")
