@@ -1,0 +1,533 @@
+"""The asyncio agent: drives one :class:`~agent.protocol.PairProtocol` per peer
+with the site database, the message queues and the transports.
+
+Rules of this file:
+* Blocking work (sqlite3, file queues, packing) runs in threads via
+  ``asyncio.to_thread``; nothing blocking runs on the event loop.
+* Events are handled one at a time, in one task: the protocol core sees a
+  strictly sequential history, and actions are carried out in order.
+* A pair's state is persisted before the actions that follow a change are
+  carried out, and again after them.
+* A file is acknowledged to the transport only once it is durably queued
+  (or durably quarantined).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from codec.atomic import write_file_atomically
+from codec.errors import BadFileName, CodecError, InvalidValue, MessageError
+from codec.keys import Keyring, PublicKeys, SiteKeys
+from codec.message import (ControlState, check_message, decode_message, encode_control_message, reassemble)
+from codec.names import Kind, MessageName
+from codec.packing import DEFAULT_MAX_SIZE, check_max_size, pack_messages
+from transports import Incoming, Transport, TransportError
+from transports.registry import create_transport
+
+from .errors import AgentError
+from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
+                       SendData, Settings, StreamStopped)
+from .queues import DirectoryQueues, MessageQueues
+from .site import SiteDatabase
+from .site.errors import SiteError
+
+log = logging.getLogger("fieldsync.agent")
+
+# Columns of the remote-user row the protocol owns.
+_ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
+               "rereceive_count", "peer_incarnation")
+# Protocol state kept beside the database (agent bookkeeping, not replicated state).
+_EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
+
+
+def agent_directory(database: str | os.PathLike[str]) -> Path:
+    """Where the agent keeps its queues, quarantine and bookkeeping for a site."""
+    path = Path(database)
+    return path.with_name(path.name + ".agent")
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How ``agent run`` behaves (dbremote's switches in brackets)."""
+
+    transport: str | None = None  # default: the site's configured transport, else folder
+    address: str | None = None  # this site's inbox address; default: the site's address
+    max_message_size: int = DEFAULT_MAX_SIZE  # [-l]
+    group: int = 20  # [-g] accepted for compatibility: each message applies in one transaction
+    receive: bool = True  # False: --send-only [-s]
+    send: bool = True  # False: --receive-only [-r]
+    patience: int = 1  # [-rp]
+    resend_urgency: float | None = None  # [-ru]; default: half the send delay
+    receive_delay: float = 60.0  # [-rd]
+    send_delay: float = 60.0  # [-sd]
+    heartbeat_cycles: int = 10  # continuous mode: confirm at least every N send cycles
+    seal: bool = True  # seal messages to the peer's X25519 key when it is known
+    transport_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_max_size(self.max_message_size)
+        if not (self.receive or self.send):
+            raise AgentError("--receive-only and --send-only exclude each other")
+        if self.receive_delay <= 0 or self.send_delay <= 0:
+            raise AgentError("receive and send delays must be positive")
+
+    def settings(self, batch: bool) -> Settings:
+        urgency = self.resend_urgency
+        if urgency is None:
+            urgency = 0.0 if batch else self.send_delay / 2
+        return Settings(patience=self.patience, resend_urgency=urgency)
+
+
+@dataclass(slots=True)
+class RunReport:
+    """What one run did, per peer and in total."""
+
+    received: int = 0
+    applied_messages: int = 0
+    quarantined: int = 0
+    sent: int = 0
+    resend_requests: int = 0
+    transport_errors: list[str] = field(default_factory=list)
+    stopped_streams: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.transport_errors and not self.stopped_streams
+
+
+@dataclass(slots=True)
+class _Peer:
+    name: str
+    protocol: PairProtocol
+    public: PublicKeys | None
+    address: str | None
+    transport: str | None
+    persisted: PairState | None = None
+
+
+class Agent:
+    """One site's agent.  Use as ``async with Agent(path, options) as agent``."""
+
+    def __init__(self, database: str | os.PathLike[str], options: RunOptions | None = None, *,
+                 batch: bool = True, clock: Callable[[], float] = time.time,
+                 queues: MessageQueues | None = None) -> None:
+        self.path = Path(database)
+        self.options = options or RunOptions()
+        self.batch = batch
+        self.clock = clock
+        self.directory = agent_directory(self.path)
+        self._queues = queues
+        self._transports: dict[str, Transport] = {}
+        self.peers: dict[str, _Peer] = {}
+        self.report = RunReport()
+        self._send_cycles = 0
+        self._closed = False
+
+    # -- life cycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> "Agent":
+        try:
+            await asyncio.to_thread(self._open)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _open(self) -> None:
+        if not self.path.exists():
+            raise AgentError(f"{self.path}: no such site database (create one with `agent init`)")
+        self.db = SiteDatabase.open(self.path)
+        identity = self.db.identity
+        self.name = identity.name
+        if identity.secret is None:
+            raise AgentError(f"{self.path}: site {self.name} has no keys (was it made by `agent init`?)")
+        try:
+            self.keys = SiteKeys.from_text(identity.secret.decode("ascii"), f"{self.path} keys")
+        except (UnicodeDecodeError, CodecError) as error:
+            raise AgentError(f"{self.path}: the site's keys cannot be read ({error})") from None
+        self.address = self.options.address or identity.address
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "quarantine").mkdir(exist_ok=True)
+        (self.directory / "state").mkdir(exist_ok=True)
+        if self._queues is None:
+            self._queues = DirectoryQueues(self.directory / "queues")
+        self.keyring = Keyring()
+        settings = self.options.settings(self.batch)
+        for remote in self.db.remotes():
+            public = None
+            if remote.public_key:
+                try:
+                    public = PublicKeys.from_line(remote.public_key)
+                    self.keyring.add(public)
+                except InvalidValue as error:
+                    raise AgentError(f"remote {remote.name}: bad public key ({error})") from None
+            extras = self._load_extras(remote.name)
+            state = PairState(**{name: getattr(remote, name) for name in _ROW_FIELDS}, **extras)
+            self.peers[remote.name] = _Peer(remote.name, PairProtocol(remote.name, state, settings), public,
+                                            remote.address, remote.transport, persisted=state)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            async with asyncio.timeout(10):
+                for transport in self._transports.values():
+                    await transport.aclose()
+        finally:
+            db = getattr(self, "db", None)
+            if db is not None:
+                await asyncio.to_thread(db.close)
+
+    @property
+    def queues(self) -> MessageQueues:
+        assert self._queues is not None
+        return self._queues
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _extras_path(self, peer: str) -> Path:
+        return self.directory / "state" / f"{peer}.json"
+
+    def _load_extras(self, peer: str) -> dict[str, int]:
+        try:
+            data = json.loads(self._extras_path(peer).read_text())
+            return {name: int(data.get(name, 0)) for name in _EXTRA_FIELDS}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _persist(self, peer: _Peer) -> None:
+        state = peer.protocol.state
+        before = peer.persisted
+        if state == before:
+            return
+        changes = {name: getattr(state, name) for name in _ROW_FIELDS
+                   if before is None or getattr(before, name) != getattr(state, name)}
+        changes.pop("log_received", None)  # moves only together with applied data
+        if changes:
+            self.db.update_remote(peer.name, **changes)
+        extras = {name: getattr(state, name) for name in _EXTRA_FIELDS}
+        if before is None or any(getattr(before, name) != extras[name] for name in _EXTRA_FIELDS):
+            write_file_atomically(self._extras_path(peer.name), json.dumps(extras).encode())
+        peer.persisted = state
+
+    def _transport_for(self, name: str | None) -> Transport:
+        spec = self.options.transport or name or "folder"
+        transport = self._transports.get(spec)
+        if transport is None:
+            transport = create_transport(spec, **self.options.transport_options)
+            self._transports[spec] = transport
+        return transport
+
+    # -- running ------------------------------------------------------------------------
+
+    async def run_once(self) -> RunReport:
+        """Batch mode: receive and apply everything available, send what is
+        due, confirm, flush the outbound queues."""
+        if self.options.receive:
+            await self.receive_phase()
+        if self.options.send:
+            await self.send_phase(force_controls=True)
+        await self.flush_outbound()
+        await asyncio.to_thread(self.db.truncate_log)
+        return self.report
+
+    async def run_forever(self, stop: asyncio.Event) -> RunReport:
+        """Continuous mode until ``stop`` is set: receive every receive delay
+        (sooner when the transport signals new files), send every send delay."""
+        loop = asyncio.get_running_loop()
+        next_receive = next_send = loop.time()
+        while not stop.is_set():
+            now = loop.time()
+            if self.options.receive and now >= next_receive:
+                await self.receive_phase()
+                next_receive = now + self.options.receive_delay
+            if self.options.send and now >= next_send:
+                self._send_cycles += 1
+                heartbeat = self._send_cycles % max(1, self.options.heartbeat_cycles) == 1
+                await self.send_phase(force_controls=heartbeat)
+                next_send = now + self.options.send_delay
+            await self._timers()
+            await self.flush_outbound()
+            deadline = min(next_receive if self.options.receive else float("inf"),
+                           next_send if self.options.send else float("inf"))
+            timer = self._next_timer()
+            if timer is not None:
+                deadline = min(deadline, loop.time() + max(0.0, timer - self.clock()))
+            await self._wait(stop, max(0.0, deadline - loop.time()))
+        await self.flush_outbound()
+        return self.report
+
+    async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        waiter = asyncio.ensure_future(stop.wait())
+        try:
+            if self.options.receive and self.address:
+                incoming = asyncio.ensure_future(
+                    self._transport_for(None).wait_incoming(self.address, timeout))
+                try:
+                    await asyncio.wait({waiter, incoming}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    incoming.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, TransportError):
+                        await incoming
+            else:
+                await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+
+    def _next_timer(self) -> float | None:
+        timers = [t for p in self.peers.values() if (t := p.protocol.get_timer()) is not None]
+        return min(timers, default=None)
+
+    async def _timers(self) -> None:
+        now = self.clock()
+        for peer in self.peers.values():
+            timer = peer.protocol.get_timer()
+            if timer is not None and timer <= now:
+                await self._execute(peer, peer.protocol.handle_timer(now))
+
+    # -- receiving -----------------------------------------------------------------------
+
+    async def receive_phase(self) -> None:
+        if not self.address:
+            raise AgentError(f"site {self.name} has no inbox address; set one with --address")
+        transport = self._transport_for(None)
+        try:
+            async for incoming in transport.receive(self.address):
+                await self._receive_file(transport, incoming)
+        except TransportError as error:
+            self.report.transport_errors.append(f"receiving at {self.address}: {error}")
+            log.warning("receiving at %s failed: %s", self.address, error)
+        # Rule 2-4: apply what became applicable, then look for gaps.
+        for peer in self.peers.values():
+            await self._execute(peer, peer.protocol.poll(self.clock()))
+
+    async def _receive_file(self, transport: Transport, incoming: Incoming) -> None:
+        name_text, data = incoming.name, incoming.data
+        try:
+            name = MessageName.parse(name_text)
+        except BadFileName as error:
+            await self._quarantine_file(None, name_text, data, str(error))
+            await transport.ack(incoming)
+            return
+        peer = self.peers.get(name.sender)
+        if name.recipient != self.name or peer is None:
+            reason = (f"addressed to {name.recipient}, not {self.name}" if name.recipient != self.name
+                      else f"from {name.sender}, which is not a peer of {self.name}")
+            await self._quarantine_file(None, name_text, data, reason)
+            await transport.ack(incoming)
+            return
+        now = self.clock()
+        try:
+            if name.kind is Kind.CONTROL:
+                message = decode_message(data, source=name_text, keyring=self.keyring, recipient=self.name,
+                                         recipient_keys=self.keys)
+            else:
+                message = check_message(data, source=name_text, keyring=self.keyring, recipient=self.name)
+            if message.header != name.header or message.sender != name.sender or message.kind is not name.kind:
+                raise _Mismatch(name_text)
+        except (MessageError, _Mismatch) as error:
+            await self._quarantine_file(peer.name, name_text, data, str(error))
+            await transport.ack(incoming)
+            await self._execute(peer, peer.protocol.message_rejected(now, name_text, str(error)))
+            self.report.quarantined += 1
+            return
+        self.report.received += 1
+        if message.kind is Kind.CONTROL:
+            assert message.control is not None
+            await self._execute(peer, peer.protocol.control_received(now, message.control, message.incarnation))
+            await transport.ack(incoming)
+            return
+        await asyncio.to_thread(self.queues.put_inbound, peer.name, name_text, data)
+        await transport.ack(incoming)
+        await self._execute(peer, peer.protocol.message_queued(now, name_text, message.header,
+                                                               message.incarnation))
+
+    async def _quarantine_file(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
+        log.warning("quarantined %s: %s", name, reason)
+        await asyncio.to_thread(self._write_quarantine, peer, name, data, reason)
+
+    def _write_quarantine(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
+        folder = self.directory / "quarantine"
+        stamp = f"{time.time_ns():020d}"
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:150] or "unnamed"
+        write_file_atomically(folder / f"{stamp}-{safe}", data)
+        record = {"name": name, "peer": peer, "reason": reason, "at": time.time()}
+        write_file_atomically(folder / f"{stamp}-{safe}.reason.json", json.dumps(record).encode())
+
+    # -- carrying out actions ------------------------------------------------------------
+
+    async def _execute(self, peer: _Peer, actions: Iterable[Any]) -> None:
+        work = deque(actions)
+        while work:
+            action = work.popleft()
+            await asyncio.to_thread(self._persist, peer)
+            more: list[Any] = []
+            if isinstance(action, Apply):
+                more = await self._apply(peer, action)
+            elif isinstance(action, DeleteInbound):
+                await asyncio.to_thread(self.queues.delete_inbound, peer.name, action.message_ids)
+            elif isinstance(action, Quarantine):
+                await asyncio.to_thread(self._quarantine_queued, peer.name, action)
+            elif isinstance(action, SendData):
+                more = await self._send_data(peer, action)
+            elif isinstance(action, PurgeOutbound):
+                await asyncio.to_thread(self.queues.purge_outbound, peer.name, action.below_resend_count)
+            elif isinstance(action, SendControl):
+                await asyncio.to_thread(self._queue_control, peer, action)
+                if action.reason == "resend request":
+                    self.report.resend_requests += 1
+            elif isinstance(action, StreamStopped):
+                message = (f"{peer.name} changed its incarnation id ({action.expected.hex()[:8]} -> "
+                           f"{action.received.hex()[:8]}): its stream is stopped; re-extract the remote "
+                           "or re-add it")
+                log.error("%s", message)
+                self.report.stopped_streams.append(message)
+                await asyncio.to_thread(self.db.record_transport_error, peer.name, message)
+            else:  # pragma: no cover - the protocol has no other actions
+                raise AgentError(f"unknown action {action!r}")
+            work.extendleft(reversed(more))
+        await asyncio.to_thread(self._persist, peer)
+
+    def _quarantine_queued(self, peer: str, action: Quarantine) -> None:
+        if action.message_id in self.queues.inbound(peer):
+            data = self.queues.read_inbound(peer, action.message_id)
+            self._write_quarantine(peer, action.message_id, data, action.reason)
+            self.queues.delete_inbound(peer, [action.message_id])
+
+    async def _apply(self, peer: _Peer, action: Apply) -> list[Any]:
+        now = self.clock()
+        try:
+            transactions = await asyncio.to_thread(self._load_transactions, peer.name, action.message_ids)
+        except MessageError as error:
+            log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
+            return peer.protocol.apply_aborted(now, quarantine=str(error))
+        try:
+            await asyncio.to_thread(self.db.apply, peer.name, transactions, log_received=action.log_received,
+                                    messages=len(action.message_ids),
+                                    peer_incarnation=peer.protocol.state.peer_incarnation)
+        except SiteError as error:  # the database refused: keep the messages, retry at the next poll
+            log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
+            self.report.transport_errors.append(f"applying from {peer.name}: {error}")
+            return peer.protocol.apply_aborted(now)
+        self.report.applied_messages += len(action.message_ids)
+        peer.persisted = _with(peer.persisted, log_received=action.log_received)
+        return peer.protocol.apply_done(now, action.log_received)
+
+    def _load_transactions(self, peer: str, message_ids: tuple[str, ...]) -> list:
+        messages = [decode_message(self.queues.read_inbound(peer, message_id), source=message_id,
+                                   keyring=self.keyring, recipient=self.name, recipient_keys=self.keys)
+                    for message_id in message_ids]
+        if messages[0].is_part:
+            return [reassemble(messages, source=message_ids[0])]
+        return list(messages[0].transactions or ())
+
+    # -- sending --------------------------------------------------------------------------
+
+    async def send_phase(self, *, force_controls: bool) -> None:
+        log_end = await asyncio.to_thread(self.db.scan)
+        now = self.clock()
+        for peer in self.peers.values():
+            await self._execute(peer, peer.protocol.send_due(now, log_end))
+            await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
+
+    async def _send_data(self, peer: _Peer, action: SendData) -> list[Any]:
+        try:
+            count = await asyncio.to_thread(self._pack_and_queue, peer, action)
+        except (CodecError, AgentError, OSError) as error:
+            log.error("preparing messages for %s failed: %s", peer.name, error)
+            self.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
+            return peer.protocol.send_aborted(self.clock())
+        await asyncio.to_thread(self.db.record_send, peer.name, log_sent=action.end, messages=count)
+        peer.persisted = _with(peer.persisted, log_sent=action.end)
+        self.report.sent += count
+        return peer.protocol.send_done(self.clock(), action.end)
+
+    def _pack_and_queue(self, peer: _Peer, action: SendData) -> int:
+        transactions = self.db.read_log(peer.name, action.start, action.end)
+        seal_to = peer.public if (self.options.seal and peer.public is not None) else None
+        count = 0
+        for message in pack_messages(transactions, keys=self.keys, recipient=peer.name,
+                                     incarnation=self.db.identity.incarnation,
+                                     resend_count=action.resend_count, start=action.start,
+                                     max_size=self.options.max_message_size, end=action.end, seal_to=seal_to):
+            self.queues.put_outbound(peer.name, message.name, message.data, action.resend_count)
+            count += 1
+        return count
+
+    def _queue_control(self, peer: _Peer, action: SendControl) -> None:
+        seal_to = peer.public if (self.options.seal and peer.public is not None) else None
+        message = encode_control_message(action.state, keys=self.keys, recipient=peer.name,
+                                         incarnation=self.db.identity.incarnation, seal_to=seal_to)
+        self.queues.put_outbound(peer.name, message.name, message.data, None)
+
+    async def flush_outbound(self) -> None:
+        """Hand queued outbound files to the transports, oldest first; a
+        failing peer keeps its queue and is retried at the next flush."""
+        for peer in self.peers.values():
+            names = await asyncio.to_thread(self.queues.outbound, peer.name)
+            if not names:
+                continue
+            if not peer.address:
+                self.report.transport_errors.append(f"{peer.name} has no address; messages stay queued")
+                continue
+            transport = self._transport_for(peer.transport)
+            try:
+                for name in names:
+                    data = await asyncio.to_thread(self.queues.read_outbound, peer.name, name)
+                    await transport.send(peer.address, name, data)
+                    await asyncio.to_thread(self.queues.delete_outbound, peer.name, name)
+            except TransportError as error:
+                message = f"sending to {peer.name} at {peer.address}: {error}"
+                log.warning("%s", message)
+                self.report.transport_errors.append(message)
+                await asyncio.to_thread(self.db.record_transport_error, peer.name, str(error))
+
+
+class _Mismatch(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name}: file name does not match the message inside it")
+
+
+def _with(state: PairState | None, **changes: int) -> PairState | None:
+    if state is None:
+        return None
+    from dataclasses import replace
+    return replace(state, **changes)
+
+
+async def run_agent(database: str | os.PathLike[str], options: RunOptions, *, once: bool) -> RunReport:
+    """Run an agent in batch or continuous mode; SIGINT/SIGTERM stop
+    continuous mode cleanly after the current step."""
+    async with Agent(database, options, batch=once) as agent:
+        if once:
+            return await agent.run_once()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, stop.set)
+        try:
+            return await agent.run_forever(stop)
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signum)
