@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping
 from codec.ops import OpKind, Operation, Transaction
 
 from ._db import format_time, quote_ident, utc_now
-from .capture import FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, Shape, ShapeCache, write_capture_row
+from .capture import FLAG_RESOLVED, FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, Shape, ShapeCache, write_capture_row
 from .errors import ApplyRefused, ConflictHookFailed, IncarnationMismatch, InvalidSetting
 from .log import cut_locked, top_seq
 from .remotes import get_remote
@@ -419,7 +419,9 @@ class Applier:
             raise ConflictHookFailed(f"conflict hook for {table.name} returned {type(decision).__name__}, not a "
                                      "Resolution or a dict of column values; the batch was rolled back")
         if written:
+            mark = top_seq(conn)
             conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+            conn.execute("UPDATE fieldsync_capture SET flags = ? WHERE seq > ?", (FLAG_RESOLVED, mark))
         final_key = tuple(written.get(column, part) for column, part in zip(table.key_columns, key))
         result = self._select(table, final_key)
         resolution = decision.value if isinstance(decision, Resolution) else "merged"

@@ -30,10 +30,16 @@ KIND_INSERT = 1
 KIND_UPDATE = 2
 KIND_DELETE = 3
 
-# Capture-row flag: a row written by conflict resolution at the
-# consolidated (not by a trigger).  It goes only to the origin of its log
-# transaction, as the full resulting row, so the origin converges.
+# Capture-row flags, set only at the consolidated while resolving a conflict
+# (triggers leave flags NULL):
+# * RETURN_TO_ORIGIN: a row written by the resolution itself, not by a
+#   trigger.  It goes only to the origin of its log transaction, as the full
+#   resulting row, so the origin converges.
+# * RESOLVED: a trigger row of the resolution's own write.  It goes to every
+#   other subscriber as usual; the origin gets the RETURN_TO_ORIGIN row
+#   instead.
 FLAG_RETURN_TO_ORIGIN = 1
+FLAG_RESOLVED = 2
 
 _TRIGGER_EVENTS = (("ins", "INSERT"), ("upd", "UPDATE"), ("del", "DELETE"))
 

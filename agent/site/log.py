@@ -70,7 +70,7 @@ def check_boundary(conn: sqlite3.Connection, offset: int, what: str) -> None:
         raise LogOffsetError(f"{what} {offset} is not a commit offset of this log")
 
 
-def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int = READ_CHUNK,
+def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int | None = None,
                  lock: threading.RLock | None = None) -> Iterator[tuple[int, str, tuple]]:
     """Yield ``(commit_offset, origin, capture_row)`` for every capture row of
     the log transactions in ``(after, until]``, in log order.
@@ -79,6 +79,8 @@ def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int
     must be commit boundaries (the caller checks), so transactions are
     never cut.  ``capture_row`` is ``(seq, shape, kind, flags, v0, v1, ...)``.
     """
+    if chunk is None:
+        chunk = READ_CHUNK
     guard: ContextManager = lock if lock is not None else nullcontext()
     commits = _iter_commits(conn, after, until, chunk, guard)
     commit, origin = 0, ""

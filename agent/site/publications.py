@@ -33,6 +33,7 @@ from codec.ops import OpKind, Operation, Transaction
 
 from ._db import format_time, parse_time, utc_now
 from .capture import (
+    FLAG_RESOLVED,
     FLAG_RETURN_TO_ORIGIN,
     KIND_DELETE,
     KIND_INSERT,
@@ -307,14 +308,15 @@ class SubscriberReader:
         return view
 
     def operation(self, origin: str, row: tuple) -> Operation | None:
-        """The operation ``row`` (a capture row) becomes for the subscriber, if any."""
-        flags = row[3]
-        returning = flags is not None and flags & FLAG_RETURN_TO_ORIGIN
-        if (origin == self.subscriber) != bool(returning):
-            return None  # own change (echo), or a correction meant for another site
+        """The operation capture ``row`` becomes for the subscriber, if any."""
         view = self._view(row[1])
         if view is None:
             return None
+        flags = row[3] or 0
+        if flags & FLAG_RETURN_TO_ORIGIN:
+            return self._returned(view, origin, row) if origin == self.subscriber else None
+        if origin == self.subscriber:
+            return None if flags & FLAG_RESOLVED else self._echo(view, row)
         kind = row[2]
         width = view.width
         if kind == KIND_INSERT:
@@ -334,21 +336,48 @@ class SubscriberReader:
         was_in = view.contains(old)
         is_in = view.contains(new)
         if was_in and is_in:
-            if returning:
-                before, after = view.image(old), view.image(new)
-            else:
-                changed = [i for i in view.positions if not _same(old[i], new[i])]
-                if not changed:
-                    return None
-                names = self._shapes.get(row[1]).columns
-                before = {names[i]: old[i] for i in changed}
-                after = {names[i]: new[i] for i in changed}
+            changed = [i for i in view.positions if not _same(old[i], new[i])]
+            if not changed:
+                return None
+            names = self._shapes.get(row[1]).columns
+            before = {names[i]: old[i] for i in changed}
+            after = {names[i]: new[i] for i in changed}
             return _operation(view.table, OpKind.UPDATE, view.key(old), before, after)
         if was_in:
             return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
         if is_in:
             return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
         return None
+
+    def _echo(self, view: _View, row: tuple) -> Operation | None:
+        """A change the subscriber made itself.  It already has it, so
+        nothing goes back, unless the row left the subscriber's subset: then
+        the subscriber gets a DELETE, so that it holds exactly its subset."""
+        kind = row[2]
+        width = view.width
+        if kind == KIND_INSERT:
+            new = row[4:4 + width]
+        elif kind == KIND_UPDATE:
+            if not view.contains(row[4:4 + width]):
+                return None  # it was already outside; the DELETE that made it so covers it
+            new = row[4 + width:4 + 2 * width]
+        else:
+            return None
+        if view.contains(new):
+            return None
+        return _operation(view.table, OpKind.DELETE, view.key(new), view.image(new), None)
+
+    def _returned(self, view: _View, origin: str, row: tuple) -> Operation | None:
+        """A row a conflict resolution sends back to its origin: the old
+        image is the row as the origin holds it, the new image the result.
+        The origin gets the whole published result, or a DELETE when the
+        result is outside its subset."""
+        width = view.width
+        old = row[4:4 + width]
+        new = row[4 + width:4 + 2 * width]
+        if view.contains(new):
+            return _operation(view.table, OpKind.UPDATE, view.key(old), view.image(old), view.image(new))
+        return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
 
 
 def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:

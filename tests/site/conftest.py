@@ -1,0 +1,61 @@
+"""Shared fixtures for the site database tests: real SQLite files under
+tmp_path, application connections that know nothing of fieldsync, and a
+one-round replication helper."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agent.site import Article, SiteDatabase
+
+CUSTOMER = ("CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT, region TEXT, balance REAL,"
+            " photo BLOB, extra)")
+# Key order (line_no, order_id) differs from column order on purpose.
+LINE = ("CREATE TABLE line (order_id INTEGER NOT NULL, line_no INTEGER NOT NULL, sku TEXT NOT NULL, qty INTEGER,"
+        " PRIMARY KEY (line_no, order_id)) WITHOUT ROWID")
+
+
+def app_connection(site_or_path: SiteDatabase | str | Path) -> sqlite3.Connection:
+    """A plain application connection: autocommit, explicit BEGIN/COMMIT."""
+    path = site_or_path.path if isinstance(site_or_path, SiteDatabase) else str(site_or_path)
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    return conn
+
+
+def table_rows(site_or_conn: SiteDatabase | sqlite3.Connection, table: str, where: str = "") -> list[tuple]:
+    conn = site_or_conn.connection if isinstance(site_or_conn, SiteDatabase) else site_or_conn
+    return conn.execute(f"SELECT * FROM {table} {where} ORDER BY 1, 2").fetchall()
+
+
+def make_site(directory: Path, name: str, role: str = "consolidated", *schema: str) -> SiteDatabase:
+    site = SiteDatabase.init(directory / f"{name}.db", name=name, role=role, address=f"{name}@example.org",
+                             transport="folder")
+    for statement in schema:
+        site.connection.execute(statement)
+    return site
+
+
+def replicate(publisher: SiteDatabase, subscriber: SiteDatabase):
+    """One protocol round from publisher to subscriber, done by hand: scan,
+    read after log_sent, apply with log_received = end, confirm."""
+    name = subscriber.identity.name
+    end = publisher.scan()
+    start = publisher.remote(name).log_sent
+    transactions = list(publisher.read_log(name, start, end))
+    result = subscriber.apply(publisher.identity.name, transactions, log_received=end)
+    publisher.record_send(name, log_sent=end)
+    publisher.update_remote(name, confirm_sent=end)
+    subscriber.update_remote(publisher.identity.name, confirm_received=end)
+    return result
+
+
+@pytest.fixture
+def hq(tmp_path: Path):
+    """A consolidated site with customer (SUBSCRIBE BY region) and line published."""
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER, LINE)
+    site.create_publication("sales", [Article("customer", subscribe_by="region"), Article("line")])
+    yield site
+    site.close()

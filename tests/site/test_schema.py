@@ -1,0 +1,116 @@
+"""Site identity and fieldsync's own tables (agent.site.schema)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from agent.site import (
+    AlreadyASite,
+    InvalidSetting,
+    NotASite,
+    Role,
+    SiteDatabase,
+    UnsupportedSiteVersion,
+)
+
+
+def test_init_new_file_makes_a_site_in_wal_mode(tmp_path):
+    site = SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated", address="hq@example.org",
+                             transport="email", public_key="fieldsync-public hq AAAA BBBB")
+    identity = site.identity
+    assert identity.name == "hq"
+    assert identity.role is Role.CONSOLIDATED
+    assert type(identity.incarnation) is bytes and len(identity.incarnation) == 16
+    assert identity.incarnation_uuid.version == 4
+    assert identity.address == "hq@example.org"
+    assert identity.transport == "email"
+    assert site.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    site.close()
+    # WAL mode is a property of the file: a fresh plain connection sees it.
+    assert sqlite3.connect(tmp_path / "hq.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_own_tables_are_prefixed_and_user_data_is_kept(tmp_path):
+    path = tmp_path / "shop.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE remote (id INTEGER PRIMARY KEY, x TEXT)")  # names fieldsync might have used
+    conn.execute("CREATE TABLE log (id INTEGER PRIMARY KEY)")
+    conn.execute("INSERT INTO remote VALUES (1, 'kept')")
+    conn.commit()
+    conn.close()
+    site = SiteDatabase.init(path, name="shop", role="remote")
+    names = {row[0] for row in site.connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"remote", "log"} <= names
+    assert all(name.startswith("fieldsync_") for name in names - {"remote", "log"})
+    assert site.connection.execute("SELECT x FROM remote").fetchall() == [("kept",)]
+    site.close()
+
+
+def test_each_init_gets_a_new_incarnation(tmp_path):
+    first = SiteDatabase.init(tmp_path / "a.db", name="a", role="remote")
+    second = SiteDatabase.init(tmp_path / "b.db", name="a", role="remote")
+    assert first.identity.incarnation != second.identity.incarnation
+    first.close()
+    second.close()
+
+
+def test_identity_survives_reopening(tmp_path):
+    site = SiteDatabase.init(tmp_path / "r.db", name="r-7", role="remote", address="/mnt/usb/r7")
+    identity = site.identity
+    site.close()
+    with SiteDatabase.open(tmp_path / "r.db") as reopened:
+        assert reopened.identity == identity
+
+
+def test_init_twice_is_refused(tmp_path):
+    SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated").close()
+    with pytest.raises(AlreadyASite, match="already the fieldsync site 'hq'"):
+        SiteDatabase.init(tmp_path / "hq.db", name="other", role="consolidated")
+
+
+@pytest.mark.parametrize("name", ["", "has space", "../etc", "a/b", "x" * 49, 7])
+def test_bad_site_names_are_refused(tmp_path, name):
+    with pytest.raises(InvalidSetting):
+        SiteDatabase.init(tmp_path / "x.db", name=name, role="remote")
+
+
+def test_bad_role_is_refused(tmp_path):
+    with pytest.raises(InvalidSetting, match="consolidated' or 'remote"):
+        SiteDatabase.init(tmp_path / "x.db", name="x", role="hub")
+
+
+def test_open_refuses_what_is_not_a_site(tmp_path):
+    with pytest.raises(NotASite, match="no such database file"):
+        SiteDatabase.open(tmp_path / "missing.db")
+    assert not (tmp_path / "missing.db").exists()
+    plain = tmp_path / "plain.db"
+    sqlite3.connect(plain).execute("CREATE TABLE t (x)").connection.close()
+    with pytest.raises(NotASite, match="not a fieldsync site"):
+        SiteDatabase.open(plain)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(NotASite):
+        SiteDatabase.open(garbage)
+    with pytest.raises(NotASite):
+        SiteDatabase.init(garbage, name="g", role="remote")
+
+
+def test_newer_layout_is_refused(tmp_path):
+    SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated").close()
+    conn = sqlite3.connect(tmp_path / "hq.db")
+    conn.execute("UPDATE fieldsync_site SET schema_version = 99")
+    conn.commit()
+    conn.close()
+    with pytest.raises(UnsupportedSiteVersion, match="upgrade fieldsync"):
+        SiteDatabase.open(tmp_path / "hq.db")
+
+
+def test_identity_is_frozen_and_hides_the_secret(tmp_path):
+    site = SiteDatabase.init(tmp_path / "r.db", name="r", role="remote", secret=b"very secret seed")
+    assert site.identity.secret == b"very secret seed"
+    assert "very secret" not in repr(site.identity)
+    with pytest.raises(AttributeError):
+        site.identity.name = "other"  # type: ignore[misc]
+    site.close()
