@@ -258,7 +258,7 @@ class SiteDatabase:
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
 
-    def update_remote(self, name: str, **changes: Any) -> RemoteUser:
+    def update_remote(self, name: str, /, **changes: Any) -> RemoteUser:
         """Change columns of one remote-user row in a short transaction,
         e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
         with self._lock, self._write(f"updating remote {name!r}"):

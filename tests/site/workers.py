@@ -19,8 +19,11 @@ def write_transactions(path: str, count: int, seed: int) -> None:
         for position in range(size):
             conn.execute("INSERT INTO event (txn, size, pos, payload) VALUES (?, ?, ?, ?)",
                          (txn, size, position, "x" * rng.randint(0, 200)))
+            if position == size // 2:
+                time.sleep(rng.choice([0, 0, 0.0005]))  # a transaction stays open a while
         conn.execute("UPDATE counter SET value = value + 1 WHERE id = 1")
         conn.execute("COMMIT")
+        time.sleep(rng.choice([0, 0.0005, 0.001]))  # let the scanner in
     conn.close()
 
 

@@ -1,0 +1,223 @@
+"""The transaction log (agent.site.log): grouping by scans, commit offsets,
+streaming reads, truncation, and a concurrent writer process."""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import Counter, defaultdict
+
+import pytest
+
+from agent.site import Article, LogOffsetError, LogTruncated, SiteDatabase
+from agent.site import log as site_log
+from codec.ops import Operation, Transaction
+
+from .conftest import CUSTOMER, app_connection, make_site
+from .workers import write_transactions
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
+    site.create_publication("p", [Article("customer")])
+    site.add_remote("r1")
+    site.subscribe("r1", "p")
+    yield site
+    site.close()
+
+
+def insert(app, *ids):
+    app.execute("BEGIN")
+    for row_id in ids:
+        app.execute("INSERT INTO customer (id, name) VALUES (?, ?)", (row_id, f"n{row_id}"))
+    app.execute("COMMIT")
+
+
+def test_scan_groups_everything_committed_since_the_last_scan(site):
+    app = app_connection(site)
+    assert site.scan() == 0  # nothing captured, no transaction
+    insert(app, 1, 2)
+    insert(app, 3)
+    first = site.scan()
+    insert(app, 4)
+    second = site.scan()
+    assert site.scan() == second  # an empty scan adds nothing
+    log = list(site.read_log("r1", 0))
+    assert [t.commit for t in log] == [first, second]
+    assert 0 < first < second
+    assert [[op.key for op in t.ops] for t in log] == [[(1,), (2,), (3,)], [(4,)]]
+    assert all(t.origin == "hq" for t in log)
+    assert site.log_end() == second
+
+
+def test_offsets_strictly_increase_even_after_rolled_back_writes(site):
+    app = app_connection(site)
+    offsets = []
+    for row_id in range(1, 6):
+        app.execute("BEGIN")
+        app.execute("INSERT INTO customer (id) VALUES (?)", (row_id + 100,))
+        app.execute("ROLLBACK")
+        insert(app, row_id)
+        offsets.append(site.scan())
+    assert offsets == sorted(set(offsets)) and offsets[0] > 0
+    assert [t.commit for t in site.read_log("r1", 0)] == offsets
+
+
+def test_read_bounds_must_be_commit_boundaries(site):
+    app = app_connection(site)
+    insert(app, 1, 2, 3)
+    end = site.scan()
+    with pytest.raises(LogOffsetError, match="not a commit offset"):
+        list(site.read_log("r1", end - 1))
+    with pytest.raises(LogOffsetError, match="beyond the log end"):
+        site.read_log("r1", 0, end + 5)
+    with pytest.raises(LogOffsetError):
+        site.read_log("r1", -1)
+    assert list(site.read_log("r1", end)) == []
+
+
+def test_reading_a_huge_backlog_is_chunked(site, monkeypatch):
+    """The reader fetches bounded chunks: the first transaction comes after
+    one small capture query, not after reading the whole backlog."""
+    app = app_connection(site)
+    app.execute("BEGIN")
+    for row_id in range(1, 3001):
+        app.execute("INSERT INTO customer (id, name) VALUES (?, 'x')", (row_id,))
+        if row_id % 3 == 0:
+            app.execute("COMMIT")
+            site.scan()
+            app.execute("BEGIN")
+    app.execute("COMMIT")
+    end = site.scan()
+    monkeypatch.setattr(site_log, "READ_CHUNK", 50)
+    statements: list[str] = []
+    site.connection.set_trace_callback(statements.append)
+    reader = site.read_log("r1", 0, end)
+    first = next(reader)
+    capture_queries = [s for s in statements if "FROM fieldsync_capture WHERE seq" in s]
+    assert len(capture_queries) == 1 and "LIMIT 50" in capture_queries[0]
+    assert [op.key for op in first.ops] == [(1,), (2,), (3,)]
+    rest = list(reader)
+    site.connection.set_trace_callback(None)
+    assert len(rest) == 999
+    capture_queries = [s for s in statements if "FROM fieldsync_capture WHERE seq" in s]
+    assert len(capture_queries) == 3000 // 50 + 1
+    ops = [op.key[0] for t in [first, *rest] for op in t.ops]
+    assert ops == list(range(1, 3001))
+
+
+def test_read_log_ops_streams_single_operations(site):
+    app = app_connection(site)
+    insert(app, 1, 2)
+    end = site.scan()
+    logged = list(site.read_log_ops("r1", 0))
+    assert [(entry.commit, entry.origin, entry.operation.key) for entry in logged] == [
+        (end, "hq", (1,)), (end, "hq", (2,))]
+
+
+def test_applies_write_their_own_log_transactions_with_the_peer_as_origin(site):
+    app = app_connection(site)
+    insert(app, 1)  # committed locally, not scanned yet
+    batch = [Transaction(10, "r1", (Operation.insert("customer", (50,), {"id": 50, "name": "from r1"}),)),
+             Transaction(12, "r1", (Operation.insert("customer", (51,), {"id": 51, "name": "from r1"}),))]
+    result = site.apply("r1", batch, log_received=12)
+    insert(app, 2)
+    site.scan()
+    site.add_remote("r2")
+    site.subscribe("r2", "p")
+    log = list(site.read_log("r2", 0))
+    assert [(t.origin, [op.key for op in t.ops]) for t in log] == [
+        ("hq", [(1,)]), ("r1", [(50,)]), ("r1", [(51,)]), ("hq", [(2,)])]
+    assert list(result.log_commits) == [log[1].commit, log[2].commit]
+
+
+def test_truncation_stops_at_the_smallest_confirm_sent(site):
+    app = app_connection(site)
+    offsets = []
+    for row_id in range(1, 6):
+        insert(app, row_id)
+        offsets.append(site.scan())
+    site.add_remote("r2", start=0)
+    assert site.truncate_log() == 0  # r1 and r2 confirmed nothing: nothing goes
+    site.update_remote("r1", log_sent=offsets[4], confirm_sent=offsets[4])
+    site.update_remote("r2", log_sent=offsets[3], confirm_sent=offsets[1])
+    assert site.truncate_log() == offsets[1]
+    with pytest.raises(LogTruncated, match="truncation point"):
+        site.read_log("r1", 0)
+    assert [t.commit for t in site.read_log("r1", offsets[1])] == offsets[2:]
+    remaining = site.connection.execute("SELECT min(seq) FROM fieldsync_capture").fetchone()[0]
+    assert remaining > offsets[1]
+    # confirm_sent of r2 moves: truncation follows, never past it.
+    site.update_remote("r2", confirm_sent=offsets[3])
+    assert site.truncate_log() == offsets[3]
+    assert [t.commit for t in site.read_log("r1", offsets[3])] == [offsets[4]]
+
+
+def test_truncating_everything_never_reuses_offsets(site):
+    app = app_connection(site)
+    insert(app, 1, 2)
+    end = site.scan()
+    site.update_remote("r1", log_sent=end, confirm_sent=end)
+    assert site.truncate_log() == end
+    assert site.log_end() == end
+    insert(app, 3)
+    later = site.scan()
+    assert later > end
+    assert [[op.key for op in t.ops] for t in site.read_log("r1", end)] == [[(3,)]]
+
+
+def test_no_peers_means_no_truncation(tmp_path):
+    site = make_site(tmp_path, "solo", "consolidated", CUSTOMER)
+    site.create_publication("p", ["customer"])
+    insert(app_connection(site), 1)
+    site.scan()
+    assert site.truncate_log() == 0
+    assert site.connection.execute("SELECT count(*) FROM fieldsync_capture").fetchone()[0] == 1
+    site.close()
+
+
+EVENT = "CREATE TABLE event (id INTEGER PRIMARY KEY, txn INTEGER NOT NULL, size INTEGER NOT NULL, pos INTEGER, payload TEXT)"
+
+
+def test_a_concurrent_writer_process_is_never_split_or_lost(tmp_path):
+    """Another process commits multi-row transactions in a loop while this
+    one scans as fast as it can: every application transaction lands whole
+    in exactly one log transaction, and nothing is lost."""
+    site = make_site(tmp_path, "hq", "consolidated", EVENT,
+                     "CREATE TABLE counter (id INTEGER PRIMARY KEY, value INTEGER)")
+    site.connection.execute("INSERT INTO counter VALUES (1, 0)")
+    site.create_publication("p", ["event", "counter"])
+    site.add_remote("r1")
+    site.subscribe("r1", "p")
+    transactions = 400
+    writer = multiprocessing.get_context("spawn").Process(
+        target=write_transactions, args=(site.path, transactions, 5))
+    writer.start()
+    scans = 0
+    while writer.is_alive():
+        site.scan()
+        scans += 1
+    writer.join()
+    assert writer.exitcode == 0
+    site.scan()
+    log = list(site.read_log("r1", 0))
+    assert len(log) > 10, "the scans did not interleave with the writer"
+    home: dict[int, set[int]] = defaultdict(set)
+    rows_per_txn: Counter = Counter()
+    counter_updates = 0
+    for entry in log:
+        for op in entry.ops:
+            if op.table == "event":
+                home[op.after["txn"]].add(entry.commit)
+                rows_per_txn[op.after["txn"]] += 1
+                size = op.after["size"]
+                assert rows_per_txn[op.after["txn"]] <= size
+            else:
+                counter_updates += 1
+    assert sorted(home) == list(range(1, transactions + 1))  # nothing lost
+    split = {txn: commits for txn, commits in home.items() if len(commits) > 1}
+    assert split == {}
+    sizes = dict(site.connection.execute("SELECT txn, size FROM event GROUP BY txn").fetchall())
+    assert dict(rows_per_txn) == sizes  # every row of every transaction, once
+    assert counter_updates == transactions
+    site.close()

@@ -1,0 +1,170 @@
+"""The remote-user table (agent.site.remotes)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, time, timezone
+
+import pytest
+
+from agent.site import (
+    InvalidSetting,
+    InvariantViolation,
+    RemoteExists,
+    RemoteUser,
+    UnknownRemote,
+    WrongRole,
+)
+
+from .conftest import CUSTOMER, app_connection, make_site
+
+DESIGN_COLUMNS = {
+    "name", "log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
+    "rereceive_count", "send_count", "last_sent_at", "receive_count", "last_received_at", "transport", "address",
+    "public_key", "send_every", "send_at", "peer_incarnation", "last_error",
+}
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture
+def site(tmp_path):
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
+    site.create_publication("p", ["customer"])
+    yield site
+    site.close()
+
+
+def grow_log(site, rows=3):
+    app = app_connection(site)
+    for row_id in range(rows):
+        app.execute("INSERT INTO customer (name) VALUES ('x')")
+    return site.scan()
+
+
+def test_rows_hold_every_design_column(site):
+    assert DESIGN_COLUMNS <= {field.name for field in dataclasses.fields(RemoteUser)}
+    row = site.add_remote("r1", address="r1@example.org", transport="email", public_key="fieldsync-public r1 A B",
+                          send_every=3600, peer_incarnation=b"\x01" * 16, now=NOW)
+    assert row == site.remote("r1")
+    assert (row.log_send, row.log_sent, row.confirm_sent, row.resend_count) == (0, 0, 0, 0)
+    assert (row.log_received, row.confirm_received, row.rereceive_count) == (0, 0, 0)
+    assert (row.send_count, row.receive_count, row.last_sent_at, row.last_received_at) == (0, 0, None, None)
+    assert (row.address, row.transport, row.send_every, row.send_at) == ("r1@example.org", "email", 3600, None)
+    assert row.public_key == "fieldsync-public r1 A B" and row.peer_incarnation == b"\x01" * 16
+    assert row.created_at == NOW
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.log_sent = 5  # type: ignore[misc]
+
+
+def test_a_new_remote_starts_at_the_log_end(site):
+    end = grow_log(site)
+    row = site.add_remote("r1")
+    assert row.log_sent == row.confirm_sent == row.log_send == end
+    assert site.add_remote("r0", start=0).log_sent == 0
+    with pytest.raises(InvariantViolation):
+        site.add_remote("r9", start=end + 1)
+
+
+def test_list_add_remove(site):
+    site.add_remote("b")
+    site.add_remote("a")
+    assert [row.name for row in site.remotes()] == ["a", "b"]
+    with pytest.raises(RemoteExists):
+        site.add_remote("a")
+    with pytest.raises(InvalidSetting, match="its own remote"):
+        site.add_remote("hq")
+    site.subscribe("a", "p")
+    site.remove_remote("a")
+    assert [row.name for row in site.remotes()] == ["b"]
+    assert site.subscriptions() == ()
+    with pytest.raises(UnknownRemote):
+        site.remove_remote("a")
+    with pytest.raises(UnknownRemote):
+        site.remote("a")
+
+
+def test_protocol_fields_are_updated_in_short_transactions(site):
+    end = grow_log(site)
+    site.add_remote("r1", start=0)
+    row = site.update_remote("r1", log_send=end, log_sent=end, confirm_sent=2, resend_count=1, log_received=40,
+                             confirm_received=40, rereceive_count=3)
+    assert (row.log_send, row.log_sent, row.confirm_sent, row.resend_count) == (end, end, 2, 1)
+    assert (row.log_received, row.confirm_received, row.rereceive_count) == (40, 40, 3)
+    assert not site.connection.in_transaction
+    # A resend request: log_sent goes back to confirm_sent.
+    assert site.update_remote("r1", log_sent=2).log_sent == 2
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"confirm_sent": 3}, "exceed log_sent"),
+    ({"log_sent": 10_000}, "beyond the log end"),
+])
+def test_invariants_are_kept(site, changes, message):
+    grow_log(site)
+    site.add_remote("r1", start=0)
+    with pytest.raises(InvariantViolation, match=message):
+        site.update_remote("r1", **changes)
+
+
+@pytest.mark.parametrize("column", ["confirm_sent", "resend_count", "log_received", "confirm_received",
+                                    "rereceive_count"])
+def test_counters_never_go_back(site, column):
+    end = grow_log(site)
+    site.add_remote("r1", start=0)
+    site.update_remote("r1", log_sent=end)
+    site.update_remote("r1", **{column: 2})
+    with pytest.raises(InvariantViolation, match="cannot go back"):
+        site.update_remote("r1", **{column: 1})
+    assert getattr(site.remote("r1"), column) == 2
+
+
+def test_bad_updates_are_refused(site):
+    site.add_remote("r1")
+    with pytest.raises(InvalidSetting, match="cannot be updated"):
+        site.update_remote("r1", name="other")
+    with pytest.raises(InvalidSetting):
+        site.update_remote("r1", log_sent=-1)
+    with pytest.raises(InvalidSetting):
+        site.update_remote("r1", resend_count="2")
+    with pytest.raises(UnknownRemote):
+        site.update_remote("ghost", log_sent=0)
+
+
+def test_send_schedule(site):
+    assert site.add_remote("r1", send_at="18:30").send_at == time(18, 30)
+    with pytest.raises(InvalidSetting, match="not both"):
+        site.add_remote("r2", send_every=60, send_at="18:30")
+    with pytest.raises(InvalidSetting):
+        site.add_remote("r3", send_every=0)
+    with pytest.raises(InvalidSetting):
+        site.add_remote("r4", send_at="half past six")
+    row = site.update_remote("r1", send_every=900, send_at=None)
+    assert (row.send_every, row.send_at) == (900, None)
+    with pytest.raises(InvalidSetting, match="not both"):
+        site.update_remote("r1", send_at=time(6, 0))
+
+
+def test_sends_and_errors_are_recorded(site):
+    end = grow_log(site)
+    site.add_remote("r1", start=0)
+    row = site.record_send("r1", log_sent=end, messages=3, now=NOW)
+    assert (row.log_sent, row.send_count, row.last_sent_at) == (end, 3, NOW)
+    assert site.record_send("r1", log_sent=end, now=NOW).send_count == 4
+    row = site.record_transport_error("r1", "SMTP 421 try again later", now=NOW)
+    assert (row.last_error, row.last_error_at) == ("SMTP 421 try again later", NOW)
+    assert site.record_transport_error("r1", None).last_error is None
+
+
+def test_sending_due(site):
+    end = grow_log(site)
+    row = site.add_remote("r1", start=0)
+    assert not row.sending_due
+    assert site.update_remote("r1", log_send=end).sending_due
+
+
+def test_a_remote_site_has_one_peer(tmp_path):
+    remote = make_site(tmp_path, "r1", "remote")
+    remote.add_remote("hq")
+    with pytest.raises(WrongRole, match="one consolidated"):
+        remote.add_remote("hq2")
+    remote.close()
