@@ -39,6 +39,7 @@ from .errors import AgentError
 from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
                        SendData, Settings, StreamStopped)
 from .queues import DirectoryQueues, MessageQueues
+from .restore import check_restored
 from .site import SiteDatabase
 from .site.errors import SiteError
 
@@ -133,6 +134,7 @@ class Agent:
         self.report = RunReport()
         self._send_cycles = 0
         self._closed = False
+        self._restored = False
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -163,6 +165,12 @@ class Agent:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "quarantine").mkdir(exist_ok=True)
         (self.directory / "state").mkdir(exist_ok=True)
+        old = check_restored(self.db, self.directory)
+        if old is not None:
+            log.error("%s was restored from an older copy: it now has a new incarnation id; its peers will "
+                      "stop its streams until it is extracted again", self.path)
+            self.report.stopped_streams.append(f"{self.name} was restored from an older copy (new incarnation "
+                                               f"{self.db.identity.incarnation.hex()[:8]})")
         if self._queues is None:
             self._queues = DirectoryQueues(self.directory / "queues")
         self.keyring = Keyring()
@@ -235,9 +243,35 @@ class Agent:
 
     # -- running ------------------------------------------------------------------------
 
+    async def _restore_pending(self) -> None:
+        """Tell each pair's protocol about the inbound messages still queued
+        from earlier runs (the core keeps no state of its own across runs)."""
+        if self._restored:
+            return
+        self._restored = True
+        for peer in self.peers.values():
+            queued = await asyncio.to_thread(self._queued_headers, peer.name)
+            for name, message in queued:
+                if message is None:
+                    continue
+                await self._execute(peer, peer.protocol.message_queued(self.clock(), name, message.header,
+                                                                       message.incarnation))
+
+    def _queued_headers(self, peer: str) -> list[tuple[str, Any]]:
+        found = []
+        for name in self.queues.inbound(peer):
+            try:
+                found.append((name, check_message(self.queues.read_inbound(peer, name), source=name,
+                                                  keyring=self.keyring, recipient=self.name)))
+            except MessageError as error:  # e.g. the peer's key changed since: set it aside
+                self._write_quarantine(peer, name, self.queues.read_inbound(peer, name), str(error))
+                self.queues.delete_inbound(peer, [name])
+        return found
+
     async def run_once(self) -> RunReport:
         """Batch mode: receive and apply everything available, send what is
         due, confirm, flush the outbound queues."""
+        await self._restore_pending()
         if self.options.receive:
             await self.receive_phase()
         if self.options.send:
@@ -249,6 +283,7 @@ class Agent:
     async def run_forever(self, stop: asyncio.Event) -> RunReport:
         """Continuous mode until ``stop`` is set: receive every receive delay
         (sooner when the transport signals new files), send every send delay."""
+        await self._restore_pending()
         loop = asyncio.get_running_loop()
         next_receive = next_send = loop.time()
         while not stop.is_set():

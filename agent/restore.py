@@ -1,0 +1,55 @@
+"""Noticing that a site database was restored from an old copy.
+
+Rules of this file:
+* Every agent run counts a *generation*, kept both in the site database and
+  in the agent's own folder beside it.  A database whose generation is
+  behind the folder's was put back from an older copy: its offsets no longer
+  match what its peers saw, so the site takes a new incarnation id.  Its
+  peers then stop its stream with a clear error instead of mis-reading
+  offsets (SQL Remote's known failure after a restore).
+* A database copied elsewhere together with its agent folder cannot be told
+  from the original; restore both only together with a new extraction.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from codec.atomic import write_file_atomically
+
+from .site import SiteDatabase
+
+_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_agent_run"
+          " (id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL)")
+
+
+def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
+    """Count this run; return the old incarnation id if the database was
+    restored (it then has a new one), else None."""
+    marker_path = directory / "state" / "site.json"
+    try:
+        marker = json.loads(marker_path.read_text())
+        marker_generation = int(marker["generation"])
+        marker_incarnation = bytes.fromhex(marker["incarnation"])
+    except (OSError, ValueError, KeyError, TypeError):
+        marker_generation, marker_incarnation = 0, None
+    conn = db.connection
+    with conn:
+        conn.execute(_TABLE)
+        row = conn.execute("SELECT generation FROM fieldsync_agent_run WHERE id = 1").fetchone()
+        database_generation = row[0] if row else 0
+        renewed = None
+        incarnation = db.identity.incarnation
+        if marker_incarnation == incarnation and marker_generation > database_generation:
+            renewed = incarnation
+            incarnation = uuid.uuid4().bytes
+            conn.execute("UPDATE fieldsync_site SET incarnation = ? WHERE id = 1", (incarnation,))
+        generation = max(database_generation, marker_generation) + 1
+        conn.execute("INSERT OR REPLACE INTO fieldsync_agent_run (id, generation) VALUES (1, ?)", (generation,))
+    if renewed is not None:
+        db._refresh_identity()
+    write_file_atomically(marker_path, json.dumps({"incarnation": incarnation.hex(),
+                                                   "generation": generation}).encode())
+    return renewed

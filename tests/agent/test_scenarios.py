@@ -1,0 +1,207 @@
+"""The protocol end to end: real SQLite files, real folder inboxes, the real
+agent, and faults applied to the files between runs.  The World checks the
+invariants after every run (see world.py)."""
+
+import os
+import random
+
+import pytest
+
+from codec.keys import SiteKeys
+from codec.message import decode_message
+from codec.names import MessageName
+
+from .world import World, data_files, random_rows
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def world(tmp_path):
+    world = World(tmp_path / "world")
+    world.write("hq", *random_rows(random.Random(1), 20, ("f1", "f2")))
+    world.extract_all()
+    return world
+
+
+async def test_two_way_replication_of_inserts_updates_deletes(world):
+    rng = random.Random(2)
+    world.write("hq", *random_rows(rng, 30, ("f1", "f2"), start=100))
+    world.write("hq", ("UPDATE customer SET balance = balance + 1 WHERE id % 3 = 0", ()),
+                ("DELETE FROM customer WHERE id % 7 = 0", ()))
+    world.write("f1", ("INSERT INTO customer VALUES (500, 'f1', 'made in the field', 1.5, x'00ff')", ()))
+    world.write("f1", ("UPDATE customer SET name = 'renamed at f1' WHERE id = 500", ()))
+    world.write("f2", ("INSERT INTO ledger VALUES ('f2-1', 'f2', 7)", ()))
+    await world.settle()
+    assert world.rows("hq", "customer", "WHERE id = 500") == [(500, "f1", "renamed at f1", 1.5, b"\x00\xff")]
+    world.write("f1", ("DELETE FROM customer WHERE id = 500", ()))
+    await world.settle()
+    assert world.rows("hq", "customer", "WHERE id = 500") == []
+    assert world.rows("f1", "ledger") == [("f2-1", "f2", 7)]
+
+
+async def test_forwarding_between_remotes_without_echo(world):
+    world.write("f1", ("INSERT INTO product VALUES ('tea', 1, 'green tea', 4.5)", ()))
+    await world.settle()
+    assert world.rows("f2", "product") == [("tea", 1, "green tea", 4.5)]
+    # No echo: f1 never received its own insert back (it would be an apply
+    # error, "INSERT of an existing key", which the World checks for).
+    world.write("f2", ("UPDATE product SET price = 5.0 WHERE sku = 'tea'", ()))
+    await world.settle()
+    assert world.rows("f1", "product") == [("tea", 1, "green tea", 5.0)]
+
+
+async def test_subset_subscriptions_and_a_row_moving_between_subsets(world):
+    target = world.rows("hq", "customer", "WHERE region = 'f1'")[0][0]
+    await world.settle()
+    assert world.rows("f1", "customer", "WHERE id = ?", (target,))
+    world.write("hq", ("UPDATE customer SET region = 'f2', name = 'moved' WHERE id = ?", (target,)))
+    await world.settle()
+    assert world.rows("f1", "customer", "WHERE id = ?", (target,)) == []
+    assert world.rows("f2", "customer", "WHERE id = ?", (target,))[0][1:3] == ("f2", "moved")
+
+
+async def test_a_conflict_resolved_at_the_consolidated_reaches_every_site_and_its_origin(world):
+    world.write("hq", ("INSERT INTO product VALUES ('jam', 1, 'plum jam', 3.0)", ()))
+    await world.settle()
+    # Both remotes change the same row before either syncs.
+    world.write("f1", ("UPDATE product SET price = 3.5 WHERE sku = 'jam'", ()))
+    world.write("f2", ("UPDATE product SET price = 2.5 WHERE sku = 'jam'", ()))
+    await world.settle()
+    with __import__("agent.site", fromlist=["SiteDatabase"]).SiteDatabase.open(world.db("hq")) as hq:
+        assert hq.conflicts(), "the second update should have been recorded as a conflict"
+    final = world.rows("hq", "product")
+    assert world.rows("f1", "product") == final and world.rows("f2", "product") == final
+
+
+async def test_a_transaction_larger_than_the_message_size_travels_in_parts(world):
+    await world.settle()
+    rng = random.Random(5)
+    big = [("INSERT INTO customer VALUES (?, 'f1', ?, 0, ?)", (1000 + i, f"scan {i}", rng.randbytes(3000)))
+           for i in range(16)]
+    world.write("hq", *big)
+    await world.run("hq", max_message_size=10_000)
+    parts = [MessageName.parse(p.name).header for p in data_files(world, "f1")]
+    assert len(parts) >= 4 and all(h.is_part for h in parts)
+    assert [h.seq for h in parts] == list(range(len(parts)))
+    # Deliver all but the final part: nothing is applied (atomic) ...
+    final = data_files(world, "f1")[-1]
+    held = final.read_bytes()
+    final.unlink()
+    await world.run("f1")
+    assert not world.rows("f1", "customer", "WHERE id >= 1000")
+    final.write_bytes(held)
+    await world.run("f1")
+    assert len(world.rows("f1", "customer", "WHERE id >= 1000")) == 16
+    await world.settle()
+
+
+async def test_a_lost_message_is_resent_in_a_new_epoch_and_old_copies_are_deleted(world):
+    await world.settle()
+    for batch in range(3):
+        world.write("hq", *random_rows(random.Random(batch), 40, ("f1",), start=2000 + 100 * batch))
+        await world.run("hq", max_message_size=10_000)
+    files = data_files(world, "f1")
+    assert len(files) >= 3
+    lost = files[1]
+    kept = lost.read_bytes()
+    lost.unlink()
+    await world.settle()
+    with __import__("agent.site", fromlist=["SiteDatabase"]).SiteDatabase.open(world.db("hq")) as hq:
+        assert hq.remote("f1").resend_count >= 1
+    # The old-epoch copy arrives late: deleted as stale, never applied.
+    lost.write_bytes(kept)
+    await world.run("f1")
+    assert not lost.exists()
+    await world.settle()
+
+
+async def test_a_lost_confirmation_is_repaired(world):
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(9), 5, ("f1",), start=3000))
+    await world.run("hq")
+    await world.run("f1")
+    for control in [p for p in world.inbox_files("hq") if ".c." in p.name]:
+        control.unlink()
+    await world.settle()
+
+
+async def test_a_lost_last_message_is_detected_and_resent(world):
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(11), 5, ("f2",), start=4000))
+    await world.run("hq")
+    for path in data_files(world, "f2"):
+        path.unlink()  # the only data message is lost; the control message says what was sent
+    await world.settle()
+    assert len(world.rows("f2", "customer", "WHERE id >= 4000")) == 5
+
+
+async def test_duplicated_and_reversed_messages_apply_once(world):
+    await world.settle()
+    for batch in range(4):
+        world.write("hq", *random_rows(random.Random(20 + batch), 30, ("f1",), start=5000 + 100 * batch))
+        await world.run("hq", max_message_size=10_000)
+    files = data_files(world, "f1")
+    contents = [(p.name, p.read_bytes()) for p in files]
+    for path in files:
+        path.unlink()
+    # Arrive in reverse order, one at a time, each twice (with enough
+    # patience that the gap is waited out rather than resent).
+    for name, data in reversed(contents):
+        for _ in range(2):
+            (world.inbox("f1") / name).write_bytes(data)
+            await world.run("f1", patience=50)
+    assert len(world.rows("f1", "customer", "WHERE id >= 5000")) == 120
+    await world.settle()
+
+
+async def test_corrupt_and_forged_messages_are_quarantined_counted_and_resent(world):
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(30), 20, ("f1",), start=6000))
+    await world.run("hq")
+    [first] = data_files(world, "f1")
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    first.write_bytes(bytes(data))
+    # A forged file: right name and format, signed with a key hq does not hold.
+    forger = SiteKeys.generate("hq")
+    from codec.packing import pack_messages
+    from codec.ops import Operation, Transaction
+    header = MessageName.parse(first.name).header
+    [forged] = pack_messages([Transaction(header.last, "hq", (Operation.insert("customer", (9999,), {
+        "id": 9999, "region": "f1", "name": "forged", "balance": 0.0, "photo": None}),))],
+        keys=forger, recipient="f1", incarnation=os.urandom(16), resend_count=header.resend_count + 5,
+        start=header.prev)
+    (world.inbox("f1") / forged.name).write_bytes(forged.data)
+    report = await world.run("f1")
+    assert report.quarantined == 2
+    quarantine = world.root / "f1.db.agent" / "quarantine"
+    reasons = sorted(p.read_text() for p in quarantine.glob("*.reason.json"))
+    assert any("signature" in r for r in reasons) and len(reasons) == 2
+    await world.settle()
+    assert world.rows("f1", "customer", "WHERE id = 9999") == []
+    assert len(world.rows("f1", "customer", "WHERE id >= 6000")) == 20
+
+
+async def test_a_site_restored_from_an_old_copy_is_reported_and_nothing_is_misapplied(world, tmp_path):
+    await world.settle()
+    backup = (world.db("f1")).read_bytes()
+    world.write("f1", ("INSERT INTO ledger VALUES ('f1-a', 'f1', 1)", ()))
+    world.write("hq", *random_rows(random.Random(40), 5, ("f1",), start=7000))
+    await world.settle()
+    hq_before = world.rows("hq", "ledger"), world.rows("hq", "customer")
+    # f1's disk is replaced by the old copy (its WAL and shared memory too).
+    for suffix in ("-wal", "-shm"):
+        path = world.db("f1").with_name(world.db("f1").name + suffix)
+        if path.exists():
+            path.unlink()
+    world.db("f1").write_bytes(backup)
+    world.write("f1", ("INSERT INTO ledger VALUES ('f1-b', 'f1', 2)", ()))
+    report = await world.run("f1")
+    assert any("restored" in line for line in report.stopped_streams)
+    report = await world.run("hq")
+    assert any("incarnation" in line for line in report.stopped_streams)
+    for _ in range(3):
+        await world.round()
+    # Nothing from the restored copy was applied at hq, and hq's data is intact.
+    assert world.rows("hq", "ledger") == hq_before[0] and world.rows("hq", "customer") == hq_before[1]
