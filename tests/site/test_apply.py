@@ -1,0 +1,344 @@
+"""Applying a peer's transactions (agent.site.apply): atomicity, errors,
+conflicts, and a process killed mid-apply."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import shutil
+import time
+
+import pytest
+
+from agent.site import (
+    ApplyRefused,
+    Article,
+    ConflictHookFailed,
+    IncarnationMismatch,
+    Resolution,
+    SiteDatabase,
+    UnknownRemote,
+)
+from codec.ops import Operation, Transaction
+
+from .conftest import CUSTOMER, LINE, app_connection, make_site, table_rows
+from .workers import CRASH_BASE_ROWS, apply_batch, crash_batch
+
+
+def ins(row_id, **values):
+    return Operation.insert("customer", (row_id,), {"id": row_id, **values})
+
+
+def upd(row_id, before, after):
+    return Operation.update("customer", (row_id,), before, after)
+
+
+def txn(commit, *ops, origin="r1"):
+    # _trusted: as the message decoder builds them (ops may be plain tuples).
+    return Transaction._trusted(commit, origin, ops)
+
+
+@pytest.fixture
+def hq(tmp_path):
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER, LINE)
+    site.create_publication("sales", [Article("customer", subscribe_by="region"), Article("line")])
+    for remote, region in (("r1", "north"), ("r2", "north")):
+        site.add_remote(remote)
+        site.subscribe(remote, "sales", region)
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def remote(tmp_path):
+    site = make_site(tmp_path, "r1", "remote", CUSTOMER, LINE)
+    site.create_publication("sales", [Article("customer"), Article("line")])
+    site.add_remote("hq")
+    yield site
+    site.close()
+
+
+def test_a_batch_is_applied_with_its_log_received(hq):
+    result = hq.apply("r1", [txn(10, ins(1, name="a", region="north"), ins(2, name="b", region="north")),
+                             txn(20, upd(1, {"name": "a"}, {"name": "a2"}))], log_received=25, messages=2)
+    assert table_rows(hq, "customer") == [(1, "a2", "north", None, None, None), (2, "b", "north", None, None, None)]
+    row = hq.remote("r1")
+    assert (row.log_received, row.receive_count) == (25, 2) and row.last_received_at is not None
+    assert (result.transactions_applied, result.operations_applied, result.errors, result.conflicts) == (2, 3, 0, 0)
+    assert len(result.log_commits) == 2
+
+
+def test_decoded_tuples_are_accepted(hq):
+    """The message decoder hands over plain 5-tuples, not Operation values."""
+    batch = [Transaction._trusted(3, "r1", (("customer", 1, (1,), None, {"id": 1, "region": "north"}),))]
+    assert hq.apply("r1", batch, log_received=3).operations_applied == 1
+    assert table_rows(hq, "customer") == [(1, None, "north", None, None, None)]
+
+
+def test_transactions_already_applied_are_skipped(hq):
+    hq.apply("r1", [txn(10, ins(1, name="a"))], log_received=10)
+    result = hq.apply("r1", [txn(10, ins(1, name="a")), txn(12, ins(2, name="b"))], log_received=12)
+    assert (result.transactions_skipped, result.transactions_applied, result.errors) == (1, 1, 0)
+    assert [row[0] for row in table_rows(hq, "customer")] == [1, 2]
+
+
+def test_bad_batches_are_refused_whole(hq):
+    hq.apply("r1", [txn(10, ins(1))], log_received=10)
+    with pytest.raises(ApplyRefused, match="go back"):
+        hq.apply("r1", [], log_received=9)
+    with pytest.raises(ApplyRefused, match="out of order"):
+        hq.apply("r1", [txn(14, ins(2)), txn(12, ins(3))], log_received=20)
+    with pytest.raises(ApplyRefused, match="beyond the new log_received"):
+        hq.apply("r1", [txn(14, ins(2)), txn(30, ins(3))], log_received=20)
+    with pytest.raises(UnknownRemote):
+        hq.apply("ghost", [], log_received=1)
+    assert [row[0] for row in table_rows(hq, "customer")] == [1]  # nothing of the refused batches
+    assert hq.remote("r1").log_received == 10
+    assert hq.connection.execute("SELECT count(*) FROM fieldsync_log WHERE origin = 'r1'").fetchone()[0] == 1
+
+
+def test_an_empty_batch_moves_log_received(hq):
+    hq.apply("r1", [], log_received=44)
+    assert hq.remote("r1").log_received == 44
+
+
+def test_bad_rows_are_recorded_and_the_batch_goes_on(hq):
+    app_connection(hq).execute("INSERT INTO customer (id, name) VALUES (1, 'local')")
+    batch = [txn(5,
+                 ins(1, name="duplicate"),                                    # existing key
+                 upd(99, {"name": "x"}, {"name": "y"}),                       # missing row
+                 Operation.delete("customer", (98,), {"id": 98}),             # missing row
+                 Operation.insert("line", (1, 1), {"order_id": 1, "line_no": 1, "sku": None}),  # NOT NULL
+                 Operation.insert("nowhere", (1,), {"id": 1}),                # no such table
+                 ins(3, colour="red"),                                         # no such column
+                 ("customer", 1, (4,), None, {"id": 4, "name": True}),         # bool is no SQLite value
+                 ("customer", 1, (5,), None, {"id": 5, "name": 2**64}),        # beyond 64 bits
+                 ins(2, name="fine")),
+             txn(6, ins(6, name="also fine"))]
+    result = hq.apply("r1", batch, log_received=6)
+    assert (result.errors, result.operations_applied, result.transactions_applied) == (8, 2, 2)
+    assert [row[:2] for row in table_rows(hq, "customer")] == [(1, "local"), (2, "fine"), (6, "also fine")]
+    errors = hq.apply_errors()
+    problems = [(error.table, error.key, error.problem.split(":")[0]) for error in errors]
+    assert problems == [
+        ("customer", (1,), "INSERT of an existing key"),
+        ("customer", (99,), "UPDATE of a missing row"),
+        ("customer", (98,), "DELETE of a missing row"),
+        ("line", (1, 1), "constraint failed"),
+        ("nowhere", (1,), "no table 'nowhere' with a primary key at this site"),
+        ("customer", (3,), "customer has no column 'colour' at this site"),
+        ("customer", (4,), "malformed operation"),
+        ("customer", (5,), "malformed operation"),
+    ]
+    assert all(error.peer == "r1" and error.peer_commit == 5 for error in errors)
+    assert errors[0].operation == ("customer", 1, (1,), None, {"id": 1, "name": "duplicate"})
+    assert hq.remote("r1").log_received == 6
+
+
+def test_a_failing_run_is_replayed_one_by_one(hq):
+    """One bad row in the middle of a long run of similar rows: the rows
+    around it are applied, the bad one recorded."""
+    ops = [ins(row_id, name=f"n{row_id}") for row_id in range(1, 301)]
+    app_connection(hq).execute("INSERT INTO customer (id, name) VALUES (150, 'already here')")
+    result = hq.apply("r1", [txn(3, *ops)], log_received=3)
+    assert (result.operations_applied, result.errors) == (299, 1)
+    assert hq.connection.execute("SELECT count(*) FROM customer").fetchone()[0] == 300
+
+
+def test_applied_rows_are_captured_with_the_peer_as_origin(hq):
+    hq.apply("r1", [txn(5, ins(1, name="x", region="north"))], log_received=5)
+    hq.scan()
+    (transaction,) = hq.read_log("r2", 0)
+    assert transaction.origin == "r1"
+    assert transaction.ops == (ins(1, name="x", region="north", balance=None, photo=None, extra=None),)
+    assert list(hq.read_log("r1", 0)) == []  # no echo
+
+
+def test_incarnation_change_stops_the_stream(hq):
+    hq.apply("r1", [], log_received=1, peer_incarnation=b"A" * 16)
+    assert hq.remote("r1").peer_incarnation == b"A" * 16
+    hq.apply("r1", [], log_received=2, peer_incarnation=b"A" * 16)
+    with pytest.raises(IncarnationMismatch, match="rebuilt or restored"):
+        hq.apply("r1", [], log_received=3, peer_incarnation=b"B" * 16)
+    assert hq.remote("r1").log_received == 2
+
+
+# --- conflicts ---------------------------------------------------------------------
+
+
+def conflict_setup(hq):
+    """Row 1 is 'base' at r1, but the consolidated changed it meanwhile."""
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (1, 'base', 'north', 10.0)")
+    app.execute("UPDATE customer SET name = 'hq edit', balance = 11.0 WHERE id = 1")
+    return hq.scan()
+
+
+def test_conflict_incoming_wins_by_default_and_goes_back_to_the_origin(hq):
+    start = conflict_setup(hq)
+    result = hq.apply("r1", [txn(5, upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+    assert result.conflicts == 1 and result.errors == 0
+    assert table_rows(hq, "customer")[0][:4] == (1, "r1 edit", "north", 11.0)
+    (conflict,) = hq.conflicts()
+    assert (conflict.peer, conflict.peer_commit, conflict.table, conflict.key) == ("r1", 5, "customer", (1,))
+    assert conflict.local_row["name"] == "hq edit"
+    assert conflict.incoming_before == {"name": "base"} and conflict.incoming_after == {"name": "r1 edit"}
+    assert conflict.resolution == "incoming" and conflict.result_row["name"] == "r1 edit"
+    hq.scan()
+    # The origin gets the whole resulting row back, so it converges.
+    (back,) = [op for t in hq.read_log("r1", start) for op in t.ops]
+    assert back.kind == 2 and back.key == (1,)
+    assert back.after == {"id": 1, "name": "r1 edit", "region": "north", "balance": 11.0, "photo": None,
+                          "extra": None}
+    # Everyone else gets the change once, as an ordinary update.
+    (forwarded,) = [op for t in hq.read_log("r2", start) for op in t.ops]
+    assert forwarded == upd(1, {"name": "hq edit"}, {"name": "r1 edit"})
+
+
+def test_conflict_policy_local_keeps_the_row_and_sends_it_back(hq):
+    start = conflict_setup(hq)
+    hq.set_conflict_policy("customer", "local")
+    result = hq.apply("r1", [txn(5, upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+    assert result.conflicts == 1
+    assert table_rows(hq, "customer")[0][1] == "hq edit"
+    assert hq.conflicts()[0].resolution == "local"
+    hq.scan()
+    (back,) = [op for t in hq.read_log("r1", start) for op in t.ops]
+    assert back.after["name"] == "hq edit" and back.before["name"] == "r1 edit"
+    assert list(hq.read_log("r2", start)) == []  # nothing changed here
+    hq.set_conflict_policy("customer", None)
+    hq.apply("r1", [txn(6, upd(1, {"name": "r1 edit"}, {"name": "again"}))], log_received=6)
+    assert table_rows(hq, "customer")[0][1] == "again"
+
+
+def test_conflict_hook_can_merge(hq):
+    conflict_setup(hq)
+    seen = []
+
+    def merge(conflict):
+        seen.append(conflict)
+        return {"name": f"{conflict.local_row['name']} + {conflict.incoming.after['name']}"}
+
+    hq.set_conflict_hook("customer", merge)
+    hq.apply("r1", [txn(5, upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+    assert table_rows(hq, "customer")[0][1] == "hq edit + r1 edit"
+    assert seen[0].peer == "r1" and seen[0].key == (1,)
+    assert hq.conflicts()[0].resolution == "merged"
+
+
+def test_conflict_hook_choosing_local(hq):
+    conflict_setup(hq)
+    hq.set_conflict_hook(None, lambda conflict: Resolution.LOCAL)
+    hq.apply("r1", [txn(5, upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+    assert table_rows(hq, "customer")[0][1] == "hq edit"
+
+
+def test_a_failing_hook_rolls_the_batch_back(hq):
+    conflict_setup(hq)
+
+    def broken(conflict):
+        raise KeyError("oops")
+
+    hq.set_conflict_hook("customer", broken)
+    with pytest.raises(ConflictHookFailed, match="KeyError"):
+        hq.apply("r1", [txn(5, ins(2), upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+    assert [row[0] for row in table_rows(hq, "customer")] == [1]
+    assert hq.remote("r1").log_received == 0 and hq.conflicts() == ()
+    hq.set_conflict_hook("customer", lambda conflict: "whatever")
+    with pytest.raises(ConflictHookFailed, match="not a Resolution"):
+        hq.apply("r1", [txn(5, upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+
+
+def test_duplicate_insert_at_the_consolidated_sends_its_row_back(hq):
+    app_connection(hq).execute("INSERT INTO customer (id, name, region) VALUES (1, 'hq row', 'north')")
+    start = hq.scan()
+    result = hq.apply("r1", [txn(5, ins(1, name="r1 row", region="north"))], log_received=5)
+    assert result.errors == 1
+    hq.scan()
+    (back,) = [op for t in hq.read_log("r1", start) for op in t.ops]
+    assert back.kind == 2 and back.after["name"] == "hq row"
+
+
+def test_a_remote_applies_what_the_consolidated_sends_as_is(remote):
+    app = app_connection(remote)
+    app.execute("INSERT INTO customer (id, name, balance) VALUES (1, 'mine', 1.0), (2, 'two', 2.0)")
+    result = remote.apply("hq", [txn(5, upd(1, {"name": "something else"}, {"name": "from hq"}),
+                                     ins(2, name="hq two"), origin="hq")], log_received=5)
+    assert result.conflicts == 0
+    assert [row[:2] for row in table_rows(remote, "customer")] == [(1, "from hq"), (2, "hq two")]
+    assert remote.conflicts() == ()
+    (error,) = remote.apply_errors()
+    assert error.problem.startswith("INSERT of an existing key: the row was overwritten")
+
+
+# --- crash in the middle of an apply ----------------------------------------------------
+
+ITEM = "CREATE TABLE item (id INTEGER PRIMARY KEY, payload TEXT, n INTEGER NOT NULL)"
+CRASH_ROWS = 40_000
+CRASH_PER_TRANSACTION = 2_000
+
+
+def crash_site(path):
+    site = SiteDatabase.init(path, name="hq", role="consolidated")
+    site.connection.execute(ITEM)
+    site.create_publication("p", ["item"])
+    site.add_remote("peer")
+    site.subscribe("peer", "p")
+    base = [Operation.insert("item", (i,), {"id": i, "payload": "base", "n": 0})
+            for i in range(1, CRASH_BASE_ROWS + 1)]
+    site.apply("peer", [Transaction(5, "peer", tuple(base))], log_received=5)
+    return site
+
+
+def snapshot(site):
+    return (site.connection.execute("SELECT * FROM item ORDER BY id").fetchall(),
+            site.remote("peer").log_received,
+            site.connection.execute("SELECT commit_offset, origin FROM fieldsync_log ORDER BY 1").fetchall())
+
+
+def test_kill_during_apply_leaves_all_or_nothing(tmp_path):
+    """A child applies a large batch; the parent kills it (SIGKILL) at a
+    random moment, several times.  Each time the database holds either the
+    whole batch and the new log_received, or none of it and the old one."""
+    template = crash_site(tmp_path / "template.db")
+    before = snapshot(template)
+    template.close()
+    # The "all" state and how long an apply takes, measured on a copy.
+    shutil.copy(tmp_path / "template.db", tmp_path / "full.db")
+    full = SiteDatabase.open(tmp_path / "full.db")
+    batch, log_received = crash_batch(5, CRASH_ROWS, CRASH_PER_TRANSACTION)
+    started = time.perf_counter()
+    full.apply("peer", batch, log_received=log_received)
+    duration = time.perf_counter() - started
+    after = snapshot(full)
+    full.close()
+    assert after[1] == log_received and len(after[0]) > len(before[0])
+
+    context = multiprocessing.get_context("spawn")
+    rng = random.Random(20260301)
+    outcomes = []
+    for attempt in range(6):
+        path = tmp_path / f"crash{attempt}.db"
+        shutil.copy(tmp_path / "template.db", path)
+        ready, done = context.Event(), context.Event()
+        child = context.Process(target=apply_batch,
+                                args=(str(path), "peer", 5, CRASH_ROWS, CRASH_PER_TRANSACTION, ready, done))
+        child.start()
+        assert ready.wait(60), "the child never got ready"
+        time.sleep(rng.uniform(0.1, 1.3) * duration)  # now and then after the commit
+        child.kill()
+        child.join()
+        site = SiteDatabase.open(path)
+        assert site.connection.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        state = snapshot(site)
+        if state == before:
+            outcomes.append("none")
+        else:
+            assert state == after, f"attempt {attempt}: a partial apply survived the crash"
+            outcomes.append("all")
+        # After the crash the batch applies (again) cleanly: nothing doubled.
+        result = site.apply("peer", batch, log_received=log_received)
+        assert result.errors == 0
+        assert snapshot(site)[:2] == after[:2]
+        site.close()
+    assert "none" in outcomes, f"no kill landed mid-apply ({outcomes}); the test proved nothing"
