@@ -1,0 +1,224 @@
+"""End to end: replicate a consolidated's changes to one remote through the
+folder transport, against raw ``executemany`` of the same rows.
+
+Workload: 150,000 INSERTs then 50,000 UPDATEs of realistic 6-column rows,
+written by the application in transactions of 500 operations.  The agent
+scans after each application transaction (as a running agent scans every
+send delay), and those scans are timed.  Then, timed:
+
+* the consolidated's run: read the log for the remote, pack, compress, seal,
+  sign, queue durably, write the files into the remote's inbox folder;
+* the remote's run: read, verify, queue durably, decode, apply (with
+  capture of the applied changes), confirm;
+* the consolidated's run that takes the confirmation.
+
+``ops_per_s`` is operations over the sum of those times.  The baseline,
+measured in the same run, is ``executemany`` of the same rows, 500 per
+transaction, into a fresh SQLite file (WAL, synchronous=FULL).
+
+``peak_rss_mb`` comes from a child process that sends a backlog of
+``--backlog`` operations (default 1,000,000) to a remote: the agent's
+memory must not follow the backlog.
+
+Run: ``python -m benchmarks.e2e --json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agent.admin import extract_site, init_site
+from agent.runner import Agent, RunOptions
+from agent.site import SiteDatabase
+
+SCHEMA = ("CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT, balance REAL,"
+          " visits INTEGER, note TEXT)")
+FIRST = ["Ana", "Bruno", "Chloé", "Dmitri", "Eun-ji", "Farid", "Greta", "Hiro", "Ines", "Jonas"]
+LAST = ["Silva", "Moreau", "Novak", "Okafor", "Lindqvist", "Tanaka", "García", "Müller"]
+CITIES = ["Lyon", "Tromsø", "Kraków", "Porto", "Nairobi", "Osaka", "Quito", "Hobart"]
+BATCH = 500
+
+
+def workload(inserts: int, updates: int, seed: int = 3) -> tuple[list[tuple], list[tuple]]:
+    rng = random.Random(seed)
+    rows = [(i, f"{rng.choice(FIRST)} {rng.choice(LAST)}", rng.choice(CITIES), round(rng.uniform(-500, 5000), 2),
+             rng.randint(0, 300), rng.choice([None, "prefers email", "call after 18:00", "VIP since 2019"]))
+            for i in range(1, inserts + 1)]
+    changes = [(round(rng.uniform(0, 9000), 2), rng.randint(0, 300), rng.randint(1, inserts))
+               for _ in range(updates)]
+    return rows, changes
+
+
+def make_sites(root: Path) -> None:
+    for site in ("hq", "r1"):
+        (root / "inbox" / site).mkdir(parents=True)
+    hq = init_site(root / "hq.db", name="hq", role="consolidated", address=str(root / "inbox" / "hq"),
+                   transport="folder")
+    hq.connection.execute(SCHEMA)
+    hq.create_publication("all", ["customer"])
+    hq.add_remote("r1", address=str(root / "inbox" / "r1"), transport="folder")
+    hq.subscribe("r1", "all")
+    extract_site(hq, "r1", root / "r1.db")
+    hq.close()
+
+
+def write_and_scan(root: Path, rows: list[tuple], changes: list[tuple], *, scan: bool = True) -> float:
+    """The application writes; the agent scans after each transaction.
+    Returns the time spent scanning."""
+    app = sqlite3.connect(root / "hq.db", isolation_level=None)
+    app.execute("PRAGMA synchronous=FULL")
+    site = SiteDatabase.open(root / "hq.db")
+    scanning = 0.0
+    statements = [("INSERT INTO customer VALUES (?, ?, ?, ?, ?, ?)", rows[i:i + BATCH])
+                  for i in range(0, len(rows), BATCH)]
+    statements += [("UPDATE customer SET balance = ?, visits = ? WHERE id = ?", changes[i:i + BATCH])
+                   for i in range(0, len(changes), BATCH)]
+    for sql, batch in statements:
+        app.execute("BEGIN")
+        app.executemany(sql, batch)
+        app.execute("COMMIT")
+        if scan:
+            started = time.perf_counter()
+            site.scan()
+            scanning += time.perf_counter() - started
+    site.close()
+    app.close()
+    return scanning
+
+
+async def replicate(root: Path, options: RunOptions) -> dict[str, float]:
+    times = {}
+    for label, site in (("send", "hq"), ("receive_apply", "r1"), ("confirm", "hq")):
+        started = time.perf_counter()
+        async with Agent(root / f"{site}.db", options) as agent:
+            report = await agent.run_once()
+        times[label] = time.perf_counter() - started
+        if not report.ok:
+            raise SystemExit(f"{site}: {report}")
+    return times
+
+
+def raw(root: Path, rows: list[tuple], changes: list[tuple]) -> float:
+    conn = sqlite3.connect(root / "raw.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(SCHEMA)
+    started = time.perf_counter()
+    for i in range(0, len(rows), BATCH):
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO customer VALUES (?, ?, ?, ?, ?, ?)", rows[i:i + BATCH])
+        conn.execute("COMMIT")
+    for i in range(0, len(changes), BATCH):
+        conn.execute("BEGIN")
+        conn.executemany("UPDATE customer SET balance = ?, visits = ? WHERE id = ?", changes[i:i + BATCH])
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - started
+    conn.close()
+    return elapsed
+
+
+def check(root: Path) -> None:
+    hq = sqlite3.connect(root / "hq.db").execute("SELECT * FROM customer ORDER BY id").fetchall()
+    r1 = sqlite3.connect(root / "r1.db").execute("SELECT * FROM customer ORDER BY id").fetchall()
+    if hq != r1:
+        raise SystemExit("replication result differs from the consolidated")
+    with SiteDatabase.open(root / "hq.db") as site:
+        row = site.remote("r1")
+        if not row.confirm_sent == row.log_sent == site.log_end():
+            raise SystemExit(f"not confirmed: {row}")
+
+
+def backlog_child(root: str, operations: int) -> None:
+    """In a child process: send a backlog and report peak RSS (KiB) on stdout."""
+    options = RunOptions(receive=False)
+    asyncio.run(_send_only(Path(root), options))
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+async def _send_only(root: Path, options: RunOptions) -> None:
+    async with Agent(root / "hq.db", options) as agent:
+        report = await agent.run_once()
+        if not report.ok:
+            raise SystemExit(str(report))
+
+
+def peak_rss(operations: int, workdir: Path) -> tuple[float, int]:
+    root = workdir / "backlog"
+    make_sites(root)
+    rows, changes = workload(operations, 0, seed=9)
+    write_and_scan(root, rows, changes)
+    del rows, changes
+    output = subprocess.run([sys.executable, "-m", "benchmarks.e2e", "--backlog-child", str(root),
+                             "--backlog", str(operations)], check=True, capture_output=True, text=True)
+    files = len(list((root / "inbox" / "r1").iterdir()))
+    return int(output.stdout.strip().splitlines()[-1]) / 1024, files
+
+
+def run(inserts: int, updates: int, backlog: int) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="fieldsync-e2e-"))
+    try:
+        root = workdir / "e2e"
+        make_sites(root)
+        rows, changes = workload(inserts, updates)
+        scanning = write_and_scan(root, rows, changes)
+        times = asyncio.run(replicate(root, RunOptions()))
+        check(root)
+        raw_seconds = raw(workdir, rows, changes)
+        operations = inserts + updates
+        total = scanning + sum(times.values())
+        files = len(list((root / "r1.db.agent" / "queues" / "in" / "hq").iterdir()))
+        result = {
+            "benchmark": "e2e",
+            "operations": operations,
+            "transactions": operations // BATCH,
+            "ops_per_s": round(operations / total),
+            "raw_ops_per_s": round(operations / raw_seconds),
+            "ratio": round(raw_seconds / total, 3),
+            "target_ratio": 0.25,
+            "seconds": {"scan": round(scanning, 3), **{k: round(v, 3) for k, v in times.items()},
+                        "raw": round(raw_seconds, 3)},
+            "inbound_left_queued": files,
+        }
+        if backlog:
+            rss, sent = peak_rss(backlog, workdir)
+            result.update({"backlog_operations": backlog, "backlog_messages": sent,
+                           "peak_rss_mb": round(rss, 1), "target_peak_rss_mb": 200})
+        return result
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--inserts", type=int, default=150_000)
+    parser.add_argument("--updates", type=int, default=50_000)
+    parser.add_argument("--backlog", type=int, default=1_000_000, help="operations for the RSS check (0: skip)")
+    parser.add_argument("--backlog-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.backlog_child:
+        backlog_child(args.backlog_child, args.backlog)
+        return 0
+    result = run(args.inserts, args.updates, args.backlog)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
