@@ -13,6 +13,8 @@ provides the fixtures and hooks below; every test here then runs against it
         def peer_inbox(self): ...              # a second fresh inbox address
         async def place_raw_file(self, address, name, data): ...
         async def leave_interrupted_send(self, address, name, data): ...
+        def send_address(self, inbox): ...     # optional: where to send so that
+                                               # receive(inbox) sees it (default: inbox)
 
 ``make_transport`` may be called several times in one test: each call stands
 for the agent after a restart, sharing the same backing store.
@@ -91,6 +93,14 @@ class TransportConformance:
         """Leave exactly what a sender killed in the middle of sending leaves."""
         raise NotImplementedError
 
+    def send_address(self, inbox: str) -> str:
+        """The address ``send`` delivers to so that ``receive(inbox)`` sees the file.
+
+        The same address for most transports; email sends to ``mailto:`` the
+        mailbox that ``receive`` reads through an ``imaps://`` URL.
+        """
+        return inbox
+
     # -- shared fixtures -----------------------------------------------------
 
     @pytest.fixture
@@ -103,38 +113,38 @@ class TransportConformance:
     async def test_send_then_receive_yields_the_bytes_once(self, transport: Transport, inbox: str) -> None:
         name = message_name(10)
         data = b"\x00fieldsync\xff" * 100
-        await transport.send(inbox, name, data)
+        await transport.send(self.send_address(inbox), name, data)
         got = await receive_all(transport, inbox)
         assert [(incoming.name, incoming.data) for incoming in got] == [(name, data)]
 
     async def test_incoming_is_frozen(self, transport: Transport, inbox: str) -> None:
-        await transport.send(inbox, message_name(1), b"x")
+        await transport.send(self.send_address(inbox), message_name(1), b"x")
         [incoming] = await receive_all(transport, inbox)
         with pytest.raises(dataclasses.FrozenInstanceError):
             incoming.data = b"y"  # type: ignore[misc]
         assert "size=1" in repr(incoming)
 
     async def test_empty_file_round_trips(self, transport: Transport, inbox: str) -> None:
-        await transport.send(inbox, message_name(1), b"")
+        await transport.send(self.send_address(inbox), message_name(1), b"")
         assert await received(transport, inbox) == {message_name(1): b""}
 
     async def test_bytes_like_data_is_sent_as_bytes(self, transport: Transport, inbox: str) -> None:
-        await transport.send(inbox, message_name(1), bytearray(b"abc"))
-        await transport.send(inbox, message_name(2), memoryview(b"def"))
+        await transport.send(self.send_address(inbox), message_name(1), bytearray(b"abc"))
+        await transport.send(self.send_address(inbox), message_name(2), memoryview(b"def"))
         assert await received(transport, inbox) == {message_name(1): b"abc", message_name(2): b"def"}
 
     async def test_empty_inbox_yields_nothing(self, transport: Transport, inbox: str) -> None:
         assert await receive_all(transport, inbox) == []
 
     async def test_inboxes_are_separate(self, transport: Transport, inbox: str, peer_inbox: str) -> None:
-        await transport.send(inbox, message_name(1), b"mine")
-        await transport.send(peer_inbox, message_name(1, sender="field1", recipient="hq"), b"theirs")
+        await transport.send(self.send_address(inbox), message_name(1), b"mine")
+        await transport.send(self.send_address(peer_inbox), message_name(1, sender="field1", recipient="hq"), b"theirs")
         assert await received(transport, inbox) == {message_name(1): b"mine"}
         assert await received(transport, peer_inbox) == {message_name(1, sender="field1", recipient="hq"): b"theirs"}
 
     async def test_receive_removes_nothing(self, transport: Transport, inbox: str) -> None:
-        await transport.send(inbox, message_name(1), b"one")
-        await transport.send(inbox, message_name(2), b"two")
+        await transport.send(self.send_address(inbox), message_name(1), b"one")
+        await transport.send(self.send_address(inbox), message_name(2), b"two")
         first = await received(transport, inbox)
         second = await received(transport, inbox)
         assert first == second == {message_name(1): b"one", message_name(2): b"two"}
@@ -142,7 +152,7 @@ class TransportConformance:
     async def test_unacked_file_is_received_again_after_restart(
             self, make_transport: Callable[[], Transport], inbox: str) -> None:
         async with make_transport() as before_crash:
-            await before_crash.send(inbox, message_name(5), b"payload")
+            await before_crash.send(self.send_address(inbox), message_name(5), b"payload")
             assert await received(before_crash, inbox) == {message_name(5): b"payload"}
             # The agent stops here, before storing and acking.
         async with make_transport() as after_restart:
@@ -156,7 +166,7 @@ class TransportConformance:
         shuffled = names[:]
         random.Random(4).shuffle(shuffled)
         for index, name in enumerate(shuffled):
-            await transport.send(inbox, name, f"file {index}".encode())
+            await transport.send(self.send_address(inbox), name, f"file {index}".encode())
         got = await receive_all(transport, inbox)
         assert [incoming.name for incoming in got] == sorted(names)
         assert {incoming.name: incoming.data for incoming in got} == {
@@ -164,7 +174,7 @@ class TransportConformance:
 
     async def test_large_file_round_trips(self, transport: Transport, inbox: str) -> None:
         data = random.Random(5).randbytes(5 * 1024 * 1024)
-        await transport.send(inbox, message_name(1), data)
+        await transport.send(self.send_address(inbox), message_name(1), data)
         [incoming] = await receive_all(transport, inbox)
         assert incoming.data == data
 
@@ -173,14 +183,14 @@ class TransportConformance:
     async def test_same_name_sent_twice_leaves_one_file_with_the_latest_bytes(
             self, transport: Transport, inbox: str) -> None:
         name = message_name(3)
-        await transport.send(inbox, name, b"first")
-        await transport.send(inbox, name, b"second")
+        await transport.send(self.send_address(inbox), name, b"first")
+        await transport.send(self.send_address(inbox), name, b"second")
         got = await receive_all(transport, inbox)
         assert [(incoming.name, incoming.data) for incoming in got] == [(name, b"second")]
 
     async def test_concurrent_sends_of_distinct_names(self, transport: Transport, inbox: str) -> None:
         expected = {message_name(last): random.Random(last).randbytes(20_000 + last) for last in range(1, 41)}
-        await asyncio.gather(*(transport.send(inbox, name, data) for name, data in expected.items()))
+        await asyncio.gather(*(transport.send(self.send_address(inbox), name, data) for name, data in expected.items()))
         got = await receive_all(transport, inbox)
         assert [incoming.name for incoming in got] == sorted(expected)
         assert {incoming.name: incoming.data for incoming in got} == expected
@@ -188,7 +198,7 @@ class TransportConformance:
     async def test_concurrent_sends_of_one_name_leave_one_whole_copy(self, transport: Transport, inbox: str) -> None:
         name = message_name(8)
         payloads = [bytes([writer]) * 300_000 for writer in range(12)]
-        await asyncio.gather(*(transport.send(inbox, name, data) for data in payloads))
+        await asyncio.gather(*(transport.send(self.send_address(inbox), name, data) for data in payloads))
         got = await receive_all(transport, inbox)
         assert len(got) == 1 and got[0].name == name
         assert got[0].data in payloads
@@ -196,14 +206,14 @@ class TransportConformance:
     # -- ack -----------------------------------------------------------------
 
     async def test_ack_removes_only_that_file(self, transport: Transport, inbox: str) -> None:
-        await transport.send(inbox, message_name(1), b"one")
-        await transport.send(inbox, message_name(2), b"two")
+        await transport.send(self.send_address(inbox), message_name(1), b"one")
+        await transport.send(self.send_address(inbox), message_name(2), b"two")
         first, _second = await receive_all(transport, inbox)
         await transport.ack(first)
         assert await received(transport, inbox) == {message_name(2): b"two"}
 
     async def test_ack_twice_is_not_an_error(self, transport: Transport, inbox: str) -> None:
-        await transport.send(inbox, message_name(1), b"one")
+        await transport.send(self.send_address(inbox), message_name(1), b"one")
         [incoming] = await receive_all(transport, inbox)
         await transport.ack(incoming)
         await transport.ack(incoming)
@@ -212,7 +222,7 @@ class TransportConformance:
     async def test_ack_of_a_file_another_instance_removed_is_not_an_error(
             self, make_transport: Callable[[], Transport], inbox: str) -> None:
         async with make_transport() as first, make_transport() as second:
-            await first.send(inbox, message_name(1), b"one")
+            await first.send(self.send_address(inbox), message_name(1), b"one")
             [seen_by_first] = await receive_all(first, inbox)
             [seen_by_second] = await receive_all(second, inbox)
             await second.ack(seen_by_second)
@@ -222,7 +232,7 @@ class TransportConformance:
     async def test_ack_while_iterating_does_not_disturb_the_iteration(self, transport: Transport, inbox: str) -> None:
         names = [message_name(last) for last in range(1, 6)]
         for name in names:
-            await transport.send(inbox, name, name.encode())
+            await transport.send(self.send_address(inbox), name, name.encode())
         seen = []
         async for incoming in transport.receive(inbox):
             assert incoming.data == incoming.name.encode()
@@ -240,12 +250,12 @@ class TransportConformance:
     @pytest.mark.parametrize("bad_name", INVALID_NAMES, ids=range(len(INVALID_NAMES)))
     async def test_invalid_names_are_refused_on_send(self, transport: Transport, inbox: str, bad_name: str) -> None:
         with pytest.raises(InvalidMessageName):
-            await transport.send(inbox, bad_name, b"data")
+            await transport.send(self.send_address(inbox), bad_name, b"data")
         assert await receive_all(transport, inbox) == []
 
     async def test_a_name_that_is_not_text_is_refused(self, transport: Transport, inbox: str) -> None:
         with pytest.raises(InvalidMessageName):
-            await transport.send(inbox, b"hq.field1.fsm", b"data")  # type: ignore[arg-type]
+            await transport.send(self.send_address(inbox), b"hq.field1.fsm", b"data")  # type: ignore[arg-type]
 
     async def test_foreign_files_are_yielded_in_order_and_can_be_acked(self, transport: Transport, inbox: str) -> None:
         foreign = {
@@ -255,7 +265,7 @@ class TransportConformance:
         }
         for name, data in foreign.items():
             await self.place_raw_file(inbox, name, data)
-        await transport.send(inbox, message_name(1), b"real")
+        await transport.send(self.send_address(inbox), message_name(1), b"real")
         got = await receive_all(transport, inbox)
         expected = {**foreign, message_name(1): b"real"}
         assert [incoming.name for incoming in got] == sorted(expected)
@@ -271,12 +281,12 @@ class TransportConformance:
         data = random.Random(6).randbytes(100_000)
         await self.leave_interrupted_send(inbox, name, data[:30_000])
         assert await receive_all(transport, inbox) == []
-        await transport.send(inbox, name, data)
+        await transport.send(self.send_address(inbox), name, data)
         assert await received(transport, inbox) == {name: data}
 
     async def test_a_reader_never_sees_a_partial_file(self, transport: Transport, inbox: str) -> None:
         payloads = {message_name(last): random.Random(last).randbytes(2 * 1024 * 1024) for last in range(1, 5)}
-        sending = asyncio.gather(*(transport.send(inbox, name, data) for name, data in payloads.items()))
+        sending = asyncio.gather(*(transport.send(self.send_address(inbox), name, data) for name, data in payloads.items()))
         while not sending.done():
             async for incoming in transport.receive(inbox):
                 assert incoming.data == payloads[incoming.name], f"partial {incoming.name}"
@@ -298,12 +308,12 @@ class TransportConformance:
             self, make_transport: Callable[[], Transport], inbox: str) -> None:
         transport = make_transport()
         async with transport:
-            await transport.send(inbox, message_name(1), b"x")
+            await transport.send(self.send_address(inbox), message_name(1), b"x")
             [incoming] = await receive_all(transport, inbox)
         assert transport.closed
         await transport.aclose()
         with pytest.raises(TransportClosed):
-            await transport.send(inbox, message_name(2), b"x")
+            await transport.send(self.send_address(inbox), message_name(2), b"x")
         with pytest.raises(TransportClosed):
             transport.receive(inbox)
         with pytest.raises(TransportClosed):
