@@ -18,13 +18,26 @@ from .. import __version__
 # that `agent --help` stays fast and a broken optional command cannot break
 # the others.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("agent.cli.demo", "demo", "Run the demonstration in a folder and print what happened."),
+    "init": ("agent.cli.init", "init", "Make a SQLite database a site with fresh keys."),
+    "key": ("agent.cli.key", "key", "Print a site's public key line."),
+    "publication": ("agent.cli.publication", "publication", "Create and list publications."),
+    "remote": ("agent.cli.remote", "remote", "Add, list, subscribe and remove remote users."),
+    "extract": ("agent.cli.extract", "extract", "Make a remote's database from the consolidated (dbxtract)."),
+    "run": ("agent.cli.run", "run", "Receive, apply, send and confirm messages (dbremote)."),
+    "inbox": ("agent.cli.inbox", "inbox", "List pending and quarantined messages without applying them."),
+    "status": ("agent.cli.status", "status", "Show the remote-user table, queues and errors."),
+    "demo": ("agent.cli.demo", "demo", "Replicate a consolidated and three field sites in a folder."),
 }
 
 
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return list(COMMANDS)  # in the order of a first session, not alphabetical
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # From the table, so that `agent --help` imports no command module.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, _, help_text) in COMMANDS.items()])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         entry = COMMANDS.get(name)
@@ -44,29 +57,69 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console entry point; returns (and exits with) 0, 1 or 2."""
-    from ..errors import describe_error
+def describe(error: BaseException) -> str:
+    """One line for any error: the agent's, the site database's and the
+    transports' errors are worded for users already."""
+    from transports.errors import TransportError
 
-    arguments = sys.argv[1:] if argv is None else argv
+    from ..errors import describe_error
+    from ..site.errors import SiteError
+
+    if isinstance(error, (SiteError, TransportError)):
+        return str(error)
+    return describe_error(error)
+
+
+def _usage_line(usage: click.UsageError) -> str:
+    where = usage.ctx.command_path if usage.ctx is not None else "agent"
+    message = usage.format_message().rstrip(".")
+    if message and message[0].isupper() and not message[:2].isupper():
+        message = message[0].lower() + message[1:]
+    hint = f"see '{where} --help'"
+    return f"{message} ({hint})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns (and exits with) 0, 1 or 2.
+
+    A command returns its exit code (None means 0) or raises: usage errors
+    (bad options, values or combinations) give 2, everything else 1, each
+    printed as one line ``agent: ...`` on stderr.  ``--debug`` shows the
+    traceback of errors that are not usage errors.
+    """
+    from ..errors import UsageError
+
+    arguments = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in arguments
     try:
-        cli.main(args=arguments, prog_name="agent", standalone_mode=False)
+        result = cli.main(args=arguments, prog_name="agent", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("agent: interrupted", err=True)
         code = 1
     except click.exceptions.Exit as done:
         code = done.exit_code
-    except click.ClickException as usage:
-        usage.show()
-        code = 2 if isinstance(usage, click.UsageError) else 1
+    except click.exceptions.NoArgsIsHelpError as no_arguments:
+        click.echo(no_arguments.format_message(), err=True)  # the help text
+        code = 2
+    except click.UsageError as usage:
+        click.echo(f"agent: {_usage_line(usage)}", err=True)
+        code = 2
+    except click.ClickException as failure:
+        click.echo(f"agent: {failure.format_message()}", err=True)
+        code = failure.exit_code
+    except KeyboardInterrupt:
+        click.echo("agent: interrupted", err=True)
+        code = 1
+    except UsageError as usage:
+        click.echo(f"agent: {usage}", err=True)
+        code = 2
     except Exception as error:  # the one place that turns any error into a line
         if debug:
             raise
-        click.echo(f"agent: {describe_error(error)}", err=True)
+        click.echo(f"agent: {describe(error)}", err=True)
         code = 1
     else:
-        code = 0
+        code = result if isinstance(result, int) and not isinstance(result, bool) else 0
     if argv is None:
         sys.exit(code)
     return code

@@ -1,0 +1,265 @@
+"""What the ``agent`` subcommands share: option types, opening a site,
+logging, consoles and the wording of values.
+
+Rules of this file:
+* Option types fail through ``self.fail`` so click reports a usage error
+  (exit 2) that :func:`agent.cli.main` prints as one line.
+* Nothing here prints on its own; commands decide what goes to stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import uuid
+from datetime import datetime, time, timezone
+from pathlib import Path
+from typing import Iterator
+
+import click
+from rich.console import Console
+
+from ..errors import AgentError
+
+# -- option types ----------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms]?)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``90s``, ``5m``, ``1h``, ``1h30m`` or ``0.5s``."""
+    compact = text.strip().lower().replace(" ", "")
+    position, total, units_seen = 0, 0.0, []
+    while position < len(compact):
+        match = _DURATION_PART.match(compact, position)
+        if match is None:
+            break
+        unit = match.group(2)
+        if unit in units_seen or (not unit and position > 0):
+            break
+        units_seen.append(unit)
+        total += float(match.group(1)) * _UNIT_SECONDS[unit]
+        position = match.end()
+    if not compact or position != len(compact):
+        raise ValueError(f"{text!r} is not a duration; write seconds or use a unit: 90, 90s, 5m, 1h, 1h30m")
+    return total
+
+
+class Duration(click.ParamType):
+    """A length of time in seconds, written ``90``, ``90s``, ``5m`` or ``1h``."""
+
+    name = "duration"
+
+    def __init__(self, *, positive: bool = True, whole_seconds: bool = False) -> None:
+        self.positive = positive
+        self.whole_seconds = whole_seconds
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration(str(value))
+            except ValueError as error:
+                self.fail(str(error), param, ctx)
+        if self.positive and seconds <= 0:
+            self.fail(f"{value!r} must be longer than zero", param, ctx)
+        if self.whole_seconds:
+            if seconds != int(seconds):
+                self.fail(f"{value!r} is not a whole number of seconds", param, ctx)
+            return int(seconds)
+        return seconds
+
+
+_SIZE = re.compile(r"(\d+)([kKmM]?)\Z")
+
+
+class ByteSize(click.ParamType):
+    """A byte count: ``50000``, ``48k`` (x1024) or ``1m`` (x1024x1024)."""
+
+    name = "bytes"
+
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value
+        else:
+            match = _SIZE.match(str(value).strip())
+            if match is None:
+                self.fail(f"{value!r} is not a size; write bytes such as 50000, or 48k or 1m", param, ctx)
+            size = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[match.group(2).lower()]
+        if size < self.minimum:
+            self.fail(f"{value} is below the minimum of {self.minimum} bytes", param, ctx)
+        return size
+
+
+class TimeOfDay(click.ParamType):
+    """A local time of day, ``18:30`` or ``18:30:00``."""
+
+    name = "time"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> time:
+        if isinstance(value, time):
+            return value
+        try:
+            moment = time.fromisoformat(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a time of day; write it like 18:30", param, ctx)
+        if moment.tzinfo is not None:
+            self.fail(f"{value!r}: give a local time of day without a time zone", param, ctx)
+        return moment
+
+
+DATABASE = click.Path(dir_okay=False, path_type=Path)
+
+
+# -- sites -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_site(path: Path) -> Iterator["SiteDatabase"]:  # noqa: F821 - imported lazily
+    """Open an existing site database, with a clear line when it is missing."""
+    from ..site import SiteDatabase
+
+    if not path.exists():
+        raise AgentError(f"{path}: no such site database; check the path, or create the site with `agent init`")
+    if path.is_dir():
+        raise AgentError(f"{path} is a directory, not a site database")
+    site = SiteDatabase.open(path)
+    try:
+        yield site
+    finally:
+        site.close()
+
+
+def remote_names(site: "SiteDatabase") -> list[str]:  # noqa: F821
+    return [remote.name for remote in site.remotes()]
+
+
+def require_remote(site: "SiteDatabase", name: str) -> None:  # noqa: F821
+    names = remote_names(site)
+    if name not in names:
+        known = f"its remotes are {', '.join(names)}" if names else "it has no remotes yet"
+        raise AgentError(f"{site.path} has no remote named {name!r} ({known}); "
+                         f"add it with `agent remote add {site.path} {name} --address ...`")
+
+
+# -- wording ---------------------------------------------------------------------------
+
+
+def format_moment(moment: datetime | None) -> str:
+    """A stored UTC time for people: ``2024-05-01 18:30:02Z``; ``-`` when never."""
+    if moment is None:
+        return "-"
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def iso_moment(moment: datetime | None) -> str | None:
+    """A stored time for JSON: ISO 8601 in UTC, or null."""
+    if moment is None:
+        return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.isoformat()
+
+
+def format_seconds(seconds: float | int) -> str:
+    """``90`` -> ``1m30s``; the inverse of :func:`parse_duration`."""
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "") + (f"{secs}s" if secs else "")
+    return text or "0s"
+
+
+def incarnation_text(value: bytes | None) -> str | None:
+    return None if value is None else str(uuid.UUID(bytes=value))
+
+
+def key_fingerprint(line: str | None) -> str | None:
+    """The fingerprint of a stored public key line; None when there is none."""
+    if not line:
+        return None
+    from codec.errors import CodecError
+    from codec.keys import PublicKeys
+
+    try:
+        return PublicKeys.from_line(line).fingerprint
+    except CodecError:
+        return "(unreadable key)"
+
+
+def schedule_text(send_every: int | None, send_at: time | None) -> str:
+    if send_every is not None:
+        return f"every {format_seconds(send_every)}"
+    if send_at is not None:
+        return f"at {send_at.strftime('%H:%M') if not send_at.second else send_at.isoformat()}"
+    return "on each run"
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def console() -> Console:
+    """A console on stdout.  When stdout is not a terminal (a pipe, a file,
+    a test) the text is plain and tables get room for whole lines instead
+    of the 80 columns rich assumes."""
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, width=200)
+    return out
+
+
+def error_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def show_progress(out: Console) -> bool:
+    """Progress bars only on a terminal; tests patch this to exercise them."""
+    return out.is_terminal
+
+
+_OUR_LOGGERS = ("fieldsync", "agent", "transports", "codec")
+
+
+@contextlib.contextmanager
+def logging_to(*, verbose: bool, log_file: Path | None) -> Iterator[None]:
+    """Log to stderr (and ``log_file``) while a command runs: INFO from
+    fieldsync's own loggers, DEBUG with ``-v``; other libraries WARNING."""
+    level = logging.DEBUG if verbose else logging.INFO
+    formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file is not None:
+        try:
+            handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+        except OSError as error:
+            raise AgentError(f"cannot open the log file {log_file}: {error.strerror}") from None
+    root = logging.getLogger()
+    saved_root_level = root.level
+    saved_levels = {name: logging.getLogger(name).level for name in _OUR_LOGGERS}
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        handler.setLevel(level)
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)  # other libraries (paramiko, ...) stay quiet
+    for name in _OUR_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(saved_root_level)
+        for name, saved in saved_levels.items():
+            logging.getLogger(name).setLevel(saved)

@@ -1,0 +1,59 @@
+"""``agent extract`` (dbxtract): make a remote's database from the consolidated."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..errors import AgentError
+from ._common import DATABASE, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
+
+
+@click.command()
+@click.argument("database", type=DATABASE)
+@click.argument("remote")
+@click.argument("target", type=DATABASE)
+def extract(database: Path, remote: str, target: Path) -> None:
+    """Create the database of REMOTE at TARGET from the consolidated DATABASE.
+
+    TARGET gets the published schema of REMOTE's subscribed tables, their
+    subscribed rows, REMOTE's new keys, and the remote-user rows of both
+    sides, all taken at one consistent point of the log while applications
+    go on writing.  Extracting again replaces the remote's stream.
+    TARGET holds REMOTE's secret key: move it to the field site like a key.
+    """
+    from ..admin import extract_site
+
+    if target.exists():
+        raise AgentError(f"{target} exists already; remove it or choose another path")
+    if not target.parent.is_dir():
+        raise AgentError(f"directory {target.parent} does not exist; create it first")
+    out = console()
+    with open_site(database) as site:
+        require_remote(site, remote)
+        started = time.monotonic()
+        if show_progress(out):
+            # The copy is one call: the bar pulses while it runs.
+            with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                          console=out, transient=True) as progress:
+                progress.add_task(f"extracting {remote} to {target}", total=None)
+                result = extract_site(site, remote, target)
+        else:
+            result = extract_site(site, remote, target)
+        elapsed = time.monotonic() - started
+        remote_row = next(row for row in site.remotes() if row.name == remote)
+    table = Table(title=f"{remote} extracted to {target}")
+    table.add_column("table")
+    table.add_column("rows", justify="right")
+    for name, count in result.rows.items():
+        table.add_row(name, str(count))
+    table.add_row("[bold]total[/]", f"[bold]{sum(result.rows.values())}[/]")
+    out.print(table)
+    out.print(f"Consistent at log offset {result.offset} of {database}; incarnation "
+              f"{incarnation_text(result.incarnation)}; key {key_fingerprint(remote_row.public_key)}; "
+              f"{elapsed:.1f}s.", soft_wrap=True)
+    out.print(f"Move {target} to the field site; it holds {remote}'s secret key.", soft_wrap=True)

@@ -1,0 +1,191 @@
+"""``agent inbox`` (dbremote -a): what is waiting to be applied, and what
+was refused, without applying, acknowledging or deleting anything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ._common import DATABASE, console, format_moment, iso_moment, open_site
+from ._spool import QuarantinedFile, queues, quarantined
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    name: str
+    sender: str | None
+    kind: str | None        # "data" or "control"; None when the name is not a message name
+    header: str | None      # (resend_count-prev-last-seq)
+    size: int
+    check: str              # "ok", or why the agent will quarantine it
+
+
+def _describe_name(name: str) -> tuple[str | None, str | None, str | None, str | None]:
+    from codec.errors import BadFileName
+    from codec.names import Kind, MessageName
+
+    try:
+        parsed = MessageName.parse(name)
+    except BadFileName as error:
+        return None, None, None, str(error)
+    kind = "data" if parsed.kind is Kind.DATA else "control"
+    return parsed.sender, kind, str(parsed.header), None
+
+
+def _check(name: str, data: bytes, site_name: str, keyring: Any) -> str:
+    """What the agent will think of the file: verified, or why it is refused."""
+    from codec.errors import MessageError
+    from codec.message import check_message
+    from codec.names import MessageName
+
+    sender, kind, header, problem = _describe_name(name)
+    if problem is not None:
+        return problem
+    parsed = MessageName.parse(name)
+    if parsed.recipient != site_name:
+        return f"addressed to {parsed.recipient}, not {site_name}"
+    if sender not in keyring:
+        return f"from {sender}, which is not a peer of {site_name}"
+    try:
+        message = check_message(data, source=name, keyring=keyring, recipient=site_name)
+    except MessageError as error:
+        return str(error)
+    if message.header != parsed.header or message.sender != parsed.sender or message.kind is not parsed.kind:
+        return "file name does not match the message inside it"
+    return "ok, signed by " + message.sender + (", sealed" if message.sealed else "")
+
+
+async def _waiting(transport_name: str, address: str, site_name: str, keyring: Any) -> list[Pending]:
+    from transports.registry import create_transport
+
+    found = []
+    async with create_transport(transport_name) as transport:
+        async for incoming in transport.receive(address):  # nothing is acknowledged: the files stay
+            sender, kind, header, _ = _describe_name(incoming.name)
+            found.append(Pending(incoming.name, sender, kind, header, len(incoming.data),
+                                 _check(incoming.name, incoming.data, site_name, keyring)))
+    return found
+
+
+def _queued(database: Path) -> dict[str, list[Pending]]:
+    from ._spool import queue_depths
+
+    spool = queues(database)
+    result: dict[str, list[Pending]] = {}
+    for depth in queue_depths(database):
+        entries = []
+        for name in spool.inbound(depth.peer):
+            sender, kind, header, _ = _describe_name(name)
+            size = len(spool.read_inbound(depth.peer, name))
+            entries.append(Pending(name, sender, kind, header, size, "verified on arrival"))
+        if entries:
+            result[depth.peer] = entries
+    return result
+
+
+def _pending_json(item: Pending) -> dict[str, Any]:
+    return {"file": item.name, "sender": item.sender, "kind": item.kind, "header": item.header,
+            "size": item.size, "check": item.check}
+
+
+def _quarantine_json(item: QuarantinedFile) -> dict[str, Any]:
+    return {"file": item.file, "name": item.name, "peer": item.peer, "reason": item.reason,
+            "at": iso_moment(item.at), "size": item.size}
+
+
+@click.command()
+@click.argument("database", type=DATABASE)
+@click.option("--transport", metavar="NAME", help="Transport to look at (default: the site's own).")
+@click.option("--address", metavar="ADDRESS", help="Inbox address to look at (default: the site's own).")
+@click.option("--queued-only", is_flag=True,
+              help="Do not look at the inbox address; show only what the agent holds already.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def inbox(database: Path, transport: str | None, address: str | None, queued_only: bool, as_json: bool) -> int:
+    """List the messages waiting for the site in DATABASE, and the quarantine.
+
+    Three parts: files waiting at the site's inbox address (not yet taken
+    in; each checked as the agent would check it), messages the agent has
+    taken in but not applied yet (waiting for an earlier one, per peer),
+    and quarantined files with the reason each was refused.  Nothing is
+    applied, acknowledged or deleted.
+    """
+    from codec.errors import CodecError
+    from codec.keys import Keyring, PublicKeys
+    from transports.errors import TransportError
+
+    with open_site(database) as site:
+        identity = site.identity
+        keyring = Keyring()
+        for remote in site.remotes():
+            if remote.public_key:
+                try:
+                    keyring.add(PublicKeys.from_line(remote.public_key))
+                except CodecError:
+                    pass  # `agent status` shows the unreadable key; the files then fail their check
+    address = address or identity.address
+    transport_name = transport or identity.transport or "folder"
+    waiting: list[Pending] | None = None
+    problem = None
+    if not queued_only:
+        if not address:
+            problem = f"site {identity.name} has no inbox address; give one with --address"
+        else:
+            try:
+                waiting = asyncio.run(_waiting(transport_name, address, identity.name, keyring))
+            except TransportError as error:
+                problem = f"cannot list {address} ({transport_name}): {error}"
+    queued = _queued(database)
+    refused = quarantined(database)
+    if as_json:
+        click.echo(json.dumps({
+            "site": identity.name,
+            "address": address,
+            "transport": transport_name,
+            "waiting": None if waiting is None else [_pending_json(item) for item in waiting],
+            "queued": {peer: [_pending_json(item) for item in items] for peer, items in queued.items()},
+            "quarantine": [_quarantine_json(item) for item in refused],
+            "error": problem,
+        }, indent=2, ensure_ascii=False))
+    else:
+        out = console()
+        if waiting is not None:
+            if waiting:
+                table = Table(title=f"waiting at {address} ({transport_name}): {len(waiting)} file(s)",
+                              title_justify="left")
+                for column in ("file", "from", "kind", "header", "bytes", "check"):
+                    table.add_column(column, overflow="fold", justify="right" if column == "bytes" else "left")
+                for item in waiting:
+                    table.add_row(item.name, item.sender or "?", item.kind or "?", item.header or "-",
+                                  str(item.size), item.check)
+                out.print(table)
+            else:
+                out.print(f"Nothing waiting at {address} ({transport_name}).", soft_wrap=True)
+        if queued:
+            table = Table(title="taken in, waiting to be applied", title_justify="left")
+            for column in ("peer", "file", "header", "bytes"):
+                table.add_column(column, overflow="fold", justify="right" if column == "bytes" else "left")
+            for peer, items in queued.items():
+                for item in items:
+                    table.add_row(peer, item.name, item.header or "-", str(item.size))
+            out.print(table)
+        else:
+            out.print("No messages taken in and waiting to be applied.")
+        if refused:
+            table = Table(title=f"quarantine: {len(refused)} file(s)", title_justify="left")
+            for column in ("file", "peer", "reason", "at"):
+                table.add_column(column, overflow="fold")
+            for item in refused:
+                table.add_row(item.file, item.peer or "-", item.reason, format_moment(item.at))
+            out.print(table)
+        else:
+            out.print("Quarantine is empty.")
+    if problem is not None:
+        click.echo(f"agent: {problem}", err=True)
+        return 1
+    return 0

@@ -1,0 +1,50 @@
+"""``agent init``: make a SQLite database a site with fresh keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import AgentError
+from ._common import DATABASE, console, incarnation_text
+
+
+@click.command()
+@click.argument("database", type=DATABASE)
+@click.option("--name", required=True, help="The site's name (letters, digits, '_' or '-').")
+@click.option("--role", required=True, type=click.Choice(["consolidated", "remote"]),
+              help="consolidated: the authoritative site; remote: a field site.")
+@click.option("--address", required=True, help="This site's inbox on its transport (folder: a directory).")
+@click.option("--transport", default="folder", show_default=True, help="The transport of this site's inbox.")
+def init(database: Path, name: str, role: str, address: str, transport: str) -> None:
+    """Turn DATABASE (a new or existing SQLite file) into a site.
+
+    Creates the site's tables, a new incarnation id and a new signing and
+    sealing key pair kept inside DATABASE, and prints the public key line
+    the site's peers need (`agent remote add ... --public-key`).
+    """
+    from transports.registry import parse_transport_spec
+
+    from ..admin import init_site, site_keys
+
+    parse_transport_spec(transport)
+    if not database.parent.is_dir():
+        raise AgentError(f"directory {database.parent} does not exist; create it first")
+    if database.is_dir():
+        raise AgentError(f"{database} is a directory; give the path of a database file")
+    site = init_site(database, name=name, role=role, address=address, transport=transport)
+    try:
+        public = site_keys(site).public
+        incarnation = incarnation_text(site.identity.incarnation)
+    finally:
+        site.close()
+    out = console()
+    out.print(f"Created {role} site {name} in {database} (incarnation {incarnation}).", soft_wrap=True)
+    out.print(f"Inbox: {address} ({transport})", soft_wrap=True)
+    if transport == "folder" and not Path(address).is_dir():
+        out.print(f"Note: the folder {address} does not exist yet; create it (or mount it) before `agent run`.",
+                  soft_wrap=True)
+    out.print("Public key (give this line to the sites that exchange messages with this one):")
+    out.print(public.to_line(), soft_wrap=True, markup=False)
+    out.print(f"Fingerprint: {public.fingerprint}")

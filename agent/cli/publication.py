@@ -1,0 +1,131 @@
+"""``agent publication``: publish tables (whole, some columns, subscribed by a column).
+
+An article is written ``TABLE[:COL1,COL2,...][@COLUMN]``:
+
+* ``product``                     every column, every row to every subscriber
+* ``customer@region``             every column; a subscriber gets the rows whose
+                                  ``region`` equals its subscription value
+* ``customer:id,name,region@region``  only those columns (the key is always added)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ._common import DATABASE, console, open_site
+
+ARTICLE_SYNTAX = "TABLE, TABLE:COL1,COL2, TABLE@COLUMN or TABLE:COL1,COL2@COLUMN"
+_NAME = r"[^\s:@,]+"
+_ARTICLE = re.compile(rf"(?P<table>{_NAME})(?::(?P<columns>[^\s:@]+))?(?:@(?P<subscribe_by>{_NAME}))?\Z")
+
+
+def parse_article(text: str) -> "Article":  # noqa: F821 - imported lazily
+    """An :class:`Article` from ``TABLE[:COL1,COL2][@COLUMN]``; ValueError if malformed."""
+    from ..site import Article
+
+    match = _ARTICLE.match(text.strip())
+    columns = None
+    if match is not None and match["columns"] is not None:
+        columns = tuple(match["columns"].split(","))
+        if not all(columns):
+            match = None
+    if match is None:
+        raise ValueError(f"bad article {text!r}: write {ARTICLE_SYNTAX}")
+    return Article(match["table"], columns, match["subscribe_by"])
+
+
+class ArticleSpec(click.ParamType):
+    name = "article"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_article(value)
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+def article_text(article: "Article") -> str:  # noqa: F821
+    text = article.table
+    if article.columns is not None:
+        text += ":" + ",".join(article.columns)
+    if article.subscribe_by is not None:
+        text += "@" + article.subscribe_by
+    return text
+
+
+@click.group()
+def publication() -> None:
+    """Create and list publications: the tables a site replicates.
+
+    An article is TABLE[:COL1,COL2,...][@COLUMN]: a table, optionally only
+    some of its columns (the primary key is always included), optionally
+    SUBSCRIBE BY a column (a remote subscribed with value V gets only the
+    rows whose COLUMN equals V).
+    """
+
+
+@publication.command("create")
+@click.argument("database", type=DATABASE)
+@click.argument("name")
+@click.argument("articles", nargs=-1, required=True, type=ArticleSpec())
+def create(database: Path, name: str, articles: tuple) -> None:
+    """Create publication NAME of ARTICLES in DATABASE and start capturing
+    changes of their tables.
+
+    Example: agent publication create hq.db territory customer@region visit@region
+    """
+    with open_site(database) as site:
+        created = site.create_publication(name, list(articles))
+    console().print(f"Created publication {created.name}: "
+                    + ", ".join(article_text(article) for article in created.articles), soft_wrap=True)
+
+
+@publication.command("add")
+@click.argument("database", type=DATABASE)
+@click.argument("name")
+@click.argument("articles", nargs=-1, required=True, type=ArticleSpec())
+def add(database: Path, name: str, articles: tuple) -> None:
+    """Add ARTICLES to the existing publication NAME.
+
+    Remotes subscribed already get changes of the new tables from now on;
+    extract them again to give them the existing rows.
+    """
+    with open_site(database) as site:
+        added = [site.add_article(name, article.table, columns=article.columns, subscribe_by=article.subscribe_by)
+                 for article in articles]
+    console().print(f"Added to {name}: " + ", ".join(article_text(article) for article in added), soft_wrap=True)
+
+
+@publication.command("list")
+@click.argument("database", type=DATABASE)
+def list_(database: Path) -> None:
+    """List the publications of DATABASE, their articles and subscribers."""
+    with open_site(database) as site:
+        publications = site.publications()
+        subscriptions = site.subscriptions()
+    out = console()
+    if not publications:
+        out.print(f"{database} has no publications; create one with `agent publication create`.", soft_wrap=True)
+        return
+    subscribers: dict[str, list[str]] = {}
+    for subscription in subscriptions:
+        text = subscription.remote if subscription.value is None else f"{subscription.remote}={subscription.value}"
+        subscribers.setdefault(subscription.publication, []).append(text)
+    table = Table(title=f"publications of {database}")
+    for column in ("publication", "table", "columns", "subscribe by", "subscribers"):
+        table.add_column(column, overflow="fold")
+    for item in publications:
+        who = ", ".join(subscribers.get(item.name, [])) or "-"
+        if not item.articles:
+            table.add_row(item.name, "-", "-", "-", who)
+        for number, article in enumerate(item.articles):
+            table.add_row(item.name if number == 0 else "", article.table,
+                          "all" if article.columns is None else ", ".join(article.columns),
+                          article.subscribe_by or "-", who if number == 0 else "")
+    out.print(table)

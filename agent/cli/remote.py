@@ -1,0 +1,238 @@
+"""``agent remote``: the remote-user table's rows (SQL Remote's GRANT REMOTE)."""
+
+from __future__ import annotations
+
+from datetime import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..errors import AgentError
+from ._common import DATABASE, Duration, TimeOfDay, console, key_fingerprint, open_site, require_remote, schedule_text
+
+
+def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
+    from codec.errors import CodecError
+    from codec.keys import PUBLIC_MAGIC, PublicKeys
+
+    if line is not None and path is not None:
+        raise click.UsageError("give the key either with --public-key or with --public-key-file, not both")
+    source = "--public-key"
+    if path is not None:
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise AgentError(f"cannot read the public key file {path}: {error}") from None
+        lines = [candidate for candidate in text.splitlines() if candidate.strip().startswith(PUBLIC_MAGIC)]
+        if not lines:
+            raise AgentError(f"{path} holds no public key line (one starting with {PUBLIC_MAGIC!r}); "
+                             "make one with `agent key DB > FILE` at the other site")
+        line = lines[0]
+    if line is None:
+        return None
+    try:
+        public = PublicKeys.from_line(line)
+    except CodecError as error:
+        raise AgentError(f"{source}: {error}") from None
+    if public.site != name:
+        raise AgentError(f"{source} is the key of site {public.site!r}, not of {name!r}")
+    return public.to_line()
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's type affinity of a declared column type (section 3.1 of its datatype page)."""
+    text = declared.upper()
+    if "INT" in text:
+        return "integer"
+    if any(word in text for word in ("CHAR", "CLOB", "TEXT")):
+        return "text"
+    if not text or "BLOB" in text:
+        return "blob"
+    if any(word in text for word in ("REAL", "FLOA", "DOUB")):
+        return "real"
+    return "numeric"
+
+
+def _as_number(text: str) -> int | float | None:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def subscription_value(site: "SiteDatabase", publication: str, text: str | None) -> object:  # noqa: F821
+    """The typed value a subscription to ``publication`` needs for ``text``.
+
+    SUBSCRIBE BY compares values exactly (7 and '7' differ), so the text
+    from the command line takes the type SQLite stores in the SUBSCRIBE BY
+    columns: a number for INTEGER/REAL/NUMERIC columns, text otherwise.
+    """
+    publications = {item.name: item for item in site.publications()}
+    item = publications.get(publication)
+    if item is None:
+        known = ", ".join(publications) or "none yet"
+        raise AgentError(f"{site.path} has no publication named {publication!r} (publications: {known}); "
+                         "create it with `agent publication create`")
+    columns = [(article.table, article.subscribe_by) for article in item.articles if article.subscribe_by]
+    if not columns:
+        if text is not None:
+            raise AgentError(f"publication {publication!r} has no SUBSCRIBE BY column, so it takes no value; "
+                             f"subscribe with --subscribe {publication}")
+        return None
+    if text is None:
+        by = ", ".join(f"{table}.{column}" for table, column in columns)
+        raise AgentError(f"publication {publication!r} is subscribed by {by}; give the value: "
+                         f"--subscribe {publication}=VALUE")
+    affinities = set()
+    for table, column in columns:
+        for row in site.connection.execute(f"PRAGMA table_info({_quote(table)})"):
+            if row[1].lower() == column.lower():
+                affinities.add(_affinity(row[2] or ""))
+    if affinities & {"integer", "real", "numeric"}:
+        number = _as_number(text)
+        if number is None:
+            if affinities <= {"integer", "real", "numeric"}:
+                raise AgentError(f"publication {publication!r} is subscribed by a numeric column; "
+                                 f"{text!r} is not a number")
+            return text
+        if isinstance(number, float) and affinities == {"integer"} and number.is_integer():
+            return int(number)
+        if affinities == {"real"}:
+            return float(number)
+        return number
+    return text
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _split_subscription(text: str) -> tuple[str, str | None]:
+    name, equals, value = text.partition("=")
+    if not name:
+        raise click.UsageError(f"bad subscription {text!r}: write PUBLICATION or PUBLICATION=VALUE")
+    return name, (value if equals else None)
+
+
+@click.group()
+def remote() -> None:
+    """Add, list, subscribe and remove the site's remote users (its peers).
+
+    At the consolidated there is one remote user per field site; at a field
+    site, one for its consolidated (extraction makes it).
+    """
+
+
+@remote.command("add")
+@click.argument("database", type=DATABASE)
+@click.argument("name")
+@click.option("--address", required=True, help="The remote's inbox on its transport (folder: a directory).")
+@click.option("--transport", default="folder", show_default=True, help="The transport that reaches that inbox.")
+@click.option("--public-key", "public_key", metavar="LINE", help="The remote's public key line (from `agent key`).")
+@click.option("--public-key-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A file holding the remote's public key line.")
+@click.option("--subscribe", "subscriptions", multiple=True, metavar="PUB[=VALUE]",
+              help="Subscribe to publication PUB (with the SUBSCRIBE BY value VALUE). Repeatable.")
+@click.option("--send-every", type=Duration(whole_seconds=True), metavar="DURATION",
+              help="SEND EVERY: send at this interval (90, 90s, 5m, 1h).")
+@click.option("--send-at", type=TimeOfDay(), metavar="HH:MM", help="SEND AT: send once a day at this local time.")
+def add(database: Path, name: str, address: str, transport: str, public_key: str | None,
+        public_key_file: Path | None, subscriptions: tuple[str, ...], send_every: int | None,
+        send_at: time | None) -> None:
+    """Add the remote user NAME to the site in DATABASE.
+
+    Its stream starts at the current end of the log: extract the remote
+    (`agent extract`) to give it the rows it subscribes to.
+
+    Example: agent remote add hq.db north --address /mnt/sync/north --subscribe territory=north
+    """
+    from transports.registry import parse_transport_spec
+
+    if send_every is not None and send_at is not None:
+        raise click.UsageError("--send-every and --send-at exclude each other: a remote is sent to at an "
+                               "interval or at a time of day")
+    parse_transport_spec(transport)
+    line = _public_key_line(name, public_key, public_key_file)
+    wanted = [_split_subscription(text) for text in subscriptions]
+    with open_site(database) as site:
+        # Check every subscription before adding, so a typo adds nothing.
+        typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
+        added = site.add_remote(name, address=address, transport=transport, public_key=line,
+                                send_every=send_every, send_at=send_at)
+        for publication, value in typed:
+            site.subscribe(name, publication, value)
+    out = console()
+    out.print(f"Added remote {added.name} at {address} ({transport}); sending {schedule_text(send_every, send_at)}.",
+              soft_wrap=True)
+    for publication, value in typed:
+        out.print(f"Subscribed {name} to {publication}" + ("" if value is None else f" with {value!r}"),
+                  soft_wrap=True)
+    if line is None:
+        out.print(f"No public key yet: `agent extract {database} {name} TARGET` makes the remote's keys, "
+                  "or add them with --public-key.", soft_wrap=True)
+
+
+@remote.command("subscribe")
+@click.argument("database", type=DATABASE)
+@click.argument("name")
+@click.argument("subscriptions", nargs=-1, required=True, metavar="PUB[=VALUE]...")
+def subscribe(database: Path, name: str, subscriptions: tuple[str, ...]) -> None:
+    """Subscribe the remote NAME to publications.
+
+    Rows already in the new subset are not sent: extract the remote again
+    to give it them.
+    """
+    wanted = [_split_subscription(text) for text in subscriptions]
+    with open_site(database) as site:
+        require_remote(site, name)
+        typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
+        for publication, value in typed:
+            site.subscribe(name, publication, value)
+    for publication, value in typed:
+        console().print(f"Subscribed {name} to {publication}" + ("" if value is None else f" with {value!r}"),
+                        soft_wrap=True)
+
+
+@remote.command("list")
+@click.argument("database", type=DATABASE)
+def list_(database: Path) -> None:
+    """List the remote users of DATABASE with their subscriptions."""
+    with open_site(database) as site:
+        remotes = site.remotes()
+        subscriptions = site.subscriptions()
+    out = console()
+    if not remotes:
+        out.print(f"{database} has no remote users; add one with `agent remote add`.", soft_wrap=True)
+        return
+    subscribed: dict[str, list[str]] = {}
+    for item in subscriptions:
+        subscribed.setdefault(item.remote, []).append(
+            item.publication if item.value is None else f"{item.publication}={item.value}")
+    table = Table(title=f"remote users of {database}")
+    for column in ("remote", "transport", "address", "key", "schedule", "subscriptions"):
+        table.add_column(column, overflow="fold")
+    for row in remotes:
+        table.add_row(row.name, row.transport or "-", row.address or "-", key_fingerprint(row.public_key) or "none",
+                      schedule_text(row.send_every, row.send_at), ", ".join(subscribed.get(row.name, [])) or "-")
+    out.print(table)
+
+
+@remote.command("remove")
+@click.argument("database", type=DATABASE)
+@click.argument("name")
+def remove(database: Path, name: str) -> None:
+    """Remove the remote user NAME and its subscriptions.
+
+    The log it held back may then be truncated; messages it sends later are
+    quarantined.
+    """
+    with open_site(database) as site:
+        require_remote(site, name)
+        site.remove_remote(name)
+    console().print(f"Removed remote {name} from {database}.", soft_wrap=True)

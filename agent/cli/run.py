@@ -1,0 +1,161 @@
+"""``agent run`` (dbremote): receive, apply, send what is due, confirm.
+
+Exit status: 0 when the run went well; 1 when it reported transport
+errors or stopped streams (each printed as one line on stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Callable
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
+
+from ..queues import DirectoryQueues
+from ._common import DATABASE, ByteSize, Duration, console, format_seconds, logging_to, show_progress
+
+log = logging.getLogger("fieldsync.cli")
+
+
+class _ProgressQueues(DirectoryQueues):
+    """The agent's directory queues, reporting to progress bars as a large
+    backlog is packed (by log offset) and handed to the transport (by file)."""
+
+    def __init__(self, root: str | os.PathLike[str], progress: Progress) -> None:
+        super().__init__(root)
+        self.progress = progress
+        self.log_end: Callable[[], int] | None = None
+        self._preparing: dict[str, tuple[object, int, int]] = {}  # peer -> (task, first prev, end)
+        self._sending: dict[str, object] = {}
+
+    def put_outbound(self, peer: str, name: str, data: bytes, resend_count: int | None) -> None:
+        super().put_outbound(peer, name, data, resend_count)
+        if resend_count is None:  # a control message
+            return
+        from codec.errors import BadFileName
+        from codec.names import MessageName
+
+        try:
+            header = MessageName.parse(name).header
+        except BadFileName:
+            return
+        entry = self._preparing.get(peer)
+        if entry is None:
+            end = max(self.log_end() if self.log_end else header.last, header.last)
+            task = self.progress.add_task(f"preparing messages for {peer}", total=max(1, end - header.prev))
+            entry = self._preparing[peer] = (task, header.prev, end)
+        task, first, end = entry
+        self.progress.update(task, completed=min(max(0, header.last - first), end - first))
+
+    def read_outbound(self, peer: str, name: str) -> bytes:
+        if peer not in self._sending:
+            self._sending[peer] = self.progress.add_task(f"sending to {peer}", total=len(self.outbound(peer)))
+        return super().read_outbound(peer, name)
+
+    def delete_outbound(self, peer: str, name: str) -> None:
+        super().delete_outbound(peer, name)
+        task = self._sending.get(peer)
+        if task is not None:
+            self.progress.advance(task)
+
+
+async def _run_once_with_progress(database: Path, options: "RunOptions", out: Console) -> "RunReport":  # noqa: F821
+    from ..runner import Agent, agent_directory
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=out, transient=True) as progress:
+        queues = _ProgressQueues(agent_directory(database) / "queues", progress)
+        async with Agent(database, options, batch=True, queues=queues) as agent:
+            queues.log_end = agent.db.log_end
+            return await agent.run_once()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _check_site(database: Path) -> None:
+    from ..errors import AgentError
+
+    if not database.exists():
+        raise AgentError(f"{database}: no such site database; check the path, or create the site with `agent init`")
+    if database.is_dir():
+        raise AgentError(f"{database} is a directory, not a site database")
+
+
+@click.command()
+@click.argument("database", type=DATABASE)
+@click.option("--once", "-b", is_flag=True,
+              help="Batch mode: receive, apply, send what is due, confirm, then exit (dbremote -b).")
+@click.option("--transport", metavar="NAME", help="Transport plugin, e.g. folder, sftp, email, faults+folder "
+              "(default: the site's own).")
+@click.option("--address", metavar="ADDRESS", help="This site's inbox address (default: the site's own).")
+@click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE), default=DEFAULT_MAX_SIZE,
+              show_default=True, metavar="BYTES", help=f"Largest message file (minimum {MIN_MAX_SIZE}; 48k works).")
+@click.option("-g", "--group", type=click.IntRange(min=1), default=20, show_default=True, metavar="N",
+              help="Group transactions of fewer than N operations (accepted for dbremote compatibility).")
+@click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")
+@click.option("--send-only", "-s", is_flag=True, help="Only scan the log and send (dbremote -s).")
+@click.option("--patience", "-rp", type=click.IntRange(min=1), default=1, show_default=True, metavar="POLLS",
+              help="Polls a gap may last before a resend is requested (dbremote -rp).")
+@click.option("--resend-urgency", "-ru", type=Duration(positive=False), metavar="DURATION",
+              help="How long a resend request waits before it is acted on (dbremote -ru; "
+                   "default: 0 with --once, else half the send delay).")
+@click.option("--receive-delay", "-rd", type=Duration(), default="1m", show_default=True, metavar="DURATION",
+              help="Continuous mode: poll the inbox this often (dbremote -rd).")
+@click.option("--send-delay", "-sd", type=Duration(), default="1m", show_default=True, metavar="DURATION",
+              help="Continuous mode: scan the log and send this often (dbremote -sd).")
+@click.option("-v", "--verbose", is_flag=True, help="Log debugging detail.")
+@click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
+              help="Append the log to PATH as well as to stderr (dbremote -o).")
+def run(database: Path, once: bool, transport: str | None, address: str | None, max_message_size: int, group: int,
+        receive_only: bool, send_only: bool, patience: int, resend_urgency: float | None, receive_delay: float,
+        send_delay: float, verbose: bool, log_file: Path | None) -> int:
+    """Run the message agent of the site in DATABASE.
+
+    Without --once it runs until interrupted (Ctrl-C or SIGTERM stop it
+    cleanly), polling the inbox every --receive-delay and scanning the log
+    every --send-delay.  Durations are written 90, 90s, 5m or 1h.
+    """
+    from ..runner import RunOptions, run_agent
+
+    if receive_only and send_only:
+        raise click.UsageError("--receive-only and --send-only exclude each other; leave both out to do both")
+    if transport is not None:
+        from transports.registry import parse_transport_spec
+
+        parse_transport_spec(transport)
+    options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
+                         receive=not send_only, send=not receive_only, patience=patience,
+                         resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay)
+    _check_site(database)
+    out = console()
+    with logging_to(verbose=verbose, log_file=log_file):
+        if once:
+            log.debug("batch run of %s", database)
+            if show_progress(out):
+                report = asyncio.run(_run_once_with_progress(database, options, out))
+            else:
+                report = asyncio.run(run_agent(database, options, once=True))
+        else:
+            log.info("agent for %s running: receiving every %s, sending every %s; Ctrl-C stops it", database,
+                     format_seconds(receive_delay), format_seconds(send_delay))
+            report = asyncio.run(run_agent(database, options, once=False))
+            log.info("agent for %s stopped", database)
+    out.print(f"{database}: received {report.received} messages, applied {report.applied_messages}, "
+              f"quarantined {report.quarantined}, sent {report.sent}, resend requests {report.resend_requests}",
+              soft_wrap=True)
+    for problem in report.transport_errors:
+        click.echo(f"agent: transport error: {_one_line(problem)}", err=True)
+    for problem in report.stopped_streams:
+        click.echo(f"agent: stream stopped: {_one_line(problem)}", err=True)
+    if report.quarantined:
+        out.print(f"{report.quarantined} file(s) quarantined: see `agent inbox {database}`.", soft_wrap=True)
+    return 0 if report.ok else 1
