@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import random
-import resource
 import shutil
 import sqlite3
 import subprocess
@@ -144,7 +143,10 @@ def backlog_child(root: str, operations: int) -> None:
     """In a child process: send a backlog and report peak RSS (KiB) on stdout."""
     options = RunOptions(receive=False)
     asyncio.run(_send_only(Path(root), options))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    # VmHWM, not ru_maxrss: Linux carries the parent's peak across fork+exec
+    # into ru_maxrss, and the parent holds the whole workload.
+    with open("/proc/self/status") as status:
+        print(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
 
 
 async def _send_only(root: Path, options: RunOptions) -> None:
