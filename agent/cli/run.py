@@ -136,6 +136,9 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                          receive=not send_only, send=not receive_only, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay)
     _check_site(database)
+    from ._spool import quarantined
+
+    quarantined_before = len(quarantined(database))
     out = console()
     with logging_to(verbose=verbose, log_file=log_file):
         if once:
@@ -156,6 +159,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         click.echo(f"agent: transport error: {_one_line(problem)}", err=True)
     for problem in report.stopped_streams:
         click.echo(f"agent: stream stopped: {_one_line(problem)}", err=True)
-    if report.quarantined:
-        out.print(f"{report.quarantined} file(s) quarantined: see `agent inbox {database}`.", soft_wrap=True)
+    # Counted from the folder: every refused file lands there, whatever the reason.
+    newly_quarantined = len(quarantined(database)) - quarantined_before
+    if newly_quarantined > 0:
+        out.print(f"{newly_quarantined} file(s) quarantined: see `agent inbox {database}`.", soft_wrap=True)
     return 0 if report.ok else 1

@@ -1,0 +1,54 @@
+"""agent extract (dbxtract)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import agent.cli.extract as extract_module
+from agent.site import SiteDatabase
+
+from .conftest import Agent, World
+
+
+def test_extract_copies_the_subscribed_rows_and_columns(world: World) -> None:
+    assert world.rows("n1", "SELECT * FROM customer ORDER BY id") == world.rows(
+        "hq", "SELECT id, region, name FROM customer WHERE region = 'n1' ORDER BY id")
+    with sqlite3.connect(world.n1) as conn:  # the unpublished column stays at hq
+        assert [row[1] for row in conn.execute("PRAGMA table_info(customer)")] == ["id", "region", "name"]
+    with SiteDatabase.open(world.n1) as site, SiteDatabase.open(world.hq) as hq:
+        assert site.identity.role.value == "remote"
+        assert [row.name for row in site.remotes()] == ["hq"]
+        assert hq.remote("n1").public_key == site.identity.public_key
+
+
+def test_extract_reports_rows_per_table(tmp_path: Path, agent: Agent, world: World) -> None:
+    agent("remote", "add", world.hq, "n3", "--address", tmp_path, "--subscribe", "territory=n1")
+    result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
+    assert result.code == 0, result.err
+    assert "customer" in result.out and " 10 " in result.out
+    assert "holds n3's secret key" in result.out
+
+
+def test_extract_with_a_progress_bar(tmp_path: Path, agent: Agent, world: World,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(extract_module, "show_progress", lambda out: True)
+    agent("remote", "add", world.hq, "n3", "--address", tmp_path, "--subscribe", "territory=n2")
+    result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
+    assert result.code == 0, result.err
+    assert len(sqlite3.connect(tmp_path / "n3.db").execute("SELECT * FROM customer").fetchall()) == 10
+
+
+def test_extract_errors_are_one_line(tmp_path: Path, agent: Agent, world: World) -> None:
+    result = agent("extract", world.hq, "ghost", tmp_path / "ghost.db")
+    assert result.code == 1 and len(result.err_lines) == 1 and "no remote named 'ghost'" in result.err
+    assert not (tmp_path / "ghost.db").exists()
+    result = agent("extract", world.hq, "n1", world.n2)
+    assert result.code == 1 and result.err_lines == [f"agent: {world.n2} exists already; remove it or choose "
+                                                     "another path"]
+    result = agent("extract", world.n1, "hq", tmp_path / "back.db")
+    assert result.code == 1 and len(result.err_lines) == 1
+    result = agent("extract", tmp_path / "missing.db", "n1", tmp_path / "x.db")
+    assert result.code == 1 and "no such site database" in result.err

@@ -1,0 +1,92 @@
+"""agent publication create | add | list, and the article syntax."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agent.cli.publication import article_text, parse_article
+from agent.site import Article, SiteDatabase
+
+from .conftest import Agent
+
+
+@pytest.mark.parametrize("text, article", [
+    ("product", Article("product")),
+    ("customer@region", Article("customer", None, "region")),
+    ("customer:id,name,region@region", Article("customer", ("id", "name", "region"), "region")),
+    ("customer:name", Article("customer", ("name",))),
+])
+def test_parse_article(text: str, article: Article) -> None:
+    assert parse_article(text) == article
+    assert article_text(article) == text
+
+
+@pytest.mark.parametrize("text", ["", "customer:", "customer@", "@region", "customer:a,,b", "a@b@c", "a:b:c",
+                                  "two words", ":id"])
+def test_parse_article_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="bad article"):
+        parse_article(text)
+
+
+@pytest.fixture
+def site(tmp_path: Path, agent: Agent) -> Path:
+    database = tmp_path / "hq.db"
+    agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path)
+    with sqlite3.connect(database) as conn:
+        conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT, name TEXT, secret TEXT)")
+        conn.execute("CREATE TABLE product (sku TEXT PRIMARY KEY, price REAL)")
+        conn.execute("CREATE TABLE visit (id INTEGER PRIMARY KEY, region TEXT)")
+    return database
+
+
+def test_create_add_and_list(site: Path, agent: Agent) -> None:
+    result = agent("publication", "create", site, "territory", "customer:id,region,name@region")
+    assert result.code == 0, result.err
+    assert "territory: customer:id,region,name@region" in result.out
+    assert agent("publication", "create", site, "catalogue", "product").code == 0
+    assert agent("publication", "add", site, "territory", "visit@region").code == 0
+    with SiteDatabase.open(site) as opened:
+        publications = {item.name: item.articles for item in opened.publications()}
+    assert publications == {
+        "catalogue": (Article("product"),),
+        "territory": (Article("customer", ("id", "region", "name"), "region"), Article("visit", None, "region")),
+    }
+    listing = agent("publication", "list", site)
+    assert listing.code == 0
+    for text in ("territory", "catalogue", "customer", "id, region, name", "visit", "region"):
+        assert text in listing.out
+
+
+def test_list_shows_subscribers(site: Path, agent: Agent, tmp_path: Path) -> None:
+    agent("publication", "create", site, "territory", "customer@region")
+    agent("remote", "add", site, "north", "--address", tmp_path, "--subscribe", "territory=north")
+    assert "north=north" in agent("publication", "list", site).out
+
+
+def test_list_of_a_site_without_publications(site: Path, agent: Agent) -> None:
+    result = agent("publication", "list", site)
+    assert result.code == 0 and "no publications" in result.out
+
+
+def test_bad_article_is_a_usage_error_on_one_line(site: Path, agent: Agent) -> None:
+    result = agent("publication", "create", site, "territory", "customer:@region")
+    assert result.code == 2
+    assert len(result.err_lines) == 1
+    assert result.err_lines[0].startswith("agent: ") and "bad article 'customer:@region'" in result.err
+    with SiteDatabase.open(site) as opened:
+        assert opened.publications() == ()
+
+
+def test_unknown_table_or_column_is_an_error(site: Path, agent: Agent) -> None:
+    result = agent("publication", "create", site, "p", "nosuchtable")
+    assert result.code == 1 and len(result.err_lines) == 1 and "nosuchtable" in result.err
+    result = agent("publication", "create", site, "q", "customer@nosuchcolumn")
+    assert result.code == 1 and len(result.err_lines) == 1 and "nosuchcolumn" in result.err
+
+
+def test_articles_are_required(site: Path, agent: Agent) -> None:
+    result = agent("publication", "create", site, "empty")
+    assert result.code == 2 and len(result.err_lines) == 1

@@ -1,0 +1,139 @@
+"""agent remote add | subscribe | list | remove."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import time
+from pathlib import Path
+
+import pytest
+
+from agent.site import SiteDatabase
+
+from .conftest import Agent
+
+
+@pytest.fixture
+def site(tmp_path: Path, agent: Agent) -> Path:
+    database = tmp_path / "hq.db"
+    agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path)
+    with sqlite3.connect(database) as conn:
+        conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT, name TEXT)")
+        conn.execute("CREATE TABLE depot (id INTEGER PRIMARY KEY, zone INTEGER)")
+        conn.execute("CREATE TABLE product (sku TEXT PRIMARY KEY, price REAL)")
+    agent("publication", "create", database, "territory", "customer@region")
+    agent("publication", "create", database, "zones", "depot@zone")
+    agent("publication", "create", database, "catalogue", "product")
+    return database
+
+
+def _remote(site: Path, name: str):  # type: ignore[no-untyped-def]
+    with SiteDatabase.open(site) as opened:
+        return opened.remote(name), opened.subscriptions(name)
+
+
+def test_add_with_subscriptions_and_schedule(site: Path, agent: Agent, tmp_path: Path) -> None:
+    result = agent("remote", "add", site, "north", "--address", tmp_path / "north", "--subscribe", "territory=north",
+                   "--subscribe", "zones=7", "--subscribe", "catalogue", "--send-every", "30m")
+    assert result.code == 0, result.err
+    row, subscriptions = _remote(site, "north")
+    assert (row.address, row.transport, row.send_every, row.send_at) == (str(tmp_path / "north"), "folder", 1800, None)
+    values = {item.publication: item.value for item in subscriptions}
+    # The value takes the type of the SUBSCRIBE BY column: zone is INTEGER.
+    assert values == {"territory": "north", "zones": 7, "catalogue": None}
+    assert type(values["zones"]) is int
+    assert "every 30m" in result.out
+
+
+def test_send_at(site: Path, agent: Agent, tmp_path: Path) -> None:
+    assert agent("remote", "add", site, "south", "--address", tmp_path, "--send-at", "18:30").code == 0
+    assert _remote(site, "south")[0].send_at == time(18, 30)
+
+
+def test_send_every_and_send_at_exclude_each_other(site: Path, agent: Agent, tmp_path: Path) -> None:
+    result = agent("remote", "add", site, "x", "--address", tmp_path, "--send-every", "1h", "--send-at", "18:30")
+    assert result.code == 2 and len(result.err_lines) == 1 and "exclude each other" in result.err
+
+
+def test_bad_duration_is_a_usage_error_on_one_line(site: Path, agent: Agent, tmp_path: Path) -> None:
+    result = agent("remote", "add", site, "x", "--address", tmp_path, "--send-every", "soon")
+    assert result.code == 2
+    assert len(result.err_lines) == 1
+    assert result.err_lines[0].startswith("agent: invalid value for '--send-every'")
+    assert "'soon' is not a duration" in result.err
+    with SiteDatabase.open(site) as opened:
+        assert opened.remotes() == ()
+
+
+def test_public_key_from_line_and_file(site: Path, agent: Agent, tmp_path: Path) -> None:
+    other = tmp_path / "north.db"
+    agent("init", other, "--name", "north", "--role", "remote", "--address", tmp_path)
+    line = agent("key", other).out.strip()
+    assert agent("remote", "add", site, "north", "--address", tmp_path, "--public-key", line).code == 0
+    assert _remote(site, "north")[0].public_key == line
+    key_file = tmp_path / "north.pub"
+    key_file.write_text("# north's key\n" + line + "\n")
+    agent("remote", "remove", site, "north")
+    assert agent("remote", "add", site, "north", "--address", tmp_path, "--public-key-file", key_file).code == 0
+    assert _remote(site, "north")[0].public_key == line
+    # The key of one site is refused for another.
+    result = agent("remote", "add", site, "south", "--address", tmp_path, "--public-key", line)
+    assert result.code == 1 and result.err_lines == [
+        "agent: --public-key is the key of site 'north', not of 'south'"]
+    result = agent("remote", "add", site, "west", "--address", tmp_path, "--public-key", "not a key")
+    assert result.code == 1 and len(result.err_lines) == 1 and "public key" in result.err
+
+
+def test_subscription_mistakes_add_nothing(site: Path, agent: Agent, tmp_path: Path) -> None:
+    cases = [
+        (("--subscribe", "nosuch=1"), "no publication named 'nosuch'"),
+        (("--subscribe", "territory"), "give the value: --subscribe territory=VALUE"),
+        (("--subscribe", "catalogue=5"), "has no SUBSCRIBE BY column"),
+        (("--subscribe", "zones=seven"), "'seven' is not a number"),
+    ]
+    for arguments, message in cases:
+        result = agent("remote", "add", site, "x", "--address", tmp_path, *arguments)
+        assert result.code == 1, arguments
+        assert len(result.err_lines) == 1 and message in result.err
+    with SiteDatabase.open(site) as opened:
+        assert opened.remotes() == ()
+
+
+def test_subscribe_later(site: Path, agent: Agent, tmp_path: Path) -> None:
+    agent("remote", "add", site, "north", "--address", tmp_path)
+    result = agent("remote", "subscribe", site, "north", "territory=north", "catalogue")
+    assert result.code == 0, result.err
+    assert {item.publication for item in _remote(site, "north")[1]} == {"territory", "catalogue"}
+
+
+def test_list_and_remove(site: Path, agent: Agent, tmp_path: Path) -> None:
+    assert "no remote users" in agent("remote", "list", site).out
+    agent("remote", "add", site, "north", "--address", tmp_path / "n", "--subscribe", "territory=north")
+    agent("remote", "add", site, "south", "--address", tmp_path / "s", "--send-at", "06:00")
+    listing = agent("remote", "list", site)
+    assert listing.code == 0
+    for text in ("north", "south", "territory=north", "at 06:00", "on each run", str(tmp_path / "n")):
+        assert text in listing.out
+    assert agent("remote", "remove", site, "north").code == 0
+    with SiteDatabase.open(site) as opened:
+        assert [row.name for row in opened.remotes()] == ["south"]
+        assert opened.subscriptions("north") == ()
+
+
+def test_unknown_remote_is_one_line(site: Path, agent: Agent) -> None:
+    for arguments in (("remote", "remove", site, "ghost"), ("remote", "subscribe", site, "ghost", "catalogue")):
+        result = agent(*arguments)
+        assert result.code == 1
+        assert len(result.err_lines) == 1
+        assert "has no remote named 'ghost'" in result.err and "agent remote add" in result.err
+
+
+def test_adding_twice_is_refused(site: Path, agent: Agent, tmp_path: Path) -> None:
+    agent("remote", "add", site, "north", "--address", tmp_path)
+    result = agent("remote", "add", site, "north", "--address", tmp_path)
+    assert result.code == 1 and len(result.err_lines) == 1 and "exists already" in result.err
+
+
+def test_missing_address_is_a_usage_error(site: Path, agent: Agent) -> None:
+    result = agent("remote", "add", site, "north")
+    assert result.code == 2 and len(result.err_lines) == 1 and "--address" in result.err

@@ -1,0 +1,122 @@
+"""agent run: batch runs that replicate, options, exit codes, logging."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import agent.cli.run as run_module
+from agent.site import SiteDatabase
+
+from .conftest import Agent, World, sync
+
+
+def test_batch_rounds_replicate_both_ways(agent: Agent, world: World) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new at hq', 'x')")
+    world.execute("hq", "UPDATE customer SET region = 'n2' WHERE id = 1")  # moves from n1 to n2
+    world.execute("n2", "INSERT INTO customer VALUES (200, 'n2', 'new at n2')")
+    result = agent("run", world.hq, "--once")
+    assert result.code == 0, result.err
+    assert "received 0 messages" in result.out and "sent 2" in result.out
+    sync(agent, world)
+    assert world.rows("n1") == world.rows("hq", "SELECT id, region, name FROM customer WHERE region = 'n1' ORDER BY id")
+    assert world.rows("n2") == world.rows("hq", "SELECT id, region, name FROM customer WHERE region = 'n2' ORDER BY id")
+    assert (200, "n2", "new at n2") in world.rows("n2")
+    assert world.rows("hq", "SELECT id FROM customer WHERE id = 200") == [(200,)]
+    assert 1 not in [row[0] for row in world.rows("n1")]
+
+
+def test_receive_only_and_send_only(agent: Agent, world: World) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    assert "sent 0" in agent("run", world.hq, "--once", "--receive-only").out
+    assert "sent 2" in agent("run", world.hq, "-b", "-s").out
+    result = agent("run", world.n1, "--once", "-r")
+    assert result.code == 0 and "applied 1" in result.out and "sent 0" in result.out
+    assert (100, "n1", "new") in world.rows("n1")
+
+
+def test_receive_only_with_send_only_is_a_usage_error(agent: Agent, world: World) -> None:
+    result = agent("run", world.hq, "--once", "--receive-only", "--send-only")
+    assert result.code == 2
+    assert len(result.err_lines) == 1
+    assert result.err_lines[0].startswith("agent: --receive-only and --send-only exclude each other")
+
+
+@pytest.mark.parametrize("arguments, text", [
+    (("--receive-delay", "soon"), "'soon' is not a duration"),
+    (("-rd", "5x"), "'5x' is not a duration"),
+    (("-sd", "0"), "must be longer than zero"),
+    (("-l", "1000"), "below the minimum of 10000"),
+    (("--patience", "0"), "--patience"),
+    (("-g", "0"), "--group"),
+])
+def test_bad_option_values_are_usage_errors(agent: Agent, world: World, arguments: tuple, text: str) -> None:
+    result = agent("run", world.hq, "--once", *arguments)
+    assert result.code == 2
+    assert len(result.err_lines) == 1 and result.err_lines[0].startswith("agent: ")
+    assert text in result.err
+
+
+def test_dbremote_style_switches_are_accepted(agent: Agent, world: World) -> None:
+    result = agent("run", world.hq, "-b", "-rd", "90s", "-sd", "5m", "-rp", "3", "-ru", "1m", "-l", "48k", "-g", "30")
+    assert result.code == 0, result.err
+
+
+def test_missing_and_non_site_databases(tmp_path: Path, agent: Agent) -> None:
+    result = agent("run", tmp_path / "missing.db", "--once")
+    assert result.code == 1
+    assert result.err_lines == [f"agent: {tmp_path / 'missing.db'}: no such site database; check the path, "
+                                "or create the site with `agent init`"]
+    plain = tmp_path / "plain.txt"
+    plain.write_bytes(b"this is not a database" * 50)
+    result = agent("run", plain, "--once")
+    assert result.code == 1 and len(result.err_lines) == 1 and str(plain) in result.err
+    assert "Traceback" not in result.err
+
+
+def test_transport_errors_give_exit_1_one_line_each(agent: Agent, world: World) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    shutil.rmtree(world.inbox("n1"))  # n1's shared folder is not mounted
+    result = agent("run", world.hq, "--once")
+    assert result.code == 1
+    problems = [line for line in result.err_lines if line.startswith("agent: transport error: ")]
+    assert len(problems) == 1 and "sending to n1" in problems[0]
+    with SiteDatabase.open(world.hq) as site:
+        assert site.remote("n1").last_error is not None
+        assert site.remote("n2").last_error is None
+    # Once the folder is back, the queued messages go out and the run is clean.
+    world.inbox("n1").mkdir()
+    assert agent("run", world.hq, "--once").code == 0
+    assert agent("run", world.n1, "--once").code == 0
+    assert (100, "n1", "new") in world.rows("n1")
+
+
+def test_unknown_transport_is_one_line(agent: Agent, world: World) -> None:
+    result = agent("run", world.hq, "--once", "--transport", "carrier-pigeon")
+    assert result.code == 1 and len(result.err_lines) >= 1
+    assert all(line.startswith("agent: ") or " WARNING " in line for line in result.err_lines)
+    assert "carrier-pigeon" in result.err
+
+
+def test_log_file_and_verbose(tmp_path: Path, agent: Agent, world: World) -> None:
+    log_file = tmp_path / "agent.log"
+    (world.inbox("hq") / "junk.fsm").write_bytes(b"junk")
+    result = agent("run", world.hq, "--once", "-v", "--log-file", log_file)
+    assert result.code == 0
+    assert "quarantined junk.fsm" in result.err
+    assert "quarantined junk.fsm" in log_file.read_text()
+    assert "DEBUG" in log_file.read_text()
+    assert "1 file(s) quarantined" in result.out
+
+
+def test_progress_bars_on_a_terminal(agent: Agent, world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run_module, "show_progress", lambda out: True)
+    for number in range(300):
+        world.execute("hq", "INSERT INTO customer VALUES (?, ?, ?, ?)",
+                      (1000 + number, "n1", "x" * 200 + str(number), "y"))
+    result = agent("run", world.hq, "--once", "-l", "10000")
+    assert result.code == 0, result.err
+    assert agent("run", world.n1, "--once").code == 0
+    assert len(world.rows("n1")) == 310
