@@ -29,7 +29,9 @@ def sshd():
 
 @pytest.fixture(scope="session")
 def dovecot():
+    """Dovecot with one user, ``hq``, that sends; tests add a fresh user per inbox."""
     server = _start(DovecotServer())
+    server.add_user("hq")
     yield server
     server.close()
 

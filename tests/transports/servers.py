@@ -319,7 +319,7 @@ class DovecotServer:
         self.imap_port = free_port()
         self.imaps_port = free_port()
         self.log = self.base / "dovecot.log"
-        self.users_file = self.base / "users"
+        self.users_file = self.base / "users"  # a directory: one passwd-file per user
         self.mail_root = self.base / "mail"
         self._users: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -330,8 +330,8 @@ class DovecotServer:
             (self.base / directory).mkdir(exist_ok=True)
         self.mail_root.mkdir(exist_ok=True)
         self.mail_root.chmod(0o755)
-        self.users_file.write_text("")
-        self.users_file.chmod(0o644)
+        self.users_file.mkdir()
+        self.users_file.chmod(0o755)
         _render("dovecot.conf.template", self.base / "dovecot.conf", base=self.base,
                 imap_port=self.imap_port, imaps_port=self.imaps_port)
 
@@ -377,10 +377,10 @@ class DovecotServer:
                 (home / sub).mkdir(exist_ok=True)
                 os.chown(home / sub, self.mail_uid, self.mail_gid)
             self._users[user] = password or self.PASSWORD
-            line = (f"{user}:{{PLAIN}}{self._users[user]}:{self.mail_uid}:{self.mail_gid}::{home}::\n")
-            with open(self.users_file, "a") as users:
-                users.write(line)
-        # Dovecot notices a changed passwd-file by its size and mtime.
+            line = f"{user}:{{PLAIN}}{self._users[user]}:{self.mail_uid}:{self.mail_gid}::{home}::\n"
+            entry = self.users_file / user
+            entry.write_text(line)
+            entry.chmod(0o644)
 
     def has_user(self, user: str) -> bool:
         return user in self._users
