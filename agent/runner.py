@@ -75,6 +75,7 @@ class RunOptions:
     heartbeat_cycles: int = 10  # continuous mode: confirm at least every N send cycles
     seal: bool = True  # seal messages to the peer's X25519 key when it is known
     transport_options: dict[str, Any] = field(default_factory=dict)
+    wrapper_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # e.g. {"faults": {"seed": 7}}
 
     def __post_init__(self) -> None:
         check_max_size(self.max_message_size)
@@ -202,6 +203,11 @@ class Agent:
                 await asyncio.to_thread(db.close)
 
     @property
+    def transports(self) -> dict[str, Transport]:
+        """The transports this agent opened, by spec (tests and tools)."""
+        return self._transports
+
+    @property
     def queues(self) -> MessageQueues:
         assert self._queues is not None
         return self._queues
@@ -237,7 +243,9 @@ class Agent:
         spec = self.options.transport or name or "folder"
         transport = self._transports.get(spec)
         if transport is None:
-            transport = create_transport(spec, **self.options.transport_options)
+            wrappers = {name: options for name, options in self.options.wrapper_options.items()
+                        if name in spec.split("+")[:-1]}
+            transport = create_transport(spec, wrapper_options=wrappers, **self.options.transport_options)
             self._transports[spec] = transport
         return transport
 

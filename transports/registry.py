@@ -61,6 +61,7 @@ _BUILTINS: tuple[RegistryEntry, ...] = (
     RegistryEntry("folder", "transports.folder:FolderTransport", "built-in"),
     RegistryEntry("sftp", "transports.sftp:SftpTransport", "built-in", "pip install paramiko"),
     RegistryEntry("email", "transports.email:EmailTransport", "built-in", "pip install aiosmtplib aioimaplib"),
+    RegistryEntry("faults", "transports.faults:FaultsTransport", "built-in"),
 )
 
 _lock = threading.RLock()

@@ -141,7 +141,7 @@ def test_an_unknown_name_lists_what_is_available() -> None:
     with pytest.raises(UnknownTransport) as caught:
         get_transport_class("carrier-pigeon")
     message = str(caught.value)
-    assert "'carrier-pigeon'" in message and "email, folder, sftp" in message and ENTRY_POINT_GROUP in message
+    assert "'carrier-pigeon'" in message and "email, faults, folder, sftp" in message and ENTRY_POINT_GROUP in message
 
 
 @pytest.mark.parametrize("name", ["", "Folder", "fol der", "a.b", "9lives", "x" * 33, None])
@@ -312,8 +312,14 @@ def test_malformed_specs_are_refused(spec) -> None:
 
 def test_an_unknown_wrapper_is_a_clear_error() -> None:
     with pytest.raises(UnknownTransport) as caught:
-        create_transport("faults+folder")
-    assert "wrapper 'faults'" in str(caught.value) and "'faults+folder'" in str(caught.value)
+        create_transport("jitter+folder")
+    assert "wrapper 'jitter'" in str(caught.value) and "'jitter+folder'" in str(caught.value)
+
+
+def test_the_faults_wrapper_is_built_in() -> None:
+    transport = create_transport("faults+folder", wrapper_options={"faults": {"seed": 3, "drop": 0.5}})
+    assert type(transport).__name__ == "FaultsTransport" and transport.rates.drop == 0.5
+    assert type(transport.inner).__name__ == "FolderTransport"
 
 
 def test_an_unknown_inner_transport_is_a_clear_error() -> None:
