@@ -164,6 +164,10 @@ class Settings:
     patience: int = 1  # polls before a gap counts as a loss [-rp]
     resend_urgency: float = 30.0  # seconds a resend request waits [-ru]
     max_patience: int = 64  # the backoff between repeated requests stops growing here
+    # Test-only switches that turn a safety rule off, so the fault-injection
+    # suite can prove it notices the damage.  Never set them in production.
+    unsafe_without_stale_rule: bool = False  # rule 1: stale epochs are kept (and may be applied)
+    unsafe_without_duplicate_rule: bool = False  # rule 1 duplicates kept, rule 2 applies without skipping
 
     def __post_init__(self) -> None:
         if self.patience < 1:
@@ -228,7 +232,7 @@ class PairProtocol:
             return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
         if message_id in self._pending:
             return actions
-        if header.resend_count < self._state.rereceive_count:
+        if header.resend_count < self._state.rereceive_count and not self.settings.unsafe_without_stale_rule:
             self._count(stale_deleted=1)
             return actions + [DeleteInbound((message_id,), "stale")]
         sort_key = (header.prev, header.resend_count, header.seq, header.last)
@@ -305,6 +309,8 @@ class PairProtocol:
     def _delete_stale(self) -> list[Action]:
         """Rule 1, after rereceive_count grew: epochs below it are stale."""
         rereceive_count = self._state.rereceive_count
+        if self.settings.unsafe_without_stale_rule:
+            return []
         stale = [p.message_id for p in self._pending.values() if p.header.resend_count < rereceive_count]
         for message_id in stale:
             self._forget(message_id)
@@ -318,6 +324,8 @@ class PairProtocol:
         log_received has moved past its prev).  Only messages with
         prev <= log_received can qualify, and they sort first."""
         log_received = self._state.log_received
+        if self.settings.unsafe_without_duplicate_rule:
+            return []
         end = bisect.bisect_right(self._by_prev, ((log_received, 2**63, 2**63, 2**63), ""))
         duplicates = []
         for _, message_id in self._by_prev[:end]:
@@ -337,6 +345,9 @@ class PairProtocol:
         if self._applying is not None or self._stopped is not None:
             return actions
         candidate = self._applicable()
+        if candidate is not None and self.settings.unsafe_without_duplicate_rule:
+            first = self._pending[candidate.message_ids[0]].header
+            candidate = Apply(candidate.message_ids, first.prev, candidate.log_received)
         if candidate is not None:
             self._applying = candidate
             actions.append(candidate)

@@ -35,6 +35,7 @@ from codec.packing import DEFAULT_MAX_SIZE, check_max_size, pack_messages
 from transports import Incoming, Transport, TransportError
 from transports.registry import create_transport
 
+from .crashpoints import crash_point
 from .errors import AgentError
 from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
                        SendData, Settings, StreamStopped)
@@ -260,8 +261,7 @@ class Agent:
         for peer in self.peers.values():
             queued = await asyncio.to_thread(self._queued_headers, peer.name)
             for name, message in queued:
-                if message is None:
-                    continue
+                crash_point("restart.pending")
                 await self._execute(peer, peer.protocol.message_queued(self.clock(), name, message.header,
                                                                        message.incarnation))
 
@@ -400,6 +400,7 @@ class Agent:
             await transport.ack(incoming)
             return
         await asyncio.to_thread(self.queues.put_inbound, peer.name, name_text, data)
+        crash_point("receive.after-queue")
         await transport.ack(incoming)
         await self._execute(peer, peer.protocol.message_queued(now, name_text, message.header,
                                                                message.incarnation))
@@ -471,6 +472,7 @@ class Agent:
             log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
             self.report.transport_errors.append(f"applying from {peer.name}: {error}")
             return peer.protocol.apply_aborted(now)
+        crash_point("apply.after-commit")
         self.report.applied_messages += len(action.message_ids)
         peer.persisted = _with(peer.persisted, log_received=action.log_received)
         return peer.protocol.apply_done(now, action.log_received)
@@ -499,6 +501,7 @@ class Agent:
             log.error("preparing messages for %s failed: %s", peer.name, error)
             self.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
             return peer.protocol.send_aborted(self.clock())
+        crash_point("send.after-queue")
         await asyncio.to_thread(self.db.record_send, peer.name, log_sent=action.end, messages=count)
         peer.persisted = _with(peer.persisted, log_sent=action.end)
         self.report.sent += count
@@ -537,6 +540,7 @@ class Agent:
                 for name in names:
                     data = await asyncio.to_thread(self.queues.read_outbound, peer.name, name)
                     await transport.send(peer.address, name, data)
+                    crash_point("flush.after-send")
                     await asyncio.to_thread(self.queues.delete_outbound, peer.name, name)
             except TransportError as error:
                 message = f"sending to {peer.name} at {peer.address}: {error}"

@@ -397,3 +397,31 @@ def test_first_contact_adopts_the_peer_incarnation():
     core = protocol()
     core.control_received(0, ControlState(0, 0, 0, 0), INCARNATION_P)
     assert core.state.peer_incarnation == INCARNATION_P
+
+
+def test_unsafe_switches_turn_the_rules_off_for_the_fault_suite():
+    stale_off = PairProtocol("peer", PairState(rereceive_count=2), Settings(unsafe_without_stale_rule=True))
+    assert stale_off.message_queued(0, "old", Header(1, 0, 10), INCARNATION_P) == [Apply(("old",), 0, 10)]
+    assert stale_off._delete_stale() == []
+    dup_off = PairProtocol("peer", PairState(log_received=50), Settings(unsafe_without_duplicate_rule=True))
+    assert dup_off.message_queued(0, "dup", Header(0, 10, 40), INCARNATION_P) == []
+    assert dup_off.pending_ids == ("dup",)  # a duplicate is kept ...
+    # ... and an overlapping message is applied from its prev, without skipping.
+    assert dup_off.message_queued(0, "overlap", Header(0, 30, 70), INCARNATION_P) == [Apply(("overlap",), 30, 70)]
+
+
+def test_without_the_duplicate_rule_the_simulation_double_applies():
+    """The pure simulation notices when the rule is gone (the harness can fail):
+    messages regenerated after a publisher crash overlap what was applied."""
+    pair = Pair(per_message=1, settings=Settings(unsafe_without_duplicate_rule=True))
+    pair.commit(6)
+    saved = pair.p.state
+    pair._pack(SendData(saved.log_sent, pair.log[-1], saved.resend_count))  # crash before send_done
+    pair.flush_outbox()
+    first_version = list(pair.to_s)
+    pair.p = PairProtocol("S", saved, pair.settings)
+    pair.per_message = 3
+    pair.to_s = first_version[:1]
+    pair.deliver_to_s()
+    with pytest.raises(AssertionError, match="double apply"):
+        pair.cycle()

@@ -1,0 +1,71 @@
+"""Named places where a test can make the agent die.
+
+Rules of this file:
+* ``crash_point(name)`` does nothing unless that point was armed, so the
+  calls cost one dict lookup in production.
+* Armed in-process (``arm``), a point raises :class:`Crash`, a
+  BaseException no handler in the agent catches, so the run stops right
+  there as if the process had died; the simulation then drops the agent
+  and starts a new one on the same files.
+* Armed through the environment (``FIELDSYNC_CRASH=name[:skip]``), the
+  process kills itself with SIGKILL at that point, for multi-process tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "receive.after-queue",  # a file is durably queued, not yet acknowledged to the transport
+    "apply.after-commit",  # the database committed an apply, the inbound queue not yet cleaned
+    "send.after-queue",  # outbound messages are queued, log_sent not yet recorded
+    "flush.after-send",  # a file went out through the transport, not yet removed from the queue
+    "restart.pending",  # while re-reading queued inbound messages at start
+)
+
+
+class Crash(BaseException):
+    """The agent 'died' at a crash point (in-process simulation)."""
+
+
+_armed: dict[str, int] = {}
+_kill = False
+
+
+def arm(name: str, skip: int = 0, *, kill: bool = False) -> None:
+    """Make the ``skip + 1``-th pass through ``name`` crash."""
+    global _kill
+    if name not in POINTS:
+        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+    _armed[name] = skip
+    _kill = kill
+
+
+def disarm() -> None:
+    _armed.clear()
+
+
+def crash_point(name: str) -> None:
+    if not _armed:
+        return
+    remaining = _armed.get(name)
+    if remaining is None:
+        return
+    if remaining > 0:
+        _armed[name] = remaining - 1
+        return
+    del _armed[name]
+    if _kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise Crash(name)
+
+
+def _from_environment() -> None:
+    spec = os.environ.get("FIELDSYNC_CRASH")
+    if spec:
+        name, _, skip = spec.partition(":")
+        arm(name, int(skip or 0), kill=True)
+
+
+_from_environment()
