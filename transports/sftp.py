@@ -609,10 +609,13 @@ class SftpTransport(Transport):
         path = os.path.expanduser(self.key_file)
         passphrase = self.key_passphrase.read()
         try:
-            return paramiko.PKey.from_path(path, passphrase)
+            return paramiko.PKey.from_path(path, passphrase.encode() if passphrase is not None else None)
         except FileNotFoundError:
             raise TransportRefused(f"key_file {path} does not exist") from None
-        except paramiko.PasswordRequiredException:
+        except (paramiko.PasswordRequiredException, TypeError) as error:
+            # cryptography raises TypeError for an encrypted key given no passphrase.
+            if passphrase is not None or isinstance(error, TypeError) and "password" not in str(error).lower():
+                raise TransportRefused(f"key_file {path} cannot be used: {one_line(error)}") from None
             raise TransportRefused(f"key_file {path} is encrypted: give its passphrase with key_passphrase_file "
                                    "or key_passphrase_env") from None
         except (paramiko.SSHException, ValueError) as error:

@@ -522,30 +522,37 @@ def parse_headers(message: bytes):
 class TcpProxy:
     """Forwards 127.0.0.1:port to a server; can cut every connection, or one mid-transfer.
 
-    ``cut_after(n)`` makes the next connection that carries more than ``n``
-    bytes from the client drop both sides at that point, the way a lost
-    network link looks to both ends.
+    ``cut_after(upload=n)`` makes the next connection that carries more than
+    ``n`` bytes from the client drop both sides at that point (``download=n``
+    counts bytes from the server), the way a lost network link looks to both
+    ends.  ``connections`` counts the connections accepted.
     """
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
-        self._connections: set[socket.socket] = set()
+        self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._cut_after: int | None = None
+        self._limits: dict[bool, int | None] = {True: None, False: None}
+        self.connections = 0
         self.cuts = 0
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="tcp-proxy", daemon=True)
         self._thread.start()
 
-    def cut_after(self, client_bytes: int) -> None:
+    def cut_after(self, *, upload: int | None = None, download: int | None = None) -> None:
         with self._lock:
-            self._cut_after = client_bytes
+            self._limits = {True: upload, False: download}
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._open) // 2
 
     def cut_all(self) -> None:
         with self._lock:
-            connections = list(self._connections)
+            connections = list(self._open)
         for connection in connections:
             self._shut(connection)
 
@@ -569,40 +576,37 @@ class TcpProxy:
                 client.close()
                 continue
             with self._lock:
-                self._connections.update((client, upstream))
-            state = {"sent": 0}
-            threading.Thread(target=self._pump, args=(client, upstream, state, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, state, False), daemon=True).start()
+                self.connections += 1
+                self._open.update((client, upstream))
+            counts = {True: 0, False: 0}
+            threading.Thread(target=self._pump, args=(client, upstream, counts, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, counts, False), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, state: dict, from_client: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, counts: dict, from_client: bool) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if from_client:
-                    with self._lock:
-                        limit = self._cut_after
-                        if limit is not None and state["sent"] + len(data) > limit:
-                            self._cut_after = None
-                            self.cuts += 1
-                            cut = True
-                        else:
-                            cut = False
+                with self._lock:
+                    limit = self._limits[from_client]
+                    cut = limit is not None and counts[from_client] + len(data) > limit
                     if cut:
-                        sink.sendall(data[:max(0, limit - state["sent"])])
-                        break
-                    state["sent"] += len(data)
+                        self._limits = {True: None, False: None}
+                        self.cuts += 1
+                if cut:
+                    sink.sendall(data[:max(0, limit - counts[from_client])])
+                    break
+                counts[from_client] += len(data)
                 sink.sendall(data)
         except OSError:
             pass
         finally:
-            for connection in (source, sink):
-                self._shut(connection)
             with self._lock:
                 for connection in (source, sink):
-                    if connection in self._connections:
-                        self._connections.discard(connection)
+                    self._shut(connection)
+                    if connection in self._open:
+                        self._open.discard(connection)
                         connection.close()
 
     def close(self) -> None:
