@@ -46,7 +46,8 @@ def extract(database: Path, remote: str, target: Path) -> None:
             result = extract_site(site, remote, target)
         elapsed = time.monotonic() - started
         remote_row = next(row for row in site.remotes() if row.name == remote)
-    table = Table(title=f"{remote} extracted to {target}")
+    out.print(f"Extracted {remote} to {target}:", soft_wrap=True)
+    table = Table()
     table.add_column("table")
     table.add_column("rows", justify="right")
     for name, count in result.rows.items():

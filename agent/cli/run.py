@@ -10,11 +10,11 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
 
@@ -32,8 +32,9 @@ class _ProgressQueues(DirectoryQueues):
         super().__init__(root)
         self.progress = progress
         self.log_end: Callable[[], int] | None = None
-        self._preparing: dict[str, tuple[object, int, int]] = {}  # peer -> (task, first prev, end)
-        self._sending: dict[str, object] = {}
+        self._preparing: dict[str, tuple[Any, int, int]] = {}  # peer -> (task, first prev, end)
+        self._prepared: dict[str, int] = {}  # peer -> data messages queued
+        self._sending: dict[str, list[Any]] = {}  # peer -> [task, files sent, files to send]
 
     def put_outbound(self, peer: str, name: str, data: bytes, resend_count: int | None) -> None:
         super().put_outbound(peer, name, data, resend_count)
@@ -49,27 +50,35 @@ class _ProgressQueues(DirectoryQueues):
         entry = self._preparing.get(peer)
         if entry is None:
             end = max(self.log_end() if self.log_end else header.last, header.last)
-            task = self.progress.add_task(f"preparing messages for {peer}", total=max(1, end - header.prev))
+            task = self.progress.add_task(f"preparing messages for {peer}", total=max(1, end - header.prev),
+                                          count="")
             entry = self._preparing[peer] = (task, header.prev, end)
         task, first, end = entry
-        self.progress.update(task, completed=min(max(0, header.last - first), end - first))
+        self._prepared[peer] = self._prepared.get(peer, 0) + 1
+        self.progress.update(task, completed=min(max(0, header.last - first), end - first),
+                             count=f"{self._prepared[peer]} messages")
 
     def read_outbound(self, peer: str, name: str) -> bytes:
         if peer not in self._sending:
-            self._sending[peer] = self.progress.add_task(f"sending to {peer}", total=len(self.outbound(peer)))
+            total = len(self.outbound(peer))
+            task = self.progress.add_task(f"sending to {peer}", total=total, count=f"0/{total} files")
+            self._sending[peer] = [task, 0, total]
         return super().read_outbound(peer, name)
 
     def delete_outbound(self, peer: str, name: str) -> None:
         super().delete_outbound(peer, name)
-        task = self._sending.get(peer)
-        if task is not None:
-            self.progress.advance(task)
+        entry = self._sending.get(peer)
+        if entry is not None:
+            entry[1] += 1
+            self.progress.update(entry[0], completed=entry[1], count=f"{entry[1]}/{entry[2]} files")
 
 
 async def _run_once_with_progress(database: Path, options: "RunOptions", out: Console) -> "RunReport":  # noqa: F821
     from ..runner import Agent, agent_directory
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    # Packing advances by log offset (its share of the backlog), sending by file.
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[count]}"), TimeElapsedColumn())
     with Progress(*columns, console=out, transient=True) as progress:
         queues = _ProgressQueues(agent_directory(database) / "queues", progress)
         async with Agent(database, options, batch=True, queues=queues) as agent:

@@ -98,27 +98,27 @@ def render_status(out: Console, status: dict[str, Any]) -> None:
     if not rows:
         out.print("  no remote users; add one with `agent remote add`")
         return
+    # Three tables of at most seven columns, so each fits a 100-column terminal.
     sending = Table(title="sending (offsets in this site's log)", title_justify="left")
-    for column in ("peer", "log_send", "log_sent", "confirm_sent", "resend_count", "send_count", "last_sent_at",
-                   "schedule", "queued out"):
-        sending.add_column(column, justify="left" if column in ("peer", "last_sent_at", "schedule") else "right")
+    for column in ("peer", "log_send", "log_sent", "confirm_sent", "resend_count", "send_count", "last_sent_at"):
+        sending.add_column(column, justify="left" if column in ("peer", "last_sent_at") else "right")
     receiving = Table(title="receiving (offsets in the peer's log)", title_justify="left")
     for column in ("peer", "log_received", "confirm_received", "rereceive_count", "receive_count",
-                   "last_received_at", "queued in", "peer incarnation"):
-        receiving.add_column(column, justify="right" if column not in ("peer", "last_received_at",
-                                                                        "peer incarnation") else "left")
-    link = Table(title="link", title_justify="left")
-    for column in ("peer", "transport", "address", "key", "last error", "at"):
-        link.add_column(column, overflow="fold")
+                   "last_received_at"):
+        receiving.add_column(column, justify="left" if column in ("peer", "last_received_at") else "right")
+    link = Table(title="link (incarnation: the peer's, first 8 digits; --json has every column in full)",
+                 title_justify="left")
+    for column in ("peer", "transport", "address", "schedule", "queued in/out", "key", "incarnation", "last error"):
+        link.add_column(column, overflow="fold", no_wrap=column in ("key", "incarnation"))
     for row in rows:
         sending.add_row(row["name"], str(row["log_send"]), str(row["log_sent"]), str(row["confirm_sent"]),
-                        str(row["resend_count"]), str(row["send_count"]), _moment(row["last_sent_at"]),
-                        _schedule(row), str(row["outbound_queue"]))
+                        str(row["resend_count"]), str(row["send_count"]), _moment(row["last_sent_at"]))
         receiving.add_row(row["name"], str(row["log_received"]), str(row["confirm_received"]),
-                          str(row["rereceive_count"]), str(row["receive_count"]), _moment(row["last_received_at"]),
-                          str(row["inbound_queue"]), row["peer_incarnation"] or "-")
-        link.add_row(row["name"], row["transport"] or "-", row["address"] or "-", row["fingerprint"] or "none",
-                     row["last_error"] or "-", _moment(row["last_error_at"]))
+                          str(row["rereceive_count"]), str(row["receive_count"]), _moment(row["last_received_at"]))
+        error = "-" if not row["last_error"] else f"{row['last_error']} ({_moment(row['last_error_at'])})"
+        link.add_row(row["name"], row["transport"] or "-", row["address"] or "-", _schedule(row),
+                     f"{row['inbound_queue']}/{row['outbound_queue']}", row["fingerprint"] or "none",
+                     (row["peer_incarnation"] or "-")[:8], error)
     out.print(sending)
     out.print(receiving)
     out.print(link)

@@ -6,7 +6,6 @@ import sqlite3
 from pathlib import Path
 
 from agent.cli.demo import FIELD_SITES, MARKER, at_rest, compare_sites, remote_rows
-
 from agent.site import SiteDatabase
 
 from .conftest import Agent

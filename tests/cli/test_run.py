@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -120,3 +121,31 @@ def test_progress_bars_on_a_terminal(agent: Agent, world: World, monkeypatch: py
     assert result.code == 0, result.err
     assert agent("run", world.n1, "--once").code == 0
     assert len(world.rows("n1")) == 310
+
+
+def test_continuous_mode_runs_until_sigterm(world: World) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-c", "from agent.cli import main; main()", "run", str(world.hq),
+               "--receive-delay", "0.2s", "--send-delay", "0.2s"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'while running', 'x')")
+        deadline = time.monotonic() + 20
+        while not any(".d." in path.name for path in world.inbox("n1").iterdir()):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no data message reached n1's inbox"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    assert "running: receiving every 0.2s, sending every 0.2s" in err
+    assert "stopped" in err
+    assert re.search(r"sent [1-9]", out), out
