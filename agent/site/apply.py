@@ -26,6 +26,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +36,14 @@ from typing import Any, Callable, Iterable, Mapping
 from codec.ops import OpKind, Operation, Transaction
 
 from ._db import format_time, quote_ident, utc_now
-from .capture import FLAG_RESOLVED, FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, Shape, ShapeCache, write_capture_row
+from .capture import (
+    FLAG_RETURN_TO_ORIGIN,
+    KIND_DELETE,
+    KIND_UPDATE,
+    Shape,
+    ShapeCache,
+    write_capture_row,
+)
 from .errors import ApplyRefused, ConflictHookFailed, IncarnationMismatch, InvalidSetting
 from .log import cut_locked, top_seq
 from .remotes import get_remote
@@ -102,8 +110,19 @@ class _Table:
         self.policy = Resolution.INCOMING
 
 
+class _Return:
+    """A row to send back to the batch's origin once the batch is applied."""
+
+    __slots__ = ("table", "origin_row", "columns")
+
+    def __init__(self, table: _Table, origin_row: dict, columns: set[str]) -> None:
+        self.table = table
+        self.origin_row = origin_row   # the row as the origin holds it
+        self.columns = columns         # the columns it gets back
+
+
 class _Batch:
-    __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors")
+    __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched")
 
     def __init__(self, peer: str, now: str) -> None:
         self.peer = peer
@@ -112,6 +131,11 @@ class _Batch:
         self.applied = 0
         self.conflicts = 0
         self.errors = 0
+        self.returns: dict[tuple[str, tuple], _Return] = {}
+        # SUBSCRIBE BY filters of the peer's subscriptions (lower-case table ->
+        # (column, values)), and the keys of those tables the batch touched.
+        self.filters: dict[str, tuple[str, frozenset]] = {}
+        self.touched: dict[tuple[str, tuple], _Table] = {}
 
 
 class Applier:
@@ -198,6 +222,8 @@ class Applier:
         end = cut_locked(conn, identity.name)
         consolidated = identity.role is Role.CONSOLIDATED
         batch = _Batch(peer, format_time(now or utc_now()))
+        if consolidated:
+            batch.filters = self._filters(peer)
         applied = skipped = 0
         previous = remote.log_received
         commits: list[int] = []
@@ -222,6 +248,13 @@ class Applier:
                              (top, peer, end + 1))
                 commits.append(top)
                 end = top
+        if batch.returns or batch.touched:
+            self._write_returns(batch)
+            top = top_seq(conn)
+            if top > end:
+                conn.execute("INSERT INTO fieldsync_log (commit_offset, origin, first_seq) VALUES (?, ?, ?)",
+                             (top, peer, end + 1))
+                commits.append(top)
         conn.execute(
             "UPDATE fieldsync_remote SET log_received = ?, receive_count = receive_count + ?, last_received_at = ?,"
             " peer_incarnation = coalesce(peer_incarnation, ?) WHERE name = ?",
@@ -309,6 +342,8 @@ class Applier:
         # A savepoint journals every existing page a statement changes; past
         # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
         # file, which halves UPDATE speed.  Small chunks stay in memory.
+        if batch.filters and table.name.lower() in batch.filters:
+            self._touch(batch, table, run)
         step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
         for start in range(0, len(run), step):
             chunk = params[start:start + step] if len(run) > step else params
@@ -368,7 +403,7 @@ class Applier:
             # The consolidated keeps its row and sends it back so the origin converges.
             self._error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
                                    f"{batch.peer}")
-            self._return_to_origin(table, {**local, **after}, local)
+            self._send_back(batch, table, op[2], {**local, **after}, set(table.columns))
         else:
             # A remote takes the consolidated's row as is.
             self._conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
@@ -419,9 +454,9 @@ class Applier:
             raise ConflictHookFailed(f"conflict hook for {table.name} returned {type(decision).__name__}, not a "
                                      "Resolution or a dict of column values; the batch was rolled back")
         if written:
-            mark = top_seq(conn)
+            # Captured as usual (origin: the peer), so every other subscriber
+            # gets the result; the origin gets it from _write_returns.
             conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
-            conn.execute("UPDATE fieldsync_capture SET flags = ? WHERE seq > ?", (FLAG_RESOLVED, mark))
         final_key = tuple(written.get(column, part) for column, part in zip(table.key_columns, key))
         result = self._select(table, final_key)
         resolution = decision.value if isinstance(decision, Resolution) else "merged"
@@ -433,18 +468,75 @@ class Applier:
         batch.conflicts += 1
         batch.applied += 1
         if result is not None:
-            # What the origin holds now: its change over our old row.
-            self._return_to_origin(table, {**local, **after}, result)
+            # The origin holds its change over our old row; it gets back the
+            # columns the conflict was about (and any the resolution wrote).
+            self._send_back(batch, table, final_key, {**local, **after}, set(after) | set(written))
 
-    def _return_to_origin(self, table: _Table, origin_row: dict, result: dict) -> None:
-        """Capture ``result`` as a change to send back to the peer being
-        applied (and only to it), as a full row over ``origin_row``."""
-        shape = table.shape
-        if shape is None:
-            return  # the table is not published here: nothing goes anywhere
-        values = [origin_row.get(column) for column in shape.columns]
-        values += [result.get(column) for column in shape.columns]
-        write_capture_row(self._conn, shape, KIND_UPDATE, FLAG_RETURN_TO_ORIGIN, values)
+    def _send_back(self, batch: _Batch, table: _Table, key: tuple, origin_row: dict, columns: set[str]) -> None:
+        """Remember to send the final state of ``key`` back to the batch's
+        origin.  It is written once the whole batch is applied, so it also
+        holds what later operations of the batch did to the row."""
+        pending = batch.returns.get((table.name, key))
+        if pending is None:
+            batch.returns[(table.name, key)] = _Return(table, origin_row, columns)
+        else:
+            pending.origin_row.update({column: origin_row[column] for column in columns if column in origin_row})
+            pending.columns |= columns
+
+    def _filters(self, peer: str) -> dict[str, tuple[str, frozenset]]:
+        values: dict[str, set] = {}
+        for publication, value in self._conn.execute(
+                "SELECT publication, value FROM fieldsync_subscription WHERE remote = ?", (peer,)):
+            bucket = values.setdefault(publication, set())
+            if value is not None:
+                bucket.add(value)
+        return {table.lower(): (column, frozenset(values.get(publication, ())))
+                for table, publication, column in self._conn.execute(
+                    "SELECT table_name, publication, subscribe_by FROM fieldsync_article"
+                    " WHERE subscribe_by IS NOT NULL")}
+
+    @staticmethod
+    def _touch(batch: _Batch, table: _Table, run: list) -> None:
+        """Remember the keys the peer changed in a filtered table (under the
+        key the row has afterwards)."""
+        key_columns = table.key_columns
+        for op in run:
+            after = op[4]
+            key = op[2]
+            if after is not None and any(column in after for column in key_columns):
+                key = tuple(after.get(column, part) for column, part in zip(key_columns, key))
+            batch.touched[(table.name, key)] = table
+
+    def _write_returns(self, batch: _Batch) -> None:
+        """Capture what goes back to the batch's origin, each row only to it:
+        the state of conflicting rows after the whole batch (see _send_back),
+        and a DELETE for every row the origin changed that now lies outside
+        its subset: it holds a copy it must not keep.  Written once per
+        batch, so a row that left the subset and came back within the batch
+        causes nothing."""
+        for (_name, key), pending in batch.returns.items():
+            table = pending.table
+            shape = table.shape
+            if shape is None:
+                continue  # the table is not published here: nothing goes anywhere
+            result = self._select(table, key)
+            if result is None:
+                continue  # deleted later in the batch: the origin deleted it too
+            values = [pending.origin_row.get(column) for column in shape.columns]
+            values += [result.get(column) for column in shape.columns]
+            seq = write_capture_row(self._conn, shape, KIND_UPDATE, FLAG_RETURN_TO_ORIGIN, values)
+            self._conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
+                               (seq, json.dumps(sorted(pending.columns & set(shape.columns)))))
+        for (name, key), table in batch.touched.items():
+            shape = table.shape
+            if shape is None or (name, key) in batch.returns:
+                continue
+            row = self._select(table, key)
+            column, values = batch.filters[name.lower()]
+            if row is None or row.get(column) in values:
+                continue
+            write_capture_row(self._conn, shape, KIND_DELETE, FLAG_RETURN_TO_ORIGIN,
+                              [row.get(c) for c in shape.columns])
 
     # --- records and SQL ------------------------------------------------------------
 

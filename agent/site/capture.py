@@ -30,16 +30,13 @@ KIND_INSERT = 1
 KIND_UPDATE = 2
 KIND_DELETE = 3
 
-# Capture-row flags, set only at the consolidated while resolving a conflict
-# (triggers leave flags NULL):
-# * RETURN_TO_ORIGIN: a row written by the resolution itself, not by a
-#   trigger.  It goes only to the origin of its log transaction, as the full
-#   resulting row, so the origin converges.
-# * RESOLVED: a trigger row of the resolution's own write.  It goes to every
-#   other subscriber as usual; the origin gets the RETURN_TO_ORIGIN row
-#   instead.
+# Capture-row flag, set only at the consolidated (triggers leave flags NULL):
+# a row written by the apply path itself, not by a trigger, once a batch from
+# a remote is applied.  It goes only to the origin of its log transaction (the
+# remote): the result of a conflict (UPDATE of the columns listed in
+# fieldsync_returned, as they are after the batch) or a DELETE of a row the
+# remote changed that now lies outside its subset.
 FLAG_RETURN_TO_ORIGIN = 1
-FLAG_RESOLVED = 2
 
 _TRIGGER_EVENTS = (("ins", "INSERT"), ("upd", "UPDATE"), ("del", "DELETE"))
 
@@ -143,13 +140,14 @@ def drop_capture(conn: sqlite3.Connection, table: str) -> None:
 
 
 def write_capture_row(conn: sqlite3.Connection, shape: Shape, kind: int, flags: int,
-                      values: list) -> None:
+                      values: list) -> int:
     """Insert a capture row by hand (conflict resolution); ``values`` are
-    in shape order (old then new for an UPDATE)."""
+    in shape order (old then new for an UPDATE).  Returns its seq."""
     value_columns = ", ".join(value_column(index) for index in range(len(values)))
     placeholders = ", ".join("?" * len(values))
-    conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, flags, {value_columns})"
-                 f" VALUES (?, ?, ?, {placeholders})", (shape.id, kind, flags, *values))
+    cursor = conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, flags, {value_columns})"
+                          f" VALUES (?, ?, ?, {placeholders})", (shape.id, kind, flags, *values))
+    return cursor.lastrowid  # type: ignore[return-value]
 
 
 class ShapeCache:

@@ -137,6 +137,7 @@ def truncate_locked(conn: sqlite3.Connection) -> int:
         return floor
     conn.execute("DELETE FROM fieldsync_capture WHERE seq <= ? AND seq < (SELECT max(seq) FROM fieldsync_capture)",
                  (bound,))
+    conn.execute("DELETE FROM fieldsync_returned WHERE seq <= ?", (bound,))
     conn.execute("DELETE FROM fieldsync_log WHERE commit_offset <= ?"
                  " AND commit_offset < (SELECT max(commit_offset) FROM fieldsync_log)", (bound,))
     conn.execute("UPDATE fieldsync_site SET truncated_through = ? WHERE id = 1", (bound,))

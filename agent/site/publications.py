@@ -33,7 +33,6 @@ from codec.ops import OpKind, Operation, Transaction
 
 from ._db import format_time, parse_time, utc_now
 from .capture import (
-    FLAG_RESOLVED,
     FLAG_RETURN_TO_ORIGIN,
     KIND_DELETE,
     KIND_INSERT,
@@ -275,6 +274,7 @@ class SubscriberReader:
         if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
             raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
         self.subscriber = subscriber
+        self._conn = conn
         self._shapes = shapes
         self._views: dict[int, _View | None] = {}
         self._articles: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
@@ -316,7 +316,7 @@ class SubscriberReader:
         if flags & FLAG_RETURN_TO_ORIGIN:
             return self._returned(view, origin, row) if origin == self.subscriber else None
         if origin == self.subscriber:
-            return None if flags & FLAG_RESOLVED else self._echo(view, row)
+            return None  # its own change: it has it (no echo)
         kind = row[2]
         width = view.width
         if kind == KIND_INSERT:
@@ -349,35 +349,28 @@ class SubscriberReader:
             return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
         return None
 
-    def _echo(self, view: _View, row: tuple) -> Operation | None:
-        """A change the subscriber made itself.  It already has it, so
-        nothing goes back, unless the row left the subscriber's subset: then
-        the subscriber gets a DELETE, so that it holds exactly its subset."""
-        kind = row[2]
-        width = view.width
-        if kind == KIND_INSERT:
-            new = row[4:4 + width]
-        elif kind == KIND_UPDATE:
-            if not view.contains(row[4:4 + width]):
-                return None  # it was already outside; the DELETE that made it so covers it
-            new = row[4 + width:4 + 2 * width]
-        else:
-            return None
-        if view.contains(new):
-            return None
-        return _operation(view.table, OpKind.DELETE, view.key(new), view.image(new), None)
-
     def _returned(self, view: _View, origin: str, row: tuple) -> Operation | None:
         """A row a conflict resolution sends back to its origin: the old
         image is the row as the origin holds it, the new image the result.
-        The origin gets the whole published result, or a DELETE when the
-        result is outside its subset."""
+        The origin gets the listed columns of the result, the whole row if
+        it now enters its subset, or a DELETE if it leaves it."""
         width = view.width
         old = row[4:4 + width]
+        if row[2] == KIND_DELETE:
+            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
         new = row[4 + width:4 + 2 * width]
-        if view.contains(new):
-            return _operation(view.table, OpKind.UPDATE, view.key(old), view.image(old), view.image(new))
-        return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if not view.contains(new):
+            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if not view.contains(old):
+            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
+        found = self._conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (row[0],)).fetchone()
+        listed = set(json.loads(found[0])) if found else set(view.names)
+        names = self._shapes.get(row[1]).columns
+        chosen = [i for i in view.positions if names[i] in listed]
+        if not chosen:
+            return None
+        return _operation(view.table, OpKind.UPDATE, view.key(old), {names[i]: old[i] for i in chosen},
+                          {names[i]: new[i] for i in chosen})
 
 
 def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:
@@ -411,11 +404,45 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
     for logged_commit, logged_origin, row in iter_capture(conn, after, until, lock=lock):
         if logged_commit != commit:
             if ops:
-                yield Transaction._trusted(commit, origin, tuple(ops))
+                yield from _transaction(commit, origin, ops)
                 ops = []
             commit, origin = logged_commit, logged_origin
         op = reader.operation(logged_origin, row)
         if op is not None:
             ops.append(op)
     if ops:
+        yield from _transaction(commit, origin, ops)
+
+
+def _transaction(commit: int, origin: str, ops: list[Operation]) -> Iterator[Transaction]:
+    ops = _fold_reinserts(ops)
+    if ops:
         yield Transaction._trusted(commit, origin, tuple(ops))
+
+
+def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
+    """Within one transaction, a row deleted for the subscriber and inserted
+    again (deleted and re-created, or moved out of its subset and back)
+    becomes an UPDATE of the columns that differ, at the INSERT's place.
+
+    Besides saving traffic, this keeps a change the subscriber made to that
+    row meanwhile: a full-row INSERT would overwrite it at the subscriber,
+    while the consolidated, which applies the subscriber's change after,
+    keeps it."""
+    deleted: dict[tuple[str, tuple], int] = {}
+    folded = False
+    for index, op in enumerate(ops):
+        if op.kind == OpKind.DELETE:
+            deleted[(op.table, op.key)] = index
+        elif op.kind == OpKind.INSERT:
+            position = deleted.pop((op.table, op.key), None)
+            if position is None:
+                continue
+            old = ops[position].before
+            new = op.after
+            changed = [column for column in new if not (column in old and _same(old[column], new[column]))]
+            ops[position] = None  # type: ignore[call-overload]
+            ops[index] = (_operation(op.table, OpKind.UPDATE, op.key, {c: old.get(c) for c in changed},  # type: ignore[call-overload]
+                                     {c: new[c] for c in changed}) if changed else None)
+            folded = True
+    return [op for op in ops if op is not None] if folded else ops

@@ -113,6 +113,11 @@ CREATE TABLE fieldsync_log (
     origin        TEXT NOT NULL,
     first_seq     INTEGER NOT NULL
 );
+-- The columns a RETURN_TO_ORIGIN capture row sends back (see capture.py).
+CREATE TABLE fieldsync_returned (
+    seq     INTEGER PRIMARY KEY,
+    columns TEXT NOT NULL
+);
 CREATE TABLE fieldsync_shape (
     id          INTEGER PRIMARY KEY,
     table_name  TEXT NOT NULL,

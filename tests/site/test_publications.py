@@ -171,3 +171,23 @@ def test_unsubscribe(hq):
     assert hq.unsubscribe("north1", "sales") == 1
     app_connection(hq).execute("INSERT INTO customer (id, region) VALUES (1, 'north')")
     assert read_ops(hq, "north1") == []
+
+
+def test_delete_and_reinsert_in_one_transaction_becomes_an_update(hq):
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north'), (2, 'Bo', 'north')")
+    start = hq.scan()
+    app.execute("BEGIN")
+    app.execute("DELETE FROM customer WHERE id = 1")
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana again', 'north')")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 2")
+    app.execute("UPDATE customer SET region = 'north' WHERE id = 2")
+    app.execute("COMMIT")
+    assert read_ops(hq, "north1", start) == [
+        Operation.update("customer", (1,), {"name": "Ana"}, {"name": "Ana again"})]
+    # In separate transactions the DELETE and the INSERT stay as they are.
+    start = hq.log_end()
+    app.execute("DELETE FROM customer WHERE id = 1")
+    hq.scan()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana 3', 'north')")
+    assert [op.kind for op in read_ops(hq, "north1", start)] == [3, 1]
