@@ -13,10 +13,12 @@ Rules of this file:
 * At a remote, the consolidated receives every row of every article: the
   remote's data already is its subset.
 * Reading turns capture rows into :class:`codec.ops.Operation` values:
-  ops whose origin is the subscriber are dropped (no echo), except rows a
-  conflict resolution marked for their origin; an UPDATE that moves a row
-  into or out of the subscriber's subset becomes an INSERT of the full
-  published row or a DELETE.
+  ops whose origin is the subscriber are dropped (no echo), except the rows
+  the apply path wrote for that origin (conflict results, DELETEs of rows it
+  left outside its subset); an UPDATE that moves a row into or out of the
+  subscriber's subset becomes an INSERT of the full published row or a
+  DELETE; within one transaction a DELETE and a re-INSERT of the same row
+  fold into an UPDATE.
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""The SiteDatabase facade (agent.site.database): life cycle, threads,
+locking errors."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+import pytest
+
+from agent.site import SiteBusy, SiteDatabase, SiteError
+
+from .conftest import CUSTOMER, app_connection, make_site
+
+
+def test_close_is_idempotent_and_closed_sites_refuse_work(tmp_path):
+    site = make_site(tmp_path, "hq", "consolidated")
+    site.close()
+    site.close()
+    with pytest.raises(SiteError, match="closed"):
+        site.scan()
+
+
+def test_context_manager_closes(tmp_path):
+    make_site(tmp_path, "hq", "consolidated").close()
+    with SiteDatabase.open(tmp_path / "hq.db") as site:
+        assert site.remotes() == ()
+    with pytest.raises(SiteError):
+        site.remotes()
+
+
+def test_usable_from_a_worker_thread(tmp_path):
+    """The agent calls the adapter with asyncio.to_thread."""
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
+    site.create_publication("p", ["customer"])
+    site.add_remote("r1")
+    site.subscribe("r1", "p")
+    app_connection(site).execute("INSERT INTO customer (id, name) VALUES (1, 'a')")
+
+    async def agent_step():
+        end = await asyncio.to_thread(site.scan)
+        transactions = await asyncio.to_thread(lambda: list(site.read_log("r1", 0, end)))
+        await asyncio.to_thread(site.record_send, "r1", log_sent=end)
+        return end, transactions
+
+    end, transactions = asyncio.run(agent_step())
+    assert [t.commit for t in transactions] == [end]
+    assert site.remote("r1").log_sent == end
+    site.close()
+
+
+def test_concurrent_calls_from_two_threads_are_serialised(tmp_path):
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
+    site.create_publication("p", ["customer"])
+    site.add_remote("r1")
+    errors = []
+
+    def work(offset):
+        try:
+            for index in range(50):
+                site.update_remote("r1", send_every=offset + index + 1)
+                site.scan()
+                site.remotes()
+        except Exception as error:  # noqa: BLE001 - the test reports it
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(n * 100,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    site.close()
+
+
+def test_a_lock_held_too_long_is_a_site_busy_error(tmp_path):
+    make_site(tmp_path, "hq", "consolidated", CUSTOMER).close()
+    site = SiteDatabase.open(tmp_path / "hq.db", busy_timeout=0.2)
+    blocker = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SiteBusy, match="locked by another connection"):
+            site.scan()
+    finally:
+        blocker.execute("ROLLBACK")
+    assert site.scan() == 0
+    site.close()
