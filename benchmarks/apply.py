@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.apply", description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--inserts", type=int, default=200_000, help="INSERTs to apply (UPDATEs: half as many)")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best of each is kept")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best of each is kept")
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args(argv)
     result = measure(args.inserts, args.rounds, args.seed)

@@ -190,11 +190,16 @@ class SiteDatabase:
         published tables whose definition changed (ALTER TABLE).
         """
         with self._lock, self._write("scanning captured changes"):
-            version = self._conn.execute("PRAGMA schema_version").fetchone()[0]
-            if version != self._schema_seen:
-                refresh_changed_tables(self._conn)
-                self._schema_seen = self._conn.execute("PRAGMA schema_version").fetchone()[0]
+            self._refresh_capture()
             return cut_locked(self._conn, self._identity.name)
+
+    def _refresh_capture(self) -> None:
+        """Re-install capture of tables altered since they were published
+        (inside a write transaction; cheap when the schema did not change)."""
+        version = self._conn.execute("PRAGMA schema_version").fetchone()[0]
+        if version != self._schema_seen:
+            refresh_changed_tables(self._conn)
+            self._schema_seen = self._conn.execute("PRAGMA schema_version").fetchone()[0]
 
     def log_end(self) -> int:
         """The commit offset of the last log transaction (0 when empty)."""
@@ -282,6 +287,7 @@ class SiteDatabase:
         all in one SQLite transaction.  Transactions at or below the
         recorded log_received are skipped."""
         with self._lock, self._write(f"applying transactions from {peer!r}"):
+            self._refresh_capture()
             return self._applier.apply_locked(self._identity, peer, transactions, log_received, messages=messages,
                                               peer_incarnation=peer_incarnation, now=now)
 

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from ._db import connect, format_time, quote_ident, read_transaction, translate, utc_now, write_transaction
+from ._db import format_time, quote_ident, read_transaction, translate, utc_now, write_transaction
 from .capture import TableInfo, refresh_changed_tables, table_info
 from .errors import ExtractionError, InvalidSetting, WrongRole
 from .log import cut_locked

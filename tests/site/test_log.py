@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from agent.site import Article, LogOffsetError, LogTruncated, SiteDatabase
+from agent.site import Article, LogOffsetError, LogTruncated
 from agent.site import log as site_log
 from codec.ops import Operation, Transaction
 
