@@ -119,6 +119,63 @@ class TimeOfDay(click.ParamType):
 DATABASE = click.Path(dir_okay=False, path_type=Path)
 
 
+class TransportOption(click.ParamType):
+    """``NAME=VALUE`` for the transport (``known_hosts=~/.ssh/known_hosts``)
+    or ``WRAPPER.NAME=VALUE`` for a wrapper (``faults.seed=7``).  Values
+    that read as booleans or numbers become them; the rest stay text."""
+
+    name = "NAME=VALUE"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str | None, str, object]:
+        if isinstance(value, tuple):
+            return value  # type: ignore[return-value]
+        key, equals, text = str(value).partition("=")
+        wrapper, dot, name = key.rpartition(".")
+        if not equals or not name.isidentifier() or (dot and not wrapper):
+            self.fail(f"{value!r}: write NAME=VALUE, or WRAPPER.NAME=VALUE for a wrapper such as faults", param, ctx)
+        return (wrapper or None), name, _option_value(text)
+
+
+def _option_value(text: str) -> object:
+    if text.lower() in ("true", "yes", "on"):
+        return True
+    if text.lower() in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def split_transport_options(items: tuple) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
+    """(options for the transport, options per wrapper) from ``--transport-option`` values."""
+    options: dict[str, object] = {}
+    wrappers: dict[str, dict[str, object]] = {}
+    for wrapper, name, value in items:
+        (options if wrapper is None else wrappers.setdefault(wrapper, {}))[name] = value
+    return options, wrappers
+
+
+def check_transport(spec: str, options: dict[str, object], wrappers: dict[str, dict[str, object]]) -> None:
+    """Build (and close) the transport once, so a bad name or option is one
+    clear line before any work starts."""
+    import asyncio
+
+    from transports.errors import TransportError
+    from transports.registry import create_transport
+
+    try:
+        transport = create_transport(spec, wrapper_options=wrappers, **options)
+    except TransportError:
+        raise
+    except (TypeError, ValueError) as error:
+        raise AgentError(f"transport {spec}: {error}; check the --transport-option values") from None
+    asyncio.run(transport.aclose())
+
+
 # -- sites -----------------------------------------------------------------------------
 
 

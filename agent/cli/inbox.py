@@ -12,7 +12,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ._common import DATABASE, console, format_moment, iso_moment, open_site
+from ._common import DATABASE, TransportOption, console, format_moment, iso_moment, open_site, split_transport_options
 from ._spool import QuarantinedFile, queues, quarantined
 
 
@@ -61,11 +61,13 @@ def _check(name: str, data: bytes, site_name: str, keyring: Any) -> str:
     return "ok, signed by " + message.sender + (", sealed" if message.sealed else "")
 
 
-async def _waiting(transport_name: str, address: str, site_name: str, keyring: Any) -> list[Pending]:
+async def _waiting(transport_name: str, options: tuple, address: str, site_name: str,
+                   keyring: Any) -> list[Pending]:
     from transports.registry import create_transport
 
+    inner, wrappers = split_transport_options(options)
     found = []
-    async with create_transport(transport_name) as transport:
+    async with create_transport(transport_name, wrapper_options=wrappers, **inner) as transport:
         async for incoming in transport.receive(address):  # nothing is acknowledged: the files stay
             sender, kind, header, _ = _describe_name(incoming.name)
             found.append(Pending(incoming.name, sender, kind, header, len(incoming.data),
@@ -103,10 +105,13 @@ def _quarantine_json(item: QuarantinedFile) -> dict[str, Any]:
 @click.argument("database", type=DATABASE)
 @click.option("--transport", metavar="NAME", help="Transport to look at (default: the site's own).")
 @click.option("--address", metavar="ADDRESS", help="Inbox address to look at (default: the site's own).")
+@click.option("--transport-option", "-O", "transport_options", multiple=True, type=TransportOption(),
+              help="A transport setting NAME=VALUE (as for `agent run`). Repeatable.")
 @click.option("--queued-only", is_flag=True,
               help="Do not look at the inbox address; show only what the agent holds already.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def inbox(database: Path, transport: str | None, address: str | None, queued_only: bool, as_json: bool) -> int:
+def inbox(database: Path, transport: str | None, address: str | None, transport_options: tuple, queued_only: bool,
+          as_json: bool) -> int:
     """List the messages waiting for the site in DATABASE, and the quarantine.
 
     Three parts: files waiting at the site's inbox address (not yet taken
@@ -137,8 +142,8 @@ def inbox(database: Path, transport: str | None, address: str | None, queued_onl
             problem = f"site {identity.name} has no inbox address; give one with --address"
         else:
             try:
-                waiting = asyncio.run(_waiting(transport_name, address, identity.name, keyring))
-            except TransportError as error:
+                waiting = asyncio.run(_waiting(transport_name, transport_options, address, identity.name, keyring))
+            except (TransportError, TypeError, ValueError) as error:
                 problem = f"cannot list {address} ({transport_name}): {error}"
     queued = _queued(database)
     refused = quarantined(database)

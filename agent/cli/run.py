@@ -19,7 +19,9 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
 
 from ..queues import DirectoryQueues
-from ._common import DATABASE, ByteSize, Duration, console, format_seconds, logging_to, show_progress
+from ._spool import quarantined
+from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transport, console, format_seconds,
+                      logging_to, open_site, show_progress, split_transport_options)
 
 log = logging.getLogger("fieldsync.cli")
 
@@ -90,15 +92,6 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def _check_site(database: Path) -> None:
-    from ..errors import AgentError
-
-    if not database.exists():
-        raise AgentError(f"{database}: no such site database; check the path, or create the site with `agent init`")
-    if database.is_dir():
-        raise AgentError(f"{database} is a directory, not a site database")
-
-
 @click.command()
 @click.argument("database", type=DATABASE)
 @click.option("--once", "-b", is_flag=True,
@@ -106,6 +99,8 @@ def _check_site(database: Path) -> None:
 @click.option("--transport", metavar="NAME", help="Transport plugin, e.g. folder, sftp, email, faults+folder "
               "(default: the site's own).")
 @click.option("--address", metavar="ADDRESS", help="This site's inbox address (default: the site's own).")
+@click.option("--transport-option", "-O", "transport_options", multiple=True, type=TransportOption(),
+              help="A transport setting NAME=VALUE, or WRAPPER.NAME=VALUE (faults.seed=7). Repeatable.")
 @click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help=f"Largest message file (minimum {MIN_MAX_SIZE}; 48k works).")
 @click.option("-g", "--group", type=click.IntRange(min=1), default=20, show_default=True, metavar="N",
@@ -124,9 +119,10 @@ def _check_site(database: Path) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail.")
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
-def run(database: Path, once: bool, transport: str | None, address: str | None, max_message_size: int, group: int,
-        receive_only: bool, send_only: bool, patience: int, resend_urgency: float | None, receive_delay: float,
-        send_delay: float, verbose: bool, log_file: Path | None) -> int:
+def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
+        max_message_size: int, group: int, receive_only: bool, send_only: bool, patience: int,
+        resend_urgency: float | None, receive_delay: float, send_delay: float, verbose: bool,
+        log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
     Without --once it runs until interrupted (Ctrl-C or SIGTERM stop it
@@ -137,16 +133,14 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
 
     if receive_only and send_only:
         raise click.UsageError("--receive-only and --send-only exclude each other; leave both out to do both")
-    if transport is not None:
-        from transports.registry import parse_transport_spec
-
-        parse_transport_spec(transport)
+    inner_options, wrapper_options = split_transport_options(transport_options)
+    with open_site(database) as site:
+        own_transport = site.identity.transport
+    check_transport(transport or own_transport or "folder", inner_options, wrapper_options)
     options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
                          receive=not send_only, send=not receive_only, patience=patience,
-                         resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay)
-    _check_site(database)
-    from ._spool import quarantined
-
+                         resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
+                         transport_options=inner_options, wrapper_options=wrapper_options)
     quarantined_before = len(quarantined(database))
     out = console()
     with logging_to(verbose=verbose, log_file=log_file):

@@ -149,3 +149,23 @@ def test_continuous_mode_runs_until_sigterm(world: World) -> None:
     assert "running: receiving every 0.2s, sending every 0.2s" in err
     assert "stopped" in err
     assert re.search(r"sent [1-9]", out), out
+
+
+def test_transport_options_reach_the_transport_and_its_wrappers(agent: Agent, world: World) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'through faults', 'x')")
+    held = world.root / "held"
+    result = agent("run", world.hq, "--once", "--transport", "faults+folder", "-O", "faults.seed=7",
+                   "-O", f"faults.hold_dir={held}", "-O", "stale_temp_age=600")
+    assert result.code == 0, result.err
+    assert held.is_dir()  # the wrapper was built with the options given
+    assert agent("run", world.n1, "--once").code == 0
+
+
+def test_bad_transport_options(agent: Agent, world: World) -> None:
+    result = agent("run", world.hq, "--once", "-O", "no_such_setting=1")
+    assert result.code == 1 and len(result.err_lines) == 1
+    assert "no_such_setting" in result.err_lines[0]
+    result = agent("run", world.hq, "--once", "-O", "novalue")
+    assert result.code == 2 and len(result.err_lines) == 1 and "NAME=VALUE" in result.err
+    result = agent("run", world.hq, "--once", "-O", "max_file_size=-5")
+    assert result.code == 1 and len(result.err_lines) == 1 and "max_file_size" in result.err
