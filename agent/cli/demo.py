@@ -450,7 +450,7 @@ def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
         out.print(f"[bold red]FAILED[/]: the sites did not converge after {used} rounds ({elapsed:.1f}s)")
         return 1
     out.print(f"[bold green]OK[/]: {len(FIELD_SITES)} field sites converged with hq in {used} rounds, "
-              f"{sent} message files, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent == log end)",
+              f"{sent} data messages, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent == log end)",
               soft_wrap=True)
     out.print(f"Look around: agent status {folder / 'hq.db'} · agent inbox {folder / 'north.db'} · "
               f"sqlite3 {folder / 'north.db'} 'select * from customer'", soft_wrap=True)

@@ -38,20 +38,21 @@ def _describe_name(name: str) -> tuple[str | None, str | None, str | None, str |
     return parsed.sender, kind, str(parsed.header), None
 
 
-def _check(name: str, data: bytes, site_name: str, keyring: Any) -> str:
-    """What the agent will think of the file: verified, or why it is refused."""
-    from codec.errors import MessageError
+def _check(name: str, data: bytes, site_name: str, peers: frozenset[str], keyring: Any) -> str:
+    """What the agent will think of the file (the runner's checks on
+    arrival, in its order): verified, or why it will be quarantined."""
+    from codec.errors import BadFileName, MessageError
     from codec.message import check_message
     from codec.names import MessageName
 
-    sender, kind, header, problem = _describe_name(name)
-    if problem is not None:
-        return problem
-    parsed = MessageName.parse(name)
+    try:
+        parsed = MessageName.parse(name)
+    except BadFileName as error:
+        return str(error)
     if parsed.recipient != site_name:
         return f"addressed to {parsed.recipient}, not {site_name}"
-    if sender not in keyring:
-        return f"from {sender}, which is not a peer of {site_name}"
+    if parsed.sender not in peers:
+        return f"from {parsed.sender}, which is not a peer of {site_name}"
     try:
         message = check_message(data, source=name, keyring=keyring, recipient=site_name)
     except MessageError as error:
@@ -61,7 +62,7 @@ def _check(name: str, data: bytes, site_name: str, keyring: Any) -> str:
     return "ok, signed by " + message.sender + (", sealed" if message.sealed else "")
 
 
-async def _waiting(transport_name: str, options: tuple, address: str, site_name: str,
+async def _waiting(transport_name: str, options: tuple, address: str, site_name: str, peers: frozenset[str],
                    keyring: Any) -> list[Pending]:
     from transports.registry import create_transport
 
@@ -71,7 +72,7 @@ async def _waiting(transport_name: str, options: tuple, address: str, site_name:
         async for incoming in transport.receive(address):  # nothing is acknowledged: the files stay
             sender, kind, header, _ = _describe_name(incoming.name)
             found.append(Pending(incoming.name, sender, kind, header, len(incoming.data),
-                                 _check(incoming.name, incoming.data, site_name, keyring)))
+                                 _check(incoming.name, incoming.data, site_name, peers, keyring)))
     return found
 
 
@@ -127,7 +128,9 @@ def inbox(database: Path, transport: str | None, address: str | None, transport_
     with open_site(database) as site:
         identity = site.identity
         keyring = Keyring()
-        for remote in site.remotes():
+        remotes = site.remotes()
+        peers = frozenset(remote.name for remote in remotes)
+        for remote in remotes:
             if remote.public_key:
                 try:
                     keyring.add(PublicKeys.from_line(remote.public_key))
@@ -142,7 +145,8 @@ def inbox(database: Path, transport: str | None, address: str | None, transport_
             problem = f"site {identity.name} has no inbox address; give one with --address"
         else:
             try:
-                waiting = asyncio.run(_waiting(transport_name, transport_options, address, identity.name, keyring))
+                waiting = asyncio.run(_waiting(transport_name, transport_options, address, identity.name, peers,
+                                               keyring))
             except (TransportError, TypeError, ValueError) as error:
                 problem = f"cannot list {address} ({transport_name}): {error}"
     queued = _queued(database)

@@ -93,3 +93,14 @@ def test_unreachable_address_is_reported_with_exit_1(agent: Agent, world: World)
 def test_inbox_of_a_missing_database(tmp_path: Path, agent: Agent) -> None:
     result = agent("inbox", tmp_path / "nope.db")
     assert result.code == 1 and len(result.err_lines) == 1 and "no such site database" in result.err
+
+
+def test_check_says_why_a_file_will_be_refused(agent: Agent, world: World) -> None:
+    stranger = str(MessageName("stranger", "hq", Kind.DATA, Header(1, 0, 9, 0)))
+    misrouted = str(MessageName("n1", "n2", Kind.DATA, Header(1, 0, 9, 0)))
+    for name in (stranger, misrouted, "holiday-photo.jpg"):
+        (world.inbox("hq") / name).write_bytes(b"x" * 300)
+    checks = {item["file"]: item["check"] for item in _inbox(agent, world.hq)["waiting"]}
+    assert checks[stranger] == "from stranger, which is not a peer of hq"
+    assert checks[misrouted] == "addressed to n2, not hq"
+    assert "not a fieldsync message file name" in checks["holiday-photo.jpg"]
