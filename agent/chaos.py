@@ -1,0 +1,463 @@
+"""The protocol fault-injection suite: random workloads, faults and crashes
+against real agents, real SQLite files and a real transport.
+
+Rules of this file:
+* One seed decides everything: the number of remotes, the workload, the
+  fault rates, which sites run when, and where agents crash.  The same seed
+  gives the same run (``agent chaos --seed N`` replays one).
+* Agents run in one process on a virtual clock; a crash drops the agent
+  object at a named crash point and a new one starts on the same files.
+* After the faults stop, every site runs until the system is quiescent;
+  then the invariants are checked: every remote holds exactly the
+  consolidated's subscribed rows (I5), every ledger entry made anywhere is
+  everywhere exactly once (no loss, no double apply: a second apply of an
+  INSERT is an error row), every stream is confirmed to its end, and I1
+  holds on every remote-user row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import shutil
+import sqlite3
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from transports.faults import FaultRates, FaultsTransport
+
+from . import crashpoints
+from .admin import extract_site, init_site
+from .protocol import Settings
+from .runner import Agent, RunOptions
+from .site import SiteDatabase
+from .site.publications import Article
+
+SCHEMA = [
+    "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, balance REAL, scan BLOB)",
+    "CREATE TABLE product (sku TEXT PRIMARY KEY, title TEXT, price REAL)",
+    "CREATE TABLE ledger (entry TEXT PRIMARY KEY, site TEXT NOT NULL, amount INTEGER NOT NULL)",
+]
+PRODUCTS = ("tea", "jam", "rice", "soap")
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosParams:
+    seed: int
+    remotes: int = 2
+    steps: int = 8
+    rates: FaultRates = FaultRates()
+    crash_rate: float = 0.0
+    max_message_size: int = 10_000
+    patience: int = 1
+    transport: str = "folder"
+    unsafe_without_stale_rule: bool = False
+    unsafe_without_duplicate_rule: bool = False
+
+    @classmethod
+    def random(cls, seed: int, **overrides: object) -> "ChaosParams":
+        """Parameters drawn from the seed: k remotes, rates, workload size."""
+        rng = random.Random(f"params:{seed}")
+        scale = rng.choice((0.0, 0.03, 0.08, 0.15))
+        rates = FaultRates(drop=scale, corrupt=scale / 2, duplicate=scale, reorder=scale, delay=scale / 2,
+                           partition=scale / 4, max_hold_ticks=rng.randint(1, 6), partition_ticks=rng.randint(1, 4))
+        values = dict(seed=seed, remotes=rng.randint(1, 3), steps=rng.randint(3, 8), rates=rates,
+                      crash_rate=rng.choice((0.0, 0.0, 0.05, 0.15)), patience=rng.randint(1, 2))
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def command(self) -> str:
+        """A one-line command that replays this seed."""
+        parts = [f"agent chaos --seed {self.seed}"]
+        if self.transport != "folder":
+            parts.append(f"--transport {self.transport}")
+        if self.unsafe_without_stale_rule:
+            parts.append("--unsafe-without-stale-rule")
+        if self.unsafe_without_duplicate_rule:
+            parts.append("--unsafe-without-duplicate-rule")
+        if self.steps != ChaosParams.random(self.seed).steps:
+            parts.append(f"--steps {self.steps}")
+        return " ".join(parts)
+
+
+@dataclass(slots=True)
+class ChaosResult:
+    params: ChaosParams
+    faults: Counter = field(default_factory=Counter)
+    crashes: int = 0
+    resends: int = 0
+    quarantined: int = 0
+    rounds_to_quiesce: int = 0
+    divergences: list[str] = field(default_factory=list)
+    double_applies: list[str] = field(default_factory=list)
+    losses: list[str] = field(default_factory=list)
+    stuck: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.divergences or self.double_applies or self.losses or self.stuck)
+
+    def summary(self) -> str:
+        problems = self.divergences + self.double_applies + self.losses + ([self.stuck] if self.stuck else [])
+        return "; ".join(problems[:3]) if problems else "ok"
+
+
+class _Templates:
+    """Site files made once per number of remotes and copied for each seed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._made: set[int] = set()
+
+    def copy(self, remotes: int, target: Path) -> None:
+        source = self.root / f"k{remotes}"
+        if remotes not in self._made:
+            if source.exists():
+                shutil.rmtree(source)
+            _make_sites(source, remotes)
+            self._made.add(remotes)
+        for path in source.glob("*.db"):
+            shutil.copyfile(path, target / path.name)
+
+
+def _site_names(remotes: int) -> list[str]:
+    return [f"f{index}" for index in range(1, remotes + 1)]
+
+
+def _make_sites(root: Path, remotes: int) -> None:
+    root.mkdir(parents=True)
+    hq = init_site(root / "hq.db", name="hq", role="consolidated", address="inbox/hq", transport="folder")
+    for statement in SCHEMA:
+        hq.connection.execute(statement)
+    hq.connection.executemany("INSERT INTO product VALUES (?, ?, 1.0)", [(sku, sku) for sku in PRODUCTS])
+    hq.create_publication("field", [Article("customer", subscribe_by="region"), "product", "ledger"])
+    for remote in _site_names(remotes):
+        hq.add_remote(remote, address=f"inbox/{remote}", transport="folder")
+        hq.subscribe(remote, "field", remote)
+    for remote in _site_names(remotes):
+        extract_site(hq, remote, root / f"{remote}.db")
+    hq.close()
+
+
+class Simulation:
+    def __init__(self, root: Path, params: ChaosParams, templates: _Templates) -> None:
+        self.root = root
+        self.params = params
+        self.rng = random.Random(f"run:{params.seed}")
+        self.sites = ["hq", *_site_names(params.remotes)]
+        self.agents: dict[str, Agent] = {}
+        self.result = ChaosResult(params)
+        self.clock = 1_000_000.0
+        self.ledger: set[str] = set()
+        self.next_id = 1
+        self.root.mkdir(parents=True, exist_ok=True)
+        templates.copy(params.remotes, root)
+        for site in self.sites:
+            (root / "inbox" / site).mkdir(parents=True, exist_ok=True)
+            with SiteDatabase.open(root / f"{site}.db") as db:
+                # Addresses in the template are relative: point them here.
+                for remote in db.remotes():
+                    db.update_remote(remote.name, address=str(root / "inbox" / remote.name))
+
+    # -- agents --------------------------------------------------------------------------
+
+    def _options(self, site: str, faults: bool) -> RunOptions:
+        index = self.sites.index(site)
+        fault_options = {"seed": self.params.seed * 100 + index, "rates": self.params.rates,
+                         "hold_dir": str(self.root / "held" / site), "active": faults}
+        return RunOptions(transport=f"faults+{self.params.transport}", address=str(self.root / "inbox" / site),
+                          max_message_size=self.params.max_message_size, patience=self.params.patience,
+                          resend_urgency=0.0, wrapper_options={"faults": fault_options})
+
+    def _settings_patch(self, agent: Agent) -> None:
+        if self.params.unsafe_without_stale_rule or self.params.unsafe_without_duplicate_rule:
+            for peer in agent.peers.values():
+                peer.protocol.settings = dataclasses.replace(
+                    peer.protocol.settings, unsafe_without_stale_rule=self.params.unsafe_without_stale_rule,
+                    unsafe_without_duplicate_rule=self.params.unsafe_without_duplicate_rule)
+
+    async def _agent(self, site: str, faults: bool) -> Agent:
+        agent = self.agents.get(site)
+        if agent is None:
+            agent = Agent(self.root / f"{site}.db", self._options(site, faults), clock=lambda: self.clock)
+            await agent.__aenter__()
+            self._settings_patch(agent)
+            self.agents[site] = agent
+        return agent
+
+    async def _drop(self, site: str) -> None:
+        agent = self.agents.pop(site, None)
+        if agent is not None:
+            self._collect(agent)
+            await agent.aclose()
+
+    def _collect(self, agent: Agent) -> None:
+        for transport in agent.transports.values():
+            if isinstance(transport, FaultsTransport):
+                self.result.faults.update(transport.counts())
+                transport.injected.clear()
+        self.result.resends += agent.report.resend_requests
+        self.result.quarantined += agent.report.quarantined
+        agent.report.resend_requests = agent.report.quarantined = 0
+
+    async def run_site(self, site: str, *, faults: bool) -> None:
+        self.clock += 60.0
+        agent = await self._agent(site, faults)
+        armed = faults and self.rng.random() < self.params.crash_rate
+        if armed:
+            crashpoints.arm(self.rng.choice(crashpoints.POINTS), self.rng.randint(0, 3))
+        try:
+            await agent.run_once()
+        except crashpoints.Crash:
+            self.result.crashes += 1
+            await self._drop(site)
+        finally:
+            crashpoints.disarm()
+
+    # -- workload ----------------------------------------------------------------------
+
+    def _write(self, site: str, statements: Iterable[tuple[str, tuple]]) -> None:
+        conn = sqlite3.connect(self.root / f"{site}.db", timeout=30, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, values in statements:
+                conn.execute(sql, values)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def _customers(self, site: str) -> list[tuple[int, str]]:
+        conn = sqlite3.connect(self.root / f"{site}.db")
+        try:
+            return conn.execute("SELECT id, region FROM customer ORDER BY id").fetchall()
+        finally:
+            conn.close()
+
+    def workload_step(self) -> None:
+        rng = self.rng
+        remotes = self.sites[1:]
+        for site in self.sites:
+            if rng.random() < 0.3:
+                continue
+            statements: list[tuple[str, tuple]] = []
+            for _ in range(rng.randint(1, 3)):
+                entry = f"{site}-{self.next_id}"
+                self.next_id += 1
+                self.ledger.add(entry)
+                statements.append(("INSERT INTO ledger VALUES (?, ?, ?)", (entry, site, rng.randint(1, 99))))
+            if rng.random() < 0.4:
+                statements.append(("UPDATE product SET price = ?, title = ? WHERE sku = ?",
+                                   (round(rng.uniform(1, 9), 2), f"{site} price", rng.choice(PRODUCTS))))
+            if site == "hq":
+                customers = self._customers("hq")
+                for _ in range(rng.randint(0, 4)):
+                    statements.append(("INSERT INTO customer VALUES (?, ?, ?, ?, NULL)",
+                                       (self.next_id, rng.choice(remotes), f"c{self.next_id}", 0.0)))
+                    self.next_id += 1
+                if customers and rng.random() < 0.5:
+                    row_id, _ = rng.choice(customers)
+                    statements.append(("UPDATE customer SET balance = balance + 1 WHERE id = ?", (row_id,)))
+                if customers and rng.random() < 0.3:  # a row moves between subsets
+                    row_id, region = rng.choice(customers)
+                    statements.append(("UPDATE customer SET region = ? WHERE id = ?",
+                                       (rng.choice(remotes), row_id)))
+                if customers and rng.random() < 0.2:
+                    statements.append(("DELETE FROM customer WHERE id = ?", (rng.choice(customers)[0],)))
+                if rng.random() < 0.15:  # a transaction larger than the message size
+                    for _ in range(rng.randint(3, 6)):
+                        statements.append(("INSERT INTO customer VALUES (?, ?, 'scan', 0, ?)",
+                                           (self.next_id, rng.choice(remotes), rng.randbytes(3000))))
+                        self.next_id += 1
+            self._write(site, statements)
+
+    # -- the run -----------------------------------------------------------------------
+
+    async def run(self, settle_rounds: int = 40) -> ChaosResult:
+        try:
+            for _ in range(self.params.steps):
+                self.workload_step()
+                order = self.sites[:]
+                self.rng.shuffle(order)
+                for site in order:
+                    if self.rng.random() < 0.8:
+                        await self.run_site(site, faults=True)
+            await self._stop_faults()
+            for number in range(1, settle_rounds + 1):
+                for site in self.sites:
+                    await self.run_site(site, faults=False)
+                if self.quiescent():
+                    self.result.rounds_to_quiesce = number
+                    break
+            else:
+                self.result.stuck = f"no quiescence after {settle_rounds} rounds: {self.describe()}"
+            self.check()
+        finally:
+            for site in list(self.agents):
+                await self._drop(site)
+        return self.result
+
+    async def _stop_faults(self) -> None:
+        for site in self.sites:
+            agent = await self._agent(site, faults=True)
+            for transport in agent.transports.values():
+                if isinstance(transport, FaultsTransport):
+                    transport.active = False
+                    transport._partitioned_until.clear()
+                    await transport.flush()
+            # Agents started from now on run without faults.
+            self._collect(agent)
+            await self._drop(site)
+        for site in self.sites:
+            await self._agent(site, faults=False)
+
+    # -- checks ------------------------------------------------------------------------
+
+    def _rows(self, site: str, sql: str, values: tuple = ()) -> list[tuple]:
+        conn = sqlite3.connect(self.root / f"{site}.db")
+        try:
+            return sorted(conn.execute(sql, values).fetchall(), key=repr)
+        finally:
+            conn.close()
+
+    def _remote_rows(self) -> dict[str, tuple[dict, int]]:
+        found = {}
+        for site in self.sites:
+            with SiteDatabase.open(self.root / f"{site}.db") as db:
+                found[site] = ({row.name: row for row in db.remotes()}, db.log_end())
+        return found
+
+    def quiescent(self) -> bool:
+        rows = self._remote_rows()
+        for site, (peers, end) in rows.items():
+            for peer, row in peers.items():
+                if not row.confirm_sent == row.log_sent == end:
+                    return False
+                if row.log_received != rows[peer][0][site].log_sent:
+                    return False
+        for site in self.sites:
+            inbox = self.root / "inbox" / site
+            if any(".d." in path.name for path in inbox.iterdir()):
+                return False
+        return True
+
+    def describe(self) -> str:
+        parts = []
+        for site, (peers, end) in self._remote_rows().items():
+            for peer, row in peers.items():
+                parts.append(f"{site}->{peer} end={end} sent={row.log_sent} confirmed={row.confirm_sent} "
+                             f"received={row.log_received} epochs={row.resend_count}/{row.rereceive_count}")
+        return ", ".join(parts)
+
+    def check(self) -> None:
+        result = self.result
+        for site, (peers, end) in self._remote_rows().items():
+            for row in peers.values():
+                if not row.confirm_sent <= row.log_sent <= end:
+                    result.divergences.append(f"I1 broken at {site} for {row.name}")
+            with SiteDatabase.open(self.root / f"{site}.db") as db:
+                for error in db.apply_errors():
+                    result.double_applies.append(f"{site}: {error}")
+        hq_ledger = self._rows("hq", "SELECT entry, site, amount FROM ledger")
+        for site in self.sites:
+            ledger = self._rows(site, "SELECT entry FROM ledger")
+            entries = [row[0] for row in ledger]
+            missing = self.ledger - set(entries)
+            if missing:
+                result.losses.append(f"{site} lacks ledger entries {sorted(missing)[:5]}")
+            if len(entries) != len(set(entries)):
+                result.double_applies.append(f"{site} holds a ledger entry twice")
+            if site != "hq":
+                if self._rows(site, "SELECT entry, site, amount FROM ledger") != hq_ledger:
+                    result.divergences.append(f"{site}: ledger differs from hq")
+                subset = self._rows("hq", "SELECT * FROM customer WHERE region = ?", (site,))
+                if self._rows(site, "SELECT * FROM customer") != subset:
+                    result.divergences.append(f"{site}: customers differ from hq's subset")
+                if self._rows(site, "SELECT * FROM product") != self._rows("hq", "SELECT * FROM product"):
+                    result.divergences.append(f"{site}: products differ from hq")
+
+
+async def run_seed(params: ChaosParams, *, workdir: Path | None = None,
+                   templates: _Templates | None = None) -> ChaosResult:
+    own = workdir is None
+    base = Path(tempfile.mkdtemp(prefix="fieldsync-chaos-", dir=_fast_tmp())) if own else workdir
+    try:
+        templates = templates or _Templates(base / "templates")
+        return await Simulation(base / f"seed-{params.seed}", params, templates).run()
+    finally:
+        if own:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, **overrides: object) -> list[ChaosResult]:
+    """Run many seeds; each in a fresh folder, site templates shared."""
+    base = Path(tempfile.mkdtemp(prefix="fieldsync-chaos-", dir=_fast_tmp()))
+    templates = _Templates(base / "templates")
+    results = []
+    try:
+        for seed in seeds:
+            params = ChaosParams.random(seed, **overrides)
+            result = await run_seed(params, workdir=base, templates=templates)
+            shutil.rmtree(base / f"seed-{seed}", ignore_errors=True)
+            results.append(result)
+            if not result.ok and not keep_going:
+                break
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return results
+
+
+def shrink(params: ChaosParams) -> ChaosParams:
+    """A smaller failing case, where one exists: fewer steps, then no crashes,
+    then fewer fault kinds."""
+    def fails(candidate: ChaosParams) -> bool:
+        return not asyncio.run(run_seed(candidate)).ok
+
+    best = params
+    for steps in range(1, params.steps):
+        candidate = dataclasses.replace(best, steps=steps)
+        if fails(candidate):
+            best = candidate
+            break
+    if best.crash_rate and fails(dataclasses.replace(best, crash_rate=0.0)):
+        best = dataclasses.replace(best, crash_rate=0.0)
+    for kind in ("partition", "delay", "reorder", "duplicate", "corrupt", "drop"):
+        if getattr(best.rates, kind):
+            candidate = dataclasses.replace(best, rates=dataclasses.replace(best.rates, **{kind: 0.0}))
+            if fails(candidate):
+                best = candidate
+    return best
+
+
+def summarize(results: list[ChaosResult]) -> dict:
+    faults: Counter = Counter()
+    for result in results:
+        faults.update(result.faults)
+    failing = [r for r in results if not r.ok]
+    return {
+        "seeds": len(results),
+        "faults": dict(sorted(faults.items())),
+        "faults_total": sum(faults.values()),
+        "crashes": sum(r.crashes for r in results),
+        "resend_requests": sum(r.resends for r in results),
+        "quarantined": sum(r.quarantined for r in results),
+        "divergences": sum(len(r.divergences) for r in results),
+        "double_applies": sum(len(r.double_applies) for r in results),
+        "losses": sum(len(r.losses) for r in results),
+        "stuck": sum(1 for r in results if r.stuck),
+        "failing_seeds": [{"seed": r.params.seed, "replay": r.params.command(), "problem": r.summary()}
+                          for r in failing],
+    }
+
+
+def _fast_tmp() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and shm.stat().st_mode & 0o002 else None
+
+
+def main_json(seeds: Iterable[int]) -> str:
+    return json.dumps(summarize(asyncio.run(run_seeds(seeds))))
