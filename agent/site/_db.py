@@ -44,6 +44,9 @@ def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         conn.execute("PRAGMA synchronous = FULL")
     except sqlite3.DatabaseError as error:
+        code = getattr(error, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF in _BUSY_CODES:
+            raise translate(error, f"opening {path}") from error
         raise NotASite(f"{path}: cannot open as an SQLite database ({error})") from error
     return conn
 

@@ -339,11 +339,11 @@ class Applier:
             sql = self._update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else ())
         else:
             sql = self._delete_sql(table)
+        if batch.filters and table.name.lower() in batch.filters:
+            self._touch(batch, table, run)
         # A savepoint journals every existing page a statement changes; past
         # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
         # file, which halves UPDATE speed.  Small chunks stay in memory.
-        if batch.filters and table.name.lower() in batch.filters:
-            self._touch(batch, table, run)
         step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
         for start in range(0, len(run), step):
             chunk = params[start:start + step] if len(run) > step else params
@@ -412,9 +412,8 @@ class Applier:
     def _update_one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
         conn = self._conn
         key, before, after = op[2], op[3], op[4]
-        unconditional = self._update_sql(table, tuple(after), ())
         if not consolidated:
-            if conn.execute(unconditional, (*after.values(), *key)).rowcount:
+            if conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *key)).rowcount:
                 batch.applied += 1
             else:
                 self._error(batch, op, "UPDATE of a missing row")

@@ -234,6 +234,8 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
                 raise AlreadyASite(f"{path} is already the fieldsync site {read_identity(conn).name!r}; "
                                    "open it instead of initialising it again")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as error:
+            raise translate(error, f"initialising {path}") from error
         except sqlite3.DatabaseError as error:
             raise NotASite(f"{path}: cannot use as an SQLite database ({error})") from error
         if mode.lower() != "wal":

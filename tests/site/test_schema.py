@@ -114,3 +114,19 @@ def test_identity_is_frozen_and_hides_the_secret(tmp_path):
     with pytest.raises(AttributeError):
         site.identity.name = "other"  # type: ignore[misc]
     site.close()
+
+
+def test_init_while_another_connection_holds_the_lock_says_busy(tmp_path):
+    from agent.site import SiteBusy
+
+    path = tmp_path / "busy.db"
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("CREATE TABLE t (x)")
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(SiteBusy, match="locked by another connection"):
+            SiteDatabase.init(path, name="b", role="remote", busy_timeout=0.2)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    SiteDatabase.init(path, name="b", role="remote").close()
