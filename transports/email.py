@@ -38,6 +38,7 @@ from email.utils import formatdate, make_msgid, parseaddr
 from typing import TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
+import aioimaplib  # noqa: F401  (used by ._imap; imported here so a missing package fails this module's import)
 import aiosmtplib
 
 from .base import Incoming, Transport
@@ -206,7 +207,7 @@ def read_attachment(raw: bytes, name: str) -> bytes:
 
 def announced_name(header_block: bytes) -> str | None:
     values = BytesHeaderParser(policy=email.policy.default).parsebytes(header_block).get_all(HEADER, [])
-    return str(values[0]).strip() if len(values) == 1 else None
+    return str(values[0]).strip() or None if len(values) == 1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,9 +463,13 @@ class EmailTransport(Transport):
             header = next((value for key, value in item.literals.items() if key.startswith("BODY[HEADER")), b"")
             name = announced_name(header)
             size = item.numbers.get("RFC822.SIZE", 0)
+            if name is None:
+                await self._reject(session, box, selected.uidvalidity, item.uid, name,
+                                   f"its {HEADER} header is repeated or empty")
+                continue
             if not usable_name(name):
                 await self._reject(session, box, selected.uidvalidity, item.uid, name,
-                                   f"its {HEADER} header is missing, repeated or not a usable file name")
+                                   "the name it announces is not a usable file name")
                 continue
             by_name.setdefault(name, []).append((item.uid, size))
         listed = []

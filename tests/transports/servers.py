@@ -21,6 +21,7 @@ import asyncio
 import datetime
 import ipaddress
 import itertools
+import logging
 import os
 import pwd
 import shutil
@@ -487,15 +488,20 @@ class SmtpServer:
     def start(self) -> "SmtpServer":
         if self._controller is not None:
             return self
+        # aiosmtpd warns about its own use of a deprecated attribute on every login.
+        logging.getLogger("mail.log").setLevel(logging.ERROR)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.certificates.cert_file, self.certificates.key_file)
         options = dict(hostname="127.0.0.1", port=self.port, authenticator=self._authenticate,
-                       auth_required=True, auth_require_tls=True, server_hostname="127.0.0.1",
-                       data_size_limit=64 * 1024 * 1024, ident="fieldsync test SMTP")
+                       server_hostname="127.0.0.1", data_size_limit=64 * 1024 * 1024, ident="fieldsync test SMTP")
         if self.tls == "tls":
-            controller = Controller(self.handler, ssl_context=context, **options)
+            # aiosmtpd counts only STARTTLS as TLS for AUTH, and warns when AUTH is required
+            # without it: over implicit TLS it offers AUTH but cannot require it (``logins`` shows it).
+            controller = Controller(self.handler, ssl_context=context, auth_require_tls=False,
+                                    auth_required=False, **options)
         else:
-            controller = Controller(self.handler, tls_context=context, require_starttls=True, **options)
+            controller = Controller(self.handler, tls_context=context, require_starttls=True,
+                                    auth_require_tls=True, auth_required=True, **options)
         try:
             controller.start()
         except Exception as error:  # aiosmtpd raises whatever bind or its readiness probe raised

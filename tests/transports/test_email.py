@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import email
+import email.policy
+import imaplib
 import itertools
+import logging
+import random
+import re
+import ssl
+import time
+from email.message import EmailMessage
 from urllib.parse import urlsplit
 
 import pytest
 
+import transports.registry
+from transports import BadAddress, BadTransportOptions, TransportRefused, TransportUnavailable, create_transport
 from transports.email import EmailTransport, build_email
 
-from .conformance import TransportConformance
-from .servers import MAIL_DOMAIN, abandon_smtp_transaction
+from .conformance import TransportConformance, message_name, receive_all, received
+from .servers import (
+    MAIL_DOMAIN,
+    DovecotServer,
+    ServerFailed,
+    SmtpServer,
+    TcpProxy,
+    abandon_smtp_transaction,
+)
 
 PASSWORD_VARIABLE = "FIELDSYNC_TEST_MAIL_PASSWORD"
 _users = itertools.count(1)
@@ -57,3 +77,563 @@ class TestEmailConformance(TransportConformance):
         recipient = f"{user_of(address)}@{MAIL_DOMAIN}"
         whole = build_email(name, data, f"hq@{MAIL_DOMAIN}", recipient)
         await abandon_smtp_transaction(self.smtpd, "hq", recipient, whole[: len(whole) // 2])
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+SENDER = f"hq@{MAIL_DOMAIN}"
+
+
+def transport_for(dovecot, smtp, **options) -> EmailTransport:
+    settings = dict(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_tls=smtp.tls, from_address=SENDER,
+                    password_env=PASSWORD_VARIABLE, ca_file=str(dovecot.certificates.ca_file),
+                    retries=2, retry_delay=0.05, timeout=10)
+    settings.update(options)
+    return EmailTransport(**settings)
+
+
+def mailto(user: str) -> str:
+    return f"mailto:{user}@{MAIL_DOMAIN}"
+
+
+def one_line_error(error: BaseException) -> str:
+    text = str(error)
+    assert text and "\n" not in text
+    return text
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
+
+
+def plain_email(subject: str, body: str = "hello\n", **headers: str) -> bytes:
+    message = EmailMessage(policy=email.policy.SMTP)
+    message["From"] = f"someone@{MAIL_DOMAIN}"
+    message["To"] = f"site@{MAIL_DOMAIN}"
+    message["Subject"] = subject
+    message["Message-ID"] = f"<{slug(subject)}@{MAIL_DOMAIN}>"
+    for key, value in headers.items():
+        message[key.replace("_", "-")] = value
+    message.set_content(body)
+    return message.as_bytes()
+
+
+def mailbox_snapshot(dovecot, user: str, mailbox: str = "INBOX") -> dict[str, tuple[frozenset[str], bytes]]:
+    """Every message in ``mailbox`` by Message-ID: (flags without \\Recent, bytes), read by another client."""
+    context = ssl.create_default_context(cafile=str(dovecot.certificates.ca_file))
+    with imaplib.IMAP4_SSL("127.0.0.1", dovecot.imaps_port, ssl_context=context) as client:
+        client.login(user, dovecot.PASSWORD)
+        status, _ = client.select(mailbox, readonly=True)
+        assert status == "OK", mailbox
+        status, data = client.uid("FETCH", "1:*", "(FLAGS BODY.PEEK[])")
+        snapshot = {}
+        for part in data:
+            if not isinstance(part, tuple):
+                continue
+            flags = frozenset(flag.decode() for flag in imaplib.ParseFlags(part[0])) - {"\\Recent"}
+            message_id = email.message_from_bytes(part[1])["Message-ID"]
+            snapshot[message_id] = (flags, part[1])
+        client.logout()
+    return snapshot
+
+
+async def snapshot(dovecot, user: str, mailbox: str = "INBOX"):
+    return await asyncio.to_thread(mailbox_snapshot, dovecot, user, mailbox)
+
+
+@pytest.fixture(autouse=True)
+def _password(dovecot, monkeypatch) -> None:
+    monkeypatch.setenv(PASSWORD_VARIABLE, dovecot.PASSWORD)
+
+
+@pytest.fixture
+def user(dovecot) -> str:
+    return new_user(dovecot)
+
+
+@pytest.fixture
+async def transport(dovecot, smtpd):
+    async with transport_for(dovecot, smtpd) as transport:
+        yield transport
+
+
+def _started(server):
+    try:
+        return server.start()
+    except ServerFailed as error:
+        server.close()
+        pytest.fail(str(error), pytrace=False)
+
+
+@pytest.fixture
+def own_smtpd(dovecot):
+    """An SMTP server of this test's own, which it may stop or make refuse mail."""
+    server = _started(SmtpServer(dovecot))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def own_mail():
+    """Dovecot and SMTP of this test's own, which the test may stop and start again."""
+    dovecot = _started(DovecotServer())
+    dovecot.add_user("hq")
+    smtp = SmtpServer(dovecot)
+    try:
+        _started(smtp)
+        yield dovecot, smtp
+    finally:
+        smtp.close()
+        dovecot.close()
+
+
+# -- addresses and options ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("address, normal", [
+    ("mailto:field1@example.com", "mailto:field1@example.com"),
+    ("field1@example.com", "mailto:field1@example.com"),
+    ("MAILTO:field1%2Bfs@example.com", "mailto:field1+fs@example.com"),
+    ("imaps://field1@mail.example.com/INBOX", "imaps://field1@mail.example.com:993/INBOX"),
+    ("imaps://field1%40example.com@mail.example.com:1993", "imaps://field1%40example.com@mail.example.com:1993/INBOX"),
+    ("imap://hq@mail.example.com/fieldsync%20in", "imap://hq@mail.example.com:143/fieldsync%20in"),
+])
+def test_addresses_parse_and_normalise(address, normal) -> None:
+    transport = EmailTransport()
+    assert transport.check_address(address) == normal
+    assert transport.check_address(normal) == normal
+
+
+@pytest.mark.parametrize("address, complaint", [
+    ("imaps://hq:secret@mail.example.com/INBOX", "password"),
+    ("imaps://mail.example.com/INBOX", "names no user"),
+    ("imaps://hq@mail.example.com/INBOX?x=1", "'?'"),
+    ("mailto:field1@example.com?subject=hi", "'?'"),
+    ("field1", "not a plain email address"),
+    ("field1@example.com\r\nBcc: x@evil.test", "not a plain email address"),
+    ("Field One <field1@example.com>", "not a plain email address"),
+    ("pop3://hq@mail.example.com", "not a plain email address"),
+])
+def test_bad_addresses_are_refused(address, complaint) -> None:
+    with pytest.raises(BadAddress, match=re.escape(complaint)) as caught:
+        EmailTransport().check_address(address)
+    assert "secret" not in str(caught.value)
+
+
+async def test_send_wants_mailto_and_receive_wants_an_imap_url(transport, dovecot, user) -> None:
+    with pytest.raises(BadAddress, match="recipient's email address"):
+        await transport.send(dovecot.url(user), message_name(1), b"x")
+    with pytest.raises(BadAddress, match="IMAP mailbox"):
+        await receive_all(transport, mailto(user))
+    with pytest.raises(BadAddress, match="IMAP mailbox"):
+        await transport.wait_incoming(mailto(user), 0)
+
+
+@pytest.mark.parametrize("options", [
+    {"smtp_tls": "ssl"}, {"smtp_port": 0}, {"from_address": "hq"}, {"password_file": "a", "password_env": "B"},
+    {"move_to": ""}, {"quarantine_folder": "a\nb"}, {"max_message_size": -1}, {"idle": "yes"}, {"timeout": 0},
+    {"retries": 1.5},
+])
+def test_bad_options_are_refused(options) -> None:
+    with pytest.raises(ValueError):
+        EmailTransport(**options)
+
+
+def test_the_registry_builds_it(monkeypatch) -> None:
+    # Keep the registry's cache of loaded classes as it was: test_registry checks
+    # what happens when a built-in's module cannot be imported.
+    monkeypatch.setattr(transports.registry, "_loaded", dict(transports.registry._loaded))
+    transport = create_transport("email", smtp_host="mail.example.com", from_address="hq@example.com")
+    assert isinstance(transport, EmailTransport) and transport.smtp_port == 587
+    with pytest.raises(BadTransportOptions):
+        create_transport("email", password="secret")
+
+
+async def test_a_transport_without_smtp_settings_cannot_send(dovecot, user) -> None:
+    async with EmailTransport(password_env=PASSWORD_VARIABLE) as receive_only:
+        with pytest.raises(TransportRefused, match="smtp_host and from_address"):
+            await receive_only.send(mailto(user), message_name(1), b"x")
+
+
+# -- the email on the wire ----------------------------------------------------------------------
+
+
+async def test_each_file_travels_as_one_email_with_the_file_attached(transport, dovecot, user) -> None:
+    name, data = message_name(7), bytes(range(256)) * 40
+    await transport.send(mailto(user), name, data)
+    [raw] = dovecot.files(user).values()
+    message = email.message_from_bytes(raw, policy=email.policy.default)
+    assert message["X-Fieldsync-Message"] == name
+    assert name in message["Subject"]
+    assert message["From"] == SENDER and message["To"] == f"{user}@{MAIL_DOMAIN}"
+    assert message["Auto-Submitted"] == "auto-generated" and message["Message-ID"]
+    [attachment] = message.iter_attachments()
+    assert attachment.get_filename() == name
+    assert attachment.get_content_type() == "application/octet-stream"
+    assert attachment.get_content() == data
+    assert max(len(line) for line in raw.splitlines()) <= 998
+
+
+async def test_implicit_tls_smtp_and_starttls_imap(dovecot, smtpd_tls, user, tmp_path) -> None:
+    password_file = tmp_path / "mail-password"
+    password_file.write_text(dovecot.PASSWORD + "\n")
+    password_file.chmod(0o600)
+    async with transport_for(dovecot, smtpd_tls, password_env=None, password_file=str(password_file)) as transport:
+        logins = len(smtpd_tls.logins)
+        await transport.send(mailto(user), message_name(1), b"over implicit TLS")
+        assert smtpd_tls.logins[logins:] == [SENDER]
+        inbox = dovecot.url(user, implicit_tls=False)
+        assert inbox.startswith("imap://")
+        [incoming] = await receive_all(transport, inbox)
+        assert incoming.data == b"over implicit TLS"
+        await transport.ack(incoming)
+        assert await receive_all(transport, inbox) == []
+
+
+# -- other mail is left exactly as it was ------------------------------------------------------
+
+
+async def test_a_mailbox_with_other_mail_keeps_it_untouched(transport, dovecot, user) -> None:
+    dovecot.deliver(user, plain_email("lunch on friday"))
+    dovecot.deliver(user, plain_email("read and flagged"), flags="FS")
+    dovecot.deliver(user, plain_email("deleted by its owner, not yet expunged"), flags="ST")
+    dovecot.deliver(user, plain_email("a draft"), flags="D")
+    lookalike = EmailMessage(policy=email.policy.SMTP)
+    lookalike["Subject"] = f"fieldsync {message_name(9)}"
+    lookalike["Message-ID"] = f"<lookalike@{MAIL_DOMAIN}>"
+    lookalike.set_content("forwarded by a person, without fieldsync's header")
+    lookalike.add_attachment(b"not ours", maintype="application", subtype="octet-stream", filename=message_name(9))
+    dovecot.deliver(user, lookalike.as_bytes())
+    before = await snapshot(dovecot, user)
+    assert len(before) == 5
+
+    inbox = dovecot.url(user)
+    for last in (1, 2):
+        await transport.send(mailto(user), message_name(last), b"%d" % last)
+    got = await receive_all(transport, inbox)
+    assert [incoming.name for incoming in got] == [message_name(1), message_name(2)]
+    ours = {message_id for message_id in (await snapshot(dovecot, user)) if message_id not in before}
+    assert all("\\Seen" not in flags for message_id, (flags, _) in (await snapshot(dovecot, user)).items()
+               if message_id in ours)  # read with BODY.PEEK
+    for incoming in got:
+        await transport.ack(incoming)
+    assert await receive_all(transport, inbox) == []
+
+    after = await snapshot(dovecot, user)
+    assert after == before  # same messages, same flags, same bytes
+    assert sorted(after[f"<read-and-flagged@{MAIL_DOMAIN}>"][0]) == ["\\Flagged", "\\Seen"]
+    assert "\\Deleted" in after[f"<deleted-by-its-owner-not-yet-expunged@{MAIL_DOMAIN}>"][0]
+    assert after[f"<lunch-on-friday@{MAIL_DOMAIN}>"][0] == frozenset()
+
+
+# -- duplicates and unusable mail -----------------------------------------------------------------
+
+
+async def test_copies_of_one_name_are_yielded_once_and_acked_together(transport, dovecot, user) -> None:
+    name = message_name(3)
+    first = build_email(name, b"first copy", SENDER, f"{user}@{MAIL_DOMAIN}")
+    dovecot.deliver(user, first)
+    dovecot.deliver(user, first)  # delivered twice, as after a send retried by a dropped connection
+    dovecot.deliver(user, build_email(name, b"newest copy", SENDER, f"{user}@{MAIL_DOMAIN}"))
+    inbox = dovecot.url(user)
+    [incoming] = await receive_all(transport, inbox)
+    assert incoming.data == b"newest copy"
+    await transport.ack(incoming)
+    assert await receive_all(transport, inbox) == []
+    assert dovecot.files(user) == {}
+
+
+def _unusable_mail(user: str) -> dict[str, bytes]:
+    recipient = f"{user}@{MAIL_DOMAIN}"
+    no_attachment = EmailMessage(policy=email.policy.SMTP)
+    no_attachment["X-Fieldsync-Message"] = message_name(11)
+    no_attachment["Subject"] = "no attachment"
+    no_attachment["Message-ID"] = f"<no-attachment@{MAIL_DOMAIN}>"
+    no_attachment.set_content("the file is missing")
+    renamed = EmailMessage(policy=email.policy.SMTP)
+    renamed["X-Fieldsync-Message"] = message_name(12)
+    renamed["Message-ID"] = f"<renamed@{MAIL_DOMAIN}>"
+    renamed.set_content("attachment under another name")
+    renamed.add_attachment(b"data", maintype="application", subtype="octet-stream", filename=message_name(13))
+    bad_name = build_email(message_name(14), b"data", SENDER, recipient).replace(
+        message_name(14).encode(), b"../../etc/passwd.fsm......................................................")
+    twice = build_email(message_name(15), b"data", SENDER, recipient).replace(
+        b"X-Fieldsync-Message:", b"X-Fieldsync-Message: other\r\nX-Fieldsync-Message:", 1)
+    too_large = build_email(message_name(16), b"z" * 20_000, SENDER, recipient)
+    return {"no attachment": no_attachment.as_bytes(), "attachment is named": renamed.as_bytes(),
+            "not a usable file name": bad_name, "repeated": twice, "over the max_message_size": too_large}
+
+
+async def test_unusable_fieldsync_mail_is_skipped_logged_once_and_left(dovecot, smtpd, user, caplog) -> None:
+    for raw in _unusable_mail(user).values():
+        dovecot.deliver(user, raw)
+    dovecot.deliver(user, build_email(message_name(1), b"fine", SENDER, f"{user}@{MAIL_DOMAIN}"))
+    before = dovecot.files(user)
+    inbox = dovecot.url(user)
+    async with transport_for(dovecot, smtpd, max_message_size=10_000) as transport:
+        with caplog.at_level(logging.WARNING, logger="transports.email"):
+            for _ in range(2):
+                assert await received(transport, inbox) == {message_name(1): b"fine"}
+        [incoming] = await receive_all(transport, inbox)
+        await transport.ack(incoming)
+    warnings = [record.getMessage() for record in caplog.records if record.name == "transports.email"]
+    for reason in _unusable_mail(user):
+        assert sum(reason in warning for warning in warnings) == 1, (reason, warnings)
+    assert all("left in place" in warning and "\n" not in warning for warning in warnings)
+    assert len(dovecot.files(user)) == len(before) - 1
+
+
+async def test_unusable_fieldsync_mail_goes_to_the_quarantine_folder(dovecot, smtpd, user) -> None:
+    unusable = _unusable_mail(user)
+    for raw in unusable.values():
+        dovecot.deliver(user, raw)
+    dovecot.deliver(user, plain_email("not fieldsync's"))
+    inbox = dovecot.url(user)
+    async with transport_for(dovecot, smtpd, max_message_size=10_000, quarantine_folder="Quarantine") as transport:
+        await transport.send(mailto(user), message_name(1), b"fine")
+        assert await received(transport, inbox) == {message_name(1): b"fine"}
+        [incoming] = await receive_all(transport, inbox)
+        await transport.ack(incoming)
+    assert list(await snapshot(dovecot, user)) == [f"<not-fieldsync-s@{MAIL_DOMAIN}>"]
+    quarantined = await snapshot(dovecot, user, "Quarantine")
+    assert len(quarantined) == len(unusable)
+    assert all("\\Seen" not in flags for flags, _ in quarantined.values())
+
+
+async def test_move_to_keeps_acked_mail_in_a_folder(dovecot, smtpd, user) -> None:
+    inbox = dovecot.url(user)
+    async with transport_for(dovecot, smtpd, move_to="Processed") as transport:
+        await transport.send(mailto(user), message_name(1), b"keep me")
+        [incoming] = await receive_all(transport, inbox)
+        await transport.ack(incoming)
+        await transport.ack(incoming)
+        assert await receive_all(transport, inbox) == []
+    [(flags, raw)] = (await snapshot(dovecot, user, "Processed")).values()
+    assert b"X-Fieldsync-Message: " + message_name(1).encode() in raw
+
+
+# -- authentication and TLS --------------------------------------------------------------------------
+
+
+async def test_a_wrong_password_is_refused_by_imap_and_smtp(dovecot, smtpd, user, monkeypatch) -> None:
+    monkeypatch.setenv(PASSWORD_VARIABLE, "not the password")
+    async with transport_for(dovecot, smtpd, retry_delay=5) as transport:
+        started = time.monotonic()
+        with pytest.raises(TransportRefused) as imap_refusal:
+            await receive_all(transport, dovecot.url(user))
+        with pytest.raises(TransportRefused) as smtp_refusal:
+            await transport.send(mailto(user), message_name(1), b"x")
+    assert time.monotonic() - started < 3  # refused, not retried
+    assert f"refused login as {user}" in one_line_error(imap_refusal.value)
+    assert f"refused login as {SENDER}" in one_line_error(smtp_refusal.value)
+    assert "535" in str(smtp_refusal.value)
+    for error in (imap_refusal.value, smtp_refusal.value):
+        assert "not the password" not in str(error) and f"password_env {PASSWORD_VARIABLE}" in str(error)
+    assert dovecot.files(user) == {}
+
+
+@pytest.mark.parametrize("ca", ["other", "system"])
+async def test_a_certificate_that_does_not_verify_is_refused(dovecot, smtpd, smtpd_tls, user, ca) -> None:
+    ca_file = str(dovecot.certificates.other_ca_file) if ca == "other" else None
+    for smtp in (smtpd, smtpd_tls):
+        async with transport_for(dovecot, smtp, ca_file=ca_file) as transport:
+            with pytest.raises(TransportRefused) as caught:
+                await transport.send(mailto(user), message_name(1), b"x")
+            assert "certificate does not verify" in one_line_error(caught.value), smtp.tls
+    for implicit_tls in (True, False):
+        async with transport_for(dovecot, smtpd, ca_file=ca_file) as transport:
+            with pytest.raises(TransportRefused) as caught:
+                await receive_all(transport, dovecot.url(user, implicit_tls=implicit_tls))
+            assert "certificate does not verify" in one_line_error(caught.value)
+    assert dovecot.files(user) == {}
+
+
+async def test_a_certificate_for_another_host_is_refused(dovecot, user) -> None:
+    certificates = dataclasses.replace(dovecot.certificates, cert_file=dovecot.certificates.wrong_host_cert_file,
+                                       key_file=dovecot.certificates.wrong_host_key_file)
+    impostor = _started(SmtpServer(dovecot, certificates=certificates))
+    try:
+        async with transport_for(dovecot, impostor) as transport:
+            with pytest.raises(TransportRefused, match="certificate does not verify.*(mismatch|127.0.0.1)"):
+                await transport.send(mailto(user), message_name(1), b"x")
+    finally:
+        impostor.close()
+
+
+# -- refusals, stopped servers, dropped connections ----------------------------------------------------
+
+
+async def test_a_full_mailbox_fails_the_send_clearly_and_loses_nothing(dovecot, own_smtpd, user) -> None:
+    inbox = dovecot.url(user)
+    async with transport_for(dovecot, own_smtpd) as transport:
+        await transport.send(mailto(user), message_name(1), b"one")
+        own_smtpd.refuse_with = "452 4.2.2 Mailbox full"
+        with pytest.raises(TransportUnavailable) as caught:
+            await transport.send(mailto(user), message_name(2), b"two")
+        message = one_line_error(caught.value)
+        assert "452" in message and "Mailbox full" in message and "not sent" in message
+        assert f"{user}@{MAIL_DOMAIN}" in message and message_name(2) in message
+        assert caught.value.retryable
+        own_smtpd.refuse_with = "552 5.2.2 Mailbox over quota, permanently"
+        with pytest.raises(TransportRefused, match="552"):
+            await transport.send(mailto(user), message_name(2), b"two")
+        own_smtpd.refuse_with = None
+        await transport.send(mailto(user), message_name(2), b"two")  # the agent's next try
+        assert await received(transport, inbox) == {message_name(1): b"one", message_name(2): b"two"}
+    assert len(dovecot.files(user)) == 2
+
+
+async def test_an_unknown_recipient_is_refused(transport, dovecot) -> None:
+    with pytest.raises(TransportRefused, match="550"):
+        await transport.send(mailto("nobody-here"), message_name(1), b"x")
+
+
+async def test_the_smtp_server_stopped_mid_run_and_restarted(dovecot, own_smtpd, user) -> None:
+    async with transport_for(dovecot, own_smtpd, retries=1) as transport:
+        await transport.send(mailto(user), message_name(1), b"one")
+        own_smtpd.stop()
+        with pytest.raises(TransportUnavailable) as caught:
+            await transport.send(mailto(user), message_name(2), b"two")
+        assert caught.value.retryable and "\n" not in str(caught.value)
+        restarted = _started(SmtpServer(dovecot, port=own_smtpd.port))
+        try:
+            await transport.send(mailto(user), message_name(2), b"two")
+            await transport.send(mailto(user), message_name(3), b"three")
+        finally:
+            restarted.close()
+        assert await received(transport, dovecot.url(user)) == {
+            message_name(1): b"one", message_name(2): b"two", message_name(3): b"three"}
+    assert len(dovecot.files(user)) == 3
+
+
+async def test_the_imap_server_stopped_mid_run_and_restarted(own_mail) -> None:
+    dovecot, smtp = own_mail
+    user = new_user(dovecot)
+    inbox = dovecot.url(user)
+    names = [message_name(last) for last in (1, 2, 3)]
+    async with transport_for(dovecot, smtp, retries=1) as transport:
+        for name in names:
+            await transport.send(mailto(user), name, name.encode())
+        first, second, _third = await receive_all(transport, inbox)
+        await transport.ack(first)
+
+        dovecot.stop()
+        with pytest.raises(TransportUnavailable) as caught:
+            await receive_all(transport, inbox)
+        assert caught.value.retryable and "\n" not in str(caught.value)
+        with pytest.raises(TransportUnavailable):
+            await transport.ack(second)
+        await transport.send(mailto(user), message_name(4), b"4")  # SMTP still takes mail
+
+        dovecot.start()
+        await transport.ack(second)  # the agent acks again what it stored
+        got = await receive_all(transport, inbox)
+        assert [incoming.name for incoming in got] == [names[2], message_name(4)]
+        for incoming in got:
+            await transport.ack(incoming)
+        assert await receive_all(transport, inbox) == []
+    assert dovecot.files(user) == {}
+
+
+async def test_a_connection_dropped_mid_send_is_remade_and_delivers_once(dovecot, smtpd, user) -> None:
+    proxy = TcpProxy(smtpd.port)
+    data = random.Random(3).randbytes(1024 * 1024)
+    try:
+        async with transport_for(dovecot, smtpd, smtp_port=proxy.port) as transport:
+            proxy.cut_after(upload=300_000)
+            await transport.send(mailto(user), message_name(1), data)
+            assert proxy.cuts == 1 and proxy.connections == 2
+            assert await received(transport, dovecot.url(user)) == {message_name(1): data}
+    finally:
+        proxy.close()
+    assert len(dovecot.files(user)) == 1
+
+
+async def test_a_connection_dropped_mid_download_is_remade(dovecot, smtpd, user) -> None:
+    proxy = TcpProxy(dovecot.imaps_port)
+    data = random.Random(4).randbytes(3 * 1024 * 1024)
+    dovecot.deliver(user, build_email(message_name(1), data, SENDER, f"{user}@{MAIL_DOMAIN}"))
+    inbox = f"imaps://{user}@127.0.0.1:{proxy.port}/INBOX"
+    try:
+        async with transport_for(dovecot, smtpd) as transport:
+            proxy.cut_after(download=1024 * 1024)
+            [incoming] = await receive_all(transport, inbox)
+            assert incoming.data == data
+            await transport.ack(incoming)
+            assert proxy.cuts == 1 and proxy.connections == 2
+            assert await receive_all(transport, inbox) == []
+    finally:
+        proxy.close()
+
+
+# -- waiting for mail (IDLE) ------------------------------------------------------------------------------
+
+
+async def test_wait_incoming_wakes_when_mail_arrives(transport, dovecot, user) -> None:
+    inbox = dovecot.url(user)
+    assert await receive_all(transport, inbox) == []
+    loop = asyncio.get_running_loop()
+    sent_at = []
+
+    async def send_later() -> None:
+        await asyncio.sleep(0.5)
+        sent_at.append(loop.time())
+        await transport.send(mailto(user), message_name(1), b"x")
+
+    sender = asyncio.create_task(send_later())
+    started = loop.time()
+    await transport.wait_incoming(inbox, 30)
+    woke = loop.time()
+    await sender
+    assert woke - started < 10 and sent_at and woke >= sent_at[0]
+    assert await received(transport, inbox) == {message_name(1): b"x"}
+
+
+async def test_wait_incoming_returns_at_once_for_mail_not_yet_received(transport, dovecot, user) -> None:
+    inbox = dovecot.url(user)
+    await transport.send(mailto(user), message_name(1), b"x")
+    async with asyncio.timeout(5):
+        await transport.wait_incoming(inbox, 30)  # never received: waiting
+    [incoming] = await receive_all(transport, inbox)
+    await transport.send(mailto(user), message_name(2), b"y")
+    async with asyncio.timeout(5):
+        await transport.wait_incoming(inbox, 30)  # arrived after that receive
+    await transport.ack(incoming)
+
+
+async def test_wait_incoming_waits_for_the_timeout_when_nothing_comes(transport, dovecot, user) -> None:
+    inbox = dovecot.url(user)
+    await transport.send(mailto(user), message_name(1), b"x")
+    await receive_all(transport, inbox)  # seen, not acked: not new any more
+    dovecot.deliver(user, plain_email("other mail does not count as fieldsync mail"))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await transport.wait_incoming(inbox, 1.0)
+    assert 0.9 <= loop.time() - started < 5
+
+
+async def test_cancelling_wait_incoming_leaves_the_transport_usable(transport, dovecot, user) -> None:
+    inbox = dovecot.url(user)
+    await receive_all(transport, inbox)
+    waiting = asyncio.create_task(transport.wait_incoming(inbox, 30))
+    await asyncio.sleep(0.3)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await transport.send(mailto(user), message_name(1), b"x")
+    async with asyncio.timeout(5):
+        await transport.wait_incoming(inbox, 30)
+    assert await received(transport, inbox) == {message_name(1): b"x"}
+
+
+async def test_without_idle_wait_incoming_polls(dovecot, smtpd, user) -> None:
+    inbox = dovecot.url(user)
+    async with transport_for(dovecot, smtpd, idle=False) as transport:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await transport.wait_incoming(inbox, 0.5)
+        assert 0.45 <= loop.time() - started < 5
+        await transport.send(mailto(user), message_name(1), b"x")
+        async with asyncio.timeout(5):
+            await transport.wait_incoming(inbox, 30)
