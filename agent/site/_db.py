@@ -38,12 +38,15 @@ def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3
     commits, so a commit the disk later loses would be a confirmed
     transaction missing for ever.
     """
+    conn = None
     try:
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                cached_statements=512, timeout=busy_timeout)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         conn.execute("PRAGMA synchronous = FULL")
     except sqlite3.DatabaseError as error:
+        if conn is not None:
+            conn.close()
         code = getattr(error, "sqlite_errorcode", None)
         if code is not None and code & 0xFF in _BUSY_CODES:
             raise translate(error, f"opening {path}") from error
