@@ -368,7 +368,7 @@ class ImapSession:
                     break
                 if not self._alive:
                     return True
-                if pushed is aioimaplib.STOP_WAIT_SERVER_PUSH or pushed == aioimaplib.STOP_WAIT_SERVER_PUSH:
+                if pushed == aioimaplib.STOP_WAIT_SERVER_PUSH:
                     break
                 woke = any(isinstance(line, bytes) and re.search(rb"\d+ (EXISTS|RECENT)\Z", line)
                            for line in pushed)
@@ -377,13 +377,14 @@ class ImapSession:
             client.idle_done()
             async with asyncio.timeout(self.timeout):
                 await idle_command
+        except SessionLost:
+            self.close()
+            return True  # dropped while idle: whoever receives next finds out why
         except TimeoutError:
             self.close()
             raise SessionLost("no answer to DONE after IDLE") from None
         except (OSError, aioimaplib.AioImapException) as error:
             self.close()
-            if isinstance(error, SessionLost):
-                return True
             raise SessionLost(f"IDLE failed: {error}") from None
         except BaseException:
             self.close()

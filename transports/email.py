@@ -370,7 +370,7 @@ class EmailTransport(Transport):
                     self._drop_smtp()
                     if isinstance(error, aiosmtplib.SMTPAuthenticationError):
                         raise self._smtp_login_refused(error) from None
-                    if isinstance(error, aiosmtplib.SMTPConnectResponseError) and error.code >= 400 and error.code < 500:
+                    if isinstance(error, aiosmtplib.SMTPConnectResponseError) and 400 <= error.code < 500:
                         failure = TransportUnavailable(f"SMTP server {self._smtp_where()} is busy: "
                                                        f"{error.code} {one_line(error.message)}")
                     else:
@@ -390,6 +390,10 @@ class EmailTransport(Transport):
                         # The server may have closed an idle session: one fresh try at once.
                         log.debug("%s; reconnecting", failure)
                         continue
+                except BaseException:
+                    # Cancelled mid-dialogue, or refused before connecting: no half-used session stays.
+                    self._drop_smtp()
+                    raise
             await self._backing_off(failure, delays)
 
     def _smtp_where(self) -> str:
@@ -416,13 +420,13 @@ class EmailTransport(Transport):
         smtp = aiosmtplib.SMTP(hostname=self.smtp_host, port=self.smtp_port, use_tls=use_tls, start_tls=start_tls,
                                tls_context=context, timeout=self.timeout,
                                local_hostname=self.from_address.rpartition("@")[2])
-        self._smtp = smtp
+        if password is not None and self.smtp_tls == "none":
+            raise TransportRefused(f"not sending the SMTP password to {self._smtp_where()} without TLS; "
+                                   "use smtp_tls='starttls' or 'tls', or no password for a local relay")
+        self._smtp = smtp  # dropped by the caller if anything below fails
         async with asyncio.timeout(self.connect_timeout + self.timeout):
             await smtp.connect(timeout=self.connect_timeout)
         if password is not None:
-            if self.smtp_tls == "none":
-                raise TransportRefused(f"not sending the SMTP password to {self._smtp_where()} without TLS; "
-                                       "use smtp_tls='starttls' or 'tls', or no password for a local relay")
             await smtp.login(self._smtp_login(), password)
         return smtp
 
