@@ -1,0 +1,14 @@
+"""The crash-safe message spool (DESIGN §5, EP 0 280 773): message queues in
+a recovery log with selective-relogging checkpoints.  The format is in
+``docs/spool-format.md``."""
+
+from ._check import SpoolCheck, check_spool
+from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
+from ._format import RelogMode
+from ._recovery import RestartStats
+from ._spool import (CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolQueues, SpoolStatus)
+
+__all__ = [
+    "CheckpointStats", "DequeueToken", "InDoubtDequeue", "RelogMode", "Resolution", "RestartStats", "SpoolCheck",
+    "SpoolCorrupt", "SpoolError", "SpoolLocked", "SpoolQueues", "SpoolStatus", "check_spool",
+]

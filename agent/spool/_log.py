@@ -1,0 +1,451 @@
+"""The recovery log: segment files of framed records, one RBA space.
+
+Rules of this file:
+* RBA = byte position in the log as if all segments were one file; a
+  segment named ``<base>.seg`` holds RBAs ``base`` up to the next segment's
+  base, starting with its 24-byte header.  A record never spans segments.
+* :class:`LogWriter` is the only code that writes segment files.  Records are
+  appended to a memory buffer (under the caller's lock) and written and
+  fsynced by whichever waiting thread becomes the *leader* of the next group
+  commit: one fsync covers every record appended before it started.
+* The first record of each group-commit write carries ``BATCH_START``.  A
+  write starts only after the previous one was fsynced, so a valid
+  batch-start record after a bad one proves the bad one was durable once:
+  that is corruption, not a torn write.  :func:`scan` applies this rule.
+* A failed write or fsync poisons the writer: what reached the disk is
+  unknown, so the spool must be reopened (never retry an fsync).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from ._errors import SpoolCorrupt, SpoolError
+from ._format import (BATCH_START, FRAME, FRAME_SIZE, MAX_PAYLOAD, SEGMENT_HEADER_SIZE, RecordType,
+                      check_segment_header, encode_frame, frame_crc, segment_header)
+
+SEGMENT_SUFFIX = ".seg"
+_SEGMENT_NAME = re.compile(r"(\d{20})\.seg\Z")
+_VALID_TYPES = frozenset(int(t) for t in RecordType)
+# Every type byte a valid record can have, with and without the batch flag.
+_TYPE_BYTES = sorted(_VALID_TYPES | {t | BATCH_START for t in _VALID_TYPES})
+_BATCH_TYPE_BYTES = [t | BATCH_START for t in sorted(_VALID_TYPES)]
+
+
+def segment_name(base: int) -> str:
+    return f"{base:020d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    base: int
+    path: Path
+    size: int
+
+
+def list_segments(directory: Path) -> list[SegmentFile]:
+    found = []
+    for path in directory.iterdir():
+        match = _SEGMENT_NAME.match(path.name)
+        if match and path.is_file():
+            found.append(SegmentFile(int(match.group(1)), path, path.stat().st_size))
+    found.sort(key=lambda segment: segment.base)
+    return found
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Corruption:
+    rba: int
+    segment: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    rba: int  # where the valid log ends
+    segment: str
+    discarded: int  # bytes after it (a torn write of the last group commit)
+    reason: str
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What a scan found besides the records it yielded."""
+
+    start: int
+    end: int = 0  # RBA after the last valid record (the writer continues here)
+    bytes_read: int = 0
+    records: int = 0
+    torn: TornTail | None = None
+    corruption: list[Corruption] = field(default_factory=list)
+    dropped_segment: str | None = None  # a last segment whose header never made it to disk
+
+
+def _frame_problem(view: memoryview, offset: int, rba: int) -> tuple[str | None, int, int]:
+    """Check the frame at ``offset``; return (problem, type byte, payload length)."""
+    limit = len(view)
+    if offset + FRAME_SIZE > limit:
+        return "record header cut short", 0, 0
+    crc, length, type_byte = FRAME.unpack_from(view, offset)
+    if (type_byte & ~BATCH_START) not in _VALID_TYPES:
+        return f"bad record type byte {type_byte:#04x}", type_byte, length
+    if length > MAX_PAYLOAD:
+        return f"impossible record length {length}", type_byte, length
+    if offset + FRAME_SIZE + length > limit:
+        return f"record of {length} bytes cut short", type_byte, length
+    if frame_crc(rba, type_byte, view[offset + FRAME_SIZE:offset + FRAME_SIZE + length]) != crc:
+        return "checksum mismatch", type_byte, length
+    return None, type_byte, length
+
+
+def _next_valid(view: memoryview, after: int, base: int, type_bytes: list[int]) -> int | None:
+    """Offset of the first valid frame after ``after`` whose type byte is one of ``type_bytes``."""
+    data = view.obj if isinstance(view.obj, (bytes, mmap.mmap)) else bytes(view)
+    candidates = set()
+    for type_byte in type_bytes:
+        needle = bytes((type_byte,))
+        position = data.find(needle, after + 8)
+        while position != -1:
+            candidates.add(position - 8)
+            position = data.find(needle, position + 1)
+    for offset in sorted(candidates):
+        if offset > after and _frame_problem(view, offset, base + offset)[0] is None:
+            return offset
+    return None
+
+
+def scan(segments: list[SegmentFile], start: int, result: ScanResult, *,
+         salvage: bool = False) -> Iterator[tuple[int, int, memoryview]]:
+    """Yield ``(rba, type byte, payload)`` for every valid record from ``start``.
+
+    A bad record in the last segment with no valid batch-start record after
+    it is a torn tail: the scan ends there (``result.torn``).  Any other bad
+    record is corruption: raised as :class:`SpoolCorrupt`, or with
+    ``salvage`` recorded in ``result.corruption`` and skipped.  Payload views
+    are valid only until the next record is yielded.
+    """
+    if not segments:
+        result.end = start
+        return
+    if start < segments[0].base + SEGMENT_HEADER_SIZE:
+        if start < segments[0].base:
+            raise SpoolCorrupt(start, segment_name(segments[0].base),
+                               f"the log starts at RBA {segments[0].base}; RBA {start} was reclaimed")
+        start = segments[0].base + SEGMENT_HEADER_SIZE
+    index = 0
+    while index + 1 < len(segments) and segments[index + 1].base <= start:
+        index += 1
+    result.end = start
+
+    def problem(rba: int, segment: SegmentFile, reason: str) -> None:
+        corruption = Corruption(rba, segment.path.name, reason)
+        if not salvage:
+            raise SpoolCorrupt(rba, segment.path.name, reason)
+        result.corruption.append(corruption)
+
+    for position in range(index, len(segments)):
+        segment = segments[position]
+        last = position == len(segments) - 1
+        if position + 1 < len(segments) and segment.base + segment.size != segments[position + 1].base:
+            problem(segment.base + min(segment.size, segments[position + 1].base - segment.base), segment,
+                    f"segment holds {segment.size} bytes but the next segment starts at RBA "
+                    f"{segments[position + 1].base}")
+        with open(segment.path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:
+                data: bytes | mmap.mmap = b""
+            else:
+                data = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+            view = memoryview(data)
+            try:
+                header_problem = check_segment_header(bytes(view[:SEGMENT_HEADER_SIZE]), segment.base)
+                if header_problem is not None:
+                    if last and position > 0 and _next_valid(view, -1, segment.base, _TYPE_BYTES) is None:
+                        # The rollover that created it crashed before its header was durable.
+                        result.dropped_segment = segment.path.name
+                        result.torn = TornTail(segment.base, segment.path.name, size, header_problem)
+                        result.end = segment.base
+                        return
+                    problem(segment.base, segment, header_problem)
+                    continue
+                offset = max(start - segment.base, SEGMENT_HEADER_SIZE) if position == index else SEGMENT_HEADER_SIZE
+                if position == index and start > segment.base + size:
+                    raise SpoolCorrupt(start, segment.path.name, f"RBA {start} is past the end of the log")
+                result.bytes_read += size - offset
+                result.end = segment.base + offset
+                while offset < size:
+                    rba = segment.base + offset
+                    reason, type_byte, length = _frame_problem(view, offset, rba)
+                    if reason is None:
+                        payload = view[offset + FRAME_SIZE:offset + FRAME_SIZE + length]
+                        result.records += 1
+                        result.end = rba + FRAME_SIZE + length
+                        yield rba, type_byte, payload
+                        payload.release()
+                        offset += FRAME_SIZE + length
+                        continue
+                    if last:
+                        later = _next_valid(view, offset, segment.base, _BATCH_TYPE_BYTES)
+                        if later is None:
+                            result.torn = TornTail(rba, segment.path.name, size - offset, reason)
+                            result.end = rba
+                            return
+                        problem(rba, segment, reason + " (valid records follow: not a torn write)")
+                    else:
+                        problem(rba, segment, reason)
+                        later = _next_valid(view, offset, segment.base, _TYPE_BYTES)
+                        if later is None:
+                            break
+                    offset = later
+                if not last:
+                    result.end = segment.base + size
+            finally:
+                view.release()
+                if isinstance(data, mmap.mmap):
+                    data.close()
+
+
+def read_record_at(path: Path, base: int, rba: int) -> tuple[int, bytes]:
+    """Read and verify one record from a segment file (for offline checks)."""
+    with open(path, "rb") as handle:
+        return _read_verified(handle.fileno(), base, rba)
+
+
+def _read_verified(fd: int, base: int, rba: int) -> tuple[int, bytes]:
+    head = os.pread(fd, FRAME_SIZE, rba - base)
+    if len(head) < FRAME_SIZE:
+        raise SpoolCorrupt(rba, segment_name(base), "record header cut short")
+    crc, length, type_byte = FRAME.unpack(head)
+    if length > MAX_PAYLOAD:
+        raise SpoolCorrupt(rba, segment_name(base), f"impossible record length {length}")
+    payload = os.pread(fd, length, rba - base + FRAME_SIZE)
+    if len(payload) < length or frame_crc(rba, type_byte, payload) != crc:
+        raise SpoolCorrupt(rba, segment_name(base), "record does not verify")
+    return type_byte & ~BATCH_START, payload
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+class LogWriter:
+    """Appends records and makes them durable by group commit."""
+
+    def __init__(self, directory: Path, *, segments: list[SegmentFile], end: int, segment_bytes: int,
+                 fsync: bool) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.fsync = fsync
+        self._cond = threading.Condition(threading.Lock())
+        self._bases: list[int] = [segment.base for segment in segments]
+        self._read_fds: dict[int, int] = {}
+        self._failed: BaseException | None = None
+        if not segments:
+            self._create_segment(0, segment_header(0))
+            self._bases = [0]
+            end = SEGMENT_HEADER_SIZE
+        base = self._bases[-1]
+        self._write_base = base
+        self._write_fd = os.open(directory / segment_name(base), os.O_WRONLY | os.O_APPEND)
+        if os.fstat(self._write_fd).st_size != end - base:
+            raise SpoolError(f"{segment_name(base)}: the writer expected it to end at RBA {end}")
+        # Appending side (guarded by the caller's lock and self._cond):
+        self._next = end
+        self._assign_base = base
+        self._chunks: list[tuple[int, bytearray]] = [(base, bytearray())]
+        self._pending_records = 0
+        # Flushing side:
+        self._written = end  # everything before is written (and fsynced when self.fsync)
+        self._flushing = False
+        self.syncs = 0
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def next_rba(self) -> int:
+        return self._next
+
+    @property
+    def durable_rba(self) -> int:
+        return self._written
+
+    @property
+    def first_rba(self) -> int:
+        return self._bases[0]
+
+    def segment_bases(self) -> list[int]:
+        return list(self._bases)
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append(self, record_type: int, payload: bytes) -> int:
+        """Add one record to the next group commit; return its RBA."""
+        size = FRAME_SIZE + len(payload)
+        with self._cond:
+            if self._failed is not None:
+                raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
+            if (self._next - self._assign_base) + size > self.segment_bytes \
+                    and self._next - self._assign_base > SEGMENT_HEADER_SIZE:
+                self._assign_base = self._next
+                self._chunks.append((self._next, bytearray(segment_header(self._next))))
+                self._next += SEGMENT_HEADER_SIZE
+            rba = self._next
+            if self._pending_records == 0:
+                record_type |= BATCH_START
+            self._chunks[-1][1].extend(encode_frame(rba, record_type, payload))
+            self._next += size
+            self._pending_records += 1
+            return rba
+
+    # -- group commit --------------------------------------------------------------------------
+
+    def sync(self, upto: int | None = None) -> None:
+        """Return once every record before ``upto`` (default: all appended) is durable."""
+        with self._cond:
+            target = self._next if upto is None else upto
+            while self._written < target:
+                if self._failed is not None:
+                    raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
+                if self._flushing:
+                    self._cond.wait()
+                    continue
+                self._flushing = True
+                chunks, end = self._chunks, self._next
+                self._chunks = [(self._assign_base, bytearray())]
+                self._pending_records = 0
+                self._cond.release()
+                try:
+                    self._write(chunks)
+                except BaseException as error:
+                    self._cond.acquire()
+                    self._failed = error
+                    self._flushing = False
+                    self._cond.notify_all()
+                    raise SpoolError(f"writing the spool log failed: {error}") from error
+                self._cond.acquire()
+                self._written = end
+                self._flushing = False
+                self.syncs += 1
+                self._cond.notify_all()
+            if self._failed is not None and self._written < target:
+                raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
+
+    def _write(self, chunks: list[tuple[int, bytearray]]) -> None:
+        for base, data in chunks:
+            if base != self._write_base:
+                if self.fsync:
+                    os.fsync(self._write_fd)  # the old segment is complete before the next one exists
+                os.close(self._write_fd)
+                self._write_fd = self._create_segment(base, bytes(data), keep_open=True)
+                self._write_base = base
+                with self._cond:
+                    self._bases.append(base)
+                continue
+            view = memoryview(data)
+            while view:
+                written = os.write(self._write_fd, view)
+                view = view[written:]
+        if self.fsync:
+            os.fsync(self._write_fd)
+
+    def _create_segment(self, base: int, data: bytes, keep_open: bool = False) -> int:
+        path = self.directory / segment_name(base)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.fsync:
+                os.fsync(fd)
+                fsync_directory(self.directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        if keep_open:
+            return fd
+        os.close(fd)
+        return -1
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read(self, rba: int) -> tuple[int, bytes]:
+        """Read and verify the record at ``rba`` (writing the buffer out first if it is there)."""
+        if rba >= self._written:
+            self.sync(rba + FRAME_SIZE)
+        with self._cond:
+            bases = self._bases
+            index = _segment_index(bases, rba)
+            base = bases[index]
+            fd = self._read_fds.get(base)
+            if fd is None:
+                fd = os.open(self.directory / segment_name(base), os.O_RDONLY)
+                self._read_fds[base] = fd
+        return _read_verified(fd, base, rba)
+
+    # -- space ---------------------------------------------------------------------------------
+
+    def drop_before(self, rba: int) -> list[str]:
+        """Delete the segments that end at or before ``rba``; return their names."""
+        dropped = []
+        with self._cond:
+            while len(self._bases) > 1 and self._bases[1] <= rba and self._bases[0] != self._write_base:
+                base = self._bases.pop(0)
+                fd = self._read_fds.pop(base, None)
+                if fd is not None:
+                    os.close(fd)
+                dropped.append(segment_name(base))
+        for name in dropped:
+            (self.directory / name).unlink(missing_ok=True)
+        if dropped and self.fsync:
+            fsync_directory(self.directory)
+        return dropped
+
+    def disk_bytes(self) -> int:
+        with self._cond:
+            bases = list(self._bases)
+        total = 0
+        for base in bases:
+            try:
+                total += (self.directory / segment_name(base)).stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def close(self) -> None:
+        with self._cond:
+            fds = list(self._read_fds.values())
+            self._read_fds.clear()
+            write_fd, self._write_fd = self._write_fd, -1
+        for fd in fds:
+            os.close(fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+def _segment_index(bases: list[int], rba: int) -> int:
+    low, high = 0, len(bases)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if bases[middle] <= rba:
+            low = middle
+        else:
+            high = middle
+    if not bases or rba < bases[0]:
+        raise SpoolError(f"RBA {rba} is no longer in the log")
+    return low
