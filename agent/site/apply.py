@@ -46,6 +46,7 @@ from .capture import (
 )
 from .errors import ApplyRefused, ConflictHookFailed, IncarnationMismatch, InvalidSetting
 from .log import cut_locked, top_seq
+from .log import log_end as log_end_of
 from .remotes import get_remote
 from .schema import Role, SiteIdentity
 from .values import operation_problem, pack, unpack, value_problem
@@ -150,6 +151,7 @@ class Applier:
         self._article_shapes: dict[str, int] = {}
         self._policies: dict[str, str] = {}
         self.hooks: dict[str | None, ConflictHook] = {}
+        self._site_name = ""
 
     # --- metadata --------------------------------------------------------------
 
@@ -219,6 +221,7 @@ class Applier:
         if type(messages) is not int or messages < 0:
             raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
         self._refresh()
+        self._site_name = identity.name
         end = cut_locked(conn, identity.name)
         consolidated = identity.role is Role.CONSOLIDATED
         batch = _Batch(peer, format_time(now or utc_now()))
@@ -287,12 +290,8 @@ class Applier:
                         if (type(before) is dict and type(after) is dict and after
                                 and {*map(type, key), *map(type, after.values()),
                                      *map(type, before.values())} <= plain):
-                            if consolidated:
-                                mine = (table, 2, len(key), *after, None, *before)
-                                values = (*after.values(), *key, *before.values())
-                            else:
-                                mine = (table, 2, len(key), *after)
-                                values = (*after.values(), *key)
+                            mine = (table, 2, len(key), *after, None, *before)
+                            values = (*after.values(), *key, *before.values())
                     elif kind == 3:  # DELETE
                         if (after is None and type(before) is dict
                                 and {*map(type, key), *map(type, before.values())} <= plain):
@@ -336,7 +335,7 @@ class Applier:
         if kind == OpKind.INSERT:
             sql = self._insert_sql(table, tuple(first[4]), ignore=True)
         elif kind == OpKind.UPDATE:
-            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else ())
+            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]))
         else:
             sql = self._delete_sql(table)
         if batch.filters and table.name.lower() in batch.filters:
@@ -412,12 +411,6 @@ class Applier:
     def _update_one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
         conn = self._conn
         key, before, after = op[2], op[3], op[4]
-        if not consolidated:
-            if conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *key)).rowcount:
-                batch.applied += 1
-            else:
-                self._error(batch, op, "UPDATE of a missing row")
-            return
         if conn.execute(self._update_sql(table, tuple(after), tuple(before)),
                         (*after.values(), *key, *before.values())).rowcount:
             batch.applied += 1
@@ -426,7 +419,57 @@ class Applier:
         if local is None:
             self._error(batch, op, "UPDATE of a missing row")
             return
-        self._conflict(table, op, local, batch)
+        if consolidated:
+            self._conflict(table, op, local, batch)
+            return
+        # A remote applies what the consolidated sends, except a column whose
+        # value is the remote's own change that the consolidated had not yet
+        # applied when it wrote this operation: the consolidated applies that
+        # change after this one and sends the outcome back, so overwriting it
+        # here would leave this site with the older value for good.
+        differing = {column for column, value in before.items() if not _sqlite_equal(local.get(column), value)}
+        kept = self._own_latest(table, key, differing & set(after)) if differing else set()
+        written = {column: value for column, value in after.items() if column not in kept}
+        if written:
+            conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+        batch.applied += 1
+
+    def _own_latest(self, table: _Table, key: tuple, columns: set[str]) -> set[str]:
+        """Which of ``columns`` of row ``key`` were last changed here by a
+        local write (not by an apply), judging by the capture rows still in
+        the log.  Only called on the slow path of a remote."""
+        if table.shape is None or not columns:
+            return set()
+        conn = self._conn
+        shapes = {row[0]: self._shapes.get(row[0]) for row in conn.execute(
+            "SELECT id FROM fieldsync_shape WHERE table_name = ? COLLATE NOCASE", (table.name,))}
+        end = log_end_of(conn)
+        remaining = set(columns)
+        own: set[str] = set()
+        cursor = conn.execute(f"SELECT * FROM fieldsync_capture WHERE shape IN ({', '.join('?' * len(shapes))})"
+                              " ORDER BY seq DESC", tuple(shapes))
+        for row in cursor:
+            shape = shapes[row[1]]
+            width = len(shape.columns)
+            old = row[4:4 + width]
+            new = row[4 + width:4 + 2 * width] if row[2] == KIND_UPDATE else old
+            positions = shape.key_positions
+            if tuple(new[i] for i in positions) != key and tuple(old[i] for i in positions) != key:
+                continue
+            changed = {column for i, column in enumerate(shape.columns)
+                       if row[2] != KIND_UPDATE or not _sqlite_equal(old[i], new[i])} & remaining
+            if not changed:
+                continue
+            local = row[0] > end or conn.execute(
+                "SELECT origin FROM fieldsync_log WHERE commit_offset >= ? ORDER BY commit_offset LIMIT 1",
+                (row[0],)).fetchone()[0] == self._site_name
+            if local:
+                own |= changed
+            remaining -= changed
+            if not remaining:
+                break
+        cursor.close()
+        return own
 
     def _conflict(self, table: _Table, op: tuple, local: dict, batch: _Batch) -> None:
         conn = self._conn
@@ -587,6 +630,21 @@ class Applier:
             sql = f"DELETE FROM {table.quoted} WHERE {table.where_key}"
             self._sql[cache_key] = sql
         return sql
+
+
+def _sqlite_equal(left: object, right: object) -> bool:
+    """Equality as the ``IS`` of the conditional UPDATE sees it: numbers by
+    value (1 = 1.0), text and blobs by type and content, NaN as NULL."""
+    if isinstance(left, float) and left != left:
+        left = None
+    if isinstance(right, float) and right != right:
+        right = None
+    if type(left) in _NUMBERS and type(right) in _NUMBERS:
+        return left == right
+    return type(left) is type(right) and left == right
+
+
+_NUMBERS = (int, float)
 
 
 def _packed(value: object) -> bytes:

@@ -260,15 +260,28 @@ def test_duplicate_insert_at_the_consolidated_sends_its_row_back(hq):
 
 
 def test_a_remote_applies_what_the_consolidated_sends_as_is(remote):
-    app = app_connection(remote)
-    app.execute("INSERT INTO customer (id, name, balance) VALUES (1, 'mine', 1.0), (2, 'two', 2.0)")
-    result = remote.apply("hq", [txn(5, upd(1, {"name": "something else"}, {"name": "from hq"}),
-                                     ins(2, name="hq two"), origin="hq")], log_received=5)
+    remote.apply("hq", [txn(5, ins(1, name="one"), ins(2, name="two"), origin="hq")], log_received=5)
+    # Row 1 differs from what hq believes, but not through a local change
+    # (a divergence): hq's values are taken as they are.
+    result = remote.apply("hq", [txn(6, upd(1, {"name": "something else"}, {"name": "from hq"}),
+                                     ins(2, name="hq two"), origin="hq")], log_received=6)
     assert result.conflicts == 0
     assert [row[:2] for row in table_rows(remote, "customer")] == [(1, "from hq"), (2, "hq two")]
     assert remote.conflicts() == ()
     (error,) = remote.apply_errors()
     assert error.problem.startswith("INSERT of an existing key: the row was overwritten")
+
+
+def test_a_remote_keeps_its_own_change_the_consolidated_has_not_seen(remote):
+    """hq's UPDATE was written before hq applied the remote's change to the
+    same column: the remote keeps its value (hq applies the remote's change
+    after its own and sends the outcome back); other columns are taken."""
+    remote.apply("hq", [txn(5, ins(1, name="one", balance=1.0), origin="hq")], log_received=5)
+    app_connection(remote).execute("UPDATE customer SET name = 'local edit' WHERE id = 1")
+    remote.apply("hq", [txn(6, upd(1, {"name": "one", "balance": 1.0}, {"name": "hq edit", "balance": 2.0}),
+                        origin="hq")], log_received=6)
+    assert table_rows(remote, "customer")[0][:4] == (1, "local edit", None, 2.0)
+    assert remote.apply_errors() == () and remote.conflicts() == ()
 
 
 # --- crash in the middle of an apply ----------------------------------------------------

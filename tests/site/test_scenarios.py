@@ -168,3 +168,22 @@ def test_consolidated_recreating_a_row_while_a_remote_changes_it(sites):
     full_round(hq, remotes)
     assert table_rows(hq, "orders", "WHERE id IN (3, 6)") == [(3, "north", 53, "seed"), (6, "north", 53, "re-created")]
     assert_converged(hq, remotes)
+
+
+def test_a_second_change_made_while_a_conflict_result_is_on_its_way(sites):
+    """r1 changes a row hq changed too, sends it, and changes the row again
+    before hearing back.  hq applies both (the first as a conflict); r1 keeps
+    its second change when hq's older operations reach it."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    app_connection(hq).execute("UPDATE orders SET qty = 83, note = 'hq' WHERE id = 3")
+    app_connection(r1).execute("UPDATE orders SET qty = 18 WHERE id = 3")
+    replicate(r1, hq)
+    app_connection(r1).execute("UPDATE orders SET qty = 80 WHERE id = 3")
+    replicate(r1, hq)
+    assert len(hq.conflicts()) == 1
+    assert table_rows(hq, "orders", "WHERE id = 3") == [(3, "north", 80, "hq")]
+    replicate(hq, r1)
+    assert_converged(hq, remotes)
+    full_round(hq, remotes)
+    assert_converged(hq, remotes)
