@@ -637,3 +637,9 @@ async def test_without_idle_wait_incoming_polls(dovecot, smtpd, user) -> None:
         await transport.send(mailto(user), message_name(1), b"x")
         async with asyncio.timeout(5):
             await transport.wait_incoming(inbox, 30)
+
+
+async def test_a_mailbox_that_does_not_exist_is_refused(transport, dovecot, user) -> None:
+    with pytest.raises(TransportRefused) as caught:
+        await receive_all(transport, dovecot.url(user, "Nowhere"))
+    assert "does the mailbox 'Nowhere' exist?" in one_line_error(caught.value)
