@@ -1,8 +1,9 @@
 """The ``agent`` command: a table of subcommands, one module each.
 
-Every subcommand returns normally (exit 0) or raises; :func:`main` maps
-exceptions to one-line messages and exit codes: 1 for errors, 2 for usage
-errors.  ``--debug`` shows the traceback instead.
+Every subcommand returns its exit code (None meaning 0) or raises;
+:func:`main` maps exceptions to one-line messages and exit codes: 1 for
+errors, 2 for usage errors.  ``--debug`` shows the traceback instead.
+docs/cli.md describes every command.
 """
 
 from __future__ import annotations
