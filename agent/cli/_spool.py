@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..queues import DirectoryQueues, QueueDepth
+from ..queues import DirectoryQueues, MessageQueues, QueueDepth
 from ..runner import agent_directory
 
 _REASON_SUFFIX = ".reason.json"
@@ -24,14 +24,20 @@ class QuarantinedFile:
     size: int
 
 
-def queues(database: Path) -> DirectoryQueues:
+def open_queues(database: Path) -> MessageQueues:
+    """The queues the agent of ``database`` uses (the one place that knows
+    which implementation that is: the runner's default)."""
     return DirectoryQueues(agent_directory(database) / "queues")
 
 
 def queue_depths(database: Path) -> list[QueueDepth]:
     if not (agent_directory(database) / "queues").is_dir():
         return []
-    return queues(database).depths()
+    spool = open_queues(database)
+    try:
+        return spool.depths()
+    finally:
+        spool.close()
 
 
 def quarantine_folder(database: Path) -> Path:

@@ -13,7 +13,7 @@ import click
 from rich.table import Table
 
 from ._common import DATABASE, TransportOption, console, format_moment, iso_moment, open_site, split_transport_options
-from ._spool import QuarantinedFile, queues, quarantined
+from ._spool import QuarantinedFile, open_queues, quarantined, queue_depths
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,18 +77,22 @@ async def _waiting(transport_name: str, options: tuple, address: str, site_name:
 
 
 def _queued(database: Path) -> dict[str, list[Pending]]:
-    from ._spool import queue_depths
-
-    spool = queues(database)
     result: dict[str, list[Pending]] = {}
-    for depth in queue_depths(database):
-        entries = []
-        for name in spool.inbound(depth.peer):
-            sender, kind, header, _ = _describe_name(name)
-            size = len(spool.read_inbound(depth.peer, name))
-            entries.append(Pending(name, sender, kind, header, size, "verified on arrival"))
-        if entries:
-            result[depth.peer] = entries
+    depths = queue_depths(database)
+    if not depths:
+        return result
+    spool = open_queues(database)
+    try:
+        for depth in depths:
+            entries = []
+            for name in spool.inbound(depth.peer):
+                sender, kind, header, _ = _describe_name(name)
+                size = len(spool.read_inbound(depth.peer, name))
+                entries.append(Pending(name, sender, kind, header, size, "verified on arrival"))
+            if entries:
+                result[depth.peer] = entries
+    finally:
+        spool.close()
     return result
 
 

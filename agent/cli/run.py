@@ -18,33 +18,36 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
 
-from ..queues import DirectoryQueues
-from ._spool import quarantined
+from codec.errors import BadFileName
+from codec.names import MessageName
+
+from ..queues import MessageQueues, QueueDepth
+from ._spool import open_queues, quarantined
 from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transport, console, format_seconds,
                       logging_to, open_site, show_progress, split_transport_options)
 
 log = logging.getLogger("fieldsync.cli")
 
 
-class _ProgressQueues(DirectoryQueues):
-    """The agent's directory queues, reporting to progress bars as a large
-    backlog is packed (by log offset) and handed to the transport (by file)."""
+class _ProgressQueues(MessageQueues):
+    """Wraps the agent's queues and reports to progress bars as a large
+    backlog is packed (by log offset) and handed to the transport (by file).
+    Every call goes to the wrapped queues unchanged."""
 
-    def __init__(self, root: str | os.PathLike[str], progress: Progress) -> None:
-        super().__init__(root)
+    def __init__(self, inner: MessageQueues, progress: Progress) -> None:
+        self.inner = inner
         self.progress = progress
         self.log_end: Callable[[], int] | None = None
         self._preparing: dict[str, tuple[Any, int, int]] = {}  # peer -> (task, first prev, end)
         self._prepared: dict[str, int] = {}  # peer -> data messages queued
         self._sending: dict[str, list[Any]] = {}  # peer -> [task, files sent, files to send]
 
+    # -- reported ------------------------------------------------------------------------
+
     def put_outbound(self, peer: str, name: str, data: bytes, resend_count: int | None) -> None:
-        super().put_outbound(peer, name, data, resend_count)
+        self.inner.put_outbound(peer, name, data, resend_count)
         if resend_count is None:  # a control message
             return
-        from codec.errors import BadFileName
-        from codec.names import MessageName
-
         try:
             header = MessageName.parse(name).header
         except BadFileName:
@@ -62,27 +65,58 @@ class _ProgressQueues(DirectoryQueues):
 
     def read_outbound(self, peer: str, name: str) -> bytes:
         if peer not in self._sending:
-            total = len(self.outbound(peer))
+            total = len(self.inner.outbound(peer))
             task = self.progress.add_task(f"sending to {peer}", total=total, count=f"0/{total} files")
             self._sending[peer] = [task, 0, total]
-        return super().read_outbound(peer, name)
+        return self.inner.read_outbound(peer, name)
 
     def delete_outbound(self, peer: str, name: str) -> None:
-        super().delete_outbound(peer, name)
+        self.inner.delete_outbound(peer, name)
         entry = self._sending.get(peer)
         if entry is not None:
             entry[1] += 1
             self.progress.update(entry[0], completed=entry[1], count=f"{entry[1]}/{entry[2]} files")
 
+    # -- passed through ------------------------------------------------------------------
+
+    def put_inbound(self, peer: str, name: str, data: bytes) -> None:
+        self.inner.put_inbound(peer, name, data)
+
+    def inbound(self, peer: str) -> list[str]:
+        return self.inner.inbound(peer)
+
+    def read_inbound(self, peer: str, name: str) -> bytes:
+        return self.inner.read_inbound(peer, name)
+
+    def delete_inbound(self, peer: str, names: tuple[str, ...] | list[str]) -> None:
+        self.inner.delete_inbound(peer, names)
+
+    def outbound(self, peer: str) -> list[str]:
+        return self.inner.outbound(peer)
+
+    def purge_outbound(self, peer: str, below_resend_count: int) -> int:
+        return self.inner.purge_outbound(peer, below_resend_count)
+
+    def depths(self) -> list[QueueDepth]:
+        return self.inner.depths()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a queue implementation offers the runner (restart
+        # hooks of the spool, say) is the wrapped queue's.
+        return getattr(self.inner, name)
+
 
 async def _run_once_with_progress(database: Path, options: "RunOptions", out: Console) -> "RunReport":  # noqa: F821
-    from ..runner import Agent, agent_directory
+    from ..runner import Agent
 
     # Packing advances by log offset (its share of the backlog), sending by file.
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TextColumn("{task.fields[count]}"), TimeElapsedColumn())
     with Progress(*columns, console=out, transient=True) as progress:
-        queues = _ProgressQueues(agent_directory(database) / "queues", progress)
+        queues = _ProgressQueues(open_queues(database), progress)
         async with Agent(database, options, batch=True, queues=queues) as agent:
             queues.log_end = agent.db.log_end
             return await agent.run_once()
