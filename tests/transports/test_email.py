@@ -643,3 +643,16 @@ async def test_a_mailbox_that_does_not_exist_is_refused(transport, dovecot, user
     with pytest.raises(TransportRefused) as caught:
         await receive_all(transport, dovecot.url(user, "Nowhere"))
     assert "does the mailbox 'Nowhere' exist?" in one_line_error(caught.value)
+
+
+async def test_ack_keeps_a_copy_delivered_after_the_receive(transport, dovecot, user) -> None:
+    inbox = dovecot.url(user)
+    name = message_name(1)
+    await transport.send(mailto(user), name, b"old")
+    [stale] = await receive_all(transport, inbox)
+    await transport.send(mailto(user), name, b"delivered again")
+    await transport.ack(stale)
+    [fresh] = await receive_all(transport, inbox)
+    assert fresh.data == b"delivered again"
+    await transport.ack(fresh)
+    assert await receive_all(transport, inbox) == []
