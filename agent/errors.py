@@ -14,8 +14,11 @@ class UsageError(AgentError):
 def describe_error(error: BaseException) -> str:
     """One line saying what went wrong; internal errors say so and ask for --debug."""
     from codec.errors import CodecError
+    from transports.errors import TransportError
 
-    if isinstance(error, (AgentError, CodecError)):
+    from .site.errors import SiteError
+
+    if isinstance(error, (AgentError, CodecError, SiteError, TransportError)):
         return str(error)
     if isinstance(error, OSError):
         return f"{error.strerror or error} ({error.filename})" if error.filename else str(error)

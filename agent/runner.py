@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections import deque
+from datetime import datetime
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -41,6 +42,7 @@ from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbo
                        SendData, Settings, StreamStopped)
 from .queues import DirectoryQueues, MessageQueues
 from .restore import check_restored
+from .schedule import sending_due
 from .site import SiteDatabase
 from .site.errors import SiteError
 
@@ -137,6 +139,7 @@ class Agent:
         self._send_cycles = 0
         self._closed = False
         self._restored = False
+        self._last_scheduled: dict[str, datetime] = {}
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -370,6 +373,7 @@ class Agent:
         except BadFileName as error:
             await self._quarantine_file(None, name_text, data, str(error))
             await transport.ack(incoming)
+            self.report.quarantined += 1
             return
         peer = self.peers.get(name.sender)
         if name.recipient != self.name or peer is None:
@@ -377,6 +381,7 @@ class Agent:
                       else f"from {name.sender}, which is not a peer of {self.name}")
             await self._quarantine_file(None, name_text, data, reason)
             await transport.ack(incoming)
+            self.report.quarantined += 1
             return
         now = self.clock()
         try:
@@ -488,10 +493,23 @@ class Agent:
     # -- sending --------------------------------------------------------------------------
 
     async def send_phase(self, *, force_controls: bool) -> None:
+        """Scan the log; send to every peer whose schedule is due (batch
+        runs: every peer), and confirm."""
         log_end = await asyncio.to_thread(self.db.scan)
         now = self.clock()
+        rows = {} if self.batch else {row.name: row for row in await asyncio.to_thread(self.db.remotes)}
+        wall = datetime.now().astimezone()
         for peer in self.peers.values():
-            await self._execute(peer, peer.protocol.send_due(now, log_end))
+            row = rows.get(peer.name)
+            # The schedule counts from the last scheduled send of this agent
+            # (or the last recorded send), whether or not it carried data.
+            last = self._last_scheduled.get(peer.name, row.last_sent_at if row is not None else None)
+            if row is None or sending_due(wall, last, send_every=row.send_every, send_at=row.send_at):
+                self._last_scheduled[peer.name] = wall
+                await self._execute(peer, peer.protocol.send_due(now, log_end))
+            else:
+                # Not due by its schedule; a resend that was asked for still goes.
+                await self._execute(peer, peer.protocol.handle_timer(now))
             await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
 
     async def _send_data(self, peer: _Peer, action: SendData) -> list[Any]:

@@ -1,0 +1,78 @@
+"""Continuous mode: agents polling on their own, schedules, clean shutdown."""
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agent.runner import Agent, RunOptions
+from agent.site import SiteDatabase
+
+from .world import World, random_rows
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = RunOptions(receive_delay=0.05, send_delay=0.05, heartbeat_cycles=2)
+
+
+async def test_continuous_agents_replicate_until_stopped(tmp_path):
+    world = World(tmp_path / "w", remotes=("f1",), options=FAST)
+    world.write("hq", *random_rows(random.Random(1), 10, ("f1",)))
+    world.extract_all()
+    stop = asyncio.Event()
+    async with Agent(world.db("hq"), FAST, batch=False) as hq, Agent(world.db("f1"), FAST, batch=False) as f1:
+        tasks = [asyncio.create_task(hq.run_forever(stop)), asyncio.create_task(f1.run_forever(stop))]
+        world.write("hq", *random_rows(random.Random(2), 25, ("f1",), start=100))
+        world.write("f1", ("INSERT INTO ledger VALUES ('f1-1', 'f1', 5)", ()))
+        deadline = time.monotonic() + 30
+
+        def done() -> bool:
+            return (world.quiescent() and len(world.rows("f1", "customer")) == 35
+                    and world.rows("hq", "ledger") != [])
+
+        while time.monotonic() < deadline and not done():
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+    assert world.quiescent()
+    world.check_converged()
+    assert world.rows("hq", "ledger") == [("f1-1", "f1", 5)]
+
+
+async def test_send_every_holds_sends_back_until_due(tmp_path):
+    world = World(tmp_path / "w", remotes=("f1",), options=FAST)
+    world.extract_all()
+    with SiteDatabase.open(world.db("hq")) as hq:
+        hq.update_remote("f1", send_every=3600)
+    stop = asyncio.Event()
+    async with Agent(world.db("hq"), FAST, batch=False) as hq:
+        task = asyncio.create_task(hq.run_forever(stop))
+        await asyncio.sleep(0.3)  # the first cycle sends (nothing sent before)
+        world.write("hq", *random_rows(random.Random(3), 5, ("f1",), start=500))
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    with SiteDatabase.open(world.db("hq")) as hq:
+        row = hq.remote("f1")
+        assert row.log_sent < hq.log_end(), "the hourly schedule should hold the new rows back"
+
+
+def test_sigterm_stops_a_continuous_run_cleanly(tmp_path):
+    world = World(tmp_path / "w", remotes=("f1",))
+    world.extract_all()
+    world.write("hq", *random_rows(random.Random(4), 5, ("f1",), start=900))
+    process = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(world.db("hq")),
+                                "--receive-delay", "0.1", "--send-delay", "0.1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(".d." in p.name for p in world.inbox("f1").iterdir()):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
+    assert any(".d." in p.name for p in world.inbox("f1").iterdir())
