@@ -153,6 +153,19 @@ def _remove(path: Path) -> None:
             pass
 
 
+def _publish(temporary: Path, target: Path) -> None:
+    """Give the finished file its name, never replacing a file that
+    appeared there meanwhile."""
+    try:
+        os.link(temporary, target)
+    except FileExistsError:
+        raise ExtractionError(f"{target} appeared while extracting; the copy was discarded, extract again") from None
+    except OSError:
+        os.rename(temporary, target)  # no hard links on this file system
+        return
+    os.remove(temporary)
+
+
 def _fsync_directory(directory: Path) -> None:
     try:
         descriptor = os.open(directory, os.O_RDONLY)
@@ -196,7 +209,7 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
                              public_key=material.public_key or row.public_key, secret=material.secret, now=now)
         try:
             incarnation = read_identity(copy).incarnation
-            offset, counts, epochs = _copy(site, copy, remote, plans, table_sql, incarnation, material, temporary)
+            offset, counts, epochs = _copy(site, copy, remote, plans, table_sql, incarnation, material)
             _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
             copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
@@ -209,7 +222,7 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
         finally:
             os.close(descriptor)
         _remove_sidecars(temporary)
-        os.rename(temporary, target)
+        _publish(temporary, target)
         _fsync_directory(target.parent)
     except sqlite3.Error as error:
         _remove(temporary)
@@ -229,8 +242,8 @@ def _remove_sidecars(path: Path) -> None:
 
 
 def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: list[_Plan],
-          table_sql: list[tuple[str, list[str]]], incarnation: bytes, material: RemoteKeys,
-          temporary: Path) -> tuple[int, dict[str, int], tuple[int, int]]:
+          table_sql: list[tuple[str, list[str]]], incarnation: bytes,
+          material: RemoteKeys) -> tuple[int, dict[str, int], tuple[int, int]]:
     """Pin the snapshot at the log offset E and copy the subscribed rows."""
     with write_transaction(copy, f"creating the tables of {remote!r}"):
         for create_table, _indexes in table_sql:
