@@ -34,7 +34,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from email.parser import BytesHeaderParser
 from pathlib import Path
 
 from aiosmtpd.controller import Controller
@@ -516,10 +515,6 @@ class SmtpServer:
 
     def close(self) -> None:
         self.stop()
-
-
-def parse_headers(message: bytes):
-    return BytesHeaderParser().parsebytes(message)
 
 
 # -- a TCP proxy that can cut connections -------------------------------------------
