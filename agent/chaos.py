@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import random
 import shutil
 import sqlite3
@@ -56,6 +55,10 @@ class ChaosParams:
     max_message_size: int = 10_000
     patience: int = 1
     transport: str = "folder"
+    # Where each site's inbox is, for transports other than folder; formatted
+    # with {root} (the seed's folder) and {site}.
+    address_template: str = "{root}/inbox/{site}"
+    transport_options: tuple[tuple[str, str], ...] = ()
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
 
@@ -162,7 +165,10 @@ class Simulation:
             with SiteDatabase.open(root / f"{site}.db") as db:
                 # Addresses in the template are relative: point them here.
                 for remote in db.remotes():
-                    db.update_remote(remote.name, address=str(root / "inbox" / remote.name))
+                    db.update_remote(remote.name, address=self.address(remote.name))
+
+    def address(self, site: str) -> str:
+        return self.params.address_template.format(root=self.root, site=site)
 
     # -- agents --------------------------------------------------------------------------
 
@@ -170,9 +176,10 @@ class Simulation:
         index = self.sites.index(site)
         fault_options = {"seed": self.params.seed * 100 + index, "rates": self.params.rates,
                          "hold_dir": str(self.root / "held" / site), "active": faults}
-        return RunOptions(transport=f"faults+{self.params.transport}", address=str(self.root / "inbox" / site),
+        return RunOptions(transport=f"faults+{self.params.transport}", address=self.address(site),
                           max_message_size=self.params.max_message_size, patience=self.params.patience,
-                          resend_urgency=0.0, wrapper_options={"faults": fault_options})
+                          resend_urgency=0.0, wrapper_options={"faults": fault_options},
+                          transport_options=dict(self.params.transport_options))
 
     def _settings_patch(self, agent: Agent) -> None:
         if self.params.unsafe_without_stale_rule or self.params.unsafe_without_duplicate_rule:
@@ -339,10 +346,11 @@ class Simulation:
                     return False
                 if row.log_received != rows[peer][0][site].log_sent:
                     return False
-        for site in self.sites:
-            inbox = self.root / "inbox" / site
-            if any(".d." in path.name for path in inbox.iterdir()):
-                return False
+        if self.params.transport == "folder":
+            for site in self.sites:
+                inbox = self.root / "inbox" / site
+                if any(".d." in path.name for path in inbox.iterdir()):
+                    return False
         return True
 
     def describe(self) -> str:
@@ -393,8 +401,10 @@ async def run_seed(params: ChaosParams, *, workdir: Path | None = None,
             shutil.rmtree(base, ignore_errors=True)
 
 
-async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, **overrides: object) -> list[ChaosResult]:
-    """Run many seeds; each in a fresh folder, site templates shared."""
+async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, progress=None,
+                    **overrides: object) -> list[ChaosResult]:
+    """Run many seeds; each in a fresh folder, site templates shared.
+    ``progress(result)`` is called after each seed."""
     base = Path(tempfile.mkdtemp(prefix="fieldsync-chaos-", dir=_fast_tmp()))
     templates = _Templates(base / "templates")
     results = []
@@ -404,6 +414,8 @@ async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, **override
             result = await run_seed(params, workdir=base, templates=templates)
             shutil.rmtree(base / f"seed-{seed}", ignore_errors=True)
             results.append(result)
+            if progress is not None:
+                progress(result)
             if not result.ok and not keep_going:
                 break
     finally:
@@ -459,5 +471,72 @@ def _fast_tmp() -> str | None:
     return str(shm) if shm.is_dir() and shm.stat().st_mode & 0o002 else None
 
 
-def main_json(seeds: Iterable[int]) -> str:
-    return json.dumps(summarize(asyncio.run(run_seeds(seeds))))
+
+
+class ProcessSimulation(Simulation):
+    """The same suite with every agent run a real ``agent run --once``
+    process over the faults-wrapped transport, killed with SIGKILL at random
+    moments."""
+
+    kill_rate = 0.25
+
+    async def run_site(self, site: str, *, faults: bool) -> None:
+        import sys
+
+        params = self.params
+        index = self.sites.index(site)
+        command = [sys.executable, "-m", "agent.cli", "run", str(self.root / f"{site}.db"), "--once",
+                   "--transport", f"faults+{params.transport}", "--address", self.address(site),
+                   "-l", str(params.max_message_size), "--patience", str(params.patience), "--resend-urgency", "0",
+                   "-O", f"faults.seed={params.seed * 100 + index}", "-O", f"faults.hold_dir={self.root / 'held' / site}",
+                   "-O", f"faults.active={'true' if faults else 'false'}",
+                   "-O", f"faults.record={self.root / 'faults.jsonl'}"]
+        for kind in ("drop", "corrupt", "duplicate", "reorder", "delay", "partition"):
+            command += ["-O", f"faults.{kind}={getattr(params.rates, kind)}"]
+        command += ["-O", f"faults.max_hold_ticks={params.rates.max_hold_ticks}",
+                    "-O", f"faults.partition_ticks={params.rates.partition_ticks}"]
+        for name, value in params.transport_options:
+            command += ["-O", f"{name}={value}"]
+        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL,
+                                                       stderr=asyncio.subprocess.PIPE)
+        kill_after = self.rng.uniform(0.2, 1.0) if faults and self.rng.random() < self.kill_rate else None
+        try:
+            await asyncio.wait_for(process.wait(), timeout=kill_after or 120)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            self.result.crashes += 1
+            return
+        stderr = (await process.stderr.read()).decode(errors="replace") if process.stderr else ""
+        if process.returncode not in (0, 1) or "internal error" in stderr:
+            self.result.divergences.append(f"{site}: agent run failed ({process.returncode}): {stderr[-300:]}")
+
+    async def _stop_faults(self) -> None:
+        # Later runs pass faults.active=false; deliver what the wrappers still hold.
+        for site in self.sites:
+            transport = FaultsTransport(_inner(self.params.transport, dict(self.params.transport_options)),
+                                        seed=0, hold_dir=self.root / "held" / site, active=False)
+            await transport.flush()
+            await transport.aclose()
+
+    async def run(self, settle_rounds: int = 40) -> ChaosResult:
+        result = await super().run(settle_rounds)
+        record = self.root / "faults.jsonl"
+        if record.exists():
+            import json
+            for line in record.read_text().splitlines():
+                result.faults[json.loads(line)["kind"]] += 1
+        return result
+
+
+def _inner(transport: str, options: dict):
+    from transports.registry import create_transport
+    return create_transport(transport, **options)
+
+
+async def run_process_seed(params: ChaosParams) -> ChaosResult:
+    base = Path(tempfile.mkdtemp(prefix="fieldsync-chaos-", dir=_fast_tmp()))
+    try:
+        return await ProcessSimulation(base / f"seed-{params.seed}", params, _Templates(base / "templates")).run()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,102 @@
+"""``agent chaos``: the protocol fault-injection suite, for N seeds.
+
+Each seed builds a consolidated and 1-3 remotes from scratch, runs a random
+workload with random faults (drop, corrupt, duplicate, reorder, delay,
+partition) and agent crashes, stops the faults, runs to quiescence and
+checks that every site holds exactly what it should.  docs/testing.md
+explains the summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+
+import click
+from rich.table import Table
+
+from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
+from ._common import TransportOption, console, split_transport_options
+
+
+@click.command()
+@click.option("--seeds", "count", type=click.IntRange(1), default=100, show_default=True,
+              help="How many seeds to run.")
+@click.option("--start", type=click.IntRange(0), default=0, show_default=True, help="First seed.")
+@click.option("--seed", type=click.IntRange(0), default=None, help="Replay this one seed (and shrink it if it fails).")
+@click.option("--steps", type=click.IntRange(1), default=None, help="Workload steps per seed (default: from the seed).")
+@click.option("--transport", default="folder", show_default=True,
+              help="Transport to run over (wrapped in the faults transport).")
+@click.option("--address-template", default="{root}/inbox/{site}", show_default=True,
+              help="Inbox address of each site; {root} is the seed's folder, {site} the site name.")
+@click.option("-O", "--transport-option", "transport_options", multiple=True, type=TransportOption(),
+              help="NAME=VALUE for the transport, as for `agent run`.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option("--keep-going/--stop-at-first", default=True, help="Go on after a failing seed.")
+@click.option("--unsafe-without-stale-rule", is_flag=True, hidden=True)
+@click.option("--unsafe-without-duplicate-rule", is_flag=True, hidden=True)
+def chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
+          transport_options: tuple, as_json: bool, keep_going: bool, unsafe_without_stale_rule: bool,
+          unsafe_without_duplicate_rule: bool) -> int:
+    """Run the protocol fault-injection suite and print a summary."""
+    # The suite injects faults on purpose: the agents' warnings about them
+    # are expected, and the summary is what matters.
+    for name in ("fieldsync", "transports", "agent"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    options, wrapper_options = split_transport_options(transport_options)
+    if wrapper_options:
+        raise click.UsageError("chaos sets the faults wrapper's options itself; give transport options only")
+    overrides: dict = dict(transport=transport, address_template=address_template,
+                           transport_options=tuple(sorted(options.items())),
+                           unsafe_without_stale_rule=unsafe_without_stale_rule,
+                           unsafe_without_duplicate_rule=unsafe_without_duplicate_rule)
+    if steps is not None:
+        overrides["steps"] = steps
+    if seed is not None:
+        params = ChaosParams.random(seed, **overrides)
+        result = asyncio.run(run_seed(params))
+        results = [result]
+        if not result.ok:
+            smaller = shrink(params)
+            if smaller != params:
+                console().print(f"smallest failing case: {smaller}")
+    else:
+        done = [0]
+
+        def progress(result) -> None:
+            done[0] += 1
+            if not as_json and (done[0] % 25 == 0 or not result.ok):
+                state = "ok" if result.ok else f"FAILED: {result.summary()}"
+                console().print(f"seed {result.params.seed}: {state}  ({done[0]}/{count})")
+
+        results = asyncio.run(run_seeds(range(start, start + count), keep_going=keep_going, progress=progress,
+                                        **overrides))
+    summary = summarize(results)
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        _print(summary)
+    return 0 if not summary["failing_seeds"] else 1
+
+
+def _print(summary: dict) -> None:
+    table = Table(title="fault-injection summary")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("seeds run", str(summary["seeds"]))
+    for kind, number in summary["faults"].items():
+        table.add_row(f"faults injected: {kind}", str(number))
+    table.add_row("crashes injected", str(summary["crashes"]))
+    table.add_row("resend requests", str(summary["resend_requests"]))
+    table.add_row("files quarantined", str(summary["quarantined"]))
+    table.add_row("divergences", str(summary["divergences"]))
+    table.add_row("double applies", str(summary["double_applies"]))
+    table.add_row("losses", str(summary["losses"]))
+    table.add_row("runs that never settled", str(summary["stuck"]))
+    console().print(table)
+    for failing in summary["failing_seeds"]:
+        console().print(f"[red]seed {failing['seed']}[/]: {failing['problem']}\n  replay: {failing['replay']}")
+    if not summary["failing_seeds"]:
+        console().print("[green]OK[/]: no divergence, double apply or loss")

@@ -1,0 +1,26 @@
+"""The fault-injection suite with real `agent run --once` processes over the
+real folder transport, faults in between, and random SIGKILLs."""
+
+import os
+
+import pytest
+
+from agent.chaos import ChaosParams, run_process_seed
+
+pytestmark = pytest.mark.timeout(900)
+
+RUNS = int(os.environ.get("FIELDSYNC_CHAOS_PROCESS_RUNS", "20"))
+
+
+async def test_multi_process_runs_find_no_divergence_double_apply_or_loss():
+    failures = []
+    faults = 0
+    kills = 0
+    for seed in range(RUNS):
+        result = await run_process_seed(ChaosParams.random(1000 + seed, steps=3))
+        faults += sum(result.faults.values())
+        kills += result.crashes
+        if not result.ok:
+            failures.append(f"{result.params.command()}: {result.summary()}")
+    assert not failures, failures
+    assert faults > 0 and kills > 0, (faults, kills)
