@@ -12,8 +12,10 @@ The servers are the real ones the integration tests use
 (``tests/transports/servers.py``): OpenSSH's sshd with internal-sftp, and
 aiosmtpd delivering into Maildirs that Dovecot serves over IMAPS, all on
 127.0.0.1 with TLS and authentication as in production.  ``folder`` is the
-baseline every ratio is taken against.  Every received file is checked
-against what was sent.  Run: ``python -m benchmarks.transports --json``.
+baseline every ratio is taken against.  The transports take turns for
+``--rounds`` rounds (3) and each one's best round is reported, so all see
+the same machine noise.  Every received file is checked against what was
+sent.  Run: ``python -m benchmarks.transports --json``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ async def through(transport: Transport, send_address: str, inbox: str, files: di
     return {"send_s": sent - started, "receive_ack_s": done - sent, "total_s": done - started}
 
 
-async def run_all(counts: dict[str, int]) -> dict:
+async def run_all(counts: dict[str, int], rounds: int = 3) -> dict:
     from tests.transports.servers import MAIL_DOMAIN, DovecotServer, SmtpServer, SshServer
 
     rng = random.Random(50_000)
@@ -84,18 +86,25 @@ async def run_all(counts: dict[str, int]) -> dict:
         folder_inbox.mkdir()
         sftp_inbox, _ = ssh.new_inbox("field1")
         runs = {
-            "folder": (FolderTransport(), str(folder_inbox), str(folder_inbox)),
-            "sftp": (SftpTransport(key_file=str(ssh.client_key), known_hosts=str(ssh.known_hosts)),
+            "folder": (lambda: FolderTransport(), str(folder_inbox), str(folder_inbox)),
+            "sftp": (lambda: SftpTransport(key_file=str(ssh.client_key), known_hosts=str(ssh.known_hosts)),
                      sftp_inbox, sftp_inbox),
-            "email": (EmailTransport(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_tls="starttls",
-                                     from_address=f"hq@{MAIL_DOMAIN}", password_env=PASSWORD_VARIABLE,
-                                     ca_file=str(dovecot.certificates.ca_file)),
+            "email": (lambda: EmailTransport(smtp_host="127.0.0.1", smtp_port=smtp.port, smtp_tls="starttls",
+                                             from_address=f"hq@{MAIL_DOMAIN}", password_env=PASSWORD_VARIABLE,
+                                             ca_file=str(dovecot.certificates.ca_file)),
                       f"mailto:field1@{MAIL_DOMAIN}", dovecot.url("field1")),
         }
-        for label, (transport, send_address, inbox) in runs.items():
+        best: dict[str, dict] = {}
+        # Alternate the transports round by round so each sees the same machine noise; keep each one's best.
+        for _round in range(rounds):
+            for label, (make, send_address, inbox) in runs.items():
+                files = {name: rng.randbytes(MESSAGE_BYTES) for name in names(counts[label])}
+                timing = await through(make(), send_address, inbox, files)
+                if label not in best or timing["total_s"] < best[label]["total_s"]:
+                    best[label] = timing
+        result["rounds"] = rounds
+        for label, timing in best.items():
             count = counts[label]
-            files = {name: rng.randbytes(MESSAGE_BYTES) for name in names(count)}
-            timing = await through(transport, send_address, inbox, files)
             result[f"{label}_messages"] = count
             result[f"{label}_msgs_per_s"] = round(count / timing["total_s"], 1)
             result[f"{label}_send_msgs_per_s"] = round(count / timing["send_s"], 1)
@@ -120,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder-messages", type=int, default=200)
     parser.add_argument("--sftp-messages", type=int, default=200)
     parser.add_argument("--email-messages", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each transport's best is reported")
     args = parser.parse_args(argv)
     counts = {"folder": args.folder_messages, "sftp": args.sftp_messages, "email": args.email_messages}
-    if min(counts.values()) < 1:
-        parser.error("each message count must be at least 1")
+    if min(counts.values()) < 1 or args.rounds < 1:
+        parser.error("message counts and rounds must be at least 1")
     try:
-        result = asyncio.run(run_all(counts))
+        result = asyncio.run(run_all(counts, args.rounds))
     except Exception as error:  # a server that cannot start, or a transport that lost a file
         print(f"benchmarks.transports: {error}", file=sys.stderr)
         return 1
