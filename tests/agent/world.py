@@ -14,7 +14,7 @@ import random
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from agent.admin import extract_site, init_site
 from agent.runner import Agent, RunOptions, RunReport
@@ -36,18 +36,23 @@ class World:
     options: RunOptions = field(default_factory=RunOptions)
     reports: list[tuple[str, RunReport]] = field(default_factory=list)
 
+    #: The transport recorded in the remote-user table.  A subclass that runs
+    #: over another transport overrides it and the hooks below (make_inbox,
+    #: address, run_options, waiting_names); see transport_worlds.py.
+    transport: ClassVar[str] = "folder"
+
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         for site in ("hq", *self.remotes):
-            (self.root / "inbox" / site).mkdir(parents=True, exist_ok=True)
-        hq = init_site(self.db("hq"), name="hq", role="consolidated", address=str(self.inbox("hq")),
-                       transport="folder")
+            self.make_inbox(site)
+        hq = init_site(self.db("hq"), name="hq", role="consolidated", address=self.address("hq"),
+                       transport=self.transport)
         with self.connect("hq") as conn:
             for statement in SCHEMA:
                 conn.execute(statement)
         hq.create_publication("field", [Article("customer", subscribe_by="region"), "product", "ledger"])
         for remote in self.remotes:
-            hq.add_remote(remote, address=str(self.inbox(remote)), transport="folder")
+            hq.add_remote(remote, address=self.address(remote), transport=self.transport)
             hq.subscribe(remote, "field", remote)
         hq.close()
 
@@ -58,6 +63,21 @@ class World:
 
     def inbox(self, site: str) -> Path:
         return self.root / "inbox" / site
+
+    def make_inbox(self, site: str) -> None:
+        self.inbox(site).mkdir(parents=True, exist_ok=True)
+
+    def address(self, site: str) -> str:
+        """Where peers send to ``site`` (its address in their remote-user rows)."""
+        return str(self.inbox(site))
+
+    def run_options(self, site: str) -> RunOptions:
+        """How ``site``'s agent runs (before a run's own changes)."""
+        return self.options
+
+    def waiting_names(self, site: str) -> list[str]:
+        """The names of the files waiting in ``site``'s inbox, in name order."""
+        return [path.name for path in self.inbox_files(site)]
 
     def connect(self, site: str) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db(site), timeout=30, isolation_level=None)
@@ -89,7 +109,9 @@ class World:
     # -- running -----------------------------------------------------------------------
 
     async def run(self, site: str, **changes: object) -> RunReport:
-        options = self.options if not changes else dataclasses.replace(self.options, **changes)
+        options = self.run_options(site)
+        if changes:
+            options = dataclasses.replace(options, **changes)
         async with Agent(self.db(site), options) as agent:
             report = await agent.run_once()
         self.reports.append((site, report))
@@ -143,7 +165,7 @@ class World:
                     return False
         # Control messages go out on every batch run (confirmations are
         # repeated so a lost one is repaired); data must all have arrived.
-        return all(not data_files(self, site) for site in rows)
+        return all(not any(".d." in name for name in self.waiting_names(site)) for site in rows)
 
     def check_converged(self) -> None:
         """I5: every remote holds exactly the consolidated's subscribed rows."""
@@ -156,7 +178,7 @@ class World:
         lines = []
         for site in ("hq", *self.remotes):
             rows, end = self.remote_rows(site)
-            lines.append(f"{site} (log end {end}, inbox {[p.name[:40] for p in self.inbox_files(site)]})")
+            lines.append(f"{site} (log end {end}, inbox {[name[:40] for name in self.waiting_names(site)]})")
             for row in rows.values():
                 lines.append(f"  -> {row.name}: log_send={row.log_send} log_sent={row.log_sent} "
                              f"confirm_sent={row.confirm_sent} resend_count={row.resend_count} "
