@@ -6,9 +6,10 @@ from ._check import SpoolCheck, check_spool
 from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
 from ._format import RelogMode
 from ._recovery import RestartStats
-from ._spool import (CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolQueues, SpoolStatus)
+from ._spool import (CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolCounters, SpoolQueues,
+                     SpoolStatus)
 
 __all__ = [
     "CheckpointStats", "DequeueToken", "InDoubtDequeue", "RelogMode", "Resolution", "RestartStats", "SpoolCheck",
-    "SpoolCorrupt", "SpoolError", "SpoolLocked", "SpoolQueues", "SpoolStatus", "check_spool",
+    "SpoolCorrupt", "SpoolCounters", "SpoolError", "SpoolLocked", "SpoolQueues", "SpoolStatus", "check_spool",
 ]

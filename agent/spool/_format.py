@@ -13,6 +13,7 @@ Rules of this file:
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -136,6 +137,7 @@ _QUEUE_COUNTS = struct.Struct("<IQQ")  # messages, content bytes, oldest irba
 _CPL_HEAD = struct.Struct("<QQQQBH")  # number, begin rba, restart rba, next ur, mode, pairs
 
 
+@functools.lru_cache(maxsize=4096)
 def _queue(queue: QueueId) -> bytes:
     peer = queue.peer.encode("ascii")
     return _U8.pack(int(queue.direction)) + _U8.pack(len(peer)) + peer

@@ -228,7 +228,16 @@ def read_record_at(path: Path, base: int, rba: int) -> tuple[int, bytes]:
         return _read_verified(handle.fileno(), base, rba)
 
 
-def _read_verified(fd: int, base: int, rba: int) -> tuple[int, bytes]:
+def _read_verified(fd: int, base: int, rba: int, length: int = 0) -> tuple[int, bytes]:
+    """Read the record at ``rba``; ``length`` (its whole size, when known) saves a read."""
+    if length:
+        data = os.pread(fd, length, rba - base)
+        if len(data) == length:
+            crc, size, type_byte = FRAME.unpack_from(data)
+            payload = data[FRAME_SIZE:]
+            if size == length - FRAME_SIZE and frame_crc(rba, type_byte, payload) == crc:
+                return type_byte & ~BATCH_START, payload
+        raise SpoolCorrupt(rba, segment_name(base), "record does not verify")
     head = os.pread(fd, FRAME_SIZE, rba - base)
     if len(head) < FRAME_SIZE:
         raise SpoolCorrupt(rba, segment_name(base), "record header cut short")
@@ -296,22 +305,31 @@ class LogWriter:
 
     def append(self, record_type: int, payload: bytes) -> int:
         """Add one record to the next group commit; return its RBA."""
-        size = FRAME_SIZE + len(payload)
+        return self.append_many(((record_type, payload),))[0]
+
+    def append_many(self, records: tuple[tuple[int, bytes], ...] | list[tuple[int, bytes]]) -> list[int]:
+        """Add records, in order, to the next group commit; return their RBAs."""
+        rbas = []
         with self._cond:
             if self._failed is not None:
                 raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
-            if (self._next - self._assign_base) + size > self.segment_bytes \
-                    and self._next - self._assign_base > SEGMENT_HEADER_SIZE:
-                self._assign_base = self._next
-                self._chunks.append((self._next, bytearray(segment_header(self._next))))
-                self._next += SEGMENT_HEADER_SIZE
-            rba = self._next
-            if self._pending_records == 0:
-                record_type |= BATCH_START
-            self._chunks[-1][1].extend(encode_frame(rba, record_type, payload))
-            self._next += size
-            self._pending_records += 1
-            return rba
+            for record_type, payload in records:
+                size = FRAME_SIZE + len(payload)
+                if (self._next - self._assign_base) + size > self.segment_bytes \
+                        and self._next - self._assign_base > SEGMENT_HEADER_SIZE:
+                    self._assign_base = self._next
+                    self._chunks.append((self._next, bytearray(segment_header(self._next))))
+                    self._next += SEGMENT_HEADER_SIZE
+                rba = self._next
+                if self._pending_records == 0:
+                    record_type |= BATCH_START
+                buffer = self._chunks[-1][1]
+                buffer += FRAME.pack(frame_crc(rba, record_type, payload), len(payload), record_type)
+                buffer += payload
+                self._next += size
+                self._pending_records += 1
+                rbas.append(rba)
+        return rbas
 
     # -- group commit --------------------------------------------------------------------------
 
@@ -384,7 +402,7 @@ class LogWriter:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read(self, rba: int) -> tuple[int, bytes]:
+    def read(self, rba: int, length: int = 0) -> tuple[int, bytes]:
         """Read and verify the record at ``rba`` (writing the buffer out first if it is there)."""
         if rba >= self._written:
             self.sync(rba + FRAME_SIZE)
@@ -396,7 +414,7 @@ class LogWriter:
             if fd is None:
                 fd = os.open(self.directory / segment_name(base), os.O_RDONLY)
                 self._read_fds[base] = fd
-        return _read_verified(fd, base, rba)
+        return _read_verified(fd, base, rba, length)
 
     # -- space ---------------------------------------------------------------------------------
 
@@ -428,7 +446,10 @@ class LogWriter:
         return total
 
     def close(self) -> None:
+        """Close the files.  Records not synced yet are dropped, as in a
+        crash: callers sync first."""
         with self._cond:
+            self._chunks = [(self._assign_base, bytearray())]
             fds = list(self._read_fds.values())
             self._read_fds.clear()
             write_fd, self._write_fd = self._write_fd, -1

@@ -32,11 +32,13 @@ class MessageBlock:
     """One queued message (the patent's MB).  Its content is the last
     ``size`` bytes of the record at ``crba``."""
 
-    __slots__ = ("irba", "crba", "size", "name", "epoch", "enqueued_at", "state", "ur")
+    __slots__ = ("irba", "crba", "length", "size", "name", "epoch", "enqueued_at", "state", "ur")
 
-    def __init__(self, irba: int, crba: int, size: int, name: str, epoch: int | None, enqueued_at: float) -> None:
+    def __init__(self, irba: int, crba: int, size: int, name: str, epoch: int | None, enqueued_at: float,
+                 length: int = 0) -> None:
         self.irba = irba  # RBA of the record that first queued it
         self.crba = crba  # RBA of its newest copy in the log (ADD, RELOG or UNDO_DELETE)
+        self.length = length  # that record's whole length, when known (saves a read)
         self.size = size
         self.name = name
         self.epoch = epoch
@@ -139,6 +141,7 @@ class Restart:
     def __init__(self, pairs: int) -> None:
         self.pairs = pairs
         self.records: list[tuple[int, Record]] = []
+        self.lengths: dict[int, int] = {}
         self.queues: dict[QueueId, QueueBlock] = {}
         self.units: dict[int, _Unit] = {}
         self.completed: list[tuple[int, int]] = []  # (begin, end) of every completed checkpoint in the span
@@ -168,9 +171,12 @@ class Restart:
             block = self.queues[queue] = QueueBlock(queue)
         return block
 
-    def feed(self, rba: int, record: Record) -> None:
-        """Phase 1: take one record of the span (in log order)."""
+    def feed(self, rba: int, record: Record, length: int = 0) -> None:
+        """Phase 1: take one record of the span (in log order); ``length``
+        is its whole length in the log."""
         self.records.append((rba, record))
+        if length and isinstance(record, (Add, UndoDelete, Relog)):
+            self.lengths[rba] = length
         self.records_since_checkpoint += 1
         if isinstance(record, (Add, Delete, UndoDelete, UndoAdd)):
             unit = self._unit(record.ur)
@@ -224,7 +230,7 @@ class Restart:
                 outcome = self.units[record.ur].outcome
                 if outcome in (Outcome.COMMITTED, Outcome.ABORTED):
                     self._queue(record.queue).add(MessageBlock(rba, rba, record.size, record.name, record.epoch,
-                                                               record.enqueued_at))
+                                                               record.enqueued_at, self.lengths.get(rba, 0)))
             elif isinstance(record, Delete):
                 self._forward_delete(rba, record)
             elif isinstance(record, UndoDelete):
@@ -236,6 +242,7 @@ class Restart:
                                          record.enqueued_at)
                     queue.add(block)
                 block.crba, block.size, block.state, block.ur = rba, record.size, MbState.COMMITTED, 0
+                block.length = self.lengths.get(rba, 0)
             elif isinstance(record, UndoAdd):
                 self._queue(record.queue).remove(record.irba)
             elif isinstance(record, Relog):
@@ -272,7 +279,7 @@ class Restart:
             ur = pending_ur if state is MbState.IN_DOUBT_DELETE else 0
         elif record.irba in queue.messages:
             block = queue.messages[record.irba]
-            block.crba, block.size = rba, record.size
+            block.crba, block.size, block.length = rba, record.size, self.lengths.get(rba, 0)
             return
         elif record.state is RelogState.IN_DOUBT_DELETE:
             outcome = self.units[record.ur].outcome
@@ -282,7 +289,8 @@ class Restart:
             ur = record.ur if state is MbState.IN_DOUBT_DELETE else 0
         else:
             state, ur = MbState.COMMITTED, 0
-        block = MessageBlock(record.irba, rba, record.size, record.name, record.epoch, record.enqueued_at)
+        block = MessageBlock(record.irba, rba, record.size, record.name, record.epoch, record.enqueued_at,
+                             self.lengths.get(rba, 0))
         block.state, block.ur = state, ur
         queue.add(block)
 
@@ -312,7 +320,7 @@ class Restart:
                 new = emit("undo_delete", {"ur": unit.ur, "irba": block.irba, "undone": rba, "queue": record.queue,
                                            "name": block.name, "epoch": block.epoch,
                                            "enqueued_at": block.enqueued_at, "data": read(block)})
-                block.crba, block.state, block.ur = new, MbState.COMMITTED, 0
+                block.crba, block.length, block.state, block.ur = new, 0, MbState.COMMITTED, 0
             self.compensations += 1
         for unit in sorted(inflight, key=lambda unit: unit.ur):
             emit("abort", {"ur": unit.ur})

@@ -34,7 +34,7 @@ from codec.names import Kind, MessageName, check_site_name
 
 from ..queues import MessageQueues, QueueDepth, QueueError
 from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
-from ._format import (SEGMENT_HEADER_SIZE, BadPayload, CplRecord, Direction, InDoubtEntry, QueueId, RecordType,
+from ._format import (FRAME_SIZE, SEGMENT_HEADER_SIZE, BadPayload, CplRecord, Direction, InDoubtEntry, QueueId, RecordType,
                       RelogMode, RelogState, decode_anchor, decode_payload, encode_add, encode_anchor,
                       encode_checkpoint_begin, encode_cpl, encode_delete, encode_end, encode_prepare,
                       encode_queue_checkpoint, encode_relog, encode_undo_add, encode_undo_delete)
@@ -114,6 +114,17 @@ class SpoolStatus:
     relog_mode: str
 
 
+@dataclass(frozen=True, slots=True)
+class SpoolCounters:
+    """Work done since the spool was opened."""
+
+    checkpoints: int
+    relogged: int  # relog records written
+    relogged_bytes: int  # message content in them
+    checkpoint_bytes: int  # every byte checkpoints wrote (relog, queue and CPL records)
+    group_commits: int  # fsyncs (writes) of the log
+
+
 class _SimulatedCrash(BaseException):
     """Raised by test fault hooks; never by the spool itself."""
 
@@ -138,7 +149,8 @@ class SpoolQueues(MessageQueues):
 
     def __init__(self, path: str | os.PathLike[str], *, checkpoint_every: int = 10_000, cpl_pairs: int = 3,
                  relog: str | RelogMode = RelogMode.SELECTIVE, segment_bytes: int = 64 * 1024 * 1024,
-                 fsync: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 fsync: bool = True, clock: Callable[[], float] = time.time,
+                 _fault: Callable[[str], None] | None = None) -> None:
         if checkpoint_every < 1:
             raise SpoolError("checkpoint_every must be at least 1 record")
         if not 1 <= cpl_pairs <= 1000:
@@ -154,9 +166,11 @@ class SpoolQueues(MessageQueues):
         self.clock = clock
         self._lock = threading.RLock()
         self._local = threading.local()
-        self._fault: Callable[[str], None] | None = None
+        self._fault = _fault  # tests: called at named crash points
         self._closed = False
         self._checkpointing = False
+        self._lookup: dict[tuple[Direction, str], QueueBlock] = {}  # a cache of self._queues
+        self._checkpoints = self._relogged = self._relogged_bytes = self._checkpoint_bytes = 0
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -247,11 +261,15 @@ class SpoolQueues(MessageQueues):
             raise SpoolError(f"{self.path}: the spool is closed")
 
     def _queue(self, direction: Direction, peer: str, create: bool = False) -> QueueBlock | None:
-        check_site_name(peer)
-        key = QueueId(direction, peer)
-        block = self._queues.get(key)
-        if block is None and create:
-            block = self._queues[key] = QueueBlock(key)
+        block = self._lookup.get((direction, peer))
+        if block is None:
+            check_site_name(peer)
+            key = QueueId(direction, peer)
+            block = self._queues.get(key)
+            if block is None and create:
+                block = self._queues[key] = QueueBlock(key)
+            if block is not None:
+                self._lookup[(direction, peer)] = block
         return block
 
     def _new_ur(self) -> int:
@@ -260,7 +278,7 @@ class SpoolQueues(MessageQueues):
         return ur
 
     def _read_content(self, block: MessageBlock) -> bytes:
-        record_type, payload = self._log.read(block.crba)
+        record_type, payload = self._log.read(block.crba, block.length)
         if record_type not in _CONTENT_TYPES or len(payload) < block.size:
             raise SpoolCorrupt(block.crba, "?", f"the copy of {block.name} is not a message record")
         return payload[len(payload) - block.size:] if block.size else b""
@@ -268,8 +286,8 @@ class SpoolQueues(MessageQueues):
     def _durable(self, end: int) -> None:
         if getattr(self._local, "depth", 0):
             self._local.end = max(getattr(self._local, "end", 0), end)
-            return
-        self._log.sync(end)
+        else:
+            self._log.sync(end)
         self._maybe_checkpoint()
 
     def _maybe_checkpoint(self) -> None:
@@ -314,9 +332,10 @@ class SpoolQueues(MessageQueues):
             if queue.by_name(name) is None:
                 enqueued_at = self.clock()
                 ur = self._new_ur()
-                irba = self._append(RecordType.ADD, encode_add(ur, queue.queue, name, epoch, enqueued_at, data))
-                self._append(RecordType.COMMIT, encode_end(ur))
-                queue.add(MessageBlock(irba, irba, len(data), name, epoch, enqueued_at))
+                record = encode_add(ur, queue.queue, name, epoch, enqueued_at, data)
+                irba = self._log.append_many(((RecordType.ADD, record), (RecordType.COMMIT, encode_end(ur))))[0]
+                self._records_since_checkpoint += 2
+                queue.add(MessageBlock(irba, irba, len(data), name, epoch, enqueued_at, FRAME_SIZE + len(record)))
             end = self._log.next_rba  # an earlier put of the same name may still be on its way
         self._durable(end)
 
@@ -338,9 +357,10 @@ class SpoolQueues(MessageQueues):
             if not blocks:
                 return []
             ur = self._new_ur()
-            for block in blocks:
-                self._append(RecordType.DELETE, encode_delete(ur, block.irba, queue.queue))
-            self._append(RecordType.COMMIT, encode_end(ur))
+            records = [(RecordType.DELETE, encode_delete(ur, block.irba, queue.queue)) for block in blocks]
+            records.append((RecordType.COMMIT, encode_end(ur)))
+            self._log.append_many(records)
+            self._records_since_checkpoint += len(records)
             for block in blocks:
                 queue.remove(block.irba)
                 if block.state is MbState.IN_DOUBT_DELETE:
@@ -482,8 +502,10 @@ class SpoolQueues(MessageQueues):
             else:
                 for block in reversed(blocks):
                     data = self._read_content(block)
-                    block.crba = self._append(RecordType.UNDO_DELETE, encode_undo_delete(
-                        ur, block.irba, 0, queue.queue, block.name, block.epoch, block.enqueued_at, data))
+                    record = encode_undo_delete(ur, block.irba, 0, queue.queue, block.name, block.epoch,
+                                                block.enqueued_at, data)
+                    block.crba = self._append(RecordType.UNDO_DELETE, record)
+                    block.length = FRAME_SIZE + len(record)
                     block.state, block.ur = MbState.COMMITTED, 0
                 self._append(RecordType.ABORT, encode_end(ur))
             end = self._log.next_rba
@@ -557,9 +579,10 @@ class SpoolQueues(MessageQueues):
                     data = self._read_content(block)
                     unit = self._in_doubt.get(block.ur) if block.state is MbState.IN_DOUBT_DELETE else None
                     state = RelogState.IN_DOUBT_DELETE if unit is not None else RelogState.COMMITTED
-                    block.crba = self._log.append(RecordType.RELOG, encode_relog(
-                        block.irba, state, unit.ur if unit else 0, unit.last if unit else 0, key, block.name,
-                        block.epoch, block.enqueued_at, data))
+                    record = encode_relog(block.irba, state, unit.ur if unit else 0, unit.last if unit else 0, key,
+                                          block.name, block.epoch, block.enqueued_at, data)
+                    block.crba = self._log.append(RecordType.RELOG, record)
+                    block.length = FRAME_SIZE + len(record)
                     relogged += 1
                     relogged_bytes += len(data)
                 else:
@@ -596,12 +619,21 @@ class SpoolQueues(MessageQueues):
         dropped = self._log.drop_before(position)
         stats = CheckpointStats(number, begin, cpl_rba, position, relogged, relogged_bytes,
                                 self._log.next_rba - begin, len(dropped))
+        self._checkpoints += 1
+        self._relogged += relogged
+        self._relogged_bytes += relogged_bytes
+        self._checkpoint_bytes += stats.bytes_written
         self._checkpoint_stats = stats
         return stats
 
     @property
     def last_checkpoint(self) -> CheckpointStats | None:
         return self._checkpoint_stats
+
+    @property
+    def counters(self) -> SpoolCounters:
+        return SpoolCounters(self._checkpoints, self._relogged, self._relogged_bytes, self._checkpoint_bytes,
+                             self._log.syncs)
 
     @property
     def restart_rba(self) -> int:
@@ -657,8 +689,7 @@ class SpoolQueues(MessageQueues):
         self._closed = True
         log = getattr(self, "_log", None)
         if log is not None:
-            log._chunks = []  # the unwritten buffer dies with the process
-            log.close()
+            log.close()  # the unwritten buffer dies with the process
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -730,7 +761,7 @@ def read_span(directory: Path, pairs: int, *, salvage: bool = False) -> Span:
                 raise SpoolCorrupt(rba, "?", f"record does not decode: {error}") from None
             restart.problems.append(f"RBA {rba}: record does not decode: {error}")
             continue
-        restart.feed(rba, record)
+        restart.feed(rba, record, FRAME_SIZE + len(payload))
     if not segments:
         result.end = start
     return Span(restart, result, segments, start, from_anchor, anchor)
