@@ -59,6 +59,7 @@ class ChaosParams:
     # with {root} (the seed's folder) and {site}.
     address_template: str = "{root}/inbox/{site}"
     transport_options: tuple[tuple[str, str], ...] = ()
+    reextract_rate: float = 0.0  # per step: a remote is extracted again while its mail is in flight
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
 
@@ -70,7 +71,8 @@ class ChaosParams:
         rates = FaultRates(drop=scale, corrupt=scale / 2, duplicate=scale, reorder=scale, delay=scale / 2,
                            partition=scale / 4, max_hold_ticks=rng.randint(1, 6), partition_ticks=rng.randint(1, 4))
         values = dict(seed=seed, remotes=rng.randint(1, 3), steps=rng.randint(3, 8), rates=rates,
-                      crash_rate=rng.choice((0.0, 0.0, 0.05, 0.15)), patience=rng.randint(1, 2))
+                      crash_rate=rng.choice((0.0, 0.0, 0.05, 0.15)), patience=rng.randint(1, 2),
+                      reextract_rate=rng.choice((0.0, 0.0, 0.0, 0.1)))
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
@@ -93,6 +95,7 @@ class ChaosResult:
     params: ChaosParams
     faults: Counter = field(default_factory=Counter)
     crashes: int = 0
+    reextractions: int = 0
     resends: int = 0
     quarantined: int = 0
     rounds_to_quiesce: int = 0
@@ -282,12 +285,33 @@ class Simulation:
                         self.next_id += 1
             self._write(site, statements)
 
+    async def reextract(self, remote: str) -> None:
+        """Replace ``remote``'s database with a new extraction, as an operator
+        does after losing a field device.  Mail from the old copy may still be
+        in flight (inboxes, files the faults wrapper holds): it must be set
+        aside, never applied.  Ledger entries the old copy made that never
+        reached the consolidated are gone with it."""
+        await self._drop(remote)
+        await self._drop("hq")  # the extraction rewrites hq's remote-user row
+        at_hq = {row[0] for row in self._rows("hq", "SELECT entry FROM ledger")}
+        self.ledger = {entry for entry in self.ledger if not entry.startswith(f"{remote}-") or entry in at_hq}
+        for suffix in ("", "-wal", "-shm"):
+            (self.root / f"{remote}.db{suffix}").unlink(missing_ok=True)
+        shutil.rmtree(self.root / f"{remote}.db.agent", ignore_errors=True)
+        with SiteDatabase.open(self.root / "hq.db") as hq:
+            extract_site(hq, remote, self.root / f"{remote}.db")
+        with SiteDatabase.open(self.root / f"{remote}.db") as copy:
+            copy.update_remote("hq", address=self.address("hq"))
+        self.result.reextractions += 1
+
     # -- the run -----------------------------------------------------------------------
 
     async def run(self, settle_rounds: int = 40) -> ChaosResult:
         try:
             for _ in range(self.params.steps):
                 self.workload_step()
+                if self.params.reextract_rate and self.rng.random() < self.params.reextract_rate:
+                    await self.reextract(self.rng.choice(self.sites[1:]))
                 order = self.sites[:]
                 self.rng.shuffle(order)
                 for site in order:
@@ -455,6 +479,7 @@ def summarize(results: list[ChaosResult]) -> dict:
         "faults": dict(sorted(faults.items())),
         "faults_total": sum(faults.values()),
         "crashes": sum(r.crashes for r in results),
+        "reextractions": sum(r.reextractions for r in results),
         "resend_requests": sum(r.resends for r in results),
         "quarantined": sum(r.quarantined for r in results),
         "divergences": sum(len(r.divergences) for r in results),

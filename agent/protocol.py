@@ -177,10 +177,18 @@ class Settings:
 
 
 class PairProtocol:
-    """One pair of sites: this site and ``peer``."""
+    """One pair of sites: this site and ``peer``.
 
-    def __init__(self, peer: str, state: PairState, settings: Settings | None = None) -> None:
+    ``superseded`` holds incarnation ids the peer had before it was
+    extracted again: files from such a copy are late mail from a database
+    that no longer exists, so they are set aside quietly instead of
+    stopping the stream.
+    """
+
+    def __init__(self, peer: str, state: PairState, settings: Settings | None = None,
+                 superseded: frozenset[bytes] = frozenset()) -> None:
         self.peer = peer
+        self.superseded = superseded
         self.settings = settings or Settings()
         self._state = state
         self._pending: dict[str, _Pending] = {}
@@ -227,6 +235,9 @@ class PairProtocol:
 
     def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes) -> list[Action]:
         """A data message from the peer is durably in the inbound queue."""
+        if incarnation in self.superseded:
+            self._count(stale_deleted=1)
+            return [DeleteInbound((message_id,), "stale")]
         actions = self._check_incarnation(incarnation)
         if self._stopped is not None and incarnation != self._state.peer_incarnation:
             return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
@@ -388,6 +399,8 @@ class PairProtocol:
 
     def control_received(self, now: float, control: ControlState, incarnation: bytes) -> list[Action]:
         """A control message from the peer (fields are monotone: merge by max)."""
+        if incarnation in self.superseded:
+            return []
         actions = self._check_incarnation(incarnation)
         if self._stopped is not None and incarnation != self._state.peer_incarnation:
             return actions

@@ -179,19 +179,40 @@ class Agent:
         if self._queues is None:
             self._queues = DirectoryQueues(self.directory / "queues")
         self.keyring = Keyring()
+        self._load_peers()
+
+    def _load_peers(self) -> bool:
+        """(Re)build each peer's protocol from its remote-user row when the row
+        changed behind the agent's back (a remote added, removed or extracted
+        again while the agent runs); return True when anything changed."""
         settings = self.options.settings(self.batch)
-        for remote in self.db.remotes():
+        rows = {remote.name: remote for remote in self.db.remotes()}
+        changed = False
+        for name in list(self.peers):
+            if name not in rows:
+                del self.peers[name]
+                changed = True
+        for remote in rows.values():
+            peer = self.peers.get(remote.name)
+            if peer is not None and peer.persisted is not None and all(
+                    getattr(peer.persisted, field) == getattr(remote, field)
+                    for field in ("resend_count", "rereceive_count", "peer_incarnation")):
+                continue
+            changed = True
             public = None
             if remote.public_key:
                 try:
                     public = PublicKeys.from_line(remote.public_key)
-                    self.keyring.add(public)
+                    self.keyring.add(public, replace=True)
                 except InvalidValue as error:
                     raise AgentError(f"remote {remote.name}: bad public key ({error})") from None
-            extras = self._load_extras(remote.name)
+            extras = self._load_extras(remote.name, _stream_key(remote))
+            superseded = self._superseded(remote.name, remote.peer_incarnation)
             state = PairState(**{name: getattr(remote, name) for name in _ROW_FIELDS}, **extras)
-            self.peers[remote.name] = _Peer(remote.name, PairProtocol(remote.name, state, settings), public,
-                                            remote.address, remote.transport, persisted=state)
+            protocol = PairProtocol(remote.name, state, settings, superseded=superseded)
+            self.peers[remote.name] = _Peer(remote.name, protocol, public, remote.address, remote.transport,
+                                            persisted=state)
+        return changed
 
     async def aclose(self) -> None:
         if self._closed:
@@ -221,9 +242,34 @@ class Agent:
     def _extras_path(self, peer: str) -> Path:
         return self.directory / "state" / f"{peer}.json"
 
-    def _load_extras(self, peer: str) -> dict[str, int]:
+    def _superseded(self, peer: str, current: bytes | None) -> frozenset[bytes]:
+        """Incarnations ``peer`` had before it was extracted again.
+
+        The remote-user row holds the current one; the agent folder keeps the
+        ones it has seen replaced (extraction changes the row, not the folder).
+        """
+        path = self.directory / "state" / f"{peer}.incarnations.json"
+        try:
+            known = json.loads(path.read_text())
+            seen = [bytes.fromhex(value) for value in known.get("seen", [])]
+            last = bytes.fromhex(known["current"]) if known.get("current") else None
+        except (OSError, ValueError, AttributeError, TypeError):
+            seen, last = [], None
+        if last is not None and last != current and last not in seen:
+            seen.append(last)
+        if current is not None or seen:
+            record = {"current": current.hex() if current else None, "seen": [value.hex() for value in seen]}
+            write_file_atomically(path, json.dumps(record).encode())
+        return frozenset(value for value in seen if value != current)
+
+    def _load_extras(self, peer: str, stream: list) -> dict[str, int]:
+        """The bookkeeping kept beside the database, if it belongs to the
+        stream the remote-user row describes now (an extraction starts a new
+        stream, and then the old bookkeeping is forgotten)."""
         try:
             data = json.loads(self._extras_path(peer).read_text())
+            if data.get("stream") != stream:
+                return {}
             return {name: int(data.get(name, 0)) for name in _EXTRA_FIELDS}
         except (OSError, ValueError, AttributeError):
             return {}
@@ -238,8 +284,10 @@ class Agent:
         changes.pop("log_received", None)  # moves only together with applied data
         if changes:
             self.db.update_remote(peer.name, **changes)
-        extras = {name: getattr(state, name) for name in _EXTRA_FIELDS}
-        if before is None or any(getattr(before, name) != extras[name] for name in _EXTRA_FIELDS):
+        extras: dict[str, Any] = {name: getattr(state, name) for name in _EXTRA_FIELDS}
+        if before is None or any(getattr(before, name) != getattr(state, name) for name in _EXTRA_FIELDS + (
+                "resend_count", "rereceive_count", "peer_incarnation")):
+            extras["stream"] = _stream_key(state)
             write_file_atomically(self._extras_path(peer.name), json.dumps(extras).encode())
         peer.persisted = state
 
@@ -279,10 +327,15 @@ class Agent:
                 self.queues.delete_inbound(peer, [name])
         return found
 
+    async def _refresh(self) -> None:
+        if await asyncio.to_thread(self._load_peers):
+            self._restored = False
+        await self._restore_pending()
+
     async def run_once(self) -> RunReport:
         """Batch mode: receive and apply everything available, send what is
         due, confirm, flush the outbound queues."""
-        await self._restore_pending()
+        await self._refresh()
         if self.options.receive:
             await self.receive_phase()
         if self.options.send:
@@ -300,6 +353,7 @@ class Agent:
         while not stop.is_set():
             now = loop.time()
             if self.options.receive and now >= next_receive:
+                await self._refresh()
                 await self.receive_phase()
                 next_receive = now + self.options.receive_delay
             if self.options.send and now >= next_send:
@@ -565,6 +619,12 @@ class Agent:
                 log.warning("%s", message)
                 self.report.transport_errors.append(message)
                 await asyncio.to_thread(self.db.record_transport_error, peer.name, str(error))
+
+
+def _stream_key(row: Any) -> list:
+    """What identifies one stream of a pair: its epochs and the peer's incarnation."""
+    incarnation = row.peer_incarnation.hex() if row.peer_incarnation else None
+    return [row.resend_count, row.rereceive_count, incarnation]
 
 
 class _Mismatch(Exception):

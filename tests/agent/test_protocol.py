@@ -425,3 +425,11 @@ def test_without_the_duplicate_rule_the_simulation_double_applies():
     pair.deliver_to_s()
     with pytest.raises(AssertionError, match="double apply"):
         pair.cycle()
+
+
+def test_files_from_a_superseded_copy_are_set_aside_quietly():
+    old = b"O" * 16
+    core = PairProtocol("peer", PairState(peer_incarnation=INCARNATION_P), Settings(), superseded=frozenset({old}))
+    assert core.message_queued(0, "late", Header(0, 0, 10), old) == [DeleteInbound(("late",), "stale")]
+    assert core.control_received(0, ControlState(5, 9, 5, 0), old) == []
+    assert core.stopped is None and core.state.rereceive_count == 0
