@@ -36,6 +36,7 @@ _VALID_TYPES = frozenset(int(t) for t in RecordType)
 # Every type byte a valid record can have, with and without the batch flag.
 _TYPE_BYTES = sorted(_VALID_TYPES | {t | BATCH_START for t in _VALID_TYPES})
 _BATCH_TYPE_BYTES = [t | BATCH_START for t in sorted(_VALID_TYPES)]
+_ZERO_AHEAD = 1 << 20  # zeros kept written after the end of the log
 
 
 def segment_name(base: int) -> str:
@@ -91,11 +92,26 @@ class ScanResult:
 
     start: int
     end: int = 0  # RBA after the last valid record (the writer continues here)
-    bytes_read: int = 0
+    bytes_read: int = 0  # bytes of records read (the span), not counting spare zeros
     records: int = 0
     torn: TornTail | None = None
     corruption: list[Corruption] = field(default_factory=list)
     dropped_segment: str | None = None  # a last segment whose header never made it to disk
+    spare: int = 0  # zeros the writer put after the end of the log (not a torn write)
+
+
+def _last_nonzero(data, start: int, size: int) -> int:
+    """Offset just after the last non-zero byte of ``data[start:size]`` (or ``start``)."""
+    position = size
+    step = 1 << 20
+    while position > start:
+        low = max(start, position - step)
+        chunk = bytes(data[low:position])
+        stripped = len(chunk.rstrip(b"\0"))
+        if stripped:
+            return low + stripped
+        position = low
+    return start
 
 
 def _frame_problem(view: memoryview, offset: int, rba: int) -> tuple[str | None, int, int]:
@@ -188,7 +204,7 @@ def scan(segments: list[SegmentFile], start: int, result: ScanResult, *,
                 offset = max(start - segment.base, SEGMENT_HEADER_SIZE) if position == index else SEGMENT_HEADER_SIZE
                 if position == index and start > segment.base + size:
                     raise SpoolCorrupt(start, segment.path.name, f"RBA {start} is past the end of the log")
-                result.bytes_read += size - offset
+                first_offset = offset
                 result.end = segment.base + offset
                 while offset < size:
                     rba = segment.base + offset
@@ -204,8 +220,12 @@ def scan(segments: list[SegmentFile], start: int, result: ScanResult, *,
                     if last:
                         later = _next_valid(view, offset, segment.base, _BATCH_TYPE_BYTES)
                         if later is None:
-                            result.torn = TornTail(rba, segment.path.name, size - offset, reason)
+                            used = _last_nonzero(data, offset, size)
+                            result.spare = size - used
+                            if used > offset:
+                                result.torn = TornTail(rba, segment.path.name, used - offset, reason)
                             result.end = rba
+                            result.bytes_read += offset - first_offset
                             return
                         problem(rba, segment, reason + " (valid records follow: not a torn write)")
                     else:
@@ -214,6 +234,7 @@ def scan(segments: list[SegmentFile], start: int, result: ScanResult, *,
                         if later is None:
                             break
                     offset = later
+                result.bytes_read += offset - first_offset
                 if not last:
                     result.end = segment.base + size
             finally:
@@ -271,9 +292,11 @@ class LogWriter:
             end = SEGMENT_HEADER_SIZE
         base = self._bases[-1]
         self._write_base = base
-        self._write_fd = os.open(directory / segment_name(base), os.O_WRONLY | os.O_APPEND)
-        if os.fstat(self._write_fd).st_size != end - base:
-            raise SpoolError(f"{segment_name(base)}: the writer expected it to end at RBA {end}")
+        self._write_fd = os.open(directory / segment_name(base), os.O_WRONLY)
+        self._filled = os.fstat(self._write_fd).st_size  # bytes after the log's end are zeros
+        if self._filled < end - base:
+            raise SpoolError(f"{segment_name(base)}: the writer expected it to reach RBA {end}")
+        self._write_offset = end - base
         # Appending side (guarded by the caller's lock and self._cond):
         self._next = end
         self._assign_base = base
@@ -282,6 +305,8 @@ class LogWriter:
         # Flushing side:
         self._written = end  # everything before is written (and fsynced when self.fsync)
         self._flushing = False
+        self._waiting: list[tuple[int, threading.Lock]] = []  # parked threads: (target, their lock)
+        self._parkers = threading.local()
         self.syncs = 0
 
     # -- properties ----------------------------------------------------------------------------
@@ -334,14 +359,29 @@ class LogWriter:
     # -- group commit --------------------------------------------------------------------------
 
     def sync(self, upto: int | None = None) -> None:
-        """Return once every record before ``upto`` (default: all appended) is durable."""
+        """Return once every record before ``upto`` (default: all appended) is durable.
+
+        The first thread to wait while no write is running leads: it writes
+        and fsyncs everything appended so far.  The others park; after each
+        fsync the leader wakes exactly those it made durable, and hands the
+        lead to one of the rest (the next group commit).
+        """
         with self._cond:
             target = self._next if upto is None else upto
             while self._written < target:
                 if self._failed is not None:
                     raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
                 if self._flushing:
-                    self._cond.wait()
+                    parker = getattr(self._parkers, "lock", None)
+                    if parker is None:
+                        parker = self._parkers.lock = threading.Lock()
+                        parker.acquire()
+                    self._waiting.append((target, parker))
+                    self._cond.release()
+                    try:
+                        parker.acquire()
+                    finally:
+                        self._cond.acquire()
                     continue
                 self._flushing = True
                 chunks, end = self._chunks, self._next
@@ -354,41 +394,71 @@ class LogWriter:
                     self._cond.acquire()
                     self._failed = error
                     self._flushing = False
-                    self._cond.notify_all()
+                    self._wake(everyone=True)
                     raise SpoolError(f"writing the spool log failed: {error}") from error
                 self._cond.acquire()
                 self._written = end
                 self._flushing = False
                 self.syncs += 1
-                self._cond.notify_all()
+                self._wake()
             if self._failed is not None and self._written < target:
                 raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
+
+    def _wake(self, everyone: bool = False) -> None:
+        """Unpark the waiters now satisfied, and one more to lead the next
+        write (called with the lock held, after a write)."""
+        still = []
+        for target, parker in self._waiting:
+            if everyone or target <= self._written:
+                parker.release()
+            else:
+                still.append((target, parker))
+        if still:
+            still.pop(0)[1].release()  # the next leader
+        self._waiting = still
 
     def _write(self, chunks: list[tuple[int, bytearray]]) -> None:
         for base, data in chunks:
             if base != self._write_base:
+                # The old segment gets its true length and is durable before
+                # the next one exists: only the last segment has spare zeros.
+                os.ftruncate(self._write_fd, self._write_offset)
                 if self.fsync:
-                    os.fsync(self._write_fd)  # the old segment is complete before the next one exists
+                    os.fsync(self._write_fd)
                 os.close(self._write_fd)
-                self._write_fd = self._create_segment(base, bytes(data), keep_open=True)
+                self._write_fd = self._create_segment(base, bytes(data[:SEGMENT_HEADER_SIZE]), keep_open=True)
                 self._write_base = base
+                self._write_offset = self._filled = SEGMENT_HEADER_SIZE
                 with self._cond:
                     self._bases.append(base)
-                continue
+                data = data[SEGMENT_HEADER_SIZE:]
+            self._zeros_up_to(self._write_offset + len(data))
             view = memoryview(data)
             while view:
-                written = os.write(self._write_fd, view)
+                written = os.pwrite(self._write_fd, view, self._write_offset)
+                self._write_offset += written
                 view = view[written:]
         if self.fsync:
-            os.fsync(self._write_fd)
+            _datasync(self._write_fd)
 
-    def _create_segment(self, base: int, data: bytes, keep_open: bool = False) -> int:
+    def _zeros_up_to(self, offset: int) -> None:
+        """Keep zeros written ahead of the log's end, so that appends
+        overwrite allocated blocks of a file whose size does not change and
+        fdatasync has no metadata to log (PostgreSQL fills its WAL segments
+        for the same reason).  The zeros read as unused space, never as
+        records."""
+        if offset <= self._filled:
+            return
+        target = offset + _ZERO_AHEAD
+        zeros = bytes(min(_ZERO_AHEAD, target - self._filled))
+        while self._filled < target:
+            self._filled += os.pwrite(self._write_fd, zeros[:target - self._filled], self._filled)
+
+    def _create_segment(self, base: int, header: bytes, keep_open: bool = False) -> int:
         path = self.directory / segment_name(base)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            os.pwrite(fd, header, 0)
             if self.fsync:
                 os.fsync(fd)
                 fsync_directory(self.directory)
@@ -445,9 +515,11 @@ class LogWriter:
                 pass
         return total
 
-    def close(self) -> None:
+    def close(self, *, clean: bool = True) -> None:
         """Close the files.  Records not synced yet are dropped, as in a
-        crash: callers sync first."""
+        crash: callers sync first.  A clean close gives the last segment
+        back its unused zeros; an unclean one (a simulated crash) leaves
+        the files exactly as they are."""
         with self._cond:
             self._chunks = [(self._assign_base, bytearray())]
             fds = list(self._read_fds.values())
@@ -456,7 +528,18 @@ class LogWriter:
         for fd in fds:
             os.close(fd)
         if write_fd >= 0:
-            os.close(write_fd)
+            try:
+                if clean and self._failed is None and not self._flushing:
+                    os.ftruncate(write_fd, self._write_offset)
+                    if self.fsync:
+                        os.fsync(write_fd)
+            finally:
+                os.close(write_fd)
+
+
+def _datasync(fd: int) -> None:
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
 
 
 def _segment_index(bases: list[int], rba: int) -> int:

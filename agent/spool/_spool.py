@@ -192,9 +192,8 @@ class SpoolQueues(MessageQueues):
         span = read_span(self.path, self.cpl_pairs)
         restart, result = span.restart, span.result
         segments = span.segments
-        torn_bytes = 0
-        if result.torn is not None:
-            torn_bytes = result.torn.discarded
+        torn_bytes = result.torn.discarded if result.torn is not None else 0
+        if result.torn is not None:  # (spare zeros after the end are kept for the writer)
             if result.dropped_segment is not None:
                 (self.path / result.dropped_segment).unlink()
                 segments = segments[:-1]
@@ -689,7 +688,7 @@ class SpoolQueues(MessageQueues):
         self._closed = True
         log = getattr(self, "_log", None)
         if log is not None:
-            log.close()  # the unwritten buffer dies with the process
+            log.close(clean=False)  # the unwritten buffer dies with the process
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
