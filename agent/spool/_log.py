@@ -449,8 +449,8 @@ class LogWriter:
         records."""
         if offset <= self._filled:
             return
-        target = offset + _ZERO_AHEAD
-        zeros = bytes(min(_ZERO_AHEAD, target - self._filled))
+        target = max(offset, min(offset + _ZERO_AHEAD, self.segment_bytes))
+        zeros = bytes(min(_ZERO_AHEAD, max(0, target - self._filled)))
         while self._filled < target:
             self._filled += os.pwrite(self._write_fd, zeros[:target - self._filled], self._filled)
 

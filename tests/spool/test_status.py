@@ -1,0 +1,102 @@
+"""What ``agent status`` and ``agent spool check`` will show, and the space
+the spool keeps."""
+
+import pytest
+
+from agent.queues import QueueDepth
+from agent.spool import SpoolError, SpoolQueues, SpoolStatus, check_spool
+
+
+class Clock:
+    def __init__(self, now=1_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def test_status_reports_depths_oldest_age_and_restart_span(tmp_path):
+    clock = Clock()
+    spool = SpoolQueues(tmp_path / "spool", clock=clock, checkpoint_every=10**9)
+    status = spool.status()
+    assert isinstance(status, SpoolStatus)
+    assert status.messages == 0 and status.oldest_age_seconds is None and status.depths == ()
+    spool.put_outbound("f1", "first.fsm", b"x" * 100, 0)
+    clock.now += 3600
+    spool.put_inbound("hq", "second.fsm", b"y" * 50)
+    clock.now += 86400 * 30  # a field site offline for a month
+    spool.begin_dequeue("hq", ["second.fsm"], 10)
+    status = spool.status()
+    assert status.depths == (QueueDepth("f1", 0, 1), QueueDepth("hq", 1, 0))
+    assert (status.messages, status.queued_bytes) == (2, 150)
+    assert status.oldest_queue == "out/f1" and status.oldest_age_seconds == 3600 + 86400 * 30
+    assert status.in_doubt_dequeues == 1
+    assert status.restart_span_bytes == status.end_rba - status.restart_rba > 0
+    assert status.log_start_rba == 0 and status.segments == 1 and status.disk_bytes >= status.end_rba
+    assert (status.cpl_pairs, status.relog_mode, status.checkpoints) == (3, "selective", 1)
+    spool.close()
+    with pytest.raises(SpoolError):
+        spool.status()
+
+
+def test_a_month_long_wait_does_not_pin_the_log(tmp_path):
+    """One message waits while many pass through: selective relogging moves
+    its copy forward, old segments go, and the restart span stays small."""
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=200, segment_bytes=16 * 1024)
+    spool.put_inbound("hq", "waiting.fsm", b"w" * 500)
+    for number in range(3000):
+        name = f"passing-{number}.fsm"
+        spool.put_outbound("f1", name, b"p" * 300, 0)
+        spool.delete_outbound("f1", name)
+    status = spool.status()
+    assert status.end_rba > 1_200_000
+    assert status.log_start_rba > 1_000_000  # the first segments are gone
+    assert status.disk_bytes < 200_000 and status.restart_span_bytes < 100_000
+    assert spool.counters.relogged > 0
+    spool.close()
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=200, segment_bytes=16 * 1024)
+    assert spool.inbound("hq") == ["waiting.fsm"] and spool.read_inbound("hq", "waiting.fsm") == b"w" * 500
+    assert spool.last_restart.bytes_read < 100_000
+    spool.close()
+
+
+def test_without_relogging_the_waiting_message_pins_the_log(tmp_path):
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=200, segment_bytes=16 * 1024, relog="off")
+    spool.put_inbound("hq", "waiting.fsm", b"w" * 500)
+    for number in range(1000):
+        name = f"passing-{number}.fsm"
+        spool.put_outbound("f1", name, b"p" * 300, 0)
+        spool.delete_outbound("f1", name)
+    status = spool.status()
+    assert status.log_start_rba == 0 and status.restart_span_bytes > status.end_rba * 0.99
+    spool.close()
+
+
+def test_check_reports_queues_in_doubt_and_counts(tmp_path):
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=5)
+    for number in range(4):
+        spool.put_inbound("hq", f"in-{number}.fsm", b"i" * 10)
+    spool.put_outbound("f1", "out-b.fsm", b"o", 1)
+    spool.put_outbound("f1", "out-a.fsm", b"o", 1)
+    spool.delete_inbound("hq", ["in-0.fsm"])
+    spool.begin_dequeue("hq", ["in-1.fsm"], 500)
+    spool._abandon()
+    report = check_spool(tmp_path / "spool")
+    assert report.ok and not report.corruption and report.torn_tail is None
+    queues = {queue.queue: queue for queue in report.queues}
+    assert queues["in/hq"].names == ("in-1.fsm", "in-2.fsm", "in-3.fsm") and queues["in/hq"].content_bytes == 30
+    assert queues["out/f1"].names == ("out-b.fsm", "out-a.fsm")  # queue order
+    assert [(unit.peer, unit.last, unit.names) for unit in report.in_doubt] == [("hq", 500, ("in-1.fsm",))]
+    counts = dict(report.records_by_type)
+    assert counts["ADD"] == 6 and counts["DELETE"] == 2 and counts["PREPARE"] == 1 and counts["CPL"] >= 2
+    assert report.records == sum(counts.values()) and report.messages == 5
+    text = "\n".join(report.lines())
+    assert "OK" in text and "in-doubt dequeue" in text and "out/f1: 2 message(s)" in text
+    assert report.restart_span_bytes == report.end_rba - report.restart_rba
+
+
+def test_check_of_a_missing_or_empty_directory(tmp_path):
+    assert not check_spool(tmp_path / "nothing").ok
+    (tmp_path / "empty").mkdir()
+    report = check_spool(tmp_path / "empty")
+    assert not report.ok and "never opened" in report.problems[0]
