@@ -424,3 +424,26 @@ def test_a_second_opener_is_locked_out(tmp_path):
         SpoolQueues(tmp_path / "spool")
     spool.close()
     SpoolQueues(tmp_path / "spool").close()
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_an_in_doubt_relog_of_a_dequeue_that_later_committed_is_dropped(tmp_path, crash):
+    """The checkpoint copies the message while its dequeue is in doubt; the
+    dequeue then commits (or its lazy COMMIT is lost, and the database says
+    it was applied).  Restart starts after the DELETE and must not bring the
+    message back from its relog copy."""
+    path = tmp_path / "spool"
+    spool = SpoolQueues(path, relog="all", checkpoint_every=10**9)
+    spool.put_inbound("hq", "m.fsm", b"x")
+    token = spool.begin_dequeue("hq", ["m.fsm"], 10)
+    stats = spool.checkpoint()
+    spool.commit_dequeue(token)
+    if crash:
+        spool._abandon()
+    else:
+        spool.close()
+    spool = SpoolQueues(path, relog="all", checkpoint_every=10**9)
+    assert spool.last_restart.restart_rba == stats.begin_rba and spool.last_restart.relogs_honoured == 1
+    spool.resolve_in_doubt("hq", 10)
+    assert spool.inbound("hq") == [] and spool.in_doubt() == ()
+    spool.close()
