@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from dataclasses import replace as _replace
 from pathlib import Path
 
 from ._errors import SpoolCorrupt
 from ._format import SEGMENT_HEADER_SIZE, Direction, RecordType
-from ._log import Corruption, ScanResult, TornTail, list_segments, read_record_at, scan, segment_name
+from ._log import ScanResult, TornTail, list_segments, read_record_at, scan
 from ._recovery import MessageBlock, Outcome
 from ._spool import read_span
 
@@ -137,7 +138,15 @@ def check_spool(path: str | Path) -> SpoolCheck:
     except SpoolCorrupt as error:
         failed = error
         problems.append(f"the spool cannot be opened: {error.reason} at RBA {error.rba}")
-        span = read_span(directory, pairs, salvage=True)
+        try:
+            span = read_span(directory, pairs, salvage=True)
+        except SpoolCorrupt as again:  # not even a salvaging read gets through
+            problems.append(f"nothing can be read from RBA {again.rba}: {again.reason}")
+            report = _empty(directory, problems[0])
+            return _replace(report, problems=tuple(problems), records=full.records,
+                            records_by_type=tuple(sorted(counts.items())),
+                            corruption=tuple(CorruptionReport(bad.rba, bad.segment, bad.reason, True)
+                                             for bad in full.corruption))
     restart = span.restart
     if restart.last_cpl is not None:
         restart.pairs = len(restart.last_cpl[1].pairs)
@@ -217,6 +226,3 @@ def _empty(directory: Path, problem: str) -> SpoolCheck:
                       torn_tail=None, corruption=(), queues=(), in_doubt=(), units_to_back_out=0, relogs_ignored=0,
                       problems=(problem,))
 
-
-__all__ = ["CorruptionReport", "InDoubtReport", "QueueReport", "SegmentReport", "SpoolCheck", "check_spool",
-           "segment_name", "Corruption"]

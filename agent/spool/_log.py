@@ -28,7 +28,7 @@ from typing import Iterator
 
 from ._errors import SpoolCorrupt, SpoolError
 from ._format import (BATCH_START, FRAME, FRAME_SIZE, MAX_PAYLOAD, SEGMENT_HEADER_SIZE, RecordType,
-                      check_segment_header, encode_frame, frame_crc, segment_header)
+                      check_segment_header, frame_crc, segment_header)
 
 SEGMENT_SUFFIX = ".seg"
 _SEGMENT_NAME = re.compile(r"(\d{20})\.seg\Z")

@@ -169,6 +169,7 @@ class SpoolQueues(MessageQueues):
         self._fault = _fault  # tests: called at named crash points
         self._closed = False
         self._checkpointing = False
+        self._cpl_written = False
         self._lookup: dict[tuple[Direction, str], QueueBlock] = {}  # a cache of self._queues
         self._checkpoints = self._relogged = self._relogged_bytes = self._checkpoint_bytes = 0
         self.path.mkdir(parents=True, exist_ok=True)
@@ -384,8 +385,8 @@ class SpoolQueues(MessageQueues):
             queue = self._queue(direction, peer)
             block = queue.by_name(name) if queue is not None else None
             if block is None:
-                raise QueueError(f"{direction.label}bound message {name} {'from' if direction is Direction.INBOUND else 'to'} "
-                                 f"{peer} is not queued")
+                where = f"from {peer}" if direction is Direction.INBOUND else f"to {peer}"
+                raise QueueError(f"{direction.label}bound message {name} {where} is not queued")
             return self._read_content(block)
 
     def _names(self, direction: Direction, peer: str) -> list[MessageBlock]:
@@ -549,12 +550,21 @@ class SpoolQueues(MessageQueues):
         with self._lock:
             self._check_open()
             self._checkpointing = True
+            moved: list[tuple[MessageBlock, int, int]] = []
             try:
-                return self._checkpoint()
+                return self._checkpoint(moved)
+            except BaseException:
+                # Relog records of a checkpoint without its CPL record are
+                # ignored by restart: the messages' copies are still the old ones.
+                if not self._cpl_written:
+                    for block, crba, length in moved:
+                        block.crba, block.length = crba, length
+                raise
             finally:
                 self._checkpointing = False
 
-    def _checkpoint(self) -> CheckpointStats:
+    def _checkpoint(self, moved: list[tuple[MessageBlock, int, int]]) -> CheckpointStats:
+        self._cpl_written = False
         self._log.sync()  # every current copy can be read back
         number = self._checkpoint_number + 1
         begin = self._log.append(RecordType.CHECKPOINT_BEGIN, encode_checkpoint_begin(number))
@@ -580,6 +590,7 @@ class SpoolQueues(MessageQueues):
                     state = RelogState.IN_DOUBT_DELETE if unit is not None else RelogState.COMMITTED
                     record = encode_relog(block.irba, state, unit.ur if unit else 0, unit.last if unit else 0, key,
                                           block.name, block.epoch, block.enqueued_at, data)
+                    moved.append((block, block.crba, block.length))
                     block.crba = self._log.append(RecordType.RELOG, record)
                     block.length = FRAME_SIZE + len(record)
                     relogged += 1
@@ -602,6 +613,7 @@ class SpoolQueues(MessageQueues):
             number, begin, position, self._next_ur, mode, pairs,
             tuple(InDoubtEntry(ur, last, queue) for ur, last, queue in in_doubt))))
         self._log.sync()
+        self._cpl_written = True
         self._cpl = [(pair_begin, pair_end or cpl_rba) for pair_begin, pair_end in pairs]
         self._checkpoint_number = number
         self._restart_rba = position

@@ -447,3 +447,36 @@ def test_an_in_doubt_relog_of_a_dequeue_that_later_committed_is_dropped(tmp_path
     spool.resolve_in_doubt("hq", 10)
     assert spool.inbound("hq") == [] and spool.in_doubt() == ()
     spool.close()
+
+
+def test_a_checkpoint_that_fails_half_way_leaves_the_old_copies_in_charge(tmp_path):
+    """Not a crash: the checkpoint raises after relogging (say, one copy did
+    not read back) and the process goes on.  Its relog records will be
+    ignored at restart, so later checkpoints must not count on them."""
+    path = tmp_path / "spool"
+    options = dict(checkpoint_every=10**9, cpl_pairs=2, segment_bytes=4096)
+    spool = SpoolQueues(path, **options)
+    for number in range(5):
+        spool.put_inbound("hq", f"old-{number}.fsm", payload("in", "hq", f"old-{number}.fsm"))
+    spool.checkpoint()
+
+    def failing(where):
+        if where == "checkpoint.before_cpl":
+            raise OSError("disk trouble")
+
+    spool._fault = failing
+    with pytest.raises(OSError):
+        spool.checkpoint()  # relogs all five, writes no CPL record
+    spool._fault = None
+    for checkpoints in range(4):  # a crash after each later checkpoint must find all five
+        for number in range(10):
+            name = f"passing-{checkpoints}-{number}.fsm"
+            spool.put_outbound("f1", name, b"p" * 200, 0)
+            spool.delete_outbound("f1", name)
+        spool.checkpoint()
+        expected = snapshot(spool)
+        crash(spool)
+        spool = SpoolQueues(path, **options)
+        assert snapshot(spool) == expected and len(expected[0][("in", "hq")]) == 5
+        check_contents(spool, expected[0])
+    spool.close()
