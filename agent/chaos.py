@@ -7,6 +7,10 @@ Rules of this file:
   gives the same run (``agent chaos --seed N`` replays one).
 * Agents run in one process on a virtual clock; a crash drops the agent
   object at a named crash point and a new one starts on the same files.
+* Any transport can carry the files.  Inboxes that are not fresh folders
+  of the seed (an SFTP server, mailboxes) are emptied when a seed starts,
+  so no seed sees another's files, and quiescence also asks the transport
+  that no data message is waiting.
 * After the faults stop, every site runs until the system is quiescent;
   then the invariants are checked: every remote holds exactly the
   consolidated's subscribed rows (I5), every ledger entry made anywhere is
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import shlex
 import shutil
 import sqlite3
 import tempfile
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from transports import Transport
 from transports.faults import FaultRates, FaultsTransport
 
 from . import crashpoints
@@ -43,6 +49,7 @@ SCHEMA = [
     "CREATE TABLE ledger (entry TEXT PRIMARY KEY, site TEXT NOT NULL, amount INTEGER NOT NULL)",
 ]
 PRODUCTS = ("tea", "jam", "rice", "soap")
+_DEFAULT_ADDRESS_TEMPLATE = "{root}/inbox/{site}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +64,13 @@ class ChaosParams:
     transport: str = "folder"
     # Where each site's inbox is, for transports other than folder; formatted
     # with {root} (the seed's folder) and {site}.
-    address_template: str = "{root}/inbox/{site}"
-    transport_options: tuple[tuple[str, str], ...] = ()
+    address_template: str = _DEFAULT_ADDRESS_TEMPLATE
+    # Where peers send to each site, when that is not the inbox address
+    # (email: mailto:{site}@example.com, the inbox being an imaps:// URL).
+    send_address_template: str | None = None
+    # {root} and {site} in text values are replaced as in the templates
+    # (email: from_address={site}@example.com).
+    transport_options: tuple[tuple[str, object], ...] = ()
     reextract_rate: float = 0.0  # per step: a remote is extracted again while its mail is in flight
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
@@ -81,6 +93,10 @@ class ChaosParams:
         parts = [f"agent chaos --seed {self.seed}"]
         if self.transport != "folder":
             parts.append(f"--transport {self.transport}")
+        if self.address_template != _DEFAULT_ADDRESS_TEMPLATE:
+            parts.append(f"--address-template {shlex.quote(self.address_template)}")
+        for name, value in self.transport_options:
+            parts.append(f"-O {shlex.quote(f'{name}={value}')}")
         if self.unsafe_without_stale_rule:
             parts.append("--unsafe-without-stale-rule")
         if self.unsafe_without_duplicate_rule:
@@ -157,6 +173,7 @@ class Simulation:
         self.rng = random.Random(f"run:{params.seed}")
         self.sites = ["hq", *_site_names(params.remotes)]
         self.agents: dict[str, Agent] = {}
+        self._observers: dict[str, Transport] = {}
         self.result = ChaosResult(params)
         self.clock = 1_000_000.0
         self.ledger: set[str] = set()
@@ -168,10 +185,25 @@ class Simulation:
             with SiteDatabase.open(root / f"{site}.db") as db:
                 # Addresses in the template are relative: point them here.
                 for remote in db.remotes():
-                    db.update_remote(remote.name, address=self.address(remote.name))
+                    db.update_remote(remote.name, address=self.send_address(remote.name))
 
     def address(self, site: str) -> str:
+        """``site``'s inbox, where its agent receives."""
         return self.params.address_template.format(root=self.root, site=site)
+
+    def send_address(self, site: str) -> str:
+        """Where peers send to ``site``."""
+        template = self.params.send_address_template or self.params.address_template
+        return template.format(root=self.root, site=site)
+
+    def transport_options(self, site: str) -> dict[str, object]:
+        return {name: value.replace("{root}", str(self.root)).replace("{site}", site)
+                if isinstance(value, str) else value for name, value in self.params.transport_options}
+
+    @property
+    def fresh_inboxes(self) -> bool:
+        """Whether every inbox is a new folder of this seed (the default layout)."""
+        return self.params.transport == "folder" and "{root}" in self.params.address_template
 
     # -- agents --------------------------------------------------------------------------
 
@@ -182,7 +214,7 @@ class Simulation:
         return RunOptions(transport=f"faults+{self.params.transport}", address=self.address(site),
                           max_message_size=self.params.max_message_size, patience=self.params.patience,
                           resend_urgency=0.0, wrapper_options={"faults": fault_options},
-                          transport_options=dict(self.params.transport_options))
+                          transport_options=self.transport_options(site))
 
     def _settings_patch(self, agent: Agent) -> None:
         if self.params.unsafe_without_stale_rule or self.params.unsafe_without_duplicate_rule:
@@ -301,13 +333,15 @@ class Simulation:
         with SiteDatabase.open(self.root / "hq.db") as hq:
             extract_site(hq, remote, self.root / f"{remote}.db")
         with SiteDatabase.open(self.root / f"{remote}.db") as copy:
-            copy.update_remote("hq", address=self.address("hq"))
+            copy.update_remote("hq", address=self.send_address("hq"))
         self.result.reextractions += 1
 
     # -- the run -----------------------------------------------------------------------
 
     async def run(self, settle_rounds: int = 40) -> ChaosResult:
         try:
+            if not self.fresh_inboxes:
+                await self._empty_inboxes()
             for _ in range(self.params.steps):
                 self.workload_step()
                 if self.params.reextract_rate and self.rng.random() < self.params.reextract_rate:
@@ -321,7 +355,7 @@ class Simulation:
             for number in range(1, settle_rounds + 1):
                 for site in self.sites:
                     await self.run_site(site, faults=False)
-                if self.quiescent():
+                if self.quiescent() and not await self._data_waiting():
                     self.result.rounds_to_quiesce = number
                     break
             else:
@@ -330,7 +364,37 @@ class Simulation:
         finally:
             for site in list(self.agents):
                 await self._drop(site)
+            for observer in self._observers.values():
+                await observer.aclose()
+            self._observers.clear()
         return self.result
+
+    # -- inboxes behind a transport ------------------------------------------------------
+
+    def _observer(self, site: str) -> Transport:
+        """A transport of ``site``'s own, without faults, to look into its inbox."""
+        observer = self._observers.get(site)
+        if observer is None:
+            observer = self._observers[site] = _inner(self.params.transport, self.transport_options(site))
+        return observer
+
+    async def _empty_inboxes(self) -> None:
+        """Remove what an earlier seed (or anything else) left in the inboxes."""
+        for site in self.sites:
+            observer = self._observer(site)
+            async for incoming in observer.receive(self.address(site)):
+                await observer.ack(incoming)
+
+    async def _data_waiting(self) -> bool:
+        """Whether a data message still waits in an inbox that quiescent() cannot list
+        (one behind a transport other than folder)."""
+        if self.params.transport == "folder":
+            return False
+        for site in self.sites:
+            async for incoming in self._observer(site).receive(self.address(site)):
+                if ".d." in incoming.name:
+                    return True
+        return False
 
     async def _stop_faults(self) -> None:
         for site in self.sites:
@@ -372,7 +436,7 @@ class Simulation:
                     return False
         if self.params.transport == "folder":
             for site in self.sites:
-                inbox = self.root / "inbox" / site
+                inbox = Path(self.address(site)).expanduser()
                 if any(".d." in path.name for path in inbox.iterdir()):
                     return False
         return True
@@ -520,7 +584,7 @@ class ProcessSimulation(Simulation):
             command += ["-O", f"faults.{kind}={getattr(params.rates, kind)}"]
         command += ["-O", f"faults.max_hold_ticks={params.rates.max_hold_ticks}",
                     "-O", f"faults.partition_ticks={params.rates.partition_ticks}"]
-        for name, value in params.transport_options:
+        for name, value in self.transport_options(site).items():
             command += ["-O", f"{name}={value}"]
         process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL,
                                                        stderr=asyncio.subprocess.PIPE)
@@ -539,7 +603,7 @@ class ProcessSimulation(Simulation):
     async def _stop_faults(self) -> None:
         # Later runs pass faults.active=false; deliver what the wrappers still hold.
         for site in self.sites:
-            transport = FaultsTransport(_inner(self.params.transport, dict(self.params.transport_options)),
+            transport = FaultsTransport(_inner(self.params.transport, self.transport_options(site)),
                                         seed=0, hold_dir=self.root / "held" / site, active=False)
             await transport.flush()
             await transport.aclose()
