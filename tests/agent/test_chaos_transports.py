@@ -12,6 +12,7 @@ import pytest
 
 from agent.chaos import run_seeds, summarize
 from tests.transports.servers import MAIL_DOMAIN
+from transports.faults import KINDS
 
 from .transport_worlds import mail_servers, sshd  # noqa: F401 (fixtures)
 
@@ -23,8 +24,9 @@ SITES = ("hq", "f1", "f2", "f3")
 
 def check(summary: dict, transport: str) -> None:
     assert summary["seeds"] == SEEDS
-    # Faults were injected and repaired: files lost, damaged, doubled and held back.
-    for kind in ("drop", "corrupt", "duplicate", "reorder"):
+    # Faults of every kind were injected, and repaired: files lost, damaged, doubled, held back,
+    # and sites cut off.
+    for kind in KINDS:
         assert summary["faults"].get(kind, 0) > 0, summary["faults"]
     assert summary["resend_requests"] > 0 and summary["quarantined"] > 0, summary
     assert summary["failing_seeds"] == [], (
