@@ -61,6 +61,15 @@ def agent_directory(database: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name + ".agent")
 
 
+def open_queues(database: str | os.PathLike[str]) -> MessageQueues:
+    """The message queues of a site's agent: the recovery-log spool in
+    ``<db>.agent/spool`` (docs/spool-format.md).  Only one process at a time
+    may hold them; offline tools read them with ``agent.spool.check_spool``."""
+    from .spool import SpoolQueues
+
+    return SpoolQueues(agent_directory(database) / "spool")
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     """How ``agent run`` behaves (dbremote's switches in brackets)."""
@@ -177,7 +186,7 @@ class Agent:
             self.report.stopped_streams.append(f"{self.name} was restored from an older copy (new incarnation "
                                                f"{self.db.identity.incarnation.hex()[:8]})")
         if self._queues is None:
-            self._queues = DirectoryQueues(self.directory / "queues")
+            self._queues = open_queues(self.path)
         self.keyring = Keyring()
         self._load_peers()
 
@@ -223,6 +232,8 @@ class Agent:
                 for transport in self._transports.values():
                     await transport.aclose()
         finally:
+            if self._queues is not None:
+                await asyncio.to_thread(self._queues.close)
             db = getattr(self, "db", None)
             if db is not None:
                 await asyncio.to_thread(db.close)
@@ -309,6 +320,12 @@ class Agent:
         if self._restored:
             return
         self._restored = True
+        resolve = getattr(self.queues, "resolve_in_doubt", None)
+        if resolve is not None:
+            # A dequeue in doubt (the process died between the database commit
+            # of an apply and the dequeue's commit) is settled by the database.
+            for peer in self.peers.values():
+                await asyncio.to_thread(resolve, peer.name, peer.protocol.state.log_received)
         for peer in self.peers.values():
             queued = await asyncio.to_thread(self._queued_headers, peer.name)
             for name, message in queued:
@@ -523,6 +540,11 @@ class Agent:
         except MessageError as error:
             log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
             return peer.protocol.apply_aborted(now, quarantine=str(error))
+        begin = getattr(self.queues, "begin_dequeue", None)
+        token = None
+        if begin is not None:
+            # The dequeue is in doubt until the database has committed the apply.
+            token = await asyncio.to_thread(begin, peer.name, action.message_ids, action.log_received)
         try:
             await asyncio.to_thread(self.db.apply, peer.name, transactions, log_received=action.log_received,
                                     messages=len(action.message_ids),
@@ -530,8 +552,12 @@ class Agent:
         except SiteError as error:  # the database refused: keep the messages, retry at the next poll
             log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
             self.report.transport_errors.append(f"applying from {peer.name}: {error}")
+            if token is not None:
+                await asyncio.to_thread(self.queues.abort_dequeue, token)  # type: ignore[attr-defined]
             return peer.protocol.apply_aborted(now)
         crash_point("apply.after-commit")
+        if token is not None:
+            await asyncio.to_thread(self.queues.commit_dequeue, token)  # type: ignore[attr-defined]
         self.report.applied_messages += len(action.message_ids)
         peer.persisted = _with(peer.persisted, log_received=action.log_received)
         return peer.protocol.apply_done(now, action.log_received)
@@ -580,8 +606,13 @@ class Agent:
         return peer.protocol.send_done(self.clock(), action.end)
 
     def _pack_and_queue(self, peer: _Peer, action: SendData) -> int:
-        transactions = self.db.read_log(peer.name, action.start, action.end)
         seal_to = peer.public if (self.options.seal and peer.public is not None) else None
+        group = getattr(self.queues, "group_commit", None)
+        with group() if group is not None else contextlib.nullcontext():
+            return self._pack_into_queue(peer, action, seal_to)
+
+    def _pack_into_queue(self, peer: _Peer, action: SendData, seal_to: PublicKeys | None) -> int:
+        transactions = self.db.read_log(peer.name, action.start, action.end)
         count = 0
         for message in pack_messages(transactions, keys=self.keys, recipient=peer.name,
                                      incarnation=self.db.identity.incarnation,

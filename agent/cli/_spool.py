@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..queues import DirectoryQueues, MessageQueues, QueueDepth
+from ..queues import MessageQueues, QueueDepth
 from ..runner import agent_directory
+from ..runner import open_queues as runner_open_queues
+from ..spool import check_spool
+from ..spool._check import QueueReport
 
 _REASON_SUFFIX = ".reason.json"
 
@@ -25,19 +28,25 @@ class QuarantinedFile:
 
 
 def open_queues(database: Path) -> MessageQueues:
-    """The queues the agent of ``database`` uses (the one place that knows
-    which implementation that is: the runner's default)."""
-    return DirectoryQueues(agent_directory(database) / "queues")
+    """The queues the agent of ``database`` uses, opened for the agent's own
+    run (the spool allows one holder at a time)."""
+    return runner_open_queues(database)
+
+
+def queue_reports(database: Path) -> list[QueueReport]:
+    """What the spool holds, read without taking it (the agent may be
+    running): one report per queue, with the message names in order."""
+    spool = agent_directory(database) / "spool"
+    if not spool.is_dir():
+        return []
+    return list(check_spool(spool).queues)
 
 
 def queue_depths(database: Path) -> list[QueueDepth]:
-    if not (agent_directory(database) / "queues").is_dir():
-        return []
-    spool = open_queues(database)
-    try:
-        return spool.depths()
-    finally:
-        spool.close()
+    counts: dict[str, dict[str, int]] = {}
+    for report in queue_reports(database):
+        counts.setdefault(report.peer, {"in": 0, "out": 0})[report.direction] += len(report.names)
+    return [QueueDepth(peer, value["in"], value["out"]) for peer, value in sorted(counts.items())]
 
 
 def quarantine_folder(database: Path) -> Path:

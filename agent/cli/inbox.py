@@ -13,7 +13,7 @@ import click
 from rich.table import Table
 
 from ._common import DATABASE, TransportOption, console, format_moment, iso_moment, open_site, split_transport_options
-from ._spool import QuarantinedFile, open_queues, quarantined, queue_depths
+from ._spool import QuarantinedFile, quarantined, queue_reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,22 +77,19 @@ async def _waiting(transport_name: str, options: tuple, address: str, site_name:
 
 
 def _queued(database: Path) -> dict[str, list[Pending]]:
+    """Inbound messages queued in the spool, read without taking it (the
+    spool reports each queue's total bytes, so a message's size is that
+    total shared out)."""
     result: dict[str, list[Pending]] = {}
-    depths = queue_depths(database)
-    if not depths:
-        return result
-    spool = open_queues(database)
-    try:
-        for depth in depths:
-            entries = []
-            for name in spool.inbound(depth.peer):
-                sender, kind, header, _ = _describe_name(name)
-                size = len(spool.read_inbound(depth.peer, name))
-                entries.append(Pending(name, sender, kind, header, size, "verified on arrival"))
-            if entries:
-                result[depth.peer] = entries
-    finally:
-        spool.close()
+    for report in queue_reports(database):
+        if report.direction != "in" or not report.names:
+            continue
+        share = report.content_bytes // len(report.names)
+        entries = []
+        for name in report.names:
+            sender, kind, header, _ = _describe_name(name)
+            entries.append(Pending(name, sender, kind, header, share, "verified on arrival"))
+        result[report.peer] = entries
     return result
 
 

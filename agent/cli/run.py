@@ -34,6 +34,9 @@ class _ProgressQueues(MessageQueues):
     backlog is packed (by log offset) and handed to the transport (by file).
     Every call goes to the wrapped queues unchanged."""
 
+    def __getattr__(self, name: str):  # the spool's extra calls (in-doubt dequeues, group commit)
+        return getattr(self.inner, name)
+
     def __init__(self, inner: MessageQueues, progress: Progress) -> None:
         self.inner = inner
         self.progress = progress
