@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inbox": ("agent.cli.inbox", "inbox", "List pending and quarantined messages without applying them."),
     "status": ("agent.cli.status", "status", "Show the remote-user table, queues and errors."),
     "demo": ("agent.cli.demo", "demo", "Replicate a consolidated and three field sites in a folder."),
+    "spool": ("agent.cli.spool", "spool", "Check the agent's message spool offline."),
     "chaos": ("agent.cli.chaos", "chaos", "Run the protocol fault-injection suite for N seeds."),
 }
 

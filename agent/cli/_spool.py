@@ -4,6 +4,7 @@ its message queues and its quarantine, for ``status`` and ``inbox``."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -40,6 +41,26 @@ def queue_reports(database: Path) -> list[QueueReport]:
     if not spool.is_dir():
         return []
     return list(check_spool(spool).queues)
+
+
+def spool_summary(database: Path) -> dict | None:
+    """The spool's state for ``agent status``: messages, the oldest one's age,
+    the restart span and the space used (None before the agent first ran)."""
+    spool = agent_directory(database) / "spool"
+    if not spool.is_dir():
+        return None
+    report = check_spool(spool)
+    oldest = [q.oldest_enqueued_at for q in report.queues if q.oldest_enqueued_at is not None and q.names]
+    return {
+        "ok": report.ok,
+        "messages": report.messages,
+        "oldest_message_age_s": round(time.time() - min(oldest), 1) if oldest else None,
+        "restart_span_bytes": report.restart_span_bytes,
+        "log_bytes": report.end_rba - report.log_start_rba,
+        "segments": len(report.segments),
+        "in_doubt": len(report.in_doubt),
+        "problems": list(report.problems),
+    }
 
 
 def queue_depths(database: Path) -> list[QueueDepth]:

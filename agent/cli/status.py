@@ -20,9 +20,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ._common import (DATABASE, console, format_moment, incarnation_text, iso_moment, key_fingerprint, open_site,
+from ._common import (DATABASE, console, format_moment, format_seconds, incarnation_text, iso_moment, key_fingerprint,
+                      open_site,
                       schedule_text)
-from ._spool import queue_depths, quarantined
+from ._spool import quarantined, queue_depths, spool_summary
 
 FORMAT = "fieldsync.status/1"
 
@@ -72,6 +73,7 @@ def collect_status(database: Path) -> dict[str, Any]:
         "remotes": rows,
         "queues": [{"peer": peer, "inbound": depth.inbound, "outbound": depth.outbound}
                    for peer, depth in sorted(depths.items())],
+        "spool": spool_summary(database),
         "quarantine": len(quarantined(database)),
         "conflicts": conflicts,
         "apply_errors": apply_errors,
@@ -94,6 +96,13 @@ def render_status(out: Console, status: dict[str, Any]) -> None:
     out.print(f"  inbox {site['address'] or '-'} ({site['transport'] or 'folder'})", soft_wrap=True)
     out.print(f"  log end {status['log_end']} · quarantined files {status['quarantine']} · "
               f"conflicts {status['conflicts']} · apply errors {status['apply_errors']}", soft_wrap=True)
+    spool = status.get("spool")
+    if spool is not None:
+        age = spool["oldest_message_age_s"]
+        out.print(f"  spool: {spool['messages']} queued messages, oldest "
+                  f"{'-' if age is None else format_seconds(age)}, restart span {spool['restart_span_bytes']} bytes "
+                  f"of {spool['log_bytes']}, {spool['in_doubt']} in doubt"
+                  + ("" if spool["ok"] else f" · PROBLEMS: {'; '.join(spool['problems'])}"), soft_wrap=True)
     rows = status["remotes"]
     if not rows:
         out.print("  no remote users; add one with `agent remote add`")

@@ -27,8 +27,10 @@ def test_json_after_a_real_replication(agent: Agent, world: World) -> None:
     world.execute("n1", "INSERT INTO customer VALUES (200, 'n1', 'new at n1')")
     sync(agent, world)
     hq = _status(agent, world.hq)
-    assert list(hq) == ["format", "database", "site", "log_end", "remotes", "queues", "quarantine", "conflicts",
-                        "apply_errors"]
+    assert list(hq) == ["format", "database", "site", "log_end", "remotes", "queues", "spool", "quarantine",
+                        "conflicts", "apply_errors"]
+    assert hq["spool"]["ok"] and hq["spool"]["messages"] == 0 and hq["spool"]["in_doubt"] == 0
+    assert 0 < hq["spool"]["restart_span_bytes"] <= hq["spool"]["log_bytes"]
     assert hq["format"] == "fieldsync.status/1"
     assert hq["database"] == str(world.hq.resolve())
     with SiteDatabase.open(world.hq) as site:

@@ -1,0 +1,42 @@
+"""``agent spool check``: verify a site's message spool offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..runner import agent_directory
+from ..spool import check_spool
+from ._common import DATABASE
+
+
+@click.group()
+def spool() -> None:
+    """Inspect the agent's message spool."""
+
+
+@spool.command("check")
+@click.argument("database", type=DATABASE)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def check(database: Path, as_json: bool) -> int:
+    """Verify the spool of DATABASE's agent without changing it (works while
+    the agent runs): segments, records, torn tail, corruption with its byte
+    position, queue contents, in-doubt dequeues.  Exit 1 when it finds a
+    problem."""
+    folder = agent_directory(database) / "spool"
+    if not folder.is_dir():
+        raise click.ClickException(f"{database} has no spool yet ({folder}); the agent makes it on its first run")
+    report = check_spool(folder)
+    if as_json:
+        click.echo(json.dumps({
+            "ok": report.ok, "records": report.records, "segments": len(report.segments),
+            "messages": report.messages, "restart_span_bytes": report.restart_span_bytes,
+            "in_doubt": len(report.in_doubt), "corruption": [str(c) for c in report.corruption],
+            "problems": list(report.problems),
+        }))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    return 0 if report.ok else 1
