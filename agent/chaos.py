@@ -95,6 +95,8 @@ class ChaosParams:
             parts.append(f"--transport {self.transport}")
         if self.address_template != _DEFAULT_ADDRESS_TEMPLATE:
             parts.append(f"--address-template {shlex.quote(self.address_template)}")
+        if self.send_address_template:
+            parts.append(f"--send-address-template {shlex.quote(self.send_address_template)}")
         for name, value in self.transport_options:
             parts.append(f"-O {shlex.quote(f'{name}={value}')}")
         if self.unsafe_without_stale_rule:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -34,6 +35,7 @@ from .base import Incoming, Transport, TransportWrapper
 from .errors import BadTransportOptions, TransportUnavailable
 
 KINDS = ("drop", "corrupt", "duplicate", "reorder", "delay", "partition")
+_CONTROL_DIGEST = re.compile(r"\.[0-9a-f]{16}(?=\.fsm$)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +177,11 @@ class FaultsTransport(TransportWrapper):
         if not self.active:
             await self.inner.send(address, name, data)
             return
-        self._attempts[name] += 1
-        rng = random.Random(f"{self.seed}:{name}:{self._attempts[name]}")
+        # A control message's name ends in a digest of its bytes (which carry
+        # random incarnation ids): decide by the rest, so a seed replays.
+        key = _CONTROL_DIGEST.sub("", name)
+        self._attempts[key] += 1
+        rng = random.Random(f"{self.seed}:{key}:{self._attempts[key]}")
         if self._partitioned_until.get(address, 0) > self._tick:
             self._note("partition", name, address, "destination unreachable")
             raise TransportUnavailable(f"faults: {address} is partitioned away (injected)")

@@ -31,6 +31,8 @@ from ._common import TransportOption, console, split_transport_options
               help="Transport to run over (wrapped in the faults transport).")
 @click.option("--address-template", default="{root}/inbox/{site}", show_default=True,
               help="Inbox address of each site; {root} is the seed's folder, {site} the site name.")
+@click.option("--send-address-template", default=None,
+              help="Address peers send to, when it differs from the inbox address (email: mailto:{site}@...).")
 @click.option("-O", "--transport-option", "transport_options", multiple=True, type=TransportOption(),
               help="NAME=VALUE for the transport, as for `agent run`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
@@ -38,7 +40,7 @@ from ._common import TransportOption, console, split_transport_options
 @click.option("--unsafe-without-stale-rule", is_flag=True, hidden=True)
 @click.option("--unsafe-without-duplicate-rule", is_flag=True, hidden=True)
 def chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
-          transport_options: tuple, as_json: bool, keep_going: bool, unsafe_without_stale_rule: bool,
+          send_address_template: str | None, transport_options: tuple, as_json: bool, keep_going: bool, unsafe_without_stale_rule: bool,
           unsafe_without_duplicate_rule: bool) -> int:
     """Run the protocol fault-injection suite and print a summary."""
     # The suite injects faults on purpose: the agents' warnings about them
@@ -49,6 +51,7 @@ def chaos(count: int, start: int, seed: int | None, steps: int | None, transport
     if wrapper_options:
         raise click.UsageError("chaos sets the faults wrapper's options itself; give transport options only")
     overrides: dict = dict(transport=transport, address_template=address_template,
+                           send_address_template=send_address_template,
                            transport_options=tuple(sorted(options.items())),
                            unsafe_without_stale_rule=unsafe_without_stale_rule,
                            unsafe_without_duplicate_rule=unsafe_without_duplicate_rule)
@@ -89,6 +92,7 @@ def _print(summary: dict) -> None:
     for kind, number in summary["faults"].items():
         table.add_row(f"faults injected: {kind}", str(number))
     table.add_row("crashes injected", str(summary["crashes"]))
+    table.add_row("remotes extracted again mid-run", str(summary.get("reextractions", 0)))
     table.add_row("resend requests", str(summary["resend_requests"]))
     table.add_row("files quarantined", str(summary["quarantined"]))
     table.add_row("divergences", str(summary["divergences"]))
