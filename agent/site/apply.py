@@ -16,8 +16,13 @@ Rules of this file:
 * At the consolidated an UPDATE is conditional on its before-image
   (``col IS ?``, SQLite's equality); a mismatch is a conflict, recorded in
   ``fieldsync_conflict`` and resolved by the table's policy or a hook, and
-  the resulting row goes back to the origin.  A remote applies what the
-  consolidated sends as is.
+  the resulting row goes back to the origin.  The row also goes back when
+  the log holds operations on it that the origin receives and has not
+  confirmed: they may reach the origin after its change (the unconfirmed
+  rule, docs/site-database.md "Concurrent changes").
+* A remote applies what the consolidated sends as is, except on rows with
+  its own changes the consolidated has not confirmed (*pending* rows): there
+  it keeps its own values against operations written without them.
 * Fast path: consecutive operations with the same table, kind and columns
   run as one ``executemany`` inside a savepoint; if any row of it did not
   go as planned, the savepoint is rolled back and the run is replayed one
@@ -26,7 +31,9 @@ Rules of this file:
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,8 +44,10 @@ from codec.ops import OpKind, Operation, Transaction
 
 from ._db import format_time, quote_ident, utc_now
 from .capture import (
+    FLAG_CONCURRENT_DELETE,
     FLAG_RETURN_TO_ORIGIN,
     KIND_DELETE,
+    KIND_INSERT,
     KIND_UPDATE,
     Shape,
     ShapeCache,
@@ -46,7 +55,7 @@ from .capture import (
 )
 from .errors import ApplyRefused, ConflictHookFailed, IncarnationMismatch, InvalidSetting
 from .log import cut_locked, top_seq
-from .log import log_end as log_end_of
+from .publications import SubscriberReader
 from .remotes import get_remote
 from .schema import Role, SiteIdentity
 from .values import operation_problem, pack, unpack, value_problem
@@ -122,8 +131,22 @@ class _Return:
         self.columns = columns         # the columns it gets back
 
 
+class _Own:
+    """A remote's own changes to one row that the consolidated has not
+    confirmed yet: the last value it wrote to each column, or that it
+    deleted the row.  ``seq`` is the capture seq of the last of them."""
+
+    __slots__ = ("values", "deleted", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.values: dict[str, Any] = {}
+        self.deleted = False
+        self.seq = seq
+
+
 class _Batch:
-    __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched")
+    __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched",
+                 "entered", "watched", "received", "pending")
 
     def __init__(self, peer: str, now: str) -> None:
         self.peer = peer
@@ -137,6 +160,19 @@ class _Batch:
         # (column, values)), and the keys of those tables the batch touched.
         self.filters: dict[str, tuple[str, frozenset]] = {}
         self.touched: dict[tuple[str, tuple], _Table] = {}
+        # Rows the peer moved into its subset from outside it: the peer may
+        # have been sent a DELETE of them that reaches it after its change.
+        self.entered: set[tuple[str, tuple]] = set()
+        # At the consolidated, when the log holds operations the peer has not
+        # confirmed: every row the batch touched, with the values the peer
+        # wrote to it ((table name, key) -> (table, {column: value})).  None
+        # when nothing is unconfirmed, so the hot path does no bookkeeping.
+        self.watched: dict[tuple[str, tuple], tuple[_Table, dict]] | None = None
+        # Of those rows, the ones the peer receives unconfirmed operations on,
+        # with the kind and row image of the last of them as the peer sees it.
+        self.received: dict[tuple[str, tuple], tuple[int, dict]] = {}
+        # At a remote: its own pending changes (lower-case table -> key -> _Own).
+        self.pending: dict[str, dict[tuple, _Own]] = {}
 
 
 class Applier:
@@ -148,6 +184,7 @@ class Applier:
         self._schema_version = -1
         self._tables: dict[str, _Table | None] = {}
         self._sql: dict[tuple, str] = {}
+        self._shape_ids: dict[str, tuple[int, ...]] = {}
         self._article_shapes: dict[str, int] = {}
         self._policies: dict[str, str] = {}
         self.hooks: dict[str | None, ConflictHook] = {}
@@ -161,6 +198,7 @@ class Applier:
             self._schema_version = version
             self._tables.clear()
             self._sql.clear()
+            self._shape_ids.clear()
         shapes = dict(self._conn.execute("SELECT lower(table_name), shape FROM fieldsync_article").fetchall())
         policies = dict(self._conn.execute("SELECT lower(table_name), policy FROM fieldsync_conflict_policy")
                         .fetchall())
@@ -225,8 +263,16 @@ class Applier:
         end = cut_locked(conn, identity.name)
         consolidated = identity.role is Role.CONSOLIDATED
         batch = _Batch(peer, format_time(now or utc_now()))
+        # Offsets of this site's log that the peer has not confirmed: at the
+        # consolidated, operations the peer may receive after the changes in
+        # this batch; at a remote, its own changes still pending.
+        confirmed, unconfirmed_end = remote.confirm_sent, end
         if consolidated:
             batch.filters = self._filters(peer)
+            if self._unconfirmed_for(peer, confirmed, end):
+                batch.watched = {}
+        else:
+            batch.pending = self._own_changes(confirmed, end)
         applied = skipped = 0
         previous = remote.log_received
         commits: list[int] = []
@@ -251,7 +297,9 @@ class Applier:
                              (top, peer, end + 1))
                 commits.append(top)
                 end = top
-        if batch.returns or batch.touched:
+        if batch.watched:
+            self._send_back_unconfirmed(identity, batch, confirmed, unconfirmed_end)
+        if batch.returns or batch.touched or batch.received:
             self._write_returns(batch)
             top = top_seq(conn)
             if top > end:
@@ -290,8 +338,12 @@ class Applier:
                         if (type(before) is dict and type(after) is dict and after
                                 and {*map(type, key), *map(type, after.values()),
                                      *map(type, before.values())} <= plain):
-                            mine = (table, 2, len(key), *after, None, *before)
-                            values = (*after.values(), *key, *before.values())
+                            if consolidated:
+                                mine = (table, 2, len(key), *after, None, *before)
+                                values = (*after.values(), *key, *before.values())
+                            else:  # a remote writes the values as they come
+                                mine = (table, 2, len(key), *after)
+                                values = (*after.values(), *key)
                     elif kind == 3:  # DELETE
                         if (after is None and type(before) is dict
                                 and {*map(type, key), *map(type, before.values())} <= plain):
@@ -335,11 +387,33 @@ class Applier:
         if kind == OpKind.INSERT:
             sql = self._insert_sql(table, tuple(first[4]), ignore=True)
         elif kind == OpKind.UPDATE:
-            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]))
+            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else ())
         else:
             sql = self._delete_sql(table)
         if batch.filters and table.name.lower() in batch.filters:
             self._touch(batch, table, run)
+        if batch.watched is not None:
+            self._watch(batch, table, run)
+        pending = batch.pending.get(table.name.lower()) if batch.pending else None
+        if pending:
+            # Operations on rows with this remote's own pending changes go one
+            # by one through _pending_one; the others stay on the fast path.
+            fast_run: list = []
+            fast_params: list = []
+            for op, values in zip(run, params):
+                own = pending.get(op[2])
+                if own is None:
+                    fast_run.append(op)
+                    fast_params.append(values)
+                    continue
+                self._run(table, kind, sql, fast_run, fast_params, batch, consolidated)
+                fast_run, fast_params = [], []
+                self._pending_one(table, op, own, batch)
+            run, params = fast_run, fast_params
+        self._run(table, kind, sql, run, params, batch, consolidated)
+
+    def _run(self, table: _Table, kind: int, sql: str, run: list, params: list, batch: _Batch,
+             consolidated: bool) -> None:
         # A savepoint journals every existing page a statement changes; past
         # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
         # file, which halves UPDATE speed.  Small chunks stay in memory.
@@ -403,73 +477,270 @@ class Applier:
             self._error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
                                    f"{batch.peer}")
             self._send_back(batch, table, op[2], {**local, **after}, set(table.columns))
-        else:
+        elif any(not _same_value(local.get(column), value) for column, value in after.items()):
             # A remote takes the consolidated's row as is.
             self._conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
             self._error(batch, op, "INSERT of an existing key: the row was overwritten with the incoming one")
+        else:
+            batch.applied += 1  # it holds that very row already (a row sent back to it whole)
 
     def _update_one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
         conn = self._conn
         key, before, after = op[2], op[3], op[4]
-        if conn.execute(self._update_sql(table, tuple(after), tuple(before)),
-                        (*after.values(), *key, *before.values())).rowcount:
+        if consolidated:
+            sql = self._update_sql(table, tuple(after), tuple(before))
+            params = (*after.values(), *key, *before.values())
+        else:
+            sql = self._update_sql(table, tuple(after), ())
+            params = (*after.values(), *key)
+        if conn.execute(sql, params).rowcount:
             batch.applied += 1
             return
-        local = self._select(table, key)
+        local = self._select(table, key) if consolidated else None
         if local is None:
             self._error(batch, op, "UPDATE of a missing row")
             return
-        if consolidated:
-            self._conflict(table, op, local, batch)
+        self._conflict(table, op, local, batch)
+
+    # --- a remote's own pending changes ---------------------------------------------
+
+    def _own_changes(self, confirmed: int, end: int) -> dict[str, dict[tuple, _Own]]:
+        """This remote's own changes in its log after ``confirmed`` (what the
+        consolidated has confirmed) up to ``end``, by table and row.  Usually
+        a handful of rows: only log transactions of this site are read."""
+        conn = self._conn
+        spans = conn.execute("SELECT first_seq, commit_offset FROM fieldsync_log WHERE commit_offset > ?"
+                             " AND commit_offset <= ? AND origin = ? ORDER BY commit_offset",
+                             (confirmed, end, self._site_name)).fetchall()
+        pending: dict[str, dict[tuple, _Own]] = {}
+        for first, last in spans:
+            for row in conn.execute("SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq",
+                                    (first, last)):
+                shape = self._shapes.get(row[1])
+                rows = pending.setdefault(shape.table.lower(), {})
+                columns = shape.columns
+                width = len(columns)
+                positions = shape.key_positions
+                old = row[4:4 + width]
+                old_key = tuple(old[i] for i in positions)
+                kind = row[2]
+                if kind == KIND_INSERT:
+                    own = _own_entry(rows, old_key, row[0])
+                    own.values = dict(zip(columns, old))
+                    own.deleted = False
+                elif kind == KIND_DELETE:
+                    own = _own_entry(rows, old_key, row[0])
+                    own.values = {}
+                    own.deleted = True
+                else:
+                    new = row[4 + width:4 + 2 * width]
+                    new_key = tuple(new[i] for i in positions)
+                    if new_key != old_key:
+                        gone = _own_entry(rows, old_key, row[0])
+                        gone.values = {}
+                        gone.deleted = True
+                        own = _own_entry(rows, new_key, row[0])
+                        own.values = dict(zip(columns, new))
+                    else:
+                        own = _own_entry(rows, old_key, row[0])
+                        own.values.update((column, after) for column, before, after in zip(columns, old, new)
+                                          if not (type(before) is type(after) and before == after))
+                    own.deleted = False
+        return pending
+
+    def _pending_one(self, table: _Table, op: tuple, own: _Own, batch: _Batch) -> None:
+        """Apply an operation of the consolidated to a row this remote changed
+        itself and the consolidated has not confirmed.
+
+        The consolidated applies those changes after every operation it wrote
+        without them, and sends the outcome back if they conflict.  So the
+        remote keeps a value it wrote and still holds when the operation's
+        before-image shows it was written without that value; a DELETE
+        written so is marked, and an INSERT of the row that follows gets the
+        remote's values; a row the remote deleted stays deleted.  A row in
+        this state is not an error when it is missing or present: the
+        consolidated settles it.
+        """
+        problem = operation_problem(op)
+        if problem is not None:
+            self._error(batch, op, f"malformed operation: {problem}")
             return
-        # A remote applies what the consolidated sends, except a column whose
-        # value is the remote's own change that the consolidated had not yet
-        # applied when it wrote this operation: the consolidated applies that
-        # change after this one and sends the outcome back, so overwriting it
-        # here would leave this site with the older value for good.
-        differing = {column for column, value in before.items() if not _sqlite_equal(local.get(column), value)}
-        kept = self._own_latest(table, key, differing & set(after)) if differing else set()
-        written = {column: value for column, value in after.items() if column not in kept}
-        if written:
-            conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+        conn = self._conn
+        kind, key, before, after = op[1], op[2], op[3], op[4]
+        local = self._select(table, key)
+        try:
+            if kind == OpKind.INSERT:
+                if local is not None:
+                    pass  # its own row: the consolidated settles it (created on both sides, or sent back whole)
+                elif not own.deleted:
+                    values = dict(after)
+                    if own.values and not __import__('os').environ.get('NO_OVERLAY'):
+                        for column in self._deleted_without(table, key, own.seq):
+                            if column in own.values and column in table.column_set:
+                                values[column] = own.values[column]
+                    conn.execute(self._insert_sql(table, tuple(values), ignore=False), tuple(values.values()))
+            elif local is None:
+                pass  # gone here, by its own DELETE or one written without its change
+            elif kind == OpKind.UPDATE:
+                written = {column: value for column, value in after.items()
+                           if not _holds_own(own, local, before, column)}
+                if written:
+                    conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+            else:
+                concurrent = {column: before[column] for column in own.values
+                              if _holds_own(own, local, before, column)}
+                conn.execute(self._delete_sql(table), key)
+                shape = table.shape
+                if concurrent and shape is not None and all(column in shape.columns for column in concurrent):
+                    # The captured DELETE keeps this row as it was here; its
+                    # unused second half gets the same row with the
+                    # consolidated's values where they lacked this site's own.
+                    width = len(shape.columns)
+                    assignments = ", ".join(f"v{width + index} = ?" for index in range(width))
+                    conn.execute(f"UPDATE fieldsync_capture SET flags = ?, {assignments} WHERE seq = (SELECT max(seq)"
+                                 " FROM fieldsync_capture) AND kind = ? AND shape = ?",
+                                 (FLAG_CONCURRENT_DELETE, *[concurrent.get(column, local.get(column))
+                                                            for column in shape.columns], KIND_DELETE, shape.id))
+        except sqlite3.IntegrityError as error:
+            self._error(batch, op, f"constraint failed: {error}")
+            return
         batch.applied += 1
 
-    def _own_latest(self, table: _Table, key: tuple, columns: set[str]) -> set[str]:
-        """Which of ``columns`` of row ``key`` were last changed here by a
-        local write (not by an apply), judging by the capture rows still in
-        the log.  Only called on the slow path of a remote."""
-        if table.shape is None or not columns:
+    def _deleted_without(self, table: _Table, key: tuple, since: int) -> set[str]:
+        """The columns in which the last DELETE of row ``key`` applied here
+        after capture seq ``since`` was written without this site's own
+        value (empty unless that DELETE is marked FLAG_CONCURRENT_DELETE)."""
+        shapes = self._table_shapes(table)
+        if not shapes:
             return set()
+        cursor = self._conn.execute(
+            f"SELECT * FROM fieldsync_capture WHERE seq > ? AND kind = ? AND shape IN ({', '.join('?' * len(shapes))})"
+            " ORDER BY seq DESC", (since, KIND_DELETE, *shapes))
+        try:
+            for row in cursor:
+                shape = self._shapes.get(row[1])
+                if tuple(row[4 + i] for i in shape.key_positions) != key:
+                    continue
+                if not (row[3] or 0) & FLAG_CONCURRENT_DELETE:
+                    return set()
+                width = len(shape.columns)
+                return {column for index, column in enumerate(shape.columns)
+                        if not _sqlite_equal(row[4 + index], row[4 + width + index])}
+        finally:
+            cursor.close()
+        return set()
+
+    def _table_shapes(self, table: _Table) -> tuple[int, ...]:
+        shapes = self._shape_ids.get(table.name.lower())
+        if shapes is None:
+            shapes = tuple(row[0] for row in self._conn.execute(
+                "SELECT id FROM fieldsync_shape WHERE table_name = ? COLLATE NOCASE ORDER BY id", (table.name,)))
+            self._shape_ids[table.name.lower()] = shapes
+        return shapes
+
+    # --- the consolidated's operations its peer has not confirmed ---------------------
+
+    def _unconfirmed_for(self, peer: str, confirmed: int, end: int) -> bool:
+        """Whether the log holds, in ``(confirmed, end]``, operations ``peer``
+        may receive: of another origin, or written back to it."""
+        if end <= confirmed:
+            return False
         conn = self._conn
-        shapes = {row[0]: self._shapes.get(row[0]) for row in conn.execute(
-            "SELECT id FROM fieldsync_shape WHERE table_name = ? COLLATE NOCASE", (table.name,))}
-        end = log_end_of(conn)
-        remaining = set(columns)
-        own: set[str] = set()
-        cursor = conn.execute(f"SELECT * FROM fieldsync_capture WHERE shape IN ({', '.join('?' * len(shapes))})"
-                              " ORDER BY seq DESC", tuple(shapes))
-        for row in cursor:
-            shape = shapes[row[1]]
-            width = len(shape.columns)
-            old = row[4:4 + width]
-            new = row[4 + width:4 + 2 * width] if row[2] == KIND_UPDATE else old
-            positions = shape.key_positions
-            if tuple(new[i] for i in positions) != key and tuple(old[i] for i in positions) != key:
-                continue
-            changed = {column for i, column in enumerate(shape.columns)
-                       if row[2] != KIND_UPDATE or not _sqlite_equal(old[i], new[i])} & remaining
-            if not changed:
-                continue
-            local = row[0] > end or conn.execute(
-                "SELECT origin FROM fieldsync_log WHERE commit_offset >= ? ORDER BY commit_offset LIMIT 1",
-                (row[0],)).fetchone()[0] == self._site_name
-            if local:
-                own |= changed
-            remaining -= changed
-            if not remaining:
-                break
-        cursor.close()
-        return own
+        if conn.execute("SELECT 1 FROM fieldsync_log WHERE commit_offset > ? AND commit_offset <= ? AND origin != ?"
+                        " LIMIT 1", (confirmed, end, peer)).fetchone():
+            return True
+        return conn.execute(
+            "SELECT 1 FROM fieldsync_returned r WHERE r.seq > ? AND r.seq <= ? AND (SELECT origin FROM"
+            " fieldsync_log WHERE commit_offset >= r.seq ORDER BY commit_offset LIMIT 1) = ? LIMIT 1",
+            (confirmed, end, peer)).fetchone() is not None
+
+    @staticmethod
+    def _watch(batch: _Batch, table: _Table, run: list) -> None:
+        """Remember the rows the peer changed and the values it wrote (under
+        the key the row has afterwards too, when an UPDATE changed it)."""
+        watched = batch.watched
+        assert watched is not None
+        name = table.name
+        key_columns = table.key_columns
+        for op in run:
+            key, after = op[2], op[4]
+            entry = watched.get((name, key))
+            if entry is None:
+                entry = watched[(name, key)] = (table, {})
+            if after:
+                entry[1].update(after)
+                if any(column in after for column in key_columns):
+                    moved = tuple(after.get(column, part) for column, part in zip(key_columns, key))
+                    if moved != key:
+                        watched.setdefault((name, moved), (table, {}))[1].update(entry[1])
+
+    def _send_back_unconfirmed(self, identity: SiteIdentity, batch: _Batch, confirmed: int, end: int) -> None:
+        """The unconfirmed rule: every row the batch changed on which the log
+        holds, in ``(confirmed, end]``, operations the peer receives may end
+        up different at the peer (those operations may reach it after its
+        change), so its state after the batch goes back to the peer, after
+        them.  Records in ``batch.received`` the kind and image of the last
+        such operation per row, as the peer sees it."""
+        assert batch.watched is not None
+        conn = self._conn
+        reader = SubscriberReader(conn, identity, self._shapes, batch.peer)
+        log = conn.execute("SELECT commit_offset, origin FROM fieldsync_log WHERE commit_offset > ?"
+                           " AND commit_offset <= ? ORDER BY commit_offset", (confirmed, end)).fetchall()
+        commits = [commit for commit, _ in log]
+        by_table: dict[str, tuple[_Table, set[tuple]]] = {}
+        for (name, key), (table, _values) in batch.watched.items():
+            by_table.setdefault(name, (table, set()))[1].add(key)
+        received = batch.received
+        for name, (table, keys) in by_table.items():
+            for row in self._rows_of_keys(table, keys, confirmed, end):
+                shape = self._shapes.get(row[1])
+                width = len(shape.columns)
+                old_key = tuple(row[4 + i] for i in shape.key_positions)
+                new_key = tuple(row[4 + width + i] for i in shape.key_positions) if row[2] == KIND_UPDATE else old_key
+                hits = [key for key in {old_key, new_key} if key in keys]
+                if not hits:
+                    continue
+                index = bisect.bisect_left(commits, row[0])
+                if index == len(commits):
+                    continue
+                op = reader.operation(log[index][1], row)
+                if op is None:
+                    continue  # the peer does not receive it: its own, or outside its subset
+                image = op[4] if op[4] is not None else op[3]
+                for key in hits:
+                    kind = op[1]
+                    if kind == OpKind.UPDATE and old_key != new_key:
+                        kind = OpKind.DELETE if key == old_key else OpKind.INSERT
+                    received[(name, key)] = (kind, image)
+        for (name, key) in received:
+            table, values = batch.watched[(name, key)]
+            result = self._select(table, key)
+            if result is not None:
+                self._send_back(batch, table, key, {**result, **values}, set(values) or set(table.columns))
+
+    def _rows_of_keys(self, table: _Table, keys: set[tuple], after: int, until: int) -> list[tuple]:
+        """Capture rows of ``table`` in ``(after, until]`` whose old or new key
+        may be one of ``keys``, in seq order (filtered on the first key
+        column in SQL; callers compare whole keys)."""
+        shapes = self._table_shapes(table)
+        if not shapes:
+            return []
+        conn = self._conn
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS fieldsync_probe (value)")
+        conn.execute("DELETE FROM temp.fieldsync_probe")
+        conn.executemany("INSERT INTO temp.fieldsync_probe (value) VALUES (?)", {(key[0],) for key in keys})
+        probe = "IN (SELECT value FROM temp.fieldsync_probe)"
+        conditions = []
+        for shape_id in shapes:
+            shape = self._shapes.get(shape_id)
+            first = shape.key_positions[0]
+            conditions.append(f"(shape = {int(shape_id)} AND (v{first} {probe}"
+                              f" OR (kind = {KIND_UPDATE} AND v{len(shape.columns) + first} {probe})))")
+        try:
+            return conn.execute(f"SELECT * FROM fieldsync_capture WHERE seq > ? AND seq <= ?"
+                                f" AND ({' OR '.join(conditions)}) ORDER BY seq", (after, until)).fetchall()
+        finally:
+            conn.execute("DELETE FROM temp.fieldsync_probe")
 
     def _conflict(self, table: _Table, op: tuple, local: dict, batch: _Batch) -> None:
         conn = self._conn
@@ -540,45 +811,79 @@ class Applier:
     @staticmethod
     def _touch(batch: _Batch, table: _Table, run: list) -> None:
         """Remember the keys the peer changed in a filtered table (under the
-        key the row has afterwards)."""
+        key the row has afterwards), and those its UPDATEs bring into its
+        subset from outside it."""
         key_columns = table.key_columns
+        filtered_by, values = batch.filters[table.name.lower()]
         for op in run:
-            after = op[4]
+            before, after = op[3], op[4]
             key = op[2]
             if after is not None and any(column in after for column in key_columns):
                 key = tuple(after.get(column, part) for column, part in zip(key_columns, key))
             batch.touched[(table.name, key)] = table
+            if (op[1] == OpKind.UPDATE and filtered_by in after and filtered_by in before
+                    and before[filtered_by] not in values and after[filtered_by] in values):
+                batch.entered.add((table.name, key))
 
     def _write_returns(self, batch: _Batch) -> None:
-        """Capture what goes back to the batch's origin, each row only to it:
-        the state of conflicting rows after the whole batch (see _send_back),
-        and a DELETE for every row the origin changed that now lies outside
-        its subset: it holds a copy it must not keep.  Written once per
-        batch, so a row that left the subset and came back within the batch
-        causes nothing."""
-        for (_name, key), pending in batch.returns.items():
-            table = pending.table
+        """Capture what goes back to the batch's origin, each row only to it.
+        Written once the whole batch is applied, so each holds the row's
+        state after the batch, and a row that left the subset and came back
+        within the batch causes nothing.  Per row, by what the origin may
+        hold when this reaches it:
+
+        * gone here, while an operation on its way gives the row to the
+          origin: a DELETE;
+        * outside the origin's subset (or gone) here, while the origin may
+          hold it (it changed it, and no operation on its way deletes it
+          there): a DELETE;
+        * in its subset, while the origin may not hold it (an operation on its
+          way deletes it there, or the origin moved it into its subset and a
+          DELETE sent when it left may still reach it): the whole row;
+        * otherwise, for a row of ``batch.returns`` (conflicts, the
+          unconfirmed rule; see _send_back): an UPDATE of the listed columns.
+        """
+        received = batch.received
+        keys = dict.fromkeys([*batch.returns, *batch.entered, *received, *batch.touched])
+        for name_key in keys:
+            pending = batch.returns.get(name_key)
+            if pending is not None:
+                table = pending.table
+            elif name_key in batch.touched:
+                table = batch.touched[name_key]
+            else:
+                table = batch.watched[name_key][0]  # type: ignore[index]
             shape = table.shape
             if shape is None:
                 continue  # the table is not published here: nothing goes anywhere
+            key = name_key[1]
             result = self._select(table, key)
+            last = received.get(name_key)
+            deleted_there = last is not None and last[0] == OpKind.DELETE
             if result is None:
-                continue  # deleted later in the batch: the origin deleted it too
-            values = [pending.origin_row.get(column) for column in shape.columns]
-            values += [result.get(column) for column in shape.columns]
-            seq = write_capture_row(self._conn, shape, KIND_UPDATE, FLAG_RETURN_TO_ORIGIN, values)
-            self._conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
-                               (seq, json.dumps(sorted(pending.columns & set(shape.columns)))))
-        for (name, key), table in batch.touched.items():
-            shape = table.shape
-            if shape is None or (name, key) in batch.returns:
+                if last is not None and not deleted_there:
+                    image = {**last[1], **dict(zip(table.key_columns, key))}
+                    self._write_return(shape, KIND_DELETE, [image.get(column) for column in shape.columns])
+                continue  # otherwise the origin deleted it too, or an operation on its way does
+            filtered = batch.filters.get(table.name.lower())
+            if filtered is not None and result.get(filtered[0]) not in filtered[1]:
+                if not deleted_there and (pending is not None or name_key in batch.touched):
+                    self._write_return(shape, KIND_DELETE, [result.get(column) for column in shape.columns])
                 continue
-            row = self._select(table, key)
-            column, values = batch.filters[name.lower()]
-            if row is None or row.get(column) in values:
-                continue
-            write_capture_row(self._conn, shape, KIND_DELETE, FLAG_RETURN_TO_ORIGIN,
-                              [row.get(c) for c in shape.columns])
+            if deleted_there or name_key in batch.entered:
+                self._write_return(shape, KIND_INSERT, [result.get(column) for column in shape.columns])
+            elif pending is not None:
+                values = [pending.origin_row.get(column) for column in shape.columns]
+                values += [result.get(column) for column in shape.columns]
+                self._write_return(shape, KIND_UPDATE, values, pending.columns & set(shape.columns))
+
+    def _write_return(self, shape: Shape, kind: int, values: list, columns: Iterable[str] = ()) -> None:
+        """Write one capture row for the batch's origin only.  Each gets a
+        fieldsync_returned row (the columns an UPDATE sends back), which is
+        also how _unconfirmed_for finds them without a scan."""
+        seq = write_capture_row(self._conn, shape, kind, FLAG_RETURN_TO_ORIGIN, values)
+        self._conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
+                           (seq, json.dumps(sorted(columns))))
 
     # --- records and SQL ------------------------------------------------------------
 
@@ -630,6 +935,33 @@ class Applier:
             sql = f"DELETE FROM {table.quoted} WHERE {table.where_key}"
             self._sql[cache_key] = sql
         return sql
+
+
+def _own_entry(rows: dict[tuple, _Own], key: tuple, seq: int) -> _Own:
+    own = rows.get(key)
+    if own is None:
+        own = rows[key] = _Own(seq)
+    own.seq = seq
+    return own
+
+
+def _holds_own(own: _Own, local: dict, before: dict | None, column: str) -> bool:
+    """Whether the remote still holds its own pending value of ``column`` and
+    the incoming operation was written without it (its before-image differs
+    there): then the consolidated applies the remote's value after it."""
+    if column not in own.values or column not in local or not before or column not in before:
+        return False
+    value = local[column]
+    return _sqlite_equal(value, own.values[column]) and not _sqlite_equal(before[column], value)
+
+
+def _same_value(left: object, right: object) -> bool:
+    """Exactly the same stored value (type and content; -0.0 is not 0.0)."""
+    if type(left) is not type(right):
+        return False
+    if type(left) is float and left == right:
+        return math.copysign(1.0, left) == math.copysign(1.0, right)  # type: ignore[arg-type]
+    return left == right
 
 
 def _sqlite_equal(left: object, right: object) -> bool:

@@ -33,10 +33,22 @@ KIND_DELETE = 3
 # Capture-row flag, set only at the consolidated (triggers leave flags NULL):
 # a row written by the apply path itself, not by a trigger, once a batch from
 # a remote is applied.  It goes only to the origin of its log transaction (the
-# remote): the result of a conflict (UPDATE of the columns listed in
-# fieldsync_returned, as they are after the batch) or a DELETE of a row the
-# remote changed that now lies outside its subset.
+# remote): the state of a row the remote changed, as it is after the batch,
+# when a conflict or an operation still on its way to the remote could leave
+# the remote with another state (an UPDATE of the columns listed in
+# fieldsync_returned, an INSERT of the whole row, or a DELETE), or a DELETE of
+# a row the remote changed that now lies outside its subset.  Every such row
+# has a fieldsync_returned row, so they can be found without a scan.
 FLAG_RETURN_TO_ORIGIN = 1
+# Capture-row flag, set only at a remote, on the row captured when it applies
+# a DELETE the consolidated wrote without the remote's own pending change to
+# that row (see apply.py).  The row's second half, unused by a DELETE, holds
+# the same row with the consolidated's values in the columns where they
+# lacked the remote's own: an INSERT of the same key that follows gets the
+# remote's values there, since the consolidated applies them after it.
+# Only the remote's apply path reads it (rows of the consolidated's origin
+# never leave a remote).
+FLAG_CONCURRENT_DELETE = 2
 
 _TRIGGER_EVENTS = (("ins", "INSERT"), ("upd", "UPDATE"), ("del", "DELETE"))
 

@@ -355,11 +355,16 @@ class SubscriberReader:
         """A row a conflict resolution sends back to its origin: the old
         image is the row as the origin holds it, the new image the result.
         The origin gets the listed columns of the result, the whole row if
-        it now enters its subset, or a DELETE if it leaves it."""
+        it now enters its subset, or a DELETE if it leaves it.  An INSERT
+        row (the origin no longer holds the row) carries the result alone."""
         width = view.width
         old = row[4:4 + width]
         if row[2] == KIND_DELETE:
             return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if row[2] == KIND_INSERT:
+            if not view.contains(old):
+                return None
+            return _operation(view.table, OpKind.INSERT, view.key(old), None, view.image(old))
         new = row[4 + width:4 + 2 * width]
         if not view.contains(new):
             return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)

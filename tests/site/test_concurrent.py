@@ -1,0 +1,406 @@
+"""Concurrent changes to one row at the consolidated and a remote, with the
+messages and confirmations of each direction arriving in the orders that
+matter (docs/site-database.md, "Concurrent changes"): the unconfirmed rule
+at the consolidated, a remote's pending changes, and a randomized model of
+sites running like ``agent run --once``."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+
+import pytest
+
+from agent.site import Article, SiteDatabase
+
+from .conftest import app_connection, make_site, table_rows
+
+ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT NOT NULL, qty INTEGER, note TEXT)"
+REGIONS = {"r1": "north", "r2": "south"}
+
+
+@pytest.fixture
+def sites(tmp_path):
+    """hq and two remotes made by extraction; ids 3, 6, 9, 12 are north
+    (r1), 1, 4, 7, 10 south (r2), the rest east."""
+    hq = make_site(tmp_path, "hq", "consolidated", ORDERS)
+    hq.create_publication("orders", [Article("orders", subscribe_by="region")])
+    app = app_connection(hq)
+    app.execute("BEGIN")
+    for row_id in range(1, 13):
+        app.execute("INSERT INTO orders VALUES (?, ?, 1, 'seed')", (row_id, ["north", "south", "east"][row_id % 3]))
+    app.execute("COMMIT")
+    remotes = {}
+    for name, region in REGIONS.items():
+        hq.add_remote(name)
+        hq.subscribe(name, "orders", region)
+        hq.extract(name, tmp_path / f"{name}.db")
+        remotes[name] = SiteDatabase.open(tmp_path / f"{name}.db")
+    yield hq, remotes
+    for site in (hq, *remotes.values()):
+        site.close()
+
+
+def write(site: SiteDatabase, *statements: str) -> None:
+    app = app_connection(site)
+    app.execute("BEGIN")
+    for statement in statements:
+        app.execute(statement)
+    app.execute("COMMIT")
+    app.close()
+
+
+def send(publisher: SiteDatabase, subscriber: SiteDatabase):
+    """The publisher reads what is due for the subscriber: a message on its way."""
+    name = subscriber.identity.name
+    end = publisher.scan()
+    start = publisher.remote(name).log_sent
+    publisher.record_send(name, log_sent=end)
+    return list(publisher.read_log(name, start, end)), end
+
+
+def deliver(subscriber: SiteDatabase, publisher: SiteDatabase, message) -> None:
+    transactions, end = message
+    subscriber.apply(publisher.identity.name, transactions, log_received=end)
+
+
+def confirm(publisher: SiteDatabase, subscriber: SiteDatabase) -> None:
+    """The subscriber's confirmation of what it applied reaches the publisher."""
+    name = subscriber.identity.name
+    value = subscriber.remote(publisher.identity.name).log_received
+    row = publisher.remote(name)
+    if min(value, row.log_sent) > row.confirm_sent:
+        publisher.update_remote(name, confirm_sent=min(value, row.log_sent))
+
+
+def settle(hq: SiteDatabase, remotes: dict[str, SiteDatabase], rounds: int = 3) -> None:
+    for _ in range(rounds):
+        for remote in remotes.values():
+            deliver(hq, remote, send(remote, hq))
+            confirm(remote, hq)
+        for remote in remotes.values():
+            deliver(remote, hq, send(hq, remote))
+            confirm(hq, remote)
+
+
+def assert_converged(hq, remotes):
+    for name, remote in remotes.items():
+        assert table_rows(remote, "orders") == table_rows(hq, "orders", f"WHERE region = '{REGIONS[name]}'"), name
+
+
+def returned_rows(site: SiteDatabase) -> int:
+    return site.connection.execute("SELECT count(*) FROM fieldsync_capture WHERE flags & 1").fetchone()[0]
+
+
+# --- the consolidated's operation is still on its way when the remote changes the row
+
+
+def test_an_older_update_of_another_column_on_its_way(sites):
+    """hq changed qty, r1 changed note before receiving it: no conflict at hq,
+    but hq's UPDATE reaches r1 after r1's change, so the row goes back."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET qty = 50 WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET note = 'r1' WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    assert hq.conflicts() == () and returned_rows(hq) == 1
+    deliver(r1, hq, on_its_way)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 50, "r1")]
+    assert_converged(hq, remotes)
+
+
+def test_an_older_update_of_the_same_column_undone_at_the_consolidated(sites):
+    """hq changed qty and changed it back before r1's change arrived: r1's
+    change applies without a conflict, yet hq's two UPDATEs reach r1 after
+    its change and would leave it with the old value."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET qty = 50 WHERE id = 3")
+    hq.scan()
+    write(hq, "UPDATE orders SET qty = 1 WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 7 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    assert hq.conflicts() == () and returned_rows(hq) == 1
+    deliver(r1, hq, on_its_way)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(hq, "orders", "WHERE id = 3") == table_rows(r1, "orders", "WHERE id = 3") == [
+        (3, "north", 7, "seed")]
+    assert_converged(hq, remotes)
+
+
+def test_two_changes_the_first_conflicting(sites):
+    """r1's first change conflicts at hq (its result goes back), its second
+    applies cleanly; the result of the first is itself on its way to r1,
+    so the second goes back too and r1 ends with its second change."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET qty = 50, note = 'hq' WHERE id = 3")
+    hq_update = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 18 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    assert len(hq.conflicts()) == 1
+    first_result = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 80 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    assert len(hq.conflicts()) == 1  # the second matched what hq had
+    assert returned_rows(hq) == 2
+    for message in (hq_update, first_result, send(hq, r1)):
+        deliver(r1, hq, message)
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 80, "hq")]
+    assert_converged(hq, remotes)
+
+
+@pytest.mark.parametrize("how", ["re-created", "moved out and back"])
+def test_the_consolidated_recreates_the_row_while_a_remote_change_is_on_its_way(sites, how):
+    """hq deletes and re-creates the row (or moves it out of r1's subset and
+    back) in two log transactions; r1 changes it before receiving them.
+    r1's change applies to the new row at hq; the DELETE and full-row
+    INSERT reach r1 after its change, and the row goes back after them."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    if how == "re-created":
+        write(hq, "DELETE FROM orders WHERE id = 3")
+        hq.scan()
+        write(hq, "INSERT INTO orders VALUES (3, 'north', 1, 'new')")
+    else:
+        write(hq, "UPDATE orders SET region = 'east' WHERE id = 3")
+        hq.scan()
+        write(hq, "UPDATE orders SET region = 'north', note = 'back' WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 7 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    deliver(r1, hq, on_its_way)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(hq, "orders", "WHERE id = 3")[0][2] == 7
+    assert_converged(hq, remotes)
+    assert all(site.apply_errors() == () for site in (hq, r1))
+
+
+# --- the remote applied the consolidated's operations after its change, and its
+# --- confirmation reached the consolidated before the change did
+
+
+@pytest.mark.parametrize("how", ["re-created", "moved out and back", "changed and changed back"])
+def test_the_confirmation_overtakes_the_remote_change(sites, how):
+    """The usual order of one run of r1's agent: its change is cut, then
+    hq's operations are applied, then r1 sends the change and a
+    confirmation, and hq reads the confirmation first.  hq cannot tell
+    that r1 applied its operations after the change, so r1 keeps its own
+    value against operations written without it."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    if how == "re-created":
+        write(hq, "DELETE FROM orders WHERE id = 3")
+        hq.scan()
+        write(hq, "INSERT INTO orders VALUES (3, 'north', 1, 'new')")
+    elif how == "moved out and back":
+        write(hq, "UPDATE orders SET region = 'east' WHERE id = 3")
+        hq.scan()
+        write(hq, "UPDATE orders SET region = 'north', note = 'back' WHERE id = 3")
+    else:
+        write(hq, "UPDATE orders SET qty = 50 WHERE id = 3")
+        hq.scan()
+        write(hq, "UPDATE orders SET qty = 1 WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 7 WHERE id = 3")
+    deliver(r1, hq, on_its_way)
+    assert table_rows(r1, "orders", "WHERE id = 3")[0][2] == 7
+    confirm(hq, r1)
+    deliver(hq, r1, send(r1, hq))
+    assert returned_rows(hq) == 0  # nothing unconfirmed: no row goes back
+    settle(hq, remotes)
+    assert table_rows(hq, "orders", "WHERE id = 3")[0][2] == 7
+    assert_converged(hq, remotes)
+    assert all(site.apply_errors() == () for site in (hq, r1))
+
+
+def test_a_remote_keeps_a_row_it_deleted_against_a_concurrent_insert(sites):
+    """r1 deletes a row while hq re-creates it; r1 applies the re-creation
+    after its DELETE and confirms before its DELETE reaches hq, which then
+    deletes the new row: r1 must not keep it."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "DELETE FROM orders WHERE id = 3")
+    hq.scan()
+    write(hq, "INSERT INTO orders VALUES (3, 'north', 1, 'new')")
+    on_its_way = send(hq, r1)
+    write(r1, "DELETE FROM orders WHERE id = 3")
+    deliver(r1, hq, on_its_way)
+    assert table_rows(r1, "orders", "WHERE id = 3") == []
+    confirm(hq, r1)
+    settle(hq, remotes)
+    assert table_rows(hq, "orders", "WHERE id = 3") == []
+    assert_converged(hq, remotes)
+
+
+def test_a_remote_moving_its_row_out_and_back_while_the_delete_is_on_its_way(sites):
+    """r1 moves its row to another region (hq sends it a DELETE, since r1
+    still holds a row outside its subset) and back before that DELETE
+    arrives: the row is whole again at r1 once everything has arrived."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(r1, "UPDATE orders SET region = 'east' WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    delete_on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET region = 'north', qty = 4 WHERE id = 3")
+    deliver(r1, hq, delete_on_its_way)
+    confirm(hq, r1)
+    deliver(hq, r1, send(r1, hq))
+    settle(hq, remotes)
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 4, "seed")]
+    assert_converged(hq, remotes)
+    assert r1.apply_errors() == ()
+
+
+def test_the_remote_truncated_its_own_change_before_the_older_operation_arrived(sites):
+    """hq's UPDATE is delayed; r1's change reaches hq (a conflict), is
+    confirmed, and r1 truncates its log past it; then hq's UPDATE and the
+    conflict's result arrive, in that order."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET qty = 50 WHERE id = 3")
+    delayed = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 5 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    write(r1, "UPDATE orders SET qty = 6 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    write(r1, "UPDATE orders SET note = 'later' WHERE id = 6")
+    deliver(hq, r1, send(r1, hq))
+    confirm(r1, hq)
+    assert r1.truncate_log() > 0
+    deliver(r1, hq, delayed)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(hq, "orders", "WHERE id = 3") == table_rows(r1, "orders", "WHERE id = 3") == [
+        (3, "north", 6, "seed")]
+    assert_converged(hq, remotes)
+
+
+def test_no_row_goes_back_when_the_remote_has_confirmed_everything(sites):
+    """The rule costs nothing in the common case: a remote that has
+    confirmed the consolidated's log gets none of its own changes back."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    settle(hq, remotes)
+    write(r1, "UPDATE orders SET qty = 2 WHERE id = 3", "INSERT INTO orders VALUES (100, 'north', 1, 'r1')")
+    write(hq, "UPDATE orders SET qty = 9 WHERE id = 6")  # another row
+    deliver(hq, r1, send(r1, hq))
+    assert returned_rows(hq) == 0
+    assert [op for t in hq.read_log("r1", hq.remote("r1").log_sent) for op in t.ops if op.key != (6,)] == []
+
+
+# --- a randomized model of agents running -----------------------------------------------
+
+
+def run_model(root, seed: int, steps: int = 250) -> list[str]:
+    """hq, r1 and r2 write at random (updates, moves between subsets,
+    deletes, inserts; hq also deletes and re-creates rows and moves them out
+    and back across scans) and run like ``agent run --once``: receive a
+    peer's pending controls, then its data in order; send data, then a
+    control; truncate.  Links go down for a while at random (messages pile
+    up and arrive together).  Returns the differences left once all is
+    delivered."""
+    rng = random.Random(seed)
+    root.mkdir()
+    hq = make_site(root, "hq", "consolidated", ORDERS)
+    hq.create_publication("orders", [Article("orders", subscribe_by="region")])
+    write(hq, *[f"INSERT INTO orders VALUES ({i}, '{['north', 'south', 'east'][i % 3]}', 1, 'seed')"
+                for i in range(1, 13)])
+    sites = {"hq": hq}
+    for name, region in REGIONS.items():
+        hq.add_remote(name)
+        hq.subscribe(name, "orders", region)
+        hq.extract(name, root / f"{name}.db")
+        sites[name] = SiteDatabase.open(root / f"{name}.db")
+    peers = {"hq": list(REGIONS), "r1": ["hq"], "r2": ["hq"]}
+    inbox: dict[tuple[str, str], list] = {(sender, to): [] for sender in sites for to in peers[sender]}
+    down = dict.fromkeys(inbox, 0)
+    next_id = {"hq": 1000, "r1": 2000, "r2": 3000}
+
+    def run_site(name: str, everything: bool = False) -> None:
+        site = sites[name]
+        for peer in peers[name]:
+            if down[(peer, name)] and not everything:
+                continue
+            messages, inbox[(peer, name)] = inbox[(peer, name)], []
+            for kind, payload in messages:
+                if kind == "control":
+                    row = site.remote(peer)
+                    if min(payload, row.log_sent) > row.confirm_sent:
+                        site.update_remote(peer, confirm_sent=min(payload, row.log_sent))
+            for kind, payload in messages:
+                if kind == "data":
+                    site.apply(peer, payload[0], log_received=payload[1])
+        end = site.scan()
+        for peer in peers[name]:
+            start = site.remote(peer).log_sent
+            if end > start:
+                inbox[(name, peer)].append(("data", (list(site.read_log(peer, start, end)), end)))
+                site.record_send(peer, log_sent=end)
+            inbox[(name, peer)].append(("control", site.remote(peer).log_received))
+        site.truncate_log()
+
+    def local_write(name: str) -> None:
+        site = sites[name]
+        app = sqlite3.connect(site.path, isolation_level=None)
+        ids = [row[0] for row in app.execute("SELECT id FROM orders")]
+        roll = rng.random()
+        next_id[name] += 1
+        if roll < 0.15 or not ids:
+            region = REGIONS.get(name) or rng.choice(["north", "south", "east"])
+            app.execute("INSERT INTO orders VALUES (?, ?, ?, ?)", (next_id[name], region, rng.randint(1, 9), name))
+        elif roll < 0.6:
+            app.execute("UPDATE orders SET qty = ?, note = ? WHERE id = ?",
+                        (rng.randint(1, 9), f"{name}{next_id[name]}", rng.choice(ids)))
+        elif roll < 0.72:
+            app.execute("UPDATE orders SET region = ? WHERE id = ?",
+                        (rng.choice(["north", "south", "east"]), rng.choice(ids)))
+        elif roll < 0.8:
+            app.execute("DELETE FROM orders WHERE id = ?", (rng.choice(ids),))
+        elif name == "hq":
+            victim = rng.choice(ids)
+            region = app.execute("SELECT region FROM orders WHERE id = ?", (victim,)).fetchone()[0]
+            if rng.random() < 0.5:
+                app.execute("DELETE FROM orders WHERE id = ?", (victim,))
+                hq.scan()
+                app.execute("INSERT INTO orders VALUES (?, ?, ?, 're-created')", (victim, region, rng.randint(1, 9)))
+            else:
+                app.execute("UPDATE orders SET region = 'east' WHERE id = ?", (victim,))
+                hq.scan()
+                app.execute("UPDATE orders SET region = ? WHERE id = ?", (region, victim))
+        app.close()
+
+    try:
+        for _ in range(steps):
+            roll = rng.random()
+            if roll < 0.5:
+                local_write(rng.choice(list(sites)))
+            elif roll < 0.92:
+                run_site(rng.choice(list(sites)))
+            else:
+                down[rng.choice(list(inbox))] = rng.randint(1, 15)
+            for link in down:
+                down[link] = max(0, down[link] - 1)
+        for _ in range(4):
+            for name in sites:
+                run_site(name, everything=True)
+        differences = []
+        for name, region in REGIONS.items():
+            held = set(table_rows(sites[name], "orders"))
+            wanted = set(table_rows(hq, "orders", f"WHERE region = '{region}'"))
+            if held != wanted:
+                differences.append(f"seed {seed}, {name}: extra {sorted(held - wanted)}, "
+                                   f"missing {sorted(wanted - held)}")
+        return differences
+    finally:
+        for site in sites.values():
+            site.close()
+
+
+def test_random_concurrent_work_of_running_agents_converges(tmp_path):
+    differences = []
+    for seed in range(12):
+        differences += run_model(tmp_path / f"seed{seed}", seed)
+    assert differences == []
