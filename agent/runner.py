@@ -547,7 +547,7 @@ class Agent:
             token = await asyncio.to_thread(begin, peer.name, action.message_ids, action.log_received)
         try:
             await asyncio.to_thread(self.db.apply, peer.name, transactions, log_received=action.log_received,
-                                    messages=len(action.message_ids),
+                                    messages=len(action.message_ids), skip_through=action.skip_through,
                                     peer_incarnation=peer.protocol.state.peer_incarnation)
         except SiteError as error:  # the database refused: keep the messages, retry at the next poll
             log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)

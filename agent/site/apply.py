@@ -90,7 +90,7 @@ class ApplyResult:
     peer: str
     log_received: int
     transactions_applied: int
-    transactions_skipped: int   # commit <= the log_received already recorded
+    transactions_skipped: int   # commit <= skip_through (by default the log_received already recorded)
     operations_applied: int
     conflicts: int
     errors: int
@@ -240,9 +240,11 @@ class Applier:
 
     def apply_locked(self, identity: SiteIdentity, peer: str, transactions: Iterable[Transaction],
                      log_received: int, *, messages: int, peer_incarnation: bytes | None,
-                     now: datetime | None) -> ApplyResult:
-        """Apply ``transactions`` from ``peer``; the caller holds the write
-        transaction and commits it when this returns."""
+                     now: datetime | None, skip_through: int | None = None) -> ApplyResult:
+        """Apply ``transactions`` from ``peer``, skipping those with a commit
+        at or below ``skip_through`` (None: the recorded log_received; see
+        SiteDatabase.apply); the caller holds the write transaction and
+        commits it when this returns."""
         conn = self._conn
         remote = get_remote(conn, peer)
         if peer_incarnation is not None:
@@ -258,6 +260,11 @@ class Applier:
                                f"{log_received!r}; nothing applied")
         if type(messages) is not int or messages < 0:
             raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
+        if skip_through is None:
+            skip_through = remote.log_received
+        elif type(skip_through) is not int or not 0 <= skip_through <= remote.log_received:
+            raise ApplyRefused(f"skip_through {skip_through!r} for {peer!r} must be an offset from 0 to the recorded "
+                               f"log_received {remote.log_received}; nothing applied")
         self._refresh()
         self._site_name = identity.name
         end = cut_locked(conn, identity.name)
@@ -274,11 +281,11 @@ class Applier:
         else:
             batch.pending = self._own_changes(confirmed, end)
         applied = skipped = 0
-        previous = remote.log_received
+        previous = skip_through
         commits: list[int] = []
         for transaction in transactions:
             commit = transaction.commit
-            if commit <= remote.log_received:
+            if commit <= skip_through:
                 skipped += 1  # applied before (a confirmation was lost)
                 continue
             if commit <= previous:

@@ -282,14 +282,25 @@ class SiteDatabase:
     # --- apply ------------------------------------------------------------------------
 
     def apply(self, peer: str, transactions: Iterable[Transaction], *, log_received: int, messages: int = 1,
-              peer_incarnation: bytes | None = None, now: datetime | None = None) -> ApplyResult:
+              peer_incarnation: bytes | None = None, now: datetime | None = None,
+              skip_through: int | None = None) -> ApplyResult:
         """Apply ``transactions`` from ``peer`` and set its ``log_received``,
-        all in one SQLite transaction.  Transactions at or below the
-        recorded log_received are skipped."""
+        all in one SQLite transaction.
+
+        Transactions with a commit at or below ``skip_through`` are skipped;
+        None (the default) means the recorded log_received, which is what
+        keeps a transaction from being applied twice.  The protocol passes
+        its ``Apply.skip_through``: the same value, except under its
+        test-only ``unsafe_without_duplicate_rule`` setting, where it is the
+        message's ``prev`` and overlapping transactions are applied again
+        (the fault suite's proof that it notices).  A value beyond the
+        recorded log_received is refused (it would skip transactions never
+        applied)."""
         with self._lock, self._write(f"applying transactions from {peer!r}"):
             self._refresh_capture()
             return self._applier.apply_locked(self._identity, peer, transactions, log_received, messages=messages,
-                                              peer_incarnation=peer_incarnation, now=now)
+                                              peer_incarnation=peer_incarnation, now=now,
+                                              skip_through=skip_through)
 
     def set_conflict_policy(self, table: str, policy: Resolution | str | None) -> None:
         """Per-table conflict policy at the consolidated (None: the default,

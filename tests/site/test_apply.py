@@ -82,6 +82,20 @@ def test_transactions_already_applied_are_skipped(hq):
     assert [row[0] for row in table_rows(hq, "customer")] == [1, 2]
 
 
+def test_skip_through_replaces_the_recorded_log_received(hq):
+    """The fault suite's switch: with skip_through below the recorded
+    log_received, overlapping transactions are applied again (here an
+    INSERT of an existing key, recorded as an error); beyond it, refused."""
+    hq.apply("r1", [txn(10, ins(1, name="a"))], log_received=10)
+    result = hq.apply("r1", [txn(10, ins(1, name="a")), txn(12, ins(2, name="b"))], log_received=12,
+                      skip_through=0)
+    assert (result.transactions_skipped, result.transactions_applied, result.errors) == (0, 2, 1)
+    assert hq.apply("r1", [txn(12, ins(2, name="b"))], log_received=12, skip_through=12).transactions_skipped == 1
+    with pytest.raises(ApplyRefused, match="skip_through"):
+        hq.apply("r1", [txn(20, ins(3))], log_received=20, skip_through=13)
+    assert hq.remote("r1").log_received == 12
+
+
 def test_bad_batches_are_refused_whole(hq):
     hq.apply("r1", [txn(10, ins(1))], log_received=10)
     logged = hq.connection.execute("SELECT count(*) FROM fieldsync_log").fetchone()[0]
