@@ -128,6 +128,8 @@ def test_a_builtin_whose_imports_fail_says_what_to_install(monkeypatch, name, de
     # surface as TransportNotInstalled with the hint.
     monkeypatch.setitem(sys.modules, dependency, None)
     monkeypatch.delitem(sys.modules, f"transports.{name}", raising=False)
+    # Forget a class an earlier test loaded, so this lookup imports afresh.
+    monkeypatch.setattr(registry_module, "_loaded", {k: v for k, v in registry_module._loaded.items() if k != name})
     with pytest.raises(TransportNotInstalled) as caught:
         get_transport_class(name)
     assert isinstance(caught.value, UnknownTransport) and isinstance(caught.value, ImportError)
