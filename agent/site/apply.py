@@ -185,6 +185,7 @@ class Applier:
         self._tables: dict[str, _Table | None] = {}
         self._sql: dict[tuple, str] = {}
         self._shape_ids: dict[str, tuple[int, ...]] = {}
+        self._skips_capture = False  # a remote whose triggers skip the apply path's writes
         self._article_shapes: dict[str, int] = {}
         self._policies: dict[str, str] = {}
         self.hooks: dict[str | None, ConflictHook] = {}
@@ -199,6 +200,8 @@ class Applier:
             self._tables.clear()
             self._sql.clear()
             self._shape_ids.clear()
+            self._skips_capture = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fieldsync_applying'").fetchone() is not None
         shapes = dict(self._conn.execute("SELECT lower(table_name), shape FROM fieldsync_article").fetchall())
         policies = dict(self._conn.execute("SELECT lower(table_name), policy FROM fieldsync_conflict_policy")
                         .fetchall())
@@ -280,6 +283,11 @@ class Applier:
                 batch.watched = {}
         else:
             batch.pending = self._own_changes(confirmed, end)
+        # At a remote, the capture triggers skip what is written from here on
+        # (see capture.install_capture); the row goes again before the commit.
+        marked = not consolidated and self._skips_capture
+        if marked:
+            conn.execute("INSERT INTO fieldsync_applying (id) VALUES (1)")
         applied = skipped = 0
         previous = skip_through
         commits: list[int] = []
@@ -313,6 +321,8 @@ class Applier:
                 conn.execute("INSERT INTO fieldsync_log (commit_offset, origin, first_seq) VALUES (?, ?, ?)",
                              (top, peer, end + 1))
                 commits.append(top)
+        if marked:
+            conn.execute("DELETE FROM fieldsync_applying")
         conn.execute(
             "UPDATE fieldsync_remote SET log_received = ?, receive_count = receive_count + ?, last_received_at = ?,"
             " peer_incarnation = coalesce(peer_incarnation, ?) WHERE name = ?",
@@ -598,20 +608,31 @@ class Applier:
                               if _holds_own(own, local, before, column)}
                 conn.execute(self._delete_sql(table), key)
                 shape = table.shape
-                if concurrent and shape is not None and all(column in shape.columns for column in concurrent):
-                    # The captured DELETE keeps this row as it was here; its
-                    # unused second half gets the same row with the
-                    # consolidated's values where they lacked this site's own.
-                    width = len(shape.columns)
-                    assignments = ", ".join(f"v{width + index} = ?" for index in range(width))
-                    conn.execute(f"UPDATE fieldsync_capture SET flags = ?, {assignments} WHERE seq = (SELECT max(seq)"
-                                 " FROM fieldsync_capture) AND kind = ? AND shape = ?",
-                                 (FLAG_CONCURRENT_DELETE, *[concurrent.get(column, local.get(column))
-                                                            for column in shape.columns], KIND_DELETE, shape.id))
+                if shape is not None:
+                    self._capture_delete(shape, local, concurrent)
         except sqlite3.IntegrityError as error:
             self._error(batch, op, f"constraint failed: {error}")
             return
         batch.applied += 1
+
+    def _capture_delete(self, shape: Shape, local: dict, concurrent: dict) -> None:
+        """Record a DELETE of a row with pending changes, for _deleted_without.
+        When it was written without this site's values (``concurrent``: the
+        consolidated's values there), the captured row is marked and its
+        unused second half holds the row with those values."""
+        conn = self._conn
+        marked = bool(concurrent) and all(column in shape.columns for column in concurrent)
+        values = [local.get(column) for column in shape.columns]
+        if marked:
+            values += [concurrent.get(column, local.get(column)) for column in shape.columns]
+        if self._skips_capture:  # the trigger did not capture it
+            write_capture_row(conn, shape, KIND_DELETE, FLAG_CONCURRENT_DELETE if marked else None, values)
+        elif marked:
+            width = len(shape.columns)
+            assignments = ", ".join(f"v{width + index} = ?" for index in range(width))
+            conn.execute(f"UPDATE fieldsync_capture SET flags = ?, {assignments} WHERE seq = (SELECT max(seq)"
+                         " FROM fieldsync_capture) AND kind = ? AND shape = ?",
+                         (FLAG_CONCURRENT_DELETE, *values[width:], KIND_DELETE, shape.id))
 
     def _deleted_without(self, table: _Table, key: tuple, since: int) -> set[str]:
         """The columns in which the last DELETE of row ``key`` applied here

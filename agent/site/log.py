@@ -17,12 +17,14 @@ Rules of this file:
 
 from __future__ import annotations
 
+import bisect
 import sqlite3
 import threading
 from contextlib import nullcontext
+from operator import itemgetter
 from typing import ContextManager, Iterator
 
-from .errors import LogOffsetError, LogTruncated, SiteDatabaseError
+from .errors import LogOffsetError, LogTruncated
 
 READ_CHUNK = 1000
 
@@ -71,44 +73,82 @@ def check_boundary(conn: sqlite3.Connection, offset: int, what: str) -> None:
 
 
 def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int | None = None,
-                 lock: threading.RLock | None = None) -> Iterator[tuple[int, str, tuple]]:
-    """Yield ``(commit_offset, origin, capture_row)`` for every capture row of
-    the log transactions in ``(after, until]``, in log order.
+                 lock: threading.RLock | None = None, skip_origin: str | None = None,
+                 keep_flag: int = 0, value_columns: int | None = None) -> Iterator[tuple[int, str, list[tuple]]]:
+    """Yield ``(commit_offset, origin, rows)`` for the log transactions in
+    ``(after, until]``, in log order: the capture rows of one log
+    transaction in seq order, at most ``chunk`` of them at a time (a large
+    transaction comes in several consecutive pieces).  A capture row is
+    ``(seq, shape, kind, flags, v0, v1, ...)``, with the first
+    ``value_columns`` value columns (None: all of them; a reader that knows
+    how wide its shapes are saves converting the unused ones).
 
-    Memory holds one chunk of capture rows and one of log rows.  Both bounds
-    must be commit boundaries (the caller checks), so transactions are
-    never cut.  ``capture_row`` is ``(seq, shape, kind, flags, v0, v1, ...)``.
+    Log transactions whose origin is ``skip_origin`` are left out in SQL,
+    except their rows with a flag in ``keep_flag``: a subscriber never gets
+    its own changes back (bar the rows written back to it), and at a remote
+    most of the log is what the consolidated sent.  Consecutive transactions
+    that are read are fetched together, so small transactions cost no query
+    each.  Memory holds one chunk of capture rows and one of log rows.  Both
+    bounds must be commit boundaries (the caller checks), so transactions
+    are never cut.
     """
     if chunk is None:
         chunk = READ_CHUNK
     guard: ContextManager = lock if lock is not None else nullcontext()
-    commits = _iter_commits(conn, after, until, chunk, guard)
-    commit, origin = 0, ""
-    position = after
-    while True:
+    selected = "*" if value_columns is None else ", ".join(
+        ["seq", "shape", "kind", "flags", *(f"v{index}" for index in range(value_columns))])
+    span: list[tuple[int, str, int]] = []
+    for commit, origin, first in _iter_commits(conn, after, until, chunk, guard):
+        if origin != skip_origin:
+            span.append((commit, origin, first))
+            if len(span) < chunk:
+                continue
+        if span:
+            yield from _read_span(conn, selected, span, chunk, guard)
+            span = []
+        if origin == skip_origin and keep_flag:
+            with guard:
+                rows = conn.execute(f"SELECT {selected} FROM fieldsync_capture WHERE seq >= ? AND seq <= ?"
+                                    " AND flags & ? ORDER BY seq", (first, commit, keep_flag)).fetchall()
+            if rows:
+                yield commit, origin, rows
+    if span:
+        yield from _read_span(conn, selected, span, chunk, guard)
+
+
+def _read_span(conn: sqlite3.Connection, selected: str, span: list[tuple[int, str, int]], chunk: int,
+               guard: ContextManager) -> Iterator[tuple[int, str, list[tuple]]]:
+    """The capture rows of consecutive log transactions ``span`` (they cover
+    one contiguous run of seqs), split by transaction."""
+    position, until = span[0][2] - 1, span[-1][0]
+    index = 0
+    while position < until:
         with guard:
-            rows = conn.execute("SELECT * FROM fieldsync_capture WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
-                                (position, until, chunk)).fetchall()
+            rows = conn.execute(f"SELECT {selected} FROM fieldsync_capture WHERE seq > ? AND seq <= ?"
+                                " ORDER BY seq LIMIT ?", (position, until, chunk)).fetchall()
         if not rows:
             return
-        for row in rows:
-            seq = row[0]
-            while seq > commit:
-                try:
-                    commit, origin = next(commits)
-                except StopIteration:
-                    raise SiteDatabaseError(f"capture row {seq} belongs to no log transaction; "
-                                            "the log tables were changed outside fieldsync") from None
-            yield commit, origin, row
+        start = 0
+        while start < len(rows):
+            commit, origin, _first = span[index]
+            stop = bisect.bisect_right(rows, commit, lo=start, key=_seq)
+            if stop > start:
+                yield commit, origin, rows[start:stop] if start or stop < len(rows) else rows
+                start = stop
+            if start < len(rows):
+                index += 1
         position = rows[-1][0]
 
 
+_seq = itemgetter(0)
+
+
 def _iter_commits(conn: sqlite3.Connection, after: int, until: int, chunk: int,
-                  guard: ContextManager) -> Iterator[tuple[int, str]]:
+                  guard: ContextManager) -> Iterator[tuple[int, str, int]]:
     position = after
     while True:
         with guard:
-            rows = conn.execute("SELECT commit_offset, origin FROM fieldsync_log WHERE commit_offset > ?"
+            rows = conn.execute("SELECT commit_offset, origin, first_seq FROM fieldsync_log WHERE commit_offset > ?"
                                 " AND commit_offset <= ? ORDER BY commit_offset LIMIT ?",
                                 (position, until, chunk)).fetchall()
         if not rows:

@@ -29,7 +29,9 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable, Iterator, NamedTuple
+from itertools import groupby
+from operator import itemgetter
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 from codec.ops import OpKind, Operation, Transaction
 
@@ -220,14 +222,23 @@ def list_subscriptions(conn: sqlite3.Connection, remote: str | None = None) -> t
 
 
 class _View:
-    """How one subscriber sees the capture rows of one shape."""
+    """How one subscriber sees the capture rows of one shape.
 
-    __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values")
+    Everything that depends only on the shape is worked out once: getters
+    that pick the published columns and the key out of a whole capture row
+    (``(seq, shape, kind, flags, v0, ...)``; the old or inserted row starts
+    at ``v0``, an UPDATE's new row at ``v<width>``), and where the SUBSCRIBE
+    BY value sits.  Reading converts runs of rows of one shape and kind in
+    one comprehension (the log reader's hot path).
+    """
+
+    __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
+                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
         self.table = shape.table
-        self.width = len(shape.columns)
+        width = self.width = len(shape.columns)
         wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
         self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
         self.names = tuple(shape.columns[i] for i in self.positions)
@@ -241,8 +252,16 @@ class _View:
         else:  # the filter column did not exist when these rows were captured
             self.filter_position = None
             self.values = frozenset()
+        self.indexes = range(len(self.positions))
+        self.old_image = _getter([4 + i for i in self.positions])
+        self.new_image = _getter([4 + width + i for i in self.positions])
+        self.old_key = _getter([4 + i for i in self.key_positions])
+        self.new_key = _getter([4 + width + i for i in self.key_positions])
+        self.old_filter = None if self.filter_position is None else 4 + self.filter_position
+        self.new_filter = None if self.filter_position is None else 4 + width + self.filter_position
 
     def contains(self, row: tuple) -> bool:
+        """Whether an image (a slice of the shape's columns) is in the subset."""
         if self.filter_position is None:
             return self.values is None
         return row[self.filter_position] in self.values  # type: ignore[operator]
@@ -252,6 +271,59 @@ class _View:
 
     def key(self, row: tuple) -> tuple:
         return tuple(row[i] for i in self.key_positions)
+
+    def rows(self, kind: int, rows: Iterable[tuple]) -> list[Operation]:
+        """The INSERTs or DELETEs capture ``rows`` (all of ``kind``) become."""
+        if self.old_filter is None:
+            if self.values is not None:
+                return []  # filtered by a column these rows do not have: nothing matches
+            chosen = rows
+        else:
+            at, values = self.old_filter, self.values
+            chosen = [row for row in rows if row[at] in values]  # type: ignore[operator]
+        new, table, names, key, image = tuple.__new__, self.table, self.names, self.old_key, self.old_image
+        if kind == KIND_INSERT:
+            return [new(Operation, (table, 1, key(row), None, dict(zip(names, image(row))))) for row in chosen]
+        return [new(Operation, (table, 3, key(row), dict(zip(names, image(row))), None)) for row in chosen]
+
+    def update(self, row: tuple) -> Operation | None:
+        """The operation an UPDATE capture row becomes: an UPDATE of the
+        published columns that changed, a DELETE or INSERT when it moves the
+        row out of or into the subset, or nothing."""
+        if self.old_filter is None:
+            was_in = is_in = self.values is None
+        else:
+            values = self.values
+            was_in = row[self.old_filter] in values  # type: ignore[operator]
+            is_in = row[self.new_filter] in values  # type: ignore[operator]
+        if was_in and is_in:
+            old = self.old_image(row)
+            new = self.new_image(row)
+            if 0.0 in old:  # a zero (or -0.0) compares equal to 0 and to -0.0: compare exactly
+                changed = [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
+            else:
+                changed = [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
+            if not changed:
+                return None
+            names = self.names
+            return tuple.__new__(Operation, (self.table, OpKind.UPDATE, self.old_key(row),
+                                             {names[i]: old[i] for i in changed},
+                                             {names[i]: new[i] for i in changed}))
+        if was_in:
+            return tuple.__new__(Operation, (self.table, OpKind.DELETE, self.old_key(row),
+                                             dict(zip(self.names, self.old_image(row))), None))
+        if is_in:
+            return tuple.__new__(Operation, (self.table, OpKind.INSERT, self.new_key(row), None,
+                                             dict(zip(self.names, self.new_image(row)))))
+        return None
+
+
+def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
+    """``itemgetter`` that always returns a tuple (also for one index)."""
+    if len(indexes) == 1:
+        index = indexes[0]
+        return lambda row: (row[index],)
+    return itemgetter(*indexes)
 
 
 def _same(left: object, right: object) -> bool:
@@ -268,6 +340,9 @@ def _operation(table: str, kind: int, key: tuple, before: dict | None, after: di
     return tuple.__new__(Operation, (table, kind, key, before, after))
 
 
+_SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
+
+
 class SubscriberReader:
     """Turns capture rows into the operations one subscriber receives."""
 
@@ -276,6 +351,9 @@ class SubscriberReader:
         if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
             raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
         self.subscriber = subscriber
+        # Only the consolidated writes rows back to an origin; at a remote the
+        # subscriber's (the consolidated's) log transactions hold nothing for it.
+        self.returned_flag = FLAG_RETURN_TO_ORIGIN if identity.role is Role.CONSOLIDATED else 0
         self._conn = conn
         self._shapes = shapes
         self._views: dict[int, _View | None] = {}
@@ -285,7 +363,15 @@ class SubscriberReader:
             # The consolidated gets everything a remote publishes.
             for table, _publication, columns, _subscribe_by in rows:
                 self._articles[table.lower()] = (None if columns is None else tuple(json.loads(columns)), None, None)
-            return
+        else:
+            self._subscriptions(conn, subscriber, rows)
+        # Capture rows are read only as wide as the widest shape of a table
+        # it receives (old and new row), not as wide as the capture table.
+        widths = [len(json.loads(columns)) for table, columns in conn.execute(
+            "SELECT table_name, columns FROM fieldsync_shape") if table.lower() in self._articles]
+        self.value_columns = 2 * max(widths, default=0)
+
+    def _subscriptions(self, conn: sqlite3.Connection, subscriber: str, rows: list[tuple]) -> None:
         values: dict[str, set] = {}
         for publication, value in conn.execute(
                 "SELECT publication, value FROM fieldsync_subscription WHERE remote = ?", (subscriber,)):
@@ -311,45 +397,36 @@ class SubscriberReader:
 
     def operation(self, origin: str, row: tuple) -> Operation | None:
         """The operation capture ``row`` becomes for the subscriber, if any."""
-        view = self._view(row[1])
-        if view is None:
-            return None
-        flags = row[3] or 0
-        if flags & FLAG_RETURN_TO_ORIGIN:
-            return self._returned(view, origin, row) if origin == self.subscriber else None
-        if origin == self.subscriber:
-            return None  # its own change: it has it (no echo)
-        kind = row[2]
-        width = view.width
-        if kind == KIND_INSERT:
-            new = row[4:4 + width]
-            if not view.contains(new):
-                return None
-            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
-        if kind == KIND_DELETE:
-            old = row[4:4 + width]
-            if not view.contains(old):
-                return None
-            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
-        if kind != KIND_UPDATE:
-            return None
-        old = row[4:4 + width]
-        new = row[4 + width:4 + 2 * width]
-        was_in = view.contains(old)
-        is_in = view.contains(new)
-        if was_in and is_in:
-            changed = [i for i in view.positions if not _same(old[i], new[i])]
-            if not changed:
-                return None
-            names = self._shapes.get(row[1]).columns
-            before = {names[i]: old[i] for i in changed}
-            after = {names[i]: new[i] for i in changed}
-            return _operation(view.table, OpKind.UPDATE, view.key(old), before, after)
-        if was_in:
-            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
-        if is_in:
-            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
-        return None
+        ops: list[Operation] = []
+        self.extend(origin, (row,), ops)
+        return ops[0] if ops else None
+
+    def extend(self, origin: str, rows: Iterable[tuple], ops: list[Operation]) -> None:
+        """Append to ``ops`` the operations consecutive capture ``rows`` of one
+        log transaction of ``origin`` become for the subscriber.  Its own
+        changes are left out (no echo), except the rows written back to it."""
+        own = origin == self.subscriber
+        for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
+            view = self._view(shape_id)
+            if view is None:
+                continue
+            if flags and flags & FLAG_RETURN_TO_ORIGIN:
+                if own:
+                    for row in group:
+                        op = self._returned(view, origin, row)
+                        if op is not None:
+                            ops.append(op)
+                continue
+            if own:
+                continue
+            if kind == KIND_UPDATE:
+                update = view.update
+                for row in group:
+                    op = update(row)
+                    if op is not None:
+                        ops.append(op)
+            elif kind == KIND_INSERT or kind == KIND_DELETE:
+                ops.extend(view.rows(kind, group))
 
     def _returned(self, view: _View, origin: str, row: tuple) -> Operation | None:
         """A row a conflict resolution sends back to its origin: the old
@@ -396,9 +473,11 @@ def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> in
 
 def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
                     lock: threading.RLock | None = None) -> Iterator[LoggedOperation]:
-    for commit, origin, row in iter_capture(conn, after, until, lock=lock):
-        op = reader.operation(origin, row)
-        if op is not None:
+    for commit, origin, rows in iter_capture(conn, after, until, lock=lock, skip_origin=reader.subscriber,
+                                             keep_flag=reader.returned_flag, value_columns=reader.value_columns):
+        ops: list[Operation] = []
+        reader.extend(origin, rows, ops)
+        for op in ops:
             yield LoggedOperation(commit, origin, op)
 
 
@@ -408,15 +487,16 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
     with nothing for the subscriber yields nothing."""
     ops: list[Operation] = []
     commit, origin = 0, ""
-    for logged_commit, logged_origin, row in iter_capture(conn, after, until, lock=lock):
+    for logged_commit, logged_origin, rows in iter_capture(conn, after, until, lock=lock,
+                                                           skip_origin=reader.subscriber,
+                                                           keep_flag=reader.returned_flag,
+                                                           value_columns=reader.value_columns):
         if logged_commit != commit:
             if ops:
                 yield from _transaction(commit, origin, ops)
                 ops = []
             commit, origin = logged_commit, logged_origin
-        op = reader.operation(logged_origin, row)
-        if op is not None:
-            ops.append(op)
+        reader.extend(logged_origin, rows, ops)
     if ops:
         yield from _transaction(commit, origin, ops)
 
@@ -436,6 +516,8 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     row meanwhile: a full-row INSERT would overwrite it at the subscriber,
     while the consolidated, which applies the subscriber's change after,
     keeps it."""
+    if not any(op[1] == OpKind.DELETE for op in ops):
+        return ops
     deleted: dict[tuple[str, tuple], int] = {}
     folded = False
     for index, op in enumerate(ops):

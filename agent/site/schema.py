@@ -196,7 +196,14 @@ CREATE TABLE fieldsync_conflict_policy (
     table_name TEXT PRIMARY KEY COLLATE NOCASE,
     policy     TEXT NOT NULL CHECK (policy IN ('incoming', 'local'))
 );
+{applying}
 """
+
+# At a remote, holds a row while the apply path writes, inside the apply's
+# transaction (never committed so): the capture triggers skip those writes
+# (see capture.py).  Created with the remote's first capture triggers.
+APPLYING_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_applying (\n"
+                  "    id INTEGER PRIMARY KEY CHECK (id = 1)\n)")
 
 
 def value_column(index: int) -> str:
@@ -205,7 +212,7 @@ def value_column(index: int) -> str:
 
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
-    text = _TABLES.replace("{value_columns}", value_columns)
+    text = _TABLES.replace("{value_columns}", value_columns).replace("{applying}", APPLYING_TABLE + ";")
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 

@@ -286,6 +286,26 @@ def test_a_remote_applies_what_the_consolidated_sends_as_is(remote):
     assert error.problem.startswith("INSERT of an existing key: the row was overwritten")
 
 
+def test_a_remote_does_not_capture_what_it_applies(remote):
+    """Its only peer never receives its own changes back, so a remote's
+    triggers skip the apply path's writes; the application's are captured
+    as ever, also in a transaction committed while nothing is applied."""
+    def captured():
+        return remote.connection.execute("SELECT count(*) FROM fieldsync_capture").fetchone()[0]
+
+    remote.apply("hq", [txn(5, ins(1, name="one"), ins(2, name="two"), origin="hq"),
+                        txn(6, upd(1, {"name": "one"}, {"name": "uno"}), origin="hq")], log_received=6)
+    assert captured() == 0 and remote.log_end() == 0
+    app_connection(remote).execute("UPDATE customer SET name = 'local' WHERE id = 2")
+    assert captured() == 1
+    with pytest.raises(ApplyRefused):
+        remote.apply("hq", [txn(9, ins(3, name="three"), origin="hq")], log_received=8)
+    app_connection(remote).execute("INSERT INTO customer (id, name) VALUES (4, 'local')")
+    assert captured() == 2
+    assert remote.connection.execute("SELECT count(*) FROM fieldsync_applying").fetchone()[0] == 0
+    assert [op.key for t in remote.read_log("hq", 0, remote.scan()) for op in t.ops] == [(2,), (4,)]
+
+
 def test_a_remote_keeps_its_own_change_the_consolidated_has_not_seen(remote):
     """hq's UPDATE was written before hq applied the remote's change to the
     same column: the remote keeps its value (hq applies the remote's change

@@ -191,3 +191,64 @@ def test_delete_and_reinsert_in_one_transaction_becomes_an_update(hq):
     hq.scan()
     app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana 3', 'north')")
     assert [op.kind for op in read_ops(hq, "north1", start)] == [3, 1]
+
+
+def test_updates_carry_exactly_the_columns_that_changed(tmp_path):
+    """Changed means another value or another storage class: 1 -> 1.0,
+    0.0 -> -0.0 and '' -> NULL are changes; writing the same values is none."""
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
+    site.create_publication("sales", ["customer"])
+    site.add_remote("r1")
+    site.subscribe("r1", "sales")
+    app = app_connection(site)
+    app.execute("INSERT INTO customer (id, name, balance, extra) VALUES (1, '', 2.5, 1)")
+    app.execute("INSERT INTO customer (id, name, balance, extra) VALUES (2, 'b', 0.0, 0.0)")
+    start = site.scan()
+    app.execute("UPDATE customer SET name = NULL, extra = 1.0 WHERE id = 1")
+    app.execute("UPDATE customer SET extra = -0.0 WHERE id = 2")
+    app.execute("UPDATE customer SET name = 'b', balance = 0.0 WHERE id = 2")
+    ops = read_ops(site, "r1", start)
+    assert [(op.key, op.before, op.after) for op in ops] == [
+        ((1,), {"name": "", "extra": 1}, {"name": None, "extra": 1.0}),
+        ((2,), {"extra": 0.0}, {"extra": -0.0})]
+    assert str(ops[1].after["extra"]) == "-0.0"
+    site.close()
+
+
+def test_a_subscriber_reads_none_of_its_own_log_transactions(tmp_path):
+    """A remote's log is mostly what the consolidated sent it: reading for
+    the consolidated does not fetch those capture rows at all."""
+    remote = make_site(tmp_path, "north1", "remote", CUSTOMER)
+    remote.create_publication("sales", [Article("customer")])
+    remote.add_remote("hq")
+    start = remote.log_end()
+    remote.apply("hq", [Transaction(9, "hq", tuple(
+        Operation.insert("customer", (i,), {"id": i, "region": "north"}) for i in range(1, 101)))], log_received=9)
+    app_connection(remote).execute("UPDATE customer SET name = 'mine' WHERE id = 50")
+    statements: list[str] = []
+    remote.connection.set_trace_callback(statements.append)
+    ops = read_ops(remote, "hq", start)
+    remote.connection.set_trace_callback(None)
+    assert [op.key for op in ops] == [(50,)]
+    capture_reads = [s for s in statements if "FROM fieldsync_capture WHERE seq" in s]
+    assert len(capture_reads) == 1  # the remote's own transaction only
+    remote.close()
+
+
+def test_rows_of_a_wider_table_no_longer_published_are_skipped(tmp_path):
+    """Capture rows are fetched only as wide as the subscriber's tables need;
+    rows of a wider table unpublished since stay in the log and are skipped."""
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER,
+                     "CREATE TABLE wide (id INTEGER PRIMARY KEY, " + ", ".join(f"c{i}" for i in range(20)) + ")")
+    site.create_publication("sales", ["customer", "wide"])
+    site.add_remote("r1")
+    site.subscribe("r1", "sales")
+    start = site.scan()
+    app = app_connection(site)
+    app.execute("INSERT INTO wide (id, c19) VALUES (1, 'last')")
+    app.execute("INSERT INTO customer (id, name) VALUES (1, 'a')")
+    assert [op.table for op in read_ops(site, "r1", start)] == ["wide", "customer"]
+    site.remove_article("wide")
+    app.execute("INSERT INTO customer (id, name) VALUES (2, 'b')")
+    assert [(op.table, op.key) for op in read_ops(site, "r1", start)] == [("customer", (1,)), ("customer", (2,))]
+    site.close()
