@@ -41,6 +41,7 @@ from pathlib import Path
 from agent.admin import extract_site, init_site
 from agent.runner import Agent, RunOptions
 from agent.site import SiteDatabase
+from agent.spool import check_spool
 
 SCHEMA = ("CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT, balance REAL,"
           " visits INTEGER, note TEXT)")
@@ -180,7 +181,7 @@ def run(inserts: int, updates: int, backlog: int) -> dict:
         raw_seconds = raw(workdir, rows, changes)
         operations = inserts + updates
         total = scanning + sum(times.values())
-        files = len(list((root / "r1.db.agent" / "queues" / "in" / "hq").iterdir()))
+        files = check_spool(root / "r1.db.agent" / "spool").messages
         result = {
             "benchmark": "e2e",
             "operations": operations,
