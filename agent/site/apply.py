@@ -5,8 +5,10 @@ Rules of this file:
   SQLite write transaction: a crash anywhere leaves all of it or none of it.
 * Local changes committed before the batch are first cut into their own log
   transaction; then each applied transaction is cut into a log transaction
-  whose origin is the peer.  A log transaction never mixes origins, and
-  the capture triggers see applied rows like any other write.
+  whose origin is the peer.  A log transaction never mixes origins.  At the
+  consolidated the capture triggers see applied rows like any other write;
+  at a remote they skip them (a row in ``fieldsync_applying`` marks the
+  apply's writes; see capture.install_capture).
 * A bad operation never stops the batch: INSERT of an existing key,
   UPDATE/DELETE of a missing row, a constraint failure, a malformed
   operation or an unknown table/column is recorded in
@@ -186,6 +188,8 @@ class Applier:
         self._sql: dict[tuple, str] = {}
         self._shape_ids: dict[str, tuple[int, ...]] = {}
         self._skips_capture = False  # a remote whose triggers skip the apply path's writes
+        # _own_changes' last result: (confirmed, end, pending rows).
+        self._own_kept: tuple[int, int, dict[str, dict[tuple, _Own]]] | None = None
         self._article_shapes: dict[str, int] = {}
         self._policies: dict[str, str] = {}
         self.hooks: dict[str | None, ConflictHook] = {}
@@ -523,13 +527,21 @@ class Applier:
 
     def _own_changes(self, confirmed: int, end: int) -> dict[str, dict[tuple, _Own]]:
         """This remote's own changes in its log after ``confirmed`` (what the
-        consolidated has confirmed) up to ``end``, by table and row.  Usually
-        a handful of rows: only log transactions of this site are read."""
+        consolidated has confirmed) up to ``end``, by table and row.  Only log
+        transactions of this site are read, and only once while the
+        consolidated confirms nothing new: the result is kept and extended by
+        the next call (reading a transaction again, after a rolled-back apply
+        cut it once more, changes nothing)."""
         conn = self._conn
+        kept = self._own_kept
+        if kept is not None and kept[0] == confirmed and kept[1] <= end:
+            start, pending = kept[1], kept[2]
+        else:
+            start, pending = confirmed, {}
         spans = conn.execute("SELECT first_seq, commit_offset FROM fieldsync_log WHERE commit_offset > ?"
                              " AND commit_offset <= ? AND origin = ? ORDER BY commit_offset",
-                             (confirmed, end, self._site_name)).fetchall()
-        pending: dict[str, dict[tuple, _Own]] = {}
+                             (start, end, self._site_name)).fetchall()
+        self._own_kept = (confirmed, end, pending)
         for first, last in spans:
             for row in conn.execute("SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq",
                                     (first, last)):
@@ -703,12 +715,12 @@ class Applier:
                         watched.setdefault((name, moved), (table, {}))[1].update(entry[1])
 
     def _send_back_unconfirmed(self, identity: SiteIdentity, batch: _Batch, confirmed: int, end: int) -> None:
-        """The unconfirmed rule: every row the batch changed on which the log
-        holds, in ``(confirmed, end]``, operations the peer receives may end
-        up different at the peer (those operations may reach it after its
-        change), so its state after the batch goes back to the peer, after
-        them.  Records in ``batch.received`` the kind and image of the last
-        such operation per row, as the peer sees it."""
+        """The unconfirmed rule.  A row the batch changed may end up different
+        at the peer when the log holds, in ``(confirmed, end]``, operations on
+        it that the peer receives: they may reach the peer after its change.
+        Such a row's state after the batch goes back to the peer, after them
+        (written by _write_returns).  Records in ``batch.received`` the kind
+        and image of the last such operation per row, as the peer sees it."""
         assert batch.watched is not None
         conn = self._conn
         reader = SubscriberReader(conn, identity, self._shapes, batch.peer)
