@@ -603,7 +603,7 @@ class Applier:
                     pass  # its own row: the consolidated settles it (created on both sides, or sent back whole)
                 elif not own.deleted:
                     values = dict(after)
-                    if own.values and not __import__('os').environ.get('NO_OVERLAY'):
+                    if own.values:
                         for column in self._deleted_without(table, key, own.seq):
                             if column in own.values and column in table.column_set:
                                 values[column] = own.values[column]
