@@ -70,25 +70,21 @@ def write_transaction(conn: sqlite3.Connection, doing: str) -> Iterator[sqlite3.
     Holding the write lock from the start means the transaction sees every
     committed change and nobody commits until it ends.
     """
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.Error as error:
-        raise translate(error, doing) from error
-    try:
-        yield conn
-        conn.execute("COMMIT")
-    except BaseException as error:
-        _rollback(conn)
-        if isinstance(error, sqlite3.Error):
-            raise translate(error, doing) from error
-        raise
+    with _transaction(conn, doing, "BEGIN IMMEDIATE") as same:
+        yield same
 
 
 @contextmanager
 def read_transaction(conn: sqlite3.Connection, doing: str) -> Iterator[sqlite3.Connection]:
     """A read transaction: all reads inside see one snapshot (WAL)."""
+    with _transaction(conn, doing, "BEGIN") as same:
+        yield same
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection, doing: str, begin: str) -> Iterator[sqlite3.Connection]:
     try:
-        conn.execute("BEGIN")
+        conn.execute(begin)
     except sqlite3.Error as error:
         raise translate(error, doing) from error
     try:

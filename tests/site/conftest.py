@@ -59,3 +59,27 @@ def hq(tmp_path: Path):
     site.create_publication("sales", [Article("customer", subscribe_by="region"), Article("line")])
     yield site
     site.close()
+
+
+ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT NOT NULL, qty INTEGER, note TEXT)"
+REGIONS = {"r1": "north", "r2": "south"}
+
+
+def orders_world(tmp_path, rows: int):
+    """hq with ``rows`` orders and the remotes of REGIONS made by extraction;
+    ids 3, 6, 9, ... are north (r1), 1, 4, 7, ... south (r2), the rest east.
+    Returns (hq, {name: remote}); the caller closes them."""
+    hq = make_site(tmp_path, "hq", "consolidated", ORDERS)
+    hq.create_publication("orders", [Article("orders", subscribe_by="region")])
+    app = app_connection(hq)
+    app.execute("BEGIN")
+    for row_id in range(1, rows + 1):
+        app.execute("INSERT INTO orders VALUES (?, ?, 1, 'seed')", (row_id, ["north", "south", "east"][row_id % 3]))
+    app.execute("COMMIT")
+    remotes = {}
+    for name, region in REGIONS.items():
+        hq.add_remote(name)
+        hq.subscribe(name, "orders", region)
+        hq.extract(name, tmp_path / f"{name}.db")
+        remotes[name] = SiteDatabase.open(tmp_path / f"{name}.db")
+    return hq, remotes

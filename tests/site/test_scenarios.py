@@ -8,30 +8,14 @@ import random
 
 import pytest
 
-from agent.site import Article, SiteDatabase
 
-from .conftest import app_connection, make_site, replicate, table_rows
+from .conftest import REGIONS, app_connection, orders_world, replicate, table_rows
 
-ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT NOT NULL, qty INTEGER, note TEXT)"
-REGIONS = {"r1": "north", "r2": "south"}
 
 
 @pytest.fixture
 def sites(tmp_path):
-    hq = make_site(tmp_path, "hq", "consolidated", ORDERS)
-    hq.create_publication("orders", [Article("orders", subscribe_by="region")])
-    app = app_connection(hq)
-    app.execute("BEGIN")
-    for row_id in range(1, 41):
-        # ids 3, 6, 9, ... are north (r1), 1, 4, 7, ... south (r2), the rest east.
-        app.execute("INSERT INTO orders VALUES (?, ?, 1, 'seed')", (row_id, ["north", "south", "east"][row_id % 3]))
-    app.execute("COMMIT")
-    remotes = {}
-    for name, region in REGIONS.items():
-        hq.add_remote(name)
-        hq.subscribe(name, "orders", region)
-        hq.extract(name, tmp_path / f"{name}.db")
-        remotes[name] = SiteDatabase.open(tmp_path / f"{name}.db")
+    hq, remotes = orders_world(tmp_path, 40)
     yield hq, remotes
     for site in (hq, *remotes.values()):
         site.close()
