@@ -723,7 +723,7 @@ class Applier:
         and image of the last such operation per row, as the peer sees it."""
         assert batch.watched is not None
         conn = self._conn
-        reader = SubscriberReader(conn, identity, self._shapes, batch.peer)
+        reader = SubscriberReader.from_database(conn, identity, self._shapes, batch.peer)
         log = conn.execute("SELECT commit_offset, origin FROM fieldsync_log WHERE commit_offset > ?"
                            " AND commit_offset <= ? ORDER BY commit_offset", (confirmed, end)).fetchall()
         commits = [commit for commit, _ in log]

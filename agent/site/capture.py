@@ -21,6 +21,7 @@ import json
 import re
 import sqlite3
 from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 from ._db import quote_ident
 from .errors import UnpublishableTable
@@ -190,6 +191,29 @@ class ShapeCache:
             shape = Shape(shape_id, row[0], tuple(json.loads(row[1])), tuple(json.loads(row[2])))
             self._shapes[shape_id] = shape
         return shape
+
+
+class ShapeTable:
+    """Shapes known up front (a batch export carries them), with the same
+    ``get`` as :class:`ShapeCache`."""
+
+    def __init__(self, shapes: Iterable[Shape]) -> None:
+        self._shapes = {shape.id: shape for shape in shapes}
+
+    def get(self, shape_id: int) -> Shape:
+        try:
+            return self._shapes[shape_id]
+        except KeyError:
+            raise LookupError(f"capture shape {shape_id} is missing") from None
+
+    def __iter__(self) -> Iterator[Shape]:
+        return iter(self._shapes.values())
+
+
+def all_shapes(conn: sqlite3.Connection) -> list[Shape]:
+    return [Shape(shape_id, table, tuple(json.loads(columns)), tuple(json.loads(keys)))
+            for shape_id, table, columns, keys in conn.execute(
+                "SELECT id, table_name, columns, key_columns FROM fieldsync_shape ORDER BY id")]
 
 
 def refresh_changed_tables(conn: sqlite3.Connection) -> list[str]:

@@ -32,9 +32,9 @@ from .apply import (
     list_apply_errors,
     list_conflicts,
 )
-from .capture import ShapeCache, refresh_changed_tables, table_info
+from .capture import Shape, ShapeCache, all_shapes, refresh_changed_tables, table_info
 from .errors import InvalidSetting, SiteError
-from .log import cut_locked, log_end, truncate_locked
+from .log import cut_locked, iter_capture, log_end, truncate_locked
 from .publications import (
     Article,
     LoggedOperation,
@@ -51,6 +51,7 @@ from .publications import (
     read_transactions,
     remove_article_locked,
     resolve_range,
+    selection_plan,
     subscribe_locked,
     unsubscribe_locked,
 )
@@ -226,8 +227,50 @@ class SiteDatabase:
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):
-            reader = SubscriberReader(self._conn, self._identity, self._shapes, subscriber)
+            reader = SubscriberReader.from_database(self._conn, self._identity, self._shapes, subscriber)
             return reader, resolve_range(self._conn, after, until)
+
+    # --- batch export (docs/spark.md) ------------------------------------------------
+
+    def selection_rows(self, subscribers: Iterable[str]) -> tuple[list[Shape], list[tuple], list[tuple]]:
+        """What a batch export carries to select for ``subscribers`` away from
+        this database: every shape, the article rows (table, publication,
+        columns JSON, subscribe_by) and the subscribers' subscription rows
+        (remote, publication, value).  Raises for an unknown remote."""
+        names = list(subscribers)
+        with self._lock, self._read("reading publications for a batch export"):
+            for name in names:
+                selection_plan(self._conn, self._identity, name)  # checks the remote exists
+            articles = self._conn.execute(
+                "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article"
+                " ORDER BY table_name").fetchall()
+            subscriptions = [row for name in names for row in self._conn.execute(
+                "SELECT remote, publication, value FROM fieldsync_subscription WHERE remote = ?"
+                " ORDER BY publication, rowid", (name,))]
+            return all_shapes(self._conn), articles, subscriptions
+
+    def check_log_range(self, after: int, until: int) -> None:
+        """Raise as :meth:`read_log` would for the range ``(after, until]``."""
+        with self._lock, self._read("checking a log range"):
+            resolve_range(self._conn, after, until)
+
+    def read_capture(self, after: int, until: int, *, value_columns: int
+                     ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
+        """Every capture row of the log transactions in ``(after, until]``,
+        unselected: ``(commit, origin, rows, returned)`` chunk by chunk in
+        seq order, rows as :func:`iter_capture` gives them (the first
+        ``value_columns`` value columns), ``returned`` the listed columns of
+        the chunk's rows written back to their origin.  Both bounds must be
+        commit boundaries (:meth:`check_log_range`)."""
+        for commit, origin, rows in iter_capture(self._conn, after, until, lock=self._lock,
+                                                 value_columns=value_columns):
+            returned: dict[int, str] = {}
+            if any(row[3] for row in rows):
+                with self._lock:
+                    returned = dict(self._conn.execute(
+                        "SELECT seq, columns FROM fieldsync_returned WHERE seq >= ? AND seq <= ?",
+                        (rows[0][0], rows[-1][0])).fetchall())
+            yield commit, origin, rows, returned
 
     def truncate_log(self) -> int:
         """Delete log entries at or below the smallest confirm_sent of all

@@ -43,6 +43,8 @@ from .capture import (
     KIND_UPDATE,
     Shape,
     ShapeCache,
+    ShapeTable,
+    all_shapes,
     drop_capture,
     install_capture,
     table_info,
@@ -343,46 +345,97 @@ def _operation(table: str, kind: int, key: tuple, before: dict | None, after: di
 _SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
 
 
-class SubscriberReader:
-    """Turns capture rows into the operations one subscriber receives."""
+class SelectionPlan(NamedTuple):
+    """Everything that decides what one subscriber receives, as plain data:
+    ``articles`` maps a lowered table name to ``(columns, subscribe_by,
+    values)`` (``values`` None: every row), ``returned_flag`` is the capture
+    flag of rows written back to their origin (0 at a remote).  It is what
+    :func:`selection_plan` reads from a site database and what a batch
+    export writes out, so a reader built anywhere selects alike."""
 
-    def __init__(self, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
-                 subscriber: str) -> None:
-        if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
-            raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
-        self.subscriber = subscriber
-        # Only the consolidated writes rows back to an origin; at a remote the
-        # subscriber's (the consolidated's) log transactions hold nothing for it.
-        self.returned_flag = FLAG_RETURN_TO_ORIGIN if identity.role is Role.CONSOLIDATED else 0
-        self._conn = conn
-        self._shapes = shapes
-        self._views: dict[int, _View | None] = {}
-        self._articles: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
-        rows = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
-        if identity.role is Role.REMOTE:
-            # The consolidated gets everything a remote publishes.
-            for table, _publication, columns, _subscribe_by in rows:
-                self._articles[table.lower()] = (None if columns is None else tuple(json.loads(columns)), None, None)
-        else:
-            self._subscriptions(conn, subscriber, rows)
-        # Capture rows are read only as wide as the widest shape of a table
-        # it receives (old and new row), not as wide as the capture table.
-        widths = [len(json.loads(columns)) for table, columns in conn.execute(
-            "SELECT table_name, columns FROM fieldsync_shape") if table.lower() in self._articles]
-        self.value_columns = 2 * max(widths, default=0)
+    subscriber: str
+    articles: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]]
+    returned_flag: int
 
-    def _subscriptions(self, conn: sqlite3.Connection, subscriber: str, rows: list[tuple]) -> None:
+
+def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber: str) -> SelectionPlan:
+    """What ``subscriber`` receives from this site (raises for an unknown remote)."""
+    if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
+        raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
+    articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
+    subscriptions = conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?",
+                                 (subscriber,)).fetchall()
+    return plan_from_rows(subscriber, identity.role, articles, subscriptions)
+
+
+def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple]
+                   ) -> SelectionPlan:
+    """The plan from the rows of ``fieldsync_article`` (table, publication,
+    columns as JSON or None, subscribe_by) and the subscriber's rows of
+    ``fieldsync_subscription`` (publication, value)."""
+    plan: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
+    if role is Role.REMOTE:
+        # The consolidated gets everything a remote publishes.
+        for table, _publication, columns, _subscribe_by in articles:
+            plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), None, None)
+    else:
         values: dict[str, set] = {}
-        for publication, value in conn.execute(
-                "SELECT publication, value FROM fieldsync_subscription WHERE remote = ?", (subscriber,)):
+        for publication, value in subscriptions:
             bucket = values.setdefault(publication, set())
             if value is not None:
                 bucket.add(value)
-        for table, publication, columns, subscribe_by in rows:
+        for table, publication, columns, subscribe_by in articles:
             if publication not in values:
                 continue
-            self._articles[table.lower()] = (None if columns is None else tuple(json.loads(columns)), subscribe_by,
-                                             frozenset(values[publication]) if subscribe_by else None)
+            plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), subscribe_by,
+                                   frozenset(values[publication]) if subscribe_by else None)
+    # Only the consolidated writes rows back to an origin; at a remote the
+    # subscriber's (the consolidated's) log transactions hold nothing for it.
+    returned_flag = FLAG_RETURN_TO_ORIGIN if role is Role.CONSOLIDATED else 0
+    return SelectionPlan(subscriber, plan, returned_flag)
+
+
+def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
+    """How many capture value columns a reader of ``plan`` needs: the widest
+    shape of a table it receives, old and new row."""
+    return 2 * max((len(shape.columns) for shape in shapes if shape.table.lower() in plan.articles), default=0)
+
+
+class SubscriberReader:
+    """Turns capture rows into the operations one subscriber receives.
+
+    Pure: it sees the plan, the shapes (anything with ``get(shape_id)``) and
+    ``returned_columns(seq)``, the columns a written-back row lists (None:
+    all).  The site database and the Spark batch job both select through it.
+    """
+
+    def __init__(self, plan: SelectionPlan, shapes: "ShapeCache | ShapeTable",
+                 returned_columns: Callable[[int], str | None], value_columns: int) -> None:
+        self.subscriber = plan.subscriber
+        self.returned_flag = plan.returned_flag
+        self.value_columns = value_columns
+        self.returned_columns = returned_columns
+        self._shapes = shapes
+        self._views: dict[int, _View | None] = {}
+        self._articles = plan.articles
+
+    @classmethod
+    def from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
+                      subscriber: str) -> "SubscriberReader":
+        plan = selection_plan(conn, identity, subscriber)
+        # Capture rows are read only as wide as the widest shape of a table
+        # it receives (old and new row), not as wide as the capture table.
+        width = value_columns_read(all_shapes(conn), plan)
+
+        def returned_columns(seq: int) -> str | None:
+            found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
+            return None if found is None else found[0]
+
+        return cls(plan, shapes, returned_columns, width)
+
+    def view(self, shape_id: int) -> "_View | None":
+        """How the subscriber sees rows of this shape (None: not at all)."""
+        return self._view(shape_id)
 
     def _view(self, shape_id: int) -> _View | None:
         try:
@@ -447,14 +500,73 @@ class SubscriberReader:
             return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
         if not view.contains(old):
             return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
-        found = self._conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (row[0],)).fetchone()
-        listed = set(json.loads(found[0])) if found else set(view.names)
+        found = self.returned_columns(row[0])
+        listed = set(json.loads(found)) if found is not None else set(view.names)
         names = self._shapes.get(row[1]).columns
         chosen = [i for i in view.positions if names[i] in listed]
         if not chosen:
             return None
         return _operation(view.table, OpKind.UPDATE, view.key(old), {names[i]: old[i] for i in chosen},
                           {names[i]: new[i] for i in chosen})
+
+
+class Router:
+    """Which of several subscribers' readers a capture row can concern.
+
+    Used where one pass over the log serves many subscribers (the Spark
+    batch job): instead of offering every row to every reader, a row goes
+    to the readers that receive every row of its table, those whose
+    SUBSCRIBE BY values hold its old or new value, and, for a row written
+    back to its origin, the origin alone.  That is a superset of the readers
+    that turn it into an operation; each reader still decides, so the
+    result is what each reader alone would select.  The origin of an
+    ordinary row is never offered it (no echo).
+    """
+
+    def __init__(self, readers: list[SubscriberReader]) -> None:
+        self.readers = readers
+        self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
+        self._routes: dict[int, tuple[frozenset, int | None, int | None, dict]] = {}
+
+    def _route(self, shape_id: int) -> tuple[frozenset, int | None, int | None, dict]:
+        route = self._routes.get(shape_id)
+        if route is not None:
+            return route
+        every: set[int] = set()
+        by_value: dict[object, set[int]] = {}
+        old_at = new_at = None
+        for index, reader in enumerate(self.readers):
+            view = reader.view(shape_id)
+            if view is None:
+                continue
+            if view.values is None:
+                every.add(index)
+            elif view.old_filter is not None:  # the same column for every reader of this table
+                old_at, new_at = view.old_filter, view.new_filter
+                for value in view.values:
+                    by_value.setdefault(value, set()).add(index)
+        route = self._routes[shape_id] = (frozenset(every), old_at, new_at, by_value)
+        return route
+
+    def candidates(self, origin: str, row: tuple) -> set[int] | frozenset[int]:
+        """Indexes into ``readers`` of the subscribers ``row`` can concern."""
+        flags = row[3]
+        if flags and flags & FLAG_RETURN_TO_ORIGIN:
+            index = self._index.get(origin)
+            return frozenset() if index is None else frozenset((index,))
+        every, old_at, new_at, by_value = self._route(row[1])
+        if old_at is None:
+            chosen: set[int] | frozenset[int] = every
+        else:
+            chosen = set(every)
+            chosen.update(by_value.get(row[old_at], ()))
+            if row[2] == KIND_UPDATE:
+                chosen.update(by_value.get(row[new_at], ()))
+        index = self._index.get(origin)
+        if index is not None and index in chosen:
+            chosen = set(chosen)
+            chosen.discard(index)
+        return chosen
 
 
 def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:
@@ -502,9 +614,16 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
 
 
 def _transaction(commit: int, origin: str, ops: list[Operation]) -> Iterator[Transaction]:
+    transaction = make_transaction(commit, origin, ops)
+    if transaction is not None:
+        yield transaction
+
+
+def make_transaction(commit: int, origin: str, ops: list[Operation]) -> Transaction | None:
+    """The transaction a subscriber receives from the operations selected
+    for it out of one log transaction, in seq order (None: nothing)."""
     ops = _fold_reinserts(ops)
-    if ops:
-        yield Transaction._trusted(commit, origin, tuple(ops))
+    return Transaction._trusted(commit, origin, tuple(ops)) if ops else None
 
 
 def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
