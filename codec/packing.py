@@ -189,6 +189,8 @@ class _Packer:
         """The largest candidate that fits, by estimate plus correction; None
         when even the first transaction alone does not fit."""
         candidate = self._compress(count)
+        if candidate.count == 1 and candidate.raw_length > MAX_PAYLOAD:
+            return None  # compresses into one file, but a payload may not expand beyond MAX_PAYLOAD
         grown = False
         while len(candidate.compressed) > self.space:
             self.ratio = len(candidate.compressed) / candidate.raw_length

@@ -83,6 +83,18 @@ def test_large_transaction_is_split_like_the_seed_example():
     assert values_identical(decoded, [big]) and last == 1_119_170
 
 
+def test_a_transaction_that_compresses_into_one_file_but_expands_beyond_the_payload_limit_is_split():
+    # 20 MB of repetitive text compresses far below max_size, but a single
+    # payload may not expand beyond MAX_PAYLOAD (16 MiB): it must be split.
+    filler = "abcdefghij" * 400
+    big = Transaction(90, "hq", tuple(Operation.insert("d", (i,), {"id": i, "body": f"{i:08d}{filler}"})
+                                      for i in range(5_000)))
+    messages = pack([big], start=7, max_size=1_000_000)
+    assert len(messages) >= 2 and all(m.header.is_part for m in messages)
+    decoded, last = unpack_stream(messages, 7, 1_000_000)
+    assert values_identical(decoded, [big]) and last == 90
+
+
 def test_messages_are_cut_at_commit_boundaries_and_filled():
     transactions = make_transactions([40] * 300)
     messages = pack(transactions)
