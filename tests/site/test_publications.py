@@ -252,3 +252,46 @@ def test_rows_of_a_wider_table_no_longer_published_are_skipped(tmp_path):
     app.execute("INSERT INTO customer (id, name) VALUES (2, 'b')")
     assert [(op.table, op.key) for op in read_ops(site, "r1", start)] == [("customer", (1,)), ("customer", (2,))]
     site.close()
+
+
+def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_fewer(hq):
+    """One pass over the log for many subscribers (the Spark batch job)
+    offers each capture row only to some readers; every reader that selects
+    the row must be among them, and rows of a value go to its subscribers."""
+    from agent.site.capture import all_shapes
+    from agent.site.publications import Router, SubscriberReader
+
+    hq.subscribe("idle", "sales", "nowhere")
+    start = hq.scan()
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south')")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 1")  # moves north -> south
+    app.execute("INSERT INTO line VALUES (1, 1, 'A', 3)")  # every subscriber of sales
+    app.execute("DELETE FROM customer WHERE id = 2")
+    hq.apply("north1", [Transaction(5, "north1", (
+        Operation.insert("customer", (7,), {"id": 7, "name": "from north", "region": "north"}),
+        Operation.insert("customer", (8,), {"id": 8, "name": "for south", "region": "south"}),
+    ))], log_received=5)
+    end = hq.scan()
+    names = ["north1", "south1", "idle"]
+    readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name in names]
+    router = Router(readers)
+    offered: list[set[str]] = []
+    for _commit, origin, rows, _returned in hq.read_capture(start, end, value_columns=2 * 6):
+        for row in rows:
+            candidates = {names[index] for index in router.candidates(origin, row)}
+            selecting = {reader.subscriber for reader in readers if reader.operation(origin, row) is not None}
+            assert selecting <= candidates, (row, candidates, selecting)
+            assert origin not in candidates or row[3]  # no echo, bar rows written back
+            offered.append(candidates)
+    assert offered[:4] == [{"north1"}, {"south1"}, {"north1", "south1"}, {"north1", "south1", "idle"}]
+    assert offered[4] == {"south1"}
+    # north1's own rows: the one in its subset goes to nobody, the row it put
+    # outside its subset goes back to north1 alone (a DELETE) and to south1.
+    assert {"north1"} in offered[5:] and set() in offered[5:]
+    # Every reader alone selects what it reads from the log.
+    for name, reader in zip(names, readers):
+        routed = [reader.operation(origin, row)
+                  for _c, origin, rows, _r in hq.read_capture(start, end, value_columns=12) for row in rows
+                  if names.index(name) in router.candidates(origin, row)]
+        assert [op for op in routed if op is not None] == read_ops(hq, name, start)

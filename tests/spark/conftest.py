@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -11,6 +12,9 @@ import pytest
 def spark_builder(master: str = "local[2]", **conf: str):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
+    # A session made from Python starts its workers with PYSPARK_PYTHON;
+    # spark.pyspark.python is read by spark-submit only.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = (SparkSession.builder.master(master).appName("fieldsync-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.pyspark.python", sys.executable)

@@ -1,0 +1,182 @@
+"""The Spark job against the agent's own sending path, on real Spark in
+local mode: the same log, subscriptions, keys, epoch and size limit must
+give the same files, byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.admin import init_site, site_keys
+from agent.site import Article, SiteDatabase
+from agent.spark.export import BatchSend, export_batch
+from benchmarks.spark_world import build_world, subscriber_names
+from codec.keys import SiteKeys
+from codec.packing import pack_messages
+from contrib.spark.job import run_job
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_SIZE = 50_000
+
+
+def agent_files(site: SiteDatabase, send: BatchSend, max_size: int = MAX_SIZE) -> dict[str, str]:
+    """sha256 by file name of what the agent's own path makes for ``send``."""
+    messages = pack_messages(site.read_log(send.subscriber, send.start, send.end), keys=site_keys(site),
+                             recipient=send.subscriber, incarnation=site.identity.incarnation,
+                             resend_count=send.resend_count, start=send.start, max_size=max_size, end=send.end,
+                             seal_to=send.seal_to)
+    return {message.name: hashlib.sha256(message.data).hexdigest() for message in messages}
+
+
+def job_files(output: Path, subscriber: str) -> dict[str, str]:
+    folder = output / "files" / subscriber
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in folder.iterdir()}
+
+
+def middle_commit(site: SiteDatabase, fraction: float) -> int:
+    """A commit offset about ``fraction`` into the log (a valid start)."""
+    end = site.log_end()
+    return site.connection.execute("SELECT max(commit_offset) FROM fieldsync_log WHERE commit_offset <= ?",
+                                   (int(end * fraction),)).fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("world")
+    site = build_world(directory, 100_000, 20, seed=5)
+    yield site
+    site.close()
+
+
+def test_100k_operations_for_20_subscribers_are_byte_identical_to_the_agent(world, spark, tmp_path):
+    end = world.log_end()
+    assert end >= 100_000
+    resend_from = middle_commit(world, 0.4)
+    sealed = {name: SiteKeys.generate(name).public for name in subscriber_names(20)[::4]}
+    sends = []
+    for index, name in enumerate(subscriber_names(20)):
+        # Some sends are resends from an old confirm_sent, at a later epoch.
+        start, epoch = (resend_from, 3) if index % 3 == 0 else (0, 0)
+        sends.append(BatchSend(name, start, end, epoch, sealed.get(name)))
+    export = export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    assert export.rows == end and export.range == (0, end)
+    summary = run_job(spark, tmp_path / "export", tmp_path / "out")
+
+    total = 0
+    for send in sends:
+        expected = agent_files(world, send)
+        assert expected, send.subscriber
+        assert job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
+        manifest = json.loads((tmp_path / "out" / "manifests" / f"{send.subscriber}.json").read_text())
+        assert [entry["name"] for entry in manifest["files"]] == sorted(expected, key=lambda n: n.split(".")[3])
+        assert {entry["name"]: entry["sha256"] for entry in manifest["files"]} == expected
+        assert (manifest["start"], manifest["end"], manifest["resend_count"]) == (send.start, end, send.resend_count)
+        assert manifest["files"][0]["prev"] == send.start and manifest["files"][-1]["last"] == end
+        total += len(expected)
+    assert summary["files"] == total and summary["subscribers"] == 20
+    assert json.loads((tmp_path / "out" / "_SUCCESS.json").read_text()) == summary
+    # The world holds what the selection must get right, so the identity above means something.
+    conn = world.connection
+    assert conn.execute("SELECT count(*) FROM fieldsync_returned").fetchone()[0] > 0
+    assert conn.execute("SELECT count(DISTINCT origin) FROM fieldsync_log").fetchone()[0] > 5
+
+
+def test_a_subscriber_with_nothing_in_its_range_still_gets_its_range_covered(world, spark, tmp_path):
+    end = world.log_end()
+    start = middle_commit(world, 0.5)
+    if "idle" not in {remote.name for remote in world.remotes()}:
+        world.add_remote("idle", start=0)
+        world.subscribe("idle", "sales", "nowhere")
+    sends = [BatchSend("idle", start, end, 1), BatchSend(subscriber_names(20)[1], start, end, 1)]
+    export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    run_job(spark, tmp_path / "export", tmp_path / "out")
+    for send in sends:
+        assert job_files(tmp_path / "out", send.subscriber) == agent_files(world, send)
+    manifest = json.loads((tmp_path / "out" / "manifests" / "idle.json").read_text())
+    [only] = manifest["files"]
+    assert (only["prev"], only["last"], only["resend_count"]) == (start, end, 1)
+
+
+def test_a_failure_mid_job_leaves_no_finished_output(world, spark, tmp_path):
+    end = world.log_end()
+    sends = [BatchSend(name, 0, end, 0) for name in subscriber_names(20)[:4]]
+    export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    with pytest.raises(Exception, match="injected failure after 1 files"):
+        run_job(spark, tmp_path / "export", tmp_path / "out", fail_after_files=1)
+    assert not (tmp_path / "out" / "_SUCCESS.json").exists()
+    # Files a failed task managed to write are complete (renamed into place)
+    # or absent: no temporary file is ever taken for a message.
+    for path in (tmp_path / "out").rglob("*"):
+        if path.is_file():
+            assert not path.name.endswith(".tmp") or path.name.startswith(".")
+
+
+def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
+    site = build_world(tmp_path, 2_000, 3)
+    end = site.log_end()
+    for name in subscriber_names(3):
+        site.record_send(name, log_sent=end)
+        site.update_remote(name, confirm_sent=end)
+    floor = site.truncate_log()
+    assert floor == end
+    from agent.site import LogTruncated
+
+    with pytest.raises(LogTruncated):
+        export_batch(site, site_keys(site), [BatchSend("field001", 0, end, 0)], tmp_path / "export",
+                     max_size=MAX_SIZE)
+    assert not (tmp_path / "export" / "job.json").exists()
+    site.close()
+
+
+def big_backlog(directory: Path, rows: int, body: int) -> SiteDatabase:
+    """One subscriber receiving ``rows`` rows of ``body`` bytes each."""
+    path = directory / "hq.db"
+    init_site(path, name="hq", role="consolidated")
+    site = SiteDatabase.open(path)
+    app = sqlite3.connect(path, isolation_level=None)
+    app.execute("CREATE TABLE doc (id INTEGER PRIMARY KEY, body TEXT)")
+    site.create_publication("docs", [Article("doc")])
+    site.add_remote("field001", start=0)
+    site.subscribe("field001", "docs")
+    filler = "".join(chr(97 + (index * 7) % 26) for index in range(body))
+    for first in range(0, rows, 5_000):
+        app.execute("BEGIN")
+        app.executemany("INSERT INTO doc VALUES (?, ?)",
+                        ((row_id, f"{row_id:08d}{filler}") for row_id in range(first, min(rows, first + 5_000))))
+        app.execute("COMMIT")
+        site.scan()
+    app.close()
+    return site
+
+
+def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
+    """220 MB of operations for one subscriber through a driver JVM of
+    512 MB (about 130 MB of it for execution and storage): the job spills
+    and streams; it never holds the backlog."""
+    site = big_backlog(tmp_path, 55_000, 4_000)
+    end = site.log_end()
+    send = BatchSend("field001", 0, end, 0)
+    summary = export_batch(site, site_keys(site), [send], tmp_path / "export", max_size=MAX_SIZE)
+    log_bytes = sum(path.stat().st_size for path in (tmp_path / "export" / "log").iterdir())
+    assert summary.rows == 55_000
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    completed = subprocess.run(
+        [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]", "--driver-memory", "512m",
+         "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
+         "--conf", "spark.sql.execution.arrow.maxRecordsPerBatch=500",
+         str(ROOT / "contrib" / "spark" / "job.py"), str(tmp_path / "export"), str(tmp_path / "out")],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    expected = agent_files(site, send)
+    assert job_files(tmp_path / "out", "field001") == expected
+    raw = 55_000 * 4_000
+    assert raw > 200_000_000 and log_bytes > 0
+    assert json.loads(completed.stdout.strip().splitlines()[-1])["files"] == len(expected)
+    site.close()
