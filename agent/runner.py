@@ -45,6 +45,10 @@ from .restore import check_restored
 from .schedule import sending_due
 from .site import SiteDatabase
 from .site.errors import SiteError
+from .spark.engine import SparkBatch, SparkOptions, run_spark_batch
+from .spark.errors import SparkBatchError
+from .spark.export import BatchSend
+from .spark.take import TakenFile
 
 log = logging.getLogger("fieldsync.agent")
 
@@ -88,6 +92,7 @@ class RunOptions:
     seal: bool = True  # seal messages to the peer's X25519 key when it is known
     transport_options: dict[str, Any] = field(default_factory=dict)
     wrapper_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # e.g. {"faults": {"seed": 7}}
+    spark: SparkOptions = field(default_factory=SparkOptions)  # large outbound batches (docs/spark.md)
 
     def __post_init__(self) -> None:
         check_max_size(self.max_message_size)
@@ -112,6 +117,7 @@ class RunReport:
     quarantined: int = 0
     sent: int = 0
     resend_requests: int = 0
+    spark_batches: int = 0  # Spark jobs whose files were queued
     transport_errors: list[str] = field(default_factory=list)
     stopped_streams: list[str] = field(default_factory=list)
 
@@ -149,6 +155,8 @@ class Agent:
         self._closed = False
         self._restored = False
         self._last_scheduled: dict[str, datetime] = {}
+        # Files a Spark batch made for a peer's due send, taken by _send_data.
+        self._prepared: dict[str, tuple[SendData, list[TakenFile]]] = {}
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -574,11 +582,18 @@ class Agent:
 
     async def send_phase(self, *, force_controls: bool) -> None:
         """Scan the log; send to every peer whose schedule is due (batch
-        runs: every peer), and confirm."""
+        runs: every peer), and confirm.
+
+        The due sends are collected first, so that a large backlog can go to
+        one Spark batch (docs/spark.md); then each peer's send is carried
+        out (with the batch's files, or packed here) and its confirmation
+        queued, peer by peer.
+        """
         log_end = await asyncio.to_thread(self.db.scan)
         now = self.clock()
         rows = {} if self.batch else {row.name: row for row in await asyncio.to_thread(self.db.remotes)}
         wall = datetime.now().astimezone()
+        due: list[tuple[_Peer, SendData | None]] = []
         for peer in self.peers.values():
             row = rows.get(peer.name)
             # The schedule counts from the last scheduled send of this agent
@@ -586,15 +601,61 @@ class Agent:
             last = self._last_scheduled.get(peer.name, row.last_sent_at if row is not None else None)
             if row is None or sending_due(wall, last, send_every=row.send_every, send_at=row.send_at):
                 self._last_scheduled[peer.name] = wall
-                await self._execute(peer, peer.protocol.send_due(now, log_end))
+                actions = peer.protocol.send_due(now, log_end)
             else:
                 # Not due by its schedule; a resend that was asked for still goes.
-                await self._execute(peer, peer.protocol.handle_timer(now))
-            await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
+                actions = peer.protocol.handle_timer(now)
+            # A SendData is always the last action (after a resend's purge).
+            send = actions.pop() if actions and isinstance(actions[-1], SendData) else None
+            await self._execute(peer, actions)
+            due.append((peer, send))
+        sends = [(peer, send) for peer, send in due if send is not None]
+        batch, failed = await self._spark_batch(sends)
+        try:
+            for peer, send in due:
+                if send is not None:
+                    await self._execute(peer, peer.protocol.send_aborted(self.clock()) if failed else [send])
+                await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
+        finally:
+            self._prepared.clear()
+            if batch is not None:
+                await asyncio.to_thread(batch.close)
+
+    async def _spark_batch(self, sends: list[tuple[_Peer, SendData]]) -> tuple[SparkBatch | None, bool]:
+        """Run the due sends as one Spark batch when the engine says so;
+        return the batch (its files noted for :meth:`_send_data`) and whether
+        the sends are to be given up for this run (``--engine spark``
+        failed)."""
+        spark = self.options.spark
+        backlog = sum(send.end - send.start for _, send in sends)
+        if not sends or not spark.uses_spark(backlog):
+            return None, False
+        batch_sends = [BatchSend(peer.name, send.start, send.end, send.resend_count, self._seal_to(peer))
+                       for peer, send in sends]
+        log.info("preparing %d sends (backlog %d log offsets) on Spark (%s)", len(sends), backlog, spark.master)
+        try:
+            batch = await asyncio.to_thread(run_spark_batch, self.db, self.keys, batch_sends,
+                                            max_size=self.options.max_message_size, options=spark,
+                                            work=spark.work or self.directory / "spark")
+        except SparkBatchError as error:
+            if spark.engine == "auto":
+                log.warning("the Spark batch of %d sends failed, so they are packed here: %s", len(sends), error)
+                return None, False
+            log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
+            self.report.transport_errors.append(f"Spark batch of {len(sends)} sends: {error}")
+            return None, True
+        self.report.spark_batches += 1
+        for peer, send in sends:
+            self._prepared[peer.name] = (send, batch.files[peer.name])
+        return batch, False
 
     async def _send_data(self, peer: _Peer, action: SendData) -> list[Any]:
+        prepared = self._prepared.pop(peer.name, None)
         try:
-            count = await asyncio.to_thread(self._pack_and_queue, peer, action)
+            if prepared is not None and prepared[0] == action:
+                count = await asyncio.to_thread(self._queue_prepared, peer, action, prepared[1])
+            else:
+                count = await asyncio.to_thread(self._pack_and_queue, peer, action)
         except (CodecError, AgentError, OSError) as error:
             log.error("preparing messages for %s failed: %s", peer.name, error)
             self.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
@@ -605,11 +666,24 @@ class Agent:
         self.report.sent += count
         return peer.protocol.send_done(self.clock(), action.end)
 
-    def _pack_and_queue(self, peer: _Peer, action: SendData) -> int:
-        seal_to = peer.public if (self.options.seal and peer.public is not None) else None
+    def _seal_to(self, peer: _Peer) -> PublicKeys | None:
+        return peer.public if (self.options.seal and peer.public is not None) else None
+
+    def _group_commit(self) -> contextlib.AbstractContextManager[Any]:
+        """One wait for durability for the puts of a block, where the queues offer it."""
         group = getattr(self.queues, "group_commit", None)
-        with group() if group is not None else contextlib.nullcontext():
-            return self._pack_into_queue(peer, action, seal_to)
+        return group() if group is not None else contextlib.nullcontext()
+
+    def _pack_and_queue(self, peer: _Peer, action: SendData) -> int:
+        with self._group_commit():
+            return self._pack_into_queue(peer, action, self._seal_to(peer))
+
+    def _queue_prepared(self, peer: _Peer, action: SendData, files: list[TakenFile]) -> int:
+        """Queue the checked files a Spark batch made for ``action``."""
+        with self._group_commit():
+            for file in files:
+                self.queues.put_outbound(peer.name, file.name, file.read(), action.resend_count)
+        return len(files)
 
     def _pack_into_queue(self, peer: _Peer, action: SendData, seal_to: PublicKeys | None) -> int:
         transactions = self.db.read_log(peer.name, action.start, action.end)
@@ -623,9 +697,8 @@ class Agent:
         return count
 
     def _queue_control(self, peer: _Peer, action: SendControl) -> None:
-        seal_to = peer.public if (self.options.seal and peer.public is not None) else None
         message = encode_control_message(action.state, keys=self.keys, recipient=peer.name,
-                                         incarnation=self.db.identity.incarnation, seal_to=seal_to)
+                                         incarnation=self.db.identity.incarnation, seal_to=self._seal_to(peer))
         self.queues.put_outbound(peer.name, message.name, message.data, None)
 
     async def flush_outbound(self) -> None:

@@ -22,6 +22,7 @@ from codec.errors import BadFileName
 from codec.names import MessageName
 
 from ..queues import MessageQueues, QueueDepth
+from ..spark.engine import DEFAULT_THRESHOLD, ENGINES, SparkOptions
 from ._spool import open_queues, quarantined
 from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transport, console, format_seconds,
                       logging_to, open_site, show_progress, split_transport_options)
@@ -129,6 +130,20 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+class SparkConf(click.ParamType):
+    """``KEY=VALUE`` for ``spark-submit --conf`` (``spark.executor.memory=4g``)."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value  # type: ignore[return-value]
+        key, equals, text = str(value).partition("=")
+        if not equals or not key or key != key.strip() or any(character.isspace() for character in key):
+            self.fail(f"{value!r}: write KEY=VALUE, e.g. spark.executor.memory=4g", param, ctx)
+        return key, text
+
+
 @click.command()
 @click.argument("database", type=DATABASE)
 @click.option("--once", "-b", is_flag=True,
@@ -153,12 +168,27 @@ def _one_line(text: str) -> str:
               help="Continuous mode: poll the inbox this often (dbremote -rd).")
 @click.option("--send-delay", "-sd", type=Duration(), default="1m", show_default=True, metavar="DURATION",
               help="Continuous mode: scan the log and send this often (dbremote -sd).")
+@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+              help="Who packs outbound batches: the agent (local), Spark (spark), or Spark from "
+                   "--spark-threshold on (auto; local when PySpark is not installed).")
+@click.option("--spark-threshold", type=click.IntRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
+              metavar="N", help="Backlog (log offsets over the due sends) from which --engine auto uses Spark.")
+@click.option("--spark-master", default="local[*]", show_default=True, metavar="URL",
+              help="Where the Spark job runs: local[2], spark://host:7077, ...")
+@click.option("--spark-work", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Folder for the Spark job's export and output (default: <db>.agent/spark); "
+                   "shared storage for a cluster.")
+@click.option("--spark-conf", "spark_conf", multiple=True, type=SparkConf(),
+              help="A setting for spark-submit --conf, KEY=VALUE. Repeatable.")
+@click.option("--spark-submit", metavar="PATH",
+              help="The spark-submit to use (default: the one next to this Python, else on PATH).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail.")
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
         max_message_size: int, group: int, receive_only: bool, send_only: bool, patience: int,
-        resend_urgency: float | None, receive_delay: float, send_delay: float, verbose: bool,
+        resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int,
+        spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None, verbose: bool,
         log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
@@ -170,6 +200,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
 
     if receive_only and send_only:
         raise click.UsageError("--receive-only and --send-only exclude each other; leave both out to do both")
+    spark = SparkOptions(engine=engine, threshold=spark_threshold, master=spark_master, work=spark_work,
+                         conf=tuple(spark_conf), submit=spark_submit)
     inner_options, wrapper_options = split_transport_options(transport_options)
     with open_site(database) as site:
         own_transport = site.identity.transport
@@ -177,7 +209,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
                          receive=not send_only, send=not receive_only, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
-                         transport_options=inner_options, wrapper_options=wrapper_options)
+                         transport_options=inner_options, wrapper_options=wrapper_options, spark=spark)
     quarantined_before = len(quarantined(database))
     out = console()
     with logging_to(verbose=verbose, log_file=log_file):

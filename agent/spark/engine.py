@@ -1,0 +1,239 @@
+"""Running one Spark batch for the agent: export, ``spark-submit``, take-over
+(docs/spark.md, "When the agent uses it" and "The pipeline").
+
+Rules of this file:
+* Blocking throughout (files, a child process): the runner calls
+  :func:`run_spark_batch` through ``asyncio.to_thread``.
+* Each batch has its own job folder under the work folder, holding the
+  export (with the site's secret key), the job's output and its log.  The
+  folder is deleted when the batch fails and, after the files are queued,
+  by :meth:`SparkBatch.close`: nothing of a job outlives it.
+* Every failure is one :class:`SparkBatchError` line: the job's own error
+  line when it printed one, else the last line it printed, else the
+  exception of the step that failed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from codec.keys import SiteKeys
+
+from ..errors import UsageError, describe_error
+from ..site import SiteDatabase
+from .errors import SparkBatchError
+from .export import BatchSend, export_batch
+from .take import Sender, TakenFile, take_output
+
+log = logging.getLogger("fieldsync.agent.spark")
+
+ENGINES = ("local", "auto", "spark")
+DEFAULT_THRESHOLD = 1_000_000
+_PYTHON_CONF = "spark.pyspark.python"
+# What contrib/spark/job.py prints (to stderr, which spark-submit passes on
+# to its stdout for a Python application) when it fails.
+_FAILURE_MARK = "fieldsync batch job failed:"
+_LOG_TAIL = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SparkOptions:
+    """How ``agent run`` uses Spark for large outbound batches.
+
+    ``work`` defaults to ``<db>.agent/spark``; ``conf`` pairs go to
+    ``spark-submit --conf``; ``submit`` is the launcher (default:
+    ``spark-submit`` next to this Python, else on ``PATH``); ``job_args``
+    are added to the job's command line (tests: ``--fail-after-files N``).
+    """
+
+    engine: str = "auto"
+    threshold: int = DEFAULT_THRESHOLD
+    master: str = "local[*]"
+    work: Path | None = None
+    conf: tuple[tuple[str, str], ...] = ()
+    submit: str | None = None
+    job_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if type(self.threshold) is not int or self.threshold < 0:
+            raise UsageError(f"the Spark threshold must be a whole number of log offsets >= 0, "
+                             f"got {self.threshold!r}")
+        if not self.master or self.master != self.master.strip():
+            raise UsageError(f"Spark master {self.master!r}: give a URL such as local[*] or spark://host:7077")
+        for pair in self.conf:
+            if (len(pair) != 2 or not all(isinstance(part, str) for part in pair) or not pair[0]
+                    or pair[0] != pair[0].strip() or "=" in pair[0]):
+                raise UsageError(f"Spark setting {pair!r}: write KEY=VALUE, e.g. spark.executor.memory=4g")
+        if self.work is not None:
+            object.__setattr__(self, "work", Path(self.work))
+
+    def uses_spark(self, backlog: int) -> bool:
+        """Whether a send phase with this backlog (log offsets) goes to Spark;
+        ``auto`` stays local when PySpark is not installed."""
+        if self.engine == "spark":
+            return True
+        return self.engine == "auto" and backlog >= self.threshold and spark_installed()
+
+
+def spark_installed() -> bool:
+    """PySpark and pyarrow can be imported by this Python (the job's driver
+    and workers run on it, and the export writes Parquet with pyarrow)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("pyspark", "pyarrow"))
+
+
+class SparkBatch:
+    """The checked files of a finished job, per subscriber in queue order.
+    ``close()`` (or leaving the ``with`` block) deletes the job folder."""
+
+    def __init__(self, directory: Path, files: dict[str, list[TakenFile]]) -> None:
+        self.directory = directory
+        self.files = files
+
+    def close(self) -> None:
+        _remove(self.directory)
+
+    def __enter__(self) -> "SparkBatch":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], *, max_size: int,
+                    options: SparkOptions, work: Path) -> SparkBatch:
+    """Export ``sends``, run the job on ``options.master`` and check its
+    output; raise :class:`SparkBatchError` (with the job folder deleted)
+    when anything fails."""
+    sends = list(sends)
+    if not spark_installed():
+        raise SparkBatchError("PySpark is not installed in this Python; install the Spark extra "
+                              "(pip install 'fieldsync[spark]') or run with --engine local")
+    command = _submit_command(options)
+    work = Path(os.path.abspath(work))  # the job runs in its own folder: relative paths would miss
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(prefix=time.strftime("job-%Y%m%dT%H%M%S-"), dir=work))
+    except OSError as error:
+        raise SparkBatchError(f"cannot make a job folder in {work}: {describe_error(error)}") from None
+    try:
+        started = time.monotonic()
+        export = directory / "export"
+        output = directory / "output"
+        summary = export_batch(db, keys, sends, export, max_size=max_size)
+        log.info("Spark batch %s: %d sends, log offsets (%d, %d], %d capture rows exported; running the job on %s",
+                 directory.name, len(sends), *summary.range, summary.rows, options.master)
+        _run_job(command + [os.fspath(export), os.fspath(output), *options.job_args], directory, options)
+        identity = db.identity
+        files = take_output(output, sends, Sender(identity.name, keys.public, identity.incarnation))
+        log.info("Spark batch %s: %d message files checked in %.1f s", directory.name,
+                 sum(len(found) for found in files.values()), time.monotonic() - started)
+        return SparkBatch(directory, files)
+    except BaseException as error:
+        _remove(directory)
+        if isinstance(error, SparkBatchError) or not isinstance(error, Exception):
+            raise
+        # The Spark path is an optional acceleration: whatever broke in it
+        # is reported as its failure (with --engine auto the agent then packs
+        # the sends itself) instead of stopping the agent.
+        log.debug("Spark batch failed", exc_info=True)
+        raise SparkBatchError(describe_error(error)) from error
+
+
+def _submit_command(options: SparkOptions) -> list[str]:
+    submit = options.submit or _default_submit()
+    if submit is None:
+        raise SparkBatchError("spark-submit was found neither next to this Python nor on PATH; "
+                              "give its path with --spark-submit")
+    if options.submit is not None and not (os.path.isfile(submit) and os.access(submit, os.X_OK)):
+        found = shutil.which(submit)
+        if found is None:
+            raise SparkBatchError(f"the Spark launcher {submit} does not exist or cannot be run; "
+                                  "check --spark-submit")
+        submit = found
+    job = importlib.util.find_spec("contrib.spark.job")
+    if job is None or job.origin is None:
+        raise SparkBatchError("the Spark job (contrib/spark/job.py) is not installed with this agent")
+    conf = dict(options.conf)
+    conf.setdefault(_PYTHON_CONF, sys.executable)
+    command = [submit, "--master", options.master]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return command + [job.origin]
+
+
+def _default_submit() -> str | None:
+    beside = Path(sys.executable).parent / "spark-submit"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return os.fspath(beside)
+    return shutil.which("spark-submit")
+
+
+def _run_job(command: list[str], directory: Path, options: SparkOptions) -> None:
+    """Run the job with its output (stdout and stderr) in ``directory/job.log``."""
+    env = dict(os.environ)
+    if not any(key == _PYTHON_CONF for key, _ in options.conf):
+        env["PYSPARK_PYTHON"] = sys.executable
+    log_path = directory / "job.log"
+    with open(log_path, "wb") as job_log:
+        try:
+            # The job's folder is its working folder: whatever Spark leaves
+            # there (a warehouse folder, say) goes with it.
+            result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=job_log, stderr=subprocess.STDOUT,
+                                    cwd=directory, env=env, check=False)
+        except OSError as error:
+            raise SparkBatchError(f"cannot start {command[0]}: {describe_error(error)}") from None
+    if result.returncode != 0:
+        lines = _log_tail(log_path)
+        for line in lines[-20:]:
+            log.debug("job: %s", line)
+        raise SparkBatchError(_failure_line(lines, result.returncode))
+
+
+def _log_tail(path: Path) -> list[str]:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - _LOG_TAIL))
+        text = handle.read().decode("utf-8", "replace")
+    return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+
+def _failure_line(lines: list[str], returncode: int) -> str:
+    """The job's own error line, else its last line.  For an error raised in
+    a Python worker the job's line ends at ``...from the Python worker:``;
+    the worker's exception line, printed before it, is added then."""
+    marked = [index for index, line in enumerate(lines) if line.startswith(_FAILURE_MARK)]
+    if not marked:
+        return f"the Spark job failed (exit code {returncode}): {lines[-1] if lines else 'it printed nothing'}"
+    index = marked[-1]
+    line = lines[index]
+    if line.endswith(":"):
+        cause = next((earlier.strip() for earlier in reversed(lines[:index])
+                      if _is_exception_line(earlier.strip())), None)
+        if cause is not None:
+            line = f"{line} {cause}"
+    return line
+
+
+def _is_exception_line(line: str) -> bool:
+    name, colon, _ = line.partition(": ")
+    return bool(colon) and name.isidentifier() and name.endswith(("Error", "Exception"))
+
+
+def _remove(directory: Path) -> None:
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        log.warning("could not delete the Spark job folder %s: %s", directory, describe_error(error))

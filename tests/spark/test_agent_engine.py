@@ -1,0 +1,459 @@
+"""The agent's Spark engine end to end (docs/spark.md, "When the agent uses
+it"): real ``spark-submit`` jobs on ``local[2]``, compared file for file with
+the agent's own packing.
+
+Every Spark job costs 20-30 s here, so the worlds are built once per module
+and each scenario runs on its own copy of ``hq.db`` (a copy without its
+agent folder starts with empty queues).  Runs go through ``Agent`` and its
+send phase, so the outbound queues are looked at before any transport
+takes files away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import shutil
+import sqlite3
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from agent.cli import main
+from agent.runner import Agent, RunOptions, RunReport, agent_directory
+from agent.site import SiteDatabase
+from agent.spark.engine import SparkOptions
+from agent.spark.errors import SparkBatchError
+from agent.spark.export import BatchSend
+from agent.spark.take import Sender, take_output
+from benchmarks.spark_world import build_world, subscriber_names
+from codec.keys import SiteKeys
+from codec.names import MessageName
+from codec.packing import pack_messages
+
+pytest.importorskip("pyspark")
+
+OPERATIONS = 30_000
+SUBSCRIBERS = 6
+# Quiet and quick local jobs; the engine adds spark.pyspark.python itself.
+CONF = (("spark.ui.enabled", "false"), ("spark.log.level", "WARN"))
+FAILING = ("--fail-after-files", "2")
+NO_LAUNCHER = "/nonexistent/bin/spark-submit"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one send phase left behind."""
+
+    report: RunReport
+    outbound: dict[str, list[tuple[str, bytes]]]  # peer -> queued (name, bytes), oldest first
+    log_sent: dict[str, int]
+    logs: list[str]
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def send_phase(database: Path, spark: SparkOptions, *, force_controls: bool = True) -> Sent:
+    """One send phase (as `agent run --once --send-only` does before it
+    flushes), with the fieldsync log lines it wrote."""
+    handler = _Lines()
+    logger = logging.getLogger("fieldsync")
+    saved = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+
+    async def run() -> Sent:
+        async with Agent(database, RunOptions(receive=False, spark=spark)) as agent:
+            await agent.send_phase(force_controls=force_controls)
+            outbound = {peer: [(name, agent.queues.read_outbound(peer, name)) for name in agent.queues.outbound(peer)]
+                        for peer in agent.peers}
+            log_sent = {remote.name: remote.log_sent for remote in agent.db.remotes()}
+            return Sent(agent.report, outbound, log_sent, handler.lines)
+
+    try:
+        return asyncio.run(run())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved)
+
+
+def local() -> SparkOptions:
+    return SparkOptions(engine="local")
+
+
+def on_spark(*, engine: str = "spark", threshold: int = 1_000_000, job_args: tuple[str, ...] = ()) -> SparkOptions:
+    return SparkOptions(engine=engine, threshold=threshold, master="local[2]", conf=CONF, job_args=job_args)
+
+
+def job_folders(database: Path) -> list[Path]:
+    work = agent_directory(database) / "spark"
+    return sorted(work.iterdir()) if work.exists() else []
+
+
+def assert_same(spark: Sent, reference: Sent) -> None:
+    assert spark.log_sent == reference.log_sent
+    assert spark.outbound.keys() == reference.outbound.keys()
+    for peer, files in reference.outbound.items():
+        assert [name for name, _ in spark.outbound[peer]] == [name for name, _ in files], peer
+        for (name, data), (_, expected) in zip(spark.outbound[peer], files):
+            assert data == expected, f"{peer}: {name} differs"
+
+
+# -- worlds ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("spark-agent-world")
+    build_world(folder, OPERATIONS, SUBSCRIBERS).close()
+    return folder / "hq.db"
+
+
+def copy_site(world: Path, folder: Path) -> Path:
+    """A copy of ``hq.db`` alone (without its agent folder: empty queues)."""
+    folder.mkdir()
+    shutil.copy(world, folder / "hq.db")
+    return folder / "hq.db"
+
+
+@pytest.fixture(scope="module")
+def first_local(world: Path) -> tuple[Path, Sent]:
+    database = copy_site(world, world.parent / "local")
+    return database, send_phase(database, local())
+
+
+@pytest.fixture(scope="module")
+def first_spark(world: Path) -> tuple[Path, Sent]:
+    database = copy_site(world, world.parent / "spark")
+    return database, send_phase(database, on_spark())
+
+
+def prepare_resends(database: Path) -> tuple[int, dict[str, int]]:
+    """After a first full send: new rows at hq, and two remotes resending
+    from an older confirmation at epoch 1; return the backlog of the next
+    send phase and each remote's start."""
+    app = sqlite3.connect(database, isolation_level=None)
+    try:
+        for batch in range(5):
+            app.execute("BEGIN")
+            app.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
+                            [(900_000 + batch * 100 + index, f"region{index % SUBSCRIBERS:03d}", index,
+                              f"late {batch}", 1.5) for index in range(100)])
+            app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 7 = ?", (batch,))
+            app.execute("COMMIT")
+    finally:
+        app.close()
+    with SiteDatabase.open(database) as site:
+        end = site.scan()
+        offsets = [row[0] for row in site.connection.execute(
+            "SELECT commit_offset FROM fieldsync_log ORDER BY commit_offset")]
+        for name, share in (("field002", 3), ("field005", 2)):
+            start = next(offset for offset in offsets if offset >= end // share)
+            site.update_remote(name, resend_count=1, confirm_sent=start, log_sent=start)
+        starts = {remote.name: remote.log_sent for remote in site.remotes()}
+    return sum(end - start for start in starts.values()), starts
+
+
+@pytest.fixture(scope="module")
+def resend_below(first_local: tuple[Path, Sent]) -> tuple[Sent, dict[str, int], int]:
+    """The resends with --engine auto one offset below the threshold, and a
+    launcher that does not exist: Spark must not even be tried."""
+    database, _ = first_local
+    backlog, starts = prepare_resends(database)
+    spark = SparkOptions(engine="auto", threshold=backlog + 1, submit=NO_LAUNCHER)
+    return send_phase(database, spark), starts, backlog
+
+
+@pytest.fixture(scope="module")
+def resend_at(first_spark: tuple[Path, Sent]) -> tuple[Sent, dict[str, int], int]:
+    """The same resends with --engine auto exactly at the threshold."""
+    database, _ = first_spark
+    backlog, starts = prepare_resends(database)
+    sent = send_phase(database, on_spark(engine="auto", threshold=backlog))
+    assert job_folders(database) == []
+    return sent, starts, backlog
+
+
+# -- scenarios -------------------------------------------------------------------------
+
+
+def test_spark_batch_queues_the_agents_own_files(first_local: tuple[Path, Sent],
+                                                  first_spark: tuple[Path, Sent]) -> None:
+    database, spark = first_spark
+    _, reference = first_local
+    assert spark.report.spark_batches == 1 and spark.report.ok, spark.report
+    assert reference.report.spark_batches == 0
+    assert_same(spark, reference)
+    assert sorted(spark.outbound) == subscriber_names(SUBSCRIBERS)
+    assert all(files for files in spark.outbound.values())
+    assert spark.report.sent == reference.report.sent > SUBSCRIBERS
+    assert set(spark.log_sent.values()) == {max(spark.log_sent.values())} and max(spark.log_sent.values()) > 0
+    assert job_folders(database) == []  # the job folder is gone once the files are queued
+
+
+def test_resends_from_older_confirmations_match(resend_below: tuple[Sent, dict[str, int], int],
+                                                resend_at: tuple[Sent, dict[str, int], int]) -> None:
+    reference, starts, _ = resend_below
+    spark, spark_starts, _ = resend_at
+    assert starts == spark_starts and all(start > 0 for start in starts.values())
+    assert_same(spark, reference)
+    for name in ("field002", "field005"):
+        headers = [MessageName.parse(file).header for file, _ in spark.outbound[name] if ".d." in file]
+        resent = [header for header in headers if header.resend_count == 1]
+        assert resent and resent[0].prev == starts[name] and resent[-1].last == spark.log_sent[name]
+
+
+def test_auto_uses_spark_from_the_threshold_on(resend_at: tuple[Sent, dict[str, int], int]) -> None:
+    sent, _, backlog = resend_at
+    assert sent.report.spark_batches == 1 and sent.report.ok, sent.report
+    assert any(f"backlog {backlog} log offsets" in line for line in sent.logs)
+
+
+def test_auto_below_the_threshold_never_starts_spark(resend_below: tuple[Sent, dict[str, int], int]) -> None:
+    sent, _, _ = resend_below
+    # A Spark attempt would have failed on the missing launcher and said so.
+    assert sent.report.spark_batches == 0 and sent.report.ok, sent.report
+    assert not any("Spark" in line for line in sent.logs), sent.logs
+    assert sent.report.sent > 0
+
+
+def test_failed_job_with_engine_spark_changes_nothing(world: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A relative database path, as `agent run hq.db` gives: the job (which
+    # runs in its own folder) must still find the export, or it would fail
+    # before the injected failure.
+    monkeypatch.chdir(copy_site(world, tmp_path / "failing").parent)
+    database = Path("hq.db")
+    sent = send_phase(database, on_spark(job_args=FAILING), force_controls=False)
+    assert not sent.report.ok and sent.report.spark_batches == 0
+    [problem] = sent.report.transport_errors
+    assert "\n" not in problem
+    assert problem.startswith(f"Spark batch of {SUBSCRIBERS} sends: fieldsync batch job failed:"), problem
+    assert "injected failure after 2 files" in problem
+    assert set(sent.log_sent.values()) == {0}
+    assert all(files == [] for files in sent.outbound.values())
+    assert job_folders(database) == []
+    # The sends are only put off: the next run sends them.
+    again = send_phase(database, local())
+    assert again.report.ok and set(again.log_sent.values()) == {max(again.log_sent.values())} != {0}
+
+
+def test_failed_job_with_engine_auto_falls_back(world: Path, tmp_path: Path, first_local: tuple[Path, Sent]) -> None:
+    database = copy_site(world, tmp_path / "falling-back")
+    sent = send_phase(database, on_spark(engine="auto", threshold=0, job_args=FAILING))
+    assert sent.report.ok and sent.report.spark_batches == 0, sent.report
+    assert any("Spark batch" in line and "failed, so they are packed here" in line and "injected failure" in line
+               for line in sent.logs), sent.logs
+    assert_same(sent, first_local[1])
+    assert job_folders(database) == []
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arguments, text", [
+    (("--engine", "turbo"), "'--engine': 'turbo' is not one of 'local', 'auto', 'spark'"),
+    (("--spark-conf", "spark.executor.memory"), "'--spark-conf': 'spark.executor.memory': write KEY=VALUE"),
+    (("--spark-conf", "=4g"), "'--spark-conf': '=4g': write KEY=VALUE"),
+    (("--spark-threshold", "-5"), "'--spark-threshold'"),
+])
+def test_bad_spark_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            arguments: tuple[str, ...], text: str) -> None:
+    code = main(["run", str(tmp_path / "hq.db"), "--once", *arguments])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("agent: invalid value for ") and text in lines[0], lines
+
+
+def test_cli_engine_spark_failure_is_one_line_and_exit_1(world: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    database = copy_site(world, tmp_path / "cli")
+    with SiteDatabase.open(database) as site:
+        for name in subscriber_names(SUBSCRIBERS):
+            (tmp_path / f"{name}-inbox").mkdir()
+            site.update_remote(name, address=str(tmp_path / f"{name}-inbox"))
+    code = main(["run", str(database), "--once", "--send-only", "--engine", "spark", "--spark-submit", NO_LAUNCHER,
+                 "--spark-conf", "spark.ui.enabled=false", "--spark-work", str(tmp_path / "work")])
+    err = capsys.readouterr().err
+    problems = [line for line in err.splitlines() if line.startswith("agent: transport error: ")]
+    assert code == 1
+    assert problems == [f"agent: transport error: Spark batch of {SUBSCRIBERS} sends: the Spark launcher "
+                        f"{NO_LAUNCHER} does not exist or cannot be run; check --spark-submit"], err
+    with SiteDatabase.open(database) as site:
+        assert {remote.log_sent for remote in site.remotes()} == {0}
+    # Only the confirmations went out.
+    assert all(".d." not in path.name for path in tmp_path.glob("field*-inbox/*"))
+
+
+# -- take-over checks (docs/spark.md, step 3) ---------------------------------------------
+# No Spark here: the output is written with the agent's own packer (which
+# the job runs too), then broken one way at a time.
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[BatchSend]]:
+    """A small world whose last transaction is too large for one 10,000-byte
+    message, so field001 gets a group of parts; and the sends to check:
+    field003's resends from the middle of the log, at epoch 2."""
+    folder = tmp_path_factory.mktemp("take-world")
+    site = build_world(folder, 3_000, 3)
+    app = sqlite3.connect(folder / "hq.db", isolation_level=None)
+    app.execute("BEGIN")
+    app.executemany("INSERT INTO orders VALUES (?, ?, ?, ?, ?)",
+                    [(500_000 + index, "region000", index, hashlib.sha256(str(index).encode()).hexdigest(), 1.0)
+                     for index in range(2_000)])
+    app.execute("COMMIT")
+    app.close()
+    end = site.scan()
+    middle = site.connection.execute("SELECT min(commit_offset) FROM fieldsync_log WHERE commit_offset >= ?",
+                                     (end // 2,)).fetchone()[0]
+    site.close()
+    return folder / "hq.db", [BatchSend("field001", 0, end, 0), BatchSend("field002", 0, end, 0),
+                              BatchSend("field003", middle, end, 2)]
+
+
+def write_output(database: Path, sends: list[BatchSend], output: Path, *, keys: SiteKeys | None = None,
+                 incarnation: bytes | None = None) -> Sender:
+    """A finished job's output for ``sends``; return who must have made it."""
+    with SiteDatabase.open(database) as site:
+        own = SiteKeys.from_text(site.identity.secret.decode("ascii"), "hq keys")
+        for send in sends:
+            folder = output / "files" / send.subscriber
+            folder.mkdir(parents=True)
+            files = []
+            for message in pack_messages(site.read_log(send.subscriber, send.start, send.end), keys=keys or own,
+                                         recipient=send.subscriber,
+                                         incarnation=incarnation or site.identity.incarnation,
+                                         resend_count=send.resend_count, start=send.start, max_size=10_000,
+                                         end=send.end, seal_to=send.seal_to):
+                (folder / message.name).write_bytes(message.data)
+                header = message.header
+                files.append({"name": message.name, "resend_count": header.resend_count, "prev": header.prev,
+                              "last": header.last, "seq": header.seq, "size": len(message.data),
+                              "sha256": hashlib.sha256(message.data).hexdigest()})
+            manifest = {"format": 1, "subscriber": send.subscriber, "start": send.start, "end": send.end,
+                        "resend_count": send.resend_count, "files": files}
+            (output / "manifests").mkdir(exist_ok=True)
+            (output / "manifests" / f"{send.subscriber}.json").write_text(json.dumps(manifest))
+        write_success(output)
+        return Sender(site.identity.name, own.public, site.identity.incarnation)
+
+
+def write_success(output: Path) -> None:
+    manifests = [json.loads(path.read_text()) for path in (output / "manifests").iterdir()]
+    files = [entry for manifest in manifests for entry in manifest["files"]]
+    (output / "_SUCCESS.json").write_text(json.dumps({"format": 1, "subscribers": len(manifests),
+                                                      "files": len(files),
+                                                      "bytes": sum(entry["size"] for entry in files)}))
+
+
+def edit_manifest(output: Path, subscriber: str, change: Callable[[dict], object]) -> None:
+    path = output / "manifests" / f"{subscriber}.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+    write_success(output)
+
+
+def sealed_to_field003(sends: list[BatchSend]) -> list[BatchSend]:
+    seal = SiteKeys.generate("field003").public
+    return [replace(send, seal_to=seal) if send.subscriber == "field003" else send for send in sends]
+
+
+def test_take_returns_the_files_in_queue_order(small: tuple[Path, list[BatchSend]], tmp_path: Path) -> None:
+    database, sends = small
+    sends = sealed_to_field003(sends)
+    end = sends[0].end
+    sender = write_output(database, sends, tmp_path)
+    taken = take_output(tmp_path, sends, sender)
+    assert list(taken) == ["field001", "field002", "field003"]
+    for send in sends:
+        manifest = json.loads((tmp_path / "manifests" / f"{send.subscriber}.json").read_text())
+        assert [file.name for file in taken[send.subscriber]] == [entry["name"] for entry in manifest["files"]]
+        assert taken[send.subscriber][-1].header.last == end
+    assert max(file.header.seq for file in taken["field001"]) > 1  # a split transaction was checked
+    first = taken["field003"][0]
+    assert first.header.prev == sends[2].start > 0 and first.read() == first.path.read_bytes()
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _first_file(output: Path, subscriber: str) -> Path:
+    return output / "files" / subscriber / json.loads(
+        (output / "manifests" / f"{subscriber}.json").read_text())["files"][0]["name"]
+
+
+def _reseal_manifest(output: Path, subscriber: str) -> None:
+    path = _first_file(output, subscriber)
+    _flip_last_byte(path)
+
+    def fix(manifest: dict) -> None:
+        manifest["files"][0]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+
+    edit_manifest(output, subscriber, fix)
+
+
+def _swap_parts(manifest: dict) -> None:
+    files = manifest["files"]
+    index = next(index for index, entry in enumerate(files) if entry["seq"] == 1)
+    files[index], files[index + 1] = files[index + 1], files[index]
+
+
+def _rename_first(output: Path) -> None:
+    path = _first_file(output, "field002")
+    path.rename(path.with_name(path.name.replace("-0000000000.fsm", "-0000000001.fsm")))
+    edit_manifest(output, "field002", lambda manifest: manifest["files"][0].update(name=path.name.replace(
+        "-0000000000.fsm", "-0000000001.fsm")))
+
+
+@pytest.mark.parametrize("breaks, writer, fragment", [
+    (lambda output: (output / "_SUCCESS.json").unlink(), {}, "has no _SUCCESS.json: the job did not finish"),
+    (lambda output: _first_file(output, "field002").unlink(), {}, "subscriber field002, file hq.field002.d."),
+    (lambda output: _flip_last_byte(_first_file(output, "field002")), {}, "the manifest lists"),
+    (lambda output: _reseal_manifest(output, "field002"), {}, "signature does not verify"),
+    (lambda output: edit_manifest(output, "field001", lambda manifest: manifest["files"].pop(1)), {},
+     "does not follow offset"),
+    (lambda output: edit_manifest(output, "field003", lambda manifest: manifest["files"].pop()), {},
+     "subscriber field003: the files cover ("),
+    (lambda output: edit_manifest(output, "field001", lambda manifest: manifest["files"].pop()), {},
+     "subscriber field001: the transaction after "),
+    (lambda output: edit_manifest(output, "field001", _swap_parts), {}, "is out of sequence (expected seq 1)"),
+    (lambda output: edit_manifest(output, "field002", lambda manifest: manifest.update(start=1)), {},
+     "subscriber field002, manifest: start is 1, the send's is 0"),
+    (_rename_first, {}, "is not the name of its header"),
+    (lambda output: None, {"keys": SiteKeys.generate("hq")}, "signature does not verify"),
+    (lambda output: None, {"incarnation": bytes(16)}, "made for incarnation 00000000"),
+])
+def test_take_refuses_a_broken_output(small: tuple[Path, list[BatchSend]], tmp_path: Path,
+                                      breaks: Callable[[Path], None], writer: dict, fragment: str) -> None:
+    database, sends = small
+    sender = write_output(database, sends, tmp_path, **writer)
+    breaks(tmp_path)
+    with pytest.raises(SparkBatchError) as raised:
+        take_output(tmp_path, sends, sender)
+    message = str(raised.value)
+    assert fragment in message and "\n" not in message, message
+
+
+def test_take_refuses_plain_files_for_a_sealed_send(small: tuple[Path, list[BatchSend]], tmp_path: Path) -> None:
+    database, sends = small
+    sender = write_output(database, sends, tmp_path)
+    sealed = sealed_to_field003(sends)
+    with pytest.raises(SparkBatchError, match=r"subscriber field003, file hq\.field003\.d\..*: the file is not "
+                                              r"sealed, the send is"):
+        take_output(tmp_path, sealed, sender)
