@@ -4,10 +4,11 @@
 Rules of this file:
 * Blocking throughout (files, a child process): the runner calls
   :func:`run_spark_batch` through ``asyncio.to_thread``.
-* Each batch has its own job folder under the work folder, holding the
+* Each batch has its own job folder ``job-<site>.*`` under the work folder, holding the
   export (with the site's secret key), the job's output and its log.  The
   folder is deleted when the batch fails and, after the files are queued,
-  by :meth:`SparkBatch.close`: nothing of a job outlives it.
+  by :meth:`SparkBatch.close`: nothing of a job outlives it.  A folder left
+  by a killed agent is deleted by the site's next batch.
 * Every failure is one :class:`SparkBatchError` line: the job's own error
   line when it printed one, else the last line it printed, else the
   exception of the step that failed.
@@ -122,9 +123,11 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
                               "(pip install 'fieldsync[spark]') or run with --engine local")
     command = _submit_command(options)
     work = Path(os.path.abspath(work))  # the job runs in its own folder: relative paths would miss
+    prefix = f"job-{db.identity.name}."  # site names hold no dot
     try:
         work.mkdir(parents=True, exist_ok=True)
-        directory = Path(tempfile.mkdtemp(prefix=time.strftime("job-%Y%m%dT%H%M%S-"), dir=work))
+        _remove_stale(work, prefix)
+        directory = Path(tempfile.mkdtemp(prefix=prefix + time.strftime("%Y%m%dT%H%M%S-"), dir=work))
     except OSError as error:
         raise SparkBatchError(f"cannot make a job folder in {work}: {describe_error(error)}") from None
     try:
@@ -228,6 +231,17 @@ def _failure_line(lines: list[str], returncode: int) -> str:
 def _is_exception_line(line: str) -> bool:
     name, colon, _ = line.partition(": ")
     return bool(colon) and name.isidentifier() and name.endswith(("Error", "Exception"))
+
+
+def _remove_stale(work: Path, prefix: str) -> None:
+    """Delete this site's job folders left by an agent that was killed
+    between a job and the take-over (they hold the site's secret key).  Only
+    one agent runs per site (the spool is locked), so none is in use; other
+    sites sharing the work folder have other prefixes."""
+    for stale in work.glob(prefix + "*"):
+        if stale.is_dir():
+            log.warning("deleting the Spark job folder %s left by an earlier run", stale)
+            _remove(stale)
 
 
 def _remove(directory: Path) -> None:

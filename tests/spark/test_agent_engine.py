@@ -35,7 +35,7 @@ from codec.keys import SiteKeys
 from codec.names import MessageName
 from codec.packing import pack_messages
 
-pytest.importorskip("pyspark")
+import pyspark  # noqa: E402,F401 - the Spark extra is part of the test install: fail, never skip
 
 OPERATIONS = 30_000
 SUBSCRIBERS = 6
@@ -457,3 +457,25 @@ def test_take_refuses_plain_files_for_a_sealed_send(small: tuple[Path, list[Batc
     with pytest.raises(SparkBatchError, match=r"subscriber field003, file hq\.field003\.d\..*: the file is not "
                                               r"sealed, the send is"):
         take_output(tmp_path, sealed, sender)
+
+
+def test_a_job_folder_left_by_a_killed_agent_is_deleted_by_the_next_batch(small: tuple[Path, list[BatchSend]],
+                                                                          tmp_path: Path) -> None:
+    from agent.spark.engine import run_spark_batch
+
+    database, sends = small
+    work = tmp_path / "work"
+    stale = work / "job-hq.20261121T000000-abc"
+    (stale / "export").mkdir(parents=True)
+    (stale / "export" / "keys").write_text("secret")
+    other_site = work / "job-hq-north.20261121T000000-abc"  # another site sharing the folder
+    other_site.mkdir()
+    # A launcher that fails at once: the batch fails after its folder was made.
+    with SiteDatabase.open(database) as site:
+        keys = SiteKeys.from_text(site.identity.secret.decode("ascii"), "hq keys")
+        with pytest.raises(SparkBatchError, match="exit code 1"):
+            run_spark_batch(site, keys, sends, max_size=50_000, work=work,
+                            options=SparkOptions(engine="spark", submit="/bin/false"))
+    assert not stale.exists()
+    assert other_site.exists()
+    assert [path.name for path in work.iterdir()] == [other_site.name]
