@@ -1,0 +1,389 @@
+"""Large outbound batches: the Spark job against the agent's own sending path.
+
+World (``benchmarks.spark_world``): a consolidated with ``--subscribers``
+remotes, each subscribed to its own subset of ``orders`` and to a shared
+catalog, and a log of about ``--operations`` capture rows.  The world is
+built once, at the largest size; a backlog of k operations is the log range
+``(0, end]``, ``end`` the first commit offset at or after k, sent to every
+subscriber (one send of ``(0, end]`` each): only the range matters to both
+paths.
+
+* agent: the agent's single-process path (``Agent._pack_into_queue``),
+  subscriber after subscriber: ``pack_messages(db.read_log(...))``, each file
+  written as the job writes its files (temporary name, fsync, rename).
+* spark: ``agent.spark.export.export_batch`` then
+  ``contrib.spark.job.run_job`` on a SparkSession started beforehand
+  (``--master``, default ``local[2]``).
+* spark_startup_s: what one ``spark-submit`` of the job (what the agent runs
+  for each batch) costs beyond the same job in a started session: JVM,
+  SparkContext, Python workers, stop.  Measured on the smallest backlog.
+
+``ratio`` is spark_ops_per_s / agent_ops_per_s at the largest size, startup
+excluded; ``ratio_with_startup`` includes it.  The crossover is the smallest
+backlog at which startup + export + job takes less than the agent's path.
+Operations count the log range each subscriber is sent; the agent's
+``--spark-threshold`` counts the sum over the sends (``crossover_backlog``).
+
+Both paths must make the same files: same count and bytes at every size,
+and the same SHA-256 for every file at the largest; the run fails if not.
+Run: ``python -m benchmarks.spark_batches --json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.admin import site_keys
+from agent.site import SiteDatabase
+from agent.spark.export import BatchSend, export_batch
+from benchmarks.spark_world import build_world, subscriber_names
+from codec.keys import SiteKeys
+from codec.packing import pack_messages
+from contrib.spark.job import _write_atomic, run_job
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_SIZE = 50_000
+TARGET_RATIO = 1.3
+TARGET_FLATNESS = 1.2
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """Both paths timed on one backlog (log range ``(0, operations]``)."""
+
+    operations: int
+    agent_s: float
+    export_s: float
+    job_s: float
+    files: int
+    bytes: int
+
+    @property
+    def spark_s(self) -> float:
+        return self.export_s + self.job_s
+
+
+def commit_ends(db: SiteDatabase, sizes: list[int]) -> list[int]:
+    """For each size, the first commit offset at or after it (the log end
+    when none is): sends must end on a commit boundary."""
+    ends = set()
+    for size in sizes:
+        row = db.connection.execute("SELECT min(commit_offset) FROM fieldsync_log WHERE commit_offset >= ?",
+                                    (size,)).fetchone()
+        ends.add(row[0] if row[0] is not None else db.log_end())
+    return sorted(ends)
+
+
+def send_with_agent(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, folder: Path) -> None:
+    incarnation = db.identity.incarnation
+    for name in names:
+        target = folder / name
+        target.mkdir(parents=True)
+        for message in pack_messages(db.read_log(name, 0, end), keys=keys, recipient=name,
+                                     incarnation=incarnation, resend_count=0, start=0, max_size=MAX_SIZE, end=end):
+            # The job's own write, so writing files costs the same on both sides.
+            _write_atomic(target / message.name, message.data)
+
+
+def file_digests(folder: Path) -> dict[str, tuple[int, str]]:
+    """``subscriber/file name`` -> (size, SHA-256) of every file below ``folder``."""
+    return {f"{path.parent.name}/{path.name}": (path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+            for path in sorted(folder.glob("*/*"))}
+
+
+def count_files(folder: Path) -> tuple[int, int]:
+    sizes = [path.stat().st_size for path in folder.glob("*/*")]
+    return len(sizes), sum(sizes)
+
+
+def timed(action: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()
+    started = time.perf_counter()
+    result = action()
+    return time.perf_counter() - started, result
+
+
+def measure_point(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, spark: Any, folder: Path,
+                  rounds: int) -> Point:
+    """Time both paths on ``(0, end]``, the best of ``rounds`` each (which
+    goes first alternates); the last round's outputs stay in ``folder``
+    (agent/, export/, spark/) for the caller to check and delete."""
+    sends = [BatchSend(name, 0, end, 0) for name in names]
+
+    def agent() -> float:
+        return timed(lambda: send_with_agent(db, keys, names, end, folder / "agent"))[0]
+
+    def spark_path() -> tuple[float, float, dict]:
+        export_s, _ = timed(lambda: export_batch(db, keys, sends, folder / "export", max_size=MAX_SIZE))
+        job_s, summary = timed(lambda: run_job(spark, folder / "export", folder / "spark"))
+        return export_s, job_s, summary
+
+    agent_best, spark_best = float("inf"), (float("inf"), 0.0, 0.0)
+    for round_number in range(rounds):
+        shutil.rmtree(folder, ignore_errors=True)
+        if round_number % 2 == 0:
+            agent_s = agent()
+            export_s, job_s, summary = spark_path()
+        else:
+            export_s, job_s, summary = spark_path()
+            agent_s = agent()
+        files, size = count_files(folder / "agent")
+        if (files, size) != (summary["files"], summary["bytes"]) or \
+                (files, size) != count_files(folder / "spark" / "files"):
+            raise SystemExit(f"backlog {end}: the agent made {files} files of {size} bytes, the Spark job "
+                             f"{summary['files']} of {summary['bytes']}: the two paths did different work")
+        agent_best = min(agent_best, agent_s)
+        spark_best = min(spark_best, (export_s + job_s, export_s, job_s))
+    return Point(end, agent_best, spark_best[1], spark_best[2], files, size)
+
+
+def verify_same_files(agent_folder: Path, spark_files: Path) -> None:
+    agent, spark = file_digests(agent_folder), file_digests(spark_files)
+    if agent != spark:
+        differing = sorted(set(agent) ^ set(spark) | {name for name in agent if spark.get(name) != agent[name]})
+        raise SystemExit(f"the agent and the Spark job made different files ({len(differing)} differ, first: "
+                         f"{', '.join(differing[:3])}): the benchmark would compare different work")
+
+
+def spark_submit(master: str, export: Path, output: Path) -> float:
+    """Wall time of the job through ``spark-submit``, as the agent runs it."""
+    launcher = Path(sys.executable).with_name("spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    command = [str(launcher if launcher.exists() else "spark-submit"), "--master", master,
+               "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
+               str(ROOT / "contrib" / "spark" / "job.py"), str(export), str(output)]
+    seconds, completed = timed(lambda: subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True))
+    if completed.returncode != 0:
+        raise SystemExit(f"spark-submit of the job failed ({completed.returncode}): {completed.stderr[-2000:]}")
+    return seconds
+
+
+def start_spark(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    # A session made from Python starts its workers with PYSPARK_PYTHON.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master(master).appName("fieldsync-benchmark")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.pyspark.python", sys.executable)
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``seconds = fixed + per_op * operations``."""
+    count = len(points)
+    mean_x = sum(x for x, _ in points) / count
+    mean_y = sum(y for _, y in points) / count
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    per_op = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else mean_y / mean_x
+    return mean_y - per_op * mean_x, per_op
+
+
+def crossover(points: list[Point], startup: float) -> tuple[int | None, str]:
+    """Smallest backlog from which startup + export + job beats the agent:
+    interpolated between the measured backlogs where that starts, else on
+    the fitted lines when it starts outside the measured range."""
+    gains = [point.agent_s - (startup + point.spark_s) for point in points]
+    first = next((index for index in range(len(points)) if all(gain > 0 for gain in gains[index:])), None)
+    if first is not None and first > 0:
+        low, high = points[first - 1], points[first]
+        share = -gains[first - 1] / (gains[first] - gains[first - 1])
+        at = low.operations + (high.operations - low.operations) * share
+        return round(at), f"linear interpolation between the measured backlogs {low.operations} and {high.operations}"
+    agent_fixed, agent_per_op = fit([(point.operations, point.agent_s) for point in points])
+    spark_fixed, spark_per_op = fit([(point.operations, point.spark_s) for point in points])
+    where = "below the smallest" if first == 0 else "above the largest"
+    method = f"fitted lines (least squares over the {len(points)} measured backlogs), {where} measured backlog"
+    if agent_per_op <= spark_per_op:
+        return None, f"{method}: Spark never wins (its cost per operation is not lower)"
+    return max(0, round((startup + spark_fixed - agent_fixed) / (agent_per_op - spark_per_op))), method
+
+
+def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
+    sizes = sorted(set(args.sizes))
+    small = sorted(set(args.crossover_sizes))
+    keep = Path(args.keep) if args.keep else None
+    work = keep if keep is not None else Path(tempfile.mkdtemp(prefix="fieldsync-spark-batches-"))
+    spark = None
+    try:
+        world_build_s, db = open_world(work, args, progress)
+        keys = site_keys(db)
+        names = subscriber_names(args.subscribers)
+        flat_ends = commit_ends(db, sizes)
+        ends = sorted(set(flat_ends) | set(commit_ends(db, small)))
+        progress(f"starting Spark ({args.master})")
+        spark_session_s, spark = timed(lambda: start_spark(args.master))
+        # The first job of a session starts its Python workers: part of the
+        # startup measured below, not of the figures.
+        warm = work / "runs" / "warm-up"
+        export_batch(db, keys, [BatchSend(name, 0, ends[0], 0) for name in names], warm / "export",
+                     max_size=MAX_SIZE)
+        run_job(spark, warm / "export", warm / "spark")
+        points: list[Point] = []
+        for end in ends:
+            progress(f"backlog {end:,}: agent, then export + job")
+            folder = work / "runs" / str(end)
+            point = measure_point(db, keys, names, end, spark, folder, args.rounds)
+            points.append(point)
+            progress(f"  agent {point.agent_s:.1f} s, spark {point.export_s:.1f} + {point.job_s:.1f} s, "
+                     f"{point.files} files")
+            if end == ends[-1]:
+                verify_same_files(folder / "agent", folder / "spark" / "files")
+            if end == ends[0]:
+                continue  # spark-submit runs on its export below
+            if keep is None or end != ends[-1]:
+                shutil.rmtree(folder)
+        spark.stop()
+        spark = None
+        progress("spark-submit of the smallest backlog's job")
+        smallest = work / "runs" / str(ends[0])
+        submit_s = spark_submit(args.master, smallest / "export", smallest / "spark-submit")
+        if count_files(smallest / "spark-submit" / "files") != (points[0].files, points[0].bytes):
+            raise SystemExit("spark-submit made other files than the same job in a started session")
+        shutil.rmtree(smallest)
+        shutil.rmtree(warm)
+        db.close()
+        return figures(args, points, flat_ends, world_build_s, spark_session_s, submit_s - points[0].job_s)
+    finally:
+        if spark is not None:
+            spark.stop()
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def open_world(work: Path, args: argparse.Namespace, progress: Callable[[str], None]
+               ) -> tuple[float | None, SiteDatabase]:
+    """Build the world in ``work``; a world kept by ``--keep`` with the same
+    parameters is opened again (world_build_s is then None)."""
+    wanted = {"operations": args.operations, "subscribers": args.subscribers, "seed": args.seed}
+    recorded = work / "world.json"
+    if recorded.exists() and json.loads(recorded.read_text(encoding="utf-8")) == wanted:
+        progress(f"reusing the world in {work}")
+        shutil.rmtree(work / "runs", ignore_errors=True)
+        return None, SiteDatabase.open(work / "hq.db")
+    work.mkdir(parents=True, exist_ok=True)
+    if any(work.iterdir()):
+        raise SystemExit(f"--keep {work}: the folder holds something other than a world built with "
+                         f"{wanted}; give an empty or new folder")
+    progress(f"building a world of {args.operations:,} operations for {args.subscribers} subscribers")
+    seconds, db = timed(lambda: build_world(work, args.operations, args.subscribers, seed=args.seed))
+    recorded.write_text(json.dumps(wanted) + "\n", encoding="utf-8")
+    progress(f"  {seconds:.0f} s, log end {db.log_end():,}")
+    return seconds, db
+
+
+def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int], world_build_s: float | None,
+            spark_session_s: float, startup: float) -> dict:
+    by_end = {point.operations: point for point in points}
+    flat = [by_end[end] for end in flat_ends]
+    largest = flat[-1]
+    spark_us = [point.spark_s / point.operations * 1e6 for point in flat]
+    agent_us = [point.agent_s / point.operations * 1e6 for point in flat]
+    at, method = crossover(points, startup)
+    return {
+        "benchmark": "spark_batches",
+        "master": args.master,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
+        "subscribers": args.subscribers,
+        "world_operations": args.operations,
+        "world_build_s": None if world_build_s is None else round(world_build_s, 1),
+        "operations": largest.operations,
+        "spark_ops_per_s": round(largest.operations / largest.spark_s),
+        "agent_ops_per_s": round(largest.operations / largest.agent_s),
+        "ratio": round(largest.agent_s / largest.spark_s, 3),
+        "ratio_with_startup": round(largest.agent_s / (largest.spark_s + startup), 3),
+        "spark_startup_s": round(startup, 2),
+        "spark_session_s": round(spark_session_s, 2),
+        "sizes": flat_ends,
+        "spark_us_per_op": [round(value, 3) for value in spark_us],
+        "agent_us_per_op": [round(value, 3) for value in agent_us],
+        "spark_flatness": round(max(spark_us) / min(spark_us), 3),
+        "agent_flatness": round(max(agent_us) / min(agent_us), 3),
+        "crossover_operations": at,
+        "crossover_backlog": None if at is None else at * args.subscribers,
+        "crossover_method": method,
+        "points": [{"operations": point.operations, "agent_s": round(point.agent_s, 3),
+                    "spark_export_s": round(point.export_s, 3), "spark_job_s": round(point.job_s, 3),
+                    "files": point.files, "bytes": point.bytes} for point in points],
+        "files": largest.files,
+        "bytes": largest.bytes,
+        "verified": "same file names, sizes and SHA-256 from both paths at the largest backlog",
+        "targets": {"ratio": TARGET_RATIO, "spark_flatness": TARGET_FLATNESS},
+    }
+
+
+def sizes_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated operation counts, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive operation counts, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spark_batches", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--operations", type=int, default=2_000_000, help="capture rows in the world's log")
+    parser.add_argument("--subscribers", type=int, default=50)
+    parser.add_argument("--sizes", type=sizes_list, default=[500_000, 1_000_000, 2_000_000],
+                        help="backlogs for the per-operation figures; the largest gives the ratio")
+    parser.add_argument("--crossover-sizes", type=sizes_list, default=[20_000, 50_000, 100_000, 200_000],
+                        help="small backlogs, measured too, to place the crossover")
+    parser.add_argument("--master", default="local[2]", help="Spark master of the job")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds per backlog, order alternating; the best of each path is kept")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", metavar="DIR", help="build the world (and keep the largest outputs) in DIR; "
+                        "a world kept there with the same parameters is used again")
+    args = parser.parse_args(argv)
+    if max(args.sizes + args.crossover_sizes) > args.operations:
+        parser.error(f"sizes must not exceed --operations ({args.operations})")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    progress = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
+    result = run(args, progress)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    built = "reused" if result["world_build_s"] is None else f"built in {result['world_build_s']} s"
+    print(f"{result['subscribers']} subscribers, Spark {result['master']} on {result['cpus']} CPUs, "
+          f"world of {result['world_operations']:,} operations {built}, best of {result['rounds']} rounds")
+    print(f"  at {result['operations']:,} operations: Spark {result['spark_ops_per_s']:,} ops/s, "
+          f"agent {result['agent_ops_per_s']:,} ops/s")
+    print(f"  ratio              {result['ratio']:>8}   (target >= {TARGET_RATIO}); "
+          f"with startup {result['ratio_with_startup']}")
+    print(f"  spark startup      {result['spark_startup_s']:>8} s (spark-submit; session alone "
+          f"{result['spark_session_s']} s)")
+    print(f"  us per operation   spark {result['spark_us_per_op']}, agent {result['agent_us_per_op']} "
+          f"at {result['sizes']}")
+    print(f"  spark_flatness     {result['spark_flatness']:>8}   (target <= {TARGET_FLATNESS})")
+    print(f"  crossover          {result['crossover_operations']} operations "
+          f"(backlog {result['crossover_backlog']}): {result['crossover_method']}")
+    for point in result["points"]:
+        print(f"    {point['operations']:>10,}: agent {point['agent_s']:8.2f} s, "
+              f"export {point['spark_export_s']:7.2f} s, job {point['spark_job_s']:7.2f} s, "
+              f"{point['files']} files, {point['bytes']:,} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
