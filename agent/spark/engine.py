@@ -39,7 +39,7 @@ from .take import Sender, TakenFile, take_output
 log = logging.getLogger("fieldsync.agent.spark")
 
 ENGINES = ("local", "auto", "spark")
-DEFAULT_THRESHOLD = 1_000_000
+DEFAULT_THRESHOLD = 10_000_000  # docs/spark.md, "Figures": the measured crossover
 _PYTHON_CONF = "spark.pyspark.python"
 # What contrib/spark/job.py prints (to stderr, which spark-submit passes on
 # to its stdout for a Python application) when it fails.

@@ -170,7 +170,8 @@ def _pack(export: str, output: str, fail_after_files: int | None, batches: Itera
     names: list[str] = []
     counts: list[int] = []
     sizes: list[int] = []
-    for sub, rows in groupby(_rows(batches), key=lambda row: row[0]):
+    source = _rows(batches)
+    for sub, rows in groupby(source, key=lambda row: row[0]):
         send = spec.sends[sub]
         subscriber = send["subscriber"]
         folder = Path(output, "files", subscriber)
@@ -181,6 +182,10 @@ def _pack(export: str, output: str, fail_after_files: int | None, batches: Itera
                                      start=send["start"], max_size=spec.max_size, end=send["end"],
                                      seal_to=spec.seal_to[sub]):
             if fail_after_files is not None and written >= fail_after_files:
+                # Read the rest of the input first: a worker that stops
+                # reading can surface in Spark as a broken pipe instead.
+                for _ in source:
+                    pass
                 raise RuntimeError(f"injected failure after {written} files (--fail-after-files)")
             _write_atomic(folder / message.name, message.data)
             written += 1
@@ -217,6 +222,7 @@ def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLik
     """Run the job on ``spark`` (a SparkSession); return the summary that is
     also written to ``<output>/_SUCCESS.json``.  ``fail_after_files`` makes
     every pack task fail after writing that many files (tests only)."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     export = os.fspath(Path(export).resolve())
@@ -234,11 +240,17 @@ def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLik
     # gets its (empty) message covering its range.
     markers = spark.createDataFrame([(index, -1, -1, "", None) for index in range(len(sends))], _ROUTED)
     partitions = max(1, min(len(sends), spark.sparkContext.defaultParallelism * 2))
+    # Routing is the costly pass: keep its output, or the range partitioner's
+    # sampling pass would route the whole log a second time.
+    routed = routed.persist(StorageLevel.DISK_ONLY)
     packed = (routed.unionByName(markers)
               .repartitionByRange(partitions, F.col("sub"))
               .sortWithinPartitions("sub", "seq")
               .mapInArrow(lambda batches: _pack(export, output, fail_after_files, batches), _SUMMARY))
-    rows = packed.collect()
+    try:
+        rows = packed.collect()
+    finally:
+        routed.unpersist()
     done = {row["subscriber"] for row in rows}
     missing = [send["subscriber"] for send in sends if send["subscriber"] not in done]
     if missing:
