@@ -563,10 +563,7 @@ class Router:
             if row[2] == KIND_UPDATE:
                 chosen.update(by_value.get(row[new_at], ()))
         index = self._index.get(origin)
-        if index is not None and index in chosen:
-            chosen = set(chosen)
-            chosen.discard(index)
-        return chosen
+        return chosen - {index} if index in chosen else chosen
 
 
 def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:

@@ -43,11 +43,7 @@ class _Spec:
         from agent.site.schema import Role
 
         self.export = export
-        with open(os.path.join(export, "job.json"), encoding="utf-8") as handle:
-            job = json.load(handle)
-        if job.get("format") != FORMAT:
-            raise ValueError(f"{export}/job.json: export format {job.get('format')!r} is not {FORMAT}")
-        self.job = job
+        self.job = job = _load_job(export)
         self.role = Role(job["role"])
         self.incarnation = bytes.fromhex(job["incarnation"])
         self.max_size = job["max_size"]
@@ -71,6 +67,14 @@ class _Spec:
                                                 for name in ("remote", "publication", "value"))):
             found.setdefault(remote, []).append((publication, msgpack.unpackb(value, raw=False)))
         return found
+
+
+def _load_job(export: str) -> dict:
+    with open(os.path.join(export, "job.json"), encoding="utf-8") as handle:
+        job = json.load(handle)
+    if job.get("format") != FORMAT:
+        raise ValueError(f"{export}/job.json: export format {job.get('format')!r} is not {FORMAT}")
+    return job
 
 
 _specs: dict[str, _Spec] = {}
@@ -227,13 +231,10 @@ def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLik
 
     export = os.fspath(Path(export).resolve())
     output = os.fspath(Path(output).resolve())
-    with open(os.path.join(export, "job.json"), encoding="utf-8") as handle:
-        job = json.load(handle)
-    if job.get("format") != FORMAT:
-        raise ValueError(f"{export}/job.json: export format {job.get('format')!r} is not {FORMAT}")
+    # Not _spec(): its cache would travel to the workers with the closures.
+    sends = _load_job(export)["sends"]
     if Path(output, "_SUCCESS.json").exists():
         raise ValueError(f"{output} already holds a finished job")
-    sends = job["sends"]
     log = spark.read.parquet(os.path.join(export, "log"))
     routed = log.mapInArrow(lambda batches: _route(export, batches), _ROUTED)
     # One marker row per send, so a subscriber with nothing selected still

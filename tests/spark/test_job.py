@@ -111,11 +111,18 @@ def test_a_failure_mid_job_leaves_no_finished_output(world, spark, tmp_path):
     with pytest.raises(Exception, match="injected failure after 1 files"):
         run_job(spark, tmp_path / "export", tmp_path / "out", fail_after_files=1)
     assert not (tmp_path / "out" / "_SUCCESS.json").exists()
-    # Files a failed task managed to write are complete (renamed into place)
-    # or absent: no temporary file is ever taken for a message.
-    for path in (tmp_path / "out").rglob("*"):
-        if path.is_file():
-            assert not path.name.endswith(".tmp") or path.name.startswith(".")
+    # A message file a failed task put in place is whole (written under a
+    # temporary name, then renamed): the agent's own file of that name.
+    written = 0
+    for send in sends:
+        folder = tmp_path / "out" / "files" / send.subscriber
+        if folder.exists():
+            expected = agent_files(world, send)
+            for path in folder.iterdir():
+                if not path.name.startswith("."):
+                    assert hashlib.sha256(path.read_bytes()).hexdigest() == expected[path.name]
+                    written += 1
+    assert written >= 1
 
 
 def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
