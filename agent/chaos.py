@@ -17,6 +17,14 @@ Rules of this file:
   everywhere exactly once (no loss, no double apply: a second apply of an
   INSERT is an error row), every stream is confirmed to its end, and I1
   holds on every remote-user row.
+* Order (I2): each site journals the ledger entries as they arrive, in a
+  local table fed by a trigger (``chaos_arrival``, not published).  Entry
+  numbers grow in commit order at their origin, so at every site each
+  origin's entries must arrive in increasing order.
+* Stale epochs (I3): in-process, every apply is watched: none may carry a
+  message whose epoch is below the receiver's ``rereceive_count`` at the
+  moment it commits.  (Process runs cannot watch inside the agent; they
+  check the rest.)
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ SCHEMA = [
     "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, balance REAL, scan BLOB)",
     "CREATE TABLE product (sku TEXT PRIMARY KEY, title TEXT, price REAL)",
     "CREATE TABLE ledger (entry TEXT PRIMARY KEY, site TEXT NOT NULL, amount INTEGER NOT NULL)",
+]
+# The arrival journal (I2): local to each site, never published.
+ARRIVALS = [
+    "CREATE TABLE IF NOT EXISTS chaos_arrival (n INTEGER PRIMARY KEY AUTOINCREMENT, entry TEXT NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS chaos_arrival_journal AFTER INSERT ON ledger"
+    " BEGIN INSERT INTO chaos_arrival (entry) VALUES (NEW.entry); END",
 ]
 PRODUCTS = ("tea", "jam", "rice", "soap")
 _DEFAULT_ADDRESS_TEMPLATE = "{root}/inbox/{site}"
@@ -120,14 +134,18 @@ class ChaosResult:
     divergences: list[str] = field(default_factory=list)
     double_applies: list[str] = field(default_factory=list)
     losses: list[str] = field(default_factory=list)
+    out_of_order: list[str] = field(default_factory=list)
+    stale_applies: list[str] = field(default_factory=list)
     stuck: str | None = None
 
     @property
     def ok(self) -> bool:
-        return not (self.divergences or self.double_applies or self.losses or self.stuck)
+        return not (self.divergences or self.double_applies or self.losses or self.out_of_order
+                    or self.stale_applies or self.stuck)
 
     def summary(self) -> str:
-        problems = self.divergences + self.double_applies + self.losses + ([self.stuck] if self.stuck else [])
+        problems = (self.divergences + self.double_applies + self.losses + self.out_of_order
+                    + self.stale_applies + ([self.stuck] if self.stuck else []))
         return "; ".join(problems[:3]) if problems else "ok"
 
 
@@ -166,6 +184,17 @@ def _make_sites(root: Path, remotes: int) -> None:
     for remote in _site_names(remotes):
         extract_site(hq, remote, root / f"{remote}.db")
     hq.close()
+    for site in ["hq", *_site_names(remotes)]:
+        _add_arrival_journal(root / f"{site}.db")
+
+
+def _add_arrival_journal(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in ARRIVALS:
+            conn.execute(statement)
+    finally:
+        conn.close()
 
 
 class Simulation:
@@ -231,8 +260,27 @@ class Simulation:
             agent = Agent(self.root / f"{site}.db", self._options(site, faults), clock=lambda: self.clock)
             await agent.__aenter__()
             self._settings_patch(agent)
+            self._watch_applies(site, agent)
             self.agents[site] = agent
         return agent
+
+    def _watch_applies(self, site: str, agent: Agent) -> None:
+        """I3: record every committed apply that carried a stale-epoch message."""
+        apply = agent._apply
+
+        async def watched(peer, action):  # type: ignore[no-untyped-def]
+            protocol = peer.protocol
+            rereceive_count = protocol.state.rereceive_count
+            epochs = [protocol.pending_header(message_id).resend_count for message_id in action.message_ids]
+            more = await apply(peer, action)
+            committed = protocol.state.log_received == action.log_received
+            if committed and min(epochs) < rereceive_count:
+                self.result.stale_applies.append(
+                    f"I3: {site} applied {peer.name}'s message {action.message_ids[0]} of epoch {min(epochs)} "
+                    f"after asking for epoch {rereceive_count}")
+            return more
+
+        agent._apply = watched  # type: ignore[method-assign]
 
     async def _drop(self, site: str) -> None:
         agent = self.agents.pop(site, None)
@@ -336,6 +384,7 @@ class Simulation:
             extract_site(hq, remote, self.root / f"{remote}.db")
         with SiteDatabase.open(self.root / f"{remote}.db") as copy:
             copy.update_remote("hq", address=self.send_address("hq"))
+        _add_arrival_journal(self.root / f"{remote}.db")
         self.result.reextractions += 1
 
     # -- the run -----------------------------------------------------------------------
@@ -469,6 +518,7 @@ class Simulation:
                 result.losses.append(f"{site} lacks ledger entries {sorted(missing)[:5]}")
             if len(entries) != len(set(entries)):
                 result.double_applies.append(f"{site} holds a ledger entry twice")
+            self._check_arrival_order(site)
             if site != "hq":
                 if self._rows(site, "SELECT entry, site, amount FROM ledger") != hq_ledger:
                     result.divergences.append(f"{site}: ledger differs from hq")
@@ -477,6 +527,23 @@ class Simulation:
                     result.divergences.append(f"{site}: customers differ from hq's subset")
                 if self._rows(site, "SELECT * FROM product") != self._rows("hq", "SELECT * FROM product"):
                     result.divergences.append(f"{site}: products differ from hq")
+
+
+    def _check_arrival_order(self, site: str) -> None:
+        """I2: at ``site`` each origin's entries arrived in their commit order."""
+        conn = sqlite3.connect(self.root / f"{site}.db")
+        try:
+            arrivals = [row[0] for row in conn.execute("SELECT entry FROM chaos_arrival ORDER BY n")]
+        finally:
+            conn.close()
+        last: dict[str, int] = {}
+        for entry in arrivals:
+            origin, _, number = entry.rpartition("-")
+            if int(number) <= last.get(origin, 0):
+                self.result.out_of_order.append(
+                    f"I2: {site} applied {entry} after {origin}-{last[origin]}, against {origin}'s commit order")
+                return
+            last[origin] = int(number)
 
 
 async def run_seed(params: ChaosParams, *, workdir: Path | None = None,
@@ -551,6 +618,8 @@ def summarize(results: list[ChaosResult]) -> dict:
         "divergences": sum(len(r.divergences) for r in results),
         "double_applies": sum(len(r.double_applies) for r in results),
         "losses": sum(len(r.losses) for r in results),
+        "out_of_order": sum(len(r.out_of_order) for r in results),
+        "stale_applies": sum(len(r.stale_applies) for r in results),
         "stuck": sum(1 for r in results if r.stuck),
         "failing_seeds": [{"seed": r.params.seed, "replay": r.params.command(), "problem": r.summary()}
                           for r in failing],

@@ -214,6 +214,10 @@ class PairProtocol:
     def pending_ids(self) -> tuple[str, ...]:
         return tuple(message_id for _, message_id in self._by_prev)
 
+    def pending_header(self, message_id: str) -> Header:
+        """The header of a pending message (KeyError when it is not pending)."""
+        return self._pending[message_id].header
+
     def get_timer(self) -> float | None:
         return None if self._resend_request is None else self._resend_request.due
 

@@ -98,9 +98,11 @@ def _print(summary: dict) -> None:
     table.add_row("divergences", str(summary["divergences"]))
     table.add_row("double applies", str(summary["double_applies"]))
     table.add_row("losses", str(summary["losses"]))
+    table.add_row("applied out of order", str(summary["out_of_order"]))
+    table.add_row("stale-epoch applies", str(summary["stale_applies"]))
     table.add_row("runs that never settled", str(summary["stuck"]))
     console().print(table)
     for failing in summary["failing_seeds"]:
         console().print(f"[red]seed {failing['seed']}[/]: {failing['problem']}\n  replay: {failing['replay']}")
     if not summary["failing_seeds"]:
-        console().print("[green]OK[/]: no divergence, double apply or loss")
+        console().print("[green]OK[/]: no divergence, double apply, loss, disorder or stale-epoch apply")

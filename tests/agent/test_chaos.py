@@ -3,10 +3,12 @@ and crashes; and proof that the suite notices when a safety rule is off."""
 
 import asyncio
 import os
+import sqlite3
 
 import pytest
 
-from agent.chaos import ChaosParams, run_seed, run_seeds, summarize
+from agent.chaos import ChaosParams, ChaosResult, Simulation, _Templates, run_seed, run_seeds, summarize
+from transports.faults import FaultRates
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -36,12 +38,29 @@ async def test_without_the_duplicate_rule_the_suite_finds_a_double_apply():
     assert "--unsafe-without-duplicate-rule" in found.params.command()
 
 
-async def test_the_stale_rule_and_the_duplicate_rule_are_each_enough_alone():
+async def test_without_the_stale_rule_the_suite_finds_a_stale_epoch_apply():
+    """I3 is watched at every apply: with the stale-epoch rule off, old-epoch
+    copies that arrive late get applied, and the suite says so."""
+    found = None
+    for seed in range(200):
+        result = await run_seed(ChaosParams.random(seed, unsafe_without_stale_rule=True))
+        if result.stale_applies:
+            found = result
+            break
+    assert found is not None, "the suite should notice that stale-epoch messages are applied"
+    assert not found.ok and found.stale_applies[0].startswith("I3: ")
+    assert "--unsafe-without-stale-rule" in found.params.command()
+
+
+async def test_the_stale_rule_and_the_duplicate_rule_are_each_enough_alone_against_double_applies():
     """Defence in depth: with only the stale-epoch rule off, the duplicate
-    rule (skip what was applied) still keeps every seed right; with both
-    off, the suite finds the damage."""
+    rule (skip what was applied) still keeps every row right, applied once
+    and in order; with both off, the suite finds the damage."""
     stale_only = await run_seeds(range(40), unsafe_without_stale_rule=True, reextract_rate=0.3, crash_rate=0.2)
-    assert summarize(stale_only)["failing_seeds"] == []
+    summary = summarize(stale_only)
+    assert summary["stale_applies"] > 0
+    assert (summary["double_applies"], summary["divergences"], summary["losses"], summary["out_of_order"],
+            summary["stuck"]) == (0, 0, 0, 0, 0)
     found = None
     for seed in range(200):
         result = await run_seed(ChaosParams.random(seed, unsafe_without_stale_rule=True,
@@ -51,6 +70,27 @@ async def test_the_stale_rule_and_the_duplicate_rule_are_each_enough_alone():
             found = result
             break
     assert found is not None, "with both rules off the suite should find a double apply"
+
+
+async def test_the_order_check_finds_entries_applied_against_their_commit_order(tmp_path):
+    """I2: the arrival journal each site keeps is read in order; an origin's
+    entry arriving after a later one of the same origin is reported."""
+    params = ChaosParams.random(5, rates=FaultRates())
+    simulation = Simulation(tmp_path / "seed", params, _Templates(tmp_path / "templates"))
+    result = await simulation.run()
+    assert result.ok, result.summary()
+    conn = sqlite3.connect(tmp_path / "seed" / "f1.db")
+    with conn:
+        arrivals = conn.execute("SELECT entry FROM chaos_arrival WHERE entry LIKE 'hq-%' ORDER BY n").fetchall()
+        assert len(arrivals) >= 2
+        # The first of hq's entries arrives once more, after the others.
+        conn.execute("INSERT INTO chaos_arrival (entry) VALUES (?)", arrivals[0])
+    conn.close()
+    simulation.result = ChaosResult(params)
+    simulation.check()
+    assert simulation.result.out_of_order == [
+        f"I2: f1 applied {arrivals[0][0]} after {arrivals[-1][0]}, against hq's commit order"]
+    assert not simulation.result.ok
 
 
 async def test_a_failing_seed_prints_a_command_that_replays_it():
