@@ -250,6 +250,9 @@ class EmailTransport(Transport):
         username: SMTP login (default: from_address).  The IMAP login is the
             user in the IMAP URL.
         password_file / password_env: the password for both SMTP and IMAP.
+        smtp_password_file / smtp_password_env, imap_password_file /
+            imap_password_env: a password for one side only, when the SMTP
+            and IMAP logins differ (default: password_file / password_env).
         ca_file: PEM file of the CA(s) to trust for TLS (default: the system's).
         move_to: IMAP folder that acked messages are moved to (default: expunge them).
         quarantine_folder: IMAP folder for unusable fieldsync mail (default: leave it, logged).
@@ -261,7 +264,9 @@ class EmailTransport(Transport):
 
     def __init__(self, *, smtp_host: str | None = None, smtp_port: int | None = None, smtp_tls: str = "starttls",
                  from_address: str | None = None, username: str | None = None, password_file: str | None = None,
-                 password_env: str | None = None, ca_file: str | None = None, move_to: str | None = None,
+                 password_env: str | None = None, smtp_password_file: str | None = None,
+                 smtp_password_env: str | None = None, imap_password_file: str | None = None,
+                 imap_password_env: str | None = None, ca_file: str | None = None, move_to: str | None = None,
                  quarantine_folder: str | None = None, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                  idle: bool = True, connect_timeout: float = 15.0, timeout: float = 60.0, retries: int = 3,
                  retry_delay: float = 1.0) -> None:
@@ -298,6 +303,10 @@ class EmailTransport(Transport):
         self.from_address = from_address
         self.username = username
         self.password = SecretSource("password", password_file, password_env)
+        smtp_password = SecretSource("smtp_password", smtp_password_file, smtp_password_env)
+        imap_password = SecretSource("imap_password", imap_password_file, imap_password_env)
+        self.smtp_password = smtp_password if smtp_password.configured else self.password
+        self.imap_password = imap_password if imap_password.configured else self.password
         self.ca_file = ca_file
         self.move_to = move_to
         self.quarantine_folder = quarantine_folder
@@ -337,8 +346,9 @@ class EmailTransport(Transport):
             self._tls_context = context
         return self._tls_context
 
-    async def _password(self) -> str | None:
-        return await asyncio.to_thread(self.password.read)
+    @staticmethod
+    async def _password(source: SecretSource) -> str | None:
+        return await asyncio.to_thread(source.read)
 
     async def _backing_off(self, failure: TransportError, delays) -> None:
         delay = next(delays, None)
@@ -407,13 +417,13 @@ class EmailTransport(Transport):
                 f"{error.code} {one_line(error.message)}")
         if 400 <= error.code < 500:
             return TransportUnavailable(text + "; trying again later")
-        return TransportRefused(text + f"; check username and {self.password.describe()}")
+        return TransportRefused(text + f"; check username and {self.smtp_password.describe()}")
 
     async def _smtp_connection(self) -> aiosmtplib.SMTP:
         if self._smtp is not None and self._smtp.is_connected:
             return self._smtp
         self._drop_smtp()
-        password = await self._password()
+        password = await self._password(self.smtp_password)
         use_tls = self.smtp_tls == "tls"
         start_tls = True if self.smtp_tls == "starttls" else False
         context = self._context() if self.smtp_tls != "none" else None
@@ -625,9 +635,10 @@ class EmailTransport(Transport):
 
     async def _open_session(self, box: Mailbox) -> ImapSession:
         """A new logged-in session.  Raises SessionLost (retry), or the error to report."""
-        password = await self._password()
+        password = await self._password(self.imap_password)
         if password is None:
-            raise TransportRefused(f"no password for {box}: set password_file or password_env")
+            raise TransportRefused(f"no password for {box}: set password_file or password_env "
+                                   "(or imap_password_file / imap_password_env)")
         try:
             return await ImapSession.open(host=box.host, port=box.port, tls=box.tls, context=self._context(),
                                           user=box.user, password=password, connect_timeout=self.connect_timeout,
@@ -639,7 +650,7 @@ class EmailTransport(Transport):
             if "UNAVAILABLE" in error.text.upper():
                 raise SessionLost(f"the server cannot log in {box.user} now: {error.text}") from None
             raise TransportRefused(f"IMAP server {box.display_host} refused login as {box.user}: {error.text}; "
-                                   f"check the user name and {self.password.describe()}") from None
+                                   f"check the user name and {self.imap_password.describe()}") from None
         except TimeoutError:
             raise SessionLost(f"IMAP server {box.display_host} did not answer within "
                               f"{self.connect_timeout:.0f} s") from None

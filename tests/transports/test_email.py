@@ -232,6 +232,7 @@ async def test_send_wants_mailto_and_receive_wants_an_imap_url(transport, doveco
 
 @pytest.mark.parametrize("options", [
     {"smtp_tls": "ssl"}, {"smtp_port": 0}, {"from_address": "hq"}, {"password_file": "a", "password_env": "B"},
+    {"imap_password_file": "a", "imap_password_env": "B"}, {"smtp_password_env": "1X"},
     {"move_to": ""}, {"quarantine_folder": "a\nb"}, {"max_message_size": -1}, {"idle": "yes"}, {"timeout": 0},
     {"retries": 1.5},
 ])
@@ -431,6 +432,36 @@ async def test_a_wrong_password_is_refused_by_imap_and_smtp(dovecot, smtpd, user
     for error in (imap_refusal.value, smtp_refusal.value):
         assert "not the password" not in str(error) and f"password_env {PASSWORD_VARIABLE}" in str(error)
     assert dovecot.files(user) == {}
+
+
+async def test_smtp_and_imap_logins_can_have_their_own_passwords(dovecot, smtpd, monkeypatch) -> None:
+    """A mailbox whose password is not the SMTP login's: imap_password_env
+    is used for IMAP, and only there; without it IMAP is refused, naming
+    the option it read."""
+    user = f"own{next(_users)}"
+    dovecot.add_user(user, "the mailbox's own")
+    monkeypatch.setenv(PASSWORD_VARIABLE, dovecot.PASSWORD)
+    monkeypatch.setenv("FIELDSYNC_TEST_IMAP_PASSWORD", "the mailbox's own")
+    async with transport_for(dovecot, smtpd, imap_password_env="FIELDSYNC_TEST_IMAP_PASSWORD") as transport:
+        logins = len(smtpd.logins)
+        await transport.send(mailto(user), message_name(1), b"own passwords")
+        assert smtpd.logins[logins:] == [SENDER]
+        [incoming] = await receive_all(transport, dovecot.url(user))
+        assert incoming.data == b"own passwords"
+        await transport.ack(incoming)
+    async with transport_for(dovecot, smtpd, retry_delay=5) as shared:
+        with pytest.raises(TransportRefused) as refusal:
+            await receive_all(shared, dovecot.url(user))
+    assert f"refused login as {user}" in one_line_error(refusal.value)
+    assert f"password_env {PASSWORD_VARIABLE}" in str(refusal.value)
+    monkeypatch.setenv(PASSWORD_VARIABLE, "not the password")
+    async with transport_for(dovecot, smtpd, smtp_password_env="FIELDSYNC_TEST_SMTP_PASSWORD",
+                             imap_password_env="FIELDSYNC_TEST_IMAP_PASSWORD") as split:
+        monkeypatch.setenv("FIELDSYNC_TEST_SMTP_PASSWORD", dovecot.PASSWORD)
+        await split.send(mailto(user), message_name(2), b"both own")
+        [incoming] = await receive_all(split, dovecot.url(user))
+        assert incoming.data == b"both own"
+        await split.ack(incoming)
 
 
 @pytest.mark.parametrize("ca", ["other", "system"])
