@@ -43,7 +43,17 @@ class UnsupportedVersion(MessageError):
 
 
 class BadSignature(MessageError):
-    """The Ed25519 signature does not verify with the sender's key."""
+    """The Ed25519 signature does not verify with the sender's key.
+
+    ``claimed_incarnation`` is the incarnation id the file's frame names.
+    It is *not* verified: use it only to explain the rejection (a file from
+    a copy of the sender that was extracted again, with other keys), never
+    to accept anything.
+    """
+
+    def __init__(self, source: str, problem: str, claimed_incarnation: bytes | None = None) -> None:
+        super().__init__(source, problem)
+        self.claimed_incarnation = claimed_incarnation
 
 
 class UnknownSender(MessageError):

@@ -312,7 +312,7 @@ def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], rec
         sender_key.verifier().verify(data[body_end:], data[:body_end])
     except InvalidSignature:
         raise BadSignature(source, f"signature does not verify with the key of {sender} "
-                                   f"({sender_key.fingerprint})") from None
+                                   f"({sender_key.fingerprint})", claimed_incarnation=incarnation) from None
     # Everything below is signed by the sender; checks guard against a faulty peer.
     try:
         header = Header(resend_count, prev, last, seq)

@@ -169,5 +169,7 @@ def test_check_message_verifies_the_frame_without_opening_the_payload():
     assert check_message(bad_payload, source="m", keyring=KEYRING, recipient="field1").kind.value == "d"
     with pytest.raises(CorruptMessage):
         decode(bad_payload)
-    with pytest.raises(BadSignature):
+    with pytest.raises(BadSignature) as forged:
         check_message(craft(keys=OTHER), source="m", keyring=KEYRING, recipient="field1")
+    # The rejection names the incarnation the frame claims (to explain it, never to trust it).
+    assert forged.value.claimed_incarnation == INCARNATION
