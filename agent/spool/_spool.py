@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -109,7 +110,9 @@ class SpoolStatus:
     disk_bytes: int
     checkpoints: int
     records_since_checkpoint: int
+    bytes_since_checkpoint: int
     checkpoint_every: int
+    checkpoint_bytes: int
     cpl_pairs: int
     relog_mode: str
 
@@ -123,6 +126,10 @@ class SpoolCounters:
     relogged_bytes: int  # message content in them
     checkpoint_bytes: int  # every byte checkpoints wrote (relog, queue and CPL records)
     group_commits: int  # fsyncs (writes) of the log
+
+
+DEFAULT_CHECKPOINT_BYTES = 128 * 1024 * 1024
+log = logging.getLogger("fieldsync.spool")
 
 
 class _SimulatedCrash(BaseException):
@@ -140,25 +147,32 @@ class SpoolQueues(MessageQueues):
     """Inbound (per publisher) and outbound (per destination) message queues
     in a recovery log with selective-relogging checkpoints (EP 0 280 773).
 
-    ``checkpoint_every``: log records between checkpoints.  ``cpl_pairs``:
+    ``checkpoint_every`` / ``checkpoint_bytes``: a checkpoint runs after that
+    many log records or bytes, whichever comes first; a clean close takes
+    one when a quarter of either has been logged since the last (the
+    patent's termination checkpoint).  ``cpl_pairs``:
     checkpoints a message's newest copy may age before it is relogged (the
     CPL's n).  ``relog``: ``"selective"`` (the patent), ``"all"`` (relog every
     queued message at every checkpoint) or ``"off"``.  ``fsync=False`` keeps
     the format but gives up durability (benchmark set-up only).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, checkpoint_every: int = 10_000, cpl_pairs: int = 3,
+    def __init__(self, path: str | os.PathLike[str], *, checkpoint_every: int = 10_000,
+                 checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, cpl_pairs: int = 3,
                  relog: str | RelogMode = RelogMode.SELECTIVE, segment_bytes: int = 64 * 1024 * 1024,
                  fsync: bool = True, clock: Callable[[], float] = time.time,
                  _fault: Callable[[str], None] | None = None) -> None:
         if checkpoint_every < 1:
             raise SpoolError("checkpoint_every must be at least 1 record")
+        if checkpoint_bytes < 4096:
+            raise SpoolError("checkpoint_bytes must be at least 4096")
         if not 1 <= cpl_pairs <= 1000:
             raise SpoolError("cpl_pairs must be between 1 and 1000")
         if segment_bytes < 4096:
             raise SpoolError("segment_bytes must be at least 4096")
         self.path = Path(path)
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_bytes = checkpoint_bytes
         self.cpl_pairs = cpl_pairs
         self.relog_mode = RelogMode(relog)
         self.segment_bytes = segment_bytes
@@ -223,6 +237,8 @@ class SpoolQueues(MessageQueues):
         self._checkpoint_number = restart.max_checkpoint
         self._records_since_checkpoint = restart.records_since_checkpoint + restart.compensations
         self._restart_rba = restart.last_cpl[1].restart if restart.last_cpl else span.start
+        # Where the last complete checkpoint ended (bytes logged since count toward the next).
+        self._checkpoint_end_rba = restart.last_cpl[0] if restart.last_cpl else span.start
         self._checkpoint_stats: CheckpointStats | None = None
         self.last_restart = RestartStats(
             restart_rba=span.start, end_rba=self._log.next_rba, bytes_read=result.bytes_read,
@@ -290,11 +306,15 @@ class SpoolQueues(MessageQueues):
             self._log.sync(end)
         self._maybe_checkpoint()
 
+    def _checkpoint_due(self, fraction: int = 1) -> bool:
+        """Whether 1/``fraction`` of a checkpoint interval (records or bytes) has been logged."""
+        return (self._records_since_checkpoint * fraction >= self.checkpoint_every
+                or (self._log.next_rba - self._checkpoint_end_rba) * fraction >= self.checkpoint_bytes)
+
     def _maybe_checkpoint(self) -> None:
-        if self._records_since_checkpoint >= self.checkpoint_every:
+        if self._checkpoint_due():
             with self._lock:
-                if (self._records_since_checkpoint >= self.checkpoint_every and not self._checkpointing
-                        and not self._closed):
+                if self._checkpoint_due() and not self._checkpointing and not self._closed:
                     self.checkpoint()
 
     def _append(self, record_type: RecordType, payload: bytes) -> int:
@@ -618,6 +638,7 @@ class SpoolQueues(MessageQueues):
         self._checkpoint_number = number
         self._restart_rba = position
         self._records_since_checkpoint = 0
+        self._checkpoint_end_rba = self._log.next_rba
         self._fault_point("checkpoint.before_anchor")
         anchor = encode_anchor(cpl_rba, position, number)
         if self.fsync:
@@ -678,16 +699,29 @@ class SpoolQueues(MessageQueues):
                 log_start_rba=self._log.first_rba, restart_rba=self._restart_rba, end_rba=end,
                 restart_span_bytes=end - self._restart_rba, segments=len(self._log.segment_bases()),
                 disk_bytes=self._log.disk_bytes(), checkpoints=self._checkpoint_number,
-                records_since_checkpoint=self._records_since_checkpoint, checkpoint_every=self.checkpoint_every,
+                records_since_checkpoint=self._records_since_checkpoint,
+                bytes_since_checkpoint=end - self._checkpoint_end_rba, checkpoint_every=self.checkpoint_every,
+                checkpoint_bytes=self.checkpoint_bytes,
                 cpl_pairs=self.cpl_pairs, relog_mode=self.relog_mode.value)
 
     # -- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close the spool.  When a quarter of a checkpoint interval has been
+        logged since the last checkpoint, a termination checkpoint is taken
+        first, so the next start reads little and old segments go now.  It
+        is only a saving: if it fails, the close goes on and the next start
+        reads a longer span."""
         with self._lock:
             if self._closed:
                 return
             try:
+                if self._checkpoint_due(fraction=4) and not self._checkpointing:
+                    try:
+                        self.checkpoint()
+                    except (OSError, SpoolError) as error:
+                        log.warning("%s: no termination checkpoint (%s); the next start reads a longer span",
+                                    self.path, error)
                 self._log.sync()
             finally:
                 self._closed = True

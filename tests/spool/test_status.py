@@ -100,3 +100,70 @@ def test_check_of_a_missing_or_empty_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     report = check_spool(tmp_path / "empty")
     assert not report.ok and "never opened" in report.problems[0]
+
+
+def test_large_messages_checkpoint_by_bytes_so_the_log_does_not_grow_without_bound(tmp_path):
+    """Few records but big ones (field sites that get a few large messages a
+    day): checkpoints also run every ``checkpoint_bytes``, so old segments
+    go although the record count never reaches ``checkpoint_every``."""
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=10**9, checkpoint_bytes=64 * 1024,
+                        segment_bytes=16 * 1024)
+    for number in range(200):
+        name = f"big-{number}.fsm"
+        spool.put_inbound("hq", name, bytes([number % 251]) * 10_000)
+        spool.delete_inbound("hq", [name])
+    status = spool.status()
+    assert status.end_rba > 2_000_000 and status.checkpoints > 20
+    assert status.disk_bytes < 400_000 and status.bytes_since_checkpoint < 64 * 1024 + 11_000
+    assert status.checkpoint_bytes == 64 * 1024
+    spool.close()
+    with pytest.raises(SpoolError, match="checkpoint_bytes"):
+        SpoolQueues(tmp_path / "other", checkpoint_bytes=100)
+
+
+def test_a_clean_close_takes_a_termination_checkpoint_after_a_quarter_interval(tmp_path):
+    path = tmp_path / "spool"
+    spool = SpoolQueues(path, checkpoint_every=100)
+    spool.put_outbound("f1", "kept.fsm", b"k" * 200, 0)
+    spool.checkpoint()
+    spool.checkpoint()  # "kept.fsm" is relogged: nothing old pins the restart position
+    for number in range(13):  # over a quarter of the interval (a put is 2 records)
+        spool.put_outbound("f1", f"m{number}.fsm", b"x" * 200, 0)
+        spool.delete_outbound("f1", f"m{number}.fsm")
+    assert spool.status().checkpoints == 3
+    spool.close()
+    spool = SpoolQueues(path, checkpoint_every=100)
+    # The close checkpointed, so the start read from that checkpoint on.
+    assert spool.status().checkpoints == 4 and spool.status().records_since_checkpoint == 0
+    assert spool.last_restart.records_read < 8
+    assert spool.outbound("f1") == ["kept.fsm"] and spool.read_outbound("f1", "kept.fsm") == b"k" * 200
+    # Under a quarter: no checkpoint at close; the records are read again at the start.
+    for number in range(5):  # 10 records
+        spool.put_outbound("f1", f"n{number}.fsm", b"y" * 200, 0)
+    spool.close()
+    spool = SpoolQueues(path, checkpoint_every=100)
+    assert spool.status().checkpoints == 4 and spool.status().records_since_checkpoint == 10  # a put is 2 records
+    assert spool.outbound("f1") == ["kept.fsm"] + [f"n{number}.fsm" for number in range(5)]
+    spool.close()
+
+
+def test_a_failed_termination_checkpoint_still_closes_and_loses_nothing(tmp_path, caplog):
+    path = tmp_path / "spool"
+
+    full = []
+
+    def disk_full(where: str) -> None:
+        if full and where == "checkpoint.before_cpl":
+            raise OSError(28, "No space left on device")
+
+    spool = SpoolQueues(path, checkpoint_every=8, _fault=disk_full)
+    full.append(True)  # the disk fills up after the spool opened
+    for number in range(3):
+        spool.put_inbound("hq", f"m{number}.fsm", b"z" * 300)
+    spool.close()
+    assert "no termination checkpoint" in caplog.text and "No space left" in caplog.text
+    spool = SpoolQueues(path, checkpoint_every=8)
+    assert spool.inbound("hq") == ["m0.fsm", "m1.fsm", "m2.fsm"]
+    assert spool.read_inbound("hq", "m2.fsm") == b"z" * 300
+    assert spool.last_restart.relogs_ignored == 0 and spool.status().records_since_checkpoint >= 3
+    spool.close()
