@@ -7,10 +7,13 @@ errors or stopped streams (each printed as one line on stderr).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, TypeVar
 
 import click
 from rich.console import Console
@@ -22,12 +25,13 @@ from codec.errors import BadFileName
 from codec.names import MessageName
 
 from ..queues import MessageQueues, QueueDepth
-from ..spark.engine import DEFAULT_THRESHOLD, ENGINES, SparkOptions
+from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ._spool import open_queues, quarantined
 from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transport, console, format_seconds,
                       logging_to, open_site, show_progress, split_transport_options)
 
 log = logging.getLogger("fieldsync.cli")
+_T = TypeVar("_T")
 
 
 class _ProgressQueues(MessageQueues):
@@ -126,6 +130,55 @@ async def _run_once_with_progress(database: Path, options: "RunOptions", out: Co
             return await agent.run_once()
 
 
+def _run_stopping_spark_jobs(run: Coroutine[Any, Any, _T], stopping: threading.Event) -> _T:
+    """``asyncio.run(run)``, where Ctrl-C or SIGTERM set ``stopping`` and
+    cancel the run, which then ends as interrupted (exit code 1).
+
+    ``stopping`` is the Spark options' cancel event: a Spark job runs in a
+    worker thread that cancelling the task does not reach, and is stopped
+    (its processes killed, its folder deleted) when the event is set, before
+    ``asyncio.run`` waits for that thread.  A second signal gets the
+    default action again.  Continuous mode installs its own handlers once
+    the agent is open (they stop it after the current step).
+    """
+    # Signals someone else handles (an application embedding the CLI) keep their handler.
+    signals = [signum for signum in (signal.SIGINT, signal.SIGTERM)
+               if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL)]
+    received: list[int] = []
+
+    async def main() -> _T:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+
+        def restore_handlers() -> None:
+            for signum in signals:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signum)
+
+        def interrupted(signum: int) -> None:
+            received.append(signum)
+            stopping.set()
+            task.cancel()
+            restore_handlers()
+
+        for signum in signals:
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+                loop.add_signal_handler(signum, interrupted, signum)
+        try:
+            return await run
+        finally:
+            stopping.set()  # a job still running in a thread stops; no new one starts
+            restore_handlers()
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if received:
+            raise KeyboardInterrupt from None  # "agent: interrupted", exit 1
+        raise
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -182,26 +235,33 @@ class SparkConf(click.ParamType):
               help="A setting for spark-submit --conf, KEY=VALUE. Repeatable.")
 @click.option("--spark-submit", metavar="PATH",
               help="The spark-submit to use (default: the one next to this Python, else on PATH).")
+@click.option("--spark-timeout", type=Duration(positive=False), default=DEFAULT_TIMEOUT, metavar="DURATION",
+              help="Stop a Spark job that runs longer, in seconds or 90s, 5m, 1h (default: 1h; 0: no limit); "
+                   "its batch fails as a failed job does.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail.")
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
         max_message_size: int, group: int, receive_only: bool, send_only: bool, patience: int,
         resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int,
-        spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None, verbose: bool,
-        log_file: Path | None) -> int:
+        spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
+        spark_timeout: float, verbose: bool, log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
     Without --once it runs until interrupted (Ctrl-C or SIGTERM stop it
     cleanly), polling the inbox every --receive-delay and scanning the log
-    every --send-delay.  Durations are written 90, 90s, 5m or 1h.
+    every --send-delay.  Durations are written 90, 90s, 5m or 1h.  With
+    --once, Ctrl-C or SIGTERM interrupt the run (exit code 1), stopping a
+    running Spark job.
     """
     from ..runner import RunOptions, run_agent
 
     if receive_only and send_only:
         raise click.UsageError("--receive-only and --send-only exclude each other; leave both out to do both")
+    stopping = threading.Event()
     spark = SparkOptions(engine=engine, threshold=spark_threshold, master=spark_master, work=spark_work,
-                         conf=tuple(spark_conf), submit=spark_submit)
+                         conf=tuple(spark_conf), submit=spark_submit, timeout=spark_timeout or None,
+                         cancel=stopping)
     inner_options, wrapper_options = split_transport_options(transport_options)
     with open_site(database) as site:
         own_transport = site.identity.transport
@@ -216,13 +276,13 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         if once:
             log.debug("batch run of %s", database)
             if show_progress(out):
-                report = asyncio.run(_run_once_with_progress(database, options, out))
+                report = _run_stopping_spark_jobs(_run_once_with_progress(database, options, out), stopping)
             else:
-                report = asyncio.run(run_agent(database, options, once=True))
+                report = _run_stopping_spark_jobs(run_agent(database, options, once=True), stopping)
         else:
             log.info("agent for %s running: receiving every %s, sending every %s; Ctrl-C stops it", database,
                      format_seconds(receive_delay), format_seconds(send_delay))
-            report = asyncio.run(run_agent(database, options, once=False))
+            report = _run_stopping_spark_jobs(run_agent(database, options, once=False), stopping)
             log.info("agent for %s stopped", database)
     out.print(f"{database}: received {report.received} messages, applied {report.applied_messages}, "
               f"quarantined {report.quarantined}, sent {report.sent}, resend requests {report.resend_requests}",

@@ -9,6 +9,10 @@ Rules of this file:
   folder is deleted when the batch fails and, after the files are queued,
   by :meth:`SparkBatch.close`: nothing of a job outlives it.  A folder left
   by a killed agent is deleted by the site's next batch.
+* ``spark-submit`` starts in a session of its own, so that the JVM and the
+  Python processes it starts can be stopped together; the wait on it polls,
+  so that the timeout, the cancel event and an exception in the waiting
+  thread all stop that whole process group before the folder is deleted.
 * Every failure is one :class:`SparkBatchError` line: the job's own error
   line when it printed one, else the last line it printed, else the
   exception of the step that failed.
@@ -18,13 +22,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -32,7 +39,7 @@ from codec.keys import SiteKeys
 
 from ..errors import UsageError, describe_error
 from ..site import SiteDatabase
-from .errors import SparkBatchError
+from .errors import SparkBatchCancelled, SparkBatchError
 from .export import BatchSend, export_batch
 from .take import Sender, TakenFile, take_output
 
@@ -40,6 +47,16 @@ log = logging.getLogger("fieldsync.agent.spark")
 
 ENGINES = ("local", "auto", "spark")
 DEFAULT_THRESHOLD = 10_000_000  # docs/spark.md, "Figures": the measured crossover
+# docs/spark.md, "A job that hangs, and stopping the agent": far above any
+# batch measured (the largest, 100,000,000 offsets, took under a minute),
+# short enough that a hung job holds the site's sends (and receives) for
+# an hour at most.
+DEFAULT_TIMEOUT = 3600.0
+_POLL_SECONDS = 0.2  # how soon the wait sees the job end (the cancel event is seen at once)
+# SIGTERM first: the JVM's shutdown hooks stop the Spark context (on a
+# cluster, its executors) and delete Spark's temporary folders.
+_STOP_GRACE_SECONDS = 10.0
+_GONE_WAIT_SECONDS = 2.0  # after SIGKILL, for the group's last processes to go
 _PYTHON_CONF = "spark.pyspark.python"
 # What contrib/spark/job.py prints (to stderr, which spark-submit passes on
 # to its stdout for a Python application) when it fails.
@@ -55,6 +72,9 @@ class SparkOptions:
     ``spark-submit --conf``; ``submit`` is the launcher (default:
     ``spark-submit`` next to this Python, else on ``PATH``); ``job_args``
     are added to the job's command line (tests: ``--fail-after-files N``).
+    ``timeout`` is how many seconds the job (``spark-submit``) may run, None
+    for no limit.  Setting ``cancel`` stops a running job and keeps a new
+    one from starting: the agent's owner sets it when the agent stops.
     """
 
     engine: str = "auto"
@@ -64,6 +84,8 @@ class SparkOptions:
     conf: tuple[tuple[str, str], ...] = ()
     submit: str | None = None
     job_args: tuple[str, ...] = ()
+    timeout: float | None = DEFAULT_TIMEOUT
+    cancel: threading.Event | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -77,6 +99,12 @@ class SparkOptions:
             if (len(pair) != 2 or not all(isinstance(part, str) for part in pair) or not pair[0]
                     or pair[0] != pair[0].strip() or "=" in pair[0]):
                 raise UsageError(f"Spark setting {pair!r}: write KEY=VALUE, e.g. spark.executor.memory=4g")
+        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                                         or not 0 < self.timeout < math.inf):
+            raise UsageError(f"the Spark timeout must be a number of seconds > 0, or none for no limit, "
+                             f"got {self.timeout!r}")
+        if self.cancel is not None and not isinstance(self.cancel, threading.Event):
+            raise UsageError(f"the Spark cancel event must be a threading.Event, got {self.cancel!r}")
         if self.work is not None:
             object.__setattr__(self, "work", Path(self.work))
 
@@ -116,8 +144,10 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
                     options: SparkOptions, work: Path) -> SparkBatch:
     """Export ``sends``, run the job on ``options.master`` and check its
     output; raise :class:`SparkBatchError` (with the job folder deleted)
-    when anything fails."""
+    when anything fails, :class:`SparkBatchCancelled` when
+    ``options.cancel`` was set."""
     sends = list(sends)
+    _check_cancel(options)
     if not spark_installed():
         raise SparkBatchError("PySpark is not installed in this Python; install the Spark extra "
                               "(pip install 'fieldsync[spark]') or run with --engine local")
@@ -137,9 +167,11 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         summary = export_batch(db, keys, sends, export, max_size=max_size)
         log.info("Spark batch %s: %d sends, log offsets (%d, %d], %d capture rows exported; running the job on %s",
                  directory.name, len(sends), *summary.range, summary.rows, options.master)
+        _check_cancel(options)
         _run_job(command + [os.fspath(export), os.fspath(output), *options.job_args], directory, options)
         identity = db.identity
         files = take_output(output, sends, Sender(identity.name, keys.public, identity.incarnation))
+        _check_cancel(options)  # a caller that has stopped waiting would never close the batch
         log.info("Spark batch %s: %d message files checked in %.1f s", directory.name,
                  sum(len(found) for found in files.values()), time.monotonic() - started)
         return SparkBatch(directory, files)
@@ -154,17 +186,23 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         raise SparkBatchError(describe_error(error)) from error
 
 
+def _check_cancel(options: SparkOptions) -> None:
+    if options.cancel is not None and options.cancel.is_set():
+        raise SparkBatchCancelled("the Spark batch was cancelled because the agent is stopping; "
+                                  "nothing of it was kept")
+
+
 def _submit_command(options: SparkOptions) -> list[str]:
-    submit = options.submit or _default_submit()
-    if submit is None:
-        raise SparkBatchError("spark-submit was found neither next to this Python nor on PATH; "
-                              "give its path with --spark-submit")
-    if options.submit is not None and not (os.path.isfile(submit) and os.access(submit, os.X_OK)):
-        found = shutil.which(submit)
-        if found is None:
-            raise SparkBatchError(f"the Spark launcher {submit} does not exist or cannot be run; "
-                                  "check --spark-submit")
-        submit = found
+    if options.submit is None:
+        submit = _default_submit()
+        if submit is None:
+            raise SparkBatchError("spark-submit was found neither next to this Python nor on PATH; "
+                                  "give its path with --spark-submit")
+    else:
+        submit = _given_submit(options.submit)
+    # The job runs in its own folder, where a relative launcher path would
+    # name nothing (Popen looks for it relative to ``cwd``).
+    submit = os.path.abspath(submit)
     job = importlib.util.find_spec("contrib.spark.job")
     if job is None or job.origin is None:
         raise SparkBatchError("the Spark job (contrib/spark/job.py) is not installed with this agent")
@@ -176,6 +214,21 @@ def _submit_command(options: SparkOptions) -> list[str]:
     return command + [job.origin]
 
 
+def _given_submit(submit: str) -> str:
+    """``--spark-submit``: a path (with a folder in it) is taken as it is, a
+    bare name is looked for on ``PATH``, as a shell does."""
+    found = shutil.which(submit)
+    if found is not None:
+        return found
+    if os.path.dirname(submit) == "":
+        raise SparkBatchError(f"the Spark launcher {submit} was not found on PATH; "
+                              "give its path with --spark-submit")
+    if not os.path.exists(submit):
+        raise SparkBatchError(f"the Spark launcher {submit} does not exist; check --spark-submit")
+    raise SparkBatchError(f"the Spark launcher {submit} cannot be run (it is not an executable file); "
+                          "check --spark-submit")
+
+
 def _default_submit() -> str | None:
     beside = Path(sys.executable).parent / "spark-submit"
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -184,7 +237,9 @@ def _default_submit() -> str | None:
 
 
 def _run_job(command: list[str], directory: Path, options: SparkOptions) -> None:
-    """Run the job with its output (stdout and stderr) in ``directory/job.log``."""
+    """Run the job with its output (stdout and stderr) in ``directory/job.log``,
+    within ``options.timeout``; stop it when ``options.cancel`` is set or the
+    wait is interrupted (KeyboardInterrupt in the main thread)."""
     env = dict(os.environ)
     if not any(key == _PYTHON_CONF for key, _ in options.conf):
         env["PYSPARK_PYTHON"] = sys.executable
@@ -192,16 +247,99 @@ def _run_job(command: list[str], directory: Path, options: SparkOptions) -> None
     with open(log_path, "wb") as job_log:
         try:
             # The job's folder is its working folder: whatever Spark leaves
-            # there (a warehouse folder, say) goes with it.
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=job_log, stderr=subprocess.STDOUT,
-                                    cwd=directory, env=env, check=False)
+            # there (a warehouse folder, say) goes with it.  A session of its
+            # own: a Ctrl-C at the agent's terminal reaches the agent only,
+            # which then stops the whole job itself.
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=job_log, stderr=subprocess.STDOUT,
+                                       cwd=directory, env=env, start_new_session=True)
         except OSError as error:
-            raise SparkBatchError(f"cannot start {command[0]}: {describe_error(error)}") from None
-    if result.returncode != 0:
+            reason = error.strerror or str(error)
+            if isinstance(error, FileNotFoundError) and os.path.exists(command[0]):
+                reason = "the interpreter its first line (#!) names does not exist"
+            raise SparkBatchError(f"cannot start the Spark launcher {command[0]}: {reason}; "
+                                  "check --spark-submit") from None
+        log.debug("Spark batch %s: spark-submit started, process group %d", directory.name, process.pid)
+        try:
+            returncode = _wait_job(process, options)
+        except BaseException:  # cancelled, or interrupted in this thread
+            _stop_job(process)
+            raise
+        if returncode is None:
+            _stop_job(process)
+    if returncode is None:
         lines = _log_tail(log_path)
         for line in lines[-20:]:
             log.debug("job: %s", line)
-        raise SparkBatchError(_failure_line(lines, result.returncode))
+        last = f" (its last line: {lines[-1]})" if lines else ""
+        raise SparkBatchError(f"the Spark job ran over its {_seconds(options.timeout or 0)} s timeout and was "
+                              f"stopped{last}; give it longer with --spark-timeout (0: no limit)")
+    if returncode != 0:
+        lines = _log_tail(log_path)
+        for line in lines[-20:]:
+            log.debug("job: %s", line)
+        raise SparkBatchError(_failure_line(lines, returncode))
+
+
+def _wait_job(process: subprocess.Popen, options: SparkOptions) -> int | None:
+    """The job's exit code, or None when it runs over ``options.timeout``;
+    :class:`SparkBatchCancelled` when ``options.cancel`` is set.  The job
+    is left running: the caller stops it."""
+    deadline = None if options.timeout is None else time.monotonic() + options.timeout
+    while True:
+        returncode = process.poll()
+        if returncode is not None:
+            return returncode
+        _check_cancel(options)
+        pause = _POLL_SECONDS
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            pause = min(pause, left)
+        if options.cancel is not None:
+            options.cancel.wait(pause)
+        else:
+            time.sleep(pause)
+
+
+def _stop_job(process: subprocess.Popen) -> None:
+    """Stop ``spark-submit`` and every process of its group (the JVM is the
+    launcher's own process; the job's Python driver is its child): SIGTERM,
+    SIGKILL after a grace period, then a short wait for the group to go."""
+    group = process.pid  # the leader of its own session and group
+    if process.poll() is None:
+        if not _signal_group(group, signal.SIGTERM):
+            process.terminate()
+        try:
+            process.wait(_STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+    # Whatever is left of the group (a Python driver that outlived the
+    # JVM, a child that ignores SIGTERM) goes now.
+    _signal_group(group, signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    deadline = time.monotonic() + _GONE_WAIT_SECONDS
+    while _signal_group(group, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    log.info("stopped the Spark job (process group %d)", group)
+
+
+def _signal_group(group: int, signum: int) -> bool:
+    """Send ``signum`` to the process group; False when it has no process left."""
+    try:
+        os.killpg(group, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of the group changed its user: nothing more to do
+        return False
+    return True
+
+
+def _seconds(value: float) -> str:
+    """``3600``, ``1000000``, ``2.5``: as a user would write it."""
+    return str(int(value)) if value == int(value) else str(value)
 
 
 def _log_tail(path: Path) -> list[str]:

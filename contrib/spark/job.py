@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from itertools import groupby
 from pathlib import Path
 from typing import Any, Iterator
@@ -90,12 +91,14 @@ def _spec(export: str) -> _Spec:
 # --- stage 1: route every capture row to the subscribers it concerns ------------------
 
 
-def _route(export: str, batches: Iterator[Any]) -> Iterator[Any]:
+def _route(export: str, batches: Iterator[Any], stall: tuple[str, float] | None = None) -> Iterator[Any]:
     import msgpack
     import pyarrow as pa
 
     from agent.site.publications import Router, SubscriberReader, plan_from_rows
 
+    if stall is not None:
+        _stall(*stall)
     spec = _spec(export)
     subscriptions = spec.subscriptions()
     returned: dict[int, str] = {}
@@ -140,6 +143,15 @@ def _route(export: str, batches: Iterator[Any]) -> Iterator[Any]:
                 [pa.array(out_sub, pa.int32()), pa.array(out_seq, pa.int64()), pa.array(out_commit, pa.int64()),
                  pa.array(out_origin, pa.string()), pa.array(out_op, pa.binary())],
                 names=["sub", "seq", "commit", "origin", "op"])
+
+
+def _stall(output: str, seconds: float) -> None:
+    """Tests of a job that hangs: note this worker's pid in
+    ``<output>/_stalled/`` (so a test can see it go), then sleep."""
+    folder = Path(output, "_stalled")
+    folder.mkdir(parents=True, exist_ok=True)
+    Path(folder, str(os.getpid())).touch()
+    time.sleep(seconds)
 
 
 # --- stage 2: pack each subscriber's operations ---------------------------------------
@@ -222,10 +234,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLike[str], *,
-            fail_after_files: int | None = None) -> dict:
+            fail_after_files: int | None = None, stall_seconds: float | None = None) -> dict:
     """Run the job on ``spark`` (a SparkSession); return the summary that is
-    also written to ``<output>/_SUCCESS.json``.  ``fail_after_files`` makes
-    every pack task fail after writing that many files (tests only)."""
+    also written to ``<output>/_SUCCESS.json``.  Tests only:
+    ``fail_after_files`` makes every pack task fail after writing that many
+    files; ``stall_seconds`` makes every route task sleep that long first."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -236,7 +249,8 @@ def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLik
     if Path(output, "_SUCCESS.json").exists():
         raise ValueError(f"{output} already holds a finished job")
     log = spark.read.parquet(os.path.join(export, "log"))
-    routed = log.mapInArrow(lambda batches: _route(export, batches), _ROUTED)
+    stall = None if stall_seconds is None else (output, stall_seconds)
+    routed = log.mapInArrow(lambda batches: _route(export, batches, stall), _ROUTED)
     # One marker row per send, so a subscriber with nothing selected still
     # gets its (empty) message covering its range.
     markers = spark.createDataFrame([(index, -1, -1, "", None) for index in range(len(sends))], _ROUTED)
@@ -270,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("export", help="folder written by the agent's batch export (holds job.json)")
     parser.add_argument("output", help="folder for the message files, manifests and _SUCCESS.json")
     parser.add_argument("--fail-after-files", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--stall-seconds", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.appName("fieldsync-batches").getOrCreate()
     try:
-        summary = run_job(spark, args.export, args.output, fail_after_files=args.fail_after_files)
+        summary = run_job(spark, args.export, args.output, fail_after_files=args.fail_after_files,
+                          stall_seconds=args.stall_seconds)
     except Exception as error:  # the agent reads the last line of stderr
         print(f"fieldsync batch job failed: {type(error).__name__}: {error}".splitlines()[0], file=sys.stderr)
         return 1

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import agent.cli.run as run_module
+from agent.runner import agent_directory
 from agent.site import SiteDatabase
+from tests.spark.launchers import LAST_LINE, hanging_launcher, wait_gone
 
 from .conftest import Agent, World, sync
 
@@ -52,6 +57,9 @@ def test_receive_only_with_send_only_is_a_usage_error(agent: Agent, world: World
     (("-l", "1000"), "below the minimum of 10000"),
     (("--patience", "0"), "--patience"),
     (("-g", "0"), "--group"),
+    (("--spark-timeout", "soon"), "'--spark-timeout': 'soon' is not a duration"),
+    (("--spark-timeout", "-5"), "'--spark-timeout': '-5' is not a duration"),
+    (("--spark-timeout", "1x"), "'--spark-timeout': '1x' is not a duration"),
 ])
 def test_bad_option_values_are_usage_errors(agent: Agent, world: World, arguments: tuple, text: str) -> None:
     result = agent("run", world.hq, "--once", *arguments)
@@ -169,3 +177,69 @@ def test_bad_transport_options(agent: Agent, world: World) -> None:
     assert result.code == 2 and len(result.err_lines) == 1 and "NAME=VALUE" in result.err
     result = agent("run", world.hq, "--once", "-O", "max_file_size=-5")
     assert result.code == 1 and len(result.err_lines) == 1 and "max_file_size" in result.err
+
+
+# -- a Spark job that hangs or is interrupted (docs/spark.md, "A job that hangs") ------------
+# The launcher stands in for spark-submit and hangs (tests/spark/launchers.py).
+
+
+def _spark_run(world: World, launcher: Path, *options: str) -> list[str]:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    return ["run", str(world.hq), "--once", "--send-only", "--engine", "spark", "--spark-submit", str(launcher),
+            "--spark-conf", "spark.ui.enabled=false", *options]
+
+
+def _log_sent(world: World) -> dict[str, int]:
+    with SiteDatabase.open(world.hq) as site:
+        return {remote.name: remote.log_sent for remote in site.remotes()}
+
+
+def _job_folders(world: World) -> list[Path]:
+    work = agent_directory(world.hq) / "spark"
+    return sorted(work.iterdir()) if work.exists() else []
+
+
+def test_spark_timeout_stops_a_hanging_job(agent: Agent, world: World, tmp_path: Path) -> None:
+    launcher = hanging_launcher(tmp_path / "bin")
+    before = _log_sent(world)
+    result = agent(*_spark_run(world, launcher.path, "--spark-timeout", "1"))
+    assert result.code == 1
+    problems = [line for line in result.err_lines if line.startswith("agent: ")]
+    assert problems == ["agent: transport error: Spark batch of 2 sends: the Spark job ran over its 1 s timeout "
+                        f"and was stopped (its last line: {LAST_LINE}); give it longer with --spark-timeout "
+                        "(0: no limit)"], result.err
+    assert wait_gone(list(launcher.wait_started())) == []
+    assert _log_sent(world) == before
+    assert _job_folders(world) == []
+
+
+def test_spark_timeout_0_is_no_limit(agent: Agent, world: World, tmp_path: Path) -> None:
+    slow = tmp_path / "spark-submit-slow"
+    slow.write_text("#!/bin/sh\nsleep 1.5\necho 'slow launcher gave up'\nexit 1\n")
+    slow.chmod(0o755)
+    result = agent(*_spark_run(world, slow, "--spark-timeout", "0"))
+    assert result.code == 1
+    assert ("agent: transport error: Spark batch of 2 sends: the Spark job failed (exit code 1): "
+            "slow launcher gave up") in result.err_lines, result.err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_a_batch_run_and_its_spark_job(world: World, tmp_path: Path, signum: int) -> None:
+    launcher = hanging_launcher(tmp_path / "bin")
+    before = _log_sent(world)
+    command = [sys.executable, "-c", "from agent.cli import main; main()",
+               *_spark_run(world, launcher.path, "--spark-timeout", "10m")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pids = launcher.wait_started()
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, err
+    assert err.splitlines()[-1] == "agent: interrupted", err
+    assert wait_gone(list(pids)) == []
+    assert _log_sent(world) == before
+    assert _job_folders(world) == []

@@ -15,8 +15,12 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import shutil
+import signal
 import sqlite3
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -24,16 +28,19 @@ from typing import Callable
 import pytest
 
 from agent.cli import main
+from agent.errors import UsageError
 from agent.runner import Agent, RunOptions, RunReport, agent_directory
 from agent.site import SiteDatabase
-from agent.spark.engine import SparkOptions
-from agent.spark.errors import SparkBatchError
+from agent.spark.engine import DEFAULT_TIMEOUT, SparkOptions, run_spark_batch
+from agent.spark.errors import SparkBatchCancelled, SparkBatchError
 from agent.spark.export import BatchSend
 from agent.spark.take import Sender, take_output
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
 from codec.names import MessageName
 from codec.packing import pack_messages
+from tests.spark.launchers import (LAST_LINE, HangingLauncher, group_members, groups_naming, hanging_launcher,
+                                   wait_gone)
 
 import pyspark  # noqa: E402,F401 - the Spark extra is part of the test install: fail, never skip
 
@@ -289,7 +296,7 @@ def test_cli_engine_spark_failure_is_one_line_and_exit_1(world: Path, tmp_path: 
     problems = [line for line in err.splitlines() if line.startswith("agent: transport error: ")]
     assert code == 1
     assert problems == [f"agent: transport error: Spark batch of {SUBSCRIBERS} sends: the Spark launcher "
-                        f"{NO_LAUNCHER} does not exist or cannot be run; check --spark-submit"], err
+                        f"{NO_LAUNCHER} does not exist; check --spark-submit"], err
     with SiteDatabase.open(database) as site:
         assert {remote.log_sent for remote in site.remotes()} == {0}
     # Only the confirmations went out.
@@ -461,8 +468,6 @@ def test_take_refuses_plain_files_for_a_sealed_send(small: tuple[Path, list[Batc
 
 def test_a_job_folder_left_by_a_killed_agent_is_deleted_by_the_next_batch(small: tuple[Path, list[BatchSend]],
                                                                           tmp_path: Path) -> None:
-    from agent.spark.engine import run_spark_batch
-
     database, sends = small
     work = tmp_path / "work"
     stale = work / "job-hq.20261121T000000-abc"
@@ -479,3 +484,216 @@ def test_a_job_folder_left_by_a_killed_agent_is_deleted_by_the_next_batch(small:
     assert not stale.exists()
     assert other_site.exists()
     assert [path.name for path in work.iterdir()] == [other_site.name]
+
+
+# -- a job that hangs, cannot start, or is stopped (docs/spark.md, "A job that hangs") -------
+# The launchers of tests/spark/launchers.py hang without a JVM, so these
+# take seconds; one test stops a real job stalled in its Python workers.
+
+
+def hanging(launcher: HangingLauncher, *, engine: str = "spark", timeout: float | None = 2.0,
+            cancel: threading.Event | None = None) -> SparkOptions:
+    return SparkOptions(engine=engine, threshold=0, master="local[2]", conf=CONF, submit=str(launcher.path),
+                        timeout=timeout, cancel=cancel)
+
+
+def test_a_job_over_its_timeout_is_stopped_with_its_whole_process_group(world: Path, tmp_path: Path) -> None:
+    database = copy_site(world, tmp_path / "timeout")
+    launcher = hanging_launcher(tmp_path / "bin")
+    started = time.monotonic()
+    sent = send_phase(database, hanging(launcher), force_controls=False)
+    elapsed = time.monotonic() - started
+    assert not sent.report.ok and sent.report.spark_batches == 0
+    assert sent.report.transport_errors == [
+        f"Spark batch of {SUBSCRIBERS} sends: the Spark job ran over its 2 s timeout and was stopped "
+        f"(its last line: {LAST_LINE}); give it longer with --spark-timeout (0: no limit)"]
+    # The launcher died of SIGTERM; its child, which ignores SIGTERM, of the
+    # SIGKILL sent to the group: no grace period was waited out.
+    assert wait_gone(list(launcher.wait_started())) == []
+    assert elapsed < 2 + 8, elapsed
+    assert set(sent.log_sent.values()) == {0}
+    assert all(files == [] for files in sent.outbound.values())
+    assert job_folders(database) == []
+
+
+def test_a_job_over_its_timeout_with_engine_auto_falls_back(world: Path, tmp_path: Path,
+                                                            first_local: tuple[Path, Sent]) -> None:
+    database = copy_site(world, tmp_path / "timeout-auto")
+    launcher = hanging_launcher(tmp_path / "bin")
+    sent = send_phase(database, hanging(launcher, engine="auto"))
+    assert sent.report.ok and sent.report.spark_batches == 0, sent.report
+    assert any("failed, so they are packed here: the Spark job ran over its 2 s timeout" in line
+               for line in sent.logs), sent.logs
+    assert_same(sent, first_local[1])
+    assert wait_gone(list(launcher.wait_started())) == []
+    assert job_folders(database) == []
+
+
+def test_setting_the_cancel_event_stops_the_job(world: Path, tmp_path: Path) -> None:
+    database = copy_site(world, tmp_path / "cancelled")
+    launcher = hanging_launcher(tmp_path / "bin")
+    cancel = threading.Event()
+    pids: list[int] = []
+
+    def cancel_once_started() -> None:
+        pids.extend(launcher.wait_started())
+        cancel.set()
+
+    canceller = threading.Thread(target=cancel_once_started, daemon=True)
+    canceller.start()
+    sent = send_phase(database, hanging(launcher, timeout=None, cancel=cancel), force_controls=False)
+    canceller.join()
+    assert sent.report.transport_errors == [f"Spark batch of {SUBSCRIBERS} sends: the Spark batch was cancelled "
+                                            "because the agent is stopping; nothing of it was kept"]
+    assert len(pids) == 2 and wait_gone(pids) == []
+    assert set(sent.log_sent.values()) == {0}
+    assert all(files == [] for files in sent.outbound.values())
+    assert job_folders(database) == []
+
+
+def _keys(site: SiteDatabase) -> SiteKeys:
+    return SiteKeys.from_text(site.identity.secret.decode("ascii"), "hq keys")
+
+
+def test_an_interrupt_in_the_waiting_thread_stops_the_job(small: tuple[Path, list[BatchSend]],
+                                                          tmp_path: Path) -> None:
+    """Run in the main thread, as a script would: Ctrl-C there stops the
+    job before the KeyboardInterrupt goes on."""
+    database, sends = small
+    launcher = hanging_launcher(tmp_path / "bin")
+    work = tmp_path / "work"
+
+    def interrupt_once_started() -> None:
+        launcher.wait_started()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_once_started, daemon=True)
+    with SiteDatabase.open(database) as site:
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work,
+                            options=hanging(launcher, timeout=60))
+    interrupter.join()
+    assert wait_gone(list(launcher.wait_started())) == []
+    assert list(work.iterdir()) == []
+
+
+def test_a_cancel_event_set_before_the_batch_starts_nothing(small: tuple[Path, list[BatchSend]],
+                                                             tmp_path: Path) -> None:
+    database, sends = small
+    launcher = hanging_launcher(tmp_path / "bin")
+    cancel = threading.Event()
+    cancel.set()
+    with SiteDatabase.open(database) as site:
+        with pytest.raises(SparkBatchCancelled, match="cancelled because the agent is stopping"):
+            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=tmp_path / "work",
+                            options=hanging(launcher, cancel=cancel))
+    assert not launcher.pid_file.exists()
+    assert not (tmp_path / "work").exists()
+
+
+def test_cancelling_a_real_job_stops_the_jvm_and_its_python_workers(small: tuple[Path, list[BatchSend]],
+                                                                    tmp_path: Path) -> None:
+    database, sends = small
+    work = tmp_path / "work"
+    cancel = threading.Event()
+    options = SparkOptions(engine="spark", master="local[2]", conf=CONF, job_args=("--stall-seconds", "600"),
+                           cancel=cancel)
+    raised: list[BaseException] = []
+
+    def batch() -> None:  # as the runner calls it: in a worker thread
+        with SiteDatabase.open(database) as site:
+            try:
+                run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work, options=options)
+            except BaseException as error:
+                raised.append(error)
+
+    runner = threading.Thread(target=batch)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not (stalled := sorted(work.glob("job-hq.*/output/_stalled/*"))):
+            assert runner.is_alive(), raised
+            assert time.monotonic() < deadline, "no route task of the job started"
+            time.sleep(0.2)
+        [folder] = work.glob("job-hq.*")
+        # The JVM (spark-submit) and the job's Python driver name the job
+        # folder on their command lines, and share the group spark-submit leads.
+        [group] = groups_naming(os.fspath(folder))
+        members = group_members(group)
+        workers = [int(path.name) for path in stalled]
+        assert group in members and len(members) >= 2 and not set(workers) & set(members)
+    finally:
+        cancel.set()
+        stopping = time.monotonic()
+        runner.join(60)
+    assert not runner.is_alive()
+    assert time.monotonic() - stopping < 20
+    [error] = raised
+    assert isinstance(error, SparkBatchCancelled), error
+    # The workers are in pyspark's own process group: they go when the JVM
+    # that feeds them does.
+    assert wait_gone(members + workers, within=20) == []
+    assert list(work.iterdir()) == []
+
+
+@pytest.mark.parametrize("launcher, message", [
+    (lambda folder: NO_LAUNCHER, f"the Spark launcher {NO_LAUNCHER} does not exist; check --spark-submit"),
+    (lambda folder: "fieldsync-no-such-spark-submit",
+     "the Spark launcher fieldsync-no-such-spark-submit was not found on PATH; give its path with --spark-submit"),
+    (lambda folder: _write(folder / "not-executable", "#!/bin/sh\nexit 0\n", 0o644),
+     "the Spark launcher {path} cannot be run (it is not an executable file); check --spark-submit"),
+    (lambda folder: os.fspath(folder),
+     "the Spark launcher {path} cannot be run (it is not an executable file); check --spark-submit"),
+    (lambda folder: _write(folder / "no-interpreter", "#!/nonexistent/bin/sh\nexit 0\n", 0o755),
+     "cannot start the Spark launcher {path}: the interpreter its first line (#!) names does not exist; "
+     "check --spark-submit"),
+    (lambda folder: _write(folder / "not-a-program", "\x7fELF but not really\n", 0o755),
+     "cannot start the Spark launcher {path}: Exec format error; check --spark-submit"),
+])
+def test_a_launcher_that_cannot_start_is_one_line(small: tuple[Path, list[BatchSend]], tmp_path: Path,
+                                                  launcher: Callable[[Path], str], message: str) -> None:
+    database, sends = small
+    path = launcher(tmp_path)
+    work = tmp_path / "work"
+    with SiteDatabase.open(database) as site:
+        with pytest.raises(SparkBatchError) as raised:
+            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work,
+                            options=SparkOptions(engine="spark", submit=path))
+    assert str(raised.value) == message.format(path=path)
+    assert not work.exists() or list(work.iterdir()) == []
+
+
+def _write(path: Path, text: str, mode: int) -> str:
+    path.write_text(text)
+    path.chmod(mode)
+    return os.fspath(path)
+
+
+def test_a_relative_launcher_path_is_run_from_the_agents_folder(small: tuple[Path, list[BatchSend]],
+                                                                tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The job runs in its job folder: the path must not be looked up there.
+    database, sends = small
+    (tmp_path / "bin").mkdir()
+    _write(tmp_path / "bin" / "spark-submit", "#!/bin/sh\necho 'the launcher ran'\nexit 3\n", 0o755)
+    monkeypatch.chdir(tmp_path)
+    with SiteDatabase.open(database) as site:
+        with pytest.raises(SparkBatchError) as raised:
+            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=tmp_path / "work",
+                            options=SparkOptions(engine="spark", submit="bin/spark-submit"))
+    assert str(raised.value) == "the Spark job failed (exit code 3): the launcher ran"
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 0.0, float("nan"), float("inf"), True, "60"])
+def test_bad_timeouts_are_refused(timeout: object) -> None:
+    with pytest.raises(UsageError, match="the Spark timeout must be a number of seconds > 0, or none"):
+        SparkOptions(timeout=timeout)  # type: ignore[arg-type]
+
+
+def test_no_timeout_and_fractions_are_accepted() -> None:
+    assert SparkOptions(timeout=None).timeout is None
+    assert SparkOptions(timeout=0.5).timeout == 0.5
+    assert SparkOptions().timeout == DEFAULT_TIMEOUT == 3600
+    # The event is not part of the options' value.
+    assert SparkOptions(cancel=threading.Event()) == SparkOptions()
