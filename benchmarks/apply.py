@@ -13,6 +13,17 @@ consolidated (so every UPDATE is checked against its before-image).
   is the same into a table without triggers, for reference.
 * capture: application inserts (``executemany``, 500 per transaction) into a
   published table versus the same table unpublished.
+* unconfirmed: batches of 500 UPDATEs from a remote applied at a
+  consolidated whose log holds a long stretch (``--unconfirmed`` offsets,
+  by default five times ``--inserts``, so 1,000,000: the consolidated's
+  own INSERTs and UPDATEs of other rows, in transactions of 500) that the
+  remote receives and has not confirmed, so the unconfirmed rule runs for
+  every batch (and finds nothing to send back).  Baselines in
+  the same run, on the same database, with the remote's ``confirm_sent``
+  set by hand: at the log end (nothing unconfirmed: the rule does nothing)
+  and about 1,000 offsets before the end of the stretch.
+  ``unconfirmed_flatness`` is the cost per batch with the long stretch over
+  the cost with none.
 
 Both sides use the adapter's connection settings (WAL, synchronous=FULL).
 Each figure is the best of alternating rounds.  Run:
@@ -153,7 +164,84 @@ def run_capture(directory: str, rows: list[tuple], published: bool) -> float:
         conn.close()
 
 
-def measure(inserts_count: int, rounds: int, seed: int) -> dict:
+def run_unconfirmed(directory: str, stretch: int, batches: int, rounds: int, seed: int) -> dict[str, float]:
+    """Seconds per applied batch (best round) with nothing unconfirmed, a
+    small and a long unconfirmed stretch (see the module docstring)."""
+    rng = random.Random(seed)
+    configs = ("none", "small", "long")
+    site = new_site(directory, "unconfirmed")
+    conn: sqlite3.Connection = site.connection
+    app = sqlite3.connect(site.path, isolation_level=None)
+    app.execute("PRAGMA synchronous = OFF")  # building the world needs no durability
+    insert = f"INSERT INTO {TABLE} ({', '.join(COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?)"
+    try:
+        # Rows the remote updates: every batch of every round gets fresh ones,
+        # so no batch meets operations of an earlier one.
+        touched = rounds * len(configs) * batches * BATCH
+        rows, _ = make_rows(touched, seed)
+        for start in range(0, len(rows), 5000):
+            app.execute("BEGIN")
+            app.executemany(insert, rows[start:start + 5000])
+            app.execute("COMMIT")
+        stretch_start = site.scan()
+        # The stretch: INSERTs of other rows, then UPDATEs of them.
+        inserted = stretch - stretch // 2
+        others, _ = make_rows(inserted, seed + 1)
+        others = [(touched + row[0], *row[1:]) for row in others]
+        for start in range(0, len(others), BATCH):
+            app.execute("BEGIN")
+            app.executemany(insert, others[start:start + BATCH])
+            app.execute("COMMIT")
+            site.scan()
+        changes = [(index, touched + 1 + index % inserted) for index in range(stretch // 2)]
+        for start in range(0, len(changes), BATCH):
+            app.execute("BEGIN")
+            app.executemany(f"UPDATE {TABLE} SET visits = ? WHERE id = ?", changes[start:start + BATCH])
+            app.execute("COMMIT")
+            site.scan()
+        stretch_end = site.log_end()
+        small_start = conn.execute("SELECT max(commit_offset) FROM fieldsync_log WHERE commit_offset <= ?",
+                                   (stretch_end - 1000,)).fetchone()[0]
+        confirmed_at = {"long": stretch_start, "small": small_start}
+        current = {row[0]: row for row in rows}
+        next_row = 1
+        commit = 0
+        best: dict[str, float] = {}
+        for _ in range(rounds):
+            for config in configs:
+                end = site.log_end()
+                # By hand: the protocol never moves confirm_sent back.
+                conn.execute("UPDATE fieldsync_remote SET log_sent = ?, confirm_sent = ? WHERE name = 'peer'",
+                             (end, confirmed_at.get(config, end)))
+                pending = []
+                for _batch in range(batches):
+                    commit += 1
+                    ops = []
+                    for row_id in range(next_row, next_row + BATCH):
+                        old = current[row_id]
+                        balance = round(rng.uniform(-500, 5000), 2)
+                        ops.append((TABLE, 2, (row_id,), {"balance": old[3], "visits": old[4]},
+                                    {"balance": balance, "visits": old[4] + 1}))
+                    next_row += BATCH
+                    pending.append(Transaction._trusted(commit, "peer", tuple(ops)))
+                gc.collect()
+                started = time.perf_counter()
+                for transaction in pending:
+                    site.apply("peer", (transaction,), log_received=transaction.commit)
+                seconds = (time.perf_counter() - started) / batches
+                best[config] = min(seconds, best.get(config, float("inf")))
+        problems = [conn.execute(f"SELECT count(*) FROM {name}").fetchone()[0]
+                    for name in ("fieldsync_apply_error", "fieldsync_conflict", "fieldsync_returned")]
+        if any(problems):
+            raise SystemExit(f"unconfirmed run went wrong: errors, conflicts, rows sent back: {problems}")
+        best["offsets"] = stretch_end - stretch_start
+        return best
+    finally:
+        app.close()
+        site.close()
+
+
+def measure(inserts_count: int, rounds: int, seed: int, unconfirmed: int = 1_000_000, batches: int = 10) -> dict:
     rows, updates = make_rows(inserts_count, seed)
     insert_txns, update_txns = transactions(rows, updates)
     capture_rows = rows[: inserts_count // 2]
@@ -175,6 +263,7 @@ def measure(inserts_count: int, rounds: int, seed: int) -> dict:
             keep("plain_update", plain_update)
             keep("capture_published", run_capture(directory, capture_rows, published=True))
             keep("capture_unpublished", run_capture(directory, capture_rows, published=False))
+        stretch = run_unconfirmed(directory, unconfirmed, batches, rounds, seed)
     operations = len(rows) + len(updates)
     apply_seconds = best["apply_insert"] + best["apply_update"]
     raw_seconds = best["raw_insert"] + best["raw_update"]
@@ -201,7 +290,14 @@ def measure(inserts_count: int, rounds: int, seed: int) -> dict:
         "published_insert_rows_per_s": round(published_rate),
         "unpublished_insert_rows_per_s": round(unpublished_rate),
         "capture_ratio": round(published_rate / unpublished_rate, 3),
-        "targets": {"apply_ratio": 0.5, "capture_ratio": 0.4},
+        "unconfirmed_offsets": stretch["offsets"],
+        "unconfirmed_batches": batches,
+        "unconfirmed_long_batch_ms": round(stretch["long"] * 1000, 3),
+        "unconfirmed_small_batch_ms": round(stretch["small"] * 1000, 3),
+        "unconfirmed_none_batch_ms": round(stretch["none"] * 1000, 3),
+        "unconfirmed_flatness": round(stretch["long"] / stretch["none"], 3),
+        "unconfirmed_long_vs_small": round(stretch["long"] / stretch["small"], 3),
+        "targets": {"apply_ratio": 0.5, "capture_ratio": 0.4, "unconfirmed_flatness": 1.5},
     }
 
 
@@ -211,8 +307,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inserts", type=int, default=200_000, help="INSERTs to apply (UPDATEs: half as many)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best of each is kept")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--unconfirmed", type=int, default=None,
+                        help="offsets the remote has not confirmed in the unconfirmed-rule measurement "
+                             "(default: five times --inserts)")
+    parser.add_argument("--batches", type=int, default=10,
+                        help="batches of 500 UPDATEs applied per round and stretch in that measurement")
     args = parser.parse_args(argv)
-    result = measure(args.inserts, args.rounds, args.seed)
+    if args.unconfirmed is None:
+        args.unconfirmed = 5 * args.inserts
+    if args.unconfirmed < 2000 or args.batches < 1:
+        parser.error("--unconfirmed must be at least 2000 and --batches at least 1")
+    result = measure(args.inserts, args.rounds, args.seed, args.unconfirmed, args.batches)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -229,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  published table    {result['published_insert_rows_per_s']:>10,} rows/s")
     print(f"  unpublished table  {result['unpublished_insert_rows_per_s']:>10,} rows/s")
     print(f"  capture_ratio      {result['capture_ratio']:>10}   (target >= 0.4)")
+    print(f"batches of {BATCH} UPDATEs from a remote, {result['unconfirmed_offsets']:,} offsets unconfirmed by it")
+    print(f"  per batch          {result['unconfirmed_long_batch_ms']:>10} ms "
+          f"(about 1,000 unconfirmed: {result['unconfirmed_small_batch_ms']} ms, "
+          f"none: {result['unconfirmed_none_batch_ms']} ms)")
+    print(f"  unconfirmed_flatness {result['unconfirmed_flatness']:>8}   (target <= 1.5)")
     return 0
 
 

@@ -4,7 +4,8 @@ Rules of this file:
 * Every table fieldsync creates is named ``fieldsync_*`` so it never clashes
   with an application table; publishing a ``fieldsync_*`` table is refused.
 * The layout has a version (``fieldsync_site.schema_version``); a database
-  written by a newer layout is refused rather than misread.
+  written by a newer layout is refused rather than misread, one written by
+  an older layout is upgraded when opened (see _UPGRADES).
 * The capture table's value columns have no declared type, so SQLite stores
   each value exactly as the application's row held it (no affinity).
 """
@@ -25,7 +26,9 @@ from codec.names import check_site_name
 from ._db import connect, format_time, parse_time, quote_ident, translate, utc_now, write_transaction
 from .errors import AlreadyASite, InvalidSetting, NotASite, UnsupportedSiteVersion
 
-SCHEMA_VERSION = 1
+# 1: the first layout.  2: at the consolidated, key indexes on the capture
+# table and capture triggers that cannot abort (capture.upgrade_capture).
+SCHEMA_VERSION = 2
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -278,12 +281,8 @@ def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = 
             raise NotASite(f"{path}: not an SQLite database ({error})") from error
         if not site:
             raise NotASite(f"{path} is an SQLite database but not a fieldsync site; initialise it first")
-        version = conn.execute("SELECT schema_version FROM fieldsync_site").fetchone()
-        if version is None:
-            raise NotASite(f"{path}: fieldsync_site is empty; the site was never initialised completely")
-        if version[0] > SCHEMA_VERSION:
-            raise UnsupportedSiteVersion(f"{path} uses site layout {version[0]}; this fieldsync reads up to "
-                                         f"{SCHEMA_VERSION}: upgrade fieldsync")
+        if _layout(conn, path) < SCHEMA_VERSION:
+            _upgrade(conn, path)
     except sqlite3.Error as error:
         conn.close()
         raise translate(error, f"opening {path}") from error
@@ -291,6 +290,36 @@ def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = 
         conn.close()
         raise
     return conn
+
+
+def _layout(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> int:
+    """The database's layout version; refuse one this fieldsync cannot read."""
+    version = conn.execute("SELECT schema_version FROM fieldsync_site").fetchone()
+    if version is None:
+        raise NotASite(f"{path}: fieldsync_site is empty; the site was never initialised completely")
+    if version[0] > SCHEMA_VERSION:
+        raise UnsupportedSiteVersion(f"{path} uses site layout {version[0]}; this fieldsync reads up to "
+                                     f"{SCHEMA_VERSION}: upgrade fieldsync")
+    return version[0]
+
+
+def _upgrade_capture(conn: sqlite3.Connection) -> None:
+    from .capture import upgrade_capture  # capture imports this module
+
+    upgrade_capture(conn)
+
+
+# What turns layout N into layout N + 1.
+_UPGRADES = {1: _upgrade_capture}
+
+
+def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> None:
+    """Bring a database of an older layout to SCHEMA_VERSION, in one write
+    transaction (another process may have done it meanwhile)."""
+    with write_transaction(conn, f"upgrading the site layout of {path}"):
+        for step in range(_layout(conn, path), SCHEMA_VERSION):
+            _UPGRADES[step](conn)
+        conn.execute("UPDATE fieldsync_site SET schema_version = ?", (SCHEMA_VERSION,))
 
 
 def read_identity(conn: sqlite3.Connection) -> SiteIdentity:

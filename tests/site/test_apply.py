@@ -389,3 +389,50 @@ def test_kill_during_apply_leaves_all_or_nothing(tmp_path):
         assert snapshot(site)[:2] == after[:2]
         site.close()
     assert "none" in outcomes, f"no kill landed mid-apply ({outcomes}); the test proved nothing"
+
+
+@pytest.mark.parametrize("role", ["consolidated", "remote"])
+def test_constraint_failures_in_runs_are_replayed_one_by_one(hq, remote, role):
+    """The fast path skips a row that breaks a constraint (NOT NULL, a key
+    taken by another row) and replays the run with every check: the other
+    rows are applied, the bad ones recorded."""
+    site = hq if role == "consolidated" else remote
+    peer = "r1" if role == "consolidated" else "hq"
+
+    def line(order_id, **values):
+        return {"order_id": order_id, "line_no": 1, **values}
+
+    inserts = [Operation.insert("line", (1, order_id), line(order_id, sku="s", qty=1)) for order_id in range(1, 101)]
+    inserts[40] = Operation.insert("line", (1, 41), line(41, sku=None, qty=1))
+    result = site.apply(peer, [txn(1, *inserts, origin=peer)], log_received=1)
+    assert (result.operations_applied, result.errors) == (99, 1)
+    updates = [Operation.update("line", (1, order_id), {"qty": 1}, {"qty": 2}) for order_id in range(1, 101)
+               if order_id != 41]
+    updates[10] = Operation.update("line", (1, 11), {"sku": "s"}, {"sku": None})
+    updates[20] = Operation.update("line", (1, 21), {"order_id": 21}, {"order_id": 22})
+    result = site.apply(peer, [txn(2, *updates, origin=peer)], log_received=2)
+    assert (result.operations_applied, result.errors) == (97, 2)
+    assert [error.problem.split(":")[0] for error in site.apply_errors()] == ["constraint failed"] * 3
+    assert site.connection.execute("SELECT count(*), sum(qty) FROM line").fetchone() == (99, 97 * 2 + 2)
+
+
+def test_an_application_trigger_failing_stops_its_row_only(hq):
+    """A table with triggers of the application's own at the consolidated:
+    a row whose trigger breaks a constraint is recorded and not applied,
+    the others are applied and their triggers run (the fast path does not
+    turn the trigger's failure into a skipped statement)."""
+    conn = hq.connection
+    conn.execute("CREATE TABLE audit (id INTEGER PRIMARY KEY, note TEXT NOT NULL)")
+    for event, image in (("INSERT", "NEW"), ("UPDATE", "NEW")):
+        conn.execute(f"CREATE TRIGGER app_audit_{event.lower()} AFTER {event} ON customer BEGIN "
+                     f"INSERT INTO audit (note) VALUES ({image}.name); END")
+    inserts = [ins(row_id, name=None if row_id == 5 else f"n{row_id}") for row_id in range(1, 11)]
+    result = hq.apply("r1", [txn(1, *inserts)], log_received=1)
+    assert (result.operations_applied, result.errors) == (9, 1)
+    updates = [upd(row_id, {"name": f"n{row_id}"}, {"name": None if row_id == 7 else f"m{row_id}"})
+               for row_id in range(1, 11) if row_id != 5]
+    result = hq.apply("r1", [txn(2, *updates)], log_received=2)
+    assert (result.operations_applied, result.errors) == (8, 1)
+    assert [error.key for error in hq.apply_errors()] == [(5,), (7,)]
+    assert conn.execute("SELECT count(*) FROM audit").fetchone()[0] == 9 + 8
+    assert table_rows(hq, "customer", "WHERE id = 7")[0][1] == "n7"
