@@ -373,7 +373,7 @@ class Applier:
                     if kind == 1:  # INSERT
                         if (before is None and type(after) is dict
                                 and {*map(type, key), *map(type, after.values())} <= plain):
-                            mine = (table, 1, *after)
+                            mine = (table, 1, len(key), *after)
                             values = tuple(after.values())
                     elif kind == 2:  # UPDATE
                         if (type(before) is dict and type(after) is dict and after

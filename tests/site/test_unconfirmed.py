@@ -387,3 +387,29 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
     finally:
         hq.close()
         r1.close()
+
+
+@pytest.mark.parametrize("role", ["consolidated", "remote"])
+def test_a_key_of_the_wrong_length_is_an_error_on_the_slow_path_too(sites, role):
+    """After an INSERT of an existing key the batch is replayed one operation
+    at a time; a key of the wrong length there is recorded as an error, and
+    the rest of the batch goes on (one bad row must not stop the stream)."""
+    hq, r1 = sites
+    site, peer = (hq, "r1") if role == "consolidated" else (r1, "hq")
+    existing = table_rows(site, "orders")[0]
+    row = dict(zip(("id", "region", "qty", "note"), existing))
+    commit = site.remote(peer).log_received + 1
+    batch = [Transaction._trusted(commit, peer, (
+        ("orders", 1, (row["id"],), None, row),
+        ("orders", 1, (9001, 1), None, {"id": 9001, "region": "north", "qty": 1, "note": "two-value key"}),
+        ("orders", 1, (row["id"], 7), None, row),  # the slow path would look this key up
+        ("orders", 3, (row["id"], 2), {}, None),
+        ("orders", 1, (9002,), None, {"id": 9002, "region": "north", "qty": 2, "note": "fine"})))]
+    result = site.apply(peer, batch, log_received=commit)
+    # The consolidated keeps its row against the INSERT of an existing key (an
+    # error); a remote that holds that very row counts it applied.
+    assert (result.errors, result.operations_applied) == ((4, 1) if role == "consolidated" else (3, 2))
+    assert [r for r in table_rows(site, "orders") if r[0] == 9002] == [(9002, "north", 2, "fine")]
+    assert not [r for r in table_rows(site, "orders") if r[0] == 9001]
+    problems = [error.problem for error in site.apply_errors()]
+    assert sum("key has 2 values" in problem for problem in problems) == 3, problems
