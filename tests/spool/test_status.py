@@ -1,6 +1,8 @@
 """What ``agent status`` and ``agent spool check`` will show, and the space
 the spool keeps."""
 
+import logging
+
 import pytest
 
 from agent.queues import QueueDepth
@@ -156,6 +158,7 @@ def test_a_failed_termination_checkpoint_still_closes_and_loses_nothing(tmp_path
         if full and where == "checkpoint.before_cpl":
             raise OSError(28, "No space left on device")
 
+    caplog.set_level(logging.WARNING, logger="fieldsync.spool")  # whatever other tests set on "fieldsync"
     spool = SpoolQueues(path, checkpoint_every=8, _fault=disk_full)
     full.append(True)  # the disk fills up after the spool opened
     for number in range(3):
