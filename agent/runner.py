@@ -30,14 +30,16 @@ from typing import Any, Callable, Iterable
 from codec.atomic import write_file_atomically
 from codec.errors import BadFileName, CodecError, InvalidValue, MessageError
 from codec.keys import Keyring, PublicKeys, SiteKeys
-from codec.message import (ControlState, check_message, decode_message, encode_control_message, reassemble)
+from codec.message import (ControlState, EncodedMessage, check_message, decode_message, encode_control_message,
+                           reassemble)
 from codec.names import Kind, MessageName
-from codec.packing import DEFAULT_MAX_SIZE, check_max_size, pack_messages
+from codec.packing import DEFAULT_MAX_SIZE, check_max_size
 from transports import Incoming, Transport, TransportError
 from transports.registry import create_transport
 
 from .crashpoints import crash_point
 from .errors import AgentError
+from .outbound import SEND_ERRORS, Packed, pack_sends
 from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
                        SendData, Settings, StreamStopped)
 from .queues import DirectoryQueues, MessageQueues
@@ -157,6 +159,8 @@ class Agent:
         self._last_scheduled: dict[str, datetime] = {}
         # Files a Spark batch made for a peer's due send, taken by _send_data.
         self._prepared: dict[str, tuple[SendData, list[TakenFile]]] = {}
+        # Due sends packed and queued here in one pass, taken by _send_data.
+        self._packed: dict[str, tuple[SendData, Packed]] = {}
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -520,9 +524,14 @@ class Agent:
             elif isinstance(action, PurgeOutbound):
                 await asyncio.to_thread(self.queues.purge_outbound, peer.name, action.below_resend_count)
             elif isinstance(action, SendControl):
-                await asyncio.to_thread(self._queue_control, peer, action)
-                if action.reason == "resend request":
-                    self.report.resend_requests += 1
+                try:
+                    await asyncio.to_thread(self._queue_control, peer, action)
+                except CodecError as error:  # e.g. the peer's sealing key is another site's
+                    log.error("preparing a control message for %s failed: %s", peer.name, error)
+                    self.report.transport_errors.append(f"preparing a control message for {peer.name}: {error}")
+                else:
+                    if action.reason == "resend request":
+                        self.report.resend_requests += 1
             elif isinstance(action, StreamStopped):
                 message = (f"{peer.name} changed its incarnation id ({action.expected.hex()[:8]} -> "
                            f"{action.received.hex()[:8]}): its stream is stopped; re-extract the remote "
@@ -585,9 +594,10 @@ class Agent:
         runs: every peer), and confirm.
 
         The due sends are collected first, so that a large backlog can go to
-        one Spark batch (docs/spark.md); then each peer's send is carried
-        out (with the batch's files, or packed here) and its confirmation
-        queued, peer by peer.
+        one Spark batch (docs/spark.md), or else be packed here in one pass
+        over the log for all of them (agent.outbound); then, peer by peer,
+        each send is recorded (``log_sent``, once its files are durably
+        queued) and the peer's confirmation queued.
         """
         log_end = await asyncio.to_thread(self.db.scan)
         now = self.clock()
@@ -612,12 +622,17 @@ class Agent:
         sends = [(peer, send) for peer, send in due if send is not None]
         batch, failed = await self._spark_batch(sends)
         try:
+            if batch is None and not failed and sends:
+                packed = await asyncio.to_thread(self._pack_local, sends)
+                for (peer, send), outcome in zip(sends, packed):
+                    self._packed[peer.name] = (send, outcome)
             for peer, send in due:
                 if send is not None:
                     await self._execute(peer, peer.protocol.send_aborted(self.clock()) if failed else [send])
                 await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
         finally:
             self._prepared.clear()
+            self._packed.clear()
             if batch is not None:
                 await asyncio.to_thread(batch.close)
 
@@ -630,8 +645,7 @@ class Agent:
         backlog = sum(send.end - send.start for _, send in sends)
         if not sends or not spark.uses_spark(backlog):
             return None, False
-        batch_sends = [BatchSend(peer.name, send.start, send.end, send.resend_count, self._seal_to(peer))
-                       for peer, send in sends]
+        batch_sends = self._batch_sends(sends)
         log.info("preparing %d sends (backlog %d log offsets) on Spark (%s)", len(sends), backlog, spark.master)
         try:
             batch = await asyncio.to_thread(run_spark_batch, self.db, self.keys, batch_sends,
@@ -651,12 +665,22 @@ class Agent:
 
     async def _send_data(self, peer: _Peer, action: SendData) -> list[Any]:
         prepared = self._prepared.pop(peer.name, None)
+        packed = self._packed.pop(peer.name, None)
         try:
             if prepared is not None and prepared[0] == action:
                 count = await asyncio.to_thread(self._queue_prepared, peer, action, prepared[1])
             else:
-                count = await asyncio.to_thread(self._pack_and_queue, peer, action)
-        except (CodecError, AgentError, OSError) as error:
+                if packed is None or packed[0] != action:
+                    # A send outside a send phase (a resend request acted on later).
+                    [outcome] = await asyncio.to_thread(self._pack_local, [(peer, action)])
+                else:
+                    outcome = packed[1]
+                if outcome.error is not None:
+                    # Raised here, at the peer's turn, as packing on its own would:
+                    # a range the log cannot serve stops the run, the others fail the send.
+                    raise outcome.error
+                count = outcome.messages
+        except SEND_ERRORS as error:
             log.error("preparing messages for %s failed: %s", peer.name, error)
             self.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
             return peer.protocol.send_aborted(self.clock())
@@ -669,14 +693,14 @@ class Agent:
     def _seal_to(self, peer: _Peer) -> PublicKeys | None:
         return peer.public if (self.options.seal and peer.public is not None) else None
 
+    def _batch_sends(self, sends: list[tuple[_Peer, SendData]]) -> list[BatchSend]:
+        return [BatchSend(peer.name, send.start, send.end, send.resend_count, self._seal_to(peer))
+                for peer, send in sends]
+
     def _group_commit(self) -> contextlib.AbstractContextManager[Any]:
         """One wait for durability for the puts of a block, where the queues offer it."""
         group = getattr(self.queues, "group_commit", None)
         return group() if group is not None else contextlib.nullcontext()
-
-    def _pack_and_queue(self, peer: _Peer, action: SendData) -> int:
-        with self._group_commit():
-            return self._pack_into_queue(peer, action, self._seal_to(peer))
 
     def _queue_prepared(self, peer: _Peer, action: SendData, files: list[TakenFile]) -> int:
         """Queue the checked files a Spark batch made for ``action``."""
@@ -685,16 +709,23 @@ class Agent:
                 self.queues.put_outbound(peer.name, file.name, file.read(), action.resend_count)
         return len(files)
 
-    def _pack_into_queue(self, peer: _Peer, action: SendData, seal_to: PublicKeys | None) -> int:
-        transactions = self.db.read_log(peer.name, action.start, action.end)
-        count = 0
-        for message in pack_messages(transactions, keys=self.keys, recipient=peer.name,
-                                     incarnation=self.db.identity.incarnation,
-                                     resend_count=action.resend_count, start=action.start,
-                                     max_size=self.options.max_message_size, end=action.end, seal_to=seal_to):
-            self.queues.put_outbound(peer.name, message.name, message.data, action.resend_count)
-            count += 1
-        return count
+    def _pack_local(self, sends: list[tuple[_Peer, SendData]]) -> list[Packed]:
+        """Pack ``sends`` here, in one pass over the log, and queue their
+        messages as they are made; every put is durable on return.  The
+        files of a send that failed stay queued: its log_sent does not
+        move, so they are sent again."""
+        batch_sends = self._batch_sends(sends)
+
+        def put(index: int, message: EncodedMessage) -> None:
+            send = batch_sends[index]
+            self.queues.put_outbound(send.subscriber, message.name, message.data, send.resend_count)
+
+        try:
+            with self._group_commit():
+                return pack_sends(self.db, self.keys, batch_sends, put, max_size=self.options.max_message_size)
+        except (AgentError, OSError) as error:
+            # The block's wait for durability failed: none of its puts counts as queued.
+            return [Packed(0, error) for _ in sends]
 
     def _queue_control(self, peer: _Peer, action: SendControl) -> None:
         message = encode_control_message(action.state, keys=self.keys, recipient=peer.name,

@@ -8,9 +8,11 @@ built once, at the largest size; a backlog of k operations is the log range
 subscriber (one send of ``(0, end]`` each): only the range matters to both
 paths.
 
-* agent: the agent's single-process path (``Agent._pack_into_queue``),
-  subscriber after subscriber: ``pack_messages(db.read_log(...))``, each file
-  written as the job writes its files (temporary name, fsync, rename).
+* agent: the agent's single-process path (``agent.outbound.pack_sends``, what
+  ``Agent.send_phase`` runs on the local engine): one pass over the log for
+  every subscriber, each subscriber's transactions packed as they come,
+  each file written as the job writes its files (temporary name, fsync,
+  rename).
 * spark: ``agent.spark.export.export_batch`` then
   ``contrib.spark.job.run_job`` on a SparkSession started beforehand
   (``--master``, default ``local[2]``).
@@ -46,11 +48,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent.admin import site_keys
+from agent.outbound import pack_sends
 from agent.site import SiteDatabase
 from agent.spark.export import BatchSend, export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
-from codec.packing import pack_messages
+from codec.message import EncodedMessage
 from contrib.spark.job import _write_atomic, run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,14 +90,17 @@ def commit_ends(db: SiteDatabase, sizes: list[int]) -> list[int]:
 
 
 def send_with_agent(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, folder: Path) -> None:
-    incarnation = db.identity.incarnation
+    sends = [BatchSend(name, 0, end, 0) for name in names]
     for name in names:
-        target = folder / name
-        target.mkdir(parents=True)
-        for message in pack_messages(db.read_log(name, 0, end), keys=keys, recipient=name,
-                                     incarnation=incarnation, resend_count=0, start=0, max_size=MAX_SIZE, end=end):
-            # The job's own write, so writing files costs the same on both sides.
-            _write_atomic(target / message.name, message.data)
+        (folder / name).mkdir(parents=True)
+
+    def put(index: int, message: EncodedMessage) -> None:
+        # The job's own write, so writing files costs the same on both sides.
+        _write_atomic(folder / names[index] / message.name, message.data)
+
+    for send, outcome in zip(sends, pack_sends(db, keys, sends, put, max_size=MAX_SIZE)):
+        if outcome.error is not None:
+            raise SystemExit(f"the agent could not pack its send to {send.subscriber}: {outcome.error}")
 
 
 def file_digests(folder: Path) -> dict[str, tuple[int, str]]:

@@ -12,12 +12,17 @@ Rules of this file:
   or from outside state.
 * Memory is bounded by one message plus one transaction of look-ahead,
   whatever the backlog.
+* One algorithm, two ways to feed it: :class:`_Packer` is a coroutine that
+  asks for the next transaction when it needs one.  :func:`pack_messages`
+  answers from an iterable (pull); :class:`MessagePacker` is handed the
+  transactions one at a time (push), for one pass over the log that feeds
+  many subscribers.  Both make the same files from the same stream.
 """
 
 from __future__ import annotations
 
 from itertools import islice
-from typing import Iterable, Iterator
+from typing import Generator, Iterable, Iterator
 
 from .errors import InvalidValue
 from .header import Header
@@ -63,6 +68,11 @@ class _Candidate:
         self.compressed = compressed
 
 
+# What the packer yields: a finished message, or None to ask for the next
+# transaction (sent back in; None when the input is exhausted).
+_Steps = Generator["EncodedMessage | None", "Transaction | None", None]
+
+
 def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipient: str,
                   incarnation: bytes, resend_count: int, start: int,
                   max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
@@ -79,7 +89,73 @@ def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipi
     check_max_size(max_size)
     check_site_name(recipient)
     packer = _Packer(keys, recipient, incarnation, resend_count, max_size, seal_to)
-    return packer.run(iter(transactions), start, end)
+    return _pull_through(packer.run(start, end), iter(transactions))
+
+
+def _pull_through(steps: _Steps, source: Iterator[Transaction]) -> Iterator[EncodedMessage]:
+    """Run the packer, answering each request for input from ``source``."""
+    try:
+        step = next(steps)
+        while True:
+            if step is None:
+                step = steps.send(next(source, None))
+            else:
+                yield step
+                step = next(steps)
+    except StopIteration:
+        return
+
+
+class MessagePacker:
+    """The files :func:`pack_messages` makes, for transactions handed over one
+    at a time: :meth:`add` returns the messages that became complete,
+    :meth:`close` the rest.  Holds what the pull form holds (one message and
+    the look-ahead it has been given), so a caller feeding many subscribers
+    from one pass over the log holds about one message for each.
+
+    After an error (a bad transaction, a message that cannot be sealed) the
+    packer is spent: every later call raises :class:`InvalidValue`.
+    """
+
+    __slots__ = ("recipient", "_steps", "_spent")
+
+    def __init__(self, *, keys: SiteKeys, recipient: str, incarnation: bytes, resend_count: int, start: int,
+                 max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
+                 seal_to: PublicKeys | None = None) -> None:
+        check_max_size(max_size)
+        self.recipient = check_site_name(recipient)
+        self._steps = _Packer(keys, recipient, incarnation, resend_count, max_size, seal_to).run(start, end)
+        # Run to the first request for input (checking ``start`` on the way).
+        if next(self._steps) is not None:
+            raise AssertionError("the packer made a message before it had any input")
+        self._spent = False
+
+    def add(self, transaction: Transaction) -> list[EncodedMessage]:
+        """Queue ``transaction`` (the next in commit order); return the
+        messages it completed."""
+        if transaction is None:
+            raise InvalidValue(f"packer for {self.recipient}: a transaction is required (close() ends the stream)")
+        return self._collect(transaction)
+
+    def close(self) -> list[EncodedMessage]:
+        """End the stream; return the remaining messages."""
+        return self._collect(None)
+
+    def _collect(self, transaction: Transaction | None) -> list[EncodedMessage]:
+        if self._spent:
+            raise InvalidValue(f"packer for {self.recipient} was closed or failed")
+        finished: list[EncodedMessage] = []
+        try:
+            step = self._steps.send(transaction)
+            while step is not None:
+                finished.append(step)
+                step = next(self._steps)
+        except StopIteration:
+            self._spent = True
+        except BaseException:
+            self._spent = True
+            raise
+        return finished
 
 
 class _Packer:
@@ -102,11 +178,11 @@ class _Packer:
 
     # -- input ------------------------------------------------------------------
 
-    def _pull(self, source: Iterator[Transaction]) -> bool:
+    def _pull(self) -> Generator[None, Transaction | None, bool]:
         """Queue one more transaction; False when the input is exhausted."""
         if self.exhausted:
             return False
-        transaction = next(source, None)
+        transaction = yield None
         if transaction is None:
             self.exhausted = True
             return False
@@ -118,13 +194,21 @@ class _Packer:
         self.queue.append((transaction.commit, serialized))
         return True
 
-    def _count_by_estimate(self, source: Iterator[Transaction], minimum: int) -> int:
+    def _count_by_estimate(self, minimum: int) -> Generator[None, Transaction | None, int]:
         """How many queued transactions fill the space by the current estimate."""
         count = 0
         raw = 1
         while True:
-            if count == len(self.queue) and not self._pull(source):
-                break
+            if count == len(self.queue):
+                # When no further transaction could join, whatever it is, do
+                # not wait for one: a transaction pushed alone over the target
+                # is packed (split) at once instead of held until the next.
+                if count >= minimum and raw * self.ratio > self.target:
+                    break
+                if count >= max(minimum, 1) and raw >= MAX_PAYLOAD:
+                    break
+                if not (yield from self._pull()):
+                    break
             size = len(self.queue[count][1])
             if count >= minimum and (raw + size) * self.ratio > self.target:
                 break
@@ -140,17 +224,17 @@ class _Packer:
 
     # -- output -----------------------------------------------------------------
 
-    def run(self, source: Iterator[Transaction], start: int, end: int | None) -> Iterator[EncodedMessage]:
+    def run(self, start: int, end: int | None) -> _Steps:
         if start < 0:
             raise InvalidValue(f"start offset must be >= 0, got {start}")
         self.last_commit = start
         prev = start
         pending: tuple[Kind, Header, int, bytes, bool] | None = None
         while True:
-            count = self._count_by_estimate(source, 1)
+            count = yield from self._count_by_estimate(1)
             if count == 0:
                 break
-            candidate = self._fit(source, count)
+            candidate = yield from self._fit(count)
             if candidate is None:
                 # The first queued transaction does not fit alone: split it.
                 commit, serialized = self.queue.pop(0)
@@ -185,7 +269,7 @@ class _Packer:
                      raw_length=raw_length, compressed=compressed, part=part, seal_to=self.seal_to)
         return EncodedMessage(str(MessageName(self.keys.site, self.recipient, kind, header)), header, data)
 
-    def _fit(self, source: Iterator[Transaction], count: int) -> _Candidate | None:
+    def _fit(self, count: int) -> Generator[None, Transaction | None, _Candidate | None]:
         """The largest candidate that fits, by estimate plus correction; None
         when even the first transaction alone does not fit."""
         candidate = self._compress(count)
@@ -196,13 +280,13 @@ class _Packer:
             self.ratio = len(candidate.compressed) / candidate.raw_length
             if candidate.count == 1:
                 return None
-            smaller = min(self._count_by_estimate(source, 0), candidate.count - 1)
+            smaller = min((yield from self._count_by_estimate(0)), candidate.count - 1)
             candidate = self._compress(max(smaller, 1))
             grown = True  # never grow after shrinking
         self.ratio = len(candidate.compressed) / candidate.raw_length
-        more_available = candidate.count < len(self.queue) or self._pull(source)
+        more_available = candidate.count < len(self.queue) or (yield from self._pull())
         if not grown and more_available and len(candidate.compressed) < self.space * _GROW_BELOW:
-            larger = self._count_by_estimate(source, candidate.count)
+            larger = yield from self._count_by_estimate(candidate.count)
             if larger > candidate.count:
                 attempt = self._compress(larger)
                 if len(attempt.compressed) <= self.space:

@@ -514,7 +514,8 @@ class Router:
     """Which of several subscribers' readers a capture row can concern.
 
     Used where one pass over the log serves many subscribers (the Spark
-    batch job): instead of offering every row to every reader, a row goes
+    batch job, :class:`Fanout` for the agent's own sends): instead of
+    offering every row to every reader, a row goes
     to the readers that receive every row of its table, those whose
     SUBSCRIBE BY values hold its old or new value, and, for a row written
     back to its origin, the origin alone.  That is a superset of the readers
@@ -608,6 +609,154 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
         reader.extend(logged_origin, rows, ops)
     if ops:
         yield from _transaction(commit, origin, ops)
+
+
+# A pass over the log for several subscribers holds at most this many
+# selected operations of one log transaction (all subscribers together)
+# before it reads that transaction for each subscriber in turn instead.
+FANOUT_HOLD = 50_000
+
+
+class Fanout:
+    """One pass over the log for several subscribers, each with its own range.
+
+    Fed the capture rows of the union of the ranges as :func:`iter_capture`
+    gives them (unselected: chunks of one log transaction each, in seq
+    order), it offers each row to the readers it can concern
+    (:class:`Router`) among the subscribers whose range ``(start, end]``
+    holds its log transaction, and returns each subscriber's transactions as
+    :func:`read_transactions` makes them, once their log transaction is
+    complete.  Pure: it holds the operations selected from the current log
+    transaction (``held`` of them), nothing from earlier ones.
+    """
+
+    def __init__(self, readers: list[SubscriberReader], ranges: list[tuple[int, int]]) -> None:
+        if len(readers) != len(ranges):
+            raise InvalidSetting(f"{len(readers)} readers for {len(ranges)} ranges")
+        if len({reader.subscriber for reader in readers}) != len(readers):
+            raise InvalidSetting("a pass over the log reads for each subscriber at most once")
+        self.readers = readers
+        self.ranges = ranges
+        self.held = 0
+        self.active: tuple[int, ...] = ()  # the subscribers whose range holds the current log transaction
+        self._ops: list[list[Operation]] = [[] for _ in readers]
+        self._commit = 0
+        self._origin = ""
+        self._routers: dict[tuple[int, ...], Router] = {}
+
+    def add(self, commit: int, origin: str, rows: list[tuple]) -> list[tuple[int, Transaction]]:
+        """Take the next chunk of capture rows; return ``(index, transaction)``
+        for the log transaction before it, if this chunk starts another."""
+        finished: list[tuple[int, Transaction]] = []
+        if commit != self._commit:
+            finished = self._complete()
+            self._commit, self._origin = commit, origin
+            self.active = tuple(index for index, (start, end) in enumerate(self.ranges) if start < commit <= end)
+        active = self.active
+        if len(active) == 1:
+            # One subscriber: its reader takes the whole chunk (it leaves out
+            # its own changes itself), as read_transactions does.
+            ops = self._ops[active[0]]
+            before = len(ops)
+            self.readers[active[0]].extend(origin, rows, ops)
+            self.held += len(ops) - before
+        elif active:
+            router = self._router(active)
+            candidates = router.candidates
+            buckets: list[list[tuple]] = [[] for _ in active]
+            appends = [bucket.append for bucket in buckets]
+            for row in rows:
+                for local in candidates(origin, row):
+                    appends[local](row)
+            for local, bucket in enumerate(buckets):
+                if bucket:
+                    ops = self._ops[active[local]]
+                    before = len(ops)
+                    router.readers[local].extend(origin, bucket, ops)
+                    self.held += len(ops) - before
+        return finished
+
+    def finish(self) -> list[tuple[int, Transaction]]:
+        """The end of the input: the transactions of the last log transaction."""
+        finished = self._complete()
+        self._commit, self.active = 0, ()
+        return finished
+
+    def drop(self) -> tuple[int, tuple[int, ...]]:
+        """Forget what was selected from the current log transaction; return
+        its commit offset and the subscribers whose range holds it, for the
+        caller to read it for them another way."""
+        dropped = (self._commit, self.active)
+        for index in self.active:
+            self._ops[index] = []
+        self._commit, self.active, self.held = 0, (), 0
+        return dropped
+
+    def _complete(self) -> list[tuple[int, Transaction]]:
+        finished = []
+        for index in self.active:
+            ops = self._ops[index]
+            if ops:
+                self._ops[index] = []
+                transaction = make_transaction(self._commit, self._origin, ops)
+                if transaction is not None:
+                    finished.append((index, transaction))
+        self.held = 0
+        return finished
+
+    def _router(self, active: tuple[int, ...]) -> Router:
+        router = self._routers.get(active)
+        if router is None:
+            router = self._routers[active] = Router([self.readers[index] for index in active])
+        return router
+
+
+def read_fanout(conn: sqlite3.Connection, readers: list[SubscriberReader], ranges: list[tuple[int, int]], *,
+                lock: threading.RLock | None = None, hold: int = FANOUT_HOLD) -> Iterator[tuple[int, Transaction]]:
+    """What :func:`read_transactions` yields for each reader over its range
+    ``(after, until]`` (commit boundaries the caller checked), from one pass
+    over the log: ``(index, transaction)`` pairs, each reader's in commit
+    order.
+
+    A log transaction from which more than ``hold`` operations are selected
+    (for all readers together) is dropped from the pass and read for each of
+    its subscribers in turn, so memory holds what one subscriber's read
+    holds plus about ``hold`` operations (the check comes after each chunk
+    of capture rows).  A single reader reads as :func:`read_transactions`
+    does.
+    """
+    if not readers:
+        return iter(())
+    if len(readers) == 1:
+        after, until = ranges[0]
+        return ((0, transaction) for transaction in read_transactions(conn, readers[0], after, until, lock=lock))
+    return _read_fanout(conn, Fanout(readers, ranges), lock, hold)
+
+
+def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock | None,
+                 hold: int) -> Iterator[tuple[int, Transaction]]:
+    readers, ranges = fanout.readers, fanout.ranges
+    width = max(reader.value_columns for reader in readers)
+    position = min(after for after, _ in ranges)
+    until = max(until for _, until in ranges)
+    while position < until:
+        chunks = iter_capture(conn, position, until, lock=lock, value_columns=width)
+        dropped = None
+        for commit, origin, rows in chunks:
+            yield from fanout.add(commit, origin, rows)
+            if fanout.held > hold and len(fanout.active) > 1:
+                dropped = fanout.drop()
+                break
+        if dropped is None:
+            yield from fanout.finish()
+            return
+        chunks.close()
+        commit, active = dropped
+        for index in active:
+            # (commit - 1, commit] holds that one log transaction.
+            for transaction in read_transactions(conn, readers[index], commit - 1, commit, lock=lock):
+                yield index, transaction
+        position = commit
 
 
 def _transaction(commit: int, origin: str, ops: list[Operation]) -> Iterator[Transaction]:

@@ -9,9 +9,9 @@ from codec.errors import InvalidValue
 from codec.header import Header
 from codec.message import decode_message, reassemble
 from codec.ops import Operation, Transaction, values_identical
-from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, pack_messages
+from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, MessagePacker, pack_messages
 
-from .helpers import FIELD, HQ, INCARNATION, KEYRING
+from .helpers import FIELD, HQ, INCARNATION, KEYRING, OTHER
 
 
 def pack(transactions, **options):
@@ -173,11 +173,9 @@ def test_memory_stays_bounded_by_the_message_size_whatever_the_backlog():
     assert peak < 2_000_000, peak
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sizes=st.lists(st.one_of(st.integers(0, 30), st.integers(200, 1500)), min_size=0, max_size=25),
-       blob=st.integers(0, 3000), max_size=st.sampled_from([MIN_MAX_SIZE, 23_456, DEFAULT_MAX_SIZE]),
-       start=st.integers(0, 10**12), seed=st.integers(0, 1000))
-def test_packer_rules_hold_for_arbitrary_transaction_sizes(sizes, blob, max_size, start, seed):
+def random_stream(sizes, blob, start, seed):
+    """Transactions of ``sizes`` inserts after ``start``, with random blobs
+    of up to ``blob`` bytes and text that compresses well."""
     rng = random.Random(seed)
     transactions = []
     commit = start
@@ -186,8 +184,138 @@ def test_packer_rules_hold_for_arbitrary_transaction_sizes(sizes, blob, max_size
         ops = tuple(Operation.insert("t", (i,), {"id": i, "r": rng.randbytes(rng.randint(0, blob)),
                                                  "s": "abc" * rng.randint(0, 30)}) for i in range(size))
         transactions.append(Transaction(commit, "hq", ops))
+    return transactions
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.one_of(st.integers(0, 30), st.integers(200, 1500)), min_size=0, max_size=25),
+       blob=st.integers(0, 3000), max_size=st.sampled_from([MIN_MAX_SIZE, 23_456, DEFAULT_MAX_SIZE]),
+       start=st.integers(0, 10**12), seed=st.integers(0, 1000))
+def test_packer_rules_hold_for_arbitrary_transaction_sizes(sizes, blob, max_size, start, seed):
+    transactions = random_stream(sizes, blob, start, seed)
     messages = pack(transactions, start=start, max_size=max_size, resend_count=seed)
     assert all(m.header.resend_count == seed for m in messages)
     decoded, last = unpack_stream(messages, start, max_size)
     assert values_identical(decoded, transactions)
     assert last == (transactions[-1].commit if transactions else start)
+
+
+# -- the push form (MessagePacker) ---------------------------------------------------------
+
+
+def push(transactions, **options):
+    """Pack by handing transactions over one at a time; return the files and,
+    for each, how many transactions had been handed over when it came out."""
+    options.setdefault("resend_count", 0)
+    options.setdefault("start", 0)
+    packer = MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, **options)
+    files, handed = [], []
+    for count, transaction in enumerate(transactions, 1):
+        for message in packer.add(transaction):
+            files.append(message)
+            handed.append(count)
+    files.extend(packer.close())
+    return files, handed
+
+
+@pytest.mark.parametrize("sizes, options", [
+    ([3, 1, 7], {}),
+    ([40] * 300, {"start": 17, "resend_count": 2}),
+    ([25] * 100 + [3000] + [5] * 40, {"max_size": MIN_MAX_SIZE}),
+    ([2, 2], {"end": 10_000}),
+    ([], {"start": 50, "end": 80}),
+    ([], {"start": 50}),
+    ([60] * 50, {"seal_to": FIELD.public, "max_size": MIN_MAX_SIZE}),
+])
+def test_pushing_makes_the_files_pulling_makes(sizes, options):
+    transactions = make_transactions(sizes, seed=len(sizes), start=options.get("start", 0))
+    pushed, _ = push(transactions, **options)
+    pulled = pack(transactions, **options)
+    assert [(m.name, m.data) for m in pushed] == [(m.name, m.data) for m in pulled]
+
+
+def test_pushing_a_split_transaction_makes_the_same_parts():
+    big = Transaction(1_119_170, "hq", tuple(Operation.insert("b", (i,), {"id": i, "data": os.urandom(4000)})
+                                             for i in range(50)))
+    small = make_transactions([5, 5], seed=2, start=big.commit)
+    pushed, _ = push([big, *small], start=942_712)
+    assert [m.data for m in pushed] == [m.data for m in pack([big, *small], start=942_712)]
+    assert sum(m.header.is_part for m in pushed) >= 4
+
+
+def test_a_pushed_message_comes_out_as_soon_as_it_is_complete():
+    transactions = make_transactions([40] * 300)
+    pushed, handed = push(transactions, max_size=MIN_MAX_SIZE)
+    assert len(pushed) > 10
+    # Each message but the last came out while the stream was still being
+    # handed over, at most about one message's worth of look-ahead after its
+    # own last transaction: the packer holds one message and its look-ahead.
+    commits = [t.commit for t in transactions]
+    ends = [commits.index(message.header.last) + 1 for message in pushed]
+    per_message = max(b - a for a, b in zip([0, *ends], ends))
+    for end, count in zip(ends[:-1], handed):
+        assert end <= count < len(transactions)
+        assert count - end < 2 * per_message
+
+
+def test_a_packer_that_failed_or_closed_refuses_more():
+    a, b = make_transactions([1, 1])
+    packer = MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=0)
+    packer.add(b)
+    with pytest.raises(InvalidValue, match="must increase"):
+        packer.add(a)
+    with pytest.raises(InvalidValue, match="closed or failed"):
+        packer.close()
+    closed = MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=0, end=9)
+    assert [m.header for m in closed.close()] == [Header(0, 0, 9, 0)]
+    with pytest.raises(InvalidValue, match="closed or failed"):
+        closed.add(a)
+    with pytest.raises(InvalidValue, match="a transaction is required"):
+        MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=0).add(None)
+
+
+def test_a_packer_that_cannot_seal_fails_at_its_first_message():
+    # A sealing key of another site: the frame refuses it, as pack_messages does.
+    packer = MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=0,
+                           seal_to=OTHER.public)
+    transactions = make_transactions([40] * 300)
+    with pytest.raises(InvalidValue, match="sealing key is for field2"):
+        for transaction in transactions:
+            packer.add(transaction)
+    with pytest.raises(InvalidValue, match="sealing key is for field2"):
+        pack(transactions, seal_to=OTHER.public)
+
+
+@pytest.mark.parametrize("options", [{"start": -1}, {"max_size": 100}])
+def test_bad_packer_settings_are_refused_at_once(options):
+    options = {"resend_count": 0, "start": 0, **options}
+    with pytest.raises(InvalidValue):
+        MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, **options)
+    with pytest.raises(InvalidValue):
+        MessagePacker(keys=HQ, recipient="not a site", incarnation=INCARNATION, resend_count=0, start=0)
+
+
+def test_a_transaction_pushed_alone_over_the_limit_is_split_at_once():
+    big = Transaction(500, "hq", tuple(Operation.insert("b", (i,), {"id": i, "data": os.urandom(4000)})
+                                       for i in range(50)))
+    packer = MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=7)
+    parts = packer.add(big)
+    # Every part but the last is out before anything follows it; the last
+    # waits, since the stream's end may still raise its ``last``.
+    assert len(parts) >= 3 and all(m.header.is_part and not m.header.is_final_part for m in parts)
+    rest = packer.close()
+    assert [m.header.is_final_part for m in rest] == [True]
+    assert [m.data for m in parts + rest] == [m.data for m in pack([big], start=7)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.one_of(st.integers(0, 30), st.integers(200, 1500)), min_size=0, max_size=25),
+       blob=st.integers(0, 3000), max_size=st.sampled_from([MIN_MAX_SIZE, 23_456, DEFAULT_MAX_SIZE]),
+       start=st.integers(0, 10**12), seed=st.integers(0, 1000), beyond=st.integers(0, 5))
+def test_pushing_and_pulling_make_the_same_files_for_arbitrary_streams(sizes, blob, max_size, start, seed,
+                                                                      beyond):
+    transactions = random_stream(sizes, blob, start, seed)
+    end = (transactions[-1].commit if transactions else start) + beyond
+    options = {"start": start, "max_size": max_size, "resend_count": seed, "end": end}
+    pushed, _ = push(transactions, **options)
+    assert [m.data for m in pushed] == [m.data for m in pack(transactions, **options)]

@@ -1,0 +1,92 @@
+"""Packing the due sends of one send phase on this machine (the local engine).
+
+Rules of this file:
+* One pass over the log serves every send (``SiteDatabase.read_logs``):
+  each subscriber's transactions go to its own push packer
+  (``codec.packing.MessagePacker``) as they are read, and each message goes
+  to ``put`` as soon as it is made, so memory holds about one message per
+  subscriber, whatever the backlog.
+* The files are byte for byte those ``pack_messages(read_log(...))`` makes
+  for each send on its own: the same selection, the same packer.
+* One send failing (its range, its packer, its put) does not stop the
+  others.  What it put before failing stays put: the caller does not move
+  its ``log_sent``, so those files are sent again in the next send and the
+  receiver drops what it already has.
+* No queue, clock or asyncio here: the caller puts, waits for durability
+  and records each send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from codec.errors import CodecError
+from codec.keys import SiteKeys
+from codec.message import EncodedMessage
+from codec.packing import MessagePacker
+
+from .errors import AgentError
+from .site import SiteDatabase
+from .site.errors import SiteError
+from .spark.export import BatchSend
+
+# What stops one send and not the others while it is packed: a message that
+# cannot be made (codec), a queue that refuses a file (agent, OS).  A range
+# the log cannot serve (a SiteError) is found before the pass, for its send
+# alone too.
+SEND_ERRORS = (CodecError, AgentError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """What became of one send: how many messages were put, and the error
+    that stopped it (None: every message of ``(start, end]`` was put)."""
+
+    messages: int
+    error: Exception | None = None
+
+
+def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
+               put: Callable[[int, EncodedMessage], None], *, max_size: int) -> list[Packed]:
+    """Make the messages of ``sends`` (at most one per subscriber; the due
+    sends, as a Spark batch takes them too) and hand each to ``put(index
+    into sends, message)``, each send's in order; return what became of each
+    send.  An error reading the log itself (not one send's range) is
+    raised."""
+    incarnation = db.identity.incarnation
+    packers: dict[int, MessagePacker] = {}
+    errors: dict[int, Exception] = {}
+    counts = [0] * len(sends)
+    for index, send in enumerate(sends):
+        try:
+            db.check_log_range(send.start, send.end)
+            packers[index] = MessagePacker(keys=keys, recipient=send.subscriber, incarnation=incarnation,
+                                           resend_count=send.resend_count, start=send.start, max_size=max_size,
+                                           end=send.end, seal_to=send.seal_to)
+        except (SiteError, *SEND_ERRORS) as error:
+            errors[index] = error
+    chosen = sorted(packers)
+
+    def deliver(index: int, messages: list[EncodedMessage]) -> None:
+        for message in messages:
+            put(index, message)
+            counts[index] += 1
+
+    reads = [(sends[index].subscriber, sends[index].start, sends[index].end) for index in chosen]
+    for position, transaction in db.read_logs(reads):
+        index = chosen[position]
+        packer = packers.get(index)
+        if packer is None:
+            continue  # this send failed earlier
+        try:
+            deliver(index, packer.add(transaction))
+        except SEND_ERRORS as error:
+            errors[index] = error
+            del packers[index]
+    for index, packer in packers.items():
+        try:
+            deliver(index, packer.close())
+        except SEND_ERRORS as error:
+            errors[index] = error
+    return [Packed(counts[index], errors.get(index)) for index in range(len(sends))]

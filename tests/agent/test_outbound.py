@@ -1,0 +1,270 @@
+"""The local engine's send path (agent.outbound and Agent.send_phase): one
+pass over the log packs every due send, and the outbound queue and
+``log_sent`` end up exactly as if each send had been packed on its own
+(``pack_messages(read_log(...))``), also when one send fails or the agent
+dies half-way.
+
+The world is ``benchmarks.spark_world`` (subsets by SUBSCRIBE BY, rows
+moving between them, a column-restricted catalog for all, transactions
+from remotes written back to their origin), built once; each test runs on
+its own copy of ``hq.db`` (a copy without its agent folder has empty
+queues).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import crashpoints
+from agent.admin import site_keys
+from agent.outbound import pack_sends
+from agent.queues import MessageQueues, QueueError
+from agent.runner import Agent, RunOptions, RunReport, open_queues
+from agent.site import SiteDatabase
+from agent.spark.engine import SparkOptions
+from agent.spark.export import BatchSend
+from benchmarks.spark_world import build_world, subscriber_names
+from codec.errors import InvalidValue
+from codec.keys import SiteKeys
+from codec.names import Kind, MessageName
+from codec.packing import MIN_MAX_SIZE, pack_messages
+
+SUBSCRIBERS = 6
+NAMES = subscriber_names(SUBSCRIBERS)
+MAX_SIZE = MIN_MAX_SIZE  # many files per subscriber from a small world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("outbound-world")
+    build_world(folder, 6_000, SUBSCRIBERS).close()
+    return folder / "hq.db"
+
+
+@pytest.fixture
+def site(world: Path, tmp_path: Path) -> Path:
+    """A copy of the world where the sends have different ranges: field002
+    resends from the middle of the log at epoch 1, field004 has only the
+    tail to send, field006 has nothing to send."""
+    shutil.copy(world, tmp_path / "hq.db")
+    with SiteDatabase.open(tmp_path / "hq.db") as db:
+        offsets = [row[0] for row in db.connection.execute("SELECT commit_offset FROM fieldsync_log"
+                                                           " ORDER BY commit_offset")]
+        db.update_remote("field002", resend_count=1, log_sent=offsets[len(offsets) // 2],
+                         confirm_sent=offsets[len(offsets) // 2])
+        db.update_remote("field004", log_sent=offsets[-3], confirm_sent=offsets[-3])
+        db.update_remote("field006", log_sent=offsets[-1], log_send=offsets[-1])
+    return tmp_path / "hq.db"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Each subscriber's data files as packing its send alone makes them."""
+
+    files: dict[str, list[tuple[str, bytes]]]
+    starts: dict[str, int]
+    end: int
+
+
+def expected(database: Path) -> Expected:
+    with SiteDatabase.open(database) as db:
+        keys = site_keys(db)
+        end = db.log_end()
+        files, starts = {}, {}
+        for remote in db.remotes():
+            starts[remote.name] = remote.log_sent
+            files[remote.name] = [(message.name, message.data) for message in pack_messages(
+                db.read_log(remote.name, remote.log_sent, end), keys=keys, recipient=remote.name,
+                incarnation=db.identity.incarnation, resend_count=remote.resend_count, start=remote.log_sent,
+                max_size=MAX_SIZE, end=end)] if remote.log_sent < end else []
+        return Expected(files, starts, end)
+
+
+@dataclass(frozen=True)
+class Phase:
+    report: RunReport
+    outbound: dict[str, list[tuple[str, bytes]]]  # peer -> queued (name, bytes), oldest first
+    log_sent: dict[str, int]
+
+
+def send_phase(database: Path, *, wrap: Any = None, statements: list[str] | None = None) -> Phase:
+    """One send phase of a batch run on the local engine; ``wrap(queues)``
+    may stand between the agent and its queues; ``statements`` collects the
+    SQL the agent's database connection runs."""
+
+    async def run() -> Phase:
+        queues = open_queues(database)
+        if wrap is not None:
+            queues = wrap(queues)
+        options = RunOptions(receive=False, max_message_size=MAX_SIZE, spark=SparkOptions(engine="local"))
+        async with Agent(database, options, queues=queues) as agent:
+            if statements is not None:
+                agent.db.connection.set_trace_callback(statements.append)
+            try:
+                await agent.send_phase(force_controls=True)
+            finally:
+                phase = Phase(agent.report, queued(agent.queues),
+                              {remote.name: remote.log_sent for remote in agent.db.remotes()})
+        return phase
+
+    return asyncio.run(run())
+
+
+def queued(queues: MessageQueues) -> dict[str, list[tuple[str, bytes]]]:
+    return {peer: [(name, queues.read_outbound(peer, name)) for name in queues.outbound(peer)] for peer in NAMES}
+
+
+def data_files(files: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    return [(name, data) for name, data in files if MessageName.parse(name).kind is Kind.DATA]
+
+
+def assert_sent_as_alone(phase: Phase, reference: Expected, peers: list[str]) -> None:
+    for peer in peers:
+        files = phase.outbound[peer]
+        assert data_files(files) == reference.files[peer], peer
+        # The confirmation comes after the peer's data files.
+        kinds = [MessageName.parse(name).kind for name, _ in files]
+        assert kinds == [Kind.DATA] * len(reference.files[peer]) + [Kind.CONTROL], peer
+        assert phase.log_sent[peer] == reference.end, peer
+
+
+# -- the send phase ------------------------------------------------------------------------
+
+
+def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
+    reference = expected(site)
+    assert len({start for start in reference.starts.values()}) == 4  # three ranges and one with nothing
+    statements: list[str] = []
+    phase = send_phase(site, statements=statements)
+    assert phase.report.ok, phase.report
+    assert_sent_as_alone(phase, reference, NAMES)
+    # One pass: capture rows are read in chunks of 1,000 once, not once per send.
+    chunks = [statement for statement in statements if "FROM fieldsync_capture WHERE seq > " in statement]
+    assert 0 < len(chunks) <= reference.end // 1000 + 2
+    assert reference.files["field006"] == [] and len(reference.files["field001"]) > 3
+    resent = [MessageName.parse(name).header for name, _ in reference.files["field002"]]
+    assert resent[0].prev == reference.starts["field002"] > 0 and {h.resend_count for h in resent} == {1}
+    assert phase.report.sent == sum(len(files) for files in reference.files.values())
+
+
+def test_pack_sends_makes_each_sends_files_in_order(site: Path) -> None:
+    reference = expected(site)
+    with SiteDatabase.open(site) as db:
+        sends = [BatchSend(remote.name, remote.log_sent, reference.end, remote.resend_count)
+                 for remote in db.remotes() if remote.log_sent < reference.end]
+        made: dict[str, list[tuple[str, bytes]]] = {send.subscriber: [] for send in sends}
+        outcomes = pack_sends(db, site_keys(db), sends,
+                              lambda index, message: made[sends[index].subscriber].append((message.name,
+                                                                                          message.data)),
+                              max_size=MAX_SIZE)
+    assert [outcome.error for outcome in outcomes] == [None] * len(sends)
+    assert [outcome.messages for outcome in outcomes] == [len(reference.files[send.subscriber]) for send in sends]
+    assert made == {send.subscriber: reference.files[send.subscriber] for send in sends}
+
+
+def test_a_peer_whose_messages_cannot_be_sealed_fails_alone(site: Path) -> None:
+    # field003's row holds another site's public key: sealing to it is refused.
+    with SiteDatabase.open(site) as db:
+        db.update_remote("field003", public_key=SiteKeys.generate("elsewhere").public.to_line())
+    reference = expected(site)
+    phase = send_phase(site)
+    problem = "sealing key is for elsewhere, not the recipient field003"
+    assert phase.report.transport_errors == [f"preparing messages for field003: {problem}",
+                                             f"preparing a control message for field003: {problem}"]
+    assert phase.log_sent["field003"] == reference.starts["field003"] == 0
+    assert phase.outbound["field003"] == []
+    assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
+
+
+class FailingQueue:
+    """The agent's queues, but puts for ``peer`` fail (or the agent dies)
+    from the ``after + 1``-th on."""
+
+    def __init__(self, queues: MessageQueues, peer: str, after: int, error: BaseException) -> None:
+        self._queues = queues
+        self._peer = peer
+        self._left = after
+        self._error = error
+
+    def put_outbound(self, peer: str, name: str, data: bytes, resend_count: int | None) -> None:
+        if peer == self._peer and resend_count is not None:
+            if self._left == 0:
+                raise self._error
+            self._left -= 1
+        self._queues.put_outbound(peer, name, data, resend_count)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queues, name)
+
+
+def test_a_queue_failure_for_one_peer_leaves_the_others_whole(site: Path) -> None:
+    reference = expected(site)
+    error = QueueError("disk quota of field003 exceeded")
+    phase = send_phase(site, wrap=lambda queues: FailingQueue(queues, "field003", 2, error))
+    assert phase.report.transport_errors == ["preparing messages for field003: disk quota of field003 exceeded"]
+    assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
+    # What it queued before failing stays, and log_sent did not move ...
+    assert data_files(phase.outbound["field003"]) == reference.files["field003"][:2]
+    assert phase.log_sent["field003"] == 0
+    # ... so the next send makes the same files again: the queue holds each once.
+    again = send_phase(site)
+    assert again.report.ok, again.report
+    assert data_files(again.outbound["field003"]) == reference.files["field003"]
+    assert again.log_sent["field003"] == reference.end
+
+
+@pytest.mark.parametrize("where", ["send.after-queue", "in the pass"])
+def test_an_agent_that_dies_during_the_send_phase_moves_no_log_sent_without_its_files(site: Path,
+                                                                                      where: str) -> None:
+    reference = expected(site)
+    try:
+        if where == "send.after-queue":
+            crashpoints.arm("send.after-queue", skip=1)  # dies recording the second peer's send
+            wrap = None
+        else:
+            def wrap(queues: MessageQueues) -> FailingQueue:
+                return FailingQueue(queues, "field001", 2, crashpoints.Crash("in the pass"))
+        with pytest.raises(crashpoints.Crash):
+            send_phase(site, wrap=wrap)
+    finally:
+        crashpoints.disarm()
+    with SiteDatabase.open(site) as db:
+        log_sent = {remote.name: remote.log_sent for remote in db.remotes()}
+    queues = open_queues(site)
+    try:
+        left = queued(queues)
+    finally:
+        queues.close()
+    for peer in NAMES:
+        if log_sent[peer] != reference.starts[peer]:
+            # Moved only with every file of the send queued.
+            assert data_files(left[peer]) == reference.files[peer] and log_sent[peer] == reference.end, peer
+    moved = [peer for peer in NAMES if log_sent[peer] != reference.starts[peer]]
+    assert moved == (["field001"] if where == "send.after-queue" else [])
+    # The next run sends the rest; no file is queued twice.
+    again = send_phase(site)
+    assert again.report.ok, again.report
+    for peer in NAMES:
+        assert data_files(again.outbound[peer]) == reference.files[peer], peer
+        assert again.log_sent[peer] == reference.end, peer
+
+
+def test_a_bad_send_fails_alone_in_pack_sends(site: Path) -> None:
+    reference = expected(site)
+    with SiteDatabase.open(site) as db:
+        sends = [BatchSend("field001", 0, reference.end, 0), BatchSend("field005", 1, reference.end, 0),
+                 BatchSend("field002", 0, reference.end, 0, SiteKeys.generate("elsewhere").public)]
+        made: list[tuple[int, str]] = []
+        outcomes = pack_sends(db, site_keys(db), sends, lambda index, message: made.append((index, message.name)),
+                              max_size=MAX_SIZE)
+    assert outcomes[0].error is None and outcomes[0].messages == len(reference.files["field001"])
+    assert "start offset 1 is not a commit offset" in str(outcomes[1].error) and outcomes[1].messages == 0
+    assert isinstance(outcomes[2].error, InvalidValue) and outcomes[2].messages == 0
+    assert [name for index, name in made if index == 0] == [name for name, _ in reference.files["field001"]]
+    assert {index for index, _ in made} == {0}
