@@ -663,10 +663,14 @@ class ProcessSimulation(Simulation):
         try:
             await asyncio.wait_for(process.wait(), timeout=kill_after or 120)
         except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
-            self.result.crashes += 1
-            return
+            try:
+                process.kill()
+            except ProcessLookupError:
+                pass  # it ended by itself just as the kill was due: checked below as a normal exit
+            else:
+                await process.wait()
+                self.result.crashes += 1
+                return
         stderr = (await process.stderr.read()).decode(errors="replace") if process.stderr else ""
         if process.returncode not in (0, 1) or "internal error" in stderr:
             self.result.divergences.append(f"{site}: agent run failed ({process.returncode}): {stderr[-300:]}")
