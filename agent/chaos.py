@@ -46,7 +46,6 @@ from transports.faults import FaultRates, FaultsTransport
 
 from . import crashpoints
 from .admin import extract_site, init_site
-from .protocol import Settings
 from .runner import Agent, RunOptions
 from .site import SiteDatabase
 from .site.publications import Article

@@ -21,7 +21,7 @@ Rules of this file:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Union
 
 from codec.header import Header

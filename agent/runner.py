@@ -20,18 +20,18 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections import deque
 from datetime import datetime
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from codec.atomic import write_file_atomically
-from codec.errors import BadFileName, CodecError, InvalidValue, MessageError
+from codec.errors import BadFileName, BadSignature, CodecError, InvalidValue, MessageError
 from codec.keys import Keyring, PublicKeys, SiteKeys
-from codec.message import (ControlState, EncodedMessage, check_message, decode_message, encode_control_message,
-                           reassemble)
+from codec.message import EncodedMessage, check_message, decode_message, encode_control_message, reassemble
 from codec.names import Kind, MessageName
 from codec.packing import DEFAULT_MAX_SIZE, check_max_size
 from transports import Incoming, Transport, TransportError
@@ -42,13 +42,13 @@ from .errors import AgentError
 from .outbound import SEND_ERRORS, Packed, pack_sends
 from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
                        SendData, Settings, StreamStopped)
-from .queues import DirectoryQueues, MessageQueues
+from .queues import MessageQueues
 from .restore import check_restored
 from .schedule import sending_due
 from .site import SiteDatabase
 from .site.errors import SiteError
 from .spark.engine import SparkBatch, SparkOptions, run_spark_batch
-from .spark.errors import SparkBatchError
+from .spark.errors import SparkBatchCancelled, SparkBatchError
 from .spark.export import BatchSend
 from .spark.take import TakenFile
 
@@ -145,7 +145,12 @@ class Agent:
                  batch: bool = True, clock: Callable[[], float] = time.time,
                  queues: MessageQueues | None = None) -> None:
         self.path = Path(database)
-        self.options = options or RunOptions()
+        options = options or RunOptions()
+        if options.spark.cancel is None:
+            # A Spark job runs in a worker thread that cancelling the agent's
+            # task does not reach: the agent needs its own event to stop it.
+            options = replace(options, spark=replace(options.spark, cancel=threading.Event()))
+        self.options = options
         self.batch = batch
         self.clock = clock
         self.directory = agent_directory(self.path)
@@ -476,6 +481,18 @@ class Agent:
             if message.header != name.header or message.sender != name.sender or message.kind is not name.kind:
                 raise _Mismatch(name_text)
         except (MessageError, _Mismatch) as error:
+            claimed = error.claimed_incarnation if isinstance(error, BadSignature) else None
+            if claimed is not None and claimed in peer.protocol.superseded:
+                # Late mail from a copy of the peer that was extracted again
+                # (with new keys): no message of the peer's current stream,
+                # so not counted as a rejected one.  The claim is unverified;
+                # it only explains why the file is set aside.
+                reason = (f"{error}: it names {peer.name}'s incarnation {claimed.hex()[:8]}, a copy that was "
+                          f"extracted again since (late mail from a database that no longer exists)")
+                await self._quarantine_file(peer.name, name_text, data, reason)
+                await transport.ack(incoming)
+                self.report.quarantined += 1
+                return
             await self._quarantine_file(peer.name, name_text, data, str(error))
             await transport.ack(incoming)
             await self._execute(peer, peer.protocol.message_rejected(now, name_text, str(error)))
@@ -651,6 +668,13 @@ class Agent:
             batch = await asyncio.to_thread(run_spark_batch, self.db, self.keys, batch_sends,
                                             max_size=self.options.max_message_size, options=spark,
                                             work=spark.work or self.directory / "spark")
+        except asyncio.CancelledError:
+            self.stop_spark()  # the job would run on in its thread
+            raise
+        except SparkBatchCancelled:
+            # The agent is stopping: neither a failure nor a reason to pack here.
+            log.warning("the Spark batch of %d sends was stopped; they are left for the next run", len(sends))
+            return None, True
         except SparkBatchError as error:
             if spark.engine == "auto":
                 log.warning("the Spark batch of %d sends failed, so they are packed here: %s", len(sends), error)
@@ -689,6 +713,13 @@ class Agent:
         peer.persisted = _with(peer.persisted, log_sent=action.end)
         self.report.sent += count
         return peer.protocol.send_done(self.clock(), action.end)
+
+    def stop_spark(self) -> None:
+        """Stop a running Spark job (its processes killed, its folder
+        deleted) and keep new ones from starting: the agent is stopping.
+        Safe from any thread."""
+        assert self.options.spark.cancel is not None
+        self.options.spark.cancel.set()
 
     def _seal_to(self, peer: _Peer) -> PublicKeys | None:
         return peer.public if (self.options.seal and peer.public is not None) else None
@@ -770,24 +801,37 @@ class _Mismatch(Exception):
 def _with(state: PairState | None, **changes: int) -> PairState | None:
     if state is None:
         return None
-    from dataclasses import replace
     return replace(state, **changes)
 
 
 async def run_agent(database: str | os.PathLike[str], options: RunOptions, *, once: bool) -> RunReport:
-    """Run an agent in batch or continuous mode; SIGINT/SIGTERM stop
-    continuous mode cleanly after the current step."""
+    """Run an agent in batch or continuous mode.
+
+    In continuous mode SIGINT or SIGTERM stop the agent cleanly after the
+    current step, and stop a running Spark job at once (its sends are left
+    for the next run); a second signal gets the default action.
+    """
     async with Agent(database, options, batch=once) as agent:
         if once:
             return await agent.run_once()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        signals = (signal.SIGINT, signal.SIGTERM)
+
+        def restore_handlers() -> None:
+            for signum in signals:
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signum)
+
+        def stopping() -> None:
+            stop.set()
+            agent.stop_spark()
+            restore_handlers()
+
+        for signum in signals:
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, stop.set)
+                loop.add_signal_handler(signum, stopping)
         try:
             return await agent.run_forever(stop)
         finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signum)
+            restore_handlers()

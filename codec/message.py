@@ -25,7 +25,6 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import (
     BadSignature,
-    CodecError,
     CorruptMessage,
     InvalidValue,
     MessageTooLarge,

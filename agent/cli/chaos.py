@@ -10,7 +10,6 @@ explains the summary.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 

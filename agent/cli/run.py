@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
@@ -38,9 +37,6 @@ class _ProgressQueues(MessageQueues):
     """Wraps the agent's queues and reports to progress bars as a large
     backlog is packed (by log offset) and handed to the transport (by file).
     Every call goes to the wrapped queues unchanged."""
-
-    def __getattr__(self, name: str):  # the spool's extra calls (in-doubt dequeues, group commit)
-        return getattr(self.inner, name)
 
     def __init__(self, inner: MessageQueues, progress: Progress) -> None:
         self.inner = inner
@@ -139,7 +135,8 @@ def _run_stopping_spark_jobs(run: Coroutine[Any, Any, _T], stopping: threading.E
     (its processes killed, its folder deleted) when the event is set, before
     ``asyncio.run`` waits for that thread.  A second signal gets the
     default action again.  Continuous mode installs its own handlers once
-    the agent is open (they stop it after the current step).
+    the agent is open (they stop it after the current step, and stop a
+    running Spark job through the same event).
     """
     # Signals someone else handles (an application embedding the CLI) keep their handler.
     signals = [signum for signum in (signal.SIGINT, signal.SIGTERM)

@@ -1,7 +1,6 @@
 """The fault-injection suite in CI: many seeds of random workloads, faults
 and crashes; and proof that the suite notices when a safety rule is off."""
 
-import asyncio
 import os
 import sqlite3
 

@@ -1,7 +1,6 @@
 """Continuous mode: agents polling on their own, schedules, clean shutdown."""
 
 import asyncio
-import os
 import random
 import signal
 import subprocess

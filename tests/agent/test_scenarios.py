@@ -2,13 +2,17 @@
 agent, and faults applied to the files between runs.  The World checks the
 invariants after every run (see world.py)."""
 
+import json
 import os
 import random
+import shutil
 
 import pytest
 
+from agent.admin import extract_site
+from agent.runner import agent_directory
+from agent.site import SiteDatabase
 from codec.keys import SiteKeys
-from codec.message import decode_message
 from codec.names import MessageName
 
 from .world import World, data_files, random_rows
@@ -207,3 +211,32 @@ async def test_a_site_restored_from_an_old_copy_is_reported_and_nothing_is_misap
         await world.round()
     # Nothing from the restored copy was applied at hq, and hq's data is intact.
     assert world.rows("hq", "ledger") == hq_before[0] and world.rows("hq", "customer") == hq_before[1]
+
+
+async def test_late_mail_from_a_copy_extracted_again_is_set_aside_as_such(world):
+    await world.settle()
+    world.write("f1", ("INSERT INTO ledger VALUES ('f1-old', 'f1', 1)", ()))
+    await world.run("f1")
+    waiting = {path.name for path in world.inbox_files("hq") if path.name.startswith("f1.")}
+    assert any(".d." in name for name in waiting)  # f1's data message waits in hq's inbox
+    with SiteDatabase.open(world.db("f1")) as f1:
+        old = f1.identity.incarnation
+    # f1's device is lost; the operator extracts f1 again (new keys, new incarnation).
+    for suffix in ("", "-wal", "-shm"):
+        world.db("f1").with_name(f"f1.db{suffix}").unlink(missing_ok=True)
+    shutil.rmtree(agent_directory(world.db("f1")))
+    with SiteDatabase.open(world.db("hq")) as hq:
+        extract_site(hq, "f1", world.db("f1"))
+    report = await world.run("hq")
+    assert report.quarantined == len(waiting) and report.ok, report
+    records = [json.loads(path.read_text())
+               for path in (agent_directory(world.db("hq")) / "quarantine").glob("*.reason.json")]
+    assert {record["name"] for record in records} == waiting
+    for record in records:
+        assert record["peer"] == "f1"
+        assert record["reason"].startswith(f"{record['name']}: signature does not verify with the key of f1")
+        assert (f"f1's incarnation {old.hex()[:8]}, a copy that was extracted again since"
+                in record["reason"]), record
+    assert world.rows("hq", "ledger", "WHERE entry = 'f1-old'") == []
+    await world.settle()
+    assert world.rows("f1", "ledger", "WHERE entry = 'f1-old'") == []

@@ -259,7 +259,6 @@ def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_few
     """One pass over the log for many subscribers (the Spark batch job)
     offers each capture row only to some readers; every reader that selects
     the row must be among them, and rows of a value go to its subscribers."""
-    from agent.site.capture import all_shapes
     from agent.site.publications import Router, SubscriberReader
 
     hq.subscribe("idle", "sales", "nowhere")

@@ -29,7 +29,7 @@ import pytest
 
 from agent.cli import main
 from agent.errors import UsageError
-from agent.runner import Agent, RunOptions, RunReport, agent_directory
+from agent.runner import Agent, RunOptions, RunReport, agent_directory, run_agent
 from agent.site import SiteDatabase
 from agent.spark.engine import DEFAULT_TIMEOUT, SparkOptions, run_spark_batch
 from agent.spark.errors import SparkBatchCancelled, SparkBatchError
@@ -538,8 +538,12 @@ def test_a_job_over_its_timeout_with_engine_auto_falls_back(world: Path, tmp_pat
     assert job_folders(database) == []
 
 
-def test_setting_the_cancel_event_stops_the_job(world: Path, tmp_path: Path) -> None:
-    database = copy_site(world, tmp_path / "cancelled")
+@pytest.mark.parametrize("engine", ["spark", "auto"])
+def test_setting_the_cancel_event_stops_the_job_and_leaves_the_sends(world: Path, tmp_path: Path,
+                                                                     engine: str) -> None:
+    """The agent is stopping: the sends are left for the next run, neither
+    reported as a failure nor (under auto) packed here instead."""
+    database = copy_site(world, tmp_path / f"cancelled-{engine}")
     launcher = hanging_launcher(tmp_path / "bin")
     cancel = threading.Event()
     pids: list[int] = []
@@ -550,14 +554,65 @@ def test_setting_the_cancel_event_stops_the_job(world: Path, tmp_path: Path) -> 
 
     canceller = threading.Thread(target=cancel_once_started, daemon=True)
     canceller.start()
-    sent = send_phase(database, hanging(launcher, timeout=None, cancel=cancel), force_controls=False)
+    sent = send_phase(database, hanging(launcher, engine=engine, timeout=None, cancel=cancel), force_controls=False)
     canceller.join()
-    assert sent.report.transport_errors == [f"Spark batch of {SUBSCRIBERS} sends: the Spark batch was cancelled "
-                                            "because the agent is stopping; nothing of it was kept"]
+    assert sent.report.ok, sent.report
+    assert f"the Spark batch of {SUBSCRIBERS} sends was stopped; they are left for the next run" in sent.logs
+    assert not any("packed here" in line for line in sent.logs), sent.logs
     assert len(pids) == 2 and wait_gone(pids) == []
     assert set(sent.log_sent.values()) == {0}
     assert all(files == [] for files in sent.outbound.values())
     assert job_folders(database) == []
+
+
+def test_cancelling_the_agents_task_stops_the_job(world: Path, tmp_path: Path) -> None:
+    """A task running the send phase is cancelled (an application stopping
+    its agent): the job in the worker thread is stopped too, at once, not
+    left to run out its timeout."""
+    database = copy_site(world, tmp_path / "task-cancelled")
+    launcher = hanging_launcher(tmp_path / "bin")
+
+    async def run() -> None:
+        async with Agent(database, RunOptions(receive=False, spark=hanging(launcher, timeout=120))) as agent:
+            task = asyncio.create_task(agent.send_phase(force_controls=False))
+            await asyncio.to_thread(launcher.wait_started)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    started = time.monotonic()
+    asyncio.run(run())  # waits for the worker thread, so for the job to be stopped
+    assert time.monotonic() - started < 60
+    assert wait_gone(list(launcher.wait_started())) == []
+    assert job_folders(database) == []
+    with SiteDatabase.open(database) as site:
+        assert {remote.log_sent for remote in site.remotes()} == {0}
+
+
+def test_a_signal_in_continuous_mode_stops_the_job_and_the_agent(world: Path, tmp_path: Path) -> None:
+    """`agent run` without --once: SIGTERM stops a running Spark job at once
+    and the agent after the step it is in, as a clean stop."""
+    database = copy_site(world, tmp_path / "continuous")
+    launcher = hanging_launcher(tmp_path / "bin")
+    options = RunOptions(receive=False, send_delay=3600, spark=hanging(launcher, timeout=120))
+
+    def terminate_once_started() -> None:
+        launcher.wait_started()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    terminator = threading.Thread(target=terminate_once_started, daemon=True)
+    terminator.start()
+    started = time.monotonic()
+    report = asyncio.run(run_agent(database, options, once=False))
+    terminator.join()
+    assert time.monotonic() - started < 60
+    # (The confirmations it flushed on the way out found no inbox folders.)
+    assert report.sent == 0 and report.spark_batches == 0 and not report.stopped_streams, report
+    assert all(problem.startswith("sending to field") for problem in report.transport_errors), report
+    assert wait_gone(list(launcher.wait_started())) == []
+    assert job_folders(database) == []
+    # The handlers are gone with the agent: SIGTERM has its default action again.
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
 
 
 def _keys(site: SiteDatabase) -> SiteKeys:
