@@ -33,6 +33,8 @@ from .names import check_site_name
 SECRET_MAGIC = "fieldsync-secret-key v1"
 PUBLIC_MAGIC = "fieldsync-public-key v1"
 _RAW = serialization.Encoding.Raw
+# Any private key shows a low-order public one: their shared secret is zero.
+_PROBE = X25519PrivateKey.from_private_bytes(hashlib.sha256(b"fieldsync low-order probe").digest())
 
 
 def _b64(data: bytes) -> str:
@@ -63,6 +65,13 @@ class PublicKeys:
             value = getattr(self, field)
             if type(value) is not bytes or len(value) != 32:
                 raise InvalidValue(f"{field} public key of {self.site} must be 32 raw bytes")
+        try:
+            _PROBE.exchange(X25519PublicKey.from_public_bytes(self.seal))
+        except ValueError:
+            # A low-order point (all zeros, say): every secret made with it is
+            # zero, so nothing sealed to it would be secret.
+            raise InvalidValue(f"seal public key of {self.site} is a low-order X25519 point, "
+                               f"not a usable key") from None
 
     @property
     def fingerprint(self) -> str:

@@ -82,6 +82,13 @@ def test_public_key_from_line_and_file(site: Path, agent: Agent, tmp_path: Path)
         "agent: --public-key is the key of site 'north', not of 'south'"]
     result = agent("remote", "add", site, "west", "--address", tmp_path, "--public-key", "not a key")
     assert result.code == 1 and len(result.err_lines) == 1 and "public key" in result.err
+    # A seal key no secret can be made with (all zeros) is refused as it is given.
+    zero = " ".join([*line.split()[:2], "west", line.split()[3], "A" * 43 + "="])
+    result = agent("remote", "add", site, "west", "--address", tmp_path, "--public-key", zero)
+    assert result.code == 1 and len(result.err_lines) == 1, result.err_lines
+    assert "seal public key of west is a low-order X25519 point, not a usable key" in result.err
+    with SiteDatabase.open(site) as opened:
+        assert "west" not in {remote.name for remote in opened.remotes()}
 
 
 def test_subscription_mistakes_add_nothing(site: Path, agent: Agent, tmp_path: Path) -> None:

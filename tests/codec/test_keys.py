@@ -1,10 +1,11 @@
+import base64
 import os
 import stat
 
 import pytest
 
 from codec.errors import InvalidValue, KeyFileError
-from codec.keys import Keyring, PublicKeys, SiteKeys
+from codec.keys import PUBLIC_MAGIC, Keyring, PublicKeys, SiteKeys
 
 
 def test_generate_save_load_round_trip(tmp_path):
@@ -63,6 +64,18 @@ def test_public_key_line_round_trip_and_errors():
                  public.to_line().replace("field-7", "a/b")):
         with pytest.raises(InvalidValue):
             PublicKeys.from_line(line)
+
+
+@pytest.mark.parametrize("seal", [
+    bytes(32),  # zero
+    (1).to_bytes(32, "little"),  # the point of order 4
+    bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"),  # order 8
+])
+def test_a_low_order_seal_key_is_refused_where_it_is_read(seal):
+    public = SiteKeys.generate("field-7").public
+    line = f"{PUBLIC_MAGIC} field-7 {base64.b64encode(public.sign).decode()} {base64.b64encode(seal).decode()}"
+    with pytest.raises(InvalidValue, match="^seal public key of field-7 is a low-order X25519 point, not a usable key$"):
+        PublicKeys.from_line(line)
 
 
 def test_keyring_refuses_silent_key_change(tmp_path):
