@@ -255,6 +255,24 @@ class PairProtocol:
         bisect.insort(self._by_prev, (sort_key, message_id))
         return actions + self._advance(now)
 
+    def already_taken(self, message_id: str, header: Header, incarnation: bytes) -> bool:
+        """Whether queueing this data message now would add nothing: it is
+        pending already, or :meth:`message_queued` would delete it at once
+        (from a superseded copy, stale, or covered by ``log_received``).
+        ``agent run --keep`` reads kept files again at every poll."""
+        if incarnation in self.superseded:
+            return True
+        if incarnation != self._state.peer_incarnation:
+            return False  # a first message, or one that stops the stream: let it through
+        if message_id in self._pending:
+            return True
+        state, settings = self._state, self.settings
+        if header.resend_count < state.rereceive_count and not settings.unsafe_without_stale_rule:
+            return True
+        if settings.unsafe_without_duplicate_rule:
+            return False
+        return header.last <= state.log_received if header.is_final_part else header.prev < state.log_received
+
     def message_rejected(self, now: float, message_id: str, reason: str) -> list[Action]:
         """A file from the peer failed its checks; it counts as missing."""
         self._count(rejected=1)

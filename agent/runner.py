@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -92,6 +93,7 @@ class RunOptions:
     send_delay: float = 60.0  # [-sd]
     heartbeat_cycles: int = 10  # continuous mode: confirm at least every N send cycles
     seal: bool = True  # seal messages to the peer's X25519 key when it is known
+    keep: bool = False  # [-p] received files stay in the message system (not acked)
     transport_options: dict[str, Any] = field(default_factory=dict)
     wrapper_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # e.g. {"faults": {"seed": 7}}
     spark: SparkOptions = field(default_factory=SparkOptions)  # large outbound batches (docs/spark.md)
@@ -166,6 +168,9 @@ class Agent:
         self._prepared: dict[str, tuple[SendData, list[TakenFile]]] = {}
         # Due sends packed and queued here in one pass, taken by _send_data.
         self._packed: dict[str, tuple[SendData, Packed]] = {}
+        # --keep: (name, sha256) of the files in the quarantine, read once, so
+        # that a file left in the inbox is set aside once, not at every poll.
+        self._quarantined: set[tuple[str, str]] | None = None
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -456,11 +461,16 @@ class Agent:
 
     async def _receive_file(self, transport: Transport, incoming: Incoming) -> None:
         name_text, data = incoming.name, incoming.data
+        if self.options.keep and await asyncio.to_thread(self._in_quarantine, name_text, data):
+            # Left in the message system and set aside at an earlier poll.  (A
+            # file put back in the inbox without --keep is read afresh.)
+            log.debug("%s is in the quarantine already", name_text)
+            return
         try:
             name = MessageName.parse(name_text)
         except BadFileName as error:
             await self._quarantine_file(None, name_text, data, str(error))
-            await transport.ack(incoming)
+            await self._ack(transport, incoming)
             self.report.quarantined += 1
             return
         peer = self.peers.get(name.sender)
@@ -468,7 +478,7 @@ class Agent:
             reason = (f"addressed to {name.recipient}, not {self.name}" if name.recipient != self.name
                       else f"from {name.sender}, which is not a peer of {self.name}")
             await self._quarantine_file(None, name_text, data, reason)
-            await transport.ack(incoming)
+            await self._ack(transport, incoming)
             self.report.quarantined += 1
             return
         now = self.clock()
@@ -490,23 +500,26 @@ class Agent:
                 reason = (f"{error}: it names {peer.name}'s incarnation {claimed.hex()[:8]}, a copy that was "
                           f"extracted again since (late mail from a database that no longer exists)")
                 await self._quarantine_file(peer.name, name_text, data, reason)
-                await transport.ack(incoming)
+                await self._ack(transport, incoming)
                 self.report.quarantined += 1
                 return
             await self._quarantine_file(peer.name, name_text, data, str(error))
-            await transport.ack(incoming)
+            await self._ack(transport, incoming)
             await self._execute(peer, peer.protocol.message_rejected(now, name_text, str(error)))
             self.report.quarantined += 1
             return
+        if (self.options.keep and message.kind is not Kind.CONTROL
+                and peer.protocol.already_taken(name_text, message.header, message.incarnation)):
+            return  # kept in the message system, and taken in at an earlier poll
         self.report.received += 1
         if message.kind is Kind.CONTROL:
             assert message.control is not None
             await self._execute(peer, peer.protocol.control_received(now, message.control, message.incarnation))
-            await transport.ack(incoming)
+            await self._ack(transport, incoming)
             return
         await asyncio.to_thread(self.queues.put_inbound, peer.name, name_text, data)
         crash_point("receive.after-queue")
-        await transport.ack(incoming)
+        await self._ack(transport, incoming)
         await self._execute(peer, peer.protocol.message_queued(now, name_text, message.header,
                                                                message.incarnation))
 
@@ -518,9 +531,30 @@ class Agent:
         folder = self.directory / "quarantine"
         stamp = f"{time.time_ns():020d}"
         safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:150] or "unnamed"
+        digest = hashlib.sha256(data).hexdigest()
         write_file_atomically(folder / f"{stamp}-{safe}", data)
-        record = {"name": name, "peer": peer, "reason": reason, "at": time.time()}
+        record = {"name": name, "peer": peer, "reason": reason, "at": time.time(), "sha256": digest}
         write_file_atomically(folder / f"{stamp}-{safe}.reason.json", json.dumps(record).encode())
+        if self._quarantined is not None:
+            self._quarantined.add((name, digest))
+
+    def _in_quarantine(self, name: str, data: bytes) -> bool:
+        """Whether this very file (name and content) is in the quarantine."""
+        if self._quarantined is None:
+            self._quarantined = set()
+            for path in (self.directory / "quarantine").glob("*.reason.json"):
+                try:
+                    record = json.loads(path.read_text())
+                    self._quarantined.add((record["name"], record["sha256"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue  # unreadable, or from before records named their content
+        return (name, hashlib.sha256(data).hexdigest()) in self._quarantined
+
+    async def _ack(self, transport: Transport, incoming: Incoming) -> None:
+        """Let the transport remove a file that is durably stored or set aside,
+        unless ``--keep`` leaves every file in the message system."""
+        if not self.options.keep:
+            await transport.ack(incoming)
 
     # -- carrying out actions ------------------------------------------------------------
 

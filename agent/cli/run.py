@@ -209,6 +209,9 @@ class SparkConf(click.ParamType):
               help="Group transactions of fewer than N operations (accepted for dbremote compatibility).")
 @click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")
 @click.option("--send-only", "-s", is_flag=True, help="Only scan the log and send (dbremote -s).")
+@click.option("--keep", "-p", is_flag=True,
+              help="Leave received files in the message system instead of deleting them (dbremote -p); "
+                   "they are read again, and skipped, at every poll.")
 @click.option("--patience", "-rp", type=click.IntRange(min=1), default=1, show_default=True, metavar="POLLS",
               help="Polls a gap may last before a resend is requested (dbremote -rp).")
 @click.option("--resend-urgency", "-ru", type=Duration(positive=False), metavar="DURATION",
@@ -239,7 +242,7 @@ class SparkConf(click.ParamType):
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
-        max_message_size: int, group: int, receive_only: bool, send_only: bool, patience: int,
+        max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
         resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
         spark_timeout: float, verbose: bool, log_file: Path | None) -> int:
@@ -264,7 +267,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         own_transport = site.identity.transport
     check_transport(transport or own_transport or "folder", inner_options, wrapper_options)
     options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
-                         receive=not send_only, send=not receive_only, patience=patience,
+                         receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
                          transport_options=inner_options, wrapper_options=wrapper_options, spark=spark)
     quarantined_before = len(quarantined(database))

@@ -3,7 +3,9 @@ checks the invariants I1 and I2 after each step."""
 
 import random
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from agent.protocol import (Apply, DeleteInbound, LocalProtocolError, PairProtocol, PairState, PurgeOutbound,
                             Quarantine, SendControl, SendData, Settings, StreamStopped)
@@ -433,3 +435,37 @@ def test_files_from_a_superseded_copy_are_set_aside_quietly():
     assert core.message_queued(0, "late", Header(0, 0, 10), old) == [DeleteInbound(("late",), "stale")]
     assert core.control_received(0, ControlState(5, 9, 5, 0), old) == []
     assert core.stopped is None and core.state.rereceive_count == 0
+
+
+def test_already_taken_is_what_queueing_would_add_nothing_for():
+    """``agent run --keep`` skips a file read again when ``already_taken``
+    says so; that must be exactly when queueing it would change nothing
+    (no new pending message, nothing but deletions)."""
+    old = b"O" * 16
+
+    @hypothesis.settings(max_examples=400, deadline=None)
+    @hypothesis.given(
+        log_received=st.integers(0, 30), rereceive_count=st.integers(0, 3),
+        pending=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(1, 6)), max_size=4),
+        probe=st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 6), st.integers(0, 3)),
+        incarnation=st.sampled_from([INCARNATION_P, old, b"N" * 16]),
+        unsafe=st.sampled_from(["", "stale", "duplicate"]), again=st.booleans())
+    def check(log_received, rereceive_count, pending, probe, incarnation, unsafe, again):
+        core = PairProtocol("peer", PairState(peer_incarnation=INCARNATION_P, log_received=log_received,
+                                              rereceive_count=rereceive_count),
+                            Settings(unsafe_without_stale_rule=unsafe == "stale",
+                                     unsafe_without_duplicate_rule=unsafe == "duplicate"),
+                            superseded=frozenset({old}))
+        for number, (epoch, prev, length) in enumerate(pending):
+            core.message_queued(0, f"p{number}", Header(epoch, prev, prev + length), INCARNATION_P)
+        epoch, prev, length, seq = probe
+        header = Header(epoch, prev, prev + length, seq if length == 0 else 0)
+        message_id = core.pending_ids[0] if again and core.pending_ids else "probe"
+        before = core.pending_ids
+        taken = core.already_taken(message_id, header, incarnation)
+        actions = core.message_queued(0, message_id, header, incarnation)
+        added = (message_id in core.pending_ids and message_id not in before) or any(
+            not isinstance(action, DeleteInbound) for action in actions)
+        assert taken == (not added), (message_id, header, incarnation, before, actions)
+
+    check()

@@ -240,3 +240,45 @@ async def test_late_mail_from_a_copy_extracted_again_is_set_aside_as_such(world)
     assert world.rows("hq", "ledger", "WHERE entry = 'f1-old'") == []
     await world.settle()
     assert world.rows("f1", "ledger", "WHERE entry = 'f1-old'") == []
+
+
+async def test_keep_leaves_every_file_in_the_inbox_and_takes_each_in_once(world, monkeypatch):
+    from agent.spool import SpoolQueues
+
+    queued: list[str] = []
+    put_inbound = SpoolQueues.put_inbound
+
+    def counting(self, peer, name, data):
+        queued.append(name)
+        return put_inbound(self, peer, name, data)
+
+    monkeypatch.setattr(SpoolQueues, "put_inbound", counting)
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(50), 5, ("f1",), start=8000))
+    await world.run("hq")
+    (world.inbox("f1") / "not-a-message.txt").write_bytes(b"junk")
+    waiting = world.waiting_names("f1")
+    data = [name for name in waiting if ".d." in name]
+    assert data, waiting
+    queued.clear()
+    report = await world.run("f1", keep=True)
+    assert report.applied_messages == len(data) and report.quarantined == 1, report
+    assert world.waiting_names("f1") == waiting  # nothing was deleted
+    assert len(world.rows("f1", "customer", "WHERE id >= 8000")) == 5
+    assert queued == data
+    quarantine = agent_directory(world.db("f1")) / "quarantine"
+    assert [json.loads(path.read_text())["name"] for path in quarantine.glob("*.reason.json")] == [
+        "not-a-message.txt"]
+    # Read again at the next poll: nothing queued, applied or set aside twice.
+    queued.clear()
+    again = await world.run("f1", keep=True)
+    assert again.applied_messages == 0 and again.quarantined == 0 and queued == [], (again, queued)
+    assert world.waiting_names("f1") == waiting
+    assert len(list(quarantine.glob("*.reason.json"))) == 1
+    # Without --keep the files go: the data ones as duplicates; the stray one
+    # is read afresh (as a file an operator put back would be) and set aside.
+    last = await world.run("f1")
+    assert last.applied_messages == 0 and last.quarantined == 1, last
+    assert not any(".d." in name for name in world.waiting_names("f1"))
+    assert "not-a-message.txt" not in world.waiting_names("f1")
+    await world.settle()

@@ -43,6 +43,20 @@ def test_receive_only_and_send_only(agent: Agent, world: World) -> None:
     assert (100, "n1", "new") in world.rows("n1")
 
 
+def test_keep_leaves_the_files_in_the_inbox(agent: Agent, world: World) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    assert agent("run", world.hq, "--once", "--send-only").code == 0
+    inbox = world.inbox("n1")
+    waiting = sorted(path.name for path in inbox.iterdir())
+    assert any(".d." in name for name in waiting)
+    result = agent("run", world.n1, "--once", "--receive-only", "--keep")
+    assert result.code == 0 and "applied 1" in result.out, result.out
+    assert sorted(path.name for path in inbox.iterdir()) == waiting
+    result = agent("run", world.n1, "-b", "-r", "-p")  # dbremote's switches; nothing applied twice
+    assert result.code == 0 and "applied 0" in result.out, result.out
+    assert (100, "n1", "new") in world.rows("n1")
+
+
 def test_receive_only_with_send_only_is_a_usage_error(agent: Agent, world: World) -> None:
     result = agent("run", world.hq, "--once", "--receive-only", "--send-only")
     assert result.code == 2
