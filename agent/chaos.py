@@ -243,7 +243,7 @@ class Simulation:
                          "hold_dir": str(self.root / "held" / site), "active": faults}
         return RunOptions(transport=f"faults+{self.params.transport}", address=self.address(site),
                           max_message_size=self.params.max_message_size, patience=self.params.patience,
-                          resend_urgency=0.0, wrapper_options={"faults": fault_options},
+                          resend_urgency=0.0, named_options={"faults": fault_options},
                           transport_options=self.transport_options(site))
 
     def _settings_patch(self, agent: Agent) -> None:

@@ -36,7 +36,6 @@ from codec.message import EncodedMessage, check_message, decode_message, encode_
 from codec.names import Kind, MessageName
 from codec.packing import DEFAULT_MAX_SIZE, check_max_size
 from transports import Incoming, Transport, TransportError
-from transports.registry import create_transport
 
 from .crashpoints import crash_point
 from .errors import AgentError
@@ -52,6 +51,7 @@ from .spark.engine import SparkBatch, SparkOptions, run_spark_batch
 from .spark.errors import SparkBatchCancelled, SparkBatchError
 from .spark.export import BatchSend
 from .spark.take import TakenFile
+from .transport_options import TransportOptions
 
 log = logging.getLogger("fieldsync.agent")
 
@@ -94,8 +94,10 @@ class RunOptions:
     heartbeat_cycles: int = 10  # continuous mode: confirm at least every N send cycles
     seal: bool = True  # seal messages to the peer's X25519 key when it is known
     keep: bool = False  # [-p] received files stay in the message system (not acked)
+    # -O NAME=VALUE, for the site's own transport (and others of its plugin)
     transport_options: dict[str, Any] = field(default_factory=dict)
-    wrapper_options: dict[str, dict[str, Any]] = field(default_factory=dict)  # e.g. {"faults": {"seed": 7}}
+    # -O PREFIX.NAME=VALUE, per transport or wrapper: {"sftp": {...}, "faults": {"seed": 7}}
+    named_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     spark: SparkOptions = field(default_factory=SparkOptions)  # large outbound batches (docs/spark.md)
 
     def __post_init__(self) -> None:
@@ -325,14 +327,22 @@ class Agent:
         peer.persisted = state
 
     def _transport_for(self, name: str | None) -> Transport:
+        """The transport to a peer whose remote row names ``name`` (``None``:
+        this site's own, which it receives on); ``--transport`` overrides
+        both.  One per spec, built with the options that are its
+        (agent.transport_options)."""
         spec = self.options.transport or name or "folder"
         transport = self._transports.get(spec)
         if transport is None:
-            wrappers = {name: options for name, options in self.options.wrapper_options.items()
-                        if name in spec.split("+")[:-1]}
-            transport = create_transport(spec, wrapper_options=wrappers, **self.options.transport_options)
+            options = TransportOptions(self.options.transport_options, self.options.named_options)
+            transport = options.create(spec, own=self.own_transport)
             self._transports[spec] = transport
         return transport
+
+    @property
+    def own_transport(self) -> str:
+        """The spec of the transport this site receives on."""
+        return self.options.transport or self.db.identity.transport or "folder"
 
     # -- running ------------------------------------------------------------------------
 
@@ -418,7 +428,7 @@ class Agent:
         try:
             if self.options.receive and self.address:
                 incoming = asyncio.ensure_future(
-                    self._transport_for(None).wait_incoming(self.address, timeout))
+                    self._transport_for(self.own_transport).wait_incoming(self.address, timeout))
                 try:
                     await asyncio.wait({waiter, incoming}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -448,7 +458,7 @@ class Agent:
     async def receive_phase(self) -> None:
         if not self.address:
             raise AgentError(f"site {self.name} has no inbox address; set one with --address")
-        transport = self._transport_for(None)
+        transport = self._transport_for(self.own_transport)
         try:
             async for incoming in transport.receive(self.address):
                 await self._receive_file(transport, incoming)

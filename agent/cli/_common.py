@@ -17,12 +17,13 @@ import sys
 import uuid
 from datetime import datetime, time, timezone
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import click
 from rich.console import Console
 
 from ..errors import AgentError
+from ..transport_options import TransportOptions
 
 # -- option types ----------------------------------------------------------------------
 
@@ -120,9 +121,11 @@ DATABASE = click.Path(dir_okay=False, path_type=Path)
 
 
 class TransportOption(click.ParamType):
-    """``NAME=VALUE`` for the transport (``known_hosts=~/.ssh/known_hosts``)
-    or ``WRAPPER.NAME=VALUE`` for a wrapper (``faults.seed=7``).  Values
-    that read as booleans or numbers become them; the rest stay text."""
+    """``NAME=VALUE`` for the site's own transport
+    (``known_hosts=~/.ssh/known_hosts``), or ``PREFIX.NAME=VALUE`` for one
+    transport or wrapper (``sftp.key_file=…``, ``faults.seed=7``); see
+    agent.transport_options.  Values that read as booleans or numbers
+    become them; the rest stay text."""
 
     name = "NAME=VALUE"
 
@@ -131,10 +134,11 @@ class TransportOption(click.ParamType):
         if isinstance(value, tuple):
             return value  # type: ignore[return-value]
         key, equals, text = str(value).partition("=")
-        wrapper, dot, name = key.rpartition(".")
-        if not equals or not name.isidentifier() or (dot and not wrapper):
-            self.fail(f"{value!r}: write NAME=VALUE, or WRAPPER.NAME=VALUE for a wrapper such as faults", param, ctx)
-        return (wrapper or None), name, _option_value(text)
+        prefix, dot, name = key.rpartition(".")
+        if not equals or not name.isidentifier() or (dot and not prefix):
+            self.fail(f"{value!r}: write NAME=VALUE, or TRANSPORT.NAME=VALUE for one transport or wrapper "
+                      "(sftp.key_file=..., faults.seed=7)", param, ctx)
+        return (prefix or None), name, _option_value(text)
 
 
 def _option_value(text: str) -> object:
@@ -150,30 +154,23 @@ def _option_value(text: str) -> object:
     return text
 
 
-def split_transport_options(items: tuple) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
-    """(options for the transport, options per wrapper) from ``--transport-option`` values."""
-    options: dict[str, object] = {}
-    wrappers: dict[str, dict[str, object]] = {}
-    for wrapper, name, value in items:
-        (options if wrapper is None else wrappers.setdefault(wrapper, {}))[name] = value
-    return options, wrappers
-
-
-def check_transport(spec: str, options: dict[str, object], wrappers: dict[str, dict[str, object]]) -> None:
-    """Build (and close) the transport once, so a bad name or option is one
-    clear line before any work starts."""
+def check_transports(specs: Iterable[str], options: TransportOptions, *, own: str) -> None:
+    """Build (and close) each transport a run will use, with the options
+    that are its, so that a bad name or option is one clear line before any
+    work starts."""
     import asyncio
 
     from transports.errors import TransportError
-    from transports.registry import create_transport
 
-    try:
-        transport = create_transport(spec, wrapper_options=wrappers, **options)
-    except TransportError:
-        raise
-    except (TypeError, ValueError) as error:
-        raise AgentError(f"transport {spec}: {error}; check the --transport-option values") from None
-    asyncio.run(transport.aclose())
+    options.check_names()
+    for spec in dict.fromkeys(specs):
+        try:
+            transport = options.create(spec, own=own)
+        except TransportError:
+            raise
+        except (TypeError, ValueError) as error:
+            raise AgentError(f"transport {spec}: {error}; check the --transport-option values") from None
+        asyncio.run(transport.aclose())
 
 
 # -- sites -----------------------------------------------------------------------------

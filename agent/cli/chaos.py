@@ -17,7 +17,8 @@ import click
 from rich.table import Table
 
 from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
-from ._common import TransportOption, console, split_transport_options
+from ..transport_options import TransportOptions
+from ._common import TransportOption, console
 
 
 @click.command()
@@ -46,9 +47,11 @@ def chaos(count: int, start: int, seed: int | None, steps: int | None, transport
     # are expected, and the summary is what matters.
     for name in ("fieldsync", "transports", "agent"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    options, wrapper_options = split_transport_options(transport_options)
-    if wrapper_options:
-        raise click.UsageError("chaos sets the faults wrapper's options itself; give transport options only")
+    link = TransportOptions.from_items(transport_options)
+    if link.named:
+        raise click.UsageError("chaos sets the faults wrapper's options itself, and runs one transport: "
+                               "give NAME=VALUE options only")
+    options = link.plain
     overrides: dict = dict(transport=transport, address_template=address_template,
                            send_address_template=send_address_template,
                            transport_options=tuple(sorted(options.items())),

@@ -12,7 +12,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ._common import DATABASE, TransportOption, console, format_moment, iso_moment, open_site, split_transport_options
+from ..transport_options import TransportOptions
+from ._common import DATABASE, TransportOption, console, format_moment, iso_moment, open_site
 from ._spool import QuarantinedFile, quarantined, queue_reports
 
 
@@ -64,11 +65,9 @@ def _check(name: str, data: bytes, site_name: str, peers: frozenset[str], keyrin
 
 async def _waiting(transport_name: str, options: tuple, address: str, site_name: str, peers: frozenset[str],
                    keyring: Any) -> list[Pending]:
-    from transports.registry import create_transport
-
-    inner, wrappers = split_transport_options(options)
     found = []
-    async with create_transport(transport_name, wrapper_options=wrappers, **inner) as transport:
+    # Options for other transports (the same -O list as for `agent run`) are not this one's.
+    async with TransportOptions.from_items(options).create(transport_name, own=transport_name) as transport:
         async for incoming in transport.receive(address):  # nothing is acknowledged: the files stay
             sender, kind, header, _ = _describe_name(incoming.name)
             found.append(Pending(incoming.name, sender, kind, header, len(incoming.data),
@@ -126,6 +125,7 @@ def inbox(database: Path, transport: str | None, address: str | None, transport_
     from codec.keys import Keyring, PublicKeys
     from transports.errors import TransportError
 
+    TransportOptions.from_items(transport_options).check_names()
     with open_site(database) as site:
         identity = site.identity
         keyring = Keyring()

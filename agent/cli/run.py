@@ -26,8 +26,9 @@ from codec.names import MessageName
 from ..queues import MessageQueues, QueueDepth
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ._spool import open_queues, quarantined
-from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transport, console, format_seconds,
-                      logging_to, open_site, show_progress, split_transport_options)
+from ..transport_options import TransportOptions
+from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transports, console, format_seconds,
+                      logging_to, open_site, show_progress)
 
 log = logging.getLogger("fieldsync.cli")
 _T = TypeVar("_T")
@@ -262,14 +263,17 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     spark = SparkOptions(engine=engine, threshold=spark_threshold, master=spark_master, work=spark_work,
                          conf=tuple(spark_conf), submit=spark_submit, timeout=spark_timeout or None,
                          cancel=stopping)
-    inner_options, wrapper_options = split_transport_options(transport_options)
+    link = TransportOptions.from_items(transport_options)
     with open_site(database) as site:
-        own_transport = site.identity.transport
-    check_transport(transport or own_transport or "folder", inner_options, wrapper_options)
+        own = transport or site.identity.transport or "folder"
+        # The transports the run will use: its own, and each peer's (--transport: one for all).
+        specs = [own, *(transport or remote.transport or "folder" for remote in site.remotes())]
+    check_transports(specs, link, own=own)
     options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
                          receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
-                         transport_options=inner_options, wrapper_options=wrapper_options, spark=spark)
+                         transport_options=dict(link.plain), named_options={name: dict(values) for name, values in link.named.items()},
+                         spark=spark)
     quarantined_before = len(quarantined(database))
     out = console()
     with logging_to(verbose=verbose, log_file=log_file):

@@ -104,3 +104,14 @@ def test_check_says_why_a_file_will_be_refused(agent: Agent, world: World) -> No
     assert checks[stranger] == "from stranger, which is not a peer of hq"
     assert checks[misrouted] == "addressed to n2, not hq"
     assert "not a fieldsync message file name" in checks["holiday-photo.jpg"]
+
+
+def test_transport_options_for_other_transports_are_left_out(agent: Agent, world: World) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    assert agent("run", world.hq, "--once").code == 0
+    # The folder inbox would refuse smtp_host: it is the email transport's.
+    result = agent("inbox", world.n1, "-O", "email.smtp_host=mail.example.com", "--json")
+    assert result.code == 0, result.err
+    assert any(".d." in item["file"] for item in json.loads(result.out)["waiting"])
+    result = agent("inbox", world.n1, "-O", "nosuch.x=1")
+    assert result.code == 2 and len(result.err_lines) == 1 and "no transport or wrapper named 'nosuch'" in result.err

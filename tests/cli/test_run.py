@@ -14,6 +14,7 @@ import pytest
 import agent.cli.run as run_module
 from agent.runner import agent_directory
 from agent.site import SiteDatabase
+from transports.registry import available_transports
 from tests.spark.launchers import LAST_LINE, hanging_launcher, wait_gone
 
 from .conftest import Agent, World, sync
@@ -181,6 +182,47 @@ def test_transport_options_reach_the_transport_and_its_wrappers(agent: Agent, wo
     assert result.code == 0, result.err
     assert held.is_dir()  # the wrapper was built with the options given
     assert agent("run", world.n1, "--once").code == 0
+
+
+def test_the_sites_own_transport_is_the_one_it_receives_on(agent: Agent, world: World) -> None:
+    """A remote whose inbox is reached through faults+folder (its identity
+    says so) receives through that transport without --transport."""
+    (world.inbox("n3")).mkdir()
+    assert agent("remote", "add", world.hq, "n3", "--address", world.inbox("n3"), "--transport", "faults+folder",
+                 "--subscribe", "territory=n3").code == 0
+    n3 = world.root / "n3.db"
+    assert agent("extract", world.hq, "n3", n3).code == 0
+    held = world.root / "held"
+    result = agent("run", n3, "--once", "-O", "faults.hold_dir=" + str(held), "-O", "faults.seed=1")
+    assert result.code == 0, result.err
+    # Each call through the wrapper is a tick, kept in its hold folder; n3
+    # sends to hq by folder, so only its receive can have ticked.
+    assert int((held / "tick").read_text()) >= 1
+
+
+def test_options_for_a_peers_transport_go_to_that_transport_only(agent: Agent, world: World) -> None:
+    """hq receives on folder; n2 is reached by email.  A folder option and an
+    email option in one run each reach their own transport."""
+    with SiteDatabase.open(world.hq) as site:
+        site.update_remote("n2", transport="email", address="n2@example.invalid")
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'for n1', 'x')")
+    world.execute("hq", "INSERT INTO customer VALUES (101, 'n2', 'for n2', 'x')")
+    result = agent("run", world.hq, "--once", "-O", "stale_temp_age=600", "-O", "email.smtp_host=127.0.0.1",
+                   "-O", "email.smtp_port=9", "-O", "email.retries=0")
+    # n1 (folder) got its message; n2's could not be sent (nothing listens on
+    # port 9), which is a transport error, not a refused option.
+    assert any(".d." in path.name for path in world.inbox("n1").iterdir())
+    assert result.code == 1
+    assert [line for line in result.err_lines if "n2" in line] and all(
+        "does not accept" not in line for line in result.err_lines), result.err_lines
+    # An option the email transport does not have is one line, before any work.
+    result = agent("run", world.hq, "--once", "-O", "email.no_such_setting=1")
+    assert result.code == 1 and len(result.err_lines) == 1, result.err_lines
+    assert "'email'" in result.err and "no_such_setting" in result.err
+    result = agent("run", world.hq, "--once", "-O", "emial.smtp_host=x")
+    assert result.code == 2 and result.err_lines == [
+        f"agent: --transport-option emial.smtp_host: there is no transport or wrapper named 'emial'; known: "
+        f"{', '.join(available_transports())}"]
 
 
 def test_bad_transport_options(agent: Agent, world: World) -> None:
