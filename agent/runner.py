@@ -46,7 +46,7 @@ from .queues import MessageQueues
 from .restore import check_restored
 from .schedule import sending_due
 from .site import SiteDatabase
-from .site.errors import SiteError
+from .site.errors import LogOffsetError, SiteError
 from .spark.engine import SparkBatch, SparkOptions, run_spark_batch
 from .spark.errors import SparkBatchCancelled, SparkBatchError
 from .spark.export import BatchSend
@@ -744,11 +744,12 @@ class Agent:
                 else:
                     outcome = packed[1]
                 if outcome.error is not None:
-                    # Raised here, at the peer's turn, as packing on its own would:
-                    # a range the log cannot serve stops the run, the others fail the send.
-                    raise outcome.error
+                    raise outcome.error  # at the peer's turn, as packing on its own would
                 count = outcome.messages
-        except SEND_ERRORS as error:
+        except (LogOffsetError, *SEND_ERRORS) as error:
+            # A range the log cannot serve (its remote row disagrees with the
+            # log) fails this peer's send and no other: the peers packed in
+            # the same pass are recorded as usual.
             log.error("preparing messages for %s failed: %s", peer.name, error)
             self.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
             return peer.protocol.send_aborted(self.clock())

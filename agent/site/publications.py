@@ -756,6 +756,8 @@ def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock
             # (commit - 1, commit] holds that one log transaction.
             for transaction in read_transactions(conn, readers[index], commit - 1, commit, lock=lock):
                 yield index, transaction
+                # Not held while the next subscriber's copy is built: one at a time.
+                del transaction
         position = commit
 
 

@@ -182,6 +182,47 @@ def test_a_peer_whose_messages_cannot_be_sealed_fails_alone(site: Path) -> None:
     assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
 
 
+def test_a_peer_whose_range_the_log_cannot_serve_fails_alone(site: Path) -> None:
+    """field003's row says it was sent up to offset 1, which is no commit
+    offset: its send fails with one line, and the peers packed in the same
+    pass are recorded as usual (nothing is left queued without its log_sent)."""
+    with SiteDatabase.open(site) as db:
+        db.connection.execute("UPDATE fieldsync_remote SET log_sent = 1, confirm_sent = 0 WHERE name = 'field003'")
+    reference = expected_without(site, "field003")
+    phase = send_phase(site)
+    [problem] = phase.report.transport_errors
+    assert problem.startswith("preparing messages for field003: ") and "1 is not a commit offset" in problem
+    assert phase.log_sent["field003"] == 1 and data_files(phase.outbound["field003"]) == []
+    assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
+
+
+def expected_without(database: Path, broken: str) -> Expected:
+    """:func:`expected` for the others when ``broken``'s range cannot be read."""
+    with SiteDatabase.open(database) as db:
+        saved = db.remote(broken).log_sent
+        db.connection.execute("UPDATE fieldsync_remote SET log_sent = 0 WHERE name = ?", (broken,))
+    try:
+        return expected(database)
+    finally:
+        with SiteDatabase.open(database) as db:
+            db.connection.execute("UPDATE fieldsync_remote SET log_sent = ? WHERE name = ?", (saved, broken))
+
+
+def test_sends_packed_in_groups_make_the_same_files(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for the packers of two sends only, the sends go in passes
+    of two; the files are the same."""
+    import agent.outbound as outbound
+
+    monkeypatch.setattr(outbound, "PACKING_MEMORY", 2 * outbound.PACKER_MEMORY_FACTOR * MAX_SIZE)
+    reference = expected(site)
+    statements: list[str] = []
+    phase = send_phase(site, statements=statements)
+    assert phase.report.ok, phase.report
+    assert_sent_as_alone(phase, reference, NAMES)
+    passes = [statement for statement in statements if "FROM fieldsync_capture WHERE seq > " in statement]
+    assert len(passes) > reference.end // 1000 + 2  # more than one pass over the log
+
+
 class FailingQueue:
     """The agent's queues, but puts for ``peer`` fail (or the agent dies)
     from the ``after + 1``-th on."""
