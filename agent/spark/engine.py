@@ -164,7 +164,8 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         started = time.monotonic()
         export = directory / "export"
         output = directory / "output"
-        summary = export_batch(db, keys, sends, export, max_size=max_size)
+        summary = export_batch(db, keys, sends, export, max_size=max_size,
+                               check_stop=lambda: _check_cancel(options))
         log.info("Spark batch %s: %d sends, log offsets (%d, %d], %d capture rows exported; running the job on %s",
                  directory.name, len(sends), *summary.range, summary.rows, options.master)
         _check_cancel(options)

@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import msgpack
 
@@ -75,8 +75,13 @@ def _schema():  # type: ignore[no-untyped-def]
 
 def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
                  *, max_size: int, rows_per_file: int = ROWS_PER_FILE,
-                 rows_per_group: int = ROWS_PER_GROUP) -> ExportSummary:
-    """Write what the job needs for ``sends`` into ``directory`` (new or empty)."""
+                 rows_per_group: int = ROWS_PER_GROUP,
+                 check_stop: Callable[[], None] | None = None) -> ExportSummary:
+    """Write what the job needs for ``sends`` into ``directory`` (new or empty).
+
+    ``check_stop`` is called after each row group written, and may raise
+    to stop a long export (the agent is stopping); the caller deletes the
+    folder."""
     sends = list(sends)
     if not sends:
         raise SparkBatchError("a batch needs at least one send")
@@ -107,7 +112,8 @@ def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], d
     }
     _write_private(target / "keys", keys.to_text())
     _write_subscriptions(target / "subscriptions.parquet", subscriptions)
-    rows, files = _write_log(db, target / "log", low, high, width, rows_per_file, rows_per_group)
+    rows, files = _write_log(db, target / "log", low, high, width, rows_per_file, rows_per_group,
+                             check_stop or (lambda: None))
     # job.json last: an export without it is incomplete.
     (target / "job.json").write_text(json.dumps(job, indent=1) + "\n", encoding="utf-8")
     return ExportSummary(target, rows, files, (low, high))
@@ -130,7 +136,7 @@ def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
 
 
 def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, rows_per_file: int,
-               rows_per_group: int) -> tuple[int, int]:
+               rows_per_group: int, check_stop: Callable[[], None]) -> tuple[int, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -152,6 +158,7 @@ def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, 
                                                  for column, field in zip(columns, schema)], schema=schema))
         for column in columns:
             column.clear()
+        check_stop()
 
     commits, origins, seqs, shape_ids, kinds, flags, returned_column, values = columns
     for commit, origin, rows, returned in db.read_capture(low, high, value_columns=width):

@@ -27,13 +27,14 @@ from typing import Callable
 
 import pytest
 
+import agent.spark.engine
 from agent.cli import main
 from agent.errors import UsageError
 from agent.runner import Agent, RunOptions, RunReport, agent_directory, run_agent
 from agent.site import SiteDatabase
 from agent.spark.engine import DEFAULT_TIMEOUT, SparkOptions, run_spark_batch
 from agent.spark.errors import SparkBatchCancelled, SparkBatchError
-from agent.spark.export import BatchSend
+from agent.spark.export import BatchSend, export_batch
 from agent.spark.take import Sender, take_output
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
@@ -640,6 +641,50 @@ def test_an_interrupt_in_the_waiting_thread_stops_the_job(small: tuple[Path, lis
     interrupter.join()
     assert wait_gone(list(launcher.wait_started())) == []
     assert list(work.iterdir()) == []
+
+
+def test_a_cancel_during_the_export_stops_it_there(small: tuple[Path, list[BatchSend]], tmp_path: Path) -> None:
+    """The export of a large backlog takes a while: a cancel is seen after
+    each row group written, and nothing after it runs."""
+    database, sends = small
+    launcher = hanging_launcher(tmp_path / "bin")
+    work = tmp_path / "work"
+    groups: list[int] = []
+
+    def stop_at_the_second_group() -> None:
+        groups.append(len(groups) + 1)
+        if len(groups) == 2:
+            raise SparkBatchCancelled("stopped in the export")
+
+    with SiteDatabase.open(database) as site:
+        with pytest.raises(SparkBatchCancelled, match="stopped in the export"):
+            export_batch(site, _keys(site), sends, work / "export", max_size=50_000, rows_per_group=500,
+                         check_stop=stop_at_the_second_group)
+        assert groups == [1, 2]
+        assert not (work / "export" / "job.json").exists()  # an export without it is incomplete
+        # Through the engine: the event set while the export runs stops it
+        # there; the job is never started and the folder is gone.
+        cancel = threading.Event()
+        options = hanging(launcher, cancel=cancel)
+        calls = 0
+        check = agent.spark.engine._check_cancel
+
+        def set_in_the_export(checked: SparkOptions) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the first check inside the export, which has not finished
+                [export] = (work / "engine").glob("job-hq.*/export")
+                assert (export / "log").is_dir() and not (export / "job.json").exists()
+                cancel.set()
+            check(checked)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(agent.spark.engine, "_check_cancel", set_in_the_export)
+            with pytest.raises(SparkBatchCancelled, match="cancelled because the agent is stopping"):
+                run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work / "engine", options=options)
+    assert calls == 2
+    assert not launcher.pid_file.exists()
+    assert list((work / "engine").iterdir()) == []
 
 
 def test_a_cancel_event_set_before_the_batch_starts_nothing(small: tuple[Path, list[BatchSend]],
