@@ -178,6 +178,62 @@ def add(database: Path, name: str, address: str, transport: str, public_key: str
                   "or add them with --public-key.", soft_wrap=True)
 
 
+@remote.command("set")
+@click.argument("database", type=DATABASE)
+@click.argument("name")
+@click.option("--address", help="The remote's new inbox address.")
+@click.option("--transport", help="The transport that reaches it now.")
+@click.option("--public-key", "public_key", metavar="LINE", help="The remote's new public key line.")
+@click.option("--public-key-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A file holding the remote's new public key line.")
+@click.option("--send-every", type=Duration(whole_seconds=True), metavar="DURATION",
+              help="SEND EVERY: send at this interval from now on.")
+@click.option("--send-at", type=TimeOfDay(), metavar="HH:MM", help="SEND AT: send once a day at this local time.")
+@click.option("--no-schedule", is_flag=True, help="No schedule: send whenever the agent runs.")
+def set_(database: Path, name: str, address: str | None, transport: str | None, public_key: str | None,
+         public_key_file: Path | None, send_every: int | None, send_at: time | None, no_schedule: bool) -> None:
+    """Change how the remote user NAME is reached: its address, transport,
+    public key or send schedule.
+
+    Its stream goes on where it is (unlike removing and adding it again,
+    which starts a new one); files already handed to the old transport are
+    not moved.
+
+    Example: agent remote set hq.db north --transport sftp --address sftp://sync@hq.example.com/north
+    """
+    from transports.registry import parse_transport_spec
+
+    if sum((send_every is not None, send_at is not None, no_schedule)) > 1:
+        raise click.UsageError("--send-every, --send-at and --no-schedule exclude each other")
+    if transport is not None:
+        parse_transport_spec(transport)
+    line = _public_key_line(name, public_key, public_key_file)
+    changes: dict[str, object] = {}
+    if address is not None:
+        changes["address"] = address
+    if transport is not None:
+        changes["transport"] = transport
+    if line is not None:
+        changes["public_key"] = line
+    if send_every is not None or send_at is not None or no_schedule:
+        changes["send_every"], changes["send_at"] = send_every, send_at
+    if not changes:
+        raise click.UsageError("nothing to change: give --address, --transport, a public key or a schedule")
+    with open_site(database) as site:
+        require_remote(site, name)
+        old = site.remote(name)
+        new = site.update_remote(name, **changes)
+    out = console()
+    for label, before, after in (("address", old.address, new.address), ("transport", old.transport, new.transport),
+                                 ("key", key_fingerprint(old.public_key), key_fingerprint(new.public_key)),
+                                 ("schedule", schedule_text(old.send_every, old.send_at),
+                                  schedule_text(new.send_every, new.send_at))):
+        if before != after:
+            out.print(f"{name}: {label} {before or 'none'} -> {after or 'none'}", soft_wrap=True)
+    if old == new:
+        out.print(f"{name}: nothing changed", soft_wrap=True)
+
+
 @remote.command("subscribe")
 @click.argument("database", type=DATABASE)
 @click.argument("name")

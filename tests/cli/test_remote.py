@@ -144,3 +144,45 @@ def test_adding_twice_is_refused(site: Path, agent: Agent, tmp_path: Path) -> No
 def test_missing_address_is_a_usage_error(site: Path, agent: Agent) -> None:
     result = agent("remote", "add", site, "north")
     assert result.code == 2 and len(result.err_lines) == 1 and "--address" in result.err
+
+
+def test_set_changes_how_a_remote_is_reached_and_keeps_its_stream(site: Path, agent: Agent, tmp_path: Path) -> None:
+    assert agent("remote", "add", site, "north", "--address", tmp_path / "north", "--send-every", "30m").code == 0
+    with SiteDatabase.open(site) as opened:
+        opened.update_remote("north", log_sent=0, resend_count=2)
+    before = _remote(site, "north")[0]
+    other = tmp_path / "north.db"
+    agent("init", other, "--name", "north", "--role", "remote", "--address", tmp_path)
+    line = agent("key", other).out.strip()
+    result = agent("remote", "set", site, "north", "--transport", "sftp", "--address", "sftp://sync@127.0.0.1/north",
+                   "--public-key", line, "--send-at", "18:30")
+    assert result.code == 0, result.err
+    after = _remote(site, "north")[0]
+    assert (after.transport, after.address, after.public_key) == ("sftp", "sftp://sync@127.0.0.1/north", line)
+    assert (after.send_every, after.send_at) == (None, time(18, 30))
+    assert "north: transport folder -> sftp" in result.out and "north: schedule every 30m -> at 18:30" in result.out
+    # The stream goes on: nothing of the protocol's state changed.
+    assert (after.log_sent, after.resend_count, after.peer_incarnation) == (
+        before.log_sent, before.resend_count, before.peer_incarnation)
+    assert agent("remote", "set", site, "north", "--no-schedule").code == 0
+    assert (_remote(site, "north")[0].send_every, _remote(site, "north")[0].send_at) == (None, None)
+
+
+@pytest.mark.parametrize("arguments, code, text", [
+    ((), 2, "nothing to change"),
+    (("--send-every", "5m", "--no-schedule"), 2, "exclude each other"),
+    (("--transport", "no such"), 1, "is not a transport name"),
+    (("--public-key", "not a key"), 1, "public key"),
+])
+def test_set_mistakes_change_nothing(site: Path, agent: Agent, tmp_path: Path, arguments: tuple, code: int,
+                                     text: str) -> None:
+    assert agent("remote", "add", site, "north", "--address", tmp_path / "north").code == 0
+    before = _remote(site, "north")[0]
+    result = agent("remote", "set", site, "north", *arguments)
+    assert result.code == code and len(result.err_lines) == 1 and text in result.err, result.err_lines
+    assert _remote(site, "north")[0] == before
+
+
+def test_set_of_an_unknown_remote_is_one_line(site: Path, agent: Agent) -> None:
+    result = agent("remote", "set", site, "nobody", "--address", "x")
+    assert result.code == 1 and len(result.err_lines) == 1 and "has no remote named 'nobody'" in result.err
