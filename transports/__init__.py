@@ -21,6 +21,7 @@ from .registry import (
     RegistryEntry,
     TransportSpec,
     available_transports,
+    check_transport_spec,
     create_transport,
     get_transport_class,
     parse_transport_spec,
@@ -36,6 +37,7 @@ __all__ = [
     "BadAddress", "BadTransportOptions", "InvalidMessageName", "RegistryError", "TransportClosed",
     "TransportError", "TransportNameTaken", "TransportNotInstalled", "TransportRefused",
     "TransportUnavailable", "UnknownTransport",
-    "ENTRY_POINT_GROUP", "RegistryEntry", "TransportSpec", "available_transports", "create_transport",
+    "ENTRY_POINT_GROUP", "RegistryEntry", "TransportSpec", "available_transports", "check_transport_spec",
+    "create_transport",
     "get_transport_class", "parse_transport_spec", "refresh_entry_points", "register",
 ]

@@ -250,6 +250,27 @@ def create_transport(spec: str, /, *, wrapper_options: Mapping[str, Mapping[str,
     unused = set(wrapper_options) - set(parsed.wrappers)
     if unused:
         raise BadTransportOptions(f"wrapper_options for {sorted(unused)} but transport {spec!r} has no such wrapper")
+    wrapper_classes, inner_cls = _classes(spec, parsed)
+    _bind_options(inner_cls, parsed.inner, (), options)
+    for wrapper, cls in wrapper_classes:
+        _bind_options(cls, wrapper, (None,), wrapper_options.get(wrapper, {}))
+    transport: Transport = inner_cls(**options)
+    for wrapper, cls in reversed(wrapper_classes):
+        transport = cls(transport, **wrapper_options.get(wrapper, {}))
+    return transport
+
+
+def check_transport_spec(spec: str, /) -> TransportSpec:
+    """Check that ``spec`` names transports that exist and fit together
+    (wrappers around one transport), without building anything: for
+    settings stored now and used later (a site's or a remote's transport).
+    Raises what :func:`create_transport` raises for the name."""
+    parsed = parse_transport_spec(spec)
+    _classes(spec, parsed)
+    return parsed
+
+
+def _classes(spec: str, parsed: TransportSpec) -> tuple[list[tuple[str, type[Transport]]], type[Transport]]:
     wrapper_classes = []
     for wrapper in parsed.wrappers:
         try:
@@ -268,10 +289,4 @@ def create_transport(spec: str, /, *, wrapper_options: Mapping[str, Mapping[str,
     if inner_cls.is_wrapper:
         raise RegistryError(
             f"transport {parsed.inner!r} is a wrapper; name the transport it wraps, as in '{parsed.inner}+folder'")
-    _bind_options(inner_cls, parsed.inner, (), options)
-    for wrapper, cls in wrapper_classes:
-        _bind_options(cls, wrapper, (None,), wrapper_options.get(wrapper, {}))
-    transport: Transport = inner_cls(**options)
-    for wrapper, cls in reversed(wrapper_classes):
-        transport = cls(transport, **wrapper_options.get(wrapper, {}))
-    return transport
+    return wrapper_classes, inner_cls

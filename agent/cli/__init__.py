@@ -21,8 +21,8 @@ from .. import __version__
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "init": ("agent.cli.init", "init", "Make a SQLite database a site with fresh keys."),
     "key": ("agent.cli.key", "key", "Print a site's public key line."),
-    "publication": ("agent.cli.publication", "publication", "Create and list publications."),
-    "remote": ("agent.cli.remote", "remote", "Add, list, subscribe and remove remote users."),
+    "publication": ("agent.cli.publication", "publication", "Create, extend and list publications."),
+    "remote": ("agent.cli.remote", "remote", "Add, change, subscribe, list and remove remote users."),
     "extract": ("agent.cli.extract", "extract", "Make a remote's database from the consolidated (dbxtract)."),
     "run": ("agent.cli.run", "run", "Receive, apply, send and confirm messages (dbremote)."),
     "inbox": ("agent.cli.inbox", "inbox", "List pending and quarantined messages without applying them."),

@@ -24,11 +24,11 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
     sealing key pair kept inside DATABASE, and prints the public key line
     the site's peers need (`agent remote add ... --public-key`).
     """
-    from transports.registry import parse_transport_spec
+    from transports.registry import check_transport_spec
 
     from ..admin import init_site, site_keys
 
-    parse_transport_spec(transport)
+    check_transport_spec(transport)
     if not database.parent.is_dir():
         raise AgentError(f"directory {database.parent} does not exist; create it first")
     if database.is_dir():

@@ -61,7 +61,7 @@ def article_text(article: "Article") -> str:  # noqa: F821
 
 @click.group()
 def publication() -> None:
-    """Create and list publications: the tables a site replicates.
+    """Create, extend and list publications: the tables a site replicates.
 
     An article is TABLE[:COL1,COL2,...][@COLUMN]: a table, optionally only
     some of its columns (the primary key is always included), optionally

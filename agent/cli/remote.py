@@ -152,12 +152,12 @@ def add(database: Path, name: str, address: str, transport: str, public_key: str
 
     Example: agent remote add hq.db north --address /mnt/sync/north --subscribe territory=north
     """
-    from transports.registry import parse_transport_spec
+    from transports.registry import check_transport_spec
 
     if send_every is not None and send_at is not None:
         raise click.UsageError("--send-every and --send-at exclude each other: a remote is sent to at an "
                                "interval or at a time of day")
-    parse_transport_spec(transport)
+    check_transport_spec(transport)
     line = _public_key_line(name, public_key, public_key_file)
     wanted = [_split_subscription(text) for text in subscriptions]
     with open_site(database) as site:
@@ -201,12 +201,12 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
 
     Example: agent remote set hq.db north --transport sftp --address sftp://sync@hq.example.com/north
     """
-    from transports.registry import parse_transport_spec
+    from transports.registry import check_transport_spec
 
     if sum((send_every is not None, send_at is not None, no_schedule)) > 1:
         raise click.UsageError("--send-every, --send-at and --no-schedule exclude each other")
     if transport is not None:
-        parse_transport_spec(transport)
+        check_transport_spec(transport)
     line = _public_key_line(name, public_key, public_key_file)
     changes: dict[str, object] = {}
     if address is not None:

@@ -203,7 +203,8 @@ class SparkConf(click.ParamType):
               "(default: the site's own).")
 @click.option("--address", metavar="ADDRESS", help="This site's inbox address (default: the site's own).")
 @click.option("--transport-option", "-O", "transport_options", multiple=True, type=TransportOption(),
-              help="A transport setting NAME=VALUE, or WRAPPER.NAME=VALUE (faults.seed=7). Repeatable.")
+              help="A setting NAME=VALUE of the site's own transport, or TRANSPORT.NAME=VALUE of one "
+                   "transport or wrapper (sftp.key_file=..., faults.seed=7). Repeatable.")
 @click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help=f"Largest message file (minimum {MIN_MAX_SIZE}; 48k works).")
 @click.option("-g", "--group", type=click.IntRange(min=1), default=20, show_default=True, metavar="N",

@@ -172,6 +172,8 @@ def test_set_changes_how_a_remote_is_reached_and_keeps_its_stream(site: Path, ag
     ((), 2, "nothing to change"),
     (("--send-every", "5m", "--no-schedule"), 2, "exclude each other"),
     (("--transport", "no such"), 1, "is not a transport name"),
+    (("--transport", "nosuch"), 1, "unknown transport 'nosuch'"),
+    (("--transport", "faults"), 1, "is a wrapper; name the transport it wraps"),
     (("--public-key", "not a key"), 1, "public key"),
 ])
 def test_set_mistakes_change_nothing(site: Path, agent: Agent, tmp_path: Path, arguments: tuple, code: int,
@@ -186,3 +188,15 @@ def test_set_mistakes_change_nothing(site: Path, agent: Agent, tmp_path: Path, a
 def test_set_of_an_unknown_remote_is_one_line(site: Path, agent: Agent) -> None:
     result = agent("remote", "set", site, "nobody", "--address", "x")
     assert result.code == 1 and len(result.err_lines) == 1 and "has no remote named 'nobody'" in result.err
+
+
+def test_add_and_init_refuse_an_unknown_transport(site: Path, agent: Agent, tmp_path: Path) -> None:
+    """Stored now, used at every run: an unknown name would stop them all."""
+    result = agent("remote", "add", site, "west", "--address", tmp_path, "--transport", "nosuch")
+    assert result.code == 1 and len(result.err_lines) == 1 and "unknown transport 'nosuch'" in result.err
+    with SiteDatabase.open(site) as opened:
+        assert "west" not in {remote.name for remote in opened.remotes()}
+    result = agent("init", tmp_path / "new.db", "--name", "new", "--role", "remote", "--address", tmp_path,
+                   "--transport", "faults+nosuch")
+    assert result.code == 1 and len(result.err_lines) == 1 and "unknown transport 'nosuch'" in result.err
+    assert not (tmp_path / "new.db").exists()

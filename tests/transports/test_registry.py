@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import re
 import sys
 import textwrap
 from importlib.metadata import EntryPoint
@@ -26,6 +27,7 @@ from transports import (
     available_transports,
     create_transport,
     get_transport_class,
+    check_transport_spec,
     parse_transport_spec,
     refresh_entry_points,
     register,
@@ -310,6 +312,22 @@ def test_malformed_specs_are_refused(spec) -> None:
         parse_transport_spec(spec)
     with pytest.raises(RegistryError):
         create_transport(spec)
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("nosuch", "unknown transport 'nosuch'"),
+    ("faults+nosuch", "unknown transport 'nosuch'"),
+    ("nosuch+folder", "unknown transport wrapper 'nosuch'"),
+    ("folder+folder", "'folder' in 'folder+folder' is not a wrapper"),
+    ("faults", "'faults' is a wrapper; name the transport it wraps"),
+    ("faults+", "empty part"),
+])
+def test_check_transport_spec_refuses_what_create_would_without_building(spec, problem) -> None:
+    with pytest.raises(RegistryError, match=re.escape(problem)):
+        check_transport_spec(spec)
+    with pytest.raises(RegistryError, match=re.escape(problem)):
+        create_transport(spec)
+    assert check_transport_spec("faults+folder") == TransportSpec(("faults",), "folder")
 
 
 def test_an_unknown_wrapper_is_a_clear_error() -> None:
