@@ -59,8 +59,10 @@ class FaultRates:
                 raise BadTransportOptions(f"faults: rate {kind} must be between 0 and 1, got {value!r}")
         if sum(getattr(self, kind) for kind in KINDS) > 1.0:
             raise BadTransportOptions("faults: the rates add up to more than 1")
-        if self.max_hold_ticks < 1 or self.partition_ticks < 1:
-            raise BadTransportOptions("faults: hold and partition ticks must be at least 1")
+        for ticks in ("max_hold_ticks", "partition_ticks"):
+            value = getattr(self, ticks)
+            if type(value) is not int or value < 1:
+                raise BadTransportOptions(f"faults: {ticks} must be a whole number >= 1, got {value!r}")
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str]) -> "FaultRates":
@@ -91,6 +93,11 @@ class FaultsTransport(TransportWrapper):
                  hold_dir: str | os.PathLike[str] | None = None, record: str | os.PathLike[str] | None = None,
                  config: str | os.PathLike[str] | None = None, active: bool = True, **rate_options: float) -> None:
         super().__init__(inner)
+        unknown = sorted(set(rate_options) - set(FaultRates.__dataclass_fields__))
+        if unknown:
+            raise BadTransportOptions(
+                f"faults: no option {', '.join(map(repr, unknown))}; options: seed, hold_dir, record, config, active, "
+                f"{', '.join(FaultRates.__dataclass_fields__)}")
         if rates is None:
             rates = FaultRates.from_config(config) if config else FaultRates(**rate_options)
         elif rate_options or config:

@@ -132,10 +132,10 @@ class FolderTransport(Transport):
     def __init__(self, *, stale_temp_age: float = DEFAULT_STALE_TEMP_AGE, min_age: float = 0.0,
                  max_file_size: int = DEFAULT_MAX_FILE_SIZE, file_mode: int | None = None) -> None:
         super().__init__()
-        if not stale_temp_age > 0:
-            raise ValueError(f"stale_temp_age must be > 0 seconds, got {stale_temp_age!r}")
-        if not min_age >= 0:
-            raise ValueError(f"min_age must be >= 0 seconds, got {min_age!r}")
+        for option, value, low in (("stale_temp_age", stale_temp_age, "> 0"), ("min_age", min_age, ">= 0")):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not (value > 0 if low == "> 0" else value >= 0)):
+                raise ValueError(f"{option} must be a number of seconds {low}, got {value!r}")
         if type(max_file_size) is not int or max_file_size < 0:
             raise ValueError(f"max_file_size must be a byte count >= 0, got {max_file_size!r}")
         if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):

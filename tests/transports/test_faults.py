@@ -121,6 +121,11 @@ def test_rates_are_checked_and_read_from_a_config(tmp_path):
     config.write_text('{"dorp": 0.25}')
     with pytest.raises(BadTransportOptions, match="keys"):
         FaultRates.from_config(config)
+    # A misspelt option or a tick count that is no number is one line naming it.
+    with pytest.raises(BadTransportOptions, match=r"^faults: no option 'bogus'; options: seed, .*\bdrop\b"):
+        create_transport("faults+folder", wrapper_options={"faults": {"bogus": 7}})
+    with pytest.raises(BadTransportOptions, match=r"^faults: max_hold_ticks must be a whole number >= 1, got 'x'$"):
+        create_transport("faults+folder", wrapper_options={"faults": {"max_hold_ticks": "x"}})
     config.write_text('{"drop": 0.25}')
     transport = create_transport("faults+folder", wrapper_options={"faults": {"config": str(config)}})
     assert transport.rates == FaultRates(drop=0.25)

@@ -212,9 +212,12 @@ async def test_file_mode_option_and_umask(inbox: Path) -> None:
 
 
 @pytest.mark.parametrize("options", [
-    {"stale_temp_age": 0}, {"min_age": -1}, {"max_file_size": -1}, {"max_file_size": 1.5}, {"file_mode": 0o1000}])
+    {"stale_temp_age": 0}, {"min_age": -1}, {"max_file_size": -1}, {"max_file_size": 1.5}, {"file_mode": 0o1000},
+    {"min_age": "abc"}, {"stale_temp_age": True}])
 def test_bad_options_are_refused(options) -> None:
-    with pytest.raises(ValueError):
+    [(option, value)] = options.items()
+    # One line naming the option and the value (what -O gave), never a bare TypeError.
+    with pytest.raises(ValueError, match=f"^{option} must be .*, got {value!r}$"):
         FolderTransport(**options)
 
 
