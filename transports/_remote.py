@@ -26,6 +26,10 @@ from .errors import TransportRefused
 log = logging.getLogger(__name__)
 
 MAX_RETRY_DELAY = 30.0
+MAX_RETRIES = 100
+#: Longest connect or command timeout: beyond a day a socket's timeout
+#: overflows on some platforms, and no server answer is worth the wait.
+MAX_TIMEOUT = 86400.0
 
 # The temp-file rules of the folder transport, which sftp shares: a sender
 # writes ``.<name>.<16 hex>.tmp``; readers skip every dot-name and other
@@ -49,6 +53,14 @@ def is_own_temp(name: str) -> bool:
     return True
 
 
+def check_timeouts(**timeouts: object) -> None:
+    """Each must be a number of seconds, more than 0 and at most a day."""
+    for option, value in timeouts.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT:
+            raise ValueError(f"{option} must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (a day), "
+                             f"got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Backoff:
     """How often and how patiently a call reconnects: ``retries`` more tries after
@@ -59,9 +71,9 @@ class Backoff:
     first_delay: float
 
     def __post_init__(self) -> None:
-        if type(self.retries) is not int or self.retries < 0:
-            raise ValueError(f"retries must be a whole number >= 0, got {self.retries!r}")
-        if not isinstance(self.first_delay, (int, float)) or not 0 <= self.first_delay <= MAX_RETRY_DELAY:
+        if type(self.retries) is not int or not 0 <= self.retries <= MAX_RETRIES:
+            raise ValueError(f"retries must be a whole number 0..{MAX_RETRIES}, got {self.retries!r}")
+        if isinstance(self.first_delay, bool) or not isinstance(self.first_delay, (int, float)) or not 0 <= self.first_delay <= MAX_RETRY_DELAY:
             raise ValueError(f"retry_delay must be 0..{MAX_RETRY_DELAY:.0f} seconds, got {self.first_delay!r}")
 
     def delays(self) -> Iterator[float]:

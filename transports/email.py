@@ -44,7 +44,8 @@ import aiosmtplib
 from .base import Incoming, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
-from ._remote import Backoff, SecretSource, one_line
+from ._remote import Backoff, SecretSource, check_timeouts, one_line
+from .options import ByteCount, Seconds
 
 log = logging.getLogger(__name__)
 
@@ -267,9 +268,9 @@ class EmailTransport(Transport):
                  password_env: str | None = None, smtp_password_file: str | None = None,
                  smtp_password_env: str | None = None, imap_password_file: str | None = None,
                  imap_password_env: str | None = None, ca_file: str | None = None, move_to: str | None = None,
-                 quarantine_folder: str | None = None, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
-                 idle: bool = True, connect_timeout: float = 15.0, timeout: float = 60.0, retries: int = 3,
-                 retry_delay: float = 1.0) -> None:
+                 quarantine_folder: str | None = None, max_message_size: ByteCount = DEFAULT_MAX_MESSAGE_SIZE,
+                 idle: bool = True, connect_timeout: Seconds = 15.0, timeout: Seconds = 60.0, retries: int = 3,
+                 retry_delay: Seconds = 1.0) -> None:
         super().__init__()
         if smtp_host is not None and (type(smtp_host) is not str or not smtp_host.strip()):
             raise ValueError(f"smtp_host must be a host name, got {smtp_host!r}")
@@ -292,9 +293,7 @@ class EmailTransport(Transport):
             raise ValueError(f"max_message_size must be a byte count >= 0, got {max_message_size!r}")
         if type(idle) is not bool:
             raise ValueError(f"idle must be True or False, got {idle!r}")
-        for option, value in (("connect_timeout", connect_timeout), ("timeout", timeout)):
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{option} must be a number of seconds > 0, got {value!r}")
+        check_timeouts(connect_timeout=connect_timeout, timeout=timeout)
         if ca_file is not None and (type(ca_file) is not str or not ca_file):
             raise ValueError(f"ca_file must be a path, got {ca_file!r}")
         self.smtp_host = smtp_host

@@ -91,17 +91,23 @@ class FaultsTransport(TransportWrapper):
 
     def __init__(self, inner: Transport, *, seed: int = 0, rates: FaultRates | None = None,
                  hold_dir: str | os.PathLike[str] | None = None, record: str | os.PathLike[str] | None = None,
-                 config: str | os.PathLike[str] | None = None, active: bool = True, **rate_options: float) -> None:
+                 config: str | os.PathLike[str] | None = None, active: bool = True,
+                 drop: float | None = None, corrupt: float | None = None, duplicate: float | None = None,
+                 reorder: float | None = None, delay: float | None = None, partition: float | None = None,
+                 max_hold_ticks: int | None = None, partition_ticks: int | None = None) -> None:
         super().__init__(inner)
-        unknown = sorted(set(rate_options) - set(FaultRates.__dataclass_fields__))
-        if unknown:
-            raise BadTransportOptions(
-                f"faults: no option {', '.join(map(repr, unknown))}; options: seed, hold_dir, record, config, active, "
-                f"{', '.join(FaultRates.__dataclass_fields__)}")
-        if rates is None:
-            rates = FaultRates.from_config(config) if config else FaultRates(**rate_options)
-        elif rate_options or config:
+        if type(seed) is not int:
+            raise BadTransportOptions(f"faults: seed must be a whole number, got {seed!r}")
+        if type(active) is not bool:
+            raise BadTransportOptions(f"faults: active must be true or false, got {active!r}")
+        given = {name: value for name, value in (
+            ("drop", drop), ("corrupt", corrupt), ("duplicate", duplicate), ("reorder", reorder), ("delay", delay),
+            ("partition", partition), ("max_hold_ticks", max_hold_ticks), ("partition_ticks", partition_ticks))
+            if value is not None}
+        if sum((rates is not None, config is not None, bool(given))) > 1:
             raise BadTransportOptions("faults: give rates, a config file or rate options, not several")
+        if rates is None:
+            rates = FaultRates.from_config(config) if config is not None else FaultRates(**given)
         self.seed = seed
         self.rates = rates
         self.active = active

@@ -30,6 +30,7 @@ from codec.names import MessageName
 
 from .base import Incoming, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
+from .options import ByteCount, FileMode, Seconds
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,8 @@ class FolderTransport(Transport):
         file_mode: permission bits for sent files; default: 0o666 less umask.
     """
 
-    def __init__(self, *, stale_temp_age: float = DEFAULT_STALE_TEMP_AGE, min_age: float = 0.0,
-                 max_file_size: int = DEFAULT_MAX_FILE_SIZE, file_mode: int | None = None) -> None:
+    def __init__(self, *, stale_temp_age: Seconds = DEFAULT_STALE_TEMP_AGE, min_age: Seconds = 0.0,
+                 max_file_size: ByteCount = DEFAULT_MAX_FILE_SIZE, file_mode: FileMode | None = None) -> None:
         super().__init__()
         for option, value, low in (("stale_temp_age", stale_temp_age, "> 0"), ("min_age", min_age, ">= 0")):
             if (isinstance(value, bool) or not isinstance(value, (int, float))

@@ -33,6 +33,7 @@ from .errors import (
     TransportNotInstalled,
     UnknownTransport,
 )
+from .options import read_text_options
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,14 @@ def available_transports() -> tuple[str, ...]:
 
 
 def _bind_options(cls: type[Transport], label: str, args: tuple[Any, ...], options: Mapping[str, Any]) -> None:
+    parameters = inspect.signature(cls).parameters
+    takes_any = any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
+    known = [name for name, parameter in parameters.items()
+             if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)][len(args):]
+    unknown = [name for name in options if name not in known]
+    if unknown and not takes_any:
+        raise BadTransportOptions(f"transport {label!r} has no option {', '.join(map(repr, unknown))}; "
+                                  f"its options: {', '.join(known) or 'none'}")
     try:
         inspect.signature(cls).bind(*args, **options)
     except TypeError as error:
@@ -244,6 +253,8 @@ def create_transport(spec: str, /, *, wrapper_options: Mapping[str, Mapping[str,
 
     ``options`` go to the inner transport; ``wrapper_options`` maps a
     wrapper's name to the options for that wrapper (``{"faults": {"seed": 7}}``).
+    A value given as text (``timeout="90s"``, as a command line gives it) is
+    read by the type of the parameter it goes to (transports.options).
     """
     parsed = parse_transport_spec(spec)
     wrapper_options = dict(wrapper_options or {})
@@ -252,11 +263,13 @@ def create_transport(spec: str, /, *, wrapper_options: Mapping[str, Mapping[str,
         raise BadTransportOptions(f"wrapper_options for {sorted(unused)} but transport {spec!r} has no such wrapper")
     wrapper_classes, inner_cls = _classes(spec, parsed)
     _bind_options(inner_cls, parsed.inner, (), options)
+    options = read_text_options(inner_cls, parsed.inner, options)
     for wrapper, cls in wrapper_classes:
         _bind_options(cls, wrapper, (None,), wrapper_options.get(wrapper, {}))
+        wrapper_options[wrapper] = read_text_options(cls, wrapper, wrapper_options.get(wrapper, {}))
     transport: Transport = inner_cls(**options)
     for wrapper, cls in reversed(wrapper_classes):
-        transport = cls(transport, **wrapper_options.get(wrapper, {}))
+        transport = cls(transport, **wrapper_options[wrapper])
     return transport
 
 

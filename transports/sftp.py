@@ -42,7 +42,8 @@ from paramiko.sftp import CMD_EXTENDED
 
 from .base import Incoming, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
-from ._remote import Backoff, SecretSource, is_own_temp, is_temporary, one_line
+from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
+from .options import ByteCount, FileMode, Seconds
 
 log = logging.getLogger(__name__)
 
@@ -214,10 +215,10 @@ class SftpTransport(Transport):
     def __init__(self, *, key_file: str | None = None, key_passphrase_file: str | None = None,
                  key_passphrase_env: str | None = None, password_file: str | None = None,
                  password_env: str | None = None, known_hosts: str = DEFAULT_KNOWN_HOSTS,
-                 accept_new_host_key: bool = False, connect_timeout: float = 15.0, timeout: float = 60.0,
-                 retries: int = 3, retry_delay: float = 1.0, channels: int = 4,
-                 max_file_size: int = DEFAULT_MAX_FILE_SIZE, stale_temp_age: float = DEFAULT_STALE_TEMP_AGE,
-                 file_mode: int | None = None) -> None:
+                 accept_new_host_key: bool = False, connect_timeout: Seconds = 15.0, timeout: Seconds = 60.0,
+                 retries: int = 3, retry_delay: Seconds = 1.0, channels: int = 4,
+                 max_file_size: ByteCount = DEFAULT_MAX_FILE_SIZE, stale_temp_age: Seconds = DEFAULT_STALE_TEMP_AGE,
+                 file_mode: FileMode | None = None) -> None:
         super().__init__()
         if key_file is not None and (type(key_file) is not str or not key_file):
             raise ValueError(f"key_file must be a path, got {key_file!r}")
@@ -225,10 +226,9 @@ class SftpTransport(Transport):
             raise ValueError(f"known_hosts must be a path, got {known_hosts!r}")
         if type(accept_new_host_key) is not bool:
             raise ValueError(f"accept_new_host_key must be True or False, got {accept_new_host_key!r}")
-        for option, value in (("connect_timeout", connect_timeout), ("timeout", timeout),
-                              ("stale_temp_age", stale_temp_age)):
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{option} must be a number of seconds > 0, got {value!r}")
+        check_timeouts(connect_timeout=connect_timeout, timeout=timeout)
+        if isinstance(stale_temp_age, bool) or not isinstance(stale_temp_age, (int, float)) or not stale_temp_age > 0:
+            raise ValueError(f"stale_temp_age must be a number of seconds > 0, got {stale_temp_age!r}")
         if type(channels) is not int or not 1 <= channels <= 32:
             raise ValueError(f"channels must be 1..32, got {channels!r}")
         if type(max_file_size) is not int or max_file_size < 0:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
 import uuid
 from datetime import datetime, time, timezone
@@ -22,32 +21,20 @@ from typing import Iterable, Iterator
 import click
 from rich.console import Console
 
+from transports.options import parse_byte_count, parse_seconds
+
 from ..errors import AgentError
 from ..transport_options import TransportOptions
 
 # -- option types ----------------------------------------------------------------------
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms]?)")
-_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
-
-
 def parse_duration(text: str) -> float:
-    """Seconds in ``90``, ``90s``, ``5m``, ``1h``, ``1h30m`` or ``0.5s``."""
-    compact = text.strip().lower().replace(" ", "")
-    position, total, units_seen = 0, 0.0, []
-    while position < len(compact):
-        match = _DURATION_PART.match(compact, position)
-        if match is None:
-            break
-        unit = match.group(2)
-        if unit in units_seen or (not unit and position > 0):
-            break
-        units_seen.append(unit)
-        total += float(match.group(1)) * _UNIT_SECONDS[unit]
-        position = match.end()
-    if not compact or position != len(compact):
-        raise ValueError(f"{text!r} is not a duration; write seconds or use a unit: 90, 90s, 5m, 1h, 1h30m")
-    return total
+    """Seconds in ``90``, ``90s``, ``5m``, ``1h``, ``1h30m`` or ``0.5s``: the
+    same forms as a transport's ``Seconds`` option (transports.options)."""
+    try:
+        return parse_seconds(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration; write seconds or use a unit: 90, 90s, 5m, 1h, 1h30m") from None
 
 
 class Duration(click.ParamType):
@@ -76,11 +63,9 @@ class Duration(click.ParamType):
         return seconds
 
 
-_SIZE = re.compile(r"(\d+)([kKmM]?)\Z")
-
-
 class ByteSize(click.ParamType):
-    """A byte count: ``50000``, ``48k`` (x1024) or ``1m`` (x1024x1024)."""
+    """A byte count: ``50000``, ``48k``, ``1m`` or ``1g`` (powers of 1024), the
+    same forms as a transport's ``ByteCount`` option (transports.options)."""
 
     name = "bytes"
 
@@ -91,10 +76,10 @@ class ByteSize(click.ParamType):
         if isinstance(value, int) and not isinstance(value, bool):
             size = value
         else:
-            match = _SIZE.match(str(value).strip())
-            if match is None:
+            try:
+                size = parse_byte_count(str(value))
+            except ValueError:
                 self.fail(f"{value!r} is not a size; write bytes such as 50000, or 48k or 1m", param, ctx)
-            size = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[match.group(2).lower()]
         if size < self.minimum:
             self.fail(f"{value} is below the minimum of {self.minimum} bytes", param, ctx)
         return size
@@ -124,8 +109,8 @@ class TransportOption(click.ParamType):
     """``NAME=VALUE`` for the site's own transport
     (``known_hosts=~/.ssh/known_hosts``), or ``PREFIX.NAME=VALUE`` for one
     transport or wrapper (``sftp.key_file=…``, ``faults.seed=7``); see
-    agent.transport_options.  Values that read as booleans or numbers
-    become them; the rest stay text."""
+    agent.transport_options.  Values stay text: the transport reads each by
+    the type of its option (transports.options)."""
 
     name = "NAME=VALUE"
 
@@ -138,20 +123,7 @@ class TransportOption(click.ParamType):
         if not equals or not name.isidentifier() or (dot and not prefix):
             self.fail(f"{value!r}: write NAME=VALUE, or TRANSPORT.NAME=VALUE for one transport or wrapper "
                       "(sftp.key_file=..., faults.seed=7)", param, ctx)
-        return (prefix or None), name, _option_value(text)
-
-
-def _option_value(text: str) -> object:
-    if text.lower() in ("true", "yes", "on"):
-        return True
-    if text.lower() in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+        return (prefix or None), name, text
 
 
 def check_transports(specs: Iterable[str], options: TransportOptions, *, own: str) -> None:

@@ -233,6 +233,26 @@ def test_bad_transport_options(agent: Agent, world: World) -> None:
     assert result.code == 2 and len(result.err_lines) == 1 and "NAME=VALUE" in result.err
     result = agent("run", world.hq, "--once", "-O", "max_file_size=-5")
     assert result.code == 1 and len(result.err_lines) == 1 and "max_file_size" in result.err
+    # A value that does not read as its option's type is one line naming both.
+    for option, line in (
+            ("stale_temp_age=forever", "agent: transport 'folder': stale_temp_age='forever' is not a number of "
+                                       "seconds such as 30, 90s, 5m or 1h"),
+            ("file_mode=rw-r-----", "agent: transport 'folder': file_mode='rw-r-----' is not permission bits in "
+                                    "octal such as 640 or 0o640"),
+            ("max_file_size=1t", "agent: transport 'folder': max_file_size='1t' is not a byte count such as 50000, "
+                                 "48k, 64m or 1g")):
+        result = agent("run", world.hq, "--once", "-O", option)
+        assert (result.code, result.err_lines) == (1, [line]), option
+
+
+def test_transport_option_texts_are_read_by_their_type(agent: Agent, world: World) -> None:
+    """file_mode is octal as chmod reads it, sizes and ages take units."""
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'mode', 'x')")
+    result = agent("run", world.hq, "--once", "-O", "file_mode=640", "-O", "max_file_size=64m",
+                   "-O", "stale_temp_age=1h")
+    assert result.code == 0, result.err
+    sent = [path for path in world.inbox("n1").iterdir() if ".d." in path.name]
+    assert sent and {path.stat().st_mode & 0o777 for path in sent} == {0o640}
 
 
 # -- a Spark job that hangs or is interrupted (docs/spark.md, "A job that hangs") ------------

@@ -122,10 +122,17 @@ def test_rates_are_checked_and_read_from_a_config(tmp_path):
     with pytest.raises(BadTransportOptions, match="keys"):
         FaultRates.from_config(config)
     # A misspelt option or a tick count that is no number is one line naming it.
-    with pytest.raises(BadTransportOptions, match=r"^faults: no option 'bogus'; options: seed, .*\bdrop\b"):
+    with pytest.raises(BadTransportOptions, match=r"^transport 'faults' has no option 'bogus'; its options: seed, .*\bdrop\b"):
         create_transport("faults+folder", wrapper_options={"faults": {"bogus": 7}})
-    with pytest.raises(BadTransportOptions, match=r"^faults: max_hold_ticks must be a whole number >= 1, got 'x'$"):
+    with pytest.raises(BadTransportOptions, match=r"^transport 'faults': max_hold_ticks='x' is not a whole number$"):
         create_transport("faults+folder", wrapper_options={"faults": {"max_hold_ticks": "x"}})
+    with pytest.raises(BadTransportOptions, match=r"^faults: max_hold_ticks must be a whole number >= 1, got 1.5$"):
+        create_transport("faults+folder", wrapper_options={"faults": {"max_hold_ticks": 1.5}})
+    with pytest.raises(BadTransportOptions, match=r"^transport 'faults': option rates cannot be given as text"):
+        create_transport("faults+folder", wrapper_options={"faults": {"rates": "0.5"}})
+    texts = create_transport("faults+folder", wrapper_options={"faults": {
+        "seed": "7", "active": "no", "drop": "0.25", "max_hold_ticks": "3"}})
+    assert (texts.seed, texts.active, texts.rates) == (7, False, FaultRates(drop=0.25, max_hold_ticks=3))
     config.write_text('{"drop": 0.25}')
     transport = create_transport("faults+folder", wrapper_options={"faults": {"config": str(config)}})
     assert transport.rates == FaultRates(drop=0.25)
