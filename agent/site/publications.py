@@ -510,6 +510,26 @@ class SubscriberReader:
                           {names[i]: new[i] for i in chosen})
 
 
+class _Route(NamedTuple):
+    """Where the capture rows of one shape go, among a Router's readers.
+
+    ``classes`` groups the readers that see the shape alike (same columns,
+    same SUBSCRIBE BY column and values): a row becomes the same operation
+    for each reader of a class, so it is converted once per class.
+    ``every`` are the classes that receive every row; ``by_value`` maps a
+    SUBSCRIBE BY value to the classes whose subset holds it, the value at
+    ``old_at`` (and, for an UPDATE, ``new_at``) of a capture row.
+    """
+
+    classes: tuple[tuple["_View", tuple[int, ...]], ...]
+    every: tuple[int, ...]
+    old_at: int | None
+    new_at: int | None
+    by_value: dict[object, tuple[int, ...]]
+    readers_every: frozenset[int]
+    readers_by_value: dict[object, frozenset[int]]
+
+
 class Router:
     """Which of several subscribers' readers a capture row can concern.
 
@@ -522,31 +542,48 @@ class Router:
     that turn it into an operation; each reader still decides, so the
     result is what each reader alone would select.  The origin of an
     ordinary row is never offered it (no echo).
+
+    Readers that see a shape alike form one class (:class:`_Route`): a
+    catalog every subscriber receives is converted once, not once for each.
     """
 
     def __init__(self, readers: list[SubscriberReader]) -> None:
         self.readers = readers
         self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
-        self._routes: dict[int, tuple[frozenset, int | None, int | None, dict]] = {}
+        self._routes: dict[int, _Route] = {}
 
-    def _route(self, shape_id: int) -> tuple[frozenset, int | None, int | None, dict]:
+    def index(self, subscriber: str) -> int | None:
+        """The index of ``subscriber``'s reader, if it is one of them."""
+        return self._index.get(subscriber)
+
+    def route(self, shape_id: int) -> _Route:
         route = self._routes.get(shape_id)
         if route is not None:
             return route
-        every: set[int] = set()
-        by_value: dict[object, set[int]] = {}
+        members: dict[tuple, list[int]] = {}
+        views: dict[tuple, _View] = {}
         old_at = new_at = None
         for index, reader in enumerate(self.readers):
             view = reader.view(shape_id)
             if view is None:
                 continue
-            if view.values is None:
-                every.add(index)
-            elif view.old_filter is not None:  # the same column for every reader of this table
+            alike = (view.positions, view.filter_position, view.values)
+            members.setdefault(alike, []).append(index)
+            views.setdefault(alike, view)
+            if view.old_filter is not None:  # the same column for every reader of this table
                 old_at, new_at = view.old_filter, view.new_filter
+        classes = tuple((views[alike], tuple(indexes)) for alike, indexes in members.items())
+        every = tuple(number for number, (view, _) in enumerate(classes) if view.values is None)
+        by_value: dict[object, list[int]] = {}
+        for number, (view, _) in enumerate(classes):
+            if view.values is not None and view.old_filter is not None:
                 for value in view.values:
-                    by_value.setdefault(value, set()).add(index)
-        route = self._routes[shape_id] = (frozenset(every), old_at, new_at, by_value)
+                    by_value.setdefault(value, []).append(number)
+        route = self._routes[shape_id] = _Route(
+            classes, every, old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()},
+            frozenset(index for number in every for index in classes[number][1]),
+            {value: frozenset(index for number in numbers for index in classes[number][1])
+             for value, numbers in by_value.items()})
         return route
 
     def candidates(self, origin: str, row: tuple) -> set[int] | frozenset[int]:
@@ -555,16 +592,97 @@ class Router:
         if flags and flags & FLAG_RETURN_TO_ORIGIN:
             index = self._index.get(origin)
             return frozenset() if index is None else frozenset((index,))
-        every, old_at, new_at, by_value = self._route(row[1])
-        if old_at is None:
+        route = self.route(row[1])
+        every = route.readers_every
+        if route.old_at is None:
             chosen: set[int] | frozenset[int] = every
         else:
+            by_value = route.readers_by_value
             chosen = set(every)
-            chosen.update(by_value.get(row[old_at], ()))
+            chosen.update(by_value.get(row[route.old_at], ()))
             if row[2] == KIND_UPDATE:
-                chosen.update(by_value.get(row[new_at], ()))
+                chosen.update(by_value.get(row[route.new_at], ()))
         index = self._index.get(origin)
         return chosen - {index} if index in chosen else chosen
+
+    def classes(self, origin: str, row: tuple) -> list[tuple[int, ...]]:
+        """The readers ``row`` can concern (as :meth:`candidates`), grouped
+        into classes whose readers each turn it into the same operation."""
+        origin_index = self._index.get(origin)
+        flags = row[3]
+        if flags and flags & FLAG_RETURN_TO_ORIGIN:
+            return [] if origin_index is None else [(origin_index,)]
+        route = self.route(row[1])
+        numbers = route.every
+        if route.old_at is not None:
+            numbers = (*numbers, *route.by_value.get(row[route.old_at], ()))
+            if row[2] == KIND_UPDATE and row[route.new_at] != row[route.old_at]:
+                numbers = tuple(dict.fromkeys((*numbers, *route.by_value.get(row[route.new_at], ()))))
+        found = []
+        for number in numbers:
+            members = route.classes[number][1]
+            if origin_index in members:  # no echo
+                members = tuple(index for index in members if index != origin_index)
+            if members:
+                found.append(members)
+        return found
+
+    def select(self, origin: str, rows: Iterable[tuple], ops: list[list[Operation]]) -> int:
+        """Append to ``ops[i]`` the operations consecutive capture ``rows`` of
+        one log transaction of ``origin`` become for reader ``i``, as
+        ``readers[i].extend`` would; return how many were appended in all.
+        A row is converted once for each class of readers it concerns."""
+        origin_index = self._index.get(origin)
+        added = 0
+        for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
+            if flags and flags & FLAG_RETURN_TO_ORIGIN:
+                if origin_index is not None:  # written back to its origin: for that reader alone
+                    before = len(ops[origin_index])
+                    self.readers[origin_index].extend(origin, group, ops[origin_index])
+                    added += len(ops[origin_index]) - before
+                continue
+            if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
+                continue
+            route = self.route(shape_id)
+            if not route.classes:
+                continue
+            buckets: dict[int, list[tuple]]
+            if route.old_at is None:
+                run = list(group)
+                buckets = {number: run for number in route.every}
+            else:
+                buckets = {}
+                every, by_value, old_at, new_at = route.every, route.by_value, route.old_at, route.new_at
+                update = kind == KIND_UPDATE
+                for row in group:
+                    numbers = by_value.get(row[old_at], ())
+                    if update and row[new_at] != row[old_at]:
+                        moved_to = by_value.get(row[new_at], ())
+                        if moved_to:
+                            numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
+                    for number in (*every, *numbers) if every else numbers:
+                        bucket = buckets.get(number)
+                        if bucket is None:
+                            buckets[number] = [row]
+                        else:
+                            bucket.append(row)
+            for number in sorted(buckets):
+                view, members = route.classes[number]
+                if origin_index in members:  # no echo
+                    members = tuple(index for index in members if index != origin_index)
+                    if not members:
+                        continue
+                bucket = buckets[number]
+                if kind == KIND_UPDATE:
+                    update_op = view.update
+                    selected = [op for op in map(update_op, bucket) if op is not None]
+                else:
+                    selected = view.rows(kind, bucket)
+                if selected:
+                    for index in members:
+                        ops[index].extend(selected)
+                    added += len(selected) * len(members)
+        return added
 
 
 def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:
@@ -661,19 +779,7 @@ class Fanout:
             self.readers[active[0]].extend(origin, rows, ops)
             self.held += len(ops) - before
         elif active:
-            router = self._router(active)
-            candidates = router.candidates
-            buckets: list[list[tuple]] = [[] for _ in active]
-            appends = [bucket.append for bucket in buckets]
-            for row in rows:
-                for local in candidates(origin, row):
-                    appends[local](row)
-            for local, bucket in enumerate(buckets):
-                if bucket:
-                    ops = self._ops[active[local]]
-                    before = len(ops)
-                    router.readers[local].extend(origin, bucket, ops)
-                    self.held += len(ops) - before
+            self.held += self._router(active).select(origin, rows, [self._ops[index] for index in active])
         return finished
 
     def finish(self) -> list[tuple[int, Transaction]]:

@@ -127,17 +127,21 @@ def _route(export: str, batches: Iterator[Any], stall: tuple[str, float] | None 
             origin = origins[index]
             commit = commits[index]
             row = (seq, shapes[index], kinds[index], flags[index], *unpackb(values[index], raw=False))
-            for sub in router.candidates(origin, row):
-                if not starts[sub] < commit <= ends[sub]:
+            # Readers of one class see the row alike: convert and pack it once.
+            for members in router.classes(origin, row):
+                subs = [sub for sub in members if starts[sub] < commit <= ends[sub]]
+                if not subs:
                     continue
-                op = readers[sub].operation(origin, row)
+                op = readers[subs[0]].operation(origin, row)
                 if op is None:
                     continue
-                out_sub.append(sub)
-                out_seq.append(seq)
-                out_commit.append(commit)
-                out_origin.append(origin)
-                out_op.append(pack(op))
+                packed = pack(op)
+                for sub in subs:
+                    out_sub.append(sub)
+                    out_seq.append(seq)
+                    out_commit.append(commit)
+                    out_origin.append(origin)
+                    out_op.append(packed)
         if out_sub:
             yield pa.RecordBatch.from_arrays(
                 [pa.array(out_sub, pa.int32()), pa.array(out_seq, pa.int64()), pa.array(out_commit, pa.int64()),

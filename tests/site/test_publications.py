@@ -276,6 +276,7 @@ def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_few
     names = ["north1", "south1", "idle"]
     readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name in names]
     router = Router(readers)
+    line_shape = hq.connection.execute("SELECT max(id) FROM fieldsync_shape WHERE table_name = 'line'").fetchone()[0]
     offered: list[set[str]] = []
     for _commit, origin, rows, _returned in hq.read_capture(start, end, value_columns=2 * 6):
         for row in rows:
@@ -284,6 +285,16 @@ def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_few
             assert selecting <= candidates, (row, candidates, selecting)
             assert origin not in candidates or row[3]  # no echo, bar rows written back
             offered.append(candidates)
+            # Grouped into classes: the same readers, each once, and each
+            # reader of a class turns the row into the same operation.
+            classes = router.classes(origin, row)
+            assert sorted(index for members in classes for index in members) == sorted(
+                router.candidates(origin, row))
+            for members in classes:
+                made = [readers[index].operation(origin, row) for index in members]
+                assert made == [made[0]] * len(members), (row, members)
+            if row[1] == line_shape:
+                assert classes == [(0, 1, 2)]  # all three take every line row, alike: converted once
     assert offered[:4] == [{"north1"}, {"south1"}, {"north1", "south1"}, {"north1", "south1", "idle"}]
     assert offered[4] == {"south1"}
     # north1's own rows: the one in its subset goes to nobody, the row it put
