@@ -106,6 +106,8 @@ class FaultsTransport(TransportWrapper):
             if value is not None}
         if sum((rates is not None, config is not None, bool(given))) > 1:
             raise BadTransportOptions("faults: give rates, a config file or rate options, not several")
+        if config is not None and not str(config).strip():
+            raise BadTransportOptions("faults: config must be the path of a JSON file of rates, got ''")
         if rates is None:
             rates = FaultRates.from_config(config) if config is not None else FaultRates(**given)
         self.seed = seed

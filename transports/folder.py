@@ -140,7 +140,8 @@ class FolderTransport(Transport):
         if type(max_file_size) is not int or max_file_size < 0:
             raise ValueError(f"max_file_size must be a byte count >= 0, got {max_file_size!r}")
         if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):
-            raise ValueError(f"file_mode must be permission bits 0..0o777, got {file_mode!r}")
+            shown = f"0o{file_mode:o}" if type(file_mode) is int and file_mode >= 0 else repr(file_mode)
+            raise ValueError(f"file_mode must be permission bits 0..0o777, got {shown}")
         self.stale_temp_age = float(stale_temp_age)
         self.min_age = float(min_age)
         self.max_file_size = max_file_size

@@ -1,17 +1,22 @@
 """Transport options given as text (docs/transports.md, "Options as text").
 
-A command line (``-O timeout=90s``) or a config file gives every option as
-text; the transport's constructor wants numbers, booleans and paths.
+A command line (``-O timeout=90s``) gives every option as text; the
+transport's constructor wants numbers, booleans and paths.
 :func:`read_text_options` reads each text value by the annotation of the
 parameter it goes to, so one rule serves every transport, built-in or not:
 
-* a parameter that takes ``str`` (or a path) keeps the text as it is: an
-  IMAP user ``1001`` stays the text ``"1001"``;
+* a parameter that takes ``str`` (or ``os.PathLike``) keeps the text as it
+  is: an IMAP user ``1001`` stays the text ``"1001"``; a ``Path`` gets
+  ``Path(text)``;
 * ``bool``: ``true``/``false``, ``yes``/``no``, ``on``/``off``, ``1``/``0``;
-* ``int``: a whole number; ``float``: a finite number;
+* ``int``: a whole number; ``float``: a finite number; a ``Literal`` or an
+  ``Enum``: one of its values (an Enum member also by name);
 * :data:`Seconds`, :data:`ByteCount`, :data:`FileMode` (``Annotated``
   markers a transport puts on its parameters): ``90s``/``5m``/``1h``,
   ``48k``/``64m``/``1g``, octal permission bits ``640``/``0o640``;
+* a union takes the first of its arms that reads the text (``int | float``);
+* no annotation, or one its module cannot resolve (a type imported only for
+  type checkers): booleans and numbers as they read, the rest as text;
 * anything else cannot be given as text, and says so; nor can a text
   with a control character, whatever the option.
 
@@ -23,13 +28,17 @@ transport, the option and the value.
 
 from __future__ import annotations
 
+import enum
 import inspect
 import math
 import os
 import re
+import sys
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Annotated, Any, Callable, Mapping
 
 from .errors import BadTransportOptions
@@ -45,31 +54,38 @@ class TextForm:
     wanted: str
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|h|m|s)?")
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|h|m|s)?\s*")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, None: 1.0, "ms": 0.001}
-_BYTES = re.compile(r"(\d+)([kmg]?)(?:i?b)?")
-_BYTE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_BYTES = re.compile(r"([0-9]+)(?:([kmg])(?:i?b)?|b)?")
+_BYTE_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+_WHOLE = re.compile(r"-?[0-9]+")
 
 
 def parse_seconds(text: str) -> float:
-    """``90``, ``1.5``, ``90s``, ``250ms``, ``5m``, ``1h`` or ``1h30m``, in seconds."""
-    compact = text.strip().lower().replace(" ", "")
-    position, total, units = 0, 0.0, set()
-    while position < len(compact):
-        match = _DURATION.match(compact, position)
-        if match is None or match.group(2) in units or (match.group(2) is None and position):
-            raise ValueError(text)
-        units.add(match.group(2))
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        position = match.end()
-    if not compact:
+    """``90``, ``1.5``, ``1e3``, ``90s``, ``250ms``, ``5m``, ``1h`` or
+    ``1h30m``, in seconds; finite."""
+    compact = text.strip().lower()
+    try:
+        total = parse_float(compact)
+    except ValueError:
+        position, total, units = 0, 0.0, set()
+        while position < len(compact):
+            match = _DURATION.match(compact, position)
+            if match is None or match.group(2) in units or (match.group(2) is None and position):
+                raise ValueError(text) from None
+            units.add(match.group(2))
+            total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+            position = match.end()
+        if not compact:
+            raise ValueError(text) from None
+    if not math.isfinite(total) or total < 0:
         raise ValueError(text)
     return total
 
 
 def parse_byte_count(text: str) -> int:
     """``50000``, ``48k``, ``64m``, ``1g`` (also ``64MiB``, ``64mb``): powers of 1024."""
-    match = _BYTES.fullmatch(text.strip().lower().replace("_", ""))
+    match = _BYTES.fullmatch(text.strip().lower())
     if match is None:
         raise ValueError(text)
     return int(match.group(1)) * _BYTE_UNITS[match.group(2)]
@@ -94,14 +110,34 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_int(text: str) -> int:
+    """A whole number in ASCII digits, with an optional minus sign."""
+    if not _WHOLE.fullmatch(text.strip()):
+        raise ValueError(text)
     return int(text.strip())
 
 
 def parse_float(text: str) -> float:
+    """A finite number as Python writes one (``0.05``, ``1e3``), no ``_``."""
+    if "_" in text:
+        raise ValueError(text)
     value = float(text.strip())
     if not math.isfinite(value):
         raise ValueError(text)
     return value
+
+
+def guess(text: str) -> object:
+    """A value whose parameter says nothing of its type (no annotation, or
+    one that cannot be resolved): ``true``/``false`` words become booleans,
+    numbers become numbers, the rest stays text."""
+    try:
+        return parse_bool(text) if not _WHOLE.fullmatch(text.strip()) else parse_int(text)
+    except ValueError:
+        pass
+    try:
+        return parse_float(text)
+    except ValueError:
+        return text
 
 
 #: A length of time in seconds; as text ``90``, ``90s``, ``5m``, ``1h``.
@@ -117,12 +153,39 @@ _PLAIN_FORMS = {
     float: TextForm(parse_float, "a finite number"),
 }
 _KEEP_TEXT = object()
+_GUESS = TextForm(guess, "")
+_UNRESOLVED = object()
+_OTHER_NAMES = "*"  # not an identifier: the key of a ``**options`` parameter's annotation
+
+
+def _either(forms: list[TextForm]) -> TextForm:
+    """The first of ``forms`` that reads the text (``int | float``: ``2``
+    is 2, ``1.5`` is 1.5)."""
+    def parse(text: str) -> Any:
+        for form in forms:
+            try:
+                return form.parse(text)
+            except (ValueError, OverflowError):
+                pass
+        raise ValueError(text)
+    return TextForm(parse, " or ".join(dict.fromkeys(form.wanted for form in forms)))
+
+
+def _one_of(values: list[Any], by_text: dict[str, Any]) -> TextForm:
+    def parse(text: str) -> Any:
+        try:
+            return by_text[text.strip()]
+        except KeyError:
+            raise ValueError(text) from None
+    return TextForm(parse, "one of " + ", ".join(map(str, values)))
 
 
 def _form_of(annotation: Any) -> TextForm | object | None:
     """The TextForm for a parameter's annotation, ``_KEEP_TEXT`` if it takes
     text as it is, None if it cannot be written as text."""
-    if annotation is inspect.Parameter.empty or annotation is Any:
+    if annotation is inspect.Parameter.empty or annotation is _UNRESOLVED:
+        return _GUESS
+    if annotation is Any or annotation is object:
         return _KEEP_TEXT
     if typing.get_origin(annotation) is Annotated:
         for extra in annotation.__metadata__:
@@ -134,22 +197,57 @@ def _form_of(annotation: Any) -> TextForm | object | None:
         forms = [_form_of(arm) for arm in typing.get_args(annotation) if arm is not type(None)]
         if _KEEP_TEXT in forms:
             return _KEEP_TEXT
-        return next((form for form in forms if form is not None), None)
+        readable = [form for form in forms if isinstance(form, TextForm)]
+        return None if not readable else readable[0] if len(readable) == 1 else _either(readable)
+    if origin is typing.Literal:
+        values = list(typing.get_args(annotation))
+        return _one_of(values, {str(value): value for value in values})
     if annotation is str or annotation is os.PathLike or origin is os.PathLike:
         return _KEEP_TEXT
+    if isinstance(annotation, type):
+        if issubclass(annotation, PurePath):
+            return TextForm(annotation, "a path")
+        if issubclass(annotation, enum.Enum):
+            members = list(annotation)
+            by_text = {member.name: member for member in members}
+            by_text.update({str(member.value): member for member in members})
+            return _one_of([member.value for member in members], by_text)
     return _PLAIN_FORMS.get(annotation)
 
 
 def _annotations(cls: type) -> dict[str, Any]:
+    """Each keyword parameter of ``cls`` with its resolved annotation
+    (``_UNRESOLVED`` for one that names what its module cannot give, such as
+    a type imported only for type checkers)."""
+    parameters = {name: parameter for name, parameter in inspect.signature(cls.__init__).parameters.items()
+                  if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)}
     try:
         hints = typing.get_type_hints(cls.__init__, include_extras=True)
-    except Exception:  # noqa: BLE001 - an unresolvable annotation: take the texts as they are
-        hints = {}
+    except Exception:  # noqa: BLE001 - resolve them one at a time below
+        hints = None
+    extra = next((parameter for parameter in inspect.signature(cls.__init__).parameters.values()
+                  if parameter.kind is parameter.VAR_KEYWORD), None)
+    if extra is not None:  # **options: its annotation is that of every other name
+        parameters[_OTHER_NAMES] = extra
+    if hints is not None:
+        return {name: hints.get(parameter.name, inspect.Parameter.empty) for name, parameter in parameters.items()}
+    namespace = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
     names = {}
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if parameter.kind is parameter.KEYWORD_ONLY or parameter.kind is parameter.POSITIONAL_OR_KEYWORD:
-            names[name] = hints.get(name, inspect.Parameter.empty)
+    for name, parameter in parameters.items():
+        annotation = parameter.annotation
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, dict(namespace))  # noqa: S307 - the class's own annotation text
+                if isinstance(annotation, str):
+                    annotation = _UNRESOLVED
+            except Exception:  # noqa: BLE001
+                annotation = _UNRESOLVED
+        names[name] = annotation
     return names
+
+
+def _control_character(text: str) -> bool:
+    return any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in text)
 
 
 def read_text_options(cls: type, label: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,12 +257,13 @@ def read_text_options(cls: type, label: str, options: Mapping[str, Any]) -> dict
     annotations = _annotations(cls)
     read: dict[str, Any] = {}
     for name, value in options.items():
-        if not isinstance(value, str) or name not in annotations:
+        if isinstance(value, str) and _control_character(value):
+            raise BadTransportOptions(f"transport {label!r}: {name}={value!r} has a control character")
+        annotation = annotations.get(name, annotations.get(_OTHER_NAMES))
+        if not isinstance(value, str) or annotation is None:
             read[name] = value
             continue
-        if any(ord(char) < 32 or ord(char) == 127 for char in value):
-            raise BadTransportOptions(f"transport {label!r}: {name}={value!r} has a control character")
-        form = _form_of(annotations[name])
+        form = _form_of(annotation)
         if form is _KEEP_TEXT:
             read[name] = value
             continue

@@ -130,6 +130,8 @@ def test_rates_are_checked_and_read_from_a_config(tmp_path):
         create_transport("faults+folder", wrapper_options={"faults": {"max_hold_ticks": 1.5}})
     with pytest.raises(BadTransportOptions, match=r"^transport 'faults': option rates cannot be given as text"):
         create_transport("faults+folder", wrapper_options={"faults": {"rates": "0.5"}})
+    with pytest.raises(BadTransportOptions, match=r"^faults: config must be the path of a JSON file of rates, got ''$"):
+        create_transport("faults+folder", wrapper_options={"faults": {"config": ""}})
     texts = create_transport("faults+folder", wrapper_options={"faults": {
         "seed": "7", "active": "no", "drop": "0.25", "max_hold_ticks": "3"}})
     assert (texts.seed, texts.active, texts.rates) == (7, False, FaultRates(drop=0.25, max_hold_ticks=3))

@@ -217,7 +217,8 @@ async def test_file_mode_option_and_umask(inbox: Path) -> None:
 def test_bad_options_are_refused(options) -> None:
     [(option, value)] = options.items()
     # One line naming the option and the value (what -O gave), never a bare TypeError.
-    with pytest.raises(ValueError, match=f"^{option} must be .*, got {value!r}$"):
+    shown = f"0o{value:o}" if option == "file_mode" else repr(value)  # permission bits in octal
+    with pytest.raises(ValueError, match=f"^{option} must be .*, got {shown}$"):
         FolderTransport(**options)
 
 
