@@ -124,6 +124,7 @@ class RunReport:
     sent: int = 0
     resend_requests: int = 0
     spark_batches: int = 0  # Spark jobs whose files were queued
+    left_in_inbox: int = 0  # files not for this site, left where they are (counted once each)
     transport_errors: list[str] = field(default_factory=list)
     stopped_streams: list[str] = field(default_factory=list)
 
@@ -173,6 +174,7 @@ class Agent:
         # --keep: (name, sha256) of the files in the quarantine, read once, so
         # that a file left in the inbox is set aside once, not at every poll.
         self._quarantined: set[tuple[str, str]] | None = None
+        self._left: set[str] = set()  # names of files left in the inbox, each logged once
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -479,14 +481,14 @@ class Agent:
         try:
             name = MessageName.parse(name_text)
         except BadFileName as error:
-            await self._quarantine_file(None, name_text, data, str(error))
-            await self._ack(transport, incoming)
-            self.report.quarantined += 1
+            self._leave(name_text, str(error))
+            return
+        if name.recipient != self.name:
+            self._leave(name_text, f"addressed to {name.recipient}, not {self.name}")
             return
         peer = self.peers.get(name.sender)
-        if name.recipient != self.name or peer is None:
-            reason = (f"addressed to {name.recipient}, not {self.name}" if name.recipient != self.name
-                      else f"from {name.sender}, which is not a peer of {self.name}")
+        if peer is None:
+            reason = f"from {name.sender}, which is not a peer of {self.name}"
             await self._quarantine_file(None, name_text, data, reason)
             await self._ack(transport, incoming)
             self.report.quarantined += 1
@@ -532,6 +534,17 @@ class Agent:
         await self._ack(transport, incoming)
         await self._execute(peer, peer.protocol.message_queued(now, name_text, message.header,
                                                                message.incarnation))
+
+    def _leave(self, name: str, reason: str) -> None:
+        """A file that is not this site's (another name, another recipient)
+        stays where it is: the agent removes only what was written for it,
+        so a wrong --address costs a warning, never someone else's files."""
+        if name in self._left:
+            return
+        self._left.add(name)
+        self.report.left_in_inbox += 1
+        log.warning("left %r in the inbox %s: %s; it is not for this site, so it is not touched "
+                    "(is that this site's inbox?)", name, self.address, reason)
 
     async def _quarantine_file(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
         log.warning("quarantined %s: %s", name, reason)

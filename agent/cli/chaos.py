@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
 import click
 from rich.table import Table
@@ -39,14 +40,25 @@ from ._common import TransportOption, console
 @click.option("--keep-going/--stop-at-first", default=True, help="Go on after a failing seed.")
 @click.option("--unsafe-without-stale-rule", is_flag=True, hidden=True)
 @click.option("--unsafe-without-duplicate-rule", is_flag=True, hidden=True)
-def chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
-          send_address_template: str | None, transport_options: tuple, as_json: bool, keep_going: bool, unsafe_without_stale_rule: bool,
-          unsafe_without_duplicate_rule: bool) -> int:
+def chaos(**arguments: Any) -> int:
     """Run the protocol fault-injection suite and print a summary."""
     # The suite injects faults on purpose: the agents' warnings about them
-    # are expected, and the summary is what matters.
-    for name in ("fieldsync", "transports", "agent"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    # are expected, and the summary is what matters.  The levels are put
+    # back after, for a program that runs the command in its own process.
+    loggers = [logging.getLogger(name) for name in ("fieldsync", "transports", "agent")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        return _chaos(**arguments)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
+           send_address_template: str | None, transport_options: tuple, as_json: bool, keep_going: bool,
+           unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
     if link.named:
         raise click.UsageError("chaos sets the faults wrapper's options itself, and runs one transport: "

@@ -24,7 +24,7 @@ class Pending:
     kind: str | None        # "data" or "control"; None when the name is not a message name
     header: str | None      # (resend_count-prev-last-seq)
     size: int
-    check: str              # "ok", or why the agent will quarantine it
+    check: str              # "ok", or why the agent will quarantine it (or leave it, not being for this site)
 
 
 def _describe_name(name: str) -> tuple[str | None, str | None, str | None, str | None]:
@@ -41,7 +41,8 @@ def _describe_name(name: str) -> tuple[str | None, str | None, str | None, str |
 
 def _check(name: str, data: bytes, site_name: str, peers: frozenset[str], keyring: Any) -> str:
     """What the agent will think of the file (the runner's checks on
-    arrival, in its order): verified, or why it will be quarantined."""
+    arrival, in its order): verified, or why it will be quarantined, or
+    why it will be left where it is (a file that is not for this site)."""
     from codec.errors import BadFileName, MessageError
     from codec.message import check_message
     from codec.names import MessageName
@@ -49,9 +50,9 @@ def _check(name: str, data: bytes, site_name: str, peers: frozenset[str], keyrin
     try:
         parsed = MessageName.parse(name)
     except BadFileName as error:
-        return str(error)
+        return f"{error}: left where it is"
     if parsed.recipient != site_name:
-        return f"addressed to {parsed.recipient}, not {site_name}"
+        return f"addressed to {parsed.recipient}, not {site_name}: left where it is"
     if parsed.sender not in peers:
         return f"from {parsed.sender}, which is not a peer of {site_name}"
     try:

@@ -300,4 +300,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     newly_quarantined = len(quarantined(database)) - quarantined_before
     if newly_quarantined > 0:
         out.print(f"{newly_quarantined} file(s) quarantined: see `agent inbox {database}`.", soft_wrap=True)
+    if report.left_in_inbox > 0:
+        out.print(f"{report.left_in_inbox} file(s) in the inbox are not for this site and were left there: "
+                  f"see `agent inbox {database}`.", soft_wrap=True)
     return 0 if report.ok else 1

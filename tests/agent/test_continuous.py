@@ -1,6 +1,7 @@
 """Continuous mode: agents polling on their own, schedules, clean shutdown."""
 
 import asyncio
+import logging
 import random
 import signal
 import subprocess
@@ -75,3 +76,29 @@ def test_sigterm_stops_a_continuous_run_cleanly(tmp_path):
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
     assert any(".d." in p.name for p in world.inbox("f1").iterdir())
+
+
+async def test_a_file_not_for_the_site_is_left_and_logged_once(tmp_path):
+    """Polled again and again, a foreign file stays in the inbox and gets one
+    warning, not one per poll."""
+    world = World(tmp_path / "w", remotes=("f1",), options=FAST)
+    world.extract_all()
+    stray = world.inbox("hq") / "holiday-photo.jpg"
+    stray.write_bytes(b"\xff\xd8 not a message")
+    stop = asyncio.Event()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("fieldsync.agent")
+    logger.addHandler(handler)
+    try:
+        async with Agent(world.db("hq"), FAST, batch=False) as hq:
+            task = asyncio.create_task(hq.run_forever(stop))
+            await asyncio.sleep(0.6)  # about a dozen polls
+            stop.set()
+            await asyncio.wait_for(task, timeout=10)
+            assert hq.report.left_in_inbox == 1
+    finally:
+        logger.removeHandler(handler)
+    assert stray.read_bytes() == b"\xff\xd8 not a message"
+    assert len([record for record in records if "holiday-photo.jpg" in record.getMessage()]) == 1

@@ -2,6 +2,7 @@
 agent, and faults applied to the files between runs.  The World checks the
 invariants after every run (see world.py)."""
 
+import dataclasses
 import json
 import os
 import random
@@ -256,29 +257,35 @@ async def test_keep_leaves_every_file_in_the_inbox_and_takes_each_in_once(world,
     await world.settle()
     world.write("hq", *random_rows(random.Random(50), 5, ("f1",), start=8000))
     await world.run("hq")
-    (world.inbox("f1") / "not-a-message.txt").write_bytes(b"junk")
+    (world.inbox("f1") / "not-a-message.txt").write_bytes(b"junk")  # not for f1: left alone
     waiting = world.waiting_names("f1")
     data = [name for name in waiting if ".d." in name]
     assert data, waiting
+    # For f1 by its name, and no message: set aside.
+    last_data = MessageName.parse(data[-1])
+    broken = str(MessageName("hq", "f1", last_data.kind, dataclasses.replace(last_data.header, seq=last_data.header.seq + 7)))
+    (world.inbox("f1") / broken).write_bytes(b"junk")
+    waiting = world.waiting_names("f1")
     queued.clear()
     report = await world.run("f1", keep=True)
     assert report.applied_messages == len(data) and report.quarantined == 1, report
+    assert report.left_in_inbox == 1, report
     assert world.waiting_names("f1") == waiting  # nothing was deleted
     assert len(world.rows("f1", "customer", "WHERE id >= 8000")) == 5
     assert queued == data
     quarantine = agent_directory(world.db("f1")) / "quarantine"
-    assert [json.loads(path.read_text())["name"] for path in quarantine.glob("*.reason.json")] == [
-        "not-a-message.txt"]
+    assert [json.loads(path.read_text())["name"] for path in quarantine.glob("*.reason.json")] == [broken]
     # Read again at the next poll: nothing queued, applied or set aside twice.
     queued.clear()
     again = await world.run("f1", keep=True)
     assert again.applied_messages == 0 and again.quarantined == 0 and queued == [], (again, queued)
     assert world.waiting_names("f1") == waiting
     assert len(list(quarantine.glob("*.reason.json"))) == 1
-    # Without --keep the files go: the data ones as duplicates; the stray one
-    # is read afresh (as a file an operator put back would be) and set aside.
+    # Without --keep the files go: the data ones as duplicates; the broken one
+    # is read afresh (as a file an operator put back would be) and set aside;
+    # the file that is not for f1 stays.
     last = await world.run("f1")
     assert last.applied_messages == 0 and last.quarantined == 1, last
     assert not any(".d." in name for name in world.waiting_names("f1"))
-    assert "not-a-message.txt" not in world.waiting_names("f1")
+    assert "not-a-message.txt" in world.waiting_names("f1")
     await world.settle()

@@ -102,8 +102,8 @@ def test_check_says_why_a_file_will_be_refused(agent: Agent, world: World) -> No
         (world.inbox("hq") / name).write_bytes(b"x" * 300)
     checks = {item["file"]: item["check"] for item in _inbox(agent, world.hq)["waiting"]}
     assert checks[stranger] == "from stranger, which is not a peer of hq"
-    assert checks[misrouted] == "addressed to n2, not hq"
-    assert "not a fieldsync message file name" in checks["holiday-photo.jpg"]
+    assert checks[misrouted] == "addressed to n2, not hq: left where it is"
+    assert checks["holiday-photo.jpg"].endswith("not a fieldsync message file name: 'holiday-photo.jpg': left where it is")
 
 
 def test_transport_options_for_other_transports_are_left_out(agent: Agent, world: World) -> None:

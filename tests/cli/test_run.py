@@ -126,13 +126,39 @@ def test_unknown_transport_is_one_line(agent: Agent, world: World) -> None:
 
 def test_log_file_and_verbose(tmp_path: Path, agent: Agent, world: World) -> None:
     log_file = tmp_path / "agent.log"
-    (world.inbox("hq") / "junk.fsm").write_bytes(b"junk")
+    junk = world.inbox("hq") / "hq.n1.d.junk.fsm"  # looks like a message name, and is not one
+    junk.write_bytes(b"junk")
     result = agent("run", world.hq, "--once", "-v", "--log-file", log_file)
     assert result.code == 0
-    assert "quarantined junk.fsm" in result.err
-    assert "quarantined junk.fsm" in log_file.read_text()
+    assert "left 'hq.n1.d.junk.fsm' in the inbox" in result.err
+    assert "left 'hq.n1.d.junk.fsm' in the inbox" in log_file.read_text()
     assert "DEBUG" in log_file.read_text()
-    assert "1 file(s) quarantined" in result.out
+    assert "1 file(s) in the inbox are not for this site and were left there" in result.out
+    assert junk.read_bytes() == b"junk"
+
+
+def test_files_that_are_not_for_the_site_are_never_touched(agent: Agent, world: World) -> None:
+    """A wrong --address (a folder of other files, another site's inbox)
+    costs a warning per file, once, and moves nothing."""
+    other = world.root / "documents"
+    other.mkdir()
+    (other / "passwd").write_text("root:x:0:0")
+    (other / "notes.txt").write_text("keep me")
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'for n1', 'x')")
+    assert agent("run", world.hq, "--once", "--send-only").code == 0
+    for_n1 = sorted(path.name for path in world.inbox("n1").iterdir())[0]
+    (other / for_n1).write_bytes((world.inbox("n1") / for_n1).read_bytes())  # addressed to n1
+    result = agent("run", world.hq, "--once", "--receive-only", "--address", other)
+    assert result.code == 0, result.err
+    assert sorted(path.name for path in other.iterdir()) == sorted(["notes.txt", "passwd", for_n1])
+    assert (other / "passwd").read_text() == "root:x:0:0"
+    left = [line for line in result.err_lines if "left " in line]
+    assert len(left) == 3 and any("addressed to n1, not hq" in line for line in left), result.err_lines
+    assert "3 file(s) in the inbox are not for this site and were left there" in result.out
+    assert not list((world.root / "hq.db.agent").glob("quarantine/*"))
+    # Each is logged once per run, not at every poll of a continuous run.
+    again = agent("run", world.hq, "--once", "--receive-only", "--address", other)
+    assert len([line for line in again.err_lines if "left " in line]) == 3
 
 
 def test_progress_bars_on_a_terminal(agent: Agent, world: World, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -305,7 +331,10 @@ def test_a_signal_stops_a_batch_run_and_its_spark_job(world: World, tmp_path: Pa
     before = _log_sent(world)
     command = [sys.executable, "-c", "from agent.cli import main; main()",
                *_spark_run(world, launcher.path, "--spark-timeout", "10m")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As from a terminal: a shell's background job (a CI runner's, say)
+    # starts with SIGINT ignored, which the agent then rightly leaves alone.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         pids = launcher.wait_started()
         process.send_signal(signum)
