@@ -239,15 +239,20 @@ def schedule_text(send_every: int | None, send_at: time | None) -> str:
 def console() -> Console:
     """A console on stdout.  When stdout is not a terminal (a pipe, a file,
     a test) the text is plain and tables get room for whole lines instead
-    of the 80 columns rich assumes."""
-    out = Console(highlight=False)
+    of the 80 columns rich assumes.
+
+    Markup is off: what is printed holds names, addresses and paths users
+    chose, and ``[/x]`` in one must print as itself.  A command that wants
+    a style passes ``markup=True`` and escapes what it did not write
+    (:func:`rich.markup.escape`)."""
+    out = Console(highlight=False, markup=False)
     if not out.is_terminal and "COLUMNS" not in os.environ:
-        out = Console(highlight=False, width=200)
+        out = Console(highlight=False, markup=False, width=200)
     return out
 
 
 def error_console() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, markup=False)
 
 
 def show_progress(out: Console) -> bool:

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
@@ -117,6 +118,7 @@ def _print(summary: dict) -> None:
     table.add_row("runs that never settled", str(summary["stuck"]))
     console().print(table)
     for failing in summary["failing_seeds"]:
-        console().print(f"[red]seed {failing['seed']}[/]: {failing['problem']}\n  replay: {failing['replay']}")
+        console().print(f"[red]seed {failing['seed']}[/]: {escape(str(failing['problem']))}\n"
+                        f"  replay: {escape(str(failing['replay']))}", markup=True)
     if not summary["failing_seeds"]:
-        console().print("[green]OK[/]: no divergence, double apply, loss, disorder or stale-epoch apply")
+        console().print("[green]OK[/]: no divergence, double apply, loss, disorder or stale-epoch apply", markup=True)

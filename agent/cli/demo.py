@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
@@ -273,12 +274,12 @@ def run_rounds(out: Console, folder: Path, max_message_size: int, limit: int) ->
         problems = [f"{name}: {text}" for name, report in reports.items()
                     for text in (*report.transport_errors, *report.stopped_streams)]
         for problem in problems:
-            out.print(f"  [red]problem[/] {problem}", soft_wrap=True)
+            out.print(f"  [red]problem[/] {escape(problem)}", soft_wrap=True, markup=True)
         unsettled = at_rest(remote_rows(folder))
         parts = [f"{name} got {r.received} applied {r.applied_messages} sent {r.sent}"
                  + (f" quarantined {r.quarantined}" if r.quarantined else "") for name, r in reports.items()]
         state = "[green]all confirmed[/]" if not unsettled else f"{len(unsettled)} stream(s) in flight"
-        out.print(f"  round {number}: " + " | ".join(parts) + f"  -> {state}", soft_wrap=True)
+        out.print(escape(f"  round {number}: " + " | ".join(parts) + "  -> ") + state, soft_wrap=True, markup=True)
         if not unsettled:
             return number, sent, []
     return limit, sent, unsettled
@@ -410,8 +411,8 @@ def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
     started = time.monotonic()
     rng = random.Random(seed)
     prepare_folder(folder)
-    out.print(f"[bold]fieldsync demo[/] in {folder}: consolidated {CONSOLIDATED}, field sites "
-              f"{', '.join(FIELD_SITES)}; inboxes are the folders in {folder / 'inbox'}", soft_wrap=True)
+    out.print("[bold]fieldsync demo[/] " + escape(f"in {folder}: consolidated {CONSOLIDATED}, field sites "
+              f"{', '.join(FIELD_SITES)}; inboxes are the folders in {folder / 'inbox'}"), soft_wrap=True, markup=True)
     customers = build_consolidated(folder, rng)
     out.print("1. hq.db: 30 products, 120 customers in 3 regions with their visits; publications catalogue "
               "(product, document: to everyone) and territory (customer without internal_rating, visit: "
@@ -440,18 +441,18 @@ def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
     for name, found in differences.items():
         if found:
             for line in found:
-                out.print(f"[red]DIFFERS[/] {name}.{line}", soft_wrap=True)
+                out.print(f"[red]DIFFERS[/] {escape(f'{name}.{line}')}", soft_wrap=True, markup=True)
         else:
             out.print(f"{name}: holds exactly its subscribed rows of hq", soft_wrap=True)
     for line in unsettled:
-        out.print(f"[red]NOT AT REST[/] {line}", soft_wrap=True)
+        out.print(f"[red]NOT AT REST[/] {escape(line)}", soft_wrap=True, markup=True)
     elapsed = time.monotonic() - started
     if failed:
-        out.print(f"[bold red]FAILED[/]: the sites did not converge after {used} rounds ({elapsed:.1f}s)")
+        out.print(f"[bold red]FAILED[/]: the sites did not converge after {used} rounds ({elapsed:.1f}s)", markup=True)
         return 1
     out.print(f"[bold green]OK[/]: {len(FIELD_SITES)} field sites converged with hq in {used} rounds, "
               f"{sent} data messages, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent == log end)",
-              soft_wrap=True)
+              soft_wrap=True, markup=True)
     out.print(f"Look around: agent status {folder / 'hq.db'} · agent inbox {folder / 'north.db'} · "
               f"sqlite3 {folder / 'north.db'} 'select * from customer'", soft_wrap=True)
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import AgentError
 from ._common import DATABASE, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
@@ -38,7 +39,7 @@ def extract(database: Path, remote: str, target: Path) -> None:
         started = time.monotonic()
         if show_progress(out):
             # The copy is one call: the bar pulses while it runs.
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+            with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn(),
                           console=out, transient=True) as progress:
                 progress.add_task(f"extracting {remote} to {target}", total=None)
                 result = extract_site(site, remote, target)
@@ -52,7 +53,7 @@ def extract(database: Path, remote: str, target: Path) -> None:
     table.add_column("rows", justify="right")
     for name, count in result.rows.items():
         table.add_row(name, str(count))
-    table.add_row("[bold]total[/]", f"[bold]{sum(result.rows.values())}[/]")
+    table.add_row(Text("total", style="bold"), Text(str(sum(result.rows.values())), style="bold"))
     out.print(table)
     out.print(f"Consistent at log offset {result.offset} of {database}; incarnation "
               f"{incarnation_text(result.incarnation)}; key {key_fingerprint(remote_row.public_key)}; "

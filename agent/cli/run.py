@@ -118,8 +118,8 @@ async def _run_once_with_progress(database: Path, options: "RunOptions", out: Co
     from ..runner import Agent
 
     # Packing advances by log offset (its share of the backlog), sending by file.
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-               TextColumn("{task.fields[count]}"), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[count]}", markup=False), TimeElapsedColumn())
     with Progress(*columns, console=out, transient=True) as progress:
         queues = _ProgressQueues(open_queues(database), progress)
         async with Agent(database, options, batch=True, queues=queues) as agent:

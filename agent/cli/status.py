@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ._common import (DATABASE, console, format_moment, format_seconds, incarnation_text, iso_moment, key_fingerprint,
@@ -91,7 +92,8 @@ def _schedule(row: dict[str, Any]) -> str:
 def render_status(out: Console, status: dict[str, Any]) -> None:
     """The human form: the site, then the remote-user table in three parts."""
     site = status["site"]
-    out.print(f"[bold]{site['name']}[/] ({site['role']}) in {status['database']}", soft_wrap=True)
+    out.print(f"[bold]{escape(site['name'])}[/] " + escape(f"({site['role']}) in {status['database']}"),
+              soft_wrap=True, markup=True)
     out.print(f"  incarnation {site['incarnation']}, key {site['fingerprint'] or 'none'}", soft_wrap=True)
     out.print(f"  inbox {site['address'] or '-'} ({site['transport'] or 'folder'})", soft_wrap=True)
     out.print(f"  log end {status['log_end']} · quarantined files {status['quarantine']} · "

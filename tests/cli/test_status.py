@@ -108,3 +108,26 @@ def test_status_errors(tmp_path: Path, agent: Agent) -> None:
     sqlite3.connect(plain).execute("CREATE TABLE t (x)").connection.close()
     result = agent("status", plain)
     assert result.code == 1 and len(result.err_lines) == 1 and "not a fieldsync site" in result.err
+
+
+def test_brackets_in_names_and_values_print_as_they_are(agent, tmp_path) -> None:
+    """Addresses, subscription values and paths are the users': rich markup
+    in them ([/x] would not even parse) prints as written, everywhere."""
+    folder = tmp_path / "[bold]sites"
+    folder.mkdir()
+    hq = folder / "hq.db"
+    result = agent("init", hq, "--name", "hq", "--role", "consolidated", "--address", "in/[/x]")
+    assert result.code == 0 and "Inbox: in/[/x] (folder)" in result.out, result.err
+    with sqlite3.connect(hq) as conn:
+        conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT)")
+    assert agent("publication", "create", hq, "territory", "customer@region").code == 0
+    result = agent("remote", "add", hq, "west", "--address", "in/[red]w", "--subscribe", "territory=[/x]")
+    assert result.code == 0 and "in/[red]w" in result.out, result.err
+    for command in (("status", hq), ("remote", "list", hq), ("publication", "list", hq), ("inbox", hq)):
+        result = agent(*command)
+        assert result.code in (0, 1) and "internal error" not in result.err, (command, result.err)
+        assert "[/x]" in result.out or command[0] == "inbox", (command, result.out)
+    status = agent("status", hq)
+    assert f"hq (consolidated) in {hq}" in status.out and "in/[/x]" in status.out
+    listed = agent("remote", "list", hq).out
+    assert "in/[red]w" in listed and "territory=[/x]" in listed
