@@ -148,15 +148,20 @@ def check_transports(specs: Iterable[str], options: TransportOptions, *, own: st
 # -- sites -----------------------------------------------------------------------------
 
 
+def check_site_path(path: Path) -> None:
+    """One clear line when ``path`` cannot be a site database at all."""
+    if not str(path) or not path.exists():
+        raise AgentError(f"{path}: no such site database; check the path, or create the site with `agent init`")
+    if path.is_dir():
+        raise AgentError(f"{path} is a directory, not a site database")
+
+
 @contextlib.contextmanager
 def open_site(path: Path) -> Iterator["SiteDatabase"]:  # noqa: F821 - imported lazily
     """Open an existing site database, with a clear line when it is missing."""
     from ..site import SiteDatabase
 
-    if not path.exists():
-        raise AgentError(f"{path}: no such site database; check the path, or create the site with `agent init`")
-    if path.is_dir():
-        raise AgentError(f"{path} is a directory, not a site database")
+    check_site_path(path)
     site = SiteDatabase.open(path)
     try:
         yield site

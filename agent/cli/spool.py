@@ -9,7 +9,7 @@ import click
 
 from ..runner import agent_directory
 from ..spool import check_spool
-from ._common import DATABASE
+from ._common import DATABASE, check_site_path
 
 
 @click.group()
@@ -25,6 +25,7 @@ def check(database: Path, as_json: bool) -> int:
     the agent runs): segments, records, torn tail, corruption with its byte
     position, queue contents, in-doubt dequeues.  Exit 1 when it finds a
     problem."""
+    check_site_path(database)
     folder = agent_directory(database) / "spool"
     if not folder.is_dir():
         raise click.ClickException(f"{database} has no spool yet ({folder}); the agent makes it on its first run")

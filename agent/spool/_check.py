@@ -20,7 +20,7 @@ from ._errors import SpoolCorrupt
 from ._format import SEGMENT_HEADER_SIZE, Direction, RecordType
 from ._log import ScanResult, TornTail, list_segments, read_record_at, scan
 from ._recovery import MessageBlock, Outcome
-from ._spool import read_span
+from ._spool import read_anchor, read_span
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +122,10 @@ def check_spool(path: str | Path) -> SpoolCheck:
         return _empty(directory, f"{directory} is not a directory")
     segments = list_segments(directory)
     if not segments:
+        if read_anchor(directory) is not None:
+            return _empty(directory, "no segment files, but an anchor names a checkpoint: the spool's log is "
+                                     "missing and what it held is lost; restore it from a backup, or move the "
+                                     "spool aside and let the peers resend")
         return _empty(directory, "no segment files: the spool was never opened")
     counts: Counter[str] = Counter()
     full = ScanResult(segments[0].base + SEGMENT_HEADER_SIZE)

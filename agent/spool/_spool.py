@@ -39,7 +39,16 @@ from ._format import (FRAME_SIZE, SEGMENT_HEADER_SIZE, BadPayload, CplRecord, Di
                       RelogMode, RelogState, decode_anchor, decode_payload, encode_add, encode_anchor,
                       encode_checkpoint_begin, encode_cpl, encode_delete, encode_end, encode_prepare,
                       encode_queue_checkpoint, encode_relog, encode_undo_add, encode_undo_delete)
-from ._log import LogWriter, ScanResult, SegmentFile, fsync_directory, list_segments, read_record_at, scan
+from ._log import (
+    LogWriter,
+    ScanResult,
+    SegmentFile,
+    fsync_directory,
+    list_segments,
+    read_record_at,
+    scan,
+    segment_name,
+)
 from ._recovery import InDoubt, MbState, MessageBlock, QueueBlock, Restart, RestartStats
 
 ANCHOR_FILE = "anchor"
@@ -794,6 +803,20 @@ def read_span(directory: Path, pairs: int, *, salvage: bool = False) -> Span:
     anchor = read_anchor(directory)
     start = _anchor_start(directory, segments, anchor)
     from_anchor = start is not None
+    if start is None and anchor is not None and not salvage:
+        # Reading the whole retained log instead of the anchor's span is
+        # always correct, but only while the log still holds the anchor's
+        # restart position: segments go only up to a restart position, so
+        # no segment at all, or none reaching back to it, means segment
+        # files were removed, and starting from what is left would drop
+        # what they held without a word.
+        cpl_rba, restart_rba, number = anchor
+        if not segments or restart_rba < segments[0].base:
+            held = (f"the oldest segment starts at RBA {segments[0].base}" if segments
+                    else "there are no segment files")
+            raise SpoolCorrupt(restart_rba, segments[0].path.name if segments else segment_name(0),
+                               f"the anchor's checkpoint #{number} restarts at RBA {restart_rba} but {held}: "
+                               "segment files are missing")
     if start is None:
         start = segments[0].base + SEGMENT_HEADER_SIZE if segments else SEGMENT_HEADER_SIZE
     restart = Restart(pairs)

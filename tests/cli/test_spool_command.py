@@ -28,3 +28,25 @@ def test_spool_check_before_the_first_run(agent: Agent, tmp_path: Path) -> None:
     assert agent("init", database, "--name", "new", "--role", "consolidated", "--address", tmp_path).code == 0
     result = agent("spool", "check", database)
     assert result.code == 1 and "no spool yet" in result.err
+
+
+def test_spool_check_of_no_site_is_one_line(agent: Agent, tmp_path: Path) -> None:
+    for argument, says in ((tmp_path / "nosuch.db", "no such site database"), ("", "is a directory")):
+        result = agent("spool", "check", argument)
+        assert result.code == 1 and len(result.err_lines) == 1 and says in result.err, (argument, result.err)
+        assert "internal error" not in result.err
+
+
+def test_a_run_refuses_a_spool_whose_log_was_removed(agent: Agent, world: World) -> None:
+    """Queued messages live in the log: a run must not start an empty one."""
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'queued', 'x')")
+    (world.inbox("n1")).rename(world.root / "n1-inbox-gone")  # so the files stay queued
+    assert agent("run", world.hq, "--once").code == 1
+    spool = world.root / "hq.db.agent" / "spool"
+    for segment in spool.glob("*.seg"):
+        segment.unlink()
+    result = agent("run", world.hq, "--once")
+    assert result.code == 1 and len(result.err_lines) == 1, result.err_lines
+    assert "segment files are missing" in result.err and "agent spool check" in result.err
+    check = agent("spool", "check", world.hq)
+    assert check.code == 1 and "the spool's log is missing" in check.out

@@ -170,3 +170,23 @@ def test_a_failed_termination_checkpoint_still_closes_and_loses_nothing(tmp_path
     assert spool.read_inbound("hq", "m2.fsm") == b"z" * 300
     assert spool.last_restart.relogs_ignored == 0 and spool.status().records_since_checkpoint >= 3
     spool.close()
+
+
+def test_segments_removed_behind_the_anchor_are_refused_not_started_afresh(tmp_path):
+    """Without its log the spool would open empty and the queued messages
+    would be gone without a word: the anchor says a log existed."""
+    from agent.spool import SpoolCorrupt
+
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=5)
+    for number in range(4):
+        spool.put_outbound("f1", f"out-{number}.fsm", b"o" * 10, number)
+    spool.close()
+    segments = sorted((tmp_path / "spool").glob("*.seg"))
+    assert segments and (tmp_path / "spool" / "anchor").exists()
+    for segment in segments:
+        segment.unlink()
+    with pytest.raises(SpoolCorrupt, match="there are no segment files: segment files are missing"):
+        SpoolQueues(tmp_path / "spool")
+    assert not list((tmp_path / "spool").glob("*.seg"))  # nothing was started in their place
+    report = check_spool(tmp_path / "spool")
+    assert not report.ok and "an anchor names a checkpoint" in report.problems[0]
