@@ -56,6 +56,7 @@ class TextForm:
 
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|h|m|s)?\s*")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, None: 1.0, "ms": 0.001}
+_DURATION_RANKS = {"h": 0, "m": 1, "s": 2, "ms": 3, None: 4}
 _BYTES = re.compile(r"([0-9]+)(?:([kmg])(?:i?b)?|b)?")
 _BYTE_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _WHOLE = re.compile(r"-?[0-9]+")
@@ -68,12 +69,13 @@ def parse_seconds(text: str) -> float:
     try:
         total = parse_float(compact)
     except ValueError:
-        position, total, units = 0, 0.0, set()
+        position, total, rank = 0, 0.0, -1
         while position < len(compact):
             match = _DURATION.match(compact, position)
-            if match is None or match.group(2) in units or (match.group(2) is None and position):
+            # Units from the largest down, each once (1h30m, not 30m1h); a bare number stands alone.
+            if match is None or _DURATION_RANKS[match.group(2)] <= rank or (match.group(2) is None and position):
                 raise ValueError(text) from None
-            units.add(match.group(2))
+            rank = _DURATION_RANKS[match.group(2)]
             total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
             position = match.end()
         if not compact:

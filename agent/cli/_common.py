@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import uuid
 from datetime import datetime, time, timezone
@@ -37,14 +38,20 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration; write seconds or use a unit: 90, 90s, 5m, 1h, 1h30m") from None
 
 
+#: The longest duration an option takes (a schedule, a delay, a timeout).
+MAX_DURATION = 366 * 86400.0
+
+
 class Duration(click.ParamType):
     """A length of time in seconds, written ``90``, ``90s``, ``5m`` or ``1h``."""
 
     name = "duration"
 
-    def __init__(self, *, positive: bool = True, whole_seconds: bool = False) -> None:
+    def __init__(self, *, positive: bool = True, whole_seconds: bool = False,
+                 maximum: float = MAX_DURATION) -> None:
         self.positive = positive
         self.whole_seconds = whole_seconds
+        self.maximum = maximum
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -56,6 +63,8 @@ class Duration(click.ParamType):
                 self.fail(str(error), param, ctx)
         if self.positive and seconds <= 0:
             self.fail(f"{value!r} must be longer than zero", param, ctx)
+        if seconds > self.maximum:
+            self.fail(f"{value!r} is longer than the most this takes, {format_seconds(self.maximum)}", param, ctx)
         if self.whole_seconds:
             if seconds != int(seconds):
                 self.fail(f"{value!r} is not a whole number of seconds", param, ctx)
@@ -69,8 +78,9 @@ class ByteSize(click.ParamType):
 
     name = "bytes"
 
-    def __init__(self, minimum: int = 0) -> None:
+    def __init__(self, minimum: int = 0, maximum: int | None = None) -> None:
         self.minimum = minimum
+        self.maximum = maximum
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -82,7 +92,12 @@ class ByteSize(click.ParamType):
                 self.fail(f"{value!r} is not a size; write bytes such as 50000, or 48k or 1m", param, ctx)
         if size < self.minimum:
             self.fail(f"{value} is below the minimum of {self.minimum} bytes", param, ctx)
+        if self.maximum is not None and size > self.maximum:
+            self.fail(f"{value} is above the maximum of {self.maximum} bytes", param, ctx)
         return size
+
+
+_TIME_OF_DAY = re.compile(r"([0-9]{1,2}:[0-9]{2}(?::[0-9]{2})?)(Z|[+-][0-9]{2}:?[0-9]{2})?")
 
 
 class TimeOfDay(click.ParamType):
@@ -93,16 +108,60 @@ class TimeOfDay(click.ParamType):
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> time:
         if isinstance(value, time):
             return value
+        text = str(value).strip()
+        match = _TIME_OF_DAY.fullmatch(text)
+        if match is None:
+            self.fail(f"{value!r} is not a time of day; write it like 18:30", param, ctx)
+        if match.group(2):
+            self.fail(f"{value!r}: give a local time of day without a time zone", param, ctx)
         try:
-            moment = time.fromisoformat(str(value).strip())
+            moment = time.fromisoformat(match.group(1).zfill(5 if len(match.group(1)) < 6 else 8))
         except ValueError:
             self.fail(f"{value!r} is not a time of day; write it like 18:30", param, ctx)
-        if moment.tzinfo is not None:
-            self.fail(f"{value!r}: give a local time of day without a time zone", param, ctx)
         return moment
 
 
 DATABASE = click.Path(dir_okay=False, path_type=Path)
+
+
+class Address(click.ParamType):
+    """An inbox address on some transport: not empty, no control characters
+    (the transport checks the rest when it is used)."""
+
+    name = "address"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text.strip():
+            self.fail("an address cannot be empty: give the inbox, a folder such as inbox/north or "
+                      "sftp://user@host/path", param, ctx)
+        if not text.isprintable():
+            self.fail(f"{text!r} has a control character", param, ctx)
+        return text
+
+
+ADDRESS = Address()
+
+
+class AddressTemplate(Address):
+    """An address with ``{root}`` and ``{site}`` in it (agent chaos)."""
+
+    name = "template"
+    fields = ("root", "site")
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = super().convert(value, param, ctx)
+        import string
+
+        try:
+            named = [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
+        except ValueError as error:
+            self.fail(f"{text!r}: {error}; write a brace as {{{{ or }}}}", param, ctx)
+        unknown = [field for field in named if field not in self.fields]
+        if unknown:
+            self.fail(f"{text!r}: unknown field {{{unknown[0]}}}; use {{root}} (the seed's folder) and "
+                      f"{{site}} (the site name)", param, ctx)
+        return text
 
 
 class TransportOption(click.ParamType):

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
 from ..transport_options import TransportOptions
-from ._common import TransportOption, console
+from ._common import AddressTemplate, TransportOption, console
 
 
 @click.command()
@@ -31,9 +31,9 @@ from ._common import TransportOption, console
 @click.option("--steps", type=click.IntRange(1), default=None, help="Workload steps per seed (default: from the seed).")
 @click.option("--transport", default="folder", show_default=True,
               help="Transport to run over (wrapped in the faults transport).")
-@click.option("--address-template", default="{root}/inbox/{site}", show_default=True,
+@click.option("--address-template", type=AddressTemplate(), default="{root}/inbox/{site}", show_default=True,
               help="Inbox address of each site; {root} is the seed's folder, {site} the site name.")
-@click.option("--send-address-template", default=None,
+@click.option("--send-address-template", type=AddressTemplate(), default=None,
               help="Address peers send to, when it differs from the inbox address (email: mailto:{site}@...).")
 @click.option("-O", "--transport-option", "transport_options", multiple=True, type=TransportOption(),
               help="NAME=VALUE for the transport, as for `agent run`.")

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
+from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 
 from ..errors import AgentError
 from ._common import ByteSize, console
@@ -388,7 +388,7 @@ def _where(folder: Path, table: str, key: object) -> list[str]:
 
 @click.command()
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default=Path("demo"))
-@click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE), default=DEFAULT_MAX_SIZE,
+@click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE, MAX_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help="Largest message file, in bytes.")
 @click.option("--seed", type=int, default=7, show_default=True, help="Seed of the generated data.")
 @click.option("--rounds", type=click.IntRange(min=1), default=12, show_default=True,

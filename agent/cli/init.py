@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import AgentError
-from ._common import DATABASE, console, incarnation_text
+from ._common import ADDRESS, DATABASE, console, incarnation_text
 
 
 @click.command()
@@ -15,7 +15,7 @@ from ._common import DATABASE, console, incarnation_text
 @click.option("--name", required=True, help="The site's name (letters, digits, '_' or '-').")
 @click.option("--role", required=True, type=click.Choice(["consolidated", "remote"]),
               help="consolidated: the authoritative site; remote: a field site.")
-@click.option("--address", required=True, help="This site's inbox on its transport (folder: a directory).")
+@click.option("--address", type=ADDRESS, required=True, help="This site's inbox on its transport (folder: a directory).")
 @click.option("--transport", default="folder", show_default=True, help="The transport of this site's inbox.")
 def init(database: Path, name: str, role: str, address: str, transport: str) -> None:
     """Turn DATABASE (a new or existing SQLite file) into a site.

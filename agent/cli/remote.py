@@ -9,7 +9,8 @@ import click
 from rich.table import Table
 
 from ..errors import AgentError
-from ._common import DATABASE, Duration, TimeOfDay, console, key_fingerprint, open_site, require_remote, schedule_text
+from ._common import (ADDRESS, DATABASE, Duration, TimeOfDay, console, key_fingerprint, open_site, require_remote,
+                      schedule_text)
 
 
 def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
@@ -132,7 +133,7 @@ def remote() -> None:
 @remote.command("add")
 @click.argument("database", type=DATABASE)
 @click.argument("name")
-@click.option("--address", required=True, help="The remote's inbox on its transport (folder: a directory).")
+@click.option("--address", type=ADDRESS, required=True, help="The remote's inbox on its transport (folder: a directory).")
 @click.option("--transport", default="folder", show_default=True, help="The transport that reaches that inbox.")
 @click.option("--public-key", "public_key", metavar="LINE", help="The remote's public key line (from `agent key`).")
 @click.option("--public-key-file", type=click.Path(dir_okay=False, path_type=Path),
@@ -181,7 +182,7 @@ def add(database: Path, name: str, address: str, transport: str, public_key: str
 @remote.command("set")
 @click.argument("database", type=DATABASE)
 @click.argument("name")
-@click.option("--address", help="The remote's new inbox address.")
+@click.option("--address", type=ADDRESS, help="The remote's new inbox address.")
 @click.option("--transport", help="The transport that reaches it now.")
 @click.option("--public-key", "public_key", metavar="LINE", help="The remote's new public key line.")
 @click.option("--public-key-file", type=click.Path(dir_okay=False, path_type=Path),

@@ -18,17 +18,16 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE
-
 from codec.errors import BadFileName
 from codec.names import MessageName
+from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 
 from ..queues import MessageQueues, QueueDepth
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
-from ._spool import open_queues, quarantined
 from ..transport_options import TransportOptions
-from ._common import (DATABASE, ByteSize, Duration, TransportOption, check_transports, console, format_seconds,
+from ._common import (ADDRESS, DATABASE, ByteSize, Duration, TransportOption, check_transports, console, format_seconds,
                       logging_to, open_site, show_progress)
+from ._spool import open_queues, quarantined
 
 log = logging.getLogger("fieldsync.cli")
 _T = TypeVar("_T")
@@ -201,12 +200,12 @@ class SparkConf(click.ParamType):
               help="Batch mode: receive, apply, send what is due, confirm, then exit (dbremote -b).")
 @click.option("--transport", metavar="NAME", help="Transport plugin, e.g. folder, sftp, email, faults+folder "
               "(default: the site's own).")
-@click.option("--address", metavar="ADDRESS", help="This site's inbox address (default: the site's own).")
+@click.option("--address", type=ADDRESS, metavar="ADDRESS", help="This site's inbox address (default: the site's own).")
 @click.option("--transport-option", "-O", "transport_options", multiple=True, type=TransportOption(),
               help="A setting NAME=VALUE of the site's own transport, or TRANSPORT.NAME=VALUE of one "
                    "transport or wrapper (sftp.key_file=..., faults.seed=7). Repeatable.")
-@click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE), default=DEFAULT_MAX_SIZE,
-              show_default=True, metavar="BYTES", help=f"Largest message file (minimum {MIN_MAX_SIZE}; 48k works).")
+@click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE, MAX_MAX_SIZE), default=DEFAULT_MAX_SIZE,
+              show_default=True, metavar="BYTES", help=f"Largest message file ({MIN_MAX_SIZE} to {MAX_MAX_SIZE}; 48k works).")
 @click.option("-g", "--group", type=click.IntRange(min=1), default=20, show_default=True, metavar="N",
               help="Group transactions of fewer than N operations (accepted for dbremote compatibility).")
 @click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")

@@ -55,6 +55,21 @@ def test_time_of_day() -> None:
         TimeOfDay().convert("half past six", None, None)
     with pytest.raises(click.BadParameter, match="time zone"):
         TimeOfDay().convert("18:30+02:00", None, None)
+    assert TimeOfDay().convert("7:05", None, None).isoformat() == "07:05:00"
+    assert TimeOfDay().convert("18:30:15", None, None).isoformat() == "18:30:15"
+    for text in ("18.30", "18", "1830", "T18:30", "18:30:00.5", "24:00", "18:60", "\u0661\u0668:30"):
+        with pytest.raises(click.BadParameter, match="not a time of day"):
+            TimeOfDay().convert(text, None, None)
+
+
+def test_durations_and_sizes_have_a_ceiling() -> None:
+    with pytest.raises(click.BadParameter, match="longer than the most this takes, 8784h"):
+        Duration(whole_seconds=True).convert("99999999999999999999999", None, None)
+    with pytest.raises(click.BadParameter, match="not a duration"):
+        Duration().convert("9" * 400, None, None)
+    assert Duration().convert("8784h", None, None) == 366 * 86400
+    with pytest.raises(click.BadParameter, match="above the maximum of 16777216 bytes"):
+        ByteSize(10_000, 16 * 1024 * 1024).convert("1g", None, None)
 
 
 def test_format_moment() -> None:

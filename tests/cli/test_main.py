@@ -94,3 +94,40 @@ def test_describe_words_site_and_transport_errors_for_users() -> None:
 
     assert cli_module.describe(NotASite("x.db is not a site")) == "x.db is not a site"
     assert cli_module.describe(TransportUnavailable("folder /x is missing")) == "folder /x is missing"
+
+
+BAD_VALUES = [
+    (("remote", "add", "{hq}", "w", "--address", ""), "an address cannot be empty"),
+    (("remote", "set", "{hq}", "n1", "--address", " "), "an address cannot be empty"),
+    (("init", "{root}/new.db", "--name", "new", "--role", "remote", "--address", ""), "an address cannot be empty"),
+    (("run", "{hq}", "--once", "--address", "in\tbox"), "has a control character"),
+    (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 23), "longer than the most"),
+    (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 400), "not a duration"),
+    (("run", "{hq}", "-rd", "9" * 400), "not a duration"),
+    (("run", "{hq}", "--send-delay", "30s30m"), "not a duration"),
+    (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-at", "18.30"), "not a time of day"),
+    (("run", "{hq}", "--once", "-l", "1g"), "above the maximum of 16777216 bytes"),
+    (("run", "{hq}", "--once", "-l", "\uff11\uff12\uff13\uff14\uff15"), "not a size"),
+    (("chaos", "--seeds", "1", "--address-template", "{nosuch}"), "unknown field {nosuch}"),
+    (("chaos", "--seeds", "1", "--address-template", "{"), "write a brace as {{ or }}"),
+    (("chaos", "--seeds", "1", "--send-address-template", "{0}"), "unknown field {0}"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "says"), BAD_VALUES,
+                         ids=[f"{arguments[0]}-{number}" for number, (arguments, _) in enumerate(BAD_VALUES)])
+def test_bad_values_are_one_usage_line_and_change_nothing(agent: Agent, world, arguments, says) -> None:
+    before = {path: path.read_bytes() for path in (world.hq, world.n1)}
+    filled = [str(world.hq) if argument == "{hq}" else argument.replace("{root}", str(world.root), 1)
+              if argument.startswith("{root}") else argument for argument in arguments]
+    result = agent(*filled)
+    assert (result.code, len(result.err_lines)) == (2, 1), result.err_lines
+    assert says in result.err and "internal error" not in result.err, result.err
+    assert {path: path.read_bytes() for path in before} == before
+    assert not (world.root / "new.db").exists()
+
+
+def test_a_control_character_in_an_error_stays_on_its_line(agent: Agent, tmp_path) -> None:
+    result = agent("status", tmp_path / "a\nb\x1b[31m.db")
+    assert result.code == 1 and len(result.err_lines) == 1, result.err_lines
+    assert "a\\nb\\x1b[31m.db" in result.err

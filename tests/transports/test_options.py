@@ -53,7 +53,7 @@ def test_seconds(text, seconds):
     assert parse_seconds(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "s", "1x", "1m1h5", "1s1s", "inf", "nan", "1e400", "9" * 400, "-5", "5 m 3", "5 m s", "1 0",
+@pytest.mark.parametrize("text", ["", "s", "1x", "1m1h5", "1s1s", "inf", "nan", "1e400", "9" * 400, "-5", "5 m 3", "5 m s", "1 0", "30s30m", "1m1h",
                                   "1_0", "1e3s"])
 def test_not_seconds(text):
     with pytest.raises(ValueError):
