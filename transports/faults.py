@@ -120,8 +120,15 @@ class FaultsTransport(TransportWrapper):
         self._attempts: Counter[str] = Counter()
         self._partitioned_until: dict[str, int] = {}
         self._tick = 0
+        if self.record is not None and self.record.is_dir():
+            raise BadTransportOptions(f"faults: record {self.record} is a folder; give the file that gets one "
+                                      "line per injected fault")
         if self.hold_dir is not None:
-            self.hold_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.hold_dir.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise BadTransportOptions(f"faults: hold_dir {self.hold_dir} is not a folder (a file is in the "
+                                          "way); give a folder for the held files") from None
             self._tick = self._load_tick()
 
     # -- bookkeeping -------------------------------------------------------------------

@@ -131,3 +131,24 @@ def test_a_control_character_in_an_error_stays_on_its_line(agent: Agent, tmp_pat
     result = agent("status", tmp_path / "a\nb\x1b[31m.db")
     assert result.code == 1 and len(result.err_lines) == 1, result.err_lines
     assert "a\\nb\\x1b[31m.db" in result.err
+
+
+def test_a_path_in_the_way_is_named_with_what_to_do(agent: Agent, world) -> None:
+    """A file where the agent needs a folder (or the reverse) is one line
+    naming it, not a bare 'File exists'."""
+    state = world.root / "hq.db.agent" / "state"
+    if state.is_dir():
+        import shutil
+        shutil.rmtree(state)
+    state.parent.mkdir(exist_ok=True)
+    state.write_text("not a folder")
+    result = agent("run", world.hq, "--once")
+    assert result.code == 1 and result.err_lines == [
+        f"agent: {state} is in the way: it exists and is not the folder the agent needs there; move it aside"]
+    assert state.read_text() == "not a folder"
+    assert cli_module.describe(IsADirectoryError(21, "Is a directory", "/x")) == (
+        "/x is a folder where a file is needed; move it aside")
+    assert cli_module.describe(NotADirectoryError(20, "Not a directory", "/x/y")) == (
+        "/x/y: a part of this path is a file where a folder is needed; move it aside")
+    assert cli_module.describe(OSError(36, "File name too long", "a" * 300)).startswith(
+        "a path is too long for the file system: aaa")

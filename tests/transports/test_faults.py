@@ -132,6 +132,12 @@ def test_rates_are_checked_and_read_from_a_config(tmp_path):
         create_transport("faults+folder", wrapper_options={"faults": {"rates": "0.5"}})
     with pytest.raises(BadTransportOptions, match=r"^faults: config must be the path of a JSON file of rates, got ''$"):
         create_transport("faults+folder", wrapper_options={"faults": {"config": ""}})
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("x")
+    with pytest.raises(BadTransportOptions, match=r"^faults: hold_dir .*a-file is not a folder"):
+        create_transport("faults+folder", wrapper_options={"faults": {"hold_dir": str(in_the_way)}})
+    with pytest.raises(BadTransportOptions, match=r"^faults: record .* is a folder"):
+        create_transport("faults+folder", wrapper_options={"faults": {"record": str(tmp_path)}})
     texts = create_transport("faults+folder", wrapper_options={"faults": {
         "seed": "7", "active": "no", "drop": "0.25", "max_hold_ticks": "3"}})
     assert (texts.seed, texts.active, texts.rates) == (7, False, FaultRates(drop=0.25, max_hold_ticks=3))
