@@ -23,7 +23,7 @@ def _public_key_line(name: str, line: str | None, path: Path | None) -> str | No
     if path is not None:
         source = str(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # as some editors save it, with a byte-order mark
         except (OSError, UnicodeDecodeError) as error:
             raise AgentError(f"cannot read the public key file {path}: {error}") from None
         lines = [candidate for candidate in text.splitlines() if candidate.strip().startswith(PUBLIC_MAGIC)]

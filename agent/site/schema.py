@@ -272,6 +272,8 @@ def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = 
     """Open an existing site database; refuse anything else."""
     location = Path(path)
     if not location.is_file():
+        if location.exists():
+            raise NotASite(f"{path} is not a regular file, so not a site database")
         raise NotASite(f"{path}: no such database file; create the site with init first")
     conn = connect(str(location), **({} if busy_timeout is None else {"busy_timeout": busy_timeout}))
     try:

@@ -152,3 +152,8 @@ def test_a_path_in_the_way_is_named_with_what_to_do(agent: Agent, world) -> None
         "/x/y: a part of this path is a file where a folder is needed; move it aside")
     assert cli_module.describe(OSError(36, "File name too long", "a" * 300)).startswith(
         "a path is too long for the file system: aaa")
+
+
+def test_a_path_that_is_no_regular_file_says_so(agent: Agent) -> None:
+    result = agent("status", "/dev/null")
+    assert result.code == 1 and result.err_lines == ["agent: /dev/null is not a regular file, so not a site database"]

@@ -72,7 +72,7 @@ def test_public_key_from_line_and_file(site: Path, agent: Agent, tmp_path: Path)
     assert agent("remote", "add", site, "north", "--address", tmp_path, "--public-key", line).code == 0
     assert _remote(site, "north")[0].public_key == line
     key_file = tmp_path / "north.pub"
-    key_file.write_text("# north's key\n" + line + "\n")
+    key_file.write_text("\ufeff" + line + "\n# north's key\n", encoding="utf-8")  # saved with a byte-order mark
     agent("remote", "remove", site, "north")
     assert agent("remote", "add", site, "north", "--address", tmp_path, "--public-key-file", key_file).code == 0
     assert _remote(site, "north")[0].public_key == line
