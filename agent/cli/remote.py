@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import time
 from pathlib import Path
 
@@ -164,6 +165,7 @@ def add(database: Path, name: str, address: str, transport: str, public_key: str
     with open_site(database) as site:
         # Check every subscription before adding, so a typo adds nothing.
         typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
+        _refuse_own_inbox(site, name, address, transport)
         added = site.add_remote(name, address=address, transport=transport, public_key=line,
                                 send_every=send_every, send_at=send_at)
         for publication, value in typed:
@@ -177,6 +179,21 @@ def add(database: Path, name: str, address: str, transport: str, public_key: str
     if line is None:
         out.print(f"No public key yet: `agent extract {database} {name} TARGET` makes the remote's keys, "
                   "or add them with --public-key.", soft_wrap=True)
+
+
+def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # noqa: F821
+                      transport: str | None) -> None:
+    """A remote sent to at this site's own inbox would have this site read
+    its own messages to the remote and leave them there (addressed to
+    another site): a slip worth one clear line."""
+    identity = site.identity
+    if not address or not identity.address or (transport or "folder") != (identity.transport or "folder"):
+        return
+
+    def place(text: str) -> str:
+        return os.path.abspath(os.path.expanduser(text)) if (transport or "folder") == "folder" else text
+    if place(address) == place(identity.address):
+        raise AgentError(f"{address} is this site's own inbox ({identity.name} reads it): give {name}'s inbox")
 
 
 @remote.command("set")
@@ -223,6 +240,7 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
     with open_site(database) as site:
         require_remote(site, name)
         old = site.remote(name)
+        _refuse_own_inbox(site, name, address or old.address, transport or old.transport)
         new = site.update_remote(name, **changes)
     out = console()
     for label, before, after in (("address", old.address, new.address), ("transport", old.transport, new.transport),

@@ -10,7 +10,7 @@ import pytest
 
 from agent.site import SiteDatabase
 
-from .conftest import Agent
+from .conftest import Agent, World
 
 
 @pytest.fixture
@@ -200,3 +200,15 @@ def test_add_and_init_refuse_an_unknown_transport(site: Path, agent: Agent, tmp_
                    "--transport", "faults+nosuch")
     assert result.code == 1 and len(result.err_lines) == 1 and "unknown transport 'nosuch'" in result.err
     assert not (tmp_path / "new.db").exists()
+
+
+def test_a_remote_cannot_be_sent_to_at_the_sites_own_inbox(agent: Agent, world: World) -> None:
+    own = world.root / "inbox" / "hq"
+    for command in (("remote", "add", world.hq, "n3", "--address", own),
+                    ("remote", "set", world.hq, "n1", "--address", f"{own}/")):
+        result = agent(*command)
+        assert result.code == 1 and result.err_lines == [
+            f"agent: {command[-1]} is this site's own inbox (hq reads it): give {command[3]}'s inbox"], result.err
+    with SiteDatabase.open(world.hq) as site:
+        assert [remote.name for remote in site.remotes()] == ["n1", "n2"]
+        assert site.remote("n1").address == str(world.root / "inbox" / "n1")
