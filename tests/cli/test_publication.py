@@ -34,7 +34,7 @@ def test_parse_article_refuses(text: str) -> None:
 @pytest.fixture
 def site(tmp_path: Path, agent: Agent) -> Path:
     database = tmp_path / "hq.db"
-    agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path)
+    agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "hq-inbox")
     with sqlite3.connect(database) as conn:
         conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT, name TEXT, secret TEXT)")
         conn.execute("CREATE TABLE product (sku TEXT PRIMARY KEY, price REAL)")

@@ -16,7 +16,7 @@ from .conftest import Agent, World
 @pytest.fixture
 def site(tmp_path: Path, agent: Agent) -> Path:
     database = tmp_path / "hq.db"
-    agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path)
+    agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "hq-inbox")
     with sqlite3.connect(database) as conn:
         conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT, name TEXT)")
         conn.execute("CREATE TABLE depot (id INTEGER PRIMARY KEY, zone INTEGER)")
