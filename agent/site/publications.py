@@ -526,8 +526,18 @@ class _Route(NamedTuple):
     old_at: int | None
     new_at: int | None
     by_value: dict[object, tuple[int, ...]]
-    readers_every: frozenset[int]
-    readers_by_value: dict[object, frozenset[int]]
+
+    def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
+        """The classes an ordinary capture ``row`` of this shape can concern."""
+        if self.old_at is None:
+            return self.every
+        old = row[self.old_at]
+        numbers = (*self.every, *self.by_value.get(old, ()))
+        if kind == KIND_UPDATE and row[self.new_at] != old:  # moved: its new subset's classes too
+            moved_to = self.by_value.get(row[self.new_at], ())
+            if moved_to:
+                numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
+        return numbers
 
 
 class Router:
@@ -551,10 +561,6 @@ class Router:
         self.readers = readers
         self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
         self._routes: dict[int, _Route] = {}
-
-    def index(self, subscriber: str) -> int | None:
-        """The index of ``subscriber``'s reader, if it is one of them."""
-        return self._index.get(subscriber)
 
     def route(self, shape_id: int) -> _Route:
         route = self._routes.get(shape_id)
@@ -580,30 +586,12 @@ class Router:
                 for value in view.values:
                     by_value.setdefault(value, []).append(number)
         route = self._routes[shape_id] = _Route(
-            classes, every, old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()},
-            frozenset(index for number in every for index in classes[number][1]),
-            {value: frozenset(index for number in numbers for index in classes[number][1])
-             for value, numbers in by_value.items()})
+            classes, every, old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
         return route
 
-    def candidates(self, origin: str, row: tuple) -> set[int] | frozenset[int]:
+    def candidates(self, origin: str, row: tuple) -> frozenset[int]:
         """Indexes into ``readers`` of the subscribers ``row`` can concern."""
-        flags = row[3]
-        if flags and flags & FLAG_RETURN_TO_ORIGIN:
-            index = self._index.get(origin)
-            return frozenset() if index is None else frozenset((index,))
-        route = self.route(row[1])
-        every = route.readers_every
-        if route.old_at is None:
-            chosen: set[int] | frozenset[int] = every
-        else:
-            by_value = route.readers_by_value
-            chosen = set(every)
-            chosen.update(by_value.get(row[route.old_at], ()))
-            if row[2] == KIND_UPDATE:
-                chosen.update(by_value.get(row[route.new_at], ()))
-        index = self._index.get(origin)
-        return chosen - {index} if index in chosen else chosen
+        return frozenset(index for members in self.classes(origin, row) for index in members)
 
     def classes(self, origin: str, row: tuple) -> list[tuple[int, ...]]:
         """The readers ``row`` can concern (as :meth:`candidates`), grouped
@@ -613,13 +601,8 @@ class Router:
         if flags and flags & FLAG_RETURN_TO_ORIGIN:
             return [] if origin_index is None else [(origin_index,)]
         route = self.route(row[1])
-        numbers = route.every
-        if route.old_at is not None:
-            numbers = (*numbers, *route.by_value.get(row[route.old_at], ()))
-            if row[2] == KIND_UPDATE and row[route.new_at] != row[route.old_at]:
-                numbers = tuple(dict.fromkeys((*numbers, *route.by_value.get(row[route.new_at], ()))))
         found = []
-        for number in numbers:
+        for number in route.numbers(row[2], row):
             members = route.classes[number][1]
             if origin_index in members:  # no echo
                 members = tuple(index for index in members if index != origin_index)
@@ -652,15 +635,9 @@ class Router:
                 buckets = {number: run for number in route.every}
             else:
                 buckets = {}
-                every, by_value, old_at, new_at = route.every, route.by_value, route.old_at, route.new_at
-                update = kind == KIND_UPDATE
+                numbers_of = route.numbers
                 for row in group:
-                    numbers = by_value.get(row[old_at], ())
-                    if update and row[new_at] != row[old_at]:
-                        moved_to = by_value.get(row[new_at], ())
-                        if moved_to:
-                            numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
-                    for number in (*every, *numbers) if every else numbers:
+                    for number in numbers_of(kind, row):
                         bucket = buckets.get(number)
                         if bucket is None:
                             buckets[number] = [row]
