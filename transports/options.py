@@ -132,14 +132,12 @@ def guess(text: str) -> object:
     """A value whose parameter says nothing of its type (no annotation, or
     one that cannot be resolved): ``true``/``false`` words become booleans,
     numbers become numbers, the rest stays text."""
-    try:
-        return parse_bool(text) if not _WHOLE.fullmatch(text.strip()) else parse_int(text)
-    except ValueError:
-        pass
-    try:
-        return parse_float(text)
-    except ValueError:
-        return text
+    for parse in (parse_int, parse_bool, parse_float):  # "1" is the number 1, not True
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
 
 
 #: A length of time in seconds; as text ``90``, ``90s``, ``5m``, ``1h``.
@@ -221,16 +219,16 @@ def _annotations(cls: type) -> dict[str, Any]:
     """Each keyword parameter of ``cls`` with its resolved annotation
     (``_UNRESOLVED`` for one that names what its module cannot give, such as
     a type imported only for type checkers)."""
-    parameters = {name: parameter for name, parameter in inspect.signature(cls.__init__).parameters.items()
-                  if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)}
+    parameters = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            parameters[name] = parameter
+        elif parameter.kind is parameter.VAR_KEYWORD:  # **options: its annotation is that of every other name
+            parameters[_OTHER_NAMES] = parameter
     try:
         hints = typing.get_type_hints(cls.__init__, include_extras=True)
     except Exception:  # noqa: BLE001 - resolve them one at a time below
         hints = None
-    extra = next((parameter for parameter in inspect.signature(cls.__init__).parameters.values()
-                  if parameter.kind is parameter.VAR_KEYWORD), None)
-    if extra is not None:  # **options: its annotation is that of every other name
-        parameters[_OTHER_NAMES] = extra
     if hints is not None:
         return {name: hints.get(parameter.name, inspect.Parameter.empty) for name, parameter in parameters.items()}
     namespace = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}

@@ -233,7 +233,8 @@ def available_transports() -> tuple[str, ...]:
 
 
 def _bind_options(cls: type[Transport], label: str, args: tuple[Any, ...], options: Mapping[str, Any]) -> None:
-    parameters = inspect.signature(cls).parameters
+    signature = inspect.signature(cls)
+    parameters = signature.parameters
     takes_any = any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters.values())
     known = [name for name, parameter in parameters.items()
              if parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)][len(args):]
@@ -242,7 +243,7 @@ def _bind_options(cls: type[Transport], label: str, args: tuple[Any, ...], optio
         raise BadTransportOptions(f"transport {label!r} has no option {', '.join(map(repr, unknown))}; "
                                   f"its options: {', '.join(known) or 'none'}")
     try:
-        inspect.signature(cls).bind(*args, **options)
+        signature.bind(*args, **options)
     except TypeError as error:
         raise BadTransportOptions(f"transport {label!r} does not accept these options: {error}") from None
 
