@@ -82,7 +82,7 @@ def _usage_line(usage: click.UsageError) -> str:
     return f"{message} ({hint})"
 
 
-def _one_line(text: str) -> str:
+def escape_controls(text: str) -> str:
     """``text`` with control characters written as escapes: a path or name
     holding a newline or a terminal escape must not break the one line or
     reach the terminal raw."""
@@ -114,21 +114,21 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(no_arguments.format_message(), err=True)  # the help text
         code = 2
     except click.UsageError as usage:
-        click.echo(f"agent: {_one_line(_usage_line(usage))}", err=True)
+        click.echo(f"agent: {escape_controls(_usage_line(usage))}", err=True)
         code = 2
     except click.ClickException as failure:
-        click.echo(f"agent: {_one_line(failure.format_message())}", err=True)
+        click.echo(f"agent: {escape_controls(failure.format_message())}", err=True)
         code = failure.exit_code
     except KeyboardInterrupt:
         click.echo("agent: interrupted", err=True)
         code = 1
     except UsageError as usage:
-        click.echo(f"agent: {_one_line(str(usage))}", err=True)
+        click.echo(f"agent: {escape_controls(str(usage))}", err=True)
         code = 2
     except Exception as error:  # the one place that turns any error into a line
         if debug:
             raise
-        click.echo(f"agent: {_one_line(describe(error))}", err=True)
+        click.echo(f"agent: {escape_controls(describe(error))}", err=True)
         code = 1
     else:
         code = result if isinstance(result, int) and not isinstance(result, bool) else 0

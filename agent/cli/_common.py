@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import re
+import string
 import sys
 import uuid
 from datetime import datetime, time, timezone
@@ -47,11 +48,9 @@ class Duration(click.ParamType):
 
     name = "duration"
 
-    def __init__(self, *, positive: bool = True, whole_seconds: bool = False,
-                 maximum: float = MAX_DURATION) -> None:
+    def __init__(self, *, positive: bool = True, whole_seconds: bool = False) -> None:
         self.positive = positive
         self.whole_seconds = whole_seconds
-        self.maximum = maximum
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -63,8 +62,8 @@ class Duration(click.ParamType):
                 self.fail(str(error), param, ctx)
         if self.positive and seconds <= 0:
             self.fail(f"{value!r} must be longer than zero", param, ctx)
-        if seconds > self.maximum:
-            self.fail(f"{value!r} is longer than the most this takes, {format_seconds(self.maximum)}", param, ctx)
+        if seconds > MAX_DURATION:
+            self.fail(f"{value!r} is longer than the most this takes, {format_seconds(MAX_DURATION)}", param, ctx)
         if self.whole_seconds:
             if seconds != int(seconds):
                 self.fail(f"{value!r} is not a whole number of seconds", param, ctx)
@@ -151,8 +150,6 @@ class AddressTemplate(Address):
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = super().convert(value, param, ctx)
-        import string
-
         try:
             named = [field for _, field, _, _ in string.Formatter().parse(text) if field is not None]
         except ValueError as error:

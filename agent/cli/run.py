@@ -25,6 +25,7 @@ from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 from ..queues import MessageQueues, QueueDepth
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ..transport_options import TransportOptions
+from . import escape_controls
 from ._common import (ADDRESS, DATABASE, ByteSize, Duration, TransportOption, check_transports, console, format_seconds,
                       logging_to, open_site, show_progress)
 from ._spool import open_queues, quarantined
@@ -177,7 +178,9 @@ def _run_stopping_spark_jobs(run: Coroutine[Any, Any, _T], stopping: threading.E
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """A problem's text on one line: its lines joined, and what control
+    characters are left (in a file name, say) written as escapes."""
+    return escape_controls(" ".join(text.split()))
 
 
 class SparkConf(click.ParamType):

@@ -348,3 +348,15 @@ def test_a_signal_stops_a_batch_run_and_its_spark_job(world: World, tmp_path: Pa
     assert wait_gone(list(pids)) == []
     assert _log_sent(world) == before
     assert _job_folders(world) == []
+
+
+def test_a_problem_line_writes_control_characters_as_escapes(agent: Agent, world: World) -> None:
+    """An address stored by a program, not the command line, can hold a
+    terminal escape: the problem line shows it, it does not obey it."""
+    with SiteDatabase.open(world.hq) as site:
+        site.update_remote("n1", address=str(world.root / "gone\x1b[31m"))
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'for n1', 'x')")
+    result = agent("run", world.hq, "--once")
+    problems = [line for line in result.err_lines if line.startswith("agent: transport error")]
+    assert result.code == 1 and problems, result.err_lines
+    assert all("\x1b" not in line for line in problems) and "gone\\x1b[31m" in problems[0], problems
