@@ -46,8 +46,7 @@ def build_world(directory: Path, operations: int, subscribers: int, *, seed: int
     capture rows after the remotes were added; return it open."""
     rng = random.Random(seed)
     path = directory / "hq.db"
-    init_site(path, name="hq", role="consolidated", address=str(directory / "hq-inbox"))
-    site = SiteDatabase.open(path)
+    site = init_site(path, name="hq", role="consolidated", address=str(directory / "hq-inbox"))
     app = sqlite3.connect(path, isolation_level=None)
     app.execute("PRAGMA synchronous=OFF")
     app.execute(ORDERS)

@@ -228,8 +228,10 @@ class SparkConf(click.ParamType):
 @click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
               help="Who packs outbound batches: the agent (local), Spark (spark), or Spark from "
                    "--spark-threshold on (auto; local when PySpark is not installed).")
-@click.option("--spark-threshold", type=click.IntRange(min=0), default=DEFAULT_THRESHOLD, show_default=True,
-              metavar="N", help="Backlog (log offsets over the due sends) from which --engine auto uses Spark.")
+@click.option("--spark-threshold", type=click.IntRange(min=0), metavar="N",
+              help="Backlog (log offsets over the due sends) from which --engine auto uses Spark "
+                   f"(default: {DEFAULT_THRESHOLD} with a cluster master; with a local one, none: "
+                   "auto packs locally).")
 @click.option("--spark-master", default="local[*]", show_default=True, metavar="URL",
               help="Where the Spark job runs: local[2], spark://host:7077, ...")
 @click.option("--spark-work", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -247,7 +249,7 @@ class SparkConf(click.ParamType):
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
         max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
-        resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int,
+        resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
         spark_timeout: float, verbose: bool, log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.

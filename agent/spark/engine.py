@@ -46,7 +46,13 @@ from .take import Sender, TakenFile, take_output
 log = logging.getLogger("fieldsync.agent.spark")
 
 ENGINES = ("local", "auto", "spark")
-DEFAULT_THRESHOLD = 10_000_000  # docs/spark.md, "Figures": the measured crossover
+# docs/spark.md, "When the agent uses it": the threshold of --engine auto when
+# none is given.  With a cluster master, the crossover measured before the
+# agent read the log once for all subscribers; with a local master, none:
+# the agent's own path packs faster than Spark on the machines measured, so
+# auto stays local there unless a threshold is given.
+DEFAULT_THRESHOLD = 10_000_000
+_LOCAL_MASTERS = ("local", "local-cluster")
 # docs/spark.md, "A job that hangs, and stopping the agent": far above any
 # batch measured (the largest, 100,000,000 offsets, took under a minute),
 # short enough that a hung job holds the site's sends (and receives) for
@@ -68,7 +74,9 @@ _LOG_TAIL = 64 * 1024
 class SparkOptions:
     """How ``agent run`` uses Spark for large outbound batches.
 
-    ``work`` defaults to ``<db>.agent/spark``; ``conf`` pairs go to
+    ``threshold`` is the backlog from which ``auto`` uses Spark; None is the
+    default for the master (:meth:`auto_threshold`).  ``work`` defaults to
+    ``<db>.agent/spark``; ``conf`` pairs go to
     ``spark-submit --conf``; ``submit`` is the launcher (default:
     ``spark-submit`` next to this Python, else on ``PATH``); ``job_args``
     are added to the job's command line (tests: ``--fail-after-files N``).
@@ -78,7 +86,7 @@ class SparkOptions:
     """
 
     engine: str = "auto"
-    threshold: int = DEFAULT_THRESHOLD
+    threshold: int | None = None
     master: str = "local[*]"
     work: Path | None = None
     conf: tuple[tuple[str, str], ...] = ()
@@ -90,7 +98,7 @@ class SparkOptions:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise UsageError(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
-        if type(self.threshold) is not int or self.threshold < 0:
+        if self.threshold is not None and (type(self.threshold) is not int or self.threshold < 0):
             raise UsageError(f"the Spark threshold must be a whole number of log offsets >= 0, "
                              f"got {self.threshold!r}")
         if not self.master or self.master != self.master.strip():
@@ -108,12 +116,27 @@ class SparkOptions:
         if self.work is not None:
             object.__setattr__(self, "work", Path(self.work))
 
+    @property
+    def local_master(self) -> bool:
+        """Whether the job runs on this machine (``local``, ``local[N]``,
+        ``local-cluster[...]``) rather than on a cluster."""
+        return self.master.split("[", 1)[0] in _LOCAL_MASTERS
+
+    def auto_threshold(self) -> int | None:
+        """The backlog from which ``auto`` uses Spark: the one given, else
+        :data:`DEFAULT_THRESHOLD` with a cluster master and None (never)
+        with a local one."""
+        if self.threshold is not None:
+            return self.threshold
+        return None if self.local_master else DEFAULT_THRESHOLD
+
     def uses_spark(self, backlog: int) -> bool:
         """Whether a send phase with this backlog (log offsets) goes to Spark;
         ``auto`` stays local when PySpark is not installed."""
         if self.engine == "spark":
             return True
-        return self.engine == "auto" and backlog >= self.threshold and spark_installed()
+        threshold = self.auto_threshold()
+        return self.engine == "auto" and threshold is not None and backlog >= threshold and spark_installed()
 
 
 def spark_installed() -> bool:

@@ -236,6 +236,38 @@ def test_auto_below_the_threshold_never_starts_spark(resend_below: tuple[Sent, d
     assert sent.report.sent > 0
 
 
+def test_auto_on_a_local_master_without_a_threshold_packs_locally(world: Path, tmp_path: Path) -> None:
+    """With no --spark-threshold, auto never starts a local Spark job, however
+    large the backlog: the agent's own path packs faster here (docs/spark.md).
+    The launcher does not exist, so an attempt would be logged."""
+    database = copy_site(world, tmp_path / "site")
+    sent = send_phase(database, SparkOptions(engine="auto", master="local[*]", submit=NO_LAUNCHER))
+    assert sent.report.spark_batches == 0 and sent.report.ok, sent.report
+    assert not any("Spark" in line for line in sent.logs), sent.logs
+    assert sum(len(files) for files in sent.outbound.values()) >= SUBSCRIBERS
+    assert min(sent.log_sent.values()) == max(sent.log_sent.values()) > 0
+
+
+@pytest.mark.parametrize(("master", "threshold", "backlog", "expected"), [
+    ("local[*]", None, 10 ** 12, False),
+    ("local", None, 10 ** 12, False),
+    ("local-cluster[2,1,1024]", None, 10 ** 12, False),
+    ("local[4]", 1_000, 1_000, True),
+    ("local[4]", 1_000, 999, False),
+    ("spark://127.0.0.1:7077", None, agent.spark.engine.DEFAULT_THRESHOLD, True),
+    ("spark://127.0.0.1:7077", None, agent.spark.engine.DEFAULT_THRESHOLD - 1, False),
+    ("yarn", 5, 5, True),
+    ("k8s://https://127.0.0.1:6443", None, 0, False),
+])
+def test_auto_threshold_follows_the_master(master: str, threshold: int | None, backlog: int,
+                                           expected: bool) -> None:
+    spark = SparkOptions(engine="auto", master=master, threshold=threshold)
+    assert spark.uses_spark(backlog) is expected
+    # the other engines do not look at the threshold
+    assert replace(spark, engine="spark").uses_spark(0) is True
+    assert replace(spark, engine="local").uses_spark(10 ** 12) is False
+
+
 def names_the_failure(text: str) -> bool:
     """Whether ``text`` names the failure ``FAILING`` injects.
 

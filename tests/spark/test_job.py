@@ -145,8 +145,7 @@ def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
 def big_backlog(directory: Path, rows: int, body: int) -> SiteDatabase:
     """One subscriber receiving ``rows`` rows of ``body`` bytes each."""
     path = directory / "hq.db"
-    init_site(path, name="hq", role="consolidated")
-    site = SiteDatabase.open(path)
+    site = init_site(path, name="hq", role="consolidated")
     app = sqlite3.connect(path, isolation_level=None)
     app.execute("CREATE TABLE doc (id INTEGER PRIMARY KEY, body TEXT)")
     site.create_publication("docs", [Article("doc")])
