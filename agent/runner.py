@@ -462,7 +462,7 @@ class Agent:
             raise AgentError(f"site {self.name} has no inbox address; set one with --address")
         transport = self._transport_for(self.own_transport)
         try:
-            async for incoming in transport.receive(self.address):
+            async for incoming in transport.receive(self.address, wanted=self._for_this_site):
                 await self._receive_file(transport, incoming)
         except TransportError as error:
             self.report.transport_errors.append(f"receiving at {self.address}: {error}")
@@ -478,14 +478,9 @@ class Agent:
             # file put back in the inbox without --keep is read afresh.)
             log.debug("%s is in the quarantine already", name_text)
             return
-        try:
-            name = MessageName.parse(name_text)
-        except BadFileName as error:
-            self._leave(name_text, str(error))
-            return
-        if name.recipient != self.name:
-            self._leave(name_text, f"addressed to {name.recipient}, not {self.name}")
-            return
+        if not self._for_this_site(name_text):
+            return  # a transport that reads what it was told to leave: left all the same
+        name = MessageName.parse(name_text)
         peer = self.peers.get(name.sender)
         if peer is None:
             reason = f"from {name.sender}, which is not a peer of {self.name}"
@@ -534,6 +529,20 @@ class Agent:
         await self._ack(transport, incoming)
         await self._execute(peer, peer.protocol.message_queued(now, name_text, message.header,
                                                                message.incarnation))
+
+    def _for_this_site(self, name_text: str) -> bool:
+        """Whether a file at the inbox is this site's to read: a message name
+        addressed to it.  Any other is left (and logged once per run)
+        without being read: the transports ask this before they download."""
+        try:
+            name = MessageName.parse(name_text)
+        except BadFileName as error:
+            self._leave(name_text, str(error))
+            return False
+        if name.recipient != self.name:
+            self._leave(name_text, f"addressed to {name.recipient}, not {self.name}")
+            return False
+        return True
 
     def _leave(self, name: str, reason: str) -> None:
         """A file that is not this site's (another name, another recipient)

@@ -9,7 +9,10 @@ Rules of this file:
   ``_release``), the way fsspec's filesystems implement ``_open``.
 * A name handed to ``send`` is checked with ``MessageName.parse`` before the
   hook runs, so no plugin ever sees an unchecked name.  ``receive`` yields
-  whatever names it finds (the agent quarantines the ones that do not parse).
+  whatever names it finds that the caller's ``wanted`` accepts, and reads
+  (downloads) no file whose name it refuses: the agent refuses the names
+  that are not this site's, so another site's mail costs a listing, not a
+  download, at every poll.
 * Constructors do no I/O: connections are made lazily on first use, so
   building a transport (or a wrapper around one) never needs cleanup.
 * Blocking libraries run in threads (``asyncio.to_thread``), never on the loop.
@@ -21,7 +24,7 @@ import abc
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -32,6 +35,14 @@ from codec.names import MessageName
 from .errors import BadAddress, InvalidMessageName, TransportClosed
 
 log = logging.getLogger(__name__)
+
+#: Whether a file of this name is to be read; called once per name a receive finds.
+NameFilter = Callable[[str], bool]
+
+
+def every_name(name: str) -> bool:
+    """The :data:`NameFilter` that accepts every name."""
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +115,18 @@ class Transport(abc.ABC):
         address = self.check_address(address)
         await self._send(address, name, _as_bytes(data))
 
-    def receive(self, address: str) -> AsyncIterator[Incoming]:
+    def receive(self, address: str, *, wanted: NameFilter | None = None) -> AsyncIterator[Incoming]:
         """Yield the files waiting at ``address`` in name order; remove nothing.
 
         Never yields a half-written or temporary file.  Files whose names are
-        not message names are yielded too, for the caller to quarantine.
+        not message names are yielded too, for the caller to judge.  With
+        ``wanted``, a file whose name it refuses is neither read nor yielded
+        (``wanted`` is called on the event loop, once per name found).
         """
         self._check_open()
-        return self._receive(self.check_address(address))
+        if wanted is not None and not callable(wanted):
+            raise TypeError(f"wanted must be a callable taking a name, got {type(wanted).__name__}")
+        return self._receive(self.check_address(address), wanted or every_name)
 
     async def ack(self, incoming: Incoming) -> None:
         """Remove a received file.  Call only once its content is durably stored.
@@ -176,8 +191,10 @@ class Transport(abc.ABC):
         """Deliver one file.  ``name`` is a valid message name, ``address`` checked."""
 
     @abc.abstractmethod
-    def _receive(self, address: str) -> AsyncIterator[Incoming]:
-        """An async generator over the files waiting at ``address``, in name order.
+    def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
+        """An async generator over the files waiting at ``address`` whose
+        names ``wanted`` accepts, in name order.  Ask ``wanted`` before
+        reading a file, so that a refused one costs no read.
 
         It must hold no resources across ``yield`` that need an explicit
         close: the caller may stop iterating at any point.
@@ -220,8 +237,8 @@ class TransportWrapper(Transport):
     async def _send(self, address: str, name: str, data: bytes) -> None:
         await self.inner.send(address, name, data)
 
-    def _receive(self, address: str) -> AsyncIterator[Incoming]:
-        return self.inner.receive(address)
+    def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
+        return self.inner.receive(address, wanted=wanted)
 
     async def _ack(self, incoming: Incoming) -> None:
         await self.inner.ack(incoming)

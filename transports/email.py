@@ -41,7 +41,7 @@ from urllib.parse import quote, unquote, urlsplit
 import aioimaplib  # noqa: F401  (used by ._imap; imported here so a missing package fails this module's import)
 import aiosmtplib
 
-from .base import Incoming, Transport
+from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
 from ._remote import Backoff, SecretSource, check_timeouts, one_line
@@ -451,11 +451,13 @@ class EmailTransport(Transport):
             raise BadAddress(f"{doing} takes this site's IMAP mailbox (imaps://user@host/INBOX), not {address}")
         return Mailbox.parse(address)
 
-    async def _receive(self, address: str) -> AsyncIterator[Incoming]:
+    async def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
         box = self._mailbox(address, "receive")
         uidvalidity, listed = await self._on_mailbox(box, "cannot list", lambda session: self._list(session, box))
         for entry in listed:
             self._check_open()
+            if not wanted(entry.name):
+                continue  # only its header was fetched, by the listing
             incoming = await self._on_mailbox(
                 box, f"cannot read message {entry.name!r} from",
                 lambda session, entry=entry: self._read(session, box, uidvalidity, entry))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from codec.atomic import write_file_atomically
 
-from .base import Incoming, Transport, TransportWrapper
+from .base import Incoming, NameFilter, Transport, TransportWrapper
 from .errors import BadTransportOptions, TransportUnavailable
 
 KINDS = ("drop", "corrupt", "duplicate", "reorder", "delay", "partition")
@@ -240,10 +240,10 @@ class FaultsTransport(TransportWrapper):
         self._note("partition", name, address, f"for {rates.partition_ticks} ticks")
         raise TransportUnavailable(f"faults: {address} is partitioned away (injected)")
 
-    async def _receive(self, address: str) -> AsyncIterator[Incoming]:
+    async def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
         self._advance()
         await self._release_due()
-        async for incoming in self.inner.receive(address):
+        async for incoming in self.inner.receive(address, wanted=wanted):
             yield incoming
 
 

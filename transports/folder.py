@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from codec.errors import BadFileName
 from codec.names import MessageName
 
-from .base import Incoming, Transport
+from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from .options import ByteCount, FileMode, Seconds
 
@@ -206,10 +206,12 @@ class FolderTransport(Transport):
 
     # -- receive -------------------------------------------------------------
 
-    async def _receive(self, address: str) -> AsyncIterator[Incoming]:
+    async def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
         names = await asyncio.to_thread(self._scan_blocking, address)
         for name in names:
             self._check_open()
+            if not wanted(name):
+                continue
             incoming = await asyncio.to_thread(self._read_blocking, address, name)
             if incoming is not None:
                 yield incoming

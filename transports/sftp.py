@@ -40,7 +40,7 @@ from urllib.parse import quote, unquote, urlsplit
 import paramiko
 from paramiko.sftp import CMD_EXTENDED
 
-from .base import Incoming, Transport
+from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
 from .options import ByteCount, FileMode, Seconds
@@ -307,12 +307,14 @@ class SftpTransport(Transport):
 
     # -- receive -------------------------------------------------------------
 
-    async def _receive(self, address: str) -> AsyncIterator[Incoming]:
+    async def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
         inbox = SftpAddress.parse(address)
         names = await self._run(inbox, "cannot list inbox", lambda _connection, client: self._scan_blocking(
             client, inbox))
         for name in names:
             self._check_open()
+            if not wanted(name):
+                continue
             incoming = await self._run(inbox, f"cannot read {name} in inbox",
                                        lambda _connection, client, name=name: self._read_blocking(client, inbox, name))
             if incoming is not None:

@@ -177,3 +177,36 @@ async def test_a_lost_last_message_is_detected_and_resent(world):
     await world.settle()
     assert remote_row(world, "hq", "f2").resend_count > epoch
     assert len(world.rows("f2", "customer", "WHERE id >= 4000")) == 5
+
+
+async def test_another_sites_message_is_left_unread_and_named_once_a_run(world, monkeypatch, caplog):
+    """A file for another site (a shared folder or mailbox, a wrong address)
+    stays where it is; the transport does not even hand it over, so a
+    mailbox shared by several sites costs a listing, not a download, at
+    each poll."""
+    from agent.runner import Agent
+
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(70), 3, ("f2",), start=7000))
+    await world.run("hq")
+    [item, *_] = world.waiting("f2", "d")
+    name, data = item.name, item.data
+    world.deliver("f1", name, data)  # addressed to f2, in f1's inbox
+    handed: list[str] = []
+    receive_file = Agent._receive_file
+
+    async def recording(self, transport, incoming):
+        handed.append(incoming.name)
+        return await receive_file(self, transport, incoming)
+
+    monkeypatch.setattr(Agent, "_receive_file", recording)
+    caplog.set_level("WARNING", logger="fieldsync")
+    for _ in range(2):
+        caplog.clear()
+        report = await world.run("f1")
+        assert report.left_in_inbox == 1, report
+        assert [record.getMessage() for record in caplog.records if name in record.getMessage()] == [
+            f"left {name!r} in the inbox {world.medium.inbox_address('f1')}: addressed to f2, not f1; it is not "
+            "for this site, so it is not touched (is that this site's inbox?)"]
+    assert name not in handed
+    assert name in world.waiting_names("f1")

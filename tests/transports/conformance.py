@@ -53,6 +53,26 @@ async def received(transport: Transport, address: str) -> dict[str, bytes]:
     return {incoming.name: incoming.data for incoming in await receive_all(transport, address)}
 
 
+def record_reads(monkeypatch: pytest.MonkeyPatch, transport: Transport, method: str,
+                 name_of: Callable[..., str]) -> list[str]:
+    """Record the name of every file ``transport`` reads through its
+    ``method`` (its own read of one file, sync or async); return the list."""
+    reads: list[str] = []
+    real = getattr(transport, method)
+
+    def reading(*args: object) -> object:
+        reads.append(name_of(*args))
+        return real(*args)
+
+    monkeypatch.setattr(transport, method, reading)
+    return reads
+
+
+async def receive_wanted(transport: Transport, address: str, wanted: str) -> list[str]:
+    """The names ``receive`` yields when only ``wanted`` is wanted."""
+    return [incoming.name async for incoming in transport.receive(address, wanted=lambda name: name == wanted)]
+
+
 INVALID_NAMES = [
     "",
     "notes.txt",
@@ -273,6 +293,27 @@ class TransportConformance:
         for incoming in got:
             await transport.ack(incoming)
         assert await receive_all(transport, inbox) == []
+
+    async def test_a_name_wanted_refuses_is_neither_yielded_nor_removed(self, transport: Transport,
+                                                                        inbox: str) -> None:
+        ours, theirs = message_name(1), message_name(2, recipient="field2")
+        files = {ours: b"ours", theirs: b"another site's", "README": b"not a message"}
+        for name, data in files.items():
+            await self.place_raw_file(inbox, name, data)
+        asked: list[str] = []
+
+        def wanted(name: str) -> bool:
+            asked.append(name)
+            return name == ours
+
+        got = [incoming async for incoming in transport.receive(inbox, wanted=wanted)]
+        assert [(incoming.name, incoming.data) for incoming in got] == [(ours, b"ours")]
+        assert asked == sorted(files)  # each name once, in name order
+        assert await received(transport, inbox) == files  # refused files stay, and no filter reads them all
+
+    async def test_wanted_must_be_callable(self, transport: Transport, inbox: str) -> None:
+        with pytest.raises(TypeError):
+            transport.receive(inbox, wanted="field1")  # type: ignore[arg-type]
 
     # -- atomicity -----------------------------------------------------------
 

@@ -42,7 +42,7 @@ class RecordingTransport(Transport):
     async def _send(self, address: str, name: str, data: bytes) -> None:
         self.calls.append(("send", address, name, data))
 
-    async def _receive(self, address: str) -> AsyncIterator[Incoming]:
+    async def _receive(self, address: str, wanted) -> AsyncIterator[Incoming]:
         self.calls.append(("receive", address))
         yield Incoming(message_name(1), b"x", token=1)
 

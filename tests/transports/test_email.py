@@ -22,7 +22,7 @@ import transports.registry
 from transports import BadAddress, BadTransportOptions, TransportRefused, TransportUnavailable, create_transport
 from transports.email import EmailTransport, build_email
 
-from .conformance import TransportConformance, message_name, receive_all, received
+from .conformance import TransportConformance, message_name, receive_all, receive_wanted, received, record_reads
 from .servers import (
     MAIL_DOMAIN,
     DovecotServer,
@@ -687,3 +687,15 @@ async def test_ack_keeps_a_copy_delivered_after_the_receive(transport, dovecot, 
     assert fresh.data == b"delivered again"
     await transport.ack(fresh)
     assert await receive_all(transport, inbox) == []
+
+
+async def test_mail_the_caller_does_not_want_is_not_downloaded(transport, dovecot, user, monkeypatch) -> None:
+    """Only the listing's header fetch touches it: another site's mail in a
+    shared mailbox costs no download at each poll."""
+    ours, theirs = message_name(1), message_name(1, recipient="field2")
+    for name in (ours, theirs):
+        dovecot.deliver(user, build_email(name, name.encode(), SENDER, f"{user}@{MAIL_DOMAIN}"))
+    reads = record_reads(monkeypatch, transport, "_read", lambda session, box, uidvalidity, entry: entry.name)
+    assert await receive_wanted(transport, dovecot.url(user), ours) == [ours]
+    assert reads == [ours]
+    assert len(await snapshot(dovecot, user)) == 2

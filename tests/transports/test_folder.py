@@ -18,7 +18,7 @@ import pytest
 from transports import BadAddress, InvalidMessageName, TransportRefused, TransportUnavailable
 from transports.folder import FolderTransport
 
-from .conformance import TransportConformance, message_name, receive_all, received
+from .conformance import TransportConformance, message_name, receive_all, receive_wanted, received, record_reads
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp\Z")
@@ -385,3 +385,13 @@ async def test_receive_reads_files_in_worker_threads(transport, inbox: Path, mon
                                                             real_open(*args, **kwargs))[1])
     await receive_all(transport, str(inbox))
     assert threads and loop_thread not in threads
+
+
+async def test_a_name_the_caller_does_not_want_is_not_read(transport, inbox: Path, monkeypatch) -> None:
+    ours, theirs = message_name(1), message_name(1, recipient="field2")
+    (inbox / ours).write_bytes(b"ours")
+    (inbox / theirs).write_bytes(b"another site's")
+    reads = record_reads(monkeypatch, transport, "_read_blocking", lambda directory, name: name)
+    assert await receive_wanted(transport, str(inbox), ours) == [ours]
+    assert reads == [ours]
+    assert sorted(os.listdir(inbox)) == sorted([ours, theirs])

@@ -39,7 +39,7 @@ class Plugin(Transport):
                              mode=mode, cert=cert, points=points)
 
     async def _send(self, address, name, data): ...
-    async def _receive(self, address):
+    async def _receive(self, address, wanted):
         return
         yield
 
@@ -156,7 +156,7 @@ class Loose(Transport):
                              ratio=ratio, **more)
 
     async def _send(self, address, name, data): ...
-    async def _receive(self, address):
+    async def _receive(self, address, wanted):
         return
         yield
 

@@ -30,7 +30,7 @@ from transports import (
 )
 from transports.sftp import SftpAddress, SftpTransport
 
-from .conformance import TransportConformance, message_name, receive_all, received
+from .conformance import TransportConformance, message_name, receive_all, receive_wanted, received, record_reads
 from .servers import REPO_ROOT, ServerFailed, SshServer, TcpProxy, free_port, make_ssh_key
 
 TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp\Z")
@@ -527,3 +527,14 @@ async def test_a_connection_dropped_mid_download_is_remade(sshd, inbox, proxy, t
         await transport.ack(incoming)
     assert proxy.cuts == 1
     assert visible(path) == []
+
+
+async def test_a_name_the_caller_does_not_want_is_not_downloaded(transport, inbox, monkeypatch) -> None:
+    address, path = inbox
+    ours, theirs = message_name(1), message_name(1, recipient="field2")
+    (path / ours).write_bytes(b"ours")
+    (path / theirs).write_bytes(b"another site's")
+    reads = record_reads(monkeypatch, transport, "_read_blocking", lambda client, box, name: name)
+    assert await receive_wanted(transport, address, ours) == [ours]
+    assert reads == [ours]
+    assert sorted(os.listdir(path)) == sorted([ours, theirs])
