@@ -369,6 +369,7 @@ class SftpTransport(Transport):
             return None
         try:
             with client.open(path, "rb") as remote:
+                quiet_read_ahead_threads()
                 remote.prefetch(size)
                 data = remote.read(size + 1)  # one more byte tells us the file grew
                 after = remote.stat()
@@ -663,3 +664,31 @@ def _translate_sftp_error(error: OSError, doing: str, address: SftpAddress) -> T
         return TransportRefused(f"{text} [{code}]; check the permissions of {address.path} on the server")
     # SSH_FX_FAILURE covers a full disk or quota on most servers.
     return TransportUnavailable(f"{text}; the server may be out of space")
+
+
+def quiet_read_ahead_threads() -> None:
+    """Keep the traceback of paramiko's read-ahead thread off stderr when its
+    connection is lost: the read that waits for its data fails too, as a
+    ``TransportUnavailable`` line, and the connection is made again.  Chained
+    in front of ``threading.excepthook`` (again if someone replaced it since);
+    any other thread's exception goes on to the hook as before."""
+    previous = threading.excepthook
+    if getattr(previous, "_fieldsync_read_ahead", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread
+        if (thread is not None and thread.name.endswith(f"({_READ_AHEAD})")
+                and isinstance(args.exc_value, (EOFError, OSError, paramiko.SSHException))):
+            log.debug("SFTP read-ahead stopped with its connection: %s",
+                      one_line(args.exc_value) or type(args.exc_value).__name__)
+            return
+        previous(args)
+
+    hook._fieldsync_read_ahead = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
+# The target of the thread paramiko's SFTPFile.prefetch starts; a thread
+# started without a name is named "Thread-N (<target>)".
+_READ_AHEAD = paramiko.SFTPFile._prefetch_thread.__name__

@@ -28,7 +28,7 @@ from transports import (
     TransportUnavailable,
     create_transport,
 )
-from transports.sftp import SftpAddress, SftpTransport
+from transports.sftp import SftpAddress, SftpTransport, quiet_read_ahead_threads
 
 from .conformance import TransportConformance, message_name, receive_all, receive_wanted, received, record_reads
 from .servers import REPO_ROOT, ServerFailed, SshServer, TcpProxy, free_port, make_ssh_key
@@ -515,6 +515,8 @@ async def test_a_connection_dropped_mid_upload_is_remade_and_leaves_one_file(ssh
     assert (path / message_name(2)).read_bytes() == data
 
 
+# paramiko's read-ahead thread dies with the connection: its traceback must not reach stderr.
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 async def test_a_connection_dropped_mid_download_is_remade(sshd, inbox, proxy, tmp_path) -> None:
     _, path = inbox
     address = f"sftp://{sshd.user}@127.0.0.1:{proxy.port}{path}"
@@ -538,3 +540,28 @@ async def test_a_name_the_caller_does_not_want_is_not_downloaded(transport, inbo
     assert await receive_wanted(transport, address, ours) == [ours]
     assert reads == [ours]
     assert sorted(os.listdir(path)) == sorted([ours, theirs])
+
+
+def test_a_read_ahead_thread_lost_with_its_connection_is_a_debug_line(monkeypatch, caplog) -> None:
+    reached: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reached.append(args.thread.name))
+    quiet_read_ahead_threads()
+    quiet_read_ahead_threads()  # once in front of the hook, however often it is called
+    caplog.set_level(logging.DEBUG, logger="transports.sftp")
+
+    def _prefetch_thread() -> None:  # what paramiko.SFTPFile.prefetch starts
+        raise EOFError()
+
+    def other() -> None:
+        raise EOFError()
+
+    def _prefetch_thread_bug() -> None:
+        raise KeyError("a bug, not a lost connection")
+
+    for target in (_prefetch_thread, other, _prefetch_thread_bug):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+    assert [name.rsplit(" ", 1)[-1] for name in reached] == ["(other)", "(_prefetch_thread_bug)"]
+    assert [record.getMessage() for record in caplog.records] == [
+        "SFTP read-ahead stopped with its connection: EOFError"]
