@@ -492,6 +492,11 @@ class PairProtocol:
         self._sending = SendData(state.log_sent, state.log_send, state.resend_count)
         return [self._sending]
 
+    @property
+    def sending(self) -> SendData | None:
+        """The :class:`SendData` handed out and not yet done or aborted."""
+        return self._sending
+
     def send_done(self, now: float, log_sent: int) -> list[Action]:
         """The messages of the last :class:`SendData` are durably queued."""
         sending = self._sending

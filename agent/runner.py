@@ -167,6 +167,9 @@ class Agent:
         self._closed = False
         self._restored = False
         self._last_scheduled: dict[str, datetime] = {}
+        # The cancel events of the Spark jobs running now (stop_spark sets them all).
+        self._jobs: set[threading.Event] = set()
+        self._jobs_lock = threading.Lock()
         # Files a Spark batch made for a peer's due send, taken by _send_data.
         self._prepared: dict[str, tuple[SendData, list[TakenFile]]] = {}
         # Due sends packed and queued here in one pass, taken by _send_data.
@@ -703,21 +706,30 @@ class Agent:
             await self._execute(peer, actions)
             due.append((peer, send))
         sends = [(peer, send) for peer, send in due if send is not None]
-        batch, failed = await self._spark_batch(sends)
         try:
-            if batch is None and not failed and sends:
-                packed = await asyncio.to_thread(self._pack_local, sends)
-                for (peer, send), outcome in zip(sends, packed):
-                    self._packed[peer.name] = (send, outcome)
-            for peer, send in due:
-                if send is not None:
-                    await self._execute(peer, peer.protocol.send_aborted(self.clock()) if failed else [send])
-                await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
-        finally:
-            self._prepared.clear()
-            self._packed.clear()
-            if batch is not None:
-                await asyncio.to_thread(batch.close)
+            batch, failed = await self._spark_batch(sends)
+            try:
+                if batch is None and not failed and sends:
+                    packed = await asyncio.to_thread(self._pack_local, sends)
+                    for (peer, send), outcome in zip(sends, packed):
+                        self._packed[peer.name] = (send, outcome)
+                for peer, send in due:
+                    if send is not None:
+                        await self._execute(peer, peer.protocol.send_aborted(self.clock()) if failed else [send])
+                    await self._execute(peer, peer.protocol.send_controls(now, force=force_controls))
+            finally:
+                self._prepared.clear()
+                self._packed.clear()
+                if batch is not None:
+                    await asyncio.to_thread(batch.close)
+        except BaseException:
+            # Cancelled (an application stopping its agent's task) or failed
+            # before every send was done: the sends not done are aborted, so
+            # that the next send phase of this agent starts them again.
+            for peer, _ in due:
+                if peer.protocol.sending is not None:
+                    peer.protocol.send_aborted(self.clock())
+            raise
 
     async def _spark_batch(self, sends: list[tuple[_Peer, SendData]]) -> tuple[SparkBatch | None, bool]:
         """Run the due sends as one Spark batch when the engine says so;
@@ -730,12 +742,17 @@ class Agent:
             return None, False
         batch_sends = self._batch_sends(sends)
         log.info("preparing %d sends (backlog %d log offsets) on Spark (%s)", len(sends), backlog, spark.master)
+        # The job's own cancel event: cancelling this task stops this job (it
+        # would run on in its thread) and no later one; stop_spark stops all.
+        job = threading.Event()
+        with self._jobs_lock:
+            self._jobs.add(job)
         try:
             batch = await asyncio.to_thread(run_spark_batch, self.db, self.keys, batch_sends,
                                             max_size=self.options.max_message_size, options=spark,
-                                            work=spark.work or self.directory / "spark")
+                                            work=spark.work or self.directory / "spark", stop=job)
         except asyncio.CancelledError:
-            self.stop_spark()  # the job would run on in its thread
+            job.set()
             raise
         except SparkBatchCancelled:
             # The agent is stopping: neither a failure nor a reason to pack here.
@@ -748,6 +765,9 @@ class Agent:
             log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
             self.report.transport_errors.append(f"Spark batch of {len(sends)} sends: {error}")
             return None, True
+        finally:
+            with self._jobs_lock:
+                self._jobs.discard(job)
         self.report.spark_batches += 1
         for peer, send in sends:
             self._prepared[peer.name] = (send, batch.files[peer.name])
@@ -787,6 +807,9 @@ class Agent:
         Safe from any thread."""
         assert self.options.spark.cancel is not None
         self.options.spark.cancel.set()
+        with self._jobs_lock:
+            for job in self._jobs:
+                job.set()
 
     def _seal_to(self, peer: _Peer) -> PublicKeys | None:
         return peer.public if (self.options.seal and peer.public is not None) else None

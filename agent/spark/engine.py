@@ -58,7 +58,7 @@ _LOCAL_MASTERS = ("local", "local-cluster")
 # short enough that a hung job holds the site's sends (and receives) for
 # an hour at most.
 DEFAULT_TIMEOUT = 3600.0
-_POLL_SECONDS = 0.2  # how soon the wait sees the job end (the cancel event is seen at once)
+_POLL_SECONDS = 0.2  # how soon the wait sees the job end, or a cancel event it does not wait on
 # SIGTERM first: the JVM's shutdown hooks stop the Spark context (on a
 # cluster, its executors) and delete Spark's temporary folders.
 _STOP_GRACE_SECONDS = 10.0
@@ -164,13 +164,16 @@ class SparkBatch:
 
 
 def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], *, max_size: int,
-                    options: SparkOptions, work: Path) -> SparkBatch:
+                    options: SparkOptions, work: Path, stop: threading.Event | None = None) -> SparkBatch:
     """Export ``sends``, run the job on ``options.master`` and check its
     output; raise :class:`SparkBatchError` (with the job folder deleted)
     when anything fails, :class:`SparkBatchCancelled` when
-    ``options.cancel`` was set."""
+    ``options.cancel`` or ``stop`` was set.  ``stop`` is this batch's own:
+    setting it stops this batch and leaves ``options.cancel`` as it is, for
+    the batches that follow."""
     sends = list(sends)
-    _check_cancel(options)
+    cancels = tuple(event for event in (options.cancel, stop) if event is not None)
+    _check_cancel(cancels)
     if not spark_installed():
         raise SparkBatchError("PySpark is not installed in this Python; install the Spark extra "
                               "(pip install 'fieldsync[spark]') or run with --engine local")
@@ -188,14 +191,14 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         export = directory / "export"
         output = directory / "output"
         summary = export_batch(db, keys, sends, export, max_size=max_size,
-                               check_stop=lambda: _check_cancel(options))
+                               check_stop=lambda: _check_cancel(cancels))
         log.info("Spark batch %s: %d sends, log offsets (%d, %d], %d capture rows exported; running the job on %s",
                  directory.name, len(sends), *summary.range, summary.rows, options.master)
-        _check_cancel(options)
-        _run_job(command + [os.fspath(export), os.fspath(output), *options.job_args], directory, options)
+        _check_cancel(cancels)
+        _run_job(command + [os.fspath(export), os.fspath(output), *options.job_args], directory, options, cancels)
         identity = db.identity
         files = take_output(output, sends, Sender(identity.name, keys.public, identity.incarnation))
-        _check_cancel(options)  # a caller that has stopped waiting would never close the batch
+        _check_cancel(cancels)  # a caller that has stopped waiting would never close the batch
         log.info("Spark batch %s: %d message files checked in %.1f s", directory.name,
                  sum(len(found) for found in files.values()), time.monotonic() - started)
         return SparkBatch(directory, files)
@@ -210,8 +213,8 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         raise SparkBatchError(describe_error(error)) from error
 
 
-def _check_cancel(options: SparkOptions) -> None:
-    if options.cancel is not None and options.cancel.is_set():
+def _check_cancel(cancels: tuple[threading.Event, ...]) -> None:
+    if any(event.is_set() for event in cancels):
         raise SparkBatchCancelled("the Spark batch was cancelled because the agent is stopping; "
                                   "nothing of it was kept")
 
@@ -260,9 +263,9 @@ def _default_submit() -> str | None:
     return shutil.which("spark-submit")
 
 
-def _run_job(command: list[str], directory: Path, options: SparkOptions) -> None:
+def _run_job(command: list[str], directory: Path, options: SparkOptions, cancels: tuple[threading.Event, ...]) -> None:
     """Run the job with its output (stdout and stderr) in ``directory/job.log``,
-    within ``options.timeout``; stop it when ``options.cancel`` is set or the
+    within ``options.timeout``; stop it when one of ``cancels`` is set or the
     wait is interrupted (KeyboardInterrupt in the main thread)."""
     env = dict(os.environ)
     if not any(key == _PYTHON_CONF for key, _ in options.conf):
@@ -284,7 +287,7 @@ def _run_job(command: list[str], directory: Path, options: SparkOptions) -> None
                                   "check --spark-submit") from None
         log.debug("Spark batch %s: spark-submit started, process group %d", directory.name, process.pid)
         try:
-            returncode = _wait_job(process, options)
+            returncode = _wait_job(process, options, cancels)
         except BaseException:  # cancelled, or interrupted in this thread
             _stop_job(process)
             raise
@@ -304,24 +307,25 @@ def _run_job(command: list[str], directory: Path, options: SparkOptions) -> None
         raise SparkBatchError(_failure_line(lines, returncode))
 
 
-def _wait_job(process: subprocess.Popen, options: SparkOptions) -> int | None:
+def _wait_job(process: subprocess.Popen, options: SparkOptions, cancels: tuple[threading.Event, ...]) -> int | None:
     """The job's exit code, or None when it runs over ``options.timeout``;
-    :class:`SparkBatchCancelled` when ``options.cancel`` is set.  The job
-    is left running: the caller stops it."""
+    :class:`SparkBatchCancelled` when one of ``cancels`` is set (the last
+    one is seen at once, the others within a poll).  The job is left
+    running: the caller stops it."""
     deadline = None if options.timeout is None else time.monotonic() + options.timeout
     while True:
         returncode = process.poll()
         if returncode is not None:
             return returncode
-        _check_cancel(options)
+        _check_cancel(cancels)
         pause = _POLL_SECONDS
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             pause = min(pause, left)
-        if options.cancel is not None:
-            options.cancel.wait(pause)
+        if cancels:
+            cancels[-1].wait(pause)
         else:
             time.sleep(pause)
 

@@ -153,6 +153,39 @@ def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
     assert phase.report.sent == sum(len(files) for files in reference.files.values())
 
 
+def test_a_cancelled_send_phase_leaves_its_sends_to_the_next_one(site: Path) -> None:
+    """An application cancels the task running a send phase after the sends
+    were handed out: the same agent's next send phase makes them all."""
+    reference = expected(site)
+
+    async def run() -> Phase:
+        options = RunOptions(receive=False, max_message_size=MAX_SIZE, spark=SparkOptions(engine="local"))
+        async with Agent(site, options) as agent:
+            handed_out = asyncio.Event()
+
+            async def stuck(sends: list) -> tuple[None, bool]:
+                assert sends  # the SendData were taken from the protocol
+                handed_out.set()
+                await asyncio.Event().wait()
+                raise AssertionError("not cancelled")
+
+            agent._spark_batch = stuck  # type: ignore[method-assign]
+            task = asyncio.create_task(agent.send_phase(force_controls=True))
+            await handed_out.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert all(peer.protocol.sending is None for peer in agent.peers.values())
+            del agent._spark_batch  # the class's again
+            await agent.send_phase(force_controls=True)
+            return Phase(agent.report, queued(agent.queues),
+                         {remote.name: remote.log_sent for remote in agent.db.remotes()})
+
+    phase = asyncio.run(run())
+    assert phase.report.ok, phase.report
+    assert_sent_as_alone(phase, reference, NAMES)
+
+
 def test_pack_sends_makes_each_sends_files_in_order(site: Path) -> None:
     reference = expected(site)
     with SiteDatabase.open(site) as db:

@@ -605,18 +605,26 @@ def test_cancelling_the_agents_task_stops_the_job(world: Path, tmp_path: Path) -
     database = copy_site(world, tmp_path / "task-cancelled")
     launcher = hanging_launcher(tmp_path / "bin")
 
+    jobs: list[tuple[int, int]] = []
+
     async def run() -> None:
         async with Agent(database, RunOptions(receive=False, spark=hanging(launcher, timeout=120))) as agent:
-            task = asyncio.create_task(agent.send_phase(force_controls=False))
-            await asyncio.to_thread(launcher.wait_started)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            # Twice with the same agent: a cancelled task stops its own job,
+            # and the next send phase starts a job of its own again.
+            for _ in range(2):
+                launcher.pid_file.unlink(missing_ok=True)
+                task = asyncio.create_task(agent.send_phase(force_controls=False))
+                jobs.append(await asyncio.to_thread(launcher.wait_started))
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert await asyncio.to_thread(wait_gone, list(jobs[-1]), 30.0) == []
 
     started = time.monotonic()
     asyncio.run(run())  # waits for the worker thread, so for the job to be stopped
     assert time.monotonic() - started < 60
-    assert wait_gone(list(launcher.wait_started())) == []
+    assert len(set(jobs)) == 2
+    assert wait_gone([pid for job in jobs for pid in job]) == []
     assert job_folders(database) == []
     with SiteDatabase.open(database) as site:
         assert {remote.log_sent for remote in site.remotes()} == {0}
@@ -701,7 +709,7 @@ def test_a_cancel_during_the_export_stops_it_there(small: tuple[Path, list[Batch
         calls = 0
         check = agent.spark.engine._check_cancel
 
-        def set_in_the_export(checked: SparkOptions) -> None:
+        def set_in_the_export(checked: tuple[threading.Event, ...]) -> None:
             nonlocal calls
             calls += 1
             if calls == 2:  # the first check inside the export, which has not finished
