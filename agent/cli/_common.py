@@ -23,6 +23,8 @@ from typing import Iterable, Iterator
 import click
 from rich.console import Console
 
+from codec.errors import InvalidValue
+from codec.names import check_site_name
 from transports.options import parse_byte_count, parse_seconds
 
 from ..errors import AgentError
@@ -140,6 +142,22 @@ class Address(click.ParamType):
 
 
 ADDRESS = Address()
+
+
+class SiteName(click.ParamType):
+    """A site's name, the one rule for every site (codec.names): 1-48
+    letters, digits, '_' or '-', starting with a letter or digit."""
+
+    name = "name"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return check_site_name(str(value))
+        except InvalidValue as error:
+            self.fail(str(error), param, ctx)
+
+
+SITE_NAME = SiteName()
 
 
 class AddressTemplate(Address):

@@ -11,12 +11,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import AgentError
-from ._common import DATABASE, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
+from ._common import DATABASE, SITE_NAME, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
 
 
 @click.command()
 @click.argument("database", type=DATABASE)
-@click.argument("remote")
+@click.argument("remote", type=SITE_NAME)
 @click.argument("target", type=DATABASE)
 def extract(database: Path, remote: str, target: Path) -> None:
     """Create the database of REMOTE at TARGET from the consolidated DATABASE.

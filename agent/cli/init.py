@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from ..errors import AgentError
-from ._common import ADDRESS, DATABASE, console, incarnation_text
+from ._common import ADDRESS, DATABASE, SITE_NAME, console, incarnation_text
 
 
 @click.command()
 @click.argument("database", type=DATABASE)
-@click.option("--name", required=True, help="The site's name (letters, digits, '_' or '-').")
+@click.option("--name", type=SITE_NAME, required=True, help="The site's name (letters, digits, '_' or '-').")
 @click.option("--role", required=True, type=click.Choice(["consolidated", "remote"]),
               help="consolidated: the authoritative site; remote: a field site.")
 @click.option("--address", type=ADDRESS, required=True, help="This site's inbox on its transport (folder: a directory).")

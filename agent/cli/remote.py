@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from ..errors import AgentError
-from ._common import (ADDRESS, DATABASE, Duration, TimeOfDay, console, key_fingerprint, open_site, require_remote,
-                      schedule_text)
+from ._common import (ADDRESS, DATABASE, SITE_NAME, Duration, TimeOfDay, console, key_fingerprint, open_site,
+                      require_remote, schedule_text)
 
 
 def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
@@ -133,7 +133,7 @@ def remote() -> None:
 
 @remote.command("add")
 @click.argument("database", type=DATABASE)
-@click.argument("name")
+@click.argument("name", type=SITE_NAME)
 @click.option("--address", type=ADDRESS, required=True, help="The remote's inbox on its transport (folder: a directory).")
 @click.option("--transport", default="folder", show_default=True, help="The transport that reaches that inbox.")
 @click.option("--public-key", "public_key", metavar="LINE", help="The remote's public key line (from `agent key`).")
@@ -198,7 +198,7 @@ def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # n
 
 @remote.command("set")
 @click.argument("database", type=DATABASE)
-@click.argument("name")
+@click.argument("name", type=SITE_NAME)
 @click.option("--address", type=ADDRESS, help="The remote's new inbox address.")
 @click.option("--transport", help="The transport that reaches it now.")
 @click.option("--public-key", "public_key", metavar="LINE", help="The remote's new public key line.")
@@ -255,7 +255,7 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
 
 @remote.command("subscribe")
 @click.argument("database", type=DATABASE)
-@click.argument("name")
+@click.argument("name", type=SITE_NAME)
 @click.argument("subscriptions", nargs=-1, required=True, metavar="PUB[=VALUE]...")
 def subscribe(database: Path, name: str, subscriptions: tuple[str, ...]) -> None:
     """Subscribe the remote NAME to publications.
@@ -300,7 +300,7 @@ def list_(database: Path) -> None:
 
 @remote.command("remove")
 @click.argument("database", type=DATABASE)
-@click.argument("name")
+@click.argument("name", type=SITE_NAME)
 def remove(database: Path, name: str) -> None:
     """Remove the remote user NAME and its subscriptions.
 

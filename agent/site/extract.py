@@ -205,6 +205,14 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
     stamp = format_time(now or utc_now())
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
+        # Made empty first (SQLite takes an empty file as a new database): a
+        # folder the agent cannot write in is named, not the temporary file,
+        # and the copy, which holds the remote's secret key, is its owner's only.
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        raise ExtractionError(f"cannot create {target}: the folder {target.parent} takes no new file "
+                              f"({error.strerror or error})") from None
+    try:
         copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.address, transport=row.transport,
                              public_key=material.public_key or row.public_key, secret=material.secret, now=now)
         try:

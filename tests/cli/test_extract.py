@@ -30,6 +30,8 @@ def test_extract_reports_rows_per_table(tmp_path: Path, agent: Agent, world: Wor
     assert result.code == 0, result.err
     assert "customer" in result.out and " 10 " in result.out
     assert "holds n3's secret key" in result.out
+    assert (tmp_path / "n3.db").stat().st_mode & 0o777 == 0o600  # the key's owner only
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db")) == []
 
 
 def test_extract_with_a_progress_bar(tmp_path: Path, agent: Agent, world: World,
@@ -52,3 +54,12 @@ def test_extract_errors_are_one_line(tmp_path: Path, agent: Agent, world: World)
     assert result.code == 1 and len(result.err_lines) == 1
     result = agent("extract", tmp_path / "missing.db", "n1", tmp_path / "x.db")
     assert result.code == 1 and "no such site database" in result.err
+
+
+def test_extract_into_a_folder_that_takes_no_file_names_the_target(tmp_path: Path, agent: Agent,
+                                                                    world: World) -> None:
+    # /proc takes no new file, whoever asks (root too, as in CI).
+    result = agent("extract", world.hq, "n1", "/proc/n1.db")
+    assert result.code == 1
+    assert result.err_lines == ["agent: cannot create /proc/n1.db: the folder /proc takes no new file "
+                                "(No such file or directory)"]

@@ -64,7 +64,8 @@ def test_init_bad_role_is_a_usage_error(tmp_path: Path, agent: Agent) -> None:
 
 def test_init_bad_name_and_missing_directory(tmp_path: Path, agent: Agent) -> None:
     result = agent("init", tmp_path / "x.db", "--name", "no spaces", "--role", "remote", "--address", tmp_path)
-    assert result.code == 1 and len(result.err_lines) == 1 and "site name" in result.err
+    assert result.code == 2 and len(result.err_lines) == 1 and "invalid site name 'no spaces'" in result.err
+    assert not (tmp_path / "x.db").exists()
     result = agent("init", tmp_path / "no" / "x.db", "--name", "x", "--role", "remote", "--address", tmp_path)
     assert result.code == 1
     assert result.err_lines == [f"agent: directory {tmp_path / 'no'} does not exist; create it first"]

@@ -135,6 +135,24 @@ def test_unknown_remote_is_one_line(site: Path, agent: Agent) -> None:
         assert "has no remote named 'ghost'" in result.err and "agent remote add" in result.err
 
 
+@pytest.mark.parametrize("name", ["", "a b", "../x", "_north", "n" * 49, "nörth"])
+def test_a_bad_site_name_is_a_usage_error_on_one_line(site: Path, agent: Agent, tmp_path: Path, name: str) -> None:
+    agent("remote", "add", site, "north", "--address", tmp_path)
+    rule = (f"invalid site name {name!r}: use 1-48 letters, digits, '_' or '-', starting with a letter or digit")
+    for command, argument, more in ((("remote", "add"), "NAME", ("--address", tmp_path / "x")),
+                                    (("remote", "set"), "NAME", ("--no-schedule",)),
+                                    (("remote", "remove"), "NAME", ()),
+                                    (("remote", "subscribe"), "NAME", ("catalogue",)),
+                                    (("extract",), "REMOTE", (tmp_path / "x.db",))):
+        result = agent(*command, site, name, *more)
+        assert result.code == 2, (command, result.err)
+        assert result.err_lines == [f"agent: invalid value for '{argument}': {rule} "
+                                    f"(see 'agent {' '.join(command)} --help')"]
+    with SiteDatabase.open(site) as opened:
+        assert [row.name for row in opened.remotes()] == ["north"]
+    assert not (tmp_path / "x.db").exists()
+
+
 def test_adding_twice_is_refused(site: Path, agent: Agent, tmp_path: Path) -> None:
     agent("remote", "add", site, "north", "--address", tmp_path)
     result = agent("remote", "add", site, "north", "--address", tmp_path)
