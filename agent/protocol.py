@@ -493,6 +493,11 @@ class PairProtocol:
         return [self._sending]
 
     @property
+    def applying(self) -> Apply | None:
+        """The :class:`Apply` handed out and not yet done or aborted."""
+        return self._applying
+
+    @property
     def sending(self) -> SendData | None:
         """The :class:`SendData` handed out and not yet done or aborted."""
         return self._sending

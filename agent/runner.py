@@ -595,8 +595,33 @@ class Agent:
 
     async def _execute(self, peer: _Peer, actions: Iterable[Any]) -> None:
         work = deque(actions)
+        try:
+            await self._carry_out(peer, work)
+        except BaseException:
+            # Cancelled or failed half-way: the Apply or SendData the protocol
+            # handed out and this did not finish (work[0] is the one under
+            # way) are given back to it, so that the agent's next poll or
+            # send phase starts them again.
+            self._release(peer, work)
+            raise
+
+    def _release(self, peer: _Peer, actions: Iterable[Any]) -> None:
+        """Give back to the protocol the Apply and SendData of ``actions``,
+        which will not be carried out; the other actions are dropped (their
+        effects are derived again: duplicates are deleted at the next
+        restart, confirmations go out at the next send phase)."""
+        now = self.clock()
+        for action in actions:
+            if isinstance(action, Apply) and peer.protocol.applying == action:
+                peer.protocol.apply_aborted(now)
+            elif isinstance(action, SendData) and peer.protocol.sending == action:
+                peer.protocol.send_aborted(now)
+
+    async def _carry_out(self, peer: _Peer, work: deque[Any]) -> None:
+        """Carry out ``work`` in order, with what each action leads to; an
+        action leaves ``work`` once it is done."""
         while work:
-            action = work.popleft()
+            action = work[0]
             await asyncio.to_thread(self._persist, peer)
             more: list[Any] = []
             if isinstance(action, Apply):
@@ -627,6 +652,7 @@ class Agent:
                 await asyncio.to_thread(self.db.record_transport_error, peer.name, message)
             else:  # pragma: no cover - the protocol has no other actions
                 raise AgentError(f"unknown action {action!r}")
+            work.popleft()
             work.extendleft(reversed(more))
         await asyncio.to_thread(self._persist, peer)
 
@@ -637,6 +663,18 @@ class Agent:
             self.queues.delete_inbound(peer, [action.message_id])
 
     async def _apply(self, peer: _Peer, action: Apply) -> list[Any]:
+        """Carry out ``action`` as one unit (I4): the database transaction,
+        the spool's dequeue and the protocol's state go together, so a
+        cancelled apply is finished first and the cancellation goes on
+        after it (a second cancellation stops the waiting, not the apply)."""
+        applying = asyncio.ensure_future(self._apply_now(peer, action))
+        try:
+            return await asyncio.shield(applying)
+        except asyncio.CancelledError:
+            self._release(peer, await applying)
+            raise
+
+    async def _apply_now(self, peer: _Peer, action: Apply) -> list[Any]:
         now = self.clock()
         try:
             transactions = await asyncio.to_thread(self._load_transactions, peer.name, action.message_ids)

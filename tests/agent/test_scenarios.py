@@ -289,3 +289,49 @@ async def test_keep_leaves_every_file_in_the_inbox_and_takes_each_in_once(world,
     assert not any(".d." in name for name in world.waiting_names("f1"))
     assert "not-a-message.txt" in world.waiting_names("f1")
     await world.settle()
+
+
+async def test_a_receive_phase_cancelled_during_an_apply_finishes_that_apply_first(world, monkeypatch):
+    """An application cancels the task running a receive phase while the
+    database applies a message: the apply, the spool's dequeue and the
+    protocol go together (I4), and the same agent applies the rest later."""
+    import asyncio
+    import threading
+
+    from agent.runner import Agent
+
+    await world.settle()
+    for batch in range(3):  # three messages for f1, applied one after the other
+        world.write("hq", *random_rows(random.Random(80 + batch), 4, ("f1",), start=9000 + 10 * batch))
+        await world.run("hq")
+    entered, release = threading.Event(), threading.Event()
+    apply = SiteDatabase.apply
+    calls = 0
+
+    def held_apply(self, *args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            entered.set()
+            assert release.wait(30)
+        return apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(SiteDatabase, "apply", held_apply)
+    async with Agent(world.db("f1"), dataclasses.replace(world.run_options("f1"), send=False)) as agent:
+        task = asyncio.create_task(agent.receive_phase())
+        await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        await asyncio.sleep(0.1)
+        assert not task.done()  # the apply under way is finished first
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        peer = agent.peers["hq"]
+        assert peer.protocol.applying is None
+        assert peer.protocol.state.log_received == agent.db.remote("hq").log_received > 0
+        assert agent.report.applied_messages == 1
+        await agent.receive_phase()  # the same agent goes on with the rest
+        assert agent.report.applied_messages == 3 and calls == 3
+    world.check_invariants()
+    assert len(world.rows("f1", "customer", "WHERE id >= 9000")) == 12
+    await world.settle()
