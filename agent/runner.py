@@ -167,9 +167,6 @@ class Agent:
         self._closed = False
         self._restored = False
         self._last_scheduled: dict[str, datetime] = {}
-        # The cancel events of the Spark jobs running now (stop_spark sets them all).
-        self._jobs: set[threading.Event] = set()
-        self._jobs_lock = threading.Lock()
         # Files a Spark batch made for a peer's due send, taken by _send_data.
         self._prepared: dict[str, tuple[SendData, list[TakenFile]]] = {}
         # Due sends packed and queued here in one pass, taken by _send_data.
@@ -728,23 +725,23 @@ class Agent:
         rows = {} if self.batch else {row.name: row for row in await asyncio.to_thread(self.db.remotes)}
         wall = datetime.now().astimezone()
         due: list[tuple[_Peer, SendData | None]] = []
-        for peer in self.peers.values():
-            row = rows.get(peer.name)
-            # The schedule counts from the last scheduled send of this agent
-            # (or the last recorded send), whether or not it carried data.
-            last = self._last_scheduled.get(peer.name, row.last_sent_at if row is not None else None)
-            if row is None or sending_due(wall, last, send_every=row.send_every, send_at=row.send_at):
-                self._last_scheduled[peer.name] = wall
-                actions = peer.protocol.send_due(now, log_end)
-            else:
-                # Not due by its schedule; a resend that was asked for still goes.
-                actions = peer.protocol.handle_timer(now)
-            # A SendData is always the last action (after a resend's purge).
-            send = actions.pop() if actions and isinstance(actions[-1], SendData) else None
-            await self._execute(peer, actions)
-            due.append((peer, send))
-        sends = [(peer, send) for peer, send in due if send is not None]
         try:
+            for peer in self.peers.values():
+                row = rows.get(peer.name)
+                # The schedule counts from the last scheduled send of this agent
+                # (or the last recorded send), whether or not it carried data.
+                last = self._last_scheduled.get(peer.name, row.last_sent_at if row is not None else None)
+                if row is None or sending_due(wall, last, send_every=row.send_every, send_at=row.send_at):
+                    self._last_scheduled[peer.name] = wall
+                    actions = peer.protocol.send_due(now, log_end)
+                else:
+                    # Not due by its schedule; a resend that was asked for still goes.
+                    actions = peer.protocol.handle_timer(now)
+                # A SendData is always the last action (after a resend's purge).
+                send = actions.pop() if actions and isinstance(actions[-1], SendData) else None
+                due.append((peer, send))
+                await self._execute(peer, actions)
+            sends = [(peer, send) for peer, send in due if send is not None]
             batch, failed = await self._spark_batch(sends)
             try:
                 if batch is None and not failed and sends:
@@ -762,11 +759,11 @@ class Agent:
                     await asyncio.to_thread(batch.close)
         except BaseException:
             # Cancelled (an application stopping its agent's task) or failed
-            # before every send was done: the sends not done are aborted, so
-            # that the next send phase of this agent starts them again.
-            for peer, _ in due:
-                if peer.protocol.sending is not None:
-                    peer.protocol.send_aborted(self.clock())
+            # before every send was done: the sends handed out and not done
+            # are given back, so that this agent's next send phase starts them.
+            for peer, send in due:
+                if send is not None:
+                    self._release(peer, [send])
             raise
 
     async def _spark_batch(self, sends: list[tuple[_Peer, SendData]]) -> tuple[SparkBatch | None, bool]:
@@ -780,11 +777,10 @@ class Agent:
             return None, False
         batch_sends = self._batch_sends(sends)
         log.info("preparing %d sends (backlog %d log offsets) on Spark (%s)", len(sends), backlog, spark.master)
-        # The job's own cancel event: cancelling this task stops this job (it
-        # would run on in its thread) and no later one; stop_spark stops all.
+        # The job's own stop event: cancelling this task stops this job (it
+        # would run on in its thread) and no later one; the agent's event
+        # (options.spark.cancel, stop_spark) stops every job.
         job = threading.Event()
-        with self._jobs_lock:
-            self._jobs.add(job)
         try:
             batch = await asyncio.to_thread(run_spark_batch, self.db, self.keys, batch_sends,
                                             max_size=self.options.max_message_size, options=spark,
@@ -803,9 +799,6 @@ class Agent:
             log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
             self.report.transport_errors.append(f"Spark batch of {len(sends)} sends: {error}")
             return None, True
-        finally:
-            with self._jobs_lock:
-                self._jobs.discard(job)
         self.report.spark_batches += 1
         for peer, send in sends:
             self._prepared[peer.name] = (send, batch.files[peer.name])
@@ -845,9 +838,6 @@ class Agent:
         Safe from any thread."""
         assert self.options.spark.cancel is not None
         self.options.spark.cancel.set()
-        with self._jobs_lock:
-            for job in self._jobs:
-                job.set()
 
     def _seal_to(self, peer: _Peer) -> PublicKeys | None:
         return peer.public if (self.options.seal and peer.public is not None) else None

@@ -172,7 +172,8 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
     setting it stops this batch and leaves ``options.cancel`` as it is, for
     the batches that follow."""
     sends = list(sends)
-    cancels = tuple(event for event in (options.cancel, stop) if event is not None)
+    # The wait on the job blocks on the last: the owner's, which stops the agent.
+    cancels = tuple(event for event in (stop, options.cancel) if event is not None)
     _check_cancel(cancels)
     if not spark_installed():
         raise SparkBatchError("PySpark is not installed in this Python; install the Spark extra "
