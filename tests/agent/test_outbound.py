@@ -17,7 +17,7 @@ import asyncio
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -153,35 +153,77 @@ def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
     assert phase.report.sent == sum(len(files) for files in reference.files.values())
 
 
-def test_a_cancelled_send_phase_leaves_its_sends_to_the_next_one(site: Path) -> None:
-    """An application cancels the task running a send phase after the sends
-    were handed out: the same agent's next send phase makes them all."""
-    reference = expected(site)
+def cancel_then_send_again(site: Path, stick: Callable[[Agent, asyncio.Event], str]) -> Phase:
+    """Start a send phase; once ``stick``'s stand-in (installed on the agent
+    under the name it returns) has set the event and hangs, cancel the phase,
+    check that every send was given back to the protocol, then run a whole
+    send phase on the same agent."""
 
     async def run() -> Phase:
         options = RunOptions(receive=False, max_message_size=MAX_SIZE, spark=SparkOptions(engine="local"))
         async with Agent(site, options) as agent:
-            handed_out = asyncio.Event()
-
-            async def stuck(sends: list) -> tuple[None, bool]:
-                assert sends  # the SendData were taken from the protocol
-                handed_out.set()
-                await asyncio.Event().wait()
-                raise AssertionError("not cancelled")
-
-            agent._spark_batch = stuck  # type: ignore[method-assign]
+            stuck = asyncio.Event()
+            patched = stick(agent, stuck)
             task = asyncio.create_task(agent.send_phase(force_controls=True))
-            await handed_out.wait()
+            await stuck.wait()
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert all(peer.protocol.sending is None for peer in agent.peers.values())
-            del agent._spark_batch  # the class's again
+            delattr(agent, patched)  # the class's method again
             await agent.send_phase(force_controls=True)
             return Phase(agent.report, queued(agent.queues),
                          {remote.name: remote.log_sent for remote in agent.db.remotes()})
 
-    phase = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_cancelled_send_phase_leaves_its_sends_to_the_next_one(site: Path) -> None:
+    """An application cancels the task running a send phase after the sends
+    were handed out: the same agent's next send phase makes them all."""
+    reference = expected(site)
+    handed_out: list[int] = []
+
+    def stick(agent: Agent, stuck: asyncio.Event) -> str:
+        async def hang(sends: list) -> tuple[None, bool]:
+            handed_out.append(len(sends))  # the SendData were taken from the protocol
+            stuck.set()
+            await asyncio.Event().wait()
+            raise AssertionError("not cancelled")
+
+        agent._spark_batch = hang  # type: ignore[method-assign]
+        return "_spark_batch"
+
+    phase = cancel_then_send_again(site, stick)
+    assert handed_out[0] > 0
+    assert phase.report.ok, phase.report
+    assert_sent_as_alone(phase, reference, NAMES)
+
+
+def test_a_send_phase_cancelled_while_it_hands_out_sends_gives_them_all_back(site: Path) -> None:
+    """The cancellation comes while the send phase still goes from peer to
+    peer handing out sends: those already handed out are given back too, and
+    the next send phase makes them all."""
+    reference = expected(site)
+    handed_out: list[str] = []
+
+    def stick(agent: Agent, stuck: asyncio.Event) -> str:
+        execute = agent._execute
+        executed: list[str] = []
+
+        async def hang_at_the_second_peer(peer: Any, actions: list) -> None:
+            executed.append(peer.name)
+            if len(executed) == 2:
+                handed_out.extend(name for name, other in agent.peers.items() if other.protocol.sending)
+                stuck.set()
+                await asyncio.Event().wait()
+            await execute(peer, actions)
+
+        agent._execute = hang_at_the_second_peer  # type: ignore[method-assign]
+        return "_execute"
+
+    phase = cancel_then_send_again(site, stick)
+    assert handed_out  # the first peer's send, at least
     assert phase.report.ok, phase.report
     assert_sent_as_alone(phase, reference, NAMES)
 
