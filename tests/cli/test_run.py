@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -172,16 +175,22 @@ def test_progress_bars_on_a_terminal(agent: Agent, world: World, monkeypatch: py
     assert len(world.rows("n1")) == 310
 
 
-def test_continuous_mode_runs_until_sigterm(world: World) -> None:
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    command = [sys.executable, "-c", "from agent.cli import main; main()", "run", str(world.hq),
-               "--receive-delay", "0.2s", "--send-delay", "0.2s"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def agent_process(*arguments: object, **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """``agent ARGUMENTS`` in a process of its own, stdout and stderr piped
+    as text; killed on the way out if it still runs."""
+    command = [sys.executable, "-c", "from agent.cli import main; main()", *map(str, arguments)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def test_continuous_mode_runs_until_sigterm(world: World) -> None:
+    with agent_process("run", world.hq, "--receive-delay", "0.2s", "--send-delay", "0.2s") as process:
         world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'while running', 'x')")
         deadline = time.monotonic() + 20
         while not any(".d." in path.name for path in world.inbox("n1").iterdir()):
@@ -190,10 +199,6 @@ def test_continuous_mode_runs_until_sigterm(world: World) -> None:
             time.sleep(0.1)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 0, err
     assert "running: receiving every 0.2s, sending every 0.2s" in err
     assert "stopped" in err
@@ -329,20 +334,13 @@ def test_spark_timeout_0_is_no_limit(agent: Agent, world: World, tmp_path: Path)
 def test_a_signal_stops_a_batch_run_and_its_spark_job(world: World, tmp_path: Path, signum: int) -> None:
     launcher = hanging_launcher(tmp_path / "bin")
     before = _log_sent(world)
-    command = [sys.executable, "-c", "from agent.cli import main; main()",
-               *_spark_run(world, launcher.path, "--spark-timeout", "10m")]
     # As from a terminal: a shell's background job (a CI runner's, say)
     # starts with SIGINT ignored, which the agent then rightly leaves alone.
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
+    with agent_process(*_spark_run(world, launcher.path, "--spark-timeout", "10m"),
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as process:
         pids = launcher.wait_started()
         process.send_signal(signum)
         out, err = process.communicate(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
     assert process.returncode == 1, err
     assert err.splitlines()[-1] == "agent: interrupted", err
     assert wait_gone(list(pids)) == []
