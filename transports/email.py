@@ -45,7 +45,7 @@ from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
 from ._remote import Backoff, SecretSource, check_timeouts, one_line
-from .options import ByteCount, Seconds
+from .options import ByteCount, Seconds, has_control_character
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Mailbox:
         if parts.query or parts.fragment:
             raise BadAddress(f"IMAP address {address!r} has a '?' or '#' part, which means nothing here")
         mailbox = unquote(parts.path.lstrip("/")) or "INBOX"
-        if any(ord(char) < 32 for char in mailbox):
+        if has_control_character(mailbox):
             raise BadAddress(f"IMAP address {address!r} has a control character in its mailbox name")
         tls = "tls" if scheme == "imaps" else "starttls"
         return cls(tls, unquote(parts.username), parts.hostname, port or DEFAULT_IMAP_PORTS[scheme], mailbox)

@@ -246,7 +246,10 @@ def _annotations(cls: type) -> dict[str, Any]:
     return names
 
 
-def _control_character(text: str) -> bool:
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a control character or a line or paragraph
+    separator: what would break a one-line message or a path.  Other
+    characters a terminal shows (a no-break space, say) are fine."""
     return any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in text)
 
 
@@ -257,7 +260,7 @@ def read_text_options(cls: type, label: str, options: Mapping[str, Any]) -> dict
     annotations = _annotations(cls)
     read: dict[str, Any] = {}
     for name, value in options.items():
-        if isinstance(value, str) and _control_character(value):
+        if isinstance(value, str) and has_control_character(value):
             raise BadTransportOptions(f"transport {label!r}: {name}={value!r} has a control character")
         annotation = annotations.get(name, annotations.get(_OTHER_NAMES))
         if not isinstance(value, str) or annotation is None:

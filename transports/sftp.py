@@ -43,7 +43,7 @@ from paramiko.sftp import CMD_EXTENDED
 from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
-from .options import ByteCount, FileMode, Seconds
+from .options import ByteCount, FileMode, Seconds, has_control_character
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class SftpAddress:
             path = posixpath.normpath(path[3:] or ".")
         else:
             path = posixpath.normpath(path)
-        if "\x00" in path or any(ord(char) < 32 for char in path):
+        if has_control_character(path):
             raise BadAddress(f"sftp address {address!r} has a control character in its path")
         return cls(unquote(parts.username), parts.hostname, port or DEFAULT_PORT, path)
 

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from codec.errors import InvalidValue
 from codec.names import check_site_name
-from transports.options import parse_byte_count, parse_seconds
+from transports.options import has_control_character, parse_byte_count, parse_seconds
 
 from ..errors import AgentError
 from ..transport_options import TransportOptions
@@ -136,7 +136,7 @@ class Address(click.ParamType):
         if not text.strip():
             self.fail("an address cannot be empty: give the inbox, a folder such as inbox/north or "
                       "sftp://user@host/path", param, ctx)
-        if not text.isprintable():
+        if has_control_character(text):
             self.fail(f"{text!r} has a control character", param, ctx)
         return text
 

@@ -214,6 +214,8 @@ def test_addresses_parse_and_normalise(address, normal) -> None:
     ("field1@example.com\r\nBcc: x@evil.test", "not a plain email address"),
     ("Field One <field1@example.com>", "not a plain email address"),
     ("pop3://hq@mail.example.com", "not a plain email address"),
+    ("imaps://hq@mail.example.com/in%0Abox", "control character"),
+    ("imaps://hq@mail.example.com/in%7Fbox", "control character"),
 ])
 def test_bad_addresses_are_refused(address, complaint) -> None:
     with pytest.raises(BadAddress, match=re.escape(complaint)) as caught:

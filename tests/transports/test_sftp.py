@@ -173,6 +173,8 @@ def test_addresses_parse_and_normalise(address, user, host, port, path, normal) 
     ("/srv/inbox", "sftp://user@host"),
     ("sftp://hq@host:99999/inbox", "not a URL"),
     ("sftp://hq@host/in%0Abox", "control character"),
+    ("sftp://hq@host/in%7Fbox", "control character"),
+    ("sftp://hq@host/in%C2%85box", "control character"),
 ])
 async def test_bad_addresses_are_refused_before_connecting(address, complaint) -> None:
     async with SftpTransport() as transport:
