@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shutil
@@ -129,8 +130,10 @@ def raw(root: Path, rows: list[tuple], changes: list[tuple]) -> float:
 
 
 def check(root: Path) -> None:
-    hq = sqlite3.connect(root / "hq.db").execute("SELECT * FROM customer ORDER BY id").fetchall()
-    r1 = sqlite3.connect(root / "r1.db").execute("SELECT * FROM customer ORDER BY id").fetchall()
+    with contextlib.closing(sqlite3.connect(root / "hq.db")) as conn:
+        hq = conn.execute("SELECT * FROM customer ORDER BY id").fetchall()
+    with contextlib.closing(sqlite3.connect(root / "r1.db")) as conn:
+        r1 = conn.execute("SELECT * FROM customer ORDER BY id").fetchall()
     if hq != r1:
         raise SystemExit("replication result differs from the consolidated")
     with SiteDatabase.open(root / "hq.db") as site:

@@ -14,6 +14,7 @@ Rules of this file:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import sqlite3
@@ -123,7 +124,7 @@ def build_consolidated(folder: Path, rng: random.Random) -> dict[str, list[int]]
                      transport="folder")
     customers: dict[str, list[int]] = {region: [] for region in FIELD_SITES}
     try:
-        with sqlite3.connect(database) as conn:
+        with contextlib.closing(sqlite3.connect(database)) as conn, conn:
             conn.executescript(SCHEMA)
             conn.executemany("INSERT INTO product VALUES (?, ?, ?, ?)", [
                 (f"P-{number:03d}", f"{rng.choice(['Pump', 'Valve', 'Filter', 'Sensor', 'Hose'])} "
@@ -171,10 +172,10 @@ def work_offline(folder: Path, rng: random.Random, customers: dict[str, list[int
                   both_edited=customers["north"][0], contested_sku="P-007")
     said = []
 
-    def connect(name: str) -> sqlite3.Connection:
-        return sqlite3.connect(folder / f"{name}.db")
+    def connect(name: str) -> contextlib.closing[sqlite3.Connection]:
+        return contextlib.closing(sqlite3.connect(folder / f"{name}.db"))
 
-    with connect(CONSOLIDATED) as hq:
+    with connect(CONSOLIDATED) as hq, hq:
         for sku in ("P-002", "P-011", "P-019", "P-024"):
             hq.execute("UPDATE product SET unit_price = round(unit_price * 1.08, 2) WHERE sku = ?", (sku,))
         hq.execute("INSERT INTO product VALUES ('P-031', 'Heat exchanger HX-31', 1450.0, 12)")
@@ -195,7 +196,7 @@ def work_offline(folder: Path, rng: random.Random, customers: dict[str, list[int
 
     day = 200
     for name in FIELD_SITES:
-        with connect(name) as field:
+        with connect(name) as field, field:
             mine = [row[0] for row in field.execute("SELECT id FROM customer ORDER BY id")]
             for number in range(1, 13):
                 day += 1
@@ -324,10 +325,10 @@ def compare_sites(folder: Path) -> dict[str, list[str]]:
     with SiteDatabase.open(folder / f"{CONSOLIDATED}.db") as site:
         publications = site.publications()
         subscriptions = {name: site.subscriptions(name) for name in FIELD_SITES}
-    with sqlite3.connect(folder / f"{CONSOLIDATED}.db") as hq:
+    with contextlib.closing(sqlite3.connect(folder / f"{CONSOLIDATED}.db")) as hq:
         for name in FIELD_SITES:
             found = []
-            with sqlite3.connect(folder / f"{name}.db") as field:
+            with contextlib.closing(sqlite3.connect(folder / f"{name}.db")) as field:
                 for table, (columns, expected) in subscribed_rows(hq, publications, subscriptions[name]).items():
                     actual = sorted(field.execute(f"SELECT {', '.join(columns)} FROM {table}").fetchall(),
                                     key=_sort_key)
@@ -380,7 +381,7 @@ def conflicts_table(folder: Path) -> Table | None:
 def _where(folder: Path, table: str, key: object) -> list[str]:
     holders = []
     for name in FIELD_SITES:
-        with sqlite3.connect(folder / f"{name}.db") as field:
+        with contextlib.closing(sqlite3.connect(folder / f"{name}.db")) as field:
             if field.execute(f"SELECT 1 FROM {table} WHERE id = ?", (key,)).fetchone():
                 holders.append(name)
     return holders

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -10,6 +9,7 @@ from typing import Callable
 import pytest
 
 from agent.cli import main
+from tests.sqlfiles import connected
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,11 @@ class World:
         return self.root / "inbox" / site
 
     def rows(self, site: str, query: str = "SELECT * FROM customer ORDER BY id") -> list[tuple]:
-        with sqlite3.connect(self.root / f"{site}.db") as conn:
+        with connected(self.root / f"{site}.db") as conn:
             return conn.execute(query).fetchall()
 
     def execute(self, site: str, statement: str, parameters: tuple = ()) -> None:
-        with sqlite3.connect(self.root / f"{site}.db") as conn:
+        with connected(self.root / f"{site}.db") as conn:
             conn.execute(statement, parameters)
 
 
@@ -66,7 +66,7 @@ def make_world(root: Path, agent: Agent) -> World:
         (root / "inbox" / site).mkdir(parents=True)
     hq = root / "hq.db"
     assert agent("init", hq, "--name", "hq", "--role", "consolidated", "--address", root / "inbox" / "hq").code == 0
-    with sqlite3.connect(hq) as conn:
+    with connected(hq) as conn:
         conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, note TEXT)")
         conn.executemany("INSERT INTO customer VALUES (?, ?, ?, ?)",
                          [(number, "n1" if number % 2 else "n2", f"customer {number}", "internal")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from agent.cli.demo import FIELD_SITES, MARKER, at_rest, compare_sites, remote_rows
 from agent.site import SiteDatabase
+from tests.sqlfiles import connected
 
 from .conftest import Agent
 
@@ -25,10 +25,10 @@ def test_demo_end_to_end(tmp_path: Path, agent: Agent) -> None:
     assert (folder / MARKER).is_file()
     assert at_rest(remote_rows(folder)) == []
     assert compare_sites(folder) == {name: [] for name in FIELD_SITES}
-    with sqlite3.connect(folder / "south.db") as south:
+    with connected(folder / "south.db") as south:
         moved = south.execute("SELECT region FROM customer WHERE id = 104").fetchone()
     assert moved == ("south",)
-    with sqlite3.connect(folder / "north.db") as north:
+    with connected(folder / "north.db") as north:
         assert north.execute("SELECT count(*) FROM customer WHERE id = 104").fetchone() == (0,)
         assert north.execute("SELECT count(*) FROM customer WHERE id = 186").fetchone() == (1,)
 
@@ -60,14 +60,14 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path: Path, agent: Agent) -> 
 def test_the_check_finds_a_difference(tmp_path: Path, agent: Agent) -> None:
     folder = tmp_path / "demo"
     assert agent("demo", folder).code == 0
-    with sqlite3.connect(folder / "west.db") as west:
+    with connected(folder / "west.db") as west:
         west.execute("DELETE FROM visit WHERE id = (SELECT min(id) FROM visit)")
     differences = compare_sites(folder)
     assert differences["north"] == differences["south"] == []
     [line] = differences["west"]
     assert line.startswith("visit: ") and "missing" in line
     # A change at hq, once scanned into its log, is unconfirmed until the next rounds.
-    with sqlite3.connect(folder / "hq.db") as hq:
+    with connected(folder / "hq.db") as hq:
         hq.execute("UPDATE product SET stock = stock + 1 WHERE sku = 'P-001'")
     with SiteDatabase.open(folder / "hq.db") as site:
         site.scan()

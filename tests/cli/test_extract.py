@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 import agent.cli.extract as extract_module
 from agent.site import SiteDatabase
+from tests.sqlfiles import connected
 
 from .conftest import Agent, World
 
@@ -16,7 +16,7 @@ from .conftest import Agent, World
 def test_extract_copies_the_subscribed_rows_and_columns(world: World) -> None:
     assert world.rows("n1", "SELECT * FROM customer ORDER BY id") == world.rows(
         "hq", "SELECT id, region, name FROM customer WHERE region = 'n1' ORDER BY id")
-    with sqlite3.connect(world.n1) as conn:  # the unpublished column stays at hq
+    with connected(world.n1) as conn:  # the unpublished column stays at hq
         assert [row[1] for row in conn.execute("PRAGMA table_info(customer)")] == ["id", "region", "name"]
     with SiteDatabase.open(world.n1) as site, SiteDatabase.open(world.hq) as hq:
         assert site.identity.role.value == "remote"
@@ -40,7 +40,8 @@ def test_extract_with_a_progress_bar(tmp_path: Path, agent: Agent, world: World,
     agent("remote", "add", world.hq, "n3", "--address", tmp_path, "--subscribe", "territory=n2")
     result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
     assert result.code == 0, result.err
-    assert len(sqlite3.connect(tmp_path / "n3.db").execute("SELECT * FROM customer").fetchall()) == 10
+    with connected(tmp_path / "n3.db") as n3:
+        assert len(n3.execute("SELECT * FROM customer").fetchall()) == 10
 
 
 def test_extract_errors_are_one_line(tmp_path: Path, agent: Agent, world: World) -> None:

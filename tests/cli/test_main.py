@@ -101,6 +101,8 @@ BAD_VALUES = [
     (("remote", "set", "{hq}", "n1", "--address", " "), "an address cannot be empty"),
     (("init", "{root}/new.db", "--name", "new", "--role", "remote", "--address", ""), "an address cannot be empty"),
     (("run", "{hq}", "--once", "--address", "in\tbox"), "has a control character"),
+    (("run", "{hq}", "--once", "--address", "in\x7fbox"), "has a control character"),
+    (("remote", "set", "{hq}", "n1", "--address", "in\u2028box"), "has a control character"),
     (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 23), "longer than the most"),
     (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 400), "not a duration"),
     (("run", "{hq}", "-rd", "9" * 400), "not a duration"),

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from agent.cli.publication import article_text, parse_article
 from agent.site import Article, SiteDatabase
+from tests.sqlfiles import connected
 
 from .conftest import Agent
 
@@ -35,7 +35,7 @@ def test_parse_article_refuses(text: str) -> None:
 def site(tmp_path: Path, agent: Agent) -> Path:
     database = tmp_path / "hq.db"
     agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "hq-inbox")
-    with sqlite3.connect(database) as conn:
+    with connected(database) as conn:
         conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT, name TEXT, secret TEXT)")
         conn.execute("CREATE TABLE product (sku TEXT PRIMARY KEY, price REAL)")
         conn.execute("CREATE TABLE visit (id INTEGER PRIMARY KEY, region TEXT)")

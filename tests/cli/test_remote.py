@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import time
 from pathlib import Path
 
 import pytest
 
 from agent.site import SiteDatabase
+from tests.sqlfiles import connected
 
 from .conftest import Agent, World
 
@@ -17,7 +17,7 @@ from .conftest import Agent, World
 def site(tmp_path: Path, agent: Agent) -> Path:
     database = tmp_path / "hq.db"
     agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "hq-inbox")
-    with sqlite3.connect(database) as conn:
+    with connected(database) as conn:
         conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT, name TEXT)")
         conn.execute("CREATE TABLE depot (id INTEGER PRIMARY KEY, zone INTEGER)")
         conn.execute("CREATE TABLE product (sku TEXT PRIMARY KEY, price REAL)")
@@ -43,6 +43,14 @@ def test_add_with_subscriptions_and_schedule(site: Path, agent: Agent, tmp_path:
     assert values == {"territory": "north", "zones": 7, "catalogue": None}
     assert type(values["zones"]) is int
     assert "every 30m" in result.out
+
+
+def test_an_address_may_hold_any_printable_character(site: Path, agent: Agent, tmp_path: Path) -> None:
+    # A no-break space is no control character: a folder may be named so.
+    address = str(tmp_path / "north\u00a0inbox")
+    result = agent("remote", "add", site, "north", "--address", address)
+    assert result.code == 0, result.err
+    assert _remote(site, "north")[0].address == address
 
 
 def test_send_at(site: Path, agent: Agent, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from agent.site import RemoteUser, SiteDatabase
+from tests.sqlfiles import connected
 
 from .conftest import Agent, World, sync
 
@@ -118,7 +119,7 @@ def test_brackets_in_names_and_values_print_as_they_are(agent, tmp_path) -> None
     hq = folder / "hq.db"
     result = agent("init", hq, "--name", "hq", "--role", "consolidated", "--address", "in/[/x]")
     assert result.code == 0 and "Inbox: in/[/x] (folder)" in result.out, result.err
-    with sqlite3.connect(hq) as conn:
+    with connected(hq) as conn:
         conn.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT)")
     assert agent("publication", "create", hq, "territory", "customer@region").code == 0
     result = agent("remote", "add", hq, "west", "--address", "in/[red]w", "--subscribe", "territory=[/x]")
