@@ -219,6 +219,31 @@ def check_transports(specs: Iterable[str], options: TransportOptions, *, own: st
         asyncio.run(transport.aclose())
 
 
+def check_stored_address(spec: str, address: str, *, hint: str = "") -> None:
+    """Refuse, as a usage error on ``--address``, an address that the
+    transport ``spec`` will refuse when it uses it (a malformed URL, a
+    password in an SFTP or IMAP URL, ...), before it is stored: the
+    transport's own ``check_address``, without connecting.  A transport
+    that cannot be built without the options a run gives it is left to
+    check the address then."""
+    import asyncio
+
+    from transports.errors import BadAddress
+    from transports.registry import check_transport_spec, get_transport_class
+
+    inner = get_transport_class(check_transport_spec(spec).inner)
+    try:
+        transport = inner()
+    except (TypeError, ValueError):
+        return
+    try:
+        transport.check_address(address)
+    except BadAddress as error:
+        raise click.BadParameter(f"{error}{hint}", param_hint="'--address'") from None
+    finally:
+        asyncio.run(transport.aclose())
+
+
 # -- sites -----------------------------------------------------------------------------
 
 

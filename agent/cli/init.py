@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import AgentError
-from ._common import ADDRESS, DATABASE, SITE_NAME, console, incarnation_text
+from ._common import ADDRESS, DATABASE, SITE_NAME, check_stored_address, console, incarnation_text
 
 
 @click.command()
@@ -29,6 +29,7 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
     from ..admin import init_site, site_keys
 
     check_transport_spec(transport)
+    check_stored_address(transport, address)
     if not database.parent.is_dir():
         raise AgentError(f"directory {database.parent} does not exist; create it first")
     if database.is_dir():

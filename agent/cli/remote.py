@@ -10,8 +10,8 @@ import click
 from rich.table import Table
 
 from ..errors import AgentError
-from ._common import (ADDRESS, DATABASE, SITE_NAME, Duration, TimeOfDay, console, key_fingerprint, open_site,
-                      require_remote, schedule_text)
+from ._common import (ADDRESS, DATABASE, SITE_NAME, Duration, TimeOfDay, check_stored_address, console,
+                      key_fingerprint, open_site, require_remote, schedule_text)
 
 
 def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
@@ -124,7 +124,7 @@ def _split_subscription(text: str) -> tuple[str, str | None]:
 
 @click.group()
 def remote() -> None:
-    """Add, list, subscribe and remove the site's remote users (its peers).
+    """Add, change, subscribe, list and remove the site's remote users (its peers).
 
     At the consolidated there is one remote user per field site; at a field
     site, one for its consolidated (extraction makes it).
@@ -160,6 +160,7 @@ def add(database: Path, name: str, address: str, transport: str, public_key: str
         raise click.UsageError("--send-every and --send-at exclude each other: a remote is sent to at an "
                                "interval or at a time of day")
     check_transport_spec(transport)
+    check_stored_address(transport, address)
     line = _public_key_line(name, public_key, public_key_file)
     wanted = [_split_subscription(text) for text in subscriptions]
     with open_site(database) as site:
@@ -240,6 +241,9 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
     with open_site(database) as site:
         require_remote(site, name)
         old = site.remote(name)
+        if (address or transport) and (address or old.address):
+            check_stored_address(transport or old.transport or "folder", address or old.address,
+                                 hint="" if address else f"; give --address with the new transport {transport}")
         _refuse_own_inbox(site, name, address or old.address, transport or old.transport)
         new = site.update_remote(name, **changes)
     out = console()

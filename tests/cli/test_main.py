@@ -103,6 +103,14 @@ BAD_VALUES = [
     (("run", "{hq}", "--once", "--address", "in\tbox"), "has a control character"),
     (("run", "{hq}", "--once", "--address", "in\x7fbox"), "has a control character"),
     (("remote", "set", "{hq}", "n1", "--address", "in\u2028box"), "has a control character"),
+    (("init", "{root}/new.db", "--name", "new", "--role", "remote", "--transport", "sftp", "--address",
+      "sftp://new:secret@files.example.com/in"), "sftp address sftp://new:***@files.example.com/in holds a password"),
+    (("remote", "add", "{hq}", "w", "--transport", "faults+sftp", "--address", "sftp://w:secret@h/in"),
+     "holds a password"),
+    (("remote", "add", "{hq}", "w", "--transport", "email", "--address", "imaps://w@mail.example.com/IN?x"),
+     "has a '?' or '#' part"),
+    (("remote", "set", "{hq}", "n1", "--transport", "sftp"),
+     "must look like sftp://user@host:port/path, got '{root}/inbox/n1'; give --address with the new transport sftp"),
     (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 23), "longer than the most"),
     (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 400), "not a duration"),
     (("run", "{hq}", "-rd", "9" * 400), "not a duration"),
@@ -124,7 +132,8 @@ def test_bad_values_are_one_usage_line_and_change_nothing(agent: Agent, world, a
               if argument.startswith("{root}") else argument for argument in arguments]
     result = agent(*filled)
     assert (result.code, len(result.err_lines)) == (2, 1), result.err_lines
-    assert says in result.err and "internal error" not in result.err, result.err
+    assert says.replace("{root}", str(world.root)) in result.err and "internal error" not in result.err, result.err
+    assert "secret" not in result.err
     assert {path: path.read_bytes() for path in before} == before
     assert not (world.root / "new.db").exists()
 

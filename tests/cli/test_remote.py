@@ -9,6 +9,8 @@ import pytest
 
 from agent.site import SiteDatabase
 from tests.sqlfiles import connected
+from transports.folder import FolderTransport
+from transports.registry import register
 
 from .conftest import Agent, World
 
@@ -238,3 +240,30 @@ def test_a_remote_cannot_be_sent_to_at_the_sites_own_inbox(agent: Agent, world: 
     with SiteDatabase.open(world.hq) as site:
         assert [remote.name for remote in site.remotes()] == ["n1", "n2"]
         assert site.remote("n1").address == str(world.root / "inbox" / "n1")
+
+
+class _NeedsItsOptions(FolderTransport):
+    """A plugin that cannot be built without an option only a run gives it."""
+
+    def __init__(self, *, region: str) -> None:
+        super().__init__()
+        self.region = region
+
+    def check_address(self, address: str) -> str:
+        raise AssertionError("not to be asked without its options")
+
+
+def test_an_address_is_checked_by_its_transport_when_that_can_be_built_without_options(
+        site: Path, agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    import transports.registry as registry_module
+
+    monkeypatch.setattr(registry_module, "_registry", dict(registry_module._registry))
+    monkeypatch.setattr(registry_module, "_loaded", dict(registry_module._loaded))
+    register("needy", _NeedsItsOptions)
+    result = agent("remote", "add", site, "west", "--transport", "needy", "--address", "anything://at/all")
+    assert result.code == 0, result.err
+    assert _remote(site, "west")[0].address == "anything://at/all"
+    # A built-in one is asked, and its refusal stores nothing.
+    result = agent("remote", "set", site, "west", "--transport", "sftp", "--address", "sftp://west@files/in?x")
+    assert result.code == 2 and len(result.err_lines) == 1 and "has a '?' or '#' part" in result.err
+    assert (_remote(site, "west")[0].transport, _remote(site, "west")[0].address) == ("needy", "anything://at/all")
