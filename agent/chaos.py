@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import random
 import shlex
 import shutil
@@ -626,6 +627,11 @@ def summarize(results: list[ChaosResult]) -> dict:
 
 
 def _fast_tmp() -> str | None:
+    """Where the seeds' folders go: the ``TMPDIR`` the user set, else
+    ``/dev/shm`` (memory: many small synchronous writes), else the system's
+    temporary folder."""
+    if os.environ.get("TMPDIR"):
+        return None
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and shm.stat().st_mode & 0o002 else None
 

@@ -18,6 +18,7 @@ import contextlib
 import random
 import shutil
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -378,6 +379,21 @@ def conflicts_table(folder: Path) -> Table | None:
     return table
 
 
+def _agent_command() -> str:
+    """How to call ``agent`` from here: plain ``agent`` when that is on the
+    PATH and is this installation's, else the path of this installation's
+    script (``.venv/bin/agent`` after ``scripts/demo``)."""
+    script = Path(sys.executable).parent / "agent"
+    if not script.exists():
+        return "agent"
+    on_path = shutil.which("agent")
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "agent"
+    try:
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script.absolute())
+
 def _where(folder: Path, table: str, key: object) -> list[str]:
     holders = []
     for name in FIELD_SITES:
@@ -454,6 +470,7 @@ def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
     out.print(f"[bold green]OK[/]: {len(FIELD_SITES)} field sites converged with hq in {used} rounds, "
               f"{sent} data messages, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent == log end)",
               soft_wrap=True, markup=True)
-    out.print(f"Look around: agent status {folder / 'hq.db'} · agent inbox {folder / 'north.db'} · "
+    agent = _agent_command()
+    out.print(f"Look around: {agent} status {folder / 'hq.db'} · {agent} inbox {folder / 'north.db'} · "
               f"sqlite3 {folder / 'north.db'} 'select * from customer'", soft_wrap=True)
     return 0

@@ -98,3 +98,15 @@ async def test_a_failing_seed_prints_a_command_that_replays_it():
     again = await run_seed(ChaosParams.random(3))
     same = await run_seed(ChaosParams.random(3))
     assert (again.faults, again.crashes, again.ok) == (same.faults, same.crashes, same.ok)
+
+
+async def test_the_seeds_folders_go_under_the_tmpdir_the_user_set(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    seen = []
+    results = await run_seeds([5], progress=lambda result: seen.append(sorted(p.name for p in tmp_path.iterdir())))
+    assert results[0].ok, results[0].summary()
+    assert len(seen[0]) == 1 and seen[0][0].startswith("fieldsync-chaos-")
+    assert list(tmp_path.iterdir()) == []  # and deleted after the run

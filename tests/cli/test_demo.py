@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
-from agent.cli.demo import FIELD_SITES, MARKER, at_rest, compare_sites, remote_rows
+import pytest
+
+from agent.cli.demo import FIELD_SITES, MARKER, _agent_command, at_rest, compare_sites, remote_rows
 from agent.site import SiteDatabase
 from tests.sqlfiles import connected
 
@@ -31,6 +35,23 @@ def test_demo_end_to_end(tmp_path: Path, agent: Agent) -> None:
     with connected(folder / "north.db") as north:
         assert north.execute("SELECT count(*) FROM customer WHERE id = 104").fetchone() == (0,)
         assert north.execute("SELECT count(*) FROM customer WHERE id = 186").fetchone() == (1,)
+
+
+def test_the_look_around_hint_names_an_agent_the_user_can_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               agent: Agent) -> None:
+    script = Path(sys.executable).parent / "agent"
+    assert script.exists()  # the installation's console script
+    # Not on the PATH (after scripts/demo): the script's path, from where the user is.
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(script.parent.parent)
+    assert _agent_command() == f"{script.parent.name}/agent"
+    monkeypatch.chdir(tmp_path)
+    assert _agent_command() == str(script.absolute())
+    result = agent("demo", tmp_path / "demo")
+    assert f"Look around: {script.absolute()} status {tmp_path / 'demo' / 'hq.db'}" in result.out
+    # On the PATH (an activated environment): plain agent.
+    monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}/usr/bin:/bin")
+    assert _agent_command() == "agent"
 
 
 def test_demo_runs_again_in_its_folder_and_splits_messages(tmp_path: Path, agent: Agent) -> None:
