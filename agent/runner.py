@@ -114,6 +114,30 @@ class RunOptions:
         return Settings(patience=self.patience, resend_urgency=urgency)
 
 
+class Problems(list[str]):
+    """A run's problems of one kind, as one line each: every text once, in
+    the order first met, with how often it came (a continuous run meets a
+    peer that stays unreachable at every cycle, and must neither grow
+    without bound nor repeat itself when it stops); past ``LIMIT`` texts,
+    new ones are only counted.  Compares equal to the list of its texts."""
+
+    LIMIT = 100
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.not_kept = 0
+
+    def append(self, text: str) -> None:
+        if text in self.counts:
+            self.counts[text] += 1
+        elif len(self) >= self.LIMIT:
+            self.not_kept += 1
+        else:
+            self.counts[text] = 1
+            super().append(text)
+
+
 @dataclass(slots=True)
 class RunReport:
     """What one run did, per peer and in total."""
@@ -125,8 +149,8 @@ class RunReport:
     resend_requests: int = 0
     spark_batches: int = 0  # Spark jobs whose files were queued
     left_in_inbox: int = 0  # files not for this site, left where they are (counted once each)
-    transport_errors: list[str] = field(default_factory=list)
-    stopped_streams: list[str] = field(default_factory=list)
+    transport_errors: Problems = field(default_factory=Problems)
+    stopped_streams: Problems = field(default_factory=Problems)
 
     @property
     def ok(self) -> bool:

@@ -296,10 +296,13 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     out.print(f"{database}: received {report.received} messages, applied {report.applied_messages}, "
               f"quarantined {report.quarantined}, sent {report.sent}, resend requests {report.resend_requests}",
               soft_wrap=True)
-    for problem in report.transport_errors:
-        click.echo(f"agent: transport error: {_one_line(problem)}", err=True)
-    for problem in report.stopped_streams:
-        click.echo(f"agent: stream stopped: {_one_line(problem)}", err=True)
+    for kind, plural, problems in (("transport error", "transport errors", report.transport_errors),
+                                   ("stream stopped", "stopped streams", report.stopped_streams)):
+        for problem in problems:
+            times = problems.counts[problem]
+            click.echo(f"agent: {kind}: {_one_line(problem)}" + (f" ({times} times)" if times > 1 else ""), err=True)
+        if problems.not_kept:
+            click.echo(f"agent: {problems.not_kept} more {plural}, each in the log", err=True)
     # Counted from the folder: every refused file lands there, whatever the reason.
     newly_quarantined = len(quarantined(database)) - quarantined_before
     if newly_quarantined > 0:
@@ -307,4 +310,6 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     if report.left_in_inbox > 0:
         out.print(f"{report.left_in_inbox} file(s) in the inbox are not for this site and were left there: "
                   f"see `agent inbox {database}`.", soft_wrap=True)
-    return 0 if report.ok else 1
+    # A continuous agent stopped by a signal stopped as asked: what went
+    # wrong on the way is in the log as it happened, and listed above.
+    return 0 if report.ok or not once else 1

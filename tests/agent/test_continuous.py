@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agent.runner import Agent, RunOptions
+from agent.runner import Agent, Problems, RunOptions
 from agent.site import SiteDatabase
 
 from .world import World, random_rows
@@ -76,6 +76,45 @@ def test_sigterm_stops_a_continuous_run_cleanly(tmp_path):
     out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err
     assert any(".d." in p.name for p in world.inbox("f1").iterdir())
+
+
+def test_a_continuous_run_lists_each_problem_once_when_stopped(tmp_path):
+    """A peer unreachable at every cycle: the run's report keeps the problem
+    once with its count (it must not grow with the cycles), the stop lists
+    it on one line, and a run stopped by a signal exits 0."""
+    world = World(tmp_path / "w", remotes=("f1",))
+    world.extract_all()
+    world.write("hq", *random_rows(random.Random(5), 3, ("f1",), start=950))
+    world.inbox("f1").rmdir()  # the peer's share is not mounted
+    process = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(world.db("hq")),
+                                "--receive-delay", "0.05", "--send-delay", "0.05"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)  # many cycles
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    listed = [line for line in err.splitlines() if line.startswith("agent: transport error: sending to f1")]
+    assert len(listed) == 1, err
+    times = int(listed[0].rpartition("(")[2].split()[0])
+    assert times > 3, listed
+    # ... while the log had it at each cycle, as it happened.
+    assert sum("sending to f1" in line and "WARNING" in line for line in err.splitlines()) == times
+
+
+def test_a_runs_problems_are_kept_once_each_and_bounded():
+    problems = Problems()
+    for cycle in range(1000):
+        problems.append("sending to f1: unreachable")
+        problems.append(f"receiving: odd problem {cycle % 150}")
+    assert problems[:2] == ["sending to f1: unreachable", "receiving: odd problem 0"]
+    assert len(problems) == Problems.LIMIT and problems.counts["sending to f1: unreachable"] == 1000
+    assert problems.counts["receiving: odd problem 0"] == 7  # cycles 0, 150, ..., 900
+    assert problems.not_kept == sum(1 for cycle in range(1000) if cycle % 150 >= Problems.LIMIT - 1)
 
 
 async def test_a_file_not_for_the_site_is_left_and_logged_once(tmp_path):
