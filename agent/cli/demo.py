@@ -117,7 +117,9 @@ def build_consolidated(folder: Path, rng: random.Random) -> dict[str, list[int]]
     from ..admin import init_site
     from ..site import Article
 
-    inbox = folder / "inbox"
+    # Absolute: a relative folder address is taken from wherever the agent
+    # runs, and the user looks around from anywhere afterwards.
+    inbox = folder.absolute() / "inbox"
     for name in (CONSOLIDATED, *FIELD_SITES):
         (inbox / name).mkdir(parents=True)
     database = folder / f"{CONSOLIDATED}.db"

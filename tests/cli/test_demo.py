@@ -54,6 +54,20 @@ def test_the_look_around_hint_names_an_agent_the_user_can_run(tmp_path: Path, mo
     assert _agent_command() == "agent"
 
 
+def test_a_demo_made_in_a_relative_folder_runs_from_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              agent: Agent) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert agent("demo", "rel").code == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name in ("hq", *FIELD_SITES):
+        result = agent("run", tmp_path / "rel" / f"{name}.db", "--once")
+        assert result.code == 0, result.err
+    with SiteDatabase.open(tmp_path / "rel" / "north.db") as north:
+        assert north.identity.address == str(tmp_path / "rel" / "inbox" / "north")
+
+
 def test_demo_runs_again_in_its_folder_and_splits_messages(tmp_path: Path, agent: Agent) -> None:
     folder = tmp_path / "demo"
     assert agent("demo", folder).code == 0
