@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -90,3 +95,33 @@ def sync(agent: Agent, world: World, rounds: int = 3) -> None:
         for database in (world.hq, world.n1, world.n2):
             result = agent("run", database, "--once")
             assert result.code == 0, result.err
+
+
+AGENT_COMMAND = [sys.executable, "-c", "from agent.cli import main; main()"]
+
+
+@contextlib.contextmanager
+def agent_process(*arguments: object, **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """``agent ARGUMENTS`` in a process of its own, stdout and stderr piped
+    as text; killed on the way out if it still runs."""
+    command = [*AGENT_COMMAND, *map(str, arguments)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def stop_once_n1_has_data(process: subprocess.Popen[str], world: World) -> tuple[str, str]:
+    """Wait (30 s at most) for a continuous agent to put a data message in
+    n1's inbox, then stop it as a service manager would (SIGTERM); return
+    its stdout and stderr."""
+    deadline = time.monotonic() + 30
+    while not any(".d." in path.name for path in world.inbox("n1").iterdir()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no data message reached n1's inbox"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=60)

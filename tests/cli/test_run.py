@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any, Iterator
 
 import pytest
 
@@ -20,7 +15,7 @@ from agent.site import SiteDatabase
 from transports.registry import available_transports
 from tests.spark.launchers import LAST_LINE, hanging_launcher, wait_gone
 
-from .conftest import Agent, World, sync
+from .conftest import Agent, World, agent_process, stop_once_n1_has_data, sync
 
 
 def test_batch_rounds_replicate_both_ways(agent: Agent, world: World) -> None:
@@ -175,30 +170,10 @@ def test_progress_bars_on_a_terminal(agent: Agent, world: World, monkeypatch: py
     assert len(world.rows("n1")) == 310
 
 
-@contextlib.contextmanager
-def agent_process(*arguments: object, **popen: Any) -> Iterator[subprocess.Popen[str]]:
-    """``agent ARGUMENTS`` in a process of its own, stdout and stderr piped
-    as text; killed on the way out if it still runs."""
-    command = [sys.executable, "-c", "from agent.cli import main; main()", *map(str, arguments)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-
-
 def test_continuous_mode_runs_until_sigterm(world: World) -> None:
     with agent_process("run", world.hq, "--receive-delay", "0.2s", "--send-delay", "0.2s") as process:
         world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'while running', 'x')")
-        deadline = time.monotonic() + 20
-        while not any(".d." in path.name for path in world.inbox("n1").iterdir()):
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "no data message reached n1's inbox"
-            time.sleep(0.1)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=20)
+        out, err = stop_once_n1_has_data(process, world)
     assert process.returncode == 0, err
     assert "running: receiving every 0.2s, sending every 0.2s" in err
     assert "stopped" in err
