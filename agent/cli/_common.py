@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import logging.handlers
 import os
 import re
 import string
@@ -376,7 +377,9 @@ def logging_to(*, verbose: bool, log_file: Path | None) -> Iterator[None]:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
         try:
-            handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+            # Reopened when moved or deleted, so that logrotate's default
+            # (rename, then a new file) works with a long-running agent.
+            handlers.append(logging.handlers.WatchedFileHandler(log_file, encoding="utf-8"))
         except OSError as error:
             raise AgentError(f"cannot open the log file {log_file}: {error.strerror}") from None
     root = logging.getLogger()

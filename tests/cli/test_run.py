@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,23 @@ def test_continuous_mode_runs_until_sigterm(world: World) -> None:
     assert "running: receiving every 0.2s, sending every 0.2s" in err
     assert "stopped" in err
     assert re.search(r"sent [1-9]", out), out
+
+
+def test_a_log_file_moved_away_is_reopened(world: World) -> None:
+    """logrotate's default: rename the file, and the running agent writes a new one."""
+    log_file = world.root / "agent.log"
+    with agent_process("run", world.hq, "--receive-delay", "0.1s", "--send-delay", "0.1s", "-v",
+                       "--log-file", log_file) as process:
+        deadline = time.monotonic() + 30
+        while "running: receiving" not in (log_file.read_text() if log_file.exists() else ""):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        log_file.rename(world.root / "agent.log.1")
+        world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'after the rotation', 'x')")
+        out, err = stop_once_n1_has_data(process, world)
+    assert process.returncode == 0, err
+    assert "running: receiving" in (world.root / "agent.log.1").read_text()
+    assert "stopped" in log_file.read_text()
 
 
 def test_transport_options_reach_the_transport_and_its_wrappers(agent: Agent, world: World) -> None:
