@@ -1,6 +1,9 @@
 """When sending to a remote is due: SEND EVERY and SEND AT (GRANT REMOTE).
 
 Pure functions of the schedule, the last send and ``now``; no clock inside.
+SEND AT reads wall-clock times in the system's time zone (``TZ``), with
+the zone's rules for each moment, so that a daylight-saving change moves
+no send.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ def sending_due(now: datetime, last_sent_at: datetime | None, *, send_every: int
 
     * No schedule: every send cycle (every ``--send-delay``).
     * SEND EVERY n seconds: when n seconds have passed since the last send.
-    * SEND AT hh:mm (local time of ``now``): once a day, the first cycle at or
-      after that time; a site that was down at that time sends when it
-      comes back.
+    * SEND AT hh:mm (local wall-clock time): once a day, the first cycle at
+      or after that time; a site that was down at that time sends when it
+      comes back.  The last send and ``now`` are compared as local wall
+      times, each with the offset in force at its moment: the day after
+      a daylight-saving change is no day with a send too many or too few.
     """
     if send_every is None and send_at is None:
         return True
@@ -25,7 +30,14 @@ def sending_due(now: datetime, last_sent_at: datetime | None, *, send_every: int
     if send_every is not None:
         return (now - last_sent_at).total_seconds() >= send_every
     assert send_at is not None
-    today = now.replace(hour=send_at.hour, minute=send_at.minute, second=send_at.second,
-                        microsecond=send_at.microsecond)
-    latest = today if today <= now else today - timedelta(days=1)
-    return last_sent_at < latest
+    wall_now, wall_last = _wall(now), _wall(last_sent_at)
+    today = wall_now.replace(hour=send_at.hour, minute=send_at.minute, second=send_at.second,
+                             microsecond=send_at.microsecond)
+    latest = today if today <= wall_now else today - timedelta(days=1)
+    return wall_last < latest
+
+
+def _wall(moment: datetime) -> datetime:
+    """The local wall-clock time (naive) of an aware ``moment``, by the
+    system time zone's rules for that moment."""
+    return moment.astimezone().replace(tzinfo=None)
