@@ -248,6 +248,17 @@ def check_stored_address(spec: str, address: str, *, hint: str = "") -> None:
 # -- sites -----------------------------------------------------------------------------
 
 
+def check_parent_directory(path: Path) -> None:
+    """One clear line when the folder that is to hold the new file ``path``
+    is missing or is no folder."""
+    parent = path.parent
+    if parent.is_dir():
+        return
+    if os.path.lexists(parent):
+        raise AgentError(f"{parent} is not a directory, so {path} cannot be made there")
+    raise AgentError(f"directory {parent} does not exist; create it first")
+
+
 def check_site_path(path: Path) -> None:
     """One clear line when ``path`` cannot be a site database at all."""
     if not str(path) or not path.exists():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import AgentError
-from ._common import DATABASE, SITE_NAME, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
+from ._common import DATABASE, SITE_NAME, check_parent_directory, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
 
 
 @click.command()
@@ -29,10 +30,9 @@ def extract(database: Path, remote: str, target: Path) -> None:
     """
     from ..admin import extract_site
 
-    if target.exists():
+    if os.path.lexists(target):  # a dangling symbolic link too: the copy would not go where it points
         raise AgentError(f"{target} exists already; remove it or choose another path")
-    if not target.parent.is_dir():
-        raise AgentError(f"directory {target.parent} does not exist; create it first")
+    check_parent_directory(target)
     out = console()
     with open_site(database) as site:
         require_remote(site, remote)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import AgentError
-from ._common import ADDRESS, DATABASE, SITE_NAME, check_stored_address, console, incarnation_text
+from ._common import ADDRESS, DATABASE, SITE_NAME, check_parent_directory, check_stored_address, console, incarnation_text
 
 
 @click.command()
@@ -30,8 +30,7 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
 
     check_transport_spec(transport)
     check_stored_address(transport, address)
-    if not database.parent.is_dir():
-        raise AgentError(f"directory {database.parent} does not exist; create it first")
+    check_parent_directory(database)
     if database.is_dir():
         raise AgentError(f"{database} is a directory; give the path of a database file")
     site = init_site(database, name=name, role=role, address=address, transport=transport)

@@ -9,15 +9,22 @@ Rules of this file:
   from, before the lock is released.  The snapshot then holds exactly the
   changes at or below E; everything after E reaches the remote through the
   log.  Applications wait only for that short step, not for the copy.
+  The remote's row is changed to start there only at the end, in the
+  transaction that gives the finished file its name (see the next rule).
 * Both directions start a new epoch (``resend_count`` / ``rereceive_count``
   one higher than before), so messages of an earlier incarnation of this
   remote still queued somewhere are stale on arrival and deleted.
-* The remote file is built under a temporary name and renamed into place
-  when complete: a crash leaves no half-made remote.
+* The remote file is built under a temporary name and named when complete,
+  in the same transaction that switches the consolidated's row of the
+  remote over to it (new keys, epochs, offsets): an extraction that fails
+  or is interrupted anywhere leaves no half-made remote and the
+  consolidated exactly as it was, so the remote's current copy goes on
+  working.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -30,9 +37,9 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from ._db import format_time, quote_ident, read_transaction, translate, utc_now, write_transaction
 from .capture import TableInfo, refresh_changed_tables, table_info
 from .errors import ExtractionError, InvalidSetting, WrongRole
-from .log import cut_locked
+from .log import cut_locked, truncated_through
 from .publications import Article, create_publication_locked
-from .remotes import get_remote
+from .remotes import RemoteUser, get_remote
 from .schema import Role, init_database, read_identity
 
 if TYPE_CHECKING:
@@ -192,7 +199,7 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
     if identity.role is not Role.CONSOLIDATED:
         raise WrongRole(f"site {identity.name!r} is a remote; extract remotes from the consolidated")
     target = Path(path)
-    if any(Path(f"{target}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+    if any(os.path.lexists(f"{target}{suffix}") for suffix in ("", "-wal", "-shm")):  # a dangling link too
         raise ExtractionError(f"{target} exists already; remove it or choose another path")
     if not target.parent.is_dir():
         raise ExtractionError(f"directory {target.parent} does not exist")
@@ -217,7 +224,8 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
                              public_key=material.public_key or row.public_key, secret=material.secret, now=now)
         try:
             incarnation = read_identity(copy).incarnation
-            offset, counts, epochs = _copy(site, copy, remote, plans, table_sql, incarnation, material)
+            offset, counts, before = _copy(site, copy, remote, plans, table_sql)
+            epochs = (before.resend_count + 1, before.rereceive_count + 1)
             _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
             copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
@@ -230,7 +238,7 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
         finally:
             os.close(descriptor)
         _remove_sidecars(temporary)
-        _publish(temporary, target)
+        _switch_over(site, remote, before, offset, incarnation, material, temporary, target)
         _fsync_directory(target.parent)
     except sqlite3.Error as error:
         _remove(temporary)
@@ -250,9 +258,9 @@ def _remove_sidecars(path: Path) -> None:
 
 
 def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: list[_Plan],
-          table_sql: list[tuple[str, list[str]]], incarnation: bytes,
-          material: RemoteKeys) -> tuple[int, dict[str, int], tuple[int, int]]:
-    """Pin the snapshot at the log offset E and copy the subscribed rows."""
+          table_sql: list[tuple[str, list[str]]]) -> tuple[int, dict[str, int], RemoteUser]:
+    """Pin the snapshot at the log offset E and copy the subscribed rows;
+    return E, the row counts, and the remote's row as it was at E."""
     with write_transaction(copy, f"creating the tables of {remote!r}"):
         for create_table, _indexes in table_sql:
             copy.execute(create_table)
@@ -262,30 +270,61 @@ def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: li
         with site._lock, write_transaction(conn, f"fixing the extraction point of {remote!r}"):
             refresh_changed_tables(conn)
             offset = cut_locked(conn, site.identity.name)
-            current = get_remote(conn, remote)
-            epochs = (current.resend_count + 1, current.rereceive_count + 1)
-            conn.execute(
-                "UPDATE fieldsync_remote SET log_send = ?, log_sent = ?, confirm_sent = ?, resend_count = ?,"
-                " log_received = 0, confirm_received = 0, rereceive_count = ?, send_count = 0, last_sent_at = NULL,"
-                " receive_count = 0, last_received_at = NULL, peer_incarnation = ?,"
-                " public_key = coalesce(?, public_key), last_error = NULL, last_error_at = NULL WHERE name = ?",
-                (offset, offset, offset, epochs[0], epochs[1], incarnation, material.public_key, remote))
+            before = get_remote(conn, remote)
             # The snapshot starts now, while no one else can commit: it holds
             # exactly what was committed up to ``offset``.
             copy.execute("BEGIN")
             copy.execute("SELECT count(*) FROM source.fieldsync_log").fetchone()
         counts: dict[str, int] = {}
-        try:
-            for plan in plans:
-                counts[plan.info.name] = _copy_rows(copy, plan)
-            copy.execute("COMMIT")
-        except BaseException:
+        for plan in plans:
+            counts[plan.info.name] = _copy_rows(copy, plan)
+        copy.execute("COMMIT")
+    except BaseException:
+        # Interrupted (Ctrl-C) or failed mid-copy: the copy is thrown away,
+        # and detaching under a statement still open would only replace
+        # what happened with "database source is locked".
+        with contextlib.suppress(sqlite3.Error):
             if copy.in_transaction:
                 copy.execute("ROLLBACK")
-            raise
-    finally:
-        copy.execute("DETACH DATABASE source")
-    return offset, counts, epochs
+            copy.execute("DETACH DATABASE source")
+        raise
+    copy.execute("DETACH DATABASE source")
+    return offset, counts, before
+
+
+def _switch_over(site: "SiteDatabase", remote: str, before: RemoteUser, offset: int, incarnation: bytes,
+                 material: RemoteKeys, temporary: Path, target: Path) -> None:
+    """In one transaction of the consolidated: start the remote's row at
+    ``offset`` with the new copy's keys, incarnation and epochs, and give
+    the finished copy its name.  The row changes only if the file is in
+    place, and the file stays only if the row changed."""
+    conn = site.connection
+    published = False
+    try:
+        with site._lock, write_transaction(conn, f"switching {remote!r} over to its new copy"):
+            current = get_remote(conn, remote)
+            if (current.resend_count, current.rereceive_count) != (before.resend_count, before.rereceive_count):
+                raise ExtractionError(
+                    f"{remote!r} asked for or was asked for a resend while it was extracted (an agent runs for "
+                    f"{site.identity.name} and exchanged messages with it); nothing was changed: extract again")
+            floor = truncated_through(conn)
+            if floor > offset:
+                raise ExtractionError(
+                    f"the log was truncated to {floor}, past the extraction point {offset}, while {remote!r} was "
+                    "extracted (its current copy confirmed that far); nothing was changed: extract again")
+            conn.execute(
+                "UPDATE fieldsync_remote SET log_send = ?, log_sent = ?, confirm_sent = ?, resend_count = ?,"
+                " log_received = 0, confirm_received = 0, rereceive_count = ?, send_count = 0, last_sent_at = NULL,"
+                " receive_count = 0, last_received_at = NULL, peer_incarnation = ?,"
+                " public_key = coalesce(?, public_key), last_error = NULL, last_error_at = NULL WHERE name = ?",
+                (offset, offset, offset, before.resend_count + 1, before.rereceive_count + 1, incarnation,
+                 material.public_key, remote))
+            _publish(temporary, target)
+            published = True
+    except BaseException:
+        if published:  # named, but the row could not be switched over to it
+            _remove(target)
+        raise
 
 
 def _copy_rows(copy: sqlite3.Connection, plan: _Plan) -> int:
@@ -318,14 +357,32 @@ def _copy_rows(copy: sqlite3.Connection, plan: _Plan) -> int:
         total += len(rows)
 
 
+def _create_index(copy: sqlite3.Connection, plan: _Plan, statement: str) -> None:
+    """Create one of the consolidated's indexes of ``plan``'s table on the
+    copy.  On a table whose columns are not all published, a partial index
+    whose WHERE names a column the remote does not have is left out, as an
+    index on such a column is (``_index_sql``)."""
+    if not plan.subset:
+        copy.execute(statement)
+        return
+    copy.execute("SAVEPOINT fieldsync_index")
+    try:
+        copy.execute(statement)
+    except sqlite3.OperationalError as error:
+        if "no such column" not in str(error):
+            raise
+        copy.execute("ROLLBACK TO fieldsync_index")
+    copy.execute("RELEASE fieldsync_index")
+
+
 def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[_Plan],  # type: ignore[no-untyped-def]
                    table_sql: list[tuple[str, list[str]]], offset: int, epochs: tuple[int, int], stamp: str) -> None:
     """Indexes, publications (so the remote captures its own changes) and
     the remote's row for its consolidated."""
     with write_transaction(copy, f"finishing the remote database of {row.name!r}"):
-        for _create_table, indexes in table_sql:
+        for plan, (_create_table, indexes) in zip(plans, table_sql):
             for statement in indexes:
-                copy.execute(statement)
+                _create_index(copy, plan, statement)
         articles: dict[str, list[Article]] = {}
         for plan in plans:
             subscribe_by = plan.subscribe_by if plan.subscribe_by in plan.columns else None

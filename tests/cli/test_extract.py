@@ -55,6 +55,15 @@ def test_extract_errors_are_one_line(tmp_path: Path, agent: Agent, world: World)
     assert result.code == 1 and len(result.err_lines) == 1
     result = agent("extract", tmp_path / "missing.db", "n1", tmp_path / "x.db")
     assert result.code == 1 and "no such site database" in result.err
+    (tmp_path / "nowhere.db").symlink_to(tmp_path / "gone" / "n1.db")  # dangling
+    result = agent("extract", world.hq, "n1", tmp_path / "nowhere.db")
+    assert result.code == 1 and result.err_lines == [f"agent: {tmp_path / 'nowhere.db'} exists already; remove it "
+                                                     "or choose another path"]
+    (tmp_path / "notes.txt").write_text("a file")
+    result = agent("extract", world.hq, "n1", tmp_path / "notes.txt" / "n1.db")
+    assert result.code == 1 and result.err_lines == [
+        f"agent: {tmp_path / 'notes.txt'} is not a directory, so {tmp_path / 'notes.txt' / 'n1.db'} cannot be made there"]
+    assert agent("run", world.n1, "--once").code == 0  # n1's keys and stream are as they were
 
 
 def test_extract_into_a_folder_that_takes_no_file_names_the_target(tmp_path: Path, agent: Agent,

@@ -18,6 +18,8 @@ from agent.site import (
     WrongRole,
 )
 
+from tests.sqlfiles import connected
+
 from .conftest import CUSTOMER, LINE, app_connection, make_site, replicate, table_rows
 from .workers import churn_orders
 
@@ -131,6 +133,86 @@ def test_extraction_refusals_leave_nothing_behind(tmp_path, hq):
     left = {p.name for p in tmp_path.iterdir()}
     assert not {"ghost.db", "rx2.db"} & left
     assert not [name for name in left if ".tmp" in name]
+
+
+def _stream(site):
+    row = site.remote("r1")
+    return (row.log_send, row.log_sent, row.confirm_sent, row.resend_count, row.rereceive_count,
+            row.log_received, row.peer_incarnation, row.public_key)
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError])
+def test_an_extraction_that_fails_or_is_interrupted_changes_nothing(tmp_path, hq, monkeypatch, failure):
+    """The remote's current copy goes on working: no new keys, epochs or
+    offsets at the consolidated, and no file."""
+    import agent.site.extract as extract_module
+
+    first = hq.extract("r1", tmp_path / "r1.db")
+    before = _stream(hq)
+    copy_rows = extract_module._copy_rows
+
+    def fail_after_the_first_table(copy, plan):  # type: ignore[no-untyped-def]
+        if plan.info.name != "customer":
+            raise failure("stopped in the middle of the copy")
+        return copy_rows(copy, plan)
+
+    monkeypatch.setattr(extract_module, "_copy_rows", fail_after_the_first_table)
+    with pytest.raises((failure, ExtractionError)) as caught:
+        hq.extract("r1", tmp_path / "again.db")
+    assert type(caught.value) is failure  # not hidden behind a later error (Ctrl-C stays Ctrl-C)
+    assert _stream(hq) == before and hq.remote("r1").peer_incarnation == first.incarnation
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("hq.db")) == ["r1.db"]
+
+
+def test_a_target_that_appears_during_the_extraction_changes_nothing(tmp_path, hq, monkeypatch):
+    import agent.site.extract as extract_module
+
+    before = _stream(hq)
+    target = tmp_path / "r1.db"
+    finish = extract_module._finish_remote
+
+    def someone_else_writes_the_target(*args):  # type: ignore[no-untyped-def]
+        finish(*args)
+        target.write_bytes(b"theirs")
+
+    monkeypatch.setattr(extract_module, "_finish_remote", someone_else_writes_the_target)
+    with pytest.raises(ExtractionError, match="appeared while extracting"):
+        hq.extract("r1", target)
+    assert _stream(hq) == before and target.read_bytes() == b"theirs"
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_stream_that_moves_on_during_the_extraction_is_not_overwritten(tmp_path, hq, monkeypatch):
+    """An agent running for hq handles a resend request of the remote's
+    current copy while the new one is made: the new copy's epochs would no
+    longer be above the old copy's, so the extraction gives up."""
+    import agent.site.extract as extract_module
+
+    copy_rows = extract_module._copy_rows
+
+    def resend_meanwhile(copy, plan):  # type: ignore[no-untyped-def]
+        if plan.info.name == "customer":
+            with connected(hq.path, isolation_level=None) as app:
+                app.execute("UPDATE fieldsync_remote SET rereceive_count = rereceive_count + 1 WHERE name = 'r1'")
+        return copy_rows(copy, plan)
+
+    monkeypatch.setattr(extract_module, "_copy_rows", resend_meanwhile)
+    before = _stream(hq)
+    moved = (*before[:4], before[4] + 1, *before[5:])
+    with pytest.raises(ExtractionError, match="asked for or was asked for a resend while it was extracted"):
+        hq.extract("r1", tmp_path / "r1.db")
+    assert _stream(hq) == moved
+    assert not (tmp_path / "r1.db").exists() and not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_partial_index_on_an_unpublished_column_is_left_out(tmp_path, hq):
+    with connected(hq.path) as app:
+        app.execute("CREATE INDEX customer_flagged ON customer (name) WHERE balance > 100")
+        app.execute("CREATE INDEX line_big ON line (sku) WHERE qty > 10")
+    hq.extract("r1", tmp_path / "r1.db")
+    with SiteDatabase.open(tmp_path / "r1.db") as remote:
+        indexes = {row[0] for row in remote.connection.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "line_big" in indexes and "customer_flagged" not in indexes
 
 
 ORDERS = "CREATE TABLE orders (id INTEGER PRIMARY KEY, region TEXT NOT NULL, qty INTEGER, note TEXT)"
