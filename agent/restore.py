@@ -14,11 +14,13 @@ Rules of this file:
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from pathlib import Path
 
 from codec.atomic import write_file_atomically
 
+from .errors import AgentError
 from .site import SiteDatabase
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_agent_run"
@@ -36,7 +38,24 @@ def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
     except (OSError, ValueError, KeyError, TypeError):
         marker_generation, marker_incarnation = 0, None
     conn = db.connection
-    with conn:
+    try:
+        generation, incarnation, renewed = _count_run(conn, db, marker_generation, marker_incarnation)
+    except sqlite3.Error as error:
+        if "readonly" in str(error):  # the file or its folder: the agent writes at every run
+            raise AgentError(f"{db.path}: the agent cannot write to the site database ({error}); "
+                             "it needs the file and its folder writable") from None
+        raise AgentError(f"{db.path}: counting this agent run in the site database failed: {error}") from None
+    if renewed is not None:
+        db._refresh_identity()
+    write_file_atomically(marker_path, json.dumps({"incarnation": incarnation.hex(),
+                                                   "generation": generation}).encode())
+    return renewed
+
+
+def _count_run(conn: sqlite3.Connection, db: SiteDatabase, marker_generation: int,
+               marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
+    conn.execute("BEGIN IMMEDIATE")  # the connection autocommits otherwise
+    try:
         conn.execute(_TABLE)
         row = conn.execute("SELECT generation FROM fieldsync_agent_run WHERE id = 1").fetchone()
         database_generation = row[0] if row else 0
@@ -48,8 +67,9 @@ def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
             conn.execute("UPDATE fieldsync_site SET incarnation = ? WHERE id = 1", (incarnation,))
         generation = max(database_generation, marker_generation) + 1
         conn.execute("INSERT OR REPLACE INTO fieldsync_agent_run (id, generation) VALUES (1, ?)", (generation,))
-    if renewed is not None:
-        db._refresh_identity()
-    write_file_atomically(marker_path, json.dumps({"incarnation": incarnation.hex(),
-                                                   "generation": generation}).encode())
-    return renewed
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return generation, incarnation, renewed

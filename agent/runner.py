@@ -229,14 +229,16 @@ class Agent:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "quarantine").mkdir(exist_ok=True)
         (self.directory / "state").mkdir(exist_ok=True)
+        # The spool first: a run refused because another agent holds it
+        # (or it cannot be read) must not count as a run.
+        if self._queues is None:
+            self._queues = open_queues(self.path)
         old = check_restored(self.db, self.directory)
         if old is not None:
             log.error("%s was restored from an older copy: it now has a new incarnation id; its peers will "
                       "stop its streams until it is extracted again", self.path)
             self.report.stopped_streams.append(f"{self.name} was restored from an older copy (new incarnation "
                                                f"{self.db.identity.incarnation.hex()[:8]})")
-        if self._queues is None:
-            self._queues = open_queues(self.path)
         self.keyring = Keyring()
         self._load_peers()
 

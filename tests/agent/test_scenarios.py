@@ -335,3 +335,17 @@ async def test_a_receive_phase_cancelled_during_an_apply_finishes_that_apply_fir
     world.check_invariants()
     assert len(world.rows("f1", "customer", "WHERE id >= 9000")) == 12
     await world.settle()
+
+
+def test_a_site_database_the_agent_cannot_write_is_one_clear_line(tmp_path):
+    from agent.errors import AgentError
+    from agent.restore import check_restored
+
+    world = World(tmp_path / "w", remotes=("f1",))
+    with SiteDatabase.open(world.db("hq")) as site:
+        site.connection.execute("PRAGMA query_only = ON")  # as a read-only file or folder would
+        with pytest.raises(AgentError) as caught:
+            check_restored(site, tmp_path)
+    assert str(caught.value) == (f"{world.db('hq')}: the agent cannot write to the site database (attempt to write "
+                                 "a readonly database); it needs the file and its folder writable")
+    assert not (tmp_path / "state").exists()

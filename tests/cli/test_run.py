@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import agent.cli.run as run_module
-from agent.runner import agent_directory
+from agent.runner import agent_directory, open_queues
 from agent.site import SiteDatabase
 from transports.registry import available_transports
 from tests.spark.launchers import LAST_LINE, hanging_launcher, wait_gone
@@ -196,6 +196,21 @@ def test_a_log_file_moved_away_is_reopened(world: World) -> None:
     assert process.returncode == 0, err
     assert "running: receiving" in (world.root / "agent.log.1").read_text()
     assert "stopped" in log_file.read_text()
+
+
+def test_a_run_refused_because_another_agent_holds_the_spool_changes_nothing(agent: Agent, world: World) -> None:
+    assert agent("run", world.hq, "--once").code == 0
+    marker = agent_directory(world.hq) / "state" / "site.json"
+    before = (marker.read_bytes(), world.rows("hq", "SELECT generation FROM fieldsync_agent_run"))
+    held = open_queues(world.hq)  # as a running agent holds them
+    try:
+        result = agent("run", world.hq, "--once")
+    finally:
+        held.close()
+    assert result.code == 1 and result.err_lines == [
+        f"agent: {agent_directory(world.hq) / 'spool'}: the spool is open in another process (or object); "
+        "stop that agent first"], result.err
+    assert (marker.read_bytes(), world.rows("hq", "SELECT generation FROM fieldsync_agent_run")) == before
 
 
 def test_transport_options_reach_the_transport_and_its_wrappers(agent: Agent, world: World) -> None:
