@@ -33,7 +33,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class _Interrupted(Exception):
+    """Ctrl-C or a stopping signal while a command ran.  Click would print a
+    bare newline before turning KeyboardInterrupt into Abort: right after a
+    ^C on a terminal, a blank line on stderr anywhere else."""
+
+
 class _LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)  # in the order of a first session, not alphabetical
 
@@ -119,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as failure:
         click.echo(f"agent: {escape_controls(failure.format_message())}", err=True)
         code = failure.exit_code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Interrupted):
+        if sys.stderr.isatty():
+            click.echo(err=True)  # after the terminal's ^C
         click.echo("agent: interrupted", err=True)
         code = 1
     except UsageError as usage:

@@ -351,6 +351,7 @@ def test_a_signal_stops_a_batch_run_and_its_spark_job(world: World, tmp_path: Pa
         out, err = process.communicate(timeout=30)
     assert process.returncode == 1, err
     assert err.splitlines()[-1] == "agent: interrupted", err
+    assert "" not in err.splitlines(), err  # no blank line: stderr is no terminal here
     assert wait_gone(list(pids)) == []
     assert _log_sent(world) == before
     assert _job_folders(world) == []
