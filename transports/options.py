@@ -119,8 +119,9 @@ def parse_int(text: str) -> int:
 
 
 def parse_float(text: str) -> float:
-    """A finite number as Python writes one (``0.05``, ``1e3``), no ``_``."""
-    if "_" in text:
+    """A finite number as Python writes one (``0.05``, ``1e3``) in ASCII
+    digits (Python's float() also takes other scripts' digits), no ``_``."""
+    if "_" in text or not text.isascii():
         raise ValueError(text)
     value = float(text.strip())
     if not math.isfinite(value):

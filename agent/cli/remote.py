@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from transports.options import parse_float, parse_int
+
 from ..errors import AgentError
 from ._common import (ADDRESS, DATABASE, SITE_NAME, Duration, TimeOfDay, check_stored_address, console,
                       key_fingerprint, open_site, require_remote, schedule_text)
@@ -58,14 +60,14 @@ def _affinity(declared: str) -> str:
 
 
 def _as_number(text: str) -> int | float | None:
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return None
+    """``text`` as the number SQLite would store for it in a numeric
+    column (ASCII digits only: SQLite keeps ``'٣'`` as text), or None."""
+    for parse in (parse_int, parse_float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return None
 
 
 def subscription_value(site: "SiteDatabase", publication: str, text: str | None) -> object:  # noqa: F821

@@ -115,6 +115,8 @@ BAD_VALUES = [
     (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-every", "9" * 400), "not a duration"),
     (("run", "{hq}", "-rd", "9" * 400), "not a duration"),
     (("run", "{hq}", "--send-delay", "30s30m"), "not a duration"),
+    (("run", "{hq}", "--once", "--receive-delay", "\uff13\uff10"), "not a duration"),
+    (("remote", "set", "{hq}", "n1", "--send-every", "\u0663\u0660"), "not a duration"),
     (("remote", "add", "{hq}", "w", "--address", "in/w", "--send-at", "18.30"), "not a time of day"),
     (("run", "{hq}", "--once", "-l", "1g"), "above the maximum of 16777216 bytes"),
     (("run", "{hq}", "--once", "-l", "\uff11\uff12\uff13\uff14\uff15"), "not a size"),

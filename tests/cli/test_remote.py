@@ -107,6 +107,9 @@ def test_subscription_mistakes_add_nothing(site: Path, agent: Agent, tmp_path: P
         (("--subscribe", "territory"), "give the value: --subscribe territory=VALUE"),
         (("--subscribe", "catalogue=5"), "has no SUBSCRIBE BY column"),
         (("--subscribe", "zones=seven"), "'seven' is not a number"),
+        # SQLite keeps other scripts' digits as text, so they match no INTEGER value.
+        (("--subscribe", "zones=\u0663"), "'\u0663' is not a number"),
+        (("--subscribe", "zones=1_000"), "'1_000' is not a number"),
     ]
     for arguments, message in cases:
         result = agent("remote", "add", site, "x", "--address", tmp_path, *arguments)

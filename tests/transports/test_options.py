@@ -107,6 +107,9 @@ def test_each_text_is_read_by_its_parameters_annotation():
     ("ratio=inf", "transport 'plugin': ratio='inf' is not a finite number"),
     ("ratio=nan", "transport 'plugin': ratio='nan' is not a finite number"),
     ("timeout=soon", "transport 'plugin': timeout='soon' is not a number of seconds such as 30, 90s, 5m or 1h"),
+    ("timeout=\u0663\u0660", "transport 'plugin': timeout='\u0663\u0660' is not a number of seconds such as 30, 90s, "
+                             "5m or 1h"),
+    ("ratio=\uff10.5", "transport 'plugin': ratio='\uff10.5' is not a finite number"),
     ("limit=lots", "transport 'plugin': limit='lots' is not a byte count such as 50000, 48k, 64m or 1g"),
     ("mode=777x", "transport 'plugin': mode='777x' is not permission bits in octal such as 640 or 0o640"),
     ("points=1,2", "transport 'plugin': option points cannot be given as text (got points='1,2')"),
