@@ -145,6 +145,26 @@ class Address(click.ParamType):
 ADDRESS = Address()
 
 
+class TransportName(click.ParamType):
+    """A transport spec as written: ``folder``, ``sftp``, ``faults+folder``.
+    Malformed (empty, a bad character, an empty part) is a usage error; a
+    well-formed name that is not installed is found when it is looked up."""
+
+    name = "name"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from transports.errors import RegistryError
+        from transports.registry import parse_transport_spec
+
+        try:
+            return str(parse_transport_spec(str(value)))
+        except RegistryError as error:
+            self.fail(str(error), param, ctx)
+
+
+TRANSPORT = TransportName()
+
+
 class SiteName(click.ParamType):
     """A site's name, the one rule for every site (codec.names): 1-48
     letters, digits, '_' or '-', starting with a letter or digit."""

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
 from ..transport_options import TransportOptions
-from ._common import AddressTemplate, TransportOption, console
+from ._common import TRANSPORT, AddressTemplate, TransportOption, console
 
 
 @click.command()
@@ -29,7 +29,7 @@ from ._common import AddressTemplate, TransportOption, console
 @click.option("--start", type=click.IntRange(0), default=0, show_default=True, help="First seed.")
 @click.option("--seed", type=click.IntRange(0), default=None, help="Replay this one seed (and shrink it if it fails).")
 @click.option("--steps", type=click.IntRange(1), default=None, help="Workload steps per seed (default: from the seed).")
-@click.option("--transport", default="folder", show_default=True,
+@click.option("--transport", type=TRANSPORT, default="folder", show_default=True,
               help="Transport to run over (wrapped in the faults transport).")
 @click.option("--address-template", type=AddressTemplate(), default="{root}/inbox/{site}", show_default=True,
               help="Inbox address of each site; {root} is the seed's folder, {site} the site name.")

@@ -13,7 +13,7 @@ import click
 from rich.table import Table
 
 from ..transport_options import TransportOptions
-from ._common import ADDRESS, DATABASE, TransportOption, console, format_moment, iso_moment, open_site
+from ._common import ADDRESS, DATABASE, TRANSPORT, TransportOption, console, format_moment, iso_moment, open_site
 from ._spool import QuarantinedFile, quarantined, queue_reports
 
 
@@ -105,7 +105,7 @@ def _quarantine_json(item: QuarantinedFile) -> dict[str, Any]:
 
 @click.command()
 @click.argument("database", type=DATABASE)
-@click.option("--transport", metavar="NAME", help="Transport to look at (default: the site's own).")
+@click.option("--transport", type=TRANSPORT, metavar="NAME", help="Transport to look at (default: the site's own).")
 @click.option("--address", type=ADDRESS, metavar="ADDRESS", help="Inbox address to look at (default: the site's own).")
 @click.option("--transport-option", "-O", "transport_options", multiple=True, type=TransportOption(),
               help="A transport setting NAME=VALUE (as for `agent run`). Repeatable.")

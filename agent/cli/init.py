@@ -7,7 +7,8 @@ from pathlib import Path
 import click
 
 from ..errors import AgentError
-from ._common import ADDRESS, DATABASE, SITE_NAME, check_parent_directory, check_stored_address, console, incarnation_text
+from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, check_parent_directory, check_stored_address, console,
+                      incarnation_text)
 
 
 @click.command()
@@ -16,7 +17,7 @@ from ._common import ADDRESS, DATABASE, SITE_NAME, check_parent_directory, check
 @click.option("--role", required=True, type=click.Choice(["consolidated", "remote"]),
               help="consolidated: the authoritative site; remote: a field site.")
 @click.option("--address", type=ADDRESS, required=True, help="This site's inbox on its transport (folder: a directory).")
-@click.option("--transport", default="folder", show_default=True, help="The transport of this site's inbox.")
+@click.option("--transport", type=TRANSPORT, default="folder", show_default=True, help="The transport of this site's inbox.")
 def init(database: Path, name: str, role: str, address: str, transport: str) -> None:
     """Turn DATABASE (a new or existing SQLite file) into a site.
 

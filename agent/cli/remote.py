@@ -12,7 +12,7 @@ from rich.table import Table
 from transports.options import parse_float, parse_int
 
 from ..errors import AgentError
-from ._common import (ADDRESS, DATABASE, SITE_NAME, Duration, TimeOfDay, check_stored_address, console,
+from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, Duration, TimeOfDay, check_stored_address, console,
                       key_fingerprint, open_site, require_remote, schedule_text)
 
 
@@ -137,7 +137,7 @@ def remote() -> None:
 @click.argument("database", type=DATABASE)
 @click.argument("name", type=SITE_NAME)
 @click.option("--address", type=ADDRESS, required=True, help="The remote's inbox on its transport (folder: a directory).")
-@click.option("--transport", default="folder", show_default=True, help="The transport that reaches that inbox.")
+@click.option("--transport", type=TRANSPORT, default="folder", show_default=True, help="The transport that reaches that inbox.")
 @click.option("--public-key", "public_key", metavar="LINE", help="The remote's public key line (from `agent key`).")
 @click.option("--public-key-file", type=click.Path(dir_okay=False, path_type=Path),
               help="A file holding the remote's public key line.")
@@ -203,7 +203,7 @@ def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # n
 @click.argument("database", type=DATABASE)
 @click.argument("name", type=SITE_NAME)
 @click.option("--address", type=ADDRESS, help="The remote's new inbox address.")
-@click.option("--transport", help="The transport that reaches it now.")
+@click.option("--transport", type=TRANSPORT, help="The transport that reaches it now.")
 @click.option("--public-key", "public_key", metavar="LINE", help="The remote's new public key line.")
 @click.option("--public-key-file", type=click.Path(dir_okay=False, path_type=Path),
               help="A file holding the remote's new public key line.")

@@ -26,8 +26,8 @@ from ..queues import MessageQueues, QueueDepth
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ..transport_options import TransportOptions
 from . import escape_controls
-from ._common import (ADDRESS, DATABASE, ByteSize, Duration, TransportOption, check_transports, console, format_seconds,
-                      logging_to, open_site, show_progress)
+from ._common import (ADDRESS, DATABASE, TRANSPORT, ByteSize, Duration, TransportOption, check_transports, console,
+                      format_seconds, logging_to, open_site, show_progress)
 from ._spool import open_queues, quarantined
 
 log = logging.getLogger("fieldsync.cli")
@@ -201,7 +201,7 @@ class SparkConf(click.ParamType):
 @click.argument("database", type=DATABASE)
 @click.option("--once", "-b", is_flag=True,
               help="Batch mode: receive, apply, send what is due, confirm, then exit (dbremote -b).")
-@click.option("--transport", metavar="NAME", help="Transport plugin, e.g. folder, sftp, email, faults+folder "
+@click.option("--transport", type=TRANSPORT, metavar="NAME", help="Transport plugin, e.g. folder, sftp, email, faults+folder "
               "(default: the site's own).")
 @click.option("--address", type=ADDRESS, metavar="ADDRESS", help="This site's inbox address (default: the site's own).")
 @click.option("--transport-option", "-O", "transport_options", multiple=True, type=TransportOption(),

@@ -202,7 +202,8 @@ def test_set_changes_how_a_remote_is_reached_and_keeps_its_stream(site: Path, ag
 @pytest.mark.parametrize("arguments, code, text", [
     ((), 2, "nothing to change"),
     (("--send-every", "5m", "--no-schedule"), 2, "exclude each other"),
-    (("--transport", "no such"), 1, "is not a transport name"),
+    (("--transport", "no such"), 2, "is not a transport name"),
+    (("--transport", ""), 2, "transport must be a name"),
     (("--transport", "nosuch"), 1, "unknown transport 'nosuch'"),
     (("--transport", "faults"), 1, "is a wrapper; name the transport it wraps"),
     (("--public-key", "not a key"), 1, "public key"),
