@@ -17,7 +17,12 @@ def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644) -> No
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp_name, target)
+        try:
+            os.replace(temp_name, target)
+        except OSError as error:
+            # Named after the target (a folder in its place, say), not the
+            # temporary file the user never made.
+            raise type(error)(error.errno, error.strerror, str(target)) from None
     except BaseException:
         try:
             os.unlink(temp_name)

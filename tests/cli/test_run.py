@@ -213,6 +213,18 @@ def test_a_run_refused_because_another_agent_holds_the_spool_changes_nothing(age
     assert (marker.read_bytes(), world.rows("hq", "SELECT generation FROM fieldsync_agent_run")) == before
 
 
+def test_a_folder_in_the_place_of_the_agents_state_file_is_named(agent: Agent, world: World) -> None:
+    assert agent("run", world.hq, "--once").code == 0
+    state = agent_directory(world.hq) / "state" / "site.json"
+    state.unlink()
+    state.mkdir()
+    result = agent("run", world.hq, "--once")
+    assert result.code == 1 and result.err_lines == [f"agent: {state} is a folder where a file is needed; move it aside"]
+    assert not [path for path in state.parent.iterdir() if path.name.endswith(".tmp")]  # none left behind
+    state.rmdir()
+    assert agent("run", world.hq, "--once").code == 0
+
+
 def test_transport_options_reach_the_transport_and_its_wrappers(agent: Agent, world: World) -> None:
     world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'through faults', 'x')")
     held = world.root / "held"
