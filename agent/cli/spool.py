@@ -27,6 +27,8 @@ def check(database: Path, as_json: bool) -> int:
     problem."""
     check_site_path(database)
     folder = agent_directory(database) / "spool"
+    if folder.exists() and not folder.is_dir():
+        raise click.ClickException(f"{folder} is in the way: it exists and is not the spool folder; move it aside")
     if not folder.is_dir():
         raise click.ClickException(f"{database} has no spool yet ({folder}); the agent makes it on its first run")
     report = check_spool(folder)

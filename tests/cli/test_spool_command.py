@@ -28,6 +28,12 @@ def test_spool_check_before_the_first_run(agent: Agent, tmp_path: Path) -> None:
     assert agent("init", database, "--name", "new", "--role", "consolidated", "--address", tmp_path).code == 0
     result = agent("spool", "check", database)
     assert result.code == 1 and "no spool yet" in result.err
+    spool = tmp_path / "new.db.agent" / "spool"
+    spool.parent.mkdir()
+    spool.write_text("not a folder")
+    result = agent("spool", "check", database)
+    assert result.code == 1 and result.err_lines == [
+        f"agent: {spool} is in the way: it exists and is not the spool folder; move it aside"]
 
 
 def test_spool_check_of_no_site_is_one_line(agent: Agent, tmp_path: Path) -> None:
