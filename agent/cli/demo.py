@@ -468,6 +468,7 @@ def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
     elapsed = time.monotonic() - started
     if failed:
         out.print(f"[bold red]FAILED[/]: the sites did not converge after {used} rounds ({elapsed:.1f}s)", markup=True)
+        click.echo(f"agent: the demo's sites did not converge after {used} rounds: see what differs above", err=True)
         return 1
     out.print(f"[bold green]OK[/]: {len(FIELD_SITES)} field sites converged with hq in {used} rounds, "
               f"{sent} data messages, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent == log end)",

@@ -38,6 +38,21 @@ def parse_article(text: str) -> "Article":  # noqa: F821 - imported lazily
     return Article(match["table"], columns, match["subscribe_by"])
 
 
+class PublicationName(click.ParamType):
+    """A publication's name: 1-128 printable characters (agent.site)."""
+
+    name = "name"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from ..site.errors import InvalidSetting
+        from ..site.publications import check_publication_name
+
+        try:
+            return check_publication_name(str(value))
+        except InvalidSetting as error:
+            self.fail(str(error), param, ctx)
+
+
 class ArticleSpec(click.ParamType):
     name = "article"
 
@@ -72,7 +87,7 @@ def publication() -> None:
 
 @publication.command("create")
 @click.argument("database", type=DATABASE)
-@click.argument("name")
+@click.argument("name", type=PublicationName())
 @click.argument("articles", nargs=-1, required=True, type=ArticleSpec())
 def create(database: Path, name: str, articles: tuple) -> None:
     """Create publication NAME of ARTICLES in DATABASE and start capturing
@@ -88,7 +103,7 @@ def create(database: Path, name: str, articles: tuple) -> None:
 
 @publication.command("add")
 @click.argument("database", type=DATABASE)
-@click.argument("name")
+@click.argument("name", type=PublicationName())
 @click.argument("articles", nargs=-1, required=True, type=ArticleSpec())
 def add(database: Path, name: str, articles: tuple) -> None:
     """Add ARTICLES to the existing publication NAME.

@@ -100,7 +100,8 @@ class LoggedOperation(NamedTuple):
 
 def check_publication_name(name: object) -> str:
     if type(name) is not str or not name or len(name) > 128 or not name.isprintable():
-        raise InvalidSetting(f"publication name must be 1-128 printable characters, got {name!r}")
+        shown = name if type(name) is not str or len(name) <= 40 else name[:40] + "..."
+        raise InvalidSetting(f"publication name must be 1-128 printable characters, got {shown!r}")
     return name  # type: ignore[return-value]
 
 

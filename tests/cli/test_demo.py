@@ -92,6 +92,12 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path: Path, agent: Agent) -> 
     assert plain_file.read_text() == "x"
 
 
+def test_a_demo_that_does_not_converge_fails_with_one_line(tmp_path: Path, agent: Agent) -> None:
+    result = agent("demo", tmp_path / "demo", "--rounds", "1")
+    assert result.code == 1 and "FAILED: the sites did not converge after 1 rounds" in result.out
+    assert result.err_lines == ["agent: the demo's sites did not converge after 1 rounds: see what differs above"]
+
+
 def test_the_check_finds_a_difference(tmp_path: Path, agent: Agent) -> None:
     folder = tmp_path / "demo"
     assert agent("demo", folder).code == 0

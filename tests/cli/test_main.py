@@ -102,6 +102,8 @@ BAD_VALUES = [
     (("init", "{root}/new.db", "--name", "new", "--role", "remote", "--address", ""), "an address cannot be empty"),
     (("run", "{hq}", "--once", "--address", "in\tbox"), "has a control character"),
     (("run", "{hq}", "--once", "--transport", ""), "transport must be a name such as 'folder'"),
+    (("publication", "create", "{hq}", "p\n1", "customer"), "publication name must be 1-128 printable characters"),
+    (("publication", "add", "{hq}", "p" * 300, "customer"), "got '" + "p" * 40 + "...'"),
     (("inbox", "{hq}", "--transport", "faults+"), "has an empty part"),
     (("init", "{root}/new.db", "--name", "new", "--role", "remote", "--address", "in", "--transport", "Folder"),
      "'Folder' is not a transport name"),
