@@ -45,7 +45,7 @@ from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
 from ._remote import Backoff, SecretSource, check_timeouts, one_line
-from .options import ByteCount, Seconds, has_control_character
+from .options import ByteCount, Seconds, check_size_limit, has_control_character
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +289,7 @@ class EmailTransport(Transport):
             if folder is not None and (type(folder) is not str or not folder.strip()
                                        or any(ord(char) < 32 for char in folder)):
                 raise ValueError(f"{option} must be an IMAP folder name, got {folder!r}")
-        if type(max_message_size) is not int or max_message_size < 0:
-            raise ValueError(f"max_message_size must be a byte count >= 0, got {max_message_size!r}")
+        check_size_limit("max_message_size", max_message_size)
         if type(idle) is not bool:
             raise ValueError(f"idle must be True or False, got {idle!r}")
         check_timeouts(connect_timeout=connect_timeout, timeout=timeout)

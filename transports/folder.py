@@ -30,7 +30,7 @@ from codec.names import MessageName
 
 from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
-from .options import ByteCount, FileMode, Seconds
+from .options import ByteCount, FileMode, Seconds, check_size_limit
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,7 @@ class FolderTransport(Transport):
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not (value > 0 if low == "> 0" else value >= 0)):
                 raise ValueError(f"{option} must be a number of seconds {low}, got {value!r}")
-        if type(max_file_size) is not int or max_file_size < 0:
-            raise ValueError(f"max_file_size must be a byte count >= 0, got {max_file_size!r}")
+        check_size_limit("max_file_size", max_file_size)
         if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):
             shown = f"0o{file_mode:o}" if type(file_mode) is int and file_mode >= 0 else repr(file_mode)
             raise ValueError(f"file_mode must be permission bits 0..0o777, got {shown}")

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Annotated, Any, Callable, Mapping
 
+from codec.packing import MIN_MAX_SIZE
+
 from .errors import BadTransportOptions
 
 
@@ -60,6 +62,16 @@ _DURATION_RANKS = {"h": 0, "m": 1, "s": 2, "ms": 3, None: 4}
 _BYTES = re.compile(r"([0-9]+)(?:([kmg])(?:i?b)?|b)?")
 _BYTE_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _WHOLE = re.compile(r"-?[0-9]+")
+
+
+def check_size_limit(option: str, value: object) -> int:
+    """``value`` as a transport's limit on the size of a file it reads: a
+    byte count no smaller than the smallest message (``-l`` takes 10000 and
+    up), else a limit that refuses every message file."""
+    if type(value) is not int or value < MIN_MAX_SIZE:
+        raise ValueError(f"{option} must be a byte count of at least {MIN_MAX_SIZE} (the smallest message "
+                         f"size), got {value!r}")
+    return value
 
 
 def parse_seconds(text: str) -> float:

@@ -43,7 +43,7 @@ from paramiko.sftp import CMD_EXTENDED
 from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
 from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
-from .options import ByteCount, FileMode, Seconds, has_control_character
+from .options import ByteCount, FileMode, Seconds, check_size_limit, has_control_character
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,7 @@ class SftpTransport(Transport):
             raise ValueError(f"stale_temp_age must be a number of seconds > 0, got {stale_temp_age!r}")
         if type(channels) is not int or not 1 <= channels <= 32:
             raise ValueError(f"channels must be 1..32, got {channels!r}")
-        if type(max_file_size) is not int or max_file_size < 0:
-            raise ValueError(f"max_file_size must be a byte count >= 0, got {max_file_size!r}")
+        check_size_limit("max_file_size", max_file_size)
         if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):
             shown = f"0o{file_mode:o}" if type(file_mode) is int and file_mode >= 0 else repr(file_mode)
             raise ValueError(f"file_mode must be permission bits 0..0o777, got {shown}")

@@ -235,7 +235,7 @@ async def test_send_wants_mailto_and_receive_wants_an_imap_url(transport, doveco
 @pytest.mark.parametrize("options", [
     {"smtp_tls": "ssl"}, {"smtp_port": 0}, {"from_address": "hq"}, {"password_file": "a", "password_env": "B"},
     {"imap_password_file": "a", "imap_password_env": "B"}, {"smtp_password_env": "1X"},
-    {"move_to": ""}, {"quarantine_folder": "a\nb"}, {"max_message_size": -1}, {"idle": "yes"}, {"timeout": 0},
+    {"move_to": ""}, {"quarantine_folder": "a\nb"}, {"max_message_size": -1}, {"max_message_size": 9999}, {"idle": "yes"}, {"timeout": 0},
     {"retries": 1.5},
 ])
 def test_bad_options_are_refused(options) -> None:

@@ -212,7 +212,7 @@ async def test_file_mode_option_and_umask(inbox: Path) -> None:
 
 
 @pytest.mark.parametrize("options", [
-    {"stale_temp_age": 0}, {"min_age": -1}, {"max_file_size": -1}, {"max_file_size": 1.5}, {"file_mode": 0o1000},
+    {"stale_temp_age": 0}, {"min_age": -1}, {"max_file_size": -1}, {"max_file_size": 1.5}, {"max_file_size": 9999}, {"file_mode": 0o1000},
     {"min_age": "abc"}, {"stale_temp_age": True}])
 def test_bad_options_are_refused(options) -> None:
     [(option, value)] = options.items()
@@ -331,11 +331,11 @@ async def test_min_age_leaves_recently_modified_files_for_later(inbox: Path) -> 
 
 
 async def test_files_over_the_size_limit_are_left_and_logged(inbox: Path, caplog) -> None:
-    (inbox / message_name(1)).write_bytes(b"x" * 1001)
-    (inbox / message_name(2)).write_bytes(b"y" * 1000)
-    async with FolderTransport(max_file_size=1000) as limited:
+    (inbox / message_name(1)).write_bytes(b"x" * 10_001)
+    (inbox / message_name(2)).write_bytes(b"y" * 10_000)
+    async with FolderTransport(max_file_size=10_000) as limited:
         with caplog.at_level(logging.WARNING, logger="transports.folder"):
-            assert await received(limited, str(inbox)) == {message_name(2): b"y" * 1000}
+            assert await received(limited, str(inbox)) == {message_name(2): b"y" * 10_000}
     assert (inbox / message_name(1)).exists()
     assert any(message_name(1) in record.getMessage() and "limit" in record.getMessage()
                for record in caplog.records)

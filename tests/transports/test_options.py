@@ -134,9 +134,9 @@ def test_create_transport_reads_texts_for_the_transport_and_its_wrappers(plugin_
     transport = create_transport("textplugin", port="2022", timeout="1h")
     assert (transport.settings["port"], transport.settings["timeout"]) == (2022, 3600.0)
     wrapped = create_transport("faults+folder", wrapper_options={"faults": {"seed": "7", "drop": "0.5"}},
-                               min_age="2s", file_mode="0o600", max_file_size="1k")
+                               min_age="2s", file_mode="0o600", max_file_size="16k")
     assert (wrapped.seed, wrapped.rates.drop) == (7, 0.5)
-    assert (wrapped.inner.min_age, wrapped.inner.file_mode, wrapped.inner.max_file_size) == (2.0, 0o600, 1024)
+    assert (wrapped.inner.min_age, wrapped.inner.file_mode, wrapped.inner.max_file_size) == (2.0, 0o600, 16384)
     with pytest.raises(BadTransportOptions, match=r"^transport 'textplugin' has no option 'prot'; its options: "
                                                   r"host, port, verify"):
         create_transport("textplugin", prot="22")

@@ -185,7 +185,7 @@ async def test_bad_addresses_are_refused_before_connecting(address, complaint) -
 
 @pytest.mark.parametrize("options", [
     {"password_file": "a", "password_env": "B"}, {"password_env": "not a name"}, {"retries": -1},
-    {"retry_delay": 100}, {"channels": 0}, {"timeout": 0}, {"max_file_size": -1}, {"file_mode": 0o1000},
+    {"retry_delay": 100}, {"channels": 0}, {"timeout": 0}, {"max_file_size": -1}, {"max_file_size": 0}, {"file_mode": 0o1000},
     {"accept_new_host_key": "yes"}, {"key_file": ""},
 ])
 def test_bad_options_are_refused(options) -> None:
@@ -290,12 +290,12 @@ async def test_links_and_directories_are_ignored(transport, inbox, tmp_path) -> 
 
 async def test_files_over_the_size_limit_are_left_and_logged_once(sshd, inbox, caplog) -> None:
     address, path = inbox
-    (path / message_name(1)).write_bytes(b"x" * 1001)
-    (path / message_name(2)).write_bytes(b"y" * 1000)
-    async with transport_for(sshd, max_file_size=1000) as limited:
+    (path / message_name(1)).write_bytes(b"x" * 10_001)
+    (path / message_name(2)).write_bytes(b"y" * 10_000)
+    async with transport_for(sshd, max_file_size=10_000) as limited:
         with caplog.at_level(logging.WARNING, logger="transports.sftp"):
-            assert await received(limited, address) == {message_name(2): b"y" * 1000}
-            assert await received(limited, address) == {message_name(2): b"y" * 1000}
+            assert await received(limited, address) == {message_name(2): b"y" * 10_000}
+            assert await received(limited, address) == {message_name(2): b"y" * 10_000}
     warnings = [record.getMessage() for record in caplog.records if message_name(1) in record.getMessage()]
     assert len(warnings) == 1 and "limit" in warnings[0]
     assert (path / message_name(1)).exists()
