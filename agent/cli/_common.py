@@ -308,6 +308,9 @@ def require_remote(site: "SiteDatabase", name: str) -> None:  # noqa: F821
     names = remote_names(site)
     if name not in names:
         known = f"its remotes are {', '.join(names)}" if names else "it has no remotes yet"
+        if name == site.identity.name:
+            raise AgentError(f"{name!r} is the name of the site in {site.path} itself, not one of its remotes "
+                             f"({known})")
         raise AgentError(f"{site.path} has no remote named {name!r} ({known}); "
                          f"add it with `agent remote add {site.path} {name} --address ...`")
 

@@ -220,6 +220,10 @@ def test_set_mistakes_change_nothing(site: Path, agent: Agent, tmp_path: Path, a
 def test_set_of_an_unknown_remote_is_one_line(site: Path, agent: Agent) -> None:
     result = agent("remote", "set", site, "nobody", "--address", "x")
     assert result.code == 1 and len(result.err_lines) == 1 and "has no remote named 'nobody'" in result.err
+    # The site's own name: no advice to add it, which would be refused.
+    result = agent("remote", "set", site, "hq", "--address", "x")
+    assert result.code == 1 and result.err_lines == [
+        f"agent: 'hq' is the name of the site in {site} itself, not one of its remotes (it has no remotes yet)"]
 
 
 def test_add_and_init_refuse_an_unknown_transport(site: Path, agent: Agent, tmp_path: Path) -> None:
