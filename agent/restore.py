@@ -21,7 +21,7 @@ from pathlib import Path
 from codec.atomic import write_file_atomically
 
 from .errors import AgentError
-from .site import SiteDatabase
+from .site import SiteDatabase, SiteError
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_agent_run"
           " (id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL)")
@@ -37,14 +37,15 @@ def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
         marker_incarnation = bytes.fromhex(marker["incarnation"])
     except (OSError, ValueError, KeyError, TypeError):
         marker_generation, marker_incarnation = 0, None
-    conn = db.connection
     try:
-        generation, incarnation, renewed = _count_run(conn, db, marker_generation, marker_incarnation)
-    except sqlite3.Error as error:
-        if "readonly" in str(error):  # the file or its folder: the agent writes at every run
-            raise AgentError(f"{db.path}: the agent cannot write to the site database ({error}); "
+        generation, incarnation, renewed = _count_run(db, marker_generation, marker_incarnation)
+    except SiteError as error:
+        cause = error.__cause__
+        if isinstance(cause, sqlite3.Error) and "readonly" in str(cause):
+            # The file or its folder: the agent writes at every run.
+            raise AgentError(f"{db.path}: the agent cannot write to the site database ({cause}); "
                              "it needs the file and its folder writable") from None
-        raise AgentError(f"{db.path}: counting this agent run in the site database failed: {error}") from None
+        raise
     if renewed is not None:
         db._refresh_identity()
     write_file_atomically(marker_path, json.dumps({"incarnation": incarnation.hex(),
@@ -52,10 +53,9 @@ def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
     return renewed
 
 
-def _count_run(conn: sqlite3.Connection, db: SiteDatabase, marker_generation: int,
+def _count_run(db: SiteDatabase, marker_generation: int,
                marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
-    conn.execute("BEGIN IMMEDIATE")  # the connection autocommits otherwise
-    try:
+    with db._write(f"{db.path}: counting this agent run") as conn:
         conn.execute(_TABLE)
         row = conn.execute("SELECT generation FROM fieldsync_agent_run WHERE id = 1").fetchone()
         database_generation = row[0] if row else 0
@@ -67,9 +67,4 @@ def _count_run(conn: sqlite3.Connection, db: SiteDatabase, marker_generation: in
             conn.execute("UPDATE fieldsync_site SET incarnation = ? WHERE id = 1", (incarnation,))
         generation = max(database_generation, marker_generation) + 1
         conn.execute("INSERT OR REPLACE INTO fieldsync_agent_run (id, generation) VALUES (1, ?)", (generation,))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     return generation, incarnation, renewed

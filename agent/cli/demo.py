@@ -396,6 +396,7 @@ def _agent_command() -> str:
     except ValueError:
         return str(script.absolute())
 
+
 def _where(folder: Path, table: str, key: object) -> list[str]:
     holders = []
     for name in FIELD_SITES:

@@ -12,7 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import AgentError
-from ._common import DATABASE, SITE_NAME, check_parent_directory, console, incarnation_text, key_fingerprint, open_site, require_remote, show_progress
+from ._common import (DATABASE, SITE_NAME, check_parent_directory, console, incarnation_text, key_fingerprint,
+                      open_site, require_remote, show_progress)
 
 
 @click.command()
