@@ -62,6 +62,23 @@ _ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_rece
 _EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
 
 
+def _log_restart(queues: MessageQueues) -> None:
+    """Say what opening the spool had to repair after an unclean stop
+    (docs/spool-format.md, "Restart"); a clean stop repairs nothing."""
+    stats = getattr(queues, "last_restart", None)
+    if stats is None:
+        return
+    where = getattr(queues, "path", "the spool")
+    if stats.torn_bytes:
+        log.warning("%s: the agent did not stop cleanly: the last %d bytes of the spool's log, an unfinished write, "
+                    "were dropped (no step had yet relied on them)", where, stats.torn_bytes)
+    if stats.units_backed_out:
+        log.info("%s: %d unfinished queue operation(s) of the last run were backed out", where,
+                 stats.units_backed_out)
+    for problem in getattr(queues, "restart_problems", ()):
+        log.warning("%s: %s", where, problem)
+
+
 def agent_directory(database: str | os.PathLike[str]) -> Path:
     """Where the agent keeps its queues, quarantine and bookkeeping for a site."""
     path = Path(database)
@@ -233,6 +250,7 @@ class Agent:
         # (or it cannot be read) must not count as a run.
         if self._queues is None:
             self._queues = open_queues(self.path)
+        _log_restart(self._queues)
         old = check_restored(self.db, self.directory)
         if old is not None:
             log.error("%s was restored from an older copy: it now has a new incarnation id; its peers will "
@@ -385,7 +403,11 @@ class Agent:
             # A dequeue in doubt (the process died between the database commit
             # of an apply and the dequeue's commit) is settled by the database.
             for peer in self.peers.values():
-                await asyncio.to_thread(resolve, peer.name, peer.protocol.state.log_received)
+                settled = await asyncio.to_thread(resolve, peer.name, peer.protocol.state.log_received)
+                if settled.dequeued or settled.restored:
+                    log.info("after an unclean stop, %d message(s) from %s were in doubt: %d had been applied "
+                             "(now dequeued), %d had not (queued again)", len(settled.dequeued) + len(settled.restored),
+                             peer.name, len(settled.dequeued), len(settled.restored))
         for peer in self.peers.values():
             queued = await asyncio.to_thread(self._queued_headers, peer.name)
             for name, message in queued:

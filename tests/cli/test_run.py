@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import os
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -15,8 +17,9 @@ from agent.runner import agent_directory, open_queues
 from agent.site import SiteDatabase
 from transports.registry import available_transports
 from tests.spark.launchers import LAST_LINE, hanging_launcher, wait_gone
+from tests.spool.helpers import flip_byte
 
-from .conftest import Agent, World, agent_process, stop_once_n1_has_data, sync
+from .conftest import AGENT_COMMAND, Agent, World, agent_process, stop_once_n1_has_data, sync
 
 
 def test_batch_rounds_replicate_both_ways(agent: Agent, world: World) -> None:
@@ -384,3 +387,48 @@ def test_a_problem_line_writes_control_characters_as_escapes(agent: Agent, world
     problems = [line for line in result.err_lines if line.startswith("agent: transport error")]
     assert result.code == 1 and problems, result.err_lines
     assert all("\x1b" not in line for line in problems) and "gone\\x1b[31m" in problems[0], problems
+
+
+def test_a_torn_spool_write_is_reported_at_the_next_start(agent: Agent, world: World) -> None:
+    """A crash in the middle of a write to the spool: the next run drops
+    the unfinished write, says so once, and replicates as usual."""
+    assert agent("run", world.n1, "--once").code == 0
+    queues = open_queues(world.n1)
+    end = queues._log.next_rba  # type: ignore[attr-defined]
+    queues.put_inbound("hq", "hq.n1.d.unfinished.fsm", b"never acknowledged")
+    queues.close()
+    flip_byte(agent_directory(world.n1) / "spool", end + 12)
+    world.execute("n1", "INSERT INTO customer VALUES (201, 'n1', 'after the crash')")
+    result = agent("run", world.n1, "--once")
+    assert result.code == 0, result.err
+    torn = [line for line in result.err_lines if "did not stop cleanly" in line]
+    assert len(torn) == 1 and " WARNING " in torn[0] and str(agent_directory(world.n1) / "spool") in torn[0]
+    assert re.search(r"the last \d+ bytes of the spool's log", torn[0]), torn[0]
+    assert open_and_close_inbound(world.n1) == []  # the unfinished message was backed out
+    sync(agent, world)
+    assert (201, "n1", "after the crash") in world.rows("hq", "SELECT id, region, name FROM customer")
+    assert "did not stop cleanly" not in agent("run", world.n1, "--once").err  # once repaired, said once
+
+
+def open_and_close_inbound(database: Path) -> list[str]:
+    queues = open_queues(database)
+    try:
+        return queues.inbound("hq")
+    finally:
+        queues.close()
+
+
+def test_messages_in_doubt_after_a_kill_are_reported_as_settled(agent: Agent, world: World) -> None:
+    """Killed between an apply's commit and the dequeue's: the next start
+    settles the dequeue from the database and says what it found."""
+    world.execute("hq", "INSERT INTO customer VALUES (101, 'n1', 'in doubt', 'x')")
+    assert agent("run", world.hq, "--once").code == 0
+    killed = subprocess.run([*AGENT_COMMAND, "run", str(world.n1), "--once"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "FIELDSYNC_CRASH": "apply.after-commit"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (101, "n1", "in doubt") in world.rows("n1")  # applied, but still queued
+    result = agent("run", world.n1, "--once")
+    assert result.code == 0, result.err
+    assert "after an unclean stop, 1 message(s) from hq were in doubt: 1 had been applied (now dequeued), " \
+           "0 had not (queued again)" in result.err
+    assert world.rows("n1", "SELECT count(*) FROM customer WHERE id = 101") == [(1,)]
