@@ -19,14 +19,14 @@ import sys
 import uuid
 from datetime import datetime, time, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import click
 from rich.console import Console
 
 from codec.errors import InvalidValue
 from codec.names import check_site_name
-from transports.options import has_control_character, parse_byte_count, parse_seconds
+from transports.options import has_control_character, parse_byte_count, parse_int, parse_seconds
 
 from ..errors import AgentError
 from ..transport_options import TransportOptions
@@ -123,7 +123,31 @@ class TimeOfDay(click.ParamType):
         return moment
 
 
-DATABASE = click.Path(dir_okay=False, path_type=Path)
+class Whole(click.IntRange):
+    """A whole number in ASCII digits, within a range: click's own INT takes
+    any script's digits (``int("٣")`` is 3) and ``1_000``, which no other
+    number the agent reads does."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                value = parse_int(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class DatabasePath(click.Path):
+    """A site database file: not a folder, and not an empty string (which
+    would otherwise stand for the working directory)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("the path is empty", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+DATABASE = DatabasePath(dir_okay=False, path_type=Path)
 
 
 class Address(click.ParamType):

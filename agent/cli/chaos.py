@@ -20,15 +20,15 @@ from rich.table import Table
 
 from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
 from ..transport_options import TransportOptions
-from ._common import TRANSPORT, AddressTemplate, TransportOption, console
+from ._common import TRANSPORT, AddressTemplate, TransportOption, Whole, console
 
 
 @click.command()
-@click.option("--seeds", "count", type=click.IntRange(1), default=100, show_default=True,
+@click.option("--seeds", "count", type=Whole(1), default=100, show_default=True,
               help="How many seeds to run.")
-@click.option("--start", type=click.IntRange(0), default=0, show_default=True, help="First seed.")
-@click.option("--seed", type=click.IntRange(0), default=None, help="Replay this one seed (and shrink it if it fails).")
-@click.option("--steps", type=click.IntRange(1), default=None, help="Workload steps per seed (default: from the seed).")
+@click.option("--start", type=Whole(0), default=0, show_default=True, help="First seed.")
+@click.option("--seed", type=Whole(0), default=None, help="Replay this one seed (and shrink it if it fails).")
+@click.option("--steps", type=Whole(1), default=None, help="Workload steps per seed (default: from the seed).")
 @click.option("--transport", type=TRANSPORT, default="folder", show_default=True,
               help="Transport to run over (wrapped in the faults transport).")
 @click.option("--address-template", type=AddressTemplate(), default="{root}/inbox/{site}", show_default=True,

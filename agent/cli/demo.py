@@ -32,7 +32,7 @@ from rich.table import Table
 from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 
 from ..errors import AgentError
-from ._common import ByteSize, console
+from ._common import ByteSize, Whole, console
 
 MARKER = ".fieldsync-demo"
 # What the first, codec-only demo left in its folder; such a folder is a demo folder too.
@@ -410,8 +410,8 @@ def _where(folder: Path, table: str, key: object) -> list[str]:
 @click.argument("folder", type=click.Path(file_okay=False, path_type=Path), default=Path("demo"))
 @click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE, MAX_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help="Largest message file, in bytes.")
-@click.option("--seed", type=int, default=7, show_default=True, help="Seed of the generated data.")
-@click.option("--rounds", type=click.IntRange(min=1), default=12, show_default=True,
+@click.option("--seed", type=Whole(min=0), default=7, show_default=True, help="Seed of the generated data.")
+@click.option("--rounds", type=Whole(min=1), default=12, show_default=True,
               help="Give up if the sites are not at rest after this many rounds.")
 def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
     """Replicate a consolidated and three field sites in FOLDER (default ./demo).

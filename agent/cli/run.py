@@ -26,8 +26,8 @@ from ..queues import MessageQueues, QueueDepth
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ..transport_options import TransportOptions
 from . import escape_controls
-from ._common import (ADDRESS, DATABASE, TRANSPORT, ByteSize, Duration, TransportOption, check_transports, console,
-                      format_seconds, logging_to, open_site, show_progress)
+from ._common import (ADDRESS, DATABASE, TRANSPORT, ByteSize, Duration, TransportOption, Whole, check_transports,
+                      console, format_seconds, logging_to, open_site, show_progress)
 from ._spool import open_queues, quarantined
 
 log = logging.getLogger("fieldsync.cli")
@@ -209,14 +209,14 @@ class SparkConf(click.ParamType):
                    "transport or wrapper (sftp.key_file=..., faults.seed=7). Repeatable.")
 @click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE, MAX_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help=f"Largest message file ({MIN_MAX_SIZE} to {MAX_MAX_SIZE}; 48k works).")
-@click.option("-g", "--group", type=click.IntRange(min=1), default=20, show_default=True, metavar="N",
+@click.option("-g", "--group", type=Whole(min=1), default=20, show_default=True, metavar="N",
               help="Group transactions of fewer than N operations (accepted for dbremote compatibility).")
 @click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")
 @click.option("--send-only", "-s", is_flag=True, help="Only scan the log and send (dbremote -s).")
 @click.option("--keep", "-p", is_flag=True,
               help="Leave received files in the message system instead of deleting them (dbremote -p); "
                    "they are read again, and skipped, at every poll.")
-@click.option("--patience", "-rp", type=click.IntRange(min=1), default=1, show_default=True, metavar="POLLS",
+@click.option("--patience", "-rp", type=Whole(min=1), default=1, show_default=True, metavar="POLLS",
               help="Polls a gap may last before a resend is requested (dbremote -rp).")
 @click.option("--resend-urgency", "-ru", type=Duration(positive=False), metavar="DURATION",
               help="How long a resend request waits before it is acted on (dbremote -ru; "
@@ -228,7 +228,7 @@ class SparkConf(click.ParamType):
 @click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
               help="Who packs outbound batches: the agent (local), Spark (spark), or Spark from "
                    "--spark-threshold on (auto; local when PySpark is not installed).")
-@click.option("--spark-threshold", type=click.IntRange(min=0), metavar="N",
+@click.option("--spark-threshold", type=Whole(min=0), metavar="N",
               help="Backlog (log offsets over the due sends) from which --engine auto uses Spark "
                    f"(default: {DEFAULT_THRESHOLD} with a cluster master; with a local one, none: "
                    "auto packs locally).")

@@ -37,9 +37,10 @@ def test_spool_check_before_the_first_run(agent: Agent, tmp_path: Path) -> None:
 
 
 def test_spool_check_of_no_site_is_one_line(agent: Agent, tmp_path: Path) -> None:
-    for argument, says in ((tmp_path / "nosuch.db", "no such site database"), ("", "is a directory")):
+    for argument, code, says in ((tmp_path / "nosuch.db", 1, "no such site database"),
+                                 ("", 2, "the path is empty"), (tmp_path, 2, "is a directory")):
         result = agent("spool", "check", argument)
-        assert result.code == 1 and len(result.err_lines) == 1 and says in result.err, (argument, result.err)
+        assert result.code == code and len(result.err_lines) == 1 and says in result.err, (argument, result.err)
         assert "internal error" not in result.err
 
 
