@@ -14,6 +14,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -50,8 +51,21 @@ def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3
         code = getattr(error, "sqlite_errorcode", None)
         if code is not None and code & 0xFF in _BUSY_CODES:
             raise translate(error, f"opening {path}") from error
+        if code is not None and code & 0xFF == sqlite3.SQLITE_CANTOPEN:
+            raise NotASite(_cannot_open(path, error)) from error
         raise NotASite(f"{path}: cannot open as an SQLite database ({error})") from error
     return conn
+
+
+def _cannot_open(path: str, error: sqlite3.Error) -> str:
+    """Why SQLite could not open ``path``, when the file system says."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK | os.X_OK):
+        return (f"{path}: cannot open: the folder {folder} is not writable by this user, and SQLite keeps a "
+                "database's -wal and -shm files beside it")
+    if os.path.isfile(path) and not os.access(path, os.R_OK | os.W_OK):
+        return f"{path}: cannot open: the file is not readable and writable by this user"
+    return f"{path}: cannot open as an SQLite database ({error})"
 
 
 def translate(error: sqlite3.Error, doing: str) -> SiteError:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import sys
+from pathlib import Path
+from typing import Iterator
 
 import click
 import pytest
@@ -180,3 +185,42 @@ def test_a_path_in_the_way_is_named_with_what_to_do(agent: Agent, world) -> None
 def test_a_path_that_is_no_regular_file_says_so(agent: Agent) -> None:
     result = agent("status", "/dev/null")
     assert result.code == 1 and result.err_lines == ["agent: /dev/null is not a regular file, so not a site database"]
+
+
+@contextlib.contextmanager
+def unwritable(folder: Path) -> Iterator[None]:
+    """``folder`` cannot be written to, for root too (immutable), until the end."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(folder)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+
+
+def test_a_folder_that_cannot_be_written_to_is_named(agent: Agent, tmp_path: Path) -> None:
+    """SQLite's own "unable to open database file" names neither the folder
+    nor that the file may be fine: a site in a read-only folder says both."""
+    folder = tmp_path / "sites"
+    folder.mkdir()
+    site = folder / "n9.db"
+    assert agent("init", site, "--name", "n9", "--role", "remote", "--address", tmp_path / "in").code == 0
+    for extra in ("-wal", "-shm"):
+        assert not Path(f"{site}{extra}").exists()
+    says = (f"agent: {folder / 'new.db'}: cannot open: the folder {folder} is not writable by this user, and SQLite "
+            "keeps a database's -wal and -shm files beside it")
+    with unwritable(folder):
+        made = agent("init", folder / "new.db", "--name", "new", "--role", "remote", "--address", tmp_path / "in")
+        assert (made.code, made.err_lines) == (1, [says])
+        for command in (("status", site), ("run", site, "--once")):
+            result = agent(*command)
+            assert result.code == 1 and result.err_lines == [says.replace(str(folder / "new.db"), str(site))], \
+                result.err_lines
+    assert not (folder / "new.db").exists()
+    assert agent("status", site).code == 0
