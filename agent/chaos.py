@@ -47,6 +47,7 @@ from transports.faults import FaultRates, FaultsTransport
 
 from . import crashpoints
 from .admin import extract_site, init_site
+from .errors import AgentError
 from .runner import Agent, RunOptions
 from .site import SiteDatabase
 from .site.publications import Article
@@ -212,7 +213,13 @@ class Simulation:
         self.root.mkdir(parents=True, exist_ok=True)
         templates.copy(params.remotes, root)
         for site in self.sites:
-            (root / "inbox" / site).mkdir(parents=True, exist_ok=True)
+            if params.transport == "folder":  # the folders the templates name, wherever they are
+                for folder in {self.address(site), self.send_address(site)}:
+                    try:
+                        Path(folder).expanduser().mkdir(parents=True, exist_ok=True)
+                    except OSError as error:
+                        raise AgentError(f"cannot make the inbox folder {folder} of site {site}: "
+                                         f"{error.strerror or error}; check --address-template") from None
             with SiteDatabase.open(root / f"{site}.db") as db:
                 # Addresses in the template are relative: point them here.
                 for remote in db.remotes():
@@ -233,8 +240,10 @@ class Simulation:
 
     @property
     def fresh_inboxes(self) -> bool:
-        """Whether every inbox is a new folder of this seed (the default layout)."""
-        return self.params.transport == "folder" and "{root}" in self.params.address_template
+        """Whether every inbox is a new folder of this seed (under ``{root}``)."""
+        templates = [self.params.address_template, self.params.send_address_template or ""]
+        return self.params.transport == "folder" and all(template.startswith("{root}") or not template
+                                                         for template in templates)
 
     # -- agents --------------------------------------------------------------------------
 
