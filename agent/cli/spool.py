@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,7 +37,11 @@ def check(database: Path, as_json: bool) -> int:
         click.echo(json.dumps({
             "ok": report.ok, "records": report.records, "segments": len(report.segments),
             "messages": report.messages, "restart_span_bytes": report.restart_span_bytes,
-            "in_doubt": len(report.in_doubt), "corruption": [str(c) for c in report.corruption],
+            "in_doubt": len(report.in_doubt),
+            "queues": [{"queue": queue.queue, "messages": len(queue.names), "bytes": queue.content_bytes}
+                       for queue in report.queues],
+            "torn_tail": dataclasses.asdict(report.torn_tail) if report.torn_tail is not None else None,
+            "corruption": [dataclasses.asdict(bad) for bad in report.corruption],
             "problems": list(report.problems),
         }))
     else:

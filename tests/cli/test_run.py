@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import json
 import os
 import shutil
 import signal
@@ -398,6 +399,9 @@ def test_a_torn_spool_write_is_reported_at_the_next_start(agent: Agent, world: W
     queues.put_inbound("hq", "hq.n1.d.unfinished.fsm", b"never acknowledged")
     queues.close()
     flip_byte(agent_directory(world.n1) / "spool", end + 12)
+    checked = agent("spool", "check", world.n1, "--json")
+    torn_tail = json.loads(checked.out)["torn_tail"]
+    assert checked.code == 0 and torn_tail["rba"] == end and torn_tail["discarded"] > 0, checked.out
     world.execute("n1", "INSERT INTO customer VALUES (201, 'n1', 'after the crash')")
     result = agent("run", world.n1, "--once")
     assert result.code == 0, result.err

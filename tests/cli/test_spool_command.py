@@ -13,6 +13,8 @@ def test_spool_check_reports_a_healthy_spool_and_finds_damage(agent: Agent, worl
     assert result.code == 0 and "OK" in result.out and "records" in result.out
     report = json.loads(agent("spool", "check", world.hq, "--json").out)
     assert report["ok"] and report["records"] > 0
+    assert (report["torn_tail"], report["corruption"], report["problems"]) == (None, [], [])
+    assert {queue["queue"] for queue in report["queues"]} <= {"in/n1", "in/n2", "out/n1", "out/n2"}
     # Damage a byte in the middle of the log: reported with where it is, exit 1.
     segment = sorted((agent_directory(world.hq) / "spool").glob("*.seg"))[0]
     data = bytearray(segment.read_bytes())
@@ -20,7 +22,10 @@ def test_spool_check_reports_a_healthy_spool_and_finds_damage(agent: Agent, worl
     segment.write_bytes(bytes(data))
     damaged = agent("spool", "check", world.hq, "--json")
     assert damaged.code == 1
-    assert not json.loads(damaged.out)["ok"]
+    found = json.loads(damaged.out)
+    assert not found["ok"]
+    [bad] = found["corruption"]
+    assert bad["segment"] == segment.name and bad["rba"] > 0 and bad["reason"] and isinstance(bad["needed"], bool)
 
 
 def test_spool_check_before_the_first_run(agent: Agent, tmp_path: Path) -> None:
