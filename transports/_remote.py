@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from codec.errors import BadFileName
 from codec.names import MessageName
 
-from .errors import TransportRefused
+from .errors import BadTransportOptions, TransportRefused
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def check_timeouts(**timeouts: object) -> None:
     """Each must be a number of seconds, more than 0 and at most a day."""
     for option, value in timeouts.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT:
-            raise ValueError(f"{option} must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (a day), "
+            raise BadTransportOptions(f"{option} must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (a day), "
                              f"got {value!r}")
 
 
@@ -72,9 +72,9 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if type(self.retries) is not int or not 0 <= self.retries <= MAX_RETRIES:
-            raise ValueError(f"retries must be a whole number 0..{MAX_RETRIES}, got {self.retries!r}")
+            raise BadTransportOptions(f"retries must be a whole number 0..{MAX_RETRIES}, got {self.retries!r}")
         if isinstance(self.first_delay, bool) or not isinstance(self.first_delay, (int, float)) or not 0 <= self.first_delay <= MAX_RETRY_DELAY:
-            raise ValueError(f"retry_delay must be 0..{MAX_RETRY_DELAY:.0f} seconds, got {self.first_delay!r}")
+            raise BadTransportOptions(f"retry_delay must be 0..{MAX_RETRY_DELAY:.0f} seconds, got {self.first_delay!r}")
 
     def delays(self) -> Iterator[float]:
         """The waits before the second, third, ... attempt."""
@@ -94,11 +94,11 @@ class SecretSource:
 
     def __post_init__(self) -> None:
         if self.file is not None and self.env is not None:
-            raise ValueError(f"give {self.what}_file or {self.what}_env, not both")
+            raise BadTransportOptions(f"give {self.what}_file or {self.what}_env, not both")
         if self.file is not None and (type(self.file) is not str or not self.file):
-            raise ValueError(f"{self.what}_file must be a path, got {self.file!r}")
+            raise BadTransportOptions(f"{self.what}_file must be a path, got {self.file!r}")
         if self.env is not None and (type(self.env) is not str or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.env)):
-            raise ValueError(f"{self.what}_env must be an environment variable name, got {self.env!r}")
+            raise BadTransportOptions(f"{self.what}_env must be an environment variable name, got {self.env!r}")
 
     @property
     def configured(self) -> bool:

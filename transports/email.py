@@ -42,7 +42,7 @@ import aioimaplib  # noqa: F401  (used by ._imap; imported here so a missing pac
 import aiosmtplib
 
 from .base import Incoming, NameFilter, Transport
-from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
+from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
 from ._remote import Backoff, SecretSource, check_timeouts, one_line
 from .options import ByteCount, Seconds, check_size_limit, has_control_character
@@ -273,28 +273,28 @@ class EmailTransport(Transport):
                  retry_delay: Seconds = 1.0) -> None:
         super().__init__()
         if smtp_host is not None and (type(smtp_host) is not str or not smtp_host.strip()):
-            raise ValueError(f"smtp_host must be a host name, got {smtp_host!r}")
+            raise BadTransportOptions(f"smtp_host must be a host name, got {smtp_host!r}")
         if smtp_tls not in SMTP_TLS_MODES:
-            raise ValueError(f"smtp_tls must be one of {', '.join(SMTP_TLS_MODES)}, got {smtp_tls!r}")
+            raise BadTransportOptions(f"smtp_tls must be one of {', '.join(SMTP_TLS_MODES)}, got {smtp_tls!r}")
         if smtp_port is not None and (type(smtp_port) is not int or not 0 < smtp_port < 65536):
-            raise ValueError(f"smtp_port must be 1..65535, got {smtp_port!r}")
+            raise BadTransportOptions(f"smtp_port must be 1..65535, got {smtp_port!r}")
         if from_address is not None:
             try:
                 _check_email(from_address, "from_address")
             except BadAddress as error:
-                raise ValueError(str(error)) from None
+                raise BadTransportOptions(str(error)) from None
         if username is not None and (type(username) is not str or not username):
-            raise ValueError(f"username must be a login name, got {username!r}")
+            raise BadTransportOptions(f"username must be a login name, got {username!r}")
         for option, folder in (("move_to", move_to), ("quarantine_folder", quarantine_folder)):
             if folder is not None and (type(folder) is not str or not folder.strip()
                                        or any(ord(char) < 32 for char in folder)):
-                raise ValueError(f"{option} must be an IMAP folder name, got {folder!r}")
+                raise BadTransportOptions(f"{option} must be an IMAP folder name, got {folder!r}")
         check_size_limit("max_message_size", max_message_size)
         if type(idle) is not bool:
-            raise ValueError(f"idle must be True or False, got {idle!r}")
+            raise BadTransportOptions(f"idle must be True or False, got {idle!r}")
         check_timeouts(connect_timeout=connect_timeout, timeout=timeout)
         if ca_file is not None and (type(ca_file) is not str or not ca_file):
-            raise ValueError(f"ca_file must be a path, got {ca_file!r}")
+            raise BadTransportOptions(f"ca_file must be a path, got {ca_file!r}")
         self.smtp_host = smtp_host
         self.smtp_tls = smtp_tls
         self.smtp_port = smtp_port or DEFAULT_SMTP_PORTS[smtp_tls]

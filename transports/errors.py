@@ -62,5 +62,7 @@ class TransportNameTaken(RegistryError):
     ``replace=True`` to replace it)."""
 
 
-class BadTransportOptions(RegistryError, TypeError):
-    """``create_transport`` was given options the transport does not accept."""
+class BadTransportOptions(RegistryError, TypeError, ValueError):
+    """A transport was given options it does not accept (an unknown name, a
+    value of the wrong type or out of range): from ``create_transport`` and
+    from the transports' constructors."""

@@ -25,7 +25,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -110,6 +110,13 @@ class FaultsTransport(TransportWrapper):
             raise BadTransportOptions("faults: config must be the path of a JSON file of rates, got ''")
         if rates is None:
             rates = FaultRates.from_config(config) if config is not None else FaultRates(**given)
+        elif isinstance(rates, Mapping):  # {"drop": 0.05, ...}, as in a config file
+            if set(rates) - set(FaultRates.__dataclass_fields__):
+                raise BadTransportOptions(f"faults: rates must have keys among "
+                                          f"{', '.join(FaultRates.__dataclass_fields__)}, got {sorted(rates)}")
+            rates = FaultRates(**rates)
+        elif not isinstance(rates, FaultRates):
+            raise BadTransportOptions(f"faults: rates must be FaultRates or a mapping of rates, got {rates!r}")
         self.seed = seed
         self.rates = rates
         self.active = active

@@ -29,7 +29,7 @@ from codec.errors import BadFileName
 from codec.names import MessageName
 
 from .base import Incoming, NameFilter, Transport
-from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
+from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from .options import ByteCount, FileMode, Seconds, check_size_limit
 
 log = logging.getLogger(__name__)
@@ -136,11 +136,11 @@ class FolderTransport(Transport):
         for option, value, low in (("stale_temp_age", stale_temp_age, "> 0"), ("min_age", min_age, ">= 0")):
             if (isinstance(value, bool) or not isinstance(value, (int, float))
                     or not (value > 0 if low == "> 0" else value >= 0)):
-                raise ValueError(f"{option} must be a number of seconds {low}, got {value!r}")
+                raise BadTransportOptions(f"{option} must be a number of seconds {low}, got {value!r}")
         check_size_limit("max_file_size", max_file_size)
         if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):
             shown = f"0o{file_mode:o}" if type(file_mode) is int and file_mode >= 0 else repr(file_mode)
-            raise ValueError(f"file_mode must be permission bits 0..0o777, got {shown}")
+            raise BadTransportOptions(f"file_mode must be permission bits 0..0o777, got {shown}")
         self.stale_temp_age = float(stale_temp_age)
         self.min_age = float(min_age)
         self.max_file_size = max_file_size

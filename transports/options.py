@@ -69,7 +69,7 @@ def check_size_limit(option: str, value: object) -> int:
     byte count no smaller than the smallest message (``-l`` takes 10000 and
     up), else a limit that refuses every message file."""
     if type(value) is not int or value < MIN_MAX_SIZE:
-        raise ValueError(f"{option} must be a byte count of at least {MIN_MAX_SIZE} (the smallest message "
+        raise BadTransportOptions(f"{option} must be a byte count of at least {MIN_MAX_SIZE} (the smallest message "
                          f"size), got {value!r}")
     return value
 

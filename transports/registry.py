@@ -29,6 +29,7 @@ from .base import Transport
 from .errors import (
     BadTransportOptions,
     RegistryError,
+    TransportError,
     TransportNameTaken,
     TransportNotInstalled,
     UnknownTransport,
@@ -268,10 +269,24 @@ def create_transport(spec: str, /, *, wrapper_options: Mapping[str, Mapping[str,
     for wrapper, cls in wrapper_classes:
         _bind_options(cls, wrapper, (None,), wrapper_options.get(wrapper, {}))
         wrapper_options[wrapper] = read_text_options(cls, wrapper, wrapper_options.get(wrapper, {}))
-    transport: Transport = inner_cls(**options)
+    transport: Transport = _build(parsed.inner, inner_cls, options)
     for wrapper, cls in reversed(wrapper_classes):
-        transport = cls(transport, **wrapper_options[wrapper])
+        transport = _build(wrapper, cls, wrapper_options[wrapper], transport)
     return transport
+
+
+def _build(name: str, cls: type[Transport], options: Mapping[str, Any], *inner: Transport) -> Transport:
+    """``cls(*inner, **options)``; a value the class refuses (its own check,
+    or a plugin's ValueError/TypeError) is BadTransportOptions naming the
+    transport."""
+    try:
+        return cls(*inner, **options)
+    except TransportError as error:
+        if not isinstance(error, BadTransportOptions) or str(error).startswith(f"{name}: "):
+            raise
+        raise BadTransportOptions(f"transport {name!r}: {error}") from None
+    except (TypeError, ValueError) as error:
+        raise BadTransportOptions(f"transport {name!r}: {error}") from None
 
 
 def check_transport_spec(spec: str, /) -> TransportSpec:

@@ -41,7 +41,7 @@ import paramiko
 from paramiko.sftp import CMD_EXTENDED
 
 from .base import Incoming, NameFilter, Transport
-from .errors import BadAddress, TransportError, TransportRefused, TransportUnavailable
+from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
 from .options import ByteCount, FileMode, Seconds, check_size_limit, has_control_character
 
@@ -221,20 +221,20 @@ class SftpTransport(Transport):
                  file_mode: FileMode | None = None) -> None:
         super().__init__()
         if key_file is not None and (type(key_file) is not str or not key_file):
-            raise ValueError(f"key_file must be a path, got {key_file!r}")
+            raise BadTransportOptions(f"key_file must be a path, got {key_file!r}")
         if type(known_hosts) is not str or not known_hosts:
-            raise ValueError(f"known_hosts must be a path, got {known_hosts!r}")
+            raise BadTransportOptions(f"known_hosts must be a path, got {known_hosts!r}")
         if type(accept_new_host_key) is not bool:
-            raise ValueError(f"accept_new_host_key must be True or False, got {accept_new_host_key!r}")
+            raise BadTransportOptions(f"accept_new_host_key must be True or False, got {accept_new_host_key!r}")
         check_timeouts(connect_timeout=connect_timeout, timeout=timeout)
         if isinstance(stale_temp_age, bool) or not isinstance(stale_temp_age, (int, float)) or not stale_temp_age > 0:
-            raise ValueError(f"stale_temp_age must be a number of seconds > 0, got {stale_temp_age!r}")
+            raise BadTransportOptions(f"stale_temp_age must be a number of seconds > 0, got {stale_temp_age!r}")
         if type(channels) is not int or not 1 <= channels <= 32:
-            raise ValueError(f"channels must be 1..32, got {channels!r}")
+            raise BadTransportOptions(f"channels must be 1..32, got {channels!r}")
         check_size_limit("max_file_size", max_file_size)
         if file_mode is not None and (type(file_mode) is not int or not 0 <= file_mode <= 0o777):
             shown = f"0o{file_mode:o}" if type(file_mode) is int and file_mode >= 0 else repr(file_mode)
-            raise ValueError(f"file_mode must be permission bits 0..0o777, got {shown}")
+            raise BadTransportOptions(f"file_mode must be permission bits 0..0o777, got {shown}")
         self.key_file = key_file
         self.key_passphrase = SecretSource("key_passphrase", key_passphrase_file, key_passphrase_env)
         self.password = SecretSource("password", password_file, password_env)

@@ -251,16 +251,9 @@ def check_transports(specs: Iterable[str], options: TransportOptions, *, own: st
     work starts."""
     import asyncio
 
-    from transports.errors import TransportError
-
     options.check_names()
     for spec in dict.fromkeys(specs):
-        try:
-            transport = options.create(spec, own=own)
-        except TransportError:
-            raise
-        except (TypeError, ValueError) as error:
-            raise AgentError(f"transport {spec}: {error}; check the --transport-option values") from None
+        transport = options.create(spec, own=own)  # BadTransportOptions names the transport and value
         asyncio.run(transport.aclose())
 
 

@@ -291,8 +291,8 @@ def test_bad_transport_options(agent: Agent, world: World) -> None:
     # A limit under the smallest message would leave every message unread.
     result = agent("run", world.hq, "--once", "-O", "max_file_size=0")
     assert result.code == 1 and result.err_lines == [
-        "agent: transport folder: max_file_size must be a byte count of at least 10000 (the smallest message "
-        "size), got 0; check the --transport-option values"], result.err
+        "agent: transport 'folder': max_file_size must be a byte count of at least 10000 (the smallest message "
+        "size), got 0"], result.err
     # A value that does not read as its option's type is one line naming both.
     for option, line in (
             ("stale_temp_age=forever", "agent: transport 'folder': stale_temp_age='forever' is not a number of "

@@ -393,3 +393,44 @@ def test_options_are_checked_before_anything_is_built() -> None:
 def test_every_registry_error_is_a_transport_error() -> None:
     for error in (RegistryError, UnknownTransport, TransportNotInstalled, TransportNameTaken, BadTransportOptions):
         assert issubclass(error, TransportError) and not error.retryable
+
+
+# -- values a transport refuses ------------------------------------------------------
+
+
+class PickyTransport(FolderTransport):
+    """A plugin whose constructor checks a value with a plain ValueError."""
+
+    def __init__(self, *, colour: str = "red") -> None:
+        if colour not in ("red", "blue"):
+            raise ValueError(f"colour must be red or blue, got {colour!r}")
+        super().__init__()
+
+
+@pytest.mark.parametrize(("spec", "options", "says"), [
+    ("folder", {"min_age": -1}, "transport 'folder': min_age must be a number of seconds >= 0, got -1"),
+    ("folder", {"max_file_size": 9999}, "transport 'folder': max_file_size must be a byte count of at least 10000"),
+    ("sftp", {"channels": 99}, "transport 'sftp': channels must be 1..32, got 99"),
+    ("email", {"smtp_tls": "bogus"}, "transport 'email': smtp_tls must be one of starttls, tls, none, got 'bogus'"),
+    ("email", {"password_file": "p", "password_env": "P"},
+     "transport 'email': give password_file or password_env, not both"),
+    ("picky", {"colour": "green"}, "transport 'picky': colour must be red or blue, got 'green'"),
+    ("faults+folder", {"drop": 2}, "faults: rate drop must be between 0 and 1, got 2"),
+    ("faults+folder", {"rates": {"drop": 2}}, "faults: rate drop must be between 0 and 1, got 2"),
+    ("faults+folder", {"rates": {"lose": 0.1}}, "faults: rates must have keys among drop, corrupt"),
+    ("faults+folder", {"rates": 0.1}, "faults: rates must be FaultRates or a mapping of rates, got 0.1"),
+])
+def test_a_value_a_transport_refuses_is_bad_transport_options(spec, options, says) -> None:
+    """Only TransportErrors leave the package: a constructor's own check
+    (or a plugin's ValueError) names the transport, once."""
+    register("picky", PickyTransport)
+    wrappers = {"faults": options} if spec.startswith("faults") else None
+    with pytest.raises(BadTransportOptions) as caught:
+        create_transport(spec, wrapper_options=wrappers, **({} if wrappers else options))
+    assert str(caught.value).startswith(says), str(caught.value)
+    assert isinstance(caught.value, TransportError) and isinstance(caught.value, ValueError)
+
+
+def test_fault_rates_may_be_given_as_a_mapping() -> None:
+    transport = create_transport("faults+folder", wrapper_options={"faults": {"rates": {"drop": 0.25}}})
+    assert transport.rates.drop == 0.25 and transport.rates.corrupt == 0.0  # type: ignore[attr-defined]
