@@ -38,7 +38,8 @@ from ._common import TRANSPORT, AddressTemplate, TransportOption, Whole, console
 @click.option("-O", "--transport-option", "transport_options", multiple=True, type=TransportOption(),
               help="NAME=VALUE for the transport, as for `agent run`.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-@click.option("--keep-going/--stop-at-first", default=True, help="Go on after a failing seed.")
+@click.option("--keep-going/--stop-at-first", default=True, show_default=True,
+              help="Go on after a failing seed, or stop at the first.")
 @click.option("--unsafe-without-stale-rule", is_flag=True, hidden=True)
 @click.option("--unsafe-without-duplicate-rule", is_flag=True, hidden=True)
 def chaos(**arguments: Any) -> int:

@@ -210,9 +210,9 @@ class SparkConf(click.ParamType):
 @click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE, MAX_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help=f"Largest message file ({MIN_MAX_SIZE} to {MAX_MAX_SIZE}; 48k works).")
 @click.option("-g", "--group", type=Whole(min=1), default=20, show_default=True, metavar="N",
-              help="Group transactions of fewer than N operations (accepted for dbremote compatibility).")
+              help="Accepted for dbremote compatibility; no effect: each message applies in one transaction.")
 @click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")
-@click.option("--send-only", "-s", is_flag=True, help="Only scan the log and send (dbremote -s).")
+@click.option("--send-only", "-s", is_flag=True, help="Only scan the log, send and confirm (dbremote -s).")
 @click.option("--keep", "-p", is_flag=True,
               help="Leave received files in the message system instead of deleting them (dbremote -p); "
                    "they are read again, and skipped, at every poll.")
