@@ -243,6 +243,9 @@ class Agent:
         except (UnicodeDecodeError, CodecError) as error:
             raise AgentError(f"{self.path}: the site's keys cannot be read ({error})") from None
         self.address = self.options.address or identity.address
+        for table in self.db.missing_tables():
+            log.warning("published table %r is no longer in %s (renamed or dropped?): give it back its name, or "
+                        "stop publishing it with `agent publication remove %s %s`", table, self.path, self.path, table)
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "quarantine").mkdir(exist_ok=True)
         (self.directory / "state").mkdir(exist_ok=True)

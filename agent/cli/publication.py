@@ -76,7 +76,7 @@ def article_text(article: "Article") -> str:  # noqa: F821
 
 @click.group()
 def publication() -> None:
-    """Create, extend and list publications: the tables a site replicates.
+    """Create, extend, shrink, drop and list publications: the tables a site replicates.
 
     An article is TABLE[:COL1,COL2,...][@COLUMN]: a table, optionally only
     some of its columns (the primary key is always included), optionally
@@ -115,6 +115,37 @@ def add(database: Path, name: str, articles: tuple) -> None:
         added = [site.add_article(name, article.table, columns=article.columns, subscribe_by=article.subscribe_by)
                  for article in articles]
     console().print(f"Added to {name}: " + ", ".join(article_text(article) for article in added), soft_wrap=True)
+
+
+@publication.command("remove")
+@click.argument("database", type=DATABASE)
+@click.argument("tables", nargs=-1, required=True)
+def remove(database: Path, tables: tuple[str, ...]) -> None:
+    """Stop publishing TABLES (each in whichever publication holds it).
+
+    Their changes are no longer captured; remotes keep their copies of the
+    tables and the rows in them.
+    """
+    with open_site(database) as site:
+        published = {article.table for item in site.publications() for article in item.articles}
+        unknown = [table for table in dict.fromkeys(tables) if table not in published]
+        if unknown:  # all or nothing
+            raise click.ClickException(f"not published in {database}: {', '.join(map(repr, unknown))}; nothing "
+                                       "was changed (`agent publication list` shows what is)")
+        for table in dict.fromkeys(tables):
+            site.remove_article(table)
+    console().print(f"Stopped publishing: {', '.join(dict.fromkeys(tables))}", soft_wrap=True)
+
+
+@publication.command("drop")
+@click.argument("database", type=DATABASE)
+@click.argument("name", type=PublicationName())
+def drop(database: Path, name: str) -> None:
+    """Drop publication NAME: its tables are no longer published and its
+    subscriptions end; remotes keep their copies of the tables."""
+    with open_site(database) as site:
+        site.drop_publication(name)
+    console().print(f"Dropped publication {name}", soft_wrap=True)
 
 
 @publication.command("list")

@@ -47,6 +47,7 @@ def collect_status(database: Path) -> dict[str, Any]:
         log_end = site.log_end()
         conflicts = len(site.conflicts())
         apply_errors = len(site.apply_errors())
+        missing = site.missing_tables()
     depths = {depth.peer: depth for depth in queue_depths(database)}
     rows = []
     for remote in remotes:
@@ -78,6 +79,7 @@ def collect_status(database: Path) -> dict[str, Any]:
         "quarantine": len(quarantined(database)),
         "conflicts": conflicts,
         "apply_errors": apply_errors,
+        "missing_tables": list(missing),
     }
 
 
@@ -98,6 +100,10 @@ def render_status(out: Console, status: dict[str, Any]) -> None:
     out.print(f"  inbox {site['address'] or '-'} ({site['transport'] or 'folder'})", soft_wrap=True)
     out.print(f"  log end {status['log_end']} · quarantined files {status['quarantine']} · "
               f"conflicts {status['conflicts']} · apply errors {status['apply_errors']}", soft_wrap=True)
+    for table in status["missing_tables"]:
+        out.print(escape(f"  published table {table!r} is no longer in the database (renamed or dropped?): give it "
+                         f"back its name, or stop publishing it with `agent publication remove DB {table}`"),
+                  soft_wrap=True)
     spool = status.get("spool")
     if spool is not None:
         age = spool["oldest_message_age_s"]

@@ -48,6 +48,7 @@ from .publications import (
     drop_publication_locked,
     list_publications,
     list_subscriptions,
+    missing_tables,
     read_fanout,
     read_operations,
     read_transactions,
@@ -159,6 +160,12 @@ class SiteDatabase:
     def drop_publication(self, name: str) -> None:
         with self._lock, self._write(f"dropping publication {name!r}"):
             drop_publication_locked(self._conn, name)
+
+    def missing_tables(self) -> tuple[str, ...]:
+        """Published tables that are no longer in the database (an
+        application renamed or dropped them); see docs/site-database.md."""
+        with self._lock, self._read("listing published tables"):
+            return missing_tables(self._conn)
 
     def publications(self) -> tuple[Publication, ...]:
         with self._lock, self._read("listing publications"):

@@ -175,6 +175,14 @@ def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
     conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))
 
 
+def missing_tables(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """Published tables the database no longer has (renamed or dropped by
+    an application): their article stays until it is removed."""
+    return tuple(table for (table,) in conn.execute(
+        "SELECT a.table_name FROM fieldsync_article a WHERE NOT EXISTS (SELECT 1 FROM sqlite_master m"
+        " WHERE m.type = 'table' AND m.name = a.table_name COLLATE NOCASE) ORDER BY a.table_name"))
+
+
 def list_publications(conn: sqlite3.Connection) -> tuple[Publication, ...]:
     articles: dict[str, list[Article]] = {}
     for (name,) in conn.execute("SELECT name FROM fieldsync_publication ORDER BY name"):

@@ -90,3 +90,51 @@ def test_unknown_table_or_column_is_an_error(site: Path, agent: Agent) -> None:
 def test_articles_are_required(site: Path, agent: Agent) -> None:
     result = agent("publication", "create", site, "empty")
     assert result.code == 2 and len(result.err_lines) == 1
+
+
+def _capture_rows(site: Path) -> int:
+    with connected(site) as conn:
+        return conn.execute("SELECT count(*) FROM fieldsync_capture").fetchone()[0]
+
+
+def test_remove_and_drop_stop_capturing(site: Path, agent: Agent) -> None:
+    assert agent("publication", "create", site, "territory", "customer@region", "visit@region").code == 0
+    assert agent("publication", "create", site, "catalogue", "product").code == 0
+    refused = agent("publication", "remove", site, "visit", "nosuch")
+    assert refused.code == 1 and refused.err_lines == [
+        f"agent: not published in {site}: 'nosuch'; nothing was changed (`agent publication list` shows what is)"]
+    result = agent("publication", "remove", site, "visit")
+    assert result.code == 0 and "Stopped publishing: visit" in result.out
+    assert agent("publication", "drop", site, "catalogue").code == 0
+    with SiteDatabase.open(site) as opened:
+        assert {item.name: item.articles for item in opened.publications()} == {
+            "territory": (Article("customer", None, "region"),)}
+    before = _capture_rows(site)
+    with connected(site) as conn:
+        conn.execute("INSERT INTO visit VALUES (1, 'north')")
+        conn.execute("INSERT INTO product VALUES ('P-1', 2.5)")
+    assert _capture_rows(site) == before  # neither is captured any more
+    with connected(site) as conn:
+        conn.execute("INSERT INTO customer VALUES (1, 'north', 'A', 's')")
+    assert _capture_rows(site) == before + 1
+    missing = agent("publication", "drop", site, "catalogue")
+    assert missing.code == 1 and "no publication named 'catalogue'" in missing.err
+
+
+def test_a_published_table_renamed_away_is_named_by_run_and_status(site: Path, agent: Agent) -> None:
+    (site.parent / "hq-inbox").mkdir()
+    assert agent("publication", "create", site, "catalogue", "product").code == 0
+    with connected(site) as conn:
+        conn.execute("ALTER TABLE product RENAME TO article")
+    run = agent("run", site, "--once")
+    assert run.code == 0, run.err
+    says = "published table 'product' is no longer in"
+    assert [line for line in run.err_lines if says in line] == [
+        next(line for line in run.err_lines if says in line)]
+    assert f"stop publishing it with `agent publication remove {site} product`" in run.err
+    status = agent("status", site)
+    assert says.replace(" in", " in the database") in status.out
+    assert agent("status", site, "--json").out.count('"product"') == 1
+    assert agent("publication", "remove", site, "product").code == 0
+    assert says not in agent("run", site, "--once").err
+    assert '"missing_tables": []' in agent("status", site, "--json").out

@@ -29,7 +29,7 @@ def test_json_after_a_real_replication(agent: Agent, world: World) -> None:
     sync(agent, world)
     hq = _status(agent, world.hq)
     assert list(hq) == ["format", "database", "site", "log_end", "remotes", "queues", "spool", "quarantine",
-                        "conflicts", "apply_errors"]
+                        "conflicts", "apply_errors", "missing_tables"]
     assert hq["spool"]["ok"] and hq["spool"]["messages"] == 0 and hq["spool"]["in_doubt"] == 0
     assert 0 < hq["spool"]["restart_span_bytes"] <= hq["spool"]["log_bytes"]
     assert hq["format"] == "fieldsync.status/1"
