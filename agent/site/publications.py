@@ -18,7 +18,7 @@ Rules of this file:
   left outside its subset); an UPDATE that moves a row into or out of the
   subscriber's subset becomes an INSERT of the full published row or a
   DELETE; within one transaction a DELETE and a re-INSERT of the same row
-  fold into an UPDATE.
+  fold into an UPDATE, when nothing else changed that table in between.
 """
 
 from __future__ import annotations
@@ -874,17 +874,25 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     Besides saving traffic, this keeps a change the subscriber made to that
     row meanwhile: a full-row INSERT would overwrite it at the subscriber,
     while the consolidated, which applies the subscriber's change after,
-    keeps it."""
+    keeps it.
+
+    Only when nothing else happened to that table in between: a row the
+    transaction changed meanwhile may have taken the deleted row's UNIQUE
+    value (or given up the one the INSERT takes), and the UPDATE at either
+    place would break the constraint where the transaction did not."""
     if not any(op[1] == OpKind.DELETE for op in ops):
         return ops
     deleted: dict[tuple[str, tuple], int] = {}
+    last_change: dict[str, int] = {}  # table -> index of its latest op
     folded = False
     for index, op in enumerate(ops):
+        previous = last_change.get(op.table)
+        last_change[op.table] = index
         if op.kind == OpKind.DELETE:
             deleted[(op.table, op.key)] = index
         elif op.kind == OpKind.INSERT:
             position = deleted.pop((op.table, op.key), None)
-            if position is None:
+            if position is None or previous != position:
                 continue
             old = ops[position].before
             new = op.after

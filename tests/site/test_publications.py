@@ -13,9 +13,9 @@ from agent.site import (
     UnknownPublication,
     UnknownRemote,
 )
-from codec.ops import Operation, Transaction
+from codec.ops import OpKind, Operation, Transaction
 
-from .conftest import CUSTOMER, LINE, app_connection, make_site
+from .conftest import CUSTOMER, LINE, app_connection, make_site, replicate, table_rows
 
 
 def read_ops(site, remote, after=0):
@@ -425,3 +425,27 @@ def test_one_pass_checks_every_range_before_reading(hq):
     with pytest.raises(UnknownRemote):
         hq.read_logs([("north1", 0, offsets[-1]), ("ghost", 0, offsets[-1])])
     assert list(hq.read_logs([])) == []
+
+
+def test_a_reinsert_with_other_changes_to_its_table_between_is_not_folded(tmp_path):
+    """DELETE row 1 (code A), give row 2 code A, INSERT row 1 with row 2's
+    old code B: one UPDATE of row 1 at either place would break UNIQUE(code)
+    at the subscriber, where the transaction as written did not."""
+    schema = "CREATE TABLE t (id INTEGER PRIMARY KEY, code TEXT UNIQUE, v TEXT)"
+    hq = make_site(tmp_path, "hq", "consolidated", schema)
+    hq.create_publication("p", [Article("t")])
+    hq.add_remote("n1", address="n1@example.org")
+    hq.subscribe("n1", "p")
+    n1 = make_site(tmp_path, "n1", "remote", schema)
+    n1.add_remote("hq", address="hq@example.org")
+    app = app_connection(hq)
+    app.execute("INSERT INTO t VALUES (1, 'A', 'one'), (2, 'B', 'two')")
+    replicate(hq, n1)
+    start = hq.log_end()
+    app.executescript("BEGIN; DELETE FROM t WHERE id = 1; UPDATE t SET code = 'A' WHERE id = 2;"
+                      " INSERT INTO t VALUES (1, 'B', 'new'); COMMIT")
+    hq.scan()
+    assert [op.kind for op in read_ops(hq, "n1", start)] == [OpKind.DELETE, OpKind.UPDATE, OpKind.INSERT]
+    result = replicate(hq, n1)
+    assert n1.apply_errors() == () and result is not None
+    assert table_rows(n1, "t") == table_rows(hq, "t") == [(1, "B", "new"), (2, "A", "two")]
