@@ -18,6 +18,7 @@ Rules of this file:
 from __future__ import annotations
 
 import bisect
+import logging
 import sqlite3
 import threading
 from contextlib import nullcontext
@@ -27,6 +28,36 @@ from typing import ContextManager, Iterator
 from .errors import LogOffsetError, LogTruncated
 
 READ_CHUNK = 1000
+log = logging.getLogger("fieldsync.site")
+_NOT_UTF8 = "Could not decode to UTF-8"
+
+
+def _fetch(conn: sqlite3.Connection, sql: str, params: tuple) -> list[tuple]:
+    """The capture rows ``sql`` selects.  A TEXT value that is not valid
+    UTF-8 (an application stored bytes as text) is read with U+FFFD in
+    place of the bad bytes, and said so, instead of stopping every read of
+    the log for good: the caller holds the site's lock, so the connection's
+    text factory is changed for this one statement only."""
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as error:
+        if _NOT_UTF8 not in str(error):
+            raise
+    saved = conn.text_factory
+    conn.text_factory = _lenient_text
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.text_factory = saved
+
+
+def _lenient_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        log.warning("a TEXT value in the log is not valid UTF-8 (%r...): it is sent with U+FFFD in place of the "
+                    "bad bytes; store such values as BLOB, or fix them at their source", data[:24])
+        return data.decode("utf-8", "replace")
 
 
 def log_end(conn: sqlite3.Connection) -> int:
@@ -108,8 +139,8 @@ def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int
             span = []
         if origin == skip_origin and keep_flag:
             with guard:
-                rows = conn.execute(f"SELECT {selected} FROM fieldsync_capture WHERE seq >= ? AND seq <= ?"
-                                    " AND flags & ? ORDER BY seq", (first, commit, keep_flag)).fetchall()
+                rows = _fetch(conn, f"SELECT {selected} FROM fieldsync_capture WHERE seq >= ? AND seq <= ?"
+                              " AND flags & ? ORDER BY seq", (first, commit, keep_flag))
             if rows:
                 yield commit, origin, rows
     if span:
@@ -124,8 +155,8 @@ def _read_span(conn: sqlite3.Connection, selected: str, span: list[tuple[int, st
     index = 0
     while position < until:
         with guard:
-            rows = conn.execute(f"SELECT {selected} FROM fieldsync_capture WHERE seq > ? AND seq <= ?"
-                                " ORDER BY seq LIMIT ?", (position, until, chunk)).fetchall()
+            rows = _fetch(conn, f"SELECT {selected} FROM fieldsync_capture WHERE seq > ? AND seq <= ?"
+                          " ORDER BY seq LIMIT ?", (position, until, chunk))
         if not rows:
             return
         start = 0

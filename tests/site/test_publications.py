@@ -449,3 +449,22 @@ def test_a_reinsert_with_other_changes_to_its_table_between_is_not_folded(tmp_pa
     result = replicate(hq, n1)
     assert n1.apply_errors() == () and result is not None
     assert table_rows(n1, "t") == table_rows(hq, "t") == [(1, "B", "new"), (2, "A", "two")]
+
+
+def test_text_that_is_not_utf8_is_sent_with_replacement_characters(tmp_path, caplog):
+    """An application that stores bytes as TEXT must not stop every read of
+    the log for good: the value goes out with U+FFFD, and a warning says so."""
+    hq = make_site(tmp_path, "hq", "consolidated", "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    hq.create_publication("p", [Article("t")])
+    hq.add_remote("n1", address="n1@example.org")
+    hq.subscribe("n1", "p")
+    app = app_connection(hq)
+    app.execute("INSERT INTO t VALUES (1, CAST(x'ff41' AS TEXT)), (2, 'ok')")
+    app.execute("INSERT INTO t VALUES (3, 'later')")
+    with caplog.at_level("WARNING", logger="fieldsync.site"):
+        ops = read_ops(hq, "n1")
+    assert [(op.key, op.after) for op in ops] == [((1,), {"id": 1, "v": "\ufffdA"}), ((2,), {"id": 2, "v": "ok"}),
+                                                  ((3,), {"id": 3, "v": "later"})]
+    assert "not valid UTF-8 (b'\\xffA'...)" in caplog.text
+    assert app.execute("SELECT 'é'").fetchone() == ("é",)  # the connection reads strictly again
+    assert hq.connection.text_factory is str
