@@ -273,9 +273,10 @@ def names_the_failure(text: str) -> bool:
 
     Every pack task fails, two at a time on ``local[2]``, and Spark names the
     first failure it saw: the injected one, or a worker whose connection a
-    failing task reset as the stage was torn down.
+    failing task reset (or whose pipe it broke) as the stage was torn down.
     """
-    return "injected failure after 2 files" in text or "Python worker: ConnectionResetError" in text
+    return "injected failure after 2 files" in text or any(
+        f"Python worker: {error}" in text for error in ("ConnectionResetError", "BrokenPipeError"))
 
 
 def test_failed_job_with_engine_spark_changes_nothing(world: Path, tmp_path: Path,
