@@ -160,7 +160,7 @@ class _Own:
 
 class _Batch:
     __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched",
-                 "entered", "watched", "received", "pending")
+                 "entered", "watched", "received", "moved", "origins", "holds", "pending")
 
     def __init__(self, peer: str, now: str) -> None:
         self.peer = peer
@@ -185,6 +185,12 @@ class _Batch:
         # Of those rows, the ones the peer receives unconfirmed operations on,
         # with the kind and row image of the last of them as the peer sees it.
         self.received: dict[tuple[str, tuple], tuple[int, dict]] = {}
+        # Of the watched rows, those whose key the peer's UPDATEs changed: the
+        # key before the batch -> the key after it (and back), and whether the
+        # peer holds a row under a key after its batch.
+        self.moved: dict[tuple[str, tuple], tuple] = {}
+        self.origins: dict[tuple[str, tuple], tuple] = {}
+        self.holds: dict[tuple[str, tuple], bool] = {}
         # At a remote: its own pending changes (lower-case table -> key -> _Own).
         self.pending: dict[str, dict[tuple, _Own]] = {}
 
@@ -591,16 +597,20 @@ class Applier:
                 else:
                     new = row[4 + width:4 + 2 * width]
                     new_key = tuple(new[i] for i in positions)
+                    changed = {column: after for column, before, after in zip(columns, old, new)
+                               if not (type(before) is type(after) and before == after)}
                     if new_key != old_key:
+                        # Its values go with it; they are its own where it wrote them.
                         gone = _own_entry(rows, old_key, row[0])
+                        moved_values = {column: value for column, value in gone.values.items()
+                                        if column not in changed}
                         gone.values = {}
                         gone.deleted = True
                         own = _own_entry(rows, new_key, row[0])
-                        own.values = dict(zip(columns, new))
+                        own.values = {**moved_values, **changed}
                     else:
                         own = _own_entry(rows, old_key, row[0])
-                        own.values.update((column, after) for column, before, after in zip(columns, old, new)
-                                          if not (type(before) is type(after) and before == after))
+                        own.values.update(changed)
                     own.deleted = False
         return pending
 
@@ -738,6 +748,7 @@ class Applier:
         the key the row has afterwards too, when an UPDATE changed it)."""
         watched = batch.watched
         assert watched is not None
+        holds = batch.holds
         name = table.name
         key_columns = table.key_columns
         for op in run:
@@ -745,12 +756,19 @@ class Applier:
             entry = watched.get((name, key))
             if entry is None:
                 entry = watched[(name, key)] = (table, {})
+            holds[(name, key)] = after is not None
             if after:
                 entry[1].update(after)
                 if not after.keys().isdisjoint(key_columns):
                     moved = tuple(after.get(column, part) for column, part in zip(key_columns, key))
                     if moved != key:
                         watched.setdefault((name, moved), (table, {}))[1].update(entry[1])
+                        # Keyed by the key the row had before the batch.
+                        first = batch.origins.pop((name, key), key)
+                        batch.origins[(name, moved)] = first
+                        batch.moved[(name, first)] = moved
+                        holds[(name, key)] = False
+                        holds[(name, moved)] = True
 
     def _send_back_unconfirmed(self, identity: SiteIdentity, batch: _Batch, confirmed: int, end: int) -> None:
         """The unconfirmed rule.  A row the batch changed may end up different
@@ -759,47 +777,93 @@ class Applier:
         Such a row's state after the batch goes back to the peer, after them
         (written by _write_returns).  Records in ``batch.received`` the kind
         and image of the last such operation per row, as the peer sees it.
+
+        Keys make two more cases.  Where the peer holds no row under a key
+        after its batch (it deleted the row or gave it another key), an
+        operation on that key misses at the peer: it counts as a DELETE
+        there unless it is an INSERT.  And an operation that gives a row the
+        batch touched another key (old -> new) brings the new key in: the
+        peer holds the row there when it held it under the old key
+        (otherwise it missed the move and lacks the row), so the new key's
+        operations after the move are looked up as well.  Last, a row whose
+        key the batch changed, while operations on its old key reach the
+        peer and miss it there, goes back whole under its new key.
+
         Costs lookups by key for the rows the batch touched and the
         operations on them, whatever the length of ``(confirmed, end]``."""
-        assert batch.watched is not None
-        conn = self._conn
+        watched = batch.watched
+        assert watched is not None
         reader: SubscriberReader | None = None
-        by_table: dict[str, tuple[_Table, set[tuple]]] = {}
-        for (name, key), (table, _values) in batch.watched.items():
-            by_table.setdefault(name, (table, set()))[1].add(key)
         received = batch.received
-        transaction = (0, "")  # the log transaction of the last row looked at: (commit offset, origin)
-        for name, (table, keys) in by_table.items():
-            for row in self._rows_of_keys(table, keys, confirmed, end):
-                shape = self._shapes.get(row[1])
-                width = len(shape.columns)
-                old_key = tuple(row[4 + i] for i in shape.key_positions)
-                new_key = tuple(row[4 + width + i] for i in shape.key_positions) if row[2] == KIND_UPDATE else old_key
-                hits = [key for key in {old_key, new_key} if key in keys]
-                if not hits:
-                    continue
-                if row[0] > transaction[0]:
-                    found = conn.execute("SELECT commit_offset, origin FROM fieldsync_log WHERE commit_offset >= ?"
-                                         " ORDER BY commit_offset LIMIT 1", (row[0],)).fetchone()
-                    if found is None or found[0] > end:
+        holds = batch.holds
+        absent = {name_key for name_key, held in holds.items() if not held}
+        since: dict[tuple[str, tuple], int] = {}  # keys brought in by a move: operations after it
+        transaction = (1, 0, "")  # the log transaction of the last row looked at: (first seq, commit, origin)
+        by_table: dict[str, tuple[_Table, set[tuple]]] = {}
+        for (name, key), (table, _values) in watched.items():
+            by_table.setdefault(name, (table, set()))[1].add(key)
+        while by_table:
+            brought: dict[str, tuple[_Table, set[tuple]]] = {}
+            for name, (table, keys) in by_table.items():
+                for row in self._rows_of_keys(table, keys, confirmed, end):
+                    seq = row[0]
+                    shape = self._shapes.get(row[1])
+                    width = len(shape.columns)
+                    old_key = tuple(row[4 + i] for i in shape.key_positions)
+                    new_key = (tuple(row[4 + width + i] for i in shape.key_positions) if row[2] == KIND_UPDATE
+                               else old_key)
+                    hits = [key for key in {old_key, new_key} if key in keys and seq > since.get((name, key), 0)]
+                    if not hits:
                         continue
-                    transaction = found
-                if reader is None:
-                    reader = SubscriberReader.from_database(conn, identity, self._shapes, batch.peer)
-                op = reader.operation(transaction[1], row)
-                if op is None:
-                    continue  # the peer does not receive it: its own, or outside its subset
-                image = op[4] if op[4] is not None else op[3]
-                for key in hits:
-                    kind = op[1]
-                    if kind == OpKind.UPDATE and old_key != new_key:
-                        kind = OpKind.DELETE if key == old_key else OpKind.INSERT
-                    received[(name, key)] = (kind, image)
-        for (name, key) in received:
-            table, values = batch.watched[(name, key)]
-            result = self._select(table, key)
+                    if not transaction[0] <= seq <= transaction[1]:
+                        found = self._conn.execute(
+                            "SELECT first_seq, commit_offset, origin FROM fieldsync_log WHERE commit_offset >= ?"
+                            " ORDER BY commit_offset LIMIT 1", (seq,)).fetchone()
+                        if found is None or found[1] > end:
+                            continue
+                        transaction = found
+                    if reader is None:
+                        reader = SubscriberReader.from_database(self._conn, identity, self._shapes, batch.peer)
+                    op = reader.operation(transaction[2], row)
+                    if op is None:
+                        continue  # the peer does not receive it: its own, or outside its subset
+                    image = op[4] if op[4] is not None else op[3]
+                    moves = op[1] == OpKind.UPDATE and old_key != new_key
+                    for key in hits:
+                        kind = op[1]
+                        if moves:
+                            kind = OpKind.DELETE if key == old_key else OpKind.INSERT
+                        if (name, key) in absent:
+                            if kind == OpKind.INSERT:
+                                absent.discard((name, key))
+                            else:
+                                kind = OpKind.DELETE  # it misses there
+                        received[(name, key)] = (kind, image)
+                    if moves and old_key in hits and new_key not in keys:
+                        # A move of a row the batch touched: the new key, and what follows it there.
+                        values = watched[(name, old_key)][1]
+                        watched[(name, new_key)] = (table, {column: value for column, value in values.items()
+                                                            if column not in table.key_columns})
+                        since[(name, new_key)] = seq
+                        if (name, old_key) in absent:
+                            absent.add((name, new_key))
+                            received[(name, new_key)] = (OpKind.DELETE, image)
+                        else:
+                            received[(name, new_key)] = (OpKind.INSERT, image)
+                        brought.setdefault(name, (table, set()))[1].add(new_key)
+            by_table = brought
+        whole = set()
+        for (name, old_key), new_key in batch.moved.items():
+            if (name, old_key) in received and holds.get((name, new_key)):
+                whole.add((name, new_key))
+                if (name, new_key) not in received:
+                    received[(name, new_key)] = (OpKind.UPDATE, dict(watched[(name, new_key)][1]))
+        for name_key in received:
+            table, values = watched[name_key]
+            result = self._select(table, name_key[1])
             if result is not None:
-                self._send_back(batch, table, key, {**result, **values}, set(values) or set(table.columns))
+                columns = set(table.columns) if name_key in whole or not values else set(values)
+                self._send_back(batch, table, name_key[1], {**result, **values}, columns)
 
     def _rows_of_keys(self, table: _Table, keys: set[tuple], after: int, until: int) -> list[tuple]:
         """Capture rows of ``table`` in ``(after, until]`` whose old key or, for

@@ -280,14 +280,14 @@ def test_no_row_goes_back_when_the_remote_has_confirmed_everything(sites):
 # --- a randomized model of agents running -----------------------------------------------
 
 
-def run_model(root, seed: int, steps: int = 250) -> list[str]:
+def run_model(root, seed: int, steps: int = 250, key_changes: bool = False) -> list[str]:
     """hq, r1 and r2 write at random (updates, moves between subsets,
     deletes, inserts; hq also deletes and re-creates rows and moves them out
     and back across scans) and run like ``agent run --once``: receive a
     peer's pending controls, then its data in order; send data, then a
     control; truncate.  Links go down for a while at random (messages pile
-    up and arrive together).  Returns the differences left once all is
-    delivered."""
+    up and arrive together).  With ``key_changes``, every site also gives
+    rows new keys.  Returns the differences left once all is delivered."""
     rng = random.Random(seed)
     root.mkdir()
     hq = make_site(root, "hq", "consolidated", ORDERS)
@@ -345,6 +345,8 @@ def run_model(root, seed: int, steps: int = 250) -> list[str]:
                         (rng.choice(["north", "south", "east"]), rng.choice(ids)))
         elif roll < 0.8:
             app.execute("DELETE FROM orders WHERE id = ?", (rng.choice(ids),))
+        elif key_changes and roll < 0.9:
+            app.execute("UPDATE orders SET id = ? WHERE id = ?", (next_id[name], rng.choice(ids)))
         elif name == "hq":
             victim = rng.choice(ids)
             region = app.execute("SELECT region FROM orders WHERE id = ?", (victim,)).fetchone()[0]
@@ -390,3 +392,58 @@ def test_random_concurrent_work_of_running_agents_converges(tmp_path):
     for seed in range(12):
         differences += run_model(tmp_path / f"seed{seed}", seed)
     assert differences == []
+
+
+def test_a_remote_changes_the_key_while_an_update_of_the_row_is_on_its_way(sites):
+    """hq changed qty of row 3, r1 gave row 3 the key 30 before receiving it:
+    no conflict at hq (r1's before-image holds), but hq's UPDATE of row 3
+    finds no row 3 at r1, so row 30 goes back whole."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET qty = 50 WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET id = 30 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    assert hq.conflicts() == ()
+    assert table_rows(hq, "orders", "WHERE id IN (3, 30)") == [(30, "north", 50, "seed")]
+    deliver(r1, hq, on_its_way)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id IN (3, 30)") == [(30, "north", 50, "seed")]
+    assert_converged(hq, remotes)
+
+
+@pytest.mark.parametrize("at_hq, at_r1, expected", [
+    # r1 moved the row; hq's change of it misses r1's row, and hq's state goes back.
+    ("DELETE FROM orders WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3", []),
+    ("UPDATE orders SET id = 40 WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3",
+     [(40, "north", 1, "seed")]),
+    ("UPDATE orders SET id = 40 WHERE id = 3; UPDATE orders SET qty = 9 WHERE id = 40",
+     "UPDATE orders SET id = 30 WHERE id = 3", [(40, "north", 9, "seed")]),
+    ("UPDATE orders SET qty = 50 WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3; "
+     "UPDATE orders SET note = 'r1' WHERE id = 30", [(30, "north", 50, "r1")]),
+    # hq moved the row; r1 missed the move (it deleted the row) or kept its values in the moved row.
+    ("UPDATE orders SET id = 40 WHERE id = 3", "DELETE FROM orders WHERE id = 3", [(40, "north", 1, "seed")]),
+    ("UPDATE orders SET id = 40 WHERE id = 3", "UPDATE orders SET note = 'r1' WHERE id = 3",
+     [(40, "north", 1, "seed")]),
+])
+@pytest.mark.parametrize("confirmed", [False, True], ids=["pending", "confirmed"])
+def test_concurrent_key_changes_converge(sites, at_hq, at_r1, expected, confirmed):
+    """hq's change is on its way to r1 when r1 changes the row; either of
+    them changes its key.  r1's change may fail at hq (an apply error), but
+    r1 ends with hq's rows, whether or not the confirmation of its change
+    has reached it when hq's data does."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, *at_hq.split("; "))
+    on_its_way = send(hq, r1)
+    write(r1, *at_r1.split("; "))
+    deliver(hq, r1, send(r1, hq))
+    assert table_rows(hq, "orders", "WHERE id IN (3, 30, 40)") == expected
+    if confirmed:
+        confirm(r1, hq)
+    deliver(r1, hq, on_its_way)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id IN (3, 30, 40)") == expected
+    assert_converged(hq, remotes)
+    settle(hq, remotes)
+    assert_converged(hq, remotes)
