@@ -110,6 +110,8 @@ _INSERT_CHUNK = 500
 _CHANGE_CHUNK = 50
 # Keys the unconfirmed rule looks up per statement (see _rows_of_keys).
 _PROBE_CHUNK = 200
+# Changes of a row's key _moved_key follows, at most.
+_MOVES_FOLLOWED = 16
 
 
 class _Table:
@@ -150,17 +152,18 @@ class _Own:
     confirmed yet: the last value it wrote to each column, or that it
     deleted the row.  ``seq`` is the capture seq of the last of them."""
 
-    __slots__ = ("values", "deleted", "seq")
+    __slots__ = ("values", "deleted", "seq", "moved_to")
 
     def __init__(self, seq: int) -> None:
         self.values: dict[str, Any] = {}
         self.deleted = False
         self.seq = seq
+        self.moved_to: tuple | None = None  # the key it gave the row, when that is why it is gone
 
 
 class _Batch:
     __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched",
-                 "entered", "watched", "received", "moved", "origins", "holds", "pending")
+                 "entered", "watched", "received", "moved", "origins", "holds", "stranded", "pending")
 
     def __init__(self, peer: str, now: str) -> None:
         self.peer = peer
@@ -190,6 +193,9 @@ class _Batch:
         # peer holds a row under a key after its batch.
         self.moved: dict[tuple[str, tuple], tuple] = {}
         self.origins: dict[tuple[str, tuple], tuple] = {}
+        # Rows the peer gave a new key that this site no longer held under
+        # the old one: the peer holds them under the new key (-> its image).
+        self.stranded: dict[tuple[str, tuple], tuple[_Table, dict]] = {}
         self.holds: dict[tuple[str, tuple], bool] = {}
         # At a remote: its own pending changes (lower-case table -> key -> _Own).
         self.pending: dict[str, dict[tuple, _Own]] = {}
@@ -344,7 +350,7 @@ class Applier:
                 end = top
         if batch.watched:
             self._send_back_unconfirmed(identity, batch, confirmed, unconfirmed_end)
-        if batch.returns or batch.touched or batch.received:
+        if batch.returns or batch.touched or batch.received or batch.stranded:
             self._write_returns(batch)
             top = top_seq(conn)
             if top > end:
@@ -506,10 +512,15 @@ class Applier:
                 self._insert_one(table, op, batch, consolidated)
             elif kind == OpKind.UPDATE:
                 self._update_one(table, op, batch, consolidated)
+            elif self._conn.execute(self._delete_sql(table), op[2]).rowcount:
+                batch.applied += 1
             else:
-                if self._conn.execute(self._delete_sql(table), op[2]).rowcount == 0:
+                moved = self._moved_key(table, op[2]) if consolidated else None
+                if moved is None:
                     self._error(batch, op, "DELETE of a missing row")
                 else:
+                    self._readdressed(table, (op[0], op[1], moved, op[3], op[4]), batch)
+                    self._conn.execute(self._delete_sql(table), moved)
                     batch.applied += 1
         except sqlite3.IntegrityError as error:
             self._error(batch, op, f"constraint failed: {error}")
@@ -551,10 +562,78 @@ class Applier:
             batch.applied += 1
             return
         local = self._select(table, key) if consolidated else None
+        if local is None and consolidated:
+            moved = self._moved_key(table, key)
+            if moved is not None:
+                # This site gave the row another key before the change arrived: it applies there.
+                op = (op[0], op[1], moved, before, after)
+                self._readdressed(table, op, batch)
+                if conn.execute(sql, (*after.values(), *moved, *before.values())).rowcount:
+                    batch.applied += 1
+                    return
+                local = self._select(table, moved)
+                if local is not None and not after.keys().isdisjoint(table.key_columns):
+                    # Both gave the row a key: a conflict.  The peer holds the
+                    # row under its key, without this site's changes under
+                    # the other: the whole result goes back.
+                    self._conflict(table, op, local, batch)
+                    final = tuple(after.get(column, part) for column, part in zip(table.key_columns, moved))
+                    if self._select(table, final) is not None:
+                        self._send_back(batch, table, final, {**local, **after}, set(table.columns))
+                    return
         if local is None:
             self._error(batch, op, "UPDATE of a missing row")
+            if consolidated and not after.keys().isdisjoint(table.key_columns):
+                moved = tuple(after.get(column, part) for column, part in zip(table.key_columns, key))
+                if moved != key:
+                    batch.stranded[(table.name, moved)] = (
+                        table, {**before, **after, **dict(zip(table.key_columns, moved))})
             return
         self._conflict(table, op, local, batch)
+
+    def _moved_key(self, table: _Table, key: tuple) -> tuple | None:
+        """The key this consolidated gave the row that had ``key`` (a row it
+        no longer holds): its last captured change of that key, when an
+        UPDATE that changed it, followed through further changes of the key
+        to one that holds a row.  None when the row was deleted, or the
+        change is no longer in the capture table (truncated)."""
+        seen = {key}
+        for _ in range(_MOVES_FOLLOWED):
+            last = None
+            for shape_id in self._table_shapes(table):
+                index = key_indexes(self._shapes.get(shape_id))[0]
+                if len(index.columns) != len(key):
+                    continue
+                match = " AND ".join(f"{column} IS ?" for column in index.columns)
+                try:
+                    row = self._conn.execute(
+                        f"SELECT * FROM fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
+                        " AND (flags IS NULL OR flags & ? = 0) ORDER BY seq DESC LIMIT 1",
+                        (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
+                except OverflowError:  # an integer beyond 64 bits, which no row holds
+                    return None
+                if row is not None and (last is None or row[0] > last[0]):
+                    last = row
+            if last is None or last[2] != KIND_UPDATE:
+                return None
+            shape = self._shapes.get(last[1])
+            width = len(shape.columns)
+            moved = tuple(last[4 + width + position] for position in shape.key_positions)
+            if moved in seen:
+                return None
+            if self._select(table, moved) is not None:
+                return moved
+            seen.add(moved)
+            key = moved
+        return None
+
+    def _readdressed(self, table: _Table, op: tuple, batch: _Batch) -> None:
+        """Note an operation applied under the key the row has now, for the
+        rules that look at the rows a batch touched."""
+        if batch.filters and table.name.lower() in batch.filters:
+            self._touch(batch, table, [op])
+        if batch.watched is not None:
+            self._watch(batch, table, [op])
 
     # --- a remote's own pending changes ---------------------------------------------
 
@@ -590,10 +669,12 @@ class Applier:
                     own = _own_entry(rows, old_key, row[0])
                     own.values = dict(zip(columns, old))
                     own.deleted = False
+                    own.moved_to = None
                 elif kind == KIND_DELETE:
                     own = _own_entry(rows, old_key, row[0])
                     own.values = {}
                     own.deleted = True
+                    own.moved_to = None
                 else:
                     new = row[4 + width:4 + 2 * width]
                     new_key = tuple(new[i] for i in positions)
@@ -606,8 +687,10 @@ class Applier:
                                         if column not in changed}
                         gone.values = {}
                         gone.deleted = True
+                        gone.moved_to = new_key
                         own = _own_entry(rows, new_key, row[0])
                         own.values = {**moved_values, **changed}
+                        own.moved_to = None
                     else:
                         own = _own_entry(rows, old_key, row[0])
                         own.values.update(changed)
@@ -634,6 +717,20 @@ class Applier:
         conn = self._conn
         kind, key, before, after = op[1], op[2], op[3], op[4]
         local = self._select(table, key)
+        if local is None and kind == OpKind.UPDATE and own.moved_to is not None:
+            # This site gave the row another key: the UPDATE, written before
+            # the consolidated applied that, concerns the row there.  (Not
+            # a DELETE: the consolidated may re-create the row under its old
+            # key after it, and apply the move to that row.)
+            rows = batch.pending[table.name.lower()]
+            for _ in range(_MOVES_FOLLOWED):
+                if own.moved_to is None or own.moved_to not in rows:
+                    break
+                key = own.moved_to
+                own = rows[key]
+                local = self._select(table, key)
+                if local is not None:
+                    break
         try:
             if kind == OpKind.INSERT:
                 if local is not None:
@@ -1006,6 +1103,12 @@ class Applier:
           unconfirmed rule; see _send_back): an UPDATE of the listed columns.
         """
         received = batch.received
+        for name_key, (table, image) in batch.stranded.items():
+            # The peer moved a row this site had deleted (or moved itself,
+            # to a key that no longer holds it): it goes at the peer too.
+            shape = table.shape
+            if shape is not None and name_key not in received and self._select(table, name_key[1]) is None:
+                self._write_return(shape, KIND_DELETE, [image.get(column) for column in shape.columns])
         keys = dict.fromkeys([*batch.returns, *batch.entered, *received, *batch.touched])
         for name_key in keys:
             pending = batch.returns.get(name_key)

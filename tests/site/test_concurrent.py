@@ -394,6 +394,26 @@ def test_random_concurrent_work_of_running_agents_converges(tmp_path):
     assert differences == []
 
 
+# hq's change, r1's change made before it arrives, and the rows 3, 30, 40, 41 both end with.
+KEY_CASES = [
+    # r1 moved the row; hq's change of it misses r1's row, and hq's state goes back.
+    ("DELETE FROM orders WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3", []),
+    ("UPDATE orders SET qty = 50 WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3; "
+     "UPDATE orders SET note = 'r1' WHERE id = 30", [(30, "north", 50, "r1")]),
+    # hq moved the row: r1's change applies to it under its new key (both
+    # moving it is a conflict, which the incoming change wins by default).
+    ("UPDATE orders SET id = 40 WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3",
+     [(30, "north", 1, "seed")]),
+    ("UPDATE orders SET id = 40 WHERE id = 3; UPDATE orders SET qty = 9 WHERE id = 40",
+     "UPDATE orders SET id = 30 WHERE id = 3", [(30, "north", 9, "seed")]),
+    ("UPDATE orders SET id = 40 WHERE id = 3", "DELETE FROM orders WHERE id = 3", []),
+    ("UPDATE orders SET id = 40 WHERE id = 3", "UPDATE orders SET note = 'r1' WHERE id = 3",
+     [(40, "north", 1, "r1")]),
+    ("UPDATE orders SET id = 40 WHERE id = 3; UPDATE orders SET id = 41 WHERE id = 40",
+     "UPDATE orders SET qty = 7 WHERE id = 3", [(41, "north", 7, "seed")]),
+]
+
+
 def test_a_remote_changes_the_key_while_an_update_of_the_row_is_on_its_way(sites):
     """hq changed qty of row 3, r1 gave row 3 the key 30 before receiving it:
     no conflict at hq (r1's before-image holds), but hq's UPDATE of row 3
@@ -412,38 +432,54 @@ def test_a_remote_changes_the_key_while_an_update_of_the_row_is_on_its_way(sites
     assert_converged(hq, remotes)
 
 
-@pytest.mark.parametrize("at_hq, at_r1, expected", [
-    # r1 moved the row; hq's change of it misses r1's row, and hq's state goes back.
-    ("DELETE FROM orders WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3", []),
-    ("UPDATE orders SET id = 40 WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3",
-     [(40, "north", 1, "seed")]),
-    ("UPDATE orders SET id = 40 WHERE id = 3; UPDATE orders SET qty = 9 WHERE id = 40",
-     "UPDATE orders SET id = 30 WHERE id = 3", [(40, "north", 9, "seed")]),
-    ("UPDATE orders SET qty = 50 WHERE id = 3", "UPDATE orders SET id = 30 WHERE id = 3; "
-     "UPDATE orders SET note = 'r1' WHERE id = 30", [(30, "north", 50, "r1")]),
-    # hq moved the row; r1 missed the move (it deleted the row) or kept its values in the moved row.
-    ("UPDATE orders SET id = 40 WHERE id = 3", "DELETE FROM orders WHERE id = 3", [(40, "north", 1, "seed")]),
-    ("UPDATE orders SET id = 40 WHERE id = 3", "UPDATE orders SET note = 'r1' WHERE id = 3",
-     [(40, "north", 1, "seed")]),
-])
+@pytest.mark.parametrize("at_hq, at_r1, expected", KEY_CASES)
 @pytest.mark.parametrize("confirmed", [False, True], ids=["pending", "confirmed"])
 def test_concurrent_key_changes_converge(sites, at_hq, at_r1, expected, confirmed):
     """hq's change is on its way to r1 when r1 changes the row; either of
-    them changes its key.  r1's change may fail at hq (an apply error), but
-    r1 ends with hq's rows, whether or not the confirmation of its change
-    has reached it when hq's data does."""
+    them changes its key.  r1's change applies to the row under the key hq
+    gave it (or fails, when hq deleted it: an apply error), and r1 ends
+    with hq's rows, whether or not the confirmation of its change has
+    reached it when hq's data does."""
     hq, remotes = sites
     r1 = remotes["r1"]
     write(hq, *at_hq.split("; "))
     on_its_way = send(hq, r1)
     write(r1, *at_r1.split("; "))
     deliver(hq, r1, send(r1, hq))
-    assert table_rows(hq, "orders", "WHERE id IN (3, 30, 40)") == expected
+    assert table_rows(hq, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
     if confirmed:
         confirm(r1, hq)
     deliver(r1, hq, on_its_way)
     deliver(r1, hq, send(hq, r1))
-    assert table_rows(r1, "orders", "WHERE id IN (3, 30, 40)") == expected
+    assert table_rows(r1, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
     assert_converged(hq, remotes)
     settle(hq, remotes)
+    assert_converged(hq, remotes)
+
+
+def test_random_concurrent_work_with_key_changes_converges(tmp_path):
+    differences = []
+    for seed in range(12):
+        differences += run_model(tmp_path / f"seed{seed}", seed, key_changes=True)
+    assert differences == []
+
+
+@pytest.mark.parametrize("at_hq, at_r1, expected", KEY_CASES)
+def test_concurrent_key_changes_applied_first_at_the_remote(sites, at_hq, at_r1, expected):
+    """The same changes, with hq's change reaching r1 first: r1 applies it
+    while its own change is pending and confirms it before its change
+    reaches hq, so hq sees nothing unconfirmed.  An UPDATE of a key r1
+    moved applies to r1's row under the new key; a row r1 moved that hq
+    no longer holds goes back as a DELETE."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, *at_hq.split("; "))
+    on_its_way = send(hq, r1)
+    write(r1, *at_r1.split("; "))
+    deliver(r1, hq, on_its_way)
+    confirm(hq, r1)
+    deliver(hq, r1, send(r1, hq))
+    assert table_rows(hq, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
     assert_converged(hq, remotes)
