@@ -41,6 +41,7 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Mapping
 
 from codec.ops import OpKind, Operation, Transaction
@@ -48,6 +49,7 @@ from codec.ops import OpKind, Operation, Transaction
 from ._db import format_time, quote_ident, utc_now
 from .capture import (
     FLAG_CONCURRENT_DELETE,
+    FLAG_PENDING_MOVE,
     FLAG_RETURN_TO_ORIGIN,
     KIND_DELETE,
     KIND_INSERT,
@@ -318,7 +320,8 @@ class Applier:
             if self._unconfirmed_for(peer, confirmed, end):
                 batch.watched = {}
         else:
-            batch.pending = self._own_changes(confirmed, end)
+            # A copy: _pending_one changes it for the batch (see _moved_pending).
+            batch.pending = dict(self._own_changes(confirmed, end))
         # At a remote, the capture triggers skip what is written from here on
         # (see capture.install_capture); the row goes again before the commit.
         marked = not consolidated and self._skips_capture
@@ -654,47 +657,55 @@ class Applier:
                              " AND commit_offset <= ? AND origin = ? ORDER BY commit_offset",
                              (start, end, self._site_name)).fetchall()
         self._own_kept = (confirmed, end, pending)
-        for first, last in spans:
-            for row in conn.execute("SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq",
-                                    (first, last)):
-                shape = self._shapes.get(row[1])
-                rows = pending.setdefault(shape.table.lower(), {})
-                columns = shape.columns
-                width = len(columns)
-                positions = shape.key_positions
-                old = row[4:4 + width]
-                old_key = tuple(old[i] for i in positions)
-                kind = row[2]
-                if kind == KIND_INSERT:
-                    own = _own_entry(rows, old_key, row[0])
-                    own.values = dict(zip(columns, old))
-                    own.deleted = False
-                    own.moved_to = None
-                elif kind == KIND_DELETE:
-                    own = _own_entry(rows, old_key, row[0])
-                    own.values = {}
-                    own.deleted = True
+        captured = [row for first, last in spans for row in conn.execute(
+            "SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq", (first, last))]
+        # The consolidated's changes of the key of pending rows, as applied here.
+        moves = conn.execute("SELECT * FROM fieldsync_capture WHERE seq > ? AND seq <= ? AND flags & ? ORDER BY seq",
+                             (start, end, FLAG_PENDING_MOVE)).fetchall()
+        if moves:
+            captured = sorted([*captured, *moves], key=itemgetter(0))
+        for row in captured:
+            shape = self._shapes.get(row[1])
+            rows = pending.setdefault(shape.table.lower(), {})
+            columns = shape.columns
+            width = len(columns)
+            positions = shape.key_positions
+            old = row[4:4 + width]
+            old_key = tuple(old[i] for i in positions)
+            kind = row[2]
+            if row[3] and row[3] & FLAG_PENDING_MOVE:
+                new = row[4 + width:4 + 2 * width]
+                _rekey(rows, old_key, tuple(new[i] for i in positions))
+            elif kind == KIND_INSERT:
+                own = _own_entry(rows, old_key, row[0])
+                own.values = dict(zip(columns, old))
+                own.deleted = False
+                own.moved_to = None
+            elif kind == KIND_DELETE:
+                own = _own_entry(rows, old_key, row[0])
+                own.values = {}
+                own.deleted = True
+                own.moved_to = None
+            else:
+                new = row[4 + width:4 + 2 * width]
+                new_key = tuple(new[i] for i in positions)
+                changed = {column: after for column, before, after in zip(columns, old, new)
+                           if not (type(before) is type(after) and before == after)}
+                if new_key != old_key:
+                    # Its values go with it; they are its own where it wrote them.
+                    gone = _own_entry(rows, old_key, row[0])
+                    moved_values = {column: value for column, value in gone.values.items()
+                                    if column not in changed}
+                    gone.values = {}
+                    gone.deleted = True
+                    gone.moved_to = new_key
+                    own = _own_entry(rows, new_key, row[0])
+                    own.values = {**moved_values, **changed}
                     own.moved_to = None
                 else:
-                    new = row[4 + width:4 + 2 * width]
-                    new_key = tuple(new[i] for i in positions)
-                    changed = {column: after for column, before, after in zip(columns, old, new)
-                               if not (type(before) is type(after) and before == after)}
-                    if new_key != old_key:
-                        # Its values go with it; they are its own where it wrote them.
-                        gone = _own_entry(rows, old_key, row[0])
-                        moved_values = {column: value for column, value in gone.values.items()
-                                        if column not in changed}
-                        gone.values = {}
-                        gone.deleted = True
-                        gone.moved_to = new_key
-                        own = _own_entry(rows, new_key, row[0])
-                        own.values = {**moved_values, **changed}
-                        own.moved_to = None
-                    else:
-                        own = _own_entry(rows, old_key, row[0])
-                        own.values.update(changed)
-                    own.deleted = False
+                    own = _own_entry(rows, old_key, row[0])
+                    own.values.update(changed)
+                own.deleted = False
         return pending
 
     def _pending_one(self, table: _Table, op: tuple, own: _Own, batch: _Batch) -> None:
@@ -749,6 +760,9 @@ class Applier:
                            if not _holds_own(own, local, before, column)}
                 if written:
                     conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+                    moved = tuple(written.get(column, part) for column, part in zip(table.key_columns, key))
+                    if moved != key:
+                        self._moved_pending(table, batch, local, written, key, moved)
             else:
                 concurrent = {column: before[column] for column in own.values
                               if _holds_own(own, local, before, column)}
@@ -760,6 +774,27 @@ class Applier:
             self._error(batch, op, f"constraint failed: {error}")
             return
         batch.applied += 1
+
+    def _moved_pending(self, table: _Table, batch: _Batch, local: dict, written: dict, key: tuple,
+                       moved: tuple) -> None:
+        """The consolidated gave a row with this site's pending changes another
+        key: they stay pending under it, for the rest of the batch and (by
+        the FLAG_PENDING_MOVE row captured here, which _own_changes reads)
+        until the consolidated confirms them."""
+        shape = table.shape
+        if shape is None:
+            return
+        name = table.name.lower()
+        rows = batch.pending[name] = dict(batch.pending[name])  # the cached one stays as the log has it
+        _rekey(rows, key, moved)
+        values = [local.get(column) for column in shape.columns]
+        values += [written.get(column, local.get(column)) for column in shape.columns]
+        if self._skips_capture:
+            write_capture_row(self._conn, shape, KIND_UPDATE, FLAG_PENDING_MOVE, values)
+        else:
+            self._conn.execute("UPDATE fieldsync_capture SET flags = ? WHERE seq = (SELECT max(seq) FROM"
+                               " fieldsync_capture) AND kind = ? AND shape = ?",
+                               (FLAG_PENDING_MOVE, KIND_UPDATE, shape.id))
 
     def _capture_delete(self, shape: Shape, local: dict, concurrent: dict) -> None:
         """Record a DELETE of a row with pending changes, for _deleted_without.
@@ -1214,6 +1249,13 @@ def _own_entry(rows: dict[tuple, _Own], key: tuple, seq: int) -> _Own:
         own = rows[key] = _Own(seq)
     own.seq = seq
     return own
+
+
+def _rekey(rows: dict[tuple, _Own], key: tuple, moved: tuple) -> None:
+    """Pending changes of the row at ``key`` now belong to the row at ``moved``."""
+    own = rows.pop(key, None)
+    if own is not None and not own.deleted:
+        rows[moved] = own
 
 
 def _holds_own(own: _Own, local: dict, before: dict | None, column: str) -> bool:

@@ -53,6 +53,11 @@ FLAG_RETURN_TO_ORIGIN = 1
 # Only the remote's apply path reads it (rows of the consolidated's origin
 # never leave a remote).
 FLAG_CONCURRENT_DELETE = 2
+# Capture-row flag, set only at a remote, on the UPDATE captured when it
+# applies the consolidated's change of the key of a row with its own pending
+# changes: those changes stay pending under the new key (apply.py).  Like
+# FLAG_CONCURRENT_DELETE, only the remote's apply path reads it.
+FLAG_PENDING_MOVE = 4
 
 _TRIGGER_EVENTS = (("ins", "INSERT"), ("upd", "UPDATE"), ("del", "DELETE"))
 

@@ -483,3 +483,29 @@ def test_concurrent_key_changes_applied_first_at_the_remote(sites, at_hq, at_r1,
     deliver(r1, hq, send(hq, r1))
     assert table_rows(r1, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
     assert_converged(hq, remotes)
+
+
+@pytest.mark.parametrize("reopen", [False, True], ids=["running", "reopened"])
+def test_pending_changes_follow_the_consolidated_s_change_of_the_key(sites, reopen):
+    """hq gave row 3 the key 40; r1 changed qty twice before receiving that.
+    hq applies the first change to row 40 and sends row 40 back; r1 applies
+    the move to its row and its second change stays pending under key 40
+    (also once r1 is opened again), so the row sent back (written without
+    it) does not overwrite it."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET id = 40 WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 7 WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    write(r1, "UPDATE orders SET qty = 8 WHERE id = 3")
+    deliver(r1, hq, on_its_way)
+    if reopen:
+        r1.close()
+        r1 = remotes["r1"] = SiteDatabase.open(r1.path)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id IN (3, 40)") == [(40, "north", 8, "seed")]
+    deliver(hq, r1, send(r1, hq))
+    assert table_rows(hq, "orders", "WHERE id IN (3, 40)") == [(40, "north", 8, "seed")]
+    settle(hq, remotes)
+    assert_converged(hq, remotes)
