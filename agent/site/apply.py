@@ -195,10 +195,10 @@ class _Batch:
         # peer holds a row under a key after its batch.
         self.moved: dict[tuple[str, tuple], tuple] = {}
         self.origins: dict[tuple[str, tuple], tuple] = {}
+        self.holds: dict[tuple[str, tuple], bool] = {}
         # Rows the peer gave a new key that this site no longer held under
         # the old one: the peer holds them under the new key (-> its image).
         self.stranded: dict[tuple[str, tuple], tuple[_Table, dict]] = {}
-        self.holds: dict[tuple[str, tuple], bool] = {}
         # At a remote: its own pending changes (lower-case table -> key -> _Own).
         self.pending: dict[str, dict[tuple, _Own]] = {}
 
@@ -580,14 +580,14 @@ class Applier:
                     # row under its key, without this site's changes under
                     # the other: the whole result goes back.
                     self._conflict(table, op, local, batch)
-                    final = tuple(after.get(column, part) for column, part in zip(table.key_columns, moved))
+                    final = _key_after(table.key_columns, moved, after)
                     if self._select(table, final) is not None:
                         self._send_back(batch, table, final, {**local, **after}, set(table.columns))
                     return
         if local is None:
             self._error(batch, op, "UPDATE of a missing row")
             if consolidated and not after.keys().isdisjoint(table.key_columns):
-                moved = tuple(after.get(column, part) for column, part in zip(table.key_columns, key))
+                moved = _key_after(table.key_columns, key, after)
                 if moved != key:
                     batch.stranded[(table.name, moved)] = (
                         table, {**before, **after, **dict(zip(table.key_columns, moved))})
@@ -607,12 +607,14 @@ class Applier:
                 index = key_indexes(self._shapes.get(shape_id))[0]
                 if len(index.columns) != len(key):
                     continue
-                match = " AND ".join(f"{column} IS ?" for column in index.columns)
-                try:
-                    row = self._conn.execute(
+                sql = self._sql.get(("last change", index.name))
+                if sql is None:
+                    match = " AND ".join(f"{column} IS ?" for column in index.columns)
+                    sql = self._sql[("last change", index.name)] = (
                         f"SELECT * FROM fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
-                        " AND (flags IS NULL OR flags & ? = 0) ORDER BY seq DESC LIMIT 1",
-                        (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
+                        " AND (flags IS NULL OR flags & ? = 0) ORDER BY seq DESC LIMIT 1")
+                try:
+                    row = self._conn.execute(sql, (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
                 except OverflowError:  # an integer beyond 64 bits, which no row holds
                     return None
                 if row is not None and (last is None or row[0] > last[0]):
@@ -760,7 +762,7 @@ class Applier:
                            if not _holds_own(own, local, before, column)}
                 if written:
                     conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
-                    moved = tuple(written.get(column, part) for column, part in zip(table.key_columns, key))
+                    moved = _key_after(table.key_columns, key, written)
                     if moved != key:
                         self._moved_pending(table, batch, local, written, key, moved)
             else:
@@ -892,7 +894,7 @@ class Applier:
             if after:
                 entry[1].update(after)
                 if not after.keys().isdisjoint(key_columns):
-                    moved = tuple(after.get(column, part) for column, part in zip(key_columns, key))
+                    moved = _key_after(key_columns, key, after)
                     if moved != key:
                         watched.setdefault((name, moved), (table, {}))[1].update(entry[1])
                         # Keyed by the key the row had before the batch.
@@ -1064,7 +1066,7 @@ class Applier:
             # Captured as usual (origin: the peer), so every other subscriber
             # gets the result; the origin gets it from _write_returns.
             conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
-        final_key = tuple(written.get(column, part) for column, part in zip(table.key_columns, key))
+        final_key = _key_after(table.key_columns, key, written)
         result = self._select(table, final_key)
         resolution = decision.value if isinstance(decision, Resolution) else "merged"
         conn.execute(
@@ -1113,7 +1115,7 @@ class Applier:
             before, after = op[3], op[4]
             key = op[2]
             if after is not None and any(column in after for column in key_columns):
-                key = tuple(after.get(column, part) for column, part in zip(key_columns, key))
+                key = _key_after(key_columns, key, after)
             batch.touched[(table.name, key)] = table
             if (op[1] == OpKind.UPDATE and filtered_by in after and filtered_by in before
                     and before[filtered_by] not in values and after[filtered_by] in values):
@@ -1249,6 +1251,11 @@ def _own_entry(rows: dict[tuple, _Own], key: tuple, seq: int) -> _Own:
         own = rows[key] = _Own(seq)
     own.seq = seq
     return own
+
+
+def _key_after(key_columns: tuple[str, ...], key: tuple, values: Mapping[str, Any]) -> tuple:
+    """The key a row with ``key`` has once ``values`` (column -> value) are written."""
+    return tuple(values.get(column, part) for column, part in zip(key_columns, key))
 
 
 def _rekey(rows: dict[tuple, _Own], key: tuple, moved: tuple) -> None:
