@@ -481,12 +481,16 @@ class Applier:
         # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
         # file, which halves UPDATE speed.  Small chunks stay in memory.
         step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
+        returns = batch.returns
         for start in range(0, len(run), step):
             chunk = params[start:start + step] if len(run) > step else params
-            if self._fast(sql, chunk):
+            ops = run[start:start + step]
+            # A row already going back to the peer takes each later change
+            # of the peer's one by one (_one: _origin_changes).
+            if not (returns and any((table.name, op[2]) in returns for op in ops)) and self._fast(sql, chunk):
                 batch.applied += len(chunk)
                 continue
-            for op in run[start:start + step]:
+            for op in ops:
                 self._one(table, op, batch, consolidated)
 
     def _fast(self, sql: str, params: list) -> bool:
@@ -510,6 +514,8 @@ class Applier:
             self._error(batch, op, f"malformed operation: {problem}")
             return
         kind = op[1]
+        if batch.returns:
+            self._origin_changes(table, op, batch)
         try:
             if kind == OpKind.INSERT:
                 self._insert_one(table, op, batch, consolidated)
@@ -527,6 +533,23 @@ class Applier:
                     batch.applied += 1
         except sqlite3.IntegrityError as error:
             self._error(batch, op, f"constraint failed: {error}")
+
+    @staticmethod
+    def _origin_changes(table: _Table, op: tuple, batch: _Batch) -> None:
+        """The peer changes again a row that goes back to it (an earlier
+        operation of the batch conflicted): the row it will hold when the
+        row goes back has that change too, and the row written back must
+        carry it as its before-image, or a pending change of the peer's
+        equal to the older value would be taken for one the row was written
+        with (rule 2)."""
+        name_key = (table.name, op[2])
+        pending = batch.returns.get(name_key)
+        if pending is None or op[1] == OpKind.DELETE:
+            return
+        pending.origin_row.update(op[4])
+        moved = _key_after(table.key_columns, op[2], op[4]) if op[1] == OpKind.UPDATE else op[2]
+        if moved != op[2] and (table.name, moved) not in batch.returns:
+            batch.returns[(table.name, moved)] = batch.returns.pop(name_key)
 
     def _insert_one(self, table: _Table, op: tuple, batch: _Batch, consolidated: bool) -> None:
         after = op[4]
@@ -730,11 +753,12 @@ class Applier:
         conn = self._conn
         kind, key, before, after = op[1], op[2], op[3], op[4]
         local = self._select(table, key)
-        if local is None and kind == OpKind.UPDATE and own.moved_to is not None:
-            # This site gave the row another key: the UPDATE, written before
-            # the consolidated applied that, concerns the row there.  (Not
-            # a DELETE: the consolidated may re-create the row under its old
-            # key after it, and apply the move to that row.)
+        if local is None and kind != OpKind.DELETE and own.moved_to is not None:
+            # This site gave the row another key: the UPDATE or INSERT,
+            # written before the consolidated applied that, concerns the row
+            # there (the consolidated applies the move to the row the INSERT
+            # re-created).  Not a DELETE: the consolidated may re-create the
+            # row under its old key after it, and apply the move to that row.
             rows = batch.pending[table.name.lower()]
             for _ in range(_MOVES_FOLLOWED):
                 if own.moved_to is None or own.moved_to not in rows:
@@ -746,7 +770,15 @@ class Applier:
                     break
         try:
             if kind == OpKind.INSERT:
-                if local is not None:
+                if local is not None and key != op[2]:
+                    # Re-created under the key this site moved the row away
+                    # from: its values, but the key and this site's own.
+                    written = {column: value for column, value in after.items()
+                               if column in table.column_set and column not in table.key_columns
+                               and not (column in own.values and _sqlite_equal(local[column], own.values[column]))}
+                    if written:
+                        conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+                elif local is not None:
                     pass  # its own row: the consolidated settles it (created on both sides, or sent back whole)
                 elif not own.deleted:
                     values = dict(after)

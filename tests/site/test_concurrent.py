@@ -140,6 +140,31 @@ def test_two_changes_the_first_conflicting(sites):
     assert_converged(hq, remotes)
 
 
+def test_a_row_sent_back_carries_the_remote_s_later_change_of_the_batch(sites):
+    """r1 applies hq's change while its own two are pending (it keeps them)
+    and confirms it; at hq r1's first change conflicts, its second (in the
+    same batch) applies, and nothing is unconfirmed.  r1 then writes the
+    first value again.  The row going back carries r1's second value as its
+    before-image, so r1 keeps its third change (pending) instead of taking
+    it for one the row was written with."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET qty = 50 WHERE id = 3")
+    hq_update = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 7 WHERE id = 3")
+    write(r1, "UPDATE orders SET qty = 8 WHERE id = 3")
+    deliver(r1, hq, hq_update)
+    confirm(hq, r1)
+    deliver(hq, r1, send(r1, hq))
+    assert len(hq.conflicts()) == 1
+    write(r1, "UPDATE orders SET qty = 7 WHERE id = 3")
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 7, "seed")]
+    settle(hq, remotes)
+    assert table_rows(hq, "orders", "WHERE id = 3") == [(3, "north", 7, "seed")]
+    assert_converged(hq, remotes)
+
+
 @pytest.mark.parametrize("how", ["re-created", "moved out and back"])
 def test_the_consolidated_recreates_the_row_while_a_remote_change_is_on_its_way(sites, how):
     """hq deletes and re-creates the row (or moves it out of r1's subset and
@@ -416,7 +441,19 @@ KEY_CASES = [
      [(40, "north", 1, "r1")]),
     ("UPDATE orders SET id = 40 WHERE id = 3; UPDATE orders SET id = 41 WHERE id = 40",
      "UPDATE orders SET qty = 7 WHERE id = 3", [(41, "north", 7, "seed")]),
+    # hq re-created the row r1 moved (" / ": separate log transactions): the move
+    # applies to the new row, whose values r1 takes under its new key.
+    ("DELETE FROM orders WHERE id = 3 / INSERT INTO orders VALUES (3, 'north', 5, 'again')",
+     "UPDATE orders SET id = 30 WHERE id = 3", [(30, "north", 5, "again")]),
 ]
+
+
+def write_steps(site: SiteDatabase, steps: str) -> None:
+    """Write ``steps``: log transactions separated by " / " (the site scans
+    after each), statements by "; "."""
+    for transaction in steps.split(" / "):
+        write(site, *transaction.split("; "))
+        site.scan()
 
 
 def test_a_remote_changes_the_key_while_an_update_of_the_row_is_on_its_way(sites):
@@ -447,9 +484,9 @@ def test_concurrent_key_changes_converge(sites, at_hq, at_r1, expected, confirme
     reached it when hq's data does."""
     hq, remotes = sites
     r1 = remotes["r1"]
-    write(hq, *at_hq.split("; "))
+    write_steps(hq, at_hq)
     on_its_way = send(hq, r1)
-    write(r1, *at_r1.split("; "))
+    write_steps(r1, at_r1)
     deliver(hq, r1, send(r1, hq))
     assert table_rows(hq, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
     if confirmed:
@@ -478,9 +515,9 @@ def test_concurrent_key_changes_applied_first_at_the_remote(sites, at_hq, at_r1,
     no longer holds goes back as a DELETE."""
     hq, remotes = sites
     r1 = remotes["r1"]
-    write(hq, *at_hq.split("; "))
+    write_steps(hq, at_hq)
     on_its_way = send(hq, r1)
-    write(r1, *at_r1.split("; "))
+    write_steps(r1, at_r1)
     deliver(r1, hq, on_its_way)
     confirm(hq, r1)
     deliver(hq, r1, send(r1, hq))
