@@ -69,6 +69,10 @@ from .schema import Role, SiteIdentity
 from .values import operation_problem, pack, unpack, value_problem
 
 
+# Recorded at a remote when the consolidated gives a row a key it holds (_take_key).
+_KEY_TAKEN = "UPDATE onto a key held here: the row there was replaced by the incoming one"
+
+
 class Resolution(str, Enum):
     """How a conflict at the consolidated is resolved."""
 
@@ -584,7 +588,17 @@ class Applier:
         else:
             sql = self._update_sql(table, tuple(after), ())
             params = (*after.values(), *key)
-        if conn.execute(sql, params).rowcount:
+        try:
+            count = conn.execute(sql, params).rowcount
+        except sqlite3.IntegrityError:
+            if consolidated:
+                self._refused_move(table, key, after, batch)
+                raise
+            if not self._take_key(table, batch, sql, params, key, after):
+                raise
+            self._error(batch, op, _KEY_TAKEN)
+            return
+        if count:
             batch.applied += 1
             return
         local = self._select(table, key) if consolidated else None
@@ -616,6 +630,49 @@ class Applier:
                         table, {**before, **after, **dict(zip(table.key_columns, moved))})
             return
         self._conflict(table, op, local, batch)
+
+    def _refused_move(self, table: _Table, key: tuple, after: dict, batch: _Batch) -> None:
+        """At the consolidated: the peer gave row ``key`` a new key that a
+        row here holds (this site moved or inserted one there meanwhile); the
+        UPDATE fails.  The peer drops its row there when it applies this
+        site's change (_take_key), or holds it until then: both rows go back
+        whole, the one under the old key as an INSERT (the peer moved it
+        away)."""
+        moved = _key_after(table.key_columns, key, after)
+        if moved == key:
+            return
+        old, new = self._select(table, key), self._select(table, moved)
+        if old is None or new is None:
+            return  # another constraint refused it
+        columns = set(table.columns)
+        self._send_back(batch, table, key, old, columns)
+        batch.entered.add((table.name, key))
+        self._send_back(batch, table, moved, {**old, **after}, columns)
+
+    def _take_key(self, table: _Table, batch: _Batch, sql: str, params: tuple, key: tuple, after: dict) -> bool:
+        """At a remote: the consolidated gives row ``key`` a new key, which
+        this site holds.  The consolidated's log reaches it in order, so
+        that row is this site's own doing (it inserted that key, or moved a
+        row there) that the consolidated had not applied when it moved its
+        row there; it keeps its row and refuses this site's (an INSERT of an
+        existing key, sent back whole).  So this site drops its row and
+        applies the move.  Whether it did: not when the UPDATE does not
+        change the key or still fails (another constraint), which leaves
+        everything as it was."""
+        moved = _key_after(table.key_columns, key, after)
+        if moved == key:
+            return False
+        conn = self._conn
+        conn.execute("SAVEPOINT fieldsync_take_key")
+        try:
+            conn.execute(self._delete_sql(table), moved)
+            conn.execute(sql, params)
+        except sqlite3.IntegrityError:
+            conn.execute("ROLLBACK TO fieldsync_take_key")
+            return False
+        finally:
+            conn.execute("RELEASE fieldsync_take_key")
+        return True
 
     def _moved_key(self, table: _Table, key: tuple) -> tuple | None:
         """The key this consolidated gave the row that had ``key`` (a row it
@@ -793,10 +850,20 @@ class Applier:
                 written = {column: value for column, value in after.items()
                            if not _holds_own(own, local, before, column)}
                 if written:
-                    conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+                    sql, params = self._update_sql(table, tuple(written), ()), (*written.values(), *key)
+                    taken = False
+                    try:
+                        conn.execute(sql, params)
+                    except sqlite3.IntegrityError:
+                        if not self._take_key(table, batch, sql, params, key, written):
+                            raise
+                        taken = True
                     moved = _key_after(table.key_columns, key, written)
                     if moved != key:
                         self._moved_pending(table, batch, local, written, key, moved)
+                    if taken:
+                        self._error(batch, op, _KEY_TAKEN)
+                        return
             else:
                 concurrent = {column: before[column] for column in own.values
                               if _holds_own(own, local, before, column)}

@@ -441,6 +441,10 @@ KEY_CASES = [
      [(40, "north", 1, "r1")]),
     ("UPDATE orders SET id = 40 WHERE id = 3; UPDATE orders SET id = 41 WHERE id = 40",
      "UPDATE orders SET qty = 7 WHERE id = 3", [(41, "north", 7, "seed")]),
+    # hq moved the row onto a key r1 inserted meanwhile: hq keeps its row
+    # there (r1's INSERT of an existing key), r1 drops its own for it.
+    ("UPDATE orders SET id = 40 WHERE id = 3", "INSERT INTO orders VALUES (40, 'north', 7, 'r1')",
+     [(40, "north", 1, "seed")]),
     # hq re-created the row r1 moved (" / ": separate log transactions): the move
     # applies to the new row, whose values r1 takes under its new key.
     ("DELETE FROM orders WHERE id = 3 / INSERT INTO orders VALUES (3, 'north', 5, 'again')",
@@ -524,6 +528,38 @@ def test_concurrent_key_changes_applied_first_at_the_remote(sites, at_hq, at_r1,
     assert table_rows(hq, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
     deliver(r1, hq, send(hq, r1))
     assert table_rows(r1, "orders", "WHERE id IN (3, 30, 40, 41)") == expected
+    assert_converged(hq, remotes)
+
+
+@pytest.mark.parametrize("first", ["hq's move at r1", "r1's move at hq"])
+def test_both_move_a_row_onto_one_key(sites, first):
+    """hq gave row 3 the key 40 while r1 gave row 6 the key 40.  hq keeps its
+    row there and refuses r1's move (an apply error), sending row 6 and row
+    40 back whole; r1 drops its row 40 when it applies hq's move.  Both end
+    with rows 6 and 40 as hq has them.  (Confirmations reach r1 before
+    hq's data, as in the agent: before it, the INSERT of row 6 sent back
+    would meet r1's pending move of row 6, the lost-confirmation case.)"""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET id = 40 WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET id = 40 WHERE id = 6")
+    if first == "hq's move at r1":
+        deliver(r1, hq, on_its_way)
+        assert table_rows(r1, "orders", "WHERE id IN (3, 6, 40)") == [(40, "north", 1, "seed")]
+        confirm(hq, r1)
+        deliver(hq, r1, send(r1, hq))
+    else:
+        deliver(hq, r1, send(r1, hq))
+        deliver(r1, hq, on_its_way)
+    assert [error.problem for error in hq.apply_errors()] == [
+        "constraint failed: UNIQUE constraint failed: orders.id"]
+    assert table_rows(hq, "orders", "WHERE id IN (3, 6, 40)") == [(6, "north", 1, "seed"), (40, "north", 1, "seed")]
+    confirm(r1, hq)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id IN (3, 6, 40)") == [(6, "north", 1, "seed"), (40, "north", 1, "seed")]
+    assert_converged(hq, remotes)
+    settle(hq, remotes)
     assert_converged(hq, remotes)
 
 

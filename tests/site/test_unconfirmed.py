@@ -154,17 +154,16 @@ def test_key_changes(sites):
 def test_a_key_change_on_its_way_to_the_key_the_remote_inserts(sites, table):
     """hq moved a row to a new key (order 6 to 33, line (1, 3) to (1, 30))
     and r1 inserted that key meanwhile: an existing key at hq, whose row
-    goes back whole.  (r1 then cannot apply the move, which would take an
-    existing key, and keeps the old row as well: see the known limits.)"""
+    goes back whole.  r1 drops its row when it applies the move."""
     hq, r1 = sites
     if table == "orders":
         ops = sent_back(hq, r1, ["UPDATE orders SET id = 33 WHERE id = 6"],
-                        ["INSERT INTO orders VALUES (33, 'north', 7, 'r1')"], converges=False)
+                        ["INSERT INTO orders VALUES (33, 'north', 7, 'r1')"])
         assert ops == [Operation.update("orders", (33,), {"id": 33, "region": "north", "qty": 7, "note": "r1"},
                                         {"id": 33, "region": "north", "qty": 1, "note": "seed"})]
     else:
         ops = sent_back(hq, r1, ["UPDATE line SET order_id = 30 WHERE line_no = 1 AND order_id = 3"],
-                        ["INSERT INTO line VALUES (30, 1, 'r1', 9)"], converges=False)
+                        ["INSERT INTO line VALUES (30, 1, 'r1', 9)"])
         assert ops == [Operation.update("line", (1, 30), {"order_id": 30, "line_no": 1, "sku": "r1", "qty": 9},
                                         {"order_id": 30, "line_no": 1, "sku": "sku", "qty": 1})]
 
