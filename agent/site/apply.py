@@ -155,13 +155,15 @@ class _Return:
 
 class _Own:
     """A remote's own changes to one row that the consolidated has not
-    confirmed yet: the last value it wrote to each column, or that it
-    deleted the row.  ``seq`` is the capture seq of the last of them."""
+    confirmed yet: the last value it wrote to each column (and the capture
+    seq of that write), or that it deleted the row.  ``seq`` is the capture
+    seq of the last of them."""
 
-    __slots__ = ("values", "deleted", "seq", "moved_to")
+    __slots__ = ("values", "seqs", "deleted", "seq", "moved_to")
 
     def __init__(self, seq: int) -> None:
         self.values: dict[str, Any] = {}
+        self.seqs: dict[str, int] = {}
         self.deleted = False
         self.seq = seq
         self.moved_to: tuple | None = None  # the key it gave the row, when that is why it is gone
@@ -761,11 +763,13 @@ class Applier:
             elif kind == KIND_INSERT:
                 own = _own_entry(rows, old_key, row[0])
                 own.values = dict(zip(columns, old))
+                own.seqs = dict.fromkeys(columns, row[0])
                 own.deleted = False
                 own.moved_to = None
             elif kind == KIND_DELETE:
                 own = _own_entry(rows, old_key, row[0])
                 own.values = {}
+                own.seqs = {}
                 own.deleted = True
                 own.moved_to = None
             else:
@@ -778,15 +782,20 @@ class Applier:
                     gone = _own_entry(rows, old_key, row[0])
                     moved_values = {column: value for column, value in gone.values.items()
                                     if column not in changed}
+                    seqs = {**{column: gone.seqs[column] for column in moved_values},
+                            **dict.fromkeys(changed, row[0])}
                     gone.values = {}
+                    gone.seqs = {}
                     gone.deleted = True
                     gone.moved_to = new_key
                     own = _own_entry(rows, new_key, row[0])
                     own.values = {**moved_values, **changed}
+                    own.seqs = seqs
                     own.moved_to = None
                 else:
                     own = _own_entry(rows, old_key, row[0])
                     own.values.update(changed)
+                    own.seqs.update(dict.fromkeys(changed, row[0]))
                 own.deleted = False
         return pending
 
@@ -847,8 +856,8 @@ class Applier:
             elif local is None:
                 pass  # gone here, by its own DELETE or one written without its change
             elif kind == OpKind.UPDATE:
-                written = {column: value for column, value in after.items()
-                           if not _holds_own(own, local, before, column)}
+                held = _held(table, own, local, before, after)
+                written = {column: value for column, value in after.items() if column not in held}
                 if written:
                     sql, params = self._update_sql(table, tuple(written), ()), (*written.values(), *key)
                     taken = False
@@ -1362,6 +1371,23 @@ def _rekey(rows: dict[tuple, _Own], key: tuple, moved: tuple) -> None:
     own = rows.pop(key, None)
     if own is not None and not own.deleted:
         rows[moved] = own
+
+
+def _held(table: _Table, own: _Own, local: dict, before: dict, after: dict) -> set[str]:
+    """The columns of an UPDATE of the consolidated's in which the remote
+    keeps its own pending value.  Those where the before-image shows the
+    UPDATE was written without it (_holds_own); and then, since the
+    consolidated applies the remote's changes in order, every column the
+    remote wrote in that change or a later one and still holds, even where
+    the before-image happens to show the same value (the remote wrote a
+    column back to an older value: A to B to A)."""
+    held = {column for column in after if _holds_own(own, local, before, column)}
+    if held:
+        cut = min(own.seqs.get(column, own.seq) for column in held)
+        held.update(column for column in after
+                    if column in own.values and column in local and column not in table.key_columns
+                    and own.seqs.get(column, 0) >= cut and _sqlite_equal(local[column], own.values[column]))
+    return held
 
 
 def _holds_own(own: _Own, local: dict, before: dict | None, column: str) -> bool:

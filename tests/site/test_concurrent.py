@@ -165,6 +165,30 @@ def test_a_row_sent_back_carries_the_remote_s_later_change_of_the_batch(sites):
     assert_converged(hq, remotes)
 
 
+def test_a_remote_writes_a_column_back_to_the_value_the_update_on_its_way_shows(sites):
+    """r1 set qty 6 (settled), hq then changed the row, r1 changed it twice
+    meanwhile, back to qty 6 the second time.  hq's UPDATE shows qty 6 in
+    its before-image, as if written after r1's last change, but its note
+    shows it was written before that change: r1 keeps every column of that
+    change, qty included, and ends with its last change, as hq does."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(r1, "UPDATE orders SET qty = 6, note = 'a' WHERE id = 3")
+    settle(hq, remotes)
+    write(hq, "UPDATE orders SET qty = 2, note = 'hq' WHERE id = 3")
+    hq_update = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 5, note = 'b' WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    write(r1, "UPDATE orders SET qty = 6, note = 'c' WHERE id = 3")
+    deliver(r1, hq, hq_update)
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 6, "c")]
+    deliver(hq, r1, send(r1, hq))
+    assert table_rows(hq, "orders", "WHERE id = 3") == [(3, "north", 6, "c")]
+    settle(hq, remotes)
+    assert_converged(hq, remotes)
+
+
 @pytest.mark.parametrize("how", ["re-created", "moved out and back"])
 def test_the_consolidated_recreates_the_row_while_a_remote_change_is_on_its_way(sites, how):
     """hq deletes and re-creates the row (or moves it out of r1's subset and
