@@ -111,6 +111,7 @@ def _print(summary: dict) -> None:
     table.add_row("remotes extracted again mid-run", str(summary.get("reextractions", 0)))
     table.add_row("resend requests", str(summary["resend_requests"]))
     table.add_row("files quarantined", str(summary["quarantined"]))
+    table.add_row("apply errors from concurrent changes", str(summary.get("apply_errors", 0)))
     table.add_row("divergences", str(summary["divergences"]))
     table.add_row("double applies", str(summary["double_applies"]))
     table.add_row("losses", str(summary["losses"]))

@@ -22,6 +22,10 @@ async def test_many_seeds_find_no_divergence_double_apply_or_loss():
     assert all(summary["faults"].get(kind, 0) > 0
                for kind in ("drop", "corrupt", "duplicate", "reorder", "delay", "partition")), summary["faults"]
     assert summary["crashes"] > 0 and summary["resend_requests"] > 0
+    if SEEDS >= 100:
+        # Sites changed the same customers at once (an UPDATE of a row the
+        # other deleted fails by design), and still converged.
+        assert summary["apply_errors"] > 0
     assert summary["failing_seeds"] == [], summary["failing_seeds"][:5]
 
 
@@ -55,7 +59,12 @@ async def test_the_stale_rule_and_the_duplicate_rule_are_each_enough_alone_again
     """Defence in depth: with only the stale-epoch rule off, the duplicate
     rule (skip what was applied) still keeps every row right, applied once
     and in order; with both off, the suite finds the damage."""
-    stale_only = await run_seeds(range(40), unsafe_without_stale_rule=True, reextract_rate=0.3, crash_rate=0.2)
+    stale_only = []
+    for seed in range(300):  # at least 40 seeds, and on until one applies a stale-epoch message
+        stale_only.append(await run_seed(ChaosParams.random(seed, unsafe_without_stale_rule=True,
+                                                            reextract_rate=0.3, crash_rate=0.2)))
+        if len(stale_only) >= 40 and any(result.stale_applies for result in stale_only):
+            break
     summary = summarize(stale_only)
     assert summary["stale_applies"] > 0
     assert (summary["double_applies"], summary["divergences"], summary["losses"], summary["out_of_order"],

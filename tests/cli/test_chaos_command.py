@@ -9,7 +9,7 @@ def test_chaos_runs_seeds_and_prints_a_json_summary(capsys):
     assert main(["chaos", "--seeds", "6", "--start", "40", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["seeds"] == 6 and summary["failing_seeds"] == []
-    assert {"faults", "crashes", "divergences", "double_applies", "losses"} <= set(summary)
+    assert {"faults", "crashes", "apply_errors", "divergences", "double_applies", "losses"} <= set(summary)
 
 
 def test_chaos_replays_one_seed_with_a_table(capsys):
