@@ -849,8 +849,8 @@ class Applier:
                 elif not own.deleted:
                     values = dict(after)
                     if own.values:
-                        for column in self._deleted_without(table, key, own.seq):
-                            if column in own.values and column in table.column_set:
+                        for column in self._deleted_without(table, key, own):
+                            if column in table.column_set:
                                 values[column] = own.values[column]
                     conn.execute(self._insert_sql(table, tuple(values), ignore=False), tuple(values.values()))
             elif local is None:
@@ -925,10 +925,14 @@ class Applier:
                          " FROM fieldsync_capture) AND kind = ? AND shape = ?",
                          (FLAG_CONCURRENT_DELETE, *values[width:], KIND_DELETE, shape.id))
 
-    def _deleted_without(self, table: _Table, key: tuple, since: int) -> set[str]:
-        """The columns in which the last DELETE of row ``key`` applied here
-        after capture seq ``since`` was written without this site's own
-        value (empty unless that DELETE is marked FLAG_CONCURRENT_DELETE)."""
+    def _deleted_without(self, table: _Table, key: tuple, own: _Own) -> set[str]:
+        """The columns of ``own`` in which the last DELETE of row ``key``
+        applied here after ``own.seq`` was written without this site's own
+        value (empty unless that DELETE is marked FLAG_CONCURRENT_DELETE):
+        those marked, and, as for an UPDATE (_held), every column this site
+        wrote in the change they show it was written without or a later one
+        and still held when the DELETE came."""
+        since = own.seq
         shapes = self._table_shapes(table)
         if not shapes:
             return set()
@@ -943,8 +947,10 @@ class Applier:
                 if not (row[3] or 0) & FLAG_CONCURRENT_DELETE:
                     return set()
                 width = len(shape.columns)
-                return {column for index, column in enumerate(shape.columns)
-                        if not _sqlite_equal(row[4 + index], row[4 + width + index])}
+                deleted = dict(zip(shape.columns, row[4:4 + width]))
+                marked = {column for index, column in enumerate(shape.columns)
+                          if column in own.values and not _sqlite_equal(row[4 + index], row[4 + width + index])}
+                return marked | _written_with(table, own, marked, deleted)
         finally:
             cursor.close()
         return set()
@@ -1382,12 +1388,21 @@ def _held(table: _Table, own: _Own, local: dict, before: dict, after: dict) -> s
     the before-image happens to show the same value (the remote wrote a
     column back to an older value: A to B to A)."""
     held = {column for column in after if _holds_own(own, local, before, column)}
-    if held:
-        cut = min(own.seqs.get(column, own.seq) for column in held)
-        held.update(column for column in after
-                    if column in own.values and column in local and column not in table.key_columns
-                    and own.seqs.get(column, 0) >= cut and _sqlite_equal(local[column], own.values[column]))
-    return held
+    return held | {column for column in _written_with(table, own, held, local) if column in after}
+
+
+def _written_with(table: _Table, own: _Own, held: set[str], row: dict) -> set[str]:
+    """The columns (not of the key) that this remote wrote, pending, in the
+    change that set one of ``held`` or a later one, and that ``row`` still
+    holds as it wrote them.  The consolidated applies a remote's changes in
+    order: an operation written without one of them was written without
+    those too."""
+    if not held:
+        return set()
+    cut = min(own.seqs.get(column, own.seq) for column in held)
+    return {column for column, value in own.values.items()
+            if column in row and column not in table.key_columns and own.seqs.get(column, 0) >= cut
+            and _sqlite_equal(row[column], value)}
 
 
 def _holds_own(own: _Own, local: dict, before: dict | None, column: str) -> bool:

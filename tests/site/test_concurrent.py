@@ -189,6 +189,28 @@ def test_a_remote_writes_a_column_back_to_the_value_the_update_on_its_way_shows(
     assert_converged(hq, remotes)
 
 
+def test_a_remote_writes_a_column_back_to_the_value_a_delete_on_its_way_shows(sites):
+    """hq deleted and re-created row 3 while r1 changed it twice, back to
+    qty 1 the second time.  The DELETE's before-image shows qty 1, as if
+    written after r1's last change, but its note shows otherwise: the
+    re-created row gets every column of r1's change, qty included."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write_steps(hq, "DELETE FROM orders WHERE id = 3 / INSERT INTO orders VALUES (3, 'north', 2, 'again')")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET qty = 8, note = 'a' WHERE id = 3")
+    deliver(hq, r1, send(r1, hq))
+    write(r1, "UPDATE orders SET qty = 1, note = 'b' WHERE id = 3")
+    deliver(r1, hq, on_its_way)
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 1, "b")]
+    deliver(r1, hq, send(hq, r1))
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 1, "b")]
+    deliver(hq, r1, send(r1, hq))
+    assert table_rows(hq, "orders", "WHERE id = 3") == [(3, "north", 1, "b")]
+    settle(hq, remotes)
+    assert_converged(hq, remotes)
+
+
 @pytest.mark.parametrize("how", ["re-created", "moved out and back"])
 def test_the_consolidated_recreates_the_row_while_a_remote_change_is_on_its_way(sites, how):
     """hq deletes and re-creates the row (or moves it out of r1's subset and
