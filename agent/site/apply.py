@@ -185,8 +185,10 @@ class _Batch:
         # (column, values)), and the keys of those tables the batch touched.
         self.filters: dict[str, tuple[str, frozenset]] = {}
         self.touched: dict[tuple[str, tuple], _Table] = {}
-        # Rows the peer moved into its subset from outside it: the peer may
-        # have been sent a DELETE of them that reaches it after its change.
+        # Rows that go back whole, as an INSERT: the peer moved them into its
+        # subset from outside it (it may have been sent a DELETE of them that
+        # reaches it after its change), or moved them away onto a key this
+        # site holds (_refused_move).
         self.entered: set[tuple[str, tuple]] = set()
         # At the consolidated, when the log holds operations the peer has not
         # confirmed: every row the batch touched, with the values the peer
@@ -596,7 +598,7 @@ class Applier:
             if consolidated:
                 self._refused_move(table, key, after, batch)
                 raise
-            if not self._take_key(table, batch, sql, params, key, after):
+            if not self._take_key(table, sql, params, key, after):
                 raise
             self._error(batch, op, _KEY_TAKEN)
             return
@@ -651,7 +653,7 @@ class Applier:
         batch.entered.add((table.name, key))
         self._send_back(batch, table, moved, {**old, **after}, columns)
 
-    def _take_key(self, table: _Table, batch: _Batch, sql: str, params: tuple, key: tuple, after: dict) -> bool:
+    def _take_key(self, table: _Table, sql: str, params: tuple, key: tuple, after: dict) -> bool:
         """At a remote: the consolidated gives row ``key`` a new key, which
         this site holds.  The consolidated's log reaches it in order, so
         that row is this site's own doing (it inserted that key, or moved a
@@ -864,7 +866,7 @@ class Applier:
                     try:
                         conn.execute(sql, params)
                     except sqlite3.IntegrityError:
-                        if not self._take_key(table, batch, sql, params, key, written):
+                        if not self._take_key(table, sql, params, key, written):
                             raise
                         taken = True
                     moved = _key_after(table.key_columns, key, written)
