@@ -240,11 +240,18 @@ class PairProtocol:
     def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes) -> list[Action]:
         """A data message from the peer is durably in the inbound queue."""
         if incarnation in self.superseded:
-            self._count(stale_deleted=1)
-            return [DeleteInbound((message_id,), "stale")]
-        actions = self._check_incarnation(incarnation)
-        if self._stopped is not None and incarnation != self._state.peer_incarnation:
-            return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
+            # Late mail of a copy replaced by extraction.  It does not stop
+            # the stream; extraction started a new epoch both ways, so rule 1
+            # finds it stale (a file of that copy in a newer epoch can only
+            # come from a lost device that heard the new copy's requests).
+            actions: list[Action] = []
+            if header.resend_count >= self._state.rereceive_count or not self.settings.unsafe_without_stale_rule:
+                self._count(stale_deleted=1)
+                return [DeleteInbound((message_id,), "stale")]
+        else:
+            actions = self._check_incarnation(incarnation)
+            if self._stopped is not None and incarnation != self._state.peer_incarnation:
+                return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
         if message_id in self._pending:
             return actions
         if header.resend_count < self._state.rereceive_count and not self.settings.unsafe_without_stale_rule:
@@ -260,13 +267,14 @@ class PairProtocol:
         pending already, or :meth:`message_queued` would delete it at once
         (from a superseded copy, stale, or covered by ``log_received``).
         ``agent run --keep`` reads kept files again at every poll."""
+        state, settings = self._state, self.settings
         if incarnation in self.superseded:
-            return True
-        if incarnation != self._state.peer_incarnation:
+            if header.resend_count >= state.rereceive_count or not settings.unsafe_without_stale_rule:
+                return True
+        elif incarnation != state.peer_incarnation:
             return False  # a first message, or one that stops the stream: let it through
         if message_id in self._pending:
             return True
-        state, settings = self._state, self.settings
         if header.resend_count < state.rereceive_count and not settings.unsafe_without_stale_rule:
             return True
         if settings.unsafe_without_duplicate_rule:
@@ -428,9 +436,14 @@ class PairProtocol:
             return actions
         state = self._state
         # Receiving side: the peer's view of what it has sent (tail-loss detection),
-        # and publishing side, rule 6: a confirmation.
+        # and publishing side, rule 6: a confirmation.  One sent before this
+        # epoch of the stream began (the peer had not yet asked for it) is
+        # ignored: after an extraction it counts offsets of the old copy's
+        # log, and otherwise a later confirmation says at least as much.
         peer_log_sent = max(state.peer_log_sent, control.log_sent)
-        confirmed = max(state.confirm_sent, min(control.log_received, state.log_sent))
+        confirmed = state.confirm_sent
+        if control.rereceive_count >= state.resend_count:
+            confirmed = max(confirmed, min(control.log_received, state.log_sent))
         if (peer_log_sent, confirmed) != (state.peer_log_sent, state.confirm_sent):
             self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed)
         # Rule 7: a resend request, acted on after the urgency delay.

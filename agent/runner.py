@@ -329,9 +329,11 @@ class Agent:
     def _superseded(self, peer: str, current: bytes | None) -> frozenset[bytes]:
         """Incarnations ``peer`` had before it was extracted again.
 
-        The remote-user row holds the current one; the agent folder keeps the
-        ones it has seen replaced (extraction changes the row, not the folder).
+        Extraction records the copy it replaces in the database; the agent
+        folder also keeps the ones it has seen replaced in the remote-user
+        row (extractions made before the database recorded them).
         """
+        replaced = self.db.replaced_incarnations(peer)
         path = self.directory / "state" / f"{peer}.incarnations.json"
         try:
             known = json.loads(path.read_text())
@@ -344,7 +346,7 @@ class Agent:
         if current is not None or seen:
             record = {"current": current.hex() if current else None, "seen": [value.hex() for value in seen]}
             write_file_atomically(path, json.dumps(record).encode())
-        return frozenset(value for value in seen if value != current)
+        return frozenset(value for value in (*seen, *replaced) if value != current)
 
     def _load_extras(self, peer: str, stream: list) -> dict[str, int]:
         """The bookkeeping kept beside the database, if it belongs to the

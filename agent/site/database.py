@@ -65,6 +65,7 @@ from .remotes import (
     list_remotes,
     record_error_locked,
     record_send_locked,
+    replaced_incarnations,
     remove_remote_locked,
     update_remote_locked,
 )
@@ -340,6 +341,13 @@ class SiteDatabase:
         """Every row of the remote-user table (for ``agent status``)."""
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
+
+    def replaced_incarnations(self, name: str) -> frozenset[bytes]:
+        """Incarnation ids of ``name``'s copies that a new extraction replaced
+        (at the consolidated): their files still in the message system are
+        late mail from a database that no longer exists."""
+        with self._lock, self._read(f"reading the replaced copies of {name!r}"):
+            return replaced_incarnations(self._conn, name)
 
     def update_remote(self, name: str, /, **changes: Any) -> RemoteUser:
         """Change columns of one remote-user row in a short transaction,

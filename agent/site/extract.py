@@ -39,7 +39,7 @@ from .capture import TableInfo, refresh_changed_tables, table_info
 from .errors import ExtractionError, InvalidSetting, WrongRole
 from .log import cut_locked, truncated_through
 from .publications import Article, create_publication_locked
-from .remotes import RemoteUser, get_remote
+from .remotes import RemoteUser, get_remote, record_replaced_locked
 from .schema import Role, init_database, read_identity
 
 if TYPE_CHECKING:
@@ -319,6 +319,7 @@ def _switch_over(site: "SiteDatabase", remote: str, before: RemoteUser, offset: 
                 " public_key = coalesce(?, public_key), last_error = NULL, last_error_at = NULL WHERE name = ?",
                 (offset, offset, offset, before.resend_count + 1, before.rereceive_count + 1, incarnation,
                  material.public_key, remote))
+            record_replaced_locked(conn, remote, current.peer_incarnation)
             _publish(temporary, target)
             published = True
     except BaseException:

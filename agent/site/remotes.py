@@ -145,6 +145,20 @@ def add_remote_locked(conn: sqlite3.Connection, identity: SiteIdentity, name: st
     return get_remote(conn, name)
 
 
+def replaced_incarnations(conn: sqlite3.Connection, name: str) -> frozenset[bytes]:
+    """The incarnations of ``name``'s copies that extraction replaced."""
+    return frozenset(row[0] for row in conn.execute(
+        "SELECT incarnation FROM fieldsync_replaced_copy WHERE remote = ?", (name,)))
+
+
+def record_replaced_locked(conn: sqlite3.Connection, name: str, incarnation: bytes | None,
+                           now: datetime | None = None) -> None:
+    """Remember that the copy of ``name`` with ``incarnation`` was replaced."""
+    if incarnation is not None:
+        conn.execute("INSERT OR IGNORE INTO fieldsync_replaced_copy (remote, incarnation, replaced_at)"
+                     " VALUES (?, ?, ?)", (name, incarnation, format_time(now or utc_now())))
+
+
 def remove_remote_locked(conn: sqlite3.Connection, name: str) -> None:
     if conn.execute("DELETE FROM fieldsync_remote WHERE name = ?", (name,)).rowcount == 0:
         raise UnknownRemote(f"no remote named {name!r}")

@@ -28,7 +28,8 @@ from .errors import AlreadyASite, InvalidSetting, NotASite, UnsupportedSiteVersi
 
 # 1: the first layout.  2: at the consolidated, key indexes on the capture
 # table and capture triggers that cannot abort (capture.upgrade_capture).
-SCHEMA_VERSION = 2
+# 3: fieldsync_replaced_copy, the incarnations of remotes extracted again.
+SCHEMA_VERSION = 3
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -199,8 +200,18 @@ CREATE TABLE fieldsync_conflict_policy (
     table_name TEXT PRIMARY KEY COLLATE NOCASE,
     policy     TEXT NOT NULL CHECK (policy IN ('incoming', 'local'))
 );
+{replaced_copy};
 {applying}
 """
+
+# At the consolidated, the incarnation of each copy of a remote that a new
+# extraction replaced: files of such a copy still in the message system are
+# late mail, set aside without stopping the new copy's stream.
+REPLACED_COPY_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_replaced_copy (\n"
+                       "    remote      TEXT NOT NULL,\n"
+                       "    incarnation BLOB NOT NULL CHECK (length(incarnation) = 16),\n"
+                       "    replaced_at TEXT NOT NULL,\n"
+                       "    PRIMARY KEY (remote, incarnation)\n) WITHOUT ROWID")
 
 # At a remote, holds a row while the apply path writes, inside the apply's
 # transaction (never committed so): the capture triggers skip those writes
@@ -215,7 +226,8 @@ def value_column(index: int) -> str:
 
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
-    text = _TABLES.replace("{value_columns}", value_columns).replace("{applying}", APPLYING_TABLE + ";")
+    text = (_TABLES.replace("{value_columns}", value_columns).replace("{replaced_copy}", REPLACED_COPY_TABLE)
+            .replace("{applying}", APPLYING_TABLE + ";"))
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
@@ -311,8 +323,12 @@ def _upgrade_capture(conn: sqlite3.Connection) -> None:
     upgrade_capture(conn)
 
 
+def _add_replaced_copy(conn: sqlite3.Connection) -> None:
+    conn.execute(REPLACED_COPY_TABLE)
+
+
 # What turns layout N into layout N + 1.
-_UPGRADES = {1: _upgrade_capture}
+_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> None:

@@ -437,6 +437,40 @@ def test_files_from_a_superseded_copy_are_set_aside_quietly():
     assert core.stopped is None and core.state.rereceive_count == 0
 
 
+def test_a_superseded_copy_is_judged_by_rule_1_and_without_it_is_applied():
+    """Extraction starts a new epoch both ways, so each file of the copy it
+    replaced is of an older epoch: rule 1 is what sets it aside.  With the
+    rule off (the fault suite's switch) it is applied as if it were the new
+    copy's, though its offsets count another log."""
+    old = b"O" * 16
+    state = PairState(peer_incarnation=INCARNATION_P, rereceive_count=2)
+    core = PairProtocol("peer", state, Settings(), superseded=frozenset({old}))
+    assert core.message_queued(0, "late", Header(1, 0, 10), old) == [DeleteInbound(("late",), "stale")]
+    stale_off = PairProtocol("peer", state, Settings(unsafe_without_stale_rule=True), superseded=frozenset({old}))
+    assert stale_off.message_queued(0, "late", Header(1, 0, 10), old) == [Apply(("late",), 0, 10)]
+    assert stale_off.stopped is None
+    # A file of that copy in a newer epoch (a lost device that heard the new
+    # copy's resend requests) is set aside whatever the switch says.
+    assert stale_off.message_queued(0, "newer", Header(2, 10, 20), old) == [DeleteInbound(("newer",), "stale")]
+
+
+def test_a_confirmation_from_before_the_epoch_of_the_stream_is_ignored():
+    """A remote extracted again starts its stream in the epoch the
+    consolidated asks for from then on.  A control message the consolidated
+    sent to the old copy (one that still opens: the device kept its keys,
+    or sealing is off) confirms offsets of the old copy's log; taken as a
+    confirmation it would let the new copy skip what was never received."""
+    core = PairProtocol("hq", PairState(log_send=40, log_sent=40, resend_count=3, rereceive_count=3,
+                                        peer_incarnation=INCARNATION_P), Settings())
+    core.control_received(0, ControlState(log_received=30, rereceive_count=2, log_sent=7, resend_count=2),
+                          INCARNATION_P)
+    assert core.state.confirm_sent == 0
+    assert core.state.peer_log_sent == 7  # the consolidated's own log: the same offsets for both copies
+    core.control_received(0, ControlState(log_received=10, rereceive_count=3, log_sent=7, resend_count=3),
+                          INCARNATION_P)
+    assert core.state.confirm_sent == 10
+
+
 def test_already_taken_is_what_queueing_would_add_nothing_for():
     """``agent run --keep`` skips a file read again when ``already_taken``
     says so; that must be exactly when queueing it would change nothing

@@ -12,7 +12,7 @@ import pytest
 
 from agent.admin import extract_site
 from agent.runner import agent_directory
-from agent.site import SiteDatabase
+from agent.site import RemoteKeys, SiteDatabase
 from codec.keys import SiteKeys
 from codec.names import MessageName
 
@@ -241,6 +241,73 @@ async def test_late_mail_from_a_copy_extracted_again_is_set_aside_as_such(world)
     assert world.rows("hq", "ledger", "WHERE entry = 'f1-old'") == []
     await world.settle()
     assert world.rows("f1", "ledger", "WHERE entry = 'f1-old'") == []
+
+
+def extract_again_keeping_keys(world: World, remote: str) -> bytes:
+    """The operator replaces ``remote``'s database with a new extraction
+    that keeps the device's keys; returns the replaced copy's incarnation."""
+    with SiteDatabase.open(world.db(remote)) as old:
+        keys = RemoteKeys(public_key=old.identity.public_key, secret=old.identity.secret)
+        incarnation = old.identity.incarnation
+    for suffix in ("", "-wal", "-shm"):
+        world.db(remote).with_name(f"{remote}.db{suffix}").unlink(missing_ok=True)
+    shutil.rmtree(agent_directory(world.db(remote)))
+    with SiteDatabase.open(world.db("hq")) as hq:
+        hq.extract(remote, world.db(remote), keys=keys)
+    return incarnation
+
+
+async def test_late_mail_of_a_copy_the_consolidated_agent_never_saw_is_set_aside(world):
+    """Extraction records the copy it replaces in the database.  So the files
+    of a copy that was extracted and replaced again while the consolidated's
+    agent did not run are late mail, deleted as stale (they verify: the keys
+    were kept), not taken for a restored site's, which would stop the stream."""
+    await world.settle()
+    extract_again_keeping_keys(world, "f1")
+    world.write("f1", ("INSERT INTO ledger VALUES ('f1-b', 'f1', 1)", ()))
+    await world.run("f1")  # the short-lived copy sends; hq's agent does not run meanwhile
+    waiting = {name for name in world.waiting_names("hq") if name.startswith("f1.hq.d.")}
+    assert waiting
+    short_lived = extract_again_keeping_keys(world, "f1")
+    with SiteDatabase.open(world.db("hq")) as hq:
+        assert short_lived in hq.replaced_incarnations("f1")
+    report = await world.run("hq")
+    assert report.ok and not report.stopped_streams and report.quarantined == 0, report
+    assert waiting.isdisjoint(world.waiting_names("hq"))
+    assert world.rows("hq", "ledger", "WHERE entry = 'f1-b'") == []
+    await world.settle()
+    assert world.rows("f1", "ledger", "WHERE entry = 'f1-b'") == []
+
+
+async def test_a_confirmation_meant_for_the_replaced_copy_confirms_nothing_of_the_new_one(world):
+    """The consolidated's confirmation of the old copy's log arrives late at
+    the new copy (it opens there: the keys were kept).  It counts offsets of
+    another log, so it must not confirm the new copy's own messages: if it
+    did, a resend would start after them, and the lost ones never arrive."""
+    await world.settle()
+    for number in range(3):
+        world.write("f1", (f"INSERT INTO ledger VALUES ('f1-a{number}', 'f1', 1)", ()))
+    await world.run("f1")
+    await world.run("hq")  # applies the old copy's entries and confirms them
+    held = {path.name: path.read_bytes() for path in world.inbox_files("f1") if path.name.startswith("hq.f1.c.")}
+    assert held
+    for name in held:
+        (world.inbox("f1") / name).unlink()
+    extract_again_keeping_keys(world, "f1")
+    for number in range(3):
+        world.write("f1", (f"INSERT INTO ledger VALUES ('f1-b{number}', 'f1', 1)", ()))
+    await world.run("f1")
+    lost = [path for path in world.inbox_files("hq") if path.name.startswith("f1.hq.d.")]
+    assert lost
+    for path in lost:
+        path.unlink()
+    for name, data in held.items():
+        (world.inbox("f1") / name).write_bytes(data)
+    await world.run("f1")
+    with SiteDatabase.open(world.db("f1")) as f1:
+        assert f1.remote("hq").confirm_sent == 0
+    await world.settle()
+    assert [row[0] for row in world.rows("hq", "ledger", "WHERE entry LIKE 'f1-b%'")] == ["f1-b0", "f1-b1", "f1-b2"]
 
 
 async def test_keep_leaves_every_file_in_the_inbox_and_takes_each_in_once(world, monkeypatch):

@@ -107,6 +107,25 @@ def test_newer_layout_is_refused(tmp_path):
         SiteDatabase.open(tmp_path / "hq.db")
 
 
+def test_layout_2_gains_the_table_of_replaced_copies_when_opened(tmp_path):
+    site = SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated")
+    site.add_remote("r1")
+    site.close()
+    conn = sqlite3.connect(tmp_path / "hq.db")
+    conn.execute("DROP TABLE fieldsync_replaced_copy")
+    conn.execute("UPDATE fieldsync_site SET schema_version = 2")
+    conn.commit()
+    conn.close()
+    with SiteDatabase.open(tmp_path / "hq.db") as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 3
+        assert site.replaced_incarnations("r1") == frozenset()
+        first = site.extract("r1", tmp_path / "a.db").incarnation
+        second = site.extract("r1", tmp_path / "b.db").incarnation
+        assert site.replaced_incarnations("r1") == frozenset({first})
+        site.extract("r1", tmp_path / "c.db")
+        assert site.replaced_incarnations("r1") == frozenset({first, second})
+
+
 def test_identity_is_frozen_and_hides_the_secret(tmp_path):
     site = SiteDatabase.init(tmp_path / "r.db", name="r", role="remote", secret=b"very secret seed")
     assert site.identity.secret == b"very secret seed"

@@ -340,7 +340,8 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
     """Layout 1 had no key indexes on the capture table and capture triggers
     with a plain INSERT: opening it adds the indexes for every shape and
     turns the triggers' INSERT into INSERT OR FAIL at the consolidated
-    (nothing at a remote), records layout 2, and the rule works as before."""
+    (nothing at a remote), then adds layout 3's table of replaced copies,
+    records layout 3, and the rule works as before."""
     hq, r1 = build(tmp_path)
     write(hq, "ALTER TABLE orders ADD COLUMN extra TEXT")
     hq.scan()  # a second shape of orders
@@ -357,6 +358,7 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
         for trigger, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall():
             conn.execute(f'DROP TRIGGER "{trigger}"')
             conn.execute(sql.replace("INSERT OR FAIL INTO fieldsync_capture", "INSERT INTO fieldsync_capture"))
+        conn.execute("DROP TABLE fieldsync_replaced_copy")
         conn.execute("UPDATE fieldsync_site SET schema_version = 1")
         conn.commit()
         conn.close()
@@ -374,7 +376,8 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
         assert all("INSERT OR FAIL INTO fieldsync_capture" not in sql for sql in triggers(r1))
         for site in (hq, r1):
             assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] \
-                == SCHEMA_VERSION == 2
+                == SCHEMA_VERSION == 3
+            assert site.replaced_incarnations("r1") == frozenset()
         write(r1, "ALTER TABLE orders ADD COLUMN extra TEXT")
         ops = sent_back(hq, r1, ["UPDATE orders SET qty = 50 WHERE id = 3"],
                         ["UPDATE orders SET note = 'r1' WHERE id = 3"])
