@@ -51,7 +51,7 @@ from . import crashpoints
 from .admin import extract_site, init_site
 from .errors import AgentError
 from .runner import Agent, RunOptions
-from .site import SiteDatabase
+from .site import RemoteKeys, SiteDatabase
 from .site.publications import Article
 
 SCHEMA = [
@@ -120,8 +120,18 @@ class ChaosParams:
             parts.append("--unsafe-without-stale-rule")
         if self.unsafe_without_duplicate_rule:
             parts.append("--unsafe-without-duplicate-rule")
-        if self.steps != ChaosParams.random(self.seed).steps:
+        drawn = ChaosParams.random(self.seed)
+        if self.steps != drawn.steps:
             parts.append(f"--steps {self.steps}")
+        if self.crash_rate != drawn.crash_rate:
+            parts.append(f"--crash-rate {self.crash_rate}")
+        if self.reextract_rate != drawn.reextract_rate:
+            parts.append(f"--reextract-rate {self.reextract_rate}")
+        if self.rates != drawn.rates:
+            default = FaultRates()
+            changed = [name for name in FaultRates.__dataclass_fields__
+                       if getattr(self.rates, name) != getattr(default, name)] or ["drop"]
+            parts.extend(f"--fault-rate {name}={getattr(self.rates, name)}" for name in changed)
         return " ".join(parts)
 
 
@@ -421,16 +431,25 @@ class Simulation:
         does after losing a field device.  Mail from the old copy may still be
         in flight (inboxes, files the faults wrapper holds): it must be set
         aside, never applied.  Ledger entries the old copy made that never
-        reached the consolidated are gone with it."""
+        reached the consolidated are gone with it.  Half the time the new
+        copy keeps the device's keys, so the old copy's files still verify
+        and only their epoch marks them stale (rule 1)."""
         await self._drop(remote)
         await self._drop("hq")  # the extraction rewrites hq's remote-user row
+        keys = None
+        if self.rng.random() < 0.5:
+            with SiteDatabase.open(self.root / f"{remote}.db") as old:
+                keys = RemoteKeys(public_key=old.identity.public_key, secret=old.identity.secret)
         at_hq = {row[0] for row in self._rows("hq", "SELECT entry FROM ledger")}
         self.ledger = {entry for entry in self.ledger if not entry.startswith(f"{remote}-") or entry in at_hq}
         for suffix in ("", "-wal", "-shm"):
             (self.root / f"{remote}.db{suffix}").unlink(missing_ok=True)
         shutil.rmtree(self.root / f"{remote}.db.agent", ignore_errors=True)
         with SiteDatabase.open(self.root / "hq.db") as hq:
-            extract_site(hq, remote, self.root / f"{remote}.db")
+            if keys is None:
+                extract_site(hq, remote, self.root / f"{remote}.db")
+            else:
+                hq.extract(remote, self.root / f"{remote}.db", keys=keys)
         with SiteDatabase.open(self.root / f"{remote}.db") as copy:
             copy.update_remote("hq", address=self.send_address("hq"))
         _add_arrival_journal(self.root / f"{remote}.db")
@@ -562,7 +581,10 @@ class Simulation:
                     # at once: an UPDATE of a row another site deleted fails
                     # by design (and I5 shows the sites converge).
                     if error.table == "ledger":
-                        result.double_applies.append(f"{site}: {error}")
+                        key = ", ".join(map(str, error.key or ()))
+                        result.double_applies.append(
+                            f"{site}: ledger entry {key} from {error.peer} (its commit {error.peer_commit}) applied "
+                            f"again: {error.problem}")
                     else:
                         result.apply_errors += 1
         hq_ledger = self._rows("hq", "SELECT entry, site, amount FROM ledger")

@@ -17,10 +17,33 @@ from typing import Any
 import click
 from rich.markup import escape
 from rich.table import Table
+from transports.errors import BadTransportOptions
+from transports.faults import FaultRates
+from transports.options import parse_int
 
 from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
 from ..transport_options import TransportOptions
 from ._common import TRANSPORT, AddressTemplate, TransportOption, Whole, console
+
+
+class FaultRate(click.ParamType):
+    """NAME=VALUE of one field of the faults wrapper's rates."""
+
+    name = "NAME=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        name, equals, text = str(value).partition("=")
+        fields = FaultRates.__dataclass_fields__
+        if not equals or name not in fields:
+            self.fail(f"{value!r}: expected NAME=VALUE with NAME one of {', '.join(fields)}", param, ctx)
+        whole = name.endswith("_ticks")
+        try:
+            number: float = parse_int(text) if whole else float(text)
+        except ValueError:
+            self.fail(f"{value!r}: {text!r} is not a {'whole ' if whole else ''}number", param, ctx)
+        return name, number
 
 
 @click.command()
@@ -37,6 +60,14 @@ from ._common import TRANSPORT, AddressTemplate, TransportOption, Whole, console
               help="Address peers send to, when it differs from the inbox address (email: mailto:{site}@...).")
 @click.option("-O", "--transport-option", "transport_options", multiple=True, type=TransportOption(),
               help="NAME=VALUE for the transport, as for `agent run`.")
+@click.option("--crash-rate", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Chance per step of an agent crash (default: from the seed).")
+@click.option("--reextract-rate", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Chance per step that a remote is extracted again (default: from the seed).")
+@click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
+              help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
+                   "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
+                   "and the rest are 0 or their default.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--keep-going/--stop-at-first", default=True, show_default=True,
               help="Go on after a failing seed, or stop at the first.")
@@ -59,8 +90,9 @@ def chaos(**arguments: Any) -> int:
 
 
 def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
-           send_address_template: str | None, transport_options: tuple, as_json: bool, keep_going: bool,
-           unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
+           send_address_template: str | None, transport_options: tuple, crash_rate: float | None,
+           reextract_rate: float | None, fault_rates: tuple[tuple[str, float], ...], as_json: bool,
+           keep_going: bool, unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
     if link.named:
         raise click.UsageError("chaos sets the faults wrapper's options itself, and runs one transport: "
@@ -71,8 +103,15 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                            transport_options=tuple(sorted(options.items())),
                            unsafe_without_stale_rule=unsafe_without_stale_rule,
                            unsafe_without_duplicate_rule=unsafe_without_duplicate_rule)
-    if steps is not None:
-        overrides["steps"] = steps
+    for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate)):
+        if value is not None:
+            overrides[name] = value
+    if fault_rates:
+        try:
+            overrides["rates"] = FaultRates(**dict(fault_rates))
+        except BadTransportOptions as error:
+            raise click.UsageError(str(error)) from None
+    smallest = None
     if seed is not None:
         params = ChaosParams.random(seed, **overrides)
         result = asyncio.run(run_seed(params))
@@ -80,7 +119,9 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
         if not result.ok:
             smaller = shrink(params)
             if smaller != params:
-                console().print(f"smallest failing case: {smaller}")
+                smallest = smaller.command()
+                if not as_json:
+                    console().print(f"smallest failing case: {escape(smallest)}", soft_wrap=True)
     else:
         done = [0]
 
@@ -93,6 +134,8 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
         results = asyncio.run(run_seeds(range(start, start + count), keep_going=keep_going, progress=progress,
                                         **overrides))
     summary = summarize(results)
+    if smallest is not None:
+        summary["smallest_failing_case"] = smallest
     if as_json:
         click.echo(json.dumps(summary))
     else:

@@ -40,3 +40,39 @@ def test_chaos_says_which_inbox_folder_it_cannot_make(capsys, tmp_path):
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert err == [f"agent: cannot make the inbox folder {tmp_path}/file/hq of site hq: Not a directory; "
                    "check --address-template"]
+
+
+def test_a_replay_command_carries_the_rates_a_run_was_given(capsys):
+    """The replay line of a failing seed run with other rates than its own
+    draws them again from the command line: the same seed fails the same way."""
+    from agent.chaos import ChaosParams
+    from transports.faults import FaultRates
+
+    params = ChaosParams.random(5, unsafe_without_stale_rule=True, reextract_rate=0.3,
+                                rates=FaultRates(drop=0.05, duplicate=0.3, reorder=0.1, max_hold_ticks=6))
+    command = params.command()
+    assert command.startswith("agent chaos --seed 5 ")
+    assert main(command.split()[1:] + ["--json"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    (failing,) = summary["failing_seeds"]
+    assert failing["replay"] == command and summary["double_applies"] > 0
+    # The replay shrinks the run, and prints the smaller case as a command
+    # that fails in its turn.
+    smallest = summary["smallest_failing_case"]
+    assert smallest != command and smallest.startswith("agent chaos --seed 5 ")
+    assert main(smallest.split()[1:] + ["--json"]) == 1
+    again = json.loads(capsys.readouterr().out)
+    assert again["failing_seeds"][0]["replay"] == smallest
+
+
+@pytest.mark.parametrize("option, message", [
+    ("bogus=1", "expected NAME=VALUE with NAME one of drop, corrupt"),
+    ("drop", "expected NAME=VALUE"),
+    ("drop=often", "'often' is not a number"),
+    ("max_hold_ticks=1.5", "'1.5' is not a whole number"),
+    ("drop=2", "rate drop must be between 0 and 1, got 2.0"),
+])
+def test_bad_fault_rates_are_refused_in_one_line(capsys, option, message):
+    assert main(["chaos", "--seeds", "1", "--fault-rate", option]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
