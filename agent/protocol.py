@@ -242,8 +242,9 @@ class PairProtocol:
         if incarnation in self.superseded:
             # Late mail of a copy replaced by extraction.  It does not stop
             # the stream; extraction started a new epoch both ways, so rule 1
-            # finds it stale (a file of that copy in a newer epoch can only
-            # come from a lost device that heard the new copy's requests).
+            # finds it stale.  A file of that copy in a newer epoch (only a
+            # lost device that heard the new copy's requests sends one) is
+            # deleted all the same, whatever the test-only switch says.
             actions: list[Action] = []
             if header.resend_count >= self._state.rereceive_count or not self.settings.unsafe_without_stale_rule:
                 self._count(stale_deleted=1)
