@@ -239,23 +239,15 @@ class PairProtocol:
 
     def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes) -> list[Action]:
         """A data message from the peer is durably in the inbound queue."""
-        if incarnation in self.superseded:
-            # Late mail of a copy replaced by extraction.  It does not stop
-            # the stream; extraction started a new epoch both ways, so rule 1
-            # finds it stale.  A file of that copy in a newer epoch (only a
-            # lost device that heard the new copy's requests sends one) is
-            # deleted all the same, whatever the test-only switch says.
-            actions: list[Action] = []
-            if header.resend_count >= self._state.rereceive_count or not self.settings.unsafe_without_stale_rule:
-                self._count(stale_deleted=1)
-                return [DeleteInbound((message_id,), "stale")]
-        else:
+        superseded = incarnation in self.superseded
+        actions: list[Action] = []
+        if not superseded:  # late mail of a replaced copy does not stop the stream
             actions = self._check_incarnation(incarnation)
             if self._stopped is not None and incarnation != self._state.peer_incarnation:
                 return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
         if message_id in self._pending:
             return actions
-        if header.resend_count < self._state.rereceive_count and not self.settings.unsafe_without_stale_rule:
+        if self._stale(header, superseded):
             self._count(stale_deleted=1)
             return actions + [DeleteInbound((message_id,), "stale")]
         sort_key = (header.prev, header.resend_count, header.seq, header.last)
@@ -269,18 +261,26 @@ class PairProtocol:
         (from a superseded copy, stale, or covered by ``log_received``).
         ``agent run --keep`` reads kept files again at every poll."""
         state, settings = self._state, self.settings
-        if incarnation in self.superseded:
-            if header.resend_count >= state.rereceive_count or not settings.unsafe_without_stale_rule:
-                return True
-        elif incarnation != state.peer_incarnation:
+        superseded = incarnation in self.superseded
+        if not superseded and incarnation != state.peer_incarnation:
             return False  # a first message, or one that stops the stream: let it through
-        if message_id in self._pending:
-            return True
-        if header.resend_count < state.rereceive_count and not settings.unsafe_without_stale_rule:
+        if message_id in self._pending or self._stale(header, superseded):
             return True
         if settings.unsafe_without_duplicate_rule:
             return False
         return header.last <= state.log_received if header.is_final_part else header.prev < state.log_received
+
+    def _stale(self, header: Header, superseded: bool) -> bool:
+        """Rule 1 for one arriving file: its epoch is below rereceive_count.
+
+        A file of a copy replaced by extraction is always of an older epoch
+        (extraction started a new one both ways); one in a newer epoch (only
+        a lost device that heard the new copy's requests sends one) is
+        deleted all the same, whatever the test-only switch says."""
+        older = header.resend_count < self._state.rereceive_count
+        if superseded:
+            return not (older and self.settings.unsafe_without_stale_rule)
+        return older and not self.settings.unsafe_without_stale_rule
 
     def message_rejected(self, now: float, message_id: str, reason: str) -> list[Action]:
         """A file from the peer failed its checks; it counts as missing."""
