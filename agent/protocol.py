@@ -283,9 +283,10 @@ class PairProtocol:
         return older and not self.settings.unsafe_without_stale_rule
 
     def message_rejected(self, now: float, message_id: str, reason: str) -> list[Action]:
-        """A file from the peer failed its checks; it counts as missing."""
+        """A file from the peer failed its checks before it was queued (the
+        caller set it aside); it counts as missing, nothing else changes."""
         self._count(rejected=1)
-        return [Quarantine(message_id, reason)]
+        return []
 
     def poll(self, now: float) -> list[Action]:
         """A receive poll (every receive delay, and once per batch run)."""

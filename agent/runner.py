@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -39,9 +38,11 @@ from transports import Incoming, Transport, TransportError
 
 from .crashpoints import crash_point
 from .errors import AgentError
+from .left_files import LeftFiles
 from .outbound import SEND_ERRORS, Packed, pack_sends
 from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
                        SendData, Settings, StreamStopped)
+from .quarantine import QuarantineLimits, QuarantineStore
 from .queues import MessageQueues
 from .restore import check_restored
 from .schedule import sending_due
@@ -116,6 +117,7 @@ class RunOptions:
     # -O PREFIX.NAME=VALUE, per transport or wrapper: {"sftp": {...}, "faults": {"seed": 7}}
     named_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     spark: SparkOptions = field(default_factory=SparkOptions)  # large outbound batches (docs/spark.md)
+    quarantine: QuarantineLimits = field(default_factory=QuarantineLimits)  # caps (docs/security.md)
 
     def __post_init__(self) -> None:
         check_max_size(self.max_message_size)
@@ -165,7 +167,8 @@ class RunReport:
     sent: int = 0
     resend_requests: int = 0
     spark_batches: int = 0  # Spark jobs whose files were queued
-    left_in_inbox: int = 0  # files not for this site, left where they are (counted once each)
+    quarantine_dropped: int = 0  # older quarantined files dropped for the quarantine's caps
+    left_in_inbox: int = 0  # files at the inbox not read (not for this site, or refused), at the last receive
     transport_errors: Problems = field(default_factory=Problems)
     stopped_streams: Problems = field(default_factory=Problems)
 
@@ -212,10 +215,7 @@ class Agent:
         self._prepared: dict[str, tuple[SendData, list[TakenFile]]] = {}
         # Due sends packed and queued here in one pass, taken by _send_data.
         self._packed: dict[str, tuple[SendData, Packed]] = {}
-        # --keep: (name, sha256) of the files in the quarantine, read once, so
-        # that a file left in the inbox is set aside once, not at every poll.
-        self._quarantined: set[tuple[str, str]] | None = None
-        self._left: set[str] = set()  # names of files left in the inbox, each logged once
+        self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -243,11 +243,11 @@ class Agent:
         except (UnicodeDecodeError, CodecError) as error:
             raise AgentError(f"{self.path}: the site's keys cannot be read ({error})") from None
         self.address = self.options.address or identity.address
+        self.left = LeftFiles(self.directory / "state" / "left.json", self.address)
         for table in self.db.missing_tables():
             log.warning("published table %r is no longer in %s (renamed or dropped?): give it back its name, or "
                         "stop publishing it with `agent publication remove %s %s`", table, self.path, self.path, table)
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "quarantine").mkdir(exist_ok=True)
         (self.directory / "state").mkdir(exist_ok=True)
         # The spool first: a run refused because another agent holds it
         # (or it cannot be read) must not count as a run.
@@ -360,6 +360,12 @@ class Agent:
         except (OSError, ValueError, AttributeError):
             return {}
 
+    async def _save(self, peer: _Peer) -> None:
+        """Persist a pair's state when it changed (compared here: a file
+        refused or an idle poll costs no thread hop)."""
+        if peer.protocol.state != peer.persisted:
+            await asyncio.to_thread(self._persist, peer)
+
     def _persist(self, peer: _Peer) -> None:
         state = peer.protocol.state
         before = peer.persisted
@@ -427,7 +433,7 @@ class Agent:
                 found.append((name, check_message(self.queues.read_inbound(peer, name), source=name,
                                                   keyring=self.keyring, recipient=self.name)))
             except MessageError as error:  # e.g. the peer's key changed since: set it aside
-                self._write_quarantine(peer, name, self.queues.read_inbound(peer, name), str(error))
+                self._set_aside(peer, name, self.queues.read_inbound(peer, name), str(error))
                 self.queues.delete_inbound(peer, [name])
         return found
 
@@ -514,19 +520,23 @@ class Agent:
         if not self.address:
             raise AgentError(f"site {self.name} has no inbox address; set one with --address")
         transport = self._transport_for(self.own_transport)
+        await asyncio.to_thread(self.left.load)
         try:
             async for incoming in transport.receive(self.address, wanted=self._for_this_site):
                 await self._receive_file(transport, incoming)
         except TransportError as error:
             self.report.transport_errors.append(f"receiving at {self.address}: {error}")
             log.warning("receiving at %s failed: %s", self.address, error)
+        else:
+            self.report.left_in_inbox = self.left.met
+            await asyncio.to_thread(self.left.end_receive)
         # Rule 2-4: apply what became applicable, then look for gaps.
         for peer in self.peers.values():
             await self._execute(peer, peer.protocol.poll(self.clock()))
 
     async def _receive_file(self, transport: Transport, incoming: Incoming) -> None:
         name_text, data = incoming.name, incoming.data
-        if self.options.keep and await asyncio.to_thread(self._in_quarantine, name_text, data):
+        if self.options.keep and await asyncio.to_thread(self.quarantine.contains, data):
             # Left in the message system and set aside at an earlier poll.  (A
             # file put back in the inbox without --keep is read afresh.)
             log.debug("%s is in the quarantine already", name_text)
@@ -539,7 +549,6 @@ class Agent:
             reason = f"from {name.sender}, which is not a peer of {self.name}"
             await self._quarantine_file(None, name_text, data, reason)
             await self._ack(transport, incoming)
-            self.report.quarantined += 1
             return
         now = self.clock()
         try:
@@ -561,12 +570,10 @@ class Agent:
                           f"extracted again since (late mail from a database that no longer exists)")
                 await self._quarantine_file(peer.name, name_text, data, reason)
                 await self._ack(transport, incoming)
-                self.report.quarantined += 1
                 return
             await self._quarantine_file(peer.name, name_text, data, str(error))
             await self._ack(transport, incoming)
             await self._execute(peer, peer.protocol.message_rejected(now, name_text, str(error)))
-            self.report.quarantined += 1
             return
         if (self.options.keep and message.kind is not Kind.CONTROL
                 and peer.protocol.already_taken(name_text, message.header, message.incarnation)):
@@ -600,40 +607,17 @@ class Agent:
     def _leave(self, name: str, reason: str) -> None:
         """A file that is not this site's (another name, another recipient)
         stays where it is: the agent removes only what was written for it,
-        so a wrong --address costs a warning, never someone else's files."""
-        if name in self._left:
-            return
-        self._left.add(name)
-        self.report.left_in_inbox += 1
-        log.warning("left %r in the inbox %s: %s; it is not for this site, so it is not touched "
-                    "(is that this site's inbox?)", name, self.address, reason)
+        so a wrong --address costs a warning (once), never someone else's files."""
+        self.left.leave(name, f"{reason} (is that this site's inbox?)")
 
     async def _quarantine_file(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
-        log.warning("quarantined %s: %s", name, reason)
-        await asyncio.to_thread(self._write_quarantine, peer, name, data, reason)
+        await asyncio.to_thread(self._set_aside, peer, name, data, reason)
 
-    def _write_quarantine(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
-        folder = self.directory / "quarantine"
-        stamp = f"{time.time_ns():020d}"
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:150] or "unnamed"
-        digest = hashlib.sha256(data).hexdigest()
-        write_file_atomically(folder / f"{stamp}-{safe}", data)
-        record = {"name": name, "peer": peer, "reason": reason, "at": time.time(), "sha256": digest}
-        write_file_atomically(folder / f"{stamp}-{safe}.reason.json", json.dumps(record).encode())
-        if self._quarantined is not None:
-            self._quarantined.add((name, digest))
-
-    def _in_quarantine(self, name: str, data: bytes) -> bool:
-        """Whether this very file (name and content) is in the quarantine."""
-        if self._quarantined is None:
-            self._quarantined = set()
-            for path in (self.directory / "quarantine").glob("*.reason.json"):
-                try:
-                    record = json.loads(path.read_text())
-                    self._quarantined.add((record["name"], record["sha256"]))
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue  # unreadable, or from before records named their content
-        return (name, hashlib.sha256(data).hexdigest()) in self._quarantined
+    def _set_aside(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
+        """Every refused file goes through here: into the quarantine, counted."""
+        self.quarantine.put(peer, name, data, reason)
+        self.report.quarantined += 1
+        self.report.quarantine_dropped = self.quarantine.dropped
 
     async def _ack(self, transport: Transport, incoming: Incoming) -> None:
         """Let the transport remove a file that is durably stored or set aside,
@@ -672,7 +656,7 @@ class Agent:
         action leaves ``work`` once it is done."""
         while work:
             action = work[0]
-            await asyncio.to_thread(self._persist, peer)
+            await self._save(peer)
             more: list[Any] = []
             if isinstance(action, Apply):
                 more = await self._apply(peer, action)
@@ -704,12 +688,12 @@ class Agent:
                 raise AgentError(f"unknown action {action!r}")
             work.popleft()
             work.extendleft(reversed(more))
-        await asyncio.to_thread(self._persist, peer)
+        await self._save(peer)
 
     def _quarantine_queued(self, peer: str, action: Quarantine) -> None:
         if action.message_id in self.queues.inbound(peer):
             data = self.queues.read_inbound(peer, action.message_id)
-            self._write_quarantine(peer, action.message_id, data, action.reason)
+            self._set_aside(peer, action.message_id, data, action.reason)
             self.queues.delete_inbound(peer, [action.message_id])
 
     async def _apply(self, peer: _Peer, action: Apply) -> list[Any]:

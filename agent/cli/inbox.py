@@ -100,7 +100,7 @@ def _pending_json(item: Pending) -> dict[str, Any]:
 
 def _quarantine_json(item: QuarantinedFile) -> dict[str, Any]:
     return {"file": item.file, "name": item.name, "peer": item.peer, "reason": item.reason,
-            "at": iso_moment(item.at), "size": item.size}
+            "at": iso_moment(item.at), "size": item.size, "content_kept": item.kept}
 
 
 @click.command()

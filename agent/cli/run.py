@@ -28,7 +28,7 @@ from ..transport_options import TransportOptions
 from . import escape_controls
 from ._common import (ADDRESS, DATABASE, TRANSPORT, ByteSize, Duration, TransportOption, Whole, check_transports,
                       console, format_seconds, logging_to, open_site, show_progress)
-from ._spool import open_queues, quarantined
+from ._spool import open_queues
 
 log = logging.getLogger("fieldsync.cli")
 _T = TypeVar("_T")
@@ -197,6 +197,26 @@ class SparkConf(click.ParamType):
         return key, text
 
 
+class QuarantineLimit(click.ParamType):
+    """``NAME=VALUE`` for one of the quarantine's caps (agent.quarantine)."""
+
+    name = "NAME=VALUE"
+    NAMES = {"peer-files": "peer_files", "peer-bytes": "peer_bytes", "total-files": "total_files",
+             "total-bytes": "total_bytes"}
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value  # type: ignore[return-value]
+        key, equals, text = str(value).partition("=")
+        field = self.NAMES.get(key.strip())
+        if not equals or field is None:
+            self.fail(f"{value!r}: write NAME=VALUE with NAME one of {', '.join(self.NAMES)}, e.g. peer-files=500",
+                      param, ctx)
+        if field.endswith("_bytes"):
+            return field, ByteSize(minimum=1).convert(text, param, ctx)
+        return field, Whole(min=1).convert(text, param, ctx)
+
+
 @click.command()
 @click.argument("database", type=DATABASE)
 @click.option("--once", "-b", is_flag=True,
@@ -244,6 +264,9 @@ class SparkConf(click.ParamType):
 @click.option("--spark-timeout", type=Duration(positive=False), default=DEFAULT_TIMEOUT, metavar="DURATION",
               help="Stop a Spark job that runs longer, in seconds or 90s, 5m, 1h (default: 1h; 0: no limit); "
                    "its batch fails as a failed job does.")
+@click.option("--quarantine-limit", "quarantine_limits", multiple=True, type=QuarantineLimit(),
+              help="A cap of the quarantine: peer-files, peer-bytes, total-files or total-bytes=VALUE "
+                   "(defaults 1000, 64m, 10000, 512m); the oldest files go first. Repeatable.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail.")
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
@@ -251,7 +274,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
         resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
-        spark_timeout: float, verbose: bool, log_file: Path | None) -> int:
+        spark_timeout: float, quarantine_limits: tuple, verbose: bool, log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
     Without --once it runs until interrupted (Ctrl-C or SIGTERM stop it
@@ -260,6 +283,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     --once, Ctrl-C or SIGTERM interrupt the run (exit code 1), stopping a
     running Spark job.
     """
+    from ..quarantine import QuarantineLimits
     from ..runner import RunOptions, run_agent
 
     if receive_only and send_only:
@@ -269,6 +293,10 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                          conf=tuple(spark_conf), submit=spark_submit, timeout=spark_timeout or None,
                          cancel=stopping)
     link = TransportOptions.from_items(transport_options)
+    try:
+        limits = QuarantineLimits(**dict(quarantine_limits))
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
     with open_site(database) as site:
         own = transport or site.identity.transport or "folder"
         # The transports the run will use: its own, and each peer's (--transport: one for all).
@@ -278,8 +306,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                          receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
                          transport_options=dict(link.plain), named_options={name: dict(values) for name, values in link.named.items()},
-                         spark=spark)
-    quarantined_before = len(quarantined(database))
+                         spark=spark, quarantine=limits)
     out = console()
     with logging_to(verbose=verbose, log_file=log_file):
         if once:
@@ -303,10 +330,11 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
             click.echo(f"agent: {kind}: {_one_line(problem)}" + (f" ({times} times)" if times > 1 else ""), err=True)
         if problems.not_kept:
             click.echo(f"agent: {problems.not_kept} more {plural}, each in the log", err=True)
-    # Counted from the folder: every refused file lands there, whatever the reason.
-    newly_quarantined = len(quarantined(database)) - quarantined_before
-    if newly_quarantined > 0:
-        out.print(f"{newly_quarantined} file(s) quarantined: see `agent inbox {database}`.", soft_wrap=True)
+    if report.quarantined > 0:
+        out.print(f"{report.quarantined} file(s) quarantined: see `agent inbox {database}`.", soft_wrap=True)
+    if report.quarantine_dropped > 0:
+        out.print(f"{report.quarantine_dropped} older quarantined file(s) were dropped to keep the quarantine "
+                  "within its caps (docs/security.md).", soft_wrap=True)
     if report.left_in_inbox > 0:
         out.print(f"{report.left_in_inbox} file(s) in the inbox are not for this site and were left there: "
                   f"see `agent inbox {database}`.", soft_wrap=True)
