@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -168,13 +169,29 @@ class QuarantineStore:
         self.dropped = 0      # older files dropped for the caps this run
         self._logged = 0
 
+    def secure(self) -> None:
+        """Make the folder the agent's own: created 0700; one from before
+        the quarantine had modes (files 0644) is set right once."""
+        try:
+            mode = stat.S_IMODE(os.stat(self.folder, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            self.folder.mkdir(mode=0o700, parents=True)
+            os.chmod(self.folder, 0o700)
+            return
+        if mode == 0o700:
+            return
+        os.chmod(self.folder, 0o700)
+        with os.scandir(self.folder) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    os.chmod(entry.path, 0o600)
+
     # -- the index -----------------------------------------------------------------------
 
     def _index(self) -> OrderedDict[str, _Entry]:
         """Read the folder once, at the first file quarantined in this run."""
         if self._entries is None:
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.folder, 0o700)
+            self.secure()
             self._entries = OrderedDict()
             for item in read_quarantine(self.folder):
                 bucket = item.peer if item.peer is not None else UNKNOWN_SENDER

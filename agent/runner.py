@@ -249,6 +249,7 @@ class Agent:
                         "stop publishing it with `agent publication remove %s %s`", table, self.path, self.path, table)
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "state").mkdir(exist_ok=True)
+        self.quarantine.secure()
         # The spool first: a run refused because another agent holds it
         # (or it cannot be read) must not count as a run.
         if self._queues is None:

@@ -164,3 +164,15 @@ def test_bad_quarantine_limits_are_usage_errors(world: World, bad: str, capsys: 
     assert main(["run", str(world.hq), "--once", "--quarantine-limit", bad]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "quarantine" in err
+
+
+def test_a_quarantine_from_before_is_made_the_agents_own_when_the_agent_opens(world: World) -> None:
+    folder = world.root / "hq.db.agent" / "quarantine"
+    folder.mkdir(parents=True, mode=0o755)
+    os.chmod(folder, 0o755)
+    old = folder / "00000000000000000001-n1.hq.d.x.fsm"
+    old.write_bytes(b"old evidence")
+    os.chmod(old, 0o644)
+    run_hq(world)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600
