@@ -176,3 +176,35 @@ def test_a_quarantine_from_before_is_made_the_agents_own_when_the_agent_opens(wo
     run_hq(world)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE(old.stat().st_mode) == 0o600
+
+
+def test_files_set_aside_when_an_apply_is_refused_are_counted_in_the_summary(
+        world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    """A group of parts that each verify but do not join into a transaction
+    is refused at apply time; the run's summary counts its files (the old
+    code said "quarantined 0" and then "3 file(s) quarantined")."""
+    from agent.admin import site_keys
+    from agent.site import SiteDatabase
+    from codec.message import compress, frame
+
+    site = SiteDatabase.open(world.n1)
+    try:
+        keys, incarnation = site_keys(site), site.identity.incarnation
+    finally:
+        site.close()
+    hq = SiteDatabase.open(world.hq)
+    try:
+        [epoch] = [row.rereceive_count for row in hq.remotes() if row.name == "n1"]  # of n1's stream
+    finally:
+        hq.close()
+    headers = [Header(epoch, 0, 0, 0), Header(epoch, 0, 0, 1), Header(epoch, 0, 5, 2)]
+    for header in headers:
+        chunk = b"\xc1 is never msgpack"
+        data = frame(Kind.DATA, header, keys=keys, recipient="hq", incarnation=incarnation,
+                     raw_length=len(chunk), compressed=compress(chunk), part=True)
+        (world.inbox("hq") / str(MessageName("n1", "hq", Kind.DATA, header))).write_bytes(data)
+    capsys.readouterr()
+    assert main(["run", str(world.hq), "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "quarantined 3," in out and "3 file(s) quarantined" in out
+    assert len(read_quarantine(world.root / "hq.db.agent" / "quarantine")) == 3
