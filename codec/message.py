@@ -48,6 +48,14 @@ INCARNATION_SIZE = 16
 MAX_PAYLOAD = 16 * 1024 * 1024
 # Largest file the decoder reads at all; senders may use any -l up to this.
 MAX_FILE_SIZE = 16 * 1024 * 1024
+# A payload may expand to at most EXPANSION_FLOOR + MAX_EXPANSION times its
+# stored size (see max_raw_length): a small file cannot declare megabytes.
+MAX_EXPANSION = 256
+EXPANSION_FLOOR = 1024 * 1024
+# Largest transaction a multi-part group may carry, summed over its parts.
+MAX_GROUP_PAYLOAD = 256 * 1024 * 1024
+# Counters of the protocol's epochs travel in the header's 32-bit field.
+COUNTER_MAX = 2**32 - 1
 
 FLAG_SEALED = 0x01
 FLAG_PART = 0x02
@@ -77,6 +85,13 @@ def compress(payload: bytes) -> bytes:
     return _compressor.compress(payload)
 
 
+def max_raw_length(stored_length: int) -> int:
+    """The largest payload a file whose payload is ``stored_length`` bytes
+    may carry (the packer keeps to it, the decoder refuses more before it
+    decompresses anything)."""
+    return min(MAX_PAYLOAD, EXPANSION_FLOOR + MAX_EXPANSION * stored_length)
+
+
 @dataclass(frozen=True, slots=True)
 class ControlState:
     """The sender's view of the pair, carried by a control message.
@@ -94,14 +109,17 @@ class ControlState:
     resend_count: int
 
     def __post_init__(self) -> None:
-        for field in ("log_received", "rereceive_count", "log_sent", "resend_count"):
+        # Offsets are log positions (64-bit); the counters are epochs, which
+        # every message header carries in 32 bits: a larger one could never
+        # be sent again, so it is refused here, before it changes any state.
+        for field, top in (("log_received", INT64_MAX), ("rereceive_count", COUNTER_MAX),
+                           ("log_sent", INT64_MAX), ("resend_count", COUNTER_MAX)):
             value = getattr(self, field)
-            if type(value) is not int or not 0 <= value <= INT64_MAX:
-                raise InvalidValue(f"control {field} must be an integer >= 0, got {value!r}")
+            if type(value) is not int or not 0 <= value <= top:
+                raise InvalidValue(f"control {field} must be an integer in 0..{top}, got {value!r}")
 
     def header(self) -> Header:
-        return Header(resend_count=min(self.rereceive_count, 2**32 - 1), prev=0,
-                      last=self.log_received, seq=0)
+        return Header(resend_count=self.rereceive_count, prev=0, last=self.log_received, seq=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +338,9 @@ def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], rec
     if raw_length > MAX_PAYLOAD:
         raise MessageTooLarge(source, f"payload expands to {raw_length} bytes, over the "
                                       f"{MAX_PAYLOAD}-byte limit (decompression bomb?)")
+    if raw_length > max_raw_length(stored_length):
+        raise MessageTooLarge(source, f"payload of {stored_length} bytes declares {raw_length} bytes, more than "
+                                      f"{EXPANSION_FLOOR} + {MAX_EXPANSION} times its size (decompression bomb?)")
     is_part = bool(flags & FLAG_PART)
     if kind is Kind.CONTROL and is_part:
         raise CorruptMessage(source, "a control message cannot be a part")
@@ -364,9 +385,12 @@ def _decompress(stored: bytes, raw_length: int, source: str) -> bytes:
     if declared != raw_length:
         raise CorruptMessage(source, f"zstd frame declares {declared} bytes, header says {raw_length}")
     try:
-        payload = _decompressor.decompress(stored)
+        stream = _decompressor.decompressobj()
+        payload = stream.decompress(stored)
     except zstandard.ZstdError as error:
         raise CorruptMessage(source, f"payload does not decompress ({error})") from None
+    if not stream.eof or stream.unused_data:
+        raise CorruptMessage(source, "payload has bytes after its zstd frame, or its frame is cut short")
     if len(payload) != raw_length:
         raise CorruptMessage(source, f"payload decompressed to {len(payload)} bytes, expected {raw_length}")
     return payload
@@ -379,8 +403,15 @@ _UNPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError, UnicodeDecodeE
 
 
 def _unpack(payload: bytes, source: str) -> object:
+    # Lengths bounded by what the payload's size allows for the format
+    # (docs/message-format.md, "Limits"): an array holds transactions of 5
+    # bytes at least, a map entry takes 2, no ext type is used.  A payload of
+    # millions of one-byte empty maps is refused instead of decoded.
+    size = len(payload)
     try:
-        return msgpack.unpackb(payload, use_list=False, raw=False, strict_map_key=True)
+        return msgpack.unpackb(payload, use_list=False, raw=False, strict_map_key=True,
+                               max_array_len=size // 5 + 16, max_map_len=size // 2 + 16, max_str_len=size,
+                               max_bin_len=size, max_ext_len=0)
     except _UNPACK_ERRORS as error:
         raise CorruptMessage(source, f"payload is not valid msgpack ({type(error).__name__})") from None
 
@@ -440,6 +471,10 @@ def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") ->
         final = index == len(parts) - 1
         if header.is_final_part != final:
             raise CorruptMessage(source, f"part {header} is {'not ' if final else ''}the final part")
+    total = sum(len(part.part) for part in parts)  # type: ignore[misc]
+    if total > MAX_GROUP_PAYLOAD:
+        raise MessageTooLarge(source, f"the group's parts hold {total} bytes, over the {MAX_GROUP_PAYLOAD}-byte "
+                                      "limit of one transaction")
     payload = b"".join(part.part for part in parts)  # type: ignore[misc]
     entry = _unpack(payload, source)
     transaction = _transaction(entry, source)

@@ -28,12 +28,14 @@ from .errors import InvalidValue
 from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .message import (
+    MAX_GROUP_PAYLOAD,
     MAX_PAYLOAD,
     EncodedMessage,
     array_header,
     compress,
     frame,
     frame_overhead,
+    max_raw_length,
     serialize_transaction,
 )
 from .names import Kind, MessageName, check_site_name
@@ -66,6 +68,11 @@ class _Candidate:
         self.count = count
         self.raw_length = raw_length
         self.compressed = compressed
+
+    @property
+    def expands_too_much(self) -> bool:
+        """Over the decoder's expansion limit: fewer transactions, or a split."""
+        return self.raw_length > max_raw_length(len(self.compressed))
 
 
 # What the packer yields: a finished message, or None to ask for the next
@@ -191,6 +198,10 @@ class _Packer:
                                "commit offsets must increase")
         self.last_commit = transaction.commit
         serialized = serialize_transaction(transaction)
+        if len(serialized) > MAX_GROUP_PAYLOAD:
+            raise InvalidValue(f"transaction {transaction.commit} is {len(serialized)} bytes, over the "
+                               f"{MAX_GROUP_PAYLOAD}-byte limit of one transaction (docs/message-format.md, "
+                               "\"Limits\"); commit it in smaller transactions")
         self.queue.append((transaction.commit, serialized))
         return True
 
@@ -276,7 +287,7 @@ class _Packer:
         if candidate.count == 1 and candidate.raw_length > MAX_PAYLOAD:
             return None  # compresses into one file, but a payload may not expand beyond MAX_PAYLOAD
         grown = False
-        while len(candidate.compressed) > self.space:
+        while len(candidate.compressed) > self.space or candidate.expands_too_much:
             self.ratio = len(candidate.compressed) / candidate.raw_length
             if candidate.count == 1:
                 return None
@@ -289,7 +300,7 @@ class _Packer:
             larger = yield from self._count_by_estimate(candidate.count)
             if larger > candidate.count:
                 attempt = self._compress(larger)
-                if len(attempt.compressed) <= self.space:
+                if len(attempt.compressed) <= self.space and not attempt.expands_too_much:
                     candidate = attempt
                     self.ratio = len(candidate.compressed) / candidate.raw_length
         return candidate
@@ -303,8 +314,11 @@ class _Packer:
             length = min(total - offset, MAX_PAYLOAD, max(1, int(self.target / self.ratio)))
             while True:
                 chunk = compress(serialized[offset:offset + length])
-                if len(chunk) <= self.space:
+                if len(chunk) <= self.space and length <= max_raw_length(len(chunk)):
                     break
+                if len(chunk) <= self.space:  # compresses too well for the decoder's expansion limit
+                    length = max_raw_length(len(chunk))
+                    continue
                 self.ratio = len(chunk) / length
                 length = max(1, min(length - 1, int(self.target / self.ratio)))
             self.ratio = len(chunk) / length

@@ -183,20 +183,11 @@ def test_files_set_aside_when_an_apply_is_refused_are_counted_in_the_summary(
     """A group of parts that each verify but do not join into a transaction
     is refused at apply time; the run's summary counts its files (the old
     code said "quarantined 0" and then "3 file(s) quarantined")."""
-    from agent.admin import site_keys
-    from agent.site import SiteDatabase
     from codec.message import compress, frame
+    from tests.security.sites import epoch_of, keys_of
 
-    site = SiteDatabase.open(world.n1)
-    try:
-        keys, incarnation = site_keys(site), site.identity.incarnation
-    finally:
-        site.close()
-    hq = SiteDatabase.open(world.hq)
-    try:
-        [epoch] = [row.rereceive_count for row in hq.remotes() if row.name == "n1"]  # of n1's stream
-    finally:
-        hq.close()
+    keys, incarnation = keys_of(world.n1)
+    epoch = epoch_of(world.hq, "n1")
     headers = [Header(epoch, 0, 0, 0), Header(epoch, 0, 0, 1), Header(epoch, 0, 5, 2)]
     for header in headers:
         chunk = b"\xc1 is never msgpack"
