@@ -41,6 +41,8 @@ from urllib.parse import quote, unquote, urlsplit
 import aioimaplib  # noqa: F401  (used by ._imap; imported here so a missing package fails this module's import)
 import aiosmtplib
 
+from codec.message import MAX_FILE_SIZE
+
 from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
@@ -53,7 +55,8 @@ HEADER = "X-Fieldsync-Message"
 SMTP_TLS_MODES = ("starttls", "tls", "none")
 DEFAULT_SMTP_PORTS = {"starttls": 587, "tls": 465, "none": 25}
 DEFAULT_IMAP_PORTS = {"imaps": 993, "imap": 143}
-DEFAULT_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+# The largest message file (codec.message.MAX_FILE_SIZE) in base64, with room for the headers.
+DEFAULT_MAX_MESSAGE_SIZE = MAX_FILE_SIZE * 4 // 3 + 1024 * 1024
 
 # RFC 5322 allows 998-character lines: long file names stay whole, unfolded.
 _POLICY = email.policy.SMTP.clone(max_line_length=998)
@@ -257,7 +260,7 @@ class EmailTransport(Transport):
         ca_file: PEM file of the CA(s) to trust for TLS (default: the system's).
         move_to: IMAP folder that acked messages are moved to (default: expunge them).
         quarantine_folder: IMAP folder for unusable fieldsync mail (default: leave it, logged).
-        max_message_size: larger emails are not downloaded (default 64 MiB).
+        max_message_size: larger emails are not downloaded (default 22.3 MiB: a 16 MiB message file in base64).
         idle: use IMAP IDLE in wait_incoming when the server has it (default True).
         connect_timeout, timeout: seconds for connecting, and for each command (15, 60).
         retries, retry_delay: reconnects within one call and the first wait (3, 1 s; doubling).
@@ -507,7 +510,9 @@ class EmailTransport(Transport):
         except Malformed as error:
             await self._reject(session, box, uidvalidity, entry.newest, entry.name, str(error))
             return None
-        return Incoming(entry.name, data, _ImapToken(box, uidvalidity, entry.uids))
+        # Only the copy read goes on ack: another email of the same name (a
+        # resend, or anyone's mail under that name) is read on its own first.
+        return Incoming(entry.name, data, _ImapToken(box, uidvalidity, (entry.newest,)))
 
     async def _reject(self, session: ImapSession, box: Mailbox, uidvalidity: int, uid: int, name: str | None,
                       reason: str) -> None:

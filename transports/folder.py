@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from codec.errors import BadFileName
+from codec.message import MAX_FILE_SIZE
 from codec.names import MessageName
 
 from .base import Incoming, NameFilter, Transport
@@ -35,7 +36,8 @@ from .options import ByteCount, FileMode, Seconds, check_size_limit
 log = logging.getLogger(__name__)
 
 DEFAULT_STALE_TEMP_AGE = 3600.0
-DEFAULT_MAX_FILE_SIZE = 256 * 1024 * 1024
+# Nothing larger can be a message (codec.message.MAX_FILE_SIZE).
+DEFAULT_MAX_FILE_SIZE = MAX_FILE_SIZE
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -126,7 +128,7 @@ class FolderTransport(Transport):
             it (default 0).  Set a few seconds when people copy files into the
             inbox by hand, so a copy in progress is not read.
         max_file_size: files larger than this are left in place and logged,
-            never read into memory (default 256 MiB).
+            never read into memory (default 16 MiB, the largest message).
         file_mode: permission bits for sent files; default: 0o666 less umask.
     """
 
@@ -266,6 +268,12 @@ class FolderTransport(Transport):
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
                 return None
+            if before.st_nlink != 1:
+                # A hard link made by whoever can write the inbox would have
+                # the agent read (and set aside) a file from elsewhere.
+                log.warning("%s in inbox %s has %d links (a hard link to a file elsewhere?); left in place, "
+                            "not read", name, directory, before.st_nlink)
+                return None
             if before.st_size > self.max_file_size:
                 log.warning("%s in inbox %s is %d bytes, over the %d byte limit; left in place, not read",
                             name, directory, before.st_size, self.max_file_size)
@@ -314,4 +322,7 @@ class FolderTransport(Transport):
             return
         except OSError as error:
             raise _translate(error, f"cannot remove {token.name} from inbox folder", token.directory) from None
-        _fsync_directory(token.directory)
+        # No fsync of the folder: a removal lost in a crash brings back a
+        # file the agent has already stored or set aside, which it then reads
+        # as a duplicate; an fsync per file would let a flood of junk cost
+        # about 11 ms a file.

@@ -40,6 +40,8 @@ from urllib.parse import quote, unquote, urlsplit
 import paramiko
 from paramiko.sftp import CMD_EXTENDED
 
+from codec.message import MAX_FILE_SIZE
+
 from .base import Incoming, NameFilter, Transport
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 22
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-DEFAULT_MAX_FILE_SIZE = 256 * 1024 * 1024
+DEFAULT_MAX_FILE_SIZE = MAX_FILE_SIZE  # nothing larger can be a message
 DEFAULT_STALE_TEMP_AGE = 3600.0
 
 T = TypeVar("T")
@@ -206,7 +208,7 @@ class SftpTransport(Transport):
         retries / retry_delay: reconnect attempts within one call, and the
             first wait between them (doubling, at most 30 s); default 3 and 1 s.
         channels: SFTP sessions used at the same time on the one connection (default 4).
-        max_file_size: larger files are left on the server with a warning (default 256 MiB).
+        max_file_size: larger files are left on the server with a warning (default 16 MiB, the largest message).
         stale_temp_age: a temp file left by an interrupted send is removed by
             ``receive`` once it is this many seconds old (default one hour).
         file_mode: permission bits for sent files (default: the server's umask).
