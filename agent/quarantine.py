@@ -13,10 +13,11 @@ Rules of this file:
   run.  A file larger than the byte cap of its bucket keeps only its record.
 * A file whose content is in the quarantine already (same SHA-256) is not
   stored twice: a flood of one junk file costs one copy.
-* Evidence, not state: a file appears whole (temporary name, rename) but is
-  not fsynced.  The protocol counts every refused file as missing and asks
-  for it again, so a copy lost in a crash loses no data; an fsync per
-  refused file would let junk cost about 11 ms a file.
+* Evidence, not state: a file is written in place under a new name and
+  not fsynced (a crash may lose it or cut it short).  The protocol counts
+  every refused file as missing and asks for it again, so a copy lost in a
+  crash loses no data; an fsync per refused file would let junk cost about
+  11 ms a file.
 * Names come from senders: the stored name is the arrival stamp and the
   name with every character outside ``[A-Za-z0-9._-]`` replaced, cut to 150
   characters; the name as it came is only in the record.
@@ -131,9 +132,10 @@ class _Entry:
 
 
 def _write(path: Path, data: bytes) -> None:
-    """Whole (rename) and 0600, not fsynced (see the rules above)."""
-    temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """0600, not fsynced, written in place (see the rules above): names are
+    new stamps, so nothing is overwritten, and a file cut short by a crash
+    is evidence cut short."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.fchmod(fd, 0o600)
         view = memoryview(data)
@@ -141,7 +143,6 @@ def _write(path: Path, data: bytes) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
-    os.replace(temp, path)
 
 
 def _remove(path: Path) -> None:

@@ -55,6 +55,9 @@ from .spark.take import TakenFile
 from .transport_options import TransportOptions
 
 log = logging.getLogger("fieldsync.agent")
+# Files refused on receipt are written to the quarantine in blocks of at most this many files or bytes.
+ASIDE_FILES = 256
+ASIDE_BYTES = 16 * 1024 * 1024
 
 # Columns of the remote-user row the protocol owns.
 _ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
@@ -216,6 +219,11 @@ class Agent:
         # Due sends packed and queued here in one pass, taken by _send_data.
         self._packed: dict[str, tuple[SendData, Packed]] = {}
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
+        # Files refused on receipt, set aside a block at a time (one thread
+        # hop per block, not per file: a flood of junk is read at the speed
+        # of its listing).  Bounded by ASIDE_FILES and ASIDE_BYTES.
+        self._aside: list[tuple[str | None, str, bytes, str]] = []
+        self._aside_bytes = 0
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -531,6 +539,7 @@ class Agent:
         else:
             self.report.left_in_inbox = self.left.met
             await asyncio.to_thread(self.left.end_receive)
+        await self._flush_aside()
         # Rule 2-4: apply what became applicable, then look for gaps.
         for peer in self.peers.values():
             await self._execute(peer, peer.protocol.poll(self.clock()))
@@ -612,7 +621,24 @@ class Agent:
         self.left.leave(name, f"{reason} (is that this site's inbox?)")
 
     async def _quarantine_file(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
-        await asyncio.to_thread(self._set_aside, peer, name, data, reason)
+        """Set aside a file refused on receipt.  It may be acked before its
+        block is written: the quarantine is evidence, not state (see
+        agent.quarantine), and the protocol counts the file as missing."""
+        self._aside.append((peer, name, data, reason))
+        self._aside_bytes += len(data)
+        self.report.quarantined += 1
+        if len(self._aside) >= ASIDE_FILES or self._aside_bytes >= ASIDE_BYTES:
+            await self._flush_aside()
+
+    async def _flush_aside(self) -> None:
+        block, self._aside, self._aside_bytes = self._aside, [], 0
+        if block:
+            await asyncio.to_thread(self._put_block, block)
+
+    def _put_block(self, block: list[tuple[str | None, str, bytes, str]]) -> None:
+        for peer, name, data, reason in block:
+            self.quarantine.put(peer, name, data, reason)
+        self.report.quarantine_dropped = self.quarantine.dropped
 
     def _set_aside(self, peer: str | None, name: str, data: bytes, reason: str) -> None:
         """Every refused file goes through here: into the quarantine, counted."""
