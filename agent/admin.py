@@ -1,4 +1,10 @@
-"""Making sites: ``agent init`` and ``agent extract`` in library form."""
+"""Making sites: ``agent init`` and ``agent extract`` in library form.
+
+Rules of this file:
+* A site's secret key goes to its key file (agent/keyfiles.py) before the
+  site's database exists, so no site is ever without its key; the database
+  gets the public key line only.
+"""
 
 from __future__ import annotations
 
@@ -8,35 +14,33 @@ from pathlib import Path
 from codec.keys import SiteKeys
 
 from .errors import AgentError
+from .keyfiles import load_site_keys as site_keys  # re-exported: the name callers use
+from .keyfiles import new_site_keys
 from .site import SiteDatabase
 from .site.extract import ExtractResult, RemoteKeys
 
 
 def init_site(path: str | os.PathLike[str], *, name: str, role: str, address: str | None = None,
               transport: str | None = None) -> SiteDatabase:
-    """Turn the SQLite file at ``path`` into a site with fresh keys.
-
-    The secret key file's text is kept in the site database itself, so the
-    database file is the whole identity of a site (extraction hands a remote
-    its keys the same way); protect it like a key file.
-    """
+    """Turn the SQLite file at ``path`` into a site with fresh keys; the
+    secret key goes to ``<path>.agent/keys/site.key``."""
     keys = SiteKeys.generate(name)
-    return SiteDatabase.init(path, name=name, role=role, address=address, transport=transport,
-                             public_key=keys.public.to_line(), secret=keys.to_text().encode("ascii"))
+    with new_site_keys(path, keys):
+        return SiteDatabase.init(path, name=name, role=role, address=address, transport=transport,
+                                 public_key=keys.public.to_line())
 
 
-def site_keys(site: SiteDatabase) -> SiteKeys:
-    secret = site.identity.secret
-    if secret is None:
-        raise AgentError(f"site {site.identity.name} has no keys (was it made by `agent init`?)")
-    return SiteKeys.from_text(secret.decode("ascii"), f"{site.path} keys")
-
-
-def extract_site(consolidated: SiteDatabase, remote: str, target: str | os.PathLike[str]) -> ExtractResult:
-    """Create ``remote``'s database at ``target`` with new keys; the
-    consolidated learns the remote's public key in the same step."""
+def extract_site(consolidated: SiteDatabase, remote: str, target: str | os.PathLike[str], *,
+                 keys: SiteKeys | None = None) -> ExtractResult:
+    """Create ``remote``'s database at ``target`` and its key file at
+    ``<target>.agent/keys/site.key``; the consolidated learns the remote's
+    public key in the same step.  ``keys`` keeps the remote's keys (a new
+    copy for the same device); by default it gets new ones."""
     if Path(target).exists():
         raise AgentError(f"{target} exists already; remove it or choose another path")
-    keys = SiteKeys.generate(remote)
-    return consolidated.extract(remote, target, keys=RemoteKeys(public_key=keys.public.to_line(),
-                                                               secret=keys.to_text().encode("ascii")))
+    if keys is None:
+        keys = SiteKeys.generate(remote)
+    elif keys.site != remote:
+        raise AgentError(f"the keys given for {remote} are the keys of site {keys.site}")
+    with new_site_keys(target, keys):
+        return consolidated.extract(remote, target, keys=RemoteKeys(public_key=keys.public.to_line()))

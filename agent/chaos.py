@@ -50,8 +50,9 @@ from transports.faults import FaultRates, FaultsTransport
 from . import crashpoints
 from .admin import extract_site, init_site
 from .errors import AgentError
+from .keyfiles import copy_site_keys, load_site_keys
 from .runner import Agent, RunOptions
-from .site import RemoteKeys, SiteDatabase
+from .site import SiteDatabase
 from .site.publications import Article
 
 SCHEMA = [
@@ -181,6 +182,7 @@ class _Templates:
             self._made.add(remotes)
         for path in source.glob("*.db"):
             shutil.copyfile(path, target / path.name)
+            copy_site_keys(path, target / path.name)  # a site's key lives beside its database
 
 
 def _site_names(remotes: int) -> list[str]:
@@ -439,17 +441,14 @@ class Simulation:
         keys = None
         if self.rng.random() < 0.5:
             with SiteDatabase.open(self.root / f"{remote}.db") as old:
-                keys = RemoteKeys(public_key=old.identity.public_key, secret=old.identity.secret)
+                keys = load_site_keys(old)
         at_hq = {row[0] for row in self._rows("hq", "SELECT entry FROM ledger")}
         self.ledger = {entry for entry in self.ledger if not entry.startswith(f"{remote}-") or entry in at_hq}
         for suffix in ("", "-wal", "-shm"):
             (self.root / f"{remote}.db{suffix}").unlink(missing_ok=True)
         shutil.rmtree(self.root / f"{remote}.db.agent", ignore_errors=True)
         with SiteDatabase.open(self.root / "hq.db") as hq:
-            if keys is None:
-                extract_site(hq, remote, self.root / f"{remote}.db")
-            else:
-                hq.extract(remote, self.root / f"{remote}.db", keys=keys)
+            extract_site(hq, remote, self.root / f"{remote}.db", keys=keys)
         with SiteDatabase.open(self.root / f"{remote}.db") as copy:
             copy.update_remote("hq", address=self.send_address("hq"))
         _add_arrival_journal(self.root / f"{remote}.db")

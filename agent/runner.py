@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 from codec.atomic import write_file_atomically
 from codec.errors import BadFileName, BadSignature, CodecError, InvalidValue, MessageError
-from codec.keys import Keyring, PublicKeys, SiteKeys
+from codec.keys import Keyring, PublicKeys
 from codec.message import EncodedMessage, check_message, decode_message, encode_control_message, reassemble
 from codec.names import Kind, MessageName
 from codec.packing import DEFAULT_MAX_SIZE, check_max_size
@@ -38,6 +38,7 @@ from transports import Incoming, Transport, TransportError
 
 from .crashpoints import crash_point
 from .errors import AgentError
+from .keyfiles import agent_directory, load_site_keys, open_site
 from .left_files import LeftFiles
 from .outbound import SEND_ERRORS, Packed, pack_sends
 from .protocol import (Apply, DeleteInbound, PairProtocol, PairState, PurgeOutbound, Quarantine, SendControl,
@@ -46,7 +47,6 @@ from .quarantine import QuarantineLimits, QuarantineStore
 from .queues import MessageQueues
 from .restore import check_restored
 from .schedule import sending_due
-from .site import SiteDatabase
 from .site.errors import LogOffsetError, SiteError
 from .spark.engine import SparkBatch, SparkOptions, run_spark_batch
 from .spark.errors import SparkBatchCancelled, SparkBatchError
@@ -81,12 +81,6 @@ def _log_restart(queues: MessageQueues) -> None:
                  stats.units_backed_out)
     for problem in getattr(queues, "restart_problems", ()):
         log.warning("%s: %s", where, problem)
-
-
-def agent_directory(database: str | os.PathLike[str]) -> Path:
-    """Where the agent keeps its queues, quarantine and bookkeeping for a site."""
-    path = Path(database)
-    return path.with_name(path.name + ".agent")
 
 
 def open_queues(database: str | os.PathLike[str]) -> MessageQueues:
@@ -241,15 +235,10 @@ class Agent:
     def _open(self) -> None:
         if not self.path.exists():
             raise AgentError(f"{self.path}: no such site database (create one with `agent init`)")
-        self.db = SiteDatabase.open(self.path)
+        self.db = open_site(self.path)
         identity = self.db.identity
         self.name = identity.name
-        if identity.secret is None:
-            raise AgentError(f"{self.path}: site {self.name} has no keys (was it made by `agent init`?)")
-        try:
-            self.keys = SiteKeys.from_text(identity.secret.decode("ascii"), f"{self.path} keys")
-        except (UnicodeDecodeError, CodecError) as error:
-            raise AgentError(f"{self.path}: the site's keys cannot be read ({error})") from None
+        self.keys = load_site_keys(self.db)
         self.address = self.options.address or identity.address
         self.left = LeftFiles(self.directory / "state" / "left.json", self.address)
         for table in self.db.missing_tables():

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
 
-def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Make ``target`` appear whole with ``data``: temp file, fsync, rename, fsync dir."""
+def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644, replace: bool = True) -> None:
+    """Make ``target`` appear whole with ``data``: temp file, fsync, rename, fsync dir.
+
+    With ``replace=False`` an existing ``target`` is never written over
+    (FileExistsError), even one another process makes meanwhile: the temp
+    file is hard-linked to its name instead of renamed."""
     directory = target.parent
     fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
@@ -18,7 +23,10 @@ def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644) -> No
             handle.flush()
             os.fsync(handle.fileno())
         try:
-            os.replace(temp_name, target)
+            if replace:
+                os.replace(temp_name, target)
+            else:
+                _link_new(temp_name, target)
         except OSError as error:
             # Named after the target (a folder in its place, say), not the
             # temporary file the user never made.
@@ -34,3 +42,18 @@ def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644) -> No
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _link_new(temp_name: str, target: Path) -> None:
+    try:
+        os.link(temp_name, target)
+    except FileExistsError:
+        raise
+    except OSError:
+        # No hard links on this file system (FAT, say): the check and the
+        # rename are two steps there.
+        if os.path.lexists(target):
+            raise FileExistsError(errno.EEXIST, "File exists", str(target)) from None
+        os.rename(temp_name, target)
+        return
+    os.unlink(temp_name)

@@ -3,7 +3,7 @@
 Rules of this file:
 * A secret key file is text (format in docs/message-format.md), written
   whole (temp file, fsync, rename) with mode 0600, and refused on load when
-  others can read it.
+  group or others have any access to it or another user owns it.
 * A public key travels as one line, ``fieldsync-public-key v1 SITE SIGN SEAL``
   (base64 of the raw 32-byte keys), so it can be pasted into a command.
 * The fingerprint is what people compare by eye: 16 base32 characters of the
@@ -32,6 +32,7 @@ from .names import check_site_name
 
 SECRET_MAGIC = "fieldsync-secret-key v1"
 PUBLIC_MAGIC = "fieldsync-public-key v1"
+_MAX_KEY_FILE = 4096  # a key file is four short lines; anything far larger is not one
 _RAW = serialization.Encoding.Raw
 # Any private key shows a low-order public one: their shared secret is zero.
 _PROBE = X25519PrivateKey.from_private_bytes(hashlib.sha256(b"fieldsync low-order probe").digest())
@@ -149,10 +150,11 @@ class SiteKeys:
         return (f"{SECRET_MAGIC}\nsite: {self.site}\nsign: {_b64(self.secret_seed())}\n"
                 f"seal: {_b64(seal)}\n")
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the secret key file whole, mode 0600."""
+    def save(self, path: str | os.PathLike[str], *, replace: bool = True) -> Path:
+        """Write the secret key file whole, mode 0600; with ``replace=False``
+        never over an existing file (FileExistsError)."""
         target = Path(path)
-        write_file_atomically(target, self.to_text().encode("ascii"), mode=0o600)
+        write_file_atomically(target, self.to_text().encode("ascii"), mode=0o600, replace=replace)
         return target
 
     @classmethod
@@ -179,20 +181,47 @@ class SiteKeys:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "SiteKeys":
+        """Read a secret key file, refused (as OpenSSH refuses a private key)
+        when group or others have any access to it or another user owns it."""
         source = Path(path)
         try:
-            mode = source.stat().st_mode
-            if mode & (stat.S_IRWXG | stat.S_IRWXO):
-                raise KeyFileError(
-                    f"{source}: secret key file is readable by others (mode {stat.S_IMODE(mode):o}); "
-                    f"run: chmod 600 {source}"
-                )
-            text = source.read_text(encoding="ascii")
+            if not stat.S_ISREG(source.stat().st_mode):
+                # Opening a FIFO would wait for a writer; a folder has no text.
+                raise KeyFileError(f"{source}: a secret key file must be a regular file")
+            with open(source, "rb") as handle:
+                # The checks look at the file that is read, not at whatever
+                # the name pointed to a moment before.
+                _check_private(source, os.fstat(handle.fileno()))
+                data = handle.read(_MAX_KEY_FILE + 1)
+            if len(data) > _MAX_KEY_FILE:
+                raise KeyFileError(f"{source}: too large for a secret key file")
+            text = data.decode("ascii")
         except KeyFileError:
             raise
         except (OSError, UnicodeDecodeError) as error:
             raise KeyFileError(f"{source}: cannot read secret key file ({error})") from None
         return cls.from_text(text, str(source))
+
+
+def _check_private(source: Path, status: os.stat_result) -> None:
+    mode = stat.S_IMODE(status.st_mode)
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(f"{source}: secret key file is open to group or others (mode {mode:o}); "
+                           f"run: chmod 600 {source}")
+    user = os.geteuid() if hasattr(os, "geteuid") else None  # no owners to compare on Windows
+    if user is not None and status.st_uid != user:
+        raise KeyFileError(f"{source}: secret key file belongs to uid {status.st_uid}, not to {_user_name(user)} "
+                           f"who runs fieldsync; run fieldsync as its owner, or as root: "
+                           f"chown {_user_name(user)} {source}")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
 
 
 class Keyring(Mapping[str, PublicKeys]):

@@ -20,7 +20,7 @@ from .. import __version__
 # the others.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "init": ("agent.cli.init", "init", "Make a SQLite database a site with fresh keys."),
-    "key": ("agent.cli.key", "key", "Print a site's public key line."),
+    "key": ("agent.cli.key", "key", "Print a site's public key line; find or check its secret key file."),
     "publication": ("agent.cli.publication", "publication", "Create, extend and list publications."),
     "remote": ("agent.cli.remote", "remote", "Add, change, subscribe, list and remove remote users."),
     "extract": ("agent.cli.extract", "extract", "Make a remote's database from the consolidated (dbxtract)."),

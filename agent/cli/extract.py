@@ -27,13 +27,16 @@ def extract(database: Path, remote: str, target: Path) -> None:
     subscribed rows, REMOTE's new keys, and the remote-user rows of both
     sides, all taken at one consistent point of the log while applications
     go on writing.  Extracting again replaces the remote's stream.
-    TARGET holds REMOTE's secret key: move it to the field site like a key.
+    REMOTE's secret key goes to TARGET.agent/keys/site.key, not into TARGET:
+    move TARGET and its folder TARGET.agent to the field site together.
     """
     from ..admin import extract_site
+    from ..keyfiles import agent_directory, check_no_key_file, key_path
 
     if os.path.lexists(target):  # a dangling symbolic link too: the copy would not go where it points
         raise AgentError(f"{target} exists already; remove it or choose another path")
     check_parent_directory(target)
+    check_no_key_file(target)  # checked again when it is written; said here before the copy starts
     out = console()
     with open_site(database) as site:
         require_remote(site, remote)
@@ -59,4 +62,5 @@ def extract(database: Path, remote: str, target: Path) -> None:
     out.print(f"Consistent at log offset {result.offset} of {database}; incarnation "
               f"{incarnation_text(result.incarnation)}; key {key_fingerprint(remote_row.public_key)}; "
               f"{elapsed:.1f}s.", soft_wrap=True)
-    out.print(f"Move {target} to the field site; it holds {remote}'s secret key.", soft_wrap=True)
+    out.print(f"Move {target} and its folder {agent_directory(target)} to the field site together; "
+              f"{key_path(target)} holds {remote}'s secret key.", soft_wrap=True, markup=False)

@@ -22,12 +22,15 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
     """Turn DATABASE (a new or existing SQLite file) into a site.
 
     Creates the site's tables, a new incarnation id and a new signing and
-    sealing key pair kept inside DATABASE, and prints the public key line
-    the site's peers need (`agent remote add ... --public-key`).
+    sealing key pair, and prints the public key line the site's peers need
+    (`agent remote add ... --public-key`).  The secret key goes to
+    DATABASE.agent/keys/site.key (mode 0600), never into DATABASE, whose
+    mode stays as it was.
     """
     from transports.registry import check_transport_spec
 
     from ..admin import init_site, site_keys
+    from ..keyfiles import key_path
 
     check_transport_spec(transport)
     check_stored_address(transport, address)
@@ -43,6 +46,8 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
     out = console()
     out.print(f"Created {role} site {name} in {database} (incarnation {incarnation}).", soft_wrap=True)
     out.print(f"Inbox: {address} ({transport})", soft_wrap=True)
+    out.print(f"Secret key: {key_path(database)} (keep it with the database, readable by this user only)",
+              soft_wrap=True, markup=False)
     if transport == "folder" and not Path(address).is_dir():
         out.print(f"Note: the folder {address} does not exist yet; create it (or mount it) before `agent run`.",
                   soft_wrap=True)

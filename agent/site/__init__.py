@@ -20,6 +20,7 @@ from .errors import (
     NotASite,
     PublicationError,
     RemoteExists,
+    SecretInDatabase,
     SiteBusy,
     SiteDatabaseError,
     SiteError,
@@ -40,6 +41,6 @@ __all__ = [
     "ExtractResult", "RemoteKeys",
     "SiteError", "AlreadyASite", "ApplyRefused", "ConflictHookFailed", "ExtractionError", "IncarnationMismatch",
     "InvalidSetting", "InvariantViolation", "LogOffsetError", "LogTruncated", "NotASite", "PublicationError",
-    "RemoteExists", "SiteBusy", "SiteDatabaseError", "UnknownPublication", "UnknownRemote", "UnpublishableTable",
-    "UnsupportedSiteVersion", "WrongRole",
+    "RemoteExists", "SecretInDatabase", "SiteBusy", "SiteDatabaseError", "UnknownPublication", "UnknownRemote",
+    "UnpublishableTable", "UnsupportedSiteVersion", "WrongRole",
 ]

@@ -69,7 +69,7 @@ from .remotes import (
     remove_remote_locked,
     update_remote_locked,
 )
-from .schema import Role, SiteIdentity, init_database, open_database, read_identity
+from .schema import Role, SecretStore, SiteIdentity, init_database, open_database, read_identity
 
 
 class SiteDatabase:
@@ -89,17 +89,22 @@ class SiteDatabase:
 
     @classmethod
     def init(cls, path: str | os.PathLike[str], *, name: str, role: Role | str, address: str | None = None,
-             transport: str | None = None, public_key: str | None = None, secret: bytes | None = None,
-             now: datetime | None = None, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> "SiteDatabase":
+             transport: str | None = None, public_key: str | None = None, now: datetime | None = None,
+             busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> "SiteDatabase":
         """Turn the SQLite file at ``path`` (existing or new) into a site:
         its own tables, WAL mode, a name, a role and a new incarnation id."""
         conn = init_database(path, name=name, role=role, address=address, transport=transport,
-                             public_key=public_key, secret=secret, now=now, busy_timeout=busy_timeout)
+                             public_key=public_key, now=now, busy_timeout=busy_timeout)
         return cls(conn, os.fspath(path))
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> "SiteDatabase":
-        conn = open_database(path, busy_timeout=busy_timeout)
+    def open(cls, path: str | os.PathLike[str], *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+             store_secret: SecretStore | None = None) -> "SiteDatabase":
+        """Open an existing site, upgrading an older layout.  A database of
+        layout 3 or older that still holds the site's secret key hands it to
+        ``store_secret(path, secret)`` before forgetting it; without one it
+        is refused (:class:`SecretInDatabase`)."""
+        conn = open_database(path, busy_timeout=busy_timeout, store_secret=store_secret)
         return cls(conn, os.fspath(path))
 
     def close(self) -> None:

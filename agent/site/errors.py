@@ -30,6 +30,11 @@ class UnsupportedSiteVersion(SiteError):
     """The site database was written by a newer fieldsync with another layout."""
 
 
+class SecretInDatabase(SiteError):
+    """A database of an older layout still holds the site's secret key, and
+    it was opened without a place to move the key to."""
+
+
 class WrongRole(SiteError):
     """The operation is meant for the other role (e.g. extraction at a remote)."""
 

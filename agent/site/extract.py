@@ -20,6 +20,9 @@ Rules of this file:
   or is interrupted anywhere leaves no half-made remote and the
   consolidated exactly as it was, so the remote's current copy goes on
   working.
+* The remote's file holds no secret (docs/site-database.md): its secret key
+  is written by the agent, beside the file, before the file gets its name
+  (agent.admin.extract_site).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import os
 import sqlite3
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
@@ -50,21 +53,18 @@ COPY_CHUNK = 5000
 
 @dataclass(frozen=True, slots=True)
 class RemoteKeys:
-    """Key material for a new remote (made by the codec).  ``public_key`` is
-    the text form stored in both remote-user tables; ``secret`` is opaque
-    bytes stored in the remote's own site row for its agent to load."""
+    """The new remote's public key (made by the codec), as the text stored in
+    both remote-user tables and in the remote's own site row.  Its secret
+    key never comes here: the agent keeps it in a file of its own."""
 
     public_key: str | None = None
-    secret: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.public_key is not None and type(self.public_key) is not str:
             raise InvalidSetting("a public key is stored as text")
-        if self.secret is not None and type(self.secret) is not bytes:
-            raise InvalidSetting("remote key material must be bytes")
 
 
-KeySource = RemoteKeys | bytes | Callable[[str], "RemoteKeys | bytes"] | None
+KeySource = RemoteKeys | Callable[[str], RemoteKeys] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +91,9 @@ def _resolve_keys(keys: KeySource, remote: str) -> RemoteKeys:
         keys = keys(remote)
     if keys is None:
         return RemoteKeys()
-    if isinstance(keys, bytes):
-        return RemoteKeys(secret=keys)
     if isinstance(keys, RemoteKeys):
         return keys
-    raise InvalidSetting(f"remote keys must be RemoteKeys, bytes or a callable returning them, "
-                         f"got {type(keys).__name__}")
+    raise InvalidSetting(f"remote keys must be RemoteKeys or a callable returning them, got {type(keys).__name__}")
 
 
 def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
@@ -213,15 +210,17 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
     temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
         # Made empty first (SQLite takes an empty file as a new database): a
-        # folder the agent cannot write in is named, not the temporary file,
-        # and the copy, which holds the remote's secret key, is its owner's only.
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        # folder the agent cannot write in is named, not the temporary file.
+        # The mode is the one SQLite gives a database it creates (0644 less
+        # the umask), as for `agent init`: the copy holds no secret, and the
+        # remote's applications must be able to open it.
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     except OSError as error:
         raise ExtractionError(f"cannot create {target}: the folder {target.parent} takes no new file "
                               f"({error.strerror or error})") from None
     try:
         copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.address, transport=row.transport,
-                             public_key=material.public_key or row.public_key, secret=material.secret, now=now)
+                             public_key=material.public_key or row.public_key, now=now)
         try:
             incarnation = read_identity(copy).incarnation
             offset, counts, before = _copy(site, copy, remote, plans, table_sql)

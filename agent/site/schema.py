@@ -8,28 +8,36 @@ Rules of this file:
   an older layout is upgraded when opened (see _UPGRADES).
 * The capture table's value columns have no declared type, so SQLite stores
   each value exactly as the application's row held it (no affinity).
+* No secret is ever stored here: every user an application lets read the
+  database could read it.  The site row holds its public key line only; the
+  secret key is the agent's business (agent/keyfiles.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from pathlib import Path
+from typing import Callable
 
 from codec.errors import InvalidValue
 from codec.names import check_site_name
 
 from ._db import connect, format_time, parse_time, quote_ident, translate, utc_now, write_transaction
-from .errors import AlreadyASite, InvalidSetting, NotASite, UnsupportedSiteVersion
+from .errors import AlreadyASite, InvalidSetting, NotASite, SecretInDatabase, UnsupportedSiteVersion
+
+log = logging.getLogger("fieldsync.site")
 
 # 1: the first layout.  2: at the consolidated, key indexes on the capture
 # table and capture triggers that cannot abort (capture.upgrade_capture).
 # 3: fieldsync_replaced_copy, the incarnations of remotes extracted again.
-SCHEMA_VERSION = 3
+# 4: fieldsync_site without its ``secret`` column (see _drop_secret).
+SCHEMA_VERSION = 4
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -51,9 +59,6 @@ class SiteIdentity:
     transport: str | None
     public_key: str | None
     created_at: datetime
-    # Opaque key material handed to extraction (e.g. a codec key file's
-    # text); kept out of repr so it never lands in a log line.
-    secret: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_name(self.name, "site name")
@@ -86,8 +91,10 @@ def new_incarnation() -> bytes:
     return uuid.uuid4().bytes
 
 
-_TABLES = """
-CREATE TABLE fieldsync_site (
+# The site row's columns, in table order (layout 4 dropped ``secret``).
+SITE_COLUMNS = ("id", "schema_version", "name", "role", "incarnation", "address", "transport", "public_key",
+                "created_at", "truncated_through")
+SITE_TABLE = """CREATE TABLE fieldsync_site (
     id                INTEGER PRIMARY KEY CHECK (id = 1),
     schema_version    INTEGER NOT NULL,
     name              TEXT NOT NULL,
@@ -96,10 +103,12 @@ CREATE TABLE fieldsync_site (
     address           TEXT,
     transport         TEXT,
     public_key        TEXT,
-    secret            BLOB,
     created_at        TEXT NOT NULL,
     truncated_through INTEGER NOT NULL DEFAULT 0
-);
+)"""
+
+_TABLES = """
+{site};
 -- One row per captured row change, written by the triggers.  seq is the
 -- rowid: SQLite allocates max(seq)+1, and truncation never deletes the row
 -- holding the largest seq, so seq only grows.
@@ -226,8 +235,8 @@ def value_column(index: int) -> str:
 
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
-    text = (_TABLES.replace("{value_columns}", value_columns).replace("{replaced_copy}", REPLACED_COPY_TABLE)
-            .replace("{applying}", APPLYING_TABLE + ";"))
+    text = (_TABLES.replace("{site}", SITE_TABLE).replace("{value_columns}", value_columns)
+            .replace("{replaced_copy}", REPLACED_COPY_TABLE).replace("{applying}", APPLYING_TABLE + ";"))
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
@@ -237,8 +246,8 @@ def is_site(conn: sqlite3.Connection) -> bool:
 
 
 def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, address: str | None = None,
-                  transport: str | None = None, public_key: str | None = None, secret: bytes | None = None,
-                  now: datetime | None = None, busy_timeout: float | None = None) -> sqlite3.Connection:
+                  transport: str | None = None, public_key: str | None = None, now: datetime | None = None,
+                  busy_timeout: float | None = None) -> sqlite3.Connection:
     """Turn the SQLite file at ``path`` (new or existing) into a site and
     return an open connection to it."""
     check_name(name, "site name")
@@ -246,8 +255,6 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
     for what, value in (("address", address), ("transport", transport), ("public key", public_key)):
         if value is not None and type(value) is not str:
             raise InvalidSetting(f"site {what} must be text, got {type(value).__name__}")
-    if secret is not None and type(secret) is not bytes:
-        raise InvalidSetting("site secret must be bytes")
     created = format_time(now or utc_now())
     conn = connect(str(path), **({} if busy_timeout is None else {"busy_timeout": busy_timeout}))
     try:
@@ -270,9 +277,8 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
                 conn.execute(statement)
             conn.execute(
                 "INSERT INTO fieldsync_site (id, schema_version, name, role, incarnation, address, transport,"
-                " public_key, secret, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (SCHEMA_VERSION, name, role.value, new_incarnation(), address, transport, public_key, secret,
-                 created),
+                " public_key, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (SCHEMA_VERSION, name, role.value, new_incarnation(), address, transport, public_key, created),
             )
     except BaseException:
         conn.close()
@@ -280,8 +286,17 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
     return conn
 
 
-def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = None) -> sqlite3.Connection:
-    """Open an existing site database; refuse anything else."""
+# Called with the database's path and the secret key text a database of
+# layout 3 or older holds, before the upgrade to layout 4 forgets it: it must
+# store the secret durably, or raise to leave the database as it was.
+SecretStore = Callable[[str, bytes], None]
+
+
+def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = None,
+                  store_secret: SecretStore | None = None) -> sqlite3.Connection:
+    """Open an existing site database; refuse anything else.  An older
+    layout is upgraded; one that still holds the site's secret key needs
+    ``store_secret`` to hand it to (else :class:`SecretInDatabase`)."""
     location = Path(path)
     if not location.is_file():
         if location.exists():
@@ -296,7 +311,7 @@ def open_database(path: str | os.PathLike[str], *, busy_timeout: float | None = 
         if not site:
             raise NotASite(f"{path} is an SQLite database but not a fieldsync site; initialise it first")
         if _layout(conn, path) < SCHEMA_VERSION:
-            _upgrade(conn, path)
+            _upgrade(conn, path, store_secret)
     except sqlite3.Error as error:
         conn.close()
         raise translate(error, f"opening {path}") from error
@@ -327,27 +342,83 @@ def _add_replaced_copy(conn: sqlite3.Connection) -> None:
     conn.execute(REPLACED_COPY_TABLE)
 
 
+def _drop_secret(conn: sqlite3.Connection) -> None:
+    """Rebuild fieldsync_site without its ``secret`` column (the secret was
+    handed to the caller's store first, see _upgrade).
+
+    The table is dropped and made again rather than ALTERed: with
+    ``secure_delete`` on (set by _upgrade), dropping it zeroes its whole
+    page, which also clears copies of the row that earlier updates left in
+    the page's free space; and it needs no SQLite newer than 3.35."""
+    kept = ", ".join(SITE_COLUMNS)
+    conn.execute(f"CREATE TEMP TABLE fieldsync_site_moving AS SELECT {kept} FROM main.fieldsync_site")
+    conn.execute("DROP TABLE main.fieldsync_site")
+    conn.execute(SITE_TABLE.replace("CREATE TABLE fieldsync_site", "CREATE TABLE main.fieldsync_site", 1))
+    conn.execute(f"INSERT INTO main.fieldsync_site ({kept}) SELECT {kept} FROM temp.fieldsync_site_moving")
+    conn.execute("DROP TABLE temp.fieldsync_site_moving")
+
+
 # What turns layout N into layout N + 1.
-_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy}
+_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret}
 
 
-def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> None:
+def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:
     """Bring a database of an older layout to SCHEMA_VERSION, in one write
-    transaction (another process may have done it meanwhile)."""
-    with write_transaction(conn, f"upgrading the site layout of {path}"):
-        for step in range(_layout(conn, path), SCHEMA_VERSION):
-            _UPGRADES[step](conn)
-        conn.execute("UPDATE fieldsync_site SET schema_version = ?", (SCHEMA_VERSION,))
+    transaction (another process may have done it meanwhile).
+
+    Up to layout 3 the site row kept the secret key.  It goes to
+    ``store_secret`` before the transaction forgets it, so an interruption
+    anywhere leaves it in the database, the store, or both (the next open
+    then finds it in both, and the store must accept the same secret
+    again).  Its bytes are then wiped from the file: ``secure_delete``
+    zeroes what the upgrade frees, and a checkpoint truncates the WAL,
+    which held the row's old page images."""
+    previous = conn.execute("PRAGMA secure_delete").fetchone()[0]
+    conn.execute("PRAGMA secure_delete = ON")
+    try:
+        with write_transaction(conn, f"upgrading the site layout of {path}"):
+            start = _layout(conn, path)
+            secret = _stored_secret(conn)
+            if secret is not None:
+                if store_secret is None:
+                    raise SecretInDatabase(
+                        f"{path} still holds its site's secret key (site layout {start}); open it with the "
+                        f"agent (`agent key {path} --check`) to move the key to its own file")
+                store_secret(os.fspath(path), secret)
+            for step in range(start, SCHEMA_VERSION):
+                _UPGRADES[step](conn)
+            conn.execute("UPDATE fieldsync_site SET schema_version = ?", (SCHEMA_VERSION,))
+    finally:
+        conn.execute(f"PRAGMA secure_delete = {int(previous)}")
+    if secret is not None:
+        try:
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.Error:
+            busy = 1  # the upgrade is committed; the next checkpoint will do
+        if busy:
+            log.warning("%s: another connection kept the WAL in use: old bytes of the site's secret key stay in "
+                        "%s-wal until a checkpoint can truncate it", path, path)
+
+
+def _stored_secret(conn: sqlite3.Connection) -> bytes | None:
+    """The secret key a database of layout 3 or older holds, if any (None
+    too when the column is gone already)."""
+    if "secret" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_site)")}:
+        return None
+    value = conn.execute("SELECT secret FROM fieldsync_site WHERE id = 1").fetchone()
+    if value is None or value[0] is None:
+        return None
+    return value[0] if isinstance(value[0], bytes) else str(value[0]).encode("utf-8")
 
 
 def read_identity(conn: sqlite3.Connection) -> SiteIdentity:
-    row = conn.execute("SELECT name, role, incarnation, address, transport, public_key, created_at, secret"
+    row = conn.execute("SELECT name, role, incarnation, address, transport, public_key, created_at"
                        " FROM fieldsync_site WHERE id = 1").fetchone()
     if row is None:
         raise NotASite("the database has no site identity row")
-    name, role, incarnation, address, transport, public_key, created_at, secret = row
+    name, role, incarnation, address, transport, public_key, created_at = row
     return SiteIdentity(name, Role(role), incarnation, address, transport, public_key,
-                        parse_time(created_at), secret)  # type: ignore[arg-type]
+                        parse_time(created_at))  # type: ignore[arg-type]
 
 
 def capture_width(conn: sqlite3.Connection) -> int:

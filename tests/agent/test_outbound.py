@@ -23,6 +23,7 @@ import pytest
 
 from agent import crashpoints
 from agent.admin import site_keys
+from agent.keyfiles import copy_site_keys
 from agent.outbound import pack_sends
 from agent.queues import MessageQueues, QueueError
 from agent.runner import Agent, RunOptions, RunReport, open_queues
@@ -53,6 +54,7 @@ def site(world: Path, tmp_path: Path) -> Path:
     resends from the middle of the log at epoch 1, field004 has only the
     tail to send, field006 has nothing to send."""
     shutil.copy(world, tmp_path / "hq.db")
+    copy_site_keys(world, tmp_path / "hq.db")
     with SiteDatabase.open(tmp_path / "hq.db") as db:
         offsets = [row[0] for row in db.connection.execute("SELECT commit_offset FROM fieldsync_log"
                                                            " ORDER BY commit_offset")]

@@ -10,9 +10,9 @@ import shutil
 
 import pytest
 
-from agent.admin import extract_site
+from agent.admin import extract_site, site_keys
 from agent.runner import agent_directory
-from agent.site import RemoteKeys, SiteDatabase
+from agent.site import SiteDatabase
 from codec.keys import SiteKeys
 from codec.names import MessageName
 
@@ -247,13 +247,13 @@ def extract_again_keeping_keys(world: World, remote: str) -> bytes:
     """The operator replaces ``remote``'s database with a new extraction
     that keeps the device's keys; returns the replaced copy's incarnation."""
     with SiteDatabase.open(world.db(remote)) as old:
-        keys = RemoteKeys(public_key=old.identity.public_key, secret=old.identity.secret)
+        keys = site_keys(old)
         incarnation = old.identity.incarnation
     for suffix in ("", "-wal", "-shm"):
         world.db(remote).with_name(f"{remote}.db{suffix}").unlink(missing_ok=True)
     shutil.rmtree(agent_directory(world.db(remote)))
     with SiteDatabase.open(world.db("hq")) as hq:
-        hq.extract(remote, world.db(remote), keys=keys)
+        extract_site(hq, remote, world.db(remote), keys=keys)
     return incarnation
 
 

@@ -29,8 +29,10 @@ def test_extract_reports_rows_per_table(tmp_path: Path, agent: Agent, world: Wor
     result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
     assert result.code == 0, result.err
     assert "customer" in result.out and " 10 " in result.out
-    assert "holds n3's secret key" in result.out
-    assert (tmp_path / "n3.db").stat().st_mode & 0o777 == 0o600  # the key's owner only
+    # The secret key is in a file of the agent's beside the database, which
+    # holds none (tests/security/test_keys.py checks modes and bytes).
+    assert f"{tmp_path / 'n3.db.agent' / 'keys' / 'site.key'} holds n3's secret key" in result.out
+    assert (tmp_path / "n3.db.agent" / "keys" / "site.key").stat().st_mode & 0o777 == 0o600
     assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db")) == []
 
 
@@ -71,5 +73,6 @@ def test_extract_into_a_folder_that_takes_no_file_names_the_target(tmp_path: Pat
     # /proc takes no new file, whoever asks (root too, as in CI).
     result = agent("extract", world.hq, "n1", "/proc/n1.db")
     assert result.code == 1
-    assert result.err_lines == ["agent: cannot create /proc/n1.db: the folder /proc takes no new file "
-                                "(No such file or directory)"]
+    # The remote's key file is written first, beside the database to be.
+    assert result.err_lines == ["agent: cannot write the key file of /proc/n1.db: the folder /proc takes no new "
+                                "file (No such file or directory)"]

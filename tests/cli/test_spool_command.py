@@ -34,7 +34,7 @@ def test_spool_check_before_the_first_run(agent: Agent, tmp_path: Path) -> None:
     result = agent("spool", "check", database)
     assert result.code == 1 and "no spool yet" in result.err
     spool = tmp_path / "new.db.agent" / "spool"
-    spool.parent.mkdir()
+    assert spool.parent.is_dir()  # init made it, for the site's key
     spool.write_text("not a folder")
     result = agent("spool", "check", database)
     assert result.code == 1 and result.err_lines == [

@@ -27,6 +27,40 @@ def test_load_refuses_a_key_others_can_read(tmp_path):
         SiteKeys.load(path)
 
 
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o610, 0o601, 0o660])
+def test_load_refuses_a_key_group_or_others_have_any_access_to(tmp_path, mode):
+    path = SiteKeys.generate("hq").save(tmp_path / "hq.key")
+    os.chmod(path, mode)
+    with pytest.raises(KeyFileError) as raised:
+        SiteKeys.load(path)
+    assert str(raised.value) == (f"{path}: secret key file is open to group or others (mode {mode:o}); "
+                                 f"run: chmod 600 {path}")
+
+
+def test_load_refuses_a_key_another_user_owns(tmp_path, monkeypatch):
+    path = SiteKeys.generate("hq").save(tmp_path / "hq.key")
+    owner = path.stat().st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)
+    with pytest.raises(KeyFileError, match=f"belongs to uid {owner}, not to .* chown .* {path}$"):
+        SiteKeys.load(path)
+
+
+def test_load_refuses_what_is_not_a_regular_file(tmp_path):
+    os.mkfifo(tmp_path / "fifo")  # reading it would wait for a writer
+    with pytest.raises(KeyFileError, match="must be a regular file"):
+        SiteKeys.load(tmp_path / "fifo")
+
+
+def test_save_without_replace_never_writes_over_a_key(tmp_path):
+    keys = SiteKeys.generate("hq")
+    first = keys.save(tmp_path / "hq.key", replace=False)
+    with pytest.raises(FileExistsError) as raised:
+        SiteKeys.generate("hq").save(first, replace=False)
+    assert raised.value.filename == str(first)
+    assert SiteKeys.load(first).to_text() == keys.to_text()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hq.key"]  # no temporary file left
+
+
 @pytest.mark.parametrize("text, problem", [
     ("", "not a fieldsync secret key"),
     ("fieldsync-secret-key v1\nsite: hq\nsign: AAAA\n", "missing seal"),

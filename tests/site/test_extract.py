@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import random
+import stat
 import time
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from agent.site import (
     Article,
     ExtractionError,
+    InvalidSetting,
     RemoteKeys,
     Role,
     SiteDatabase,
@@ -47,7 +50,7 @@ def hq(tmp_path):
 def test_extraction_builds_the_remote(tmp_path, hq):
     target = tmp_path / "out" / "r1.db"
     target.parent.mkdir()
-    keys = RemoteKeys(public_key="fieldsync-public r1 SIGN SEAL", secret=b"r1 private seed")
+    keys = RemoteKeys(public_key="fieldsync-public r1 SIGN SEAL")
     result = hq.extract("r1", target, keys=keys)
     assert sorted(p.name for p in target.parent.iterdir()) == ["r1.db"]  # no temporary left behind
     assert result.rows == {"customer": 2, "line": 2}
@@ -56,7 +59,7 @@ def test_extraction_builds_the_remote(tmp_path, hq):
     assert (identity.name, identity.role, identity.address, identity.transport) == (
         "r1", Role.REMOTE, "r1@example.org", "email")
     assert identity.incarnation == result.incarnation != hq.identity.incarnation
-    assert identity.public_key == keys.public_key and identity.secret == b"r1 private seed"
+    assert identity.public_key == keys.public_key
     # Published schema only; the column subset becomes the remote's table.
     tables = {row[0] for row in remote.connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
               if not row[0].startswith("fieldsync_")}
@@ -105,16 +108,32 @@ def test_keys_from_a_callback(tmp_path, hq):
 
     def make_keys(remote):
         asked.append(remote)
-        return RemoteKeys(public_key=f"fieldsync-public {remote} X Y", secret=b"seed")
+        return RemoteKeys(public_key=f"fieldsync-public {remote} X Y")
 
     hq.extract("r1", tmp_path / "r1.db", keys=make_keys)
     assert asked == ["r1"]
     assert hq.remote("r1").public_key == "fieldsync-public r1 X Y"
     with SiteDatabase.open(tmp_path / "r1.db") as remote:
-        assert remote.identity.secret == b"seed"
-    hq.extract("r1", tmp_path / "r1b.db", keys=b"raw seed bytes")
-    with SiteDatabase.open(tmp_path / "r1b.db") as remote:
-        assert remote.identity.secret == b"raw seed bytes"
+        assert remote.identity.public_key == "fieldsync-public r1 X Y"
+
+
+def test_no_secret_key_material_is_taken(tmp_path, hq):
+    """A secret has no place in a site database: extraction takes the public
+    key only (the agent writes the secret key to a file of its own)."""
+    with pytest.raises(TypeError):
+        RemoteKeys(public_key="fieldsync-public r1 X Y", secret=b"seed")  # type: ignore[call-arg]
+    with pytest.raises(InvalidSetting, match="RemoteKeys or a callable"):
+        hq.extract("r1", tmp_path / "r1.db", keys=b"raw seed bytes")
+    assert not (tmp_path / "r1.db").exists()
+
+
+def test_the_copy_gets_the_mode_sqlite_gives_a_new_database(tmp_path, hq):
+    previous = os.umask(0o022)
+    try:
+        hq.extract("r1", tmp_path / "r1.db")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "r1.db").stat().st_mode) == 0o644
 
 
 def test_extraction_refusals_leave_nothing_behind(tmp_path, hq):

@@ -11,9 +11,12 @@ from agent.site import (
     InvalidSetting,
     NotASite,
     Role,
+    SecretInDatabase,
     SiteDatabase,
     UnsupportedSiteVersion,
 )
+from agent.site.schema import SCHEMA_VERSION
+from tests.old_layouts import back_to_layout_3
 
 
 def test_init_new_file_makes_a_site_in_wal_mode(tmp_path):
@@ -117,7 +120,7 @@ def test_layout_2_gains_the_table_of_replaced_copies_when_opened(tmp_path):
     conn.commit()
     conn.close()
     with SiteDatabase.open(tmp_path / "hq.db") as site:
-        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 3
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
         assert site.replaced_incarnations("r1") == frozenset()
         first = site.extract("r1", tmp_path / "a.db").incarnation
         second = site.extract("r1", tmp_path / "b.db").incarnation
@@ -126,13 +129,72 @@ def test_layout_2_gains_the_table_of_replaced_copies_when_opened(tmp_path):
         assert site.replaced_incarnations("r1") == frozenset({first, second})
 
 
-def test_identity_is_frozen_and_hides_the_secret(tmp_path):
-    site = SiteDatabase.init(tmp_path / "r.db", name="r", role="remote", secret=b"very secret seed")
-    assert site.identity.secret == b"very secret seed"
-    assert "very secret" not in repr(site.identity)
+def test_identity_is_frozen_and_holds_no_secret(tmp_path):
+    site = SiteDatabase.init(tmp_path / "r.db", name="r", role="remote")
+    assert not hasattr(site.identity, "secret")
+    assert "secret" not in {row[1] for row in site.connection.execute("PRAGMA table_info(fieldsync_site)")}
     with pytest.raises(AttributeError):
         site.identity.name = "other"  # type: ignore[misc]
     site.close()
+
+
+SECRET = b"fieldsync-secret-key v1\nsite: r\nsign: c2VjcmV0IHNpZ24ga2V5IG9mIHRoZSBzaXRlIHIgISE=\n"
+
+
+def make_layout_3(path, secret: bytes | None) -> None:
+    """A site of layout 3 whose row kept the secret key, in a file with free
+    pages, as one whose rows were deleted has."""
+    SiteDatabase.init(path, name="r", role="remote", public_key="fieldsync-public-key v1 r " + "A" * 90).close()
+    back_to_layout_3(path, secret)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE scratch (x)")
+    conn.executemany("INSERT INTO scratch VALUES (?)", [(bytes(3000),)] * 20)
+    conn.execute("DROP TABLE scratch")
+    conn.close()
+
+
+def test_layout_3_hands_its_secret_to_the_store_and_forgets_it(tmp_path):
+    path = tmp_path / "r.db"
+    make_layout_3(path, SECRET)
+    stored = []
+    application = sqlite3.connect(path)  # open all along: closing the site does not checkpoint
+    application.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    with SiteDatabase.open(path, store_secret=lambda where, secret: stored.append((where, secret))) as site:
+        assert stored == [(str(path), SECRET)]
+        columns = [row[1] for row in site.connection.execute("PRAGMA table_info(fieldsync_site)")]
+        assert "secret" not in columns
+        assert site.connection.execute("SELECT schema_version, name, role FROM fieldsync_site").fetchone() == (
+            SCHEMA_VERSION, "r", "remote")
+        assert site.identity.name == "r"
+        for suffix in ("", "-wal", "-shm"):  # not in a free page, nor in the WAL
+            if (tmp_path / f"r.db{suffix}").exists():
+                assert b"c2VjcmV0IHNpZ24" not in (tmp_path / f"r.db{suffix}").read_bytes(), suffix
+    application.close()
+    with SiteDatabase.open(path, store_secret=lambda *_: stored.append("again")):
+        assert len(stored) == 1  # once
+
+
+def test_layout_3_with_a_secret_needs_a_store_and_a_failing_store_changes_nothing(tmp_path):
+    path = tmp_path / "r.db"
+    make_layout_3(path, SECRET)
+    with pytest.raises(SecretInDatabase, match="still holds its site's secret key .*agent key"):
+        SiteDatabase.open(path)
+
+    def refuse(where, secret):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        SiteDatabase.open(path, store_secret=refuse)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT schema_version, secret FROM fieldsync_site").fetchone() == (3, SECRET)
+    conn.close()
+
+
+def test_layout_3_without_a_secret_opens_without_a_store(tmp_path):
+    path = tmp_path / "r.db"
+    make_layout_3(path, None)
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_init_while_another_connection_holds_the_lock_says_busy(tmp_path):

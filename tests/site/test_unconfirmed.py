@@ -341,7 +341,8 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
     with a plain INSERT: opening it adds the indexes for every shape and
     turns the triggers' INSERT into INSERT OR FAIL at the consolidated
     (nothing at a remote), then adds layout 3's table of replaced copies,
-    records layout 3, and the rule works as before."""
+    rebuilds the site row without layout 4's secret column, records layout
+    4, and the rule works as before."""
     hq, r1 = build(tmp_path)
     write(hq, "ALTER TABLE orders ADD COLUMN extra TEXT")
     hq.scan()  # a second shape of orders
@@ -376,7 +377,7 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
         assert all("INSERT OR FAIL INTO fieldsync_capture" not in sql for sql in triggers(r1))
         for site in (hq, r1):
             assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] \
-                == SCHEMA_VERSION == 3
+                == SCHEMA_VERSION == 4
             assert site.replaced_incarnations("r1") == frozenset()
         write(r1, "ALTER TABLE orders ADD COLUMN extra TEXT")
         ops = sent_back(hq, r1, ["UPDATE orders SET qty = 50 WHERE id = 3"],

@@ -28,8 +28,10 @@ from typing import Callable
 import pytest
 
 import agent.spark.engine
+from agent.admin import site_keys
 from agent.cli import main
 from agent.errors import UsageError
+from agent.keyfiles import copy_site_keys
 from agent.runner import Agent, RunOptions, RunReport, agent_directory, run_agent
 from agent.site import SiteDatabase
 from agent.spark.engine import DEFAULT_TIMEOUT, SparkOptions, run_spark_batch
@@ -129,9 +131,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def copy_site(world: Path, folder: Path) -> Path:
-    """A copy of ``hq.db`` alone (without its agent folder: empty queues)."""
+    """A copy of ``hq.db`` with its key file alone (not the rest of its agent
+    folder: empty queues)."""
     folder.mkdir()
     shutil.copy(world, folder / "hq.db")
+    copy_site_keys(world, folder / "hq.db")
     return folder / "hq.db"
 
 
@@ -377,7 +381,7 @@ def write_output(database: Path, sends: list[BatchSend], output: Path, *, keys: 
                  incarnation: bytes | None = None) -> Sender:
     """A finished job's output for ``sends``; return who must have made it."""
     with SiteDatabase.open(database) as site:
-        own = SiteKeys.from_text(site.identity.secret.decode("ascii"), "hq keys")
+        own = site_keys(site)
         for send in sends:
             folder = output / "files" / send.subscriber
             folder.mkdir(parents=True)
@@ -520,7 +524,7 @@ def test_a_job_folder_left_by_a_killed_agent_is_deleted_by_the_next_batch(small:
     other_site.mkdir()
     # A launcher that fails at once: the batch fails after its folder was made.
     with SiteDatabase.open(database) as site:
-        keys = SiteKeys.from_text(site.identity.secret.decode("ascii"), "hq keys")
+        keys = site_keys(site)
         with pytest.raises(SparkBatchError, match="exit code 1"):
             run_spark_batch(site, keys, sends, max_size=50_000, work=work,
                             options=SparkOptions(engine="spark", submit="/bin/false"))
@@ -657,10 +661,6 @@ def test_a_signal_in_continuous_mode_stops_the_job_and_the_agent(world: Path, tm
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None)
 
 
-def _keys(site: SiteDatabase) -> SiteKeys:
-    return SiteKeys.from_text(site.identity.secret.decode("ascii"), "hq keys")
-
-
 def test_an_interrupt_in_the_waiting_thread_stops_the_job(small: tuple[Path, list[BatchSend]],
                                                           tmp_path: Path) -> None:
     """Run in the main thread, as a script would: Ctrl-C there stops the
@@ -677,7 +677,7 @@ def test_an_interrupt_in_the_waiting_thread_stops_the_job(small: tuple[Path, lis
     with SiteDatabase.open(database) as site:
         interrupter.start()
         with pytest.raises(KeyboardInterrupt):
-            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work,
+            run_spark_batch(site, site_keys(site), sends, max_size=50_000, work=work,
                             options=hanging(launcher, timeout=60))
     interrupter.join()
     assert wait_gone(list(launcher.wait_started())) == []
@@ -699,7 +699,7 @@ def test_a_cancel_during_the_export_stops_it_there(small: tuple[Path, list[Batch
 
     with SiteDatabase.open(database) as site:
         with pytest.raises(SparkBatchCancelled, match="stopped in the export"):
-            export_batch(site, _keys(site), sends, work / "export", max_size=50_000, rows_per_group=500,
+            export_batch(site, site_keys(site), sends, work / "export", max_size=50_000, rows_per_group=500,
                          check_stop=stop_at_the_second_group)
         assert groups == [1, 2]
         assert not (work / "export" / "job.json").exists()  # an export without it is incomplete
@@ -722,7 +722,7 @@ def test_a_cancel_during_the_export_stops_it_there(small: tuple[Path, list[Batch
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(agent.spark.engine, "_check_cancel", set_in_the_export)
             with pytest.raises(SparkBatchCancelled, match="cancelled because the agent is stopping"):
-                run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work / "engine", options=options)
+                run_spark_batch(site, site_keys(site), sends, max_size=50_000, work=work / "engine", options=options)
     assert calls == 2
     assert not launcher.pid_file.exists()
     assert list((work / "engine").iterdir()) == []
@@ -736,7 +736,7 @@ def test_a_cancel_event_set_before_the_batch_starts_nothing(small: tuple[Path, l
     cancel.set()
     with SiteDatabase.open(database) as site:
         with pytest.raises(SparkBatchCancelled, match="cancelled because the agent is stopping"):
-            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=tmp_path / "work",
+            run_spark_batch(site, site_keys(site), sends, max_size=50_000, work=tmp_path / "work",
                             options=hanging(launcher, cancel=cancel))
     assert not launcher.pid_file.exists()
     assert not (tmp_path / "work").exists()
@@ -754,7 +754,7 @@ def test_cancelling_a_real_job_stops_the_jvm_and_its_python_workers(small: tuple
     def batch() -> None:  # as the runner calls it: in a worker thread
         with SiteDatabase.open(database) as site:
             try:
-                run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work, options=options)
+                run_spark_batch(site, site_keys(site), sends, max_size=50_000, work=work, options=options)
             except BaseException as error:
                 raised.append(error)
 
@@ -808,7 +808,7 @@ def test_a_launcher_that_cannot_start_is_one_line(small: tuple[Path, list[BatchS
     work = tmp_path / "work"
     with SiteDatabase.open(database) as site:
         with pytest.raises(SparkBatchError) as raised:
-            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=work,
+            run_spark_batch(site, site_keys(site), sends, max_size=50_000, work=work,
                             options=SparkOptions(engine="spark", submit=path))
     assert str(raised.value) == message.format(path=path)
     assert not work.exists() or list(work.iterdir()) == []
@@ -830,7 +830,7 @@ def test_a_relative_launcher_path_is_run_from_the_agents_folder(small: tuple[Pat
     monkeypatch.chdir(tmp_path)
     with SiteDatabase.open(database) as site:
         with pytest.raises(SparkBatchError) as raised:
-            run_spark_batch(site, _keys(site), sends, max_size=50_000, work=tmp_path / "work",
+            run_spark_batch(site, site_keys(site), sends, max_size=50_000, work=tmp_path / "work",
                             options=SparkOptions(engine="spark", submit="bin/spark-submit"))
     assert str(raised.value) == "the Spark job failed (exit code 3): the launcher ran"
 

@@ -1,0 +1,181 @@
+"""A site's secret key file (docs/cli.md, "Where a site's secret key lives").
+
+Rules of this file:
+* A site's secret key lives in ``<db>.agent/keys/site.key``, a file of the
+  agent's own, never in the site database: every user an application lets
+  read the database could read it there.  The file is 0600 in a 0700
+  folder, written whole, and never written over another key file.
+* Every load checks the file as OpenSSH checks a private key (group and
+  others have no access, the user running the agent owns it) and that it
+  holds the keys of the database beside it.  Each refusal is one line
+  naming the file and the fix.
+* A key file is deleted only by the step that made it, when making its site
+  failed and no database names its public key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterator
+
+from codec.errors import InvalidValue, KeyFileError
+from codec.keys import PublicKeys, SiteKeys
+
+from .errors import AgentError
+from .site import SiteDatabase
+
+log = logging.getLogger("fieldsync.agent")
+
+KEY_FOLDER = "keys"
+KEY_FILE = "site.key"
+
+
+class SiteKeyError(AgentError):
+    """A site's secret key file is missing, unsafe, unreadable, in the way,
+    or holds another site's keys."""
+
+
+def agent_directory(database: str | os.PathLike[str]) -> Path:
+    """Where the agent keeps a site's key, queues, quarantine and bookkeeping:
+    ``<db>.agent`` beside the database, so the two move together."""
+    path = Path(database)
+    return path.with_name(path.name + ".agent")
+
+
+def key_path(database: str | os.PathLike[str]) -> Path:
+    """Where the secret key of the site in ``database`` lives."""
+    return agent_directory(database) / KEY_FOLDER / KEY_FILE
+
+
+def open_site(database: str | os.PathLike[str]) -> SiteDatabase:
+    """Open a site database as the agent does: an older one that still holds
+    its secret key has it moved to the key file first (:func:`migrate_secret`)."""
+    return SiteDatabase.open(database, store_secret=migrate_secret)
+
+
+def load_site_keys(site: SiteDatabase) -> SiteKeys:
+    """The keys of ``site`` from its key file, checked (see the rules above)."""
+    path = key_path(site.path)
+    name = site.identity.name
+    if not os.path.lexists(path):
+        raise SiteKeyError(f"{path}: no secret key file for site {name}; it is made by `agent init` or `agent "
+                           f"extract` and moves with the database: bring back the folder {agent_directory(site.path)}")
+    keys = _load(path)
+    if keys.site != name:
+        raise SiteKeyError(f"{path} holds the keys of site {keys.site}, but {site.path} is site {name}; "
+                           f"put back {name}'s key file")
+    recorded = site.identity.public_key
+    if recorded is not None and recorded.strip() != keys.public.to_line():
+        raise SiteKeyError(f"{path} holds other keys ({keys.public.fingerprint}) than {site.path} records "
+                           f"({_fingerprint(recorded)}): it belongs to another copy of site {name}; put back "
+                           "the key file that came with this database")
+    return keys
+
+
+def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys) -> Path:
+    """Write ``keys`` as the key file of the site in ``database``, never over
+    an existing one; return its path."""
+    path = key_path(database)
+    folder = path.parent
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise  # a file in the way: the agent's errors name it
+    except OSError as error:
+        existing = next(parent for parent in folder.parents if parent.exists())
+        raise SiteKeyError(f"cannot write the key file of {database}: the folder {existing} takes no new file "
+                           f"({error.strerror or error})") from None
+    os.chmod(folder, 0o700)  # a folder made before, by hand or wider, is closed again
+    try:
+        return keys.save(path, replace=False)
+    except FileExistsError:
+        raise _in_the_way(path) from None
+
+
+def check_no_key_file(database: str | os.PathLike[str]) -> None:
+    """Refuse, before making a site at ``database``, a key file in its way."""
+    path = key_path(database)
+    if os.path.lexists(path):
+        raise _in_the_way(path)
+
+
+def migrate_secret(database: str, secret: bytes) -> None:
+    """Move the secret key text an older site database holds to its key file
+    (the ``store_secret`` of :meth:`SiteDatabase.open`).  A key file holding
+    the same keys is taken as an earlier move that stopped before the
+    database forgot them; one holding other keys is never replaced."""
+    try:
+        keys = SiteKeys.from_text(secret.decode("ascii"), f"{database}: the secret key kept in the database")
+    except (UnicodeDecodeError, KeyFileError) as error:
+        raise SiteKeyError(f"{database}: the secret key kept in the database cannot be read ({error}); restore the "
+                           "database from a backup or extract the site again") from None
+    path = key_path(database)
+    if os.path.lexists(path):
+        if _load(path).to_text() != keys.to_text():
+            raise SiteKeyError(f"{path} holds other keys than the secret key kept in {database}; move the key file "
+                               "aside (or put back this database's own) and open the site again")
+        return
+    save_site_keys(database, keys)
+    log.info("%s: the site's secret key moved out of the database into %s", database, path)
+
+
+@contextlib.contextmanager
+def new_site_keys(database: str | os.PathLike[str], keys: SiteKeys) -> Iterator[Path]:
+    """The key file of a site about to be made at ``database``, written
+    before the site exists (a site without its key could not run).  When
+    making the site fails, the key file is deleted again, unless a database
+    there names its public key after all."""
+    path = save_site_keys(database, keys)
+    try:
+        yield path
+    except BaseException:
+        if not _named_by(database, keys.public):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            for folder in (path.parent, path.parent.parent):  # made for it, unless something else is in them
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        raise
+
+
+def copy_site_keys(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
+    """Give the database copied from ``source`` to ``target`` the same key file."""
+    return save_site_keys(target, _load(key_path(source)))
+
+
+def _load(path: Path) -> SiteKeys:
+    try:
+        return SiteKeys.load(path)
+    except KeyFileError as error:
+        raise SiteKeyError(str(error)) from None
+
+
+def _in_the_way(path: Path) -> SiteKeyError:
+    return SiteKeyError(f"{path} exists already (a site's secret key whose database is gone, or an interrupted "
+                        f"init or extract); move the folder {path.parent.parent} aside or choose another path")
+
+
+def _fingerprint(line: str) -> str:
+    try:
+        return PublicKeys.from_line(line).fingerprint
+    except InvalidValue:
+        return "an unreadable public key"
+
+
+def _named_by(database: str | os.PathLike[str], public: PublicKeys) -> bool:
+    """Whether the file at ``database`` is a site whose public key is
+    ``public``; True when that cannot be told (keep a key in doubt)."""
+    if not os.path.exists(database):
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"{Path(database).absolute().as_uri()}?mode=ro", uri=True)) as conn:
+            row = conn.execute("SELECT public_key FROM fieldsync_site WHERE id = 1").fetchone()
+    except sqlite3.OperationalError as error:
+        return "no such table" not in str(error)  # a busy or unreadable file may still be the site
+    except sqlite3.DatabaseError:
+        return False  # not SQLite at all
+    return row is not None and row[0] == public.to_line()
