@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,14 +62,21 @@ def run_once(database: Path, options: RunOptions | None = None) -> RunReport:
     return asyncio.run(once())
 
 
+# Runs the command given as arguments and prints its peak RSS in KiB.  A
+# child forked from a large process (pytest) reports that process's
+# resident size as its own peak (Linux keeps the high-water mark across
+# fork and exec), so the agent is started from this small process instead.
+_MEASURE = """
+import resource, subprocess, sys
+code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)
+"""
+
+
 def run_in_process(database: Path, *arguments: str) -> tuple[int, float, str]:
     """``agent run DATABASE --once`` in a process of its own: exit code,
-    peak RSS in MB (from wait4, of that process alone) and its stderr."""
-    process = subprocess.Popen([*AGENT_COMMAND, "run", str(database), "--once", *arguments],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert process.stderr is not None
-    errors = process.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(process.pid, 0)
-    process.stderr.close()
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, usage.ru_maxrss / 1024, errors
+    peak RSS in MB (of that process alone) and its stderr."""
+    completed = subprocess.run([sys.executable, "-c", _MEASURE, *AGENT_COMMAND, "run", str(database), "--once",
+                                *arguments], capture_output=True, text=True, timeout=600)
+    peak_kib, code = completed.stdout.split()
+    return int(code), int(peak_kib) / 1024, completed.stderr
