@@ -92,11 +92,14 @@ async def test_a_duplicated_message_is_applied_once(world):
             applied += (await world.run("f1", patience=50)).applied_messages
     assert applied == len(files)
     # Two copies waiting at once (a send retried after a lost reply): applied before, so never again,
-    # and both removed.
+    # and both removed, each once it was read (email reads one copy of a name a receive).
     world.deliver("f1", files[-1].name, files[-1].data)
     world.deliver("f1", files[-1].name, files[-1].data)
     report = await world.run("f1", patience=50)
     assert report.received >= 1 and report.applied_messages == 0
+    if world.waiting("f1", "d"):
+        report = await world.run("f1", patience=50)
+        assert report.received == 1 and report.applied_messages == 0
     assert not world.waiting("f1", "d")
     assert len(world.rows("f1", "customer", "WHERE id >= 5000")) == 120
     await world.settle()
@@ -179,7 +182,7 @@ async def test_a_lost_last_message_is_detected_and_resent(world):
     assert len(world.rows("f2", "customer", "WHERE id >= 4000")) == 5
 
 
-async def test_another_sites_message_is_left_unread_and_named_once_a_run(world, monkeypatch, caplog):
+async def test_another_sites_message_is_left_unread_and_named_once(world, monkeypatch, caplog):
     """A file for another site (a shared folder or mailbox, a wrong address)
     stays where it is; the transport does not even hand it over, so a
     mailbox shared by several sites costs a listing, not a download, at
@@ -201,12 +204,13 @@ async def test_another_sites_message_is_left_unread_and_named_once_a_run(world, 
 
     monkeypatch.setattr(Agent, "_receive_file", recording)
     caplog.set_level("WARNING", logger="fieldsync")
-    for _ in range(2):
+    for run in range(2):
         caplog.clear()
         report = await world.run("f1")
         assert report.left_in_inbox == 1, report
-        assert [record.getMessage() for record in caplog.records if name in record.getMessage()] == [
-            f"left {name!r} in the inbox {world.medium.inbox_address('f1')}: addressed to f2, not f1; it is not "
-            "for this site, so it is not touched (is that this site's inbox?)"]
+        # Warned about at the first run only, not at every one.
+        assert [record.getMessage() for record in caplog.records if name in record.getMessage()] == ([
+            f"left {name!r} in the inbox {world.medium.inbox_address('f1')}: addressed to f2, not f1 (is that "
+            "this site's inbox?); it is not read or removed (warned once; `agent inbox` lists it)"] if run == 0 else [])
     assert name not in handed
     assert name in world.waiting_names("f1")
