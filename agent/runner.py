@@ -975,14 +975,19 @@ def _with(state: PairState | None, **changes: int) -> PairState | None:
     return replace(state, **changes)
 
 
-async def run_agent(database: str | os.PathLike[str], options: RunOptions, *, once: bool) -> RunReport:
-    """Run an agent in batch or continuous mode.
+async def run_agent(database: str | os.PathLike[str], options: RunOptions, *, once: bool,
+                    on_open: Callable[[Agent], None] | None = None) -> RunReport:
+    """Run an agent in batch or continuous mode.  ``on_open(agent)`` is
+    called on the event loop once the agent is open, before it runs (the
+    metrics endpoint reads the agent it is given).
 
     In continuous mode SIGINT or SIGTERM stop the agent cleanly after the
     current step, and stop a running Spark job at once (its sends are left
     for the next run); a second signal gets the default action.
     """
     async with Agent(database, options, batch=once) as agent:
+        if on_open is not None:
+            on_open(agent)
         if once:
             return await agent.run_once()
         stop = asyncio.Event()
