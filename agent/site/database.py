@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from datetime import datetime, time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from codec.ops import Transaction
 
@@ -59,8 +59,10 @@ from .publications import (
     unsubscribe_locked,
 )
 from .remotes import (
+    NewRemote,
     RemoteUser,
     add_remote_locked,
+    add_remotes_locked,
     get_remote,
     list_remotes,
     record_error_locked,
@@ -331,6 +333,16 @@ class SiteDatabase:
             return add_remote_locked(self._conn, self._identity, name, address=address, transport=transport,
                                      public_key=public_key, send_every=send_every, send_at=send_at, start=start,
                                      peer_incarnation=peer_incarnation, now=now)
+
+    def add_remotes(self, remotes: Sequence[NewRemote], *, now: datetime | None = None,
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Add a fleet of peers with their subscriptions in one transaction:
+        all of them, or none when one is refused (:class:`RemoteRejected`
+        names its index).  Each stream starts at the log end.  Returns the
+        number of subscriptions stored; ``progress(n)`` is called as chunks
+        of ``n`` rows are written."""
+        with self._lock, self._write(f"adding {len(remotes)} remotes"):
+            return add_remotes_locked(self._conn, self._identity, remotes, now=now, progress=progress)
 
     def remove_remote(self, name: str) -> None:
         """Remove a peer and its subscriptions (the log it held back may then

@@ -5,7 +5,8 @@ Rules of this file:
   for its consolidated.
 * Every change runs in its own short write transaction, except
   ``log_received``, which :mod:`agent.site.apply` moves together with the
-  applied data.
+  applied data, and a bulk add (:func:`add_remotes_locked`), which adds
+  every row and subscription of a fleet in one transaction or none.
 * Updates keep the protocol's invariants: ``confirm_sent <= log_sent <= log
   end``, and ``confirm_sent``, ``resend_count``, ``log_received``,
   ``confirm_received`` and ``rereceive_count`` never go backwards.  Breaking
@@ -14,15 +15,18 @@ Rules of this file:
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import dataclass, fields
 from datetime import datetime, time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ._db import format_time, parse_time, utc_now
-from .errors import InvalidSetting, InvariantViolation, RemoteExists, UnknownRemote, WrongRole
+from .errors import (InvalidSetting, InvariantViolation, RemoteExists, SiteError, UnknownPublication, UnknownRemote,
+                     WrongRole)
 from .log import log_end
 from .schema import Role, SiteIdentity, check_name
+from .values import value_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +223,118 @@ def record_error_locked(conn: sqlite3.Connection, name: str, message: str | None
                         now: datetime | None) -> RemoteUser:
     return update_remote_locked(conn, name, {"last_error": message,
                                              "last_error_at": None if message is None else (now or utc_now())})
+
+
+# --- adding a fleet at once -----------------------------------------------------------
+
+#: Rows inserted per statement batch of a bulk add (and per progress report).
+BULK_CHUNK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class NewRemote:
+    """One remote of a bulk add: its row and its subscriptions
+    ``(publication, value)``, checked when made (what can be checked
+    without the database: the name, texts, schedule, values)."""
+
+    name: str
+    address: str | None = None
+    transport: str | None = None
+    public_key: str | None = None
+    send_every: int | None = None
+    send_at: time | str | None = None
+    subscriptions: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "remote name")
+        for what, value in (("address", self.address), ("transport", self.transport),
+                            ("public key", self.public_key)):
+            _check_text(what, value)
+        every, at = _check_schedule(self.send_every, self.send_at)
+        object.__setattr__(self, "send_at", None if at is None else time.fromisoformat(at))
+        subscriptions = tuple(self.subscriptions)
+        for item in subscriptions:
+            if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
+                raise InvalidSetting(f"a subscription is (publication, value), got {item!r}")
+            problem = value_problem(item[1])
+            if problem is not None:
+                raise InvalidSetting(f"subscription value: {problem}")
+            if isinstance(item[1], float) and math.isnan(item[1]):
+                raise InvalidSetting("subscription value cannot be NaN (SQLite stores NaN as NULL, which matches "
+                                     "nothing)")
+        object.__setattr__(self, "subscriptions", subscriptions)
+
+
+class RemoteRejected(SiteError):
+    """A bulk add refused the remote at ``index`` of its list (``reason``,
+    the error adding it alone would raise); nothing was added."""
+
+    def __init__(self, index: int, reason: SiteError) -> None:
+        super().__init__(str(reason))
+        self.index = index
+        self.reason = reason
+
+
+def add_remotes_locked(conn: sqlite3.Connection, identity: SiteIdentity, remotes: Sequence[NewRemote], *,
+                       now: datetime | None = None, progress: Callable[[int], None] | None = None) -> int:
+    """Add every remote of ``remotes`` with its subscriptions, each starting
+    at the log end, inside the caller's write transaction; return how many
+    subscriptions were stored.  The whole list is checked against the
+    database first (names taken or repeated, unknown publications, the
+    role), so a refusal (:class:`RemoteRejected`, naming the remote's
+    index) comes before any row is written; the caller's rollback undoes
+    the rest.  ``progress(n)`` is called after each chunk of ``n`` rows."""
+    if identity.role is Role.REMOTE and remotes:
+        other = conn.execute("SELECT name FROM fieldsync_remote").fetchone()
+        if other or len(remotes) > 1:
+            index = 0 if other else 1
+            raise RemoteRejected(index, WrongRole(
+                f"remote site {identity.name!r} already has its consolidated {(other or [remotes[0].name])[0]!r}; "
+                "a remote exchanges messages with one consolidated only"))
+    taken = {name for (name,) in conn.execute("SELECT name FROM fieldsync_remote")}
+    publications = {name for (name,) in conn.execute("SELECT name FROM fieldsync_publication")}
+    seen: dict[str, int] = {}
+    for index, remote in enumerate(remotes):
+        if type(remote) is not NewRemote:
+            raise InvalidSetting(f"a bulk add takes NewRemote values, got {type(remote).__name__}")
+        if remote.name == identity.name:
+            raise RemoteRejected(index, InvalidSetting(f"a site cannot be its own remote ({remote.name!r})"))
+        if remote.name in taken:
+            raise RemoteRejected(index, RemoteExists(f"remote {remote.name!r} exists already; update it instead"))
+        if remote.name in seen:
+            raise RemoteRejected(index, InvalidSetting(
+                f"remote {remote.name!r} is given twice (first as number {seen[remote.name] + 1})"))
+        seen[remote.name] = index
+        for publication, _value in remote.subscriptions:
+            if publication not in publications:
+                raise RemoteRejected(index, UnknownPublication(f"no publication named {publication!r}"))
+    start = log_end(conn)
+    stamp = format_time(now or utc_now())
+    subscribed = 0
+    for first in range(0, len(remotes), BULK_CHUNK):
+        chunk = remotes[first:first + BULK_CHUNK]
+        conn.executemany(
+            "INSERT INTO fieldsync_remote (name, log_send, log_sent, confirm_sent, transport, address, public_key,"
+            " send_every, send_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(remote.name, start, start, start, remote.transport, remote.address, remote.public_key,
+              remote.send_every, None if remote.send_at is None else remote.send_at.isoformat(), stamp)
+             for remote in chunk])
+        rows = [(remote.name, publication, value, stamp)
+                for remote in chunk for publication, value in _distinct(remote.subscriptions)]
+        conn.executemany("INSERT INTO fieldsync_subscription (remote, publication, value, created_at)"
+                         " VALUES (?, ?, ?, ?)", rows)
+        subscribed += len(rows)
+        if progress is not None:
+            progress(len(chunk))
+    return subscribed
+
+
+def _distinct(subscriptions: tuple[tuple[str, object], ...]) -> list[tuple[str, object]]:
+    """Subscriptions without repeats (subscribing twice is harmless, as in
+    subscribe_locked: the same publication and a value of the same type)."""
+    kept: list[tuple[str, object]] = []
+    for publication, value in subscriptions:
+        if not any(other == publication and type(held) is type(value) and held == value
+                   for other, held in kept):
+            kept.append((publication, value))
+    return kept

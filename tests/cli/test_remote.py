@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import json
+import time as time_module
 from datetime import time
 from pathlib import Path
 
 import pytest
 
+import agent.cli.remote as remote_module
 from agent.site import SiteDatabase
 from tests.sqlfiles import connected
 from transports.folder import FolderTransport
@@ -275,3 +279,169 @@ def test_an_address_is_checked_by_its_transport_when_that_can_be_built_without_o
     result = agent("remote", "set", site, "west", "--transport", "sftp", "--address", "sftp://west@files/in?x")
     assert result.code == 2 and len(result.err_lines) == 1 and "has a '?' or '#' part" in result.err
     assert (_remote(site, "west")[0].transport, _remote(site, "west")[0].address) == ("needy", "anything://at/all")
+
+
+# -- remote add --from FILE: a fleet at once ------------------------------------------
+
+
+def _names(site: Path) -> list[str]:
+    with SiteDatabase.open(site) as opened:
+        return [row.name for row in opened.remotes()]
+
+
+def test_add_from_csv(site: Path, agent: Agent, tmp_path: Path) -> None:
+    fleet = tmp_path / "remotes.csv"
+    fleet.write_text("name,address,transport,subscribe,subscribe,send_every,send_at\n"
+                     "north,inbox/north,folder,territory=north,zones=7,30m,\n"
+                     "# a comment line\n"
+                     '"south","inbox/so,uth",,catalogue,,,18:30\n'
+                     "\n")
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == 0, result.err
+    assert "Added 2 remotes" in result.out and "3 subscriptions" in result.out
+    north, north_subscriptions = _remote(site, "north")
+    south, south_subscriptions = _remote(site, "south")
+    assert (north.address, north.transport, north.send_every, north.send_at) == ("inbox/north", "folder", 1800, None)
+    assert (south.address, south.transport, south.send_every, south.send_at) == ("inbox/so,uth", "folder", None,
+                                                                                 time(18, 30))
+    values = {item.publication: item.value for item in north_subscriptions}
+    assert values == {"territory": "north", "zones": 7} and type(values["zones"]) is int
+    assert [(item.publication, item.value) for item in south_subscriptions] == [("catalogue", None)]
+
+
+def test_add_from_json_lines(site: Path, agent: Agent, tmp_path: Path) -> None:
+    key = _public_key(tmp_path, agent, "east")
+    fleet = tmp_path / "remotes.jsonl"
+    fleet.write_text(
+        '{"name": "west", "address": "inbox/west", "subscribe": ["catalogue", "zones=8"], "send_every": 600}\n'
+        "\n"
+        + json.dumps({"name": "east", "address": "inbox/east", "transport": "folder", "subscribe": "territory=east",
+                      "send_every": "1h", "send_at": None, "public_key": key}) + "\n")
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == 0, result.err
+    west, west_subscriptions = _remote(site, "west")
+    east, east_subscriptions = _remote(site, "east")
+    assert (west.send_every, east.send_every, east.public_key) == (600, 3600, key)
+    assert [(item.publication, item.value) for item in west_subscriptions] == [("catalogue", None), ("zones", 8)]
+    assert [(item.publication, item.value) for item in east_subscriptions] == [("territory", "east")]
+
+
+def _public_key(tmp_path: Path, agent: Agent, name: str) -> str:
+    database = tmp_path / f"{name}.db"
+    assert agent("init", database, "--name", name, "--role", "remote", "--address", tmp_path / name).code == 0
+    return agent("key", database).out.strip()
+
+
+def test_add_from_stdin_with_a_format(site: Path, agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("name,address\nnorth,inbox/north\n"))
+    result = agent("remote", "add", site, "--from", "-", "--format", "csv")
+    assert result.code == 0, result.err
+    assert _names(site) == ["north"]
+
+
+@pytest.mark.parametrize("text, code, line, says", [
+    ("name,address,send_at\nn1,inbox/n1,\nn2,inbox/n2,\nn3,inbox/n3,25:00\n", 2, 4, "send_at: '25:00' is not a time"),
+    ("name,address\nn1,inbox/n1\nn 2,inbox/n2\n", 2, 3, "name"),
+    ("name,address\nn1,inbox/n1\nn2,\n", 2, 3, "no address"),
+    ("name,address,send_every,send_at\nn1,inbox/n1,5m,18:30\n", 2, 2, "exclude each other"),
+    ("name,address,subscribe\nn1,inbox/n1,zones=seven\n", 1, 2, "'seven' is not a number"),
+    ("name,address,subscribe\nn1,inbox/n1,nosuch\n", 1, 2, "no publication named 'nosuch'"),
+    ("name,address\nn1,inbox/n1\nn2,inbox/n2\nn1,inbox/other\n", 2, 4, "n1 is on line 2 already"),
+    ("name,address\nn1,inbox/n1\nhq,inbox/x\n", 1, 3, "its own remote"),
+    ("name,address\nn1,inbox/n1\ntaken,inbox/t\n", 1, 3, "exists already"),
+    ("name,address,region\nn1,inbox/n1,north\n", 2, 1, "unknown column 'region'"),
+    ("name,address\nn1,inbox/n1,extra\n", 2, 2, "3 cells, but the header has 2"),
+    ("name,address,transport\nn1,inbox/n1,Folder\n", 2, 2, "transport"),
+    ("name,address,transport\nn1,inbox/n1,nosuch\n", 1, 2, "nosuch"),
+    ("name,address\nn1,{root}/hq-inbox\n", 1, 2, "own inbox"),
+])
+def test_a_bad_line_adds_nothing_and_names_the_file_and_line(site: Path, agent: Agent, tmp_path: Path, text: str,
+                                                             code: int, line: int, says: str) -> None:
+    agent("remote", "add", site, "taken", "--address", tmp_path / "taken")
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text(text.replace("{root}", str(tmp_path)))
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == code, result.err
+    assert len(result.err_lines) == 1
+    assert f"{fleet}, line {line}" in result.err and says in result.err
+    assert result.err.rstrip().endswith("nothing was added")
+    assert _names(site) == ["taken"]
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"name": "n1", "address": "inbox/n1"', "not JSON"),
+    ('["n1", "inbox/n1"]', "a list where an object is needed"),
+    ('{"name": "n1", "address": "inbox/n1", "zone": 7}', "unknown key 'zone'"),
+    ('{"name": "n1", "address": "inbox/n1", "subscribe": [7]}', "subscribe is a text or a list of texts"),
+    ('{"name": "n1", "address": ["inbox/n1"]}', "address must be text"),
+    ('{"name": "n1", "address": "inbox/n1", "send_every": true}', "send_every must be text"),
+    ('{"name": "n1", "address": "inbox/n1", "send_every": "soon"}', "send_every: 'soon' is not a duration"),
+])
+def test_a_bad_json_line_adds_nothing(site: Path, agent: Agent, tmp_path: Path, line: str, says: str) -> None:
+    fleet = tmp_path / "fleet.jsonl"
+    fleet.write_text('{"name": "n0", "address": "inbox/n0"}\n\n' + line + "\n")
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == 2, result.err
+    assert len(result.err_lines) == 1 and f"{fleet}, line 3" in result.err and says in result.err
+    assert _names(site) == []
+
+
+def test_a_public_key_of_another_site_names_its_line(site: Path, agent: Agent, tmp_path: Path) -> None:
+    key = _public_key(tmp_path, agent, "east")
+    fleet = tmp_path / "fleet.jsonl"
+    fleet.write_text(json.dumps({"name": "west", "address": "inbox/west", "public_key": key}) + "\n")
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == 1 and f"{fleet}, line 1 (west)" in result.err and "not of 'west'" in result.err
+    assert _names(site) == []
+
+
+@pytest.mark.parametrize("arguments", [
+    ("north",), ("--address", "inbox/x"), ("--subscribe", "catalogue"), ("--send-every", "5m"),
+    ("--transport", "folder"),
+])
+def test_from_excludes_the_options_of_one_remote(site: Path, agent: Agent, tmp_path: Path,
+                                                 arguments: tuple[str, ...]) -> None:
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address\nn1,inbox/n1\n")
+    result = agent("remote", "add", site, "--from", fleet, *arguments)
+    assert result.code == 2 and "--from FILE takes every remote from the file" in result.err
+    assert _names(site) == []
+
+
+def test_empty_and_missing_fleet_files(site: Path, agent: Agent, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("name,address\n")
+    result = agent("remote", "add", site, "--from", empty)
+    assert result.code == 2 and "holds no remotes" in result.err
+    result = agent("remote", "add", site, "--from", tmp_path / "nosuch.csv")
+    assert result.code == 1 and "cannot read" in result.err
+    result = agent("remote", "add", site, "--format", "csv")
+    assert result.code == 2 and "give --from as well" in result.err
+
+
+def test_ten_thousand_remotes_in_one_command(site: Path, agent: Agent, tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address,subscribe,subscribe\n" + "".join(
+        f"site{number:05d},inbox/site{number:05d},catalogue,territory=r{number % 50}\n" for number in range(10000)))
+    started = time_module.monotonic()
+    result = agent("remote", "add", site, "--from", fleet)
+    elapsed = time_module.monotonic() - started
+    assert result.code == 0, result.err
+    assert "Added 10000 remotes" in result.out and "20000 subscriptions" in result.out
+    with SiteDatabase.open(site) as opened:
+        assert len(opened.remotes()) == 10000 and len(opened.subscriptions()) == 20000
+    assert elapsed < 30  # the target; it takes well under a second here
+
+
+def test_progress_bars_only_on_a_terminal(site: Path, agent: Agent, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address\n" + "".join(f"n{number},inbox/n{number}\n" for number in range(50)))
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == 0 and "━" not in result.out  # not a terminal: no bar
+    monkeypatch.setattr(remote_module, "show_progress", lambda out: True)
+    (tmp_path / "more.csv").write_text("name,address\n" + "".join(f"m{number},inbox/m{number}\n"
+                                                                  for number in range(50)))
+    result = agent("remote", "add", site, "--from", tmp_path / "more.csv")
+    assert result.code == 0, result.err
+    assert len(_names(site)) == 100

@@ -12,6 +12,7 @@ from agent.site import (
     InvariantViolation,
     RemoteExists,
     RemoteUser,
+    UnknownPublication,
     UnknownRemote,
     WrongRole,
 )
@@ -167,4 +168,97 @@ def test_a_remote_site_has_one_peer(tmp_path):
     remote.add_remote("hq")
     with pytest.raises(WrongRole, match="one consolidated"):
         remote.add_remote("hq2")
+    remote.close()
+
+
+# --- a fleet at once (add_remotes) ---------------------------------------------------
+
+def _fleet(count: int, **extra):  # type: ignore[no-untyped-def]
+    from agent.site.remotes import NewRemote
+
+    return [NewRemote(f"r{number:05d}", address=f"inbox/r{number}", transport="folder", **extra)
+            for number in range(count)]
+
+
+def test_add_remotes_adds_rows_and_subscriptions_at_the_log_end(site) -> None:
+    from agent.site.remotes import NewRemote
+
+    grow_log(site)
+    end = site.log_end()
+    remotes = [NewRemote("north", address="inbox/north", send_at="18:30", subscriptions=(("p", None),)),
+               NewRemote("south", address="inbox/south", send_every=600, subscriptions=(("p", 7), ("p", 7.5)))]
+    assert site.add_remotes(remotes, now=NOW) == 3
+    north, south = site.remote("north"), site.remote("south")
+    assert (north.log_send, north.log_sent, north.confirm_sent) == (end, end, end)
+    assert (north.send_at, north.send_every, north.created_at) == (time(18, 30), None, NOW)
+    assert (south.send_every, south.address) == (600, "inbox/south")
+    assert [(item.remote, item.value) for item in site.subscriptions()] == [
+        ("north", None), ("south", 7), ("south", 7.5)]
+
+
+def test_add_remotes_keeps_one_of_a_repeated_subscription(site) -> None:
+    from agent.site.remotes import NewRemote
+
+    site.add_remotes([NewRemote("north", subscriptions=(("p", 7), ("p", 7), ("p", "7")))])
+    assert [item.value for item in site.subscriptions("north")] == [7, "7"]
+
+
+@pytest.mark.parametrize("bad", [
+    {"name": "no spaces"}, {"name": "north", "send_every": 0}, {"name": "north", "send_every": 60, "send_at": "1:00"},
+    {"name": "north", "address": 7}, {"name": "north", "subscriptions": (("p", float("nan")),)},
+    {"name": "north", "subscriptions": (("p", [1]),)},
+])
+def test_a_new_remote_is_checked_when_made(bad) -> None:  # type: ignore[no-untyped-def]
+    from agent.site.remotes import NewRemote
+
+    with pytest.raises(InvalidSetting):
+        NewRemote(**bad)
+
+
+@pytest.mark.parametrize("problem, index, error", [
+    ("taken", 1500, RemoteExists), ("twice", 2500, InvalidSetting), ("own name", 10, InvalidSetting),
+    ("unknown publication", 2999, UnknownPublication),
+])
+def test_add_remotes_refuses_the_whole_list_naming_the_remote(site, problem, index, error) -> None:
+    from agent.site.remotes import NewRemote, RemoteRejected
+
+    site.add_remote("taken")
+    remotes = _fleet(3000)
+    replacement = {"taken": NewRemote("taken"), "twice": NewRemote("r00001"), "own name": NewRemote("hq"),
+                   "unknown publication": NewRemote("r02999", subscriptions=(("nosuch", None),))}[problem]
+    remotes[index] = replacement
+    with pytest.raises(RemoteRejected) as raised:
+        site.add_remotes(remotes)
+    assert raised.value.index == index
+    assert isinstance(raised.value.reason, error)
+    assert [row.name for row in site.remotes()] == ["taken"]
+
+
+def test_add_remotes_is_one_transaction(site) -> None:
+    # A failure while the third chunk is written leaves none of the first two.
+    site.connection.execute(
+        "CREATE TRIGGER refuse AFTER INSERT ON fieldsync_remote WHEN new.name = 'r02500'"
+        " BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
+    with pytest.raises(Exception, match="refused by a test trigger"):
+        site.add_remotes(_fleet(3000))
+    assert site.remotes() == ()
+    assert site.subscriptions() == ()
+
+
+def test_add_remotes_reports_progress_by_chunk(site) -> None:
+    seen: list[int] = []
+    site.add_remotes(_fleet(2500), progress=seen.append)
+    assert seen == [1000, 1000, 500]
+    assert len(site.remotes()) == 2500
+
+
+def test_a_remote_site_takes_one_remote_only(tmp_path) -> None:
+    from agent.site.remotes import NewRemote, RemoteRejected
+
+    remote = make_site(tmp_path, "n1", "remote")
+    with pytest.raises(RemoteRejected) as raised:
+        remote.add_remotes([NewRemote("hq"), NewRemote("hq2")])
+    assert raised.value.index == 1 and isinstance(raised.value.reason, WrongRole)
+    remote.add_remotes([NewRemote("hq")])
+    assert [row.name for row in remote.remotes()] == ["hq"]
     remote.close()
