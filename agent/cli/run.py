@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, Callable, ContextManager, Coroutine, TypeVar
 
 import click
 from rich.console import Console
@@ -22,7 +24,9 @@ from codec.errors import BadFileName
 from codec.names import MessageName
 from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 
-from ..queues import MessageQueues, QueueDepth
+from ..errors import AgentError
+from ..metrics import SiteMetrics, rewriting, serving, write_metrics_file
+from ..queues import MessageQueues, QueueDepth, Settled
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ..transport_options import TransportOptions
 from . import escape_controls
@@ -105,16 +109,39 @@ class _ProgressQueues(MessageQueues):
     def depths(self) -> list[QueueDepth]:
         return self.inner.depths()
 
+    def begin_dequeue(self, peer: str, names: tuple[str, ...] | list[str], log_received: int) -> Any:
+        return self.inner.begin_dequeue(peer, names, log_received)
+
+    def commit_dequeue(self, token: Any) -> None:
+        self.inner.commit_dequeue(token)
+
+    def abort_dequeue(self, token: Any) -> None:
+        self.inner.abort_dequeue(token)
+
+    def resolve_in_doubt(self, peer: str, log_received: int) -> Settled:
+        return self.inner.resolve_in_doubt(peer, log_received)
+
+    def group_commit(self) -> ContextManager[None]:
+        return self.inner.group_commit()
+
     def close(self) -> None:
         self.inner.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else a queue implementation offers the runner (restart
-        # hooks of the spool, say) is the wrapped queue's.
-        return getattr(self.inner, name)
+    @property
+    def path(self) -> Path:  # type: ignore[override]
+        return self.inner.path
+
+    @property
+    def last_restart(self) -> Any:  # type: ignore[override]
+        return self.inner.last_restart
+
+    @property
+    def restart_problems(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.inner.restart_problems
 
 
-async def _run_once_with_progress(database: Path, options: "RunOptions", out: Console) -> "RunReport":  # noqa: F821
+async def _run_once_with_progress(database: Path, options: "RunOptions", out: Console,  # noqa: F821
+                                  on_open: Callable[[Any], None] | None = None) -> "RunReport":  # noqa: F821
     from ..runner import Agent
 
     # Packing advances by log offset (its share of the backlog), sending by file.
@@ -124,6 +151,8 @@ async def _run_once_with_progress(database: Path, options: "RunOptions", out: Co
         queues = _ProgressQueues(open_queues(database), progress)
         async with Agent(database, options, batch=True, queues=queues) as agent:
             queues.log_end = agent.db.log_end
+            if on_open is not None:
+                on_open(agent)
             return await agent.run_once()
 
 
@@ -217,6 +246,43 @@ class QuarantineLimit(click.ParamType):
         return field, Whole(min=1).convert(text, param, ctx)
 
 
+class MetricsAddress(click.ParamType):
+    """An IP address to serve the metrics on (``127.0.0.1``, ``::1``, ``0.0.0.0``)."""
+
+    name = "ADDRESS"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            return str(ipaddress.ip_address(str(value)))
+        except ValueError:
+            self.fail(f"{value!r} is not an IP address; the default 127.0.0.1 serves this host only", param, ctx)
+
+
+def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: int | None,
+                           metrics_address: str | None) -> None:
+    """Usage errors (exit 2) of the metrics options, before anything runs;
+    a folder this user cannot write to is an error (exit 1)."""
+    if metrics_address is not None and metrics_port is None:
+        raise click.UsageError("--metrics-address is where --metrics-port listens; give a port too, "
+                               "e.g. --metrics-port 9817")
+    if once and metrics_port is not None:
+        raise click.UsageError("--metrics-port serves a continuous agent; a batch run (--once) writes its "
+                               "metrics with --metrics-file PATH.prom")
+    if metrics_file is None:
+        return
+    if metrics_file.suffix != ".prom":
+        raise click.UsageError(f"--metrics-file {escape_controls(str(metrics_file))}: the name must end in "
+                               ".prom, the files node_exporter's textfile collector reads")
+    folder = metrics_file.parent
+    if not folder.is_dir():
+        raise click.UsageError(f"--metrics-file {escape_controls(str(metrics_file))}: there is no folder "
+                               f"{escape_controls(str(folder))}; create it first (node_exporter's "
+                               "--collector.textfile.directory)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AgentError(f"--metrics-file {metrics_file}: the folder {folder} is not writable by this user; "
+                         "the file is written there by a rename")
+
+
 @click.command()
 @click.argument("database", type=DATABASE)
 @click.option("--once", "-b", is_flag=True,
@@ -267,6 +333,13 @@ class QuarantineLimit(click.ParamType):
 @click.option("--quarantine-limit", "quarantine_limits", multiple=True, type=QuarantineLimit(),
               help="A cap of the quarantine: peer-files, peer-bytes, total-files or total-bytes=VALUE "
                    "(defaults 1000, 64m, 10000, 512m); the oldest files go first. Repeatable.")
+@click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH.prom",
+              help="Write the metrics in Prometheus' text format to PATH.prom, atomically, at the end of a "
+                   "batch run; a continuous agent rewrites it every poll (docs/metrics.md).")
+@click.option("--metrics-port", type=Whole(min=1, max=65535), metavar="PORT",
+              help="Continuous mode: serve the metrics over HTTP on this port (/metrics).")
+@click.option("--metrics-address", type=MetricsAddress(), metavar="ADDRESS",
+              help="The IP address --metrics-port listens on (default: 127.0.0.1, this host only).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail.")
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
@@ -274,7 +347,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
         resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
-        spark_timeout: float, quarantine_limits: tuple, verbose: bool, log_file: Path | None) -> int:
+        spark_timeout: float, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
+        metrics_address: str | None, verbose: bool, log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
     Without --once it runs until interrupted (Ctrl-C or SIGTERM stop it
@@ -288,6 +362,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
 
     if receive_only and send_only:
         raise click.UsageError("--receive-only and --send-only exclude each other; leave both out to do both")
+    _check_metrics_options(once, metrics_file, metrics_port, metrics_address)
     stopping = threading.Event()
     spark = SparkOptions(engine=engine, threshold=spark_threshold, master=spark_master, work=spark_work,
                          conf=tuple(spark_conf), submit=spark_submit, timeout=spark_timeout or None,
@@ -308,17 +383,29 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                          transport_options=dict(link.plain), named_options={name: dict(values) for name, values in link.named.items()},
                          spark=spark, quarantine=limits)
     out = console()
+    metrics = None
+    if metrics_file is not None or metrics_port is not None:
+        metrics = SiteMetrics(database, "batch" if once else "continuous")
+    on_open = metrics.attach if metrics is not None else None
     with logging_to(verbose=verbose, log_file=log_file):
         if once:
             log.debug("batch run of %s", database)
             if show_progress(out):
-                report = _run_stopping_spark_jobs(_run_once_with_progress(database, options, out), stopping)
+                report = _run_stopping_spark_jobs(_run_once_with_progress(database, options, out, on_open), stopping)
             else:
-                report = _run_stopping_spark_jobs(run_agent(database, options, once=True), stopping)
+                report = _run_stopping_spark_jobs(run_agent(database, options, once=True, on_open=on_open), stopping)
         else:
-            log.info("agent for %s running: receiving every %s, sending every %s; Ctrl-C stops it", database,
-                     format_seconds(receive_delay), format_seconds(send_delay))
-            report = _run_stopping_spark_jobs(run_agent(database, options, once=False), stopping)
+            with contextlib.ExitStack() as metrics_edges:
+                if metrics is not None and metrics_port is not None:
+                    url = metrics_edges.enter_context(serving(metrics, metrics_address or "127.0.0.1", metrics_port))
+                    log.info("metrics of %s at %s", database, url)
+                if metrics is not None and metrics_file is not None:
+                    # Every poll: the smaller delay is how often a step runs.
+                    metrics_edges.enter_context(rewriting(metrics, metrics_file, min(receive_delay, send_delay)))
+                log.info("agent for %s running: receiving every %s, sending every %s; Ctrl-C stops it", database,
+                         format_seconds(receive_delay), format_seconds(send_delay))
+                report = _run_stopping_spark_jobs(run_agent(database, options, once=False, on_open=on_open),
+                                                  stopping)
             log.info("agent for %s stopped", database)
     out.print(f"{database}: received {report.received} messages, applied {report.applied_messages}, "
               f"quarantined {report.quarantined}, sent {report.sent}, resend requests {report.resend_requests}",
@@ -338,6 +425,9 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     if report.left_in_inbox > 0:
         out.print(f"{report.left_in_inbox} file(s) in the inbox are not for this site and were left there: "
                   f"see `agent inbox {database}`.", soft_wrap=True)
+    if once and metrics is not None and metrics_file is not None:
+        metrics.finish(report)
+        write_metrics_file(metrics, metrics_file)  # after the summary: a failed write still shows what the run did
     # A continuous agent stopped by a signal stopped as asked: what went
     # wrong on the way is in the log as it happened, and listed above.
     return 0 if report.ok or not once else 1

@@ -1,0 +1,270 @@
+"""agent run --metrics-file / --metrics-port (agent/metrics.py, docs/metrics.md):
+real sites on disk, real runs, the output parsed as Prometheus parses it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.site import SiteDatabase
+from codec.header import Header
+from codec.names import Kind, MessageName
+
+from .conftest import Agent, World, agent_process
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(text: str) -> Samples:
+    """Every sample by (name, sorted labels), as Prometheus' parser reads the text."""
+    found: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float:
+    return found[(name, tuple(sorted(labels.items())))]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scrape(url: str, process: subprocess.Popen[str], seconds: float = 30) -> str:
+    """The endpoint's text, once it answers (the agent starts in a process of its own)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return response.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"nothing served at {url}"
+            time.sleep(0.1)
+
+
+def test_a_batch_run_writes_the_file_with_what_it_replicated(agent: Agent, world: World, tmp_path: Path) -> None:
+    world.execute("n1", "INSERT INTO customer VALUES (500, 'n1', 'from n1')")
+    assert agent("run", world.n1, "--once").code == 0
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    target = folder / "fieldsync-hq.prom"
+    before = time.time()
+    result = agent("run", world.hq, "--once", "--metrics-file", target)
+    after = time.time()
+    assert result.code == 0, result.err
+    assert world.rows("hq", "SELECT id FROM customer WHERE id = 500") == [(500,)]
+    received = int(re.search(r"received (\d+) messages", result.out).group(1))
+    found = samples(target.read_text())
+    with SiteDatabase.open(world.hq) as site:
+        rows = {remote.name: remote for remote in site.remotes()}
+        end = site.log_end()
+    with SiteDatabase.open(world.n1) as site:
+        n1_end = site.log_end()
+    assert value(found, "fieldsync_peers", site="hq") == 2
+    assert value(found, "fieldsync_log_end_offset", site="hq") == end
+    for peer in ("n1", "n2"):
+        row = rows[peer]
+        assert value(found, "fieldsync_peer_log_sent_offset", site="hq", peer=peer) == row.log_sent
+        assert value(found, "fieldsync_peer_confirm_sent_offset", site="hq", peer=peer) == row.confirm_sent
+        assert value(found, "fieldsync_peer_send_lag_offsets", site="hq", peer=peer) == end - row.confirm_sent
+        assert value(found, "fieldsync_peer_outbound_queue_messages", site="hq", peer=peer) == 0
+        assert value(found, "fieldsync_peer_created_timestamp_seconds", site="hq", peer=peer) == \
+            row.created_at.timestamp()
+    # n1's row arrived: hq applied n1's log to its end, and knows it has all n1 said it sent.
+    assert value(found, "fieldsync_peer_log_received_offset", site="hq", peer="n1") == n1_end > 0
+    assert value(found, "fieldsync_peer_receive_lag_offsets", site="hq", peer="n1") == 0
+    heard = value(found, "fieldsync_peer_last_received_timestamp_seconds", site="hq", peer="n1")
+    assert heard == rows["n1"].last_received_at.timestamp() and before <= heard <= after
+    assert ("fieldsync_peer_last_received_timestamp_seconds", (("peer", "n2"), ("site", "hq"))) not in found
+    # The run's figures are the run's summary.
+    assert value(found, "fieldsync_last_run_received_files", site="hq") == received > 0
+    assert value(found, "fieldsync_last_run_applied_messages", site="hq") == 1
+    assert value(found, "fieldsync_last_run_sent_files", site="hq") == int(re.search(r"sent (\d+)", result.out).group(1))
+    assert value(found, "fieldsync_last_run_quarantined_files", site="hq") == 0
+    assert value(found, "fieldsync_last_run_success", site="hq") == 1
+    start = value(found, "fieldsync_last_run_start_timestamp_seconds", site="hq")
+    ended = value(found, "fieldsync_last_run_end_timestamp_seconds", site="hq")
+    assert before <= start <= ended <= after
+    assert value(found, "fieldsync_last_run_duration_seconds", site="hq") == pytest.approx(ended - start)
+    assert not any(name.startswith("fieldsync_") and name.endswith("_total") for name, _ in found)
+
+
+def test_the_file_is_replaced_whole_by_a_rename(agent: Agent, world: World, tmp_path: Path) -> None:
+    target = tmp_path / "hq.prom"
+    assert agent("run", world.hq, "--once", "--metrics-file", target).code == 0
+    first = target.stat()
+    reader = target.open()  # what a collector reading during the next run holds
+    assert agent("run", world.hq, "--once", "--metrics-file", target).code == 0
+    second = target.stat()
+    # A new file took the name (an in-place write would keep the inode and
+    # could be read half-written); the old one is intact for its reader.
+    assert second.st_ino != first.st_ino
+    assert samples(reader.read())[("fieldsync_peers", (("site", "hq"),))] == 2
+    reader.close()
+    assert oct(second.st_mode & 0o777) == oct(0o644)
+    assert sorted(path.name for path in tmp_path.iterdir() if "prom" in path.name) == ["hq.prom"]
+
+
+def test_quarantined_files_and_waiting_messages_are_counted(agent: Agent, world: World, tmp_path: Path) -> None:
+    name = str(MessageName("n1", "hq", Kind.DATA, Header(1, 0, 9, 0)))
+    (world.inbox("hq") / name).write_bytes(b"\x00garbage that claims to come from n1" * 20)
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    target = tmp_path / "hq.prom"
+    result = agent("run", world.hq, "--once", "--metrics-file", target)
+    assert result.code == 0, result.err
+    found = samples(target.read_text())
+    assert value(found, "fieldsync_quarantine_files", site="hq") == 1
+    assert value(found, "fieldsync_peer_quarantined_files", site="hq", peer="n1") == 1
+    assert value(found, "fieldsync_peer_quarantined_files", site="hq", peer="n2") == 0
+    assert value(found, "fieldsync_last_run_quarantined_files", site="hq") == 1
+
+
+def test_the_endpoint_serves_a_continuous_agent_on_127_0_0_1(world: World, tmp_path: Path) -> None:
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    port = free_port()
+    target = tmp_path / "hq.prom"
+    with agent_process("run", world.hq, "--metrics-port", port, "--metrics-file", target,
+                       "-rd", "1s", "-sd", "1s") as process:
+        url = f"http://127.0.0.1:{port}/metrics"
+        deadline = time.monotonic() + 30
+        while True:  # until the first send cycle has counted its files
+            found = samples(scrape(url, process))
+            sent = found.get(("fieldsync_sent_files_total", (("site", "hq"),)), 0)
+            if sent >= 2:
+                break
+            assert time.monotonic() < deadline, found
+            time.sleep(0.2)
+        assert value(found, "fieldsync_peers", site="hq") == 2
+        assert value(found, "fieldsync_peer_log_sent_offset", site="hq", peer="n1") > 0
+        assert ("fieldsync_agent_start_timestamp_seconds", (("site", "hq"),)) in found
+        with socket.socket() as listening:  # bound to the loopback address only, not to every interface
+            assert listening.connect_ex(("127.0.0.1", port)) == 0
+        while not target.exists():  # rewritten at every poll
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+    assert f"metrics of {world.hq} at {url}" in err
+    with socket.socket() as after:
+        assert after.connect_ex(("127.0.0.1", port)) != 0  # the server stopped with the agent
+    final = samples(target.read_text())  # written once more as the agent stopped
+    assert value(final, "fieldsync_sent_files_total", site="hq") == sent
+
+
+def test_the_server_listens_where_it_is_told(world: World) -> None:
+    port = free_port()
+    with agent_process("run", world.hq, "--metrics-port", port, "--metrics-address", "127.0.0.2",
+                       "-rd", "1s") as process:
+        text = scrape(f"http://127.0.0.2:{port}/metrics", process)
+        with socket.socket() as other:
+            assert other.connect_ex(("127.0.0.1", port)) != 0
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert "fieldsync_peers" in text
+
+
+def test_a_port_in_use_stops_the_agent_with_one_line(agent: Agent, world: World) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        result = agent("run", world.hq, "--metrics-port", taken.getsockname()[1], "-rd", "1s")
+    assert result.code == 1
+    assert len(result.err_lines) == 1, result.err
+    assert result.err_lines[0].startswith("agent: cannot serve metrics on 127.0.0.1 port ")
+    assert "choose another --metrics-port" in result.err_lines[0]
+
+
+@pytest.mark.parametrize("arguments, text", [
+    (("--metrics-port", "0"), "'--metrics-port': 0 is not in the range 1<=x<=65535"),
+    (("--metrics-port", "65536"), "'--metrics-port'"),
+    (("--metrics-port", "soon"), "'soon' is not a whole number"),
+    (("--metrics-port", "9817", "--metrics-address", "localhost"), "'localhost' is not an IP address"),
+    (("--metrics-address", "127.0.0.1"), "--metrics-address is where --metrics-port listens"),
+    (("--once", "--metrics-port", "9817"), "--metrics-port serves a continuous agent"),
+    (("--once", "--metrics-file", "hq.txt"), "the name must end in .prom"),
+    (("--once", "--metrics-file", "nosuch/hq.prom"), "there is no folder nosuch"),
+])
+def test_bad_metrics_options_are_one_line_and_exit_2(agent: Agent, world: World, monkeypatch: pytest.MonkeyPatch,
+                                                     arguments: tuple[str, ...], text: str) -> None:
+    monkeypatch.chdir(world.root)
+    result = agent("run", world.hq, *arguments)
+    assert result.code == 2, result
+    assert len(result.err_lines) == 1, result.err
+    assert result.err_lines[0].startswith("agent: ") and text in result.err_lines[0], result.err_lines
+    assert "fieldsync_" not in result.out and not list(world.root.glob("*.prom"))
+
+
+def test_a_folder_as_the_metrics_file_is_a_usage_error(agent: Agent, world: World, tmp_path: Path) -> None:
+    folder = tmp_path / "taken.prom"
+    folder.mkdir()
+    result = agent("run", world.hq, "--once", "--metrics-file", folder)
+    assert result.code == 2 and len(result.err_lines) == 1 and "is a directory" in result.err
+
+
+# -- docs/metrics.md ------------------------------------------------------------------------------------
+
+
+def doc_commands() -> list[list[str]]:
+    """The `agent run` lines of the doc's sh blocks, split as a shell would."""
+    blocks = re.findall(r"```sh\n(.*?)```", DOC.read_text(), re.S)
+    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.startswith("agent run ")]
+
+
+def test_the_docs_commands_work(agent: Agent, world: World, tmp_path: Path) -> None:
+    commands = doc_commands()
+    assert len(commands) == 2
+    textfiles = tmp_path / "node-exporter"
+    textfiles.mkdir()
+
+    def local(word: str) -> str:
+        return (word.replace("/srv/fieldsync", str(world.root))
+                .replace("/var/lib/prometheus/node-exporter", str(textfiles)))
+
+    batch, continuous = commands
+    assert "--once" in batch and "--once" not in continuous
+    world.execute("n1", "INSERT INTO customer VALUES (500, 'n1', 'from n1')")
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    assert agent("run", world.n1, "--once").code == 0  # so that hq receives and sends
+    assert agent(*[local(word) for word in batch[1:]]).code == 0
+    written = samples((textfiles / "fieldsync-hq.prom").read_text())
+    port = free_port()
+    arguments = [local(word) if word != "9817" else str(port) for word in continuous[1:]]
+    with agent_process(*arguments, "-rd", "1s") as process:
+        served = samples(scrape(f"http://127.0.0.1:{port}/metrics", process))
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert process.returncode == 0
+    # Every metric the doc's tables and alert rules name is in the output of one of the two.
+    text = DOC.read_text()
+    named = set(re.findall(r"`(fieldsync_[a-z_]+)`", text)) | set(re.findall(r"\b(fieldsync_[a-z_]+)\b", text))
+    produced = {name for name, _ in written} | {name for name, _ in served}
+    named -= {"fieldsync_conflict", "fieldsync_apply_error"}  # the tables' names
+    assert named <= produced, named - produced
+    assert {name for name in produced if name.startswith("fieldsync_")} <= named
+
+
+def test_the_site_label_keeps_two_sites_files_apart(agent: Agent, world: World, tmp_path: Path) -> None:
+    for site in ("hq", "n1"):
+        assert agent("run", world.root / f"{site}.db", "--once", "--metrics-file", tmp_path / f"{site}.prom").code == 0
+    hq, n1 = (samples((tmp_path / f"{site}.prom").read_text()) for site in ("hq", "n1"))
+    assert not set(hq) & set(n1)  # no series in both files: node_exporter would refuse a duplicate
+    assert value(n1, "fieldsync_peers", site="n1") == 1
+    assert os.path.exists(tmp_path / "hq.prom")
