@@ -24,8 +24,20 @@
     bytes the restart read over all bytes ever logged, restart seconds, what
     checkpoints wrote, and the disk space left.
 
+(c) a large queue — ``--long-lived N`` runs this part alone: N messages of
+    1 KB are queued to 1,000 destinations and stay queued (an outbound queue
+    for thousands of email remotes), then ``--pairs`` other 1 KB messages
+    (default 200,000 here) are enqueued and dequeued through the same
+    queues, in group commits of 1,000 pairs, with the spool's default
+    settings.  Then the spool is crashed and reopened several times.
+    Reported: restart seconds (median of the reopens) and bytes read; the
+    message content logged (``payload_bytes``) against what checkpoints
+    wrote (``checkpoint_bytes``) and their ratio; and the same history under
+    the ``baseline`` policy (every relog copies the message, a checkpoint
+    every ``checkpoint_every`` records, as before large queues were handled).
+
 Run: ``python -m benchmarks.spool --json``.  ``--pairs`` and ``--messages``
-shrink the runs for a quick look.
+shrink the runs for a quick look; ``--json --long-lived 100000`` for (c).
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -234,6 +247,77 @@ def restart(pairs: int, long_lived: int, message: int, checkpoint_every: int) ->
     return results
 
 
+# -- (c) a large queue ---------------------------------------------------------------------------------
+
+LARGE_QUEUE_PAIRS = 200_000
+DESTINATIONS = 1000
+REOPENS = 5
+
+
+def large_queue_history(directory: str, policy: str, long_lived: int, pairs: int, reopens: int) -> dict:
+    """Build the history of (c) under ``policy`` ("current" or "baseline"), then crash and reopen."""
+    path = os.path.join(directory, f"spool-{policy}")
+    options = {} if policy == "current" else {"relog_by_reference": False}
+    data = os.urandom(MESSAGE)
+    spool = SpoolQueues(path, **options)
+    started = time.perf_counter()
+    batch = 1000
+    for first in range(0, long_lived, batch):
+        with spool.group_commit():
+            for number in range(first, min(long_lived, first + batch)):
+                spool.put_outbound(f"r{number % DESTINATIONS:04d}", f"hq.r.d.{number:010d}.fsm", data, 0)
+    for first in range(0, pairs, batch):
+        with spool.group_commit():
+            for number in range(first, min(pairs, first + batch)):
+                peer, name = f"r{number % DESTINATIONS:04d}", f"hq.r.d.{long_lived + number:010d}.fsm"
+                spool.put_outbound(peer, name, data, 0)
+                spool.delete_outbound(peer, name)
+    build_seconds = time.perf_counter() - started
+    counters = spool.counters
+    status = spool.status()
+    spool._abandon()  # a crash: every reopen below restarts from the same log
+    seconds = []
+    for _ in range(reopens):
+        started = time.perf_counter()
+        spool = SpoolQueues(path, **options)
+        seconds.append(time.perf_counter() - started)
+        restart = spool.last_restart
+        assert spool.status().messages == long_lived
+        spool._abandon()
+    spool = SpoolQueues(path, **options)
+    last = f"hq.r.d.{long_lived - 1:010d}.fsm"
+    assert spool.read_outbound(f"r{(long_lived - 1) % DESTINATIONS:04d}", last) == data
+    spool.close()
+    payload = (long_lived + pairs) * MESSAGE
+    result = {
+        "restart_s": round(statistics.median(seconds), 3),
+        "restart_s_runs": [round(value, 3) for value in seconds],
+        "restart_bytes_read": restart.bytes_read,
+        "restart_records_read": restart.records_read,
+        "payload_bytes": payload,
+        "log_bytes_total": status.end_rba,
+        "checkpoint_bytes": counters.checkpoint_bytes,
+        "checkpoint_bytes_over_payload": round(counters.checkpoint_bytes / payload, 3),
+        "checkpoints": counters.checkpoints,
+        "relog_records_written": counters.relogged,
+        "relogged_content_bytes": counters.relogged_bytes,
+        "disk_bytes_after": status.disk_bytes,
+        "build_s": round(build_seconds, 1),
+    }
+    shutil.rmtree(path, ignore_errors=True)
+    return result
+
+
+def large_queue(long_lived: int, pairs: int, reopens: int = REOPENS, baseline: bool = True) -> dict:
+    results: dict = {"long_lived_messages": long_lived, "pairs": pairs, "message_bytes": MESSAGE,
+                     "destinations": DESTINATIONS, "reopens": reopens, "settings": "SpoolQueues defaults"}
+    with tempfile.TemporaryDirectory(prefix="spool-bench-", dir=_scratch()) as directory:
+        results.update(large_queue_history(directory, "current", long_lived, pairs, reopens))
+        if baseline:
+            results["baseline"] = large_queue_history(directory, "baseline", long_lived, pairs, reopens)
+    return results
+
+
 def _scratch() -> str | None:
     return os.environ.get("FIELDSYNC_BENCH_DIR")
 
@@ -252,13 +336,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--producers", type=int, default=PRODUCERS)
     parser.add_argument("--messages", type=int, default=8000, help="messages in the throughput run")
-    parser.add_argument("--pairs", type=int, default=1_000_000, help="enqueue/dequeue pairs in the history")
-    parser.add_argument("--long-lived", type=int, default=1000)
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="enqueue/dequeue pairs in the history (default 1,000,000; 200,000 with --long-lived)")
+    parser.add_argument("--long-lived", type=int, default=None,
+                        help="run only (c): this many 1 KB messages stay queued")
+    parser.add_argument("--reopens", type=int, default=REOPENS, help="reopens measured in (c)")
+    parser.add_argument("--no-baseline", action="store_true", help="(c) without the baseline history")
     parser.add_argument("--restart-message-bytes", type=int, default=256)
     parser.add_argument("--checkpoint-every", type=int, default=10_000)
     args = parser.parse_args(argv)
-    result = run(args.producers, args.messages, args.pairs, args.long_lived, args.restart_message_bytes,
-                 args.checkpoint_every)
+    if args.long_lived is not None:
+        pairs = LARGE_QUEUE_PAIRS if args.pairs is None else args.pairs
+        result = {"benchmark": "spool",
+                  "large_queue": large_queue(args.long_lived, pairs, args.reopens, not args.no_baseline)}
+    else:
+        result = run(args.producers, args.messages, 1_000_000 if args.pairs is None else args.pairs, 1000,
+                     args.restart_message_bytes, args.checkpoint_every)
     if args.json:
         print(json.dumps(result))
     else:

@@ -18,7 +18,9 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-SEGMENT_MAGIC = b"FSSPOOL1"
+SEGMENT_MAGIC = b"FSSPOOL2"  # format version 2: what this code writes
+SEGMENT_MAGIC_V1 = b"FSSPOOL1"  # version 1: read, never appended to
+_SEGMENT_MAGICS = {SEGMENT_MAGIC: 2, SEGMENT_MAGIC_V1: 1}
 SEGMENT_HEADER = struct.Struct("<8sQII")  # magic, base rba, reserved (0), crc32 of the first 20 bytes
 SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size  # 24
 ANCHOR_MAGIC = b"FSANCHR1"
@@ -45,6 +47,7 @@ class RecordType(enum.IntEnum):
     RELOG = 9
     QUEUE_CHECKPOINT = 10
     CPL = 11
+    REFS = 12  # version 2: relogging by reference
 
 
 class Direction(enum.IntEnum):
@@ -101,13 +104,18 @@ def check_segment_header(data: bytes, base_rba: int) -> str | None:
     if len(data) < SEGMENT_HEADER_SIZE:
         return f"segment header is {len(data)} bytes, not {SEGMENT_HEADER_SIZE}"
     magic, base, _reserved, crc = SEGMENT_HEADER.unpack_from(data)
-    if magic != SEGMENT_MAGIC:
+    if magic not in _SEGMENT_MAGICS:
         return "not a spool segment (bad magic)"
     if crc != zlib.crc32(data[:20]):
         return "segment header checksum mismatch"
     if base != base_rba:
         return f"segment header says base RBA {base}, file name says {base_rba}"
     return None
+
+
+def segment_version(header: bytes) -> int:
+    """The format version of a segment whose header checked out."""
+    return _SEGMENT_MAGICS[bytes(header[:8])]
 
 
 def encode_anchor(cpl_rba: int, restart_rba: int, number: int) -> bytes:
@@ -135,6 +143,9 @@ _META = struct.Struct("<qd")  # epoch (NO_EPOCH for none), enqueued-at (unix sec
 _RELOG_HEAD = struct.Struct("<QBQQ")  # irba, state, ur, last
 _QUEUE_COUNTS = struct.Struct("<IQQ")  # messages, content bytes, oldest irba
 _CPL_HEAD = struct.Struct("<QQQQBH")  # number, begin rba, restart rba, next ur, mode, pairs
+_U32 = struct.Struct("<I")
+_REF_HEAD = struct.Struct("<QQIIBqdH")  # irba, crba, length, size, state, epoch, enqueued-at, name length
+REFS_PER_RECORD = 4096
 
 
 @functools.lru_cache(maxsize=4096)
@@ -303,8 +314,22 @@ class CplRecord:
     in_doubt: tuple[InDoubtEntry, ...]
 
 
+# One entry of a REFS record, a plain tuple because restart decodes one per
+# queued message (a hundred thousand of them must cost little):
+# (irba, crba, length, size, state, epoch, enqueued_at, name, ur, last).
+# ``crba``/``length``: the record holding the content; ``ur``/``last`` are 0
+# unless ``state`` is IN_DOUBT_DELETE.
+Ref = tuple[int, int, int, int, RelogState, int | None, float, str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Refs:
+    queue: QueueId
+    entries: tuple[Ref, ...]
+
+
 Record = (Add | Delete | Prepare | Commit | Abort | UndoDelete | UndoAdd | CheckpointBegin | Relog | QueueCheckpoint
-          | CplRecord)
+          | CplRecord | Refs)
 
 _MODE_CODES = {RelogMode.SELECTIVE: 0, RelogMode.ALL: 1, RelogMode.OFF: 2}
 _MODES = {code: mode for mode, code in _MODE_CODES.items()}
@@ -350,6 +375,59 @@ def encode_queue_checkpoint(queue: QueueId, messages: int, content_bytes: int, o
     return _queue(queue) + _QUEUE_COUNTS.pack(messages, content_bytes, oldest_irba)
 
 
+def encode_refs(queue: QueueId, entries: list[Ref] | tuple[Ref, ...]) -> bytes:
+    if len(entries) > REFS_PER_RECORD:
+        raise ValueError(f"{len(entries)} entries in one REFS record (at most {REFS_PER_RECORD})")
+    parts = [_queue(queue), _U32.pack(len(entries))]
+    for irba, crba, length, size, state, epoch, enqueued_at, name, ur, last in entries:
+        raw = name.encode("utf-8")
+        parts.append(_REF_HEAD.pack(irba, crba, length, size, int(state), _epoch(epoch), enqueued_at, len(raw)))
+        parts.append(raw)
+        if state is RelogState.IN_DOUBT_DELETE:
+            parts.append(_U64X2.pack(ur, last))
+    return b"".join(parts)
+
+
+def _decode_refs(payload: bytes | memoryview) -> Refs:
+    reader = _Reader(payload)
+    queue = reader.queue()
+    (count,) = reader.take(_U32)
+    if count > REFS_PER_RECORD:
+        raise BadPayload(f"{count} entries in one REFS record")
+    at, end, head = reader.at, len(payload), _REF_HEAD.size
+    unpack, pair = _REF_HEAD.unpack_from, _U64X2.unpack_from
+    committed, in_doubt = RelogState.COMMITTED, RelogState.IN_DOUBT_DELETE
+    entries = []
+    try:
+        for _ in range(count):
+            irba, crba, length, size, state, epoch, enqueued_at, name_length = unpack(payload, at)
+            at += head
+            if at + name_length > end:
+                raise BadPayload("payload ends inside a field")
+            name = str(payload[at:at + name_length], "utf-8")
+            at += name_length
+            if state == 0:
+                ur = last = 0
+                relog_state = committed
+            elif state == 1:
+                ur, last = pair(payload, at)
+                at += 16
+                relog_state = in_doubt
+            else:
+                raise BadPayload(f"bad relog state {state}")
+            if epoch < NO_EPOCH:
+                raise BadPayload(f"bad epoch {epoch}")
+            entries.append((irba, crba, length, size, relog_state, None if epoch == NO_EPOCH else epoch,
+                            enqueued_at, name, ur, last))
+    except struct.error:
+        raise BadPayload("payload ends inside a field") from None
+    except UnicodeDecodeError:
+        raise BadPayload("message name is not UTF-8") from None
+    if at != end:
+        raise BadPayload(f"{end - at} unexpected bytes after the fields")
+    return Refs(queue, tuple(entries))
+
+
 def encode_cpl(record: CplRecord) -> bytes:
     parts = [_CPL_HEAD.pack(record.number, record.begin, record.restart, record.next_ur, _MODE_CODES[record.mode],
                             len(record.pairs))]
@@ -387,6 +465,8 @@ def decode_payload(record_type: int, payload: bytes | memoryview) -> Record:
         except ValueError:
             raise BadPayload(f"bad relog state {state}") from None
         return Relog(irba, relog_state, ur, last, queue, name, epoch, enqueued_at, len(payload) - reader.at)
+    if kind is RecordType.REFS:
+        return _decode_refs(payload)
     if kind is RecordType.DELETE:
         ur, irba = reader.take(_U64X2)
         record = Delete(ur, irba, reader.queue())

@@ -12,6 +12,10 @@ Rules of this file:
   write starts only after the previous one was fsynced, so a valid
   batch-start record after a bad one proves the bad one was durable once:
   that is corruption, not a torn write.  :func:`scan` applies this rule.
+* Segments before the restart position may be gone between kept ones
+  (kept for the message content they hold); from the restart position on,
+  and from the first segment after the last gap, the log is contiguous.
+  The writer appends only to a segment of the current format version.
 * A failed write or fsync poisons the writer: what reached the disk is
   unknown, so the spool must be reopened (never retry an fsync).
 """
@@ -28,7 +32,7 @@ from typing import Iterator
 
 from ._errors import SpoolCorrupt, SpoolError
 from ._format import (BATCH_START, FRAME, FRAME_SIZE, MAX_PAYLOAD, SEGMENT_HEADER_SIZE, RecordType,
-                      check_segment_header, frame_crc, segment_header)
+                      check_segment_header, frame_crc, segment_header, segment_version)
 
 SEGMENT_SUFFIX = ".seg"
 _SEGMENT_NAME = re.compile(r"(\d{20})\.seg\Z")
@@ -58,6 +62,16 @@ def list_segments(directory: Path) -> list[SegmentFile]:
             found.append(SegmentFile(int(match.group(1)), path, path.stat().st_size))
     found.sort(key=lambda segment: segment.base)
     return found
+
+
+def contiguous_start(segments: list[SegmentFile]) -> int:
+    """Index of the first segment after the last gap between segments
+    (segments before the restart position may have been reclaimed while
+    older ones holding queued messages' content stay)."""
+    index = len(segments) - 1
+    while index > 0 and segments[index - 1].base + segments[index - 1].size == segments[index].base:
+        index -= 1
+    return max(index, 0)
 
 
 def fsync_directory(directory: Path) -> None:
@@ -147,15 +161,17 @@ def _next_valid(view: memoryview, after: int, base: int, type_bytes: list[int]) 
     return None
 
 
-def scan(segments: list[SegmentFile], start: int, result: ScanResult, *,
-         salvage: bool = False) -> Iterator[tuple[int, int, memoryview]]:
+def scan(segments: list[SegmentFile], start: int, result: ScanResult, *, salvage: bool = False,
+         gaps: bool = False) -> Iterator[tuple[int, int, memoryview]]:
     """Yield ``(rba, type byte, payload)`` for every valid record from ``start``.
 
     A bad record in the last segment with no valid batch-start record after
     it is a torn tail: the scan ends there (``result.torn``).  Any other bad
     record is corruption: raised as :class:`SpoolCorrupt`, or with
-    ``salvage`` recorded in ``result.corruption`` and skipped.  Payload views
-    are valid only until the next record is yielded.
+    ``salvage`` recorded in ``result.corruption`` and skipped.  With
+    ``gaps``, a segment that ends before the next one starts is not a
+    problem (reading a log with reclaimed segments between kept ones).
+    Payload views are valid only until the next record is yielded.
     """
     if not segments:
         result.end = start
@@ -179,7 +195,8 @@ def scan(segments: list[SegmentFile], start: int, result: ScanResult, *,
     for position in range(index, len(segments)):
         segment = segments[position]
         last = position == len(segments) - 1
-        if position + 1 < len(segments) and segment.base + segment.size != segments[position + 1].base:
+        if position + 1 < len(segments) and segment.base + segment.size != segments[position + 1].base \
+                and not (gaps and segment.base + segment.size < segments[position + 1].base):
             problem(segment.base + min(segment.size, segments[position + 1].base - segment.base), segment,
                     f"segment holds {segment.size} bytes but the next segment starts at RBA "
                     f"{segments[position + 1].base}")
@@ -284,6 +301,8 @@ class LogWriter:
         self.fsync = fsync
         self._cond = threading.Condition(threading.Lock())
         self._bases: list[int] = [segment.base for segment in segments]
+        # Where each segment but the one written ends (segments may be missing between them).
+        self._ends: dict[int, int] = {segment.base: segment.base + segment.size for segment in segments[:-1]}
         self._read_fds: dict[int, int] = {}
         self._failed: BaseException | None = None
         if not segments:
@@ -297,6 +316,13 @@ class LogWriter:
         if self._filled < end - base:
             raise SpoolError(f"{segment_name(base)}: the writer expected it to reach RBA {end}")
         self._write_offset = end - base
+        # A segment of an older format version is not appended to: the next record starts a new one.
+        if segments:
+            with open(directory / segment_name(base), "rb") as handle:
+                header = handle.read(SEGMENT_HEADER_SIZE)
+        else:
+            header = segment_header(base)
+        self._roll = check_segment_header(header, base) is None and segment_version(header) != 2
         # Appending side (guarded by the caller's lock and self._cond):
         self._next = end
         self._assign_base = base
@@ -340,8 +366,9 @@ class LogWriter:
                 raise SpoolError(f"the spool log failed earlier and must be reopened: {self._failed}")
             for record_type, payload in records:
                 size = FRAME_SIZE + len(payload)
-                if (self._next - self._assign_base) + size > self.segment_bytes \
-                        and self._next - self._assign_base > SEGMENT_HEADER_SIZE:
+                if self._roll or ((self._next - self._assign_base) + size > self.segment_bytes
+                                  and self._next - self._assign_base > SEGMENT_HEADER_SIZE):
+                    self._roll = False
                     self._assign_base = self._next
                     self._chunks.append((self._next, bytearray(segment_header(self._next))))
                     self._next += SEGMENT_HEADER_SIZE
@@ -426,6 +453,8 @@ class LogWriter:
                 if self.fsync:
                     os.fsync(self._write_fd)
                 os.close(self._write_fd)
+                with self._cond:
+                    self._ends[self._write_base] = self._write_base + self._write_offset
                 self._write_fd = self._create_segment(base, bytes(data[:SEGMENT_HEADER_SIZE]), keep_open=True)
                 self._write_base = base
                 self._write_offset = self._filled = SEGMENT_HEADER_SIZE
@@ -488,12 +517,25 @@ class LogWriter:
 
     # -- space ---------------------------------------------------------------------------------
 
-    def drop_before(self, rba: int) -> list[str]:
-        """Delete the segments that end at or before ``rba``; return their names."""
+    def segment_extents(self) -> list[tuple[int, int]]:
+        """(base, end) of every segment restart no longer needs to be contiguous
+        with: all but the one written."""
+        with self._cond:
+            return [(base, self._ends[base]) for base in self._bases if base in self._ends]
+
+    def drop_before(self, rba: int, keep: frozenset[int] | set[int] = frozenset()) -> list[str]:
+        """Delete the segments that end at or before ``rba``, except those
+        whose base is in ``keep``; return their names."""
         dropped = []
         with self._cond:
-            while len(self._bases) > 1 and self._bases[1] <= rba and self._bases[0] != self._write_base:
-                base = self._bases.pop(0)
+            for base in list(self._bases):
+                end = self._ends.get(base)
+                if end is None or end > rba or base == self._write_base:
+                    break
+                if base in keep:
+                    continue
+                self._bases.remove(base)
+                del self._ends[base]
                 fd = self._read_fds.pop(base, None)
                 if fd is not None:
                     os.close(fd)

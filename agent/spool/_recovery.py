@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ._format import (Abort, Add, CheckpointBegin, Commit, CplRecord, Delete, InDoubtEntry, Prepare, QueueCheckpoint,
-                      QueueId, Record, Relog, RelogState, UndoAdd, UndoDelete)
+                      QueueId, Record, Refs, Relog, RelogState, UndoAdd, UndoDelete)
 
 
 class MbState(enum.Enum):
@@ -32,13 +32,14 @@ class MessageBlock:
     """One queued message (the patent's MB).  Its content is the last
     ``size`` bytes of the record at ``crba``."""
 
-    __slots__ = ("irba", "crba", "length", "size", "name", "epoch", "enqueued_at", "state", "ur")
+    __slots__ = ("irba", "crba", "lrba", "length", "size", "name", "epoch", "enqueued_at", "state", "ur")
 
     def __init__(self, irba: int, crba: int, size: int, name: str, epoch: int | None, enqueued_at: float,
-                 length: int = 0) -> None:
+                 length: int = 0, lrba: int = 0) -> None:
         self.irba = irba  # RBA of the record that first queued it
-        self.crba = crba  # RBA of its newest copy in the log (ADD, RELOG or UNDO_DELETE)
-        self.length = length  # that record's whole length, when known (saves a read)
+        self.crba = crba  # RBA of the record holding its content (ADD, RELOG or UNDO_DELETE)
+        self.lrba = lrba or crba  # RBA of the newest record restart reads for it (those, or a REFS record)
+        self.length = length  # the content record's whole length, when known (saves a read)
         self.size = size
         self.name = name
         self.epoch = epoch
@@ -47,7 +48,7 @@ class MessageBlock:
         self.ur = 0  # the in-doubt unit of recovery deleting it, if any
 
     def __repr__(self) -> str:
-        return f"MB({self.name!r} irba={self.irba} crba={self.crba} {self.state.value})"
+        return f"MB({self.name!r} irba={self.irba} crba={self.crba} lrba={self.lrba} {self.state.value})"
 
 
 class QueueBlock:
@@ -125,7 +126,7 @@ class RestartStats:
     checkpoint_rba: int | None  # the CPL record phase 1 started from
     from_anchor: bool
     relogs_honoured: int
-    relogs_ignored: int  # relog records of checkpoints that never completed
+    relogs_ignored: int  # relog records (and REFS entries) of checkpoints that never completed
     pending_deletes: int  # deletes read before the relog record they match
     pending_deletes_matched: int
     units_backed_out: int
@@ -195,6 +196,12 @@ class Restart:
             if record.state is RelogState.IN_DOUBT_DELETE:
                 unit = self._unit(record.ur)
                 unit.prepared, unit.last, unit.queue = True, record.last, record.queue
+        elif isinstance(record, Refs):
+            self._queue(record.queue)
+            for entry in record.entries:
+                if entry[4] is RelogState.IN_DOUBT_DELETE:
+                    unit = self._unit(entry[8])
+                    unit.prepared, unit.last, unit.queue = True, entry[9], record.queue
         elif isinstance(record, QueueCheckpoint):
             self._queue(record.queue)
         elif isinstance(record, CheckpointBegin):
@@ -242,15 +249,24 @@ class Restart:
                                          record.enqueued_at)
                     queue.add(block)
                 block.crba, block.size, block.state, block.ur = rba, record.size, MbState.COMMITTED, 0
-                block.length = self.lengths.get(rba, 0)
+                block.lrba, block.length = rba, self.lengths.get(rba, 0)
             elif isinstance(record, UndoAdd):
                 self._queue(record.queue).remove(record.irba)
             elif isinstance(record, Relog):
                 if self._within_completed_checkpoint(rba):
                     self.relogs_honoured += 1
-                    self._forward_relog(rba, record)
+                    self._forward_relog(rba, record.queue, record.irba, record.state, record.ur, record.name,
+                                        record.epoch, record.enqueued_at, record.size, rba, self.lengths.get(rba, 0))
                 else:
                     self.relogs_ignored += 1
+            elif isinstance(record, Refs):
+                if self._within_completed_checkpoint(rba):
+                    self.relogs_honoured += len(record.entries)
+                    relog, queue = self._forward_relog, record.queue
+                    for irba, crba, length, size, state, epoch, enqueued_at, name, ur, _last in record.entries:
+                        relog(rba, queue, irba, state, ur, name, epoch, enqueued_at, size, crba, length)
+                else:
+                    self.relogs_ignored += len(record.entries)
 
     def _forward_delete(self, rba: int, record: Delete) -> None:
         outcome = self.units[record.ur].outcome
@@ -267,9 +283,11 @@ class Restart:
         else:
             queue.remove(record.irba)
 
-    def _forward_relog(self, rba: int, record: Relog) -> None:
-        queue = self._queue(record.queue)
-        pending_ur = self.pending.pop((record.queue, record.irba), None)
+    def _forward_relog(self, rba: int, key: QueueId, irba: int, relog_state: RelogState, relog_ur: int, name: str,
+                       epoch: int | None, enqueued_at: float, size: int, crba: int, length: int) -> None:
+        """A RELOG record at ``rba``, or a REFS entry there whose content is at ``crba``."""
+        queue = self._queue(key)
+        pending_ur = self.pending.pop((key, irba), None) if self.pending else None
         if pending_ur is not None:
             self.pending_matched += 1
             outcome = self.units[pending_ur].outcome
@@ -277,20 +295,20 @@ class Restart:
                 return  # the delete read earlier removes this copy
             state = MbState.IN_DOUBT_DELETE if outcome is Outcome.IN_DOUBT else MbState.COMMITTED
             ur = pending_ur if state is MbState.IN_DOUBT_DELETE else 0
-        elif record.irba in queue.messages:
-            block = queue.messages[record.irba]
-            block.crba, block.size, block.length = rba, record.size, self.lengths.get(rba, 0)
+        elif irba in queue.messages:
+            block = queue.messages[irba]
+            block.crba, block.lrba, block.size, block.length = crba, rba, size, length
             return
-        elif record.state is RelogState.IN_DOUBT_DELETE:
-            outcome = self.units[record.ur].outcome
+        elif relog_state is RelogState.IN_DOUBT_DELETE:
+            outcome = self.units[relog_ur].outcome
             if outcome is Outcome.COMMITTED:
                 return
             state = MbState.IN_DOUBT_DELETE if outcome is Outcome.IN_DOUBT else MbState.COMMITTED
-            ur = record.ur if state is MbState.IN_DOUBT_DELETE else 0
+            ur = relog_ur if state is MbState.IN_DOUBT_DELETE else 0
         else:
-            state, ur = MbState.COMMITTED, 0
-        block = MessageBlock(record.irba, rba, record.size, record.name, record.epoch, record.enqueued_at,
-                             self.lengths.get(rba, 0))
+            queue.add(MessageBlock(irba, crba, size, name, epoch, enqueued_at, length, rba))
+            return
+        block = MessageBlock(irba, crba, size, name, epoch, enqueued_at, length, rba)
         block.state, block.ur = state, ur
         queue.add(block)
 
@@ -320,7 +338,7 @@ class Restart:
                 new = emit("undo_delete", {"ur": unit.ur, "irba": block.irba, "undone": rba, "queue": record.queue,
                                            "name": block.name, "epoch": block.epoch,
                                            "enqueued_at": block.enqueued_at, "data": read(block)})
-                block.crba, block.length, block.state, block.ur = new, 0, MbState.COMMITTED, 0
+                block.crba, block.lrba, block.length, block.state, block.ur = new, new, 0, MbState.COMMITTED, 0
             self.compensations += 1
         for unit in sorted(inflight, key=lambda unit: unit.ur):
             emit("abort", {"ur": unit.ur})

@@ -14,11 +14,17 @@ Rules of this file:
   waits once for all of them, and :meth:`commit_dequeue`, whose COMMIT may
   be lost: restart resolves the dequeue from the database's log_received.
 * Restart reads no further back than the Checkpoint Positioning List says;
-  segments wholly before that position are deleted after each checkpoint.
+  segments wholly before that position are deleted after each checkpoint,
+  unless a queued message's content is in one (a relog by reference points
+  there); one that queued content fills at most half of is copied forward.
+* A checkpoint writes at most half of what was logged since the previous
+  one (unless ``checkpoint_bytes`` forces it), so relogging a large queue
+  costs a bounded share of the log.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import logging
@@ -35,14 +41,15 @@ from codec.names import Kind, MessageName, check_site_name
 
 from ..queues import MessageQueues, QueueDepth, QueueError
 from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
-from ._format import (FRAME_SIZE, SEGMENT_HEADER_SIZE, BadPayload, CplRecord, Direction, InDoubtEntry, QueueId, RecordType,
-                      RelogMode, RelogState, decode_anchor, decode_payload, encode_add, encode_anchor,
-                      encode_checkpoint_begin, encode_cpl, encode_delete, encode_end, encode_prepare,
-                      encode_queue_checkpoint, encode_relog, encode_undo_add, encode_undo_delete)
+from ._format import (FRAME_SIZE, REFS_PER_RECORD, SEGMENT_HEADER_SIZE, BadPayload, CplRecord, Direction, InDoubtEntry,
+                      QueueId, RecordType, Ref, RelogMode, RelogState, decode_anchor, decode_payload, encode_add,
+                      encode_anchor, encode_checkpoint_begin, encode_cpl, encode_delete, encode_end, encode_prepare,
+                      encode_queue_checkpoint, encode_refs, encode_relog, encode_undo_add, encode_undo_delete)
 from ._log import (
     LogWriter,
     ScanResult,
     SegmentFile,
+    contiguous_start,
     fsync_directory,
     list_segments,
     read_record_at,
@@ -93,10 +100,11 @@ class CheckpointStats:
     begin_rba: int
     cpl_rba: int
     restart_rba: int
-    relogged: int
-    relogged_bytes: int
+    relogged: int  # messages relogged, with their content or by reference
+    relogged_bytes: int  # content copied
     bytes_written: int
     segments_deleted: int
+    referenced: int = 0  # of the relogged, those relogged by reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +139,18 @@ class SpoolCounters:
     """Work done since the spool was opened."""
 
     checkpoints: int
-    relogged: int  # relog records written
-    relogged_bytes: int  # message content in them
-    checkpoint_bytes: int  # every byte checkpoints wrote (relog, queue and CPL records)
+    relogged: int  # messages relogged (relog records and REFS entries)
+    relogged_bytes: int  # message content copied by relog records
+    checkpoint_bytes: int  # every byte checkpoints wrote (relog, REFS, queue and CPL records)
     group_commits: int  # fsyncs (writes) of the log
+    referenced: int = 0  # of the relogged, those relogged by reference (REFS entries)
 
 
 DEFAULT_CHECKPOINT_BYTES = 128 * 1024 * 1024
+# A segment kept only for queued messages' content is copied forward once they fill at most this share of it.
+RECLAIM_FILL = 0.5
+# A checkpoint due by records waits for this many times what the previous one wrote to be logged.
+CHECKPOINT_COST_FACTOR = 2
 log = logging.getLogger("fieldsync.spool")
 
 
@@ -162,14 +175,17 @@ class SpoolQueues(MessageQueues):
     patent's termination checkpoint).  ``cpl_pairs``:
     checkpoints a message's newest copy may age before it is relogged (the
     CPL's n).  ``relog``: ``"selective"`` (the patent), ``"all"`` (relog every
-    queued message at every checkpoint) or ``"off"``.  ``fsync=False`` keeps
+    queued message at every checkpoint) or ``"off"``.  ``relog_by_reference``:
+    relog a message whose content stays on disk by a REFS entry, and space
+    checkpoints by their cost; ``False`` copies every relogged message
+    (format version 1's behaviour).  ``fsync=False`` keeps
     the format but gives up durability (benchmark set-up only).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, checkpoint_every: int = 10_000,
                  checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, cpl_pairs: int = 3,
                  relog: str | RelogMode = RelogMode.SELECTIVE, segment_bytes: int = 64 * 1024 * 1024,
-                 fsync: bool = True, clock: Callable[[], float] = time.time,
+                 fsync: bool = True, relog_by_reference: bool = True, clock: Callable[[], float] = time.time,
                  _fault: Callable[[str], None] | None = None) -> None:
         if checkpoint_every < 1:
             raise SpoolError("checkpoint_every must be at least 1 record")
@@ -186,6 +202,7 @@ class SpoolQueues(MessageQueues):
         self.relog_mode = RelogMode(relog)
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.relog_by_reference = relog_by_reference
         self.clock = clock
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -194,7 +211,7 @@ class SpoolQueues(MessageQueues):
         self._checkpointing = False
         self._cpl_written = False
         self._lookup: dict[tuple[Direction, str], QueueBlock] = {}  # a cache of self._queues
-        self._checkpoints = self._relogged = self._relogged_bytes = self._checkpoint_bytes = 0
+        self._checkpoints = self._relogged = self._relogged_bytes = self._checkpoint_bytes = self._referenced = 0
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -231,6 +248,7 @@ class SpoolQueues(MessageQueues):
             if self.fsync:
                 fsync_directory(self.path)
         restart.forward()
+        _check_content_segments(restart, segments, span.start)
         end = result.end if segments else SEGMENT_HEADER_SIZE
         self._log = LogWriter(self.path, segments=segments, end=end, segment_bytes=self.segment_bytes,
                               fsync=self.fsync)
@@ -249,6 +267,8 @@ class SpoolQueues(MessageQueues):
         # Where the last complete checkpoint ended (bytes logged since count toward the next).
         self._checkpoint_end_rba = restart.last_cpl[0] if restart.last_cpl else span.start
         self._checkpoint_stats: CheckpointStats | None = None
+        # What the last checkpoint wrote (the next waits for twice that to be logged).
+        self._last_checkpoint_cost = restart.last_cpl[0] - restart.last_cpl[1].begin if restart.last_cpl else 0
         self.last_restart = RestartStats(
             restart_rba=span.start, end_rba=self._log.next_rba, bytes_read=result.bytes_read,
             records_read=result.records, checkpoint_rba=restart.last_cpl[0] if restart.last_cpl else None,
@@ -316,9 +336,15 @@ class SpoolQueues(MessageQueues):
         self._maybe_checkpoint()
 
     def _checkpoint_due(self, fraction: int = 1) -> bool:
-        """Whether 1/``fraction`` of a checkpoint interval (records or bytes) has been logged."""
-        return (self._records_since_checkpoint * fraction >= self.checkpoint_every
-                or (self._log.next_rba - self._checkpoint_end_rba) * fraction >= self.checkpoint_bytes)
+        """Whether 1/``fraction`` of a checkpoint interval has been logged:
+        ``checkpoint_bytes``, or ``checkpoint_every`` records once the log
+        since the last checkpoint is twice what that one wrote."""
+        logged = (self._log.next_rba - self._checkpoint_end_rba) * fraction
+        if logged >= self.checkpoint_bytes:
+            return True
+        if self._records_since_checkpoint * fraction < self.checkpoint_every:
+            return False
+        return not self.relog_by_reference or logged >= CHECKPOINT_COST_FACTOR * self._last_checkpoint_cost
 
     def _maybe_checkpoint(self) -> None:
         if self._checkpoint_due():
@@ -533,7 +559,7 @@ class SpoolQueues(MessageQueues):
                     data = self._read_content(block)
                     record = encode_undo_delete(ur, block.irba, 0, queue.queue, block.name, block.epoch,
                                                 block.enqueued_at, data)
-                    block.crba = self._append(RecordType.UNDO_DELETE, record)
+                    block.crba = block.lrba = self._append(RecordType.UNDO_DELETE, record)
                     block.length = FRAME_SIZE + len(record)
                     block.state, block.ur = MbState.COMMITTED, 0
                 self._append(RecordType.ABORT, encode_end(ur))
@@ -579,20 +605,20 @@ class SpoolQueues(MessageQueues):
         with self._lock:
             self._check_open()
             self._checkpointing = True
-            moved: list[tuple[MessageBlock, int, int]] = []
+            moved: list[tuple[MessageBlock, int, int, int]] = []
             try:
                 return self._checkpoint(moved)
             except BaseException:
                 # Relog records of a checkpoint without its CPL record are
                 # ignored by restart: the messages' copies are still the old ones.
                 if not self._cpl_written:
-                    for block, crba, length in moved:
-                        block.crba, block.length = crba, length
+                    for block, crba, length, lrba in moved:
+                        block.crba, block.length, block.lrba = crba, length, lrba
                 raise
             finally:
                 self._checkpointing = False
 
-    def _checkpoint(self, moved: list[tuple[MessageBlock, int, int]]) -> CheckpointStats:
+    def _checkpoint(self, moved: list[tuple[MessageBlock, int, int, int]]) -> CheckpointStats:
         self._cpl_written = False
         self._log.sync()  # every current copy can be read back
         number = self._checkpoint_number + 1
@@ -605,27 +631,43 @@ class SpoolQueues(MessageQueues):
             threshold = begin  # every copy older than this checkpoint
         else:
             threshold = aged[0][1]  # copies at or before the end of the oldest checkpoint kept
+        reclaim = self._segments_to_reclaim() if self.relog_by_reference and mode is not RelogMode.OFF else None
         oldest_not_logged = begin
-        relogged = relogged_bytes = 0
+        relogged = relogged_bytes = referenced = 0
         for key in sorted(self._queues, key=lambda key: (key.direction, key.peer)):
             queue = self._queues[key]
             blocks = queue.in_order()
             content = 0
+            refs: list[tuple[MessageBlock, Ref]] = []
             for block in blocks:
                 content += block.size
-                if block.crba <= threshold:
-                    data = self._read_content(block)
-                    unit = self._in_doubt.get(block.ur) if block.state is MbState.IN_DOUBT_DELETE else None
-                    state = RelogState.IN_DOUBT_DELETE if unit is not None else RelogState.COMMITTED
-                    record = encode_relog(block.irba, state, unit.ur if unit else 0, unit.last if unit else 0, key,
-                                          block.name, block.epoch, block.enqueued_at, data)
-                    moved.append((block, block.crba, block.length))
-                    block.crba = self._log.append(RecordType.RELOG, record)
-                    block.length = FRAME_SIZE + len(record)
-                    relogged += 1
-                    relogged_bytes += len(data)
-                else:
-                    oldest_not_logged = min(oldest_not_logged, block.crba)
+                copy = reclaim is None or _holder(reclaim[0], block.crba) in reclaim[1]
+                if block.lrba > threshold and not (copy and reclaim is not None):
+                    oldest_not_logged = min(oldest_not_logged, block.lrba)
+                    continue
+                unit = self._in_doubt.get(block.ur) if block.state is MbState.IN_DOUBT_DELETE else None
+                state = RelogState.IN_DOUBT_DELETE if unit is not None else RelogState.COMMITTED
+                ur, last = (unit.ur, unit.last) if unit is not None else (0, 0)
+                moved.append((block, block.crba, block.length, block.lrba))
+                relogged += 1
+                if not copy:
+                    if not block.length:
+                        block.length = FRAME_SIZE + len(self._log.read(block.crba)[1])
+                    refs.append((block, (block.irba, block.crba, block.length, block.size, state, block.epoch,
+                                         block.enqueued_at, block.name, ur, last)))
+                    continue
+                data = self._read_content(block)
+                record = encode_relog(block.irba, state, ur, last, key, block.name, block.epoch, block.enqueued_at,
+                                      data)
+                block.crba = block.lrba = self._log.append(RecordType.RELOG, record)
+                block.length = FRAME_SIZE + len(record)
+                relogged_bytes += len(data)
+            for first in range(0, len(refs), REFS_PER_RECORD):
+                chunk = refs[first:first + REFS_PER_RECORD]
+                rba = self._log.append(RecordType.REFS, encode_refs(key, [entry for _block, entry in chunk]))
+                for block, _entry in chunk:
+                    block.lrba = rba
+            referenced += len(refs)
             self._log.append(RecordType.QUEUE_CHECKPOINT, encode_queue_checkpoint(
                 key, len(blocks), content, blocks[0].irba if blocks else 0))
         # Position restart at the newest checkpoint start at or before every
@@ -657,15 +699,46 @@ class SpoolQueues(MessageQueues):
             temporary.write_bytes(anchor)
             os.replace(temporary, self.path / ANCHOR_FILE)
         self._fault_point("checkpoint.before_drop")
-        dropped = self._log.drop_before(position)
+        dropped = self._log.drop_before(position, self._content_segments(position))
         stats = CheckpointStats(number, begin, cpl_rba, position, relogged, relogged_bytes,
-                                self._log.next_rba - begin, len(dropped))
+                                self._log.next_rba - begin, len(dropped), referenced)
+        self._last_checkpoint_cost = stats.bytes_written
         self._checkpoints += 1
+        self._referenced += referenced
         self._relogged += relogged
         self._relogged_bytes += relogged_bytes
         self._checkpoint_bytes += stats.bytes_written
         self._checkpoint_stats = stats
         return stats
+
+    def _segments_to_reclaim(self) -> tuple[list[int], set[int]]:
+        """The bases of all segments, and of those restart no longer reads
+        that queued messages' content fills at most RECLAIM_FILL of: their
+        messages are relogged with content, so that the segments can go."""
+        extents = self._log.segment_extents()
+        bases = self._log.segment_bases()
+        old = {base: end for base, end in extents if end <= self._restart_rba}
+        if not old:
+            return bases, set()
+        filled = dict.fromkeys(old, 0)
+        limit = max(old.values())
+        for queue in self._queues.values():
+            for block in queue.messages.values():
+                if block.crba < limit:
+                    base = _holder(bases, block.crba)
+                    if base in filled:
+                        filled[base] += block.length or block.size
+        return bases, {base for base, used in filled.items() if used <= RECLAIM_FILL * (old[base] - base)}
+
+    def _content_segments(self, before: int) -> set[int]:
+        """Bases of the segments ending at or before ``before`` that hold a queued message's content."""
+        bases = self._log.segment_bases()
+        keep = set()
+        for queue in self._queues.values():
+            for block in queue.messages.values():
+                if block.crba < before:
+                    keep.add(_holder(bases, block.crba))
+        return keep
 
     @property
     def last_checkpoint(self) -> CheckpointStats | None:
@@ -674,7 +747,7 @@ class SpoolQueues(MessageQueues):
     @property
     def counters(self) -> SpoolCounters:
         return SpoolCounters(self._checkpoints, self._relogged, self._relogged_bytes, self._checkpoint_bytes,
-                             self._log.syncs)
+                             self._log.syncs, self._referenced)
 
     @property
     def restart_rba(self) -> int:
@@ -755,6 +828,28 @@ class SpoolQueues(MessageQueues):
         self.close()
 
 
+def _holder(bases: list[int], rba: int) -> int:
+    """The base of the segment holding ``rba`` (bases sorted)."""
+    return bases[bisect.bisect_right(bases, rba) - 1]
+
+
+def _check_content_segments(restart: Restart, segments: list[SegmentFile], start: int) -> None:
+    """Every queued message's content record must be in a segment file that
+    exists (those before the restart position are not read, so a removed
+    one would otherwise go unnoticed until the message is read)."""
+    bases = [segment.base for segment in segments]
+    ends = {segment.base: segment.base + segment.size for segment in segments}
+    for queue in restart.queues.values():
+        for block in queue.messages.values():
+            if block.crba >= start:
+                continue
+            index = bisect.bisect_right(bases, block.crba) - 1
+            if index < 0 or block.crba >= ends[bases[index]]:
+                raise SpoolCorrupt(block.crba, segment_name(bases[index]) if index >= 0 else segment_name(0),
+                                   f"the content of {queue.queue} {block.name} is at RBA {block.crba}, in a segment "
+                                   "file that is missing: segment files were removed")
+
+
 # -- reading a span (shared with check_spool) -------------------------------------------------
 
 
@@ -811,14 +906,17 @@ def read_span(directory: Path, pairs: int, *, salvage: bool = False) -> Span:
         # files were removed, and starting from what is left would drop
         # what they held without a word.
         cpl_rba, restart_rba, number = anchor
-        if not segments or restart_rba < segments[0].base:
-            held = (f"the oldest segment starts at RBA {segments[0].base}" if segments
+        first = segments[contiguous_start(segments)] if segments else None
+        if first is None or restart_rba < first.base:
+            held = (f"the log is contiguous only from RBA {first.base}" if first is not None
                     else "there are no segment files")
             raise SpoolCorrupt(restart_rba, segments[0].path.name if segments else segment_name(0),
                                f"the anchor's checkpoint #{number} restarts at RBA {restart_rba} but {held}: "
                                "segment files are missing")
     if start is None:
-        start = segments[0].base + SEGMENT_HEADER_SIZE if segments else SEGMENT_HEADER_SIZE
+        # The whole retained log, from where it is contiguous (reclaimed
+        # segments leave gaps only before a restart position).
+        start = segments[contiguous_start(segments)].base + SEGMENT_HEADER_SIZE if segments else SEGMENT_HEADER_SIZE
     restart = Restart(pairs)
     result = ScanResult(start)
     for rba, type_byte, payload in scan(segments, start, result, salvage=salvage):

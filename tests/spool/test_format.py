@@ -33,6 +33,10 @@ def test_every_record_type_round_trips():
          Relog(100, RelogState.IN_DOUBT_DELETE, 15, 77, IN, "d", None, 4.0, 1)),
         (RecordType.QUEUE_CHECKPOINT, fmt.encode_queue_checkpoint(OUT, 3, 3000, 24), QueueCheckpoint(OUT, 3, 3000, 24)),
     ]
+    refs = ((4096, 2048, 1100, 1024, RelogState.COMMITTED, 3, 5.0, "r.fsm", 0, 0),
+            (8192, 9000, 60, 7, RelogState.IN_DOUBT_DELETE, None, 6.0, "é", 15, 77))
+    cases.append((RecordType.REFS, fmt.encode_refs(OUT, refs), fmt.Refs(OUT, refs)))
+    cases.append((RecordType.REFS, fmt.encode_refs(IN, ()), fmt.Refs(IN, ())))
     cpl = CplRecord(4, 1000, 900, 99, RelogMode.SELECTIVE, ((900, 950), (1000, 0)), (InDoubtEntry(15, 77, IN),))
     cases.append((RecordType.CPL, fmt.encode_cpl(cpl), cpl))
     for record_type, payload, expected in cases:
@@ -56,8 +60,13 @@ def test_a_frame_is_valid_only_at_its_own_rba():
 
 def test_segment_header_and_anchor():
     header = fmt.segment_header(1 << 40)
-    assert len(header) == fmt.SEGMENT_HEADER_SIZE == 24 and header[:8] == b"FSSPOOL1"
-    assert fmt.check_segment_header(header, 1 << 40) is None
+    assert len(header) == fmt.SEGMENT_HEADER_SIZE == 24 and header[:8] == b"FSSPOOL2"
+    assert fmt.check_segment_header(header, 1 << 40) is None and fmt.segment_version(header) == 2
+    # A version-1 segment (FSSPOOL1) still reads.
+    old = b"FSSPOOL1" + header[8:20]
+    old += struct.pack("<I", zlib.crc32(old))
+    assert fmt.check_segment_header(old, 1 << 40) is None and fmt.segment_version(old) == 1
+    assert "bad magic" in fmt.check_segment_header(b"FSSPOOL3" + old[8:], 1 << 40)
     assert "base RBA" in fmt.check_segment_header(header, 0)
     assert "checksum" in fmt.check_segment_header(header[:10] + b"\xff" + header[11:], 1 << 40)
     anchor = fmt.encode_anchor(5000, 4000, 9)
@@ -75,6 +84,11 @@ def test_segment_header_and_anchor():
     (RecordType.RELOG, struct.pack("<QBQQ", 1, 9, 0, 0) + b"\x00\x02hq\x00\x00" + struct.pack("<qd", -1, 0)),
     (RecordType.ADD, struct.pack("<Q", 1) + b"\x00\x02hq\x00\x00" + struct.pack("<qd", -5, 0)),
     (99, b""),
+    (RecordType.REFS, b"\x00\x02hq" + struct.pack("<I", 1)),  # fewer entries than counted
+    (RecordType.REFS, b"\x00\x02hq" + struct.pack("<I", 1) + struct.pack("<QQIIBqdH", 1, 1, 9, 0, 2, -1, 0, 0)),
+    (RecordType.REFS, b"\x00\x02hq" + struct.pack("<I", 1) + struct.pack("<QQIIBqdH", 1, 1, 9, 0, 0, -1, 0, 4)),
+    (RecordType.REFS, b"\x00\x02hq" + struct.pack("<I", 1) + struct.pack("<QQIIBqdH", 1, 1, 9, 0, 1, -1, 0, 0)),
+    (RecordType.REFS, b"\x00\x02hq" + struct.pack("<I", 0) + b"x"),
 ])
 def test_malformed_payloads_are_refused(record_type, payload):
     with pytest.raises(BadPayload):
@@ -91,7 +105,7 @@ def test_add_round_trips_any_value(ur, name, epoch, at, data, peer):
     assert payload[len(payload) - len(data):] == data
 
 
-@given(st.binary(max_size=64), st.integers(1, 11))
+@given(st.binary(max_size=64), st.integers(1, 12))
 def test_garbage_never_escapes_as_another_error(garbage, record_type):
     try:
         fmt.decode_payload(record_type, garbage)
