@@ -9,24 +9,28 @@ format number.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from datetime import datetime, time
+import re
+import sys
+import textwrap
+from datetime import datetime, time, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import (DATABASE, console, format_moment, format_seconds, incarnation_text, iso_moment, key_fingerprint,
-                      open_site,
-                      schedule_text)
+from ._common import (DATABASE, MAX_DURATION, console, format_moment, format_seconds, incarnation_text, iso_moment,
+                      key_fingerprint, open_site, parse_duration, schedule_text)
 from ._spool import quarantined, queue_depths, spool_summary
 
 FORMAT = "fieldsync.status/1"
+LINES_FORMAT = "fieldsync.status-lines/1"
 
 
 def _json_value(value: Any) -> Any:
@@ -39,48 +43,115 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def collect_status(database: Path) -> dict[str, Any]:
-    """Everything ``agent status`` shows, as plain JSON values."""
+@dataclasses.dataclass(frozen=True)
+class StatusParts:
+    """``agent status`` in three parts, so that the remotes (ten thousand
+    of them at a large consolidated) are written as they are read:
+    ``head`` (the keys before ``remotes`` in fieldsync.status/1), the
+    ``remotes`` rows as an iterator, ``tail`` (the keys after it), and
+    ``total``, the number of remotes before any filter."""
+
+    head: dict[str, Any]
+    remotes: Iterator[dict[str, Any]]
+    tail: dict[str, Any]
+    total: int
+
+
+@contextlib.contextmanager
+def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterator[StatusParts]:  # noqa: F821
+    """Everything ``agent status`` shows, as plain JSON values; the site
+    stays open (and its rows' snapshot) while ``remotes`` is read."""
+    from ..site.remotes import RemoteFilter, RemoteUser
+
+    names = [field.name for field in dataclasses.fields(RemoteUser)]
     with open_site(database) as site:
         identity = site.identity
-        remotes = site.remotes()
         log_end = site.log_end()
-        conflicts = len(site.conflicts())
-        apply_errors = len(site.apply_errors())
+        counts = site.counts()
         missing = site.missing_tables()
-    depths = {depth.peer: depth for depth in queue_depths(database)}
-    rows = []
-    for remote in remotes:
-        row = {field.name: _json_value(getattr(remote, field.name)) for field in dataclasses.fields(remote)}
-        depth = depths.get(remote.name)
-        row["fingerprint"] = key_fingerprint(remote.public_key)
-        row["sending_due"] = remote.sending_due
-        row["inbound_queue"] = depth.inbound if depth else 0
-        row["outbound_queue"] = depth.outbound if depth else 0
-        rows.append(row)
-    return {
-        "format": FORMAT,
-        "database": os.path.abspath(database),
-        "site": {
-            "name": identity.name,
-            "role": identity.role.value,
-            "incarnation": incarnation_text(identity.incarnation),
-            "address": identity.address,
-            "transport": identity.transport,
-            "public_key": identity.public_key,
-            "fingerprint": key_fingerprint(identity.public_key),
-            "created_at": iso_moment(identity.created_at),
-        },
-        "log_end": log_end,
-        "remotes": rows,
-        "queues": [{"peer": peer, "inbound": depth.inbound, "outbound": depth.outbound}
-                   for peer, depth in sorted(depths.items())],
-        "spool": spool_summary(database),
-        "quarantine": len(quarantined(database)),
-        "conflicts": conflicts,
-        "apply_errors": apply_errors,
-        "missing_tables": list(missing),
-    }
+        depths = {depth.peer: depth for depth in queue_depths(database)}
+
+        remotes = site.iter_remotes(which or RemoteFilter())
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for remote in remotes:
+                row = {name: _json_value(getattr(remote, name)) for name in names}
+                depth = depths.get(remote.name)
+                row["fingerprint"] = key_fingerprint(remote.public_key)
+                row["sending_due"] = remote.sending_due
+                row["inbound_queue"] = depth.inbound if depth else 0
+                row["outbound_queue"] = depth.outbound if depth else 0
+                row["lag"] = max(log_end - remote.confirm_sent, 0)
+                yield row
+
+        head = {
+            "format": FORMAT,
+            "database": os.path.abspath(database),
+            "site": {
+                "name": identity.name,
+                "role": identity.role.value,
+                "incarnation": incarnation_text(identity.incarnation),
+                "address": identity.address,
+                "transport": identity.transport,
+                "public_key": identity.public_key,
+                "fingerprint": key_fingerprint(identity.public_key),
+                "created_at": iso_moment(identity.created_at),
+            },
+            "log_end": log_end,
+        }
+        tail = {
+            "queues": [{"peer": peer, "inbound": depth.inbound, "outbound": depth.outbound}
+                       for peer, depth in sorted(depths.items())],
+            "spool": spool_summary(database),
+            "quarantine": len(quarantined(database)),
+            "conflicts": counts["conflicts"],
+            "apply_errors": counts["apply_errors"],
+            "missing_tables": list(missing),
+        }
+        try:
+            yield StatusParts(head, rows(), tail, counts["remotes"])
+        finally:
+            remotes.close()  # ends its read transaction while the site is still open
+
+
+def collect_status(database: Path) -> dict[str, Any]:
+    """Everything ``agent status`` shows, as one dictionary (all remotes)."""
+    with status_parts(database) as parts:
+        return {**parts.head, "remotes": list(parts.remotes), **parts.tail}
+
+
+def write_document(write: Callable[[str], object], parts: StatusParts) -> int:
+    """fieldsync.status/1, indented as ``json.dumps(..., indent=2)`` writes
+    it, with each remote written as it is read; returns how many."""
+    def dump(value: Any) -> str:
+        return json.dumps(value, indent=2, ensure_ascii=False)
+
+    write(dump(parts.head)[:-2] + ',\n  "remotes": [')
+    count = 0
+    for row in parts.remotes:
+        write(("," if count else "") + "\n" + textwrap.indent(dump(row), "    "))
+        count += 1
+    write(("\n  ]," if count else "],") + dump(parts.tail)[1:] + "\n")
+    return count
+
+
+def write_lines(write: Callable[[str], object], parts: StatusParts) -> int:
+    """fieldsync.status-lines/1: one JSON object a line, each written when
+    it is ready: the site (``kind`` "site": the keys of fieldsync.status/1
+    but ``remotes`` and ``queues``), one ``kind`` "remote" line per remote
+    (the keys of a ``remotes`` item), and an ``kind`` "end" line counting
+    them, so that a reader can tell a whole answer from a cut one."""
+    def dump(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+    tail = {key: value for key, value in parts.tail.items() if key != "queues"}
+    write(dump({"kind": "site", **parts.head, "format": LINES_FORMAT, **tail}))
+    count = 0
+    for row in parts.remotes:
+        write(dump({"kind": "remote", **row}))
+        count += 1
+    write(dump({"kind": "end", "remotes": count, "of": parts.total}))
+    return count
 
 
 def _moment(text: str | None) -> str:
@@ -91,8 +162,10 @@ def _schedule(row: dict[str, Any]) -> str:
     return schedule_text(row["send_every"], None if row["send_at"] is None else time.fromisoformat(row["send_at"]))
 
 
-def render_status(out: Console, status: dict[str, Any]) -> None:
-    """The human form: the site, then the remote-user table in three parts."""
+def render_status(out: Console, status: dict[str, Any], *, total: int | None = None,
+                  filters: list[str] | None = None) -> None:
+    """The human form: the site, then the remote-user table in three parts
+    (with ``filters``, the rows they kept of ``total``)."""
     site = status["site"]
     out.print(f"[bold]{escape(site['name'])}[/] " + escape(f"({site['role']}) in {status['database']}"),
               soft_wrap=True, markup=True)
@@ -112,6 +185,10 @@ def render_status(out: Console, status: dict[str, Any]) -> None:
                   f"of {spool['log_bytes']}, {spool['in_doubt']} in doubt"
                   + ("" if spool["ok"] else f" · PROBLEMS: {'; '.join(spool['problems'])}"), soft_wrap=True)
     rows = status["remotes"]
+    if filters:
+        out.print(f"  {len(rows)} of {total} remotes: {' '.join(filters)}", soft_wrap=True)
+        if not rows:
+            return
     if not rows:
         out.print("  no remote users; add one with `agent remote add`")
         return
@@ -141,19 +218,90 @@ def render_status(out: Console, status: dict[str, Any]) -> None:
     out.print(link)
 
 
+class SilentFor(click.ParamType):
+    """A duration as everywhere (``90s``, ``5m``, ``12h``), and also in
+    days, the unit of a field site that has gone quiet: ``3d``, ``1d12h``."""
+
+    name = "duration"
+    _DAYS = re.compile(r"\s*([0-9]+)d(.*)", re.S)
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        text = str(value)
+        match = self._DAYS.fullmatch(text.lower())
+        try:
+            seconds = int(match.group(1)) * 86400.0 if match else 0.0
+            rest = match.group(2) if match else text
+            if rest.strip() or not match:
+                seconds += parse_duration(rest)
+        except ValueError:
+            self.fail(f"{text!r} is not a duration; write it like 3d, 1d12h, 12h, 90m", param, ctx)
+        if seconds <= 0 or seconds > MAX_DURATION:
+            self.fail(f"{text!r}: give a duration above 0 and at most 366 days", param, ctx)
+        return seconds
+
+
 @click.command()
 @click.argument("database", type=DATABASE)
+@click.option("--lagging", is_flag=True,
+              help="Only peers that have not confirmed everything up to the log end (confirm_sent < log end).")
+@click.option("--silent-for", type=SilentFor(), metavar="DURATION",
+              help="Only peers no data message was applied from for DURATION (3d, 12h, 90m).")
+@click.option("--errors", "with_errors", is_flag=True,
+              help="Only peers with a transport error (last_error) or apply errors.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (format fieldsync.status/1).")
-def status(database: Path, as_json: bool) -> None:
+@click.option("--json-lines", "as_lines", is_flag=True,
+              help="Print one JSON object a line, each remote as it is read (format fieldsync.status-lines/1).")
+def status(database: Path, lagging: bool, silent_for: float | None, with_errors: bool, as_json: bool,
+           as_lines: bool) -> None:
     """Show the remote-user table of DATABASE, its queues and its errors.
 
     Offsets: log_send, log_sent and confirm_sent are in this site's log;
     log_received and confirm_received in the peer's.  At rest,
-    confirm_sent == log_sent == log end for every peer.
-    """
-    data = collect_status(database)
-    if as_json:
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
-        return
-    render_status(console(), data)
+    confirm_sent == log_sent == log end for every peer.  The filters
+    (--lagging, --silent-for, --errors) keep the peers that meet all of
+    those given.
 
+    Example: agent status hq.db --lagging --silent-for 3d --json-lines
+    """
+    from ..site.remotes import RemoteFilter
+
+    if as_json and as_lines:
+        raise click.UsageError("--json and --json-lines exclude each other: one document, or one object a line")
+    silent_since = None
+    if silent_for is not None:
+        silent_since = datetime.now(timezone.utc) - timedelta(seconds=silent_for)
+    which = RemoteFilter(lagging=lagging, silent_since=silent_since, with_errors=with_errors)
+    with status_parts(database, which) as parts:
+        if as_json or as_lines:
+            try:
+                (write_document if as_json else write_lines)(sys.stdout.write, parts)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                # The reader stopped reading (`| head`): what it read is what it wanted.
+                _quiet_stdout()
+            return
+        data = {**parts.head, "remotes": list(parts.remotes), **parts.tail}
+    filters = [text for text, given in (("--lagging", lagging), (f"--silent-for {_silent_text(silent_for)}",
+                                                                   silent_for is not None),
+                                        ("--errors", with_errors)) if given]
+    render_status(console(), data, total=parts.total if filters else None, filters=filters)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of a
+    closed pipe says nothing."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _silent_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    days, rest = divmod(int(seconds), 86400)
+    if days and rest == 0 and seconds == int(seconds):
+        return f"{days}d"
+    return format_seconds(seconds)

@@ -60,10 +60,12 @@ from .publications import (
 )
 from .remotes import (
     NewRemote,
+    RemoteFilter,
     RemoteUser,
     add_remote_locked,
     add_remotes_locked,
     get_remote,
+    iter_remotes_locked,
     list_remotes,
     record_error_locked,
     record_send_locked,
@@ -358,6 +360,24 @@ class SiteDatabase:
         """Every row of the remote-user table (for ``agent status``)."""
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
+
+    def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
+        """The rows of the remote-user table that ``which`` selects, by name,
+        read ``chunk`` at a time from one snapshot (for ``agent status`` at
+        ten thousand peers: rows are not all held at once).  The snapshot
+        and this object's lock are held until the iterator is exhausted or
+        closed."""
+        with self._lock, self._read("listing remotes"):
+            yield from iter_remotes_locked(self._conn, which, chunk=chunk)
+
+    def counts(self) -> dict[str, int]:
+        """Rows of the remote-user, conflict and apply-error tables, counted
+        (not read) in one snapshot: ``remotes``, ``conflicts``,
+        ``apply_errors``."""
+        with self._lock, self._read("counting remotes, conflicts and apply errors"):
+            return {table: self._conn.execute(f"SELECT count(*) FROM fieldsync_{name}").fetchone()[0]
+                    for table, name in (("remotes", "remote"), ("conflicts", "conflict"),
+                                        ("apply_errors", "apply_error"))}
 
     def replaced_incarnations(self, name: str) -> frozenset[bytes]:
         """Incarnation ids of ``name``'s copies that a new extraction replaced

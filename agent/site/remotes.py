@@ -19,7 +19,7 @@ import math
 import sqlite3
 from dataclasses import dataclass, fields
 from datetime import datetime, time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ._db import format_time, parse_time, utc_now
 from .errors import (InvalidSetting, InvariantViolation, RemoteExists, SiteError, UnknownPublication, UnknownRemote,
@@ -116,6 +116,59 @@ def get_remote(conn: sqlite3.Connection, name: str) -> RemoteUser:
 
 def list_remotes(conn: sqlite3.Connection) -> tuple[RemoteUser, ...]:
     return tuple(_row(row) for row in conn.execute(_SELECT + " ORDER BY name"))
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFilter:
+    """Which rows of the remote-user table to read (``agent status``'s
+    filters); every condition given must hold.
+
+    * ``lagging``: the peer has not confirmed everything up to the log end
+      (``confirm_sent`` below it): something logged here is not yet known
+      to be applied there.
+    * ``silent_since``: no data message from the peer applied since then
+      (``last_received_at`` earlier, or never since the row was made).
+    * ``with_errors``: a transport error is recorded for the peer
+      (``last_error``), or an apply error for a message from it.
+    """
+
+    lagging: bool = False
+    silent_since: datetime | None = None
+    with_errors: bool = False
+
+    def __post_init__(self) -> None:
+        if self.silent_since is not None and (not isinstance(self.silent_since, datetime)
+                                              or self.silent_since.tzinfo is None):
+            raise InvalidSetting("silent_since is an aware datetime")
+
+    def where(self, end: int) -> tuple[str, tuple]:
+        """The SQL condition and its parameters, for a log end ``end``."""
+        conditions: list[str] = []
+        parameters: list[object] = []
+        if self.lagging:
+            conditions.append("confirm_sent < ?")
+            parameters.append(end)
+        if self.silent_since is not None:
+            # Stored times are ISO 8601 in UTC, all written by format_time: as text they sort as times.
+            conditions.append("coalesce(last_received_at, created_at) < ?")
+            parameters.append(format_time(self.silent_since))
+        if self.with_errors:
+            conditions.append("(last_error IS NOT NULL OR name IN (SELECT peer FROM fieldsync_apply_error))")
+        return (" WHERE " + " AND ".join(conditions) if conditions else ""), tuple(parameters)
+
+
+def iter_remotes_locked(conn: sqlite3.Connection, which: RemoteFilter, *, chunk: int = 1000
+                        ) -> Iterator[RemoteUser]:
+    """The rows ``which`` selects, by name, fetched ``chunk`` at a time
+    (inside the caller's read transaction: one snapshot)."""
+    where, parameters = which.where(log_end(conn))
+    cursor = conn.execute(_SELECT + where + " ORDER BY name", parameters)
+    while True:
+        rows = cursor.fetchmany(chunk)
+        if not rows:
+            return
+        for row in rows:
+            yield _row(row)
 
 
 def add_remote_locked(conn: sqlite3.Connection, identity: SiteIdentity, name: str, *, address: str | None = None,

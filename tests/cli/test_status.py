@@ -6,7 +6,14 @@ import dataclasses
 import json
 import shutil
 import sqlite3
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import agent.cli.status as status_module
 
 from agent.site import RemoteUser, SiteDatabase
 from tests.sqlfiles import connected
@@ -14,7 +21,7 @@ from tests.sqlfiles import connected
 from .conftest import Agent, World, sync
 
 REMOTE_KEYS = [field.name for field in dataclasses.fields(RemoteUser)] + [
-    "fingerprint", "sending_due", "inbound_queue", "outbound_queue"]
+    "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag"]
 
 
 def _status(agent: Agent, database: Path) -> dict:
@@ -52,7 +59,7 @@ def test_json_after_a_real_replication(agent: Agent, world: World) -> None:
         # At rest: everything sent is confirmed, up to the log end.
         assert row["confirm_sent"] == row["log_sent"] == log_end
         assert row["send_count"] > 0 and row["last_sent_at"].endswith("+00:00")
-        assert row["sending_due"] is False
+        assert row["sending_due"] is False and row["lag"] == 0
         assert len(row["peer_incarnation"]) == 36
     n1_row = next(row for row in hq["remotes"] if row["name"] == "n1")
     n1 = _status(agent, world.n1)
@@ -132,3 +139,138 @@ def test_brackets_in_names_and_values_print_as_they_are(agent, tmp_path) -> None
     assert f"hq (consolidated) in {hq}" in status.out and "in/[/x]" in status.out
     listed = agent("remote", "list", hq).out
     assert "in/[red]w" in listed and "territory=[/x]" in listed
+
+
+# -- a fleet's view: --json written row by row, --json-lines, filters ---------------------
+
+
+def test_json_is_the_documented_document_written_a_remote_at_a_time(agent: Agent, world: World) -> None:
+    """The output of --json is byte for byte json.dumps(indent=2) of the
+    whole document, as before it was written row by row."""
+    sync(agent, world, rounds=1)
+    result = agent("status", world.hq, "--json")
+    assert result.code == 0, result.err
+    assert result.out == json.dumps(json.loads(result.out), indent=2, ensure_ascii=False) + "\n"
+    assert result.out == json.dumps(status_module.collect_status(world.hq), indent=2, ensure_ascii=False) + "\n"
+    lonely = agent("status", world.n1, "--lagging", "--json")
+    assert lonely.out == json.dumps(json.loads(lonely.out), indent=2, ensure_ascii=False) + "\n"
+
+
+def _parts(rows: Iterator[dict]) -> status_module.StatusParts:
+    return status_module.StatusParts({"format": status_module.FORMAT, "log_end": 7}, rows,
+                                     {"queues": [], "quarantine": 0}, total=3)
+
+
+def _rows_then_failure() -> Iterator[dict]:
+    yield {"name": "n1"}
+    yield {"name": "n2"}
+    raise RuntimeError("the third row could not be read")
+
+
+@pytest.mark.parametrize("writer", [status_module.write_lines, status_module.write_document])
+def test_each_remote_is_written_as_soon_as_it_is_read(writer) -> None:  # type: ignore[no-untyped-def]
+    written: list[str] = []
+    with pytest.raises(RuntimeError):
+        writer(written.append, _parts(_rows_then_failure()))
+    text = "".join(written)
+    assert '"n1"' in text and '"n2"' in text  # out before the third row was asked for
+
+
+def test_json_lines(agent: Agent, world: World) -> None:
+    sync(agent, world, rounds=1)
+    result = agent("status", world.hq, "--json-lines")
+    assert result.code == 0, result.err
+    lines = [json.loads(line) for line in result.out.splitlines()]
+    site, *remotes, end = lines
+    document = _status(agent, world.hq)
+    assert site == {"kind": "site", **{key: value for key, value in document.items()
+                                       if key not in ("remotes", "queues", "format", "spool")},
+                    "format": "fieldsync.status-lines/1", "spool": site["spool"]}
+    assert list(site)[:3] == ["kind", "format", "database"]
+    assert [{key: value for key, value in row.items() if key != "kind"} for row in remotes] == document["remotes"]
+    assert all(row["kind"] == "remote" for row in remotes)
+    assert end == {"kind": "end", "remotes": 2, "of": 2}
+    assert agent("status", world.hq, "--json", "--json-lines").code == 2
+
+
+def _lines(agent: Agent, database: Path, *filters: str) -> list[str]:
+    result = agent("status", database, "--json-lines", *filters)
+    assert result.code == 0, result.err
+    *_, end = [json.loads(line) for line in result.out.splitlines()]
+    names = [row["name"] for row in map(json.loads, result.out.splitlines()) if row["kind"] == "remote"]
+    assert end["remotes"] == len(names) and end["of"] == 2
+    document = _status(agent, database) if not filters else json.loads(agent("status", database, "--json",
+                                                                             *filters).out)
+    assert [row["name"] for row in document["remotes"]] == names  # --json filters alike
+    return names
+
+
+def test_lagging_peers(agent: Agent, world: World) -> None:
+    sync(agent, world)
+    assert _lines(agent, world.hq, "--lagging") == []
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n2', 'for n2', 'x')")
+    assert agent("run", world.hq, "--once").code == 0
+    assert _lines(agent, world.hq, "--lagging") == ["n1", "n2"]  # sent, not yet confirmed
+    for database in (world.n1, world.hq):
+        assert agent("run", database, "--once").code == 0
+    assert _lines(agent, world.hq, "--lagging") == ["n2"]
+    row = json.loads(agent("status", world.hq, "--json").out)["remotes"][1]
+    assert row["name"] == "n2" and row["lag"] == row["log_sent"] - row["confirm_sent"] > 0
+    human = agent("status", world.hq, "--lagging").out
+    assert "1 of 2 remotes: --lagging" in human and "n2" in human
+    assert "│ n1 " not in human
+
+
+def test_silent_peers(agent: Agent, world: World) -> None:
+    world.execute("n1", "INSERT INTO customer VALUES (200, 'n1', 'from n1')")
+    sync(agent, world)
+    assert _lines(agent, world.hq, "--silent-for", "3d") == []
+    long_ago = (datetime.now(timezone.utc) - timedelta(days=4)).isoformat()
+    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = ? WHERE name = 'n1'", (long_ago,))
+    # n2 never sent data: it counts from when it was added.
+    world.execute("hq", "UPDATE fieldsync_remote SET created_at = ? WHERE name = 'n2'", (long_ago,))
+    assert _lines(agent, world.hq, "--silent-for", "3d") == ["n1", "n2"]
+    assert _lines(agent, world.hq, "--silent-for", "4d1h") == []
+    assert _lines(agent, world.hq, "--silent-for", "97h") == []
+    assert _lines(agent, world.hq, "--silent-for", "1d") == ["n1", "n2"]
+    recently = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
+    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = ? WHERE name = 'n2'", (recently,))
+    assert _lines(agent, world.hq, "--silent-for", "1d") == ["n1"]
+    for bad in ("soon", "0", "400d", "3d3d"):
+        result = agent("status", world.hq, "--silent-for", bad)
+        assert result.code == 2 and "--silent-for" in result.err, bad
+
+
+def test_peers_with_errors_and_filters_together(agent: Agent, world: World) -> None:
+    sync(agent, world)
+    assert _lines(agent, world.hq, "--errors") == []
+    world.execute("n1", "INSERT INTO customer VALUES (2, 'n1', 'clashes with hq row 2')")  # an apply error at hq
+    for database in (world.n1, world.hq):
+        agent("run", database, "--once")
+    assert _lines(agent, world.hq, "--errors") == ["n1"]
+    shutil.rmtree(world.inbox("n2"))
+    world.execute("hq", "INSERT INTO customer VALUES (300, 'n2', 'for n2', 'x')")
+    assert agent("run", world.hq, "--once").code == 1  # n2's inbox is gone: a transport error
+    assert _lines(agent, world.hq, "--errors") == ["n1", "n2"]
+    assert _lines(agent, world.hq, "--errors", "--lagging") == ["n1", "n2"]
+    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = ?",
+                  ((datetime.now(timezone.utc) - timedelta(days=10)).isoformat(),))
+    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = NULL, created_at = ? WHERE name = 'n2'",
+                  (datetime.now(timezone.utc).isoformat(),))
+    assert _lines(agent, world.hq, "--errors", "--silent-for", "3d") == ["n1"]
+
+
+def test_json_of_ten_thousand_remotes_within_two_seconds(tmp_path: Path, agent: Agent) -> None:
+    from agent.site.remotes import NewRemote
+
+    database = tmp_path / "hq.db"
+    assert agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "in").code == 0
+    with SiteDatabase.open(database) as site:
+        site.add_remotes([NewRemote(f"site{number:05d}", address=f"inbox/{number}", transport="folder")
+                          for number in range(10000)])
+    for option in ("--json", "--json-lines"):
+        started = time.monotonic()
+        result = agent("status", database, option)
+        elapsed = time.monotonic() - started
+        assert result.code == 0 and result.out.count('"name": "site') + result.out.count('"name":"site') == 10000
+        assert elapsed < 2, (option, elapsed)

@@ -262,3 +262,45 @@ def test_a_remote_site_takes_one_remote_only(tmp_path) -> None:
     remote.add_remotes([NewRemote("hq")])
     assert [row.name for row in remote.remotes()] == ["hq"]
     remote.close()
+
+
+# --- reading a fleet's rows (iter_remotes, RemoteFilter) ---------------------------------
+
+def test_iter_remotes_reads_every_row_by_name_a_chunk_at_a_time(site) -> None:
+    site.add_remotes(list(reversed(_fleet(25))))
+    rows = site.iter_remotes(chunk=10)
+    assert next(rows).name == "r00000"
+    assert [row.name for row in rows] == [f"r{number:05d}" for number in range(1, 25)]
+    assert tuple(site.iter_remotes()) == site.remotes()
+
+
+def test_remote_filters(site) -> None:
+    from agent.site.remotes import RemoteFilter
+
+    site.add_remotes(_fleet(4), now=NOW)
+    grow_log(site)
+    end = site.scan()
+    site.record_send("r00000", log_sent=end)
+    site.update_remote("r00000", confirm_sent=end, last_received_at=NOW.replace(day=5))
+    site.record_transport_error("r00002", "no route to host", now=NOW)
+    site.connection.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem)"
+                            " VALUES ('x', 'r00003', 1, 'a row that was not there')")
+
+    def names(**which):  # type: ignore[no-untyped-def]
+        return [row.name for row in site.iter_remotes(RemoteFilter(**which))]
+
+    assert names() == ["r00000", "r00001", "r00002", "r00003"]
+    assert names(lagging=True) == ["r00001", "r00002", "r00003"]
+    assert names(with_errors=True) == ["r00002", "r00003"]
+    # Heard from on the 5th; the others never, and were added on the 1st.
+    assert names(silent_since=NOW.replace(day=3)) == ["r00001", "r00002", "r00003"]
+    assert names(silent_since=NOW.replace(day=6)) == ["r00000", "r00001", "r00002", "r00003"]
+    assert names(silent_since=NOW) == []
+    assert names(lagging=True, with_errors=True, silent_since=NOW.replace(day=3)) == ["r00002", "r00003"]
+    with pytest.raises(InvalidSetting):
+        RemoteFilter(silent_since=datetime(2026, 3, 1))
+
+
+def test_counts(site) -> None:
+    site.add_remotes(_fleet(3))
+    assert site.counts() == {"remotes": 3, "conflicts": 0, "apply_errors": 0}
