@@ -129,7 +129,9 @@ def check_spool(path: str | Path) -> SpoolCheck:
         return _empty(directory, "no segment files: the spool was never opened")
     counts: Counter[str] = Counter()
     full = ScanResult(segments[0].base + SEGMENT_HEADER_SIZE)
-    for _rba, type_byte, _payload in scan(segments, full.start, full, salvage=True):
+    # Gaps between segments are reclaimed segments (only before the restart
+    # position, which read_span below checks).
+    for _rba, type_byte, _payload in scan(segments, full.start, full, salvage=True, gaps=True):
         try:
             counts[RecordType(type_byte & 0x7F).name] += 1
         except ValueError:
@@ -211,7 +213,7 @@ def _verify_copy(segments, block: MessageBlock) -> str | None:
     for segment in segments:
         if segment.base <= block.crba:
             holder = segment
-    if holder is None:
+    if holder is None or block.crba >= holder.base + holder.size:
         return f"its copy at RBA {block.crba} was reclaimed"
     try:
         record_type, payload = read_record_at(holder.path, holder.base, block.crba)

@@ -262,9 +262,7 @@ class Restart:
             elif isinstance(record, Refs):
                 if self._within_completed_checkpoint(rba):
                     self.relogs_honoured += len(record.entries)
-                    relog, queue = self._forward_relog, record.queue
-                    for irba, crba, length, size, state, epoch, enqueued_at, name, ur, _last in record.entries:
-                        relog(rba, queue, irba, state, ur, name, epoch, enqueued_at, size, crba, length)
+                    self._forward_refs(rba, record)
                 else:
                     self.relogs_ignored += len(record.entries)
 
@@ -282,6 +280,21 @@ class Restart:
             block.state, block.ur = MbState.IN_DOUBT_DELETE, record.ur
         else:
             queue.remove(record.irba)
+
+    def _forward_refs(self, rba: int, record: Refs) -> None:
+        """The entries of a REFS record: each as a RELOG record, the common
+        case (a committed message not seen yet, no pending delete) inline
+        because restart meets one per queued message."""
+        key = record.queue
+        queue = self._queue(key)
+        messages, names, pending = queue.messages, queue.names, self.pending
+        committed = RelogState.COMMITTED
+        for irba, crba, length, size, state, epoch, enqueued_at, name, ur, _last in record.entries:
+            if state is committed and irba not in messages and not (pending and (key, irba) in pending):
+                messages[irba] = MessageBlock(irba, crba, size, name, epoch, enqueued_at, length, rba)
+                names[name] = irba
+            else:
+                self._forward_relog(rba, key, irba, state, ur, name, epoch, enqueued_at, size, crba, length)
 
     def _forward_relog(self, rba: int, key: QueueId, irba: int, relog_state: RelogState, relog_ur: int, name: str,
                        epoch: int | None, enqueued_at: float, size: int, crba: int, length: int) -> None:
