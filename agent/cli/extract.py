@@ -1,27 +1,40 @@
-"""``agent extract`` (dbxtract): make a remote's database from the consolidated."""
+"""``agent extract`` (dbxtract): make a remote's database from the
+consolidated, or the databases of many remotes into one folder."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from ..errors import AgentError
 from ._common import (DATABASE, SITE_NAME, check_parent_directory, console, incarnation_text, key_fingerprint,
-                      open_site, require_remote, show_progress)
+                      open_site, remote_names, require_remote, show_progress)
 
 
 @click.command()
 @click.argument("database", type=DATABASE)
-@click.argument("remote", type=SITE_NAME)
-@click.argument("target", type=DATABASE)
-def extract(database: Path, remote: str, target: Path) -> None:
-    """Create the database of REMOTE at TARGET from the consolidated DATABASE.
+@click.argument("names", nargs=-1, metavar="[REMOTE TARGET | REMOTE... --into FOLDER]")
+@click.option("--into", type=click.Path(file_okay=False, path_type=Path), metavar="FOLDER",
+              help="Extract each remote named (or --all, or --from FILE) to FOLDER/REMOTE.db.")
+@click.option("--all", "every", is_flag=True, help="Every remote of DATABASE (with --into).")
+@click.option("--from", "from_file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              metavar="FILE", help="The remotes named in FILE (a `remote add --from` file, or one name a line).")
+@click.option("--format", "file_format", type=click.Choice(["csv", "jsonl", "names"]),
+              help="The format of --from FILE (default: .csv, .jsonl, else one name a line).")
+@click.option("--skip-existing", is_flag=True,
+              help="With --into: leave out the remotes whose FOLDER/REMOTE.db exists (to finish an interrupted run).")
+def extract(database: Path, names: tuple[str, ...], into: Path | None, every: bool, from_file: Path | None,
+            file_format: str | None, skip_existing: bool) -> None:
+    """Create the database of REMOTE at TARGET from the consolidated DATABASE,
+    or with --into FOLDER the databases of many remotes, FOLDER/REMOTE.db each.
 
     TARGET gets the published schema of REMOTE's subscribed tables, their
     subscribed rows, REMOTE's new keys, and the remote-user rows of both
@@ -29,14 +42,82 @@ def extract(database: Path, remote: str, target: Path) -> None:
     go on writing.  Extracting again replaces the remote's stream.
     REMOTE's secret key goes to TARGET.agent/keys/site.key, not into TARGET:
     move TARGET and its folder TARGET.agent to the field site together.
+
+    Example: agent extract hq.db north north.db
+
+    Example: agent extract hq.db --all --into fleet
     """
-    from ..admin import extract_site
-    from ..keyfiles import agent_directory, check_no_key_file, key_path
+    if into is None:
+        if every or from_file is not None or skip_existing or file_format is not None:
+            raise click.UsageError("--all, --from, --format and --skip-existing extract into a folder: give --into "
+                                   "FOLDER")
+        if len(names) != 2:
+            raise click.UsageError("give REMOTE and TARGET (one remote), or remotes with --into FOLDER")
+        remote = _remote_name(names[0])
+        try:
+            target = DATABASE.convert(names[1], None, None)
+        except click.BadParameter as error:
+            raise click.BadParameter(error.message, param_hint="'TARGET'") from None
+        return _extract_one(database, remote, target)
+    if sum((bool(names), every, from_file is not None)) != 1:
+        raise click.UsageError("with --into, name the remotes one way: REMOTE..., --all or --from FILE")
+    if file_format is not None and from_file is None:
+        raise click.UsageError("--format is the format of --from FILE; give --from as well")
+    wanted = [_remote_name(name) for name in names]
+    if from_file is not None:
+        wanted = _names_from_file(from_file, file_format)
+    return _extract_many(database, wanted, every, into, skip_existing)
+
+
+def _remote_name(text: str) -> str:
+    try:
+        return SITE_NAME.convert(text, None, None)
+    except click.BadParameter as error:
+        raise click.BadParameter(error.message, param_hint="'REMOTE'") from None
+
+
+def _names_from_file(path: Path, file_format: str | None) -> list[str]:
+    """The remote names of a fleet file (its ``name`` field: .csv, .jsonl),
+    or of a file of names, one a line (blank lines and lines starting with
+    # left out)."""
+    from .remote import read_fleet_file
+
+    if file_format is None and path.suffix.lower() in (".csv", ".jsonl", ".ndjson", ".json"):
+        file_format = "csv" if path.suffix.lower() == ".csv" else "jsonl"
+    if file_format in ("csv", "jsonl"):
+        lines = [(line.number, line.values.get("name", "")) for line in read_fleet_file(path, file_format)]
+    else:
+        try:
+            text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as error:
+            raise AgentError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+        lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1)
+                 if line.strip() and not line.lstrip().startswith("#")]
+    wanted = []
+    for number, name in lines:
+        try:
+            wanted.append(SITE_NAME.convert(name, None, None))
+        except click.BadParameter as error:
+            raise click.UsageError(f"{path}, line {number}: {error.message}") from None
+    if not wanted:
+        raise click.UsageError(f"{path} names no remote; write one name a line")
+    return wanted
+
+
+def _check_target(target: Path) -> None:
+    from ..keyfiles import check_no_key_file
 
     if os.path.lexists(target):  # a dangling symbolic link too: the copy would not go where it points
         raise AgentError(f"{target} exists already; remove it or choose another path")
     check_parent_directory(target)
     check_no_key_file(target)  # checked again when it is written; said here before the copy starts
+
+
+def _extract_one(database: Path, remote: str, target: Path) -> None:
+    from ..admin import extract_site
+    from ..keyfiles import agent_directory, key_path
+
+    _check_target(target)
     out = console()
     with open_site(database) as site:
         require_remote(site, remote)
@@ -50,7 +131,7 @@ def extract(database: Path, remote: str, target: Path) -> None:
         else:
             result = extract_site(site, remote, target)
         elapsed = time.monotonic() - started
-        remote_row = next(row for row in site.remotes() if row.name == remote)
+        remote_row = site.remote(remote)
     out.print(f"Extracted {remote} to {target}:", soft_wrap=True)
     table = Table()
     table.add_column("table")
@@ -64,3 +145,72 @@ def extract(database: Path, remote: str, target: Path) -> None:
               f"{elapsed:.1f}s.", soft_wrap=True)
     out.print(f"Move {target} and its folder {agent_directory(target)} to the field site together; "
               f"{key_path(target)} holds {remote}'s secret key.", soft_wrap=True, markup=False)
+
+
+def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, skip_existing: bool) -> None:
+    """Extract each remote to ``into/NAME.db``, one after the other, with the
+    consolidated opened once.  Every name and target is checked before the
+    first copy; a failure stops the run, leaving the remotes done so far
+    extracted (each one whole) and the rest as they were."""
+    from ..admin import extract_site
+
+    if not into.is_dir():
+        raise AgentError(f"{into} is not a folder; create it first (the remotes go to {into}/REMOTE.db)")
+    out = console()
+    with open_site(database) as site:
+        known = remote_names(site)
+        if every:
+            wanted = [name for name in known if name != site.identity.name]
+            if not wanted:
+                raise AgentError(f"{database} has no remotes to extract; add them with `agent remote add`")
+        known_set = set(known)
+        seen: set[str] = set()
+        for name in wanted:
+            if name not in known_set:
+                raise AgentError(f"{database} has no remote named {name!r}; add it with `agent remote add`, or "
+                                 "leave it out")
+            if name in seen:
+                raise click.UsageError(f"{name} is named twice")
+            seen.add(name)
+        targets = [(name, into / f"{name}.db") for name in wanted]
+        if skip_existing:
+            skipped = [name for name, target in targets if os.path.lexists(target)]
+            targets = [(name, target) for name, target in targets if not os.path.lexists(target)]
+        else:
+            skipped = []
+        for _name, target in targets:
+            try:
+                _check_target(target)
+            except AgentError as error:
+                hint = "; --skip-existing leaves out the remotes extracted already" if os.path.lexists(target) else ""
+                raise AgentError(f"{error}{hint}") from None
+        started = time.monotonic()
+        done = 0
+        rows = 0
+        with _progress(out) as progress:
+            task = progress.add_task(f"extracting into {into}", total=len(targets))
+            for name, target in targets:
+                try:
+                    result = extract_site(site, name, target)
+                except Exception as error:
+                    from . import describe
+
+                    raise AgentError(f"extracting {name} to {target} failed: {describe(error)}; {done} of "
+                                     f"{len(targets)} remotes were extracted before it (each whole); extract the "
+                                     "rest with the same command and --skip-existing") from error
+                done += 1
+                total = sum(result.rows.values())
+                rows += total
+                progress.console.print(f"{name}: {target}, {total} rows, consistent at log offset {result.offset}",
+                                       soft_wrap=True, markup=False, highlight=False)
+                progress.advance(task)
+        elapsed = time.monotonic() - started
+    if skipped:
+        out.print(f"Left out {len(skipped)} remotes whose database exists already in {into}.", soft_wrap=True)
+    out.print(f"Extracted {done} remotes into {into} ({rows} rows) in {elapsed:.1f}s. Move each REMOTE.db with its "
+              "folder REMOTE.db.agent (its secret key) to its field site.", soft_wrap=True, markup=False)
+
+
+def _progress(out: Console) -> Progress:
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=out, transient=True, disable=not show_progress(out))

@@ -76,3 +76,131 @@ def test_extract_into_a_folder_that_takes_no_file_names_the_target(tmp_path: Pat
     # The remote's key file is written first, beside the database to be.
     assert result.err_lines == ["agent: cannot write the key file of /proc/n1.db: the folder /proc takes no new "
                                 "file (No such file or directory)"]
+
+
+# -- many remotes into a folder -------------------------------------------------------------
+
+
+def _add_fleet(agent: Agent, world: World, tmp_path: Path, *names: str) -> Path:
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address,subscribe\n" + "".join(
+        f"{name},{tmp_path / 'inbox' / name},territory={'n1' if number % 2 else 'n2'}\n"
+        for number, name in enumerate(names)))
+    assert agent("remote", "add", world.hq, "--from", fleet).code == 0
+    return fleet
+
+
+def _customers(path: Path) -> list[tuple]:
+    with connected(path) as conn:
+        return conn.execute("SELECT id FROM customer ORDER BY id").fetchall()
+
+
+def test_extract_many_into_a_folder(tmp_path: Path, agent: Agent, world: World) -> None:
+    fleet = _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
+    into = tmp_path / "fleet"
+    into.mkdir()
+    result = agent("extract", world.hq, "--from", fleet, "--into", into)
+    assert result.code == 0, result.err
+    assert "Extracted 3 remotes into" in result.out and "m1: " in result.out
+    assert sorted(path.name for path in into.iterdir()) == ["m0.db", "m0.db.agent", "m1.db", "m1.db.agent",
+                                                             "m2.db", "m2.db.agent"]
+    assert _customers(into / "m0.db") == world.rows("hq", "SELECT id FROM customer WHERE region = 'n2' ORDER BY id")
+    assert _customers(into / "m1.db") == world.rows("hq", "SELECT id FROM customer WHERE region = 'n1' ORDER BY id")
+    with SiteDatabase.open(into / "m2.db") as m2, SiteDatabase.open(world.hq) as hq:
+        assert m2.identity.name == "m2" and hq.remote("m2").public_key == m2.identity.public_key
+    # Each extracted remote replicates: a change at hq reaches m1 through its inbox.
+    (tmp_path / "inbox" / "m1").mkdir(parents=True)
+    world.execute("hq", "INSERT INTO customer VALUES (500, 'n1', 'for m1', 'x')")
+    assert agent("run", world.hq, "--once").code == 1  # the other new remotes have no inbox folder
+    assert agent("run", into / "m1.db", "--once").code == 0
+    assert (500,) in _customers(into / "m1.db")
+
+
+def test_extract_named_remotes_and_all(tmp_path: Path, agent: Agent, world: World) -> None:
+    _add_fleet(agent, world, tmp_path, "m0", "m1")
+    (tmp_path / "some").mkdir()
+    result = agent("extract", world.hq, "m1", "n1", "--into", tmp_path / "some")
+    assert result.code == 0, result.err
+    assert sorted(path.name for path in (tmp_path / "some").glob("*.db")) == ["m1.db", "n1.db"]
+    (tmp_path / "all").mkdir()
+    result = agent("extract", world.hq, "--all", "--into", tmp_path / "all")
+    assert result.code == 0, result.err
+    assert sorted(path.name for path in (tmp_path / "all").glob("*.db")) == ["m0.db", "m1.db", "n1.db", "n2.db"]
+    names = tmp_path / "names.txt"
+    names.write_text("# the northern sites\nm0\n\nn2\n")
+    (tmp_path / "listed").mkdir()
+    result = agent("extract", world.hq, "--from", names, "--into", tmp_path / "listed")
+    assert result.code == 0, result.err
+    assert sorted(path.name for path in (tmp_path / "listed").glob("*.db")) == ["m0.db", "n2.db"]
+
+
+def test_a_target_in_the_way_or_an_unknown_remote_extracts_nothing(tmp_path: Path, agent: Agent,
+                                                                    world: World) -> None:
+    _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
+    into = tmp_path / "fleet"
+    into.mkdir()
+    (into / "m1.db").write_text("in the way")
+    result = agent("extract", world.hq, "--all", "--into", into)
+    assert result.code == 1 and len(result.err_lines) == 1
+    assert f"{into / 'm1.db'} exists already" in result.err and "--skip-existing" in result.err
+    assert sorted(path.name for path in into.iterdir()) == ["m1.db"]
+    result = agent("extract", world.hq, "m0", "ghost", "--into", into)
+    assert result.code == 1 and "no remote named 'ghost'" in result.err
+    assert sorted(path.name for path in into.iterdir()) == ["m1.db"]
+    result = agent("extract", world.hq, "--all", "--into", into, "--skip-existing")
+    assert result.code == 0, result.err
+    assert "Left out 1 remotes" in result.out and "Extracted 4 remotes" in result.out
+    assert (into / "m1.db").read_text() == "in the way"
+
+
+def test_a_failure_stops_the_run_and_says_what_was_done(tmp_path: Path, agent: Agent, world: World,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent import admin
+
+    _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
+    real = admin.extract_site
+
+    def failing(site, remote, target):  # type: ignore[no-untyped-def]
+        if remote == "m1":
+            raise OSError(28, "No space left on device")
+        return real(site, remote, target)
+
+    monkeypatch.setattr(admin, "extract_site", failing)
+    into = tmp_path / "fleet"
+    into.mkdir()
+    result = agent("extract", world.hq, "m0", "m1", "m2", "--into", into)
+    assert result.code == 1 and len(result.err_lines) == 1
+    assert "extracting m1" in result.err and "1 of 3 remotes were extracted" in result.err
+    assert sorted(path.name for path in into.glob("*.db")) == ["m0.db"]
+    monkeypatch.setattr(admin, "extract_site", real)
+    result = agent("extract", world.hq, "m0", "m1", "m2", "--into", into, "--skip-existing")
+    assert result.code == 0, result.err
+    assert sorted(path.name for path in into.glob("*.db")) == ["m0.db", "m1.db", "m2.db"]
+
+
+@pytest.mark.parametrize("arguments, says", [
+    (("--all",), "give --into"),
+    (("n1",), "give REMOTE and TARGET"),
+    (("n1", "a.db", "b.db"), "give REMOTE and TARGET"),
+    (("n1", "--all", "--into", "."), "one way"),
+    (("--into", "."), "one way"),
+    (("n1", "n1", "--into", "."), "n1 is named twice"),
+    (("n 1", "--into", "."), "invalid value for 'REMOTE'"),
+    (("--all", "--format", "csv", "--into", "."), "give --from as well"),
+])
+def test_extract_usage_errors(agent: Agent, world: World, arguments: tuple[str, ...], says: str) -> None:
+    result = agent("extract", world.hq, *arguments)
+    assert result.code == 2 and len(result.err_lines) == 1 and says in result.err, result.err
+
+
+def test_extract_many_progress_only_on_a_terminal(tmp_path: Path, agent: Agent, world: World,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _add_fleet(agent, world, tmp_path, "m0", "m1")
+    (tmp_path / "a").mkdir()
+    result = agent("extract", world.hq, "--all", "--into", tmp_path / "a")
+    assert result.code == 0 and "━" not in result.out
+    monkeypatch.setattr(extract_module, "show_progress", lambda out: True)
+    (tmp_path / "b").mkdir()
+    result = agent("extract", world.hq, "--all", "--into", tmp_path / "b")
+    assert result.code == 0, result.err
+    assert len(list((tmp_path / "b").glob("*.db"))) == 4

@@ -303,3 +303,33 @@ def test_extraction_while_an_application_writes_then_a_full_round(tmp_path):
     assert table_rows(r1, "orders") == table_rows(hq, "orders", "WHERE region = 'north'")
     r1.close()
     hq.close()
+
+
+@pytest.mark.parametrize("declared", ["", "TEXT", "INTEGER", "NUMERIC", "REAL"])
+@pytest.mark.parametrize("value", [7, 7.0, "7", b"7", "seven"])
+def test_the_copy_keeps_exactly_the_rows_the_log_reader_sends(tmp_path, declared, value):
+    """The copy asks SQLite for candidate rows (IN, by the column's
+    affinity), then keeps the rows whose value equals the subscription's as
+    the log reader compares them: whatever the column's type and values."""
+    from agent.site.extract import PREFILTER_VALUES
+
+    site = make_site(tmp_path, "hq", "consolidated", f"CREATE TABLE depot (id INTEGER PRIMARY KEY, zone {declared})")
+    site.create_publication("zones", [Article("depot", subscribe_by="zone")])
+    site.add_remote("r1")
+    site.subscribe("r1", "zones", value)
+    values = [7, 7.0, "7", b"7", "seven", "07", None, 8]
+    app = app_connection(site)
+    app.executemany("INSERT INTO depot VALUES (?, ?)", list(enumerate(values)))
+    expected = [(number, stored) for number, stored in site.connection.execute("SELECT id, zone FROM depot")
+                if stored is not None and stored == value]
+    site.extract("r1", tmp_path / "r1.db")
+    with connected(tmp_path / "r1.db") as copy:
+        assert copy.execute("SELECT id, zone FROM depot ORDER BY id").fetchall() == expected
+    # Too many values for the IN list: the same rows, every row tested.
+    site.connection.executemany(
+        "INSERT INTO fieldsync_subscription (remote, publication, value, created_at) VALUES ('r1', 'zones', ?, 'x')",
+        [(f"other {number}",) for number in range(PREFILTER_VALUES)])
+    site.extract("r1", tmp_path / "r1-again.db")
+    with connected(tmp_path / "r1-again.db") as copy:
+        assert copy.execute("SELECT id, zone FROM depot ORDER BY id").fetchall() == expected
+    site.close()
