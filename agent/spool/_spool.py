@@ -631,7 +631,13 @@ class SpoolQueues(MessageQueues):
             threshold = begin  # every copy older than this checkpoint
         else:
             threshold = aged[0][1]  # copies at or before the end of the oldest checkpoint kept
-        reclaim = self._segments_to_reclaim() if self.relog_by_reference and mode is not RelogMode.OFF else None
+        by_reference = self.relog_by_reference and mode is not RelogMode.OFF
+        bases, reclaim = self._log.segment_bases(), self._segments_to_reclaim() if by_reference else {}
+        reclaim_end = max(reclaim.values(), default=0)
+
+        def reclaimed(rba: int) -> bool:
+            return rba < reclaim_end and _holder(bases, rba) in reclaim
+
         oldest_not_logged = begin
         relogged = relogged_bytes = referenced = 0
         for key in sorted(self._queues, key=lambda key: (key.direction, key.peer)):
@@ -641,8 +647,8 @@ class SpoolQueues(MessageQueues):
             refs: list[tuple[MessageBlock, Ref]] = []
             for block in blocks:
                 content += block.size
-                copy = reclaim is None or _holder(reclaim[0], block.crba) in reclaim[1]
-                if block.lrba > threshold and not (copy and reclaim is not None):
+                copy = not by_reference or reclaimed(block.crba)
+                if block.lrba > threshold and not (by_reference and copy):
                     oldest_not_logged = min(oldest_not_logged, block.lrba)
                     continue
                 unit = self._in_doubt.get(block.ur) if block.state is MbState.IN_DOUBT_DELETE else None
@@ -711,15 +717,14 @@ class SpoolQueues(MessageQueues):
         self._checkpoint_stats = stats
         return stats
 
-    def _segments_to_reclaim(self) -> tuple[list[int], set[int]]:
-        """The bases of all segments, and of those restart no longer reads
-        that queued messages' content fills at most RECLAIM_FILL of: their
-        messages are relogged with content, so that the segments can go."""
-        extents = self._log.segment_extents()
-        bases = self._log.segment_bases()
-        old = {base: end for base, end in extents if end <= self._restart_rba}
+    def _segments_to_reclaim(self) -> dict[int, int]:
+        """Base and end of the segments restart no longer reads that queued
+        messages' content fills at most RECLAIM_FILL of: their messages
+        are relogged with content, so that the segments can go."""
+        old = {base: end for base, end in self._log.segment_extents() if end <= self._restart_rba}
         if not old:
-            return bases, set()
+            return {}
+        bases = self._log.segment_bases()
         filled = dict.fromkeys(old, 0)
         limit = max(old.values())
         for queue in self._queues.values():
@@ -728,7 +733,7 @@ class SpoolQueues(MessageQueues):
                     base = _holder(bases, block.crba)
                     if base in filled:
                         filled[base] += block.length or block.size
-        return bases, {base for base, used in filled.items() if used <= RECLAIM_FILL * (old[base] - base)}
+        return {base: old[base] for base, used in filled.items() if used <= RECLAIM_FILL * (old[base] - base)}
 
     def _content_segments(self, before: int) -> set[int]:
         """Bases of the segments ending at or before ``before`` that hold a queued message's content."""

@@ -22,11 +22,12 @@ PEERS = ("hq", "f2")
 class SpoolMachine(RuleBasedStateMachine):
     @initialize(checkpoint_every=st.integers(3, 40), cpl_pairs=st.integers(1, 4),
                 relog=st.sampled_from(["selective", "selective", "all", "off"]),
-                segment_bytes=st.sampled_from([4096, 16384, 1 << 20]))
-    def start(self, checkpoint_every, cpl_pairs, relog, segment_bytes):
+                segment_bytes=st.sampled_from([4096, 16384, 1 << 20]),
+                relog_by_reference=st.sampled_from([True, True, False]))
+    def start(self, checkpoint_every, cpl_pairs, relog, segment_bytes, relog_by_reference):
         self.directory = Path(tempfile.mkdtemp(prefix="spool-model-"))
         self.options = dict(checkpoint_every=checkpoint_every, cpl_pairs=cpl_pairs, relog=relog,
-                            segment_bytes=segment_bytes)
+                            segment_bytes=segment_bytes, relog_by_reference=relog_by_reference)
         self.spool = SpoolQueues(self.directory / "spool", **self.options)
         self.inbound = {peer: set() for peer in PEERS}
         self.outbound = {peer: [] for peer in PEERS}
