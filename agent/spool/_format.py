@@ -459,6 +459,10 @@ def decode_payload(record_type: int, payload: bytes | memoryview) -> Record:
     """Decode one payload; raise BadPayload if it is malformed."""
     if record_type == 4 and len(payload) == 8:  # COMMIT, half the records of a busy log
         return Commit(_U64.unpack_from(payload)[0])
+    if record_type == 2 and len(payload) >= 18:  # DELETE of a known queue
+        queue = _QUEUES_SEEN.get(bytes(payload[16:]))
+        if queue is not None:
+            return Delete(*_U64X2.unpack_from(payload), queue)
     reader = _Reader(payload)
     kind = _KINDS.get(record_type)
     if kind is None:
