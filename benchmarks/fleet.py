@@ -1,0 +1,174 @@
+"""Fleet operations at one consolidated: N remotes over the folder transport.
+
+Setup, for each N: a consolidated ``hq`` with one published table,
+``reading`` (2 rows per remote), partitioned by its SUBSCRIBE BY column
+``region`` (indexed), and a fleet file of N remotes ``r00000``... each
+subscribed to its own region, with a folder inbox each.  Real SQLite files
+in a temporary folder; every command runs in this process through
+:func:`agent.cli.main` (after the interpreter has started: the command is
+timed, not the interpreter's start).
+
+* ``bulk_add_s``: ``agent remote add hq.db --from fleet.csv``.
+* ``bulk_extract_s``: ``agent extract hq.db --from subset.txt --into
+  FOLDER`` of the first ``bulk_extract_n`` remotes (at most
+  ``--extract``, 100 by default: extraction writes a database, a key file
+  and their fsyncs per remote, so all of 10,000 would dominate the run);
+  ``bulk_extract_ms_per_remote`` is its time per remote.
+* ``status_s``: ``agent status hq.db --json`` (to /dev/null).
+* The runs, ``agent run hq.db --once``, after one warm-up run (the first
+  run of a new fleet sends each remote its first message): ``idle_s``
+  with nothing changed; ``one_change_s`` after one row of one remote's
+  region changed; ``all_change_s`` after every row changed in one
+  transaction (``all_change_ms_per_remote`` = its time per remote).  The
+  ``*_files`` figures count the files that appeared in the remotes' inbox
+  folders during that run (the remotes never run, so nothing is taken
+  away).
+* ``baseline_write_n_files_s``: N times write a small file, fsync it and
+  ``os.replace`` it into a folder, the least a run that writes one file
+  per remote costs.
+
+Run: ``python -m benchmarks.fleet --json [--sizes 100,1000,10000]``.
+Output: ``{"benchmark": "fleet", "by_n": {"100": {...}, ...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+from agent.admin import init_site
+from agent.cli import main as agent
+
+ROWS_PER_REMOTE = 2
+
+
+def _agent(*arguments: object) -> float:
+    """Run one ``agent`` command in this process, its output discarded;
+    return the seconds it took (a failing command stops the benchmark)."""
+    out, err = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = agent([str(argument) for argument in arguments])
+    elapsed = time.perf_counter() - started
+    if code not in (0,):
+        raise SystemExit(f"agent {' '.join(map(str, arguments))}: exit {code}: {err.getvalue().strip()}")
+    return elapsed
+
+
+def make_consolidated(root: Path, count: int) -> tuple[Path, Path]:
+    """hq.db with the published, partitioned table, and the fleet file."""
+    (root / "inbox" / "hq").mkdir(parents=True)
+    hq = root / "hq.db"
+    site = init_site(hq, name="hq", role="consolidated", address=str(root / "inbox" / "hq"), transport="folder")
+    site.connection.execute("CREATE TABLE reading (id INTEGER PRIMARY KEY, region TEXT NOT NULL, value REAL)")
+    site.connection.execute("CREATE INDEX reading_region ON reading (region)")
+    with site.connection:
+        site.connection.execute("BEGIN")
+        site.connection.executemany("INSERT INTO reading (region, value) VALUES (?, ?)",
+                                    [(f"r{number:05d}", 0.0) for number in range(count)
+                                     for _ in range(ROWS_PER_REMOTE)])
+    site.close()
+    _agent("publication", "create", hq, "territory", "reading@region")
+    fleet = root / "fleet.csv"
+    lines = ["name,address,subscribe"]
+    for number in range(count):
+        name = f"r{number:05d}"
+        (root / "inbox" / name).mkdir()
+        lines.append(f"{name},{root / 'inbox' / name},territory={name}")
+    fleet.write_text("\n".join(lines) + "\n")
+    return hq, fleet
+
+
+def inbox_files(root: Path) -> int:
+    return sum(len(os.listdir(folder)) for folder in (root / "inbox").iterdir() if folder.name != "hq")
+
+
+def timed_run(root: Path, hq: Path) -> tuple[float, int]:
+    before = inbox_files(root)
+    seconds = _agent("run", hq, "--once")
+    return seconds, inbox_files(root) - before
+
+
+def change(hq: Path, where: str) -> None:
+    conn = sqlite3.connect(hq, isolation_level=None)
+    try:
+        conn.execute(f"UPDATE reading SET value = value + 1 {where}")
+    finally:
+        conn.close()
+
+
+def baseline_write_files(folder: Path, count: int) -> float:
+    """``count`` small files each written, fsynced and renamed into place."""
+    folder.mkdir()
+    payload = b"x" * 300
+    started = time.perf_counter()
+    for number in range(count):
+        temporary = folder / f".{number}.tmp"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(descriptor, payload)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temporary, folder / f"{number}.msg")
+    return time.perf_counter() - started
+
+
+def measure(count: int, extract_at_most: int) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="fieldsync-fleet-"))
+    try:
+        root = workdir / "fleet"
+        root.mkdir()
+        hq, fleet = make_consolidated(root, count)
+        result: dict = {"remotes": count}
+        result["bulk_add_s"] = round(_agent("remote", "add", hq, "--from", fleet), 3)
+        subset = root / "subset.txt"
+        extracted = min(count, extract_at_most)
+        subset.write_text("".join(f"r{number:05d}\n" for number in range(extracted)))
+        (root / "extracted").mkdir()
+        seconds = _agent("extract", hq, "--from", subset, "--into", root / "extracted")
+        result.update({"bulk_extract_s": round(seconds, 3), "bulk_extract_n": extracted,
+                       "bulk_extract_ms_per_remote": round(seconds * 1000 / extracted, 2)})
+        result["status_s"] = round(_agent("status", hq, "--json"), 3)
+        timed_run(root, hq)  # warm-up: each remote's first message
+        result["idle_s"], result["idle_files"] = timed_run(root, hq)
+        change(hq, "WHERE id = 1")
+        result["one_change_s"], result["one_change_files"] = timed_run(root, hq)
+        change(hq, "")
+        result["all_change_s"], result["all_change_files"] = timed_run(root, hq)
+        result["all_change_ms_per_remote"] = round(result["all_change_s"] * 1000 / count, 3)
+        for key in ("idle_s", "one_change_s", "all_change_s"):
+            result[key] = round(result[key], 3)
+        result["status_after_runs_s"] = round(_agent("status", hq, "--json"), 3)
+        result["baseline_write_n_files_s"] = round(baseline_write_files(workdir / "baseline", count), 3)
+        return result
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--sizes", default="100,1000,10000", help="numbers of remotes, comma-separated")
+    parser.add_argument("--extract", type=int, default=100, help="remotes extracted in bulk_extract_s (at most)")
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    result = {"benchmark": "fleet", "by_n": {str(size): measure(size, args.extract) for size in sizes}}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for size, figures in result["by_n"].items():
+            print(f"N={size}: " + ", ".join(f"{key} {value}" for key, value in figures.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
