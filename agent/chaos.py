@@ -292,7 +292,7 @@ class Simulation:
 
     def _watch_applies(self, site: str, agent: Agent) -> None:
         """I3: record every committed apply that carried a stale-epoch message."""
-        apply = agent._apply
+        apply = agent.apply
 
         async def watched(peer, action):  # type: ignore[no-untyped-def]
             protocol = peer.protocol
@@ -306,7 +306,7 @@ class Simulation:
                     f"after asking for epoch {rereceive_count}")
             return more
 
-        agent._apply = watched  # type: ignore[method-assign]
+        agent.apply = watched  # type: ignore[method-assign]
 
     async def _drop(self, site: str) -> None:
         agent = self.agents.pop(site, None)

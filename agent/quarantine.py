@@ -291,3 +291,37 @@ class QuarantineStore:
                      f"caps ({self.limits.peer_files} files / {self.limits.peer_bytes} bytes a peer, "
                      f"{self.limits.total_files} files / {self.limits.total_bytes} bytes in all)")
         return text
+
+
+class SetAside:
+    """Files refused on receipt on their way into a :class:`QuarantineStore`,
+    written a block at a time: one worker-thread hop per block, not per
+    file, so a flood of junk is read at the speed of its listing.  A block
+    holds at most ``FILES`` files or ``BYTES`` bytes.
+
+    A file may be acknowledged to its transport before its block is
+    written: the quarantine is evidence, not state (see above)."""
+
+    FILES = 256
+    BYTES = 16 * 1024 * 1024
+
+    def __init__(self, store: QuarantineStore) -> None:
+        self.store = store
+        self._block: list[tuple[str | None, str, bytes, str]] = []
+        self._bytes = 0
+
+    def add(self, peer: str | None, name: str, data: bytes, reason: str) -> bool:
+        """Add a file to the block; True when the block is full (write it)."""
+        self._block.append((peer, name, data, reason))
+        self._bytes += len(data)
+        return len(self._block) >= self.FILES or self._bytes >= self.BYTES
+
+    def take(self) -> list[tuple[str | None, str, bytes, str]]:
+        """The block so far, for :meth:`write`; the next block starts empty."""
+        block, self._block, self._bytes = self._block, [], 0
+        return block
+
+    def write(self, block: list[tuple[str | None, str, bytes, str]]) -> None:
+        """Blocking: put a block into the store."""
+        for peer, name, data, reason in block:
+            self.store.put(peer, name, data, reason)

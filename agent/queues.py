@@ -1,8 +1,11 @@
 """The agent's durable message queues: inbound per publisher, outbound per destination.
 
 Rules of this file:
-* :class:`MessageQueues` is the whole interface the runner uses; keep it
-  narrow so the recovery-log spool can stand behind it.
+* :class:`MessageQueues` is the whole interface the runner uses, declared
+  as a ``typing.Protocol`` (implementations subclass it, so a missing
+  method is an error at construction); keep it narrow so the recovery-log
+  spool can stand behind it.  The runner probes nothing with ``getattr``:
+  the transactional dequeue and the group commit are part of it.
 * Every method is blocking (file I/O): the runner calls them in a thread.
 * ``put_*`` returns only when the message is durable; putting a name that is
   already queued keeps one copy.
@@ -14,16 +17,21 @@ Rules of this file:
 from __future__ import annotations
 
 import abc
+import contextlib
+import logging
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ContextManager, Protocol
 
 from codec.atomic import write_file_atomically
 from codec.errors import BadFileName
 from codec.names import Kind, MessageName, check_site_name
 
 from .errors import AgentError
+
+log = logging.getLogger("fieldsync.agent")
 
 
 class QueueError(AgentError):
@@ -37,8 +45,25 @@ class QueueDepth:
     outbound: int
 
 
-class MessageQueues(abc.ABC):
-    """Durable inbound and outbound message queues of one site."""
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What settling a peer's in-doubt dequeues decided (see
+    :meth:`MessageQueues.resolve_in_doubt`)."""
+
+    dequeued: tuple[str, ...] = ()  # their database transaction committed: gone
+    restored: tuple[str, ...] = ()  # it did not: queued again
+
+
+class MessageQueues(Protocol):
+    """Durable inbound and outbound message queues of one site.
+
+    ``path`` is where they live; ``last_restart`` and ``restart_problems``
+    say what opening them had to repair (None and () for queues that
+    never need repair)."""
+
+    path: Path
+    last_restart: Any
+    restart_problems: tuple[str, ...]
 
     @abc.abstractmethod
     def put_inbound(self, peer: str, name: str, data: bytes) -> None: ...
@@ -74,7 +99,33 @@ class MessageQueues(abc.ABC):
     @abc.abstractmethod
     def depths(self) -> list[QueueDepth]: ...
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    # -- the transactional dequeue (docs/spool-format.md, "In-doubt dequeues") --
+
+    @abc.abstractmethod
+    def begin_dequeue(self, peer: str, names: tuple[str, ...] | list[str], log_received: int) -> Any:
+        """Start dequeuing inbound messages that the database transaction
+        about to run applies (setting ``log_received``); durable on return.
+        Returns a token for :meth:`commit_dequeue` or :meth:`abort_dequeue`."""
+
+    @abc.abstractmethod
+    def commit_dequeue(self, token: Any) -> None:
+        """The database transaction committed: the messages are gone."""
+
+    @abc.abstractmethod
+    def abort_dequeue(self, token: Any) -> None:
+        """The database transaction failed: the messages stay queued."""
+
+    @abc.abstractmethod
+    def resolve_in_doubt(self, peer: str, log_received: int) -> Settled:
+        """After a restart: settle ``peer``'s dequeues whose transaction's
+        fate is unknown, by the database's ``log_received``."""
+
+    @abc.abstractmethod
+    def group_commit(self) -> ContextManager[None]:
+        """A block whose puts are made durable together, at its end."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
         """Release resources.  Idempotent."""
 
 
@@ -90,7 +141,9 @@ class DirectoryQueues(MessageQueues):
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+        self.root = self.path = Path(root)
+        self.last_restart = None
+        self.restart_problems = ()
         self._sequence: dict[str, int] = {}
 
     def _dir(self, direction: str, peer: str) -> Path:
@@ -204,6 +257,28 @@ class DirectoryQueues(MessageQueues):
                 peers.update(p.name for p in base.iterdir() if p.is_dir())
         return [QueueDepth(peer, len(self.inbound(peer)), len(self.outbound(peer))) for peer in sorted(peers)]
 
+    # A file deleted is gone: the dequeue commits when it is deleted, after
+    # the database transaction (a crash in between leaves duplicates, which
+    # rule 1 deletes), and nothing is ever in doubt.
+
+    def begin_dequeue(self, peer: str, names: tuple[str, ...] | list[str], log_received: int) -> Any:
+        return peer, tuple(names)
+
+    def commit_dequeue(self, token: Any) -> None:
+        self.delete_inbound(*token)
+
+    def abort_dequeue(self, token: Any) -> None:
+        pass
+
+    def resolve_in_doubt(self, peer: str, log_received: int) -> Settled:
+        return Settled()
+
+    def group_commit(self) -> ContextManager[None]:
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
 
 def _fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
@@ -211,3 +286,33 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_queues(database: str | os.PathLike[str]) -> MessageQueues:
+    """The message queues of a site's agent: the recovery-log spool in
+    ``<db>.agent/spool`` (docs/spool-format.md).  Only one process at a time
+    may hold them; offline tools read them with ``agent.spool.check_spool``.
+    What opening them had to repair after an unclean stop is logged."""
+    from .keyfiles import agent_directory
+    from .spool import SpoolQueues
+
+    queues = SpoolQueues(agent_directory(database) / "spool")
+    log_restart(queues)
+    return queues
+
+
+def log_restart(queues: MessageQueues) -> None:
+    """Say what opening the queues had to repair after an unclean stop
+    (docs/spool-format.md, "Restart"); a clean stop repairs nothing."""
+    stats = queues.last_restart
+    if stats is None:
+        return
+    where = queues.path
+    if stats.torn_bytes:
+        log.warning("%s: the agent did not stop cleanly: the last %d bytes of the spool's log, an unfinished write, "
+                    "were dropped (no step had yet relied on them)", where, stats.torn_bytes)
+    if stats.units_backed_out:
+        log.info("%s: %d unfinished queue operation(s) of the last run were backed out", where,
+                 stats.units_backed_out)
+    for problem in queues.restart_problems:
+        log.warning("%s: %s", where, problem)

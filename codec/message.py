@@ -252,14 +252,17 @@ _MIN_SIZE = _FIXED.size + 1 + 1 + 1 + 1 + _LENGTHS.size + SIGNATURE_SIZE
 
 def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys],
                    recipient: str, recipient_keys: SiteKeys | None = None,
-                   max_file_size: int = MAX_FILE_SIZE) -> Message:
+                   max_file_size: int = MAX_FILE_SIZE, verified: bool = False) -> Message:
     """Check and decode one message file.
 
     ``source`` names the file in errors; ``recipient`` is the site reading it.
-    ``recipient_keys`` opens sealed messages.  Raises only MessageError
+    ``recipient_keys`` opens sealed messages.  ``verified``: the signature
+    of these very bytes was checked already (by :func:`check_message`, when
+    the file was received, before it was queued durably), so it is not
+    checked again; every other check is made.  Raises only MessageError
     subclasses.
     """
-    frame_info = _open_frame(data, source, keyring, recipient, max_file_size)
+    frame_info = _open_frame(data, source, keyring, recipient, max_file_size, verify=not verified)
     kind, header, sender, to, incarnation, flags, raw_length, position, body_end = frame_info
     stored = data[position:body_end]
     sealed = bool(flags & FLAG_SEALED)
@@ -277,22 +280,24 @@ def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys
 
 
 def check_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys], recipient: str,
-                  max_file_size: int = MAX_FILE_SIZE) -> Message:
+                  max_file_size: int = MAX_FILE_SIZE, verified: bool = False) -> Message:
     """Check a file's frame and signature without opening its payload.
 
     The returned Message carries the header fields only (no transactions,
     part or control); :func:`decode_message` later opens the payload.  This
     is what a receiver does before queueing a file durably: cheap, and a
-    file that passes was made by the sender for this site.
+    file that passes was made by the sender for this site.  ``verified`` as
+    for :func:`decode_message` (the agent reads its queued files' headers
+    again at a restart).
     """
     kind, header, sender, to, incarnation, flags, _, _, _ = _open_frame(data, source, keyring, recipient,
-                                                                        max_file_size)
+                                                                        max_file_size, verify=not verified)
     return Message(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
                    sealed=bool(flags & FLAG_SEALED))
 
 
 def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], recipient: str,
-                max_file_size: int) -> tuple:
+                max_file_size: int, *, verify: bool = True) -> tuple:
     size = len(data)
     if size > max_file_size:
         raise MessageTooLarge(source, f"file is {size} bytes, over the {max_file_size}-byte limit")
@@ -326,7 +331,8 @@ def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], rec
         raise WrongRecipient(source, f"addressed to {to!r}, this site is {recipient!r}")
     body_end = position + stored_length
     try:
-        sender_key.verifier().verify(data[body_end:], data[:body_end])
+        if verify:
+            sender_key.verifier().verify(data[body_end:], data[:body_end])
     except InvalidSignature:
         raise BadSignature(source, f"signature does not verify with the key of {sender} "
                                    f"({sender_key.fingerprint})", claimed_incarnation=incarnation) from None

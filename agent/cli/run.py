@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, Callable, ContextManager, Coroutine, TypeVar
 
 import click
 from rich.console import Console
@@ -26,7 +26,7 @@ from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 
 from ..errors import AgentError
 from ..metrics import SiteMetrics, rewriting, serving, write_metrics_file
-from ..queues import MessageQueues, QueueDepth
+from ..queues import MessageQueues, QueueDepth, Settled
 from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
 from ..transport_options import TransportOptions
 from . import escape_controls
@@ -109,13 +109,35 @@ class _ProgressQueues(MessageQueues):
     def depths(self) -> list[QueueDepth]:
         return self.inner.depths()
 
+    def begin_dequeue(self, peer: str, names: tuple[str, ...] | list[str], log_received: int) -> Any:
+        return self.inner.begin_dequeue(peer, names, log_received)
+
+    def commit_dequeue(self, token: Any) -> None:
+        self.inner.commit_dequeue(token)
+
+    def abort_dequeue(self, token: Any) -> None:
+        self.inner.abort_dequeue(token)
+
+    def resolve_in_doubt(self, peer: str, log_received: int) -> Settled:
+        return self.inner.resolve_in_doubt(peer, log_received)
+
+    def group_commit(self) -> ContextManager[None]:
+        return self.inner.group_commit()
+
     def close(self) -> None:
         self.inner.close()
 
-    def __getattr__(self, name: str) -> Any:
-        # Anything else a queue implementation offers the runner (restart
-        # hooks of the spool, say) is the wrapped queue's.
-        return getattr(self.inner, name)
+    @property
+    def path(self) -> Path:  # type: ignore[override]
+        return self.inner.path
+
+    @property
+    def last_restart(self) -> Any:  # type: ignore[override]
+        return self.inner.last_restart
+
+    @property
+    def restart_problems(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.inner.restart_problems
 
 
 async def _run_once_with_progress(database: Path, options: "RunOptions", out: Console,  # noqa: F821

@@ -155,9 +155,9 @@ def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
     assert phase.report.sent == sum(len(files) for files in reference.files.values())
 
 
-def cancel_then_send_again(site: Path, stick: Callable[[Agent, asyncio.Event], str]) -> Phase:
-    """Start a send phase; once ``stick``'s stand-in (installed on the agent
-    under the name it returns) has set the event and hangs, cancel the phase,
+def cancel_then_send_again(site: Path, stick: Callable[[Agent, asyncio.Event], tuple[object, str]]) -> Phase:
+    """Start a send phase; once ``stick``'s stand-in (installed on the object
+    and under the name it returns) has set the event and hangs, cancel the phase,
     check that every send was given back to the protocol, then run a whole
     send phase on the same agent."""
 
@@ -172,7 +172,7 @@ def cancel_then_send_again(site: Path, stick: Callable[[Agent, asyncio.Event], s
             with pytest.raises(asyncio.CancelledError):
                 await task
             assert all(peer.protocol.sending is None for peer in agent.peers.values())
-            delattr(agent, patched)  # the class's method again
+            delattr(*patched)  # the class's method again
             await agent.send_phase(force_controls=True)
             return Phase(agent.report, queued(agent.queues),
                          {remote.name: remote.log_sent for remote in agent.db.remotes()})
@@ -186,15 +186,15 @@ def test_a_cancelled_send_phase_leaves_its_sends_to_the_next_one(site: Path) -> 
     reference = expected(site)
     handed_out: list[int] = []
 
-    def stick(agent: Agent, stuck: asyncio.Event) -> str:
+    def stick(agent: Agent, stuck: asyncio.Event) -> tuple[object, str]:
         async def hang(sends: list) -> tuple[None, bool]:
             handed_out.append(len(sends))  # the SendData were taken from the protocol
             stuck.set()
             await asyncio.Event().wait()
             raise AssertionError("not cancelled")
 
-        agent._spark_batch = hang  # type: ignore[method-assign]
-        return "_spark_batch"
+        agent.sender._spark_batch = hang  # type: ignore[method-assign]
+        return agent.sender, "_spark_batch"
 
     phase = cancel_then_send_again(site, stick)
     assert handed_out[0] > 0
@@ -209,8 +209,8 @@ def test_a_send_phase_cancelled_while_it_hands_out_sends_gives_them_all_back(sit
     reference = expected(site)
     handed_out: list[str] = []
 
-    def stick(agent: Agent, stuck: asyncio.Event) -> str:
-        execute = agent._execute
+    def stick(agent: Agent, stuck: asyncio.Event) -> tuple[object, str]:
+        execute = agent.execute
         executed: list[str] = []
 
         async def hang_at_the_second_peer(peer: Any, actions: list) -> None:
@@ -221,8 +221,8 @@ def test_a_send_phase_cancelled_while_it_hands_out_sends_gives_them_all_back(sit
                 await asyncio.Event().wait()
             await execute(peer, actions)
 
-        agent._execute = hang_at_the_second_peer  # type: ignore[method-assign]
-        return "_execute"
+        agent.execute = hang_at_the_second_peer  # type: ignore[method-assign]
+        return agent, "execute"
 
     phase = cancel_then_send_again(site, stick)
     assert handed_out  # the first peer's send, at least

@@ -187,7 +187,7 @@ async def test_another_sites_message_is_left_unread_and_named_once(world, monkey
     stays where it is; the transport does not even hand it over, so a
     mailbox shared by several sites costs a listing, not a download, at
     each poll."""
-    from agent.runner import Agent
+    from agent.receiving import Receiver
 
     await world.settle()
     world.write("hq", *random_rows(random.Random(70), 3, ("f2",), start=7000))
@@ -196,13 +196,13 @@ async def test_another_sites_message_is_left_unread_and_named_once(world, monkey
     name, data = item.name, item.data
     world.deliver("f1", name, data)  # addressed to f2, in f1's inbox
     handed: list[str] = []
-    receive_file = Agent._receive_file
+    receive_file = Receiver.receive_file
 
     async def recording(self, transport, incoming):
         handed.append(incoming.name)
         return await receive_file(self, transport, incoming)
 
-    monkeypatch.setattr(Agent, "_receive_file", recording)
+    monkeypatch.setattr(Receiver, "receive_file", recording)
     caplog.set_level("WARNING", logger="fieldsync")
     for run in range(2):
         caplog.clear()

@@ -1,0 +1,88 @@
+"""The apply path: queued inbound messages into the site database.
+
+The protocol hands out an :class:`~agent.protocol.Apply` (one message, or a
+complete group of parts, docs/protocol.md rule 2); this module carries it
+out as one unit (I4): the spool's dequeue is begun (durable), the database
+applies the transactions and sets ``log_received`` in one transaction, then
+the dequeue commits.  A crash in between leaves the dequeue in doubt, and
+the database's ``log_received`` settles it at the next start
+(agent.receiving, ``restore_pending``).
+
+Rules of this file:
+* A message that fails to decode at apply time (its payload, not its
+  signature: that was checked when it was received) can never be applied:
+  it is set aside and counts as missing, so the peer is asked for it again.
+* A database that refuses the apply keeps the messages queued; the next
+  poll tries again.
+* A cancelled apply is finished first, then the cancellation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from codec.errors import MessageError
+from codec.message import decode_message, reassemble
+
+from .crashpoints import crash_point
+from .pairs import PairStore, Peer
+from .protocol import Apply
+from .site.errors import SiteError
+
+if TYPE_CHECKING:
+    from .runner import Agent
+
+log = logging.getLogger("fieldsync.agent")
+
+
+async def apply(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
+    """Carry out ``action`` as one unit (I4): the database transaction,
+    the spool's dequeue and the protocol's state go together, so a
+    cancelled apply is finished first and the cancellation goes on after it
+    (a second cancellation stops the waiting, not the apply)."""
+    applying = asyncio.ensure_future(_apply_now(agent, peer, action))
+    try:
+        return await asyncio.shield(applying)
+    except asyncio.CancelledError:
+        agent.release(peer, await applying)
+        raise
+
+
+async def _apply_now(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
+    now = agent.clock()
+    try:
+        transactions = await asyncio.to_thread(_load_transactions, agent, peer.name, action.message_ids)
+    except MessageError as error:
+        log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
+        return peer.protocol.apply_aborted(now, quarantine=str(error))
+    # The dequeue is in doubt until the database has committed the apply.
+    token = await asyncio.to_thread(agent.queues.begin_dequeue, peer.name, action.message_ids,
+                                    action.log_received)
+    try:
+        await asyncio.to_thread(agent.db.apply, peer.name, transactions, log_received=action.log_received,
+                                messages=len(action.message_ids), skip_through=action.skip_through,
+                                peer_incarnation=peer.protocol.state.peer_incarnation)
+    except SiteError as error:  # the database refused: keep the messages, retry at the next poll
+        log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
+        agent.report.transport_errors.append(f"applying from {peer.name}: {error}")
+        await asyncio.to_thread(agent.queues.abort_dequeue, token)
+        return peer.protocol.apply_aborted(now)
+    crash_point("apply.after-commit")
+    await asyncio.to_thread(agent.queues.commit_dequeue, token)
+    agent.report.applied_messages += len(action.message_ids)
+    PairStore.applied(peer, action.log_received)
+    return peer.protocol.apply_done(now, action.log_received)
+
+
+def _load_transactions(agent: "Agent", peer: str, message_ids: tuple[str, ...]) -> list:
+    """Blocking: the transactions of the messages, decoded (their signatures
+    were checked on receipt: agent.receiving)."""
+    messages = [decode_message(agent.queues.read_inbound(peer, message_id), source=message_id,
+                               keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys,
+                               verified=True)
+                for message_id in message_ids]
+    if messages[0].is_part:
+        return [reassemble(messages, source=message_ids[0])]
+    return list(messages[0].transactions or ())

@@ -1,0 +1,101 @@
+"""What a run is asked to do (:class:`RunOptions`, dbremote's switches) and
+what it did (:class:`RunReport`).
+
+Rules of this file:
+* Values only: no I/O.  Options are checked where they are made, so a
+  run never starts with options it cannot honour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from codec.packing import DEFAULT_MAX_SIZE, check_max_size
+
+from .errors import AgentError
+from .protocol import Settings
+from .quarantine import QuarantineLimits
+from .spark.engine import SparkOptions
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How ``agent run`` behaves (dbremote's switches in brackets)."""
+
+    transport: str | None = None  # default: the site's configured transport, else folder
+    address: str | None = None  # this site's inbox address; default: the site's address
+    max_message_size: int = DEFAULT_MAX_SIZE  # [-l]
+    group: int = 20  # [-g] accepted for compatibility: each message applies in one transaction
+    receive: bool = True  # False: --send-only [-s]
+    send: bool = True  # False: --receive-only [-r]
+    patience: int = 1  # [-rp]
+    resend_urgency: float | None = None  # [-ru]; default: half the send delay
+    receive_delay: float = 60.0  # [-rd]
+    send_delay: float = 60.0  # [-sd]
+    heartbeat_cycles: int = 10  # continuous mode: confirm at least every N send cycles
+    seal: bool = True  # seal messages to the peer's X25519 key when it is known
+    keep: bool = False  # [-p] received files stay in the message system (not acked)
+    # -O NAME=VALUE, for the site's own transport (and others of its plugin)
+    transport_options: dict[str, Any] = field(default_factory=dict)
+    # -O PREFIX.NAME=VALUE, per transport or wrapper: {"sftp": {...}, "faults": {"seed": 7}}
+    named_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    spark: SparkOptions = field(default_factory=SparkOptions)  # large outbound batches (docs/spark.md)
+    quarantine: QuarantineLimits = field(default_factory=QuarantineLimits)  # caps (docs/security.md)
+
+    def __post_init__(self) -> None:
+        check_max_size(self.max_message_size)
+        if not (self.receive or self.send):
+            raise AgentError("--receive-only and --send-only exclude each other")
+        if self.receive_delay <= 0 or self.send_delay <= 0:
+            raise AgentError("receive and send delays must be positive")
+
+    def settings(self, batch: bool) -> Settings:
+        urgency = self.resend_urgency
+        if urgency is None:
+            urgency = 0.0 if batch else self.send_delay / 2
+        return Settings(patience=self.patience, resend_urgency=urgency)
+
+
+class Problems(list[str]):
+    """A run's problems of one kind, as one line each: every text once, in
+    the order first met, with how often it came (a continuous run meets a
+    peer that stays unreachable at every cycle, and must neither grow
+    without bound nor repeat itself when it stops); past ``LIMIT`` texts,
+    new ones are only counted.  Compares equal to the list of its texts."""
+
+    LIMIT = 100
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.not_kept = 0
+
+    def append(self, text: str) -> None:
+        if text in self.counts:
+            self.counts[text] += 1
+        elif len(self) >= self.LIMIT:
+            self.not_kept += 1
+        else:
+            self.counts[text] = 1
+            super().append(text)
+
+
+@dataclass(slots=True)
+class RunReport:
+    """What one run did, per peer and in total."""
+
+    received: int = 0
+    applied_messages: int = 0
+    quarantined: int = 0
+    sent: int = 0
+    resend_requests: int = 0
+    spark_batches: int = 0  # Spark jobs whose files were queued
+    quarantine_dropped: int = 0  # older quarantined files dropped for the quarantine's caps
+    left_in_inbox: int = 0  # files at the inbox not read (not for this site, or refused), at the last receive
+    transport_errors: Problems = field(default_factory=Problems)
+    stopped_streams: Problems = field(default_factory=Problems)
+
+    @property
+    def ok(self) -> bool:
+        return not self.transport_errors and not self.stopped_streams

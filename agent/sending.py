@@ -1,0 +1,297 @@
+"""The send path: this site's log into the outbound queue, and the queue
+out through the transports.
+
+A send phase (docs/protocol.md, rule 5) goes in three explicit steps:
+
+1. **due**: the log is scanned, and each peer whose schedule is due (batch
+   runs: every peer) is asked for its send: :meth:`PairProtocol.send_due`
+   hands out a :class:`~agent.protocol.SendData`, or nothing;
+2. **prepare**: the due sends are made together: on Spark for a large
+   backlog (docs/spark.md), else packed here in one pass over the log
+   (agent.outbound), every message queued durably in one group commit;
+3. **record**: peer by peer, the prepared send is recorded (``log_sent``
+   moves only now that its files are durable; one send failing fails that
+   peer alone) and the peer's confirmation is queued.
+
+A send handed out outside a send phase (a resend request acted on later,
+continuous mode) is prepared and recorded alone: :meth:`Sender.send_one`.
+:meth:`Sender.flush` hands queued files to the transports, oldest first.
+
+Rules of this file:
+* ``log_sent`` never moves before the files of its range are durable in
+  the outbound queue.
+* A send handed out and not recorded (cancelled, failed) is given back to
+  the protocol, so the next send phase starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from codec.errors import CodecError
+from codec.message import EncodedMessage, encode_control_message
+from codec.keys import PublicKeys
+from transports import TransportError
+
+from .crashpoints import crash_point
+from .errors import AgentError
+from .outbound import SEND_ERRORS, Packed, pack_sends
+from .pairs import PairStore, Peer
+from .protocol import SendControl, SendData
+from .schedule import sending_due
+from .site.errors import LogOffsetError
+from .spark.engine import SparkBatch, run_spark_batch
+from .spark.errors import SparkBatchCancelled, SparkBatchError
+from .spark.export import BatchSend
+from .spark.take import TakenFile
+
+if TYPE_CHECKING:
+    from .runner import Agent
+
+log = logging.getLogger("fieldsync.agent")
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A due send made and queued: the files a Spark batch made for it (to
+    be queued when it is recorded), or what packing it here did."""
+
+    send: SendData
+    files: list[TakenFile] | None = None
+    packed: Packed | None = None
+
+
+class Sender:
+    """The send path of one agent."""
+
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+        self._last_scheduled: dict[str, datetime] = {}
+
+    # -- a send phase ---------------------------------------------------------------------
+
+    async def send_phase(self, *, force_controls: bool) -> None:
+        """Scan the log; send to every peer whose schedule is due, and confirm."""
+        agent = self.agent
+        log_end = await asyncio.to_thread(agent.db.scan)
+        now = agent.clock()
+        due = await self._due(now, log_end)
+        try:
+            prepared, failed, batch = await self._prepare(due)
+            try:
+                for peer, send in due:
+                    if send is not None:
+                        if failed:
+                            await agent.execute(peer, peer.protocol.send_aborted(agent.clock()))
+                        else:
+                            await agent.execute(peer, await self._record(peer, send, prepared.get(peer.name)))
+                    await agent.execute(peer, peer.protocol.send_controls(now, force=force_controls))
+            finally:
+                if batch is not None:  # its files are read as each send is recorded
+                    await asyncio.to_thread(batch.close)
+        except BaseException:
+            # Cancelled (an application stopping its agent's task) or failed
+            # before every send was recorded: the sends handed out and not
+            # recorded are given back, so this agent's next send phase starts them.
+            for peer, send in due:
+                if send is not None:
+                    agent.release(peer, [send])
+            raise
+
+    async def _due(self, now: float, log_end: int) -> list[tuple[Peer, SendData | None]]:
+        """Step 1: ask each peer whose schedule is due for its send; carry out
+        the other actions that come with it (a resend's purge)."""
+        agent = self.agent
+        rows = {} if agent.batch else {row.name: row for row in await asyncio.to_thread(agent.db.remotes)}
+        wall = datetime.fromtimestamp(now).astimezone()
+        due: list[tuple[Peer, SendData | None]] = []
+        try:
+            for peer in agent.peers.values():
+                row = rows.get(peer.name)
+                # The schedule counts from the last scheduled send of this agent
+                # (or the last recorded send), whether or not it carried data.
+                last = self._last_scheduled.get(peer.name, row.last_sent_at if row is not None else None)
+                if row is None or sending_due(wall, last, send_every=row.send_every, send_at=row.send_at):
+                    self._last_scheduled[peer.name] = wall
+                    actions = peer.protocol.send_due(now, log_end)
+                else:
+                    # Not due by its schedule; a resend that was asked for still goes.
+                    actions = peer.protocol.handle_timer(now)
+                # A SendData is always the last action (after a resend's purge).
+                send = actions.pop() if actions and isinstance(actions[-1], SendData) else None
+                due.append((peer, send))
+                await agent.execute(peer, actions)
+        except BaseException:
+            for peer, send in due:
+                if send is not None:
+                    agent.release(peer, [send])
+            raise
+        return due
+
+    async def _prepare(self, due: list[tuple[Peer, SendData | None]]
+                       ) -> tuple[dict[str, Prepared], bool, SparkBatch | None]:
+        """Step 2: make the due sends' files; return them by peer, whether
+        the sends are given up for this run (``--engine spark`` failed), and
+        the Spark batch whose files they are, to be closed once recorded."""
+        sends = [(peer, send) for peer, send in due if send is not None]
+        if not sends:
+            return {}, False, None
+        batch, failed = await self._spark_batch(sends)
+        if failed:
+            return {}, True, None
+        if batch is not None:
+            return {peer.name: Prepared(send, files=batch.files[peer.name]) for peer, send in sends}, False, batch
+        packed = await asyncio.to_thread(self._pack_local, sends)
+        return {peer.name: Prepared(send, packed=outcome) for (peer, send), outcome in zip(sends, packed)}, False, None
+
+    async def _record(self, peer: Peer, send: SendData, prepared: Prepared | None) -> list[Any]:
+        """Step 3: record one send whose files are durable; a send prepared
+        for an earlier state of the protocol (or none) is made alone."""
+        agent = self.agent
+        try:
+            if prepared is not None and prepared.send == send and prepared.files is not None:
+                count = await asyncio.to_thread(self._queue_prepared, peer, send, prepared.files)
+            else:
+                if prepared is None or prepared.send != send or prepared.packed is None:
+                    [outcome] = await asyncio.to_thread(self._pack_local, [(peer, send)])
+                else:
+                    outcome = prepared.packed
+                if outcome.error is not None:
+                    raise outcome.error  # at the peer's turn, as packing on its own would
+                count = outcome.messages
+        except (LogOffsetError, *SEND_ERRORS) as error:
+            # A range the log cannot serve (its remote row disagrees with the
+            # log) fails this peer's send and no other: the peers packed in
+            # the same pass are recorded as usual.
+            log.error("preparing messages for %s failed: %s", peer.name, error)
+            agent.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
+            return peer.protocol.send_aborted(agent.clock())
+        crash_point("send.after-queue")
+        when = datetime.fromtimestamp(agent.clock()).astimezone()
+        await asyncio.to_thread(agent.db.record_send, peer.name, log_sent=send.end, messages=count, now=when)
+        PairStore.sent(peer, send.end)
+        agent.report.sent += count
+        return peer.protocol.send_done(agent.clock(), send.end)
+
+    async def send_one(self, peer: Peer, send: SendData) -> list[Any]:
+        """A send handed out outside a send phase: made and recorded alone."""
+        return await self._record(peer, send, None)
+
+    # -- Spark and local packing -------------------------------------------------------------
+
+    async def _spark_batch(self, sends: list[tuple[Peer, SendData]]) -> tuple[SparkBatch | None, bool]:
+        """Run the due sends as one Spark batch when the engine says so;
+        return the batch and whether the sends are to be given up for this
+        run (``--engine spark`` failed)."""
+        agent = self.agent
+        spark = agent.options.spark
+        backlog = sum(send.end - send.start for _, send in sends)
+        if not spark.uses_spark(backlog):
+            return None, False
+        log.info("preparing %d sends (backlog %d log offsets) on Spark (%s)", len(sends), backlog, spark.master)
+        # The job's own stop event: cancelling this task stops this job (it
+        # would run on in its thread) and no later one; the agent's event
+        # (options.spark.cancel, stop_spark) stops every job.
+        job = threading.Event()
+        try:
+            batch = await asyncio.to_thread(run_spark_batch, agent.db, agent.keys, self._batch_sends(sends),
+                                            max_size=agent.options.max_message_size, options=spark,
+                                            work=spark.work or agent.directory / "spark", stop=job)
+        except asyncio.CancelledError:
+            job.set()
+            raise
+        except SparkBatchCancelled:
+            # The agent is stopping: neither a failure nor a reason to pack here.
+            log.warning("the Spark batch of %d sends was stopped; they are left for the next run", len(sends))
+            return None, True
+        except SparkBatchError as error:
+            if spark.engine == "auto":
+                log.warning("the Spark batch of %d sends failed, so they are packed here: %s", len(sends), error)
+                return None, False
+            log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
+            agent.report.transport_errors.append(f"Spark batch of {len(sends)} sends: {error}")
+            return None, True
+        agent.report.spark_batches += 1
+        return batch, False
+
+    def _seal_to(self, peer: Peer) -> PublicKeys | None:
+        return peer.public if (self.agent.options.seal and peer.public is not None) else None
+
+    def _batch_sends(self, sends: list[tuple[Peer, SendData]]) -> list[BatchSend]:
+        return [BatchSend(peer.name, send.start, send.end, send.resend_count, self._seal_to(peer))
+                for peer, send in sends]
+
+    def _queue_prepared(self, peer: Peer, send: SendData, files: list[TakenFile]) -> int:
+        """Blocking: queue the checked files a Spark batch made for ``send``."""
+        queues = self.agent.queues
+        with queues.group_commit():
+            for file in files:
+                queues.put_outbound(peer.name, file.name, file.read(), send.resend_count)
+        return len(files)
+
+    def _pack_local(self, sends: list[tuple[Peer, SendData]]) -> list[Packed]:
+        """Blocking: pack ``sends`` here, in one pass over the log, and queue
+        their messages as they are made; every put is durable on return.
+        The files of a send that failed stay queued: its log_sent does not
+        move, so they are sent again."""
+        agent = self.agent
+        batch_sends = self._batch_sends(sends)
+
+        def put(index: int, message: EncodedMessage) -> None:
+            send = batch_sends[index]
+            agent.queues.put_outbound(send.subscriber, message.name, message.data, send.resend_count)
+
+        try:
+            with agent.queues.group_commit():
+                return pack_sends(agent.db, agent.keys, batch_sends, put, max_size=agent.options.max_message_size)
+        except (AgentError, OSError) as error:
+            # The block's wait for durability failed: none of its puts counts as queued.
+            return [Packed(0, error) for _ in sends]
+
+    # -- control messages and the transports ----------------------------------------------------
+
+    async def queue_control(self, peer: Peer, action: SendControl) -> None:
+        agent = self.agent
+        try:
+            await asyncio.to_thread(self._queue_control, peer, action)
+        except CodecError as error:  # e.g. the peer's sealing key is another site's
+            log.error("preparing a control message for %s failed: %s", peer.name, error)
+            agent.report.transport_errors.append(f"preparing a control message for {peer.name}: {error}")
+        else:
+            if action.reason == "resend request":
+                agent.report.resend_requests += 1
+
+    def _queue_control(self, peer: Peer, action: SendControl) -> None:
+        agent = self.agent
+        message = encode_control_message(action.state, keys=agent.keys, recipient=peer.name,
+                                         incarnation=agent.db.identity.incarnation, seal_to=self._seal_to(peer))
+        agent.queues.put_outbound(peer.name, message.name, message.data, None)
+
+    async def flush(self) -> None:
+        """Hand queued outbound files to the transports, oldest first; a
+        failing peer keeps its queue and is retried at the next flush."""
+        agent = self.agent
+        for peer in agent.peers.values():
+            names = await asyncio.to_thread(agent.queues.outbound, peer.name)
+            if not names:
+                continue
+            if not peer.address:
+                agent.report.transport_errors.append(f"{peer.name} has no address; messages stay queued")
+                continue
+            transport = agent.transport_for(peer.transport)
+            try:
+                for name in names:
+                    data = await asyncio.to_thread(agent.queues.read_outbound, peer.name, name)
+                    await transport.send(peer.address, name, data)
+                    crash_point("flush.after-send")
+                    await asyncio.to_thread(agent.queues.delete_outbound, peer.name, name)
+            except TransportError as error:
+                message = f"sending to {peer.name} at {peer.address}: {error}"
+                log.warning("%s", message)
+                agent.report.transport_errors.append(message)
+                await asyncio.to_thread(agent.db.record_transport_error, peer.name, str(error))
