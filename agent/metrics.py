@@ -62,6 +62,7 @@ class PeerSample:
     log_sent: int
     confirm_sent: int
     log_received: int
+    horizon: int                     # docs/protocol.md rule 8: the log the peer may still need starts after it
     created_at: float
     last_received_at: float | None   # a data message from the peer last applied
     last_sent_at: float | None       # data messages to the peer last queued
@@ -126,7 +127,8 @@ def read_site(database: Path) -> _SiteRows:
         conn.execute("BEGIN")
         site = conn.execute("SELECT name FROM fieldsync_site WHERE id = 1").fetchone()[0]
         remotes = conn.execute("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at,"
-                               " last_sent_at FROM fieldsync_remote").fetchall()
+                               " last_sent_at, CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent)"
+                               " ELSE confirm_sent END FROM fieldsync_remote").fetchall()
         conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_conflict GROUP BY peer").fetchall())
         errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error GROUP BY peer").fetchall())
         end = log_end(conn)
@@ -249,11 +251,12 @@ class SiteMetrics(Collector):
         agent = self._agent
         states = {name: peer.protocol.state for name, peer in dict(agent.peers).items()} if agent else {}
         peers = []
-        for name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at in rows.remotes:
+        for (name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at,
+             horizon) in rows.remotes:
             state = states.get(name)
             depth = depths.get(name)
             peers.append(PeerSample(
-                name=name, log_sent=log_sent, confirm_sent=confirm_sent, log_received=log_received,
+                name=name, log_sent=log_sent, confirm_sent=confirm_sent, log_received=log_received, horizon=horizon,
                 created_at=_seconds(created_at) or 0.0, last_received_at=_seconds(last_received_at),
                 last_sent_at=_seconds(last_sent_at),
                 peer_log_sent=state.peer_log_sent if state is not None else None,
@@ -301,8 +304,9 @@ _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], 
      lambda peer, end: peer.confirm_sent),
     ("fieldsync_peer_log_received_offset", "Offset in the peer's log up to which this site applied its messages.",
      lambda peer, end: peer.log_received),
-    ("fieldsync_peer_send_lag_offsets", "This site's log end minus what the peer confirmed (confirm_sent).",
-     lambda peer, end: max(0, end - peer.confirm_sent)),
+    ("fieldsync_peer_send_lag_offsets", "This site's log end minus the peer's horizon: what it confirmed, or "
+     "all that was read for it once it confirmed all it was sent (docs/protocol.md rule 8).",
+     lambda peer, end: max(0, end - peer.horizon)),
     ("fieldsync_peer_receive_lag_offsets",
      "What the peer said it sent minus what this site applied (log_received); known to a running agent only.",
      lambda peer, end: None if peer.peer_log_sent is None or peer.state_log_received is None

@@ -10,7 +10,10 @@ Rules of this file:
   ``PACKING_MEMORY``: one pass at the default ``-l``, a pass per few
   subscribers at a very large one.
 * The files are byte for byte those ``pack_messages(read_log(...))`` makes
-  for each send on its own: the same selection, the same packer.
+  for each send on its own: the same selection, the same packer; a send
+  whose range holds nothing for its subscriber makes no file at all
+  (docs/protocol.md, rule 5: no message without news).  Each send's log
+  is read from its ``read_start``: what lies before held nothing for it.
 * One send failing (its range, its packer, its put) does not stop the
   others.  What it put before failing stays put: the caller does not move
   its ``log_sent``, so those files are sent again in the next send and the
@@ -70,7 +73,7 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
     counts = [0] * len(sends)
     for index, send in enumerate(sends):
         try:
-            db.check_log_range(send.start, send.end)
+            db.check_log_range(send.read_start, send.end)
             packers[index] = MessagePacker(keys=keys, recipient=send.subscriber, incarnation=incarnation,
                                            resend_count=send.resend_count, start=send.start, max_size=max_size,
                                            end=send.end, seal_to=send.seal_to)
@@ -83,12 +86,14 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
             put(index, message)
             counts[index] += 1
 
+    fed: set[int] = set()
     for group in _groups(chosen, max_size):
-        reads = [(sends[index].subscriber, sends[index].start, sends[index].end) for index in group]
+        reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
         for position, transaction in db.read_logs(reads):
             index = group[position]
             packer = packers.get(index)
             if packer is not None:  # else this send failed earlier
+                fed.add(index)
                 try:
                     deliver(index, packer.add(transaction))
                 except SEND_ERRORS as error:
@@ -98,8 +103,8 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
             del transaction
         for index in group:
             packer = packers.pop(index, None)
-            if packer is None:
-                continue
+            if packer is None or index not in fed:
+                continue  # failed, or nothing for the subscriber: no message (docs/protocol.md, rule 5)
             try:
                 deliver(index, packer.close())
             except SEND_ERRORS as error:

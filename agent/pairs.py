@@ -37,7 +37,7 @@ from .site import SiteDatabase
 
 # Columns of the remote-user row the protocol owns.
 ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-              "rereceive_count", "peer_incarnation")
+              "rereceive_count", "peer_incarnation", "log_read", "control_sent_at")
 # Protocol state kept beside the database (agent bookkeeping, not replicated state).
 EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
 # What identifies one stream of a pair: a change starts a new one.
@@ -54,6 +54,7 @@ class Peer:
     address: str | None
     transport: str | None
     persisted: PairState | None = None
+    heartbeat: int | None = None  # seconds; None: the run's --heartbeat
 
 
 def stream_key(row: Any) -> list:
@@ -85,6 +86,7 @@ class PairStore:
             peer = peers.get(remote.name)
             if peer is not None and peer.persisted is not None and all(
                     getattr(peer.persisted, field) == getattr(remote, field) for field in _STREAM_FIELDS):
+                peer.heartbeat = remote.heartbeat
                 continue
             changed = True
             public = None
@@ -99,7 +101,7 @@ class PairStore:
             state = PairState(**{name: getattr(remote, name) for name in ROW_FIELDS}, **extras)
             protocol = PairProtocol(remote.name, state, settings, superseded=superseded)
             peers[remote.name] = Peer(remote.name, protocol, public, remote.address, remote.transport,
-                                      persisted=state)
+                                      persisted=state, heartbeat=remote.heartbeat)
         return changed
 
     # -- saving --------------------------------------------------------------------------

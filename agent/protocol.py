@@ -46,6 +46,12 @@ class PairState:
     confirm_received: int = 0
     rereceive_count: int = 0
     peer_incarnation: bytes | None = None
+    # Publishing side, rule 5: the log was read for the peer up to here;
+    # (log_sent, log_read] held nothing for it.  Below log_sent it means log_sent.
+    log_read: int = 0
+    # When a control message was last queued to the peer (the caller's clock),
+    # for the heartbeat (rule 3); None: never.
+    control_sent_at: float | None = None
     # Kept across runs so that batch runs (`run --once`) detect gaps too:
     peer_log_sent: int = 0  # the most the peer said it sent (tail-loss detection)
     gap_polls: int = 0  # consecutive polls that saw a gap
@@ -55,9 +61,20 @@ class PairState:
         if not self.confirm_sent <= self.log_sent:
             raise LocalProtocolError(f"confirm_sent {self.confirm_sent} is after log_sent {self.log_sent}")
         for name in ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received",
-                     "confirm_received", "rereceive_count", "peer_log_sent", "gap_polls", "request_patience"):
+                     "confirm_received", "rereceive_count", "peer_log_sent", "gap_polls", "request_patience",
+                     "log_read"):
             if getattr(self, name) < 0:
                 raise LocalProtocolError(f"{name} must be >= 0")
+
+    @property
+    def read_through(self) -> int:
+        """How far the log was read for the peer (rule 5)."""
+        return max(self.log_read, self.log_sent)
+
+    @property
+    def horizon(self) -> int:
+        """Rule 8: the log this peer may still need starts after here."""
+        return self.read_through if self.confirm_sent >= self.log_sent else self.confirm_sent
 
 
 # --- actions --------------------------------------------------------------------
@@ -94,13 +111,22 @@ class Quarantine:
 
 @dataclass(frozen=True, slots=True)
 class SendData:
-    """Read this site's log in ``(start, end]`` for the peer, pack it into
-    messages of epoch ``resend_count`` (the final one covering up to ``end``),
-    enqueue them durably, then call :meth:`PairProtocol.send_done`."""
+    """Pack this site's log in ``(start, end]`` for the peer into messages of
+    epoch ``resend_count`` (the first one's ``prev`` is ``start``, the final
+    one covers up to ``end``), enqueue them durably, then call
+    :meth:`PairProtocol.send_done`.  The log is read from ``read_from``
+    (None: ``start``): ``(start, read_from]`` held nothing for the peer.
+    When the range holds nothing for the peer, no message is made: call
+    ``send_done(now, end, empty=True)``."""
 
     start: int
     end: int
     resend_count: int
+    read_from: int | None = None
+
+    @property
+    def read_start(self) -> int:
+        return self.start if self.read_from is None else self.read_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +223,7 @@ class PairProtocol:
         self._sending: SendData | None = None
         self._stopped: StreamStopped | None = None
         self._resend_request: _ResendRequest | None = None
-        self._confirm_due = False
+        self._log_start = 0
         self.counters = Counters()
 
     # -- read-only views ---------------------------------------------------------------
@@ -310,7 +336,7 @@ class PairProtocol:
                               request_patience=min(patience * 2, self.settings.max_patience))
         self._count(resend_requests_sent=1)
         actions += self._delete_stale()
-        actions.append(self._control("resend request"))
+        actions.append(self._control("resend request", now))
         return actions
 
     def apply_done(self, now: float, log_received: int) -> list[Action]:
@@ -322,7 +348,6 @@ class PairProtocol:
         for message_id in applying.message_ids:
             self._forget(message_id)
         self._state = replace(self._state, log_received=log_received, gap_polls=0, request_patience=0)
-        self._confirm_due = True
         self._count(applied_messages=len(applying.message_ids))
         return [DeleteInbound(applying.message_ids, "applied")] + self._advance(now)
 
@@ -469,42 +494,54 @@ class PairProtocol:
         if request.resend_count <= state.resend_count:
             return []
         confirm_sent = max(state.confirm_sent, min(request.log_received, state.log_sent))
+        # The peer has all that was sent: what was read for it and held
+        # nothing stays read.  Else the log is read again from confirm_sent.
+        log_read = state.log_read if confirm_sent >= state.log_sent else confirm_sent
         self._state = replace(state, resend_count=request.resend_count, confirm_sent=confirm_sent,
-                              log_sent=confirm_sent, log_send=max(state.log_send, state.log_sent))
+                              log_sent=confirm_sent, log_read=log_read,
+                              log_send=max(state.log_send, state.read_through))
         self._count(resends_done=1)
         return [PurgeOutbound(request.resend_count)] + self._start_send()
 
-    def send_controls(self, now: float, *, force: bool = False) -> list[Action]:
-        """The send phase: confirm when something changed (rule 3), or always
-        with ``force`` (batch runs and heartbeats: confirmations go out even
-        when nothing changed, which repairs a lost one)."""
-        if not (force or self._confirm_due):
-            return []
-        return [self._control("confirmation")]
-
-    def _control(self, reason: str) -> SendControl:
+    def send_controls(self, now: float, *, heartbeat: float | None = None, force: bool = False) -> list[Action]:
+        """The send phase, rule 3: confirm when ``log_received`` moved since
+        the last confirmation; else, with ``heartbeat`` (seconds), when no
+        control message went to the peer for that long.  ``force``: confirm
+        anyway (an operator's explicit request; tests)."""
         state = self._state
-        self._confirm_due = False
-        if state.confirm_received != state.log_received:
-            self._state = state = replace(state, confirm_received=state.log_received)
+        if force or state.confirm_received != state.log_received:
+            return [self._control("confirmation", now)]
+        if heartbeat is not None and (state.control_sent_at is None or now - state.control_sent_at >= heartbeat):
+            return [self._control("heartbeat", now)]
+        return []
+
+    def _control(self, reason: str, now: float) -> SendControl:
+        state = self._state
+        self._state = state = replace(state, confirm_received=state.log_received, control_sent_at=now)
         self._count(controls_sent=1)
         return SendControl(ControlState(log_received=state.log_received, rereceive_count=state.rereceive_count,
                                         log_sent=state.log_sent, resend_count=state.resend_count), reason)
 
     # -- publishing side -------------------------------------------------------------
 
-    def send_due(self, now: float, log_end: int) -> list[Action]:
-        """The send schedule fired: everything committed up to ``log_end`` is due."""
+    def send_due(self, now: float, log_end: int, log_start: int = 0) -> list[Action]:
+        """The send schedule fired: everything committed up to ``log_end`` is
+        due; the log holds the entries after ``log_start`` (rule 8)."""
         state = self._state
+        self._log_start = max(self._log_start, log_start)
         if log_end > state.log_send:
             self._state = replace(state, log_send=log_end)
         return self.handle_timer(now) + self._start_send()
 
     def _start_send(self) -> list[Action]:
         state = self._state
-        if self._sending is not None or state.log_send <= state.log_sent:
+        # What the log truncated after confirm_sent held nothing for the peer
+        # (rule 8): a send that starts before the truncation reads from it.
+        read = max(state.read_through, min(self._log_start, state.log_send))
+        if self._sending is not None or state.log_send <= read:
             return []
-        self._sending = SendData(state.log_sent, state.log_send, state.resend_count)
+        self._sending = SendData(state.log_sent, state.log_send, state.resend_count,
+                                 read_from=read if read > state.log_sent else None)
         return [self._sending]
 
     @property
@@ -517,15 +554,21 @@ class PairProtocol:
         """The :class:`SendData` handed out and not yet done or aborted."""
         return self._sending
 
-    def send_done(self, now: float, log_sent: int) -> list[Action]:
-        """The messages of the last :class:`SendData` are durably queued."""
+    def send_done(self, now: float, log_sent: int, *, empty: bool = False) -> list[Action]:
+        """The messages of the last :class:`SendData` are durably queued;
+        ``empty``: its range held nothing for the peer, and no message was
+        made (rule 5: no message without news; only ``log_read`` moves).
+        A send of an epoch replaced meanwhile moves nothing."""
         sending = self._sending
         if sending is None or log_sent != sending.end:
             raise LocalProtocolError(f"send_done({log_sent}) without a matching SendData")
         self._sending = None
         state = self._state
         if sending.resend_count == state.resend_count and sending.start == state.log_sent:
-            self._state = replace(state, log_sent=log_sent)
+            if empty:
+                self._state = replace(state, log_read=max(state.log_read, log_sent))
+            else:
+                self._state = replace(state, log_sent=log_sent, log_read=max(state.log_read, log_sent))
         return self.handle_timer(now) + self._start_send()
 
     def send_aborted(self, now: float) -> list[Action]:

@@ -33,7 +33,7 @@ class RunOptions:
     resend_urgency: float | None = None  # [-ru]; default: half the send delay
     receive_delay: float = 60.0  # [-rd]
     send_delay: float = 60.0  # [-sd]
-    heartbeat_cycles: int = 10  # continuous mode: confirm at least every N send cycles
+    heartbeat: float = 86400.0  # seconds: a control message to each peer at least this often (rule 3)
     seal: bool = True  # seal messages to the peer's X25519 key when it is known
     keep: bool = False  # [-p] received files stay in the message system (not acked)
     # -O NAME=VALUE, for the site's own transport (and others of its plugin)
@@ -49,6 +49,8 @@ class RunOptions:
             raise AgentError("--receive-only and --send-only exclude each other")
         if self.receive_delay <= 0 or self.send_delay <= 0:
             raise AgentError("receive and send delays must be positive")
+        if not self.heartbeat > 0:
+            raise AgentError("the heartbeat must be a positive duration")
 
     def settings(self, batch: bool) -> Settings:
         urgency = self.resend_urgency

@@ -80,7 +80,6 @@ class Agent:
         self._transports: dict[str, Transport] = {}
         self.peers: dict[str, Peer] = {}
         self.report = RunReport()
-        self._send_cycles = 0
         self._closed = False
         self._restored = False
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
@@ -201,7 +200,7 @@ class Agent:
         if self.options.receive:
             await self.receive_phase()
         if self.options.send:
-            await self.send_phase(force_controls=True)
+            await self.send_phase(force_controls=False)
         await self.flush_outbound()
         await asyncio.to_thread(self.db.truncate_log)
         return self.report
@@ -220,9 +219,7 @@ class Agent:
                 await self.receive_phase()
                 next_receive = now + self.options.receive_delay
             if self.options.send and now >= next_send:
-                self._send_cycles += 1
-                heartbeat = self._send_cycles % max(1, self.options.heartbeat_cycles) == 1
-                await self.send_phase(force_controls=heartbeat)
+                await self.send_phase(force_controls=False)
                 next_send = now + self.options.send_delay
             await self._timers()
             await self.flush_outbound()

@@ -78,9 +78,9 @@ class Sender:
     async def send_phase(self, *, force_controls: bool) -> None:
         """Scan the log; send to every peer whose schedule is due, and confirm."""
         agent = self.agent
-        log_end = await asyncio.to_thread(agent.db.scan)
+        log_end, log_start = await asyncio.to_thread(lambda: (agent.db.scan(), agent.db.log_start()))
         now = agent.clock()
-        due = await self._due(now, log_end)
+        due = await self._due(now, log_end, log_start)
         try:
             prepared, failed, batch = await self._prepare(due)
             try:
@@ -90,7 +90,9 @@ class Sender:
                             await agent.execute(peer, peer.protocol.send_aborted(agent.clock()))
                         else:
                             await agent.execute(peer, await self._record(peer, send, prepared.get(peer.name)))
-                    await agent.execute(peer, peer.protocol.send_controls(now, force=force_controls))
+                    heartbeat = peer.heartbeat or agent.options.heartbeat
+                    await agent.execute(peer, peer.protocol.send_controls(now, heartbeat=heartbeat,
+                                                                          force=force_controls))
             finally:
                 if batch is not None:  # its files are read as each send is recorded
                     await asyncio.to_thread(batch.close)
@@ -103,7 +105,7 @@ class Sender:
                     agent.release(peer, [send])
             raise
 
-    async def _due(self, now: float, log_end: int) -> list[tuple[Peer, SendData | None]]:
+    async def _due(self, now: float, log_end: int, log_start: int) -> list[tuple[Peer, SendData | None]]:
         """Step 1: ask each peer whose schedule is due for its send; carry out
         the other actions that come with it (a resend's purge)."""
         agent = self.agent
@@ -118,7 +120,7 @@ class Sender:
                 last = self._last_scheduled.get(peer.name, row.last_sent_at if row is not None else None)
                 if row is None or sending_due(wall, last, send_every=row.send_every, send_at=row.send_at):
                     self._last_scheduled[peer.name] = wall
-                    actions = peer.protocol.send_due(now, log_end)
+                    actions = peer.protocol.send_due(now, log_end, log_start)
                 else:
                     # Not due by its schedule; a resend that was asked for still goes.
                     actions = peer.protocol.handle_timer(now)
@@ -171,6 +173,10 @@ class Sender:
             log.error("preparing messages for %s failed: %s", peer.name, error)
             agent.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
             return peer.protocol.send_aborted(agent.clock())
+        if count == 0:
+            # Nothing for the peer in the range: no message (rule 5); only
+            # log_read moves, saved with the pair's state.
+            return peer.protocol.send_done(agent.clock(), send.end, empty=True)
         crash_point("send.after-queue")
         when = datetime.fromtimestamp(agent.clock()).astimezone()
         await asyncio.to_thread(agent.db.record_send, peer.name, log_sent=send.end, messages=count, now=when)
@@ -223,7 +229,8 @@ class Sender:
         return peer.public if (self.agent.options.seal and peer.public is not None) else None
 
     def _batch_sends(self, sends: list[tuple[Peer, SendData]]) -> list[BatchSend]:
-        return [BatchSend(peer.name, send.start, send.end, send.resend_count, self._seal_to(peer))
+        return [BatchSend(peer.name, send.start, send.end, send.resend_count, self._seal_to(peer),
+                          read_from=send.read_from)
                 for peer, send in sends]
 
     def _queue_prepared(self, peer: Peer, send: SendData, files: list[TakenFile]) -> int:

@@ -22,7 +22,7 @@ from transports.options import parse_float, parse_int
 
 from ..errors import AgentError, UsageError
 from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, Duration, TimeOfDay, check_stored_address, console,
-                      key_fingerprint, open_site, require_remote, schedule_text, show_progress)
+                      format_seconds, key_fingerprint, open_site, require_remote, schedule_text, show_progress)
 
 
 def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
@@ -537,8 +537,12 @@ def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # n
               help="SEND EVERY: send at this interval from now on.")
 @click.option("--send-at", type=TimeOfDay(), metavar="HH:MM", help="SEND AT: send once a day at this local time.")
 @click.option("--no-schedule", is_flag=True, help="No schedule: send whenever the agent runs.")
+@click.option("--heartbeat", type=Duration(whole_seconds=True), metavar="DURATION",
+              help="A control message to this remote at least this often (default: the run's --heartbeat).")
+@click.option("--default-heartbeat", is_flag=True, help="Use the run's --heartbeat for this remote again.")
 def set_(database: Path, name: str, address: str | None, transport: str | None, public_key: str | None,
-         public_key_file: Path | None, send_every: int | None, send_at: time | None, no_schedule: bool) -> None:
+         public_key_file: Path | None, send_every: int | None, send_at: time | None, no_schedule: bool,
+         heartbeat: int | None, default_heartbeat: bool) -> None:
     """Change how the remote user NAME is reached: its address, transport,
     public key or send schedule.
 
@@ -552,6 +556,8 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
 
     if sum((send_every is not None, send_at is not None, no_schedule)) > 1:
         raise click.UsageError("--send-every, --send-at and --no-schedule exclude each other")
+    if heartbeat is not None and default_heartbeat:
+        raise click.UsageError("--heartbeat and --default-heartbeat exclude each other")
     if transport is not None:
         check_transport_spec(transport)
     line = _public_key_line(name, public_key, public_key_file)
@@ -564,8 +570,11 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
         changes["public_key"] = line
     if send_every is not None or send_at is not None or no_schedule:
         changes["send_every"], changes["send_at"] = send_every, send_at
+    if heartbeat is not None or default_heartbeat:
+        changes["heartbeat"] = heartbeat
     if not changes:
-        raise click.UsageError("nothing to change: give --address, --transport, a public key or a schedule")
+        raise click.UsageError("nothing to change: give --address, --transport, a public key, a schedule or "
+                               "a heartbeat")
     with open_site(database) as site:
         require_remote(site, name)
         old = site.remote(name)
@@ -578,11 +587,16 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
     for label, before, after in (("address", old.address, new.address), ("transport", old.transport, new.transport),
                                  ("key", key_fingerprint(old.public_key), key_fingerprint(new.public_key)),
                                  ("schedule", schedule_text(old.send_every, old.send_at),
-                                  schedule_text(new.send_every, new.send_at))):
+                                  schedule_text(new.send_every, new.send_at)),
+                                 ("heartbeat", _heartbeat_text(old.heartbeat), _heartbeat_text(new.heartbeat))):
         if before != after:
             out.print(f"{name}: {label} {before or 'none'} -> {after or 'none'}", soft_wrap=True)
     if old == new:
         out.print(f"{name}: nothing changed", soft_wrap=True)
+
+
+def _heartbeat_text(seconds: int | None) -> str:
+    return "the run's --heartbeat" if seconds is None else f"every {format_seconds(seconds)}"
 
 
 @remote.command("subscribe")

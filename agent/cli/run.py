@@ -311,6 +311,10 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
               help="Continuous mode: poll the inbox this often (dbremote -rd).")
 @click.option("--send-delay", "-sd", type=Duration(), default="1m", show_default=True, metavar="DURATION",
               help="Continuous mode: scan the log and send this often (dbremote -sd).")
+@click.option("--heartbeat", type=Duration(), default="24h", show_default=True, metavar="DURATION",
+              help="Send each peer a control message at least this often, even with no news, so a silent peer "
+                   "is known to be alive and a lost last message is noticed (`remote set --heartbeat` sets it "
+                   "per remote).")
 @click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
               help="Who packs outbound batches: the agent (local), Spark (spark), or Spark from "
                    "--spark-threshold on (auto; local when PySpark is not installed).")
@@ -345,7 +349,7 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
         max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
-        resend_urgency: float | None, receive_delay: float, send_delay: float, engine: str, spark_threshold: int | None,
+        resend_urgency: float | None, receive_delay: float, send_delay: float, heartbeat: float, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
         spark_timeout: float, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
         metrics_address: str | None, verbose: bool, log_file: Path | None) -> int:
@@ -380,6 +384,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
                          receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
+                         heartbeat=heartbeat,
                          transport_options=dict(link.plain), named_options={name: dict(values) for name, values in link.named.items()},
                          spark=spark, quarantine=limits)
     out = console()

@@ -81,7 +81,7 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
                 row["sending_due"] = remote.sending_due
                 row["inbound_queue"] = depth.inbound if depth else 0
                 row["outbound_queue"] = depth.outbound if depth else 0
-                row["lag"] = max(log_end - remote.confirm_sent, 0)
+                row["lag"] = max(log_end - remote.horizon, 0)
                 yield row
 
         head = {
@@ -245,7 +245,8 @@ class SilentFor(click.ParamType):
 @click.command()
 @click.argument("database", type=DATABASE)
 @click.option("--lagging", is_flag=True,
-              help="Only peers that have not confirmed everything up to the log end (confirm_sent < log end).")
+              help="Only peers that hold the log back: not everything up to the log end is confirmed, or known "
+                   "to hold nothing for them (their horizon, docs/protocol.md rule 8, is before the log end).")
 @click.option("--silent-for", type=SilentFor(), metavar="DURATION",
               help="Only peers no data message was applied from for DURATION (3d, 12h, 90m).")
 @click.option("--errors", "with_errors", is_flag=True,

@@ -34,7 +34,7 @@ from .apply import (
 )
 from .capture import Shape, ShapeCache, all_shapes, refresh_changed_tables, table_info
 from .errors import InvalidSetting, SiteError
-from .log import cut_locked, iter_capture, log_end, truncate_locked
+from .log import cut_locked, iter_capture, log_end, truncate_locked, truncated_through
 from .publications import (
     FANOUT_HOLD,
     Article,
@@ -226,6 +226,11 @@ class SiteDatabase:
         with self._lock, sqlite_errors("reading the log end"):
             return log_end(self._conn)
 
+    def log_start(self) -> int:
+        """The truncation point: the log holds the entries after it."""
+        with self._lock, sqlite_errors("reading the log's truncation point"):
+            return truncated_through(self._conn)
+
     def read_log(self, subscriber: str, after: int, until: int | None = None) -> Iterator[Transaction]:
         """The log transactions in ``(after, until]`` as ``subscriber`` sees
         them, in commit order, read in chunks.
@@ -391,6 +396,24 @@ class SiteDatabase:
         e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
         with self._lock, self._write(f"updating remote {name!r}"):
             return update_remote_locked(self._conn, name, changes)
+
+    def update_remotes(self, changes: dict[str, dict[str, Any]]) -> None:
+        """:meth:`update_remote` for several rows, in one transaction: the
+        agent saves every pair a phase changed at once."""
+        if not changes:
+            return
+        with self._lock, self._write(f"updating {len(changes)} remotes"):
+            for name, columns in changes.items():
+                update_remote_locked(self._conn, name, columns)
+
+    def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
+        """:meth:`record_send` for several ``(name, log_sent, messages)``, in
+        one transaction: a send phase records its sends at once."""
+        if not sends:
+            return
+        with self._lock, self._write(f"recording {len(sends)} sends"):
+            for name, log_sent, messages in sends:
+                record_send_locked(self._conn, name, log_sent, messages, now)
 
     def record_send(self, name: str, *, log_sent: int, messages: int = 1, now: datetime | None = None) -> RemoteUser:
         """Set log_sent after messages went to the outbound queue, counting them."""

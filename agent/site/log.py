@@ -198,7 +198,10 @@ def truncate_locked(conn: sqlite3.Connection) -> int:
     when confirmed, so seq (and so commit offsets) never go back.
     """
     floor = truncated_through(conn)
-    bound = conn.execute("SELECT min(confirm_sent) FROM fieldsync_remote").fetchone()[0]
+    # Rule 8: each peer's horizon (RemoteUser.horizon): all the log read for
+    # it once it confirmed all that was sent to it, else what it confirmed.
+    bound = conn.execute("SELECT min(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent)"
+                         " ELSE confirm_sent END) FROM fieldsync_remote").fetchone()[0]
     if bound is None or bound <= floor:
         return floor
     # Only ever cut at a commit boundary at or below the bound.

@@ -55,17 +55,32 @@ class RemoteUser:
     last_error: str | None
     last_error_at: datetime | None
     created_at: datetime
+    log_read: int                # the log was read for the peer up to here (docs/protocol.md, rule 5)
+    heartbeat: int | None        # seconds between control messages at the least; None: the run's --heartbeat
+    control_sent_at: float | None  # when the agent last queued a control message to the peer (its clock)
 
     @property
     def sending_due(self) -> bool:
-        return self.log_send > self.log_sent
+        return self.log_send > self.read_through
+
+    @property
+    def read_through(self) -> int:
+        """How far the log was read for the peer: ``log_sent``, or beyond it
+        over a range that held nothing for the peer."""
+        return max(self.log_read, self.log_sent)
+
+    @property
+    def horizon(self) -> int:
+        """The log this peer may still need starts after here (rule 8): all
+        of it read for the peer once the peer confirmed all that was sent."""
+        return self.read_through if self.confirm_sent >= self.log_sent else self.confirm_sent
 
 
 _COLUMNS = tuple(field.name for field in fields(RemoteUser))
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM fieldsync_remote"
 _TIME_FIELDS = {"last_sent_at", "last_received_at", "last_error_at", "created_at"}
 _OFFSET_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-                  "rereceive_count", "send_count", "receive_count")
+                  "rereceive_count", "send_count", "receive_count", "log_read")
 _MONOTONE = ("confirm_sent", "resend_count", "log_received", "confirm_received", "rereceive_count",
              "send_count", "receive_count")
 UPDATABLE = frozenset(_COLUMNS) - {"name", "created_at"}
@@ -146,7 +161,9 @@ class RemoteFilter:
         conditions: list[str] = []
         parameters: list[object] = []
         if self.lagging:
-            conditions.append("confirm_sent < ?")
+            # The peer's horizon (RemoteUser.horizon) is behind the log end.
+            conditions.append("(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent)"
+                              " ELSE confirm_sent END) < ?")
             parameters.append(end)
         if self.silent_since is not None:
             # Stored times are ISO 8601 in UTC, all written by format_time: as text they sort as times.
@@ -252,10 +269,16 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
     confirm_sent = stored.get("confirm_sent", current.confirm_sent)
     if confirm_sent > log_sent:
         raise InvariantViolation(f"confirm_sent ({confirm_sent}) of {name!r} would exceed log_sent ({log_sent})")
-    if "log_sent" in stored or "log_send" in stored:
+    if "log_sent" in stored or "log_send" in stored or "log_read" in stored:
         end = log_end(conn)
         if log_sent > end:
             raise InvariantViolation(f"log_sent ({log_sent}) of {name!r} would lie beyond the log end ({end})")
+        if stored.get("log_read", 0) > end:
+            raise InvariantViolation(f"log_read ({stored['log_read']}) of {name!r} would lie beyond the log end "
+                                     f"({end})")
+    if "heartbeat" in changes and changes["heartbeat"] is not None and (
+            type(changes["heartbeat"]) is not int or changes["heartbeat"] < 1):
+        raise InvalidSetting(f"heartbeat must be a whole number of seconds >= 1, got {changes['heartbeat']!r}")
     if not stored:
         return current
     assignments = ", ".join(f"{column} = ?" for column in stored)

@@ -37,7 +37,8 @@ log = logging.getLogger("fieldsync.site")
 # table and capture triggers that cannot abort (capture.upgrade_capture).
 # 3: fieldsync_replaced_copy, the incarnations of remotes extracted again.
 # 4: fieldsync_site without its ``secret`` column (see _drop_secret).
-SCHEMA_VERSION = 4
+# 5: fieldsync_remote's log_read, heartbeat and control_sent_at (docs/protocol.md).
+SCHEMA_VERSION = 5
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -178,6 +179,9 @@ CREATE TABLE fieldsync_remote (
     last_error       TEXT,
     last_error_at    TEXT,
     created_at       TEXT NOT NULL,
+    log_read         INTEGER NOT NULL DEFAULT 0,
+    heartbeat        INTEGER CHECK (heartbeat IS NULL OR heartbeat > 0),
+    control_sent_at  REAL,
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -358,8 +362,19 @@ def _drop_secret(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE temp.fieldsync_site_moving")
 
 
+def _add_quiet_columns(conn: sqlite3.Connection) -> None:
+    """Layout 5: how far the log was read for each remote (``log_read``),
+    its heartbeat and when it was last sent a control message."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_remote)")}
+    for column, declaration in (("log_read", "INTEGER NOT NULL DEFAULT 0"),
+                                ("heartbeat", "INTEGER CHECK (heartbeat IS NULL OR heartbeat > 0)"),
+                                ("control_sent_at", "REAL")):
+        if column not in have:
+            conn.execute(f"ALTER TABLE fieldsync_remote ADD COLUMN {column} {declaration}")
+
+
 # What turns layout N into layout N + 1.
-_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret}
+_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

@@ -35,24 +35,34 @@ ROWS_PER_GROUP = 50_000
 @dataclass(frozen=True, slots=True)
 class BatchSend:
     """One due send: the subscriber's log in ``(start, end]`` at epoch
-    ``resend_count``, sealed to ``seal_to`` when given."""
+    ``resend_count``, sealed to ``seal_to`` when given, read from
+    ``read_from`` (None: ``start``; ``(start, read_from]`` held nothing for
+    the subscriber, docs/protocol.md rule 5)."""
 
     subscriber: str
     start: int
     end: int
     resend_count: int
     seal_to: PublicKeys | None = None
+    read_from: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.start < self.end:
             raise SparkBatchError(f"send to {self.subscriber}: range ({self.start}, {self.end}] is empty")
+        if self.read_from is not None and not self.start <= self.read_from < self.end:
+            raise SparkBatchError(f"send to {self.subscriber}: read from {self.read_from} is outside "
+                                  f"[{self.start}, {self.end})")
+
+    @property
+    def read_start(self) -> int:
+        return self.start if self.read_from is None else self.read_from
 
     @property
     def backlog(self) -> int:
-        return self.end - self.start
+        return self.end - self.read_start
 
     def to_json(self) -> dict:
-        return {"subscriber": self.subscriber, "start": self.start, "end": self.end,
+        return {"subscriber": self.subscriber, "start": self.start, "end": self.end, "read": self.read_start,
                 "resend_count": self.resend_count,
                 "seal_to": None if self.seal_to is None else self.seal_to.to_line()}
 
@@ -92,14 +102,14 @@ def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], d
     if any(target.iterdir()):
         raise SparkBatchError(f"export folder {target} is not empty")
     for send in sends:
-        db.check_log_range(send.start, send.end)
+        db.check_log_range(send.read_start, send.end)
     identity = db.identity
     shapes, articles, subscriptions = db.selection_rows(send.subscriber for send in sends)
     width = max((value_columns_read(shapes, plan_from_rows(send.subscriber, identity.role, articles,
                                                            [row[1:] for row in subscriptions
                                                             if row[0] == send.subscriber]))
                  for send in sends), default=0)
-    low, high = min(send.start for send in sends), max(send.end for send in sends)
+    low, high = min(send.read_start for send in sends), max(send.end for send in sends)
     job = {
         "format": FORMAT, "site": identity.name, "role": identity.role.value,
         "incarnation": identity.incarnation.hex(), "max_size": max_size, "value_columns": width,

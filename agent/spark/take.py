@@ -99,6 +99,12 @@ def _take_send(folder: Path, send: BatchSend, sender: Sender) -> list[TakenFile]
     entries = manifest.get("files")
     if not isinstance(entries, list):
         raise SparkBatchError(f"{where}, manifest: no list of files")
+    selected = manifest.get("transactions")
+    if type(selected) is not int or selected < 0:
+        raise SparkBatchError(f"{where}, manifest: no count of the transactions selected")
+    if (selected == 0) != (not entries):
+        # No file exactly when nothing was selected (docs/protocol.md, rule 5).
+        raise SparkBatchError(f"{where}, manifest: {selected} transactions selected, {len(entries)} files")
     chain = _Chain(send)
     taken = []
     for index, entry in enumerate(entries):
@@ -123,7 +129,8 @@ def _take_send(folder: Path, send: BatchSend, sender: Sender) -> list[TakenFile]
 
 class _Chain:
     """The headers of one send must cover ``(start, end]`` without a gap or
-    an overlap: each message's ``prev`` is the ``last`` of the one before,
+    an overlap, or be none at all (the range held nothing for the
+    subscriber): each message's ``prev`` is the ``last`` of the one before,
     and the parts of one split transaction share their ``prev`` and count
     ``seq`` from 0 (codec/packing.py)."""
 
@@ -154,6 +161,8 @@ class _Chain:
         return None
 
     def finish(self) -> str | None:
+        if self.prev == self.send.start and self.next_seq is None:
+            return None  # no file: the range held nothing for the subscriber (docs/protocol.md, rule 5)
         if self.next_seq is not None:
             return f"the transaction after {self.prev} ends without its final part"
         if self.prev != self.send.end:

@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import time
-from itertools import groupby
+from itertools import chain, groupby
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -107,7 +107,7 @@ def _route(export: str, batches: Iterator[Any], stall: tuple[str, float] | None 
                                 spec.shapes, returned.get, spec.value_columns)
                for send in spec.sends]
     router = Router(readers)
-    starts = [send["start"] for send in spec.sends]
+    starts = [send.get("read", send["start"]) for send in spec.sends]  # (start, read] held nothing for it
     ends = [send["end"] for send in spec.sends]
     unpackb = msgpack.unpackb
     pack = msgpack.Packer(use_bin_type=True).pack
@@ -197,10 +197,22 @@ def _pack(export: str, output: str, fail_after_files: int | None, batches: Itera
         folder = Path(output, "files", subscriber)
         folder.mkdir(parents=True, exist_ok=True)
         files = []
-        for message in pack_messages(_transactions(rows), keys=spec.keys, recipient=subscriber,
-                                     incarnation=spec.incarnation, resend_count=send["resend_count"],
-                                     start=send["start"], max_size=spec.max_size, end=send["end"],
-                                     seal_to=spec.seal_to[sub]):
+        selected = [0]
+
+        def counted(transactions: Iterator[Any]) -> Iterator[Any]:
+            for transaction in transactions:
+                selected[0] += 1
+                yield transaction
+
+        transactions = counted(_transactions(rows))
+        first = next(transactions, None)
+        # Nothing for the subscriber (only its marker row): no file at all,
+        # as the agent's own packing (docs/protocol.md, rule 5).
+        messages = () if first is None else pack_messages(
+            chain([first], transactions), keys=spec.keys, recipient=subscriber, incarnation=spec.incarnation,
+            resend_count=send["resend_count"], start=send["start"], max_size=spec.max_size, end=send["end"],
+            seal_to=spec.seal_to[sub])
+        for message in messages:
             if fail_after_files is not None and written >= fail_after_files:
                 # Read the rest of the input first: a worker that stops
                 # reading can surface in Spark as a broken pipe instead.
@@ -214,7 +226,7 @@ def _pack(export: str, output: str, fail_after_files: int | None, batches: Itera
                           "last": header.last, "seq": header.seq, "size": len(message.data),
                           "sha256": hashlib.sha256(message.data).hexdigest()})
         manifest = {"format": FORMAT, "subscriber": subscriber, "start": send["start"], "end": send["end"],
-                    "resend_count": send["resend_count"], "files": files}
+                    "resend_count": send["resend_count"], "transactions": selected[0], "files": files}
         manifests = Path(output, "manifests")
         manifests.mkdir(parents=True, exist_ok=True)
         _write_atomic(manifests / f"{subscriber}.json", (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
@@ -256,7 +268,7 @@ def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLik
     stall = None if stall_seconds is None else (output, stall_seconds)
     routed = log.mapInArrow(lambda batches: _route(export, batches, stall), _ROUTED)
     # One marker row per send, so a subscriber with nothing selected still
-    # gets its (empty) message covering its range.
+    # gets its manifest (with no file: docs/protocol.md, rule 5).
     markers = spark.createDataFrame([(index, -1, -1, "", None) for index in range(len(sends))], _ROUTED)
     partitions = max(1, min(len(sends), spark.sparkContext.defaultParallelism * 2))
     # Routing is the costly pass: keep its output, or the range partitioner's

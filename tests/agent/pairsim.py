@@ -36,6 +36,7 @@ class Pair:
     settings: Settings = field(default_factory=Settings)
     per_message: int = 3
     big: frozenset[int] = frozenset()  # commits that travel as 3-part groups
+    others: set[int] = field(default_factory=set)  # commits that hold nothing for S
     log: list[int] = field(default_factory=list)
     to_s: list[Flight] = field(default_factory=list)
     to_p: list[Flight] = field(default_factory=list)
@@ -52,15 +53,22 @@ class Pair:
         self._serial = 0
 
     # -- P -----------------------------------------------------------------------
-    def commit(self, count: int = 1) -> None:
+    def commit(self, count: int = 1, *, for_s: bool = True) -> None:
         for _ in range(count):
             self.log.append((self.log[-1] if self.log else 0) + random.Random(len(self.log)).randint(1, 9))
+            if not for_s:
+                self.others.add(self.log[-1])
+
+    @property
+    def log_s(self) -> list[int]:
+        """The commits that hold something for S."""
+        return [c for c in self.log if c not in self.others]
 
     def p_run(self, actions) -> None:
         for action in actions:
             if isinstance(action, SendData):
-                end = self._pack(action)
-                self.p_run(self.p.send_done(self.now, end))
+                made = self._pack(action)
+                self.p_run(self.p.send_done(self.now, action.end, empty=not made))
             elif isinstance(action, PurgeOutbound):
                 self.outbox_epochs = [(e, f) for e, f in self.outbox_epochs if e >= action.below_resend_count]
             elif isinstance(action, SendControl):
@@ -71,7 +79,9 @@ class Pair:
                 raise AssertionError(action)
 
     def _pack(self, send: SendData) -> int:
-        commits = [c for c in self.log if send.start < c <= send.end]
+        """Queue the messages of ``send``; return how many were made."""
+        assert all(c in self.others for c in self.log if send.start < c <= send.read_start), "read_from skips data"
+        commits = [c for c in self.log if send.read_start < c <= send.end and c not in self.others]
         prev = send.start
         chunks: list[list[int]] = []
         for commit in commits:
@@ -84,7 +94,8 @@ class Pair:
                 chunks.append([commit])
         chunks = [c for c in chunks if c]
         if not chunks:
-            chunks = [[]]
+            return 0  # nothing for S: no message (rule 5)
+        made = 0
         for index, chunk in enumerate(chunks):
             last = send.end if index == len(chunks) - 1 else chunk[-1]
             if chunk and chunk[0] in self.big:
@@ -95,8 +106,9 @@ class Pair:
             else:
                 header = Header(send.resend_count, prev, last, 0)
                 self._enqueue(send.resend_count, Flight(self._name(header), "data", header, tuple(chunk)))
+            made += 1
             prev = last
-        return send.end
+        return made
 
     def _name(self, header: Header) -> str:
         return f"P.S.d.{header.resend_count:010d}-{header.prev:019d}-{header.last:019d}-{header.seq:010d}"
@@ -158,26 +170,28 @@ class Pair:
         for flight in flights:
             self.p_run(self.p.control_received(self.now, flight.control, flight.incarnation))
 
-    def cycle(self, *, force_controls: bool = True) -> None:
+    def cycle(self, *, force_controls: bool = True, heartbeat: float | None = None) -> None:
         """One round of both agents: P sends what is due, S receives, polls and confirms."""
         self.now += 60.0
         self.p_run(self.p.handle_timer(self.now))
         self.p_run(self.p.send_due(self.now, self.log[-1] if self.log else 0))
-        self.p_run(self.p.send_controls(self.now, force=force_controls))
+        self.p_run(self.p.send_controls(self.now, heartbeat=heartbeat, force=force_controls))
         self.flush_outbox()
         self.deliver_to_s()
         self.s_run(self.s.poll(self.now))
-        self.s_run(self.s.send_controls(self.now, force=force_controls))
+        self.s_run(self.s.send_controls(self.now, heartbeat=heartbeat, force=force_controls))
         self.deliver_to_p()
 
     def check_invariants(self) -> None:
         p, s = self.p.state, self.s.state
         end = self.log[-1] if self.log else 0
-        assert p.confirm_sent <= p.log_sent <= max(end, p.log_send), "I1"
-        expected = [c for c in self.log if c <= s.log_received]
+        assert p.confirm_sent <= p.log_sent <= p.read_through <= max(end, p.log_send), "I1"
+        expected = [c for c in self.log_s if c <= s.log_received]
         assert self.applied == expected, "I2"
+        # Rule 8: the log P may truncate holds nothing S still needs.
+        assert all(c <= s.log_received for c in self.log_s if c <= p.horizon), "rule 8"
 
     def quiescent(self) -> bool:
         end = self.log[-1] if self.log else 0
         p, s = self.p.state, self.s.state
-        return p.confirm_sent == p.log_sent == end and s.log_received == end
+        return p.horizon == p.read_through == end and s.log_received == p.log_sent

@@ -17,7 +17,7 @@ from .world import World, random_rows
 
 pytestmark = pytest.mark.timeout(120)
 
-FAST = RunOptions(receive_delay=0.05, send_delay=0.05, heartbeat_cycles=2)
+FAST = RunOptions(receive_delay=0.05, send_delay=0.05, heartbeat=0.1)
 
 
 async def test_continuous_agents_replicate_until_stopped(tmp_path):

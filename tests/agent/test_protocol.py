@@ -368,8 +368,9 @@ def test_send_done_of_a_superseded_epoch_does_not_move_log_sent():
 
 
 def test_controls_carry_the_pair_view_and_confirm_received():
-    core = protocol(log_received=40, rereceive_count=1, log_sent=7, confirm_sent=7, resend_count=2)
-    assert core.send_controls(0) == []
+    core = protocol(log_received=40, confirm_received=40, rereceive_count=1, log_sent=7, confirm_sent=7,
+                    resend_count=2)
+    assert core.send_controls(0) == []  # nothing moved since the last confirmation: no news
     [control] = core.send_controls(0, force=True)
     assert control.state == ControlState(40, 1, 7, 2) and core.state.confirm_received == 40
     core.message_queued(0, "m", Header(1, 40, 50), INCARNATION_P)

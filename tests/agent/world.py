@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -33,8 +34,11 @@ SCHEMA = [
 class World:
     root: Path
     remotes: tuple[str, ...] = ("f1", "f2")
-    options: RunOptions = field(default_factory=RunOptions)
+    # A control message to an idle peer every five virtual minutes.
+    options: RunOptions = field(default_factory=lambda: RunOptions(heartbeat=300.0))
     reports: list[tuple[str, RunReport]] = field(default_factory=list)
+    #: The agents' clock: a virtual minute passes at each run of a site.
+    clock: float = field(default_factory=time.time)
 
     #: The transport recorded in the remote-user table.  A subclass that runs
     #: over another transport overrides it and the hooks below (make_inbox,
@@ -112,7 +116,8 @@ class World:
         options = self.run_options(site)
         if changes:
             options = dataclasses.replace(options, **changes)
-        async with Agent(self.db(site), options) as agent:
+        self.clock += 60.0
+        async with Agent(self.db(site), options, clock=lambda: self.clock) as agent:
             report = await agent.run_once()
         self.reports.append((site, report))
         self.check_invariants()
@@ -159,12 +164,13 @@ class World:
             rows[site], ends[site] = self.remote_rows(site)
         for site, peers in rows.items():
             for peer, row in peers.items():
-                if not (row.confirm_sent == row.log_sent == ends[site]):
+                # All that was sent is confirmed, and the log was read to its end.
+                if not (row.confirm_sent == row.log_sent and row.horizon == row.read_through == ends[site]):
                     return False
                 if row.log_received != rows[peer][site].log_sent:
                     return False
-        # Control messages go out on every batch run (confirmations are
-        # repeated so a lost one is repaired); data must all have arrived.
+        # Control messages go out when there is news, and heartbeats;
+        # data must all have arrived.
         return all(not any(".d." in name for name in self.waiting_names(site)) for site in rows)
 
     def check_converged(self) -> None:

@@ -26,6 +26,7 @@ import pytest
 from agent.admin import extract_site
 from agent.keyfiles import agent_directory, key_path, load_site_keys, open_site, save_site_keys
 from agent.site import SiteDatabase
+from agent.site.schema import SCHEMA_VERSION
 from codec.keys import SiteKeys
 from tests.cli.conftest import World, agent, make_world  # noqa: F401 - agent is a fixture
 from tests.old_layouts import back_to_layout_3
@@ -258,7 +259,7 @@ def test_an_older_site_has_its_secret_moved_out_when_opened(world: World, agent)
     key = key_path(world.n1)
     assert mode(key) == 0o600 and mode(key.parent) == 0o700
     assert SiteKeys.load(key).to_text() == keys.to_text()
-    assert layout_and_secret(world.n1) == (4, None)
+    assert layout_and_secret(world.n1) == (SCHEMA_VERSION, None)
     assert_no_secret_in(world.n1, keys)
     application.close()
     assert_no_secret_in(world.n1, keys)
@@ -282,7 +283,7 @@ def test_an_interrupted_move_is_finished_by_the_next_open(world: World, agent) -
     assert layout_and_secret(world.n1) == (3, keys.to_text().encode())
     result = agent("key", world.n1, "--check")
     assert result.code == 0, result.err
-    assert layout_and_secret(world.n1) == (4, None)
+    assert layout_and_secret(world.n1) == (SCHEMA_VERSION, None)
     assert SiteKeys.load(key_path(world.n1)).to_text() == keys.to_text()
     assert_no_secret_in(world.n1, keys)
 

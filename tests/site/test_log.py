@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from agent.site import Article, LogOffsetError, LogTruncated
+from agent.site.errors import InvariantViolation
 from agent.site import log as site_log
 from codec.ops import Operation, Transaction
 
@@ -151,6 +152,25 @@ def test_truncation_stops_at_the_smallest_confirm_sent(site):
     site.update_remote("r2", confirm_sent=offsets[3])
     assert site.truncate_log() == offsets[3]
     assert [t.commit for t in site.read_log("r1", offsets[3])] == [offsets[4]]
+
+
+def test_truncation_follows_log_read_of_a_peer_that_confirmed_all_it_was_sent(site):
+    """Rule 8: a peer that confirmed all that was sent to it holds the log
+    back only to where it was read for it (what lies between held nothing
+    for it); one with unconfirmed data holds it at confirm_sent."""
+    app = app_connection(site)
+    offsets = []
+    for row_id in range(1, 6):
+        insert(app, row_id)
+        offsets.append(site.scan())
+    site.update_remote("r1", log_sent=offsets[1], confirm_sent=offsets[1], log_read=offsets[3])
+    assert site.remote("r1").horizon == offsets[3]
+    assert site.truncate_log() == offsets[3]
+    site.update_remote("r1", log_sent=offsets[4])  # data sent, not yet confirmed
+    assert site.remote("r1").horizon == offsets[1]
+    assert site.truncate_log() == offsets[3]  # never back; nothing more goes either
+    with pytest.raises(InvariantViolation, match="log_read"):
+        site.update_remote("r1", log_read=offsets[4] + 1)
 
 
 def test_truncating_everything_never_reuses_offsets(site):

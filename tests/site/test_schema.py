@@ -197,6 +197,28 @@ def test_layout_3_without_a_secret_opens_without_a_store(tmp_path):
         assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_layout_4_gains_the_quiet_columns_of_the_remote_user_table_when_opened(tmp_path):
+    """Layout 5 adds log_read, heartbeat and control_sent_at to each remote's
+    row; a remote of layout 4 starts with log_read 0 (meaning log_sent) and
+    no control message sent, so its first run sends it a heartbeat."""
+    path = tmp_path / "hq.db"
+    with SiteDatabase.init(path, name="hq", role="consolidated") as site:
+        site.add_remote("r1")
+    conn = sqlite3.connect(path)
+    for column in ("log_read", "heartbeat", "control_sent_at"):
+        conn.execute(f"ALTER TABLE fieldsync_remote DROP COLUMN {column}")
+    conn.execute("UPDATE fieldsync_site SET schema_version = 4")
+    conn.commit()
+    conn.close()
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 5
+        row = site.remote("r1")
+        assert (row.log_read, row.heartbeat, row.control_sent_at) == (0, None, None)
+        assert row.read_through == row.log_sent
+        site.update_remote("r1", heartbeat=3600)
+        assert site.remote("r1").heartbeat == 3600
+
+
 def test_init_while_another_connection_holds_the_lock_says_busy(tmp_path):
     from agent.site import SiteBusy
 

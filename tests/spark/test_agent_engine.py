@@ -220,10 +220,17 @@ def test_resends_from_older_confirmations_match(resend_below: tuple[Sent, dict[s
     spark, spark_starts, _ = resend_at
     assert starts == spark_starts and all(start > 0 for start in starts.values())
     assert_same(spark, reference)
+    resends = 0
     for name in ("field002", "field005"):
-        headers = [MessageName.parse(file).header for file, _ in spark.outbound[name] if ".d." in file]
+        headers = [MessageName.parse(file).header for file, _ in spark.outbound.get(name, []) if ".d." in file]
         resent = [header for header in headers if header.resend_count == 1]
-        assert resent and resent[0].prev == starts[name] and resent[-1].last == spark.log_sent[name]
+        # A range that holds nothing for the subscriber is resent as no file at all (rule 5).
+        if resent:
+            assert resent[0].prev == starts[name] and resent[-1].last == spark.log_sent[name]
+            resends += 1
+        else:
+            assert spark.log_sent[name] == starts[name]
+    assert resends
 
 
 def test_auto_uses_spark_from_the_threshold_on(resend_at: tuple[Sent, dict[str, int], int]) -> None:
@@ -297,7 +304,7 @@ def test_failed_job_with_engine_spark_changes_nothing(world: Path, tmp_path: Pat
     assert problem.startswith(f"Spark batch of {SUBSCRIBERS} sends: fieldsync batch job failed:"), problem
     assert names_the_failure(problem), problem
     assert set(sent.log_sent.values()) == {0}
-    assert all(files == [] for files in sent.outbound.values())
+    assert all(not [name for name, _ in files if ".d." in name] for files in sent.outbound.values())
     assert job_folders(database) == []
     # The sends are only put off: the next run sends them.
     again = send_phase(database, local())
@@ -368,6 +375,8 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[BatchSen
                     [(500_000 + index, "region000", index, hashlib.sha256(str(index).encode()).hexdigest(), 1.0)
                      for index in range(2_000)])
     app.execute("COMMIT")
+    # And something for field003 after the middle, so its resend makes files.
+    app.execute("INSERT INTO orders VALUES (?, ?, ?, ?, ?)", (600_000, "region002", 1, "late", 2.0))
     app.close()
     end = site.scan()
     middle = site.connection.execute("SELECT min(commit_offset) FROM fieldsync_log WHERE commit_offset >= ?",
@@ -386,18 +395,19 @@ def write_output(database: Path, sends: list[BatchSend], output: Path, *, keys: 
             folder = output / "files" / send.subscriber
             folder.mkdir(parents=True)
             files = []
-            for message in pack_messages(site.read_log(send.subscriber, send.start, send.end), keys=keys or own,
-                                         recipient=send.subscriber,
+            # As the job does: no file when nothing is selected (docs/protocol.md, rule 5).
+            transactions = list(site.read_log(send.subscriber, send.start, send.end))
+            for message in pack_messages(transactions, keys=keys or own, recipient=send.subscriber,
                                          incarnation=incarnation or site.identity.incarnation,
                                          resend_count=send.resend_count, start=send.start, max_size=10_000,
-                                         end=send.end, seal_to=send.seal_to):
+                                         end=send.end, seal_to=send.seal_to) if transactions else ():
                 (folder / message.name).write_bytes(message.data)
                 header = message.header
                 files.append({"name": message.name, "resend_count": header.resend_count, "prev": header.prev,
                               "last": header.last, "seq": header.seq, "size": len(message.data),
                               "sha256": hashlib.sha256(message.data).hexdigest()})
             manifest = {"format": 1, "subscriber": send.subscriber, "start": send.start, "end": send.end,
-                        "resend_count": send.resend_count, "files": files}
+                        "resend_count": send.resend_count, "transactions": len(transactions), "files": files}
             (output / "manifests").mkdir(exist_ok=True)
             (output / "manifests" / f"{send.subscriber}.json").write_text(json.dumps(manifest))
         write_success(output)
@@ -482,8 +492,9 @@ def _rename_first(output: Path) -> None:
     (lambda output: _reseal_manifest(output, "field002"), {}, "signature does not verify"),
     (lambda output: edit_manifest(output, "field001", lambda manifest: manifest["files"].pop(1)), {},
      "does not follow offset"),
+    # Its only file gone: no file is allowed only when nothing was selected.
     (lambda output: edit_manifest(output, "field003", lambda manifest: manifest["files"].pop()), {},
-     "subscriber field003: the files cover ("),
+     "subscriber field003, manifest: 1 transactions selected, 0 files"),
     (lambda output: edit_manifest(output, "field001", lambda manifest: manifest["files"].pop()), {},
      "subscriber field001: the transaction after "),
     (lambda output: edit_manifest(output, "field001", _swap_parts), {}, "is out of sequence (expected seq 1)"),
@@ -559,7 +570,7 @@ def test_a_job_over_its_timeout_is_stopped_with_its_whole_process_group(world: P
     assert wait_gone(list(launcher.wait_started())) == []
     assert elapsed < 2 + 8, elapsed
     assert set(sent.log_sent.values()) == {0}
-    assert all(files == [] for files in sent.outbound.values())
+    assert all(not [name for name, _ in files if ".d." in name] for files in sent.outbound.values())
     assert job_folders(database) == []
 
 
@@ -599,7 +610,7 @@ def test_setting_the_cancel_event_stops_the_job_and_leaves_the_sends(world: Path
     assert not any("packed here" in line for line in sent.logs), sent.logs
     assert len(pids) == 2 and wait_gone(pids) == []
     assert set(sent.log_sent.values()) == {0}
-    assert all(files == [] for files in sent.outbound.values())
+    assert all(not [name for name, _ in files if ".d." in name] for files in sent.outbound.values())
     assert job_folders(database) == []
 
 

@@ -27,8 +27,12 @@ MAX_SIZE = 50_000
 
 
 def agent_files(site: SiteDatabase, send: BatchSend, max_size: int = MAX_SIZE) -> dict[str, str]:
-    """sha256 by file name of what the agent's own path makes for ``send``."""
-    messages = pack_messages(site.read_log(send.subscriber, send.start, send.end), keys=site_keys(site),
+    """sha256 by file name of what the agent's own path makes for ``send``
+    (no file when the range holds nothing for the subscriber)."""
+    transactions = list(site.read_log(send.subscriber, send.start, send.end))
+    if not transactions:
+        return {}
+    messages = pack_messages(transactions, keys=site_keys(site),
                              recipient=send.subscriber, incarnation=site.identity.incarnation,
                              resend_count=send.resend_count, start=send.start, max_size=max_size, end=send.end,
                              seal_to=send.seal_to)
@@ -88,7 +92,7 @@ def test_100k_operations_for_20_subscribers_are_byte_identical_to_the_agent(worl
     assert conn.execute("SELECT count(DISTINCT origin) FROM fieldsync_log").fetchone()[0] > 5
 
 
-def test_a_subscriber_with_nothing_in_its_range_still_gets_its_range_covered(world, spark, tmp_path):
+def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(world, spark, tmp_path):
     end = world.log_end()
     start = middle_commit(world, 0.5)
     if "idle" not in {remote.name for remote in world.remotes()}:
@@ -100,8 +104,9 @@ def test_a_subscriber_with_nothing_in_its_range_still_gets_its_range_covered(wor
     for send in sends:
         assert job_files(tmp_path / "out", send.subscriber) == agent_files(world, send)
     manifest = json.loads((tmp_path / "out" / "manifests" / "idle.json").read_text())
-    [only] = manifest["files"]
-    assert (only["prev"], only["last"], only["resend_count"]) == (start, end, 1)
+    assert (manifest["files"], manifest["transactions"], manifest["start"], manifest["end"]) == ([], 0, start, end)
+    other = json.loads((tmp_path / "out" / "manifests" / f"{sends[1].subscriber}.json").read_text())
+    assert other["files"] and other["transactions"] > 0
 
 
 def test_a_failure_mid_job_leaves_no_finished_output(world, spark, tmp_path):
