@@ -114,21 +114,33 @@ class PairStore:
     def save(self, peer: Peer) -> None:
         """Write what changed of the pair's state: the row's columns, and
         the bookkeeping file when its fields or the stream changed."""
-        state = peer.protocol.state
-        before = peer.persisted
-        if state == before:
-            return
-        changes = {name: getattr(state, name) for name in ROW_FIELDS
-                   if before is None or getattr(before, name) != getattr(state, name)}
-        changes.pop("log_received", None)  # moves only together with applied data
-        if changes:
-            self.db.update_remote(peer.name, **changes)
-        if before is None or any(getattr(before, name) != getattr(state, name)
-                                 for name in EXTRA_FIELDS + _STREAM_FIELDS):
-            extras: dict[str, Any] = {name: getattr(state, name) for name in EXTRA_FIELDS}
-            extras["stream"] = stream_key(state)
+        self.save_many([peer])
+
+    def save_many(self, peers: list[Peer]) -> None:
+        """:meth:`save` for several pairs: the rows in one database
+        transaction (a phase saves every pair it changed at once), then the
+        bookkeeping files that changed."""
+        rows: dict[str, dict[str, Any]] = {}
+        files: list[tuple[Peer, dict[str, Any]]] = []
+        for peer in peers:
+            state, before = peer.protocol.state, peer.persisted
+            if state == before:
+                continue
+            changes = {name: getattr(state, name) for name in ROW_FIELDS
+                       if before is None or getattr(before, name) != getattr(state, name)}
+            changes.pop("log_received", None)  # moves only together with applied data
+            if changes:
+                rows[peer.name] = changes
+            if before is None or any(getattr(before, name) != getattr(state, name)
+                                     for name in EXTRA_FIELDS + _STREAM_FIELDS):
+                extras: dict[str, Any] = {name: getattr(state, name) for name in EXTRA_FIELDS}
+                extras["stream"] = stream_key(state)
+                files.append((peer, extras))
+        self.db.update_remotes(rows)
+        for peer, extras in files:
             write_file_atomically(self._extras_path(peer.name), json.dumps(extras).encode())
-        peer.persisted = state
+        for peer in peers:
+            peer.persisted = peer.protocol.state
 
     @staticmethod
     def applied(peer: Peer, log_received: int) -> None:

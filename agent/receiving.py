@@ -175,23 +175,32 @@ class Receiver:
 
     async def restore_pending(self) -> None:
         """Tell each pair's protocol about the inbound messages still queued
-        from earlier runs (the core keeps no state of its own across runs)."""
+        from earlier runs (the core keeps no state of its own across runs):
+        one worker-thread hop for every peer."""
         agent = self.agent
-        # A dequeue in doubt (the process died between the database commit
-        # of an apply and the dequeue's commit) is settled by the database.
-        for peer in agent.peers.values():
-            settled = await asyncio.to_thread(agent.queues.resolve_in_doubt, peer.name,
-                                              peer.protocol.state.log_received)
+        found = await asyncio.to_thread(self._restore_blocking, list(agent.peers.values()))
+        for peer, settled, queued in found:
             if settled.dequeued or settled.restored:
                 log.info("after an unclean stop, %d message(s) from %s were in doubt: %d had been applied "
                          "(now dequeued), %d had not (queued again)", len(settled.dequeued) + len(settled.restored),
                          peer.name, len(settled.dequeued), len(settled.restored))
-        for peer in agent.peers.values():
-            queued = await asyncio.to_thread(self._queued_headers, peer)
             for name, message in queued:
                 crash_point("restart.pending")
                 await agent.execute(peer, peer.protocol.message_queued(agent.clock(), name, message.header,
                                                                        message.incarnation))
+
+    def _restore_blocking(self, peers: list[Peer]) -> list[tuple[Peer, Any, list[tuple[str, Any]]]]:
+        """Blocking: settle each peer's dequeues in doubt (the process died
+        between the database commit of an apply and the dequeue's commit:
+        the database decides), then read the headers of what is queued."""
+        agent = self.agent
+        found = []
+        for peer in peers:
+            settled = agent.queues.resolve_in_doubt(peer.name, peer.protocol.state.log_received)
+            queued = self._queued_headers(peer)
+            if settled.dequeued or settled.restored or queued:
+                found.append((peer, settled, queued))
+        return found
 
     def _queued_headers(self, peer: Peer) -> list[tuple[str, Any]]:
         """Blocking: the checked headers of ``peer``'s queued messages; one

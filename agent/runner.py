@@ -313,6 +313,12 @@ class Agent:
         """Carry out one Apply as one unit (agent.applying)."""
         return await applying.apply(self, peer, action)
 
+    async def save_all(self) -> None:
+        """Persist every pair whose state changed: one hop, one transaction."""
+        dirty = [peer for peer in self.peers.values() if self.pairs.dirty(peer)]
+        if dirty:
+            await asyncio.to_thread(self.pairs.save_many, dirty)
+
     async def _save(self, peer: Peer) -> None:
         """Persist a pair's state when it changed (an idle poll costs no thread hop)."""
         if self.pairs.dirty(peer):

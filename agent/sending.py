@@ -9,9 +9,15 @@ A send phase (docs/protocol.md, rule 5) goes in three explicit steps:
 2. **prepare**: the due sends are made together: on Spark for a large
    backlog (docs/spark.md), else packed here in one pass over the log
    (agent.outbound), every message queued durably in one group commit;
-3. **record**: peer by peer, the prepared send is recorded (``log_sent``
-   moves only now that its files are durable; one send failing fails that
-   peer alone) and the peer's confirmation is queued.
+3. **record**: the prepared sends are recorded together (``log_sent``
+   moves only now that their files are durable, all in one database
+   transaction; one send failing fails that peer alone); then every pair
+   the phase changed is saved in one transaction, and the control
+   messages due (rule 3: only with news, or a heartbeat) are queued in
+   one group commit.
+
+A phase costs a few worker-thread hops and fsyncs whatever the number of
+peers; per peer it costs only what that peer has: its messages, its row.
 
 A send handed out outside a send phase (a resend request acted on later,
 continuous mode) is prepared and recorded alone: :meth:`Sender.send_one`.
@@ -83,19 +89,28 @@ class Sender:
         due = await self._due(now, log_end, log_start)
         try:
             prepared, failed, batch = await self._prepare(due)
+            sends = [(peer, send) for peer, send in due if send is not None]
             try:
-                for peer, send in due:
-                    if send is not None:
-                        if failed:
-                            await agent.execute(peer, peer.protocol.send_aborted(agent.clock()))
-                        else:
-                            await agent.execute(peer, await self._record(peer, send, prepared.get(peer.name)))
-                    heartbeat = peer.heartbeat or agent.options.heartbeat
-                    await agent.execute(peer, peer.protocol.send_controls(now, heartbeat=heartbeat,
-                                                                          force=force_controls))
+                if failed:
+                    outcomes: list[int | BaseException] = [SparkBatchError("the Spark batch failed")] * len(sends)
+                else:
+                    outcomes = await asyncio.to_thread(self._record_all, sends, prepared)
             finally:
-                if batch is not None:  # its files are read as each send is recorded
+                if batch is not None:  # its files were read as the sends were recorded
                     await asyncio.to_thread(batch.close)
+            for (peer, send), outcome in zip(sends, outcomes):
+                actions = self._done(peer, send, outcome, quiet=failed)
+                if actions:  # rare (a resend that waited for this send); else the state is saved below
+                    await agent.execute(peer, actions)
+            controls = []
+            for peer, _ in due:
+                heartbeat = peer.heartbeat or agent.options.heartbeat
+                for action in peer.protocol.send_controls(now, heartbeat=heartbeat, force=force_controls):
+                    controls.append((peer, action))
+            # The pairs' state is durable before the controls it led to leave.
+            await agent.save_all()
+            if controls:
+                await self.queue_controls(controls)
         except BaseException:
             # Cancelled (an application stopping its agent's task) or failed
             # before every send was recorded: the sends handed out and not
@@ -127,7 +142,8 @@ class Sender:
                 # A SendData is always the last action (after a resend's purge).
                 send = actions.pop() if actions and isinstance(actions[-1], SendData) else None
                 due.append((peer, send))
-                await agent.execute(peer, actions)
+                if actions:  # a resend's purge; the state of the others is saved with the phase's
+                    await agent.execute(peer, actions)
         except BaseException:
             for peer, send in due:
                 if send is not None:
@@ -151,42 +167,65 @@ class Sender:
         packed = await asyncio.to_thread(self._pack_local, sends)
         return {peer.name: Prepared(send, packed=outcome) for (peer, send), outcome in zip(sends, packed)}, False, None
 
-    async def _record(self, peer: Peer, send: SendData, prepared: Prepared | None) -> list[Any]:
-        """Step 3: record one send whose files are durable; a send prepared
-        for an earlier state of the protocol (or none) is made alone."""
+    def _record_all(self, sends: list[tuple[Peer, SendData]], prepared: dict[str, Prepared]
+                    ) -> list[int | BaseException]:
+        """Blocking, step 3: make sure each send's files are queued (a Spark
+        batch's are queued now; a send prepared for an earlier state of the
+        protocol, or none, is packed alone), then record every send that
+        made files in one transaction.  Returns, per send, how many
+        messages it queued (0: nothing for the peer) or what stopped it."""
         agent = self.agent
+        outcomes: list[int | BaseException] = []
         try:
-            if prepared is not None and prepared.send == send and prepared.files is not None:
-                count = await asyncio.to_thread(self._queue_prepared, peer, send, prepared.files)
-            else:
-                if prepared is None or prepared.send != send or prepared.packed is None:
-                    [outcome] = await asyncio.to_thread(self._pack_local, [(peer, send)])
-                else:
-                    outcome = prepared.packed
-                if outcome.error is not None:
-                    raise outcome.error  # at the peer's turn, as packing on its own would
-                count = outcome.messages
-        except (LogOffsetError, *SEND_ERRORS) as error:
-            # A range the log cannot serve (its remote row disagrees with the
-            # log) fails this peer's send and no other: the peers packed in
-            # the same pass are recorded as usual.
-            log.error("preparing messages for %s failed: %s", peer.name, error)
-            agent.report.transport_errors.append(f"preparing messages for {peer.name}: {error}")
-            return peer.protocol.send_aborted(agent.clock())
-        if count == 0:
-            # Nothing for the peer in the range: no message (rule 5); only
-            # log_read moves, saved with the pair's state.
-            return peer.protocol.send_done(agent.clock(), send.end, empty=True)
+            with agent.queues.group_commit():
+                for peer, send in sends:
+                    outcomes.append(self._queued(peer, send, prepared.get(peer.name)))
+        except (AgentError, OSError) as error:
+            # The block's wait for durability failed: none of its puts counts as queued.
+            return [error for _ in sends]
         crash_point("send.after-queue")
         when = datetime.fromtimestamp(agent.clock()).astimezone()
-        await asyncio.to_thread(agent.db.record_send, peer.name, log_sent=send.end, messages=count, now=when)
+        agent.db.record_sends([(peer.name, send.end, outcome) for (peer, send), outcome in zip(sends, outcomes)
+                               if isinstance(outcome, int) and outcome > 0], now=when)
+        return outcomes
+
+    def _queued(self, peer: Peer, send: SendData, prepared: Prepared | None) -> int | BaseException:
+        try:
+            if prepared is not None and prepared.send == send and prepared.files is not None:
+                return self._queue_prepared(peer, send, prepared.files)
+            if prepared is None or prepared.send != send or prepared.packed is None:
+                [outcome] = self._pack_local([(peer, send)])
+            else:
+                outcome = prepared.packed
+            if outcome.error is not None:
+                raise outcome.error  # at the peer's turn, as packing on its own would
+            return outcome.messages
+        except (LogOffsetError, *SEND_ERRORS) as error:
+            return error
+
+    def _done(self, peer: Peer, send: SendData, outcome: int | BaseException, *, quiet: bool = False) -> list[Any]:
+        """Tell the protocol what became of a send; return what follows."""
+        agent = self.agent
+        now = agent.clock()
+        if isinstance(outcome, BaseException):
+            if not quiet:
+                # A range the log cannot serve (its remote row disagrees with
+                # the log) fails this peer's send and no other.
+                log.error("preparing messages for %s failed: %s", peer.name, outcome)
+                agent.report.transport_errors.append(f"preparing messages for {peer.name}: {outcome}")
+            return peer.protocol.send_aborted(now)
+        if outcome == 0:
+            # Nothing for the peer in the range: no message (rule 5); only
+            # log_read moves, saved with the pair's state.
+            return peer.protocol.send_done(now, send.end, empty=True)
         PairStore.sent(peer, send.end)
-        agent.report.sent += count
-        return peer.protocol.send_done(agent.clock(), send.end)
+        agent.report.sent += outcome
+        return peer.protocol.send_done(now, send.end)
 
     async def send_one(self, peer: Peer, send: SendData) -> list[Any]:
         """A send handed out outside a send phase: made and recorded alone."""
-        return await self._record(peer, send, None)
+        [outcome] = await asyncio.to_thread(self._record_all, [(peer, send)], {})
+        return self._done(peer, send, outcome)
 
     # -- Spark and local packing -------------------------------------------------------------
 
@@ -263,42 +302,111 @@ class Sender:
     # -- control messages and the transports ----------------------------------------------------
 
     async def queue_control(self, peer: Peer, action: SendControl) -> None:
+        """Queue one control message (a resend request, outside a send phase)."""
+        await self.queue_controls([(peer, action)])
+
+    async def queue_controls(self, controls: list[tuple[Peer, SendControl]]) -> None:
+        """Queue control messages, in one worker-thread hop and one group commit."""
         agent = self.agent
-        try:
-            await asyncio.to_thread(self._queue_control, peer, action)
-        except CodecError as error:  # e.g. the peer's sealing key is another site's
+        failed = await asyncio.to_thread(self._queue_controls, controls)
+        for peer, error in failed:  # e.g. the peer's sealing key is another site's
             log.error("preparing a control message for %s failed: %s", peer.name, error)
             agent.report.transport_errors.append(f"preparing a control message for {peer.name}: {error}")
-        else:
-            if action.reason == "resend request":
-                agent.report.resend_requests += 1
+        failed_peers = {peer.name for peer, _ in failed}
+        agent.report.resend_requests += sum(1 for peer, action in controls
+                                            if action.reason == "resend request" and peer.name not in failed_peers)
 
-    def _queue_control(self, peer: Peer, action: SendControl) -> None:
+    def _queue_controls(self, controls: list[tuple[Peer, SendControl]]) -> list[tuple[Peer, CodecError]]:
         agent = self.agent
-        message = encode_control_message(action.state, keys=agent.keys, recipient=peer.name,
-                                         incarnation=agent.db.identity.incarnation, seal_to=self._seal_to(peer))
-        agent.queues.put_outbound(peer.name, message.name, message.data, None)
+        failed = []
+        incarnation = agent.db.identity.incarnation
+        with agent.queues.group_commit():
+            for peer, action in controls:
+                try:
+                    message = encode_control_message(action.state, keys=agent.keys, recipient=peer.name,
+                                                     incarnation=incarnation, seal_to=self._seal_to(peer))
+                except CodecError as error:
+                    failed.append((peer, error))
+                    continue
+                agent.queues.put_outbound(peer.name, message.name, message.data, None)
+        return failed
 
     async def flush(self) -> None:
         """Hand queued outbound files to the transports, oldest first; a
-        failing peer keeps its queue and is retried at the next flush."""
+        failing peer keeps its queue and is retried at the next flush.
+
+        The files go in blocks (at most ``FLUSH_FILES`` files or
+        ``FLUSH_BYTES`` bytes, read in one worker-thread hop); a block's
+        files leave the queue in one group commit once the transports took
+        them.  A crash before that commit sends them again: the receiver
+        drops what it already has."""
         agent = self.agent
-        for peer in agent.peers.values():
-            names = await asyncio.to_thread(agent.queues.outbound, peer.name)
-            if not names:
-                continue
+        depths = await asyncio.to_thread(agent.queues.depths)
+        waiting = [agent.peers[depth.peer] for depth in depths if depth.outbound and depth.peer in agent.peers]
+        failed: set[str] = set()
+        for peer in waiting:
             if not peer.address:
                 agent.report.transport_errors.append(f"{peer.name} has no address; messages stay queued")
-                continue
-            transport = agent.transport_for(peer.transport)
+                failed.add(peer.name)
+        waiting = [peer for peer in waiting if peer.name not in failed]
+        position = 0
+        while position < len(waiting):
+            block, position = await asyncio.to_thread(self._read_block, waiting, position, frozenset(failed))
+            sent: list[tuple[str, str]] = []
             try:
-                for name in names:
-                    data = await asyncio.to_thread(agent.queues.read_outbound, peer.name, name)
-                    await transport.send(peer.address, name, data)
+                for peer, name, data in block:
+                    if peer.name in failed:
+                        continue
+                    assert peer.address is not None
+                    try:
+                        await self.agent.transport_for(peer.transport).send(peer.address, name, data)
+                    except TransportError as error:
+                        failed.add(peer.name)
+                        message = f"sending to {peer.name} at {peer.address}: {error}"
+                        log.warning("%s", message)
+                        agent.report.transport_errors.append(message)
+                        await asyncio.to_thread(agent.db.record_transport_error, peer.name, str(error))
+                        continue
                     crash_point("flush.after-send")
-                    await asyncio.to_thread(agent.queues.delete_outbound, peer.name, name)
-            except TransportError as error:
-                message = f"sending to {peer.name} at {peer.address}: {error}"
-                log.warning("%s", message)
-                agent.report.transport_errors.append(message)
-                await asyncio.to_thread(agent.db.record_transport_error, peer.name, str(error))
+                    sent.append((peer.name, name))
+            finally:
+                if sent:
+                    await asyncio.to_thread(self._delete_sent, sent)
+
+    FLUSH_FILES = 256
+    FLUSH_BYTES = 16 * 1024 * 1024
+
+    def _read_block(self, peers: list[Peer], position: int, failed: frozenset[str]
+                    ) -> tuple[list[tuple[Peer, str, bytes]], int]:
+        """Blocking: the next block of queued files, whole peers' queues
+        from ``position`` on (a large queue is read in several blocks, in
+        order), skipping the peers that ``failed``; return it and the
+        position to go on from."""
+        queues = self.agent.queues
+        block: list[tuple[Peer, str, bytes]] = []
+        size = 0
+        while position < len(peers) and len(block) < self.FLUSH_FILES and size < self.FLUSH_BYTES:
+            peer = peers[position]
+            if peer.name in failed:
+                position += 1
+                continue
+            names = queues.outbound(peer.name)
+            taken = 0
+            for name in names:
+                if block and (len(block) >= self.FLUSH_FILES or size >= self.FLUSH_BYTES):
+                    break
+                data = queues.read_outbound(peer.name, name)
+                block.append((peer, name, data))
+                size += len(data)
+                taken += 1
+            if taken == len(names):
+                position += 1  # this peer's queue is all in the block
+            else:
+                break  # the rest of it comes in the next block
+        return block, position
+
+    def _delete_sent(self, sent: list[tuple[str, str]]) -> None:
+        queues = self.agent.queues
+        with queues.group_commit():
+            for peer, name in sent:
+                queues.delete_outbound(peer, name)
