@@ -71,39 +71,54 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
     packers: dict[int, MessagePacker] = {}
     errors: dict[int, Exception] = {}
     counts = [0] * len(sends)
+    # Most due sends share their range (every idle peer was read to the
+    # same log end): each distinct range is checked once.
+    checked: dict[tuple[int, int], Exception | None] = {}
+    chosen = []
     for index, send in enumerate(sends):
-        try:
-            db.check_log_range(send.read_start, send.end)
-            packers[index] = MessagePacker(keys=keys, recipient=send.subscriber, incarnation=incarnation,
-                                           resend_count=send.resend_count, start=send.start, max_size=max_size,
-                                           end=send.end, seal_to=send.seal_to)
-        except (SiteError, *SEND_ERRORS) as error:
-            errors[index] = error
-    chosen = sorted(packers)
+        key = (send.read_start, send.end)
+        if key not in checked:
+            try:
+                db.check_log_range(*key)
+                checked[key] = None
+            except (SiteError, *SEND_ERRORS) as error:
+                checked[key] = error
+        if checked[key] is not None:
+            errors[index] = checked[key]  # type: ignore[assignment]
+        else:
+            chosen.append(index)
+
+    def packer_for(index: int) -> MessagePacker:
+        # Made at a send's first transaction: a send whose range holds
+        # nothing for its subscriber costs no packer (and makes no file).
+        packer = packers.get(index)
+        if packer is None:
+            send = sends[index]
+            packer = packers[index] = MessagePacker(
+                keys=keys, recipient=send.subscriber, incarnation=incarnation, resend_count=send.resend_count,
+                start=send.start, max_size=max_size, end=send.end, seal_to=send.seal_to)
+        return packer
 
     def deliver(index: int, messages: list[EncodedMessage]) -> None:
         for message in messages:
             put(index, message)
             counts[index] += 1
 
-    fed: set[int] = set()
     for group in _groups(chosen, max_size):
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
         for position, transaction in db.read_logs(reads):
             index = group[position]
-            packer = packers.get(index)
-            if packer is not None:  # else this send failed earlier
-                fed.add(index)
+            if index not in errors:  # else this send failed earlier
                 try:
-                    deliver(index, packer.add(transaction))
+                    deliver(index, packer_for(index).add(transaction))
                 except SEND_ERRORS as error:
                     errors[index] = error
-                    del packers[index]
+                    packers.pop(index, None)
             # A huge transaction is not held while the next one is read.
             del transaction
         for index in group:
             packer = packers.pop(index, None)
-            if packer is None or index not in fed:
+            if packer is None:
                 continue  # failed, or nothing for the subscriber: no message (docs/protocol.md, rule 5)
             try:
                 deliver(index, packer.close())

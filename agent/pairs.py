@@ -23,6 +23,7 @@ Rules of this file:
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ class PairStore:
         self.db = db
         self.directory = state_directory
         self.keyring = keyring
+        self._replaced: dict[str, frozenset[bytes]] = {}
+        self._files: set[str] = set()
 
     def load(self, peers: dict[str, Peer], settings: Settings) -> bool:
         """(Re)build in ``peers`` each peer's protocol from its remote-user
@@ -77,6 +80,12 @@ class PairStore:
         removed or extracted again while the agent runs); return True when
         anything changed."""
         rows = {remote.name: remote for remote in self.db.remotes()}
+        # One query and one listing for every peer, not one each.
+        self._replaced = self.db.all_replaced_incarnations()
+        try:
+            self._files = set(os.listdir(self.directory))
+        except FileNotFoundError:
+            self._files = set()
         changed = False
         for name in list(peers):
             if name not in rows:
@@ -163,6 +172,8 @@ class PairStore:
         """The bookkeeping kept beside the database, if it belongs to the
         stream the remote-user row describes now (an extraction starts a new
         stream, and then the old bookkeeping is forgotten)."""
+        if f"{peer}.json" not in self._files:
+            return {}
         try:
             data = json.loads(self._extras_path(peer).read_text())
             if data.get("stream") != stream:
@@ -178,9 +189,11 @@ class PairStore:
         folder also keeps the ones it has seen replaced in the remote-user
         row (extractions made before the database recorded them).
         """
-        replaced = self.db.replaced_incarnations(peer)
+        replaced = self._replaced.get(peer, frozenset())
         path = self.directory / f"{peer}.incarnations.json"
         try:
+            if path.name not in self._files:
+                raise FileNotFoundError(path)
             known = json.loads(path.read_text())
             seen = [bytes.fromhex(value) for value in known.get("seen", [])]
             last = bytes.fromhex(known["current"]) if known.get("current") else None

@@ -72,6 +72,7 @@ from .remotes import (
     replaced_incarnations,
     remove_remote_locked,
     update_remote_locked,
+    update_remotes_locked,
 )
 from .schema import Role, SecretStore, SiteIdentity, init_database, open_database, read_identity
 
@@ -384,6 +385,14 @@ class SiteDatabase:
                     for table, name in (("remotes", "remote"), ("conflicts", "conflict"),
                                         ("apply_errors", "apply_error"))}
 
+    def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]:
+        """:meth:`replaced_incarnations` of every remote that has any, in one query."""
+        found: dict[str, set[bytes]] = {}
+        with self._lock, self._read("reading the replaced copies"):
+            for remote, incarnation in self._conn.execute("SELECT remote, incarnation FROM fieldsync_replaced_copy"):
+                found.setdefault(remote, set()).add(incarnation)
+        return {remote: frozenset(values) for remote, values in found.items()}
+
     def replaced_incarnations(self, name: str) -> frozenset[bytes]:
         """Incarnation ids of ``name``'s copies that a new extraction replaced
         (at the consolidated): their files still in the message system are
@@ -403,8 +412,7 @@ class SiteDatabase:
         if not changes:
             return
         with self._lock, self._write(f"updating {len(changes)} remotes"):
-            for name, columns in changes.items():
-                update_remote_locked(self._conn, name, columns)
+            update_remotes_locked(self._conn, changes)
 
     def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
         """:meth:`record_send` for several ``(name, log_sent, messages)``, in

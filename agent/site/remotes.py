@@ -286,6 +286,46 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
     return get_remote(conn, name)
 
 
+# The columns the agent saves for every pair a phase changed (agent.pairs):
+# updated in bulk, checked in one pass (update_remotes_locked).
+_PAIR_COLUMNS = frozenset({"log_send", "log_read", "control_sent_at", "confirm_sent", "resend_count",
+                           "confirm_received", "rereceive_count", "peer_incarnation", "log_sent"})
+
+
+def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str, Any]]) -> None:
+    """:func:`update_remote_locked` for many rows: the rows are read in one
+    query and the log end once; rows changing only the pair columns are
+    checked here (the same invariants) and written with one statement per
+    set of columns; any other change goes through update_remote_locked."""
+    current = {row.name: row for row in list_remotes(conn)}
+    end = log_end(conn)
+    plain: dict[tuple[str, ...], list[tuple]] = {}
+    for name, columns in changes.items():
+        row = current.get(name)
+        if row is None or not set(columns) <= _PAIR_COLUMNS or "peer_incarnation" in columns:
+            update_remote_locked(conn, name, columns)
+            continue
+        for column, value in columns.items():
+            if column == "control_sent_at":
+                if value is not None and not isinstance(value, (int, float)):
+                    raise InvalidSetting(f"control_sent_at must be a number of seconds, got {value!r}")
+                continue
+            if type(value) is not int or value < 0:
+                raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")
+            if column in _MONOTONE and value < getattr(row, column):
+                raise InvariantViolation(f"{column} of {name!r} cannot go back from {getattr(row, column)} to {value}")
+        log_sent = columns.get("log_sent", row.log_sent)
+        if columns.get("confirm_sent", row.confirm_sent) > log_sent:
+            raise InvariantViolation(f"confirm_sent of {name!r} would exceed log_sent ({log_sent})")
+        if log_sent > end or columns.get("log_read", 0) > end:
+            raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")
+        key = tuple(sorted(columns))
+        plain.setdefault(key, []).append((*(columns[column] for column in key), name))
+    for key, rows in plain.items():
+        assignments = ", ".join(f"{column} = ?" for column in key)
+        conn.executemany(f"UPDATE fieldsync_remote SET {assignments} WHERE name = ?", rows)
+
+
 def record_send_locked(conn: sqlite3.Connection, name: str, log_sent: int, messages: int,
                        now: datetime | None) -> RemoteUser:
     current = get_remote(conn, name)

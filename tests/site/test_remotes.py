@@ -304,3 +304,23 @@ def test_remote_filters(site) -> None:
 def test_counts(site) -> None:
     site.add_remotes(_fleet(3))
     assert site.counts() == {"remotes": 3, "conflicts": 0, "apply_errors": 0}
+
+
+def test_update_remotes_checks_each_row_as_update_remote_does(tmp_path):
+    """The bulk path the agent saves its pairs with keeps every invariant:
+    one bad row refuses the whole transaction."""
+    import pytest
+
+    from agent.site import SiteDatabase
+    from agent.site.errors import InvariantViolation
+
+    with SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated") as site:
+        for name in ("r1", "r2"):
+            site.add_remote(name)
+        site.update_remotes({"r1": {"control_sent_at": 12.5, "confirm_received": 0}, "r2": {"log_read": 0}})
+        assert site.remote("r1").control_sent_at == 12.5
+        with pytest.raises(InvariantViolation, match="log_read"):
+            site.update_remotes({"r1": {"control_sent_at": 13.0}, "r2": {"log_read": site.log_end() + 5}})
+        assert site.remote("r1").control_sent_at == 12.5  # nothing of the refused transaction stays
+        with pytest.raises(InvariantViolation, match="confirm_sent"):
+            site.update_remotes({"r2": {"confirm_sent": 1}})
