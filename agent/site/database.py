@@ -269,11 +269,14 @@ class SiteDatabase:
         """
         reads = list(reads)
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
-            readers = []
+            readers = SubscriberReader.many_from_database(self._conn, self._identity, self._shapes,
+                                                          [subscriber for subscriber, _, _ in reads])
+            resolved: dict[tuple[int, int | None], int] = {}  # most reads share their range
             ranges = []
-            for subscriber, after, until in reads:
-                readers.append(SubscriberReader.from_database(self._conn, self._identity, self._shapes, subscriber))
-                ranges.append((after, resolve_range(self._conn, after, until)))
+            for _, after, until in reads:
+                if (after, until) not in resolved:
+                    resolved[after, until] = resolve_range(self._conn, after, until)
+                ranges.append((after, resolved[after, until]))
         return read_fanout(self._conn, readers, ranges, lock=self._lock, hold=hold)
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
