@@ -190,9 +190,12 @@ class PairStore:
         row (extractions made before the database recorded them).
         """
         replaced = self._replaced.get(peer, frozenset())
-        path = self.directory / f"{peer}.incarnations.json"
+        name = f"{peer}.incarnations.json"
+        if name not in self._files and current is None:
+            return replaced  # nothing seen, nothing to remember (most peers of a new fleet)
+        path = self.directory / name
         try:
-            if path.name not in self._files:
+            if name not in self._files:
                 raise FileNotFoundError(path)
             known = json.loads(path.read_text())
             seen = [bytes.fromhex(value) for value in known.get("seen", [])]
