@@ -37,7 +37,7 @@ from .errors import AgentError
 from .keyfiles import agent_directory
 from .quarantine import REASON_SUFFIX
 from .queues import QueueDepth, QueueError
-from .site.log import log_end
+from .site.log import HORIZON_SQL, log_end
 
 if TYPE_CHECKING:
     from .runner import Agent, RunReport
@@ -127,8 +127,7 @@ def read_site(database: Path) -> _SiteRows:
         conn.execute("BEGIN")
         site = conn.execute("SELECT name FROM fieldsync_site WHERE id = 1").fetchone()[0]
         remotes = conn.execute("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at,"
-                               " last_sent_at, CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent)"
-                               " ELSE confirm_sent END FROM fieldsync_remote").fetchall()
+                               f" last_sent_at, {HORIZON_SQL} FROM fieldsync_remote").fetchall()
         conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_conflict GROUP BY peer").fetchall())
         errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error GROUP BY peer").fetchall())
         end = log_end(conn)

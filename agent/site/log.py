@@ -188,6 +188,12 @@ def _iter_commits(conn: sqlite3.Connection, after: int, until: int, chunk: int,
         position = rows[-1][0]
 
 
+#: A remote-user row's horizon (docs/protocol.md, rule 8; RemoteUser.horizon):
+#: all the log read for the peer once it confirmed all it was sent, else
+#: what it confirmed.  The log after the smallest one is what peers may need.
+HORIZON_SQL = "(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent) ELSE confirm_sent END)"
+
+
 def truncate_locked(conn: sqlite3.Connection) -> int:
     """Delete log entries at or below the smallest ``confirm_sent`` of all
     peers; return the truncation point.  Caller holds the write lock.
@@ -198,10 +204,7 @@ def truncate_locked(conn: sqlite3.Connection) -> int:
     when confirmed, so seq (and so commit offsets) never go back.
     """
     floor = truncated_through(conn)
-    # Rule 8: each peer's horizon (RemoteUser.horizon): all the log read for
-    # it once it confirmed all that was sent to it, else what it confirmed.
-    bound = conn.execute("SELECT min(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent)"
-                         " ELSE confirm_sent END) FROM fieldsync_remote").fetchone()[0]
+    bound = conn.execute(f"SELECT min({HORIZON_SQL}) FROM fieldsync_remote").fetchone()[0]
     if bound is None or bound <= floor:
         return floor
     # Only ever cut at a commit boundary at or below the bound.

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ._db import format_time, parse_time, utc_now
 from .errors import (InvalidSetting, InvariantViolation, RemoteExists, SiteError, UnknownPublication, UnknownRemote,
                      WrongRole)
-from .log import log_end
+from .log import HORIZON_SQL, log_end
 from .schema import Role, SiteIdentity, check_name
 from .values import value_problem
 
@@ -162,8 +162,7 @@ class RemoteFilter:
         parameters: list[object] = []
         if self.lagging:
             # The peer's horizon (RemoteUser.horizon) is behind the log end.
-            conditions.append("(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent)"
-                              " ELSE confirm_sent END) < ?")
+            conditions.append(f"{HORIZON_SQL} < ?")
             parameters.append(end)
         if self.silent_since is not None:
             # Stored times are ISO 8601 in UTC, all written by format_time: as text they sort as times.
