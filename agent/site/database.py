@@ -227,6 +227,14 @@ class SiteDatabase:
         with self._lock, sqlite_errors("reading the log end"):
             return log_end(self._conn)
 
+    def change_marker(self) -> tuple[int, int]:
+        """What moves whenever anything is committed to the database: by
+        another connection (``PRAGMA data_version``) or by this one (its
+        count of changed rows).  Equal markers: nothing changed between."""
+        with self._lock, sqlite_errors("reading the database's change marker"):
+            [(version,)] = self._conn.execute("PRAGMA data_version").fetchall()
+            return version, self._conn.total_changes
+
     def log_start(self) -> int:
         """The truncation point: the log holds the entries after it."""
         with self._lock, sqlite_errors("reading the log's truncation point"):
@@ -369,6 +377,13 @@ class SiteDatabase:
         """Every row of the remote-user table (for ``agent status``)."""
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
+
+    def remote_transports(self) -> tuple[str | None, ...]:
+        """The distinct transports named in the remote-user table (None:
+        a remote that names none)."""
+        with self._lock, self._read("listing the remotes' transports"):
+            return tuple(name for (name,) in self._conn.execute(
+                "SELECT DISTINCT transport FROM fieldsync_remote ORDER BY transport"))
 
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
         """The rows of the remote-user table that ``which`` selects, by name,
