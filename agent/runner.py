@@ -108,6 +108,7 @@ class Agent:
         self.name = identity.name
         self.keys = load_site_keys(self.db)
         self.address = self.options.address or identity.address
+        self.stored_options = self.db.all_transport_options()
         self.left = LeftFiles(self.directory / "state" / "left.json", self.address)
         for table in self.db.missing_tables():
             log.warning("published table %r is no longer in %s (renamed or dropped?): give it back its name, or "
@@ -147,8 +148,8 @@ class Agent:
                 await asyncio.to_thread(db.close)
 
     @property
-    def transports(self) -> dict[str, Transport]:
-        """The transports this agent opened, by spec (tests and tools)."""
+    def transports(self) -> dict[tuple[str, str | None], Transport]:
+        """The transports this agent opened, by (spec, peer with options of its own) (tests and tools)."""
         return self._transports
 
     @property
@@ -156,17 +157,26 @@ class Agent:
         assert self._queues is not None
         return self._queues
 
-    def transport_for(self, name: str | None) -> Transport:
-        """The transport to a peer whose remote row names ``name`` (``None``:
+    def transport_for(self, name: str | None, peer: str | None = None) -> Transport:
+        """The transport to ``peer`` whose remote row names ``name`` (``None``:
         this site's own, which it receives on); ``--transport`` overrides
-        both.  One per spec, built with the options that are its
-        (agent.transport_options)."""
+        both.  One per spec (and per peer that has options of its own),
+        built with the options that are its: stored with the site, stored
+        for the peer, then the run's -O (agent.transport_options)."""
         spec = self.options.transport or name or "folder"
-        transport = self._transports.get(spec)
+        own_options = self.stored_options.get(peer, {}) if peer is not None else {}
+        key = (spec, peer) if own_options else (spec, None)
+        transport = self._transports.get(key)
         if transport is None:
-            options = TransportOptions(self.options.transport_options, self.options.named_options)
-            transport = options.create(spec, own=self.own_transport)
-            self._transports[spec] = transport
+            from transports.registry import parse_transport_spec
+
+            run = TransportOptions(self.options.transport_options, self.options.named_options)
+            stored = TransportOptions.from_stored(self.stored_options.get("", {}))
+            if own_options:
+                plugin = parse_transport_spec(spec).inner
+                stored = TransportOptions.from_stored(own_options, plugin=plugin).over(stored)
+            transport = run.over(stored).create(spec, own=self.own_transport)
+            self._transports[key] = transport
         return transport
 
     @property

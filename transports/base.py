@@ -157,6 +157,18 @@ class Transport(abc.ABC):
             raise BadAddress(f"address {address!r} contains a NUL character")
         return address
 
+    def check_inbox_address(self, address: str) -> str:
+        """``address`` as this site's inbox (what ``receive`` reads), or BadAddress.
+
+        The same as :meth:`check_address` for a transport whose inbox is
+        also where peers send (a folder); email refuses ``mailto:`` here.
+        """
+        return self.check_address(address)
+
+    def check_send_address(self, address: str) -> str:
+        """``address`` as where ``send`` delivers to a peer, or BadAddress (email refuses an IMAP URL)."""
+        return self.check_address(address)
+
     async def aclose(self) -> None:
         """Release the transport's resources.  Idempotent."""
         if self._closed:

@@ -336,6 +336,20 @@ class EmailTransport(Transport):
             return str(Mailbox.parse(address))
         return str(Recipient.parse(address))
 
+    def check_inbox_address(self, address: str) -> str:
+        address = Transport.check_address(self, address)
+        if not address.lower().strip().startswith(("imap://", "imaps://")):
+            raise BadAddress(f"an email site's inbox is its IMAP mailbox (imaps://user@host/INBOX), not {address}; "
+                             "peers send to its reply address (mailto:...)")
+        return str(Mailbox.parse(address))
+
+    def check_send_address(self, address: str) -> str:
+        address = Transport.check_address(self, address)
+        if address.lower().strip().startswith(("imap://", "imaps://")):
+            raise BadAddress(f"email is sent to the recipient's address (mailto:site@example.com), not to its IMAP "
+                             f"mailbox {address}")
+        return str(Recipient.parse(address))
+
     def _context(self) -> ssl.SSLContext:
         """The TLS settings for SMTP and IMAP: verify the chain and the host name."""
         if self._tls_context is None:
