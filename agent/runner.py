@@ -80,6 +80,8 @@ class Agent:
         self._transports: dict[str, Transport] = {}
         self.peers: dict[str, Peer] = {}
         self.report = RunReport()
+        self._wait_failures = 0
+        self._wait_failing_until = 0.0
         self._closed = False
         self._restored = False
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
@@ -238,30 +240,51 @@ class Agent:
             timer = self._next_timer()
             if timer is not None:
                 deadline = min(deadline, timer)
-            await self._wait(stop, max(0.0, deadline - self.clock()))
+            if await self._wait(stop, max(0.0, deadline - self.clock())):
+                next_receive = self.clock()  # the transport says files arrived: receive them now
         await self.flush_outbound()
         return self.report
 
-    async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
+    async def _wait(self, stop: asyncio.Event, timeout: float) -> bool:
+        """Wait until ``stop``, the timeout, or the transport's word that files
+        arrived (True).  A transport that cannot wait (its server is gone) is
+        one warning line, then plain sleeps until it can again."""
         if timeout <= 0:
-            return
+            return False
         waiter = asyncio.ensure_future(stop.wait())
+        arrived = False
         try:
-            if self.options.receive and self.address:
+            if self.options.receive and self.address and self._wait_failing_until <= self.clock():
                 incoming = asyncio.ensure_future(
                     self.transport_for(self.own_transport).wait_incoming(self.address, timeout))
                 try:
                     await asyncio.wait({waiter, incoming}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     incoming.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, TransportError):
-                        await incoming
-            else:
-                await asyncio.wait({waiter}, timeout=timeout)
+                    try:
+                        arrived = await incoming
+                        self._wait_failures = 0
+                    except asyncio.CancelledError:
+                        pass
+                    except TransportError as error:
+                        self._wait_failed(error)
+            if not arrived and not waiter.done():
+                await asyncio.wait({waiter}, timeout=max(0.0, min(timeout, self._wait_failing_until - self.clock())))
         finally:
             waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiter
+        return arrived
+
+    def _wait_failed(self, error: TransportError) -> None:
+        """Back off 5 s, 10 s ... 5 min before waiting on the transport again; warn once per outage."""
+        self._wait_failures += 1
+        delay = min(300.0, 5.0 * 2 ** (self._wait_failures - 1))
+        self._wait_failing_until = self.clock() + delay
+        if self._wait_failures == 1:
+            log.warning("%s; receiving on schedule and trying again with backoff", error)
+        else:
+            log.debug("%s; trying again in %.0f s", error, delay)
 
     def _next_timer(self) -> float | None:
         timers = [t for p in self.peers.values() if (t := p.protocol.get_timer()) is not None]
