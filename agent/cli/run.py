@@ -397,7 +397,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         own = transport or site.identity.transport or "folder"
         # The transports the run will use: its own, and each peer's (--transport: one for all).
         specs = [own, *(transport or named or "folder" for named in site.remote_transports())]
-    check_transports(specs, link, own=own)
+        stored = TransportOptions.from_stored(site.transport_options())
+    check_transports(specs, link.over(stored), own=own)
     options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
                          receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,

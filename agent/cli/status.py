@@ -92,6 +92,7 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
                 "role": identity.role.value,
                 "incarnation": incarnation_text(identity.incarnation),
                 "address": identity.address,
+                "reply_address": identity.send_address,
                 "transport": identity.transport,
                 "public_key": identity.public_key,
                 "fingerprint": key_fingerprint(identity.public_key),
@@ -184,7 +185,8 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
     out.print(f"[bold]{escape(site['name'])}[/] " + escape(f"({site['role']}) in {status['database']}"),
               soft_wrap=True, markup=True)
     out.print(f"  incarnation {site['incarnation']}, key {site['fingerprint'] or 'none'}", soft_wrap=True)
-    out.print(f"  inbox {site['address'] or '-'} ({site['transport'] or 'folder'})", soft_wrap=True)
+    out.print(f"  inbox {site['address'] or '-'} ({site['transport'] or 'folder'}) · peers send to "
+              f"{site['reply_address'] or '-'}", soft_wrap=True)
     out.print(f"  log end {status['log_end']} · quarantined files {status['quarantine']} · "
               f"conflicts {status['conflicts']} · apply errors {status['apply_errors']}", soft_wrap=True)
     for table in status["missing_tables"]:

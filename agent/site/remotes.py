@@ -58,6 +58,7 @@ class RemoteUser:
     log_read: int                # the log was read for the peer up to here (docs/protocol.md, rule 5)
     heartbeat: int | None        # seconds between control messages at the least; None: the run's --heartbeat
     control_sent_at: float | None  # when the agent last queued a control message to the peer (its clock)
+    inbox: str | None = None     # the peer's own inbox, where `address` differs (email); copied at extraction
 
     @property
     def sending_due(self) -> bool:
@@ -236,6 +237,7 @@ def remove_remote_locked(conn: sqlite3.Connection, name: str) -> None:
     if conn.execute("DELETE FROM fieldsync_remote WHERE name = ?", (name,)).rowcount == 0:
         raise UnknownRemote(f"no remote named {name!r}")
     conn.execute("DELETE FROM fieldsync_subscription WHERE remote = ?", (name,))
+    conn.execute("DELETE FROM fieldsync_transport_option WHERE scope = ?", (name,))
 
 
 def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str, Any]) -> RemoteUser:
@@ -252,7 +254,7 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
             if field_name in _MONOTONE and value < getattr(current, field_name):
                 raise InvariantViolation(f"{field_name} of {name!r} cannot go back from "
                                          f"{getattr(current, field_name)} to {value}")
-    for what in ("transport", "address", "public_key", "last_error"):
+    for what in ("transport", "address", "public_key", "last_error", "inbox"):
         if what in changes:
             _check_text(what, changes[what])
     if "peer_incarnation" in changes:
