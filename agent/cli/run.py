@@ -422,16 +422,22 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                                                       stopping)
             else:
                 with contextlib.ExitStack() as metrics_edges:
-                    if metrics is not None and metrics_port is not None:
-                        url = metrics_edges.enter_context(
-                            serving(metrics, metrics_address or "127.0.0.1", metrics_port))
-                        log.info("metrics of %s at %s", database, url)
                     if metrics is not None and metrics_file is not None:
                         # Every poll: the smaller delay is how often a step runs.
                         metrics_edges.enter_context(rewriting(metrics, metrics_file, min(receive_delay, send_delay)))
-                    log.info("agent for %s running: receiving every %s, sending every %s; Ctrl-C stops it", database,
-                             format_seconds(receive_delay), format_seconds(send_delay))
-                    report = _run_stopping_spark_jobs(run_agent(database, options, once=False, on_open=on_open),
+
+                    def started(agent: Any) -> None:
+                        # Once the agent is open (its state loaded, a service
+                        # manager's SIGTERM handled): serve the metrics, and say so.
+                        on_open(agent)
+                        if metrics is not None and metrics_port is not None:
+                            url = metrics_edges.enter_context(
+                                serving(metrics, metrics_address or "127.0.0.1", metrics_port))
+                            log.info("metrics of %s at %s", database, url)
+                        log.info("agent for %s running: receiving every %s, sending every %s; Ctrl-C stops it",
+                                 database, format_seconds(receive_delay), format_seconds(send_delay))
+
+                    report = _run_stopping_spark_jobs(run_agent(database, options, once=False, on_open=started),
                                                       stopping)
                 log.info("agent for %s stopped", database)
     finally:
