@@ -65,6 +65,7 @@ class PeerSample:
     horizon: int                     # docs/protocol.md rule 8: the log the peer may still need starts after it
     created_at: float
     last_received_at: float | None   # a data message from the peer last applied
+    heard_at: float | None           # a message of the peer (data or control) last arrived
     last_sent_at: float | None       # data messages to the peer last queued
     peer_log_sent: int | None        # the most the peer said it sent (known to a live agent only)
     state_log_received: int | None   # log_received in the same protocol state as peer_log_sent
@@ -127,7 +128,7 @@ def read_site(database: Path) -> _SiteRows:
         conn.execute("BEGIN")
         site = conn.execute("SELECT name FROM fieldsync_site WHERE id = 1").fetchone()[0]
         remotes = conn.execute("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at,"
-                               f" last_sent_at, {HORIZON_SQL} FROM fieldsync_remote").fetchall()
+                               f" last_sent_at, {HORIZON_SQL}, heard_at FROM fieldsync_remote").fetchall()
         conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_conflict GROUP BY peer").fetchall())
         errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error GROUP BY peer").fetchall())
         end = log_end(conn)
@@ -251,12 +252,13 @@ class SiteMetrics(Collector):
         states = {name: peer.protocol.state for name, peer in dict(agent.peers).items()} if agent else {}
         peers = []
         for (name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at,
-             horizon) in rows.remotes:
+             horizon, heard_at) in rows.remotes:
             state = states.get(name)
             depth = depths.get(name)
             peers.append(PeerSample(
                 name=name, log_sent=log_sent, confirm_sent=confirm_sent, log_received=log_received, horizon=horizon,
                 created_at=_seconds(created_at) or 0.0, last_received_at=_seconds(last_received_at),
+                heard_at=heard_at,
                 last_sent_at=_seconds(last_sent_at),
                 peer_log_sent=state.peer_log_sent if state is not None else None,
                 state_log_received=state.log_received if state is not None else None,
@@ -313,6 +315,10 @@ _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], 
     ("fieldsync_peer_last_received_timestamp_seconds",
      "When a data message from the peer was last applied (Unix time); absent before the first.",
      lambda peer, end: peer.last_received_at),
+    ("fieldsync_peer_last_heard_timestamp_seconds",
+     "When a message of the peer, data or control (a confirmation, a heartbeat), last arrived (Unix time); "
+     "absent before the first.",
+     lambda peer, end: peer.heard_at),
     ("fieldsync_peer_last_sent_timestamp_seconds",
      "When data messages to the peer were last queued for sending (Unix time); absent before the first.",
      lambda peer, end: peer.last_sent_at),

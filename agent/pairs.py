@@ -38,7 +38,7 @@ from .site import SiteDatabase
 
 # Columns of the remote-user row the protocol owns.
 ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-              "rereceive_count", "peer_incarnation", "log_read", "control_sent_at")
+              "rereceive_count", "peer_incarnation", "log_read", "control_sent_at", "heard_at")
 # Protocol state kept beside the database (agent bookkeeping, not replicated state).
 EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
 # What identifies one stream of a pair: a change starts a new one.

@@ -53,6 +53,9 @@ class PairState:
     # When a control message was last queued to the peer (the caller's clock),
     # for the heartbeat (rule 3); None: never.
     control_sent_at: float | None = None
+    # When a message of the peer's current copy (data or control) last
+    # arrived (the caller's clock): what "heard from" means; None: never.
+    heard_at: float | None = None
     # Kept across runs so that batch runs (`run --once`) detect gaps too:
     peer_log_sent: int = 0  # the most the peer said it sent (tail-loss detection)
     gap_polls: int = 0  # consecutive polls that saw a gap
@@ -285,6 +288,8 @@ class PairProtocol:
             actions = self._check_incarnation(incarnation)
             if self._stopped is not None and incarnation != self._state.peer_incarnation:
                 return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
+        if not superseded:
+            self._heard(now)
         if message_id in self._pending:
             return actions
         if self._stale(header, superseded):
@@ -475,6 +480,7 @@ class PairProtocol:
         actions = self._check_incarnation(incarnation)
         if self._stopped is not None and incarnation != self._state.peer_incarnation:
             return actions
+        self._heard(now)
         state = self._state
         # Receiving side: the peer's view of what it has sent (tail-loss detection),
         # and publishing side, rule 6: a confirmation.  One sent before this
@@ -498,6 +504,11 @@ class PairProtocol:
                 request.log_received = max(request.log_received, control.log_received)
             actions += self.handle_timer(now)
         return actions
+
+    def _heard(self, now: float) -> None:
+        """A message of the peer's current copy arrived."""
+        if self._state.heard_at is None or now > self._state.heard_at:
+            self._state = replace(self._state, heard_at=now)
 
     def handle_timer(self, now: float) -> list[Action]:
         request = self._resend_request

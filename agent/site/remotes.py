@@ -59,6 +59,7 @@ class RemoteUser:
     heartbeat: int | None        # seconds between control messages at the least; None: the run's --heartbeat
     control_sent_at: float | None  # when the agent last queued a control message to the peer (its clock)
     inbox: str | None = None     # the peer's own inbox, where `address` differs (email); copied at extraction
+    heard_at: float | None = None  # when a message of the peer (data or control) last arrived (the agent's clock)
 
     @property
     def sending_due(self) -> bool:
@@ -113,6 +114,15 @@ def _check_schedule(send_every: object, send_at: object) -> tuple[int | None, st
     return None, send_at.isoformat()
 
 
+# Moments on the agent's clock (seconds), kept as numbers.
+_CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at"})
+
+
+def _check_clock(what: str, value: object) -> None:
+    if value is not None and (type(value) not in (int, float) or value != value):
+        raise InvalidSetting(f"{what} must be a number of seconds, got {value!r}")
+
+
 def _check_text(what: str, value: object) -> None:
     if value is not None and type(value) is not str:
         raise InvalidSetting(f"{what} must be text, got {type(value).__name__}")
@@ -142,8 +152,10 @@ class RemoteFilter:
     * ``lagging``: the peer has not confirmed everything up to the log end
       (``confirm_sent`` below it): something logged here is not yet known
       to be applied there.
-    * ``silent_since``: no data message from the peer applied since then
-      (``last_received_at`` earlier, or never since the row was made).
+    * ``silent_since``: nothing heard from the peer since then: no message
+      of it, data or control, arrived (``heard_at`` earlier; a row not yet
+      heard from since layout 7 by ``last_received_at``, and a peer never
+      heard from by the time its row was made).
     * ``with_errors``: a transport error is recorded for the peer
       (``last_error``), or an apply error for a message from it.
     """
@@ -167,8 +179,9 @@ class RemoteFilter:
             parameters.append(end)
         if self.silent_since is not None:
             # Stored times are ISO 8601 in UTC, all written by format_time: as text they sort as times.
-            conditions.append("coalesce(last_received_at, created_at) < ?")
-            parameters.append(format_time(self.silent_since))
+            conditions.append("(CASE WHEN heard_at IS NOT NULL THEN heard_at < ?"
+                              " ELSE coalesce(last_received_at, created_at) < ? END)")
+            parameters += [self.silent_since.timestamp(), format_time(self.silent_since)]
         if self.with_errors:
             conditions.append("(last_error IS NOT NULL OR name IN (SELECT peer FROM fieldsync_apply_error))")
         return (" WHERE " + " AND ".join(conditions) if conditions else ""), tuple(parameters)
@@ -277,6 +290,8 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
         if stored.get("log_read", 0) > end:
             raise InvariantViolation(f"log_read ({stored['log_read']}) of {name!r} would lie beyond the log end "
                                      f"({end})")
+    for field_name in _CLOCK_FIELDS & set(changes):
+        _check_clock(field_name, changes[field_name])
     if "heartbeat" in changes and changes["heartbeat"] is not None and (
             type(changes["heartbeat"]) is not int or changes["heartbeat"] < 1):
         raise InvalidSetting(f"heartbeat must be a whole number of seconds >= 1, got {changes['heartbeat']!r}")
@@ -289,7 +304,7 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
 
 # The columns the agent saves for every pair a phase changed (agent.pairs):
 # updated in bulk, checked in one pass (update_remotes_locked).
-_PAIR_COLUMNS = frozenset({"log_send", "log_read", "control_sent_at", "confirm_sent", "resend_count",
+_PAIR_COLUMNS = frozenset({"log_send", "log_read", "control_sent_at", "heard_at", "confirm_sent", "resend_count",
                            "confirm_received", "rereceive_count", "peer_incarnation", "log_sent"})
 
 
@@ -311,9 +326,8 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
             update_remote_locked(conn, name, columns)
             continue
         for column, value in columns.items():
-            if column == "control_sent_at":
-                if value is not None and not isinstance(value, (int, float)):
-                    raise InvalidSetting(f"control_sent_at must be a number of seconds, got {value!r}")
+            if column in _CLOCK_FIELDS:
+                _check_clock(column, value)
                 continue
             if type(value) is not int or value < 0:
                 raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")

@@ -40,7 +40,8 @@ log = logging.getLogger("fieldsync.site")
 # 5: fieldsync_remote's log_read, heartbeat and control_sent_at (docs/protocol.md).
 # 6: transport settings stored with the site: fieldsync_site.reply_address,
 #    fieldsync_remote.inbox and fieldsync_transport_option (agent/site/settings.py).
-SCHEMA_VERSION = 6
+# 7: fieldsync_remote.heard_at, when a message of the peer last arrived (docs/protocol.md).
+SCHEMA_VERSION = 7
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -194,6 +195,7 @@ CREATE TABLE fieldsync_remote (
     heartbeat        INTEGER CHECK (heartbeat IS NULL OR heartbeat > 0),
     control_sent_at  REAL,
     inbox            TEXT,
+    heard_at         REAL,
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -402,9 +404,15 @@ def _add_transport_settings(conn: sqlite3.Connection) -> None:
     conn.execute(TRANSPORT_OPTION_TABLE)
 
 
+def _add_heard_at(conn: sqlite3.Connection) -> None:
+    """Layout 7: when a message of each peer (data or control) last arrived."""
+    if "heard_at" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_remote)")}:
+        conn.execute("ALTER TABLE fieldsync_remote ADD COLUMN heard_at REAL")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
-             5: _add_transport_settings}
+             5: _add_transport_settings, 6: _add_heard_at}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

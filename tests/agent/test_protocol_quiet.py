@@ -5,6 +5,7 @@
 import random
 
 from agent.protocol import PairProtocol, PairState, PurgeOutbound, SendData, Settings
+from codec.header import Header
 from codec.message import ControlState
 
 from .pairsim import INCARNATION_P, Pair
@@ -171,3 +172,20 @@ def test_the_heartbeats_of_a_fleet_confirmed_at_once_spread_out():
     assert all(DAY * 2 <= seen <= 3 * DAY for seen in last.values())  # each one beat every day
     first_day = {now: count for now, count in runs.items() if now <= DAY}
     assert len(first_day) >= 10 and max(first_day.values()) <= 200, first_day
+
+
+def test_any_message_of_the_peers_current_copy_is_heard_from_and_late_mail_of_a_replaced_one_is_not():
+    """heard_at (what status --silent-for and the metrics' alert read): a
+    peer that only confirms or beats is alive; late mail of a copy extracted
+    again says nothing of the copy in the field now."""
+    old = b"O" * 16
+    core = PairProtocol("peer", PairState(peer_incarnation=INCARNATION_P), superseded=frozenset({old}))
+    core.control_received(100.0, ControlState(0, 0, 0, 0), INCARNATION_P)
+    assert core.state.heard_at == 100.0
+    core.control_received(200.0, ControlState(0, 0, 0, 0), old)
+    core.message_queued(300.0, "late", Header(0, 0, 10), old)
+    assert core.state.heard_at == 100.0
+    core.message_queued(400.0, "m", Header(0, 0, 10), INCARNATION_P)
+    assert core.state.heard_at == 400.0
+    core.control_received(350.0, ControlState(0, 0, 0, 0), INCARNATION_P)  # never goes back
+    assert core.state.heard_at == 400.0

@@ -268,3 +268,16 @@ def test_the_site_label_keeps_two_sites_files_apart(agent: Agent, world: World, 
     assert not set(hq) & set(n1)  # no series in both files: node_exporter would refuse a duplicate
     assert value(n1, "fieldsync_peers", site="n1") == 1
     assert os.path.exists(tmp_path / "hq.prom")
+
+
+def test_a_peer_that_sends_no_data_is_heard_from(agent: Agent, world: World, tmp_path: Path) -> None:
+    """n1 changes nothing: it sends hq only control messages (a heartbeat,
+    then confirmations), and the alert's gauge still moves for it."""
+    assert agent("run", world.n1, "--once").code == 0
+    before = time.time()
+    target = tmp_path / "hq.prom"
+    assert agent("run", world.hq, "--once", "--metrics-file", target).code == 0
+    found = samples(target.read_text())
+    assert ("fieldsync_peer_last_received_timestamp_seconds", (("peer", "n1"), ("site", "hq"))) not in found
+    heard = value(found, "fieldsync_peer_last_heard_timestamp_seconds", site="hq", peer="n1")
+    assert before - 60 <= heard <= time.time()

@@ -228,18 +228,26 @@ def test_lagging_peers(agent: Agent, world: World) -> None:
 def test_silent_peers(agent: Agent, world: World) -> None:
     world.execute("n1", "INSERT INTO customer VALUES (200, 'n1', 'from n1')")
     sync(agent, world)
+    # n2 never sent data, only control messages, and was added long ago: it
+    # was heard from all the same (a site that only receives is alive).
+    long_ago = datetime.now(timezone.utc) - timedelta(days=4)
+    world.execute("hq", "UPDATE fieldsync_remote SET created_at = ? WHERE name = 'n2'", (long_ago.isoformat(),))
+    assert world.rows("hq", "SELECT last_received_at FROM fieldsync_remote WHERE name = 'n2'") == [(None,)]
     assert _lines(agent, world.hq, "--silent-for", "3d") == []
-    long_ago = (datetime.now(timezone.utc) - timedelta(days=4)).isoformat()
-    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = ? WHERE name = 'n1'", (long_ago,))
-    # n2 never sent data: it counts from when it was added.
-    world.execute("hq", "UPDATE fieldsync_remote SET created_at = ? WHERE name = 'n2'", (long_ago,))
+    world.execute("hq", "UPDATE fieldsync_remote SET heard_at = ? WHERE name = 'n1'", (long_ago.timestamp(),))
+    # n2 as if never heard from: it counts from when it was added.
+    world.execute("hq", "UPDATE fieldsync_remote SET heard_at = NULL WHERE name = 'n2'")
     assert _lines(agent, world.hq, "--silent-for", "3d") == ["n1", "n2"]
     assert _lines(agent, world.hq, "--silent-for", "4d1h") == []
     assert _lines(agent, world.hq, "--silent-for", "97h") == []
     assert _lines(agent, world.hq, "--silent-for", "1d") == ["n1", "n2"]
-    recently = (datetime.now(timezone.utc) - timedelta(hours=1)).isoformat()
-    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = ? WHERE name = 'n2'", (recently,))
+    recently = datetime.now(timezone.utc) - timedelta(hours=1)
+    world.execute("hq", "UPDATE fieldsync_remote SET heard_at = ? WHERE name = 'n2'", (recently.timestamp(),))
     assert _lines(agent, world.hq, "--silent-for", "1d") == ["n1"]
+    # A row not heard from since layout 7 goes by its last data message.
+    world.execute("hq", "UPDATE fieldsync_remote SET heard_at = NULL, last_received_at = ? WHERE name = 'n1'",
+                  (recently.isoformat(),))
+    assert _lines(agent, world.hq, "--silent-for", "1d") == []
     for bad in ("soon", "0", "400d", "3d3d"):
         result = agent("status", world.hq, "--silent-for", bad)
         assert result.code == 2 and "--silent-for" in result.err, bad
@@ -257,10 +265,10 @@ def test_peers_with_errors_and_filters_together(agent: Agent, world: World) -> N
     assert agent("run", world.hq, "--once").code == 1  # n2's inbox is gone: a transport error
     assert _lines(agent, world.hq, "--errors") == ["n1", "n2"]
     assert _lines(agent, world.hq, "--errors", "--lagging") == ["n1", "n2"]
-    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = ?",
-                  ((datetime.now(timezone.utc) - timedelta(days=10)).isoformat(),))
-    world.execute("hq", "UPDATE fieldsync_remote SET last_received_at = NULL, created_at = ? WHERE name = 'n2'",
-                  (datetime.now(timezone.utc).isoformat(),))
+    world.execute("hq", "UPDATE fieldsync_remote SET heard_at = ?",
+                  ((datetime.now(timezone.utc) - timedelta(days=10)).timestamp(),))
+    world.execute("hq", "UPDATE fieldsync_remote SET heard_at = NULL, last_received_at = NULL, created_at = ?"
+                  " WHERE name = 'n2'", (datetime.now(timezone.utc).isoformat(),))
     assert _lines(agent, world.hq, "--errors", "--silent-for", "3d") == ["n1"]
 
 

@@ -250,7 +250,7 @@ def test_layout_5_gains_the_stored_transport_settings_when_opened(tmp_path):
     conn.commit()
     conn.close()
     with SiteDatabase.open(path) as site:
-        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 6
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
         assert site.identity.reply_address is None and site.remote("r1").inbox is None
         assert site.all_transport_options() == {}
         site.set_transport(reply_address="mailto:hq@example.com", options={"smtp_host": "mail.example.com"})
@@ -268,3 +268,25 @@ def test_a_stored_transport_option_never_holds_a_secret(tmp_path):
                 site.set_transport(options={name: "hunter2"})
         site.set_transport(options={"password_file": "/etc/fieldsync/mail-password", "password_env": "PW"})
         assert site.transport_options() == {"password_env": "PW", "password_file": "/etc/fieldsync/mail-password"}
+
+
+def test_layout_6_gains_heard_at_when_opened(tmp_path):
+    """Layout 7 adds when a message of each peer last arrived; a site of
+    layout 6 starts with none heard (status and the metrics then go by the
+    last data message, or the row's creation)."""
+    path = tmp_path / "hq.db"
+    with SiteDatabase.init(path, name="hq", role="consolidated") as site:
+        site.add_remote("r1")
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE fieldsync_remote DROP COLUMN heard_at")
+    conn.execute("UPDATE fieldsync_site SET schema_version = 6")
+    conn.commit()
+    conn.close()
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 7
+        assert site.remote("r1").heard_at is None
+        site.update_remote("r1", heard_at=1_795_000_000.5)
+        with pytest.raises(InvalidSetting, match="heard_at must be a number of seconds"):
+            site.update_remote("r1", heard_at="yesterday")
+    with SiteDatabase.open(path) as site:
+        assert site.remote("r1").heard_at == 1_795_000_000.5
