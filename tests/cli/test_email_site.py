@@ -207,3 +207,47 @@ def test_a_lost_imap_session_is_one_warning_and_the_agent_goes_on(
     assert "Task exception was never retrieved" not in err and "Traceback" not in err, err
     warnings = [line for line in err.splitlines() if " WARNING " in line]
     assert len(warnings) == 1 and "IMAP server" in warnings[0], err
+
+
+# -- honest counts ------------------------------------------------------------------------------
+
+
+def _mails(servers: MailServers, user: str) -> int:
+    return len(servers.dovecot.files(user))
+
+
+def _send_count(agent: Agent, database: Path, peer: str) -> int:
+    import json
+
+    status = json.loads(agent("status", database, "--json").out)
+    return next(row["send_count"] for row in status["remotes"] if row["name"] == peer)
+
+
+def test_sent_counts_what_the_mail_server_accepted(tmp_path: Path, agent: Agent,
+                                                   mail_servers: MailServers) -> None:  # noqa: F811
+    """Finding 5: the summary's "sent N" counted a failed send as sent, and
+    a run that delivered 2 emails said "sent 0" (controls were not counted)."""
+    from tests.transports.servers import free_port
+
+    hq, north = _email_pair(tmp_path, agent, mail_servers, "count-")
+    with connected(north) as conn:
+        conn.execute("INSERT INTO customer VALUES (3, 'north', 'Cy')")
+    with connected(hq) as conn:
+        conn.execute("UPDATE customer SET name = 'Ada C.' WHERE id = 1")
+
+    # The SMTP server cannot be reached: nothing is sent, nothing is counted, the files stay queued.
+    count = _send_count(agent, hq, "north")
+    failing = agent("run", hq, "--once", "-O", f"smtp_port={free_port()}", "-O", "retries=0")
+    assert failing.code == 1 and ", sent 0," in failing.out, failing.out + failing.err
+    assert _send_count(agent, hq, "north") == count
+
+    # hq sends what stayed queued; north then confirms it and sends its own change: two emails.
+    for database, peer, inbox, least in ((hq, "north", "count-north", 1), (north, "hq", "count-hq", 2)):
+        before, count = _mails(mail_servers, inbox), _send_count(agent, database, peer)
+        result = agent("run", database, "--once")
+        assert result.code == 0, result.err
+        mail_servers.postfix.wait_delivered()
+        delivered = _mails(mail_servers, inbox) - before
+        assert delivered >= least, (database, delivered)
+        assert f", sent {delivered}," in result.out, result.out
+        assert _send_count(agent, database, peer) == count + delivered
