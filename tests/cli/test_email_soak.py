@@ -26,7 +26,7 @@ from tests.sqlfiles import connected
 from tests.transports.servers import MAIL_DOMAIN
 
 from .conftest import Agent, agent_process
-from .test_email_site import _cpu_seconds, _imap_commands
+from .test_email_site import _cpu_seconds, _imap_commands, report
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -142,7 +142,7 @@ def test_three_sites_run_continuously_over_postfix_and_dovecot_through_restarts(
                                                              for site, count in sent.items()},
         "restarted": restarted,
     }
-    print(json.dumps(figures))
+    report(json.dumps(figures))
     assert all(restarted.values())
     assert _converged(databases, expected), {site: len(_rows(path)) for site, path in databases.items()}
     for site, path in databases.items():
