@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -185,7 +186,7 @@ class Sender:
             return [error for _ in sends]
         crash_point("send.after-queue")
         when = datetime.fromtimestamp(agent.clock()).astimezone()
-        agent.db.record_sends([(peer.name, send.end, outcome) for (peer, send), outcome in zip(sends, outcomes)
+        agent.db.record_sends([(peer.name, send.end, 0) for (peer, send), outcome in zip(sends, outcomes)
                                if isinstance(outcome, int) and outcome > 0], now=when)
         return outcomes
 
@@ -218,8 +219,7 @@ class Sender:
             # Nothing for the peer in the range: no message (rule 5); only
             # log_read moves, saved with the pair's state.
             return peer.protocol.send_done(now, send.end, empty=True)
-        PairStore.sent(peer, send.end)
-        agent.report.sent += outcome
+        PairStore.sent(peer, send.end)  # queued; counted as sent once a transport accepts it (flush)
         return peer.protocol.send_done(now, send.end)
 
     async def send_one(self, peer: Peer, send: SendData) -> list[Any]:
@@ -372,6 +372,11 @@ class Sender:
             finally:
                 if sent:
                     await asyncio.to_thread(self._delete_sent, sent)
+                    # Sent means accepted by the transport (SMTP 250, a rename done), data and control alike.
+                    agent.report.sent += len(sent)
+                    counts = Counter(peer_name for peer_name, _ in sent)
+                    when = datetime.fromtimestamp(agent.clock()).astimezone()
+                    await asyncio.to_thread(agent.db.record_delivered, counts, now=when)
 
     FLUSH_FILES = 256
     FLUSH_BYTES = 16 * 1024 * 1024

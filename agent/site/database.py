@@ -67,6 +67,7 @@ from .remotes import (
     get_remote,
     iter_remotes_locked,
     list_remotes,
+    record_delivered_locked,
     record_error_locked,
     record_send_locked,
     replaced_incarnations,
@@ -478,6 +479,14 @@ class SiteDatabase:
         """Set log_sent after messages went to the outbound queue, counting them."""
         with self._lock, self._write(f"recording a send to {name!r}"):
             return record_send_locked(self._conn, name, log_sent, messages, now)
+
+    def record_delivered(self, counts: Mapping[str, int], *, now: datetime | None = None) -> None:
+        """Count the messages each peer's transport accepted (``send_count``, ``last_sent_at``), in one transaction."""
+        if not counts:
+            return
+        with self._lock, self._write(f"counting messages sent to {len(counts)} peers"):
+            for name, messages in counts.items():
+                record_delivered_locked(self._conn, name, messages, now)
 
     def record_transport_error(self, name: str, message: str | None, *, now: datetime | None = None) -> RemoteUser:
         """Remember the last transport error for ``name`` (None clears it)."""

@@ -354,6 +354,14 @@ def record_send_locked(conn: sqlite3.Connection, name: str, log_sent: int, messa
                                              "last_sent_at": now or utc_now()})
 
 
+def record_delivered_locked(conn: sqlite3.Connection, name: str, messages: int, now: datetime | None) -> None:
+    """Count ``messages`` the transport accepted for ``name`` (SMTP 250, a rename done)."""
+    if type(messages) is not int or messages < 0:
+        raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
+    conn.execute("UPDATE fieldsync_remote SET send_count = send_count + ?, last_sent_at = ? WHERE name = ?",
+                 (messages, format_time(now or utc_now()), name))
+
+
 def record_error_locked(conn: sqlite3.Connection, name: str, message: str | None,
                         now: datetime | None) -> RemoteUser:
     return update_remote_locked(conn, name, {"last_error": message,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -119,6 +120,11 @@ def test_an_email_remote_without_its_own_inbox_is_not_extracted(tmp_path: Path, 
 # -- continuous mode over IMAP IDLE ----------------------------------------------------------
 
 
+def report(line: str) -> None:
+    """A figure for the reader of the test run (``-s``), past the ``agent`` fixture's capture."""
+    print(line, file=sys.__stdout__, flush=True)
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -172,14 +178,14 @@ def test_continuous_mode_sleeps_in_idle_and_applies_new_mail_within_10_s(
         elapsed = time.monotonic() - started
         cpu_share = (_cpu_seconds(process.pid) - cpu) / elapsed
         per_minute = (_imap_commands(mail_servers, "idle-north") - commands) / elapsed * 60
-        print(f"idle {elapsed:.0f} s: CPU {cpu_share:.2%}, {per_minute:.1f} IMAP commands a minute")
+        report(f"idle {elapsed:.0f} s: CPU {cpu_share:.2%}, {per_minute:.1f} IMAP commands a minute")
         assert cpu_share < 0.01, cpu_share
         assert per_minute <= 10, per_minute
         with connected(hq) as conn:
             conn.execute("UPDATE customer SET name = 'Ada K.' WHERE id = 1")
         assert agent("run", hq, "--once").code == 0
         latency = _wait_for_name(north, "Ada K.", 10)
-        print(f"applied {latency:.1f} s after hq's run returned")
+        report(f"applied {latency:.1f} s after hq's run returned")
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
@@ -207,3 +213,47 @@ def test_a_lost_imap_session_is_one_warning_and_the_agent_goes_on(
     assert "Task exception was never retrieved" not in err and "Traceback" not in err, err
     warnings = [line for line in err.splitlines() if " WARNING " in line]
     assert len(warnings) == 1 and "IMAP server" in warnings[0], err
+
+
+# -- honest counts ------------------------------------------------------------------------------
+
+
+def _mails(servers: MailServers, user: str) -> int:
+    return len(servers.dovecot.files(user))
+
+
+def _send_count(agent: Agent, database: Path, peer: str) -> int:
+    import json
+
+    status = json.loads(agent("status", database, "--json").out)
+    return next(row["send_count"] for row in status["remotes"] if row["name"] == peer)
+
+
+def test_sent_counts_what_the_mail_server_accepted(tmp_path: Path, agent: Agent,
+                                                   mail_servers: MailServers) -> None:  # noqa: F811
+    """Finding 5: the summary's "sent N" counted a failed send as sent, and
+    a run that delivered 2 emails said "sent 0" (controls were not counted)."""
+    from tests.transports.servers import free_port
+
+    hq, north = _email_pair(tmp_path, agent, mail_servers, "count-")
+    with connected(north) as conn:
+        conn.execute("INSERT INTO customer VALUES (3, 'north', 'Cy')")
+    with connected(hq) as conn:
+        conn.execute("UPDATE customer SET name = 'Ada C.' WHERE id = 1")
+
+    # The SMTP server cannot be reached: nothing is sent, nothing is counted, the files stay queued.
+    count = _send_count(agent, hq, "north")
+    failing = agent("run", hq, "--once", "-O", f"smtp_port={free_port()}", "-O", "retries=0")
+    assert failing.code == 1 and ", sent 0," in failing.out, failing.out + failing.err
+    assert _send_count(agent, hq, "north") == count
+
+    # hq sends what stayed queued; north then confirms it and sends its own change: two emails.
+    for database, peer, inbox, least in ((hq, "north", "count-north", 1), (north, "hq", "count-hq", 2)):
+        before, count = _mails(mail_servers, inbox), _send_count(agent, database, peer)
+        result = agent("run", database, "--once")
+        assert result.code == 0, result.err
+        mail_servers.postfix.wait_delivered()
+        delivered = _mails(mail_servers, inbox) - before
+        assert delivered >= least, (database, delivered)
+        assert f", sent {delivered}," in result.out, result.out
+        assert _send_count(agent, database, peer) == count + delivered

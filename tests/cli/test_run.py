@@ -23,13 +23,20 @@ from tests.spool.helpers import flip_byte
 from .conftest import AGENT_COMMAND, Agent, World, agent_process, stop_once_n1_has_data, sync
 
 
+def _files_in_inboxes(world: World) -> int:
+    return sum(1 for site in ("hq", "n1", "n2") for _ in world.inbox(site).iterdir())
+
+
 def test_batch_rounds_replicate_both_ways(agent: Agent, world: World) -> None:
     world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new at hq', 'x')")
     world.execute("hq", "UPDATE customer SET region = 'n2' WHERE id = 1")  # moves from n1 to n2
     world.execute("n2", "INSERT INTO customer VALUES (200, 'n2', 'new at n2')")
+    before = _files_in_inboxes(world)
     result = agent("run", world.hq, "--once")
     assert result.code == 0, result.err
-    assert "received 0 messages" in result.out and "sent 2" in result.out
+    # "sent" counts the files the transport took, data and control alike.
+    assert "received 0 messages" in result.out and f"sent {_files_in_inboxes(world) - before}," in result.out
+    assert len(list(world.inbox("n1").glob("*.d.*"))) >= 1 and len(list(world.inbox("n2").glob("*.d.*"))) >= 1
     sync(agent, world)
     assert world.rows("n1") == world.rows("hq", "SELECT id, region, name FROM customer WHERE region = 'n1' ORDER BY id")
     assert world.rows("n2") == world.rows("hq", "SELECT id, region, name FROM customer WHERE region = 'n2' ORDER BY id")
@@ -41,7 +48,11 @@ def test_batch_rounds_replicate_both_ways(agent: Agent, world: World) -> None:
 def test_receive_only_and_send_only(agent: Agent, world: World) -> None:
     world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
     assert "sent 0" in agent("run", world.hq, "--once", "--receive-only").out
-    assert "sent 1" in agent("run", world.hq, "-b", "-s").out  # to n1; nothing for n2, so no file
+    before = _files_in_inboxes(world)
+    result = agent("run", world.hq, "-b", "-s")
+    assert f"sent {_files_in_inboxes(world) - before}," in result.out
+    assert len(list(world.inbox("n1").glob("*.d.*"))) == 1  # data to n1; nothing for n2, so no data file
+    assert not list(world.inbox("n2").glob("*.d.*"))
     result = agent("run", world.n1, "--once", "-r")
     assert result.code == 0 and "applied 1" in result.out and "sent 0" in result.out
     assert (100, "n1", "new") in world.rows("n1")

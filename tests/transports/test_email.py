@@ -670,6 +670,40 @@ async def test_wait_incoming_waits_for_the_timeout_when_nothing_comes(transport,
     assert 0.9 <= loop.time() - started < 5
 
 
+async def test_wait_incoming_reports_mail_once_then_sleeps_and_renews_idle(transport, dovecot, user,
+                                                                           monkeypatch) -> None:
+    """Mail already reported, but not yet received, does not wake the next
+    call at once (no NOOP/SEARCH spinning); a long wait renews its IDLE
+    (RFC 2177: at least every 29 minutes; 0.5 s here)."""
+    import os
+
+    import transports.email as email_module
+
+    rawlog = dovecot.base / "rawlog" / user
+    rawlog.mkdir(parents=True)
+    os.chown(rawlog, dovecot.mail_uid, dovecot.mail_gid)
+    inbox = dovecot.url(user)
+    await transport.send(mailto(user), message_name(1), b"x")
+    async with asyncio.timeout(5):
+        assert await transport.wait_incoming(inbox, 30) is True
+    monkeypatch.setattr(email_module, "IDLE_RENEWAL", 0.5)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await transport.wait_incoming(inbox, 2.0) is False  # reported once already: it sleeps
+    assert 1.9 <= loop.time() - started < 6
+    await transport.aclose()
+    # Dovecot's rawlog: one command a line, "TAG COMMAND ...", optionally after a timestamp.
+    commands = []
+    for path in rawlog.glob("*.in"):
+        for line in path.read_bytes().decode().splitlines():
+            words = line.split()
+            if words and re.fullmatch(r"[0-9.]+", words[0]):
+                words = words[1:]
+            commands.append((words[1] if len(words) > 1 else words[0] if words else "").upper())
+    assert 3 <= commands.count("IDLE") <= 6, commands  # renewed about every 0.5 s in 2 s
+    assert commands.count("SEARCH") + commands.count("UID") <= 2 * commands.count("IDLE") + 2, commands
+
+
 async def test_cancelling_wait_incoming_leaves_the_transport_usable(transport, dovecot, user) -> None:
     inbox = dovecot.url(user)
     await receive_all(transport, inbox)
