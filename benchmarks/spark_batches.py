@@ -50,7 +50,8 @@ from typing import Any, Callable
 from agent.admin import site_keys
 from agent.outbound import pack_sends
 from agent.site import SiteDatabase
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
 from codec.message import EncodedMessage

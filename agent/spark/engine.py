@@ -40,7 +40,8 @@ from codec.keys import SiteKeys
 from ..errors import UsageError, describe_error
 from ..site import SiteDatabase
 from .errors import SparkBatchCancelled, SparkBatchError
-from .export import BatchSend, export_batch
+from ..outbound import BatchSend
+from .export import export_batch
 from .take import Sender, TakenFile, take_output
 
 log = logging.getLogger("fieldsync.agent.spark")

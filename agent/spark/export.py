@@ -21,8 +21,9 @@ from typing import Callable, Iterable
 
 import msgpack
 
-from codec.keys import PublicKeys, SiteKeys
+from codec.keys import SiteKeys
 
+from ..outbound import BatchSend
 from ..site import SiteDatabase
 from ..site.publications import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
@@ -30,41 +31,6 @@ from .errors import SparkBatchError
 FORMAT = 1
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
-
-
-@dataclass(frozen=True, slots=True)
-class BatchSend:
-    """One due send: the subscriber's log in ``(start, end]`` at epoch
-    ``resend_count``, sealed to ``seal_to`` when given, read from
-    ``read_from`` (None: ``start``; ``(start, read_from]`` held nothing for
-    the subscriber, docs/protocol.md rule 5)."""
-
-    subscriber: str
-    start: int
-    end: int
-    resend_count: int
-    seal_to: PublicKeys | None = None
-    read_from: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise SparkBatchError(f"send to {self.subscriber}: range ({self.start}, {self.end}] is empty")
-        if self.read_from is not None and not self.start <= self.read_from < self.end:
-            raise SparkBatchError(f"send to {self.subscriber}: read from {self.read_from} is outside "
-                                  f"[{self.start}, {self.end})")
-
-    @property
-    def read_start(self) -> int:
-        return self.start if self.read_from is None else self.read_from
-
-    @property
-    def backlog(self) -> int:
-        return self.end - self.read_start
-
-    def to_json(self) -> dict:
-        return {"subscriber": self.subscriber, "start": self.start, "end": self.end, "read": self.read_start,
-                "resend_count": self.resend_count,
-                "seal_to": None if self.seal_to is None else self.seal_to.to_line()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,8 @@ from agent.runner import Agent, RunOptions, RunReport, agent_directory, run_agen
 from agent.site import SiteDatabase
 from agent.spark.engine import DEFAULT_TIMEOUT, SparkOptions, run_spark_batch
 from agent.spark.errors import SparkBatchCancelled, SparkBatchError
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from agent.spark.take import Sender, take_output
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys

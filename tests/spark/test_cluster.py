@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.admin import site_keys
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from tests.transports.servers import free_port
 

@@ -16,7 +16,8 @@ import pytest
 
 from agent.admin import init_site, site_keys
 from agent.site import Article, SiteDatabase
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
 from codec.packing import pack_messages
