@@ -9,26 +9,28 @@ Rules of this file:
 * Nothing here selects: every capture row of the range is written, and the
   job selects with the same reader the agent uses.
 * Values keep their SQLite type: they are msgpack-encoded, as in messages.
+* No secret: the export holds the log range, the selection rules and the
+  sends (public keys only).  It reaches the executors through Spark (the
+  driver ships the log files), so its files are named for this export alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import msgpack
 
-from codec.keys import SiteKeys
-
 from ..outbound import BatchSend
 from ..site import SiteDatabase
 from ..site.publications import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
-FORMAT = 1
+FORMAT = 2
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
 
@@ -39,6 +41,7 @@ class ExportSummary:
     rows: int
     files: int
     range: tuple[int, int]
+    bytes: int = 0
 
 
 def _schema():  # type: ignore[no-untyped-def]
@@ -49,7 +52,7 @@ def _schema():  # type: ignore[no-untyped-def]
                       ("returned", pa.string()), ("values", pa.binary())])
 
 
-def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
+def export_batch(db: SiteDatabase, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
                  *, max_size: int, rows_per_file: int = ROWS_PER_FILE,
                  rows_per_group: int = ROWS_PER_GROUP,
                  check_stop: Callable[[], None] | None = None) -> ExportSummary:
@@ -86,19 +89,18 @@ def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], d
         "sends": [send.to_json() for send in sends],
         "range": [low, high],
     }
-    _write_private(target / "keys", keys.to_text())
     _write_subscriptions(target / "subscriptions.parquet", subscriptions)
-    rows, files = _write_log(db, target / "log", low, high, width, rows_per_file, rows_per_group,
+    # Executors keep the files the driver ships under their bare names, in
+    # one folder per executor for the whole application: a name of this
+    # export alone, as a session may run several jobs.
+    token = secrets.token_hex(8)
+    rows, names = _write_log(db, target / "log", token, low, high, width, rows_per_file, rows_per_group,
                              check_stop or (lambda: None))
+    job["log"] = names
     # job.json last: an export without it is incomplete.
     (target / "job.json").write_text(json.dumps(job, indent=1) + "\n", encoding="utf-8")
-    return ExportSummary(target, rows, files, (low, high))
-
-
-def _write_private(path: Path, text: str) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="ascii") as handle:
-        handle.write(text)
+    size = sum((target / "log" / name).stat().st_size for name in names)
+    return ExportSummary(target, rows, len(names), (low, high), size)
 
 
 def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
@@ -111,8 +113,8 @@ def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
     pq.write_table(table, path)
 
 
-def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, rows_per_file: int,
-               rows_per_group: int, check_stop: Callable[[], None]) -> tuple[int, int]:
+def _write_log(db: SiteDatabase, folder: Path, token: str, low: int, high: int, width: int, rows_per_file: int,
+               rows_per_group: int, check_stop: Callable[[], None]) -> tuple[int, list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -121,15 +123,16 @@ def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, 
     pack = msgpack.Packer(use_bin_type=True).pack
     columns: list[list] = [[] for _ in range(8)]
     writer: pq.ParquetWriter | None = None
-    total = in_file = files = 0
+    total = in_file = 0
+    names: list[str] = []
 
     def flush() -> None:
-        nonlocal writer, files
+        nonlocal writer
         if not columns[0]:
             return
         if writer is None:
-            writer = pq.ParquetWriter(folder / f"part-{files:05d}.parquet", schema)
-            files += 1
+            names.append(f"log-{token}-{len(names):05d}.parquet")
+            writer = pq.ParquetWriter(folder / names[-1], schema)
         writer.write_table(pa.Table.from_arrays([pa.array(column, field.type)
                                                  for column, field in zip(columns, schema)], schema=schema))
         for column in columns:
@@ -159,4 +162,4 @@ def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, 
     flush()
     if writer is not None:
         writer.close()
-    return total, files
+    return total, names

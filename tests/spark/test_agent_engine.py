@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -266,8 +267,8 @@ def test_auto_on_a_local_master_without_a_threshold_packs_locally(world: Path, t
     ("local-cluster[2,1,1024]", None, 10 ** 12, False),
     ("local[4]", 1_000, 1_000, True),
     ("local[4]", 1_000, 999, False),
-    ("spark://127.0.0.1:7077", None, agent.spark.engine.DEFAULT_THRESHOLD, True),
-    ("spark://127.0.0.1:7077", None, agent.spark.engine.DEFAULT_THRESHOLD - 1, False),
+    ("spark://127.0.0.1:7077", None, agent.spark.engine.cluster_threshold(8), True),
+    ("spark://127.0.0.1:7077", None, agent.spark.engine.cluster_threshold(8) - 1, False),
     ("yarn", 5, 5, True),
     ("k8s://https://127.0.0.1:6443", None, 0, False),
 ])
@@ -278,6 +279,20 @@ def test_auto_threshold_follows_the_master(master: str, threshold: int | None, b
     # the other engines do not look at the threshold
     assert replace(spark, engine="spark").uses_spark(0) is True
     assert replace(spark, engine="local").uses_spark(10 ** 12) is False
+
+
+def test_the_cluster_threshold_follows_the_formula_and_the_jobs_cores() -> None:
+    engine = agent.spark.engine
+    gain = engine.AGENT_US_PER_OFFSET - engine.EXPORT_US_PER_OFFSET - engine.JOB_CORE_US_PER_OFFSET / 16
+    assert engine.cluster_threshold(16) == math.ceil(engine.STARTUP_S * 1e6 / gain)
+    assert engine.cluster_threshold(16) < engine.cluster_threshold(4)
+    assert engine.cluster_threshold(1) is None  # one core of Spark never beats the agent's
+    master = "spark://127.0.0.1:7077"
+    assert SparkOptions(master=master).auto_threshold() == engine.cluster_threshold(engine.DEFAULT_CLUSTER_CORES)
+    assert SparkOptions(master=master, conf=(("spark.cores.max", "16"),)).auto_threshold() \
+        == engine.cluster_threshold(16)
+    assert SparkOptions(master=master, conf=(("spark.executor.instances", "4"), ("spark.executor.cores", "4"))
+                        ).auto_threshold() == engine.cluster_threshold(16)
 
 
 def names_the_failure(text: str) -> bool:
@@ -711,7 +726,7 @@ def test_a_cancel_during_the_export_stops_it_there(small: tuple[Path, list[Batch
 
     with SiteDatabase.open(database) as site:
         with pytest.raises(SparkBatchCancelled, match="stopped in the export"):
-            export_batch(site, site_keys(site), sends, work / "export", max_size=50_000, rows_per_group=500,
+            export_batch(site, sends, work / "export", max_size=50_000, rows_per_group=500,
                          check_stop=stop_at_the_second_group)
         assert groups == [1, 2]
         assert not (work / "export" / "job.json").exists()  # an export without it is incomplete

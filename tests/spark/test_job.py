@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent.admin import init_site, site_keys
+from agent.keyfiles import key_path
 from agent.site import Article, SiteDatabase
 from agent.outbound import BatchSend
 from agent.spark.export import export_batch
@@ -70,9 +71,9 @@ def test_100k_operations_for_20_subscribers_are_byte_identical_to_the_agent(worl
         # Some sends are resends from an old confirm_sent, at a later epoch.
         start, epoch = (resend_from, 3) if index % 3 == 0 else (0, 0)
         sends.append(BatchSend(name, start, end, epoch, sealed.get(name)))
-    export = export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    export = export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
     assert export.rows == end and export.range == (0, end)
-    summary = run_job(spark, tmp_path / "export", tmp_path / "out")
+    summary = run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world))
 
     total = 0
     for send in sends:
@@ -100,8 +101,8 @@ def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(worl
         world.add_remote("idle", start=0)
         world.subscribe("idle", "sales", "nowhere")
     sends = [BatchSend("idle", start, end, 1), BatchSend(subscriber_names(20)[1], start, end, 1)]
-    export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
-    run_job(spark, tmp_path / "export", tmp_path / "out")
+    export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world))
     for send in sends:
         assert job_files(tmp_path / "out", send.subscriber) == agent_files(world, send)
     manifest = json.loads((tmp_path / "out" / "manifests" / "idle.json").read_text())
@@ -113,22 +114,20 @@ def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(worl
 def test_a_failure_mid_job_leaves_no_finished_output(world, spark, tmp_path):
     end = world.log_end()
     sends = [BatchSend(name, 0, end, 0) for name in subscriber_names(20)[:4]]
-    export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
     with pytest.raises(Exception, match="injected failure after 1 files"):
-        run_job(spark, tmp_path / "export", tmp_path / "out", fail_after_files=1)
+        run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world), fail_after_files=1)
     assert not (tmp_path / "out" / "_SUCCESS.json").exists()
-    # A message file a failed task put in place is whole (written under a
+    assert not (tmp_path / "out" / "manifests").exists()
+    # A message file the driver put in place is whole (written under a
     # temporary name, then renamed): the agent's own file of that name.
-    written = 0
     for send in sends:
         folder = tmp_path / "out" / "files" / send.subscriber
         if folder.exists():
             expected = agent_files(world, send)
             for path in folder.iterdir():
-                if not path.name.startswith("."):
-                    assert hashlib.sha256(path.read_bytes()).hexdigest() == expected[path.name]
-                    written += 1
-    assert written >= 1
+                assert not path.name.startswith(".")
+                assert hashlib.sha256(path.read_bytes()).hexdigest() == expected[path.name]
 
 
 def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
@@ -142,7 +141,7 @@ def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
     from agent.site import LogTruncated
 
     with pytest.raises(LogTruncated):
-        export_batch(site, site_keys(site), [BatchSend("field001", 0, end, 0)], tmp_path / "export",
+        export_batch(site, [BatchSend("field001", 0, end, 0)], tmp_path / "export",
                      max_size=MAX_SIZE)
     assert not (tmp_path / "export" / "job.json").exists()
     site.close()
@@ -175,7 +174,7 @@ def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
     site = big_backlog(tmp_path, 55_000, 4_000)
     end = site.log_end()
     send = BatchSend("field001", 0, end, 0)
-    summary = export_batch(site, site_keys(site), [send], tmp_path / "export", max_size=MAX_SIZE)
+    summary = export_batch(site, [send], tmp_path / "export", max_size=MAX_SIZE)
     log_bytes = sum(path.stat().st_size for path in (tmp_path / "export" / "log").iterdir())
     assert summary.rows == 55_000
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
@@ -183,7 +182,8 @@ def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
         [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]", "--driver-memory", "512m",
          "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
          "--conf", "spark.sql.execution.arrow.maxRecordsPerBatch=500",
-         str(ROOT / "contrib" / "spark" / "job.py"), str(tmp_path / "export"), str(tmp_path / "out")],
+         str(ROOT / "contrib" / "spark" / "job.py"), "--keys", str(key_path(site.path)),
+         str(tmp_path / "export"), str(tmp_path / "out")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     expected = agent_files(site, send)
