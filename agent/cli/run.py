@@ -237,7 +237,7 @@ class SparkWork(click.ParamType):
         try:
             return work_folder(str(value))
         except AgentError as error:
-            self.fail(str(error).removeprefix(f"--spark-work {value}: "), param, ctx)
+            self.fail(str(error), param, ctx)
 
 
 class QuarantineLimit(click.ParamType):

@@ -198,7 +198,7 @@ def work_folder(value: str | os.PathLike[str]) -> Path:
     text = os.fspath(value)
     scheme, separator, _ = text.partition("://")
     if separator and scheme and all(character.isalnum() or character in "+-." for character in scheme):
-        raise UsageError(f"--spark-work {text}: the Spark work folder is a folder on this machine (the export "
+        raise UsageError(f"{text}: the Spark work folder is a folder on this machine (the export "
                          "reaches the executors through Spark and the files come back to the driver here); "
                          "give a local path")
     return Path(text)
