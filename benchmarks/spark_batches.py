@@ -176,13 +176,16 @@ def verify_same_files(agent_folder: Path, spark_files: Path) -> None:
 
 
 def measure_single(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, spark: Any, folder: Path,
-                   rounds: int, agent_digests: dict[str, tuple[int, str]]) -> float:
+                   rounds: int, agent_digests: dict[str, tuple[int, str]], warm_end: int) -> float:
     """The job alone on ``(0, end]`` in ``spark`` (best of ``rounds``, after
-    a warm-up job), its files checked against the agent's."""
-    sends = [BatchSend(name, 0, end, 0) for name in names]
+    a warm-up job on ``(0, warm_end]``), its files checked against the
+    agent's."""
     shutil.rmtree(folder, ignore_errors=True)
+    export_batch(db, [BatchSend(name, 0, warm_end, 0) for name in names], folder / "warm-up-export",
+                 max_size=MAX_SIZE)
+    run_job(spark, folder / "warm-up-export", folder / "warm-up", keys=keys)
+    sends = [BatchSend(name, 0, end, 0) for name in names]
     export_batch(db, sends, folder / "export", max_size=MAX_SIZE)
-    run_job(spark, folder / "export", folder / "warm-up", keys=keys)
     best = float("inf")
     for _ in range(rounds):
         shutil.rmtree(folder / "spark", ignore_errors=True)
@@ -303,7 +306,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         progress(f"backlog {ends[-1]:,}: the job on local[1]")
         spark = start_spark("local[1]")
         single_s = measure_single(db, keys, names, ends[-1], spark, work / "runs" / "local-1", args.rounds,
-                                  agent_digests)
+                                  agent_digests, ends[0])
         spark.stop()
         spark = None
         progress("spark-submit of the smallest backlog's job")

@@ -20,6 +20,8 @@ import json
 import os
 import secrets
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -33,6 +35,7 @@ from .errors import SparkBatchError
 FORMAT = 2
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
+_VALUES = itemgetter(slice(4, None))  # a capture row's value columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,25 +143,32 @@ def _write_log(db: SiteDatabase, folder: Path, token: str, low: int, high: int, 
         check_stop()
 
     commits, origins, seqs, shape_ids, kinds, flags, returned_column, values = columns
-    for commit, origin, rows, returned in db.read_capture(low, high, value_columns=width):
-        for row in rows:
-            seq = row[0]
-            commits.append(commit)
-            origins.append(origin)
-            seqs.append(seq)
-            shape_ids.append(row[1])
-            kinds.append(row[2])
-            flags.append(row[3])
-            returned_column.append(returned.get(seq) if returned else None)
-            values.append(pack(row[4:]))
-            in_file += 1
+    for commit, origin, chunk, returned in db.read_capture(low, high, value_columns=width):
+        # A chunk at a time, column by column (the per-row work is the
+        # values' encoding), cut where a row group or a file is full.
+        done = 0
+        while done < len(chunk):
+            room = min(rows_per_group - len(seqs), rows_per_file - in_file)
+            rows = chunk[done:done + room]
+            done += len(rows)
+            count = len(rows)
+            chunk_seqs, chunk_shapes, chunk_kinds, chunk_flags = list(zip(*rows))[:4]
+            commits.extend(repeat(commit, count))
+            origins.extend(repeat(origin, count))
+            seqs.extend(chunk_seqs)
+            shape_ids.extend(chunk_shapes)
+            kinds.extend(chunk_kinds)
+            flags.extend(chunk_flags)
+            returned_column.extend(map(returned.get, chunk_seqs) if returned else repeat(None, count))
+            values.extend(map(pack, map(_VALUES, rows)))
+            in_file += count
             if len(seqs) >= rows_per_group or in_file >= rows_per_file:
                 flush()
                 if in_file >= rows_per_file and writer is not None:
                     writer.close()
                     writer = None
                     in_file = 0
-        total += len(rows)
+        total += len(chunk)
     flush()
     if writer is not None:
         writer.close()

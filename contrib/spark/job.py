@@ -78,11 +78,13 @@ def _capture_chunks(paths: list[str], low: int, high: int, returned: dict[int, s
     """The capture rows of ``(low, high]`` as ``iter_capture`` gives them:
     ``(commit, origin, rows)``, rows ``(seq, shape, kind, flags, *values)``.
     ``returned`` holds the written-back columns of the rows of the current
-    chunk."""
+    batch."""
+    from functools import partial
+
     import msgpack
     import pyarrow.parquet as pq
 
-    unpack = msgpack.unpackb
+    unpack = partial(msgpack.unpackb, raw=False, use_list=False)
     for path in paths:
         parquet = pq.ParquetFile(path)
         for batch in parquet.iter_batches(batch_size=10_000):
@@ -93,22 +95,19 @@ def _capture_chunks(paths: list[str], low: int, high: int, returned: dict[int, s
                 batch.column(name).to_pylist() for name in ("origin", "seq", "shape", "kind", "flags", "returned",
                                                              "values"))
             returned.clear()
-            rows: list[tuple] = []
-            current, origin = 0, ""
-            for index, commit in enumerate(commits):
-                if not low < commit <= high:
+            if batch.column("returned").null_count < len(commits):
+                returned.update((seq, columns) for seq, columns in zip(seqs, returned_column) if columns is not None)
+            # Column by column, then one tuple per row: the per-row work is
+            # the values' decoding.
+            rows = list(map(tuple.__add__, zip(seqs, shapes, kinds, flags), map(unpack, values)))
+            first = 0
+            for index in range(1, len(commits) + 1):
+                if index < len(commits) and commits[index] == commits[first]:
                     continue
-                if commit != current:
-                    if rows:
-                        yield current, origin, rows
-                        rows = []
-                    current, origin = commit, origins[index]
-                seq = seqs[index]
-                if returned_column[index] is not None:
-                    returned[seq] = returned_column[index]
-                rows.append((seq, shapes[index], kinds[index], flags[index], *unpack(values[index], raw=False)))
-            if rows:
-                yield current, origin, rows
+                commit = commits[first]
+                if low < commit <= high:
+                    yield commit, origins[first], rows[first:index]
+                first = index
 
 
 def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None,
