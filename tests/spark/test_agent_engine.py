@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import sqlite3
 import threading
 import time
@@ -344,6 +345,9 @@ def test_failed_job_with_engine_auto_falls_back(world: Path, tmp_path: Path, fir
     (("--spark-conf", "spark.executor.memory"), "'--spark-conf': 'spark.executor.memory': write KEY=VALUE"),
     (("--spark-conf", "=4g"), "'--spark-conf': '=4g': write KEY=VALUE"),
     (("--spark-threshold", "-5"), "'--spark-threshold'"),
+    (("--spark-work", "hdfs://namenode/work"), "'--spark-work': hdfs://namenode/work: the Spark work folder is a "
+                                               "folder on this machine"),
+    (("--spark-executor-wait", "-1"), "'--spark-executor-wait'"),
 ])
 def test_bad_spark_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             arguments: tuple[str, ...], text: str) -> None:
@@ -351,6 +355,32 @@ def test_bad_spark_options_are_usage_errors(tmp_path: Path, capsys: pytest.Captu
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith("agent: invalid value for ") and text in lines[0], lines
+
+
+def test_cluster_deploy_mode_is_refused() -> None:
+    with pytest.raises(UsageError, match="client mode"):
+        SparkOptions(conf=(("spark.submit.deployMode", "cluster"),))
+    SparkOptions(conf=(("spark.submit.deployMode", "client"),))
+
+
+def test_the_launcher_is_found_without_an_activated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a systemd unit runs the agent: no venv on PATH, no SPARK_HOME, and
+    the executors' Python given (which once made the agent drop its own)."""
+    engine = agent.spark.engine
+    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    for name in ("VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        monkeypatch.delenv(name, raising=False)
+    home = engine.spark_home()
+    assert home is not None
+    command = engine._submit_command(SparkOptions(engine="spark", conf=(("spark.pyspark.python", "/opt/py"),)),
+                                     Path("/srv/hq.db.agent/keys/site.key"))
+    assert command[0] == str(Path(home) / "bin" / "spark-submit")
+    assert "spark.pyspark.python=/opt/py" in command and f"spark.pyspark.driver.python={sys.executable}" in command
+    assert command[command.index("--keys") + 1] == "/srv/hq.db.agent/keys/site.key"
+    assert command[command.index("--deploy-mode") + 1] == "client"
+    env = engine._job_environment()
+    assert env["SPARK_HOME"] == home
+    assert env["PYSPARK_PYTHON"] == env["PYSPARK_DRIVER_PYTHON"] == sys.executable
 
 
 def test_cli_engine_spark_failure_is_one_line_and_exit_1(world: Path, tmp_path: Path,

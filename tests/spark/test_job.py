@@ -73,6 +73,11 @@ def test_100k_operations_for_20_subscribers_are_byte_identical_to_the_agent(worl
         sends.append(BatchSend(name, start, end, epoch, sealed.get(name)))
     export = export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
     assert export.rows == end and export.range == (0, end)
+    # The export, which executors read, holds nothing of the site's key.
+    secret = site_keys(world).secret_seed()
+    key_text = site_keys(world).to_text().encode()
+    exported = [path for path in (tmp_path / "export").rglob("*") if path.is_file()]
+    assert exported and not [path for path in exported if secret in path.read_bytes() or key_text in path.read_bytes()]
     summary = run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world))
 
     total = 0
