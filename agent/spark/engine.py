@@ -4,11 +4,16 @@
 Rules of this file:
 * Blocking throughout (files, a child process): the runner calls
   :func:`run_spark_batch` through ``asyncio.to_thread``.
-* Each batch has its own job folder ``job-<site>.*`` under the work folder, holding the
-  export (with the site's secret key), the job's output and its log.  The
+* Each batch has its own job folder ``job-<site>.*`` under the work folder
+  (a folder on this machine, never a URI), holding the export, the job's
+  output and its log.  The
   folder is deleted when the batch fails and, after the files are queued,
   by :meth:`SparkBatch.close`: nothing of a job outlives it.  A folder left
   by a killed agent is deleted by the site's next batch.
+* The site's secret key stays in its key file: the job's driver, a child
+  of this process in client mode, reads it there (``--keys``).
+* ``spark-submit`` is found, and given ``SPARK_HOME`` and this Python, the
+  same way with or without an activated virtual environment.
 * ``spark-submit`` starts in a session of its own, so that the JVM and the
   Python processes it starts can be stopped together; the wait on it polls,
   so that the timeout, the cancel event and an exception in the waiting
