@@ -25,7 +25,10 @@ paths.
   figure counting the export (the agent's one core) and the job (wall time
   x the master's cores): ``(export_s + job_s x cores) / operations``.
 * local_scaling: the job's time on ``local[1]`` over its time on the master
-  (``local[2]`` by default) at the largest size, both in started sessions.
+  (``local[2]`` by default) at the largest size, both in started sessions,
+  the master's measured again right after ``local[1]`` (the best of both
+  measurements): the machine's load (``load_average``, at the end) moves
+  both alike.
 
 ``ratio`` is spark_ops_per_s / agent_ops_per_s at the largest size, startup
 excluded; ``ratio_with_startup`` includes it.  The crossover is the smallest
@@ -191,7 +194,7 @@ def measure_single(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int,
         shutil.rmtree(folder / "spark", ignore_errors=True)
         best = min(best, timed(lambda: run_job(spark, folder / "export", folder / "spark", keys=keys))[0])
     if file_digests(folder / "spark" / "files") != agent_digests:
-        raise SystemExit("the job on local[1] made other files than the agent")
+        raise SystemExit(f"the job on {spark.sparkContext.master} made other files than the agent")
     shutil.rmtree(folder)
     return best
 
@@ -308,6 +311,13 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         single_s = measure_single(db, keys, names, ends[-1], spark, work / "runs" / "local-1", args.rounds,
                                   agent_digests, ends[0])
         spark.stop()
+        # The master again, right after: the two sides of local_scaling
+        # a few minutes apart at most, on a machine whose load may change.
+        progress(f"backlog {ends[-1]:,}: the job on {args.master} again")
+        spark = start_spark(args.master)
+        again_s = measure_single(db, keys, names, ends[-1], spark, work / "runs" / "again", args.rounds,
+                                 agent_digests, ends[0])
+        spark.stop()
         spark = None
         progress("spark-submit of the smallest backlog's job")
         smallest = work / "runs" / str(ends[0])
@@ -318,7 +328,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         shutil.rmtree(warm)
         db.close()
         return figures(args, points, flat_ends, world_build_s, spark_session_s, submit_s - points[0].job_s,
-                       single_s)
+                       single_s, min(again_s, points[-1].job_s))
     finally:
         if spark is not None:
             spark.stop()
@@ -348,7 +358,7 @@ def open_world(work: Path, args: argparse.Namespace, progress: Callable[[str], N
 
 
 def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int], world_build_s: float | None,
-            spark_session_s: float, startup: float, single_s: float) -> dict:
+            spark_session_s: float, startup: float, single_s: float, master_job_s: float) -> dict:
     by_end = {point.operations: point for point in points}
     flat = [by_end[end] for end in flat_ends]
     largest = flat[-1]
@@ -380,7 +390,9 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
         "export_us_per_op": round(largest.export_s / largest.operations * 1e6, 3),
         "job_us_per_op": round(largest.job_s / largest.operations * 1e6, 3),
         "local_1_job_s": round(single_s, 3),
-        "local_scaling": round(single_s / largest.job_s, 3),
+        "master_job_s": round(master_job_s, 3),
+        "local_scaling": round(single_s / master_job_s, 3),
+        "load_average": [round(value, 2) for value in os.getloadavg()],
         "sizes": flat_ends,
         "spark_us_per_op_by_size": [round(value, 3) for value in spark_us],
         "agent_us_per_op_by_size": [round(value, 3) for value in agent_us],

@@ -197,3 +197,20 @@ def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
     assert raw > 200_000_000 and log_bytes > 0
     assert json.loads(completed.stdout.strip().splitlines()[-1])["files"] == len(expected)
     site.close()
+
+
+def test_the_commands_of_running_the_job_by_hand_work(tmp_path):
+    """docs/spark.md, "Running the job by hand", run as written from a
+    folder that has the repository's .venv and contrib."""
+    text = (ROOT / "docs" / "spark.md").read_text(encoding="utf-8")
+    section = text.split("## Running the job by hand", 1)[1].split("\n## ", 1)[0]
+    script = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    (tmp_path / "contrib").symlink_to(ROOT / "contrib")
+    completed = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True,
+                               text=True, timeout=600)
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-3000:]
+    summary = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert summary["format"] == 1 and summary["subscribers"] >= 1 and summary["files"] >= 1
+    assert (tmp_path / "OUTPUT_DIR" / "_SUCCESS.json").exists()
+    assert not (tmp_path / "EXPORT_DIR" / "keys").exists()
