@@ -41,9 +41,12 @@ from typing import Any, Iterator
 
 FORMAT = 2
 OUTPUT_FORMAT = 1
-# How many output partitions the driver fetches one at a time, per task:
-# the driver holds one partition's payloads (compressed) at once.
-_FETCH_SPLIT = 4
+# The driver fetches the payloads one partition at a time, as many
+# partitions as tasks, more for a large export: one for about this many
+# bytes of its log files (the payloads of a partition are about as large:
+# compressed operations, each for the subscribers that receive it).  Each
+# fetch is a Spark job of its own (some 50 ms).
+_FETCH_BYTES = 64 * 2**20
 _WATCH_SECONDS = 0.5
 
 
@@ -321,10 +324,10 @@ def run_job(spark: Any, export: str | os.PathLike[str], output: str | os.PathLik
     files = list(job["log"])
     tasks = context.parallelize(range(groups), groups)
     packed = tasks.flatMap(lambda group: _pack_group(job, files, groups, fail_after_files, stall, group))
-    # Fetched one partition at a time: more partitions than tasks keep what
-    # the driver holds at once small.  The shuffle runs every task at once
-    # (in the first fetch); the later fetches read its output.
-    fetched = packed.repartition(groups * _FETCH_SPLIT) if groups * _FETCH_SPLIT > 1 else packed
+    # Fetched one partition at a time, through a shuffle: it runs every task
+    # at once (in the first fetch), the later fetches read its output.
+    log_bytes = sum(os.path.getsize(os.path.join(export, "log", name)) for name in files)
+    fetched = packed.repartition(max(groups, math.ceil(log_bytes / _FETCH_BYTES)))
     output_path.mkdir(parents=True, exist_ok=True)
     writer = _Writer(job, keys, output_path)
     with _ExecutorWatch(spark, executor_wait) as watch:
