@@ -28,14 +28,13 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from codec.errors import CodecError
-from codec.keys import SiteKeys
+from codec.keys import PublicKeys, SiteKeys
 from codec.message import EncodedMessage
 from codec.packing import MessagePacker
 
 from .errors import AgentError
 from .site import SiteDatabase
 from .site.errors import SiteError
-from .spark.export import BatchSend
 
 # What stops one send and not the others while it is packed: a message that
 # cannot be made (codec), a queue that refuses a file (agent, OS).  A range
@@ -49,6 +48,42 @@ SEND_ERRORS = (CodecError, AgentError, OSError)
 # about 1,300 subscribers; at -l 16 MiB, four.
 PACKING_MEMORY = 256 * 2**20
 PACKER_MEMORY_FACTOR = 4
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSend:
+    """One due send: the subscriber's log in ``(start, end]`` at epoch
+    ``resend_count``, sealed to ``seal_to`` when given, read from
+    ``read_from`` (None: ``start``; ``(start, read_from]`` held nothing for
+    the subscriber, docs/protocol.md rule 5)."""
+
+    subscriber: str
+    start: int
+    end: int
+    resend_count: int
+    seal_to: PublicKeys | None = None
+    read_from: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise AgentError(f"send to {self.subscriber}: range ({self.start}, {self.end}] is empty")
+        if self.read_from is not None and not self.start <= self.read_from < self.end:
+            raise AgentError(f"send to {self.subscriber}: read from {self.read_from} is outside "
+                                  f"[{self.start}, {self.end})")
+
+    @property
+    def read_start(self) -> int:
+        return self.start if self.read_from is None else self.read_from
+
+    @property
+    def backlog(self) -> int:
+        return self.end - self.read_start
+
+    def to_json(self) -> dict:
+        return {"subscriber": self.subscriber, "start": self.start, "end": self.end, "read": self.read_start,
+                "resend_count": self.resend_count,
+                "seal_to": None if self.seal_to is None else self.seal_to.to_line()}
+
 
 
 @dataclass(frozen=True, slots=True)

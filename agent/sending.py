@@ -47,14 +47,13 @@ from transports import TransportError
 
 from .crashpoints import crash_point
 from .errors import AgentError
-from .outbound import SEND_ERRORS, Packed, pack_sends
+from .outbound import SEND_ERRORS, BatchSend, Packed, pack_sends
 from .pairs import PairStore, Peer
 from .protocol import SendControl, SendData
 from .schedule import sending_due
 from .site.errors import LogOffsetError
 from .spark.engine import SparkBatch, run_spark_batch
 from .spark.errors import SparkBatchCancelled, SparkBatchError
-from .spark.export import BatchSend
 from .spark.take import TakenFile
 
 if TYPE_CHECKING:

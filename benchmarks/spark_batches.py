@@ -11,7 +11,7 @@ paths.
 * agent: the agent's single-process path (``agent.outbound.pack_sends``, what
   ``Agent.send_phase`` runs on the local engine): one pass over the log for
   every subscriber, each subscriber's transactions packed as they come,
-  each file written as the job writes its files (temporary name, fsync,
+  each file written as the job's driver writes its files (temporary name,
   rename).
 * spark: ``agent.spark.export.export_batch`` then
   ``contrib.spark.job.run_job`` on a SparkSession started beforehand
@@ -20,6 +20,16 @@ paths.
   for each batch) costs beyond the same job in a started session: JVM,
   SparkContext, Python workers, stop.  Measured on the smallest backlog.
 
+* efficiency: what a core of Spark does against the agent's one core, at
+  the largest size: ``agent_us_per_op / spark_core_us_per_op``, the Spark
+  figure counting the export (the agent's one core) and the job (wall time
+  x the master's cores): ``(export_s + job_s x cores) / operations``.
+* local_scaling: the job's time on ``local[1]`` over its time on the master
+  (``local[2]`` by default) at the largest size, both in started sessions,
+  the master's measured again right after ``local[1]`` (the best of both
+  measurements): the machine's load (``load_average``, at the end) moves
+  both alike.
+
 ``ratio`` is spark_ops_per_s / agent_ops_per_s at the largest size, startup
 excluded; ``ratio_with_startup`` includes it.  The crossover is the smallest
 backlog at which startup + export + job takes less than the agent's path.
@@ -27,7 +37,8 @@ Operations count the log range each subscriber is sent; the agent's
 ``--spark-threshold`` counts the sum over the sends (``crossover_backlog``).
 
 Both paths must make the same files: same count and bytes at every size,
-and the same SHA-256 for every file at the largest; the run fails if not.
+and the same SHA-256 for every file at the largest (on both masters); the
+run fails if not.
 Run: ``python -m benchmarks.spark_batches --json``.
 """
 
@@ -48,9 +59,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent.admin import site_keys
+from agent.keyfiles import key_path
 from agent.outbound import pack_sends
 from agent.site import SiteDatabase
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
 from codec.message import EncodedMessage
@@ -60,6 +73,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_SIZE = 50_000
 TARGET_RATIO = 1.3
 TARGET_FLATNESS = 1.2
+TARGET_EFFICIENCY = 0.5
+TARGET_SCALING = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +147,8 @@ def measure_point(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, 
         return timed(lambda: send_with_agent(db, keys, names, end, folder / "agent"))[0]
 
     def spark_path() -> tuple[float, float, dict]:
-        export_s, _ = timed(lambda: export_batch(db, keys, sends, folder / "export", max_size=MAX_SIZE))
-        job_s, summary = timed(lambda: run_job(spark, folder / "export", folder / "spark"))
+        export_s, _ = timed(lambda: export_batch(db, sends, folder / "export", max_size=MAX_SIZE))
+        job_s, summary = timed(lambda: run_job(spark, folder / "export", folder / "spark", keys=keys))
         return export_s, job_s, summary
 
     agent_best, spark_best = float("inf"), (float("inf"), 0.0, 0.0)
@@ -163,14 +178,46 @@ def verify_same_files(agent_folder: Path, spark_files: Path) -> None:
                          f"{', '.join(differing[:3])}): the benchmark would compare different work")
 
 
-def spark_submit(master: str, export: Path, output: Path) -> float:
+def measure_single(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, spark: Any, folder: Path,
+                   rounds: int, agent_digests: dict[str, tuple[int, str]], warm_end: int) -> float:
+    """The job alone on ``(0, end]`` in ``spark`` (best of ``rounds``, after
+    a warm-up job on ``(0, warm_end]``), its files checked against the
+    agent's."""
+    shutil.rmtree(folder, ignore_errors=True)
+    export_batch(db, [BatchSend(name, 0, warm_end, 0) for name in names], folder / "warm-up-export",
+                 max_size=MAX_SIZE)
+    run_job(spark, folder / "warm-up-export", folder / "warm-up", keys=keys)
+    sends = [BatchSend(name, 0, end, 0) for name in names]
+    export_batch(db, sends, folder / "export", max_size=MAX_SIZE)
+    best = float("inf")
+    for _ in range(rounds):
+        shutil.rmtree(folder / "spark", ignore_errors=True)
+        best = min(best, timed(lambda: run_job(spark, folder / "export", folder / "spark", keys=keys))[0])
+    if file_digests(folder / "spark" / "files") != agent_digests:
+        raise SystemExit(f"the job on {spark.sparkContext.master} made other files than the agent")
+    shutil.rmtree(folder)
+    return best
+
+
+def master_cores(master: str) -> int:
+    """The cores a local master runs tasks on (``local``: 1, ``local[N]``,
+    ``local[*]``: this machine's)."""
+    if master == "local":
+        return 1
+    inside = master.partition("[")[2].partition("]")[0].partition(",")[0]
+    if master.startswith("local[") and inside.isdigit():
+        return int(inside)
+    return os.cpu_count() or 1
+
+
+def spark_submit(master: str, export: Path, output: Path, keys: Path) -> float:
     """Wall time of the job through ``spark-submit``, as the agent runs it."""
     launcher = Path(sys.executable).with_name("spark-submit")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     command = [str(launcher if launcher.exists() else "spark-submit"), "--master", master,
                "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
-               str(ROOT / "contrib" / "spark" / "job.py"), str(export), str(output)]
+               str(ROOT / "contrib" / "spark" / "job.py"), "--keys", str(keys), str(export), str(output)]
     seconds, completed = timed(lambda: subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True))
     if completed.returncode != 0:
         raise SystemExit(f"spark-submit of the job failed ({completed.returncode}): {completed.stderr[-2000:]}")
@@ -238,10 +285,11 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         # The first job of a session starts its Python workers: part of the
         # startup measured below, not of the figures.
         warm = work / "runs" / "warm-up"
-        export_batch(db, keys, [BatchSend(name, 0, ends[0], 0) for name in names], warm / "export",
+        export_batch(db, [BatchSend(name, 0, ends[0], 0) for name in names], warm / "export",
                      max_size=MAX_SIZE)
-        run_job(spark, warm / "export", warm / "spark")
+        run_job(spark, warm / "export", warm / "spark", keys=keys)
         points: list[Point] = []
+        agent_digests: dict[str, tuple[int, str]] = {}
         for end in ends:
             progress(f"backlog {end:,}: agent, then export + job")
             folder = work / "runs" / str(end)
@@ -251,21 +299,36 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
                      f"{point.files} files")
             if end == ends[-1]:
                 verify_same_files(folder / "agent", folder / "spark" / "files")
+                agent_digests = file_digests(folder / "agent")
             if end == ends[0]:
                 continue  # spark-submit runs on its export below
             if keep is None or end != ends[-1]:
                 shutil.rmtree(folder)
         spark.stop()
         spark = None
+        progress(f"backlog {ends[-1]:,}: the job on local[1]")
+        spark = start_spark("local[1]")
+        single_s = measure_single(db, keys, names, ends[-1], spark, work / "runs" / "local-1", args.rounds,
+                                  agent_digests, ends[0])
+        spark.stop()
+        # The master again, right after: the two sides of local_scaling
+        # a few minutes apart at most, on a machine whose load may change.
+        progress(f"backlog {ends[-1]:,}: the job on {args.master} again")
+        spark = start_spark(args.master)
+        again_s = measure_single(db, keys, names, ends[-1], spark, work / "runs" / "again", args.rounds,
+                                 agent_digests, ends[0])
+        spark.stop()
+        spark = None
         progress("spark-submit of the smallest backlog's job")
         smallest = work / "runs" / str(ends[0])
-        submit_s = spark_submit(args.master, smallest / "export", smallest / "spark-submit")
+        submit_s = spark_submit(args.master, smallest / "export", smallest / "spark-submit", key_path(db.path))
         if count_files(smallest / "spark-submit" / "files") != (points[0].files, points[0].bytes):
             raise SystemExit("spark-submit made other files than the same job in a started session")
         shutil.rmtree(smallest)
         shutil.rmtree(warm)
         db.close()
-        return figures(args, points, flat_ends, world_build_s, spark_session_s, submit_s - points[0].job_s)
+        return figures(args, points, flat_ends, world_build_s, spark_session_s, submit_s - points[0].job_s,
+                       single_s, min(again_s, points[-1].job_s))
     finally:
         if spark is not None:
             spark.stop()
@@ -295,13 +358,16 @@ def open_world(work: Path, args: argparse.Namespace, progress: Callable[[str], N
 
 
 def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int], world_build_s: float | None,
-            spark_session_s: float, startup: float) -> dict:
+            spark_session_s: float, startup: float, single_s: float, master_job_s: float) -> dict:
     by_end = {point.operations: point for point in points}
     flat = [by_end[end] for end in flat_ends]
     largest = flat[-1]
     spark_us = [point.spark_s / point.operations * 1e6 for point in flat]
     agent_us = [point.agent_s / point.operations * 1e6 for point in flat]
     at, method = crossover(points, startup)
+    cores = master_cores(args.master)
+    agent_us_per_op = largest.agent_s / largest.operations * 1e6
+    spark_core_us_per_op = (largest.export_s + largest.job_s * cores) / largest.operations * 1e6
     return {
         "benchmark": "spark_batches",
         "master": args.master,
@@ -317,9 +383,19 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
         "ratio_with_startup": round(largest.agent_s / (largest.spark_s + startup), 3),
         "spark_startup_s": round(startup, 2),
         "spark_session_s": round(spark_session_s, 2),
+        "cores": cores,
+        "agent_us_per_op": round(agent_us_per_op, 3),
+        "spark_core_us_per_op": round(spark_core_us_per_op, 3),
+        "efficiency": round(agent_us_per_op / spark_core_us_per_op, 3),
+        "export_us_per_op": round(largest.export_s / largest.operations * 1e6, 3),
+        "job_us_per_op": round(largest.job_s / largest.operations * 1e6, 3),
+        "local_1_job_s": round(single_s, 3),
+        "master_job_s": round(master_job_s, 3),
+        "local_scaling": round(single_s / master_job_s, 3),
+        "load_average": [round(value, 2) for value in os.getloadavg()],
         "sizes": flat_ends,
-        "spark_us_per_op": [round(value, 3) for value in spark_us],
-        "agent_us_per_op": [round(value, 3) for value in agent_us],
+        "spark_us_per_op_by_size": [round(value, 3) for value in spark_us],
+        "agent_us_per_op_by_size": [round(value, 3) for value in agent_us],
         "spark_flatness": round(max(spark_us) / min(spark_us), 3),
         "agent_flatness": round(max(agent_us) / min(agent_us), 3),
         "crossover_operations": at,
@@ -330,8 +406,10 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
                     "files": point.files, "bytes": point.bytes} for point in points],
         "files": largest.files,
         "bytes": largest.bytes,
-        "verified": "same file names, sizes and SHA-256 from both paths at the largest backlog",
-        "targets": {"ratio": TARGET_RATIO, "spark_flatness": TARGET_FLATNESS},
+        "verified": "same file names, sizes and SHA-256 from the agent and the job (on the master and on "
+                    "local[1]) at the largest backlog",
+        "targets": {"ratio": TARGET_RATIO, "spark_flatness": TARGET_FLATNESS, "efficiency": TARGET_EFFICIENCY,
+                    "local_scaling": TARGET_SCALING},
     }
 
 
@@ -379,8 +457,13 @@ def main(argv: list[str] | None = None) -> int:
           f"with startup {result['ratio_with_startup']}")
     print(f"  spark startup      {result['spark_startup_s']:>8} s (spark-submit; session alone "
           f"{result['spark_session_s']} s)")
-    print(f"  us per operation   spark {result['spark_us_per_op']}, agent {result['agent_us_per_op']} "
-          f"at {result['sizes']}")
+    print(f"  efficiency         {result['efficiency']:>8}   (target >= {TARGET_EFFICIENCY}): agent "
+          f"{result['agent_us_per_op']} us/op, Spark {result['spark_core_us_per_op']} core-us/op on "
+          f"{result['cores']} cores")
+    print(f"  local_scaling      {result['local_scaling']:>8}   (target >= {TARGET_SCALING}): job on local[1] "
+          f"{result['local_1_job_s']} s")
+    print(f"  us per operation   spark {result['spark_us_per_op_by_size']}, agent "
+          f"{result['agent_us_per_op_by_size']} at {result['sizes']}")
     print(f"  spark_flatness     {result['spark_flatness']:>8}   (target <= {TARGET_FLATNESS})")
     print(f"  crossover          {result['crossover_operations']} operations "
           f"(backlog {result['crossover_backlog']}): {result['crossover_method']}")

@@ -17,10 +17,16 @@ Rules of this file:
   answers from an iterable (pull); :class:`MessagePacker` is handed the
   transactions one at a time (push), for one pass over the log that feeds
   many subscribers.  Both make the same files from the same stream.
+* Cutting and compressing need no secret: :class:`PayloadPacker` makes the
+  compressed payloads with their headers (:class:`Payload`), knowing only
+  the sender's name and whether the files are sealed; :meth:`Payload.frame`
+  seals and signs one where the key is.  The Spark job packs on executors
+  that never see the key and frames in its driver (docs/spark.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import islice
 from typing import Generator, Iterable, Iterator
 
@@ -75,9 +81,26 @@ class _Candidate:
         return self.raw_length > max_raw_length(len(self.compressed))
 
 
-# What the packer yields: a finished message, or None to ask for the next
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A message before it is framed: its header and compressed payload,
+    cut by the packer.  :meth:`frame` seals (when asked) and signs it."""
+
+    header: Header
+    raw_length: int
+    compressed: bytes
+    part: bool
+
+    def frame(self, *, keys: SiteKeys, recipient: str, incarnation: bytes,
+              seal_to: PublicKeys | None = None) -> EncodedMessage:
+        data = frame(Kind.DATA, self.header, keys=keys, recipient=recipient, incarnation=incarnation,
+                     raw_length=self.raw_length, compressed=self.compressed, part=self.part, seal_to=seal_to)
+        return EncodedMessage(str(MessageName(keys.site, recipient, Kind.DATA, self.header)), self.header, data)
+
+
+# What the packer yields: a finished payload, or None to ask for the next
 # transaction (sent back in; None when the input is exhausted).
-_Steps = Generator["EncodedMessage | None", "Transaction | None", None]
+_Steps = Generator["Payload | None", "Transaction | None", None]
 
 
 def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipient: str,
@@ -95,11 +118,12 @@ def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipi
     """
     check_max_size(max_size)
     check_site_name(recipient)
-    packer = _Packer(keys, recipient, incarnation, resend_count, max_size, seal_to)
-    return _pull_through(packer.run(start, end), iter(transactions))
+    packer = _Packer(keys.site, recipient, resend_count, max_size, seal_to is not None)
+    return (payload.frame(keys=keys, recipient=recipient, incarnation=incarnation, seal_to=seal_to)
+            for payload in _pull_through(packer.run(start, end), iter(transactions)))
 
 
-def _pull_through(steps: _Steps, source: Iterator[Transaction]) -> Iterator[EncodedMessage]:
+def _pull_through(steps: _Steps, source: Iterator[Transaction]) -> Iterator[Payload]:
     """Run the packer, answering each request for input from ``source``."""
     try:
         step = next(steps)
@@ -113,45 +137,46 @@ def _pull_through(steps: _Steps, source: Iterator[Transaction]) -> Iterator[Enco
         return
 
 
-class MessagePacker:
-    """The files :func:`pack_messages` makes, for transactions handed over one
-    at a time: :meth:`add` returns the messages that became complete,
-    :meth:`close` the rest.  Holds what the pull form holds (one message and
-    the look-ahead it has been given), so a caller feeding many subscribers
-    from one pass over the log holds about one message for each.
+class PayloadPacker:
+    """The payloads of the files :func:`pack_messages` makes, for
+    transactions handed over one at a time, without the key: ``sender`` is
+    the site's name, ``sealed`` whether the files will be sealed (it changes
+    the room a payload has).  :meth:`add` returns the payloads that became
+    complete, :meth:`close` the rest; each :meth:`Payload.frame` with the
+    site's key is the file :func:`pack_messages` makes.  Holds one message
+    and the look-ahead it has been given.
 
-    After an error (a bad transaction, a message that cannot be sealed) the
-    packer is spent: every later call raises :class:`InvalidValue`.
+    After an error (a bad transaction) the packer is spent: every later call
+    raises :class:`InvalidValue`.
     """
 
     __slots__ = ("recipient", "_steps", "_spent")
 
-    def __init__(self, *, keys: SiteKeys, recipient: str, incarnation: bytes, resend_count: int, start: int,
-                 max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
-                 seal_to: PublicKeys | None = None) -> None:
+    def __init__(self, *, sender: str, recipient: str, resend_count: int, start: int,
+                 max_size: int = DEFAULT_MAX_SIZE, end: int | None = None, sealed: bool = False) -> None:
         check_max_size(max_size)
         self.recipient = check_site_name(recipient)
-        self._steps = _Packer(keys, recipient, incarnation, resend_count, max_size, seal_to).run(start, end)
+        self._steps = _Packer(sender, recipient, resend_count, max_size, sealed).run(start, end)
         # Run to the first request for input (checking ``start`` on the way).
         if next(self._steps) is not None:
             raise AssertionError("the packer made a message before it had any input")
         self._spent = False
 
-    def add(self, transaction: Transaction) -> list[EncodedMessage]:
+    def add(self, transaction: Transaction) -> list[Payload]:
         """Queue ``transaction`` (the next in commit order); return the
-        messages it completed."""
+        payloads it completed."""
         if transaction is None:
             raise InvalidValue(f"packer for {self.recipient}: a transaction is required (close() ends the stream)")
         return self._collect(transaction)
 
-    def close(self) -> list[EncodedMessage]:
-        """End the stream; return the remaining messages."""
+    def close(self) -> list[Payload]:
+        """End the stream; return the remaining payloads."""
         return self._collect(None)
 
-    def _collect(self, transaction: Transaction | None) -> list[EncodedMessage]:
+    def _collect(self, transaction: Transaction | None) -> list[Payload]:
         if self._spent:
             raise InvalidValue(f"packer for {self.recipient} was closed or failed")
-        finished: list[EncodedMessage] = []
+        finished: list[Payload] = []
         try:
             step = self._steps.send(transaction)
             while step is not None:
@@ -165,15 +190,51 @@ class MessagePacker:
         return finished
 
 
+class MessagePacker:
+    """The files :func:`pack_messages` makes, for transactions handed over one
+    at a time: :meth:`add` returns the messages that became complete,
+    :meth:`close` the rest.  Holds what the pull form holds (one message and
+    the look-ahead it has been given), so a caller feeding many subscribers
+    from one pass over the log holds about one message for each.
+
+    After an error (a bad transaction, a message that cannot be sealed) the
+    packer is spent: every later call raises :class:`InvalidValue`.
+    """
+
+    __slots__ = ("recipient", "_payloads", "_keys", "_incarnation", "_seal_to")
+
+    def __init__(self, *, keys: SiteKeys, recipient: str, incarnation: bytes, resend_count: int, start: int,
+                 max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
+                 seal_to: PublicKeys | None = None) -> None:
+        self._payloads = PayloadPacker(sender=keys.site, recipient=recipient, resend_count=resend_count,
+                                       start=start, max_size=max_size, end=end, sealed=seal_to is not None)
+        self.recipient = self._payloads.recipient
+        self._keys, self._incarnation, self._seal_to = keys, incarnation, seal_to
+
+    def add(self, transaction: Transaction) -> list[EncodedMessage]:
+        """Queue ``transaction`` (the next in commit order); return the
+        messages it completed."""
+        return self._framed(self._payloads.add, transaction)
+
+    def close(self) -> list[EncodedMessage]:
+        """End the stream; return the remaining messages."""
+        return self._framed(self._payloads.close)
+
+    def _framed(self, step, *args) -> list[EncodedMessage]:  # type: ignore[no-untyped-def]
+        payloads = step(*args)
+        try:
+            return [payload.frame(keys=self._keys, recipient=self.recipient, incarnation=self._incarnation,
+                                  seal_to=self._seal_to) for payload in payloads]
+        except BaseException:
+            self._payloads._spent = True
+            raise
+
+
 class _Packer:
-    def __init__(self, keys: SiteKeys, recipient: str, incarnation: bytes, resend_count: int,
-                 max_size: int, seal_to: PublicKeys | None) -> None:
-        self.keys = keys
+    def __init__(self, sender: str, recipient: str, resend_count: int, max_size: int, sealed: bool) -> None:
         self.recipient = recipient
-        self.incarnation = incarnation
         self.resend_count = resend_count
-        self.seal_to = seal_to
-        self.space = max_size - frame_overhead(keys.site, recipient, sealed=seal_to is not None)
+        self.space = max_size - frame_overhead(sender, recipient, sealed=sealed)
         if self.space < 1024:
             raise InvalidValue(f"maximum message size {max_size} leaves no room for a payload")
         self.target = int(self.space * _FILL)
@@ -270,15 +331,13 @@ class _Packer:
             yield self._finish((Kind.DATA, Header(self.resend_count, start, end, 0), len(payload),
                                 compress(payload), False), None)
 
-    def _finish(self, pending: tuple[Kind, Header, int, bytes, bool], end: int | None) -> EncodedMessage:
-        kind, header, raw_length, compressed, part = pending
+    def _finish(self, pending: tuple[Kind, Header, int, bytes, bool], end: int | None) -> Payload:
+        _, header, raw_length, compressed, part = pending
         if end is not None and end > header.last:
             if header.is_part and not header.is_final_part:
                 raise AssertionError("a non-final part cannot end the stream")
             header = Header(header.resend_count, header.prev, end, header.seq)
-        data = frame(kind, header, keys=self.keys, recipient=self.recipient, incarnation=self.incarnation,
-                     raw_length=raw_length, compressed=compressed, part=part, seal_to=self.seal_to)
-        return EncodedMessage(str(MessageName(self.keys.site, self.recipient, kind, header)), header, data)
+        return Payload(header, raw_length, compressed, part)
 
     def _fit(self, count: int) -> Generator[None, Transaction | None, _Candidate | None]:
         """The largest candidate that fits, by estimate plus correction; None

@@ -28,7 +28,7 @@ from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 from ..errors import AgentError
 from ..metrics import SiteMetrics, rewriting, serving, write_metrics_file
 from ..queues import MessageQueues, QueueDepth, Settled
-from ..spark.engine import DEFAULT_THRESHOLD, DEFAULT_TIMEOUT, ENGINES, SparkOptions
+from ..spark.engine import DEFAULT_EXECUTOR_WAIT, DEFAULT_TIMEOUT, ENGINES, SparkOptions, work_folder
 from ..transport_options import TransportOptions
 from . import escape_controls
 from ._common import (ADDRESS, DATABASE, TRANSPORT, ByteSize, Duration, TransportOption, Whole, check_transports,
@@ -242,6 +242,20 @@ class SparkConf(click.ParamType):
         return key, text
 
 
+class SparkWork(click.ParamType):
+    """``--spark-work``: a folder on this machine, never a URI."""
+
+    name = "DIR"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        if isinstance(value, Path):
+            return value
+        try:
+            return work_folder(str(value))
+        except AgentError as error:
+            self.fail(str(error), param, ctx)
+
+
 class QuarantineLimit(click.ParamType):
     """``NAME=VALUE`` for one of the quarantine's caps (agent.quarantine)."""
 
@@ -336,19 +350,24 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
                    "--spark-threshold on (auto; local when PySpark is not installed).")
 @click.option("--spark-threshold", type=Whole(min=0), metavar="N",
               help="Backlog (log offsets over the due sends) from which --engine auto uses Spark "
-                   f"(default: {DEFAULT_THRESHOLD} with a cluster master; with a local one, none: "
-                   "auto packs locally).")
+                   "(default with a cluster master: computed from the job's cores, docs/spark.md; with a local "
+                   "one, none: auto packs locally).")
 @click.option("--spark-master", default="local[*]", show_default=True, metavar="URL",
               help="Where the Spark job runs: local[2], spark://host:7077, ...")
-@click.option("--spark-work", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="Folder for the Spark job's export and output (default: <db>.agent/spark); "
-                   "shared storage for a cluster.")
+@click.option("--spark-work", type=SparkWork(), metavar="DIR",
+              help="Folder on this machine for the Spark job's export and output (default: <db>.agent/spark); "
+                   "the cluster needs no access to it.")
 @click.option("--spark-conf", "spark_conf", multiple=True, type=SparkConf(),
               help="A setting for spark-submit --conf, KEY=VALUE. Repeatable.")
 @click.option("--spark-submit", metavar="PATH",
-              help="The spark-submit to use (default: the one next to this Python, else on PATH).")
+              help="The spark-submit to use (default: the one of this Python's PySpark, else the one next to "
+                   "this Python, else on PATH).")
 @click.option("--spark-timeout", type=Duration(positive=False), default=DEFAULT_TIMEOUT, metavar="DURATION",
               help="Stop a Spark job that runs longer, in seconds or 90s, 5m, 1h (default: 1h; 0: no limit); "
+                   "its batch fails as a failed job does.")
+@click.option("--spark-executor-wait", type=Duration(positive=False), default=DEFAULT_EXECUTOR_WAIT,
+              metavar="DURATION",
+              help="How long a cluster has to give the Spark job an executor (default: 2m; 0: no limit); "
                    "its batch fails as a failed job does.")
 @click.option("--quarantine-limit", "quarantine_limits", multiple=True, type=QuarantineLimit(),
               help="A cap of the quarantine: peer-files, peer-bytes, total-files or total-bytes=VALUE "
@@ -367,7 +386,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
         resend_urgency: float | None, receive_delay: float, send_delay: float, heartbeat: float, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
-        spark_timeout: float, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
+        spark_timeout: float, spark_executor_wait: float, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
         metrics_address: str | None, verbose: bool, log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
@@ -386,6 +405,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
     stopping = threading.Event()
     spark = SparkOptions(engine=engine, threshold=spark_threshold, master=spark_master, work=spark_work,
                          conf=tuple(spark_conf), submit=spark_submit, timeout=spark_timeout or None,
+                         executor_wait=spark_executor_wait or None,
                          cancel=stopping)
     link = TransportOptions.from_items(transport_options)
     try:

@@ -4,11 +4,16 @@
 Rules of this file:
 * Blocking throughout (files, a child process): the runner calls
   :func:`run_spark_batch` through ``asyncio.to_thread``.
-* Each batch has its own job folder ``job-<site>.*`` under the work folder, holding the
-  export (with the site's secret key), the job's output and its log.  The
+* Each batch has its own job folder ``job-<site>.*`` under the work folder
+  (a folder on this machine, never a URI), holding the export, the job's
+  output and its log.  The
   folder is deleted when the batch fails and, after the files are queued,
   by :meth:`SparkBatch.close`: nothing of a job outlives it.  A folder left
   by a killed agent is deleted by the site's next batch.
+* The site's secret key stays in its key file: the job's driver, a child
+  of this process in client mode, reads it there (``--keys``).
+* ``spark-submit`` is found, and given ``SPARK_HOME`` and this Python, the
+  same way with or without an activated virtual environment.
 * ``spark-submit`` starts in a session of its own, so that the JVM and the
   Python processes it starts can be stopped together; the wait on it polls,
   so that the timeout, the cancel event and an exception in the waiting
@@ -38,32 +43,58 @@ from typing import Iterable
 from codec.keys import SiteKeys
 
 from ..errors import UsageError, describe_error
+from ..keyfiles import key_path
 from ..site import SiteDatabase
 from .errors import SparkBatchCancelled, SparkBatchError
-from .export import BatchSend, export_batch
+from ..outbound import BatchSend
+from .export import export_batch
 from .take import Sender, TakenFile, take_output
 
 log = logging.getLogger("fieldsync.agent.spark")
 
 ENGINES = ("local", "auto", "spark")
-# docs/spark.md, "When the agent uses it": the threshold of --engine auto when
-# none is given.  With a cluster master, the crossover measured before the
-# agent read the log once for all subscribers; with a local master, none:
-# the agent's own path packs faster than Spark on the machines measured, so
-# auto stays local there unless a threshold is given.
-DEFAULT_THRESHOLD = 10_000_000
+# docs/spark.md, "When the agent uses it": the threshold of --engine auto
+# when none is given, from the figures benchmarks.spark_batches measured
+# (50 subscribers, the export and the job on local[2]), each per backlog
+# offset (one log offset sent to one subscriber).  Spark wins from the
+# backlog where what it saves pays for its startup:
+#     threshold = STARTUP_S / (AGENT - EXPORT - JOB_CORE / cores)
+# and never when the parenthesis is not positive.
+AGENT_US_PER_OFFSET = 0.2
+EXPORT_US_PER_OFFSET = 0.05
+JOB_CORE_US_PER_OFFSET = 0.3
+STARTUP_S = 12.0
+# The cores of a cluster job when its settings do not say (spark.cores.max,
+# or spark.executor.instances x spark.executor.cores).
+DEFAULT_CLUSTER_CORES = 8
+
+
+def cluster_threshold(cores: int) -> int | None:
+    """The backlog from which a job on ``cores`` cores beats the agent's own
+    path, startup included (the formula above); None: never."""
+    gain = AGENT_US_PER_OFFSET - EXPORT_US_PER_OFFSET - JOB_CORE_US_PER_OFFSET / max(1, cores)
+    return None if gain <= 0 else math.ceil(STARTUP_S * 1e6 / gain)
+
+
 _LOCAL_MASTERS = ("local", "local-cluster")
 # docs/spark.md, "A job that hangs, and stopping the agent": far above any
 # batch measured (the largest, 100,000,000 offsets, took under a minute),
 # short enough that a hung job holds the site's sends (and receives) for
 # an hour at most.
 DEFAULT_TIMEOUT = 3600.0
+# docs/spark.md, "On a cluster": how long a cluster has to give the job an
+# executor.  A job that asks more memory or cores than any worker has waits
+# for ever otherwise, holding the site's sends (and, in continuous mode, its
+# receives); executors of a free cluster come within seconds.
+DEFAULT_EXECUTOR_WAIT = 120.0
 _POLL_SECONDS = 0.2  # how soon the wait sees the job end, or a cancel event it does not wait on
 # SIGTERM first: the JVM's shutdown hooks stop the Spark context (on a
 # cluster, its executors) and delete Spark's temporary folders.
 _STOP_GRACE_SECONDS = 10.0
 _GONE_WAIT_SECONDS = 2.0  # after SIGKILL, for the group's last processes to go
 _PYTHON_CONF = "spark.pyspark.python"
+_DRIVER_PYTHON_CONF = "spark.pyspark.driver.python"
+_DEPLOY_MODE_CONF = "spark.submit.deployMode"
 # What contrib/spark/job.py prints (to stderr, which spark-submit passes on
 # to its stdout for a Python application) when it fails.
 _FAILURE_MARK = "fieldsync batch job failed:"
@@ -81,7 +112,8 @@ class SparkOptions:
     ``spark-submit`` next to this Python, else on ``PATH``); ``job_args``
     are added to the job's command line (tests: ``--fail-after-files N``).
     ``timeout`` is how many seconds the job (``spark-submit``) may run, None
-    for no limit.  Setting ``cancel`` stops a running job and keeps a new
+    for no limit; ``executor_wait`` how many seconds a cluster has to give
+    it an executor (None: no limit).  Setting ``cancel`` stops a running job and keeps a new
     one from starting: the agent's owner sets it when the agent stops.
     """
 
@@ -93,6 +125,7 @@ class SparkOptions:
     submit: str | None = None
     job_args: tuple[str, ...] = ()
     timeout: float | None = DEFAULT_TIMEOUT
+    executor_wait: float | None = DEFAULT_EXECUTOR_WAIT
     cancel: threading.Event | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -111,10 +144,18 @@ class SparkOptions:
                                          or not 0 < self.timeout < math.inf):
             raise UsageError(f"the Spark timeout must be a number of seconds > 0, or none for no limit, "
                              f"got {self.timeout!r}")
+        if self.executor_wait is not None and (isinstance(self.executor_wait, bool)
+                                               or not isinstance(self.executor_wait, (int, float))
+                                               or not 0 < self.executor_wait < math.inf):
+            raise UsageError(f"the Spark executor wait must be a number of seconds > 0, or none for no limit, "
+                             f"got {self.executor_wait!r}")
+        if any(key == _DEPLOY_MODE_CONF and value.strip() != "client" for key, value in self.conf):
+            raise UsageError(f"--spark-conf {_DEPLOY_MODE_CONF}: the job runs in client mode, its driver on this "
+                             "machine with the site's key and the export; leave the setting out")
         if self.cancel is not None and not isinstance(self.cancel, threading.Event):
             raise UsageError(f"the Spark cancel event must be a threading.Event, got {self.cancel!r}")
         if self.work is not None:
-            object.__setattr__(self, "work", Path(self.work))
+            object.__setattr__(self, "work", work_folder(self.work))
 
     @property
     def local_master(self) -> bool:
@@ -124,11 +165,27 @@ class SparkOptions:
 
     def auto_threshold(self) -> int | None:
         """The backlog from which ``auto`` uses Spark: the one given, else
-        :data:`DEFAULT_THRESHOLD` with a cluster master and None (never)
-        with a local one."""
+        :func:`cluster_threshold` of the job's cores with a cluster master,
+        and None (never) with a local one: there the agent's own path runs
+        on the same cores."""
         if self.threshold is not None:
             return self.threshold
-        return None if self.local_master else DEFAULT_THRESHOLD
+        return None if self.local_master else cluster_threshold(self.cores)
+
+    @property
+    def cores(self) -> int:
+        """The cores the job's settings give it on a cluster:
+        ``spark.cores.max``, else ``spark.executor.instances`` x
+        ``spark.executor.cores``, else :data:`DEFAULT_CLUSTER_CORES`."""
+        conf = dict(self.conf)
+        total = conf.get("spark.cores.max", "").strip()
+        if total.isdigit() and int(total) > 0:
+            return int(total)
+        instances = conf.get("spark.executor.instances", "").strip()
+        each = conf.get("spark.executor.cores", "1").strip()
+        if instances.isdigit() and each.isdigit() and int(instances) * int(each) > 0:
+            return int(instances) * int(each)
+        return DEFAULT_CLUSTER_CORES
 
     def uses_spark(self, backlog: int) -> bool:
         """Whether a send phase with this backlog (log offsets) goes to Spark;
@@ -137,6 +194,19 @@ class SparkOptions:
             return True
         threshold = self.auto_threshold()
         return self.engine == "auto" and threshold is not None and backlog >= threshold and spark_installed()
+
+
+def work_folder(value: str | os.PathLike[str]) -> Path:
+    """``--spark-work``: a folder on this machine.  A URI (``s3a://``,
+    ``hdfs://``, ``file://``) is refused: the job needs no storage shared
+    with the cluster, and a path would silently make a local folder of it."""
+    text = os.fspath(value)
+    scheme, separator, _ = text.partition("://")
+    if separator and scheme and all(character.isalnum() or character in "+-." for character in scheme):
+        raise UsageError(f"{text}: the Spark work folder is a folder on this machine (the export "
+                         "reaches the executors through Spark and the files come back to the driver here); "
+                         "give a local path")
+    return Path(text)
 
 
 def spark_installed() -> bool:
@@ -164,13 +234,16 @@ class SparkBatch:
 
 
 def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], *, max_size: int,
-                    options: SparkOptions, work: Path, stop: threading.Event | None = None) -> SparkBatch:
+                    options: SparkOptions, work: Path, stop: threading.Event | None = None,
+                    key_file: Path | None = None) -> SparkBatch:
     """Export ``sends``, run the job on ``options.master`` and check its
     output; raise :class:`SparkBatchError` (with the job folder deleted)
     when anything fails, :class:`SparkBatchCancelled` when
     ``options.cancel`` or ``stop`` was set.  ``stop`` is this batch's own:
     setting it stops this batch and leaves ``options.cancel`` as it is, for
-    the batches that follow."""
+    the batches that follow.  The job's driver reads the site's key from
+    ``key_file`` (default: ``<db>.agent/keys/site.key``, where ``keys``
+    came from); nothing of it is written anywhere."""
     sends = list(sends)
     # The wait on the job blocks on the last: the owner's, which stops the agent.
     cancels = tuple(event for event in (stop, options.cancel) if event is not None)
@@ -178,7 +251,7 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
     if not spark_installed():
         raise SparkBatchError("PySpark is not installed in this Python; install the Spark extra "
                               "(pip install 'fieldsync[spark]') or run with --engine local")
-    command = _submit_command(options)
+    command = _submit_command(options, Path(os.path.abspath(key_file or key_path(db.path))))
     work = Path(os.path.abspath(work))  # the job runs in its own folder: relative paths would miss
     prefix = f"job-{db.identity.name}."  # site names hold no dot
     try:
@@ -191,7 +264,7 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         started = time.monotonic()
         export = directory / "export"
         output = directory / "output"
-        summary = export_batch(db, keys, sends, export, max_size=max_size,
+        summary = export_batch(db, sends, export, max_size=max_size,
                                check_stop=lambda: _check_cancel(cancels))
         log.info("Spark batch %s: %d sends, log offsets (%d, %d], %d capture rows exported; running the job on %s",
                  directory.name, len(sends), *summary.range, summary.rows, options.master)
@@ -220,12 +293,12 @@ def _check_cancel(cancels: tuple[threading.Event, ...]) -> None:
                                   "nothing of it was kept")
 
 
-def _submit_command(options: SparkOptions) -> list[str]:
+def _submit_command(options: SparkOptions, key_file: Path) -> list[str]:
     if options.submit is None:
         submit = _default_submit()
         if submit is None:
-            raise SparkBatchError("spark-submit was found neither next to this Python nor on PATH; "
-                                  "give its path with --spark-submit")
+            raise SparkBatchError("spark-submit was found neither in the PySpark of this Python, nor next to "
+                                  "this Python, nor on PATH; give its path with --spark-submit")
     else:
         submit = _given_submit(options.submit)
     # The job runs in its own folder, where a relative launcher path would
@@ -235,11 +308,27 @@ def _submit_command(options: SparkOptions) -> list[str]:
     if job is None or job.origin is None:
         raise SparkBatchError("the Spark job (contrib/spark/job.py) is not installed with this agent")
     conf = dict(options.conf)
+    # The driver runs here, on this Python (it imports fieldsync and reads
+    # the key); the executors' Python is the one given, else this one too.
     conf.setdefault(_PYTHON_CONF, sys.executable)
-    command = [submit, "--master", options.master]
+    conf.setdefault(_DRIVER_PYTHON_CONF, sys.executable)
+    command = [submit, "--master", options.master, "--deploy-mode", "client"]
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
-    return command + [job.origin]
+    command += [job.origin, "--keys", os.fspath(key_file)]
+    if options.executor_wait is not None:
+        command += ["--executor-wait", _seconds(options.executor_wait)]
+    return command
+
+
+def spark_home() -> str | None:
+    """The Spark of this Python's PySpark (a pip-installed PySpark carries
+    its own ``bin/`` and jars), None when it has none."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return None
+    home = Path(spec.origin).parent
+    return os.fspath(home) if (home / "bin" / "spark-submit").is_file() else None
 
 
 def _given_submit(submit: str) -> str:
@@ -258,19 +347,37 @@ def _given_submit(submit: str) -> str:
 
 
 def _default_submit() -> str | None:
-    beside = Path(sys.executable).parent / "spark-submit"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return os.fspath(beside)
+    """The launcher of this Python's PySpark, else the one next to this
+    Python, else the one on ``PATH``: found the same way whether a virtual
+    environment is activated or not (a systemd unit runs the agent by its
+    full path)."""
+    home = spark_home()
+    for candidate in ([Path(home) / "bin" / "spark-submit"] if home else []) + [Path(sys.executable).parent / "spark-submit"]:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return os.fspath(candidate)
     return shutil.which("spark-submit")
+
+
+def _job_environment() -> dict[str, str]:
+    """``spark-submit``'s environment: ``SPARK_HOME`` of this Python's
+    PySpark (pip's launcher otherwise looks for it with whatever ``python3``
+    is on ``PATH``, and fails with ``/bin/spark-class: No such file``
+    outside the virtual environment) unless one is set, and this Python for
+    the driver."""
+    env = dict(os.environ)
+    home = spark_home()
+    if home is not None and not env.get("SPARK_HOME"):
+        env["SPARK_HOME"] = home
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
 
 
 def _run_job(command: list[str], directory: Path, options: SparkOptions, cancels: tuple[threading.Event, ...]) -> None:
     """Run the job with its output (stdout and stderr) in ``directory/job.log``,
     within ``options.timeout``; stop it when one of ``cancels`` is set or the
     wait is interrupted (KeyboardInterrupt in the main thread)."""
-    env = dict(os.environ)
-    if not any(key == _PYTHON_CONF for key, _ in options.conf):
-        env["PYSPARK_PYTHON"] = sys.executable
+    env = _job_environment()
     log_path = directory / "job.log"
     with open(log_path, "wb") as job_log:
         try:
@@ -387,6 +494,10 @@ def _failure_line(lines: list[str], returncode: int) -> str:
         return f"the Spark job failed (exit code {returncode}): {lines[-1] if lines else 'it printed nothing'}"
     index = marked[-1]
     line = lines[index]
+    if line.startswith(f"{_FAILURE_MARK} NoExecutors: "):
+        return (f"{line}: no worker has the cores and memory the job asks (spark.executor.cores, "
+                "spark.executor.memory) or none is free; check the cluster, or give it longer with "
+                "--spark-executor-wait (0: no limit)")
     if line.endswith(":"):
         cause = next((earlier.strip() for earlier in reversed(lines[:index])
                       if _is_exception_line(earlier.strip())), None)

@@ -9,62 +9,33 @@ Rules of this file:
 * Nothing here selects: every capture row of the range is written, and the
   job selects with the same reader the agent uses.
 * Values keep their SQLite type: they are msgpack-encoded, as in messages.
+* No secret: the export holds the log range, the selection rules and the
+  sends (public keys only).  It reaches the executors through Spark (the
+  driver ships the log files), so its files are named for this export alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Callable, Iterable
 
 import msgpack
 
-from codec.keys import PublicKeys, SiteKeys
-
+from ..outbound import BatchSend
 from ..site import SiteDatabase
 from ..site.publications import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
-FORMAT = 1
+FORMAT = 2
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
-
-
-@dataclass(frozen=True, slots=True)
-class BatchSend:
-    """One due send: the subscriber's log in ``(start, end]`` at epoch
-    ``resend_count``, sealed to ``seal_to`` when given, read from
-    ``read_from`` (None: ``start``; ``(start, read_from]`` held nothing for
-    the subscriber, docs/protocol.md rule 5)."""
-
-    subscriber: str
-    start: int
-    end: int
-    resend_count: int
-    seal_to: PublicKeys | None = None
-    read_from: int | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.start < self.end:
-            raise SparkBatchError(f"send to {self.subscriber}: range ({self.start}, {self.end}] is empty")
-        if self.read_from is not None and not self.start <= self.read_from < self.end:
-            raise SparkBatchError(f"send to {self.subscriber}: read from {self.read_from} is outside "
-                                  f"[{self.start}, {self.end})")
-
-    @property
-    def read_start(self) -> int:
-        return self.start if self.read_from is None else self.read_from
-
-    @property
-    def backlog(self) -> int:
-        return self.end - self.read_start
-
-    def to_json(self) -> dict:
-        return {"subscriber": self.subscriber, "start": self.start, "end": self.end, "read": self.read_start,
-                "resend_count": self.resend_count,
-                "seal_to": None if self.seal_to is None else self.seal_to.to_line()}
+_VALUES = itemgetter(slice(4, None))  # a capture row's value columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +44,7 @@ class ExportSummary:
     rows: int
     files: int
     range: tuple[int, int]
+    bytes: int = 0
 
 
 def _schema():  # type: ignore[no-untyped-def]
@@ -83,7 +55,7 @@ def _schema():  # type: ignore[no-untyped-def]
                       ("returned", pa.string()), ("values", pa.binary())])
 
 
-def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
+def export_batch(db: SiteDatabase, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
                  *, max_size: int, rows_per_file: int = ROWS_PER_FILE,
                  rows_per_group: int = ROWS_PER_GROUP,
                  check_stop: Callable[[], None] | None = None) -> ExportSummary:
@@ -120,19 +92,18 @@ def export_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], d
         "sends": [send.to_json() for send in sends],
         "range": [low, high],
     }
-    _write_private(target / "keys", keys.to_text())
     _write_subscriptions(target / "subscriptions.parquet", subscriptions)
-    rows, files = _write_log(db, target / "log", low, high, width, rows_per_file, rows_per_group,
+    # Executors keep the files the driver ships under their bare names, in
+    # one folder per executor for the whole application: a name of this
+    # export alone, as a session may run several jobs.
+    token = secrets.token_hex(8)
+    rows, names = _write_log(db, target / "log", token, low, high, width, rows_per_file, rows_per_group,
                              check_stop or (lambda: None))
+    job["log"] = names
     # job.json last: an export without it is incomplete.
     (target / "job.json").write_text(json.dumps(job, indent=1) + "\n", encoding="utf-8")
-    return ExportSummary(target, rows, files, (low, high))
-
-
-def _write_private(path: Path, text: str) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="ascii") as handle:
-        handle.write(text)
+    size = sum((target / "log" / name).stat().st_size for name in names)
+    return ExportSummary(target, rows, len(names), (low, high), size)
 
 
 def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
@@ -145,8 +116,8 @@ def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
     pq.write_table(table, path)
 
 
-def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, rows_per_file: int,
-               rows_per_group: int, check_stop: Callable[[], None]) -> tuple[int, int]:
+def _write_log(db: SiteDatabase, folder: Path, token: str, low: int, high: int, width: int, rows_per_file: int,
+               rows_per_group: int, check_stop: Callable[[], None]) -> tuple[int, list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -155,15 +126,16 @@ def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, 
     pack = msgpack.Packer(use_bin_type=True).pack
     columns: list[list] = [[] for _ in range(8)]
     writer: pq.ParquetWriter | None = None
-    total = in_file = files = 0
+    total = in_file = 0
+    names: list[str] = []
 
     def flush() -> None:
-        nonlocal writer, files
+        nonlocal writer
         if not columns[0]:
             return
         if writer is None:
-            writer = pq.ParquetWriter(folder / f"part-{files:05d}.parquet", schema)
-            files += 1
+            names.append(f"log-{token}-{len(names):05d}.parquet")
+            writer = pq.ParquetWriter(folder / names[-1], schema)
         writer.write_table(pa.Table.from_arrays([pa.array(column, field.type)
                                                  for column, field in zip(columns, schema)], schema=schema))
         for column in columns:
@@ -171,26 +143,33 @@ def _write_log(db: SiteDatabase, folder: Path, low: int, high: int, width: int, 
         check_stop()
 
     commits, origins, seqs, shape_ids, kinds, flags, returned_column, values = columns
-    for commit, origin, rows, returned in db.read_capture(low, high, value_columns=width):
-        for row in rows:
-            seq = row[0]
-            commits.append(commit)
-            origins.append(origin)
-            seqs.append(seq)
-            shape_ids.append(row[1])
-            kinds.append(row[2])
-            flags.append(row[3])
-            returned_column.append(returned.get(seq) if returned else None)
-            values.append(pack(row[4:]))
-            in_file += 1
+    for commit, origin, chunk, returned in db.read_capture(low, high, value_columns=width):
+        # A chunk at a time, column by column (the per-row work is the
+        # values' encoding), cut where a row group or a file is full.
+        done = 0
+        while done < len(chunk):
+            room = min(rows_per_group - len(seqs), rows_per_file - in_file)
+            rows = chunk[done:done + room]
+            done += len(rows)
+            count = len(rows)
+            chunk_seqs, chunk_shapes, chunk_kinds, chunk_flags = list(zip(*rows))[:4]
+            commits.extend(repeat(commit, count))
+            origins.extend(repeat(origin, count))
+            seqs.extend(chunk_seqs)
+            shape_ids.extend(chunk_shapes)
+            kinds.extend(chunk_kinds)
+            flags.extend(chunk_flags)
+            returned_column.extend(map(returned.get, chunk_seqs) if returned else repeat(None, count))
+            values.extend(map(pack, map(_VALUES, rows)))
+            in_file += count
             if len(seqs) >= rows_per_group or in_file >= rows_per_file:
                 flush()
                 if in_file >= rows_per_file and writer is not None:
                     writer.close()
                     writer = None
                     in_file = 0
-        total += len(rows)
+        total += len(chunk)
     flush()
     if writer is not None:
         writer.close()
-    return total, files
+    return total, names

@@ -31,7 +31,7 @@ from codec.message import check_message
 from codec.names import Kind, MessageName
 
 from .errors import SparkBatchError
-from .export import BatchSend
+from ..outbound import BatchSend
 
 FORMAT = 1
 _FILE_FIELDS = ("name", "resend_count", "prev", "last", "seq", "size", "sha256")

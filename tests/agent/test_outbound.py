@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -24,12 +26,11 @@ import pytest
 from agent import crashpoints
 from agent.admin import site_keys
 from agent.keyfiles import copy_site_keys
-from agent.outbound import pack_sends
+from agent.outbound import BatchSend, pack_sends
 from agent.queues import MessageQueues, QueueError
 from agent.runner import Agent, RunOptions, RunReport, open_queues
 from agent.site import SiteDatabase
 from agent.spark.engine import SparkOptions
-from agent.spark.export import BatchSend
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.errors import InvalidValue
 from codec.keys import SiteKeys
@@ -386,3 +387,9 @@ def test_a_bad_send_fails_alone_in_pack_sends(site: Path) -> None:
     assert isinstance(outcomes[2].error, InvalidValue) and outcomes[2].messages == 0
     assert [name for index, name in made if index == 0] == [name for name, _ in reference.files["field001"]]
     assert {index for index, _ in made} == {0}
+
+
+def test_the_local_engine_does_not_import_the_spark_package():
+    code = "import sys, agent.outbound; print(sorted(name for name in sys.modules if name.startswith('agent.spark')))"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert completed.stdout.strip() == "[]"

@@ -9,7 +9,7 @@ from codec.errors import InvalidValue
 from codec.header import Header
 from codec.message import decode_message, reassemble
 from codec.ops import Operation, Transaction, values_identical
-from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, MessagePacker, pack_messages
+from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, MessagePacker, PayloadPacker, pack_messages
 
 from .helpers import FIELD, HQ, INCARNATION, KEYRING, OTHER
 
@@ -319,3 +319,27 @@ def test_pushing_and_pulling_make_the_same_files_for_arbitrary_streams(sizes, bl
     options = {"start": start, "max_size": max_size, "resend_count": seed, "end": end}
     pushed, _ = push(transactions, **options)
     assert [m.data for m in pushed] == [m.data for m in pack(transactions, **options)]
+
+
+# -- payloads without the key (PayloadPacker, Payload.frame) -----------------------------
+
+
+@pytest.mark.parametrize("sizes, options", [
+    ([40] * 300, {"start": 17, "resend_count": 2}),
+    ([25] * 100 + [3000] + [5] * 40, {"max_size": MIN_MAX_SIZE}),
+    ([], {"start": 50, "end": 80}),
+    ([60] * 50, {"seal_to": FIELD.public, "max_size": MIN_MAX_SIZE}),
+])
+def test_payloads_framed_with_the_key_are_the_files_pulling_makes(sizes, options):
+    transactions = make_transactions(sizes, start=options.get("start", 0))
+    expected = pack(transactions, **options)
+    seal_to = options.pop("seal_to", None)
+    options.setdefault("resend_count", 0)
+    options.setdefault("start", 0)
+    packer = PayloadPacker(sender=HQ.site, recipient="field1", sealed=seal_to is not None, **options)
+    payloads = [payload for transaction in transactions for payload in packer.add(transaction)] + packer.close()
+    framed = [payload.frame(keys=HQ, recipient="field1", incarnation=INCARNATION, seal_to=seal_to)
+              for payload in payloads]
+    assert [(message.name, message.data) for message in framed] == \
+        [(message.name, message.data) for message in expected]
+    assert all(HQ.secret_seed() not in payload.compressed for payload in payloads)

@@ -15,9 +15,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import signal
+import sys
 import sqlite3
 import threading
 import time
@@ -36,7 +38,8 @@ from agent.runner import Agent, RunOptions, RunReport, agent_directory, run_agen
 from agent.site import SiteDatabase
 from agent.spark.engine import DEFAULT_TIMEOUT, SparkOptions, run_spark_batch
 from agent.spark.errors import SparkBatchCancelled, SparkBatchError
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from agent.spark.take import Sender, take_output
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
@@ -271,8 +274,8 @@ def test_auto_on_a_local_master_without_a_threshold_packs_locally(world: Path, t
     ("local-cluster[2,1,1024]", None, 10 ** 12, False),
     ("local[4]", 1_000, 1_000, True),
     ("local[4]", 1_000, 999, False),
-    ("spark://127.0.0.1:7077", None, agent.spark.engine.DEFAULT_THRESHOLD, True),
-    ("spark://127.0.0.1:7077", None, agent.spark.engine.DEFAULT_THRESHOLD - 1, False),
+    ("spark://127.0.0.1:7077", None, agent.spark.engine.cluster_threshold(8), True),
+    ("spark://127.0.0.1:7077", None, agent.spark.engine.cluster_threshold(8) - 1, False),
     ("yarn", 5, 5, True),
     ("k8s://https://127.0.0.1:6443", None, 0, False),
 ])
@@ -283,6 +286,20 @@ def test_auto_threshold_follows_the_master(master: str, threshold: int | None, b
     # the other engines do not look at the threshold
     assert replace(spark, engine="spark").uses_spark(0) is True
     assert replace(spark, engine="local").uses_spark(10 ** 12) is False
+
+
+def test_the_cluster_threshold_follows_the_formula_and_the_jobs_cores() -> None:
+    engine = agent.spark.engine
+    gain = engine.AGENT_US_PER_OFFSET - engine.EXPORT_US_PER_OFFSET - engine.JOB_CORE_US_PER_OFFSET / 16
+    assert engine.cluster_threshold(16) == math.ceil(engine.STARTUP_S * 1e6 / gain)
+    assert engine.cluster_threshold(16) < engine.cluster_threshold(4)
+    assert engine.cluster_threshold(1) is None  # one core of Spark never beats the agent's
+    master = "spark://127.0.0.1:7077"
+    assert SparkOptions(master=master).auto_threshold() == engine.cluster_threshold(engine.DEFAULT_CLUSTER_CORES)
+    assert SparkOptions(master=master, conf=(("spark.cores.max", "16"),)).auto_threshold() \
+        == engine.cluster_threshold(16)
+    assert SparkOptions(master=master, conf=(("spark.executor.instances", "4"), ("spark.executor.cores", "4"))
+                        ).auto_threshold() == engine.cluster_threshold(16)
 
 
 def names_the_failure(text: str) -> bool:
@@ -334,6 +351,9 @@ def test_failed_job_with_engine_auto_falls_back(world: Path, tmp_path: Path, fir
     (("--spark-conf", "spark.executor.memory"), "'--spark-conf': 'spark.executor.memory': write KEY=VALUE"),
     (("--spark-conf", "=4g"), "'--spark-conf': '=4g': write KEY=VALUE"),
     (("--spark-threshold", "-5"), "'--spark-threshold'"),
+    (("--spark-work", "hdfs://namenode/work"), "'--spark-work': hdfs://namenode/work: the Spark work folder is a "
+                                               "folder on this machine"),
+    (("--spark-executor-wait", "-1"), "'--spark-executor-wait'"),
 ])
 def test_bad_spark_options_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             arguments: tuple[str, ...], text: str) -> None:
@@ -341,6 +361,32 @@ def test_bad_spark_options_are_usage_errors(tmp_path: Path, capsys: pytest.Captu
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith("agent: invalid value for ") and text in lines[0], lines
+
+
+def test_cluster_deploy_mode_is_refused() -> None:
+    with pytest.raises(UsageError, match="client mode"):
+        SparkOptions(conf=(("spark.submit.deployMode", "cluster"),))
+    SparkOptions(conf=(("spark.submit.deployMode", "client"),))
+
+
+def test_the_launcher_is_found_without_an_activated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a systemd unit runs the agent: no venv on PATH, no SPARK_HOME, and
+    the executors' Python given (which once made the agent drop its own)."""
+    engine = agent.spark.engine
+    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    for name in ("VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        monkeypatch.delenv(name, raising=False)
+    home = engine.spark_home()
+    assert home is not None
+    command = engine._submit_command(SparkOptions(engine="spark", conf=(("spark.pyspark.python", "/opt/py"),)),
+                                     Path("/srv/hq.db.agent/keys/site.key"))
+    assert command[0] == str(Path(home) / "bin" / "spark-submit")
+    assert "spark.pyspark.python=/opt/py" in command and f"spark.pyspark.driver.python={sys.executable}" in command
+    assert command[command.index("--keys") + 1] == "/srv/hq.db.agent/keys/site.key"
+    assert command[command.index("--deploy-mode") + 1] == "client"
+    env = engine._job_environment()
+    assert env["SPARK_HOME"] == home
+    assert env["PYSPARK_PYTHON"] == env["PYSPARK_DRIVER_PYTHON"] == sys.executable
 
 
 def test_cli_engine_spark_failure_is_one_line_and_exit_1(world: Path, tmp_path: Path,
@@ -716,7 +762,7 @@ def test_a_cancel_during_the_export_stops_it_there(small: tuple[Path, list[Batch
 
     with SiteDatabase.open(database) as site:
         with pytest.raises(SparkBatchCancelled, match="stopped in the export"):
-            export_batch(site, site_keys(site), sends, work / "export", max_size=50_000, rows_per_group=500,
+            export_batch(site, sends, work / "export", max_size=50_000, rows_per_group=500,
                          check_stop=stop_at_the_second_group)
         assert groups == [1, 2]
         assert not (work / "export" / "job.json").exists()  # an export without it is incomplete

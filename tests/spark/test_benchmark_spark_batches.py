@@ -25,7 +25,8 @@ def test_benchmark_prints_one_json_object(tmp_path):
     assert len(lines) == 1
     figures = json.loads(lines[0])
     for field in ("spark_ops_per_s", "agent_ops_per_s", "ratio", "ratio_with_startup", "spark_startup_s",
-                  "spark_session_s", "spark_flatness", "agent_flatness", "world_build_s", "files", "bytes"):
+                  "spark_session_s", "spark_flatness", "agent_flatness", "world_build_s", "files", "bytes",
+                  "agent_us_per_op", "spark_core_us_per_op", "efficiency", "local_scaling", "local_1_job_s"):
         assert figures[field] > 0, field
     assert figures["subscribers"] == 5
     sizes = figures["sizes"]
@@ -42,8 +43,17 @@ def test_benchmark_prints_one_json_object(tmp_path):
     # Point times are rounded to milliseconds: compare within 1%.
     spark_us = [(points[end]["spark_export_s"] + points[end]["spark_job_s"]) / end * 1e6 for end in sizes]
     agent_us = [points[end]["agent_s"] / end * 1e6 for end in sizes]
-    assert figures["spark_us_per_op"] == pytest.approx(spark_us, rel=1e-2)
-    assert figures["agent_us_per_op"] == pytest.approx(agent_us, rel=1e-2)
+    assert figures["spark_us_per_op_by_size"] == pytest.approx(spark_us, rel=1e-2)
+    assert figures["agent_us_per_op_by_size"] == pytest.approx(agent_us, rel=1e-2)
+    # Efficiency: the agent's core against Spark's, the export on one core, the job on local[2]'s two.
+    assert figures["cores"] == 2
+    assert figures["agent_us_per_op"] == pytest.approx(agent_us[-1], rel=1e-2)
+    core_us = (largest["spark_export_s"] + 2 * largest["spark_job_s"]) / figures["operations"] * 1e6
+    assert figures["spark_core_us_per_op"] == pytest.approx(core_us, rel=1e-2)
+    assert figures["efficiency"] == pytest.approx(figures["agent_us_per_op"] / core_us, rel=1e-2)
+    assert 0 < figures["master_job_s"] <= largest["spark_job_s"]
+    assert figures["local_scaling"] == pytest.approx(figures["local_1_job_s"] / figures["master_job_s"], rel=1e-2)
+    assert len(figures["load_average"]) == 3
     assert figures["spark_flatness"] == pytest.approx(max(spark_us) / min(spark_us), rel=1e-2)
     assert (figures["files"], figures["bytes"]) == (largest["files"], largest["bytes"])
     if figures["crossover_operations"] is None:

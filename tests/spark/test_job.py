@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from agent.admin import init_site, site_keys
+from agent.keyfiles import key_path
 from agent.site import Article, SiteDatabase
-from agent.spark.export import BatchSend, export_batch
+from agent.outbound import BatchSend
+from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
 from codec.packing import pack_messages
@@ -69,9 +71,14 @@ def test_100k_operations_for_20_subscribers_are_byte_identical_to_the_agent(worl
         # Some sends are resends from an old confirm_sent, at a later epoch.
         start, epoch = (resend_from, 3) if index % 3 == 0 else (0, 0)
         sends.append(BatchSend(name, start, end, epoch, sealed.get(name)))
-    export = export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    export = export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
     assert export.rows == end and export.range == (0, end)
-    summary = run_job(spark, tmp_path / "export", tmp_path / "out")
+    # The export, which executors read, holds nothing of the site's key.
+    secret = site_keys(world).secret_seed()
+    key_text = site_keys(world).to_text().encode()
+    exported = [path for path in (tmp_path / "export").rglob("*") if path.is_file()]
+    assert exported and not [path for path in exported if secret in path.read_bytes() or key_text in path.read_bytes()]
+    summary = run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world))
 
     total = 0
     for send in sends:
@@ -99,8 +106,8 @@ def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(worl
         world.add_remote("idle", start=0)
         world.subscribe("idle", "sales", "nowhere")
     sends = [BatchSend("idle", start, end, 1), BatchSend(subscriber_names(20)[1], start, end, 1)]
-    export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
-    run_job(spark, tmp_path / "export", tmp_path / "out")
+    export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world))
     for send in sends:
         assert job_files(tmp_path / "out", send.subscriber) == agent_files(world, send)
     manifest = json.loads((tmp_path / "out" / "manifests" / "idle.json").read_text())
@@ -112,22 +119,20 @@ def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(worl
 def test_a_failure_mid_job_leaves_no_finished_output(world, spark, tmp_path):
     end = world.log_end()
     sends = [BatchSend(name, 0, end, 0) for name in subscriber_names(20)[:4]]
-    export_batch(world, site_keys(world), sends, tmp_path / "export", max_size=MAX_SIZE)
+    export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE)
     with pytest.raises(Exception, match="injected failure after 1 files"):
-        run_job(spark, tmp_path / "export", tmp_path / "out", fail_after_files=1)
+        run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world), fail_after_files=1)
     assert not (tmp_path / "out" / "_SUCCESS.json").exists()
-    # A message file a failed task put in place is whole (written under a
+    assert not (tmp_path / "out" / "manifests").exists()
+    # A message file the driver put in place is whole (written under a
     # temporary name, then renamed): the agent's own file of that name.
-    written = 0
     for send in sends:
         folder = tmp_path / "out" / "files" / send.subscriber
         if folder.exists():
             expected = agent_files(world, send)
             for path in folder.iterdir():
-                if not path.name.startswith("."):
-                    assert hashlib.sha256(path.read_bytes()).hexdigest() == expected[path.name]
-                    written += 1
-    assert written >= 1
+                assert not path.name.startswith(".")
+                assert hashlib.sha256(path.read_bytes()).hexdigest() == expected[path.name]
 
 
 def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
@@ -141,7 +146,7 @@ def test_export_refuses_a_start_before_the_truncation_point(tmp_path):
     from agent.site import LogTruncated
 
     with pytest.raises(LogTruncated):
-        export_batch(site, site_keys(site), [BatchSend("field001", 0, end, 0)], tmp_path / "export",
+        export_batch(site, [BatchSend("field001", 0, end, 0)], tmp_path / "export",
                      max_size=MAX_SIZE)
     assert not (tmp_path / "export" / "job.json").exists()
     site.close()
@@ -174,7 +179,7 @@ def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
     site = big_backlog(tmp_path, 55_000, 4_000)
     end = site.log_end()
     send = BatchSend("field001", 0, end, 0)
-    summary = export_batch(site, site_keys(site), [send], tmp_path / "export", max_size=MAX_SIZE)
+    summary = export_batch(site, [send], tmp_path / "export", max_size=MAX_SIZE)
     log_bytes = sum(path.stat().st_size for path in (tmp_path / "export" / "log").iterdir())
     assert summary.rows == 55_000
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
@@ -182,7 +187,8 @@ def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
         [str(Path(sys.executable).with_name("spark-submit")), "--master", "local[2]", "--driver-memory", "512m",
          "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
          "--conf", "spark.sql.execution.arrow.maxRecordsPerBatch=500",
-         str(ROOT / "contrib" / "spark" / "job.py"), str(tmp_path / "export"), str(tmp_path / "out")],
+         str(ROOT / "contrib" / "spark" / "job.py"), "--keys", str(key_path(site.path)),
+         str(tmp_path / "export"), str(tmp_path / "out")],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     expected = agent_files(site, send)
@@ -191,3 +197,20 @@ def test_a_backlog_larger_than_driver_memory_goes_through(tmp_path):
     assert raw > 200_000_000 and log_bytes > 0
     assert json.loads(completed.stdout.strip().splitlines()[-1])["files"] == len(expected)
     site.close()
+
+
+def test_the_commands_of_running_the_job_by_hand_work(tmp_path):
+    """docs/spark.md, "Running the job by hand", run as written from a
+    folder that has the repository's .venv and contrib."""
+    text = (ROOT / "docs" / "spark.md").read_text(encoding="utf-8")
+    section = text.split("## Running the job by hand", 1)[1].split("\n## ", 1)[0]
+    script = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    (tmp_path / "contrib").symlink_to(ROOT / "contrib")
+    completed = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, capture_output=True,
+                               text=True, timeout=600)
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-3000:]
+    summary = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert summary["format"] == 1 and summary["subscribers"] >= 1 and summary["files"] >= 1
+    assert (tmp_path / "OUTPUT_DIR" / "_SUCCESS.json").exists()
+    assert not (tmp_path / "EXPORT_DIR" / "keys").exists()
