@@ -250,8 +250,8 @@ class SiteDatabase:
         reader, until = self._reader(subscriber, after, until)
         return read_operations(self._conn, reader, after, until, lock=self._lock)
 
-    def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD
-                  ) -> Iterator[tuple[int, Transaction]]:
+    def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD,
+                  piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
         """:meth:`read_log` for several subscribers at once, in one pass over
         the log: ``reads`` are ``(subscriber, after, until)``; yields
         ``(index, transaction)``, ``index`` into ``reads``, and for each
@@ -266,6 +266,10 @@ class SiteDatabase:
         from one log transaction, at most ``hold`` of them for all
         subscribers together: a log transaction that selects more is read
         for each subscriber in turn.  A single read is :meth:`read_log`.
+        With ``piece``, a log transaction read for one subscriber that
+        selects more than about ``piece`` operations comes in pieces
+        (``codec.ops.PartialTransaction``, then a plain ``Transaction``), so
+        none is held whole (docs/message-format.md, "Large transactions").
         """
         reads = list(reads)
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
@@ -277,7 +281,7 @@ class SiteDatabase:
                 if (after, until) not in resolved:
                     resolved[after, until] = resolve_range(self._conn, after, until)
                 ranges.append((after, resolved[after, until]))
-        return read_fanout(self._conn, readers, ranges, lock=self._lock, hold=hold)
+        return read_fanout(self._conn, readers, ranges, lock=self._lock, hold=hold, piece=piece)
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):

@@ -33,7 +33,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-from codec.ops import OpKind, Operation, Transaction
+from codec.ops import OpKind, Operation, PartialTransaction, Transaction
 
 from ._db import format_time, parse_time, utc_now
 from .capture import (
@@ -724,23 +724,47 @@ def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: i
 
 
 def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
-                      lock: threading.RLock | None = None) -> Iterator[Transaction]:
+                      lock: threading.RLock | None = None, piece: int | None = None) -> Iterator[Transaction]:
     """Group :func:`read_operations` into transactions; a log transaction
-    with nothing for the subscriber yields nothing."""
+    with nothing for the subscriber yields nothing.  With ``piece``, a log
+    transaction that selects more operations comes in pieces of about that
+    many (``PartialTransaction`` values and a last plain ``Transaction``,
+    codec.packing), so none is held whole."""
     ops: list[Operation] = []
+    folder: _Folder | None = None
     commit, origin = 0, ""
     for logged_commit, logged_origin, rows in iter_capture(conn, after, until, lock=lock,
                                                            skip_origin=reader.subscriber,
                                                            keep_flag=reader.returned_flag,
                                                            value_columns=reader.value_columns):
         if logged_commit != commit:
-            if ops:
+            if folder is not None:
+                yield _last_piece(commit, origin, folder, ops)
+                folder = None
+            elif ops:
                 yield from _transaction(commit, origin, ops)
-                ops = []
+            ops = []
             commit, origin = logged_commit, logged_origin
         reader.extend(logged_origin, rows, ops)
-    if ops:
+        if piece is not None and len(ops) >= piece + FOLD_WINDOW:
+            if folder is None:
+                folder = _Folder()
+            folder.add(ops)
+            ops = []
+            taken = folder.take(FOLD_WINDOW)
+            if taken:
+                yield PartialTransaction._trusted(commit, origin, tuple(taken))
+    if folder is not None:
+        yield _last_piece(commit, origin, folder, ops)
+    elif ops:
         yield from _transaction(commit, origin, ops)
+
+
+def _last_piece(commit: int, origin: str, folder: "_Folder", ops: list[Operation]) -> Transaction:
+    """The last piece of a transaction read in pieces (perhaps empty: every
+    piece before it was yielded already)."""
+    folder.add(ops)
+    return Transaction._trusted(commit, origin, tuple(folder.take(0)))
 
 
 # A pass over the log for several subscribers holds at most this many
@@ -832,7 +856,8 @@ class Fanout:
 
 
 def read_fanout(conn: sqlite3.Connection, readers: list[SubscriberReader], ranges: list[tuple[int, int]], *,
-                lock: threading.RLock | None = None, hold: int = FANOUT_HOLD) -> Iterator[tuple[int, Transaction]]:
+                lock: threading.RLock | None = None, hold: int = FANOUT_HOLD,
+                piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
     """What :func:`read_transactions` yields for each reader over its range
     ``(after, until]`` (commit boundaries the caller checked), from one pass
     over the log: ``(index, transaction)`` pairs, each reader's in commit
@@ -843,18 +868,20 @@ def read_fanout(conn: sqlite3.Connection, readers: list[SubscriberReader], range
     its subscribers in turn, so memory holds what one subscriber's read
     holds plus about ``hold`` operations (the check comes after each chunk
     of capture rows).  A single reader reads as :func:`read_transactions`
-    does.
+    does.  ``piece``: as for :func:`read_transactions`, where a log
+    transaction is read for one subscriber.
     """
     if not readers:
         return iter(())
     if len(readers) == 1:
         after, until = ranges[0]
-        return ((0, transaction) for transaction in read_transactions(conn, readers[0], after, until, lock=lock))
-    return _read_fanout(conn, Fanout(readers, ranges), lock, hold)
+        return ((0, transaction)
+                for transaction in read_transactions(conn, readers[0], after, until, lock=lock, piece=piece))
+    return _read_fanout(conn, Fanout(readers, ranges), lock, hold, piece)
 
 
 def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock | None,
-                 hold: int) -> Iterator[tuple[int, Transaction]]:
+                 hold: int, piece: int | None) -> Iterator[tuple[int, Transaction]]:
     readers, ranges = fanout.readers, fanout.ranges
     width = max(reader.value_columns for reader in readers)
     position = min(after for after, _ in ranges)
@@ -874,7 +901,7 @@ def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock
         commit, active = dropped
         for index in active:
             # (commit - 1, commit] holds that one log transaction.
-            for transaction in read_transactions(conn, readers[index], commit - 1, commit, lock=lock):
+            for transaction in read_transactions(conn, readers[index], commit - 1, commit, lock=lock, piece=piece):
                 yield index, transaction
                 # Not held while the next subscriber's copy is built: one at a time.
                 del transaction
@@ -894,6 +921,12 @@ def make_transaction(commit: int, origin: str, ops: list[Operation]) -> Transact
     return Transaction._trusted(commit, origin, tuple(ops)) if ops else None
 
 
+# A DELETE and an INSERT of the same row further apart than this (in the
+# subscriber's operations) are not folded, so that a transaction read in
+# pieces folds exactly as a whole one (docs/site-database.md, "Folding").
+FOLD_WINDOW = 1_000
+
+
 def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     """Within one transaction, a row deleted for the subscriber and inserted
     again (deleted and re-created, or moved out of its subset and back)
@@ -907,26 +940,60 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     Only when nothing else happened to that table in between: a row the
     transaction changed meanwhile may have taken the deleted row's UNIQUE
     value (or given up the one the INSERT takes), and the UPDATE at either
-    place would break the constraint where the transaction did not."""
+    place would break the constraint where the transaction did not.  And
+    only within FOLD_WINDOW operations (see :class:`_Folder`)."""
     if not any(op[1] == OpKind.DELETE for op in ops):
         return ops
-    deleted: dict[tuple[str, tuple], int] = {}
-    last_change: dict[str, int] = {}  # table -> index of its latest op
-    folded = False
-    for index, op in enumerate(ops):
-        previous = last_change.get(op.table)
-        last_change[op.table] = index
-        if op.kind == OpKind.DELETE:
-            deleted[(op.table, op.key)] = index
-        elif op.kind == OpKind.INSERT:
-            position = deleted.pop((op.table, op.key), None)
-            if position is None or previous != position:
-                continue
-            old = ops[position].before
-            new = op.after
-            changed = [column for column in new if not (column in old and _same(old[column], new[column]))]
-            ops[position] = None  # type: ignore[call-overload]
-            ops[index] = (_operation(op.table, OpKind.UPDATE, op.key, {c: old.get(c) for c in changed},  # type: ignore[call-overload]
-                                     {c: new[c] for c in changed}) if changed else None)
-            folded = True
-    return [op for op in ops if op is not None] if folded else ops
+    folder = _Folder()
+    folder.add(ops)
+    return folder.take(0)
+
+
+class _Folder:
+    """:func:`_fold_reinserts` for operations handed over a few at a time:
+    an operation is given back (:meth:`take`) once FOLD_WINDOW operations
+    follow it, when no later INSERT can fold it any more."""
+
+    __slots__ = ("ops", "base", "deleted", "last_change")
+
+    def __init__(self) -> None:
+        self.ops: list[Operation | None] = []
+        self.base = 0  # the index in the transaction of ops[0]
+        self.deleted: dict[tuple[str, tuple], int] = {}
+        self.last_change: dict[str, int] = {}  # table -> index of its latest op
+
+    def add(self, ops: list[Operation]) -> None:
+        if not self.deleted and not any(op[1] == OpKind.DELETE for op in ops):
+            self.ops.extend(ops)  # nothing to fold: the indexes of later DELETEs are what counts
+            return
+        deleted, last_change, held = self.deleted, self.last_change, self.ops
+        for op in ops:
+            index = self.base + len(held)
+            previous = last_change.get(op.table)
+            last_change[op.table] = index
+            if op.kind == OpKind.DELETE:
+                deleted[(op.table, op.key)] = index
+            elif op.kind == OpKind.INSERT:
+                position = deleted.pop((op.table, op.key), None)
+                if (position is not None and previous == position and index - position <= FOLD_WINDOW
+                        and position >= self.base):
+                    old = held[position - self.base].before  # type: ignore[union-attr]
+                    new = op.after
+                    changed = [column for column in new if not (column in old and _same(old[column], new[column]))]
+                    held[position - self.base] = None
+                    held.append(_operation(op.table, OpKind.UPDATE, op.key, {c: old.get(c) for c in changed},
+                                           {c: new[c] for c in changed}) if changed else None)
+                    continue
+            held.append(op)
+
+    def take(self, keep: int) -> list[Operation]:
+        """The operations but the last ``keep``, folded, in order."""
+        cut = len(self.ops) - keep
+        if cut <= 0:
+            return []
+        taken = [op for op in self.ops[:cut] if op is not None]
+        del self.ops[:cut]
+        self.base += cut
+        if self.deleted:
+            self.deleted = {key: index for key, index in self.deleted.items() if index >= self.base}
+        return taken

@@ -48,6 +48,9 @@ _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 _OP_TYPES = frozenset({tuple, Operation})
 
 
+# A run of one statement is flushed at this many operations, so that the
+# operations of a transaction read as they are applied are never all held.
+_RUN_LIMIT = 5_000
 # Operations per savepoint on the fast path (see _flush).
 _INSERT_CHUNK = 500
 
@@ -184,7 +187,7 @@ class Applier(Pending):
                 run, params, signature = [], [], None
                 self._error(batch, op, f"malformed operation: {operation_problem(op) or 'bad structure'}")
                 continue
-            if mine != signature:
+            if mine != signature or len(run) >= _RUN_LIMIT:
                 self._flush(run, params, signature, batch, consolidated)
                 run, params, signature = [], [], mine
             run.append(op)
