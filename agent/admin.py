@@ -30,12 +30,26 @@ def init_site(path: str | os.PathLike[str], *, name: str, role: str, address: st
                                  public_key=keys.public.to_line())
 
 
+# Options that say who a site is or where its own secrets are: a remote
+# does not inherit the consolidated's.
+_OWN_OPTION_WORDS = ("from_address", "username", "password", "passphrase", "key_file")
+
+
+def inherited_options(consolidated: SiteDatabase) -> dict[str, str]:
+    """The consolidated's stored transport options that hold for its remotes
+    too (the servers, ports, TLS trust, timeouts): all but who it is and
+    where its secrets are."""
+    return {name: value for name, value in consolidated.transport_options().items()
+            if not any(word in name for word in _OWN_OPTION_WORDS)}
+
+
 def extract_site(consolidated: SiteDatabase, remote: str, target: str | os.PathLike[str], *,
-                 keys: SiteKeys | None = None) -> ExtractResult:
+                 keys: SiteKeys | None = None, options: dict[str, str] | None = None) -> ExtractResult:
     """Create ``remote``'s database at ``target`` and its key file at
     ``<target>.agent/keys/site.key``; the consolidated learns the remote's
     public key in the same step.  ``keys`` keeps the remote's keys (a new
-    copy for the same device); by default it gets new ones."""
+    copy for the same device); by default it gets new ones.  The copy's
+    transport options are ``options`` (default: :func:`inherited_options`)."""
     if Path(target).exists():
         raise AgentError(f"{target} exists already; remove it or choose another path")
     if keys is None:
@@ -43,4 +57,5 @@ def extract_site(consolidated: SiteDatabase, remote: str, target: str | os.PathL
     elif keys.site != remote:
         raise AgentError(f"the keys given for {remote} are the keys of site {keys.site}")
     with new_site_keys(target, keys):
-        return consolidated.extract(remote, target, keys=RemoteKeys(public_key=keys.public.to_line()))
+        return consolidated.extract(remote, target, keys=RemoteKeys(public_key=keys.public.to_line()),
+                                    options=inherited_options(consolidated) if options is None else options)

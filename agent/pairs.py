@@ -73,12 +73,18 @@ class PairStore:
         self.keyring = keyring
         self._replaced: dict[str, frozenset[bytes]] = {}
         self._files: set[str] = set()
+        self._loaded_at: tuple[int, int] | None = None
 
     def load(self, peers: dict[str, Peer], settings: Settings) -> bool:
         """(Re)build in ``peers`` each peer's protocol from its remote-user
         row when the row changed behind the agent's back (a remote added,
         removed or extracted again while the agent runs); return True when
-        anything changed."""
+        anything changed.  Nothing committed to the database since the last
+        load (a batch run's first refresh, right after opening): nothing to
+        look at."""
+        marker = self.db.change_marker()
+        if marker == self._loaded_at:
+            return False
         rows = {remote.name: remote for remote in self.db.remotes()}
         # One query and one listing for every peer, not one each.
         self._replaced = self.db.all_replaced_incarnations()
@@ -111,6 +117,7 @@ class PairStore:
             protocol = PairProtocol(remote.name, state, settings, superseded=superseded)
             peers[remote.name] = Peer(remote.name, protocol, public, remote.address, remote.transport,
                                       persisted=state, heartbeat=remote.heartbeat)
+        self._loaded_at = marker
         return changed
 
     # -- saving --------------------------------------------------------------------------

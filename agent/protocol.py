@@ -21,6 +21,7 @@ Rules of this file:
 from __future__ import annotations
 
 import bisect
+import zlib
 from dataclasses import dataclass, replace
 from typing import Union
 
@@ -200,6 +201,19 @@ class Settings:
             raise LocalProtocolError("patience must be at least 1 poll")
         if self.resend_urgency < 0:
             raise LocalProtocolError("resend urgency must be >= 0 seconds")
+
+
+# A fleet confirmed at one moment (just added, or after an outage) would have
+# every heartbeat fall due in the same run: each peer's period is shorter by
+# a fixed share of up to HEARTBEAT_SPREAD, from a hash of its name, so the
+# heartbeats spread out and stay apart (rule 3).
+HEARTBEAT_SPREAD = 0.1
+
+
+def heartbeat_period(peer: str, heartbeat: float) -> float:
+    """The seconds after which ``peer`` is due a heartbeat: ``heartbeat``
+    less its share (between 0 and HEARTBEAT_SPREAD) of it."""
+    return heartbeat * (1 - HEARTBEAT_SPREAD * zlib.crc32(peer.encode()) / 2**32)
 
 
 class PairProtocol:
@@ -506,12 +520,14 @@ class PairProtocol:
     def send_controls(self, now: float, *, heartbeat: float | None = None, force: bool = False) -> list[Action]:
         """The send phase, rule 3: confirm when ``log_received`` moved since
         the last confirmation; else, with ``heartbeat`` (seconds), when no
-        control message went to the peer for that long.  ``force``: confirm
+        control message went to the peer for that long, less the peer's
+        share of it (:func:`heartbeat_period`).  ``force``: confirm
         anyway (an operator's explicit request; tests)."""
         state = self._state
         if force or state.confirm_received != state.log_received:
             return [self._control("confirmation", now)]
-        if heartbeat is not None and (state.control_sent_at is None or now - state.control_sent_at >= heartbeat):
+        if heartbeat is not None and (state.control_sent_at is None
+                                      or now - state.control_sent_at >= heartbeat_period(self.peer, heartbeat)):
             return [self._control("heartbeat", now)]
         return []
 

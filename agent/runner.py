@@ -80,6 +80,8 @@ class Agent:
         self._transports: dict[str, Transport] = {}
         self.peers: dict[str, Peer] = {}
         self.report = RunReport()
+        self._wait_failures = 0
+        self._wait_failing_until = 0.0
         self._closed = False
         self._restored = False
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
@@ -108,6 +110,7 @@ class Agent:
         self.name = identity.name
         self.keys = load_site_keys(self.db)
         self.address = self.options.address or identity.address
+        self.stored_options = self.db.all_transport_options()
         self.left = LeftFiles(self.directory / "state" / "left.json", self.address)
         for table in self.db.missing_tables():
             log.warning("published table %r is no longer in %s (renamed or dropped?): give it back its name, or "
@@ -147,8 +150,8 @@ class Agent:
                 await asyncio.to_thread(db.close)
 
     @property
-    def transports(self) -> dict[str, Transport]:
-        """The transports this agent opened, by spec (tests and tools)."""
+    def transports(self) -> dict[tuple[str, str | None], Transport]:
+        """The transports this agent opened, by (spec, peer with options of its own) (tests and tools)."""
         return self._transports
 
     @property
@@ -156,17 +159,26 @@ class Agent:
         assert self._queues is not None
         return self._queues
 
-    def transport_for(self, name: str | None) -> Transport:
-        """The transport to a peer whose remote row names ``name`` (``None``:
+    def transport_for(self, name: str | None, peer: str | None = None) -> Transport:
+        """The transport to ``peer`` whose remote row names ``name`` (``None``:
         this site's own, which it receives on); ``--transport`` overrides
-        both.  One per spec, built with the options that are its
-        (agent.transport_options)."""
+        both.  One per spec (and per peer that has options of its own),
+        built with the options that are its: stored with the site, stored
+        for the peer, then the run's -O (agent.transport_options)."""
         spec = self.options.transport or name or "folder"
-        transport = self._transports.get(spec)
+        own_options = self.stored_options.get(peer, {}) if peer is not None else {}
+        key = (spec, peer) if own_options else (spec, None)
+        transport = self._transports.get(key)
         if transport is None:
-            options = TransportOptions(self.options.transport_options, self.options.named_options)
-            transport = options.create(spec, own=self.own_transport)
-            self._transports[spec] = transport
+            from transports.registry import parse_transport_spec
+
+            run = TransportOptions(self.options.transport_options, self.options.named_options)
+            stored = TransportOptions.from_stored(self.stored_options.get("", {}))
+            if own_options:
+                plugin = parse_transport_spec(spec).inner
+                stored = TransportOptions.from_stored(own_options, plugin=plugin).over(stored)
+            transport = run.over(stored).create(spec, own=self.own_transport)
+            self._transports[key] = transport
         return transport
 
     @property
@@ -228,30 +240,51 @@ class Agent:
             timer = self._next_timer()
             if timer is not None:
                 deadline = min(deadline, timer)
-            await self._wait(stop, max(0.0, deadline - self.clock()))
+            if await self._wait(stop, max(0.0, deadline - self.clock())):
+                next_receive = self.clock()  # the transport says files arrived: receive them now
         await self.flush_outbound()
         return self.report
 
-    async def _wait(self, stop: asyncio.Event, timeout: float) -> None:
+    async def _wait(self, stop: asyncio.Event, timeout: float) -> bool:
+        """Wait until ``stop``, the timeout, or the transport's word that files
+        arrived (True).  A transport that cannot wait (its server is gone) is
+        one warning line, then plain sleeps until it can again."""
         if timeout <= 0:
-            return
+            return False
         waiter = asyncio.ensure_future(stop.wait())
+        arrived = False
         try:
-            if self.options.receive and self.address:
+            if self.options.receive and self.address and self._wait_failing_until <= self.clock():
                 incoming = asyncio.ensure_future(
                     self.transport_for(self.own_transport).wait_incoming(self.address, timeout))
                 try:
                     await asyncio.wait({waiter, incoming}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     incoming.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, TransportError):
-                        await incoming
-            else:
-                await asyncio.wait({waiter}, timeout=timeout)
+                    try:
+                        arrived = await incoming
+                        self._wait_failures = 0
+                    except asyncio.CancelledError:
+                        pass
+                    except TransportError as error:
+                        self._wait_failed(error)
+            if not arrived and not waiter.done():
+                await asyncio.wait({waiter}, timeout=max(0.0, min(timeout, self._wait_failing_until - self.clock())))
         finally:
             waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiter
+        return arrived
+
+    def _wait_failed(self, error: TransportError) -> None:
+        """Back off 5 s, 10 s ... 5 min before waiting on the transport again; warn once per outage."""
+        self._wait_failures += 1
+        delay = min(300.0, 5.0 * 2 ** (self._wait_failures - 1))
+        self._wait_failing_until = self.clock() + delay
+        if self._wait_failures == 1:
+            log.warning("%s; receiving on schedule and trying again with backoff", error)
+        else:
+            log.debug("%s; trying again in %.0f s", error, delay)
 
     def _next_timer(self) -> float | None:
         timers = [t for p in self.peers.values() if (t := p.protocol.get_timer()) is not None]

@@ -359,7 +359,7 @@ class Sender:
                         continue
                     assert peer.address is not None
                     try:
-                        await self.agent.transport_for(peer.transport).send(peer.address, name, data)
+                        await self.agent.transport_for(peer.transport, peer.name).send(peer.address, name, data)
                     except TransportError as error:
                         failed.add(peer.name)
                         message = f"sending to {peer.name} at {peer.address}: {error}"

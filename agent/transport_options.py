@@ -10,6 +10,10 @@ remotes).  Options are routed by name:
 * ``PLUGIN.NAME=VALUE`` goes to every transport of that plugin
   (``sftp.key_file=…``), ``WRAPPER.NAME=VALUE`` to every use of that
   wrapper (``faults.seed=7``).
+
+Options stored with the site (agent/site/settings.py) are read the same
+way and come first: the site's own, then a peer's own for the transport
+to that peer, then what the run gives with ``-O``, each over the one before.
 """
 
 from __future__ import annotations
@@ -39,6 +43,22 @@ class TransportOptions:
         for prefix, name, value in items:
             (plain if prefix is None else named.setdefault(prefix, {}))[name] = value
         return cls(plain, named)
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, str], *, plugin: str | None = None) -> "TransportOptions":
+        """From stored ``NAME`` / ``PREFIX.NAME`` options; with ``plugin``, plain
+        names go to that plugin (a peer's options go to the transport to it)."""
+        items = []
+        for key, value in stored.items():
+            prefix, _, name = key.rpartition(".")
+            items.append((prefix or plugin, name, value))
+        return cls.from_items(items)
+
+    def over(self, base: "TransportOptions") -> "TransportOptions":
+        """These options, with ``base``'s where these have none."""
+        named = {prefix: {**base.named.get(prefix, {}), **self.named.get(prefix, {})}
+                 for prefix in (*base.named, *self.named)}
+        return TransportOptions({**base.plain, **self.plain}, named)
 
     def check_names(self) -> None:
         """Every prefix must name a known transport or wrapper: a typo is one

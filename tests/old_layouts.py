@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from agent.site.schema import SITE_TABLE
+from agent.site.schema import SITE_COLUMNS, SITE_TABLE
 
 # Layout 3's site row: layout 4's, with the secret key text before created_at.
 LAYOUT_3_SITE_TABLE = SITE_TABLE.replace("    created_at ", "    secret            BLOB,\n    created_at ", 1)
@@ -16,7 +16,7 @@ def back_to_layout_3(database: Path, secret: bytes | None) -> None:
     updated a few times since, as a running site's row is."""
     conn = sqlite3.connect(database, isolation_level=None)
     try:
-        row = conn.execute("SELECT * FROM fieldsync_site").fetchone()
+        row = conn.execute(f"SELECT {', '.join(SITE_COLUMNS)} FROM fieldsync_site").fetchone()
         conn.execute("DROP TABLE fieldsync_site")
         conn.execute(LAYOUT_3_SITE_TABLE)
         conn.execute("INSERT INTO fieldsync_site VALUES (1, 3, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -92,6 +92,12 @@ def uid_set(uids: Sequence[int]) -> str:
     return ",".join(ranges)
 
 
+def _retrieve(task: asyncio.Future) -> None:
+    """Take a finished task's outcome, so that a failure nobody waits for is not reported as unretrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _text(lines: Sequence[bytes | bytearray]) -> str:
     return " ".join(bytes(line).decode("utf-8", "replace") for line in lines
                     if isinstance(line, bytes)).strip()[:300]
@@ -357,6 +363,10 @@ class ImapSession:
             self.close()
             raise
         woke = False
+        # The IDLE command's task ends with SessionLost when the connection
+        # drops; whichever way this returns, its outcome is retrieved, never
+        # left for asyncio to report as "Task exception was never retrieved".
+        idle_command.add_done_callback(_retrieve)
         try:
             while not woke:
                 remaining = deadline - loop.time()

@@ -138,12 +138,17 @@ class Transport(abc.ABC):
             raise TypeError(f"ack() takes an Incoming, got {type(incoming).__name__}")
         await self._ack(incoming)
 
-    async def wait_incoming(self, address: str, timeout: float) -> None:
-        """Return when new files may be waiting at ``address``, or after ``timeout`` seconds."""
+    async def wait_incoming(self, address: str, timeout: float) -> bool:
+        """Return True when new files may be waiting at ``address``, False after ``timeout`` seconds.
+
+        True is said once per arrival: files already reported are not
+        reported again, so a caller that receives after True sleeps in the
+        next call instead of being woken at once, again and again.
+        """
         self._check_open()
         if not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout < 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
-        await self._wait_incoming(self.check_address(address), float(timeout))
+        return bool(await self._wait_incoming(self.check_address(address), float(timeout)))
 
     def check_address(self, address: str) -> str:
         """Return ``address`` in the transport's normal form, or raise BadAddress.
@@ -156,6 +161,18 @@ class Transport(abc.ABC):
         if "\x00" in address:
             raise BadAddress(f"address {address!r} contains a NUL character")
         return address
+
+    def check_inbox_address(self, address: str) -> str:
+        """``address`` as this site's inbox (what ``receive`` reads), or BadAddress.
+
+        The same as :meth:`check_address` for a transport whose inbox is
+        also where peers send (a folder); email refuses ``mailto:`` here.
+        """
+        return self.check_address(address)
+
+    def check_send_address(self, address: str) -> str:
+        """``address`` as where ``send`` delivers to a peer, or BadAddress (email refuses an IMAP URL)."""
+        return self.check_address(address)
 
     async def aclose(self) -> None:
         """Release the transport's resources.  Idempotent."""
@@ -204,9 +221,10 @@ class Transport(abc.ABC):
     async def _ack(self, incoming: Incoming) -> None:
         """Remove the file ``incoming`` was read from, if it is still there."""
 
-    async def _wait_incoming(self, address: str, timeout: float) -> None:
+    async def _wait_incoming(self, address: str, timeout: float) -> bool:
         # Transports that can be told about new files (IMAP IDLE) override this.
         await asyncio.sleep(timeout)
+        return False
 
     async def _aclose(self) -> None:
         """Graceful part of closing (log out, say goodbye); bounded by close_timeout."""
@@ -243,8 +261,8 @@ class TransportWrapper(Transport):
     async def _ack(self, incoming: Incoming) -> None:
         await self.inner.ack(incoming)
 
-    async def _wait_incoming(self, address: str, timeout: float) -> None:
-        await self.inner.wait_incoming(address, timeout)
+    async def _wait_incoming(self, address: str, timeout: float) -> bool:
+        return await self.inner.wait_incoming(address, timeout)
 
     async def _aclose(self) -> None:
         await self.inner.aclose()

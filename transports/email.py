@@ -61,6 +61,7 @@ DEFAULT_MAX_MESSAGE_SIZE = MAX_FILE_SIZE * 4 // 3 + 1024 * 1024
 # RFC 5322 allows 998-character lines: long file names stay whole, unfolded.
 _POLICY = email.policy.SMTP.clone(max_line_length=998)
 _SEARCH_OURS = ("HEADER", HEADER, '""')
+IDLE_RENEWAL = 29 * 60.0  # seconds; RFC 2177 section 3
 
 T = TypeVar("T")
 
@@ -325,6 +326,7 @@ class EmailTransport(Transport):
         self._last_seen: dict[tuple, tuple[int, int]] = {}
         self._rejected: set[tuple] = set()
         self._folders_made: set[tuple] = set()
+        self._failing = False  # a server stopped answering; warned once until it answers again
 
     def __repr__(self) -> str:
         return f"EmailTransport(smtp_host={self.smtp_host!r}, closed={self.closed})"
@@ -334,6 +336,20 @@ class EmailTransport(Transport):
         address = super().check_address(address)
         if re.match(r"(?i)imaps?://", address.strip()):
             return str(Mailbox.parse(address))
+        return str(Recipient.parse(address))
+
+    def check_inbox_address(self, address: str) -> str:
+        address = Transport.check_address(self, address)
+        if not address.lower().strip().startswith(("imap://", "imaps://")):
+            raise BadAddress(f"an email site's inbox is its IMAP mailbox (imaps://user@host/INBOX), not {address}; "
+                             "peers send to its reply address (mailto:...)")
+        return str(Mailbox.parse(address))
+
+    def check_send_address(self, address: str) -> str:
+        address = Transport.check_address(self, address)
+        if address.lower().strip().startswith(("imap://", "imaps://")):
+            raise BadAddress(f"email is sent to the recipient's address (mailto:site@example.com), not to its IMAP "
+                             f"mailbox {address}")
         return str(Recipient.parse(address))
 
     def _context(self) -> ssl.SSLContext:
@@ -355,7 +371,10 @@ class EmailTransport(Transport):
         delay = next(delays, None)
         if delay is None or self._closed:
             raise failure
-        log.info("%s; trying again in %.1f s", failure, delay)
+        # One warning when a server goes away, not one per retry or per call.
+        level = logging.INFO if self._failing else logging.WARNING
+        self._failing = True
+        log.log(level, "%s; trying again in %.1f s", failure, delay)
         await asyncio.sleep(delay)
 
     # -- send (SMTP) ---------------------------------------------------------------------
@@ -565,7 +584,7 @@ class EmailTransport(Transport):
 
     # -- wait_incoming (IDLE) --------------------------------------------------------------
 
-    async def _wait_incoming(self, address: str, timeout: float) -> None:
+    async def _wait_incoming(self, address: str, timeout: float) -> bool:
         box = self._mailbox(address, "wait_incoming")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -583,18 +602,25 @@ class EmailTransport(Transport):
                     last = 0
                 await session.noop()
                 waiting = await session.uid_search(f"UID {last + 1}:*", "UNDELETED", *_SEARCH_OURS)
-                if any(uid > last for uid in waiting):
-                    return
+                fresh = [uid for uid in waiting if uid > last]
+                if fresh:
+                    # Reported once: until more arrives, the next call sleeps even if
+                    # the caller has not received these yet (no NOOP/SEARCH spinning).
+                    self._last_seen[key] = (session.selected.uidvalidity, max(fresh))
+                    return True
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return
+                    return False
                 if self.idle and session.has_capability("IDLE"):
-                    await session.idle(remaining)
-                else:
-                    await asyncio.sleep(min(remaining, 30.0))
-                    if loop.time() < deadline:
+                    # RFC 2177: a client renews IDLE at least every 29 minutes.
+                    woke = await session.idle(min(remaining, IDLE_RENEWAL))
+                    if not woke and loop.time() < deadline:
                         continue
-                return
+                    return woke
+                await asyncio.sleep(min(remaining, 30.0))
+                if loop.time() < deadline:
+                    continue
+                return False
             except SessionLost as lost:
                 self._drop_idle_session(key)
                 failure = TransportUnavailable(f"cannot wait for mail in {box}: {lost}")
@@ -602,7 +628,7 @@ class EmailTransport(Transport):
                 self._drop_idle_session(key)
                 raise self._imap_refusal(box, "cannot wait for mail in", error) from None
             if loop.time() >= deadline:
-                return
+                raise failure
             await self._backing_off(failure, delays)
 
     def _drop_idle_session(self, key: tuple) -> None:
@@ -625,7 +651,11 @@ class EmailTransport(Transport):
                         self._sessions[box.server] = session
                     if session.selected is None or session.selected.mailbox != box.mailbox:
                         await session.select(box.mailbox)
-                    return await operation(session)
+                    result = await operation(session)
+                    if self._failing:
+                        self._failing = False
+                        log.info("IMAP server %s answers again", box.display_host)
+                    return result
                 except SessionLost as lost:
                     self._drop_session(box.server)
                     failure = TransportUnavailable(f"{doing} {box}: {lost}")

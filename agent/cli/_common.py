@@ -282,6 +282,61 @@ def check_stored_address(spec: str, address: str, *, hint: str = "") -> None:
         asyncio.run(transport.aclose())
 
 
+def stored_options(items: Iterable[tuple[str | None, str, object]], unset: Iterable[str] = ()) -> dict[str, str | None]:
+    """``-O`` values of a configuration command as the site stores them
+    (``NAME`` or ``PREFIX.NAME`` to text); each ``--unset NAME`` as None."""
+    changes: dict[str, str | None] = {name: None for name in unset}
+    for prefix, name, value in items:
+        changes[f"{prefix}.{name}" if prefix else name] = str(value)
+    return changes
+
+
+def check_transport_settings(spec: str, options: dict[str, str], *, inbox: str | None = None,
+                             send: str | None = None, hint: str = "", inbox_option: str = "--address",
+                             send_option: str = "--reply-address") -> None:
+    """Refuse, at configuration time, options the transport ``spec`` does
+    not take and addresses it would refuse: ``inbox`` as a site's own inbox,
+    ``send`` as where it sends to a peer (email: an IMAP URL, and a mailto:
+    address).  One line naming what was wrong."""
+    import asyncio
+
+    from transports.errors import BadAddress
+    from transports.registry import check_transport_spec
+
+    from ..transport_options import TransportOptions
+
+    check_transport_spec(spec)
+    plugin = check_transport_spec(spec).inner
+    try:
+        transport = TransportOptions.from_stored(options).create(plugin, own=plugin)
+    except (TypeError, ValueError):
+        if options:
+            raise  # BadTransportOptions: one line naming the transport and the option
+        return  # a transport that cannot be built without the options a run gives checks its address then
+    try:
+        for value, check, option in ((inbox, transport.check_inbox_address, inbox_option),
+                                     (send, transport.check_send_address, send_option)):
+            if value is not None:
+                try:
+                    check(value)
+                except BadAddress as error:
+                    raise click.BadParameter(f"{error}{hint}", param_hint=f"'{option}'") from None
+    finally:
+        asyncio.run(transport.aclose())
+
+
+def sender_options(spec: str, reply_address: str | None, options: dict[str, str]) -> dict[str, str]:
+    """An email site sends From: its reply address unless told otherwise:
+    ``from_address`` filled in from ``mailto:`` ``reply_address``."""
+    from transports.registry import parse_transport_spec
+
+    if parse_transport_spec(spec).inner != "email" or not reply_address or "from_address" in options:
+        return {}
+    from transports.email import Recipient
+
+    return {"from_address": Recipient.parse(reply_address).email}
+
+
 # -- sites -----------------------------------------------------------------------------
 
 

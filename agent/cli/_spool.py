@@ -11,9 +11,10 @@ from ..queues import MessageQueues, QueueDepth
 from ..runner import agent_directory
 from ..runner import open_queues as runner_open_queues
 from ..spool import check_spool
-from ..spool._check import QueueReport
+from ..spool._check import QueueReport, SpoolCheck
 
-__all__ = ["QuarantinedFile", "open_queues", "quarantined", "queue_depths", "queue_reports", "spool_summary"]
+__all__ = ["QuarantinedFile", "open_queues", "quarantined", "queue_depths", "queue_reports", "spool_check",
+           "spool_summary"]
 
 
 def open_queues(database: Path) -> MessageQueues:
@@ -22,22 +23,28 @@ def open_queues(database: Path) -> MessageQueues:
     return runner_open_queues(database)
 
 
-def queue_reports(database: Path) -> list[QueueReport]:
-    """What the spool holds, read without taking it (the agent may be
-    running): one report per queue, with the message names in order."""
-    spool = agent_directory(database) / "spool"
-    if not spool.is_dir():
-        return []
-    return list(check_spool(spool).queues)
-
-
-def spool_summary(database: Path) -> dict | None:
-    """The spool's state for ``agent status``: messages, the oldest one's age,
-    the restart span and the space used (None before the agent first ran)."""
+def spool_check(database: Path) -> SpoolCheck | None:
+    """The spool read without taking it (the agent may be running); None
+    before the agent first ran.  Read once for everything a command shows."""
     spool = agent_directory(database) / "spool"
     if not spool.is_dir():
         return None
-    report = check_spool(spool)
+    return check_spool(spool)
+
+
+def queue_reports(database: Path, check: SpoolCheck | None = None) -> list[QueueReport]:
+    """What the spool holds: one report per queue, with the message names
+    in order (``check``: the spool as :func:`spool_check` read it)."""
+    check = check or spool_check(database)
+    return [] if check is None else list(check.queues)
+
+
+def spool_summary(database: Path, check: SpoolCheck | None = None) -> dict | None:
+    """The spool's state for ``agent status``: messages, the oldest one's age,
+    the restart span and the space used (None before the agent first ran)."""
+    report = check or spool_check(database)
+    if report is None:
+        return None
     oldest = [q.oldest_enqueued_at for q in report.queues if q.oldest_enqueued_at is not None and q.names]
     return {
         "ok": report.ok,
@@ -51,9 +58,9 @@ def spool_summary(database: Path) -> dict | None:
     }
 
 
-def queue_depths(database: Path) -> list[QueueDepth]:
+def queue_depths(database: Path, check: SpoolCheck | None = None) -> list[QueueDepth]:
     counts: dict[str, dict[str, int]] = {}
-    for report in queue_reports(database):
+    for report in queue_reports(database, check):
         counts.setdefault(report.peer, {"in": 0, "out": 0})[report.direction] += len(report.names)
     return [QueueDepth(peer, value["in"], value["out"]) for peer, value in sorted(counts.items())]
 

@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import AgentError
-from ._common import (DATABASE, SITE_NAME, check_parent_directory, console, incarnation_text, key_fingerprint,
-                      open_site, remote_names, require_remote, show_progress)
+from ._common import (DATABASE, SITE_NAME, TransportOption, check_parent_directory, check_transport_settings, console,
+                      incarnation_text, key_fingerprint, open_site, remote_names, require_remote, sender_options,
+                      show_progress, stored_options)
 
 
 @click.command()
@@ -31,8 +32,12 @@ from ._common import (DATABASE, SITE_NAME, check_parent_directory, console, inca
               help="The format of --from FILE (default: .csv, .jsonl, else one name a line).")
 @click.option("--skip-existing", is_flag=True,
               help="With --into: leave out the remotes whose FOLDER/REMOTE.db exists (to finish an interrupted run).")
+@click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(),
+              help="A setting NAME=VALUE of the remote's own transport, stored in its database (password_file=PATH "
+                   "as on the field site; never a password itself). The consolidated's own servers, ports and "
+                   "ca_file are stored too. Repeatable.")
 def extract(database: Path, names: tuple[str, ...], into: Path | None, every: bool, from_file: Path | None,
-            file_format: str | None, skip_existing: bool) -> None:
+            file_format: str | None, skip_existing: bool, options: tuple) -> None:
     """Create the database of REMOTE at TARGET from the consolidated DATABASE,
     or with --into FOLDER the databases of many remotes, FOLDER/REMOTE.db each.
 
@@ -58,7 +63,7 @@ def extract(database: Path, names: tuple[str, ...], into: Path | None, every: bo
             target = DATABASE.convert(names[1], None, None)
         except click.BadParameter as error:
             raise click.BadParameter(error.message, param_hint="'TARGET'") from None
-        return _extract_one(database, remote, target)
+        return _extract_one(database, remote, target, stored_options(options))
     if sum((bool(names), every, from_file is not None)) != 1:
         raise click.UsageError("with --into, name the remotes one way: REMOTE..., --all or --from FILE")
     if file_format is not None and from_file is None:
@@ -66,7 +71,7 @@ def extract(database: Path, names: tuple[str, ...], into: Path | None, every: bo
     wanted = [_remote_name(name) for name in names]
     if from_file is not None:
         wanted = _names_from_file(from_file, file_format)
-    return _extract_many(database, wanted, every, into, skip_existing)
+    return _extract_many(database, wanted, every, into, skip_existing, stored_options(options))
 
 
 def _remote_name(text: str) -> str:
@@ -113,7 +118,27 @@ def _check_target(target: Path) -> None:
     check_no_key_file(target)  # checked again when it is written; said here before the copy starts
 
 
-def _extract_one(database: Path, remote: str, target: Path) -> None:
+def remote_settings(site: "SiteDatabase", remote: str, given: dict[str, str | None]) -> dict[str, str]:  # noqa: F821
+    """The transport options ``remote``'s copy gets, checked with its inbox
+    and reply address: the consolidated's that hold for it, its From:
+    address (email), then ``given``.  One line when they would not work."""
+    from ..admin import inherited_options
+
+    row = site.remote(remote)
+    spec = row.transport or "folder"
+    settings = inherited_options(site)
+    settings.update({name: value for name, value in given.items() if value is not None})
+    reply = row.address if row.inbox else None
+    if spec == "folder" and not settings:
+        return settings  # nothing to check that `remote add` did not (a fleet of folders stays fast)
+    check_transport_settings(spec, settings, inbox=row.inbox or row.address, send=reply,
+                             hint=f"; give {remote} its own inbox with `agent remote set {site.path} {remote} "
+                                  "--inbox URL`", inbox_option="the remote's inbox", send_option="--address")
+    settings.update(sender_options(spec, reply, settings))
+    return settings
+
+
+def _extract_one(database: Path, remote: str, target: Path, given: dict[str, str | None]) -> None:
     from ..admin import extract_site
     from ..keyfiles import agent_directory, key_path
 
@@ -121,15 +146,16 @@ def _extract_one(database: Path, remote: str, target: Path) -> None:
     out = console()
     with open_site(database) as site:
         require_remote(site, remote)
+        settings = remote_settings(site, remote, given)
         started = time.monotonic()
         if show_progress(out):
             # The copy is one call: the bar pulses while it runs.
             with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TimeElapsedColumn(),
                           console=out, transient=True) as progress:
                 progress.add_task(f"extracting {remote} to {target}", total=None)
-                result = extract_site(site, remote, target)
+                result = extract_site(site, remote, target, options=settings)
         else:
-            result = extract_site(site, remote, target)
+            result = extract_site(site, remote, target, options=settings)
         elapsed = time.monotonic() - started
         remote_row = site.remote(remote)
     out.print(f"Extracted {remote} to {target}:", soft_wrap=True)
@@ -147,7 +173,8 @@ def _extract_one(database: Path, remote: str, target: Path) -> None:
               f"{key_path(target)} holds {remote}'s secret key.", soft_wrap=True, markup=False)
 
 
-def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, skip_existing: bool) -> None:
+def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, skip_existing: bool,
+                  given: dict[str, str | None]) -> None:
     """Extract each remote to ``into/NAME.db``, one after the other, with the
     consolidated opened once.  Every name and target is checked before the
     first copy; a failure stops the run, leaving the remotes done so far
@@ -191,7 +218,7 @@ def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, sk
             task = progress.add_task(f"extracting into {into}", total=len(targets))
             for name, target in targets:
                 try:
-                    result = extract_site(site, name, target)
+                    result = extract_site(site, name, target, options=remote_settings(site, name, given))
                 except Exception as error:
                     from . import describe
 

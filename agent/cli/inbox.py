@@ -64,11 +64,11 @@ def _check(name: str, data: bytes, site_name: str, peers: frozenset[str], keyrin
     return "ok, signed by " + message.sender + (", sealed" if message.sealed else "")
 
 
-async def _waiting(transport_name: str, options: tuple, address: str, site_name: str, peers: frozenset[str],
-                   keyring: Any) -> list[Pending]:
+async def _waiting(transport_name: str, options: TransportOptions, address: str, site_name: str,
+                   peers: frozenset[str], keyring: Any) -> list[Pending]:
     found = []
     # Options for other transports (the same -O list as for `agent run`) are not this one's.
-    async with TransportOptions.from_items(options).create(transport_name, own=transport_name) as transport:
+    async with options.create(transport_name, own=transport_name) as transport:
         async for incoming in transport.receive(address):  # nothing is acknowledged: the files stay
             sender, kind, header, _ = _describe_name(incoming.name)
             found.append(Pending(incoming.name, sender, kind, header, len(incoming.data),
@@ -129,6 +129,9 @@ def inbox(database: Path, transport: str | None, address: str | None, transport_
     TransportOptions.from_items(transport_options).check_names()
     with open_site(database) as site:
         identity = site.identity
+        # The site's stored options, with this command's -O over them (as for `agent run`).
+        link = TransportOptions.from_items(transport_options).over(
+            TransportOptions.from_stored(site.transport_options()))
         keyring = Keyring()
         remotes = site.remotes()
         peers = frozenset(remote.name for remote in remotes)
@@ -147,8 +150,7 @@ def inbox(database: Path, transport: str | None, address: str | None, transport_
             problem = f"site {identity.name} has no inbox address; give one with --address"
         else:
             try:
-                waiting = asyncio.run(_waiting(transport_name, transport_options, address, identity.name, peers,
-                                               keyring))
+                waiting = asyncio.run(_waiting(transport_name, link, address, identity.name, peers, keyring))
             except (TransportError, TypeError, ValueError) as error:
                 problem = f"cannot list {address} ({transport_name}): {error}"
     queued = _queued(database)

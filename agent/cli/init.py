@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from ..errors import AgentError
-from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, check_parent_directory, check_stored_address, console,
-                      incarnation_text)
+from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, TransportOption, check_parent_directory,
+                      check_stored_address, check_transport_settings, console, incarnation_text, sender_options, stored_options)
+from .site import OPTION_HELP
 
 
 @click.command()
@@ -18,7 +19,11 @@ from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, check_parent_dire
               help="consolidated: the authoritative site; remote: a field site.")
 @click.option("--address", type=ADDRESS, required=True, help="This site's inbox on its transport (folder: a directory).")
 @click.option("--transport", type=TRANSPORT, default="folder", show_default=True, help="The transport of this site's inbox.")
-def init(database: Path, name: str, role: str, address: str, transport: str) -> None:
+@click.option("--reply-address", type=ADDRESS,
+              help="Where peers send to this site when that is not its inbox (email: mailto:site@example.com).")
+@click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(), help=OPTION_HELP)
+def init(database: Path, name: str, role: str, address: str, transport: str, reply_address: str | None,
+         options: tuple) -> None:
     """Turn DATABASE (a new or existing SQLite file) into a site.
 
     Creates the site's tables, a new incarnation id and a new signing and
@@ -34,11 +39,16 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
 
     check_transport_spec(transport)
     check_stored_address(transport, address)
+    settings = {name: value for name, value in stored_options(options).items() if value is not None}
+    check_transport_settings(transport, settings, inbox=address, send=reply_address)
+    settings.update(sender_options(transport, reply_address, settings))
     check_parent_directory(database)
     if database.is_dir():
         raise AgentError(f"{database} is a directory; give the path of a database file")
     site = init_site(database, name=name, role=role, address=address, transport=transport)
     try:
+        if reply_address is not None or settings:
+            site.set_transport(reply_address=reply_address, options=settings)
         public = site_keys(site).public
         incarnation = incarnation_text(site.identity.incarnation)
     finally:
@@ -46,6 +56,8 @@ def init(database: Path, name: str, role: str, address: str, transport: str) -> 
     out = console()
     out.print(f"Created {role} site {name} in {database} (incarnation {incarnation}).", soft_wrap=True)
     out.print(f"Inbox: {address} ({transport})", soft_wrap=True)
+    if reply_address is not None:
+        out.print(f"Peers send to: {reply_address}", soft_wrap=True)
     out.print(f"Secret key: {key_path(database)} (keep it with the database, readable by this user only)",
               soft_wrap=True, markup=False)
     if transport == "folder" and not Path(address).is_dir():

@@ -21,8 +21,14 @@ from rich.table import Table
 from transports.options import parse_float, parse_int
 
 from ..errors import AgentError, UsageError
-from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, Duration, TimeOfDay, check_stored_address, console,
-                      format_seconds, key_fingerprint, open_site, require_remote, schedule_text, show_progress)
+from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, Duration, TimeOfDay, TransportOption,
+                      check_stored_address, check_transport_settings, console, format_seconds, key_fingerprint,
+                      open_site, require_remote, schedule_text, show_progress, stored_options)
+
+INBOX_HELP = ("The remote's own inbox where it differs from --address (email: its IMAP mailbox, "
+              "imaps://north@host/INBOX); `agent extract` gives it to the remote.")
+PEER_OPTION_HELP = ("A setting NAME=VALUE of the transport to this remote where it differs from the site's own, "
+                    "stored with the site (never a password itself). Repeatable.")
 
 
 def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
@@ -179,11 +185,14 @@ def remote() -> None:
 @click.option("--from", "from_file", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
               metavar="FILE", help="Add every remote of FILE (CSV with a header, or JSON lines; - for stdin) "
                                    "in one transaction, instead of NAME and its options.")
+@click.option("--inbox", type=ADDRESS, help=INBOX_HELP)
+@click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(), help=PEER_OPTION_HELP)
 @click.option("--format", "file_format", type=click.Choice(["csv", "jsonl"]),
               help="The format of --from FILE (default: from its extension, .csv or .jsonl).")
 def add(database: Path, name: str | None, address: str | None, transport: str, public_key: str | None,
         public_key_file: Path | None, subscriptions: tuple[str, ...], send_every: int | None,
-        send_at: time | None, from_file: Path | None, file_format: str | None) -> None:
+        send_at: time | None, inbox: str | None, options: tuple, from_file: Path | None,
+        file_format: str | None) -> None:
     """Add the remote user NAME to the site in DATABASE, or with --from
     FILE every remote of FILE at once (all or none).
 
@@ -200,7 +209,8 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
         given = [option for option, value in (("NAME", name), ("--address", address), ("--public-key", public_key),
                                               ("--public-key-file", public_key_file),
                                               ("--subscribe", subscriptions), ("--send-every", send_every),
-                                              ("--send-at", send_at)) if value]
+                                              ("--send-at", send_at), ("--inbox", inbox),
+                                              ("-O", options)) if value]
         if click.get_current_context().get_parameter_source("transport") is not ParameterSource.DEFAULT:
             given.append("--transport")
         if given:
@@ -219,6 +229,9 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
                                "interval or at a time of day")
     check_transport_spec(transport)
     check_stored_address(transport, address)
+    settings = {key: value for key, value in stored_options(options).items() if value is not None}
+    check_transport_settings(transport, settings, inbox=inbox, send=address, inbox_option="--inbox",
+                             send_option="--address")
     line = _public_key_line(name, public_key, public_key_file)
     wanted = [_split_subscription(text) for text in subscriptions]
     with open_site(database) as site:
@@ -227,6 +240,8 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
         _refuse_own_inbox(site, name, address, transport)
         added = site.add_remote(name, address=address, transport=transport, public_key=line,
                                 send_every=send_every, send_at=send_at)
+        if inbox is not None or settings:
+            site.set_transport(peer=name, inbox=inbox, options=settings)
         for publication, value in typed:
             site.subscribe(name, publication, value)
     out = console()
@@ -540,9 +555,13 @@ def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # n
 @click.option("--heartbeat", type=Duration(whole_seconds=True), metavar="DURATION",
               help="A control message to this remote at least this often (default: the run's --heartbeat).")
 @click.option("--default-heartbeat", is_flag=True, help="Use the run's --heartbeat for this remote again.")
+@click.option("--inbox", type=ADDRESS, help=INBOX_HELP)
+@click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(), help=PEER_OPTION_HELP)
+@click.option("--unset", "unset", multiple=True, metavar="NAME", help="Forget a stored transport option. Repeatable.")
 def set_(database: Path, name: str, address: str | None, transport: str | None, public_key: str | None,
          public_key_file: Path | None, send_every: int | None, send_at: time | None, no_schedule: bool,
-         heartbeat: int | None, default_heartbeat: bool) -> None:
+         heartbeat: int | None, default_heartbeat: bool, inbox: str | None, options: tuple,
+         unset: tuple[str, ...]) -> None:
     """Change how the remote user NAME is reached: its address, transport,
     public key or send schedule.
 
@@ -572,9 +591,10 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
         changes["send_every"], changes["send_at"] = send_every, send_at
     if heartbeat is not None or default_heartbeat:
         changes["heartbeat"] = heartbeat
-    if not changes:
-        raise click.UsageError("nothing to change: give --address, --transport, a public key, a schedule or "
-                               "a heartbeat")
+    settings = stored_options(options, unset)
+    if not changes and not settings and inbox is None:
+        raise click.UsageError("nothing to change: give --address, --transport, a public key, a schedule, "
+                               "a heartbeat, --inbox or a transport option")
     with open_site(database) as site:
         require_remote(site, name)
         old = site.remote(name)
@@ -582,16 +602,27 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
             check_stored_address(transport or old.transport or "folder", address or old.address,
                                  hint="" if address else f"; give --address with the new transport {transport}")
         _refuse_own_inbox(site, name, address or old.address, transport or old.transport)
-        new = site.update_remote(name, **changes)
+        merged = {key: value for key, value in {**site.transport_options(name), **settings}.items()
+                  if value is not None}
+        check_transport_settings(transport or old.transport or "folder", merged, inbox=inbox,
+                                 send=address or old.address, inbox_option="--inbox", send_option="--address")
+        new = site.update_remote(name, **changes) if changes else old
+        if settings or inbox is not None:
+            site.set_transport(peer=name, inbox=inbox, options=settings)
+            new = site.remote(name)
     out = console()
     for label, before, after in (("address", old.address, new.address), ("transport", old.transport, new.transport),
                                  ("key", key_fingerprint(old.public_key), key_fingerprint(new.public_key)),
                                  ("schedule", schedule_text(old.send_every, old.send_at),
                                   schedule_text(new.send_every, new.send_at)),
-                                 ("heartbeat", _heartbeat_text(old.heartbeat), _heartbeat_text(new.heartbeat))):
+                                 ("heartbeat", _heartbeat_text(old.heartbeat), _heartbeat_text(new.heartbeat)),
+                                 ("inbox", old.inbox, new.inbox)):
         if before != after:
             out.print(f"{name}: {label} {before or 'none'} -> {after or 'none'}", soft_wrap=True)
-    if old == new:
+    for key, value in settings.items():
+        out.print(f"{name}: transport option {key} " + ("forgotten" if value is None else f"= {value}"),
+                  soft_wrap=True, markup=False)
+    if old == new and not settings:
         out.print(f"{name}: nothing changed", soft_wrap=True)
 
 

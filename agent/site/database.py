@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from datetime import datetime, time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from codec.ops import Transaction
 
@@ -75,6 +75,7 @@ from .remotes import (
     update_remotes_locked,
 )
 from .schema import Role, SecretStore, SiteIdentity, init_database, open_database, read_identity
+from .settings import SITE_SCOPE, read_all_options, read_options, write_options
 
 
 class SiteDatabase:
@@ -227,6 +228,14 @@ class SiteDatabase:
         with self._lock, sqlite_errors("reading the log end"):
             return log_end(self._conn)
 
+    def change_marker(self) -> tuple[int, int]:
+        """What moves whenever anything is committed to the database: by
+        another connection (``PRAGMA data_version``) or by this one (its
+        count of changed rows).  Equal markers: nothing changed between."""
+        with self._lock, sqlite_errors("reading the database's change marker"):
+            [(version,)] = self._conn.execute("PRAGMA data_version").fetchall()
+            return version, self._conn.total_changes
+
     def log_start(self) -> int:
         """The truncation point: the log holds the entries after it."""
         with self._lock, sqlite_errors("reading the log's truncation point"):
@@ -374,6 +383,13 @@ class SiteDatabase:
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
 
+    def remote_transports(self) -> tuple[str | None, ...]:
+        """The distinct transports named in the remote-user table (None:
+        a remote that names none)."""
+        with self._lock, self._read("listing the remotes' transports"):
+            return tuple(name for (name,) in self._conn.execute(
+                "SELECT DISTINCT transport FROM fieldsync_remote ORDER BY transport"))
+
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
         """The rows of the remote-user table that ``which`` selects, by name,
         read ``chunk`` at a time from one snapshot (for ``agent status`` at
@@ -412,6 +428,38 @@ class SiteDatabase:
         e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
         with self._lock, self._write(f"updating remote {name!r}"):
             return update_remote_locked(self._conn, name, changes)
+
+    # --- transport settings stored with the site (agent/site/settings.py) -----------
+
+    def transport_options(self, peer: str | None = None) -> dict[str, str]:
+        """The stored options of the site's own transport, or of the transport to ``peer``."""
+        with self._lock, self._read("reading transport options"):
+            return read_options(self._conn, SITE_SCOPE if peer is None else peer)
+
+    def all_transport_options(self) -> dict[str, dict[str, str]]:
+        """Every scope's options: ``""`` the site's own, then one entry per peer that has some."""
+        with self._lock, self._read("reading transport options"):
+            return read_all_options(self._conn)
+
+    def set_transport(self, *, address: str | None = None, reply_address: str | None = None,
+                      transport: str | None = None, options: Mapping[str, str | None] | None = None,
+                      peer: str | None = None, inbox: str | None = None) -> None:
+        """Change the site's own inbox, reply address, transport and options
+        (``peer=None``), or a peer's stored options and own inbox; in one
+        transaction.  An option given as None is removed; ``""`` for
+        ``reply_address`` or ``inbox`` clears it."""
+        with self._lock, self._write("storing transport settings"):
+            if peer is None:
+                for column, value in (("address", address), ("reply_address", reply_address),
+                                      ("transport", transport)):
+                    if value is not None:
+                        self._conn.execute(f"UPDATE fieldsync_site SET {column} = ? WHERE id = 1", (value or None,))
+            else:
+                get_remote(self._conn, peer)
+                if inbox is not None:
+                    update_remote_locked(self._conn, peer, {"inbox": inbox or None})
+            write_options(self._conn, SITE_SCOPE if peer is None else peer, options or {})
+        self._refresh_identity()
 
     def update_remotes(self, changes: dict[str, dict[str, Any]]) -> None:
         """:meth:`update_remote` for several rows, in one transaction: the
@@ -498,8 +546,8 @@ class SiteDatabase:
     # --- extraction ------------------------------------------------------------------
 
     def extract(self, remote: str, path: str | os.PathLike[str], *, keys: Any = None,
-                now: datetime | None = None):  # type: ignore[no-untyped-def]
+                now: datetime | None = None, options: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
         """Create the remote database of ``remote`` at ``path``; see
         :func:`agent.site.extract.extract_remote`."""
         from .extract import extract_remote
-        return extract_remote(self, remote, path, keys=keys, now=now)
+        return extract_remote(self, remote, path, keys=keys, now=now, options=options)

@@ -44,6 +44,7 @@ from .log import cut_locked, truncated_through
 from .publications import Article, create_publication_locked
 from .remotes import RemoteUser, get_remote, record_replaced_locked
 from .schema import Role, init_database, read_identity
+from .settings import SITE_SCOPE, write_options
 
 if TYPE_CHECKING:
     from .database import SiteDatabase
@@ -185,7 +186,7 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[str], *, keys: KeySource = None,
-                   now: datetime | None = None) -> ExtractResult:
+                   now: datetime | None = None, options: Mapping[str, str] | None = None) -> ExtractResult:
     """Create the database of ``remote`` at ``path`` from the consolidated
     ``site``: the published schema of its subscribed tables, its rows, its
     identity (new incarnation, role remote) and the remote-user rows of both
@@ -193,7 +194,9 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
     writing.  ``remote`` must have been added (with its subscriptions).
 
     Extracting a remote again replaces its stream: the consolidated forgets
-    what the previous copy had sent and confirmed.
+    what the previous copy had sent and confirmed.  The copy's inbox is the
+    remote row's ``inbox`` (else its address), its reply address the row's
+    address where the two differ, and ``options`` its own transport options.
     """
     identity = site.identity
     if identity.role is not Role.CONSOLIDATED:
@@ -222,9 +225,14 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
         raise ExtractionError(f"cannot create {target}: the folder {target.parent} takes no new file "
                               f"({error.strerror or error})") from None
     try:
-        copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.address, transport=row.transport,
-                             public_key=material.public_key or row.public_key, now=now)
+        copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.inbox or row.address,
+                             transport=row.transport, public_key=material.public_key or row.public_key, now=now)
         try:
+            # Where the remote reads (its inbox) and where hq sends to it
+            # (its reply address) differ on email; options are its own.
+            copy.execute("UPDATE fieldsync_site SET reply_address = ? WHERE id = 1",
+                         (row.address if row.inbox else None,))
+            write_options(copy, SITE_SCOPE, dict(options or {}))
             incarnation = read_identity(copy).incarnation
             offset, counts, before = _copy(site, copy, remote, plans, table_sql)
             epochs = (before.resend_count + 1, before.rereceive_count + 1)
@@ -406,7 +414,7 @@ def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[_Pla
             " confirm_received, rereceive_count, transport, address, public_key, send_every, send_at,"
             " peer_incarnation, created_at) VALUES (?, 0, 0, 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (consolidated.name, rereceive_count, offset, offset, resend_count, consolidated.transport,
-             consolidated.address, consolidated.public_key, row.send_every,
+             consolidated.send_address, consolidated.public_key, row.send_every,
              None if row.send_at is None else row.send_at.isoformat(), consolidated.incarnation, stamp))
 
 

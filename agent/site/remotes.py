@@ -58,6 +58,7 @@ class RemoteUser:
     log_read: int                # the log was read for the peer up to here (docs/protocol.md, rule 5)
     heartbeat: int | None        # seconds between control messages at the least; None: the run's --heartbeat
     control_sent_at: float | None  # when the agent last queued a control message to the peer (its clock)
+    inbox: str | None = None     # the peer's own inbox, where `address` differs (email); copied at extraction
 
     @property
     def sending_due(self) -> bool:
@@ -236,6 +237,7 @@ def remove_remote_locked(conn: sqlite3.Connection, name: str) -> None:
     if conn.execute("DELETE FROM fieldsync_remote WHERE name = ?", (name,)).rowcount == 0:
         raise UnknownRemote(f"no remote named {name!r}")
     conn.execute("DELETE FROM fieldsync_subscription WHERE remote = ?", (name,))
+    conn.execute("DELETE FROM fieldsync_transport_option WHERE scope = ?", (name,))
 
 
 def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str, Any]) -> RemoteUser:
@@ -252,7 +254,7 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
             if field_name in _MONOTONE and value < getattr(current, field_name):
                 raise InvariantViolation(f"{field_name} of {name!r} cannot go back from "
                                          f"{getattr(current, field_name)} to {value}")
-    for what in ("transport", "address", "public_key", "last_error"):
+    for what in ("transport", "address", "public_key", "last_error", "inbox"):
         if what in changes:
             _check_text(what, changes[what])
     if "peer_incarnation" in changes:
@@ -296,7 +298,11 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
     query and the log end once; rows changing only the pair columns are
     checked here (the same invariants) and written with one statement per
     set of columns; any other change goes through update_remote_locked."""
-    current = {row.name: row for row in list_remotes(conn)}
+    # Only the columns the checks read, as plain tuples (at ten thousand
+    # rows, making each a RemoteUser cost more than the updates).
+    checked = ("log_sent", "confirm_sent", *_MONOTONE)
+    current = {name: dict(zip(checked, values)) for name, *values in conn.execute(
+        f"SELECT name, {', '.join(checked)} FROM fieldsync_remote")}
     end = log_end(conn)
     plain: dict[tuple[str, ...], list[tuple]] = {}
     for name, columns in changes.items():
@@ -311,10 +317,10 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
                 continue
             if type(value) is not int or value < 0:
                 raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")
-            if column in _MONOTONE and value < getattr(row, column):
-                raise InvariantViolation(f"{column} of {name!r} cannot go back from {getattr(row, column)} to {value}")
-        log_sent = columns.get("log_sent", row.log_sent)
-        if columns.get("confirm_sent", row.confirm_sent) > log_sent:
+            if column in _MONOTONE and value < row[column]:
+                raise InvariantViolation(f"{column} of {name!r} cannot go back from {row[column]} to {value}")
+        log_sent = columns.get("log_sent", row["log_sent"])
+        if columns.get("confirm_sent", row["confirm_sent"]) > log_sent:
             raise InvariantViolation(f"confirm_sent of {name!r} would exceed log_sent ({log_sent})")
         if log_sent > end or columns.get("log_read", 0) > end:
             raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")

@@ -38,7 +38,9 @@ log = logging.getLogger("fieldsync.site")
 # 3: fieldsync_replaced_copy, the incarnations of remotes extracted again.
 # 4: fieldsync_site without its ``secret`` column (see _drop_secret).
 # 5: fieldsync_remote's log_read, heartbeat and control_sent_at (docs/protocol.md).
-SCHEMA_VERSION = 5
+# 6: transport settings stored with the site: fieldsync_site.reply_address,
+#    fieldsync_remote.inbox and fieldsync_transport_option (agent/site/settings.py).
+SCHEMA_VERSION = 6
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -60,6 +62,14 @@ class SiteIdentity:
     transport: str | None
     public_key: str | None
     created_at: datetime
+    #: Where peers send to this site when that differs from its inbox
+    #: (email: ``mailto:`` while the inbox is an IMAP URL); None: the inbox.
+    reply_address: str | None = None
+
+    @property
+    def send_address(self) -> str | None:
+        """The address this site's peers send to."""
+        return self.reply_address or self.address
 
     def __post_init__(self) -> None:
         check_name(self.name, "site name")
@@ -92,7 +102,8 @@ def new_incarnation() -> bytes:
     return uuid.uuid4().bytes
 
 
-# The site row's columns, in table order (layout 4 dropped ``secret``).
+# The site row's columns of layout 4, in table order (layout 4 dropped
+# ``secret``; _drop_secret copies these, layout 6 adds reply_address after).
 SITE_COLUMNS = ("id", "schema_version", "name", "role", "incarnation", "address", "transport", "public_key",
                 "created_at", "truncated_through")
 SITE_TABLE = """CREATE TABLE fieldsync_site (
@@ -182,6 +193,7 @@ CREATE TABLE fieldsync_remote (
     log_read         INTEGER NOT NULL DEFAULT 0,
     heartbeat        INTEGER CHECK (heartbeat IS NULL OR heartbeat > 0),
     control_sent_at  REAL,
+    inbox            TEXT,
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -279,6 +291,7 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
                 raise AlreadyASite(f"{path} was turned into a site concurrently")
             for statement in _create_statements():
                 conn.execute(statement)
+            _add_transport_settings(conn)
             conn.execute(
                 "INSERT INTO fieldsync_site (id, schema_version, name, role, incarnation, address, transport,"
                 " public_key, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -373,8 +386,25 @@ def _add_quiet_columns(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE fieldsync_remote ADD COLUMN {column} {declaration}")
 
 
+TRANSPORT_OPTION_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_transport_option (\n"
+                          "    scope TEXT NOT NULL,\n"
+                          "    name  TEXT NOT NULL,\n"
+                          "    value TEXT NOT NULL,\n"
+                          "    PRIMARY KEY (scope, name)\n) WITHOUT ROWID")
+
+
+def _add_transport_settings(conn: sqlite3.Connection) -> None:
+    """Layout 6: the site's reply address, each remote's own inbox, and the
+    transport options stored with the site (scope '') and per peer."""
+    for table, column in (("fieldsync_site", "reply_address"), ("fieldsync_remote", "inbox")):
+        if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+    conn.execute(TRANSPORT_OPTION_TABLE)
+
+
 # What turns layout N into layout N + 1.
-_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns}
+_UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
+             5: _add_transport_settings}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:
@@ -427,13 +457,13 @@ def _stored_secret(conn: sqlite3.Connection) -> bytes | None:
 
 
 def read_identity(conn: sqlite3.Connection) -> SiteIdentity:
-    row = conn.execute("SELECT name, role, incarnation, address, transport, public_key, created_at"
+    row = conn.execute("SELECT name, role, incarnation, address, transport, public_key, created_at, reply_address"
                        " FROM fieldsync_site WHERE id = 1").fetchone()
     if row is None:
         raise NotASite("the database has no site identity row")
-    name, role, incarnation, address, transport, public_key, created_at = row
+    name, role, incarnation, address, transport, public_key, created_at, reply_address = row
     return SiteIdentity(name, Role(role), incarnation, address, transport, public_key,
-                        parse_time(created_at))  # type: ignore[arg-type]
+                        parse_time(created_at), reply_address)  # type: ignore[arg-type]
 
 
 def capture_width(conn: sqlite3.Connection) -> int:

@@ -45,7 +45,7 @@ async def test_seeds_over_sftp_find_no_divergence_double_apply_or_loss(sshd):
 
 
 async def test_seeds_over_email_find_no_divergence_double_apply_or_loss(mail_servers, tmp_path):
-    dovecot, smtpd = mail_servers.dovecot, mail_servers.smtpd
+    dovecot, postfix = mail_servers.dovecot, mail_servers.postfix
     for site in SITES:
         dovecot.add_user(f"chaos-{site}")
     password = tmp_path / "mail-password"
@@ -54,10 +54,10 @@ async def test_seeds_over_email_find_no_divergence_double_apply_or_loss(mail_ser
     results = await run_seeds(
         range(SEEDS), transport="email", address_template=dovecot.url("chaos-{site}"),
         send_address_template=f"mailto:chaos-{{site}}@{MAIL_DOMAIN}",
-        transport_options=(("smtp_host", "127.0.0.1"), ("smtp_port", smtpd.port), ("smtp_tls", "starttls"),
+        transport_options=(("smtp_host", "127.0.0.1"), ("smtp_port", postfix.port), ("smtp_tls", "starttls"),
                            ("from_address", f"chaos-{{site}}@{MAIL_DOMAIN}"), ("password_file", str(password)),
                            ("ca_file", str(dovecot.certificates.ca_file))))
     check(summarize(results), "email")
     # Every site logged in to SMTP as itself.
-    senders = {login.partition("@")[0] for login in smtpd.logins}
+    senders = {login.partition("@")[0] for login in postfix.logins}
     assert {"chaos-hq", "chaos-f1"} <= senders <= {f"chaos-{site}" for site in SITES}, senders

@@ -152,3 +152,22 @@ def test_a_resend_after_truncation_reads_from_the_log_start():
     core.send_done(1, 15)
     actions = core.control_received(2, ControlState(6, 1, 0, 0), INCARNATION_P)
     assert actions[-1] == SendData(6, 15, 1, read_from=10)
+
+
+def test_the_heartbeats_of_a_fleet_confirmed_at_once_spread_out():
+    """A thousand peers confirmed at the same moment, send phases every ten
+    minutes for three days: no peer waits longer than the heartbeat, and the
+    heartbeats of one period fall into many runs, none holding most."""
+    peers = [PairProtocol(f"site{number:04d}", PairState(control_sent_at=0.0)) for number in range(1000)]
+    runs: dict[float, int] = {}
+    last = {core.peer: 0.0 for core in peers}
+    for step in range(1, 3 * 144 + 1):
+        now = step * 600.0
+        for core in peers:
+            if core.send_controls(now, heartbeat=DAY):
+                assert now - last[core.peer] <= DAY
+                last[core.peer] = now
+                runs[now] = runs.get(now, 0) + 1
+    assert all(DAY * 2 <= seen <= 3 * DAY for seen in last.values())  # each one beat every day
+    first_day = {now: count for now, count in runs.items() if now <= DAY}
+    assert len(first_day) >= 10 and max(first_day.values()) <= 200, first_day

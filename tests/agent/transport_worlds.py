@@ -1,8 +1,8 @@
 """The scenario World over the folder, sftp and email transports.
 
 Rules of this file:
-* The servers are the real ones of ``tests/transports/servers.py`` (OpenSSH
-  sshd, Dovecot, aiosmtpd), started on 127.0.0.1 by the fixtures below and
+* The servers are the real ones of ``tests/transports/servers.py`` and
+  ``postfix.py`` (OpenSSH sshd, Dovecot, Postfix), started on 127.0.0.1 by the fixtures below and
   failing the test, never skipping it, when they cannot start.
 * Faults are applied where the transport keeps its files, between agent
   runs, the way ``World`` does for folders: an sftp inbox is a directory on
@@ -27,7 +27,8 @@ from agent.runner import RunOptions
 from codec.errors import BadFileName
 from codec.names import MessageName
 from transports.email import announced_name, build_email, read_attachment
-from tests.transports.servers import MAIL_DOMAIN, DovecotServer, ServerFailed, SmtpServer, SshServer
+from tests.transports.postfix import PostfixServer
+from tests.transports.servers import MAIL_DOMAIN, DovecotServer, ServerFailed, SshServer
 
 from .world import World
 
@@ -55,18 +56,19 @@ def sshd():
 @dataclass(frozen=True, slots=True)
 class MailServers:
     dovecot: DovecotServer
-    smtpd: SmtpServer
+    postfix: PostfixServer
 
 
 @pytest.fixture(scope="module")
 def mail_servers():
+    """Dovecot, and Postfix submitting into it (STARTTLS, SASL through Dovecot)."""
     dovecot = _start(DovecotServer())
     try:
-        smtpd = _start(SmtpServer(dovecot, tls="starttls"))
+        postfix = _start(PostfixServer(dovecot))
         try:
-            yield MailServers(dovecot, smtpd)
+            yield MailServers(dovecot, postfix)
         finally:
-            smtpd.close()
+            postfix.close()
     finally:
         dovecot.close()
 
@@ -128,6 +130,9 @@ class Medium:
     def lose(self, item: Waiting) -> None:
         item.where.unlink()
 
+    def wait_delivered(self) -> None:
+        """Return once what the sites sent is in the inboxes (a mail server delivers a moment later)."""
+
 
 class FolderMedium(Medium):
     transport = "folder"
@@ -153,7 +158,7 @@ class SftpMedium(Medium):
 
 
 class EmailMedium(Medium):
-    """Each site is a Dovecot user; files travel as emails through aiosmtpd.
+    """Each site is a Dovecot user; files travel as emails through Postfix.
 
     Peers send to ``mailto:USER@example.test``; a site reads its
     ``imaps://USER@127.0.0.1:PORT/INBOX``.  What waits in an inbox is read
@@ -188,7 +193,7 @@ class EmailMedium(Medium):
         return self.servers.dovecot.url(self.user(site))
 
     def transport_options(self, site: str) -> dict:
-        return {"smtp_host": "127.0.0.1", "smtp_port": self.servers.smtpd.port, "smtp_tls": "starttls",
+        return {"smtp_host": "127.0.0.1", "smtp_port": self.servers.postfix.port, "smtp_tls": "starttls",
                 "from_address": self.email(site), "password_file": str(self.password_file),
                 "ca_file": str(self.servers.dovecot.certificates.ca_file)}
 
@@ -205,6 +210,9 @@ class EmailMedium(Medium):
                 if name is not None:
                     found.append(Waiting(name, read_attachment(raw, name), path))
         return sorted(found, key=lambda item: (item.name, item.where.name))
+
+    def wait_delivered(self) -> None:
+        self.servers.postfix.wait_delivered()
 
     def deliver(self, site: str, name: str, data: bytes) -> None:
         try:
@@ -244,6 +252,11 @@ class TransportWorld(World):
 
     def run_options(self, site: str) -> RunOptions:
         return self.medium.run_options(site, self.options)
+
+    async def run(self, site: str, **changes: object):
+        report = await super().run(site, **changes)
+        self.medium.wait_delivered()  # the next site's run (or a fault) sees what this one sent
+        return report
 
     def waiting_names(self, site: str) -> list[str]:
         return [item.name for item in self.medium.waiting(site)]

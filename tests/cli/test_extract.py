@@ -160,10 +160,10 @@ def test_a_failure_stops_the_run_and_says_what_was_done(tmp_path: Path, agent: A
     _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
     real = admin.extract_site
 
-    def failing(site, remote, target):  # type: ignore[no-untyped-def]
+    def failing(site, remote, target, **options):  # type: ignore[no-untyped-def]
         if remote == "m1":
             raise OSError(28, "No space left on device")
-        return real(site, remote, target)
+        return real(site, remote, target, **options)
 
     monkeypatch.setattr(admin, "extract_site", failing)
     into = tmp_path / "fleet"

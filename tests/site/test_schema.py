@@ -211,7 +211,7 @@ def test_layout_4_gains_the_quiet_columns_of_the_remote_user_table_when_opened(t
     conn.commit()
     conn.close()
     with SiteDatabase.open(path) as site:
-        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 5
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
         row = site.remote("r1")
         assert (row.log_read, row.heartbeat, row.control_sent_at) == (0, None, None)
         assert row.read_through == row.log_sent
@@ -233,3 +233,38 @@ def test_init_while_another_connection_holds_the_lock_says_busy(tmp_path):
         blocker.execute("ROLLBACK")
         blocker.close()
     SiteDatabase.init(path, name="b", role="remote").close()
+
+
+def test_layout_5_gains_the_stored_transport_settings_when_opened(tmp_path):
+    """Layout 6 adds the site's reply address, each remote's own inbox and
+    the stored transport options; a site of layout 5 starts with none."""
+    path = tmp_path / "hq.db"
+    with SiteDatabase.init(path, name="hq", role="consolidated", address="imaps://hq@mail.example.com/INBOX",
+                           transport="email") as site:
+        site.add_remote("r1", address="mailto:r1@example.com", transport="email")
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE fieldsync_site DROP COLUMN reply_address")
+    conn.execute("ALTER TABLE fieldsync_remote DROP COLUMN inbox")
+    conn.execute("DROP TABLE fieldsync_transport_option")
+    conn.execute("UPDATE fieldsync_site SET schema_version = 5")
+    conn.commit()
+    conn.close()
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 6
+        assert site.identity.reply_address is None and site.remote("r1").inbox is None
+        assert site.all_transport_options() == {}
+        site.set_transport(reply_address="mailto:hq@example.com", options={"smtp_host": "mail.example.com"})
+        site.set_transport(peer="r1", inbox="imaps://r1@mail.example.com/INBOX", options={"timeout": "90s"})
+    with SiteDatabase.open(path) as site:
+        assert site.identity.send_address == "mailto:hq@example.com"
+        assert site.remote("r1").inbox == "imaps://r1@mail.example.com/INBOX"
+        assert site.all_transport_options() == {"": {"smtp_host": "mail.example.com"}, "r1": {"timeout": "90s"}}
+
+
+def test_a_stored_transport_option_never_holds_a_secret(tmp_path):
+    with SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated") as site:
+        for name in ("password", "smtp_password", "sftp.key_passphrase"):
+            with pytest.raises(InvalidSetting, match="would hold a secret"):
+                site.set_transport(options={name: "hunter2"})
+        site.set_transport(options={"password_file": "/etc/fieldsync/mail-password", "password_env": "PW"})
+        assert site.transport_options() == {"password_env": "PW", "password_file": "/etc/fieldsync/mail-password"}

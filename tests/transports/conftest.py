@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from .postfix import PostfixServer
 from .servers import DovecotServer, ServerFailed, SmtpServer, SshServer
 
 
@@ -48,5 +49,13 @@ def smtpd(dovecot):
 def smtpd_tls(dovecot):
     """SMTP over implicit TLS, delivering into ``dovecot``'s Maildirs."""
     server = _start(SmtpServer(dovecot, tls="tls"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def postfix(dovecot):
+    """Postfix: submission with STARTTLS and AUTH through ``dovecot``, delivering into its Maildirs."""
+    server = _start(PostfixServer(dovecot))
     yield server
     server.close()

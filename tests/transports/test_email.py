@@ -1,4 +1,5 @@
-"""The email transport against real servers (aiosmtpd, Dovecot): conformance, then what only email has."""
+"""The email transport against real servers: conformance through Postfix into Dovecot, then what only
+email has (against aiosmtpd where a test needs an SMTP server that misbehaves on purpose)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import transports.registry
 from transports import BadAddress, BadTransportOptions, TransportRefused, TransportUnavailable, create_transport
 from transports.email import EmailTransport, build_email
 
+from .postfix import PostfixServer
 from .conformance import TransportConformance, message_name, receive_all, receive_wanted, received, record_reads
 from .servers import (
     MAIL_DOMAIN,
@@ -46,17 +48,34 @@ def user_of(address: str) -> str:
     return urlsplit(address).username
 
 
+class DeliveredEmailTransport(EmailTransport):
+    """The email transport whose ``send`` returns once Postfix has handed the mail to Dovecot.
+
+    A real MTA accepts a message (250) and delivers it a moment later; the
+    conformance suite reads right after sending, so it waits for that moment.
+    """
+
+    def __init__(self, postfix: PostfixServer, **options) -> None:
+        super().__init__(**options)
+        self._postfix = postfix
+
+    async def _send(self, address: str, name: str, data: bytes) -> None:
+        await super()._send(address, name, data)
+        await asyncio.to_thread(self._postfix.wait_delivered)
+
+
 class TestEmailConformance(TransportConformance):
     @pytest.fixture(autouse=True)
-    def _servers(self, dovecot, smtpd, monkeypatch) -> None:
-        self.dovecot, self.smtpd = dovecot, smtpd
+    def _servers(self, dovecot, postfix, monkeypatch) -> None:
+        self.dovecot, self.smtpd = dovecot, postfix
         monkeypatch.setenv(PASSWORD_VARIABLE, dovecot.PASSWORD)
 
     @pytest.fixture
-    def make_transport(self, dovecot, smtpd):
-        return lambda: EmailTransport(
-            smtp_host="127.0.0.1", smtp_port=smtpd.port, smtp_tls="starttls", from_address=f"hq@{MAIL_DOMAIN}",
-            password_env=PASSWORD_VARIABLE, ca_file=str(dovecot.certificates.ca_file))
+    def make_transport(self, dovecot, postfix):
+        return lambda: DeliveredEmailTransport(
+            postfix, smtp_host="127.0.0.1", smtp_port=postfix.port, smtp_tls="starttls",
+            from_address=f"hq@{MAIL_DOMAIN}", password_env=PASSWORD_VARIABLE,
+            ca_file=str(dovecot.certificates.ca_file))
 
     @pytest.fixture
     def inbox(self, dovecot) -> str:

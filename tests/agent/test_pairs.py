@@ -1,0 +1,77 @@
+"""The pairs' one owner (agent/pairs.py): loading the remote-user rows again
+costs nothing when nothing was committed since the last load, and a change
+committed by any connection, this one or another, is still picked up."""
+
+import asyncio
+
+from agent.admin import init_site
+from agent.pairs import PairStore
+from agent.run_options import RunOptions
+from agent.runner import Agent
+from agent.site import SiteDatabase
+from codec.keys import Keyring
+
+
+def consolidated(tmp_path, *remotes):
+    (tmp_path / "hq-in").mkdir()
+    site = init_site(tmp_path / "hq.db", name="hq", role="consolidated", address=str(tmp_path / "hq-in"),
+                     transport="folder")
+    for name in remotes:
+        (tmp_path / f"{name}-in").mkdir()
+        site.add_remote(name, address=str(tmp_path / f"{name}-in"), transport="folder")
+    return site
+
+
+class CountingDatabase:
+    """The site database, counting how often the remote-user rows are listed."""
+
+    def __init__(self, db):
+        self.db, self.listings = db, 0
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+    def remotes(self):
+        self.listings += 1
+        return self.db.remotes()
+
+
+def test_a_load_with_nothing_committed_since_the_last_reads_no_row(tmp_path):
+    site = consolidated(tmp_path, "f1", "f2")
+    db = CountingDatabase(site)
+    store, peers = PairStore(db, tmp_path / "state", Keyring()), {}
+    settings = RunOptions().settings(True)
+    assert store.load(peers, settings) is True and sorted(peers) == ["f1", "f2"]
+    assert store.load(peers, settings) is False
+    assert db.listings == 1  # the second load looked at nothing
+    site.close()
+
+
+def test_a_remote_added_through_the_same_connection_is_picked_up(tmp_path):
+    site = consolidated(tmp_path, "f1")
+    store, peers = PairStore(site, tmp_path / "state", Keyring()), {}
+    settings = RunOptions().settings(True)
+    store.load(peers, settings)
+    (tmp_path / "f2-in").mkdir()
+    site.add_remote("f2", address=str(tmp_path / "f2-in"), transport="folder")
+    assert store.load(peers, settings) is True and sorted(peers) == ["f1", "f2"]
+    site.remove_remote("f1")
+    assert store.load(peers, settings) is True and sorted(peers) == ["f2"]
+    site.close()
+
+
+def test_a_remote_added_by_another_connection_after_the_agent_opened_is_sent_to(tmp_path):
+    consolidated(tmp_path, "f1").close()
+
+    async def scenario():
+        async with Agent(tmp_path / "hq.db", RunOptions(), batch=True) as agent:
+            assert sorted(agent.peers) == ["f1"]
+            (tmp_path / "f2-in").mkdir()
+            with SiteDatabase.open(tmp_path / "hq.db") as other:
+                other.add_remote("f2", address=str(tmp_path / "f2-in"), transport="folder")
+            await agent.run_once()
+            return sorted(agent.peers)
+
+    assert asyncio.run(scenario()) == ["f1", "f2"]
+    # Its first contact (a heartbeat) went out in that same run.
+    assert len(list((tmp_path / "f2-in").iterdir())) == 1
