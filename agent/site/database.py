@@ -36,12 +36,9 @@ from .capture import Shape, ShapeCache, all_shapes, refresh_changed_tables, tabl
 from .errors import InvalidSetting, SiteError
 from .log import cut_locked, iter_capture, log_end, truncate_locked, truncated_through
 from .publications import (
-    FANOUT_HOLD,
     Article,
-    LoggedOperation,
     Publication,
     Subscription,
-    SubscriberReader,
     Value,
     add_article_locked,
     create_publication_locked,
@@ -49,15 +46,12 @@ from .publications import (
     list_publications,
     list_subscriptions,
     missing_tables,
-    read_fanout,
-    read_operations,
-    read_transactions,
     remove_article_locked,
-    resolve_range,
-    selection_plan,
     subscribe_locked,
     unsubscribe_locked,
 )
+from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
 from .remotes import (
     NewRemote,
     RemoteFilter,

@@ -24,7 +24,7 @@ import msgpack
 from codec.keys import PublicKeys, SiteKeys
 
 from ..site import SiteDatabase
-from ..site.publications import plan_from_rows, value_columns_read
+from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
 FORMAT = 1

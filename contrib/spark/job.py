@@ -95,7 +95,7 @@ def _route(export: str, batches: Iterator[Any], stall: tuple[str, float] | None 
     import msgpack
     import pyarrow as pa
 
-    from agent.site.publications import Router, SubscriberReader, plan_from_rows
+    from agent.site.selection import Router, SubscriberReader, plan_from_rows
 
     if stall is not None:
         _stall(*stall)
@@ -169,7 +169,7 @@ def _rows(batches: Iterator[Any]) -> Iterator[tuple]:
 def _transactions(rows: Iterator[tuple]) -> Iterator[Any]:
     import msgpack
 
-    from agent.site.publications import make_transaction
+    from agent.site.folding import make_transaction
     from codec.ops import Operation
 
     new = tuple.__new__

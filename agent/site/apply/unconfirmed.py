@@ -14,7 +14,7 @@ from __future__ import annotations
 from codec.ops import OpKind
 
 from ..capture import KIND_UPDATE, KeyIndex, key_indexes
-from ..publications import SubscriberReader
+from ..selection import SubscriberReader
 from ..schema import SiteIdentity
 from ..values import value_problem
 from .batch import Batch, Table, send_back
