@@ -12,6 +12,11 @@ Rules of this file:
 * A message that fails to decode at apply time (its payload, not its
   signature: that was checked when it was received) can never be applied:
   it is set aside and counts as missing, so the peer is asked for it again.
+* A group of parts is applied as it is read: its first part is decoded
+  before the dequeue begins, the others one at a time from the spool
+  while the database applies the operations before them
+  (docs/message-format.md, "Large transactions"); a part that fails then
+  rolls the whole apply back and is set aside as above.
 * A database that refuses the apply keeps the messages queued; the next
   poll tries again.
 * A cancelled apply is finished first, then the cancellation goes on.
@@ -21,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from codec.errors import MessageError
-from codec.message import decode_message, reassemble
+from codec.message import Message, decode_message, read_group
 
 from .crashpoints import crash_point
+from .errors import AgentError
 from .pairs import PairStore, Peer
 from .protocol import Apply
 from .site.errors import SiteError
@@ -64,7 +71,11 @@ async def _apply_now(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
         await asyncio.to_thread(agent.db.apply, peer.name, transactions, log_received=action.log_received,
                                 messages=len(action.message_ids), skip_through=action.skip_through,
                                 peer_incarnation=peer.protocol.state.peer_incarnation)
-    except SiteError as error:  # the database refused: keep the messages, retry at the next poll
+    except MessageError as error:  # a part of a group read during the apply: rolled back
+        log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
+        await asyncio.to_thread(agent.queues.abort_dequeue, token)
+        return peer.protocol.apply_aborted(now, quarantine=str(error))
+    except (SiteError, AgentError) as error:  # refused, or the spool failed: keep the messages, retry at the next poll
         log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
         agent.report.transport_errors.append(f"applying from {peer.name}: {error}")
         await asyncio.to_thread(agent.queues.abort_dequeue, token)
@@ -78,11 +89,14 @@ async def _apply_now(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
 
 def _load_transactions(agent: "Agent", peer: str, message_ids: tuple[str, ...]) -> list:
     """Blocking: the transactions of the messages, decoded (their signatures
-    were checked on receipt: agent.receiving)."""
-    messages = [decode_message(agent.queues.read_inbound(peer, message_id), source=message_id,
-                               keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys,
-                               verified=True)
-                for message_id in message_ids]
-    if messages[0].is_part:
-        return [reassemble(messages, source=message_ids[0])]
-    return list(messages[0].transactions or ())
+    were checked on receipt: agent.receiving).  A group's one transaction
+    reads its parts as its operations are taken (codec.message.read_group)."""
+    def decoded(message_id: str) -> Message:
+        return decode_message(agent.queues.read_inbound(peer, message_id), source=message_id,
+                              keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys, verified=True)
+
+    first = decoded(message_ids[0])
+    if first.is_part:
+        parts = chain((first,), map(decoded, message_ids[1:]))
+        return [read_group(parts, source=message_ids[0])]
+    return list(first.transactions or ())

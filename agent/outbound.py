@@ -47,6 +47,9 @@ SEND_ERRORS = (CodecError, AgentError, OSError)
 # from): measured 1.7 at -l 16 MiB.  At the default -l one pass serves
 # about 1,300 subscribers; at -l 16 MiB, four.
 PACKING_MEMORY = 256 * 2**20
+# Operations of one log transaction handed to a packer at a time: a larger
+# one comes in pieces (docs/message-format.md, "Large transactions").
+READ_PIECE = 5_000
 PACKER_MEMORY_FACTOR = 4
 
 
@@ -141,7 +144,7 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
 
     for group in _groups(chosen, max_size):
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
-        for position, transaction in db.read_logs(reads):
+        for position, transaction in db.read_logs(reads, piece=READ_PIECE):
             index = group[position]
             if index not in errors:  # else this send failed earlier
                 try:

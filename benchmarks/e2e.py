@@ -20,7 +20,17 @@ transaction, into a fresh SQLite file (WAL, synchronous=FULL).
 ``--backlog`` operations (default 1,000,000) to a remote: the agent's
 memory must not follow the backlog.
 
-Run: ``python -m benchmarks.e2e --json``.
+``--unscanned`` measures instead what a site coming back after days
+offline costs: the application commits ``--unscanned-ops`` INSERTs
+(default 1,000,000; 10,000,000 by option) in transactions of 500 before
+the agent runs at all, so the first scan makes them one log transaction.
+Then one ``run --once`` at the consolidated (``peak_rss_mb_sender``), one
+at the remote (``peak_rss_mb_receiver``), and one taking the confirmation;
+each in a child process that reports its ``ru_maxrss``.  The baseline is
+the same agent's run with nothing to do (``peak_rss_mb_idle``).
+
+Run: ``python -m benchmarks.e2e --json`` or
+``python -m benchmarks.e2e --json --unscanned``.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import random
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -171,6 +182,107 @@ def peak_rss(operations: int, workdir: Path) -> tuple[float, int]:
     return int(output.stdout.strip().splitlines()[-1]) / 1024, files
 
 
+def _unscanned_rows(operations: int, seed: int = 11):
+    """The application's INSERTs, 500 at a time, made as they are written
+    (10^7 rows would not fit in memory at once)."""
+    rng = random.Random(seed)
+    for start in range(1, operations + 1, BATCH):
+        yield [(i, f"{rng.choice(FIRST)} {rng.choice(LAST)}", rng.choice(CITIES), round(rng.uniform(-500, 5000), 2),
+                rng.randint(0, 300), rng.choice([None, "prefers email", "call after 18:00", "VIP since 2019"]))
+               for i in range(start, min(start + BATCH, operations + 1))]
+
+
+def write_unscanned(root: Path, operations: int) -> None:
+    """The application commits the whole backlog, 500 rows per transaction;
+    no scan runs meanwhile."""
+    app = sqlite3.connect(root / "hq.db", isolation_level=None)
+    app.execute("PRAGMA synchronous=NORMAL")
+    for batch in _unscanned_rows(operations):
+        app.execute("BEGIN")
+        app.executemany("INSERT INTO customer VALUES (?, ?, ?, ?, ?, ?)", batch)
+        app.execute("COMMIT")
+    app.close()
+
+
+def run_child(root: str, site: str) -> None:
+    """In a child process: one ``run --once`` of ``site``; print its peak
+    RSS (KiB, ru_maxrss) and the seconds it took."""
+    started = time.perf_counter()
+    asyncio.run(_run_once(Path(root) / f"{site}.db"))
+    elapsed = time.perf_counter() - started
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, round(elapsed, 3))
+
+
+async def _run_once(path: Path) -> None:
+    async with Agent(path, RunOptions()) as agent:
+        report = await agent.run_once()
+        if not report.ok:
+            raise SystemExit(f"{path.name}: {report}")
+
+
+# Linux carries a process's peak RSS across exec into ru_maxrss, and a fork
+# starts with its parent's pages: the agent runs as the grandchild of a
+# small launcher, so its ru_maxrss is its own.
+_LAUNCHER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
+def measured_run(root: Path, site: str) -> tuple[float, float]:
+    """Peak RSS (MB) and seconds of one ``run --once`` of ``site``, in a fresh process."""
+    output = subprocess.run([sys.executable, "-c", _LAUNCHER, sys.executable, "-m", "benchmarks.e2e",
+                             "--run-child", str(root), "--site", site], check=True, capture_output=True, text=True)
+    peak, seconds = output.stdout.strip().splitlines()[-1].split()
+    return int(peak) / 1024, float(seconds)
+
+
+def check_unscanned(root: Path) -> None:
+    """The remote holds the consolidated's rows, compared in SQL (10^7 rows
+    are not loaded), and everything sent was confirmed."""
+    with contextlib.closing(sqlite3.connect(root / "hq.db")) as conn:
+        conn.execute("ATTACH DATABASE ? AS r1", (str(root / "r1.db"),))
+        differ = conn.execute("SELECT (SELECT count(*) FROM (SELECT * FROM main.customer EXCEPT"
+                              " SELECT * FROM r1.customer)) + (SELECT count(*) FROM (SELECT * FROM r1.customer"
+                              " EXCEPT SELECT * FROM main.customer))").fetchone()[0]
+    if differ:
+        raise SystemExit(f"replication result differs from the consolidated in {differ} rows")
+    with SiteDatabase.open(root / "hq.db") as site:
+        row = site.remote("r1")
+        if not row.confirm_sent == row.log_sent == site.log_end():
+            raise SystemExit(f"not confirmed: {row}")
+
+
+def run_unscanned(operations: int) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="fieldsync-e2e-unscanned-"))
+    try:
+        root = workdir / "e2e"
+        make_sites(root)
+        idle, _ = measured_run(root, "hq")  # the baseline: nothing to send yet
+        started = time.perf_counter()
+        write_unscanned(root, operations)
+        writing = time.perf_counter() - started
+        sender, send_seconds = measured_run(root, "hq")
+        messages = len(list((root / "inbox" / "r1").iterdir()))
+        receiver, receive_seconds = measured_run(root, "r1")
+        _, confirm_seconds = measured_run(root, "hq")
+        check_unscanned(root)
+        return {
+            "benchmark": "e2e",
+            "mode": "unscanned",
+            "operations": operations,
+            "application_transactions": -(-operations // BATCH),
+            "messages": messages,
+            "peak_rss_mb_sender": round(sender, 1),
+            "peak_rss_mb_receiver": round(receiver, 1),
+            "peak_rss_mb_idle": round(idle, 1),
+            "ratio_sender": round(sender / idle, 2),
+            "ratio_receiver": round(receiver / idle, 2),
+            "target_peak_rss_mb": 200 if operations <= 1_000_000 else 250,
+            "seconds": {"write": round(writing, 3), "send": send_seconds, "receive_apply": receive_seconds,
+                        "confirm": confirm_seconds},
+        }
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run(inserts: int, updates: int, backlog: int) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="fieldsync-e2e-"))
     try:
@@ -211,12 +323,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inserts", type=int, default=150_000)
     parser.add_argument("--updates", type=int, default=50_000)
     parser.add_argument("--backlog", type=int, default=1_000_000, help="operations for the RSS check (0: skip)")
+    parser.add_argument("--unscanned", action="store_true",
+                        help="measure peak RSS of a backlog committed before any scan (no ratio run)")
+    parser.add_argument("--unscanned-ops", type=int, default=1_000_000,
+                        help="operations of the --unscanned backlog (10000000: about 10 minutes)")
     parser.add_argument("--backlog-child", help=argparse.SUPPRESS)
+    parser.add_argument("--run-child", help=argparse.SUPPRESS)
+    parser.add_argument("--site", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.backlog_child:
         backlog_child(args.backlog_child, args.backlog)
         return 0
-    result = run(args.inserts, args.updates, args.backlog)
+    if args.run_child:
+        run_child(args.run_child, args.site)
+        return 0
+    if args.unscanned:
+        result = run_unscanned(args.unscanned_ops)
+    else:
+        result = run(args.inserts, args.updates, args.backlog)
     if args.json:
         print(json.dumps(result))
     else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import msgpack
 import zstandard
@@ -52,8 +52,12 @@ MAX_FILE_SIZE = 16 * 1024 * 1024
 # stored size (see max_raw_length): a small file cannot declare megabytes.
 MAX_EXPANSION = 256
 EXPANSION_FLOOR = 1024 * 1024
-# Largest transaction a multi-part group may carry, summed over its parts.
+# Largest transaction entry a multi-part group may carry (summed over its
+# parts for a group of one entry; docs/message-format.md, "Large transactions").
 MAX_GROUP_PAYLOAD = 256 * 1024 * 1024
+# A transaction of more operations travels as a group of parts whose
+# payload is an entry per this many operations.
+LARGE_TRANSACTION_OPS = 10_000
 # Counters of the protocol's epochs travel in the header's 32-bit field.
 COUNTER_MAX = 2**32 - 1
 
@@ -166,6 +170,15 @@ def serialize_transaction(transaction: Transaction) -> bytes:
         return msgpack.packb((transaction.commit, transaction.origin, transaction.ops), **_packer_options)
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {transaction.commit} cannot be serialized: {error}") from None
+
+
+def serialize_entry(commit: int, origin: str, ops: Sequence) -> bytes:
+    """The payload bytes of one entry of a large transaction (the same
+    encoding as :func:`serialize_transaction` of those operations)."""
+    try:
+        return msgpack.packb((commit, origin, ops), **_packer_options)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None
 
 
 def array_header(count: int) -> bytes:
@@ -464,27 +477,112 @@ def _transaction(entry: object, source: str) -> Transaction:
 
 
 def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") -> Transaction:
-    """Join the parts of one split transaction (in seq order) back into it."""
+    """Join the parts of one split transaction (in seq order) back into it,
+    whole.  :func:`read_group` reads the same group one part at a time."""
     if not parts:
         raise CorruptMessage(source, "no parts")
-    first = parts[0].header
-    for index, part in enumerate(parts):
-        header = part.header
-        if part.part is None:
-            raise CorruptMessage(source, f"message {header} is not a part")
-        if header.seq != index or header.resend_count != first.resend_count or header.prev != first.prev:
-            raise CorruptMessage(source, f"part {header} does not follow {first} in sequence")
-        final = index == len(parts) - 1
-        if header.is_final_part != final:
-            raise CorruptMessage(source, f"part {header} is {'not ' if final else ''}the final part")
-    total = sum(len(part.part) for part in parts)  # type: ignore[misc]
+    total = sum(len(part.part) for part in parts if part.part is not None)
     if total > MAX_GROUP_PAYLOAD:
         raise MessageTooLarge(source, f"the group's parts hold {total} bytes, over the {MAX_GROUP_PAYLOAD}-byte "
                                       "limit of one transaction")
-    payload = b"".join(part.part for part in parts)  # type: ignore[misc]
-    entry = _unpack(payload, source)
-    transaction = _transaction(entry, source)
-    last = parts[-1].header.last
-    if not first.prev < transaction.commit <= last:
-        raise CorruptMessage(source, f"transaction {transaction.commit} is outside ({first.prev}, {last}]")
-    return transaction
+    transaction = read_group(iter(parts), source=source)
+    return Transaction._trusted(transaction.commit, transaction.origin, tuple(transaction.ops))
+
+
+def read_group(parts: Iterator[Message], *, source: str = "multi-part group") -> Transaction:
+    """The transaction a group of parts carries, read part by part: its
+    commit and origin are read from the first part now; its ``ops`` is an
+    iterator that decodes the operations as they are taken, pulling the
+    next part from ``parts`` only when the ones before are used up
+    (docs/message-format.md, "Large transactions").  Memory holds one part
+    and one operation being decoded, whatever the size of the transaction.
+    Any problem with the group raises :class:`CorruptMessage` (or
+    :class:`MessageTooLarge`) from wherever it is found, so a caller
+    applying the operations as they come must be able to undo them."""
+    group = _GroupReader(parts, source)
+    commit, origin = group.entry_start()
+    return Transaction._trusted(commit, origin, group.operations(commit, origin))  # type: ignore[arg-type]
+
+
+class _GroupReader:
+    """The parts of one group fed to a streaming msgpack reader."""
+
+    def __init__(self, parts: Iterator[Message], source: str) -> None:
+        self.parts = parts
+        self.source = source
+        self.first: Header | None = None
+        self.last: Header | None = None
+        self.count = 0
+        self.fed = 0
+        self.unpacker = msgpack.Unpacker(
+            use_list=False, raw=False, strict_map_key=True, max_buffer_size=MAX_GROUP_PAYLOAD,
+            max_array_len=MAX_PAYLOAD // 5 + 16, max_map_len=MAX_PAYLOAD // 2 + 16, max_str_len=MAX_GROUP_PAYLOAD,
+            max_bin_len=MAX_GROUP_PAYLOAD, max_ext_len=0)
+
+    def _feed(self) -> bool:
+        """Feed the next part; False when there is none."""
+        part = next(self.parts, None)
+        if part is None:
+            return False
+        header = part.header
+        if part.part is None:
+            raise CorruptMessage(self.source, f"message {header} is not a part")
+        first = self.first if self.first is not None else header
+        if (header.seq != self.count or header.resend_count != first.resend_count or header.prev != first.prev
+                or (self.last is not None and self.last.is_final_part)):
+            raise CorruptMessage(self.source, f"part {header} does not follow {first} in sequence")
+        self.first, self.last = first, header
+        self.count += 1
+        self.fed += len(part.part)
+        try:
+            self.unpacker.feed(part.part)
+        except msgpack.BufferFull:
+            raise MessageTooLarge(self.source, f"an entry of the group is over the {MAX_GROUP_PAYLOAD}-byte limit "
+                                               "of one transaction") from None
+        return True
+
+    def _read(self, read):  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                return read()
+            except msgpack.OutOfData:
+                if not self._feed():
+                    raise CorruptMessage(self.source, "the group ends inside a transaction") from None
+            except _UNPACK_ERRORS as error:
+                raise CorruptMessage(self.source, f"payload is not valid msgpack ({type(error).__name__})") from None
+
+    def _at_end(self) -> bool:
+        """Whether every byte of every part was read."""
+        while self.unpacker.tell() == self.fed:
+            if not self._feed():
+                return True
+        return False
+
+    def entry_start(self) -> tuple[int, str]:
+        """Read the head of the next entry: its commit and origin."""
+        if self._read(self.unpacker.read_array_header) != 3:
+            raise CorruptMessage(self.source, "payload holds a malformed transaction")
+        commit = self._read(self.unpacker.unpack)
+        origin = self._read(self.unpacker.unpack)
+        if type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str or not origin:
+            raise CorruptMessage(self.source, "payload holds a malformed transaction")
+        return commit, origin
+
+    def operations(self, commit: int, origin: str) -> Iterator[tuple]:
+        while True:
+            count = self._read(self.unpacker.read_array_header)
+            for _ in range(count):
+                op = self._read(self.unpacker.unpack)
+                if type(op) is not tuple or len(op) != 5:
+                    raise CorruptMessage(self.source, f"transaction {commit} holds a malformed operation")
+                yield op
+            if self._at_end():
+                break
+            if self.entry_start() != (commit, origin):
+                raise CorruptMessage(self.source, f"an entry of transaction {commit} holds another transaction")
+        first, last = self.first, self.last
+        assert first is not None and last is not None
+        if not last.is_final_part:
+            raise CorruptMessage(self.source, f"part {last} is not the final part")
+        if not first.prev < commit <= last.last:
+            raise CorruptMessage(self.source, f"transaction {commit} is outside ({first.prev}, {last.last}]")

@@ -174,6 +174,15 @@ class Transaction:
         return transaction
 
 
+class PartialTransaction(Transaction):
+    """A piece of a transaction handed over in pieces (a large log
+    transaction read in bounded memory): the pieces of one transaction are
+    consecutive, with its commit and origin, all ``PartialTransaction`` but
+    the last, a plain :class:`Transaction` (codec.packing)."""
+
+    __slots__ = ()
+
+
 def values_identical(left: object, right: object) -> bool:
     """Equality that treats NaN as equal to NaN and tells 0.0 from -0.0.
 

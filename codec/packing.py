@@ -11,7 +11,12 @@ Rules of this file:
   to choose cut points is carried along the stream, never taken from a clock
   or from outside state.
 * Memory is bounded by one message plus one transaction of look-ahead,
-  whatever the backlog.
+  whatever the backlog.  A transaction of more than LARGE_TRANSACTION_OPS
+  operations is cut into entries of that many and split into parts as its
+  entries are made (docs/message-format.md, "Large transactions"); it may
+  come in pieces, :class:`~codec.ops.PartialTransaction` values followed by
+  a plain ``Transaction`` with the same commit, so that no one holds it
+  whole.  Pieces or not, the same operations make the same files.
 * One algorithm, two ways to feed it: :class:`_Packer` is a coroutine that
   asks for the next transaction when it needs one.  :func:`pack_messages`
   answers from an iterable (pull); :class:`MessagePacker` is handed the
@@ -34,6 +39,7 @@ from .errors import InvalidValue
 from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .message import (
+    LARGE_TRANSACTION_OPS,
     MAX_GROUP_PAYLOAD,
     MAX_PAYLOAD,
     EncodedMessage,
@@ -42,10 +48,11 @@ from .message import (
     frame,
     frame_overhead,
     max_raw_length,
+    serialize_entry,
     serialize_transaction,
 )
 from .names import Kind, MessageName, check_site_name
-from .ops import Transaction
+from .ops import PartialTransaction, Transaction
 
 DEFAULT_MAX_SIZE = 50_000
 MIN_MAX_SIZE = 10_000
@@ -230,6 +237,25 @@ class MessagePacker:
             raise
 
 
+class _Large:
+    """A transaction of more than LARGE_TRANSACTION_OPS operations being
+    split: the operations handed over and not yet serialized, whether more
+    pieces follow, and the serialized entries not yet put into parts."""
+
+    __slots__ = ("commit", "origin", "ops", "more", "data")
+
+    def __init__(self, commit: int, origin: str, ops: list, more: bool) -> None:
+        self.commit = commit
+        self.origin = origin
+        self.ops = ops
+        self.more = more
+        self.data = bytearray()
+
+    @property
+    def done(self) -> bool:
+        return not (self.data or self.ops or self.more)
+
+
 class _Packer:
     def __init__(self, sender: str, recipient: str, resend_count: int, max_size: int, sealed: bool) -> None:
         self.recipient = recipient
@@ -239,16 +265,19 @@ class _Packer:
             raise InvalidValue(f"maximum message size {max_size} leaves no room for a payload")
         self.target = int(self.space * _FILL)
         self.ratio = _INITIAL_RATIO
-        # Serialized transactions read but not yet placed: (commit, bytes).
-        self.queue: list[tuple[int, bytes]] = []
+        # Transactions read but not yet placed: (commit, serialized bytes),
+        # or a large transaction last, which holds the input until it is split.
+        self.queue: list[tuple[int, bytes | _Large]] = []
+        self.large: _Large | None = None
         self.exhausted = False
         self.last_commit = 0
 
     # -- input ------------------------------------------------------------------
 
     def _pull(self) -> Generator[None, Transaction | None, bool]:
-        """Queue one more transaction; False when the input is exhausted."""
-        if self.exhausted:
+        """Queue one more transaction; False when the input is exhausted (or
+        a large transaction, still being handed over, waits to be split)."""
+        if self.exhausted or self.large is not None:
             return False
         transaction = yield None
         if transaction is None:
@@ -258,6 +287,18 @@ class _Packer:
             raise InvalidValue(f"transaction {transaction.commit} does not follow {self.last_commit}: "
                                "commit offsets must increase")
         self.last_commit = transaction.commit
+        more = type(transaction) is PartialTransaction
+        if more or len(transaction.ops) > LARGE_TRANSACTION_OPS:
+            ops = list(transaction.ops)
+            while more and len(ops) <= LARGE_TRANSACTION_OPS:
+                piece = yield from self._piece(transaction.commit)
+                ops.extend(piece.ops)
+                more = type(piece) is PartialTransaction
+            if len(ops) > LARGE_TRANSACTION_OPS:
+                self.large = _Large(transaction.commit, transaction.origin, ops, more)
+                self.queue.append((transaction.commit, self.large))
+                return True
+            transaction = Transaction._trusted(transaction.commit, transaction.origin, tuple(ops))
         serialized = serialize_transaction(transaction)
         if len(serialized) > MAX_GROUP_PAYLOAD:
             raise InvalidValue(f"transaction {transaction.commit} is {len(serialized)} bytes, over the "
@@ -265,6 +306,31 @@ class _Packer:
                                "\"Limits\"); commit it in smaller transactions")
         self.queue.append((transaction.commit, serialized))
         return True
+
+    def _piece(self, commit: int) -> Generator[None, Transaction | None, Transaction]:
+        """The next piece of the transaction ``commit``, handed over in pieces."""
+        piece = yield None
+        if piece is None or piece.commit != commit:
+            raise InvalidValue(f"transaction {commit} was handed over in pieces, but "
+                               f"{'the input ended' if piece is None else f'transaction {piece.commit} followed'}"
+                               " before its last piece")
+        return piece
+
+    def _large_bytes(self, large: _Large, want: int) -> Generator[None, Transaction | None, None]:
+        """Serialize entries of ``large`` until ``want`` bytes wait to be put
+        into parts, or all of it does: each entry of exactly
+        LARGE_TRANSACTION_OPS operations but the last, however the pieces came."""
+        while len(large.data) < want and (large.ops or large.more):
+            while large.more and len(large.ops) < LARGE_TRANSACTION_OPS:
+                piece = yield from self._piece(large.commit)
+                large.ops.extend(piece.ops)
+                large.more = type(piece) is PartialTransaction
+            entry = serialize_entry(large.commit, large.origin, large.ops[:LARGE_TRANSACTION_OPS])
+            if len(entry) > MAX_GROUP_PAYLOAD:
+                raise InvalidValue(f"transaction {large.commit} holds an entry of {len(entry)} bytes, over the "
+                                   f"{MAX_GROUP_PAYLOAD}-byte limit (docs/message-format.md, \"Limits\")")
+            del large.ops[:LARGE_TRANSACTION_OPS]
+            large.data += entry
 
     def _count_by_estimate(self, minimum: int) -> Generator[None, Transaction | None, int]:
         """How many queued transactions fill the space by the current estimate."""
@@ -281,7 +347,10 @@ class _Packer:
                     break
                 if not (yield from self._pull()):
                     break
-            size = len(self.queue[count][1])
+            entry = self.queue[count][1]
+            if type(entry) is _Large:
+                break  # it travels alone, in parts
+            size = len(entry)
             if count >= minimum and (raw + size) * self.ratio > self.target:
                 break
             if count >= max(minimum, 1) and raw + size > MAX_PAYLOAD:
@@ -291,7 +360,7 @@ class _Packer:
         return count
 
     def _compress(self, count: int) -> _Candidate:
-        payload = array_header(count) + b"".join(entry[1] for entry in islice(self.queue, count))
+        payload = array_header(count) + b"".join(entry[1] for entry in islice(self.queue, count))  # type: ignore[misc]
         return _Candidate(count, len(payload), compress(payload))
 
     # -- output -----------------------------------------------------------------
@@ -303,8 +372,25 @@ class _Packer:
         prev = start
         pending: tuple[Kind, Header, int, bytes, bool] | None = None
         while True:
+            if self.queue and type(self.queue[0][1]) is _Large:
+                commit, large = self.queue.pop(0)
+                seq = 0
+                while True:
+                    chunk_raw, chunk, final = yield from self._large_part(large)  # type: ignore[arg-type]
+                    if pending is not None:
+                        yield self._finish(pending, None)
+                    header = Header(self.resend_count, prev, commit if final else prev, seq)
+                    pending = (Kind.DATA, header, chunk_raw, chunk, True)
+                    seq += 1
+                    if final:
+                        break
+                self.large = None
+                prev = commit
+                continue
             count = yield from self._count_by_estimate(1)
             if count == 0:
+                if self.queue:
+                    continue  # a large transaction came: split it
                 break
             candidate = yield from self._fit(count)
             if candidate is None:
@@ -370,19 +456,39 @@ class _Packer:
         seq = 0
         total = len(serialized)
         while offset < total:
-            length = min(total - offset, MAX_PAYLOAD, max(1, int(self.target / self.ratio)))
-            while True:
-                chunk = compress(serialized[offset:offset + length])
-                if len(chunk) <= self.space and length <= max_raw_length(len(chunk)):
-                    break
-                if len(chunk) <= self.space:  # compresses too well for the decoder's expansion limit
-                    length = max_raw_length(len(chunk))
-                    continue
-                self.ratio = len(chunk) / length
-                length = max(1, min(length - 1, int(self.target / self.ratio)))
-            self.ratio = len(chunk) / length
+            length = min(total - offset, self._part_length())
+            length, chunk = self._cut(serialized, offset, length)
             final = offset + length == total
             yield seq, length, chunk, final
             offset += length
             seq += 1
+
+    def _large_part(self, large: _Large) -> Generator[None, Transaction | None, tuple[int, bytes, bool]]:
+        """The next part of a large transaction, cut as :meth:`_split` cuts:
+        ``(raw length, compressed, final)``."""
+        want = self._part_length()
+        yield from self._large_bytes(large, want)
+        length, chunk = self._cut(large.data, 0, min(len(large.data), want))
+        del large.data[:length]
+        if not large.data:  # is this the last part?  Only if nothing more comes.
+            yield from self._large_bytes(large, 1)
+        return length, chunk, large.done
+
+    def _part_length(self) -> int:
+        return min(MAX_PAYLOAD, max(1, int(self.target / self.ratio)))
+
+    def _cut(self, data: bytes | bytearray, offset: int, length: int) -> tuple[int, bytes]:
+        """The longest part from ``offset`` of at most ``length`` bytes
+        (by the running estimate) that fits, compressed."""
+        while True:
+            chunk = compress(data[offset:offset + length])
+            if len(chunk) <= self.space and length <= max_raw_length(len(chunk)):
+                break
+            if len(chunk) <= self.space:  # compresses too well for the decoder's expansion limit
+                length = max_raw_length(len(chunk))
+                continue
+            self.ratio = len(chunk) / length
+            length = max(1, min(length - 1, int(self.target / self.ratio)))
+        self.ratio = len(chunk) / length
+        return length, chunk
 

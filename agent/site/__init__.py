@@ -31,7 +31,8 @@ from .errors import (
     WrongRole,
 )
 from .extract import ExtractResult, RemoteKeys
-from .publications import Article, LoggedOperation, Publication, Subscription
+from .publications import Article, Publication, Subscription
+from .reading import LoggedOperation
 from .remotes import RemoteUser
 from .schema import Role, SiteIdentity
 

@@ -46,7 +46,7 @@ KIND_DELETE = 3
 FLAG_RETURN_TO_ORIGIN = 1
 # Capture-row flag, set only at a remote, on the row captured when it applies
 # a DELETE the consolidated wrote without the remote's own pending change to
-# that row (see apply.py).  The row's second half, unused by a DELETE, holds
+# that row (see apply/pending.py).  The row's second half, unused by a DELETE, holds
 # the same row with the consolidated's values in the columns where they
 # lacked the remote's own: an INSERT of the same key that follows gets the
 # remote's values there, since the consolidated applies them after it.
@@ -55,7 +55,7 @@ FLAG_RETURN_TO_ORIGIN = 1
 FLAG_CONCURRENT_DELETE = 2
 # Capture-row flag, set only at a remote, on the UPDATE captured when it
 # applies the consolidated's change of the key of a row with its own pending
-# changes: those changes stay pending under the new key (apply.py).  Like
+# changes: those changes stay pending under the new key (apply/pending.py).  Like
 # FLAG_CONCURRENT_DELETE, only the remote's apply path reads it.
 FLAG_PENDING_MOVE = 4
 

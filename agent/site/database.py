@@ -36,12 +36,9 @@ from .capture import Shape, ShapeCache, all_shapes, refresh_changed_tables, tabl
 from .errors import InvalidSetting, SiteError
 from .log import cut_locked, iter_capture, log_end, truncate_locked, truncated_through
 from .publications import (
-    FANOUT_HOLD,
     Article,
-    LoggedOperation,
     Publication,
     Subscription,
-    SubscriberReader,
     Value,
     add_article_locked,
     create_publication_locked,
@@ -49,15 +46,12 @@ from .publications import (
     list_publications,
     list_subscriptions,
     missing_tables,
-    read_fanout,
-    read_operations,
-    read_transactions,
     remove_article_locked,
-    resolve_range,
-    selection_plan,
     subscribe_locked,
     unsubscribe_locked,
 )
+from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
 from .remotes import (
     NewRemote,
     RemoteFilter,
@@ -260,8 +254,8 @@ class SiteDatabase:
         reader, until = self._reader(subscriber, after, until)
         return read_operations(self._conn, reader, after, until, lock=self._lock)
 
-    def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD
-                  ) -> Iterator[tuple[int, Transaction]]:
+    def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD,
+                  piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
         """:meth:`read_log` for several subscribers at once, in one pass over
         the log: ``reads`` are ``(subscriber, after, until)``; yields
         ``(index, transaction)``, ``index`` into ``reads``, and for each
@@ -276,6 +270,10 @@ class SiteDatabase:
         from one log transaction, at most ``hold`` of them for all
         subscribers together: a log transaction that selects more is read
         for each subscriber in turn.  A single read is :meth:`read_log`.
+        With ``piece``, a log transaction read for one subscriber that
+        selects more than about ``piece`` operations comes in pieces
+        (``codec.ops.PartialTransaction``, then a plain ``Transaction``), so
+        none is held whole (docs/message-format.md, "Large transactions").
         """
         reads = list(reads)
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
@@ -287,7 +285,7 @@ class SiteDatabase:
                 if (after, until) not in resolved:
                     resolved[after, until] = resolve_range(self._conn, after, until)
                 ranges.append((after, resolved[after, until]))
-        return read_fanout(self._conn, readers, ranges, lock=self._lock, hold=hold)
+        return read_fanout(self._conn, readers, ranges, lock=self._lock, hold=hold, piece=piece)
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):

@@ -29,7 +29,7 @@ import msgpack
 
 from ..outbound import BatchSend
 from ..site import SiteDatabase
-from ..site.publications import plan_from_rows, value_columns_read
+from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
 FORMAT = 2

@@ -147,6 +147,9 @@ class SpoolCounters:
 
 
 DEFAULT_CHECKPOINT_BYTES = 128 * 1024 * 1024
+# Bytes a group commit block appends before a call waits for them (they wait
+# in memory until written): a block's memory is bounded, whatever it puts.
+GROUP_COMMIT_BUFFER = 16 * 1024 * 1024
 # A segment kept only for queued messages' content is copied forward once they fill at most this share of it.
 RECLAIM_FILL = 0.5
 # A checkpoint due by records waits for this many times what the previous one wrote to be logged.
@@ -331,6 +334,8 @@ class SpoolQueues(MessageQueues):
     def _durable(self, end: int) -> None:
         if getattr(self._local, "depth", 0):
             self._local.end = max(getattr(self._local, "end", 0), end)
+            if end - self._log.durable_rba > GROUP_COMMIT_BUFFER:
+                self._log.sync(end)  # the block's records wait in memory: not more than this
         else:
             self._log.sync(end)
         self._maybe_checkpoint()

@@ -122,7 +122,7 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     from pyspark import SparkFiles
 
     from agent.site.capture import Shape, ShapeTable
-    from agent.site.publications import Fanout, SubscriberReader, plan_from_rows
+    from agent.site.selection import Fanout, SubscriberReader, plan_from_rows
     from agent.site.schema import Role
     from codec.packing import PayloadPacker
 

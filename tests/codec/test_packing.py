@@ -343,3 +343,70 @@ def test_payloads_framed_with_the_key_are_the_files_pulling_makes(sizes, options
     assert [(message.name, message.data) for message in framed] == \
         [(message.name, message.data) for message in expected]
     assert all(HQ.secret_seed() not in payload.compressed for payload in payloads)
+
+
+# --- large transactions ---------------------------------------------------------------
+
+
+def large_ops(count, seed=5):
+    rng = random.Random(seed)
+    return [Operation.insert("t", (i,), {"id": i, "name": f"row {rng.randrange(10**6)}", "n": rng.random()})
+            for i in range(1, count + 1)]
+
+
+def pieces(commit, ops, size):
+    """The transaction ``commit`` handed over in pieces of ``size`` operations."""
+    from codec.ops import PartialTransaction
+
+    chunks = [ops[start:start + size] for start in range(0, len(ops), size)]
+    return [(PartialTransaction if index < len(chunks) - 1 else Transaction)._trusted(commit, "hq", tuple(chunk))
+            for index, chunk in enumerate(chunks)]
+
+
+def test_a_large_transaction_in_pieces_makes_the_files_it_makes_whole():
+    """Pieces of any size, or none: the same operations make the same
+    files, an entry per LARGE_TRANSACTION_OPS operations, in parts that
+    join back into the transaction."""
+    from codec.message import LARGE_TRANSACTION_OPS
+
+    ops = large_ops(2 * LARGE_TRANSACTION_OPS + 123)
+    small = Transaction(2, "hq", (Operation.insert("t", (0,), {"id": 0}),))
+    after = Transaction(9, "hq", (Operation.insert("t", (-1,), {"id": -1}),))
+    whole = pack([small, Transaction(5, "hq", tuple(ops)), after], end=12)
+    for size in (999, 4096, LARGE_TRANSACTION_OPS + 1):
+        assert pack([small, *pieces(5, ops, size), after], end=12) == whole
+    pushed = MessagePacker(keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=0, end=12)
+    made = [message for piece in [small, *pieces(5, ops, 777), after] for message in pushed.add(piece)]
+    assert made + pushed.close() == whole
+    result, last = unpack_stream(whole, 0, DEFAULT_MAX_SIZE)
+    assert [t.commit for t in result] == [2, 5, 9] and last == 12
+    assert values_identical(result[1].ops, tuple(ops))
+
+
+def test_a_group_is_read_part_by_part():
+    """read_group decodes a part only when the operations before it are used."""
+    from codec.message import read_group
+
+    ops = large_ops(30_000)
+    messages = pack([Transaction(5, "hq", tuple(ops))])
+    decoded = [decode_message(m.data, source=m.name, keyring=KEYRING, recipient="field1") for m in messages]
+    taken = []
+
+    def parts():
+        for message in decoded:
+            taken.append(message.header.seq)
+            yield message
+
+    transaction = read_group(parts())
+    assert (transaction.commit, transaction.origin) == (5, "hq") and taken == [0]
+    first = next(transaction.ops)
+    assert first == tuple(ops[0]) and len(taken) < 3
+    assert values_identical((first, *transaction.ops), tuple(ops)) and len(taken) == len(decoded)
+
+
+def test_pieces_that_stop_before_their_last_are_refused():
+    ops = large_ops(50)
+    with pytest.raises(InvalidValue, match="handed over in pieces"):
+        pack(pieces(5, ops, 20)[:-1])
+    with pytest.raises(InvalidValue, match="handed over in pieces"):
+        pack([*pieces(5, ops, 20)[:-1], Transaction(6, "hq", ops[:1])])

@@ -141,6 +141,23 @@ def test_a_group_over_its_limit_is_refused_before_it_is_joined(monkeypatch: pyte
         reassemble(parts)
 
 
+def test_a_group_read_part_by_part_holds_at_most_its_buffer_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_group never joins a group: an operation that would need more
+    than MAX_GROUP_PAYLOAD bytes buffered is refused while it is read."""
+    import codec.message
+
+    blob = b"".join(hashlib.sha256(index.to_bytes(2, "big")).digest() for index in range(1536))  # 48 KiB, incompressible
+    big = Transaction(1, "hq", (Operation.insert("t", (1,), {"id": 1, "blob": blob}),))
+    messages = list(pack_messages([big], keys=SENDER, recipient="field1", incarnation=INCARNATION, resend_count=0,
+                                  start=0, max_size=10_000))
+    parts = [decode(message.data) for message in messages]
+    assert len(parts) > 3
+    assert next(codec.message.read_group(iter(parts)).ops)[4]["blob"] == blob
+    monkeypatch.setattr(codec.message, "MAX_GROUP_PAYLOAD", 20_000)
+    with pytest.raises(MessageTooLarge, match="over the 20000-byte limit"):
+        list(codec.message.read_group(iter(parts)).ops)
+
+
 def test_the_packer_refuses_a_transaction_over_the_group_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     import codec.packing
 

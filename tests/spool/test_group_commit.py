@@ -47,3 +47,24 @@ def test_a_group_commit_block_waits_once(tmp_path):
     spool = SpoolQueues(tmp_path / "spool")
     assert len(spool.inbound("hq")) == 100
     spool.close()
+
+
+def test_a_large_group_commit_block_writes_as_it_goes(tmp_path, monkeypatch):
+    """A block's records wait in memory until written: past
+    GROUP_COMMIT_BUFFER a put waits for them, so a send of thousands of
+    messages holds that much, not all of them."""
+    import agent.spool._spool
+
+    monkeypatch.setattr(agent.spool._spool, "GROUP_COMMIT_BUFFER", 10_000)
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=10**9)
+    before = spool.counters.group_commits
+    with spool.group_commit():
+        for number in range(100):
+            spool.put_outbound("r1", f"m{number:03d}.fsm", b"z" * 1000, 0)
+            assert spool._log.next_rba - spool._log.durable_rba <= 10_000 + 2000
+    assert spool._log.durable_rba == spool._log.next_rba
+    assert 5 <= spool.counters.group_commits - before <= 12
+    spool._abandon()
+    spool = SpoolQueues(tmp_path / "spool")
+    assert len(spool.outbound("r1")) == 100
+    spool.close()

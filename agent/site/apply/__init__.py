@@ -1,0 +1,13 @@
+"""Applying a peer's transactions (docs/site-database.md): one module per
+rule, layered bottom up as batch, statements, keymoves, conflicts,
+unconfirmed, pending and the driver; this package exports what the rest of
+the site adapter uses.
+"""
+
+from .batch import ApplyResult, Conflict, ConflictHook, Resolution
+from .conflicts import ConflictRecord, check_policy, list_conflicts
+from .driver import Applier
+from .statements import ApplyErrorRecord, list_apply_errors
+
+__all__ = ["Applier", "ApplyErrorRecord", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "Resolution",
+           "check_policy", "list_apply_errors", "list_conflicts"]

@@ -1,0 +1,250 @@
+"""The values one apply works with: the batch being applied, what it knows
+of a local table, the rows going back to the origin, and how a row's key
+moves.
+
+Rules of this file:
+* Plain values and bookkeeping only: no SQL, no connection.  Every other
+  module of the apply path builds on this one; it imports none of them.
+* A row is named by ``(table name, key)``; the key a row has after an
+  UPDATE is :func:`key_after` of the values written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Mapping
+
+from codec.ops import OpKind, Operation
+
+from .._db import quote_ident
+from ..capture import Shape
+from ..values import pack
+
+# Recorded at a remote when the consolidated gives a row a key it holds (_take_key).
+KEY_TAKEN = "UPDATE onto a key held here: the row there was replaced by the incoming one"
+
+
+class Resolution(str, Enum):
+    """How a conflict at the consolidated is resolved."""
+
+    INCOMING = "incoming"   # apply the incoming change (the default)
+    LOCAL = "local"         # keep the local row; the origin gets it back
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """What a conflict hook is shown.  ``local_row`` is the whole current row."""
+
+    peer: str
+    peer_commit: int
+    table: str
+    key: tuple
+    local_row: Mapping[str, Any]
+    incoming: Operation
+
+
+# A hook returns a Resolution, or a dict of column -> value to write over
+# the local row (a merge).
+ConflictHook = Callable[[Conflict], "Resolution | dict[str, Any]"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    peer: str
+    log_received: int
+    transactions_applied: int
+    transactions_skipped: int   # commit <= skip_through (by default the log_received already recorded)
+    operations_applied: int
+    conflicts: int
+    errors: int
+    log_commits: tuple[int, ...]  # local log transactions written for the batch
+
+
+# Changes of a row's key _moved_key follows, at most.
+MOVES_FOLLOWED = 16
+
+
+class Table:
+    """What the apply path needs to know about a local table."""
+
+    __slots__ = ("name", "quoted", "columns", "column_set", "key_columns", "where_key", "shape", "policy",
+                 "or_ignore")
+
+    def __init__(self, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...], or_ignore: bool) -> None:
+        self.name = name
+        self.quoted = quote_ident(name)
+        self.columns = columns
+        self.column_set = frozenset(columns)
+        self.key_columns = key_columns
+        self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
+        self.shape: Shape | None = None
+        self.policy = Resolution.INCOMING
+        # Whether the fast path may write with OR IGNORE (see _flush): a
+        # statement's OR clause also governs the statements of the table's
+        # triggers, so only where fieldsync's capture triggers are the only
+        # ones (their insert cannot fail).
+        self.or_ignore = or_ignore
+
+
+class Return:
+    """A row to send back to the batch's origin once the batch is applied."""
+
+    __slots__ = ("table", "origin_row", "columns")
+
+    def __init__(self, table: Table, origin_row: dict, columns: set[str]) -> None:
+        self.table = table
+        self.origin_row = origin_row   # the row as the origin holds it
+        self.columns = columns         # the columns it gets back
+
+
+class Own:
+    """A remote's own changes to one row that the consolidated has not
+    confirmed yet: the last value it wrote to each column (and the capture
+    seq of that write), or that it deleted the row.  ``seq`` is the capture
+    seq of the last of them."""
+
+    __slots__ = ("values", "seqs", "deleted", "seq", "moved_to")
+
+    def __init__(self, seq: int) -> None:
+        self.values: dict[str, Any] = {}
+        self.seqs: dict[str, int] = {}
+        self.deleted = False
+        self.seq = seq
+        self.moved_to: tuple | None = None  # the key it gave the row, when that is why it is gone
+
+
+class Batch:
+    __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched",
+                 "entered", "watched", "received", "moved", "origins", "holds", "stranded", "pending")
+
+    def __init__(self, peer: str, now: str) -> None:
+        self.peer = peer
+        self.commit = 0
+        self.now = now
+        self.applied = 0
+        self.conflicts = 0
+        self.errors = 0
+        self.returns: dict[tuple[str, tuple], Return] = {}
+        # SUBSCRIBE BY filters of the peer's subscriptions (lower-case table ->
+        # (column, values)), and the keys of those tables the batch touched.
+        self.filters: dict[str, tuple[str, frozenset]] = {}
+        self.touched: dict[tuple[str, tuple], Table] = {}
+        # Rows that go back whole, as an INSERT: the peer moved them into its
+        # subset from outside it (it may have been sent a DELETE of them that
+        # reaches it after its change), or moved them away onto a key this
+        # site holds (_refused_move).
+        self.entered: set[tuple[str, tuple]] = set()
+        # At the consolidated, when the log holds operations the peer has not
+        # confirmed: every row the batch touched, with the values the peer
+        # wrote to it ((table name, key) -> (table, {column: value})).  None
+        # when nothing is unconfirmed, so the hot path does no bookkeeping.
+        self.watched: dict[tuple[str, tuple], tuple[Table, dict]] | None = None
+        # Of those rows, the ones the peer receives unconfirmed operations on,
+        # with the kind and row image of the last of them as the peer sees it.
+        self.received: dict[tuple[str, tuple], tuple[int, dict]] = {}
+        # Of the watched rows, those whose key the peer's UPDATEs changed: the
+        # key before the batch -> the key after it (and back), and whether the
+        # peer holds a row under a key after its batch.
+        self.moved: dict[tuple[str, tuple], tuple] = {}
+        self.origins: dict[tuple[str, tuple], tuple] = {}
+        self.holds: dict[tuple[str, tuple], bool] = {}
+        # Rows the peer gave a new key that this site no longer held under
+        # the old one: the peer holds them under the new key (-> its image).
+        self.stranded: dict[tuple[str, tuple], tuple[Table, dict]] = {}
+        # At a remote: its own pending changes (lower-case table -> key -> Own).
+        self.pending: dict[str, dict[tuple, Own]] = {}
+
+
+def send_back(batch: Batch, table: Table, key: tuple, origin_row: dict, columns: set[str]) -> None:
+    """Remember to send the final state of ``key`` back to the batch's
+    origin.  It is written once the whole batch is applied, so it also
+    holds what later operations of the batch did to the row."""
+    pending = batch.returns.get((table.name, key))
+    if pending is None:
+        batch.returns[(table.name, key)] = Return(table, origin_row, columns)
+    else:
+        pending.origin_row.update({column: origin_row[column] for column in columns if column in origin_row})
+        pending.columns |= columns
+
+
+def touch(batch: Batch, table: Table, run: list) -> None:
+    """Remember the keys the peer changed in a filtered table (under the
+    key the row has afterwards), and those its UPDATEs bring into its
+    subset from outside it."""
+    key_columns = table.key_columns
+    filtered_by, values = batch.filters[table.name.lower()]
+    for op in run:
+        before, after = op[3], op[4]
+        key = op[2]
+        if after is not None and any(column in after for column in key_columns):
+            key = key_after(key_columns, key, after)
+        batch.touched[(table.name, key)] = table
+        if (op[1] == OpKind.UPDATE and filtered_by in after and filtered_by in before
+                and before[filtered_by] not in values and after[filtered_by] in values):
+            batch.entered.add((table.name, key))
+
+
+def watch(batch: Batch, table: Table, run: list) -> None:
+    """Remember the rows the peer changed and the values it wrote (under
+    the key the row has afterwards too, when an UPDATE changed it)."""
+    watched = batch.watched
+    assert watched is not None
+    holds = batch.holds
+    name = table.name
+    key_columns = table.key_columns
+    for op in run:
+        key, after = op[2], op[4]
+        entry = watched.get((name, key))
+        if entry is None:
+            entry = watched[(name, key)] = (table, {})
+        holds[(name, key)] = after is not None
+        if after:
+            entry[1].update(after)
+            if not after.keys().isdisjoint(key_columns):
+                moved = key_after(key_columns, key, after)
+                if moved != key:
+                    watched.setdefault((name, moved), (table, {}))[1].update(entry[1])
+                    # Keyed by the key the row had before the batch.
+                    first = batch.origins.pop((name, key), key)
+                    batch.origins[(name, moved)] = first
+                    batch.moved[(name, first)] = moved
+                    holds[(name, key)] = False
+                    holds[(name, moved)] = True
+
+
+def key_after(key_columns: tuple[str, ...], key: tuple, values: Mapping[str, Any]) -> tuple:
+    """The key a row with ``key`` has once ``values`` (column -> value) are written."""
+    return tuple(values.get(column, part) for column, part in zip(key_columns, key))
+
+
+def same_value(left: object, right: object) -> bool:
+    """Exactly the same stored value (type and content; -0.0 is not 0.0)."""
+    if type(left) is not type(right):
+        return False
+    if type(left) is float and left == right:
+        return math.copysign(1.0, left) == math.copysign(1.0, right)  # type: ignore[arg-type]
+    return left == right
+
+
+def sqlite_equal(left: object, right: object) -> bool:
+    """Equality as the ``IS`` of the conditional UPDATE sees it: numbers by
+    value (1 = 1.0), text and blobs by type and content, NaN as NULL."""
+    if isinstance(left, float) and left != left:
+        left = None
+    if isinstance(right, float) and right != right:
+        right = None
+    if type(left) in _NUMBERS and type(right) in _NUMBERS:
+        return left == right
+    return type(left) is type(right) and left == right
+
+
+_NUMBERS = (int, float)
+
+
+def packed(value: object) -> bytes:
+    try:
+        return pack(value)
+    except (TypeError, ValueError, OverflowError):
+        return pack(repr(value))

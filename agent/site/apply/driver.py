@@ -1,0 +1,384 @@
+"""Applying a peer's transactions: the batch driver and its fast path.
+
+Rules of this file:
+* One call applies a batch and sets the peer's ``log_received`` in one
+  SQLite write transaction: a crash anywhere leaves all of it or none of it.
+* Local changes committed before the batch are first cut into their own log
+  transaction; then each applied transaction is cut into a log transaction
+  whose origin is the peer (through agent.site.log).  A log transaction
+  never mixes origins.  At the consolidated the capture triggers see
+  applied rows like any other write; at a remote they skip them (a row in
+  ``fieldsync_applying`` marks the apply's writes; see
+  capture.install_capture).
+* A bad operation never stops the batch: INSERT of an existing key,
+  UPDATE/DELETE of a missing row, a constraint failure, a malformed
+  operation or an unknown table/column is recorded in
+  ``fieldsync_apply_error`` and the rest goes on.  Only problems with the
+  batch as a whole (offsets going backwards, out of order) or with the
+  database itself abort it.
+* The rules live in their own modules, each a layer of :class:`Applier`
+  (bottom up): batch (values, key arithmetic), statements (SQL, metadata),
+  keymoves, conflicts (and what goes back), unconfirmed, pending.
+* Fast path: consecutive operations with the same table, kind and columns
+  run as one ``executemany`` inside a savepoint; if any row of it did not
+  go as planned, the savepoint is rolled back and the run is replayed one
+  operation at a time with the full checks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Iterable
+
+from codec.ops import OpKind, Operation, Transaction
+
+from .._db import format_time, utc_now
+from ..errors import ApplyRefused, IncarnationMismatch, InvalidSetting
+from ..log import cut_locked
+from ..remotes import get_remote
+from ..schema import Role, SiteIdentity
+from ..values import operation_problem
+from .batch import KEY_TAKEN, ApplyResult, Batch, Table, key_after, same_value, send_back, touch, watch
+from .pending import Pending
+
+_VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
+
+
+_OP_TYPES = frozenset({tuple, Operation})
+
+
+# A run of one statement is flushed at this many operations, so that the
+# operations of a transaction read as they are applied are never all held.
+_RUN_LIMIT = 5_000
+# Operations per savepoint on the fast path (see _flush).
+_INSERT_CHUNK = 500
+
+
+_CHANGE_CHUNK = 50
+
+
+
+class Applier(Pending):
+    def apply_locked(self, identity: SiteIdentity, peer: str, transactions: Iterable[Transaction],
+                     log_received: int, *, messages: int, peer_incarnation: bytes | None,
+                     now: datetime | None, skip_through: int | None = None) -> ApplyResult:
+        """Apply ``transactions`` from ``peer``, skipping those with a commit
+        at or below ``skip_through`` (None: the recorded log_received; see
+        SiteDatabase.apply); the caller holds the write transaction and
+        commits it when this returns."""
+        conn = self._conn
+        remote = get_remote(conn, peer)
+        if peer_incarnation is not None:
+            if type(peer_incarnation) is not bytes or len(peer_incarnation) != 16:
+                raise InvalidSetting("a peer incarnation id is 16 bytes")
+            if remote.peer_incarnation is not None and remote.peer_incarnation != peer_incarnation:
+                raise IncarnationMismatch(
+                    f"peer {peer!r} now has incarnation {peer_incarnation.hex()} but {remote.peer_incarnation.hex()} "
+                    "is recorded: its database was rebuilt or restored, so its offsets cannot be trusted; "
+                    "extract the remote again (or reset the pair) before exchanging messages")
+        if type(log_received) is not int or log_received < remote.log_received:
+            raise ApplyRefused(f"log_received for {peer!r} would go back from {remote.log_received} to "
+                               f"{log_received!r}; nothing applied")
+        if type(messages) is not int or messages < 0:
+            raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
+        if skip_through is None:
+            skip_through = remote.log_received
+        elif type(skip_through) is not int or not 0 <= skip_through <= remote.log_received:
+            raise ApplyRefused(f"skip_through {skip_through!r} for {peer!r} must be an offset from 0 to the recorded "
+                               f"log_received {remote.log_received}; nothing applied")
+        self._refresh()
+        self._site_name = identity.name
+        end = cut_locked(conn, identity.name)
+        consolidated = identity.role is Role.CONSOLIDATED
+        batch = Batch(peer, format_time(now or utc_now()))
+        # Offsets of this site's log that the peer has not confirmed: at the
+        # consolidated, operations the peer may receive after the changes in
+        # this batch; at a remote, its own changes still pending.
+        confirmed, unconfirmed_end = remote.confirm_sent, end
+        if consolidated:
+            batch.filters = self._filters(peer)
+            if self._unconfirmed_for(peer, confirmed, end):
+                batch.watched = {}
+        else:
+            # A copy: _pending_one changes it for the batch (see _moved_pending).
+            batch.pending = dict(self._own_changes(confirmed, end))
+        # At a remote, the capture triggers skip what is written from here on
+        # (see capture.install_capture); the row goes again before the commit.
+        marked = not consolidated and self._skips_capture
+        if marked:
+            conn.execute("INSERT INTO fieldsync_applying (id) VALUES (1)")
+        applied = skipped = 0
+        previous = skip_through
+        commits: list[int] = []
+        for transaction in transactions:
+            commit = transaction.commit
+            if commit <= skip_through:
+                skipped += 1  # applied before (a confirmation was lost)
+                continue
+            if commit <= previous:
+                raise ApplyRefused(f"transaction {commit} from {peer!r} follows {previous}: out of order; "
+                                   "nothing applied")
+            if commit > log_received:
+                raise ApplyRefused(f"transaction {commit} from {peer!r} lies beyond the new log_received "
+                                   f"{log_received}; nothing applied")
+            previous = commit
+            batch.commit = commit
+            self._apply_operations(transaction.ops, batch, consolidated)
+            applied += 1
+            cut = cut_locked(conn, peer, end)
+            if cut > end:
+                commits.append(cut)
+                end = cut
+        if batch.watched:
+            self._send_back_unconfirmed(identity, batch, confirmed, unconfirmed_end)
+        if batch.returns or batch.touched or batch.received or batch.stranded:
+            self._write_returns(batch)
+            cut = cut_locked(conn, peer, end)
+            if cut > end:
+                commits.append(cut)
+        if marked:
+            conn.execute("DELETE FROM fieldsync_applying")
+        conn.execute(
+            "UPDATE fieldsync_remote SET log_received = ?, receive_count = receive_count + ?, last_received_at = ?,"
+            " peer_incarnation = coalesce(peer_incarnation, ?) WHERE name = ?",
+            (log_received, messages, batch.now, peer_incarnation, peer))
+        return ApplyResult(peer, log_received, applied, skipped, batch.applied, batch.conflicts, batch.errors,
+                           tuple(commits))
+
+    def _apply_operations(self, ops: tuple, batch: Batch, consolidated: bool) -> None:
+        # Group consecutive operations of one table, kind and column list into
+        # runs, building their statement parameters on the way (this loop is
+        # the adapter's hot path).  The checks here are the cheap structural
+        # ones (C-level type sets); column names are checked per run against
+        # the table, integer ranges by SQLite's binding (an overflow sends the
+        # run down the slow path, which checks every operation fully).
+        run: list = []
+        params: list = []
+        signature: tuple | None = None
+        plain = _VALUE_TYPES
+        for op in ops:
+            mine = None
+            if type(op) in _OP_TYPES and len(op) == 5:
+                table, kind, key, before, after = op
+                if type(table) is str and type(key) is tuple and key and type(kind) is int:
+                    if kind == 1:  # INSERT
+                        if (before is None and type(after) is dict
+                                and {*map(type, key), *map(type, after.values())} <= plain):
+                            mine = (table, 1, len(key), *after)
+                            values = tuple(after.values())
+                    elif kind == 2:  # UPDATE
+                        if (type(before) is dict and type(after) is dict and after
+                                and {*map(type, key), *map(type, after.values()),
+                                     *map(type, before.values())} <= plain):
+                            if consolidated:
+                                mine = (table, 2, len(key), *after, None, *before)
+                                values = (*after.values(), *key, *before.values())
+                            else:  # a remote writes the values as they come
+                                mine = (table, 2, len(key), *after)
+                                values = (*after.values(), *key)
+                    elif kind == 3:  # DELETE
+                        if (after is None and type(before) is dict
+                                and {*map(type, key), *map(type, before.values())} <= plain):
+                            mine = (table, 3, len(key))
+                            values = key
+            if mine is None:
+                self._flush(run, params, signature, batch, consolidated)
+                run, params, signature = [], [], None
+                self._error(batch, op, f"malformed operation: {operation_problem(op) or 'bad structure'}")
+                continue
+            if mine != signature or len(run) >= _RUN_LIMIT:
+                self._flush(run, params, signature, batch, consolidated)
+                run, params, signature = [], [], mine
+            run.append(op)
+            params.append(values)
+        self._flush(run, params, signature, batch, consolidated)
+
+    def _flush(self, run: list, params: list, signature: tuple | None, batch: Batch, consolidated: bool) -> None:
+        if not run:
+            return
+        first = run[0]
+        table = self._table(first[0])
+        if table is None:
+            for op in run:
+                self._error(batch, op, f"no table {op[0]!r} with a primary key at this site")
+            return
+        kind = first[1]
+        if len(first[2]) != len(table.key_columns):
+            for op in run:
+                self._error(batch, op, f"key has {len(first[2])} values but {table.name} has "
+                                       f"{len(table.key_columns)} key columns")
+            return
+        named = () if kind == OpKind.DELETE else (*first[4], *(first[3] or ()))
+        missing = [column for column in named if column not in table.column_set]
+        if missing:
+            for op in run:
+                self._error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
+            return
+        # The fast path's INSERT skips a row whose key is taken, and where the
+        # table allows it (Table.or_ignore) its INSERT and UPDATE skip a row
+        # that breaks any constraint (OR IGNORE): _run sees the count fall
+        # short and replays the chunk, as when the statement raised.  A
+        # statement that cannot abort needs no statement journal, which
+        # inside the savepoint copies pages each row changes (with the
+        # capture table's key indexes, the fast path ran at 40% of its speed).
+        if kind == OpKind.INSERT:
+            sql = self._insert_sql(table, tuple(first[4]), ignore=True)
+        elif kind == OpKind.UPDATE:
+            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else (), ignore=True)
+        else:
+            sql = self._delete_sql(table)
+        if batch.filters and table.name.lower() in batch.filters:
+            touch(batch, table, run)
+        if batch.watched is not None:
+            watch(batch, table, run)
+        pending = batch.pending.get(table.name.lower()) if batch.pending else None
+        if pending:
+            # Operations on rows with this remote's own pending changes go one
+            # by one through _pending_one; the others stay on the fast path.
+            fast_run: list = []
+            fast_params: list = []
+            for op, values in zip(run, params):
+                own = pending.get(op[2])
+                if own is None:
+                    fast_run.append(op)
+                    fast_params.append(values)
+                    continue
+                self._run(table, kind, sql, fast_run, fast_params, batch, consolidated)
+                fast_run, fast_params = [], []
+                self._pending_one(table, op, own, batch)
+            run, params = fast_run, fast_params
+        self._run(table, kind, sql, run, params, batch, consolidated)
+
+    def _run(self, table: Table, kind: int, sql: str, run: list, params: list, batch: Batch,
+             consolidated: bool) -> None:
+        # A savepoint journals every existing page a statement changes; past
+        # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
+        # file, which halves UPDATE speed.  Small chunks stay in memory.
+        step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
+        returns = batch.returns
+        for start in range(0, len(run), step):
+            chunk = params[start:start + step] if len(run) > step else params
+            ops = run[start:start + step]
+            # A row already going back to the peer takes each later change
+            # of the peer's one by one (_one: _origin_changes).
+            if not (returns and any((table.name, op[2]) in returns for op in ops)) and self._fast(sql, chunk):
+                batch.applied += len(chunk)
+                continue
+            for op in ops:
+                self._one(table, op, batch, consolidated)
+
+    def _fast(self, sql: str, params: list) -> bool:
+        conn = self._conn
+        conn.execute("SAVEPOINT fieldsync_run")
+        try:
+            done = conn.executemany(sql, params).rowcount == len(params)
+        except (sqlite3.IntegrityError, OverflowError, sqlite3.ProgrammingError):
+            # ProgrammingError: a row bound the wrong number of values.
+            done = False
+        if not done:
+            conn.execute("ROLLBACK TO fieldsync_run")
+        conn.execute("RELEASE fieldsync_run")
+        return done
+
+    def _one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+        problem = operation_problem(op)
+        if problem is not None:
+            self._error(batch, op, f"malformed operation: {problem}")
+            return
+        kind = op[1]
+        if batch.returns:
+            self._origin_changes(table, op, batch)
+        try:
+            if kind == OpKind.INSERT:
+                self._insert_one(table, op, batch, consolidated)
+            elif kind == OpKind.UPDATE:
+                self._update_one(table, op, batch, consolidated)
+            elif self._conn.execute(self._delete_sql(table), op[2]).rowcount:
+                batch.applied += 1
+            else:
+                moved = self._moved_key(table, op[2]) if consolidated else None
+                if moved is None:
+                    self._error(batch, op, "DELETE of a missing row")
+                else:
+                    self._readdressed(table, (op[0], op[1], moved, op[3], op[4]), batch)
+                    self._conn.execute(self._delete_sql(table), moved)
+                    batch.applied += 1
+        except sqlite3.IntegrityError as error:
+            self._error(batch, op, f"constraint failed: {error}")
+
+    def _insert_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+        after = op[4]
+        try:
+            self._conn.execute(self._insert_sql(table, tuple(after), ignore=False), tuple(after.values()))
+        except sqlite3.IntegrityError as error:
+            local = self._select(table, op[2])
+            if local is None:  # another constraint than the key refused the row
+                self._error(batch, op, f"constraint failed: {error}")
+                return
+        else:
+            batch.applied += 1
+            return
+        if consolidated:
+            # The consolidated keeps its row and sends it back so the origin converges.
+            self._error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
+                                   f"{batch.peer}")
+            send_back(batch, table, op[2], {**local, **after}, set(table.columns))
+        elif any(not same_value(local.get(column), value) for column, value in after.items()):
+            # A remote takes the consolidated's row as is.
+            self._conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
+            self._error(batch, op, "INSERT of an existing key: the row was overwritten with the incoming one")
+        else:
+            batch.applied += 1  # it holds that very row already (a row sent back to it whole)
+
+    def _update_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+        conn = self._conn
+        key, before, after = op[2], op[3], op[4]
+        if consolidated:
+            sql = self._update_sql(table, tuple(after), tuple(before))
+            params = (*after.values(), *key, *before.values())
+        else:
+            sql = self._update_sql(table, tuple(after), ())
+            params = (*after.values(), *key)
+        try:
+            count = conn.execute(sql, params).rowcount
+        except sqlite3.IntegrityError:
+            if consolidated:
+                self._refused_move(table, key, after, batch)
+                raise
+            if not self._take_key(table, sql, params, key, after):
+                raise
+            self._error(batch, op, KEY_TAKEN)
+            return
+        if count:
+            batch.applied += 1
+            return
+        local = self._select(table, key) if consolidated else None
+        if local is None and consolidated:
+            moved = self._moved_key(table, key)
+            if moved is not None:
+                # This site gave the row another key before the change arrived: it applies there.
+                op = (op[0], op[1], moved, before, after)
+                self._readdressed(table, op, batch)
+                if conn.execute(sql, (*after.values(), *moved, *before.values())).rowcount:
+                    batch.applied += 1
+                    return
+                local = self._select(table, moved)
+                if local is not None and not after.keys().isdisjoint(table.key_columns):
+                    # Both gave the row a key: a conflict.  The peer holds the
+                    # row under its key, without this site's changes under
+                    # the other: the whole result goes back.
+                    self._conflict(table, op, local, batch)
+                    final = key_after(table.key_columns, moved, after)
+                    if self._select(table, final) is not None:
+                        send_back(batch, table, final, {**local, **after}, set(table.columns))
+                    return
+        if local is None:
+            self._error(batch, op, "UPDATE of a missing row")
+            if consolidated and not after.keys().isdisjoint(table.key_columns):
+                moved = key_after(table.key_columns, key, after)
+                if moved != key:
+                    batch.stranded[(table.name, moved)] = (
+                        table, {**before, **after, **dict(zip(table.key_columns, moved))})
+            return
+        self._conflict(table, op, local, batch)

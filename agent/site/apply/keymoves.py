@@ -1,0 +1,127 @@
+"""Key moves: operations on a row whose key one side changed.
+
+Rules of this file:
+* At the consolidated, an UPDATE or DELETE of a key it no longer holds
+  follows its own captured key changes (:meth:`_moved_key`, at most
+  ``MOVES_FOLLOWED``) and applies where the row is now.
+* An UPDATE onto a key the other side holds: the consolidated refuses it
+  and sends both rows back whole (:meth:`_refused_move`); a remote drops
+  its own row there and applies the move (:meth:`_take_key`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from codec.ops import OpKind
+
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, key_indexes
+from .batch import MOVES_FOLLOWED, Batch, Table, key_after, send_back, touch, watch
+from .statements import Statements
+
+class KeyMoves(Statements):
+    @staticmethod
+    def _origin_changes(table: Table, op: tuple, batch: Batch) -> None:
+        """The peer changes again a row that goes back to it (an earlier
+        operation of the batch conflicted): the row it will hold when the
+        row goes back has that change too, and the row written back must
+        carry it as its before-image, or a pending change of the peer's
+        equal to the older value would be taken for one the row was written
+        with (rule 2)."""
+        name_key = (table.name, op[2])
+        pending = batch.returns.get(name_key)
+        if pending is None or op[1] == OpKind.DELETE:
+            return
+        pending.origin_row.update(op[4])
+        moved = key_after(table.key_columns, op[2], op[4]) if op[1] == OpKind.UPDATE else op[2]
+        if moved != op[2] and (table.name, moved) not in batch.returns:
+            batch.returns[(table.name, moved)] = batch.returns.pop(name_key)
+
+    def _refused_move(self, table: Table, key: tuple, after: dict, batch: Batch) -> None:
+        """At the consolidated: the peer gave row ``key`` a new key that a
+        row here holds (this site moved or inserted one there meanwhile); the
+        UPDATE fails.  The peer drops its row there when it applies this
+        site's change (_take_key), or holds it until then: both rows go back
+        whole, the one under the old key as an INSERT (the peer moved it
+        away)."""
+        moved = key_after(table.key_columns, key, after)
+        if moved == key:
+            return
+        old, new = self._select(table, key), self._select(table, moved)
+        if old is None or new is None:
+            return  # another constraint refused it
+        columns = set(table.columns)
+        send_back(batch, table, key, old, columns)
+        batch.entered.add((table.name, key))
+        send_back(batch, table, moved, {**old, **after}, columns)
+
+    def _take_key(self, table: Table, sql: str, params: tuple, key: tuple, after: dict) -> bool:
+        """At a remote: the consolidated gives row ``key`` a new key, which
+        this site holds.  The consolidated's log reaches it in order, so
+        that row is this site's own doing (it inserted that key, or moved a
+        row there) that the consolidated had not applied when it moved its
+        row there; it keeps its row and refuses this site's (an INSERT of an
+        existing key, sent back whole).  So this site drops its row and
+        applies the move.  Whether it did: not when the UPDATE does not
+        change the key or still fails (another constraint), which leaves
+        everything as it was."""
+        moved = key_after(table.key_columns, key, after)
+        if moved == key:
+            return False
+        conn = self._conn
+        conn.execute("SAVEPOINT fieldsync_take_key")
+        try:
+            conn.execute(self._delete_sql(table), moved)
+            conn.execute(sql, params)
+        except sqlite3.IntegrityError:
+            conn.execute("ROLLBACK TO fieldsync_take_key")
+            return False
+        finally:
+            conn.execute("RELEASE fieldsync_take_key")
+        return True
+
+    def _moved_key(self, table: Table, key: tuple) -> tuple | None:
+        """The key this consolidated gave the row that had ``key`` (a row it
+        no longer holds): its last captured change of that key, when an
+        UPDATE that changed it, followed through further changes of the key
+        to one that holds a row.  None when the row was deleted, or the
+        change is no longer in the capture table (truncated)."""
+        seen = {key}
+        for _ in range(MOVES_FOLLOWED):
+            last = None
+            for shape_id in self._table_shapes(table):
+                index = key_indexes(self._shapes.get(shape_id))[0]
+                if len(index.columns) != len(key):
+                    continue
+                sql = self._sql.get(("last change", index.name))
+                if sql is None:
+                    match = " AND ".join(f"{column} IS ?" for column in index.columns)
+                    sql = self._sql[("last change", index.name)] = (
+                        f"SELECT * FROM fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
+                        " AND (flags IS NULL OR flags & ? = 0) ORDER BY seq DESC LIMIT 1")
+                try:
+                    row = self._conn.execute(sql, (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
+                except OverflowError:  # an integer beyond 64 bits, which no row holds
+                    return None
+                if row is not None and (last is None or row[0] > last[0]):
+                    last = row
+            if last is None or last[2] != KIND_UPDATE:
+                return None
+            shape = self._shapes.get(last[1])
+            width = len(shape.columns)
+            moved = tuple(last[4 + width + position] for position in shape.key_positions)
+            if moved in seen:
+                return None
+            if self._select(table, moved) is not None:
+                return moved
+            seen.add(moved)
+            key = moved
+        return None
+
+    def _readdressed(self, table: Table, op: tuple, batch: Batch) -> None:
+        """Note an operation applied under the key the row has now, for the
+        rules that look at the rows a batch touched."""
+        if batch.filters and table.name.lower() in batch.filters:
+            touch(batch, table, [op])
+        if batch.watched is not None:
+            watch(batch, table, [op])

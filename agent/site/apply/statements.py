@@ -1,0 +1,178 @@
+"""SQL building and table metadata for the apply path.
+
+Rules of this file:
+* Statements are built once per table and shape of operation and cached
+  until the schema changes (``PRAGMA schema_version``).
+* Identifiers always go through ``quote_ident``; values are always bound.
+* A bad operation is recorded in ``fieldsync_apply_error`` (:meth:`_error`)
+  and never stops the batch.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime
+
+from .._db import quote_ident
+from ..capture import ShapeCache, trigger_names
+from ..values import unpack
+from .batch import Batch, ConflictHook, Own, Resolution, Table, packed
+
+class Statements:
+    def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache) -> None:
+        self._conn = conn
+        self._shapes = shapes
+        self._schema_version = -1
+        self._tables: dict[str, Table | None] = {}
+        self._sql: dict[tuple, str] = {}
+        self._shape_ids: dict[str, tuple[int, ...]] = {}
+        self._skips_capture = False  # a remote whose triggers skip the apply path's writes
+        # _own_changes' last result: (confirmed, end, pending rows).
+        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]]] | None = None
+        # At the consolidated, per peer, a stretch (after, until] of the log
+        # that holds only the peer's own transactions and no row written
+        # back to it (see _unconfirmed_for).
+        self._own_runs: dict[str, tuple[int, int]] = {}
+        self._article_shapes: dict[str, int] = {}
+        self._policies: dict[str, str] = {}
+        self.hooks: dict[str | None, ConflictHook] = {}
+        self._site_name = ""
+
+    def _refresh(self) -> None:
+        version = self._conn.execute("PRAGMA schema_version").fetchone()[0]
+        if version != self._schema_version:
+            self._schema_version = version
+            self._tables.clear()
+            self._sql.clear()
+            self._shape_ids.clear()
+            self._skips_capture = self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fieldsync_applying'").fetchone() is not None
+        shapes = dict(self._conn.execute("SELECT lower(table_name), shape FROM fieldsync_article").fetchall())
+        policies = dict(self._conn.execute("SELECT lower(table_name), policy FROM fieldsync_conflict_policy")
+                        .fetchall())
+        self._article_shapes = shapes
+        self._policies = policies
+        for lowered, table in self._tables.items():
+            if table is not None:
+                self._attach(lowered, table)
+
+    def _attach(self, lowered: str, table: Table) -> None:
+        shape_id = self._article_shapes.get(lowered)
+        table.shape = None if shape_id is None else self._shapes.get(shape_id)
+        table.policy = Resolution(self._policies.get(lowered, Resolution.INCOMING.value))
+
+    def _table(self, name: str) -> Table | None:
+        lowered = name.lower()
+        try:
+            return self._tables[lowered]
+        except KeyError:
+            pass
+        table = None
+        row = self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                                 (name,)).fetchone()
+        if row is not None and not lowered.startswith(("fieldsync_", "sqlite_")):
+            columns, keyed = [], []
+            for _cid, column, _type, _notnull, _default, pk, hidden in self._conn.execute(
+                    f"PRAGMA table_xinfo({quote_ident(row[0])})"):
+                if not hidden:
+                    columns.append(column)
+                    if pk:
+                        keyed.append((pk, column))
+            if keyed:
+                triggers = {name.lower() for (name,) in self._conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? COLLATE NOCASE",
+                    (row[0],))}
+                table = Table(row[0], tuple(columns), tuple(column for _, column in sorted(keyed)),
+                               triggers <= {name.lower() for name in trigger_names(row[0])})
+                self._attach(lowered, table)
+        self._tables[lowered] = table
+        return table
+
+    def _table_shapes(self, table: Table) -> tuple[int, ...]:
+        shapes = self._shape_ids.get(table.name.lower())
+        if shapes is None:
+            shapes = tuple(row[0] for row in self._conn.execute(
+                "SELECT id FROM fieldsync_shape WHERE table_name = ? COLLATE NOCASE ORDER BY id", (table.name,)))
+            self._shape_ids[table.name.lower()] = shapes
+        return shapes
+
+    def _select(self, table: Table, key: tuple) -> dict | None:
+        sql = self._sql.get(("select", table.name))
+        if sql is None:
+            columns = ", ".join(quote_ident(column) for column in table.columns)
+            sql = f"SELECT {columns} FROM {table.quoted} WHERE {table.where_key}"
+            self._sql[("select", table.name)] = sql
+        try:
+            row = self._conn.execute(sql, key).fetchone()
+        except OverflowError:  # an integer beyond 64 bits: no row has that key
+            return None
+        return None if row is None else dict(zip(table.columns, row))
+
+    def _error(self, batch: Batch, op: object, problem: str) -> None:
+        batch.errors += 1
+        table = kind = key = None
+        if isinstance(op, tuple) and len(op) == 5:
+            table = op[0] if type(op[0]) is str else None
+            kind = op[1] if type(op[1]) is int else None
+            key = packed(op[2])
+        self._conn.execute(
+            "INSERT INTO fieldsync_apply_error (at, peer, peer_commit, table_name, kind, key, operation, problem)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (batch.now, batch.peer, batch.commit, table, kind, key, packed(op), problem))
+
+    def _insert_sql(self, table: Table, columns: tuple[str, ...], ignore: bool) -> str:
+        cache_key = ("insert", table.name, columns, ignore)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            names = ", ".join(quote_ident(column) for column in columns)
+            sql = (f"INSERT{' OR IGNORE' if ignore and table.or_ignore else ''} INTO {table.quoted} ({names})"
+                   f" VALUES ({', '.join('?' * len(columns))})"
+                   + (" ON CONFLICT DO NOTHING" if ignore and not table.or_ignore else ""))
+            self._sql[cache_key] = sql
+        return sql
+
+    def _update_sql(self, table: Table, after: tuple[str, ...], before: tuple[str, ...],
+                    ignore: bool = False) -> str:
+        cache_key = ("update", table.name, after, before, ignore)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            assignments = ", ".join(f"{quote_ident(column)} = ?" for column in after)
+            checks = "".join(f" AND {quote_ident(column)} IS ?" for column in before)
+            sql = (f"UPDATE{' OR IGNORE' if ignore and table.or_ignore else ''} {table.quoted} SET {assignments}"
+                   f" WHERE {table.where_key}{checks}")
+            self._sql[cache_key] = sql
+        return sql
+
+    def _delete_sql(self, table: Table) -> str:
+        cache_key = ("delete", table.name)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            sql = f"DELETE FROM {table.quoted} WHERE {table.where_key}"
+            self._sql[cache_key] = sql
+        return sql
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyErrorRecord:
+    id: int
+    at: datetime
+    peer: str
+    peer_commit: int
+    table: str | None
+    kind: int | None
+    key: tuple | None
+    operation: object
+    problem: str
+
+
+def list_apply_errors(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
+    rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, kind, key, operation, problem"
+                        " FROM fieldsync_apply_error WHERE id > ? ORDER BY id", (after_id,)).fetchall()
+    result = []
+    for i, at, peer, commit, table, kind, key, operation, problem in rows:
+        key_value = unpack(key)
+        result.append(ApplyErrorRecord(i, datetime.fromisoformat(at), peer, commit, table, kind,
+                                       tuple(key_value) if isinstance(key_value, (list, tuple)) else None,
+                                       unpack(operation), problem))
+    return tuple(result)

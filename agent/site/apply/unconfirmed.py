@@ -1,0 +1,186 @@
+"""The unconfirmed rule (docs/site-database.md "Concurrent changes").
+
+Rules of this file:
+* At the consolidated, a row the batch changed also goes back to the origin
+  when the log holds operations on it that the origin receives and has not
+  confirmed: they may reach the origin after its change.
+* They are looked up by key in the capture table's key indexes, never by
+  reading that part of the log: the cost follows the rows the batch
+  touched, whatever the length of the unconfirmed range.
+"""
+
+from __future__ import annotations
+
+from codec.ops import OpKind
+
+from ..capture import KIND_UPDATE, KeyIndex, key_indexes
+from ..selection import SubscriberReader
+from ..schema import SiteIdentity
+from ..values import value_problem
+from .batch import Batch, Table, send_back
+from .conflicts import Conflicts
+
+# Keys the unconfirmed rule looks up per statement (see _rows_of_keys).
+_PROBE_CHUNK = 200
+
+
+
+class Unconfirmed(Conflicts):
+    def _unconfirmed_for(self, peer: str, confirmed: int, end: int) -> bool:
+        """Whether the log holds, in ``(confirmed, end]``, operations ``peer``
+        may receive: of another origin, or written back to it.  A stretch
+        found to hold only the peer's own transactions is remembered, so a
+        remote whose own transactions pile up unconfirmed (it receives
+        nothing) does not have them read again at every batch."""
+        if end <= confirmed:
+            return False
+        start = confirmed
+        known = self._own_runs.get(peer)
+        if known is not None and known[0] <= confirmed <= known[1] <= end:
+            start = known[1]
+        conn = self._conn
+        if conn.execute("SELECT 1 FROM fieldsync_log WHERE commit_offset > ? AND commit_offset <= ? AND origin != ?"
+                        " LIMIT 1", (start, end, peer)).fetchone():
+            return True
+        # Every transaction there is the peer's: any row written back in it is for the peer.
+        if conn.execute("SELECT 1 FROM fieldsync_returned WHERE seq > ? AND seq <= ? LIMIT 1",
+                        (start, end)).fetchone():
+            return True
+        # Committed log rows never change (this apply has written none yet
+        # but a cut of local changes, whose origin is this site).
+        self._own_runs[peer] = (confirmed, end)
+        return False
+
+    def _send_back_unconfirmed(self, identity: SiteIdentity, batch: Batch, confirmed: int, end: int) -> None:
+        """The unconfirmed rule.  A row the batch changed may end up different
+        at the peer when the log holds, in ``(confirmed, end]``, operations on
+        it that the peer receives: they may reach the peer after its change.
+        Such a row's state after the batch goes back to the peer, after them
+        (written by _write_returns).  Records in ``batch.received`` the kind
+        and image of the last such operation per row, as the peer sees it.
+
+        Keys make two more cases.  Where the peer holds no row under a key
+        after its batch (it deleted the row or gave it another key), an
+        operation on that key misses at the peer: it counts as a DELETE
+        there unless it is an INSERT.  And an operation that gives a row the
+        batch touched another key (old -> new) brings the new key in: the
+        peer holds the row there when it held it under the old key
+        (otherwise it missed the move and lacks the row), so the new key's
+        operations after the move are looked up as well.  Last, a row whose
+        key the batch changed, while operations on its old key reach the
+        peer and miss it there, goes back whole under its new key.
+
+        Costs lookups by key for the rows the batch touched and the
+        operations on them, whatever the length of ``(confirmed, end]``."""
+        watched = batch.watched
+        assert watched is not None
+        reader: SubscriberReader | None = None
+        received = batch.received
+        holds = batch.holds
+        absent = {name_key for name_key, held in holds.items() if not held}
+        since: dict[tuple[str, tuple], int] = {}  # keys brought in by a move: operations after it
+        transaction = (1, 0, "")  # the log transaction of the last row looked at: (first seq, commit, origin)
+        by_table: dict[str, tuple[Table, set[tuple]]] = {}
+        for (name, key), (table, _values) in watched.items():
+            by_table.setdefault(name, (table, set()))[1].add(key)
+        while by_table:
+            brought: dict[str, tuple[Table, set[tuple]]] = {}
+            for name, (table, keys) in by_table.items():
+                for row in self._rows_of_keys(table, keys, confirmed, end):
+                    seq = row[0]
+                    shape = self._shapes.get(row[1])
+                    width = len(shape.columns)
+                    old_key = tuple(row[4 + i] for i in shape.key_positions)
+                    new_key = (tuple(row[4 + width + i] for i in shape.key_positions) if row[2] == KIND_UPDATE
+                               else old_key)
+                    hits = [key for key in {old_key, new_key} if key in keys and seq > since.get((name, key), 0)]
+                    if not hits:
+                        continue
+                    if not transaction[0] <= seq <= transaction[1]:
+                        found = self._conn.execute(
+                            "SELECT first_seq, commit_offset, origin FROM fieldsync_log WHERE commit_offset >= ?"
+                            " ORDER BY commit_offset LIMIT 1", (seq,)).fetchone()
+                        if found is None or found[1] > end:
+                            continue
+                        transaction = found
+                    if reader is None:
+                        reader = SubscriberReader.from_database(self._conn, identity, self._shapes, batch.peer)
+                    op = reader.operation(transaction[2], row)
+                    if op is None:
+                        continue  # the peer does not receive it: its own, or outside its subset
+                    image = op[4] if op[4] is not None else op[3]
+                    moves = op[1] == OpKind.UPDATE and old_key != new_key
+                    for key in hits:
+                        kind = op[1]
+                        if moves:
+                            kind = OpKind.DELETE if key == old_key else OpKind.INSERT
+                        if (name, key) in absent:
+                            if kind == OpKind.INSERT:
+                                absent.discard((name, key))
+                            else:
+                                kind = OpKind.DELETE  # it misses there
+                        received[(name, key)] = (kind, image)
+                    if moves and old_key in hits and new_key not in keys:
+                        # A move of a row the batch touched: the new key, and what follows it there.
+                        values = watched[(name, old_key)][1]
+                        watched[(name, new_key)] = (table, {column: value for column, value in values.items()
+                                                            if column not in table.key_columns})
+                        since[(name, new_key)] = seq
+                        if (name, old_key) in absent:
+                            absent.add((name, new_key))
+                            received[(name, new_key)] = (OpKind.DELETE, image)
+                        else:
+                            received[(name, new_key)] = (OpKind.INSERT, image)
+                        brought.setdefault(name, (table, set()))[1].add(new_key)
+            by_table = brought
+        whole = set()
+        for (name, old_key), new_key in batch.moved.items():
+            if (name, old_key) in received and holds.get((name, new_key)):
+                whole.add((name, new_key))
+                if (name, new_key) not in received:
+                    received[(name, new_key)] = (OpKind.UPDATE, dict(watched[(name, new_key)][1]))
+        for name_key in received:
+            table, values = watched[name_key]
+            result = self._select(table, name_key[1])
+            if result is not None:
+                columns = set(table.columns) if name_key in whole or not values else set(values)
+                send_back(batch, table, name_key[1], {**result, **values}, columns)
+
+    def _rows_of_keys(self, table: Table, keys: set[tuple], after: int, until: int) -> list[tuple]:
+        """Capture rows of ``table`` in ``(after, until]`` whose old key or, for
+        an UPDATE that changed it, new key is one of ``keys`` (SQLite's
+        ``IS``: NULL matches NULL, 1 matches 1.0), in seq order.  Found
+        through the key indexes of the table's shapes (capture.key_indexes),
+        so the cost follows the keys and their rows, not the range."""
+        found: dict[int, tuple] = {}
+        for shape_id in self._table_shapes(table):
+            for index in key_indexes(self._shapes.get(shape_id)):
+                # A key of another length than the shape's matches none of its rows.
+                probes = [key for key in keys if len(key) == len(index.columns)]
+                for start in range(0, len(probes), _PROBE_CHUNK):
+                    probe = probes[start:start + _PROBE_CHUNK]
+                    try:
+                        rows = self._probe(index, probe, after, until)
+                    except OverflowError:  # an integer beyond 64 bits, which no row holds
+                        rows = self._probe(index, [key for key in probe if all(value_problem(part) is None
+                                                                               for part in key)], after, until)
+                    found.update((row[0], row) for row in rows)
+        return [found[seq] for seq in sorted(found)]
+
+    def _probe(self, index: KeyIndex, keys: list[tuple], after: int, until: int) -> list[tuple]:
+        """Capture rows in ``(after, until]`` that ``index`` holds under one of
+        ``keys`` (each as long as the index)."""
+        if not keys:
+            return []
+        cache_key = ("probe", index.name, len(keys))
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            probe = ", ".join(f"k{position}" for position in range(len(index.columns)))
+            values = ", ".join([f"({', '.join('?' * len(index.columns))})"] * len(keys))
+            match = " AND ".join(f"{column} IS k{position}" for position, column in enumerate(index.columns))
+            # INDEXED BY: a plan without the index would read the whole range.
+            sql = (f"WITH probe ({probe}) AS (VALUES {values}) SELECT fieldsync_capture.* FROM probe,"
+                   f" fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
+                   " AND seq > ? AND seq <= ?")
+            self._sql[cache_key] = sql
+        return self._conn.execute(sql, (*(part for key in keys for part in key), after, until)).fetchall()

@@ -1,0 +1,151 @@
+"""Reading the log for subscribers: ranges, transactions (whole or in
+pieces) and one pass for many subscribers.
+
+Rules of this file:
+* Both bounds of a read are commit boundaries (:func:`resolve_range`), so
+  transactions are never cut; memory holds one chunk of capture rows and
+  what is selected from one log transaction (or one piece of it).
+* Selection is agent.site.selection's, folding agent.site.folding's: this
+  file only drives them over agent.site.log.iter_capture.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from typing import Iterator, NamedTuple
+
+from codec.ops import Operation, PartialTransaction, Transaction
+
+from .folding import FOLD_WINDOW, _Folder, make_transaction
+from .errors import LogOffsetError
+from .log import check_boundary, iter_capture, log_end
+from .selection import FANOUT_HOLD, Fanout, SubscriberReader
+
+
+class LoggedOperation(NamedTuple):
+    """One operation of the log as a subscriber sees it."""
+
+    commit: int
+    origin: str
+    operation: Operation
+
+def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:
+    check_boundary(conn, after, "start offset")
+    end = log_end(conn)
+    if until is None:
+        until = end
+    else:
+        if until > end:
+            raise LogOffsetError(f"end offset {until} lies beyond the log end {end}")
+        check_boundary(conn, until, "end offset")
+    if until < after:
+        raise LogOffsetError(f"end offset {until} lies before start offset {after}")
+    return until
+
+def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
+                    lock: threading.RLock | None = None) -> Iterator[LoggedOperation]:
+    for commit, origin, rows in iter_capture(conn, after, until, lock=lock, skip_origin=reader.subscriber,
+                                             keep_flag=reader.returned_flag, value_columns=reader.value_columns):
+        ops: list[Operation] = []
+        reader.extend(origin, rows, ops)
+        for op in ops:
+            yield LoggedOperation(commit, origin, op)
+
+def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
+                      lock: threading.RLock | None = None, piece: int | None = None) -> Iterator[Transaction]:
+    """Group :func:`read_operations` into transactions; a log transaction
+    with nothing for the subscriber yields nothing.  With ``piece``, a log
+    transaction that selects more operations comes in pieces of about that
+    many (``PartialTransaction`` values and a last plain ``Transaction``,
+    codec.packing), so none is held whole."""
+    ops: list[Operation] = []
+    folder: _Folder | None = None
+    commit, origin = 0, ""
+    for logged_commit, logged_origin, rows in iter_capture(conn, after, until, lock=lock,
+                                                           skip_origin=reader.subscriber,
+                                                           keep_flag=reader.returned_flag,
+                                                           value_columns=reader.value_columns):
+        if logged_commit != commit:
+            if folder is not None:
+                yield _last_piece(commit, origin, folder, ops)
+                folder = None
+            elif ops:
+                yield from _transaction(commit, origin, ops)
+            ops = []
+            commit, origin = logged_commit, logged_origin
+        reader.extend(logged_origin, rows, ops)
+        if piece is not None and len(ops) >= piece + FOLD_WINDOW:
+            if folder is None:
+                folder = _Folder()
+            folder.add(ops)
+            ops = []
+            taken = folder.take(FOLD_WINDOW)
+            if taken:
+                yield PartialTransaction._trusted(commit, origin, tuple(taken))
+    if folder is not None:
+        yield _last_piece(commit, origin, folder, ops)
+    elif ops:
+        yield from _transaction(commit, origin, ops)
+
+def _last_piece(commit: int, origin: str, folder: "_Folder", ops: list[Operation]) -> Transaction:
+    """The last piece of a transaction read in pieces (perhaps empty: every
+    piece before it was yielded already)."""
+    folder.add(ops)
+    return Transaction._trusted(commit, origin, tuple(folder.take(0)))
+
+def read_fanout(conn: sqlite3.Connection, readers: list[SubscriberReader], ranges: list[tuple[int, int]], *,
+                lock: threading.RLock | None = None, hold: int = FANOUT_HOLD,
+                piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
+    """What :func:`read_transactions` yields for each reader over its range
+    ``(after, until]`` (commit boundaries the caller checked), from one pass
+    over the log: ``(index, transaction)`` pairs, each reader's in commit
+    order.
+
+    A log transaction from which more than ``hold`` operations are selected
+    (for all readers together) is dropped from the pass and read for each of
+    its subscribers in turn, so memory holds what one subscriber's read
+    holds plus about ``hold`` operations (the check comes after each chunk
+    of capture rows).  A single reader reads as :func:`read_transactions`
+    does.  ``piece``: as for :func:`read_transactions`, where a log
+    transaction is read for one subscriber.
+    """
+    if not readers:
+        return iter(())
+    if len(readers) == 1:
+        after, until = ranges[0]
+        return ((0, transaction)
+                for transaction in read_transactions(conn, readers[0], after, until, lock=lock, piece=piece))
+    return _read_fanout(conn, Fanout(readers, ranges), lock, hold, piece)
+
+def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock | None,
+                 hold: int, piece: int | None) -> Iterator[tuple[int, Transaction]]:
+    readers, ranges = fanout.readers, fanout.ranges
+    width = max(reader.value_columns for reader in readers)
+    position = min(after for after, _ in ranges)
+    until = max(until for _, until in ranges)
+    while position < until:
+        chunks = iter_capture(conn, position, until, lock=lock, value_columns=width)
+        dropped = None
+        for commit, origin, rows in chunks:
+            yield from fanout.add(commit, origin, rows)
+            if fanout.held > hold and len(fanout.active) > 1:
+                dropped = fanout.drop()
+                break
+        if dropped is None:
+            yield from fanout.finish()
+            return
+        chunks.close()
+        commit, active = dropped
+        for index in active:
+            # (commit - 1, commit] holds that one log transaction.
+            for transaction in read_transactions(conn, readers[index], commit - 1, commit, lock=lock, piece=piece):
+                yield index, transaction
+                # Not held while the next subscriber's copy is built: one at a time.
+                del transaction
+        position = commit
+
+def _transaction(commit: int, origin: str, ops: list[Operation]) -> Iterator[Transaction]:
+    transaction = make_transaction(commit, origin, ops)
+    if transaction is not None:
+        yield transaction

@@ -1,0 +1,570 @@
+"""Selecting what one subscriber receives from capture rows: the
+subscriber's view of each shape, its reader, and the router and fan-out
+that serve many subscribers from one pass over the log.
+
+Rules of this file:
+* Reading turns capture rows into :class:`codec.ops.Operation` values:
+  ops whose origin is the subscriber are dropped (no echo), except the rows
+  the apply path wrote for that origin (conflict results, DELETEs of rows it
+  left outside its subset); an UPDATE that moves a row into or out of the
+  subscriber's subset becomes an INSERT of the full published row or a
+  DELETE (folding: agent.site.folding).
+* Pure row selection: plans, readers, routers and fan-outs see plain data
+  (the plan, the shapes, capture rows); only the ``from_database``
+  constructors read a site database, once.  The site database and the
+  Spark batch job both select through them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from itertools import groupby
+from operator import itemgetter
+from typing import Callable, Iterable, NamedTuple
+
+from codec.ops import OpKind, Operation, Transaction
+
+from .capture import (
+    FLAG_RETURN_TO_ORIGIN,
+    KIND_DELETE,
+    KIND_INSERT,
+    KIND_UPDATE,
+    Shape,
+    ShapeCache,
+    ShapeTable,
+    all_shapes,
+)
+from .errors import InvalidSetting, UnknownRemote
+from .folding import _operation, _same, make_transaction
+from .schema import Role, SiteIdentity
+
+
+class _View:
+    """How one subscriber sees the capture rows of one shape.
+
+    Everything that depends only on the shape is worked out once: getters
+    that pick the published columns and the key out of a whole capture row
+    (``(seq, shape, kind, flags, v0, ...)``; the old or inserted row starts
+    at ``v0``, an UPDATE's new row at ``v<width>``), and where the SUBSCRIBE
+    BY value sits.  Reading converts runs of rows of one shape and kind in
+    one comprehension (the log reader's hot path).
+    """
+
+    __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
+                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter")
+
+    def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
+                 values: frozenset | None) -> None:
+        self.table = shape.table
+        width = self.width = len(shape.columns)
+        wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
+        self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
+        self.names = tuple(shape.columns[i] for i in self.positions)
+        self.key_positions = shape.key_positions
+        if subscribe_by is None or values is None:
+            self.filter_position = None
+            self.values = None
+        elif subscribe_by in shape.columns:
+            self.filter_position = shape.columns.index(subscribe_by)
+            self.values = values
+        else:  # the filter column did not exist when these rows were captured
+            self.filter_position = None
+            self.values = frozenset()
+        self.indexes = range(len(self.positions))
+        self.old_image = _getter([4 + i for i in self.positions])
+        self.new_image = _getter([4 + width + i for i in self.positions])
+        self.old_key = _getter([4 + i for i in self.key_positions])
+        self.new_key = _getter([4 + width + i for i in self.key_positions])
+        self.old_filter = None if self.filter_position is None else 4 + self.filter_position
+        self.new_filter = None if self.filter_position is None else 4 + width + self.filter_position
+
+    def contains(self, row: tuple) -> bool:
+        """Whether an image (a slice of the shape's columns) is in the subset."""
+        if self.filter_position is None:
+            return self.values is None
+        return row[self.filter_position] in self.values  # type: ignore[operator]
+
+    def image(self, row: tuple) -> dict:
+        return {name: row[i] for name, i in zip(self.names, self.positions)}
+
+    def key(self, row: tuple) -> tuple:
+        return tuple(row[i] for i in self.key_positions)
+
+    def rows(self, kind: int, rows: Iterable[tuple]) -> list[Operation]:
+        """The INSERTs or DELETEs capture ``rows`` (all of ``kind``) become."""
+        if self.old_filter is None:
+            if self.values is not None:
+                return []  # filtered by a column these rows do not have: nothing matches
+            chosen = rows
+        else:
+            at, values = self.old_filter, self.values
+            chosen = [row for row in rows if row[at] in values]  # type: ignore[operator]
+        new, table, names, key, image = tuple.__new__, self.table, self.names, self.old_key, self.old_image
+        if kind == KIND_INSERT:
+            return [new(Operation, (table, 1, key(row), None, dict(zip(names, image(row))))) for row in chosen]
+        return [new(Operation, (table, 3, key(row), dict(zip(names, image(row))), None)) for row in chosen]
+
+    def update(self, row: tuple) -> Operation | None:
+        """The operation an UPDATE capture row becomes: an UPDATE of the
+        published columns that changed, a DELETE or INSERT when it moves the
+        row out of or into the subset, or nothing."""
+        if self.old_filter is None:
+            was_in = is_in = self.values is None
+        else:
+            values = self.values
+            was_in = row[self.old_filter] in values  # type: ignore[operator]
+            is_in = row[self.new_filter] in values  # type: ignore[operator]
+        if was_in and is_in:
+            old = self.old_image(row)
+            new = self.new_image(row)
+            if 0.0 in old:  # a zero (or -0.0) compares equal to 0 and to -0.0: compare exactly
+                changed = [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
+            else:
+                changed = [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
+            if not changed:
+                return None
+            names = self.names
+            return tuple.__new__(Operation, (self.table, OpKind.UPDATE, self.old_key(row),
+                                             {names[i]: old[i] for i in changed},
+                                             {names[i]: new[i] for i in changed}))
+        if was_in:
+            return tuple.__new__(Operation, (self.table, OpKind.DELETE, self.old_key(row),
+                                             dict(zip(self.names, self.old_image(row))), None))
+        if is_in:
+            return tuple.__new__(Operation, (self.table, OpKind.INSERT, self.new_key(row), None,
+                                             dict(zip(self.names, self.new_image(row)))))
+        return None
+
+def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
+    """``itemgetter`` that always returns a tuple (also for one index)."""
+    if len(indexes) == 1:
+        index = indexes[0]
+        return lambda row: (row[index],)
+    return itemgetter(*indexes)
+
+class SelectionPlan(NamedTuple):
+    """Everything that decides what one subscriber receives, as plain data:
+    ``articles`` maps a lowered table name to ``(columns, subscribe_by,
+    values)`` (``values`` None: every row), ``returned_flag`` is the capture
+    flag of rows written back to their origin (0 at a remote).  It is what
+    :func:`selection_plan` reads from a site database and what a batch
+    export writes out, so a reader built anywhere selects alike."""
+
+    subscriber: str
+    articles: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]]
+    returned_flag: int
+
+def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber: str) -> SelectionPlan:
+    """What ``subscriber`` receives from this site (raises for an unknown remote)."""
+    if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
+        raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
+    articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
+    subscriptions = conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?",
+                                 (subscriber,)).fetchall()
+    return plan_from_rows(subscriber, identity.role, articles, subscriptions)
+
+def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple]
+                   ) -> SelectionPlan:
+    """The plan from the rows of ``fieldsync_article`` (table, publication,
+    columns as JSON or None, subscribe_by) and the subscriber's rows of
+    ``fieldsync_subscription`` (publication, value)."""
+    plan: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
+    if role is Role.REMOTE:
+        # The consolidated gets everything a remote publishes.
+        for table, _publication, columns, _subscribe_by in articles:
+            plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), None, None)
+    else:
+        values: dict[str, set] = {}
+        for publication, value in subscriptions:
+            bucket = values.setdefault(publication, set())
+            if value is not None:
+                bucket.add(value)
+        for table, publication, columns, subscribe_by in articles:
+            if publication not in values:
+                continue
+            plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), subscribe_by,
+                                   frozenset(values[publication]) if subscribe_by else None)
+    # Only the consolidated writes rows back to an origin; at a remote the
+    # subscriber's (the consolidated's) log transactions hold nothing for it.
+    returned_flag = FLAG_RETURN_TO_ORIGIN if role is Role.CONSOLIDATED else 0
+    return SelectionPlan(subscriber, plan, returned_flag)
+
+def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
+    """How many capture value columns a reader of ``plan`` needs: the widest
+    shape of a table it receives, old and new row."""
+    return 2 * max((len(shape.columns) for shape in shapes if shape.table.lower() in plan.articles), default=0)
+
+_SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
+
+class SubscriberReader:
+    """Turns capture rows into the operations one subscriber receives.
+
+    Pure: it sees the plan, the shapes (anything with ``get(shape_id)``) and
+    ``returned_columns(seq)``, the columns a written-back row lists (None:
+    all).  The site database and the Spark batch job both select through it.
+    """
+
+    def __init__(self, plan: SelectionPlan, shapes: "ShapeCache | ShapeTable",
+                 returned_columns: Callable[[int], str | None], value_columns: int) -> None:
+        self.subscriber = plan.subscriber
+        self.returned_flag = plan.returned_flag
+        self.value_columns = value_columns
+        self.returned_columns = returned_columns
+        self._shapes = shapes
+        self._views: dict[int, _View | None] = {}
+        self._articles = plan.articles
+
+    @classmethod
+    def from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
+                      subscriber: str) -> "SubscriberReader":
+        plan = selection_plan(conn, identity, subscriber)
+        # Capture rows are read only as wide as the widest shape of a table
+        # it receives (old and new row), not as wide as the capture table.
+        width = value_columns_read(all_shapes(conn), plan)
+
+        def returned_columns(seq: int) -> str | None:
+            found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
+            return None if found is None else found[0]
+
+        return cls(plan, shapes, returned_columns, width)
+
+    @classmethod
+    def many_from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
+                           subscribers: list[str]) -> list["SubscriberReader"]:
+        """:meth:`from_database` for many subscribers, with one query each
+        for the remotes, articles, subscriptions and shapes (a send phase
+        at a consolidated of thousands reads for all of them at once)."""
+        known = {name for (name,) in conn.execute("SELECT name FROM fieldsync_remote")}
+        for subscriber in subscribers:
+            if subscriber not in known:
+                selection_plan(conn, identity, subscriber)  # raises UnknownRemote
+        articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
+        wanted = set(subscribers)
+        subscriptions: dict[str, list[tuple]] = {}
+        for remote, publication, value in conn.execute("SELECT remote, publication, value FROM fieldsync_subscription"):
+            if remote in wanted:
+                subscriptions.setdefault(remote, []).append((publication, value))
+        every_shape = all_shapes(conn)
+
+        def returned_columns(seq: int) -> str | None:
+            found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
+            return None if found is None else found[0]
+
+        readers = []
+        for subscriber in subscribers:
+            plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()))
+            readers.append(cls(plan, shapes, returned_columns, value_columns_read(every_shape, plan)))
+        return readers
+
+    def view(self, shape_id: int) -> "_View | None":
+        """How the subscriber sees rows of this shape (None: not at all)."""
+        return self._view(shape_id)
+
+    def _view(self, shape_id: int) -> _View | None:
+        try:
+            return self._views[shape_id]
+        except KeyError:
+            pass
+        shape = self._shapes.get(shape_id)
+        article = self._articles.get(shape.table.lower())
+        view = None if article is None else _View(shape, *article)
+        self._views[shape_id] = view
+        return view
+
+    def operation(self, origin: str, row: tuple) -> Operation | None:
+        """The operation capture ``row`` becomes for the subscriber, if any."""
+        ops: list[Operation] = []
+        self.extend(origin, (row,), ops)
+        return ops[0] if ops else None
+
+    def extend(self, origin: str, rows: Iterable[tuple], ops: list[Operation]) -> None:
+        """Append to ``ops`` the operations consecutive capture ``rows`` of one
+        log transaction of ``origin`` become for the subscriber.  Its own
+        changes are left out (no echo), except the rows written back to it."""
+        own = origin == self.subscriber
+        for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
+            view = self._view(shape_id)
+            if view is None:
+                continue
+            if flags and flags & FLAG_RETURN_TO_ORIGIN:
+                if own:
+                    for row in group:
+                        op = self._returned(view, origin, row)
+                        if op is not None:
+                            ops.append(op)
+                continue
+            if own:
+                continue
+            if kind == KIND_UPDATE:
+                update = view.update
+                for row in group:
+                    op = update(row)
+                    if op is not None:
+                        ops.append(op)
+            elif kind == KIND_INSERT or kind == KIND_DELETE:
+                ops.extend(view.rows(kind, group))
+
+    def _returned(self, view: _View, origin: str, row: tuple) -> Operation | None:
+        """A row a conflict resolution sends back to its origin: the old
+        image is the row as the origin holds it, the new image the result.
+        The origin gets the listed columns of the result, the whole row if
+        it now enters its subset, or a DELETE if it leaves it.  An INSERT
+        row (the origin no longer holds the row) carries the result alone."""
+        width = view.width
+        old = row[4:4 + width]
+        if row[2] == KIND_DELETE:
+            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if row[2] == KIND_INSERT:
+            if not view.contains(old):
+                return None
+            return _operation(view.table, OpKind.INSERT, view.key(old), None, view.image(old))
+        new = row[4 + width:4 + 2 * width]
+        if not view.contains(new):
+            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+        if not view.contains(old):
+            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
+        found = self.returned_columns(row[0])
+        listed = set(json.loads(found)) if found is not None else set(view.names)
+        names = self._shapes.get(row[1]).columns
+        chosen = [i for i in view.positions if names[i] in listed]
+        if not chosen:
+            return None
+        return _operation(view.table, OpKind.UPDATE, view.key(old), {names[i]: old[i] for i in chosen},
+                          {names[i]: new[i] for i in chosen})
+
+class _Route(NamedTuple):
+    """Where the capture rows of one shape go, among a Router's readers.
+
+    ``classes`` groups the readers that see the shape alike (same columns,
+    same SUBSCRIBE BY column and values): a row becomes the same operation
+    for each reader of a class, so it is converted once per class.
+    ``every`` are the classes that receive every row; ``by_value`` maps a
+    SUBSCRIBE BY value to the classes whose subset holds it, the value at
+    ``old_at`` (and, for an UPDATE, ``new_at``) of a capture row.
+    """
+
+    classes: tuple[tuple["_View", tuple[int, ...]], ...]
+    every: tuple[int, ...]
+    old_at: int | None
+    new_at: int | None
+    by_value: dict[object, tuple[int, ...]]
+
+    def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
+        """The classes an ordinary capture ``row`` of this shape can concern."""
+        if self.old_at is None:
+            return self.every
+        old = row[self.old_at]
+        numbers = (*self.every, *self.by_value.get(old, ()))
+        if kind == KIND_UPDATE and row[self.new_at] != old:  # moved: its new subset's classes too
+            moved_to = self.by_value.get(row[self.new_at], ())
+            if moved_to:
+                numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
+        return numbers
+
+class Router:
+    """Which of several subscribers' readers a capture row can concern.
+
+    Used where one pass over the log serves many subscribers (the Spark
+    batch job, :class:`Fanout` for the agent's own sends): instead of
+    offering every row to every reader, a row goes
+    to the readers that receive every row of its table, those whose
+    SUBSCRIBE BY values hold its old or new value, and, for a row written
+    back to its origin, the origin alone.  That is a superset of the readers
+    that turn it into an operation; each reader still decides, so the
+    result is what each reader alone would select.  The origin of an
+    ordinary row is never offered it (no echo).
+
+    Readers that see a shape alike form one class (:class:`_Route`): a
+    catalog every subscriber receives is converted once, not once for each.
+    """
+
+    def __init__(self, readers: list[SubscriberReader]) -> None:
+        self.readers = readers
+        self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
+        self._routes: dict[int, _Route] = {}
+
+    def route(self, shape_id: int) -> _Route:
+        route = self._routes.get(shape_id)
+        if route is not None:
+            return route
+        members: dict[tuple, list[int]] = {}
+        views: dict[tuple, _View] = {}
+        old_at = new_at = None
+        for index, reader in enumerate(self.readers):
+            view = reader.view(shape_id)
+            if view is None:
+                continue
+            alike = (view.positions, view.filter_position, view.values)
+            members.setdefault(alike, []).append(index)
+            views.setdefault(alike, view)
+            if view.old_filter is not None:  # the same column for every reader of this table
+                old_at, new_at = view.old_filter, view.new_filter
+        classes = tuple((views[alike], tuple(indexes)) for alike, indexes in members.items())
+        every = tuple(number for number, (view, _) in enumerate(classes) if view.values is None)
+        by_value: dict[object, list[int]] = {}
+        for number, (view, _) in enumerate(classes):
+            if view.values is not None and view.old_filter is not None:
+                for value in view.values:
+                    by_value.setdefault(value, []).append(number)
+        route = self._routes[shape_id] = _Route(
+            classes, every, old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
+        return route
+
+    def candidates(self, origin: str, row: tuple) -> frozenset[int]:
+        """Indexes into ``readers`` of the subscribers ``row`` can concern."""
+        return frozenset(index for members in self.classes(origin, row) for index in members)
+
+    def classes(self, origin: str, row: tuple) -> list[tuple[int, ...]]:
+        """The readers ``row`` can concern (as :meth:`candidates`), grouped
+        into classes whose readers each turn it into the same operation."""
+        origin_index = self._index.get(origin)
+        flags = row[3]
+        if flags and flags & FLAG_RETURN_TO_ORIGIN:
+            return [] if origin_index is None else [(origin_index,)]
+        route = self.route(row[1])
+        found = []
+        for number in route.numbers(row[2], row):
+            members = route.classes[number][1]
+            if origin_index in members:  # no echo
+                members = tuple(index for index in members if index != origin_index)
+            if members:
+                found.append(members)
+        return found
+
+    def select(self, origin: str, rows: Iterable[tuple], ops: list[list[Operation]]) -> int:
+        """Append to ``ops[i]`` the operations consecutive capture ``rows`` of
+        one log transaction of ``origin`` become for reader ``i``, as
+        ``readers[i].extend`` would; return how many were appended in all.
+        A row is converted once for each class of readers it concerns."""
+        origin_index = self._index.get(origin)
+        added = 0
+        for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
+            if flags and flags & FLAG_RETURN_TO_ORIGIN:
+                if origin_index is not None:  # written back to its origin: for that reader alone
+                    before = len(ops[origin_index])
+                    self.readers[origin_index].extend(origin, group, ops[origin_index])
+                    added += len(ops[origin_index]) - before
+                continue
+            if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
+                continue
+            route = self.route(shape_id)
+            if not route.classes:
+                continue
+            buckets: dict[int, list[tuple]]
+            if route.old_at is None:
+                run = list(group)
+                buckets = {number: run for number in route.every}
+            else:
+                buckets = {}
+                numbers_of = route.numbers
+                for row in group:
+                    for number in numbers_of(kind, row):
+                        bucket = buckets.get(number)
+                        if bucket is None:
+                            buckets[number] = [row]
+                        else:
+                            bucket.append(row)
+            for number in sorted(buckets):
+                view, members = route.classes[number]
+                if origin_index in members:  # no echo
+                    members = tuple(index for index in members if index != origin_index)
+                    if not members:
+                        continue
+                bucket = buckets[number]
+                if kind == KIND_UPDATE:
+                    update_op = view.update
+                    selected = [op for op in map(update_op, bucket) if op is not None]
+                else:
+                    selected = view.rows(kind, bucket)
+                if selected:
+                    for index in members:
+                        ops[index].extend(selected)
+                    added += len(selected) * len(members)
+        return added
+
+# A pass over the log for several subscribers holds at most this many
+# selected operations of one log transaction (all subscribers together)
+# before it reads that transaction for each subscriber in turn instead.
+FANOUT_HOLD = 50_000
+
+class Fanout:
+    """One pass over the log for several subscribers, each with its own range.
+
+    Fed the capture rows of the union of the ranges as :func:`iter_capture`
+    gives them (unselected: chunks of one log transaction each, in seq
+    order), it offers each row to the readers it can concern
+    (:class:`Router`) among the subscribers whose range ``(start, end]``
+    holds its log transaction, and returns each subscriber's transactions as
+    :func:`read_transactions` makes them, once their log transaction is
+    complete.  Pure: it holds the operations selected from the current log
+    transaction (``held`` of them), nothing from earlier ones.
+    """
+
+    def __init__(self, readers: list[SubscriberReader], ranges: list[tuple[int, int]]) -> None:
+        if len(readers) != len(ranges):
+            raise InvalidSetting(f"{len(readers)} readers for {len(ranges)} ranges")
+        if len({reader.subscriber for reader in readers}) != len(readers):
+            raise InvalidSetting("a pass over the log reads for each subscriber at most once")
+        self.readers = readers
+        self.ranges = ranges
+        self.held = 0
+        self.active: tuple[int, ...] = ()  # the subscribers whose range holds the current log transaction
+        self._ops: list[list[Operation]] = [[] for _ in readers]
+        self._commit = 0
+        self._origin = ""
+        self._routers: dict[tuple[int, ...], Router] = {}
+
+    def add(self, commit: int, origin: str, rows: list[tuple]) -> list[tuple[int, Transaction]]:
+        """Take the next chunk of capture rows; return ``(index, transaction)``
+        for the log transaction before it, if this chunk starts another."""
+        finished: list[tuple[int, Transaction]] = []
+        if commit != self._commit:
+            finished = self._complete()
+            self._commit, self._origin = commit, origin
+            self.active = tuple(index for index, (start, end) in enumerate(self.ranges) if start < commit <= end)
+        active = self.active
+        if len(active) == 1:
+            # One subscriber: its reader takes the whole chunk (it leaves out
+            # its own changes itself), as read_transactions does.
+            ops = self._ops[active[0]]
+            before = len(ops)
+            self.readers[active[0]].extend(origin, rows, ops)
+            self.held += len(ops) - before
+        elif active:
+            self.held += self._router(active).select(origin, rows, [self._ops[index] for index in active])
+        return finished
+
+    def finish(self) -> list[tuple[int, Transaction]]:
+        """The end of the input: the transactions of the last log transaction."""
+        finished = self._complete()
+        self._commit, self.active = 0, ()
+        return finished
+
+    def drop(self) -> tuple[int, tuple[int, ...]]:
+        """Forget what was selected from the current log transaction; return
+        its commit offset and the subscribers whose range holds it, for the
+        caller to read it for them another way."""
+        dropped = (self._commit, self.active)
+        for index in self.active:
+            self._ops[index] = []
+        self._commit, self.active, self.held = 0, (), 0
+        return dropped
+
+    def _complete(self) -> list[tuple[int, Transaction]]:
+        finished = []
+        for index in self.active:
+            ops = self._ops[index]
+            if ops:
+                self._ops[index] = []
+                transaction = make_transaction(self._commit, self._origin, ops)
+                if transaction is not None:
+                    finished.append((index, transaction))
+        self.held = 0
+        return finished
+
+    def _router(self, active: tuple[int, ...]) -> Router:
+        router = self._routers.get(active)
+        if router is None:
+            router = self._routers[active] = Router([self.readers[index] for index in active])
+        return router

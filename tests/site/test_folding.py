@@ -1,0 +1,86 @@
+"""Folding a DELETE and a re-INSERT of one row in one transaction
+(agent.site.folding), whole and read in pieces."""
+
+from __future__ import annotations
+
+from agent.site import Article
+from codec.ops import OpKind, Operation
+
+from .conftest import app_connection, make_site, replicate, table_rows
+from .publishing import hq, read_ops  # noqa: F401  (hq: a fixture)
+
+
+def test_delete_and_reinsert_in_one_transaction_becomes_an_update(hq):
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north'), (2, 'Bo', 'north')")
+    start = hq.scan()
+    app.execute("BEGIN")
+    app.execute("DELETE FROM customer WHERE id = 1")
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana again', 'north')")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 2")
+    app.execute("UPDATE customer SET region = 'north' WHERE id = 2")
+    app.execute("COMMIT")
+    assert read_ops(hq, "north1", start) == [
+        Operation.update("customer", (1,), {"name": "Ana"}, {"name": "Ana again"})]
+    # In separate transactions the DELETE and the INSERT stay as they are.
+    start = hq.log_end()
+    app.execute("DELETE FROM customer WHERE id = 1")
+    hq.scan()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana 3', 'north')")
+    assert [op.kind for op in read_ops(hq, "north1", start)] == [3, 1]
+
+
+
+def test_a_reinsert_with_other_changes_to_its_table_between_is_not_folded(tmp_path):
+    """DELETE row 1 (code A), give row 2 code A, INSERT row 1 with row 2's
+    old code B: one UPDATE of row 1 at either place would break UNIQUE(code)
+    at the subscriber, where the transaction as written did not."""
+    schema = "CREATE TABLE t (id INTEGER PRIMARY KEY, code TEXT UNIQUE, v TEXT)"
+    hq = make_site(tmp_path, "hq", "consolidated", schema)
+    hq.create_publication("p", [Article("t")])
+    hq.add_remote("n1", address="n1@example.org")
+    hq.subscribe("n1", "p")
+    n1 = make_site(tmp_path, "n1", "remote", schema)
+    n1.add_remote("hq", address="hq@example.org")
+    app = app_connection(hq)
+    app.execute("INSERT INTO t VALUES (1, 'A', 'one'), (2, 'B', 'two')")
+    replicate(hq, n1)
+    start = hq.log_end()
+    app.executescript("BEGIN; DELETE FROM t WHERE id = 1; UPDATE t SET code = 'A' WHERE id = 2;"
+                      " INSERT INTO t VALUES (1, 'B', 'new'); COMMIT")
+    hq.scan()
+    assert [op.kind for op in read_ops(hq, "n1", start)] == [OpKind.DELETE, OpKind.UPDATE, OpKind.INSERT]
+    result = replicate(hq, n1)
+    assert n1.apply_errors() == () and result is not None
+    assert table_rows(n1, "t") == table_rows(hq, "t") == [(1, "B", "new"), (2, "A", "two")]
+
+
+def test_a_transaction_read_in_pieces_folds_as_a_whole_one(hq):
+    """A DELETE and the INSERT of its row fold only within FOLD_WINDOW
+    operations; read in pieces (the packer's read), the transaction comes
+    as PartialTransaction values then a Transaction whose operations
+    together are the whole one's."""
+    from agent.site.folding import FOLD_WINDOW
+    from codec.ops import PartialTransaction, Transaction
+
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north'), (2, 'Bo', 'north')")
+    start = hq.scan()
+    lines = "INSERT INTO line (order_id, line_no, sku, qty) VALUES (?, ?, 'sku', 1)"
+    app.execute("BEGIN")
+    app.executemany(lines, [(1, n) for n in range(700)])
+    app.execute("DELETE FROM customer WHERE id = 1")
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana again', 'north')")  # folded
+    app.execute("DELETE FROM customer WHERE id = 2")
+    app.executemany(lines, [(2, n) for n in range(FOLD_WINDOW)])
+    app.execute("INSERT INTO customer (id, name, region) VALUES (2, 'Bo again', 'north')")  # too far: not folded
+    app.executemany(lines, [(3, n) for n in range(2500)])
+    app.execute("COMMIT")
+    end = hq.scan()
+    (whole,) = hq.read_log("north1", start, end)
+    assert [(op.kind, op.key) for op in whole.ops if op.table == "customer"] == [
+        (OpKind.UPDATE, (1,)), (OpKind.DELETE, (2,)), (OpKind.INSERT, (2,))]
+    pieces = [transaction for _, transaction in hq.read_logs([("north1", start, end)], piece=300)]
+    assert len(pieces) >= 3 and type(pieces[-1]) is Transaction
+    assert all(type(piece) is PartialTransaction and piece.commit == whole.commit for piece in pieces[:-1])
+    assert [op for piece in pieces for op in piece.ops] == list(whole.ops)

@@ -1,0 +1,184 @@
+"""Selecting each subscriber's operations: the router, and one pass over
+the log for many subscribers (agent.site.selection, agent.site.reading)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.site import InvalidSetting, LogOffsetError, UnknownRemote
+from codec.ops import Operation, Transaction
+
+from .conftest import app_connection
+from .publishing import hq, read_ops  # noqa: F401  (hq: a fixture)
+
+
+def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_fewer(hq):
+    """One pass over the log for many subscribers (the Spark batch job)
+    offers each capture row only to some readers; every reader that selects
+    the row must be among them, and rows of a value go to its subscribers."""
+    from agent.site.selection import Router, SubscriberReader
+
+    hq.subscribe("idle", "sales", "nowhere")
+    start = hq.scan()
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south')")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 1")  # moves north -> south
+    app.execute("INSERT INTO line VALUES (1, 1, 'A', 3)")  # every subscriber of sales
+    app.execute("DELETE FROM customer WHERE id = 2")
+    hq.apply("north1", [Transaction(5, "north1", (
+        Operation.insert("customer", (7,), {"id": 7, "name": "from north", "region": "north"}),
+        Operation.insert("customer", (8,), {"id": 8, "name": "for south", "region": "south"}),
+    ))], log_received=5)
+    end = hq.scan()
+    names = ["north1", "south1", "idle"]
+    readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name in names]
+    router = Router(readers)
+    line_shape = hq.connection.execute("SELECT max(id) FROM fieldsync_shape WHERE table_name = 'line'").fetchone()[0]
+    offered: list[set[str]] = []
+    for _commit, origin, rows, _returned in hq.read_capture(start, end, value_columns=2 * 6):
+        for row in rows:
+            candidates = {names[index] for index in router.candidates(origin, row)}
+            selecting = {reader.subscriber for reader in readers if reader.operation(origin, row) is not None}
+            assert selecting <= candidates, (row, candidates, selecting)
+            assert origin not in candidates or row[3]  # no echo, bar rows written back
+            offered.append(candidates)
+            # Grouped into classes: the same readers, each once, and each
+            # reader of a class turns the row into the same operation.
+            classes = router.classes(origin, row)
+            assert sorted(index for members in classes for index in members) == sorted(
+                router.candidates(origin, row))
+            for members in classes:
+                made = [readers[index].operation(origin, row) for index in members]
+                assert made == [made[0]] * len(members), (row, members)
+            if row[1] == line_shape:
+                assert classes == [(0, 1, 2)]  # all three take every line row, alike: converted once
+    assert offered[:4] == [{"north1"}, {"south1"}, {"north1", "south1"}, {"north1", "south1", "idle"}]
+    assert offered[4] == {"south1"}
+    # north1's own rows: the one in its subset goes to nobody, the row it put
+    # outside its subset goes back to north1 alone (a DELETE) and to south1.
+    assert {"north1"} in offered[5:] and set() in offered[5:]
+    # Every reader alone selects what it reads from the log.
+    for name, reader in zip(names, readers):
+        routed = [reader.operation(origin, row)
+                  for _c, origin, rows, _r in hq.read_capture(start, end, value_columns=12) for row in rows
+                  if names.index(name) in router.candidates(origin, row)]
+        assert [op for op in routed if op is not None] == read_ops(hq, name, start)
+
+
+# -- one pass over the log for several subscribers (Fanout, SiteDatabase.read_logs) -----------
+
+
+def _busy_log(hq):
+    """A log with something for everyone: rows moving between subsets, a
+    delete and re-insert in one transaction, a large transaction, and a
+    batch from north1 (forwarded to the others, written back to north1 where
+    it left its subset).  Returns the commit offsets, first to last."""
+    hq.add_remote("all")
+    hq.subscribe("all", "sales", "north")
+    hq.subscribe("all", "sales", "south")
+    hq.subscribe("idle", "sales", "nowhere")
+    app = app_connection(hq)
+    offsets = [hq.scan()]
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south'),"
+                " (3, 'e', 'east')")
+    offsets.append(hq.scan())
+    app.execute("BEGIN")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 1")
+    app.execute("DELETE FROM customer WHERE id = 2")
+    app.execute("INSERT INTO customer (id, name, region) VALUES (2, 's again', 'south')")
+    app.execute("INSERT INTO line VALUES (1, 1, 'A', 3)")
+    app.execute("COMMIT")
+    offsets.append(hq.scan())
+    hq.apply("north1", [Transaction(5, "north1", (
+        Operation.insert("customer", (7,), {"id": 7, "name": "from north", "region": "north"}),
+        Operation.update("customer", (1,), {"region": "south"}, {"region": "north"}),
+        Operation.insert("customer", (8,), {"id": 8, "name": "for south", "region": "south"}),
+    ))], log_received=5)
+    offsets.append(hq.scan())
+    app.execute("BEGIN")
+    for row_id in range(100, 400):
+        app.execute("INSERT INTO customer (id, name, region) VALUES (?, 'bulk', ?)",
+                    (row_id, ["north", "south", "east"][row_id % 3]))
+        app.execute("INSERT INTO line VALUES (?, 1, 'B', 1)", (row_id,))
+    app.execute("COMMIT")
+    offsets.append(hq.scan())
+    app.execute("UPDATE customer SET name = 'last' WHERE id IN (1, 7, 8)")
+    offsets.append(hq.scan())
+    return offsets
+
+
+def _reads(offsets):
+    """Subscribers with their own ranges: resends from older offsets, one
+    send of nothing but its tail, one of an empty range."""
+    return [("north1", offsets[0], offsets[-1]), ("south1", offsets[2], offsets[-1]),
+            ("idle", offsets[0], offsets[3]), ("all", offsets[3], offsets[-1]), ("ghostless", 0, 0)]
+
+
+@pytest.mark.parametrize("hold", [50_000, 100, 0])
+def test_one_pass_reads_for_each_subscriber_what_it_reads_alone(hq, hold):
+    hq.add_remote("ghostless")
+    reads = _reads(_busy_log(hq))
+    alone = {index: list(hq.read_log(*read)) for index, read in enumerate(reads)}
+    together: dict[int, list] = {index: [] for index in range(len(reads))}
+    for index, transaction in hq.read_logs(reads, hold=hold):
+        together[index].append(transaction)
+    assert together == alone
+    assert all(alone[index] for index in range(4)) and alone[4] == []
+    # The bulk transaction holds more than 100 selected operations, so with
+    # the smaller holds it was read for each subscriber on its own: the same.
+    assert min(max(len(t.ops) for t in alone[index]) for index in (0, 1, 3)) > 100
+    for index, transactions in together.items():
+        commits = [t.commit for t in transactions]
+        assert commits == sorted(set(commits))
+        start, end = reads[index][1:]
+        assert all(start < commit <= end for commit in commits)
+
+
+def test_one_pass_reads_each_capture_row_once(hq):
+    reads = _reads(_busy_log(hq))[:4]
+    statements: list[str] = []
+    hq.connection.set_trace_callback(statements.append)
+    try:
+        for _ in hq.read_logs(reads):
+            pass
+        together = [s for s in statements if "FROM fieldsync_capture" in s]
+        statements.clear()
+        for read in reads:
+            for _ in hq.read_log(*read):
+                pass
+        alone = [s for s in statements if "FROM fieldsync_capture" in s]
+    finally:
+        hq.connection.set_trace_callback(None)
+    # The log is under one chunk: one statement reads it for all four; alone,
+    # each subscriber reads it again.
+    assert len(together) == 1 and len(alone) >= 4
+
+
+def test_the_router_leaves_each_reader_its_own_transactions(hq):
+    """Fanout alone: fed the capture rows of the whole log, each reader gets
+    exactly the transactions of its range, as read_transactions makes them."""
+    from agent.site.selection import Fanout, SubscriberReader
+
+    reads = _reads(_busy_log(hq))[:4]
+    readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]
+    fanout = Fanout(readers, [(after, until) for _, after, until in reads])
+    got: dict[int, list] = {index: [] for index in range(len(reads))}
+    low, high = min(read[1] for read in reads), max(read[2] for read in reads)
+    for commit, origin, rows, _returned in hq.read_capture(low, high, value_columns=12):
+        for index, transaction in fanout.add(commit, origin, rows):
+            assert transaction.commit < commit  # given out once its log transaction is complete
+            got[index].append(transaction)
+    for index, transaction in fanout.finish():
+        got[index].append(transaction)
+    assert got == {index: list(hq.read_log(*read)) for index, read in enumerate(reads)}
+
+
+def test_one_pass_checks_every_range_before_reading(hq):
+    offsets = _busy_log(hq)
+    with pytest.raises(InvalidSetting, match="at most once"):
+        hq.read_logs([("north1", 0, offsets[-1]), ("north1", offsets[2], offsets[-1])])
+    with pytest.raises(LogOffsetError, match="not a commit offset"):
+        hq.read_logs([("north1", 0, offsets[-1]), ("south1", offsets[2] - 1, offsets[-1])])
+    with pytest.raises(UnknownRemote):
+        hq.read_logs([("north1", 0, offsets[-1]), ("ghost", 0, offsets[-1])])
+    assert list(hq.read_logs([])) == []
