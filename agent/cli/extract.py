@@ -85,7 +85,7 @@ def _names_from_file(path: Path, file_format: str | None) -> list[str]:
     """The remote names of a fleet file (its ``name`` field: .csv, .jsonl),
     or of a file of names, one a line (blank lines and lines starting with
     # left out)."""
-    from .remote import read_fleet_file
+    from ._fleet import read_fleet_file
 
     if file_format is None and path.suffix.lower() in (".csv", ".jsonl", ".ndjson", ".json"):
         file_format = "csv" if path.suffix.lower() == ".csv" else "jsonl"

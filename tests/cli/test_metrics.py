@@ -248,10 +248,16 @@ def test_the_docs_commands_work(agent: Agent, world: World, tmp_path: Path) -> N
     port = free_port()
     arguments = [local(word) if word != "9817" else str(port) for word in continuous[1:]]
     with agent_process(*arguments, "-rd", "1s") as process:
-        served = samples(scrape(f"http://127.0.0.1:{port}/metrics", process))
+        # Served before the agent opens; stopped only once it runs (the receive lag is the agent's own).
+        text = scrape(f"http://127.0.0.1:{port}/metrics", process)
+        deadline = time.monotonic() + 30
+        while "fieldsync_peer_receive_lag_offsets{" not in text and time.monotonic() < deadline:
+            time.sleep(0.1)
+            text = scrape(f"http://127.0.0.1:{port}/metrics", process)
+        served = samples(text)
         process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
-    assert process.returncode == 0
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
     # Every metric the doc's tables and alert rules name is in the output of one of the two.
     text = DOC.read_text()
     named = set(re.findall(r"`(fieldsync_[a-z_]+)`", text)) | set(re.findall(r"\b(fieldsync_[a-z_]+)\b", text))

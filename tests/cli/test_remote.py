@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import agent.cli.remote as remote_module
+import agent.cli._fleet as fleet_module
 from agent.site import SiteDatabase
 from tests.sqlfiles import connected
 from transports.folder import FolderTransport
@@ -439,7 +439,7 @@ def test_progress_bars_only_on_a_terminal(site: Path, agent: Agent, tmp_path: Pa
     fleet.write_text("name,address\n" + "".join(f"n{number},inbox/n{number}\n" for number in range(50)))
     result = agent("remote", "add", site, "--from", fleet)
     assert result.code == 0 and "━" not in result.out  # not a terminal: no bar
-    monkeypatch.setattr(remote_module, "show_progress", lambda out: True)
+    monkeypatch.setattr(fleet_module, "show_progress", lambda out: True)
     (tmp_path / "more.csv").write_text("name,address\n" + "".join(f"m{number},inbox/m{number}\n"
                                                                   for number in range(50)))
     result = agent("remote", "add", site, "--from", tmp_path / "more.csv")
