@@ -51,6 +51,9 @@ def test_benchmark_prints_one_json_object(tmp_path):
     core_us = (largest["spark_export_s"] + 2 * largest["spark_job_s"]) / figures["operations"] * 1e6
     assert figures["spark_core_us_per_op"] == pytest.approx(core_us, rel=1e-2)
     assert figures["efficiency"] == pytest.approx(figures["agent_us_per_op"] / core_us, rel=1e-2)
+    assert figures["efficiency_by_size"] == pytest.approx(
+        [points[end]["agent_s"] / (points[end]["spark_export_s"] + 2 * points[end]["spark_job_s"]) for end in sizes],
+        rel=1e-2)
     assert 0 < figures["master_job_s"] <= largest["spark_job_s"]
     assert figures["local_scaling"] == pytest.approx(figures["local_1_job_s"] / figures["master_job_s"], rel=1e-2)
     assert len(figures["load_average"]) == 3
