@@ -248,7 +248,7 @@ def test_the_docs_commands_work(agent: Agent, world: World, tmp_path: Path) -> N
     port = free_port()
     arguments = [local(word) if word != "9817" else str(port) for word in continuous[1:]]
     with agent_process(*arguments, "-rd", "1s") as process:
-        # Served before the agent opens; stopped only once it runs (the receive lag is the agent's own).
+        # Served once the agent is open; the receive lag (the agent's own figure) shows it runs.
         text = scrape(f"http://127.0.0.1:{port}/metrics", process)
         deadline = time.monotonic() + 30
         while "fieldsync_peer_receive_lag_offsets{" not in text and time.monotonic() < deadline:
