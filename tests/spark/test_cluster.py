@@ -13,6 +13,7 @@ as a cluster's own Python with fieldsync installed would.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import pwd
@@ -62,6 +63,36 @@ def worker_user() -> pwd.struct_passwd:
         return pwd.getpwnam(WORKER_USER)
 
 
+def _reaches(path: Path, test: str = "-r") -> bool:
+    return subprocess.run(["runuser", "-u", WORKER_USER, "--", "test", test, str(path)]).returncode == 0
+
+
+_WORKER_PATHS: list[tuple[str, str, str]] = []
+
+
+def worker_paths() -> tuple[str, str, str]:
+    """(site-packages, the project folder, SPARK_HOME) as the worker's user
+    reaches them: this checkout's own when it can, else a copy readable by
+    all (a clone under a 0700 folder such as /root), made once a session."""
+    if _WORKER_PATHS:
+        return _WORKER_PATHS[0]
+    site_packages, home = Path(sysconfig.get_paths()["purelib"]), Path(spark_home() or "")
+    if (_reaches(ROOT / "agent" / "__init__.py") and _reaches(site_packages / "msgpack" / "__init__.py")
+            and _reaches(home / "bin" / "spark-class", "-x")):
+        _WORKER_PATHS.append((str(site_packages), str(ROOT), str(home)))
+        return _WORKER_PATHS[0]
+    copy = Path(tempfile.mkdtemp(prefix="fieldsync-worker-code-"))
+    atexit.register(shutil.rmtree, copy, True)
+    os.chmod(copy, 0o755)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(site_packages, copy / "site-packages", symlinks=True, ignore=skip)
+    for package in ("agent", "codec", "contrib", "transports"):
+        shutil.copytree(ROOT / package, copy / "project" / package, ignore=skip)
+    _WORKER_PATHS.append((str(copy / "site-packages"), str(copy / "project"),
+                          str(copy / "site-packages" / home.relative_to(site_packages))))
+    return _WORKER_PATHS[0]
+
+
 def stop(process: subprocess.Popen) -> None:
     try:
         os.killpg(process.pid, signal.SIGTERM)
@@ -81,8 +112,8 @@ def cluster(tmp_path_factory):
     assert os.geteuid() == 0, "the cluster tests start the worker as another user: run them as root"
     user = worker_user()
     directory = tmp_path_factory.mktemp("cluster")
-    home = spark_home()
-    assert home is not None
+    assert spark_home() is not None
+    *_, home = worker_paths()
     env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1")
     # Outside pytest's 0700 folder: the worker's user must reach it.
     worker_folder = Path(tempfile.mkdtemp(prefix="fieldsync-worker-"))
@@ -157,10 +188,10 @@ def log_sent(database: Path) -> dict[str, int]:
 
 
 def executor_options(url: str, work: Path) -> list[str]:
-    site_packages = sysconfig.get_paths()["purelib"]
+    site_packages, root, _ = worker_paths()
     return ["--spark-master", url, "--spark-work", str(work),
             "--spark-conf", f"spark.pyspark.python={SYSTEM_PYTHON}",
-            "--spark-conf", f"spark.executorEnv.PYTHONPATH={site_packages}:{ROOT}",
+            "--spark-conf", f"spark.executorEnv.PYTHONPATH={site_packages}:{root}",
             "--spark-conf", "spark.executor.memory=1g", "--spark-conf", "spark.ui.enabled=false"]
 
 
