@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .servers import (MAIL_DOMAIN, START_TIMEOUT, DovecotServer, ServerFailed, _render, _stop_process_tree,
-                      _tail, _wait_for_banner, free_port)
+from .servers import (MAIL_DOMAIN, START_TIMEOUT, DovecotServer, ServerFailed, _render, _start_in_foreground,
+                      _stop_process_tree, _tail, free_port)
 
 POSTFIX = "/usr/sbin/postfix"
 
@@ -61,20 +61,8 @@ class PostfixServer:
     def start(self) -> "PostfixServer":
         if self._process is not None and self._process.poll() is None:
             return self
-        stderr = self.base / "postfix.stderr"
-        output = open(stderr, "ab")
-        try:
-            self._process = subprocess.Popen([POSTFIX, "-c", str(self.config), "start-fg"],
-                                             stdin=subprocess.DEVNULL, stdout=output, stderr=output)
-        except OSError as error:
-            raise ServerFailed(f"cannot run {POSTFIX}: {error}; run scripts/setup to install postfix") from None
-        finally:
-            output.close()
-        try:
-            _wait_for_banner(self.port, self._process, b"220 ", self.log, "postfix")
-        except ServerFailed as error:
-            self.stop()
-            raise ServerFailed(f"{error}\n{_tail(stderr)}") from None
+        _start_in_foreground(self, [POSTFIX, "-c", str(self.config), "start-fg"], self.base / "postfix.stderr",
+                             "postfix", self.port, b"220 ", "postfix")
         return self
 
     def stop(self) -> None:

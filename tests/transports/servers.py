@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from aiosmtpd.controller import Controller
@@ -91,6 +92,26 @@ def _wait_for_banner(port: int, process: subprocess.Popen, expect: bytes, log: P
         time.sleep(0.05)
     raise ServerFailed(f"{what} did not answer on 127.0.0.1:{port} within {START_TIMEOUT:.0f} s "
                        f"({last_error}):\n{_tail(log)}")
+
+
+def _start_in_foreground(server: Any, command: list[str], output: Path,
+                         package: str, port: int, banner: bytes, what: str) -> None:
+    """Run ``command``, a server that stays in the foreground, as
+    ``server._process`` with its output appended to ``output``, and wait
+    until ``port`` greets with ``banner``.  On failure the server is stopped
+    and ServerFailed names the package to install, or ends with the
+    server's log and output."""
+    with open(output, "ab") as sink:
+        try:
+            server._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink)
+        except OSError as error:
+            raise ServerFailed(f"cannot run {command[0]}: {error}; run scripts/setup to install {package}") from None
+    try:
+        _wait_for_banner(port, server._process, banner, server.log, what)
+    except ServerFailed as error:
+        more = "" if output == server.log else f"\n{_tail(output)}"
+        server.stop()
+        raise ServerFailed(f"{error}{more}") from None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -270,19 +291,8 @@ class SshServer:
             return self
         if not os.path.isdir("/run/sshd"):
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-        log = open(self.log, "ab")
-        try:
-            self._process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.base / "sshd_config")],
-                                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        except OSError as error:
-            raise ServerFailed(f"cannot run {SSHD}: {error}; run scripts/setup to install openssh-server") from None
-        finally:
-            log.close()
-        try:
-            _wait_for_banner(self.port, self._process, b"SSH-2.0-", self.log, "sshd")
-        except ServerFailed:
-            self.stop()
-            raise
+        _start_in_foreground(self, [SSHD, "-D", "-e", "-f", str(self.base / "sshd_config")], self.log,
+                             "openssh-server", self.port, b"SSH-2.0-", "sshd")
         return self
 
     def stop(self) -> None:
@@ -338,20 +348,8 @@ class DovecotServer:
     def start(self) -> "DovecotServer":
         if self._process is not None and self._process.poll() is None:
             return self
-        log = open(self.base / "dovecot.stderr", "ab")
-        try:
-            self._process = subprocess.Popen([DOVECOT, "-F", "-c", str(self.base / "dovecot.conf")],
-                                             stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        except OSError as error:
-            raise ServerFailed(f"cannot run {DOVECOT}: {error}; run scripts/setup to install dovecot-imapd") from None
-        finally:
-            log.close()
-        try:
-            _wait_for_banner(self.imap_port, self._process, b"* OK", self.log, "dovecot")
-        except ServerFailed as error:
-            stderr = _tail(self.base / "dovecot.stderr")
-            self.stop()
-            raise ServerFailed(f"{error}\n{stderr}") from None
+        _start_in_foreground(self, [DOVECOT, "-F", "-c", str(self.base / "dovecot.conf")],
+                             self.base / "dovecot.stderr", "dovecot-imapd", self.imap_port, b"* OK", "dovecot")
         return self
 
     def stop(self) -> None:
