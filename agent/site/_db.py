@@ -23,6 +23,7 @@ from typing import Iterator
 from .errors import InvalidSetting, NotASite, SiteBusy, SiteDatabaseError, SiteError
 
 DEFAULT_BUSY_TIMEOUT = 30.0  # seconds
+CACHE_KIB = 16_384  # SQLite page cache per connection (see connect)
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 
@@ -38,6 +39,14 @@ def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3
     ``synchronous=FULL``: an apply is confirmed to the peer right after it
     commits, so a commit the disk later loses would be a confirmed
     transaction missing for ever.
+
+    ``cache_size`` of :data:`CACHE_KIB`: one apply of a message's
+    transactions dirties a page per row it changes; with SQLite's default
+    2 MiB cache, random UPDATEs of a few thousand rows spill pages to the
+    WAL before the commit and the savepoints of the fast path journal them
+    again (apply of 2,500 random UPDATEs per transaction: 0.65 s against
+    0.51 s with 32 MiB; benchmarks.e2e, receive_apply).  The cache is a bound,
+    filled only as pages are used.
     """
     conn = None
     try:
@@ -45,6 +54,7 @@ def connect(path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> sqlite3
                                cached_statements=512, timeout=busy_timeout)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
     except sqlite3.DatabaseError as error:
         if conn is not None:
             conn.close()

@@ -81,7 +81,7 @@ class Table:
         self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
         self.shape: Shape | None = None
         self.policy = Resolution.INCOMING
-        # Whether the fast path may write with OR IGNORE (see _flush): a
+        # Whether the fast path may write with OR IGNORE (see _flush_checked): a
         # statement's OR clause also governs the statements of the table's
         # triggers, so only where fieldsync's capture triggers are the only
         # ones (their insert cannot fail).

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
+from itertools import chain
+from operator import itemgetter
 from typing import Iterable
 
 from codec.ops import OpKind, Operation, Transaction
@@ -47,11 +49,30 @@ _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 
 _OP_TYPES = frozenset({tuple, Operation})
 
+_KEY = itemgetter(2)
+_BEFORE = itemgetter(3)
+_AFTER = itemgetter(4)
+_values_of = dict.values
+
+
+def _plain_values(run: list, params: list, kind: int, consolidated: bool) -> bool:
+    """Whether every value of a run's operations (keys and images) is one
+    of SQLite's storage classes, checked in C: what the statement binds
+    (``params``) and what it does not but the batch's bookkeeping reads."""
+    plain = _VALUE_TYPES.issuperset
+    if not plain(map(type, chain.from_iterable(params))):
+        return False
+    if kind == OpKind.INSERT:
+        return plain(map(type, chain.from_iterable(map(_KEY, run))))
+    if kind == OpKind.DELETE or not consolidated:
+        return plain(map(type, chain.from_iterable(map(_values_of, map(_BEFORE, run)))))
+    return True
+
 
 # A run of one statement is flushed at this many operations, so that the
 # operations of a transaction read as they are applied are never all held.
 _RUN_LIMIT = 5_000
-# Operations per savepoint on the fast path (see _flush).
+# Operations per savepoint on the fast path (see _flush_checked).
 _INSERT_CHUNK = 500
 
 
@@ -149,28 +170,25 @@ class Applier(Pending):
     def _apply_operations(self, ops: tuple, batch: Batch, consolidated: bool) -> None:
         # Group consecutive operations of one table, kind and column list into
         # runs, building their statement parameters on the way (this loop is
-        # the adapter's hot path).  The checks here are the cheap structural
-        # ones (C-level type sets); column names are checked per run against
-        # the table, integer ranges by SQLite's binding (an overflow sends the
-        # run down the slow path, which checks every operation fully).
+        # the adapter's hot path).  The checks here are the structural ones;
+        # the values of a run are checked at once, in C, when it is flushed
+        # (_flush), column names per run against the table, integer ranges by
+        # SQLite's binding (an overflow sends the run down the slow path,
+        # which checks every operation fully).
         run: list = []
         params: list = []
         signature: tuple | None = None
-        plain = _VALUE_TYPES
         for op in ops:
             mine = None
             if type(op) in _OP_TYPES and len(op) == 5:
                 table, kind, key, before, after = op
                 if type(table) is str and type(key) is tuple and key and type(kind) is int:
                     if kind == 1:  # INSERT
-                        if (before is None and type(after) is dict
-                                and {*map(type, key), *map(type, after.values())} <= plain):
+                        if before is None and type(after) is dict:
                             mine = (table, 1, len(key), *after)
-                            values = tuple(after.values())
+                            values = (*after.values(),)
                     elif kind == 2:  # UPDATE
-                        if (type(before) is dict and type(after) is dict and after
-                                and {*map(type, key), *map(type, after.values()),
-                                     *map(type, before.values())} <= plain):
+                        if type(before) is dict and type(after) is dict and after:
                             if consolidated:
                                 mine = (table, 2, len(key), *after, None, *before)
                                 values = (*after.values(), *key, *before.values())
@@ -178,23 +196,41 @@ class Applier(Pending):
                                 mine = (table, 2, len(key), *after)
                                 values = (*after.values(), *key)
                     elif kind == 3:  # DELETE
-                        if (after is None and type(before) is dict
-                                and {*map(type, key), *map(type, before.values())} <= plain):
+                        if after is None and type(before) is dict:
                             mine = (table, 3, len(key))
                             values = key
             if mine is None:
-                self._flush(run, params, signature, batch, consolidated)
+                self._flush(run, params, batch, consolidated)
                 run, params, signature = [], [], None
                 self._error(batch, op, f"malformed operation: {operation_problem(op) or 'bad structure'}")
                 continue
             if mine != signature or len(run) >= _RUN_LIMIT:
-                self._flush(run, params, signature, batch, consolidated)
+                self._flush(run, params, batch, consolidated)
                 run, params, signature = [], [], mine
             run.append(op)
             params.append(values)
-        self._flush(run, params, signature, batch, consolidated)
+        self._flush(run, params, batch, consolidated)
 
-    def _flush(self, run: list, params: list, signature: tuple | None, batch: Batch, consolidated: bool) -> None:
+    def _flush(self, run: list, params: list, batch: Batch, consolidated: bool) -> None:
+        """Apply a run; first check, in C, that every value of it is a
+        SQLite value (a bool or a list is not); when one is not, the run is
+        cut around the operations that carry one, which are recorded as
+        malformed in their place."""
+        if not run:
+            return
+        if _plain_values(run, params, run[0][1], consolidated):
+            self._flush_checked(run, params, batch, consolidated)
+            return
+        start = 0
+        for index, op in enumerate(run):
+            problem = operation_problem(op)
+            if problem is not None:
+                self._flush_checked(run[start:index], params[start:index], batch, consolidated)
+                self._error(batch, op, f"malformed operation: {problem}")
+                start = index + 1
+        self._flush_checked(run[start:], params[start:], batch, consolidated)
+
+    def _flush_checked(self, run: list, params: list, batch: Batch, consolidated: bool) -> None:
         if not run:
             return
         first = run[0]
