@@ -89,14 +89,17 @@ async def _apply_now(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
 
 def _load_transactions(agent: "Agent", peer: str, message_ids: tuple[str, ...]) -> list:
     """Blocking: the transactions of the messages, decoded (their signatures
-    were checked on receipt: agent.receiving).  A group's one transaction
-    reads its parts as its operations are taken (codec.message.read_group)."""
+    were checked on receipt: agent.receiving), a version-2 message's with
+    its runs as they are (the apply path binds their rows).  A group's one
+    transaction reads its parts as its operations are taken
+    (codec.message.read_group)."""
     def decoded(message_id: str) -> Message:
         return decode_message(agent.queues.read_inbound(peer, message_id), source=message_id,
-                              keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys, verified=True)
+                              keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys, verified=True,
+                              runs=True)
 
     first = decoded(message_ids[0])
     if first.is_part:
         parts = chain((first,), map(decoded, message_ids[1:]))
-        return [read_group(parts, source=message_ids[0])]
+        return [read_group(parts, source=message_ids[0], runs=True)]
     return list(first.transactions or ())

@@ -1,4 +1,4 @@
-"""Message files, format version 1 (docs/message-format.md is the specification).
+"""Message files, format versions 1 and 2 (docs/message-format.md is the specification).
 
 Rules of this file:
 * Encoding is a pure function of (content, header, names, incarnation, keys):
@@ -6,6 +6,10 @@ Rules of this file:
 * :func:`decode_message` raises only :class:`~codec.errors.MessageError`
   subclasses, each naming the file; cheap checks come first, the signature is
   verified before anything is decompressed, and decompression is capped.
+* Data messages are written as version 2 (operations in runs, see
+  codec.ops.Run), control messages as version 1; both are read.  A decoded
+  transaction holds the operations (5-tuples) of either version, or, for
+  the apply path that asks with ``runs=True``, a version-2 message's runs.
 """
 
 from __future__ import annotations
@@ -36,10 +40,14 @@ from .errors import (
 from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
-from .ops import INT64_MAX, Transaction
+from .ops import INT64_MAX, Run, Transaction, to_runs
 
 MAGIC = b"FSMF"
-VERSION = 1
+# Format versions: data messages are written in DATA_VERSION, control
+# messages (unchanged since version 1) in CONTROL_VERSION; both are read.
+DATA_VERSION = 2
+CONTROL_VERSION = 1
+VERSIONS = (1, 2)
 ZSTD_LEVEL = 3
 SIGNATURE_SIZE = 64
 INCARNATION_SIZE = 16
@@ -141,6 +149,7 @@ class Message:
     recipient: str
     incarnation: bytes
     sealed: bool
+    version: int
     transactions: tuple[Transaction, ...] | None = None
     part: bytes | None = None
     control: ControlState | None = None
@@ -164,21 +173,25 @@ class EncodedMessage:
 _packer_options = {"use_bin_type": True}
 
 
-def serialize_transaction(transaction: Transaction) -> bytes:
+def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION) -> bytes:
     """The payload bytes of one transaction (a msgpack array element)."""
-    try:
-        return msgpack.packb((transaction.commit, transaction.origin, transaction.ops), **_packer_options)
-    except (TypeError, ValueError, OverflowError) as error:
-        raise InvalidValue(f"transaction {transaction.commit} cannot be serialized: {error}") from None
+    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version)
 
 
-def serialize_entry(commit: int, origin: str, ops: Sequence) -> bytes:
-    """The payload bytes of one entry of a large transaction (the same
-    encoding as :func:`serialize_transaction` of those operations)."""
+def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION) -> bytes:
+    """The payload bytes of one entry: a transaction, or a piece of a large
+    one, in format ``version`` (2: its operations in runs)."""
+    check_version(version)
     try:
-        return msgpack.packb((commit, origin, ops), **_packer_options)
+        return msgpack.packb((commit, origin, to_runs(ops) if version == 2 else ops), **_packer_options)
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None
+
+
+def check_version(version: int) -> int:
+    if version not in VERSIONS:
+        raise InvalidValue(f"message format version must be one of {VERSIONS}, got {version!r}")
+    return version
 
 
 def array_header(count: int) -> bytes:
@@ -205,8 +218,12 @@ def _seal_key(shared: bytes, ephemeral_public: bytes, recipient_public: bytes) -
 
 def frame(kind: Kind, header: Header, *, keys: SiteKeys, recipient: str, incarnation: bytes,
           raw_length: int, compressed: bytes, part: bool = False,
-          seal_to: PublicKeys | None = None) -> bytes:
-    """Assemble, optionally seal, and sign a message file around a compressed payload."""
+          seal_to: PublicKeys | None = None, version: int | None = None) -> bytes:
+    """Assemble, optionally seal, and sign a message file around a compressed
+    payload in format ``version`` (None: the version written for ``kind``)."""
+    if version is None:
+        version = DATA_VERSION if kind is Kind.DATA else CONTROL_VERSION
+    check_version(version)
     if type(incarnation) is not bytes or len(incarnation) != INCARNATION_SIZE:
         raise InvalidValue(f"incarnation id must be {INCARNATION_SIZE} bytes")
     if not 0 <= raw_length <= MAX_PAYLOAD:
@@ -219,7 +236,7 @@ def frame(kind: Kind, header: Header, *, keys: SiteKeys, recipient: str, incarna
     flags = (FLAG_SEALED if seal_to is not None else 0) | (FLAG_PART if part else 0)
     stored_length = len(compressed) + (SEAL_OVERHEAD if seal_to is not None else 0)
     prefix = b"".join((
-        _FIXED.pack(MAGIC, VERSION, _KIND_BYTE[kind], flags, 0, header.resend_count, header.prev,
+        _FIXED.pack(MAGIC, version, _KIND_BYTE[kind], flags, 0, header.resend_count, header.prev,
                     header.last, header.seq, incarnation),
         bytes((len(sender_bytes),)), sender_bytes, bytes((len(recipient_bytes),)), recipient_bytes,
         _LENGTHS.pack(raw_length, stored_length),
@@ -231,7 +248,7 @@ def frame(kind: Kind, header: Header, *, keys: SiteKeys, recipient: str, incarna
 
 def encode_data_message(transactions: Sequence[Transaction], header: Header, *, keys: SiteKeys,
                         recipient: str, incarnation: bytes,
-                        seal_to: PublicKeys | None = None) -> EncodedMessage:
+                        seal_to: PublicKeys | None = None, version: int = DATA_VERSION) -> EncodedMessage:
     """Encode one whole data message (no size limit is applied; see codec.packing)."""
     if header.is_part:
         raise InvalidValue(f"header {header} is a part header; whole messages need prev < last")
@@ -240,9 +257,10 @@ def encode_data_message(transactions: Sequence[Transaction], header: Header, *, 
         if not previous < transaction.commit <= header.last:
             raise InvalidValue(f"transaction {transaction.commit} is outside {header} or out of order")
         previous = transaction.commit
-    payload = array_header(len(transactions)) + b"".join(map(serialize_transaction, transactions))
+    payload = array_header(len(transactions)) + b"".join(
+        serialize_transaction(transaction, version) for transaction in transactions)
     data = frame(Kind.DATA, header, keys=keys, recipient=recipient, incarnation=incarnation,
-                 raw_length=len(payload), compressed=compress(payload), seal_to=seal_to)
+                 raw_length=len(payload), compressed=compress(payload), seal_to=seal_to, version=version)
     return EncodedMessage(str(MessageName(keys.site, recipient, Kind.DATA, header)), header, data)
 
 
@@ -265,31 +283,32 @@ _MIN_SIZE = _FIXED.size + 1 + 1 + 1 + 1 + _LENGTHS.size + SIGNATURE_SIZE
 
 def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys],
                    recipient: str, recipient_keys: SiteKeys | None = None,
-                   max_file_size: int = MAX_FILE_SIZE, verified: bool = False) -> Message:
+                   max_file_size: int = MAX_FILE_SIZE, verified: bool = False, runs: bool = False) -> Message:
     """Check and decode one message file.
 
     ``source`` names the file in errors; ``recipient`` is the site reading it.
     ``recipient_keys`` opens sealed messages.  ``verified``: the signature
     of these very bytes was checked already (by :func:`check_message`, when
     the file was received, before it was queued durably), so it is not
-    checked again; every other check is made.  Raises only MessageError
-    subclasses.
+    checked again; every other check is made.  ``runs``: a version-2
+    message's transactions hold its runs (codec.ops.Run) instead of the
+    operations they stand for.  Raises only MessageError subclasses.
     """
     frame_info = _open_frame(data, source, keyring, recipient, max_file_size, verify=not verified)
-    kind, header, sender, to, incarnation, flags, raw_length, position, body_end = frame_info
+    kind, header, sender, to, incarnation, flags, raw_length, position, body_end, version = frame_info
     stored = data[position:body_end]
     sealed = bool(flags & FLAG_SEALED)
     if sealed:
         stored = _unseal(stored, data[:position], recipient_keys, source)
     payload = _decompress(stored, raw_length, source)
     base = dict(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
-                sealed=sealed)
+                sealed=sealed, version=version)
     is_part = bool(flags & FLAG_PART)
     if kind is Kind.CONTROL:
         return Message(**base, control=_control_state(payload, source))
     if is_part:
         return Message(**base, part=payload)
-    return Message(**base, transactions=_transactions(payload, header, source))
+    return Message(**base, transactions=_transactions(payload, header, source, version, runs))
 
 
 def check_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys], recipient: str,
@@ -303,10 +322,10 @@ def check_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys]
     for :func:`decode_message` (the agent reads its queued files' headers
     again at a restart).
     """
-    kind, header, sender, to, incarnation, flags, _, _, _ = _open_frame(data, source, keyring, recipient,
-                                                                        max_file_size, verify=not verified)
+    kind, header, sender, to, incarnation, flags, _, _, _, version = _open_frame(
+        data, source, keyring, recipient, max_file_size, verify=not verified)
     return Message(kind=kind, header=header, sender=sender, recipient=to, incarnation=incarnation,
-                   sealed=bool(flags & FLAG_SEALED))
+                   sealed=bool(flags & FLAG_SEALED), version=version)
 
 
 def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], recipient: str,
@@ -322,8 +341,9 @@ def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], rec
      incarnation) = _FIXED.unpack_from(data, 0)
     if magic != MAGIC:
         raise CorruptMessage(source, "not a fieldsync message (bad magic)")
-    if version != VERSION:
-        raise UnsupportedVersion(source, f"format version {version} (this agent reads version {VERSION})")
+    if version not in VERSIONS:
+        raise UnsupportedVersion(source, f"format version {version} (this agent reads versions "
+                                         f"{', '.join(map(str, VERSIONS))})")
     kind = _BYTE_KIND.get(kind_byte)
     if kind is None or reserved != 0 or flags & ~_KNOWN_FLAGS:
         raise CorruptMessage(source, "bad kind, flags or reserved byte")
@@ -365,7 +385,7 @@ def _open_frame(data: bytes, source: str, keyring: Mapping[str, PublicKeys], rec
         raise CorruptMessage(source, "a control message cannot be a part")
     if kind is Kind.DATA and is_part != header.is_part:
         raise CorruptMessage(source, f"part flag disagrees with header {header}")
-    return kind, header, sender, to, incarnation, flags, raw_length, position, body_end
+    return kind, header, sender, to, incarnation, flags, raw_length, position, body_end, version
 
 
 def _read_name(data: bytes, position: int, source: str, what: str) -> tuple[str, int]:
@@ -421,16 +441,31 @@ _UNPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError, UnicodeDecodeE
                   RecursionError)
 
 
-def _unpack(payload: bytes, source: str) -> object:
-    # Lengths bounded by what the payload's size allows for the format
-    # (docs/message-format.md, "Limits"): an array holds transactions of 5
-    # bytes at least, a map entry takes 2, no ext type is used.  A payload of
-    # millions of one-byte empty maps is refused instead of decoded.
-    size = len(payload)
+def _limits(size: int, version: int) -> dict[str, int]:
+    """msgpack length limits for a payload of ``size`` bytes in format
+    ``version`` (docs/message-format.md, "What a reader checks"): in
+    version 1 an array holds transactions of 5 bytes at least and a map
+    entry takes 2; in version 2 a row of nils takes a byte a value and there
+    are no maps; no ext type is used.  A payload of millions of one-byte
+    empty containers is refused instead of decoded."""
+    if version == 1:
+        return dict(max_array_len=size // 5 + 16, max_map_len=size // 2 + 16, max_str_len=size,
+                    max_bin_len=size, max_ext_len=0)
+    # max_map_len=0 still lets an empty map through: the hook refuses any
+    # map as soon as it is made (a payload of empty maps would cost 64
+    # bytes a byte).
+    return dict(max_array_len=size + 16, max_map_len=0, max_str_len=size, max_bin_len=size, max_ext_len=0,
+                object_hook=_no_map)
+
+
+def _no_map(_map: dict) -> None:
+    raise ValueError("a map in a version-2 payload")
+
+
+def _unpack(payload: bytes, source: str, version: int = 1) -> object:
     try:
         return msgpack.unpackb(payload, use_list=False, raw=False, strict_map_key=True,
-                               max_array_len=size // 5 + 16, max_map_len=size // 2 + 16, max_str_len=size,
-                               max_bin_len=size, max_ext_len=0)
+                               **_limits(len(payload), version))
     except _UNPACK_ERRORS as error:
         raise CorruptMessage(source, f"payload is not valid msgpack ({type(error).__name__})") from None
 
@@ -445,14 +480,15 @@ def _control_state(payload: bytes, source: str) -> ControlState:
         raise CorruptMessage(source, f"bad control payload: {error}") from None
 
 
-def _transactions(payload: bytes, header: Header, source: str) -> tuple[Transaction, ...]:
-    entries = _unpack(payload, source)
+def _transactions(payload: bytes, header: Header, source: str, version: int,
+                  runs: bool) -> tuple[Transaction, ...]:
+    entries = _unpack(payload, source, version)
     if type(entries) is not tuple:
         raise CorruptMessage(source, "payload must be an array of transactions")
     previous = header.prev
     result = []
     for entry in entries:
-        transaction = _transaction(entry, source)
+        transaction = _transaction(entry, source, version, runs)
         if not previous < transaction.commit <= header.last:
             raise CorruptMessage(source, f"transaction {transaction.commit} is outside {header} or out of order")
         previous = transaction.commit
@@ -460,10 +496,11 @@ def _transactions(payload: bytes, header: Header, source: str) -> tuple[Transact
     return tuple(result)
 
 
-def _transaction(entry: object, source: str) -> Transaction:
-    # Operations stay the plain 5-tuples msgpack made (see codec.ops): their
-    # values are checked one by one where they are applied, which touches
-    # each value anyway; checking them here would cost more than decoding.
+def _transaction(entry: object, source: str, version: int = 1, runs: bool = False) -> Transaction:
+    # Operations stay the plain 5-tuples (version 1) or rows (version 2)
+    # msgpack made (see codec.ops): their values are checked where they are
+    # applied, which touches each value anyway; checking them here would
+    # cost more than decoding.
     try:
         commit, origin, ops = entry  # type: ignore[misc]
     except (TypeError, ValueError):
@@ -471,9 +508,36 @@ def _transaction(entry: object, source: str) -> Transaction:
     if (type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str
             or not origin or type(ops) is not tuple):
         raise CorruptMessage(source, "payload holds a malformed transaction")
+    if version == 2:
+        checked = tuple(_run(run, commit, source) for run in ops)
+        if not runs:
+            return Transaction._trusted(commit, origin, tuple(op for run in checked for op in run.operations()))
+        return Transaction._trusted(commit, origin, checked)
     if ops and (set(map(type, ops)) != {tuple} or set(map(len, ops)) != {5}):
         raise CorruptMessage(source, f"transaction {commit} holds a malformed operation")
     return Transaction._trusted(commit, origin, ops)
+
+
+_NAMES = frozenset({str})
+
+
+def _run(run: object, commit: int, source: str) -> Run:
+    """A decoded version-2 run, checked for structure (its values are
+    checked where they are applied)."""
+    if type(run) is not tuple or len(run) != 6:
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
+    table, kind, width, before, after, rows = run
+    if (type(table) is not str or not table or type(kind) is not int or not 1 <= kind <= 3
+            or type(width) is not int or width < 1 or type(before) is not tuple or type(after) is not tuple
+            or (kind == 1 and before) or (kind == 3 and after) or type(rows) is not tuple or not rows):
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
+    names = before + after
+    if (not _NAMES.issuperset(map(type, names)) or "" in names or len(set(before)) != len(before)
+            or len(set(after)) != len(after)):
+        raise CorruptMessage(source, f"transaction {commit} holds a run with bad column names")
+    if set(map(type, rows)) != {tuple} or set(map(len, rows)) != {width + len(names)}:
+        raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
+    return Run(table, kind, width, before, after, rows)
 
 
 def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") -> Transaction:
@@ -489,17 +553,20 @@ def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") ->
     return Transaction._trusted(transaction.commit, transaction.origin, tuple(transaction.ops))
 
 
-def read_group(parts: Iterator[Message], *, source: str = "multi-part group") -> Transaction:
+def read_group(parts: Iterator[Message], *, source: str = "multi-part group", runs: bool = False) -> Transaction:
     """The transaction a group of parts carries, read part by part: its
     commit and origin are read from the first part now; its ``ops`` is an
     iterator that decodes the operations as they are taken, pulling the
     next part from ``parts`` only when the ones before are used up
     (docs/message-format.md, "Large transactions").  Memory holds one part
-    and one operation being decoded, whatever the size of the transaction.
+    and one operation (version 2: one run of at most 1,000 rows) being
+    decoded, whatever the size of the transaction.
     Any problem with the group raises :class:`CorruptMessage` (or
     :class:`MessageTooLarge`) from wherever it is found, so a caller
-    applying the operations as they come must be able to undo them."""
-    group = _GroupReader(parts, source)
+    applying the operations as they come must be able to undo them.
+    ``runs`` as for :func:`decode_message`: a version-2 group's ``ops``
+    yields its runs."""
+    group = _GroupReader(parts, source, runs)
     commit, origin = group.entry_start()
     return Transaction._trusted(commit, origin, group.operations(commit, origin))  # type: ignore[arg-type]
 
@@ -507,17 +574,22 @@ def read_group(parts: Iterator[Message], *, source: str = "multi-part group") ->
 class _GroupReader:
     """The parts of one group fed to a streaming msgpack reader."""
 
-    def __init__(self, parts: Iterator[Message], source: str) -> None:
+    def __init__(self, parts: Iterator[Message], source: str, runs: bool) -> None:
         self.parts = parts
         self.source = source
+        self.runs = runs
         self.first: Header | None = None
         self.last: Header | None = None
         self.count = 0
         self.fed = 0
-        self.unpacker = msgpack.Unpacker(
-            use_list=False, raw=False, strict_map_key=True, max_buffer_size=MAX_GROUP_PAYLOAD,
-            max_array_len=MAX_PAYLOAD // 5 + 16, max_map_len=MAX_PAYLOAD // 2 + 16, max_str_len=MAX_GROUP_PAYLOAD,
-            max_bin_len=MAX_GROUP_PAYLOAD, max_ext_len=0)
+        self.version = 0
+        self.unpacker: msgpack.Unpacker | None = None  # made for the first part's format version
+
+    def _start(self) -> msgpack.Unpacker:
+        if self.unpacker is None and not self._feed():
+            raise CorruptMessage(self.source, "no parts")
+        assert self.unpacker is not None
+        return self.unpacker
 
     def _feed(self) -> bool:
         """Feed the next part; False when there is none."""
@@ -531,6 +603,15 @@ class _GroupReader:
         if (header.seq != self.count or header.resend_count != first.resend_count or header.prev != first.prev
                 or (self.last is not None and self.last.is_final_part)):
             raise CorruptMessage(self.source, f"part {header} does not follow {first} in sequence")
+        if self.unpacker is None:
+            self.version = part.version
+            limits = {**_limits(MAX_PAYLOAD, part.version), "max_str_len": MAX_GROUP_PAYLOAD,
+                      "max_bin_len": MAX_GROUP_PAYLOAD}
+            self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=True,
+                                             max_buffer_size=MAX_GROUP_PAYLOAD, **limits)
+        elif part.version != self.version:
+            raise CorruptMessage(self.source, f"part {header} is of format version {part.version}, the group's "
+                                              f"first of {self.version}")
         self.first, self.last = first, header
         self.count += 1
         self.fed += len(part.part)
@@ -560,7 +641,7 @@ class _GroupReader:
 
     def entry_start(self) -> tuple[int, str]:
         """Read the head of the next entry: its commit and origin."""
-        if self._read(self.unpacker.read_array_header) != 3:
+        if self._read(self._start().read_array_header) != 3:
             raise CorruptMessage(self.source, "payload holds a malformed transaction")
         commit = self._read(self.unpacker.unpack)
         origin = self._read(self.unpacker.unpack)
@@ -573,6 +654,13 @@ class _GroupReader:
             count = self._read(self.unpacker.read_array_header)
             for _ in range(count):
                 op = self._read(self.unpacker.unpack)
+                if self.version == 2:
+                    run = _run(op, commit, self.source)
+                    if self.runs:
+                        yield run
+                    else:
+                        yield from run.operations()
+                    continue
                 if type(op) is not tuple or len(op) != 5:
                     raise CorruptMessage(self.source, f"transaction {commit} holds a malformed operation")
                 yield op

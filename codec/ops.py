@@ -12,13 +12,18 @@ Rules of this file:
 * Values are the SQLite storage classes and nothing else: ``None``, ``int``
   (signed 64-bit), ``float`` (NaN and infinities included), ``str``, ``bytes``.
 * Row images are plain ``dict``\\ s from column name to value.
+* On the wire (format version 2) consecutive operations of one table, kind
+  and column layout travel as a :class:`Run` of positional rows; the
+  agent's apply path takes the runs as decoded (a row is the parameter
+  list of its statement), everything else the operations they stand for
+  (:meth:`Run.operations`).  :func:`to_runs` makes the runs of operations.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Union
+from typing import Iterable, Iterator, Mapping, NamedTuple, Union
 
 from .errors import InvalidValue
 
@@ -121,6 +126,78 @@ class Operation(_OperationFields):
     @classmethod
     def delete(cls, table: str, key: tuple, old: dict) -> "Operation":
         return cls(table, OpKind.DELETE, key, old, None)
+
+
+class Run(NamedTuple):
+    """Consecutive operations of one table and kind with the same key
+    width and image columns (docs/message-format.md, version 2).  Each row
+    is ``key ‖ before values ‖ after values``; an INSERT has no before
+    columns, a DELETE no after columns.  Decoded runs were checked for
+    structure (codec.message), not their values."""
+
+    table: str
+    kind: int
+    key_width: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    rows: tuple[tuple, ...]
+
+    def operations(self) -> list[tuple]:
+        """The operations this run stands for, as plain 5-tuples."""
+        table, kind, width, before, after, rows = self
+        middle = width + len(before)
+        make_before = kind != OpKind.INSERT
+        make_after = kind != OpKind.DELETE
+        return [(table, kind, row[:width],
+                 dict(zip(before, row[width:middle])) if make_before else None,
+                 dict(zip(after, row[middle:])) if make_after else None) for row in rows]
+
+
+# Rows of one run at most: a reader decodes a run whole, so this bounds
+# what it holds of a large transaction's entry (docs/message-format.md).
+RUN_ROWS = 1_000
+
+
+def to_runs(ops: Iterable[tuple]) -> list[Run]:
+    """The runs of ``ops`` (Operations or their plain tuples), in order, of
+    at most :data:`RUN_ROWS` rows each (their ``rows`` are lists).  Raises
+    InvalidValue for an operation a run cannot carry (an image that is not
+    a dict, or one its kind does not have)."""
+    runs: list[Run] = []
+    signature = None
+    rows: list = []
+    for op in ops:
+        try:
+            table, kind, key, before, after = op
+            if kind == OpKind.INSERT and before is None:
+                columns: tuple = ((), (*after,))
+                row = (*key, *after.values())
+            elif kind == OpKind.UPDATE:
+                columns = ((*before,), (*after,))
+                row = (*key, *before.values(), *after.values())
+            elif kind == OpKind.DELETE and after is None:
+                columns = ((*before,), ())
+                row = (*key, *before.values())
+            else:
+                raise TypeError
+        except (TypeError, ValueError, AttributeError):
+            raise InvalidValue(f"operation {op!r:.80} cannot travel in a run") from None
+        mine = (table, kind, len(key), columns)
+        if mine != signature or len(rows) >= RUN_ROWS:
+            signature = mine
+            rows = []
+            runs.append(Run(table, kind, len(key), columns[0], columns[1], rows))  # type: ignore[arg-type]
+        rows.append(row)
+    return runs
+
+
+def operations_of(ops: Iterable) -> Iterator[tuple]:
+    """Operations, with every :class:`Run` among ``ops`` expanded."""
+    for op in ops:
+        if type(op) is Run:
+            yield from op.operations()
+        else:
+            yield op
 
 
 def check_operation(fields: tuple) -> Operation:

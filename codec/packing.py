@@ -39,11 +39,13 @@ from .errors import InvalidValue
 from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .message import (
+    DATA_VERSION,
     LARGE_TRANSACTION_OPS,
     MAX_GROUP_PAYLOAD,
     MAX_PAYLOAD,
     EncodedMessage,
     array_header,
+    check_version,
     compress,
     frame,
     frame_overhead,
@@ -97,11 +99,13 @@ class Payload:
     raw_length: int
     compressed: bytes
     part: bool
+    version: int = DATA_VERSION
 
     def frame(self, *, keys: SiteKeys, recipient: str, incarnation: bytes,
               seal_to: PublicKeys | None = None) -> EncodedMessage:
         data = frame(Kind.DATA, self.header, keys=keys, recipient=recipient, incarnation=incarnation,
-                     raw_length=self.raw_length, compressed=self.compressed, part=self.part, seal_to=seal_to)
+                     raw_length=self.raw_length, compressed=self.compressed, part=self.part, seal_to=seal_to,
+                     version=self.version)
         return EncodedMessage(str(MessageName(keys.site, recipient, Kind.DATA, self.header)), self.header, data)
 
 
@@ -113,7 +117,7 @@ _Steps = Generator["Payload | None", "Transaction | None", None]
 def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipient: str,
                   incarnation: bytes, resend_count: int, start: int,
                   max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
-                  seal_to: PublicKeys | None = None) -> Iterator[EncodedMessage]:
+                  seal_to: PublicKeys | None = None, version: int = DATA_VERSION) -> Iterator[EncodedMessage]:
     """Yield the message files for ``transactions`` (in commit order, after ``start``).
 
     ``start`` is the ``prev`` of the first message (the publisher's
@@ -121,11 +125,12 @@ def pack_messages(transactions: Iterable[Transaction], *, keys: SiteKeys, recipi
     transaction, the final message's ``last`` is raised to it (or, when
     there are no transactions at all, one empty message covers
     ``(start, end]``), so the receiver's ``log_received`` reaches the end of
-    what was scanned even when the tail held nothing for it.
+    what was scanned even when the tail held nothing for it.  ``version``:
+    the message format written (docs/message-format.md).
     """
     check_max_size(max_size)
     check_site_name(recipient)
-    packer = _Packer(keys.site, recipient, resend_count, max_size, seal_to is not None)
+    packer = _Packer(keys.site, recipient, resend_count, max_size, seal_to is not None, version)
     return (payload.frame(keys=keys, recipient=recipient, incarnation=incarnation, seal_to=seal_to)
             for payload in _pull_through(packer.run(start, end), iter(transactions)))
 
@@ -160,10 +165,11 @@ class PayloadPacker:
     __slots__ = ("recipient", "_steps", "_spent")
 
     def __init__(self, *, sender: str, recipient: str, resend_count: int, start: int,
-                 max_size: int = DEFAULT_MAX_SIZE, end: int | None = None, sealed: bool = False) -> None:
+                 max_size: int = DEFAULT_MAX_SIZE, end: int | None = None, sealed: bool = False,
+                 version: int = DATA_VERSION) -> None:
         check_max_size(max_size)
         self.recipient = check_site_name(recipient)
-        self._steps = _Packer(sender, recipient, resend_count, max_size, sealed).run(start, end)
+        self._steps = _Packer(sender, recipient, resend_count, max_size, sealed, version).run(start, end)
         # Run to the first request for input (checking ``start`` on the way).
         if next(self._steps) is not None:
             raise AssertionError("the packer made a message before it had any input")
@@ -212,9 +218,10 @@ class MessagePacker:
 
     def __init__(self, *, keys: SiteKeys, recipient: str, incarnation: bytes, resend_count: int, start: int,
                  max_size: int = DEFAULT_MAX_SIZE, end: int | None = None,
-                 seal_to: PublicKeys | None = None) -> None:
+                 seal_to: PublicKeys | None = None, version: int = DATA_VERSION) -> None:
         self._payloads = PayloadPacker(sender=keys.site, recipient=recipient, resend_count=resend_count,
-                                       start=start, max_size=max_size, end=end, sealed=seal_to is not None)
+                                       start=start, max_size=max_size, end=end, sealed=seal_to is not None,
+                                       version=version)
         self.recipient = self._payloads.recipient
         self._keys, self._incarnation, self._seal_to = keys, incarnation, seal_to
 
@@ -257,8 +264,10 @@ class _Large:
 
 
 class _Packer:
-    def __init__(self, sender: str, recipient: str, resend_count: int, max_size: int, sealed: bool) -> None:
+    def __init__(self, sender: str, recipient: str, resend_count: int, max_size: int, sealed: bool,
+                 version: int) -> None:
         self.recipient = recipient
+        self.version = check_version(version)
         self.resend_count = resend_count
         self.space = max_size - frame_overhead(sender, recipient, sealed=sealed)
         if self.space < 1024:
@@ -299,7 +308,7 @@ class _Packer:
                 self.queue.append((transaction.commit, self.large))
                 return True
             transaction = Transaction._trusted(transaction.commit, transaction.origin, tuple(ops))
-        serialized = serialize_transaction(transaction)
+        serialized = serialize_transaction(transaction, self.version)
         if len(serialized) > MAX_GROUP_PAYLOAD:
             raise InvalidValue(f"transaction {transaction.commit} is {len(serialized)} bytes, over the "
                                f"{MAX_GROUP_PAYLOAD}-byte limit of one transaction (docs/message-format.md, "
@@ -325,7 +334,7 @@ class _Packer:
                 piece = yield from self._piece(large.commit)
                 large.ops.extend(piece.ops)
                 large.more = type(piece) is PartialTransaction
-            entry = serialize_entry(large.commit, large.origin, large.ops[:LARGE_TRANSACTION_OPS])
+            entry = serialize_entry(large.commit, large.origin, large.ops[:LARGE_TRANSACTION_OPS], self.version)
             if len(entry) > MAX_GROUP_PAYLOAD:
                 raise InvalidValue(f"transaction {large.commit} holds an entry of {len(entry)} bytes, over the "
                                    f"{MAX_GROUP_PAYLOAD}-byte limit (docs/message-format.md, \"Limits\")")
@@ -423,7 +432,7 @@ class _Packer:
             if header.is_part and not header.is_final_part:
                 raise AssertionError("a non-final part cannot end the stream")
             header = Header(header.resend_count, header.prev, end, header.seq)
-        return Payload(header, raw_length, compressed, part)
+        return Payload(header, raw_length, compressed, part, self.version)
 
     def _fit(self, count: int) -> Generator[None, Transaction | None, _Candidate | None]:
         """The largest candidate that fits, by estimate plus correction; None

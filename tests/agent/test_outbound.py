@@ -150,7 +150,7 @@ def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
     # One pass: capture rows are read in chunks of 1,000 once, not once per send.
     chunks = [statement for statement in statements if "FROM fieldsync_capture WHERE seq > " in statement]
     assert 0 < len(chunks) <= reference.end // 1000 + 2
-    assert reference.files["field006"] == [] and len(reference.files["field001"]) > 3
+    assert reference.files["field006"] == [] and len(reference.files["field001"]) >= 3  # several files
     resent = [MessageName.parse(name).header for name, _ in reference.files["field002"]]
     assert resent[0].prev == reference.starts["field002"] > 0 and {h.resend_count for h in resent} == {1}
     # Queued only: a file counts as sent once a transport accepted it (the flush), not before.

@@ -1,8 +1,10 @@
-"""Golden message files of format version 1.
+"""Golden message files of every format version.
 
-``python -m tests.codec.golden --write`` made ``fixtures/messages/v1/`` once;
-the files are never regenerated.  A format change gets a new version folder,
-and the tests keep decoding every old one.
+``python -m tests.codec.golden --write --version N`` made
+``fixtures/messages/vN/`` once; the files are never regenerated.  A format
+change gets a new version folder, and the tests keep decoding every old
+one.  Every folder holds the same content; a control message is written in
+version 1 whatever the folder (its bytes did not change in version 2).
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ from codec.message import ControlState, encode_control_message, encode_data_mess
 from codec.ops import Operation, Transaction
 from codec.packing import pack_messages
 
-ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "messages" / "v1"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "messages"
+VERSIONS = (1, 2)
+ROOT = FIXTURES / "v1"
+
+
+def folder(version: int) -> Path:
+    return FIXTURES / f"v{version}"
 HQ = SiteKeys.from_seeds("hq", bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"),
                          bytes.fromhex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"))
 FIELD = SiteKeys.from_seeds("field1",
@@ -57,16 +65,16 @@ def big_transaction() -> Transaction:
     return Transaction(1_119_170, "hq", tuple(ops))
 
 
-def build() -> dict[str, bytes]:
+def build(version: int) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     single = encode_data_message(transactions(), Header(0, 923_200, 942_712), keys=HQ, recipient="field1",
-                                 incarnation=INCARNATION)
+                                 incarnation=INCARNATION, version=version)
     files[single.name] = single.data
     for part in pack_messages([big_transaction()], keys=HQ, recipient="field1", incarnation=INCARNATION,
-                              resend_count=0, start=942_712, max_size=10_000):
+                              resend_count=0, start=942_712, max_size=10_000, version=version):
         files[part.name] = part.data
     sealed = encode_data_message(transactions()[:1], Header(1, 923_200, 923_357), keys=HQ, recipient="field1",
-                                 incarnation=INCARNATION, seal_to=FIELD.public)
+                                 incarnation=INCARNATION, seal_to=FIELD.public, version=version)
     files[sealed.name] = sealed.data
     control = encode_control_message(ControlState(log_received=4711, rereceive_count=2, log_sent=942_712,
                                                   resend_count=1), keys=HQ, recipient="field1",
@@ -105,9 +113,9 @@ def transaction_json(transaction: Transaction) -> dict:
     }
 
 
-def expected() -> dict:
+def expected(version: int) -> dict:
     return {
-        "format_version": 1,
+        "format_version": version,
         "incarnation": INCARNATION.hex(),
         "single": {"header": "(0-0000923200-0000942712-0)",
                    "transactions": [transaction_json(t) for t in transactions()]},
@@ -119,24 +127,26 @@ def expected() -> dict:
     }
 
 
-def write(force: bool) -> None:
-    if ROOT.exists() and any(ROOT.iterdir()) and not force:
-        raise SystemExit(f"{ROOT} exists: golden files are never regenerated (make a new version folder)")
-    ROOT.mkdir(parents=True, exist_ok=True)
-    for name, data in build().items():
-        (ROOT / name).write_bytes(data)
-    (ROOT / "hq.pub").write_text(HQ.public.to_line() + "\n")
-    (ROOT / "field1.pub").write_text(FIELD.public.to_line() + "\n")
-    FIELD.save(ROOT / "field1.key")  # throw-away test key, to open the sealed file
-    (ROOT / "expected.json").write_text(json.dumps(expected(), indent=2, ensure_ascii=False) + "\n")
+def write(version: int, force: bool) -> None:
+    root = folder(version)
+    if root.exists() and any(root.iterdir()) and not force:
+        raise SystemExit(f"{root} exists: golden files are never regenerated (make a new version folder)")
+    root.mkdir(parents=True, exist_ok=True)
+    for name, data in build(version).items():
+        (root / name).write_bytes(data)
+    (root / "hq.pub").write_text(HQ.public.to_line() + "\n")
+    (root / "field1.pub").write_text(FIELD.public.to_line() + "\n")
+    FIELD.save(root / "field1.key")  # throw-away test key, to open the sealed file
+    (root / "expected.json").write_text(json.dumps(expected(version), indent=2, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--version", type=int, choices=VERSIONS, required=True)
     arguments = parser.parse_args()
     if not arguments.write:
         parser.print_help()
         sys.exit(2)
-    write(arguments.force)
+    write(arguments.version, arguments.force)

@@ -30,7 +30,7 @@ def sample_transactions(start: int = 100) -> list[Transaction]:
     ]
 
 
-def craft(*, version: int = wire.VERSION, kind: int = ord("D"), flags: int = 0, header: Header = Header(0, 0, 1),
+def craft(*, version: int = 1, kind: int = ord("D"), flags: int = 0, header: Header = Header(0, 0, 1),
           sender: str = "hq", recipient: str = "field1", raw_length: int | None = None,
           stored: bytes | None = None, payload: bytes | None = None, keys: SiteKeys = HQ) -> bytes:
     """A signed message file with arbitrary (possibly wrong) fields."""

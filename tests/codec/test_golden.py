@@ -11,29 +11,34 @@ from codec.names import Kind, MessageName
 from . import golden
 
 ROOT = golden.ROOT
+VERSIONS = pytest.mark.parametrize("version", golden.VERSIONS)
 
 
-def load_keys():
-    keyring = Keyring([PublicKeys.from_line((ROOT / "hq.pub").read_text())])
+def load_keys(root=ROOT):
+    keyring = Keyring([PublicKeys.from_line((root / "hq.pub").read_text())])
     # git does not keep file modes, so read the throw-away key without the permission check.
-    field = SiteKeys.from_text((ROOT / "field1.key").read_text(), "field1.key")
-    assert field.public == PublicKeys.from_line((ROOT / "field1.pub").read_text())
+    field = SiteKeys.from_text((root / "field1.key").read_text(), "field1.key")
+    assert field.public == PublicKeys.from_line((root / "field1.pub").read_text())
     return keyring, field
 
 
-def decode_all():
-    keyring, field = load_keys()
+def decode_all(root):
+    keyring, field = load_keys(root)
     decoded = {}
-    for path in sorted(ROOT.glob("*.fsm")):
+    for path in sorted(root.glob("*.fsm")):
         decoded[path.name] = decode_message(path.read_bytes(), source=path.name, keyring=keyring,
                                             recipient="field1", recipient_keys=field)
     return decoded
 
 
-def test_golden_files_decode_to_the_expected_content():
-    expected = json.loads((ROOT / "expected.json").read_text())
-    assert expected["format_version"] == 1
-    decoded = decode_all()
+@VERSIONS
+def test_golden_files_decode_to_the_expected_content(version):
+    root = golden.folder(version)
+    expected = json.loads((root / "expected.json").read_text())
+    assert expected["format_version"] == version
+    decoded = decode_all(root)
+    assert {message.version for message in decoded.values() if message.kind is Kind.DATA} == {version}
+    assert {message.version for message in decoded.values() if message.kind is Kind.CONTROL} == {1}
     by_kind = {"single": [], "parts": [], "sealed": [], "control": []}
     for name, message in decoded.items():
         assert MessageName.parse(name).header == message.header
@@ -65,20 +70,24 @@ def test_golden_files_decode_to_the_expected_content():
     assert golden.transaction_json(reassemble(parts)) == expected["multi_part"]["transaction"]
 
 
-def test_expected_json_describes_the_fixture_content():
+@VERSIONS
+def test_expected_json_describes_the_fixture_content(version):
     # Guards the JSON itself against drift from the fixture's source values.
-    assert json.loads((ROOT / "expected.json").read_text()) == json.loads(json.dumps(golden.expected()))
+    root = golden.folder(version)
+    assert json.loads((root / "expected.json").read_text()) == json.loads(json.dumps(golden.expected(version)))
 
 
-def test_today_encoder_still_writes_version_1_files_that_match():
+@VERSIONS
+def test_today_encoder_still_writes_each_version_s_files_that_match(version):
     """Same content, same keys: the names match, and the payload bytes under the
     compression match too (serialization is stable).  Compressed bytes may only
     differ if the zstd library changes its output; the files must still decode."""
-    keyring, field = load_keys()
-    rebuilt = golden.build()
-    assert sorted(rebuilt) == sorted(p.name for p in ROOT.glob("*.fsm"))
+    root = golden.folder(version)
+    keyring, field = load_keys(root)
+    rebuilt = golden.build(version)
+    assert sorted(rebuilt) == sorted(p.name for p in root.glob("*.fsm"))
     for name, data in rebuilt.items():
-        old = (ROOT / name).read_bytes()
+        old = (root / name).read_bytes()
         assert data[:60] == old[:60]
         fresh = decode_message(data, source=name, keyring=keyring, recipient="field1", recipient_keys=field)
         stored = decode_message(old, source=name, keyring=keyring, recipient="field1", recipient_keys=field)

@@ -109,10 +109,10 @@ def decode(data: bytes) -> Message:
 
 
 def framed(payload: bytes, compressed: bytes | None = None, header: Header = Header(0, 0, 1, 0),
-           part: bool = False) -> bytes:
+           part: bool = False, version: int | None = None) -> bytes:
     return frame(Kind.DATA, header, keys=SENDER, recipient="field1", incarnation=INCARNATION,
                  raw_length=len(payload), compressed=compress(payload) if compressed is None else compressed,
-                 part=part)
+                 part=part, version=version)
 
 
 def test_bytes_after_the_zstd_frame_are_refused() -> None:
@@ -128,7 +128,26 @@ def test_an_array_longer_than_its_payload_allows_is_refused_before_it_is_built()
     payload = empty_maps(900_000)  # within the expansion floor, so it reaches the decoder
     assert len(payload) <= EXPANSION_FLOOR
     with pytest.raises(CorruptMessage, match="not valid msgpack"):
-        decode(framed(payload))
+        decode(framed(payload, version=1))  # version 1: arrays of at most payload/5 + 16
+    nils = b"\xdd" + (len(payload) + 17).to_bytes(4, "big") + b"\xc0" * 64
+    with pytest.raises(CorruptMessage, match="not valid msgpack"):
+        decode(framed(nils, version=2))  # version 2: at most payload + 16, never more than its bytes
+
+
+def test_a_version_2_payload_of_empty_maps_is_refused_at_the_first() -> None:
+    """A map costs 64 bytes for its one byte; version 2 has none, and the
+    first one stops the decoder (max_map_len=0 alone lets empty ones by)."""
+    import tracemalloc
+
+    payload = empty_maps(900_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptMessage, match="not valid msgpack"):
+            decode(framed(payload, version=2))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * len(payload), peak  # not 900,000 dicts (57 MB): the payload's copies at most
 
 
 def test_a_group_over_its_limit_is_refused_before_it_is_joined(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ import pytest
 from agent.site import Article
 from codec.ops import Operation, Transaction
 
-from .conftest import CUSTOMER, LINE, make_site
+from .conftest import CUSTOMER, LINE, decoded, make_site
 
 
 def ins(row_id, **values):
@@ -19,8 +19,9 @@ def upd(row_id, before, after):
 
 
 def txn(commit, *ops, origin="r1"):
-    # _trusted: as the message decoder builds them (ops may be plain tuples).
-    return Transaction._trusted(commit, origin, ops)
+    # _trusted: as the message decoder builds them (ops may be plain tuples,
+    # or runs: see conftest.decoded).
+    return decoded(Transaction._trusted(commit, origin, ops))
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.site import Article, SiteDatabase
+from codec.errors import InvalidValue
+from codec.ops import Run, Transaction, to_runs
 
 CUSTOMER = ("CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT, region TEXT, balance REAL,"
             " photo BLOB, extra)")
@@ -38,13 +40,47 @@ def make_site(directory: Path, name: str, role: str = "consolidated", *schema: s
     return site
 
 
+# The form decoded transactions reach the apply path in: "operations" (a
+# version-1 message, or any caller of SiteDatabase.apply) or "runs" (a
+# version-2 message as the agent decodes it).  Every site test runs in both.
+_FORM = {"runs": False}
+
+
+@pytest.fixture(params=["operations", "runs"], autouse=True)
+def decoded_form(request):
+    _FORM["runs"] = request.param == "runs"
+    yield request.param
+    _FORM["runs"] = False
+
+
+def decoded(transaction: Transaction) -> Transaction:
+    """``transaction`` in the form of this test run: with runs, its
+    operations as the runs of a version-2 message (rows as tuples); an
+    operation no run can carry (a malformed one) stays as it is."""
+    if not _FORM["runs"]:
+        return transaction
+    ops: list = []
+    for op in transaction.ops:
+        try:
+            [run] = to_runs([op])
+        except InvalidValue:
+            ops.append(op)
+            continue
+        last = ops[-1] if ops else None
+        if type(last) is Run and last[:5] == run[:5] and len(last.rows) < 1000:
+            ops[-1] = last._replace(rows=last.rows + tuple(run.rows))
+        else:
+            ops.append(run._replace(rows=tuple(run.rows)))
+    return Transaction._trusted(transaction.commit, transaction.origin, tuple(ops))
+
+
 def replicate(publisher: SiteDatabase, subscriber: SiteDatabase):
     """One protocol round from publisher to subscriber, done by hand: scan,
     read after log_sent, apply with log_received = end, confirm."""
     name = subscriber.identity.name
     end = publisher.scan()
     start = publisher.remote(name).log_sent
-    transactions = list(publisher.read_log(name, start, end))
+    transactions = [decoded(transaction) for transaction in publisher.read_log(name, start, end)]
     result = subscriber.apply(publisher.identity.name, transactions, log_received=end)
     publisher.record_send(name, log_sent=end)
     publisher.update_remote(name, confirm_sent=end)

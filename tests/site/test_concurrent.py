@@ -14,7 +14,7 @@ import pytest
 
 from agent.site import Article, SiteDatabase
 
-from .conftest import ORDERS, REGIONS, app_connection, make_site, orders_world, table_rows
+from .conftest import ORDERS, REGIONS, app_connection, decoded, make_site, orders_world, table_rows
 
 
 
@@ -43,7 +43,7 @@ def send(publisher: SiteDatabase, subscriber: SiteDatabase):
     end = publisher.scan()
     start = publisher.remote(name).log_sent
     publisher.record_send(name, log_sent=end)
-    return list(publisher.read_log(name, start, end)), end
+    return [decoded(transaction) for transaction in publisher.read_log(name, start, end)], end
 
 
 def deliver(subscriber: SiteDatabase, publisher: SiteDatabase, message) -> None:
@@ -390,7 +390,7 @@ def run_model(root, seed: int, steps: int = 250, key_changes: bool = False) -> l
                         site.update_remote(peer, confirm_sent=min(payload, row.log_sent))
             for kind, payload in messages:
                 if kind == "data":
-                    site.apply(peer, payload[0], log_received=payload[1])
+                    site.apply(peer, [decoded(t) for t in payload[0]], log_received=payload[1])
         end = site.scan()
         for peer in peers[name]:
             start = site.remote(peer).log_sent

@@ -33,7 +33,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Iterable
 
-from codec.ops import OpKind, Operation, Transaction
+from codec.ops import OpKind, Operation, Run, Transaction
 
 from .._db import format_time, utc_now
 from ..errors import ApplyRefused, IncarnationMismatch, InvalidSetting
@@ -53,6 +53,22 @@ _KEY = itemgetter(2)
 _BEFORE = itemgetter(3)
 _AFTER = itemgetter(4)
 _values_of = dict.values
+
+
+class _Operations:
+    """The operations of a run, made from its rows only for the slices
+    taken (the fast path never takes one)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __len__(self) -> int:
+        return len(self.run.rows)
+
+    def __getitem__(self, index: slice) -> list[tuple]:
+        return self.run._replace(rows=self.run.rows[index]).operations()
 
 
 def _plain_values(run: list, params: list, kind: int, consolidated: bool) -> bool:
@@ -179,6 +195,11 @@ class Applier(Pending):
         params: list = []
         signature: tuple | None = None
         for op in ops:
+            if type(op) is Run:
+                self._flush(run, params, batch, consolidated)
+                run, params, signature = [], [], None
+                self._apply_run(op, batch, consolidated)
+                continue
             mine = None
             if type(op) in _OP_TYPES and len(op) == 5:
                 table, kind, key, before, after = op
@@ -210,6 +231,29 @@ class Applier(Pending):
             run.append(op)
             params.append(values)
         self._flush(run, params, batch, consolidated)
+
+    def _apply_run(self, run: Run, batch: Batch, consolidated: bool) -> None:
+        """A decoded run (format version 2): its rows are the parameter
+        lists of one statement (statements.run_sql), bound as they are once
+        every value of them is checked, in C.  Whatever needs an
+        operation's images (a row with an error, SUBSCRIBE BY, watched or
+        pending rows, rows going back) takes the general path with the
+        operations the run stands for."""
+        table = self._table(run.table)
+        kind = run.kind
+        if (table is None or run.key_width != len(table.key_columns) or batch.returns or batch.watched is not None
+                or (kind == OpKind.UPDATE and not run.after)
+                or (kind != OpKind.DELETE and not table.column_set.issuperset(run.after + run.before))
+                or (batch.filters and table.name.lower() in batch.filters)
+                or (batch.pending and batch.pending.get(table.name.lower()))
+                or not _VALUE_TYPES.issuperset(map(type, chain.from_iterable(run.rows)))):
+            self._apply_operations(run.operations(), batch, consolidated)
+            return
+        rows = run.rows
+        if kind == OpKind.DELETE:
+            width = run.key_width
+            rows = [row[:width] for row in rows]
+        self._run(table, kind, self._run_sql(table, run, consolidated), _Operations(run), rows, batch, consolidated)
 
     def _flush(self, run: list, params: list, batch: Batch, consolidated: bool) -> None:
         """Apply a run; first check, in C, that every value of it is a
@@ -295,13 +339,14 @@ class Applier(Pending):
         returns = batch.returns
         for start in range(0, len(run), step):
             chunk = params[start:start + step] if len(run) > step else params
-            ops = run[start:start + step]
             # A row already going back to the peer takes each later change
-            # of the peer's one by one (_one: _origin_changes).
-            if not (returns and any((table.name, op[2]) in returns for op in ops)) and self._fast(sql, chunk):
+            # of the peer's one by one (_one: _origin_changes).  The
+            # operations are taken only then (a run's rows make them).
+            if not (returns and any((table.name, op[2]) in returns for op in run[start:start + step])) \
+                    and self._fast(sql, chunk):
                 batch.applied += len(chunk)
                 continue
-            for op in ops:
+            for op in run[start:start + step]:
                 self._one(table, op, batch, consolidated)
 
     def _fast(self, sql: str, params: list) -> bool:

@@ -14,6 +14,8 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 
+from codec.ops import OpKind, Run
+
 from .._db import quote_ident
 from ..capture import ShapeCache, trigger_names
 from ..values import unpack
@@ -141,6 +143,34 @@ class Statements:
             checks = "".join(f" AND {quote_ident(column)} IS ?" for column in before)
             sql = (f"UPDATE{' OR IGNORE' if ignore and table.or_ignore else ''} {table.quoted} SET {assignments}"
                    f" WHERE {table.where_key}{checks}")
+            self._sql[cache_key] = sql
+        return sql
+
+    def _run_sql(self, table: Table, run: Run, consolidated: bool) -> str:
+        """The statement of the fast path (see _flush_checked) for a run's
+        rows as they are: ``key ‖ before ‖ after`` bound as ``?1..?n`` (a
+        DELETE binds the key alone; a remote's UPDATE leaves the before
+        values unused, as the statement of an operation does)."""
+        cache_key = ("run", table.name, run.kind, run.key_width, run.before, run.after, consolidated)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            width, checked = run.key_width, len(run.before)
+            where = " AND ".join(f"{quote_ident(column)} IS ?{index}"
+                                 for index, column in enumerate(table.key_columns, 1))
+            ignore = " OR IGNORE" if table.or_ignore else ""
+            if run.kind == OpKind.INSERT:
+                names = ", ".join(quote_ident(column) for column in run.after)
+                values = ", ".join(f"?{index}" for index in range(width + 1, width + len(run.after) + 1))
+                sql = (f"INSERT{ignore} INTO {table.quoted} ({names}) VALUES ({values})"
+                       + ("" if table.or_ignore else " ON CONFLICT DO NOTHING"))
+            elif run.kind == OpKind.UPDATE:
+                assignments = ", ".join(f"{quote_ident(column)} = ?{index}"
+                                        for index, column in enumerate(run.after, width + checked + 1))
+                checks = "".join(f" AND {quote_ident(column)} IS ?{index}"
+                                 for index, column in enumerate(run.before, width + 1)) if consolidated else ""
+                sql = f"UPDATE{ignore} {table.quoted} SET {assignments} WHERE {where}{checks}"
+            else:
+                sql = self._delete_sql(table)
             self._sql[cache_key] = sql
         return sql
 

@@ -1,0 +1,121 @@
+"""Format version 2: operations travel in runs of positional rows
+(docs/message-format.md, "Payloads"; codec.ops.Run, codec.message._run)."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from codec.errors import CorruptMessage, InvalidValue
+from codec.header import Header
+from codec.message import decode_message, encode_data_message, read_group
+from codec.ops import RUN_ROWS, Operation, Run, Transaction, to_runs, values_identical
+from codec.packing import pack_messages
+
+from .helpers import FIELD, HQ, INCARNATION, KEYRING, craft, sample_transactions
+
+
+def decode(data, **options):
+    return decode_message(data, source="test", keyring=KEYRING, recipient="field1", recipient_keys=FIELD, **options)
+
+
+def test_runs_group_consecutive_operations_of_one_layout_and_stand_for_them():
+    ops = [Operation.insert("t", (1,), {"id": 1, "a": "x"}), Operation.insert("t", (2,), {"id": 2, "a": None}),
+           Operation.insert("t", (3,), {"a": 1.5, "id": 3}),  # another column order: another run
+           Operation.update("t", (3,), {"a": 1.5}, {"a": -0.0}),
+           Operation.delete("t", (1,), {"id": 1, "a": "x"}), Operation.delete("u", (1, "k"), {"x": b"\x00"})]
+    runs = to_runs(ops)
+    assert [(run.table, run.kind, run.key_width, run.before, run.after, len(run.rows)) for run in runs] == [
+        ("t", 1, 1, (), ("id", "a"), 2), ("t", 1, 1, (), ("a", "id"), 1), ("t", 2, 1, ("a",), ("a",), 1),
+        ("t", 3, 1, ("id", "a"), (), 1), ("u", 3, 2, ("x",), (), 1)]
+    assert runs[2].rows == [(3, 1.5, -0.0)]
+    assert values_identical(tuple(op for run in runs for op in run.operations()), tuple(ops))
+
+
+def test_a_run_holds_at_most_run_rows_rows():
+    ops = [Operation.insert("t", (i,), {"id": i}) for i in range(2 * RUN_ROWS + 5)]
+    assert [len(run.rows) for run in to_runs(ops)] == [RUN_ROWS, RUN_ROWS, 5]
+
+
+def test_an_operation_no_run_can_carry_is_refused():
+    with pytest.raises(InvalidValue, match="cannot travel in a run"):
+        to_runs([("t", 1, (1,), {"id": 0}, {"id": 1})])  # an INSERT with a before-image
+
+
+def test_version_2_is_written_and_decodes_to_the_same_operations_as_version_1():
+    transactions = sample_transactions()
+    header = Header(0, 100, 200)
+    files = {version: encode_data_message(transactions, header, keys=HQ, recipient="field1",
+                                          incarnation=INCARNATION, version=version).data for version in (1, 2)}
+    assert files[2][4] == 2 and files[1][4] == 1
+    assert len(files[2]) < len(files[1]) + 16
+    one, two = decode(files[1]), decode(files[2])
+    assert (one.version, two.version) == (1, 2)
+    assert values_identical(one.transactions, two.transactions)
+    assert values_identical(two.transactions, tuple(transactions))
+    as_runs = decode(files[2], runs=True).transactions
+    assert all(type(op) is Run for transaction in as_runs for op in transaction.ops)
+    assert values_identical(tuple(Transaction._trusted(t.commit, t.origin, tuple(op for run in t.ops
+                                                                                 for op in run.operations()))
+                                  for t in as_runs), tuple(transactions))
+    # runs=True has no effect on a version-1 message
+    assert values_identical(decode(files[1], runs=True).transactions, one.transactions)
+
+
+def entry_payload(*runs, commit=5):
+    return msgpack.packb([[commit, "hq", list(runs)]], use_bin_type=True)
+
+
+@pytest.mark.parametrize("run, problem", [
+    (["t", 1, 1, [], ["id"]], "malformed run"),                            # five fields
+    ([7, 1, 1, [], ["id"], [[1, 1]]], "malformed run"),                    # table not a string
+    (["t", 4, 1, [], ["id"], [[1, 1]]], "malformed run"),                  # no such kind
+    (["t", True, 1, [], ["id"], [[1, 1]]], "malformed run"),               # a bool is no kind
+    (["t", 1, 0, [], ["id"], [[1]]], "malformed run"),                     # no key
+    (["t", 1, 1, ["id"], ["id"], [[1, 1, 1]]], "malformed run"),           # an INSERT with before columns
+    (["t", 3, 1, ["id"], ["id"], [[1, 1, 1]]], "malformed run"),           # a DELETE with after columns
+    (["t", 1, 1, [], ["id"], []], "malformed run"),                        # no rows
+    (["t", 1, 1, [], ["id", "id"], [[1, 1, 1]]], "bad column names"),      # a column twice
+    (["t", 1, 1, [], ["id", 5], [[1, 1, 1]]], "bad column names"),         # a column name not a string
+    (["t", 1, 1, [], ["id", ""], [[1, 1, 1]]], "bad column names"),        # an empty column name
+    (["t", 1, 1, [], ["id", "a"], [[1, 1, 1], [2, 2]]], "malformed row"),  # a row too short
+    (["t", 1, 1, [], ["id"], [[1, 1], 7]], "malformed row"),               # a row not an array
+])
+def test_a_malformed_run_makes_the_message_corrupt(run, problem):
+    data = craft(version=2, header=Header(0, 0, 9), payload=entry_payload(run))
+    with pytest.raises(CorruptMessage, match=problem):
+        decode(data)
+
+
+def test_a_version_2_payload_holds_no_maps():
+    data = craft(version=2, header=Header(0, 0, 9), payload=entry_payload(["t", 1, 1, [], ["id"], [[1, {"a": 1}]]]))
+    with pytest.raises(CorruptMessage, match="not valid msgpack"):
+        decode(data)
+
+
+def big(count):
+    return Transaction(5, "hq", tuple(Operation.insert("t", (i,), {"id": i, "pad": f"{i:08d}" * 20})
+                                      for i in range(count)))
+
+
+def test_a_version_2_group_yields_runs_when_asked_and_operations_otherwise():
+    transaction = big(25_000)
+    messages = list(pack_messages([transaction], keys=HQ, recipient="field1", incarnation=INCARNATION,
+                                  resend_count=0, start=0))
+    parts = [decode(message.data) for message in messages]
+    assert len(parts) > 3 and {part.version for part in parts} == {2}
+    runs = list(read_group(iter(parts), runs=True).ops)
+    assert all(type(run) is Run and len(run.rows) <= RUN_ROWS for run in runs)
+    assert sum(len(run.rows) for run in runs) == 25_000
+    ops = tuple(read_group(iter(parts)).ops)
+    assert values_identical(ops, transaction.ops)
+
+
+def test_a_group_of_parts_of_two_versions_is_corrupt():
+    transaction = big(12_000)
+    by_version = {version: [decode(message.data) for message in pack_messages(
+        [transaction], keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0, start=0,
+        version=version)] for version in (1, 2)}
+    mixed = by_version[2][:1] + by_version[1][1:]
+    with pytest.raises(CorruptMessage, match="format version 1, the group's first of 2"):
+        list(read_group(iter(mixed)).ops)
