@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from codec.errors import CodecError
 from codec.keys import PublicKeys, SiteKeys
-from codec.message import EncodedMessage
+from codec.message import DATA_VERSION, EncodedMessage
 from codec.packing import MessagePacker
 
 from .errors import AgentError
@@ -99,11 +99,12 @@ class Packed:
 
 
 def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
-               put: Callable[[int, EncodedMessage], None], *, max_size: int) -> list[Packed]:
+               put: Callable[[int, EncodedMessage], None], *, max_size: int,
+               version: int = DATA_VERSION) -> list[Packed]:
     """Make the messages of ``sends`` (at most one per subscriber; the due
     sends, as a Spark batch takes them too) and hand each to ``put(index
-    into sends, message)``, each send's in order; return what became of each
-    send.  An error reading the log itself (not one send's range) is
+    into sends, message)``, each send's in order, in message format
+    ``version``; return what became of each send.  An error reading the log itself (not one send's range) is
     raised."""
     incarnation = db.identity.incarnation
     packers: dict[int, MessagePacker] = {}
@@ -134,7 +135,7 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
             send = sends[index]
             packer = packers[index] = MessagePacker(
                 keys=keys, recipient=send.subscriber, incarnation=incarnation, resend_count=send.resend_count,
-                start=send.start, max_size=max_size, end=send.end, seal_to=send.seal_to)
+                start=send.start, max_size=max_size, end=send.end, seal_to=send.seal_to, version=version)
         return packer
 
     def deliver(index: int, messages: list[EncodedMessage]) -> None:
@@ -144,7 +145,7 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
 
     for group in _groups(chosen, max_size):
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
-        for position, transaction in db.read_logs(reads, piece=READ_PIECE):
+        for position, transaction in db.read_logs(reads, piece=READ_PIECE, runs=True):
             index = group[position]
             if index not in errors:  # else this send failed earlier
                 try:

@@ -123,9 +123,17 @@ class PairStore:
     # -- saving --------------------------------------------------------------------------
 
     @staticmethod
-    def dirty(peer: Peer) -> bool:
-        """Whether the pair's state changed since it was last saved."""
-        return peer.protocol.state != peer.persisted
+    def dirty(peer: Peer, *, heard: bool = True) -> bool:
+        """Whether the pair's state changed since it was last saved;
+        ``heard=False``: other than when the peer was last heard of
+        (``heard_at`` tells an operator, the protocol does not read it, so
+        a phase saves it once, at its end, not with every file)."""
+        state, persisted = peer.protocol.state, peer.persisted
+        if state == persisted:
+            return False
+        if heard or persisted is None:
+            return True
+        return replace(state, heard_at=persisted.heard_at) != persisted
 
     def save(self, peer: Peer) -> None:
         """Write what changed of the pair's state: the row's columns, and

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from codec.errors import InvalidValue
+from codec.message import DATA_VERSION, check_version
 from codec.packing import DEFAULT_MAX_SIZE, check_max_size
 
 from .errors import AgentError
@@ -26,6 +28,9 @@ class RunOptions:
     transport: str | None = None  # default: the site's configured transport, else folder
     address: str | None = None  # this site's inbox address; default: the site's address
     max_message_size: int = DEFAULT_MAX_SIZE  # [-l]
+    # The format version of the data messages written (docs/message-format.md):
+    # 1 while some peer still runs a version that reads only version 1.
+    message_format: int = DATA_VERSION
     group: int = 20  # [-g] accepted for compatibility: each message applies in one transaction
     receive: bool = True  # False: --send-only [-s]
     send: bool = True  # False: --receive-only [-r]
@@ -45,6 +50,10 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         check_max_size(self.max_message_size)
+        try:
+            check_version(self.message_format)
+        except InvalidValue as error:
+            raise AgentError(f"--message-format: {error}") from None
         if not (self.receive or self.send):
             raise AgentError("--receive-only and --send-only exclude each other")
         if self.receive_delay <= 0 or self.send_delay <= 0:

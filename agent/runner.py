@@ -305,6 +305,7 @@ class Agent:
         await self.receiver.receive(self.transport_for(self.own_transport), self.address)
         for peer in self.peers.values():
             await self.execute(peer, peer.protocol.poll(self.clock()))
+        await self.save_all()  # what only the files' arrival changed (heard_at)
 
     async def send_phase(self, *, force_controls: bool) -> None:
         """Send what is due and confirm (agent.sending)."""
@@ -353,8 +354,10 @@ class Agent:
             await asyncio.to_thread(self.pairs.save_many, dirty)
 
     async def _save(self, peer: Peer) -> None:
-        """Persist a pair's state when it changed (an idle poll costs no thread hop)."""
-        if self.pairs.dirty(peer):
+        """Persist a pair's state when it changed (an idle poll costs no
+        thread hop); a new ``heard_at`` alone waits for the phase's end
+        (:meth:`save_all`)."""
+        if self.pairs.dirty(peer, heard=False):
             await asyncio.to_thread(self.pairs.save, peer)
 
     async def _carry_out(self, peer: Peer, work: deque[Any]) -> None:

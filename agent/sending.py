@@ -244,7 +244,8 @@ class Sender:
         job = threading.Event()
         try:
             batch = await asyncio.to_thread(run_spark_batch, agent.db, agent.keys, self._batch_sends(sends),
-                                            max_size=agent.options.max_message_size, options=spark,
+                                            max_size=agent.options.max_message_size,
+                                            version=agent.options.message_format, options=spark,
                                             work=spark.work or agent.directory / "spark", stop=job)
         except asyncio.CancelledError:
             job.set()
@@ -293,7 +294,8 @@ class Sender:
 
         try:
             with agent.queues.group_commit():
-                return pack_sends(agent.db, agent.keys, batch_sends, put, max_size=agent.options.max_message_size)
+                return pack_sends(agent.db, agent.keys, batch_sends, put, max_size=agent.options.max_message_size,
+                                  version=agent.options.message_format)
         except (AgentError, OSError) as error:
             # The block's wait for durability failed: none of its puts counts as queued.
             return [Packed(0, error) for _ in sends]

@@ -5,8 +5,11 @@ of two columns, in transactions of 500 operations, applied at a
 consolidated (so every UPDATE is checked against its before-image).
 
 * apply: ``SiteDatabase.apply`` with one transaction of 500 operations per
-  call (one SQLite commit each).  Operations are plain tuples, the form the
-  message decoder hands over, so their validation is included.
+  call (one SQLite commit each), in the form the agent's decoder hands over
+  a version-2 message: runs of positional rows (codec.ops.Run), whose
+  values are checked as they are applied.  ``apply_operations_*`` is the
+  same with the operations as plain 5-tuples with row maps (a version-1
+  message, or any caller of ``SiteDatabase.apply``), for reference.
 * raw: ``executemany`` of the very same rows, 500 per transaction, into the
   same published table in another site database (the capture triggers fire
   in both, so the ratio is the adapter's own cost).  ``raw_unpublished_*``
@@ -44,7 +47,7 @@ import time
 
 from agent.site import Article, SiteDatabase
 from agent.site._db import connect
-from codec.ops import Transaction
+from codec.ops import Run, Transaction, to_runs
 
 TABLE = "customer"
 SCHEMA = (f"CREATE TABLE {TABLE} (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT, balance REAL,"
@@ -70,6 +73,13 @@ def make_rows(count: int, seed: int) -> tuple[list[tuple], list[tuple]]:
 
 
 COLUMNS = ("id", "name", "city", "balance", "visits", "note")
+
+
+def as_runs(transaction: Transaction) -> Transaction:
+    """``transaction`` as a version-2 message decodes for the agent: its
+    operations in runs, rows as tuples (codec.message, ``runs=True``)."""
+    runs = tuple(run._replace(rows=tuple(run.rows)) for run in to_runs(transaction.ops))
+    return Transaction._trusted(transaction.commit, transaction.origin, runs)
 
 
 def transactions(rows: list[tuple], updates: list[tuple]) -> tuple[list[Transaction], list[Transaction]]:
@@ -114,7 +124,8 @@ def run_apply(directory: str, inserts: list[Transaction], changes: list[Transact
         count = site.connection.execute(f"SELECT count(*) FROM {TABLE}").fetchone()[0]
         errors = site.connection.execute("SELECT count(*) FROM fieldsync_apply_error").fetchone()[0]
         conflicts = site.connection.execute("SELECT count(*) FROM fieldsync_conflict").fetchone()[0]
-        if count != sum(len(t.ops) for t in inserts) or errors or conflicts:
+        inserted = sum(len(op.rows) if type(op) is Run else 1 for t in inserts for op in t.ops)
+        if count != inserted or errors or conflicts:
             raise SystemExit(f"apply run went wrong: {count} rows, {errors} errors, {conflicts} conflicts")
         return middle - started, ended - middle
     finally:
@@ -243,7 +254,8 @@ def run_unconfirmed(directory: str, stretch: int, batches: int, rounds: int, see
 
 def measure(inserts_count: int, rounds: int, seed: int, unconfirmed: int = 1_000_000, batches: int = 10) -> dict:
     rows, updates = make_rows(inserts_count, seed)
-    insert_txns, update_txns = transactions(rows, updates)
+    op_inserts, op_updates = transactions(rows, updates)
+    insert_txns, update_txns = [as_runs(t) for t in op_inserts], [as_runs(t) for t in op_updates]
     capture_rows = rows[: inserts_count // 2]
     best: dict[str, float] = {}
 
@@ -258,6 +270,9 @@ def measure(inserts_count: int, rounds: int, seed: int, unconfirmed: int = 1_000
             apply_insert, apply_update = run_apply(directory, insert_txns, update_txns)
             keep("apply_insert", apply_insert)
             keep("apply_update", apply_update)
+            apply_insert, apply_update = run_apply(directory, op_inserts, op_updates)
+            keep("operations_insert", apply_insert)
+            keep("operations_update", apply_update)
             plain_insert, plain_update = run_raw(directory, rows, updates, published=False)
             keep("plain_insert", plain_insert)
             keep("plain_update", plain_update)
@@ -280,6 +295,7 @@ def measure(inserts_count: int, rounds: int, seed: int, unconfirmed: int = 1_000
         "apply_ops_per_s": round(operations / apply_seconds),
         "raw_ops_per_s": round(operations / raw_seconds),
         "apply_ratio": round(raw_seconds / apply_seconds, 3),
+        "apply_operations_ratio": round(raw_seconds / (best["operations_insert"] + best["operations_update"]), 3),
         "apply_insert_ops_per_s": round(len(rows) / best["apply_insert"]),
         "raw_insert_ops_per_s": round(len(rows) / best["raw_insert"]),
         "apply_update_ops_per_s": round(len(updates) / best["apply_update"]),
@@ -297,7 +313,7 @@ def measure(inserts_count: int, rounds: int, seed: int, unconfirmed: int = 1_000
         "unconfirmed_none_batch_ms": round(stretch["none"] * 1000, 3),
         "unconfirmed_flatness": round(stretch["long"] / stretch["none"], 3),
         "unconfirmed_long_vs_small": round(stretch["long"] / stretch["small"], 3),
-        "targets": {"apply_ratio": 0.5, "capture_ratio": 0.4, "unconfirmed_flatness": 1.5},
+        "targets": {"apply_ratio": 0.85, "capture_ratio": 0.4, "unconfirmed_flatness": 1.5},
     }
 
 
@@ -327,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(insert {result['apply_insert_ops_per_s']:,}, update {result['apply_update_ops_per_s']:,})")
     print(f"  raw executemany    {result['raw_ops_per_s']:>10,} ops/s "
           f"(insert {result['raw_insert_ops_per_s']:,}, update {result['raw_update_ops_per_s']:,})")
-    print(f"  apply_ratio        {result['apply_ratio']:>10}   (target >= 0.5)")
+    print(f"  apply_ratio        {result['apply_ratio']:>10}   (target >= 0.85; operations as maps: "
+          f"{result['apply_operations_ratio']})")
     print(f"  raw, no triggers   {result['raw_unpublished_ops_per_s']:>10,} ops/s "
           f"(apply / this = {result['apply_vs_unpublished_ratio']})")
     print(f"application inserts, {result['capture_inserts']:,} rows")

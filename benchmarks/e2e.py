@@ -312,7 +312,7 @@ def run(inserts: int, updates: int, backlog: int) -> dict:
             "ops_per_s": round(operations / total),
             "raw_ops_per_s": round(operations / raw_seconds),
             "ratio": round(raw_seconds / total, 3),
-            "target_ratio": 0.25,
+            "target_ratio": 0.4,
             "seconds": {"scan": round(scanning, 3), **{k: round(v, 3) for k, v in times.items()},
                         "raw": round(raw_seconds, 3)},
             "inbound_left_queued": files,

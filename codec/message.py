@@ -40,7 +40,7 @@ from .errors import (
 from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
-from .ops import INT64_MAX, Run, Transaction, to_runs
+from .ops import INT64_MAX, Run, Transaction, operations_of, to_runs
 
 MAGIC = b"FSMF"
 # Format versions: data messages are written in DATA_VERSION, control
@@ -180,10 +180,12 @@ def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION)
 
 def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION) -> bytes:
     """The payload bytes of one entry: a transaction, or a piece of a large
-    one, in format ``version`` (2: its operations in runs)."""
+    one, in format ``version`` (2: its operations in runs; 1: one by one,
+    whether they came as operations or runs)."""
     check_version(version)
     try:
-        return msgpack.packb((commit, origin, to_runs(ops) if version == 2 else ops), **_packer_options)
+        return msgpack.packb((commit, origin, to_runs(ops) if version == 2 else tuple(operations_of(ops))),
+                             **_packer_options)
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None
 

@@ -142,15 +142,16 @@ class Run(NamedTuple):
     after: tuple[str, ...]
     rows: tuple[tuple, ...]
 
-    def operations(self) -> list[tuple]:
-        """The operations this run stands for, as plain 5-tuples."""
+    def operations(self) -> list[Operation]:
+        """The operations this run stands for (their values unchecked)."""
         table, kind, width, before, after, rows = self
         middle = width + len(before)
         make_before = kind != OpKind.INSERT
         make_after = kind != OpKind.DELETE
-        return [(table, kind, row[:width],
-                 dict(zip(before, row[width:middle])) if make_before else None,
-                 dict(zip(after, row[middle:])) if make_after else None) for row in rows]
+        new = tuple.__new__
+        return [new(Operation, (table, kind, row[:width],
+                                dict(zip(before, row[width:middle])) if make_before else None,
+                                dict(zip(after, row[middle:])) if make_after else None)) for row in rows]
 
 
 # Rows of one run at most: a reader decodes a run whole, so this bounds
@@ -159,14 +160,28 @@ RUN_ROWS = 1_000
 
 
 def to_runs(ops: Iterable[tuple]) -> list[Run]:
-    """The runs of ``ops`` (Operations or their plain tuples), in order, of
-    at most :data:`RUN_ROWS` rows each (their ``rows`` are lists).  Raises
-    InvalidValue for an operation a run cannot carry (an image that is not
-    a dict, or one its kind does not have)."""
+    """The runs of ``ops`` (Operations or their plain tuples, and runs), in
+    order, of at most :data:`RUN_ROWS` rows each (their ``rows`` are
+    lists): the same runs however the operations came bundled, so the
+    bytes of a message depend on its operations only.  Raises InvalidValue
+    for an operation a run cannot carry (an image that is not a dict, or
+    one its kind does not have)."""
     runs: list[Run] = []
     signature = None
     rows: list = []
     for op in ops:
+        if type(op) is Run:
+            mine = op[:5]
+            taken = 0
+            while taken < len(op.rows):
+                if mine != signature or len(rows) >= RUN_ROWS:
+                    signature = mine
+                    rows = []
+                    runs.append(Run(*mine, rows))  # type: ignore[call-arg]
+                more = op.rows[taken:taken + RUN_ROWS - len(rows)]
+                rows.extend(more)
+                taken += len(more)
+            continue
         try:
             table, kind, key, before, after = op
             if kind == OpKind.INSERT and before is None:
@@ -182,13 +197,33 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
                 raise TypeError
         except (TypeError, ValueError, AttributeError):
             raise InvalidValue(f"operation {op!r:.80} cannot travel in a run") from None
-        mine = (table, kind, len(key), columns)
+        mine = (table, kind, len(key), *columns)
         if mine != signature or len(rows) >= RUN_ROWS:
             signature = mine
             rows = []
             runs.append(Run(table, kind, len(key), columns[0], columns[1], rows))  # type: ignore[arg-type]
         rows.append(row)
     return runs
+
+
+def op_count(ops: Iterable) -> int:
+    """How many operations ``ops`` holds, a run counting its rows."""
+    return sum(len(op.rows) if type(op) is Run else 1 for op in ops)
+
+
+def split_ops(ops: list, count: int) -> tuple[list, list]:
+    """The first ``count`` operations of ``ops`` and the rest (a run cut
+    in two where the line falls inside it)."""
+    taken = 0
+    for index, op in enumerate(ops):
+        size = len(op.rows) if type(op) is Run else 1
+        if taken + size > count:
+            if type(op) is not Run or taken == count:
+                return ops[:index], ops[index:]
+            cut = count - taken
+            return [*ops[:index], op._replace(rows=op.rows[:cut])], [op._replace(rows=op.rows[cut:]), *ops[index + 1:]]
+        taken += size
+    return ops, []
 
 
 def operations_of(ops: Iterable) -> Iterator[tuple]:

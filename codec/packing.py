@@ -54,7 +54,7 @@ from .message import (
     serialize_transaction,
 )
 from .names import Kind, MessageName, check_site_name
-from .ops import PartialTransaction, Transaction
+from .ops import PartialTransaction, Transaction, op_count, split_ops
 
 DEFAULT_MAX_SIZE = 50_000
 MIN_MAX_SIZE = 10_000
@@ -297,13 +297,15 @@ class _Packer:
                                "commit offsets must increase")
         self.last_commit = transaction.commit
         more = type(transaction) is PartialTransaction
-        if more or len(transaction.ops) > LARGE_TRANSACTION_OPS:
+        count = op_count(transaction.ops)  # a run counts its rows
+        if more or count > LARGE_TRANSACTION_OPS:
             ops = list(transaction.ops)
-            while more and len(ops) <= LARGE_TRANSACTION_OPS:
+            while more and count <= LARGE_TRANSACTION_OPS:
                 piece = yield from self._piece(transaction.commit)
                 ops.extend(piece.ops)
+                count += op_count(piece.ops)
                 more = type(piece) is PartialTransaction
-            if len(ops) > LARGE_TRANSACTION_OPS:
+            if count > LARGE_TRANSACTION_OPS:
                 self.large = _Large(transaction.commit, transaction.origin, ops, more)
                 self.queue.append((transaction.commit, self.large))
                 return True
@@ -330,15 +332,15 @@ class _Packer:
         into parts, or all of it does: each entry of exactly
         LARGE_TRANSACTION_OPS operations but the last, however the pieces came."""
         while len(large.data) < want and (large.ops or large.more):
-            while large.more and len(large.ops) < LARGE_TRANSACTION_OPS:
+            while large.more and op_count(large.ops) < LARGE_TRANSACTION_OPS:
                 piece = yield from self._piece(large.commit)
                 large.ops.extend(piece.ops)
                 large.more = type(piece) is PartialTransaction
-            entry = serialize_entry(large.commit, large.origin, large.ops[:LARGE_TRANSACTION_OPS], self.version)
+            head, large.ops = split_ops(large.ops, LARGE_TRANSACTION_OPS)
+            entry = serialize_entry(large.commit, large.origin, head, self.version)
             if len(entry) > MAX_GROUP_PAYLOAD:
                 raise InvalidValue(f"transaction {large.commit} holds an entry of {len(entry)} bytes, over the "
                                    f"{MAX_GROUP_PAYLOAD}-byte limit (docs/message-format.md, \"Limits\")")
-            del large.ops[:LARGE_TRANSACTION_OPS]
             large.data += entry
 
     def _count_by_estimate(self, minimum: int) -> Generator[None, Transaction | None, int]:

@@ -325,6 +325,9 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
                    "transport or wrapper (sftp.key_file=..., faults.seed=7). Repeatable.")
 @click.option("-l", "--max-message-size", type=ByteSize(MIN_MAX_SIZE, MAX_MAX_SIZE), default=DEFAULT_MAX_SIZE,
               show_default=True, metavar="BYTES", help=f"Largest message file ({MIN_MAX_SIZE} to {MAX_MAX_SIZE}; 48k works).")
+@click.option("--message-format", type=click.Choice(["1", "2"]), default="2", show_default=True,
+              help="Format version of the data messages written (docs/message-format.md): 1 while a peer "
+                   "still runs a version of fieldsync that reads only version 1.")
 @click.option("-g", "--group", type=Whole(min=1), default=20, show_default=True, metavar="N",
               help="Accepted for dbremote compatibility; no effect: each message applies in one transaction.")
 @click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")
@@ -383,7 +386,7 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
 @click.option("--log-file", "-o", type=click.Path(dir_okay=False, path_type=Path), metavar="PATH",
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
-        max_message_size: int, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
+        max_message_size: int, message_format: str, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
         resend_urgency: float | None, receive_delay: float, send_delay: float, heartbeat: float, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
         spark_timeout: float, spark_executor_wait: float, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
@@ -419,7 +422,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         specs = [own, *(transport or named or "folder" for named in site.remote_transports())]
         stored = TransportOptions.from_stored(site.transport_options())
     check_transports(specs, link.over(stored), own=own)
-    options = RunOptions(transport=transport, address=address, max_message_size=max_message_size, group=group,
+    options = RunOptions(transport=transport, address=address, max_message_size=max_message_size,
+                         message_format=int(message_format), group=group,
                          receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
                          heartbeat=heartbeat,

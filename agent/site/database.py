@@ -255,7 +255,7 @@ class SiteDatabase:
         return read_operations(self._conn, reader, after, until, lock=self._lock)
 
     def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD,
-                  piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
+                  piece: int | None = None, runs: bool = False) -> Iterator[tuple[int, Transaction]]:
         """:meth:`read_log` for several subscribers at once, in one pass over
         the log: ``reads`` are ``(subscriber, after, until)``; yields
         ``(index, transaction)``, ``index`` into ``reads``, and for each
@@ -274,11 +274,13 @@ class SiteDatabase:
         selects more than about ``piece`` operations comes in pieces
         (``codec.ops.PartialTransaction``, then a plain ``Transaction``), so
         none is held whole (docs/message-format.md, "Large transactions").
+        With ``runs``, INSERTs and DELETEs come bundled in runs
+        (codec.ops.Run, what a packer writes), not one by one.
         """
         reads = list(reads)
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
             readers = SubscriberReader.many_from_database(self._conn, self._identity, self._shapes,
-                                                          [subscriber for subscriber, _, _ in reads])
+                                                          [subscriber for subscriber, _, _ in reads], runs=runs)
             resolved: dict[tuple[int, int | None], int] = {}  # most reads share their range
             ranges = []
             for _, after, until in reads:

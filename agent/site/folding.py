@@ -6,14 +6,17 @@ Rules of this file:
   nothing), at the INSERT's place, when no other operation on that table
   lies between them and they are at most FOLD_WINDOW operations apart.
 * Pure: operations in, operations out; a transaction read in pieces
-  (:class:`_Folder`) folds exactly as a whole one.
+  (:class:`_Folder`) folds exactly as a whole one.  Operations may come
+  bundled in runs (codec.ops.Run, from agent.site.selection): a run counts
+  as its rows, and where a DELETE asks for folding the runs are taken
+  apart into the operations they stand for.
 """
 
 from __future__ import annotations
 
 import math
 
-from codec.ops import OpKind, Operation, Transaction
+from codec.ops import OpKind, Operation, Run, Transaction, op_count, operations_of, split_ops
 
 
 # A DELETE and an INSERT of the same row further apart than this (in the
@@ -42,7 +45,7 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     value (or given up the one the INSERT takes), and the UPDATE at either
     place would break the constraint where the transaction did not.  And
     only within FOLD_WINDOW operations (see :class:`_Folder`)."""
-    if not any(op[1] == OpKind.DELETE for op in ops):
+    if not any(op[1] == OpKind.DELETE for op in ops):  # a run's kind is op[1] too
         return ops
     folder = _Folder()
     folder.add(ops)
@@ -56,17 +59,19 @@ class _Folder:
     __slots__ = ("ops", "base", "deleted", "last_change")
 
     def __init__(self) -> None:
-        self.ops: list[Operation | None] = []
-        self.base = 0  # the index in the transaction of ops[0]
+        self.ops: list[Operation | Run | None] = []
+        self.base = 0  # the index in the transaction of the first operation held
         self.deleted: dict[tuple[str, tuple], int] = {}
         self.last_change: dict[str, int] = {}  # table -> index of its latest op
 
-    def add(self, ops: list[Operation]) -> None:
+    def add(self, ops: list) -> None:
         if not self.deleted and not any(op[1] == OpKind.DELETE for op in ops):
             self.ops.extend(ops)  # nothing to fold: the indexes of later DELETEs are what counts
             return
+        if any(type(op) is Run for op in self.ops):
+            self.ops = list(operations_of(self.ops))  # held positions become operations' indexes
         deleted, last_change, held = self.deleted, self.last_change, self.ops
-        for op in ops:
+        for op in operations_of(ops):
             index = self.base + len(held)
             previous = last_change.get(op.table)
             last_change[op.table] = index
@@ -85,13 +90,13 @@ class _Folder:
                     continue
             held.append(op)
 
-    def take(self, keep: int) -> list[Operation]:
+    def take(self, keep: int) -> list:
         """The operations but the last ``keep``, folded, in order."""
-        cut = len(self.ops) - keep
+        cut = op_count(self.ops) - keep  # a folded-away place (None) counts one
         if cut <= 0:
             return []
-        taken = [op for op in self.ops[:cut] if op is not None]
-        del self.ops[:cut]
+        head, self.ops = split_ops(self.ops, cut)
+        taken = [op for op in head if op is not None]
         self.base += cut
         if self.deleted:
             self.deleted = {key: index for key, index in self.deleted.items() if index >= self.base}

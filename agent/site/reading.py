@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from itertools import islice
 from typing import Iterator, NamedTuple
 
-from codec.ops import Operation, PartialTransaction, Transaction
+from codec.ops import Operation, PartialTransaction, Transaction, op_count
 
 from .folding import FOLD_WINDOW, _Folder, make_transaction
 from .errors import LogOffsetError
@@ -60,6 +61,7 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
     many (``PartialTransaction`` values and a last plain ``Transaction``,
     codec.packing), so none is held whole."""
     ops: list[Operation] = []
+    held = 0  # operations in ops (a run counts its rows)
     folder: _Folder | None = None
     commit, origin = 0, ""
     for logged_commit, logged_origin, rows in iter_capture(conn, after, until, lock=lock,
@@ -72,14 +74,16 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
                 folder = None
             elif ops:
                 yield from _transaction(commit, origin, ops)
-            ops = []
+            ops, held = [], 0
             commit, origin = logged_commit, logged_origin
+        before = len(ops)
         reader.extend(logged_origin, rows, ops)
-        if piece is not None and len(ops) >= piece + FOLD_WINDOW:
+        held += op_count(islice(ops, before, None))
+        if piece is not None and held >= piece + FOLD_WINDOW:
             if folder is None:
                 folder = _Folder()
             folder.add(ops)
-            ops = []
+            ops, held = [], 0
             taken = folder.take(FOLD_WINDOW)
             if taken:
                 yield PartialTransaction._trusted(commit, origin, tuple(taken))

@@ -1,9 +1,10 @@
-"""Selecting what one subscriber receives from capture rows: the
-subscriber's view of each shape, its reader, and the router and fan-out
-that serve many subscribers from one pass over the log.
+"""Selecting what one subscriber receives from capture rows: its reader
+(over the subscriber's view of each shape, agent.site.view), and the router
+and fan-out that serve many subscribers from one pass over the log.
 
 Rules of this file:
-* Reading turns capture rows into :class:`codec.ops.Operation` values:
+* Reading turns capture rows into :class:`codec.ops.Operation` values (or,
+  for a packer, runs of them: ``runs=True``):
   ops whose origin is the subscriber are dropped (no echo), except the rows
   the apply path wrote for that origin (conflict results, DELETEs of rows it
   left outside its subset); an UPDATE that moves a row into or out of the
@@ -19,11 +20,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from itertools import groupby
+from itertools import groupby, islice
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple
 
-from codec.ops import OpKind, Operation, Transaction
+from codec.ops import OpKind, Operation, Transaction, op_count
 
 from .capture import (
     FLAG_RETURN_TO_ORIGIN,
@@ -36,112 +37,10 @@ from .capture import (
     all_shapes,
 )
 from .errors import InvalidSetting, UnknownRemote
-from .folding import _operation, _same, make_transaction
+from .folding import _operation, make_transaction
+from .view import View
 from .schema import Role, SiteIdentity
 
-
-class _View:
-    """How one subscriber sees the capture rows of one shape.
-
-    Everything that depends only on the shape is worked out once: getters
-    that pick the published columns and the key out of a whole capture row
-    (``(seq, shape, kind, flags, v0, ...)``; the old or inserted row starts
-    at ``v0``, an UPDATE's new row at ``v<width>``), and where the SUBSCRIBE
-    BY value sits.  Reading converts runs of rows of one shape and kind in
-    one comprehension (the log reader's hot path).
-    """
-
-    __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
-                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter")
-
-    def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
-                 values: frozenset | None) -> None:
-        self.table = shape.table
-        width = self.width = len(shape.columns)
-        wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
-        self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
-        self.names = tuple(shape.columns[i] for i in self.positions)
-        self.key_positions = shape.key_positions
-        if subscribe_by is None or values is None:
-            self.filter_position = None
-            self.values = None
-        elif subscribe_by in shape.columns:
-            self.filter_position = shape.columns.index(subscribe_by)
-            self.values = values
-        else:  # the filter column did not exist when these rows were captured
-            self.filter_position = None
-            self.values = frozenset()
-        self.indexes = range(len(self.positions))
-        self.old_image = _getter([4 + i for i in self.positions])
-        self.new_image = _getter([4 + width + i for i in self.positions])
-        self.old_key = _getter([4 + i for i in self.key_positions])
-        self.new_key = _getter([4 + width + i for i in self.key_positions])
-        self.old_filter = None if self.filter_position is None else 4 + self.filter_position
-        self.new_filter = None if self.filter_position is None else 4 + width + self.filter_position
-
-    def contains(self, row: tuple) -> bool:
-        """Whether an image (a slice of the shape's columns) is in the subset."""
-        if self.filter_position is None:
-            return self.values is None
-        return row[self.filter_position] in self.values  # type: ignore[operator]
-
-    def image(self, row: tuple) -> dict:
-        return {name: row[i] for name, i in zip(self.names, self.positions)}
-
-    def key(self, row: tuple) -> tuple:
-        return tuple(row[i] for i in self.key_positions)
-
-    def rows(self, kind: int, rows: Iterable[tuple]) -> list[Operation]:
-        """The INSERTs or DELETEs capture ``rows`` (all of ``kind``) become."""
-        if self.old_filter is None:
-            if self.values is not None:
-                return []  # filtered by a column these rows do not have: nothing matches
-            chosen = rows
-        else:
-            at, values = self.old_filter, self.values
-            chosen = [row for row in rows if row[at] in values]  # type: ignore[operator]
-        new, table, names, key, image = tuple.__new__, self.table, self.names, self.old_key, self.old_image
-        if kind == KIND_INSERT:
-            return [new(Operation, (table, 1, key(row), None, dict(zip(names, image(row))))) for row in chosen]
-        return [new(Operation, (table, 3, key(row), dict(zip(names, image(row))), None)) for row in chosen]
-
-    def update(self, row: tuple) -> Operation | None:
-        """The operation an UPDATE capture row becomes: an UPDATE of the
-        published columns that changed, a DELETE or INSERT when it moves the
-        row out of or into the subset, or nothing."""
-        if self.old_filter is None:
-            was_in = is_in = self.values is None
-        else:
-            values = self.values
-            was_in = row[self.old_filter] in values  # type: ignore[operator]
-            is_in = row[self.new_filter] in values  # type: ignore[operator]
-        if was_in and is_in:
-            old = self.old_image(row)
-            new = self.new_image(row)
-            if 0.0 in old:  # a zero (or -0.0) compares equal to 0 and to -0.0: compare exactly
-                changed = [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
-            else:
-                changed = [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
-            if not changed:
-                return None
-            names = self.names
-            return tuple.__new__(Operation, (self.table, OpKind.UPDATE, self.old_key(row),
-                                             {names[i]: old[i] for i in changed},
-                                             {names[i]: new[i] for i in changed}))
-        if was_in:
-            return tuple.__new__(Operation, (self.table, OpKind.DELETE, self.old_key(row),
-                                             dict(zip(self.names, self.old_image(row))), None))
-        if is_in:
-            return tuple.__new__(Operation, (self.table, OpKind.INSERT, self.new_key(row), None,
-                                             dict(zip(self.names, self.new_image(row)))))
-        return None
-
-def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
-    """``itemgetter`` that always returns a tuple (also for one index)."""
-    if len(indexes) == 1:
-        index = indexes[0]
-        return lambda row: (row[index],)
-    return itemgetter(*indexes)
 
 class SelectionPlan(NamedTuple):
     """Everything that decides what one subscriber receives, as plain data:
@@ -206,13 +105,17 @@ class SubscriberReader:
     """
 
     def __init__(self, plan: SelectionPlan, shapes: "ShapeCache | ShapeTable",
-                 returned_columns: Callable[[int], str | None], value_columns: int) -> None:
+                 returned_columns: Callable[[int], str | None], value_columns: int, *, runs: bool = False) -> None:
         self.subscriber = plan.subscriber
+        # Whether INSERTs and DELETEs come as runs (codec.ops.Run) of the
+        # same operations: what a packer takes (it writes runs), not what
+        # callers that look at operations are given.
+        self.runs = runs
         self.returned_flag = plan.returned_flag
         self.value_columns = value_columns
         self.returned_columns = returned_columns
         self._shapes = shapes
-        self._views: dict[int, _View | None] = {}
+        self._views: dict[int, View | None] = {}
         self._articles = plan.articles
 
     @classmethod
@@ -231,7 +134,7 @@ class SubscriberReader:
 
     @classmethod
     def many_from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
-                           subscribers: list[str]) -> list["SubscriberReader"]:
+                           subscribers: list[str], *, runs: bool = False) -> list["SubscriberReader"]:
         """:meth:`from_database` for many subscribers, with one query each
         for the remotes, articles, subscriptions and shapes (a send phase
         at a consolidated of thousands reads for all of them at once)."""
@@ -254,21 +157,21 @@ class SubscriberReader:
         readers = []
         for subscriber in subscribers:
             plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()))
-            readers.append(cls(plan, shapes, returned_columns, value_columns_read(every_shape, plan)))
+            readers.append(cls(plan, shapes, returned_columns, value_columns_read(every_shape, plan), runs=runs))
         return readers
 
-    def view(self, shape_id: int) -> "_View | None":
+    def view(self, shape_id: int) -> "View | None":
         """How the subscriber sees rows of this shape (None: not at all)."""
         return self._view(shape_id)
 
-    def _view(self, shape_id: int) -> _View | None:
+    def _view(self, shape_id: int) -> View | None:
         try:
             return self._views[shape_id]
         except KeyError:
             pass
         shape = self._shapes.get(shape_id)
         article = self._articles.get(shape.table.lower())
-        view = None if article is None else _View(shape, *article)
+        view = None if article is None else View(shape, *article)
         self._views[shape_id] = view
         return view
 
@@ -297,15 +200,18 @@ class SubscriberReader:
             if own:
                 continue
             if kind == KIND_UPDATE:
+                if self.runs:
+                    ops.extend(view.update_runs(group))
+                    continue
                 update = view.update
                 for row in group:
                     op = update(row)
                     if op is not None:
                         ops.append(op)
             elif kind == KIND_INSERT or kind == KIND_DELETE:
-                ops.extend(view.rows(kind, group))
+                ops.extend(view.runs(kind, group) if self.runs else view.rows(kind, group))
 
-    def _returned(self, view: _View, origin: str, row: tuple) -> Operation | None:
+    def _returned(self, view: View, origin: str, row: tuple) -> Operation | None:
         """A row a conflict resolution sends back to its origin: the old
         image is the row as the origin holds it, the new image the result.
         The origin gets the listed columns of the result, the whole row if
@@ -344,7 +250,7 @@ class _Route(NamedTuple):
     ``old_at`` (and, for an UPDATE, ``new_at``) of a capture row.
     """
 
-    classes: tuple[tuple["_View", tuple[int, ...]], ...]
+    classes: tuple[tuple["View", tuple[int, ...]], ...]
     every: tuple[int, ...]
     old_at: int | None
     new_at: int | None
@@ -381,6 +287,7 @@ class Router:
 
     def __init__(self, readers: list[SubscriberReader]) -> None:
         self.readers = readers
+        self.runs = bool(readers) and readers[0].runs  # a pass serves readers of one form
         self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
         self._routes: dict[int, _Route] = {}
 
@@ -389,7 +296,7 @@ class Router:
         if route is not None:
             return route
         members: dict[tuple, list[int]] = {}
-        views: dict[tuple, _View] = {}
+        views: dict[tuple, View] = {}
         old_at = new_at = None
         for index, reader in enumerate(self.readers):
             view = reader.view(shape_id)
@@ -444,7 +351,7 @@ class Router:
                 if origin_index is not None:  # written back to its origin: for that reader alone
                     before = len(ops[origin_index])
                     self.readers[origin_index].extend(origin, group, ops[origin_index])
-                    added += len(ops[origin_index]) - before
+                    added += op_count(islice(ops[origin_index], before, None))
                 continue
             if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
                 continue
@@ -472,15 +379,19 @@ class Router:
                     if not members:
                         continue
                 bucket = buckets[number]
-                if kind == KIND_UPDATE:
+                if kind == KIND_UPDATE and self.runs:
+                    selected = view.update_runs(bucket)
+                elif kind == KIND_UPDATE:
                     update_op = view.update
                     selected = [op for op in map(update_op, bucket) if op is not None]
+                elif self.runs:
+                    selected = view.runs(kind, bucket)
                 else:
                     selected = view.rows(kind, bucket)
                 if selected:
                     for index in members:
                         ops[index].extend(selected)
-                    added += len(selected) * len(members)
+                    added += op_count(selected) * len(members)
         return added
 
 # A pass over the log for several subscribers holds at most this many
@@ -530,7 +441,7 @@ class Fanout:
             ops = self._ops[active[0]]
             before = len(ops)
             self.readers[active[0]].extend(origin, rows, ops)
-            self.held += len(ops) - before
+            self.held += op_count(islice(ops, before, None))
         elif active:
             self.held += self._router(active).select(origin, rows, [self._ops[index] for index in active])
         return finished

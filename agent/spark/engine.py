@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Iterable
 
 from codec.keys import SiteKeys
+from codec.message import DATA_VERSION
 
 from ..errors import UsageError, describe_error
 from ..keyfiles import key_path
@@ -237,6 +238,7 @@ class SparkBatch:
 
 
 def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], *, max_size: int,
+                    version: int = DATA_VERSION,
                     options: SparkOptions, work: Path, stop: threading.Event | None = None,
                     key_file: Path | None = None) -> SparkBatch:
     """Export ``sends``, run the job on ``options.master`` and check its
@@ -267,7 +269,7 @@ def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend]
         started = time.monotonic()
         export = directory / "export"
         output = directory / "output"
-        summary = export_batch(db, sends, export, max_size=max_size,
+        summary = export_batch(db, sends, export, max_size=max_size, version=version,
                                check_stop=lambda: _check_cancel(cancels))
         log.info("Spark batch %s: %d sends, log offsets (%d, %d], %d capture rows exported; running the job on %s",
                  directory.name, len(sends), *summary.range, summary.rows, options.master)

@@ -27,12 +27,14 @@ from typing import Callable, Iterable
 
 import msgpack
 
+from codec.message import DATA_VERSION
+
 from ..outbound import BatchSend
 from ..site import SiteDatabase
 from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
-FORMAT = 2
+FORMAT = 3
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
 _VALUES = itemgetter(slice(4, None))  # a capture row's value columns
@@ -56,7 +58,7 @@ def _schema():  # type: ignore[no-untyped-def]
 
 
 def export_batch(db: SiteDatabase, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
-                 *, max_size: int, rows_per_file: int = ROWS_PER_FILE,
+                 *, max_size: int, version: int = DATA_VERSION, rows_per_file: int = ROWS_PER_FILE,
                  rows_per_group: int = ROWS_PER_GROUP,
                  check_stop: Callable[[], None] | None = None) -> ExportSummary:
     """Write what the job needs for ``sends`` into ``directory`` (new or empty).
@@ -84,7 +86,8 @@ def export_batch(db: SiteDatabase, sends: Iterable[BatchSend], directory: str | 
     low, high = min(send.read_start for send in sends), max(send.end for send in sends)
     job = {
         "format": FORMAT, "site": identity.name, "role": identity.role.value,
-        "incarnation": identity.incarnation.hex(), "max_size": max_size, "value_columns": width,
+        "incarnation": identity.incarnation.hex(), "max_size": max_size, "message_format": version,
+        "value_columns": width,
         "shapes": [{"id": shape.id, "table": shape.table, "columns": list(shape.columns),
                     "key_columns": list(shape.key_columns)} for shape in shapes],
         "articles": [{"table": table, "publication": publication, "columns": columns, "subscribe_by": by}

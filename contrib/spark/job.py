@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT = 2
+FORMAT = 3
 OUTPUT_FORMAT = 1
 # The driver fetches the payloads one partition at a time, as many
 # partitions as tasks, more for a large export: one for about this many
@@ -137,7 +137,7 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     returned: dict[int, str] = {}
     readers = [SubscriberReader(plan_from_rows(sends[index]["subscriber"], role, articles,
                                                job["subscriptions"].get(sends[index]["subscriber"], [])),
-                                shapes, returned.get, job["value_columns"])
+                                shapes, returned.get, job["value_columns"], runs=True)
                for index in members]
     ranges = [(sends[index]["read"], sends[index]["end"]) for index in members]
     fanout = Fanout(readers, ranges)
@@ -152,7 +152,8 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
             send = sends[members[position]]
             packer = packers[position] = PayloadPacker(
                 sender=job["site"], recipient=send["subscriber"], resend_count=send["resend_count"],
-                start=send["start"], max_size=job["max_size"], end=send["end"], sealed=send["seal_to"] is not None)
+                start=send["start"], max_size=job["max_size"], end=send["end"], sealed=send["seal_to"] is not None,
+                version=job["message_format"])
         if transaction is None:
             payloads = packer.close()
         else:
@@ -219,7 +220,8 @@ class _Writer:
             return
         _, _, resend_count, prev, last, seq, raw_length, compressed, part = record
         subscriber = self.job["sends"][index]["subscriber"]
-        message = Payload(Header(resend_count, prev, last, seq), raw_length, compressed, part).frame(
+        message = Payload(Header(resend_count, prev, last, seq), raw_length, compressed, part,
+                          self.job["message_format"]).frame(
             keys=self.keys, recipient=subscriber, incarnation=self.incarnation, seal_to=self.seal_to[index])
         folder = self.output / "files" / subscriber
         if not self.files[index]:

@@ -75,3 +75,39 @@ def test_a_remote_added_by_another_connection_after_the_agent_opened_is_sent_to(
     assert asyncio.run(scenario()) == ["f1", "f2"]
     # Its first contact (a heartbeat) went out in that same run.
     assert len(list((tmp_path / "f2-in").iterdir())) == 1
+
+
+def test_a_receive_phase_records_when_a_peer_was_heard_of_once_not_with_every_file(tmp_path):
+    """heard_at is for operators: the protocol never reads it, so the files
+    of one poll cost one write of it (at the phase's end), not a database
+    transaction each."""
+    import sqlite3
+
+    from benchmarks.e2e import make_sites
+
+    make_sites(tmp_path)
+    app = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    for start in range(0, 6000, 500):
+        app.execute("BEGIN")
+        app.executemany("INSERT INTO customer VALUES (?, ?, 'Lyon', 1.5, 2, NULL)",
+                        [(i, f"row {i:06d} " * 8) for i in range(start, start + 500)])
+        app.execute("COMMIT")
+    app.close()
+
+    async def run(site, statements=None):
+        async with Agent(tmp_path / f"{site}.db", RunOptions(max_message_size=10_000)) as agent:
+            if statements is not None:
+                agent.db.connection.set_trace_callback(statements.append)
+            assert (await agent.run_once()).ok
+
+    asyncio.run(run("hq"))
+    files = len(list((tmp_path / "inbox" / "r1").iterdir()))
+    assert files >= 6
+    statements: list[str] = []
+    asyncio.run(run("r1", statements))
+    writes = [sql for sql in statements if sql.startswith("UPDATE fieldsync_remote SET") and "heard_at" in sql]
+    # At the phase's end, and with the control message's own change: not one per file.
+    assert 1 <= len(writes) <= 2, writes
+    with SiteDatabase.open(tmp_path / "r1.db") as r1:
+        assert r1.remote("hq").heard_at is not None
+        assert r1.connection.execute("SELECT count(*) FROM customer").fetchone()[0] == 6000

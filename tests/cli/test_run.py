@@ -89,12 +89,29 @@ def test_receive_only_with_send_only_is_a_usage_error(agent: Agent, world: World
     (("--spark-timeout", "soon"), "'--spark-timeout': 'soon' is not a duration"),
     (("--spark-timeout", "-5"), "'--spark-timeout': '-5' is not a duration"),
     (("--spark-timeout", "1x"), "'--spark-timeout': '1x' is not a duration"),
+    (("--message-format", "3"), "'3' is not one of '1', '2'"),
 ])
 def test_bad_option_values_are_usage_errors(agent: Agent, world: World, arguments: tuple, text: str) -> None:
     result = agent("run", world.hq, "--once", *arguments)
     assert result.code == 2
     assert len(result.err_lines) == 1 and result.err_lines[0].startswith("agent: ")
     assert text in result.err
+
+
+def test_message_format_chooses_the_version_of_the_data_files(agent: Agent, world: World) -> None:
+    """--message-format 1 writes files a site that reads only version 1
+    can take; the default writes version 2; a site reads both."""
+    world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'in version 1', 'x')")
+    assert agent("run", world.hq, "--once", "--message-format", "1").code == 0
+    data = list(world.inbox("n1").glob("*.d.*"))
+    assert data and {path.read_bytes()[4] for path in data} == {1}
+    assert agent("run", world.n1, "--once").code == 0
+    world.execute("hq", "INSERT INTO customer VALUES (101, 'n1', 'in version 2', 'x')")
+    assert agent("run", world.hq, "--once").code == 0
+    data = list(world.inbox("n1").glob("*.d.*"))
+    assert data and {path.read_bytes()[4] for path in data} == {2}
+    assert agent("run", world.n1, "--once").code == 0
+    assert {(100, "n1", "in version 1"), (101, "n1", "in version 2")} <= set(world.rows("n1"))
 
 
 def test_dbremote_style_switches_are_accepted(agent: Agent, world: World) -> None:

@@ -119,3 +119,37 @@ def test_a_group_of_parts_of_two_versions_is_corrupt():
     mixed = by_version[2][:1] + by_version[1][1:]
     with pytest.raises(CorruptMessage, match="format version 1, the group's first of 2"):
         list(read_group(iter(mixed)).ops)
+
+
+def test_runs_handed_to_the_packer_make_the_files_their_operations_make():
+    """The sender's reader bundles INSERTs and DELETEs in runs: the files
+    are byte for byte those of the operations, a large transaction in
+    pieces included (its entries of 10,000 operations cut inside runs)."""
+    from codec.ops import PartialTransaction, op_count, split_ops
+
+    small = sample_transactions()
+    large = big(23_456)
+    ops = list(large.ops)
+    bundled = to_runs(ops[:9_999]) + ops[9_999:10_003] + to_runs(ops[10_003:])
+    assert op_count(bundled) == len(ops)
+    first, rest = split_ops(bundled, 12_345)
+    pieces = [PartialTransaction._trusted(500, "hq", tuple(first)),
+              Transaction._trusted(500, "hq", tuple(rest))]
+    whole = Transaction._trusted(500, "hq", tuple(ops))
+    as_runs = [Transaction._trusted(t.commit, t.origin, tuple(to_runs(t.ops))) for t in small]
+
+    def files(transactions):
+        return [(m.name, m.data) for m in pack_messages(transactions, keys=HQ, recipient="field1",
+                                                        incarnation=INCARNATION, resend_count=0, start=0)]
+
+    assert files([*as_runs, *pieces]) == files([*small, whole])
+    assert len(files([whole])) > 3
+
+
+def test_version_1_is_written_from_runs_too():
+    ops = [Operation.insert("t", (i,), {"id": i, "a": f"{i}"}) for i in range(50)]
+    bundled = Transaction._trusted(7, "hq", tuple(to_runs(ops)))
+    [message] = pack_messages([bundled], keys=HQ, recipient="field1", incarnation=INCARNATION, resend_count=0,
+                              start=0, version=1)
+    decoded = decode(message.data)
+    assert decoded.version == 1 and values_identical(decoded.transactions[0].ops, tuple(ops))

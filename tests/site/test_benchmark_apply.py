@@ -16,7 +16,7 @@ def test_benchmark_prints_one_json_object():
     lines = completed.stdout.strip().splitlines()
     assert len(lines) == 1
     figures = json.loads(lines[0])
-    for field in ("apply_ops_per_s", "raw_ops_per_s", "apply_ratio", "capture_ratio",
+    for field in ("apply_ops_per_s", "raw_ops_per_s", "apply_ratio", "apply_operations_ratio", "capture_ratio",
                   "published_insert_rows_per_s", "unpublished_insert_rows_per_s", "raw_unpublished_ops_per_s"):
         assert figures[field] > 0, field
     assert (figures["inserts"], figures["updates"]) == (2000, 1000)

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent.site import Article
-from codec.ops import OpKind, Operation
+from codec.ops import OpKind, Operation, Run, op_count, operations_of
 
 from .conftest import app_connection, make_site, replicate, table_rows
 from .publishing import hq, read_ops  # noqa: F401  (hq: a fixture)
@@ -55,7 +57,8 @@ def test_a_reinsert_with_other_changes_to_its_table_between_is_not_folded(tmp_pa
     assert table_rows(n1, "t") == table_rows(hq, "t") == [(1, "B", "new"), (2, "A", "two")]
 
 
-def test_a_transaction_read_in_pieces_folds_as_a_whole_one(hq):
+@pytest.mark.parametrize("runs", [False, True])
+def test_a_transaction_read_in_pieces_folds_as_a_whole_one(hq, runs):
     """A DELETE and the INSERT of its row fold only within FOLD_WINDOW
     operations; read in pieces (the packer's read), the transaction comes
     as PartialTransaction values then a Transaction whose operations
@@ -80,7 +83,11 @@ def test_a_transaction_read_in_pieces_folds_as_a_whole_one(hq):
     (whole,) = hq.read_log("north1", start, end)
     assert [(op.kind, op.key) for op in whole.ops if op.table == "customer"] == [
         (OpKind.UPDATE, (1,)), (OpKind.DELETE, (2,)), (OpKind.INSERT, (2,))]
-    pieces = [transaction for _, transaction in hq.read_logs([("north1", start, end)], piece=300)]
+    pieces = [transaction for _, transaction in hq.read_logs([("north1", start, end)], piece=300, runs=runs)]
     assert len(pieces) >= 3 and type(pieces[-1]) is Transaction
     assert all(type(piece) is PartialTransaction and piece.commit == whole.commit for piece in pieces[:-1])
-    assert [op for piece in pieces for op in piece.ops] == list(whole.ops)
+    assert [op for piece in pieces for op in operations_of(piece.ops)] == list(whole.ops)
+    # With runs the lines come bundled, and the pieces are cut where they are without.
+    assert any(type(op) is Run for piece in pieces for op in piece.ops) is runs
+    plain = [transaction for _, transaction in hq.read_logs([("north1", start, end)], piece=300)]
+    assert [op_count(piece.ops) for piece in pieces] == [len(piece.ops) for piece in plain]

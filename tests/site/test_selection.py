@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.site import InvalidSetting, LogOffsetError, UnknownRemote
-from codec.ops import Operation, Transaction
+from codec.ops import Operation, Run, Transaction, operations_of
 
 from .conftest import app_connection
 from .publishing import hq, read_ops  # noqa: F401  (hq: a fixture)
@@ -114,15 +114,25 @@ def _reads(offsets):
             ("idle", offsets[0], offsets[3]), ("all", offsets[3], offsets[-1]), ("ghostless", 0, 0)]
 
 
+def expanded(transaction):
+    """A transaction read with runs, with the operations its runs stand for."""
+    return type(transaction)._trusted(transaction.commit, transaction.origin,
+                                      tuple(operations_of(transaction.ops)))
+
+
+@pytest.mark.parametrize("runs", [False, True])
 @pytest.mark.parametrize("hold", [50_000, 100, 0])
-def test_one_pass_reads_for_each_subscriber_what_it_reads_alone(hq, hold):
+def test_one_pass_reads_for_each_subscriber_what_it_reads_alone(hq, hold, runs):
     hq.add_remote("ghostless")
     reads = _reads(_busy_log(hq))
     alone = {index: list(hq.read_log(*read)) for index, read in enumerate(reads)}
     together: dict[int, list] = {index: [] for index in range(len(reads))}
-    for index, transaction in hq.read_logs(reads, hold=hold):
-        together[index].append(transaction)
+    bundled = 0
+    for index, transaction in hq.read_logs(reads, hold=hold, runs=runs):
+        bundled += sum(1 for op in transaction.ops if type(op) is Run)
+        together[index].append(expanded(transaction))
     assert together == alone
+    assert (bundled > 0) is runs
     assert all(alone[index] for index in range(4)) and alone[4] == []
     # The bulk transaction holds more than 100 selected operations, so with
     # the smaller holds it was read for each subscriber on its own: the same.

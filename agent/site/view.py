@@ -1,0 +1,181 @@
+"""How one subscriber sees the capture rows of one shape (:class:`View`):
+the published columns, the key and the SUBSCRIBE BY value picked out of a
+capture row, and the operations (or runs of them) rows become.
+
+Rules of this file:
+* Pure: a view sees a shape and an article, then capture rows; nothing
+  else.  agent.site.selection builds views and drives them.
+* An UPDATE that moves a row into or out of the subset becomes an INSERT of
+  the full published row or a DELETE; an UPDATE that changes no published
+  column becomes nothing.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+from typing import Callable, Iterable
+
+from codec.ops import RUN_ROWS, OpKind, Operation, Run
+
+from .capture import KIND_INSERT, Shape
+from .folding import _same
+
+
+class View:
+    """How one subscriber sees the capture rows of one shape.
+
+    Everything that depends only on the shape is worked out once: getters
+    that pick the published columns and the key out of a whole capture row
+    (``(seq, shape, kind, flags, v0, ...)``; the old or inserted row starts
+    at ``v0``, an UPDATE's new row at ``v<width>``), and where the SUBSCRIBE
+    BY value sits.  Reading converts runs of rows of one shape and kind in
+    one comprehension (the log reader's hot path).
+    """
+
+    __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
+                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row")
+
+    def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
+                 values: frozenset | None) -> None:
+        self.table = shape.table
+        width = self.width = len(shape.columns)
+        wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
+        self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
+        self.names = tuple(shape.columns[i] for i in self.positions)
+        self.key_positions = shape.key_positions
+        if subscribe_by is None or values is None:
+            self.filter_position = None
+            self.values = None
+        elif subscribe_by in shape.columns:
+            self.filter_position = shape.columns.index(subscribe_by)
+            self.values = values
+        else:  # the filter column did not exist when these rows were captured
+            self.filter_position = None
+            self.values = frozenset()
+        self.indexes = range(len(self.positions))
+        self.old_image = _getter([4 + i for i in self.positions])
+        self.new_image = _getter([4 + width + i for i in self.positions])
+        self.old_key = _getter([4 + i for i in self.key_positions])
+        # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
+        self.old_row = itemgetter(*(4 + i for i in (*self.key_positions, *self.positions)))
+        self.new_key = _getter([4 + width + i for i in self.key_positions])
+        self.old_filter = None if self.filter_position is None else 4 + self.filter_position
+        self.new_filter = None if self.filter_position is None else 4 + width + self.filter_position
+
+    def contains(self, row: tuple) -> bool:
+        """Whether an image (a slice of the shape's columns) is in the subset."""
+        if self.filter_position is None:
+            return self.values is None
+        return row[self.filter_position] in self.values  # type: ignore[operator]
+
+    def image(self, row: tuple) -> dict:
+        return {name: row[i] for name, i in zip(self.names, self.positions)}
+
+    def key(self, row: tuple) -> tuple:
+        return tuple(row[i] for i in self.key_positions)
+
+    def rows(self, kind: int, rows: Iterable[tuple]) -> list[Operation]:
+        """The INSERTs or DELETEs capture ``rows`` (all of ``kind``) become."""
+        if self.old_filter is None:
+            if self.values is not None:
+                return []  # filtered by a column these rows do not have: nothing matches
+            chosen = rows
+        else:
+            at, values = self.old_filter, self.values
+            chosen = [row for row in rows if row[at] in values]  # type: ignore[operator]
+        new, table, names, key, image = tuple.__new__, self.table, self.names, self.old_key, self.old_image
+        if kind == KIND_INSERT:
+            return [new(Operation, (table, 1, key(row), None, dict(zip(names, image(row))))) for row in chosen]
+        return [new(Operation, (table, 3, key(row), dict(zip(names, image(row))), None)) for row in chosen]
+
+    def runs(self, kind: int, rows: Iterable[tuple]) -> list[Run]:
+        """:meth:`rows` as runs (codec.ops.Run) of the same operations: a
+        row of a run is picked out of the capture row in one step, with no
+        map made for it."""
+        if self.old_filter is None:
+            if self.values is not None:
+                return []
+            chosen = rows if type(rows) is list else list(rows)
+        else:
+            at, values = self.old_filter, self.values
+            chosen = [row for row in rows if row[at] in values]  # type: ignore[operator]
+        if not chosen:
+            return []
+        made = list(map(self.old_row, chosen))
+        width = len(self.key_positions)
+        before, after = ((), self.names) if kind == KIND_INSERT else (self.names, ())
+        return [Run(self.table, kind, width, before, after, made[start:start + RUN_ROWS])
+                for start in range(0, len(made), RUN_ROWS)]
+
+    def update(self, row: tuple) -> Operation | None:
+        """The operation an UPDATE capture row becomes: an UPDATE of the
+        published columns that changed, a DELETE or INSERT when it moves the
+        row out of or into the subset, or nothing."""
+        if self.old_filter is None:
+            was_in = is_in = self.values is None
+        else:
+            values = self.values
+            was_in = row[self.old_filter] in values  # type: ignore[operator]
+            is_in = row[self.new_filter] in values  # type: ignore[operator]
+        if was_in and is_in:
+            old = self.old_image(row)
+            new = self.new_image(row)
+            changed = self._changed(old, new)
+            if not changed:
+                return None
+            names = self.names
+            return tuple.__new__(Operation, (self.table, OpKind.UPDATE, self.old_key(row),
+                                             {names[i]: old[i] for i in changed},
+                                             {names[i]: new[i] for i in changed}))
+        if was_in:
+            return tuple.__new__(Operation, (self.table, OpKind.DELETE, self.old_key(row),
+                                             dict(zip(self.names, self.old_image(row))), None))
+        if is_in:
+            return tuple.__new__(Operation, (self.table, OpKind.INSERT, self.new_key(row), None,
+                                             dict(zip(self.names, self.new_image(row)))))
+        return None
+
+    def _changed(self, old: tuple, new: tuple) -> list[int]:
+        """Where the published values differ, exactly (0, 0.0 and -0.0 are
+        not the same value)."""
+        if 0.0 in old:  # a zero (or -0.0) compares equal to 0 and to -0.0: compare exactly
+            return [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
+        return [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
+
+    def update_runs(self, rows: Iterable[tuple]) -> list:
+        """:meth:`update` of consecutive UPDATE capture rows, the UPDATEs of
+        the same changed columns bundled in runs (codec.ops.Run; a move
+        into or out of the subset stays an operation)."""
+        if self.old_filter is None and self.values is not None:
+            return []  # filtered by a column these rows do not have: nothing matches
+        made: list = []
+        bundle: list = []
+        last = None
+        table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
+                                                       self.old_filter, self.new_filter, self.values)
+        for row in rows:
+            if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
+                op = self.update(row)  # moved into or out of the subset, or neither
+                if op is not None:
+                    made.append(op)
+                    last = None
+                continue
+            old = self.old_image(row)
+            new = self.new_image(row)
+            changed = self._changed(old, new)
+            if not changed:
+                continue
+            if changed != last or len(bundle) >= RUN_ROWS:
+                columns = tuple(names[i] for i in changed)
+                bundle = []
+                made.append(Run(table, OpKind.UPDATE, width, columns, columns, bundle))  # type: ignore[arg-type]
+                last = changed
+            bundle.append((*self.old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
+        return made
+
+def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
+    """``itemgetter`` that always returns a tuple (also for one index)."""
+    if len(indexes) == 1:
+        index = indexes[0]
+        return lambda row: (row[index],)
+    return itemgetter(*indexes)
