@@ -30,7 +30,8 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from codec.errors import MessageError
-from codec.message import Message, decode_message, read_group
+from codec.message import Message, decode_message
+from codec.payloads import read_group
 
 from .crashpoints import crash_point
 from .errors import AgentError
@@ -92,7 +93,7 @@ def _load_transactions(agent: "Agent", peer: str, message_ids: tuple[str, ...]) 
     were checked on receipt: agent.receiving), a version-2 message's with
     its runs as they are (the apply path binds their rows).  A group's one
     transaction reads its parts as its operations are taken
-    (codec.message.read_group)."""
+    (codec.payloads.read_group)."""
     def decoded(message_id: str) -> Message:
         return decode_message(agent.queues.read_inbound(peer, message_id), source=message_id,
                               keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys, verified=True,

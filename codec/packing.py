@@ -41,7 +41,6 @@ from .keys import PublicKeys, SiteKeys
 from .message import (
     DATA_VERSION,
     LARGE_TRANSACTION_OPS,
-    MAX_GROUP_PAYLOAD,
     MAX_PAYLOAD,
     EncodedMessage,
     array_header,
@@ -55,6 +54,7 @@ from .message import (
 )
 from .names import Kind, MessageName, check_site_name
 from .ops import PartialTransaction, Transaction, op_count, split_ops
+from .payloads import MAX_GROUP_PAYLOAD
 
 DEFAULT_MAX_SIZE = 50_000
 MIN_MAX_SIZE = 10_000

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from codec.keys import Keyring, PublicKeys, SiteKeys
-from codec.message import decode_message, reassemble
+from codec.message import decode_message
+from codec.payloads import reassemble
 from codec.names import Kind, MessageName
 
 from . import golden

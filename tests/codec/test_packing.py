@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from codec.errors import InvalidValue
 from codec.header import Header
-from codec.message import decode_message, reassemble
+from codec.message import decode_message
+from codec.payloads import reassemble
 from codec.ops import Operation, Transaction, values_identical
 from codec.packing import DEFAULT_MAX_SIZE, MIN_MAX_SIZE, MessagePacker, PayloadPacker, pack_messages
 
@@ -385,7 +386,7 @@ def test_a_large_transaction_in_pieces_makes_the_files_it_makes_whole():
 
 def test_a_group_is_read_part_by_part():
     """read_group decodes a part only when the operations before it are used."""
-    from codec.message import read_group
+    from codec.payloads import read_group
 
     ops = large_ops(30_000)
     messages = pack([Transaction(5, "hq", tuple(ops))])

@@ -1,5 +1,5 @@
 """Format version 2: operations travel in runs of positional rows
-(docs/message-format.md, "Payloads"; codec.ops.Run, codec.message._run)."""
+(docs/message-format.md, "Payloads"; codec.ops.Run, codec.payloads._run)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from codec.errors import CorruptMessage, InvalidValue
 from codec.header import Header
-from codec.message import decode_message, encode_data_message, read_group
+from codec.message import decode_message, encode_data_message
+from codec.payloads import read_group
 from codec.ops import RUN_ROWS, Operation, Run, Transaction, to_runs, values_identical
 from codec.packing import pack_messages
 

@@ -19,7 +19,8 @@ from codec.errors import CorruptMessage, MessageTooLarge
 from codec.header import Header
 from codec.keys import Keyring, SiteKeys
 from codec.message import (EXPANSION_FLOOR, MAX_PAYLOAD, ControlState, Message, compress, decode_message,
-                           encode_data_message, frame, max_raw_length, reassemble)
+                           encode_data_message, frame, max_raw_length)
+from codec.payloads import reassemble
 from codec.names import Kind, MessageName
 from codec.ops import Operation, Transaction
 from codec.packing import pack_messages
@@ -151,9 +152,9 @@ def test_a_version_2_payload_of_empty_maps_is_refused_at_the_first() -> None:
 
 
 def test_a_group_over_its_limit_is_refused_before_it_is_joined(monkeypatch: pytest.MonkeyPatch) -> None:
-    import codec.message
+    import codec.payloads
 
-    monkeypatch.setattr(codec.message, "MAX_GROUP_PAYLOAD", 1000)
+    monkeypatch.setattr(codec.payloads, "MAX_GROUP_PAYLOAD", 1000)
     parts = [decode(framed(b"\x00" * 600, header=Header(0, 0, 0 if seq == 0 else 5, seq), part=True))
              for seq in range(2)]
     with pytest.raises(MessageTooLarge, match="over the 1000-byte limit"):
@@ -163,7 +164,7 @@ def test_a_group_over_its_limit_is_refused_before_it_is_joined(monkeypatch: pyte
 def test_a_group_read_part_by_part_holds_at_most_its_buffer_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     """read_group never joins a group: an operation that would need more
     than MAX_GROUP_PAYLOAD bytes buffered is refused while it is read."""
-    import codec.message
+    import codec.payloads
 
     blob = b"".join(hashlib.sha256(index.to_bytes(2, "big")).digest() for index in range(1536))  # 48 KiB, incompressible
     big = Transaction(1, "hq", (Operation.insert("t", (1,), {"id": 1, "blob": blob}),))
@@ -171,10 +172,10 @@ def test_a_group_read_part_by_part_holds_at_most_its_buffer_limit(monkeypatch: p
                                   start=0, max_size=10_000))
     parts = [decode(message.data) for message in messages]
     assert len(parts) > 3
-    assert next(codec.message.read_group(iter(parts)).ops)[4]["blob"] == blob
-    monkeypatch.setattr(codec.message, "MAX_GROUP_PAYLOAD", 20_000)
+    assert next(codec.payloads.read_group(iter(parts)).ops)[4]["blob"] == blob
+    monkeypatch.setattr(codec.payloads, "MAX_GROUP_PAYLOAD", 20_000)
     with pytest.raises(MessageTooLarge, match="over the 20000-byte limit"):
-        list(codec.message.read_group(iter(parts)).ops)
+        list(codec.payloads.read_group(iter(parts)).ops)
 
 
 def test_the_packer_refuses_a_transaction_over_the_group_limit(monkeypatch: pytest.MonkeyPatch) -> None:

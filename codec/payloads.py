@@ -1,0 +1,310 @@
+"""The msgpack payloads of message files (docs/message-format.md,
+"Payloads"): the limits a reader decodes them under, a data payload's
+transactions (version 1: operations; version 2: runs of rows), a control
+payload's counters, and a group of parts read part by part.
+
+Rules of this file:
+* Everything here is behind the frame's checks (codec.message): the bytes
+  were signed by the sender; these checks guard against a faulty peer.
+* Errors are :class:`~codec.errors.CorruptMessage` or
+  :class:`~codec.errors.MessageTooLarge`, naming the file or group.
+* Lengths are bounded before a container is built; a group is never
+  joined: a reader holds one part and one operation (version 2: one run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Protocol, Sequence
+
+import msgpack
+
+from .errors import CorruptMessage, InvalidValue, MessageTooLarge
+from .header import Header
+from .ops import INT64_MAX, Run, Transaction
+
+# Largest uncompressed payload a message may carry: the packer never makes
+# more, the decoder refuses more (a decompression bomb is rejected, not expanded).
+MAX_PAYLOAD = 16 * 1024 * 1024
+# Largest transaction entry a multi-part group may carry (summed over its
+# parts for a group of one entry; docs/message-format.md, "Large transactions").
+MAX_GROUP_PAYLOAD = 256 * 1024 * 1024
+# Counters of the protocol's epochs travel in the header's 32-bit field.
+COUNTER_MAX = 2**32 - 1
+
+
+class Message(Protocol):
+    """What a group reader needs of a decoded part (codec.message.Message)."""
+
+    header: Header
+    version: int
+    part: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """The sender's view of the pair, carried by a control message.
+
+    Every field is monotone (receivers merge by max): ``log_received`` and
+    ``rereceive_count`` describe what the sender received from the recipient
+    (a confirmation, and a resend request when ``rereceive_count`` grew);
+    ``log_sent`` and ``resend_count`` describe what the sender has sent, so a
+    lost last message can be noticed.
+    """
+
+    log_received: int
+    rereceive_count: int
+    log_sent: int
+    resend_count: int
+
+    def __post_init__(self) -> None:
+        # Offsets are log positions (64-bit); the counters are epochs, which
+        # every message header carries in 32 bits: a larger one could never
+        # be sent again, so it is refused here, before it changes any state.
+        for field, top in (("log_received", INT64_MAX), ("rereceive_count", COUNTER_MAX),
+                           ("log_sent", INT64_MAX), ("resend_count", COUNTER_MAX)):
+            value = getattr(self, field)
+            if type(value) is not int or not 0 <= value <= top:
+                raise InvalidValue(f"control {field} must be an integer in 0..{top}, got {value!r}")
+
+    def header(self) -> Header:
+        return Header(resend_count=self.rereceive_count, prev=0, last=self.log_received, seq=0)
+
+
+_UNPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError, UnicodeDecodeError, OverflowError,
+                  RecursionError)
+
+
+def _limits(size: int, version: int) -> dict[str, int]:
+    """msgpack length limits for a payload of ``size`` bytes in format
+    ``version`` (docs/message-format.md, "What a reader checks"): in
+    version 1 an array holds transactions of 5 bytes at least and a map
+    entry takes 2; in version 2 a row of nils takes a byte a value and there
+    are no maps; no ext type is used.  A payload of millions of one-byte
+    empty containers is refused instead of decoded."""
+    if version == 1:
+        return dict(max_array_len=size // 5 + 16, max_map_len=size // 2 + 16, max_str_len=size,
+                    max_bin_len=size, max_ext_len=0)
+    # max_map_len=0 still lets an empty map through: the hook refuses any
+    # map as soon as it is made (a payload of empty maps would cost 64
+    # bytes a byte).
+    return dict(max_array_len=size + 16, max_map_len=0, max_str_len=size, max_bin_len=size, max_ext_len=0,
+                object_hook=_no_map)
+
+
+def _no_map(_map: dict) -> None:
+    raise ValueError("a map in a version-2 payload")
+
+
+def _unpack(payload: bytes, source: str, version: int = 1) -> object:
+    try:
+        return msgpack.unpackb(payload, use_list=False, raw=False, strict_map_key=True,
+                               **_limits(len(payload), version))
+    except _UNPACK_ERRORS as error:
+        raise CorruptMessage(source, f"payload is not valid msgpack ({type(error).__name__})") from None
+
+
+def control_state(payload: bytes, source: str) -> ControlState:
+    fields = _unpack(payload, source)
+    if type(fields) is not tuple or len(fields) != 4:
+        raise CorruptMessage(source, "control payload must hold four counters")
+    try:
+        return ControlState(*fields)
+    except InvalidValue as error:
+        raise CorruptMessage(source, f"bad control payload: {error}") from None
+
+
+def transactions_of(payload: bytes, header: Header, source: str, version: int,
+                  runs: bool) -> tuple[Transaction, ...]:
+    entries = _unpack(payload, source, version)
+    if type(entries) is not tuple:
+        raise CorruptMessage(source, "payload must be an array of transactions")
+    previous = header.prev
+    result = []
+    for entry in entries:
+        transaction = _transaction(entry, source, version, runs)
+        if not previous < transaction.commit <= header.last:
+            raise CorruptMessage(source, f"transaction {transaction.commit} is outside {header} or out of order")
+        previous = transaction.commit
+        result.append(transaction)
+    return tuple(result)
+
+
+def _transaction(entry: object, source: str, version: int = 1, runs: bool = False) -> Transaction:
+    # Operations stay the plain 5-tuples (version 1) or rows (version 2)
+    # msgpack made (see codec.ops): their values are checked where they are
+    # applied, which touches each value anyway; checking them here would
+    # cost more than decoding.
+    try:
+        commit, origin, ops = entry  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise CorruptMessage(source, "payload holds a malformed transaction") from None
+    if (type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str
+            or not origin or type(ops) is not tuple):
+        raise CorruptMessage(source, "payload holds a malformed transaction")
+    if version == 2:
+        checked = tuple(_run(run, commit, source) for run in ops)
+        if not runs:
+            return Transaction._trusted(commit, origin, tuple(op for run in checked for op in run.operations()))
+        return Transaction._trusted(commit, origin, checked)
+    if ops and (set(map(type, ops)) != {tuple} or set(map(len, ops)) != {5}):
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed operation")
+    return Transaction._trusted(commit, origin, ops)
+
+
+_NAMES = frozenset({str})
+
+
+def _run(run: object, commit: int, source: str) -> Run:
+    """A decoded version-2 run, checked for structure (its values are
+    checked where they are applied)."""
+    if type(run) is not tuple or len(run) != 6:
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
+    table, kind, width, before, after, rows = run
+    if (type(table) is not str or not table or type(kind) is not int or not 1 <= kind <= 3
+            or type(width) is not int or width < 1 or type(before) is not tuple or type(after) is not tuple
+            or (kind == 1 and before) or (kind == 3 and after) or type(rows) is not tuple or not rows):
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
+    names = before + after
+    if (not _NAMES.issuperset(map(type, names)) or "" in names or len(set(before)) != len(before)
+            or len(set(after)) != len(after)):
+        raise CorruptMessage(source, f"transaction {commit} holds a run with bad column names")
+    if set(map(type, rows)) != {tuple} or set(map(len, rows)) != {width + len(names)}:
+        raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
+    return Run(table, kind, width, before, after, rows)
+
+
+def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") -> Transaction:
+    """Join the parts of one split transaction (in seq order) back into it,
+    whole.  :func:`read_group` reads the same group one part at a time."""
+    if not parts:
+        raise CorruptMessage(source, "no parts")
+    total = sum(len(part.part) for part in parts if part.part is not None)
+    if total > MAX_GROUP_PAYLOAD:
+        raise MessageTooLarge(source, f"the group's parts hold {total} bytes, over the {MAX_GROUP_PAYLOAD}-byte "
+                                      "limit of one transaction")
+    transaction = read_group(iter(parts), source=source)
+    return Transaction._trusted(transaction.commit, transaction.origin, tuple(transaction.ops))
+
+
+def read_group(parts: Iterator[Message], *, source: str = "multi-part group", runs: bool = False) -> Transaction:
+    """The transaction a group of parts carries, read part by part: its
+    commit and origin are read from the first part now; its ``ops`` is an
+    iterator that decodes the operations as they are taken, pulling the
+    next part from ``parts`` only when the ones before are used up
+    (docs/message-format.md, "Large transactions").  Memory holds one part
+    and one operation (version 2: one run of at most 1,000 rows) being
+    decoded, whatever the size of the transaction.
+    Any problem with the group raises :class:`CorruptMessage` (or
+    :class:`MessageTooLarge`) from wherever it is found, so a caller
+    applying the operations as they come must be able to undo them.
+    ``runs`` as for :func:`decode_message`: a version-2 group's ``ops``
+    yields its runs."""
+    group = _GroupReader(parts, source, runs)
+    commit, origin = group.entry_start()
+    return Transaction._trusted(commit, origin, group.operations(commit, origin))  # type: ignore[arg-type]
+
+
+class _GroupReader:
+    """The parts of one group fed to a streaming msgpack reader."""
+
+    def __init__(self, parts: Iterator[Message], source: str, runs: bool) -> None:
+        self.parts = parts
+        self.source = source
+        self.runs = runs
+        self.first: Header | None = None
+        self.last: Header | None = None
+        self.count = 0
+        self.fed = 0
+        self.version = 0
+        self.unpacker: msgpack.Unpacker | None = None  # made for the first part's format version
+
+    def _start(self) -> msgpack.Unpacker:
+        if self.unpacker is None and not self._feed():
+            raise CorruptMessage(self.source, "no parts")
+        assert self.unpacker is not None
+        return self.unpacker
+
+    def _feed(self) -> bool:
+        """Feed the next part; False when there is none."""
+        part = next(self.parts, None)
+        if part is None:
+            return False
+        header = part.header
+        if part.part is None:
+            raise CorruptMessage(self.source, f"message {header} is not a part")
+        first = self.first if self.first is not None else header
+        if (header.seq != self.count or header.resend_count != first.resend_count or header.prev != first.prev
+                or (self.last is not None and self.last.is_final_part)):
+            raise CorruptMessage(self.source, f"part {header} does not follow {first} in sequence")
+        if self.unpacker is None:
+            self.version = part.version
+            limits = {**_limits(MAX_PAYLOAD, part.version), "max_str_len": MAX_GROUP_PAYLOAD,
+                      "max_bin_len": MAX_GROUP_PAYLOAD}
+            self.unpacker = msgpack.Unpacker(use_list=False, raw=False, strict_map_key=True,
+                                             max_buffer_size=MAX_GROUP_PAYLOAD, **limits)
+        elif part.version != self.version:
+            raise CorruptMessage(self.source, f"part {header} is of format version {part.version}, the group's "
+                                              f"first of {self.version}")
+        self.first, self.last = first, header
+        self.count += 1
+        self.fed += len(part.part)
+        try:
+            self.unpacker.feed(part.part)
+        except msgpack.BufferFull:
+            raise MessageTooLarge(self.source, f"an entry of the group is over the {MAX_GROUP_PAYLOAD}-byte limit "
+                                               "of one transaction") from None
+        return True
+
+    def _read(self, read):  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                return read()
+            except msgpack.OutOfData:
+                if not self._feed():
+                    raise CorruptMessage(self.source, "the group ends inside a transaction") from None
+            except _UNPACK_ERRORS as error:
+                raise CorruptMessage(self.source, f"payload is not valid msgpack ({type(error).__name__})") from None
+
+    def _at_end(self) -> bool:
+        """Whether every byte of every part was read."""
+        while self.unpacker.tell() == self.fed:
+            if not self._feed():
+                return True
+        return False
+
+    def entry_start(self) -> tuple[int, str]:
+        """Read the head of the next entry: its commit and origin."""
+        if self._read(self._start().read_array_header) != 3:
+            raise CorruptMessage(self.source, "payload holds a malformed transaction")
+        commit = self._read(self.unpacker.unpack)
+        origin = self._read(self.unpacker.unpack)
+        if type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str or not origin:
+            raise CorruptMessage(self.source, "payload holds a malformed transaction")
+        return commit, origin
+
+    def operations(self, commit: int, origin: str) -> Iterator[tuple]:
+        while True:
+            count = self._read(self.unpacker.read_array_header)
+            for _ in range(count):
+                op = self._read(self.unpacker.unpack)
+                if self.version == 2:
+                    run = _run(op, commit, self.source)
+                    if self.runs:
+                        yield run
+                    else:
+                        yield from run.operations()
+                    continue
+                if type(op) is not tuple or len(op) != 5:
+                    raise CorruptMessage(self.source, f"transaction {commit} holds a malformed operation")
+                yield op
+            if self._at_end():
+                break
+            if self.entry_start() != (commit, origin):
+                raise CorruptMessage(self.source, f"an entry of transaction {commit} holds another transaction")
+        first, last = self.first, self.last
+        assert first is not None and last is not None
+        if not last.is_final_part:
+            raise CorruptMessage(self.source, f"part {last} is not the final part")
+        if not first.prev < commit <= last.last:
+            raise CorruptMessage(self.source, f"transaction {commit} is outside ({first.prev}, {last.last}]")
