@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_SIZE = 50_000
 
 
-def agent_files(site: SiteDatabase, send: BatchSend, max_size: int = MAX_SIZE) -> dict[str, str]:
+def agent_files(site: SiteDatabase, send: BatchSend, max_size: int = MAX_SIZE, version: int = 2) -> dict[str, str]:
     """sha256 by file name of what the agent's own path makes for ``send``
     (no file when the range holds nothing for the subscriber)."""
     transactions = list(site.read_log(send.subscriber, send.start, send.end))
@@ -37,7 +37,7 @@ def agent_files(site: SiteDatabase, send: BatchSend, max_size: int = MAX_SIZE) -
     messages = pack_messages(transactions, keys=site_keys(site),
                              recipient=send.subscriber, incarnation=site.identity.incarnation,
                              resend_count=send.resend_count, start=send.start, max_size=max_size, end=send.end,
-                             seal_to=send.seal_to)
+                             seal_to=send.seal_to, version=version)
     return {message.name: hashlib.sha256(message.data).hexdigest() for message in messages}
 
 
@@ -114,6 +114,21 @@ def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(worl
     assert (manifest["files"], manifest["transactions"], manifest["start"], manifest["end"]) == ([], 0, start, end)
     other = json.loads((tmp_path / "out" / "manifests" / f"{sends[1].subscriber}.json").read_text())
     assert other["files"] and other["transactions"] > 0
+
+
+def test_the_job_writes_the_message_format_it_is_asked_for(world, spark, tmp_path):
+    """agent run --message-format 1 reaches the job through the export: its
+    files are version 1, byte for byte the agent's own."""
+    end = world.log_end()
+    start = middle_commit(world, 0.8)
+    sends = [BatchSend(name, start, end, 2) for name in subscriber_names(20)[:2]]
+    export_batch(world, sends, tmp_path / "export", max_size=MAX_SIZE, version=1)
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(world))
+    for send in sends:
+        files = job_files(tmp_path / "out", send.subscriber)
+        assert files and files == agent_files(world, send, version=1)
+        assert files != agent_files(world, send)  # version 2 is another file
+        assert {(tmp_path / "out" / "files" / send.subscriber / name).read_bytes()[4] for name in files} == {1}
 
 
 def test_a_failure_mid_job_leaves_no_finished_output(world, spark, tmp_path):
