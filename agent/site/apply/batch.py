@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from enum import Enum
 from typing import Any, Callable, Mapping
 
-from codec.ops import OpKind, Operation
+from codec.ops import OpKind, Operation, Run
 
 from .._db import quote_ident
 from ..capture import Shape
@@ -184,6 +185,33 @@ def touch(batch: Batch, table: Table, run: list) -> None:
         if (op[1] == OpKind.UPDATE and filtered_by in after and filtered_by in before
                 and before[filtered_by] not in values and after[filtered_by] in values):
             batch.entered.add((table.name, key))
+
+
+def touch_rows(batch: Batch, table: Table, run: Run) -> None:
+    """:func:`touch` for a run's rows (codec.ops.Run), without the
+    operations: the key each row has afterwards, and the rows an UPDATE
+    brings into the subset, read by position."""
+    width, before, after = run.key_width, run.before, run.after
+    positions = [width + len(before) + after.index(column) if column in after else index
+                 for index, column in enumerate(table.key_columns)]
+    final_key = _tuple_getter(positions)
+    name = table.name
+    touched = batch.touched
+    for row in run.rows:
+        touched[(name, final_key(row))] = table
+    filtered_by, values = batch.filters[name.lower()]
+    if run.kind == OpKind.UPDATE and filtered_by in before and filtered_by in after:
+        old_at, new_at = width + before.index(filtered_by), width + len(before) + after.index(filtered_by)
+        for row in run.rows:
+            if row[old_at] not in values and row[new_at] in values:
+                batch.entered.add((name, final_key(row)))
+
+
+def _tuple_getter(positions: list[int]) -> Callable[[tuple], tuple]:
+    if len(positions) == 1:
+        position = positions[0]
+        return lambda row: (row[position],)
+    return itemgetter(*positions)
 
 
 def watch(batch: Batch, table: Table, run: list) -> None:

@@ -41,7 +41,7 @@ from ..log import cut_locked
 from ..remotes import get_remote
 from ..schema import Role, SiteIdentity
 from ..values import operation_problem
-from .batch import KEY_TAKEN, ApplyResult, Batch, Table, key_after, same_value, send_back, touch, watch
+from .batch import KEY_TAKEN, ApplyResult, Batch, Table, key_after, same_value, send_back, touch, touch_rows, watch
 from .pending import Pending
 
 _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
@@ -235,8 +235,9 @@ class Applier(Pending):
     def _apply_run(self, run: Run, batch: Batch, consolidated: bool) -> None:
         """A decoded run (format version 2): its rows are the parameter
         lists of one statement (statements.run_sql), bound as they are once
-        every value of them is checked, in C.  Whatever needs an
-        operation's images (a row with an error, SUBSCRIBE BY, watched or
+        every value of them is checked, in C; the keys a filtered table's
+        rows end with are kept by position (batch.touch_rows).  Whatever
+        needs an operation's images (a row with an error, watched or
         pending rows, rows going back) takes the general path with the
         operations the run stands for."""
         table = self._table(run.table)
@@ -244,11 +245,12 @@ class Applier(Pending):
         if (table is None or run.key_width != len(table.key_columns) or batch.returns or batch.watched is not None
                 or (kind == OpKind.UPDATE and not run.after)
                 or (kind != OpKind.DELETE and not table.column_set.issuperset(run.after + run.before))
-                or (batch.filters and table.name.lower() in batch.filters)
                 or (batch.pending and batch.pending.get(table.name.lower()))
                 or not _VALUE_TYPES.issuperset(map(type, chain.from_iterable(run.rows)))):
             self._apply_operations(run.operations(), batch, consolidated)
             return
+        if batch.filters and table.name.lower() in batch.filters:
+            touch_rows(batch, table, run)
         rows = run.rows
         if kind == OpKind.DELETE:
             width = run.key_width
