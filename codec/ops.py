@@ -161,23 +161,33 @@ RUN_ROWS = 1_000
 
 def to_runs(ops: Iterable[tuple]) -> list[Run]:
     """The runs of ``ops`` (Operations or their plain tuples, and runs), in
-    order, of at most :data:`RUN_ROWS` rows each (their ``rows`` are
-    lists): the same runs however the operations came bundled, so the
-    bytes of a message depend on its operations only.  Raises InvalidValue
+    order, of at most :data:`RUN_ROWS` rows each: the same runs however the
+    operations came bundled, so the bytes of a message depend on its
+    operations only.  A run handed in that needs no merging is taken as it
+    is (never changed); the others' ``rows`` are new lists.  Raises InvalidValue
     for an operation a run cannot carry (an image that is not a dict, or
     one its kind does not have)."""
     runs: list[Run] = []
     signature = None
     rows: list = []
+    borrowed = False  # runs[-1] is a run handed in (shared, maybe with other packers): never extended
     for op in ops:
         if type(op) is Run:
             mine = op[:5]
+            if (mine != signature or len(rows) >= RUN_ROWS) and 0 < len(op.rows) <= RUN_ROWS:
+                runs.append(op)  # as it is: the common case, a run the reader made
+                signature, rows, borrowed = mine, op.rows, True
+                continue
             taken = 0
             while taken < len(op.rows):
                 if mine != signature or len(rows) >= RUN_ROWS:
                     signature = mine
                     rows = []
                     runs.append(Run(*mine, rows))  # type: ignore[call-arg]
+                elif borrowed:
+                    rows = list(rows)
+                    runs[-1] = runs[-1]._replace(rows=rows)
+                borrowed = False
                 more = op.rows[taken:taken + RUN_ROWS - len(rows)]
                 rows.extend(more)
                 taken += len(more)
@@ -202,6 +212,10 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
             signature = mine
             rows = []
             runs.append(Run(table, kind, len(key), columns[0], columns[1], rows))  # type: ignore[arg-type]
+        elif borrowed:
+            rows = list(rows)
+            runs[-1] = runs[-1]._replace(rows=rows)
+        borrowed = False
         rows.append(row)
     return runs
 

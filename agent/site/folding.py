@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from codec.ops import OpKind, Operation, Run, Transaction, op_count, operations_of, split_ops
+from codec.ops import OpKind, Operation, Run, Transaction
 
 
 # A DELETE and an INSERT of the same row further apart than this (in the
@@ -45,11 +45,30 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     value (or given up the one the INSERT takes), and the UPDATE at either
     place would break the constraint where the transaction did not.  And
     only within FOLD_WINDOW operations (see :class:`_Folder`)."""
-    if not any(op[1] == OpKind.DELETE for op in ops):  # a run's kind is op[1] too
-        return ops
+    if not any(op[1] == OpKind.DELETE for op in ops) or not _reinserted(ops):  # a run's kind is op[1] too
+        return ops  # nothing can fold: runs stay runs
     folder = _Folder()
     folder.add(ops)
     return folder.take(0)
+
+def _reinserted(ops: list) -> bool:
+    """Whether a row deleted in ``ops`` is inserted again after its DELETE
+    (else nothing folds, and the operations are what they are)."""
+    deleted: set[tuple[str, tuple]] = set()
+    for op in ops:
+        kind = op[1]
+        if type(op) is Run:
+            width, table = op.key_width, op.table
+            if kind == OpKind.DELETE:
+                deleted.update((table, row[:width]) for row in op.rows)
+            elif kind == OpKind.INSERT and deleted and any((table, row[:width]) in deleted for row in op.rows):
+                return True
+        elif kind == OpKind.DELETE:
+            deleted.add((op[0], op[2]))
+        elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
+            return True
+    return False
+
 
 class _Folder:
     """:func:`_fold_reinserts` for operations handed over a few at a time:
@@ -59,48 +78,78 @@ class _Folder:
     __slots__ = ("ops", "base", "deleted", "last_change")
 
     def __init__(self) -> None:
-        self.ops: list[Operation | Run | None] = []
-        self.base = 0  # the index in the transaction of the first operation held
+        # One place per operation, in order: an operation, None where one
+        # was folded away, or a run in its first place and _MORE in the
+        # places of its other rows (a run of UPDATEs is never taken apart:
+        # only INSERTs and DELETEs fold).
+        self.ops: list = []
+        self.base = 0  # the index in the transaction of ops[0]
         self.deleted: dict[tuple[str, tuple], int] = {}
         self.last_change: dict[str, int] = {}  # table -> index of its latest op
 
     def add(self, ops: list) -> None:
+        held = self.ops
         if not self.deleted and not any(op[1] == OpKind.DELETE for op in ops):
-            self.ops.extend(ops)  # nothing to fold: the indexes of later DELETEs are what counts
+            for op in ops:  # nothing to fold: the indexes of later DELETEs are what counts
+                _place(held, op)
             return
-        if any(type(op) is Run for op in self.ops):
-            self.ops = list(operations_of(self.ops))  # held positions become operations' indexes
-        deleted, last_change, held = self.deleted, self.last_change, self.ops
-        for op in operations_of(ops):
-            index = self.base + len(held)
-            previous = last_change.get(op.table)
-            last_change[op.table] = index
-            if op.kind == OpKind.DELETE:
-                deleted[(op.table, op.key)] = index
-            elif op.kind == OpKind.INSERT:
-                position = deleted.pop((op.table, op.key), None)
-                if (position is not None and previous == position and index - position <= FOLD_WINDOW
-                        and position >= self.base):
-                    old = held[position - self.base].before  # type: ignore[union-attr]
-                    new = op.after
-                    changed = [column for column in new if not (column in old and _same(old[column], new[column]))]
-                    held[position - self.base] = None
-                    held.append(_operation(op.table, OpKind.UPDATE, op.key, {c: old.get(c) for c in changed},
-                                           {c: new[c] for c in changed}) if changed else None)
-                    continue
-            held.append(op)
+        deleted, last_change = self.deleted, self.last_change
+        for entry in ops:
+            if type(entry) is Run and entry.kind == OpKind.UPDATE:
+                last_change[entry.table] = self.base + len(held) + len(entry.rows) - 1
+                _place(held, entry)
+                continue
+            for op in (entry.operations() if type(entry) is Run else (entry,)):
+                index = self.base + len(held)
+                previous = last_change.get(op.table)
+                last_change[op.table] = index
+                if op.kind == OpKind.DELETE:
+                    deleted[(op.table, op.key)] = index
+                elif op.kind == OpKind.INSERT:
+                    position = deleted.pop((op.table, op.key), None)
+                    if (position is not None and previous == position and index - position <= FOLD_WINDOW
+                            and position >= self.base):
+                        old = held[position - self.base].before
+                        new = op.after
+                        changed = [column for column in new
+                                   if not (column in old and _same(old[column], new[column]))]
+                        held[position - self.base] = None
+                        held.append(_operation(op.table, OpKind.UPDATE, op.key, {c: old.get(c) for c in changed},
+                                               {c: new[c] for c in changed}) if changed else None)
+                        continue
+                held.append(op)
 
     def take(self, keep: int) -> list:
-        """The operations but the last ``keep``, folded, in order."""
-        cut = op_count(self.ops) - keep  # a folded-away place (None) counts one
+        """The operations but the last ``keep``, folded, in order (a run the
+        line falls inside is cut in two)."""
+        held = self.ops
+        cut = len(held) - keep
         if cut <= 0:
             return []
-        head, self.ops = split_ops(self.ops, cut)
-        taken = [op for op in head if op is not None]
+        first = cut
+        if cut < len(held) and held[cut] is _MORE:
+            while held[first] is _MORE:
+                first -= 1  # the run placed at first goes on past the cut
+        taken = [op for op in held[:first] if op is not None and op is not _MORE]
+        if first < cut:
+            run = held[first]
+            taken.append(run._replace(rows=run.rows[:cut - first]))
+            held[cut] = run._replace(rows=run.rows[cut - first:])
+        del held[:cut]
         self.base += cut
         if self.deleted:
             self.deleted = {key: index for key, index in self.deleted.items() if index >= self.base}
         return taken
+
+
+# The places of a run's rows after its first (see _Folder.ops).
+_MORE = object()
+
+
+def _place(held: list, op: object) -> None:
+    held.append(op)
+    if type(op) is Run and len(op.rows) > 1:
+        held.extend([_MORE] * (len(op.rows) - 1))
 
 def _same(left: object, right: object) -> bool:
     if type(left) is not type(right):

@@ -91,3 +91,49 @@ def test_a_transaction_read_in_pieces_folds_as_a_whole_one(hq, runs):
     assert any(type(op) is Run for piece in pieces for op in piece.ops) is runs
     plain = [transaction for _, transaction in hq.read_logs([("north1", start, end)], piece=300)]
     assert [op_count(piece.ops) for piece in pieces] == [len(piece.ops) for piece in plain]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_runs_fold_as_the_operations_they_stand_for(seed):
+    """Folding a transaction whose operations come bundled in runs (the
+    sender's reader) gives the operations folding gives one by one, whole
+    and in pieces of any size."""
+    import random
+
+    from agent.site.folding import FOLD_WINDOW, _Folder, _fold_reinserts
+    from codec.ops import operations_of, to_runs
+
+    rng = random.Random(seed)
+    ops = []
+    for _ in range(rng.randrange(1, 400)):
+        table, key = rng.choice(["a", "b"]), rng.randrange(6)
+        kind = rng.choice([OpKind.INSERT, OpKind.UPDATE, OpKind.UPDATE, OpKind.DELETE])
+        value = rng.choice([1, 2, "x", None])
+        if kind == OpKind.INSERT:
+            ops.append(Operation.insert(table, (key,), {"id": key, "v": value}))
+        elif kind == OpKind.DELETE:
+            ops.append(Operation.delete(table, (key,), {"id": key, "v": rng.choice([1, 2, "x", None])}))
+        else:
+            ops.append(Operation.update(table, (key,), {"v": 0}, {"v": value}))
+    # Runs cut at random places, as the reader's chunks and buckets cut them.
+    bundled, start = [], 0
+    while start < len(ops):
+        stop = start + rng.randrange(1, 40)
+        bundled += to_runs(ops[start:stop])
+        start = stop
+    expected = _fold_reinserts(list(ops))
+    assert list(operations_of(_fold_reinserts(bundled))) == expected
+    for piece in (1, 7, 50):
+        # In pieces: the same adds and takes (in operations) give the same,
+        # a run cut in two where a take falls inside it.
+        with_runs, one_by_one, taken, expected_taken = _Folder(), _Folder(), [], []
+        for start in range(0, len(bundled), piece):
+            chunk = bundled[start:start + piece]
+            with_runs.add(chunk)
+            one_by_one.add(list(operations_of(chunk)))
+            keep = rng.choice([0, 3, 25, FOLD_WINDOW])
+            taken += with_runs.take(keep)
+            expected_taken += one_by_one.take(keep)
+        taken += with_runs.take(0)
+        expected_taken += one_by_one.take(0)
+        assert list(operations_of(taken)) == expected_taken, piece
