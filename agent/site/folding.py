@@ -8,8 +8,9 @@ Rules of this file:
 * Pure: operations in, operations out; a transaction read in pieces
   (:class:`_Folder`) folds exactly as a whole one.  Operations may come
   bundled in runs (codec.ops.Run, from agent.site.selection): a run counts
-  as its rows, and where a DELETE asks for folding the runs are taken
-  apart into the operations they stand for.
+  as its rows; in a transaction that deletes a row and inserts it again,
+  runs of INSERTs and DELETEs are taken apart into the operations they
+  stand for, runs of UPDATEs keep their places.
 """
 
 from __future__ import annotations
