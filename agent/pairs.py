@@ -38,7 +38,8 @@ from .site import SiteDatabase
 
 # Columns of the remote-user row the protocol owns.
 ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-              "rereceive_count", "peer_incarnation", "log_read", "control_sent_at", "heard_at")
+              "rereceive_count", "peer_incarnation", "log_read", "control_sent_at", "heard_at", "data_sent_at",
+              "peer_confirmed", "probes", "confirm_owed")
 # Protocol state kept beside the database (agent bookkeeping, not replicated state).
 EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
 # What identifies one stream of a pair: a change starts a new one.
@@ -56,6 +57,7 @@ class Peer:
     transport: str | None
     persisted: PairState | None = None
     heartbeat: int | None = None  # seconds; None: the run's --heartbeat
+    confirm_timeout: int | None = None  # seconds; None: the run's --confirm-timeout
 
 
 def stream_key(row: Any) -> list:
@@ -101,7 +103,7 @@ class PairStore:
             peer = peers.get(remote.name)
             if peer is not None and peer.persisted is not None and all(
                     getattr(peer.persisted, field) == getattr(remote, field) for field in _STREAM_FIELDS):
-                peer.heartbeat = remote.heartbeat
+                peer.heartbeat, peer.confirm_timeout = remote.heartbeat, remote.confirm_timeout
                 continue
             changed = True
             public = None
@@ -116,7 +118,8 @@ class PairStore:
             state = PairState(**{name: getattr(remote, name) for name in ROW_FIELDS}, **extras)
             protocol = PairProtocol(remote.name, state, settings, superseded=superseded)
             peers[remote.name] = Peer(remote.name, protocol, public, remote.address, remote.transport,
-                                      persisted=state, heartbeat=remote.heartbeat)
+                                      persisted=state, heartbeat=remote.heartbeat,
+                                      confirm_timeout=remote.confirm_timeout)
         self._loaded_at = marker
         return changed
 

@@ -60,13 +60,24 @@ class PairState:
     peer_log_sent: int = 0  # the most the peer said it sent (tail-loss detection)
     gap_polls: int = 0  # consecutive polls that saw a gap
     request_patience: int = 0  # polls the current gap must last; 0 = Settings.patience
+    # Rule 3, never silent while something is outstanding.  Receiving side:
+    # the peer is known to hold a confirmation of log_received up to here (a
+    # control of the peer that did not ask for one carried this log_sent);
+    # and a confirmation is owed (a probe or a duplicate arrived, or data
+    # went to a peer not known to hold it).  Publishing side: when a data
+    # message last went to the peer (the caller's clock; None: never), and
+    # the probes sent since the stream last changed (the backoff).
+    peer_confirmed: int = 0
+    confirm_owed: bool = False
+    data_sent_at: float | None = None
+    probes: int = 0
 
     def __post_init__(self) -> None:
         if not self.confirm_sent <= self.log_sent:
             raise LocalProtocolError(f"confirm_sent {self.confirm_sent} is after log_sent {self.log_sent}")
         for name in ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received",
                      "confirm_received", "rereceive_count", "peer_log_sent", "gap_polls", "request_patience",
-                     "log_read"):
+                     "log_read", "peer_confirmed", "probes"):
             if getattr(self, name) < 0:
                 raise LocalProtocolError(f"{name} must be >= 0")
 
@@ -79,6 +90,12 @@ class PairState:
     def horizon(self) -> int:
         """Rule 8: the log this peer may still need starts after here."""
         return self.read_through if self.confirm_sent >= self.log_sent else self.confirm_sent
+
+    @property
+    def unconfirmed(self) -> bool:
+        """The peer has not confirmed all that was sent to it (rule 3: its
+        control messages ask for a confirmation, and probes go)."""
+        return self.confirm_sent < self.log_sent
 
 
 # --- actions --------------------------------------------------------------------
@@ -171,6 +188,7 @@ class Counters:
     resend_requests_sent: int = 0
     resends_done: int = 0
     controls_sent: int = 0
+    probes_sent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +235,19 @@ def heartbeat_period(peer: str, heartbeat: float) -> float:
     """The seconds after which ``peer`` is due a heartbeat: ``heartbeat``
     less its share (between 0 and HEARTBEAT_SPREAD) of it."""
     return heartbeat * (1 - HEARTBEAT_SPREAD * zlib.crc32(peer.encode()) / 2**32)
+
+
+# The probe backoff doubles at most this many times (2**20 confirm timeouts
+# is beyond any heartbeat, which caps the wait anyway).
+MAX_PROBE_DOUBLINGS = 20
+
+
+def probe_wait(confirm_timeout: float, probes: int, heartbeat: float | None) -> float:
+    """Rule 3: the seconds of silence to the peer after which a stream still
+    unconfirmed is probed, when ``probes`` were sent since it last changed:
+    the confirm timeout, doubled per probe, never above the heartbeat."""
+    wait = confirm_timeout * 2 ** min(probes, MAX_PROBE_DOUBLINGS)
+    return wait if heartbeat is None else min(wait, heartbeat)
 
 
 class PairProtocol:
@@ -295,6 +326,12 @@ class PairProtocol:
         if self._stale(header, superseded):
             self._count(stale_deleted=1)
             return actions + [DeleteInbound((message_id,), "stale")]
+        if not superseded and self._covered(header) and not self._state.confirm_owed:
+            # Rule 3: a resend or duplicate of what is applied already (rule
+            # 1 deletes it below): the peer sent it again because it lacks
+            # the confirmation, so one is owed even though log_received
+            # did not move.
+            self._state = replace(self._state, confirm_owed=True)
         sort_key = (header.prev, header.resend_count, header.seq, header.last)
         self._pending[message_id] = _Pending(sort_key, message_id, header)
         bisect.insort(self._by_prev, (sort_key, message_id))
@@ -313,7 +350,15 @@ class PairProtocol:
             return True
         if settings.unsafe_without_duplicate_rule:
             return False
-        return header.last <= state.log_received if header.is_final_part else header.prev < state.log_received
+        return self._covered(header)
+
+    def _covered(self, header: Header) -> bool:
+        """Rule 1: ``log_received`` covers this message (a non-final part
+        once ``log_received`` moved past its ``prev``)."""
+        if self.settings.unsafe_without_duplicate_rule:
+            return False
+        log_received = self._state.log_received
+        return header.last <= log_received if header.is_final_part else header.prev < log_received
 
     def _stale(self, header: Header, superseded: bool) -> bool:
         """Rule 1 for one arriving file: its epoch is below rereceive_count.
@@ -414,11 +459,8 @@ class PairProtocol:
         if self.settings.unsafe_without_duplicate_rule:
             return []
         end = bisect.bisect_right(self._by_prev, ((log_received, 2**63, 2**63, 2**63), ""))
-        duplicates = []
-        for _, message_id in self._by_prev[:end]:
-            header = self._pending[message_id].header
-            if header.last <= log_received if header.is_final_part else header.prev < log_received:
-                duplicates.append(message_id)
+        duplicates = [message_id for _, message_id in self._by_prev[:end]
+                      if self._covered(self._pending[message_id].header)]
         for message_id in duplicates:
             self._forget(message_id)
         if not duplicates:
@@ -491,8 +533,20 @@ class PairProtocol:
         confirmed = state.confirm_sent
         if control.rereceive_count >= state.resend_count:
             confirmed = max(confirmed, min(control.log_received, state.log_sent))
-        if (peer_log_sent, confirmed) != (state.peer_log_sent, state.confirm_sent):
-            self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed)
+        # Rule 3: a control that asks for a confirmation (a probe) is answered
+        # when this site has all the peer announced (else rule 4 answers with
+        # a resend request); one that does not ask says the peer holds a
+        # confirmation of all it sent, up to the log_sent it carries.
+        peer_confirmed, owed = state.peer_confirmed, state.confirm_owed
+        if control.asks_confirmation:
+            owed = owed or state.log_received >= control.log_sent
+        else:
+            peer_confirmed = max(peer_confirmed, control.log_sent)
+        probes = 0 if confirmed != state.confirm_sent else state.probes
+        if (peer_log_sent, confirmed, peer_confirmed, owed, probes) != (
+                state.peer_log_sent, state.confirm_sent, state.peer_confirmed, state.confirm_owed, state.probes):
+            self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed,
+                                  peer_confirmed=peer_confirmed, confirm_owed=owed, probes=probes)
         # Rule 7: a resend request, acted on after the urgency delay.
         if control.rereceive_count > self._state.resend_count:
             request = self._resend_request
@@ -506,9 +560,12 @@ class PairProtocol:
         return actions
 
     def _heard(self, now: float) -> None:
-        """A message of the peer's current copy arrived."""
+        """A message of the peer's current copy arrived.  The peer is
+        reachable again: the probe backoff (rule 3) starts over."""
         if self._state.heard_at is None or now > self._state.heard_at:
             self._state = replace(self._state, heard_at=now)
+        if self._state.probes:
+            self._state = replace(self._state, probes=0)
 
     def handle_timer(self, now: float) -> list[Action]:
         request = self._resend_request
@@ -528,26 +585,43 @@ class PairProtocol:
         self._count(resends_done=1)
         return [PurgeOutbound(request.resend_count)] + self._start_send()
 
-    def send_controls(self, now: float, *, heartbeat: float | None = None, force: bool = False) -> list[Action]:
-        """The send phase, rule 3: confirm when ``log_received`` moved since
-        the last confirmation; else, with ``heartbeat`` (seconds), when no
-        control message went to the peer for that long, less the peer's
-        share of it (:func:`heartbeat_period`).  ``force``: confirm
-        anyway (an operator's explicit request; tests)."""
+    def send_controls(self, now: float, *, heartbeat: float | None = None, confirm_timeout: float | None = None,
+                      force: bool = False) -> list[Action]:
+        """The send phase, rule 3: at most one control message, when it says
+        something the peer needs: a confirmation when ``log_received`` moved
+        since the last one, or one that is owed (data went to a peer not
+        known to hold it, a probe or a duplicate arrived); a probe when the
+        stream to the peer is unconfirmed and nothing went to the peer for
+        :func:`probe_wait` seconds (``confirm_timeout``; None: no probes);
+        with ``heartbeat`` (seconds), a heartbeat when no control message
+        went to the peer for that long, less the peer's share of it
+        (:func:`heartbeat_period`).  ``force``: confirm anyway (an
+        operator's explicit request; tests)."""
         state = self._state
-        if force or state.confirm_received != state.log_received:
+        if force or state.confirm_received != state.log_received or state.confirm_owed:
             return [self._control("confirmation", now)]
-        if heartbeat is not None and (state.control_sent_at is None
-                                      or now - state.control_sent_at >= heartbeat_period(self.peer, heartbeat)):
+        period = None if heartbeat is None else heartbeat_period(self.peer, heartbeat)
+        if state.unconfirmed and confirm_timeout is not None:
+            sent = [moment for moment in (state.control_sent_at, state.data_sent_at) if moment is not None]
+            if not sent or now - max(sent) >= probe_wait(confirm_timeout, state.probes, period):
+                self._state = replace(state, probes=state.probes + 1)
+                self._count(probes_sent=1)
+                return [self._control("probe", now)]
+        if period is not None and (state.control_sent_at is None or now - state.control_sent_at >= period):
             return [self._control("heartbeat", now)]
         return []
 
     def _control(self, reason: str, now: float) -> SendControl:
+        """A control message with this site's view of the pair; it asks for
+        a confirmation while the stream to the peer is unconfirmed, and
+        confirms ``log_received`` (so it pays what was owed)."""
         state = self._state
-        self._state = state = replace(state, confirm_received=state.log_received, control_sent_at=now)
+        self._state = state = replace(state, confirm_received=state.log_received, control_sent_at=now,
+                                      confirm_owed=False)
         self._count(controls_sent=1)
         return SendControl(ControlState(log_received=state.log_received, rereceive_count=state.rereceive_count,
-                                        log_sent=state.log_sent, resend_count=state.resend_count), reason)
+                                        log_sent=state.log_sent, resend_count=state.resend_count,
+                                        asks_confirmation=state.unconfirmed), reason)
 
     # -- publishing side -------------------------------------------------------------
 
@@ -595,7 +669,11 @@ class PairProtocol:
             if empty:
                 self._state = replace(state, log_read=max(state.log_read, log_sent))
             else:
-                self._state = replace(state, log_sent=log_sent, log_read=max(state.log_read, log_sent))
+                # Rule 3: a confirmation goes with the data unless the peer
+                # is known to hold it; the stream changed, so probes start over.
+                self._state = replace(state, log_sent=log_sent, log_read=max(state.log_read, log_sent),
+                                      data_sent_at=now, probes=0,
+                                      confirm_owed=state.confirm_owed or state.peer_confirmed < state.log_received)
         return self.handle_timer(now) + self._start_send()
 
     def send_aborted(self, now: float) -> list[Action]:

@@ -20,6 +20,9 @@ from .protocol import Settings
 from .quarantine import QuarantineLimits
 from .spark.engine import SparkOptions
 
+# Seconds of silence after which a stream with unconfirmed data is probed
+# (rule 3), unless --confirm-timeout or the remote says otherwise.
+DEFAULT_CONFIRM_TIMEOUT = 3600.0
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
@@ -39,6 +42,10 @@ class RunOptions:
     receive_delay: float = 60.0  # [-rd]
     send_delay: float = 60.0  # [-sd]
     heartbeat: float = 86400.0  # seconds: a control message to each peer at least this often (rule 3)
+    # seconds: a stream with unconfirmed data is probed after this much
+    # silence to the peer, doubling up to the heartbeat (rule 3); None:
+    # DEFAULT_CONFIRM_TIMEOUT, or the heartbeat when that is shorter
+    confirm_timeout: float | None = None
     seal: bool = True  # seal messages to the peer's X25519 key when it is known
     keep: bool = False  # [-p] received files stay in the message system (not acked)
     # -O NAME=VALUE, for the site's own transport (and others of its plugin)
@@ -60,6 +67,20 @@ class RunOptions:
             raise AgentError("receive and send delays must be positive")
         if not self.heartbeat > 0:
             raise AgentError("the heartbeat must be a positive duration")
+        if self.confirm_timeout is None:
+            return
+        if not self.confirm_timeout > 0:
+            raise AgentError("the confirm timeout must be a positive duration")
+        if self.confirm_timeout > self.heartbeat:
+            raise AgentError(f"the confirm timeout ({self.confirm_timeout:g} s) is above the heartbeat "
+                             f"({self.heartbeat:g} s): lower --confirm-timeout or raise --heartbeat")
+
+    @property
+    def probe_after(self) -> float:
+        """The confirm timeout in force (seconds)."""
+        if self.confirm_timeout is not None:
+            return self.confirm_timeout
+        return min(DEFAULT_CONFIRM_TIMEOUT, self.heartbeat)
 
     def settings(self, batch: bool) -> Settings:
         urgency = self.resend_urgency

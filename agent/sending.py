@@ -105,7 +105,10 @@ class Sender:
             controls = []
             for peer, _ in due:
                 heartbeat = peer.heartbeat or agent.options.heartbeat
-                for action in peer.protocol.send_controls(now, heartbeat=heartbeat, force=force_controls):
+                # A remote's own confirm timeout above the heartbeat in force is capped at it.
+                confirm_timeout = min(peer.confirm_timeout or agent.options.probe_after, heartbeat)
+                for action in peer.protocol.send_controls(now, heartbeat=heartbeat, confirm_timeout=confirm_timeout,
+                                                          force=force_controls):
                     controls.append((peer, action))
             # The pairs' state is durable before the controls it led to leave.
             await agent.save_all()

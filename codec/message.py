@@ -270,7 +270,7 @@ def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys
                 sealed=sealed, version=version)
     is_part = bool(flags & FLAG_PART)
     if kind is Kind.CONTROL:
-        return Message(**base, control=control_state(payload, source))
+        return Message(**base, control=control_state(payload, source, header))
     if is_part:
         return Message(**base, part=payload)
     return Message(**base, transactions=transactions_of(payload, header, source, version, runs))

@@ -49,13 +49,17 @@ class ControlState:
     ``rereceive_count`` describe what the sender received from the recipient
     (a confirmation, and a resend request when ``rereceive_count`` grew);
     ``log_sent`` and ``resend_count`` describe what the sender has sent, so a
-    lost last message can be noticed.
+    lost last message can be noticed.  ``asks_confirmation`` travels in the
+    header (its ``seq``, 1 or 0), not the payload: the sender's own stream to
+    the recipient is unconfirmed, and it asks for an answer (a probe); when
+    False, the sender holds a confirmation of all it sent, up to ``log_sent``.
     """
 
     log_received: int
     rereceive_count: int
     log_sent: int
     resend_count: int
+    asks_confirmation: bool = False
 
     def __post_init__(self) -> None:
         # Offsets are log positions (64-bit); the counters are epochs, which
@@ -66,9 +70,12 @@ class ControlState:
             value = getattr(self, field)
             if type(value) is not int or not 0 <= value <= top:
                 raise InvalidValue(f"control {field} must be an integer in 0..{top}, got {value!r}")
+        if type(self.asks_confirmation) is not bool:
+            raise InvalidValue(f"control asks_confirmation must be a bool, got {self.asks_confirmation!r}")
 
     def header(self) -> Header:
-        return Header(resend_count=self.rereceive_count, prev=0, last=self.log_received, seq=0)
+        return Header(resend_count=self.rereceive_count, prev=0, last=self.log_received,
+                      seq=int(self.asks_confirmation))
 
 
 _UNPACK_ERRORS = (msgpack.UnpackException, ValueError, TypeError, UnicodeDecodeError, OverflowError,
@@ -104,12 +111,17 @@ def _unpack(payload: bytes, source: str, version: int = 1) -> object:
         raise CorruptMessage(source, f"payload is not valid msgpack ({type(error).__name__})") from None
 
 
-def control_state(payload: bytes, source: str) -> ControlState:
+def control_state(payload: bytes, source: str, header: Header | None = None) -> ControlState:
+    """The control state of a control message's payload and ``header``
+    (whose ``seq`` says whether it asks for a confirmation: 0 or 1)."""
     fields = _unpack(payload, source)
     if type(fields) is not tuple or len(fields) != 4:
         raise CorruptMessage(source, "control payload must hold four counters")
+    seq = 0 if header is None else header.seq
+    if seq not in (0, 1):
+        raise CorruptMessage(source, f"a control message's seq must be 0 or 1, got {seq}")
     try:
-        return ControlState(*fields)
+        return ControlState(*fields, asks_confirmation=bool(seq))
     except InvalidValue as error:
         raise CorruptMessage(source, f"bad control payload: {error}") from None
 

@@ -279,12 +279,17 @@ def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # n
 @click.option("--heartbeat", type=Duration(whole_seconds=True), metavar="DURATION",
               help="A control message to this remote at least this often (default: the run's --heartbeat).")
 @click.option("--default-heartbeat", is_flag=True, help="Use the run's --heartbeat for this remote again.")
+@click.option("--confirm-timeout", type=Duration(whole_seconds=True), metavar="DURATION",
+              help="Probe this remote after this much silence while data sent to it is unconfirmed (default: the "
+                   "run's --confirm-timeout; never above its heartbeat).")
+@click.option("--default-confirm-timeout", is_flag=True, help="Use the run's --confirm-timeout for this remote again.")
 @click.option("--inbox", type=ADDRESS, help=INBOX_HELP)
 @click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(), help=PEER_OPTION_HELP)
 @click.option("--unset", "unset", multiple=True, metavar="NAME", help="Forget a stored transport option. Repeatable.")
 def set_(database: Path, name: str, address: str | None, transport: str | None, public_key: str | None,
          public_key_file: Path | None, send_every: int | None, send_at: time | None, no_schedule: bool,
-         heartbeat: int | None, default_heartbeat: bool, inbox: str | None, options: tuple,
+         heartbeat: int | None, default_heartbeat: bool, confirm_timeout: int | None,
+         default_confirm_timeout: bool, inbox: str | None, options: tuple,
          unset: tuple[str, ...]) -> None:
     """Change how the remote user NAME is reached: its address, transport,
     public key or send schedule.
@@ -301,6 +306,8 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
         raise click.UsageError("--send-every, --send-at and --no-schedule exclude each other")
     if heartbeat is not None and default_heartbeat:
         raise click.UsageError("--heartbeat and --default-heartbeat exclude each other")
+    if confirm_timeout is not None and default_confirm_timeout:
+        raise click.UsageError("--confirm-timeout and --default-confirm-timeout exclude each other")
     if transport is not None:
         check_transport_spec(transport)
     line = _public_key_line(name, public_key, public_key_file)
@@ -315,10 +322,12 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
         changes["send_every"], changes["send_at"] = send_every, send_at
     if heartbeat is not None or default_heartbeat:
         changes["heartbeat"] = heartbeat
+    if confirm_timeout is not None or default_confirm_timeout:
+        changes["confirm_timeout"] = confirm_timeout
     settings = stored_options(options, unset)
     if not changes and not settings and inbox is None:
         raise click.UsageError("nothing to change: give --address, --transport, a public key, a schedule, "
-                               "a heartbeat, --inbox or a transport option")
+                               "a heartbeat, a confirm timeout, --inbox or a transport option")
     with open_site(database) as site:
         require_remote(site, name)
         old = site.remote(name)
@@ -340,6 +349,8 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
                                  ("schedule", schedule_text(old.send_every, old.send_at),
                                   schedule_text(new.send_every, new.send_at)),
                                  ("heartbeat", _heartbeat_text(old.heartbeat), _heartbeat_text(new.heartbeat)),
+                                 ("confirm timeout", _confirm_timeout_text(old.confirm_timeout),
+                                  _confirm_timeout_text(new.confirm_timeout)),
                                  ("inbox", old.inbox, new.inbox)):
         if before != after:
             out.print(f"{name}: {label} {before or 'none'} -> {after or 'none'}", soft_wrap=True)
@@ -352,6 +363,10 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
 
 def _heartbeat_text(seconds: int | None) -> str:
     return "the run's --heartbeat" if seconds is None else f"every {format_seconds(seconds)}"
+
+
+def _confirm_timeout_text(seconds: int | None) -> str:
+    return "the run's --confirm-timeout" if seconds is None else format_seconds(seconds)
 
 
 @remote.command("subscribe")

@@ -346,8 +346,12 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
               help="Continuous mode: scan the log and send this often (dbremote -sd).")
 @click.option("--heartbeat", type=Duration(), default="24h", show_default=True, metavar="DURATION",
               help="Send each peer a control message at least this often, even with no news, so a silent peer "
-                   "is known to be alive and a lost last message is noticed (`remote set --heartbeat` sets it "
-                   "per remote).")
+                   "is known to be alive (`remote set --heartbeat` sets it per remote).")
+@click.option("--confirm-timeout", type=Duration(), metavar="DURATION",
+              help="Probe a peer whose confirmation of sent data is still missing after this much silence to it, "
+                   "doubling while nothing changes, up to the heartbeat: a lost confirmation or lost last message "
+                   "is repaired within it (default: 1h, or the heartbeat when shorter; never above the "
+                   "heartbeat; `remote set --confirm-timeout` sets it per remote).")
 @click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
               help="Who packs outbound batches: the agent (local), Spark (spark), or Spark from "
                    "--spark-threshold on (auto; local when PySpark is not installed).")
@@ -387,7 +391,8 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
               help="Append the log to PATH as well as to stderr (dbremote -o).")
 def run(database: Path, once: bool, transport: str | None, address: str | None, transport_options: tuple,
         max_message_size: int, message_format: str, group: int, receive_only: bool, send_only: bool, keep: bool, patience: int,
-        resend_urgency: float | None, receive_delay: float, send_delay: float, heartbeat: float, engine: str, spark_threshold: int | None,
+        resend_urgency: float | None, receive_delay: float, send_delay: float, heartbeat: float,
+        confirm_timeout: float | None, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
         spark_timeout: float, spark_executor_wait: float, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
         metrics_address: str | None, verbose: bool, log_file: Path | None) -> int:
@@ -426,7 +431,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                          message_format=int(message_format), group=group,
                          receive=not send_only, send=not receive_only, keep=keep, patience=patience,
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
-                         heartbeat=heartbeat,
+                         heartbeat=heartbeat, confirm_timeout=confirm_timeout,
                          transport_options=dict(link.plain), named_options={name: dict(values) for name, values in link.named.items()},
                          spark=spark, quarantine=limits)
     out = console()

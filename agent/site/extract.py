@@ -325,7 +325,8 @@ def _switch_over(site: "SiteDatabase", remote: str, before: RemoteUser, offset: 
             conn.execute(
                 "UPDATE fieldsync_remote SET log_send = ?, log_sent = ?, confirm_sent = ?, resend_count = ?,"
                 " log_received = 0, confirm_received = 0, rereceive_count = ?, send_count = 0, last_sent_at = NULL,"
-                " receive_count = 0, last_received_at = NULL, heard_at = NULL, peer_incarnation = ?,"
+                " receive_count = 0, last_received_at = NULL, heard_at = NULL, peer_incarnation = ?, data_sent_at = NULL,"
+                " peer_confirmed = 0, probes = 0, confirm_owed = 0,"
                 " public_key = coalesce(?, public_key), last_error = NULL, last_error_at = NULL WHERE name = ?",
                 (offset, offset, offset, before.resend_count + 1, before.rereceive_count + 1, incarnation,
                  material.public_key, remote))

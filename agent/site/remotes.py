@@ -60,6 +60,12 @@ class RemoteUser:
     control_sent_at: float | None  # when the agent last queued a control message to the peer (its clock)
     inbox: str | None = None     # the peer's own inbox, where `address` differs (email); copied at extraction
     heard_at: float | None = None  # when a message of the peer (data or control) last arrived (the agent's clock)
+    # docs/protocol.md, rule 3: never silent while something is outstanding.
+    confirm_timeout: int | None = None  # seconds before an unconfirmed stream is probed; None: the run's
+    data_sent_at: float | None = None  # when a data message last went to the peer (the agent's clock)
+    peer_confirmed: int = 0      # the peer is known to hold a confirmation of log_received up to here
+    probes: int = 0              # probes sent since the stream to the peer last changed (the backoff)
+    confirm_owed: bool = False   # a confirmation is owed to the peer at the next send phase
 
     @property
     def sending_due(self) -> bool:
@@ -82,7 +88,7 @@ _COLUMNS = tuple(field.name for field in fields(RemoteUser))
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM fieldsync_remote"
 _TIME_FIELDS = {"last_sent_at", "last_received_at", "last_error_at", "created_at"}
 _OFFSET_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-                  "rereceive_count", "send_count", "receive_count", "log_read")
+                  "rereceive_count", "send_count", "receive_count", "log_read", "peer_confirmed", "probes")
 _MONOTONE = ("confirm_sent", "resend_count", "log_received", "confirm_received", "rereceive_count",
              "send_count", "receive_count")
 UPDATABLE = frozenset(_COLUMNS) - {"name", "created_at"}
@@ -94,6 +100,7 @@ def _row(values: tuple) -> RemoteUser:
         record[name] = parse_time(record[name])
     if record["send_at"] is not None:
         record["send_at"] = time.fromisoformat(record["send_at"])
+    record["confirm_owed"] = bool(record["confirm_owed"])
     return RemoteUser(**record)
 
 
@@ -115,7 +122,7 @@ def _check_schedule(send_every: object, send_at: object) -> tuple[int | None, st
 
 
 # Moments on the agent's clock (seconds), kept as numbers.
-_CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at"})
+_CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at", "data_sent_at"})
 
 
 def _check_clock(what: str, value: object) -> None:
@@ -126,6 +133,15 @@ def _check_clock(what: str, value: object) -> None:
 def _check_text(what: str, value: object) -> None:
     if value is not None and type(value) is not str:
         raise InvalidSetting(f"{what} must be text, got {type(value).__name__}")
+
+
+def _check_timeouts(name: str, heartbeat: int | None, confirm_timeout: int | None, changes: dict) -> None:
+    """A remote's confirm timeout is never above its heartbeat (rule 3: the
+    probe comes before the heartbeat would)."""
+    if ("heartbeat" in changes or "confirm_timeout" in changes) and heartbeat is not None \
+            and confirm_timeout is not None and confirm_timeout > heartbeat:
+        raise InvalidSetting(f"the confirm timeout of {name!r} ({confirm_timeout} s) would be above its heartbeat "
+                             f"({heartbeat} s); lower the confirm timeout or raise the heartbeat")
 
 
 def _check_incarnation(value: object) -> None:
@@ -295,6 +311,16 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
     if "heartbeat" in changes and changes["heartbeat"] is not None and (
             type(changes["heartbeat"]) is not int or changes["heartbeat"] < 1):
         raise InvalidSetting(f"heartbeat must be a whole number of seconds >= 1, got {changes['heartbeat']!r}")
+    if "confirm_timeout" in changes and changes["confirm_timeout"] is not None and (
+            type(changes["confirm_timeout"]) is not int or changes["confirm_timeout"] < 1):
+        raise InvalidSetting("confirm_timeout must be a whole number of seconds >= 1, "
+                             f"got {changes['confirm_timeout']!r}")
+    _check_timeouts(name, stored.get("heartbeat", current.heartbeat),
+                    stored.get("confirm_timeout", current.confirm_timeout), changes)
+    if "confirm_owed" in changes:
+        if type(changes["confirm_owed"]) is not bool:
+            raise InvalidSetting(f"confirm_owed must be a bool, got {changes['confirm_owed']!r}")
+        stored["confirm_owed"] = int(changes["confirm_owed"])
     if not stored:
         return current
     assignments = ", ".join(f"{column} = ?" for column in stored)
@@ -305,7 +331,8 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
 # The columns the agent saves for every pair a phase changed (agent.pairs):
 # updated in bulk, checked in one pass (update_remotes_locked).
 _PAIR_COLUMNS = frozenset({"log_send", "log_read", "control_sent_at", "heard_at", "confirm_sent", "resend_count",
-                           "confirm_received", "rereceive_count", "peer_incarnation", "log_sent"})
+                           "confirm_received", "rereceive_count", "peer_incarnation", "log_sent", "data_sent_at",
+                           "peer_confirmed", "probes", "confirm_owed"})
 
 
 def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str, Any]]) -> None:
@@ -328,6 +355,10 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
         for column, value in columns.items():
             if column in _CLOCK_FIELDS:
                 _check_clock(column, value)
+                continue
+            if column == "confirm_owed":
+                if type(value) is not bool:
+                    raise InvalidSetting(f"confirm_owed must be a bool, got {value!r}")
                 continue
             if type(value) is not int or value < 0:
                 raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")

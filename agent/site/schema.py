@@ -41,7 +41,9 @@ log = logging.getLogger("fieldsync.site")
 # 6: transport settings stored with the site: fieldsync_site.reply_address,
 #    fieldsync_remote.inbox and fieldsync_transport_option (agent/site/settings.py).
 # 7: fieldsync_remote.heard_at, when a message of the peer last arrived (docs/protocol.md).
-SCHEMA_VERSION = 7
+# 8: fieldsync_remote's confirm_timeout, data_sent_at, peer_confirmed, probes and
+#    confirm_owed: never silent while something is outstanding (docs/protocol.md, rule 3).
+SCHEMA_VERSION = 8
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -196,6 +198,11 @@ CREATE TABLE fieldsync_remote (
     control_sent_at  REAL,
     inbox            TEXT,
     heard_at         REAL,
+    confirm_timeout  INTEGER CHECK (confirm_timeout IS NULL OR confirm_timeout > 0),
+    data_sent_at     REAL,
+    peer_confirmed   INTEGER NOT NULL DEFAULT 0,
+    probes           INTEGER NOT NULL DEFAULT 0,
+    confirm_owed     INTEGER NOT NULL DEFAULT 0,
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -410,9 +417,25 @@ def _add_heard_at(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE fieldsync_remote ADD COLUMN heard_at REAL")
 
 
+# Layout 8's columns of fieldsync_remote (docs/protocol.md, rule 3).
+OUTSTANDING_COLUMNS = (("confirm_timeout", "INTEGER CHECK (confirm_timeout IS NULL OR confirm_timeout > 0)"),
+                       ("data_sent_at", "REAL"), ("peer_confirmed", "INTEGER NOT NULL DEFAULT 0"),
+                       ("probes", "INTEGER NOT NULL DEFAULT 0"), ("confirm_owed", "INTEGER NOT NULL DEFAULT 0"))
+
+
+def _add_outstanding_columns(conn: sqlite3.Connection) -> None:
+    """Layout 8: each remote's confirm timeout, and the protocol's record of
+    what is outstanding (when data last went, what the peer is known to
+    hold, the probes sent, a confirmation owed)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_remote)")}
+    for column, declaration in OUTSTANDING_COLUMNS:
+        if column not in have:
+            conn.execute(f"ALTER TABLE fieldsync_remote ADD COLUMN {column} {declaration}")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
-             5: _add_transport_settings, 6: _add_heard_at}
+             5: _add_transport_settings, 6: _add_heard_at, 7: _add_outstanding_columns}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

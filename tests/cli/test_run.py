@@ -471,3 +471,25 @@ def test_messages_in_doubt_after_a_kill_are_reported_as_settled(agent: Agent, wo
     assert "after an unclean stop, 1 message(s) from hq were in doubt: 1 had been applied (now dequeued), " \
            "0 had not (queued again)" in result.err
     assert world.rows("n1", "SELECT count(*) FROM customer WHERE id = 101") == [(1,)]
+
+
+def test_a_lost_confirmation_is_repaired_when_data_flows_back(agent: Agent, world: World) -> None:
+    """From the CLI alone: n1 sends hq a row, hq applies it, hq's
+    confirmation is lost on its way to n1, then hq sends n1 a row: n1's
+    stream is confirmed at n1's next run (the confirmation travels with
+    hq's data), not a heartbeat later (docs/protocol.md, rule 3)."""
+    sync(agent, world)
+    world.execute("n1", "INSERT INTO customer VALUES (301, 'n1', 'new at n1')")
+    assert agent("run", world.n1, "--once").code == 0
+    assert agent("run", world.hq, "--once").code == 0
+    assert world.rows("hq", "SELECT id FROM customer WHERE id = 301") == [(301,)]
+    confirmations = list(world.inbox("n1").glob("*.c.*"))
+    assert len(confirmations) == 1
+    confirmations[0].unlink()
+    world.execute("hq", "INSERT INTO customer VALUES (302, 'n1', 'new at hq', 'x')")
+    assert agent("run", world.hq, "--once").code == 0
+    assert agent("run", world.n1, "--once").code == 0
+    with SiteDatabase.open(world.n1) as n1:
+        stream = n1.remote("hq")
+    assert stream.confirm_sent == stream.log_sent > 0
+    assert (302, "n1", "new at hq") in world.rows("n1")

@@ -140,13 +140,45 @@ def write(version: int, force: bool) -> None:
     (root / "expected.json").write_text(json.dumps(expected(version), indent=2, ensure_ascii=False) + "\n")
 
 
+# A control message that asks for a confirmation (a probe, header seq 1):
+# ``python -m tests.codec.golden --write --probe`` made fixtures/messages/probe/ once.
+PROBE = FIXTURES / "probe"
+PROBE_STATE = ControlState(log_received=4711, rereceive_count=2, log_sent=942_712, resend_count=1,
+                           asks_confirmation=True)
+
+
+def build_probe() -> dict[str, bytes]:
+    probe = encode_control_message(PROBE_STATE, keys=HQ, recipient="field1", incarnation=INCARNATION)
+    return {probe.name: probe.data}
+
+
+def expected_probe() -> dict:
+    return {"incarnation": INCARNATION.hex(), "header": "(2-0000000000-0000004711-1)",
+            "control": {"log_received": 4711, "rereceive_count": 2, "log_sent": 942_712, "resend_count": 1,
+                        "asks_confirmation": True}}
+
+
+def write_probe(force: bool) -> None:
+    if PROBE.exists() and any(PROBE.iterdir()) and not force:
+        raise SystemExit(f"{PROBE} exists: golden files are never regenerated")
+    PROBE.mkdir(parents=True, exist_ok=True)
+    for name, data in build_probe().items():
+        (PROBE / name).write_bytes(data)
+    (PROBE / "hq.pub").write_text(HQ.public.to_line() + "\n")
+    (PROBE / "expected.json").write_text(json.dumps(expected_probe(), indent=2) + "\n")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--force", action="store_true")
-    parser.add_argument("--version", type=int, choices=VERSIONS, required=True)
+    parser.add_argument("--version", type=int, choices=VERSIONS)
+    parser.add_argument("--probe", action="store_true", help="the probe control message")
     arguments = parser.parse_args()
-    if not arguments.write:
+    if not arguments.write or (arguments.version is None) == (not arguments.probe):
         parser.print_help()
         sys.exit(2)
-    write(arguments.version, arguments.force)
+    if arguments.probe:
+        write_probe(arguments.force)
+    else:
+        write(arguments.version, arguments.force)

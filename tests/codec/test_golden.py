@@ -101,3 +101,20 @@ def test_today_encoder_still_writes_each_version_s_files_that_match(version):
 def test_every_version_folder_has_expected_content(version_folder):
     folder = ROOT.parent / version_folder
     assert (folder / "expected.json").exists() and list(folder.glob("*.fsm"))
+
+
+def test_the_probe_control_file_decodes_asking_for_a_confirmation():
+    root = golden.PROBE
+    expected = json.loads((root / "expected.json").read_text())
+    assert expected == json.loads(json.dumps(golden.expected_probe()))
+    keyring = Keyring([PublicKeys.from_line((root / "hq.pub").read_text())])
+    [path] = root.glob("*.fsm")
+    message = decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient="field1")
+    assert message.kind is Kind.CONTROL and message.version == 1
+    assert str(message.header) == expected["header"] == str(MessageName.parse(path.name).header)
+    control = message.control
+    assert {"log_received": control.log_received, "rereceive_count": control.rereceive_count,
+            "log_sent": control.log_sent, "resend_count": control.resend_count,
+            "asks_confirmation": control.asks_confirmation} == expected["control"]
+    # Today's encoder writes the same file, byte for byte (a control message has no clock).
+    assert golden.build_probe() == {path.name: path.read_bytes()}

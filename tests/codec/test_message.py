@@ -83,6 +83,10 @@ def test_control_message_round_trip():
     other = encode_control_message(ControlState(1234, 2, 1000, 1), keys=HQ, recipient="field1",
                                    incarnation=INCARNATION)
     assert other.name != encoded.name
+    probe = encode_control_message(ControlState(1234, 2, 999, 1, asks_confirmation=True), keys=HQ,
+                                   recipient="field1", incarnation=INCARNATION)
+    assert probe.header.seq == 1 and MessageName.parse(probe.name).header.seq == 1
+    assert decode(probe.data).control == ControlState(1234, 2, 999, 1, asks_confirmation=True)
 
 
 def test_transactions_must_lie_in_the_header_range():
@@ -117,6 +121,8 @@ def test_transactions_must_lie_in_the_header_range():
     (lambda: craft(flags=wire.FLAG_PART), CorruptMessage, "part flag"),
     (lambda: craft(kind=ord("C"), payload=msgpack.packb([1, 2])), CorruptMessage, "four counters"),
     (lambda: craft(kind=ord("C"), payload=msgpack.packb([1, 2, -3, 4])), CorruptMessage, "control"),
+    (lambda: craft(kind=ord("C"), payload=msgpack.packb([1, 2, 3, 4]), header=Header(2, 0, 1, 2)), CorruptMessage,
+     "seq must be 0 or 1"),
     (lambda: craft(kind=ord("C"), flags=wire.FLAG_PART, header=Header(0, 1, 1)), CorruptMessage, "part"),
     (lambda: craft(flags=wire.FLAG_SEALED, stored=b"short"), CorruptMessage, "sealed payload is too short"),
     (lambda: craft(header=Header(0, 0, 1)).replace(b"hq", b"h\xff", 1), CorruptMessage, "sender name"),

@@ -283,10 +283,39 @@ def test_layout_6_gains_heard_at_when_opened(tmp_path):
     conn.commit()
     conn.close()
     with SiteDatabase.open(path) as site:
-        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 7
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
         assert site.remote("r1").heard_at is None
         site.update_remote("r1", heard_at=1_795_000_000.5)
         with pytest.raises(InvalidSetting, match="heard_at must be a number of seconds"):
             site.update_remote("r1", heard_at="yesterday")
     with SiteDatabase.open(path) as site:
         assert site.remote("r1").heard_at == 1_795_000_000.5
+
+
+def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
+    """Layout 8 adds each remote's confirm timeout and the protocol's record
+    of what is outstanding (docs/protocol.md, rule 3); a site of layout 7
+    starts with nothing known, so an unconfirmed stream is probed at its
+    first send phase."""
+    path = tmp_path / "hq.db"
+    with SiteDatabase.init(path, name="hq", role="consolidated") as site:
+        site.add_remote("r1")
+    conn = sqlite3.connect(path)
+    for column in ("confirm_timeout", "data_sent_at", "peer_confirmed", "probes", "confirm_owed"):
+        conn.execute(f"ALTER TABLE fieldsync_remote DROP COLUMN {column}")
+    conn.execute("UPDATE fieldsync_site SET schema_version = 7")
+    conn.commit()
+    conn.close()
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 8
+        row = site.remote("r1")
+        assert (row.confirm_timeout, row.data_sent_at, row.peer_confirmed, row.probes, row.confirm_owed) == (
+            None, None, 0, 0, False)
+        site.update_remote("r1", heartbeat=7200, confirm_timeout=600, confirm_owed=True)
+        with pytest.raises(InvalidSetting, match="above its heartbeat"):
+            site.update_remote("r1", confirm_timeout=7201)
+        with pytest.raises(InvalidSetting, match="above its heartbeat"):
+            site.update_remote("r1", heartbeat=599)
+    with SiteDatabase.open(path) as site:
+        row = site.remote("r1")
+        assert (row.heartbeat, row.confirm_timeout, row.confirm_owed) == (7200, 600, True)
