@@ -21,174 +21,15 @@ Rules of this file:
 from __future__ import annotations
 
 import bisect
-import zlib
 from dataclasses import dataclass, replace
-from typing import Union
 
 from codec.header import Header
 from codec.message import ControlState
 
-from .errors import AgentError
-
-
-class LocalProtocolError(AgentError):
-    """Local code drove the protocol in a way it does not allow (a bug)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PairState:
-    """The remote-user row's protocol columns for one peer."""
-
-    log_send: int = 0
-    log_sent: int = 0
-    confirm_sent: int = 0
-    resend_count: int = 0
-    log_received: int = 0
-    confirm_received: int = 0
-    rereceive_count: int = 0
-    peer_incarnation: bytes | None = None
-    # Publishing side, rule 5: the log was read for the peer up to here;
-    # (log_sent, log_read] held nothing for it.  Below log_sent it means log_sent.
-    log_read: int = 0
-    # When a control message was last queued to the peer (the caller's clock),
-    # for the heartbeat (rule 3); None: never.
-    control_sent_at: float | None = None
-    # When a message of the peer's current copy (data or control) last
-    # arrived (the caller's clock): what "heard from" means; None: never.
-    heard_at: float | None = None
-    # Kept across runs so that batch runs (`run --once`) detect gaps too:
-    peer_log_sent: int = 0  # the most the peer said it sent (tail-loss detection)
-    gap_polls: int = 0  # consecutive polls that saw a gap
-    request_patience: int = 0  # polls the current gap must last; 0 = Settings.patience
-    # Rule 3, never silent while something is outstanding.  Receiving side:
-    # the peer is known to hold a confirmation of log_received up to here (a
-    # control of the peer that did not ask for one carried this log_sent);
-    # and a confirmation is owed (a probe or a duplicate arrived, or data
-    # went to a peer not known to hold it).  Publishing side: when a data
-    # message last went to the peer (the caller's clock; None: never), and
-    # the probes sent since the stream last changed (the backoff).
-    peer_confirmed: int = 0
-    confirm_owed: bool = False
-    data_sent_at: float | None = None
-    probes: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.confirm_sent <= self.log_sent:
-            raise LocalProtocolError(f"confirm_sent {self.confirm_sent} is after log_sent {self.log_sent}")
-        for name in ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received",
-                     "confirm_received", "rereceive_count", "peer_log_sent", "gap_polls", "request_patience",
-                     "log_read", "peer_confirmed", "probes"):
-            if getattr(self, name) < 0:
-                raise LocalProtocolError(f"{name} must be >= 0")
-
-    @property
-    def read_through(self) -> int:
-        """How far the log was read for the peer (rule 5)."""
-        return max(self.log_read, self.log_sent)
-
-    @property
-    def horizon(self) -> int:
-        """Rule 8: the log this peer may still need starts after here."""
-        return self.read_through if self.confirm_sent >= self.log_sent else self.confirm_sent
-
-    @property
-    def unconfirmed(self) -> bool:
-        """The peer has not confirmed all that was sent to it (rule 3: its
-        control messages ask for a confirmation, and probes go)."""
-        return self.confirm_sent < self.log_sent
-
-
-# --- actions --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Apply:
-    """Apply these inbound messages (one whole message, or a complete group of
-    parts in seq order) in ONE database transaction that also sets
-    ``log_received``; skip their transactions with commit <= ``skip_through``.
-    Then call :meth:`PairProtocol.apply_done` (or ``apply_aborted``)."""
-
-    message_ids: tuple[str, ...]
-    skip_through: int
-    log_received: int
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteInbound:
-    """Remove these inbound messages from the queue; ``reason`` says why
-    (``applied``, ``stale``, ``duplicate``)."""
-
-    message_ids: tuple[str, ...]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Quarantine:
-    """Move this inbound message aside, never apply it; ``reason`` says why."""
-
-    message_id: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class SendData:
-    """Pack this site's log in ``(start, end]`` for the peer into messages of
-    epoch ``resend_count`` (the first one's ``prev`` is ``start``, the final
-    one covers up to ``end``), enqueue them durably, then call
-    :meth:`PairProtocol.send_done`.  The log is read from ``read_from``
-    (None: ``start``): ``(start, read_from]`` held nothing for the peer.
-    When the range holds nothing for the peer, no message is made: call
-    ``send_done(now, end, empty=True)``."""
-
-    start: int
-    end: int
-    resend_count: int
-    read_from: int | None = None
-
-    @property
-    def read_start(self) -> int:
-        return self.start if self.read_from is None else self.read_from
-
-
-@dataclass(frozen=True, slots=True)
-class PurgeOutbound:
-    """Drop queued-but-unsent outbound messages of epochs below this one."""
-
-    below_resend_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendControl:
-    """Send this control message to the peer."""
-
-    state: ControlState
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class StreamStopped:
-    """The peer's incarnation id changed: its stream is stopped until an
-    operator acts (re-extraction).  Report it."""
-
-    expected: bytes
-    received: bytes
-
-
-Action = Union[Apply, DeleteInbound, Quarantine, SendData, PurgeOutbound, SendControl, StreamStopped]
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """What happened on this pair since the agent started."""
-
-    applied_messages: int = 0
-    stale_deleted: int = 0
-    duplicates_deleted: int = 0
-    rejected: int = 0
-    resend_requests_sent: int = 0
-    resends_done: int = 0
-    controls_sent: int = 0
-    probes_sent: int = 0
+from .controls import HEARTBEAT_SPREAD, control_due, heartbeat_period, probe_wait  # noqa: F401 (with the core)
+# The core's values, imported from here by its callers.
+from .pair_values import (Action, Apply, Counters, DeleteInbound, LocalProtocolError,  # noqa: F401
+                          PairState, PurgeOutbound, Quarantine, SendControl, SendData, Settings, StreamStopped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,51 +44,6 @@ class _ResendRequest:
     resend_count: int
     log_received: int
     due: float
-
-
-@dataclass(slots=True)
-class Settings:
-    """Tuning of the protocol (dbremote switches in brackets)."""
-
-    patience: int = 1  # polls before a gap counts as a loss [-rp]
-    resend_urgency: float = 30.0  # seconds a resend request waits [-ru]
-    max_patience: int = 64  # the backoff between repeated requests stops growing here
-    # Test-only switches that turn a safety rule off, so the fault-injection
-    # suite can prove it notices the damage.  Never set them in production.
-    unsafe_without_stale_rule: bool = False  # rule 1: stale epochs are kept (and may be applied)
-    unsafe_without_duplicate_rule: bool = False  # rule 1 duplicates kept, rule 2 applies without skipping
-
-    def __post_init__(self) -> None:
-        if self.patience < 1:
-            raise LocalProtocolError("patience must be at least 1 poll")
-        if self.resend_urgency < 0:
-            raise LocalProtocolError("resend urgency must be >= 0 seconds")
-
-
-# A fleet confirmed at one moment (just added, or after an outage) would have
-# every heartbeat fall due in the same run: each peer's period is shorter by
-# a fixed share of up to HEARTBEAT_SPREAD, from a hash of its name, so the
-# heartbeats spread out and stay apart (rule 3).
-HEARTBEAT_SPREAD = 0.1
-
-
-def heartbeat_period(peer: str, heartbeat: float) -> float:
-    """The seconds after which ``peer`` is due a heartbeat: ``heartbeat``
-    less its share (between 0 and HEARTBEAT_SPREAD) of it."""
-    return heartbeat * (1 - HEARTBEAT_SPREAD * zlib.crc32(peer.encode()) / 2**32)
-
-
-# The probe backoff doubles at most this many times (2**20 confirm timeouts
-# is beyond any heartbeat, which caps the wait anyway).
-MAX_PROBE_DOUBLINGS = 20
-
-
-def probe_wait(confirm_timeout: float, probes: int, heartbeat: float | None) -> float:
-    """Rule 3: the seconds of silence to the peer after which a stream still
-    unconfirmed is probed, when ``probes`` were sent since it last changed:
-    the confirm timeout, doubled per probe, never above the heartbeat."""
-    wait = confirm_timeout * 2 ** min(probes, MAX_PROBE_DOUBLINGS)
-    return wait if heartbeat is None else min(wait, heartbeat)
 
 
 class PairProtocol:
@@ -597,19 +393,14 @@ class PairProtocol:
         went to the peer for that long, less the peer's share of it
         (:func:`heartbeat_period`).  ``force``: confirm anyway (an
         operator's explicit request; tests)."""
-        state = self._state
-        if force or state.confirm_received != state.log_received or state.confirm_owed:
-            return [self._control("confirmation", now)]
-        period = None if heartbeat is None else heartbeat_period(self.peer, heartbeat)
-        if state.unconfirmed and confirm_timeout is not None:
-            sent = [moment for moment in (state.control_sent_at, state.data_sent_at) if moment is not None]
-            if not sent or now - max(sent) >= probe_wait(confirm_timeout, state.probes, period):
-                self._state = replace(state, probes=state.probes + 1)
-                self._count(probes_sent=1)
-                return [self._control("probe", now)]
-        if period is not None and (state.control_sent_at is None or now - state.control_sent_at >= period):
-            return [self._control("heartbeat", now)]
-        return []
+        reason = control_due(self.peer, self._state, now, heartbeat=heartbeat, confirm_timeout=confirm_timeout,
+                             force=force)
+        if reason is None:
+            return []
+        if reason == "probe":
+            self._state = replace(self._state, probes=self._state.probes + 1)
+            self._count(probes_sent=1)
+        return [self._control(reason, now)]
 
     def _control(self, reason: str, now: float) -> SendControl:
         """A control message with this site's view of the pair; it asks for
