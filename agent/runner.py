@@ -48,6 +48,7 @@ from .queues import MessageQueues, log_restart, open_queues
 from .run_options import Problems, RunOptions, RunReport
 from .receiving import Receiver
 from .restore import check_restored
+from .schedule import TruncationSchedule
 from .sending import Sender
 from .transport_options import TransportOptions
 
@@ -84,6 +85,7 @@ class Agent:
         self._wait_failing_until = 0.0
         self._closed = False
         self._restored = False
+        self._truncation = TruncationSchedule()
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
         self.aside = SetAside(self.quarantine)
         self.receiver = Receiver(self)
@@ -235,11 +237,12 @@ class Agent:
                 next_send = now + self.options.send_delay
             await self._timers()
             await self.flush_outbound()
+            horizon = await self._truncate_when_due()
             deadline = min(next_receive if self.options.receive else float("inf"),
                            next_send if self.options.send else float("inf"))
-            timer = self._next_timer()
-            if timer is not None:
-                deadline = min(deadline, timer)
+            for timer in (self._next_timer(), self._truncation.deadline(horizon)):
+                if timer is not None:
+                    deadline = min(deadline, timer)
             if await self._wait(stop, max(0.0, deadline - self.clock())):
                 next_receive = self.clock()  # the transport says files arrived: receive them now
         await self.flush_outbound()
@@ -285,6 +288,18 @@ class Agent:
             log.warning("%s; receiving on schedule and trying again with backoff", error)
         else:
             log.debug("%s; trying again in %.0f s", error, delay)
+
+    async def _truncate_when_due(self) -> int | None:
+        """Rule 8 in continuous mode: truncate the log once a confirmation
+        (or a range read with nothing for a peer) moved the smallest horizon,
+        at most every TRUNCATE_EVERY seconds; return that horizon."""
+        horizon = min((peer.protocol.state.horizon for peer in self.peers.values()), default=None)
+        now = self.clock()
+        if self._truncation.due(now, horizon):
+            assert horizon is not None
+            await asyncio.to_thread(self.db.truncate_log)
+            self._truncation.truncated(now, horizon)
+        return horizon
 
     def _next_timer(self) -> float | None:
         timers = [t for p in self.peers.values() if (t := p.protocol.get_timer()) is not None]

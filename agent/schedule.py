@@ -41,3 +41,35 @@ def _wall(moment: datetime) -> datetime:
     """The local wall-clock time (naive) of an aware ``moment``, by the
     system time zone's rules for that moment."""
     return moment.astimezone().replace(tzinfo=None)
+
+
+# Continuous mode truncates the log at most this often (seconds), and at
+# the latest this long after a confirmation moved the horizon (rule 8).
+TRUNCATE_EVERY = 10.0
+
+
+class TruncationSchedule:
+    """When a continuous agent truncates its log (docs/protocol.md, rule 8):
+    once the smallest horizon over all peers moved past the last
+    truncation, at most every ``every`` seconds.  Pure: ``now`` and the
+    horizon come from the caller, which truncates when :meth:`due` says
+    so and then calls :meth:`truncated`."""
+
+    def __init__(self, every: float = TRUNCATE_EVERY) -> None:
+        self.every = every
+        self._through: int | None = None  # the horizon at the last truncation
+        self._at: float | None = None  # when it was made
+
+    def due(self, now: float, horizon: int | None) -> bool:
+        deadline = self.deadline(horizon)
+        return deadline is not None and now >= deadline
+
+    def deadline(self, horizon: int | None) -> float | None:
+        """When a truncation falls due for this horizon (None: not at all,
+        nothing moved or there are no peers)."""
+        if horizon is None or (self._through is not None and horizon <= self._through):
+            return None
+        return float("-inf") if self._at is None else self._at + self.every
+
+    def truncated(self, now: float, horizon: int) -> None:
+        self._through, self._at = horizon, now

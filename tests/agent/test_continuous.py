@@ -4,6 +4,7 @@ import asyncio
 import logging
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -11,7 +12,9 @@ import time
 import pytest
 
 from agent.runner import Agent, Problems, RunOptions
+from agent.schedule import TruncationSchedule
 from agent.site import SiteDatabase
+from agent.site.log import HORIZON_SQL
 
 from .world import World, random_rows
 
@@ -141,3 +144,40 @@ async def test_a_file_not_for_the_site_is_left_and_logged_once(tmp_path):
         logger.removeHandler(handler)
     assert stray.read_bytes() == b"\xff\xd8 not a message"
     assert len([record for record in records if "holiday-photo.jpg" in record.getMessage()]) == 1
+
+
+async def test_a_continuous_consolidated_truncates_its_log_as_peers_confirm(tmp_path):
+    """Rule 8 in continuous mode: while hq writes and f1 confirms, hq's log
+    is cut at the horizon as it moves (here at most every 0.2 s instead of
+    every 10 s), and at rest holds at most 2 entries at or below it."""
+    world = World(tmp_path / "w", remotes=("f1",), options=FAST)
+    world.extract_all()
+    stop = asyncio.Event()
+    cuts = []
+    async with Agent(world.db("hq"), FAST, batch=False) as hq, Agent(world.db("f1"), FAST, batch=False) as f1:
+        hq._truncation = TruncationSchedule(every=0.2)
+        tasks = [asyncio.create_task(hq.run_forever(stop)), asyncio.create_task(f1.run_forever(stop))]
+        for batch in range(12):
+            world.write("hq", *random_rows(random.Random(40 + batch), 5, ("f1",), start=2000 + 10 * batch))
+            await asyncio.sleep(0.15)
+            with SiteDatabase.open(world.db("hq")) as db:
+                cuts.append(db.log_start())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (world.quiescent() and _stale_entries(world) <= 2):
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+    assert world.quiescent()
+    world.check_converged()
+    assert len(set(cuts)) > 2, f"the log was cut only at {sorted(set(cuts))} while f1 confirmed"
+    assert _stale_entries(world) <= 2
+
+
+def _stale_entries(world: World) -> int:
+    """Log entries at or below the smallest horizon of hq's peers."""
+    conn = sqlite3.connect(world.db("hq"))
+    try:
+        return conn.execute(f"SELECT count(*) FROM fieldsync_log WHERE commit_offset <= "
+                            f"(SELECT min({HORIZON_SQL}) FROM fieldsync_remote)").fetchone()[0]
+    finally:
+        conn.close()

@@ -3,7 +3,7 @@ from datetime import datetime, time, timedelta, timezone
 
 import pytest
 
-from agent.schedule import sending_due
+from agent.schedule import TruncationSchedule, sending_due
 
 NOW = datetime(2026, 11, 21, 18, 45, tzinfo=timezone.utc)
 
@@ -66,3 +66,15 @@ def test_send_at_keeps_to_the_wall_clock_across_a_daylight_saving_change(zone):
     # SEND EVERY counts real time, not wall time: one hour across the change.
     assert sending_due(datetime(2026, 10, 25, 1, 0, tzinfo=timezone.utc).astimezone(),
                        datetime(2026, 10, 25, 0, 0, tzinfo=timezone.utc), send_every=3600, send_at=None)
+
+
+def test_truncation_waits_for_the_horizon_to_move_and_then_for_its_interval():
+    schedule = TruncationSchedule(every=10.0)
+    assert not schedule.due(0.0, None)  # no peers: never
+    assert schedule.due(0.0, 5)  # the first one at once
+    schedule.truncated(0.0, 5)
+    assert not schedule.due(100.0, 5) and schedule.deadline(5) is None  # nothing moved: never
+    assert schedule.deadline(7) == 10.0
+    assert not schedule.due(9.9, 7) and schedule.due(10.0, 7)
+    schedule.truncated(10.0, 7)
+    assert schedule.due(25.0, 8)  # a horizon that moved long after the last one: at once
