@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.site.log import HORIZON_SQL
 from tests.agent.transport_worlds import MailServers, mail_servers  # noqa: F401 (fixture)
 from tests.sqlfiles import connected
 from tests.transports.servers import MAIL_DOMAIN
@@ -77,6 +78,13 @@ def _converged(databases: dict[str, Path], expected: dict[str, tuple]) -> bool:
     return all(_rows(databases[site]) == [row for row in want if row[1] == site] for site in SITES[1:])
 
 
+def _stale_log_entries(path: Path) -> int:
+    """Log entries at or below the smallest horizon of the site's peers."""
+    with connected(path) as conn:
+        return conn.execute(f"SELECT count(*) FROM fieldsync_log WHERE commit_offset <= "
+                            f"(SELECT min({HORIZON_SQL}) FROM fieldsync_remote)").fetchone()[0]
+
+
 def test_three_sites_run_continuously_over_postfix_and_dovecot_through_restarts(
         tmp_path: Path, agent: Agent, mail_servers: MailServers) -> None:  # noqa: F811
     seconds = float(os.environ.get("FIELDSYNC_SOAK_SECONDS", "120"))
@@ -127,6 +135,11 @@ def test_three_sites_run_continuously_over_postfix_and_dovecot_through_restarts(
         while time.monotonic() < deadline and not _converged(databases, expected):
             time.sleep(0.5)
         converge_seconds = time.monotonic() - started - workload_seconds
+        # Rule 8 in continuous mode: once the last confirmations are in, every
+        # log is cut at its horizon, at most 2 entries kept at or below it.
+        while time.monotonic() < deadline + 120 and any(_stale_log_entries(path) > 2 for path in databases.values()):
+            time.sleep(0.5)
+        stale = {site: _stale_log_entries(path) for site, path in databases.items()}
         used = {site: round(_cpu_seconds(process.pid) - cpu[site], 2) for site, process in processes.items()}
         total = time.monotonic() - started
         sent = {site: _imap_commands(mail_servers, PREFIX + site) - commands[site] for site in SITES}
@@ -140,11 +153,12 @@ def test_three_sites_run_continuously_over_postfix_and_dovecot_through_restarts(
         "cpu_seconds": used, "cpu_share": {site: round(value / total, 4) for site, value in used.items()},
         "imap_commands": sent, "imap_commands_per_minute": {site: round(count / total * 60, 1)
                                                              for site, count in sent.items()},
-        "restarted": restarted,
+        "restarted": restarted, "stale_log_entries": stale,
     }
     report(json.dumps(figures))
     assert all(restarted.values())
     assert _converged(databases, expected), {site: len(_rows(path)) for site, path in databases.items()}
+    assert all(count <= 2 for count in stale.values()), stale
     for site, path in databases.items():
         with connected(path) as conn:
             assert conn.execute("SELECT count(*) FROM fieldsync_apply_error").fetchone() == (0,), site
