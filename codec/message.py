@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -74,9 +75,20 @@ _LENGTHS = struct.Struct(">II")  # raw payload length, stored payload length
 SEAL_OVERHEAD = 32 + 16  # ephemeral X25519 public key + Poly1305 tag
 _NONCE = bytes(12)  # each sealing key encrypts exactly one payload
 
-_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
-                                       write_checksum=False, write_dict_id=False)
-_decompressor = zstandard.ZstdDecompressor()
+# python-zstandard's compressor and decompressor objects are not safe for
+# simultaneous use: each thread (the agent's worker threads, two agents in
+# one process) has its own pair, made at its first use.
+_zstd = threading.local()
+
+
+def zstd_pair() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    """This thread's zstd compressor and decompressor."""
+    pair = getattr(_zstd, "pair", None)
+    if pair is None:
+        pair = _zstd.pair = (zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
+                                                      write_checksum=False, write_dict_id=False),
+                             zstandard.ZstdDecompressor())
+    return pair
 
 
 def frame_overhead(sender: str, recipient: str, *, sealed: bool = False) -> int:
@@ -87,7 +99,7 @@ def frame_overhead(sender: str, recipient: str, *, sealed: bool = False) -> int:
 
 
 def compress(payload: bytes) -> bytes:
-    return _compressor.compress(payload)
+    return zstd_pair()[0].compress(payload)
 
 
 def max_raw_length(stored_length: int) -> int:
@@ -389,7 +401,7 @@ def _decompress(stored: bytes, raw_length: int, source: str) -> bytes:
     if declared != raw_length:
         raise CorruptMessage(source, f"zstd frame declares {declared} bytes, header says {raw_length}")
     try:
-        stream = _decompressor.decompressobj()
+        stream = zstd_pair()[1].decompressobj()
         payload = stream.decompress(stored)
     except zstandard.ZstdError as error:
         raise CorruptMessage(source, f"payload does not decompress ({error})") from None

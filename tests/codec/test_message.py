@@ -179,3 +179,34 @@ def test_check_message_verifies_the_frame_without_opening_the_payload():
         check_message(craft(keys=OTHER), source="m", keyring=KEYRING, recipient="field1")
     # The rejection names the incarnation the frame claims (to explain it, never to trust it).
     assert forged.value.claimed_incarnation == INCARNATION
+
+
+def test_each_thread_compresses_with_its_own_zstd_objects():
+    """python-zstandard's (de)compressors are not safe for simultaneous use:
+    worker threads (and two agents in one process) each get their own, and
+    messages made at once in many threads are those made one by one."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from codec.message import zstd_pair
+
+    together_now = threading.Barrier(4)
+    pairs = []
+
+    def keep_this_threads_pair():
+        together_now.wait()  # four threads alive at once
+        pairs.append(zstd_pair())
+
+    threads = [threading.Thread(target=keep_this_threads_pair) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(pair[0]) for pair in pairs}) == len({id(pair[1]) for pair in pairs}) == 4
+    assert zstd_pair() is zstd_pair()
+    transactions = sample_transactions()
+    alone = [encode(transactions[: 1 + n % len(transactions)]).data for n in range(40)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda n: encode(transactions[: 1 + n % len(transactions)]).data, range(40)))
+    assert together == alone
+    assert all(decode(data).transactions for data in together)
