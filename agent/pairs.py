@@ -149,10 +149,16 @@ class PairStore:
         bookkeeping files that changed."""
         rows: dict[str, dict[str, Any]] = {}
         files: list[tuple[Peer, dict[str, Any]]] = []
+        # A message of the peer arrived while its stream runs: its errors in
+        # force (a transport error, a stopped stream) are over (docs/cli.md).
+        heard: list[str] = []
         for peer in peers:
             state, before = peer.protocol.state, peer.persisted
             if state == before:
                 continue
+            if state.heard_at is not None and (before is None or before.heard_at != state.heard_at) \
+                    and peer.protocol.stopped is None:
+                heard.append(peer.name)
             changes = {name: getattr(state, name) for name in ROW_FIELDS
                        if before is None or getattr(before, name) != getattr(state, name)}
             changes.pop("log_received", None)  # moves only together with applied data
@@ -163,7 +169,7 @@ class PairStore:
                 extras: dict[str, Any] = {name: getattr(state, name) for name in EXTRA_FIELDS}
                 extras["stream"] = stream_key(state)
                 files.append((peer, extras))
-        self.db.update_remotes(rows)
+        self.db.update_remotes(rows, heard=heard)
         for peer, extras in files:
             write_file_atomically(self._extras_path(peer.name), json.dumps(extras).encode())
         for peer in peers:

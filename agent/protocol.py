@@ -56,7 +56,7 @@ class PairProtocol:
     """
 
     def __init__(self, peer: str, state: PairState, settings: Settings | None = None,
-                 superseded: frozenset[bytes] = frozenset()) -> None:
+                 superseded: frozenset[bytes] = frozenset(), log_start: int = 0) -> None:
         self.peer = peer
         self.superseded = superseded
         self.settings = settings or Settings()
@@ -67,7 +67,9 @@ class PairProtocol:
         self._sending: SendData | None = None
         self._stopped: StreamStopped | None = None
         self._resend_request: _ResendRequest | None = None
-        self._log_start = 0
+        # The log holds the entries after here (rule 8): a resend acted on
+        # before the next send_due must not read below it.
+        self._log_start = log_start
         self.counters = Counters()
 
     # -- read-only views ---------------------------------------------------------------
@@ -107,22 +109,26 @@ class PairProtocol:
             return [self._stopped]
         return []
 
-    def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes) -> list[Action]:
-        """A data message from the peer is durably in the inbound queue."""
+    def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes, *,
+                       restored: bool = False) -> list[Action]:
+        """A data message from the peer is durably in the inbound queue;
+        ``restored``: it was queued by an earlier run (the caller tells the
+        core what is queued when it starts), so it did not arrive now: the
+        peer is not heard from, and it asks for no answer."""
         superseded = incarnation in self.superseded
         actions: list[Action] = []
         if not superseded:  # late mail of a replaced copy does not stop the stream
             actions = self._check_incarnation(incarnation)
             if self._stopped is not None and incarnation != self._state.peer_incarnation:
                 return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
-        if not superseded:
+        if not superseded and not restored:
             self._heard(now)
         if message_id in self._pending:
             return actions
         if self._stale(header, superseded):
             self._count(stale_deleted=1)
             return actions + [DeleteInbound((message_id,), "stale")]
-        if not superseded and self._covered(header) and not self._state.confirm_owed:
+        if not superseded and not restored and self._covered(header) and not self._state.confirm_owed:
             # Rule 3: a resend or duplicate of what is applied already (rule
             # 1 deletes it below): the peer sent it again because it lacks
             # the confirmation, so one is owed even though log_received
@@ -420,10 +426,14 @@ class PairProtocol:
         """The send schedule fired: everything committed up to ``log_end`` is
         due; the log holds the entries after ``log_start`` (rule 8)."""
         state = self._state
-        self._log_start = max(self._log_start, log_start)
+        self.log_truncated(log_start)
         if log_end > state.log_send:
             self._state = replace(state, log_send=log_end)
         return self.handle_timer(now) + self._start_send()
+
+    def log_truncated(self, log_start: int) -> None:
+        """The log now holds only the entries after ``log_start`` (rule 8)."""
+        self._log_start = max(self._log_start, log_start)
 
     def _start_send(self) -> list[Action]:
         state = self._state

@@ -297,7 +297,9 @@ class Agent:
         now = self.clock()
         if self._truncation.due(now, horizon):
             assert horizon is not None
-            await asyncio.to_thread(self.db.truncate_log)
+            log_start = await asyncio.to_thread(self.db.truncate_log)
+            for peer in self.peers.values():
+                peer.protocol.log_truncated(log_start)
             self._truncation.truncated(now, horizon)
         return horizon
 
@@ -398,7 +400,7 @@ class Agent:
                            "or re-add it")
                 log.error("%s", message)
                 self.report.stopped_streams.append(message)
-                await asyncio.to_thread(self.db.record_transport_error, peer.name, message)
+                await asyncio.to_thread(self.db.record_stream_stopped, peer.name, message)
             else:  # pragma: no cover - the protocol has no other actions
                 raise AgentError(f"unknown action {action!r}")
             work.popleft()
