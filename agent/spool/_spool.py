@@ -161,6 +161,19 @@ class _SimulatedCrash(BaseException):
     """Raised by test fault hooks; never by the spool itself."""
 
 
+def _lock_holder(fd: int) -> str:
+    """Who holds the spool's lock, as its LOCK file says: a process id
+    (this one: another object of this process), or 'another process'."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        pid = int(text)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "another process"
+    if pid == os.getpid():
+        return f"another object of this process ({pid})"
+    return f"process {pid}"
+
+
 def _check_name(name: str) -> str:
     if (type(name) is not str or not name or "/" in name or "\\" in name or name.startswith(".")
             or "\x00" in name or len(name.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES):
@@ -220,9 +233,13 @@ class SpoolQueues(MessageQueues):
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = _lock_holder(self._lock_fd)
             os.close(self._lock_fd)
-            raise SpoolLocked(f"{self.path}: the spool is open in another process (or object); "
-                              "stop that agent first") from None
+            raise SpoolLocked(f"{self.path}: the spool is open in {holder}; stop that agent first") from None
+        # Who holds it, for the message another opener gets (the lock is the
+        # flock, not this text: a holder that died left only a stale number).
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
         try:
             self._restart()
         except BaseException:

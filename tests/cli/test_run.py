@@ -247,8 +247,8 @@ def test_a_run_refused_because_another_agent_holds_the_spool_changes_nothing(age
     finally:
         held.close()
     assert result.code == 1 and result.err_lines == [
-        f"agent: {agent_directory(world.hq) / 'spool'}: the spool is open in another process (or object); "
-        "stop that agent first"], result.err
+        f"agent: {agent_directory(world.hq) / 'spool'}: the spool is open in another object of this process "
+        f"({os.getpid()}); stop that agent first"], result.err
     assert (marker.read_bytes(), world.rows("hq", "SELECT generation FROM fieldsync_agent_run")) == before
 
 

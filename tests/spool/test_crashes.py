@@ -3,6 +3,10 @@ log and from crash points inside the spool.  After each, the spool must
 restart to exactly the committed queue state — nothing lost, nothing
 doubled — or refuse to open with the corruption's RBA."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from agent.spool import SpoolCorrupt, SpoolLocked, SpoolQueues, check_spool
@@ -424,10 +428,23 @@ def test_an_in_doubt_dequeue_survives_checkpoints_that_move_past_it(tmp_path):
 
 def test_a_second_opener_is_locked_out(tmp_path):
     spool = SpoolQueues(tmp_path / "spool")
-    with pytest.raises(SpoolLocked):
+    with pytest.raises(SpoolLocked, match=f"open in another object of this process \\({os.getpid()}\\)"):
         SpoolQueues(tmp_path / "spool")
     spool.close()
     SpoolQueues(tmp_path / "spool").close()
+
+
+def test_the_lock_names_the_process_that_holds_the_spool(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from agent.spool import SpoolQueues; "
+                               f"s = SpoolQueues({str(tmp_path / 'spool')!r}); print('open', flush=True); "
+                               "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        with pytest.raises(SpoolLocked, match=f"the spool is open in process {holder.pid}; stop that agent first"):
+            SpoolQueues(tmp_path / "spool")
+    finally:
+        holder.communicate(timeout=30)
+    SpoolQueues(tmp_path / "spool").close()  # its lock went with it
 
 
 @pytest.mark.parametrize("crash", [False, True])
