@@ -38,6 +38,7 @@ from .keyfiles import agent_directory
 from .quarantine import REASON_SUFFIX
 from .queues import QueueDepth, QueueError
 from .site.log import HORIZON_SQL, log_end
+from .site.remotes import IN_ERROR_SQL
 
 if TYPE_CHECKING:
     from .runner import Agent, RunReport
@@ -74,6 +75,7 @@ class PeerSample:
     quarantined: int
     conflicts: int
     apply_errors: int
+    in_error: bool = False           # an error in force now (agent status --errors selects the peer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +130,8 @@ def read_site(database: Path) -> _SiteRows:
         conn.execute("BEGIN")
         site = conn.execute("SELECT name FROM fieldsync_site WHERE id = 1").fetchone()[0]
         remotes = conn.execute("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at,"
-                               f" last_sent_at, {HORIZON_SQL}, heard_at FROM fieldsync_remote").fetchall()
+                               f" last_sent_at, {HORIZON_SQL}, heard_at, {IN_ERROR_SQL}"
+                               " FROM fieldsync_remote").fetchall()
         conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_conflict GROUP BY peer").fetchall())
         errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error GROUP BY peer").fetchall())
         end = log_end(conn)
@@ -252,7 +255,7 @@ class SiteMetrics(Collector):
         states = {name: peer.protocol.state for name, peer in dict(agent.peers).items()} if agent else {}
         peers = []
         for (name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at,
-             horizon, heard_at) in rows.remotes:
+             horizon, heard_at, in_error) in rows.remotes:
             state = states.get(name)
             depth = depths.get(name)
             peers.append(PeerSample(
@@ -264,7 +267,7 @@ class SiteMetrics(Collector):
                 state_log_received=state.log_received if state is not None else None,
                 inbound=depth.inbound if depth else 0, outbound=depth.outbound if depth else 0,
                 quarantined=quarantined.get(name, 0), conflicts=rows.conflicts.get(name, 0),
-                apply_errors=rows.apply_errors.get(name, 0)))
+                apply_errors=rows.apply_errors.get(name, 0), in_error=bool(in_error)))
         return Snapshot(site=rows.site, log_end=rows.log_end, peers=tuple(peers),
                         quarantine_files=quarantine_files, conflicts=sum(rows.conflicts.values()),
                         apply_errors=sum(rows.apply_errors.values()), run=self._run())
@@ -296,6 +299,10 @@ def _occurrences(problems: "Iterable[str]") -> int:
 
 
 # -- the families ------------------------------------------------------------------------------
+
+#: docs/metrics.md gives the same meaning (a test holds them together).
+IN_ERROR_HELP = ("1 while the peer is in error (agent status --errors lists it): a transport error not yet followed "
+                 "by a successful send or receive, a stopped stream, or apply errors not acknowledged; else 0.")
 
 # (name, help, value of a PeerSample or None to leave the peer out)
 _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], ...] = (
@@ -335,6 +342,7 @@ _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], 
      lambda peer, end: peer.conflicts),
     ("fieldsync_peer_apply_errors", "Apply errors recorded for the peer's messages (rows of fieldsync_apply_error).",
      lambda peer, end: peer.apply_errors),
+    ("fieldsync_peer_in_error", IN_ERROR_HELP, lambda peer, end: int(peer.in_error)),
 )
 
 _RUN_COUNTS: tuple[tuple[str, str, str], ...] = (

@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "key": ("agent.cli.key", "key", "Print a site's public key line; find or check its secret key file."),
     "publication": ("agent.cli.publication", "publication", "Create, extend and list publications."),
     "site": ("agent.cli.site", "site", "Change a site's own inbox, reply address and transport settings."),
-    "remote": ("agent.cli.remote", "remote", "Add, change, subscribe, list and remove remote users."),
+    "remote": ("agent.cli.remote", "remote", "Add, change, subscribe, list and remove remote users; ack their errors."),
     "extract": ("agent.cli.extract", "extract", "Make a remote's database from the consolidated (dbxtract)."),
     "run": ("agent.cli.run", "run", "Receive, apply, send and confirm messages (dbremote)."),
     "inbox": ("agent.cli.inbox", "inbox", "List pending and quarantined messages without applying them."),

@@ -154,7 +154,7 @@ def _split_subscription(text: str) -> tuple[str, str | None]:
 
 @click.group()
 def remote() -> None:
-    """Add, change, subscribe, list and remove the site's remote users (its peers).
+    """Add, change, subscribe, list and remove the site's remote users (its peers); acknowledge their apply errors.
 
     At the consolidated there is one remote user per field site; at a field
     site, one for its consolidated (extraction makes it).
@@ -427,3 +427,26 @@ def remove(database: Path, name: str) -> None:
         require_remote(site, name)
         site.remove_remote(name)
     console().print(f"Removed remote {name} from {database}.", soft_wrap=True)
+
+
+@remote.command("ack-errors")
+@click.argument("database", type=DATABASE)
+@click.argument("name", type=SITE_NAME)
+@click.option("--through", type=click.IntRange(min=1), metavar="ID",
+              help="Only the apply errors with an id up to ID (the ones you have read); later ones stay in force.")
+def ack_errors(database: Path, name: str, through: int | None) -> None:
+    """Acknowledge the apply errors of NAME's messages.
+
+    They stay in the apply-error table as history, but no longer put NAME
+    in error: `agent status --errors` leaves it out (unless a transport
+    error or a stopped stream is in force) and fieldsync_peer_in_error
+    goes back to 0.
+    """
+    with open_site(database) as site:
+        # A removed remote's apply errors can still be acknowledged.
+        if name not in site.open_apply_errors():
+            require_remote(site, name)
+        count = site.acknowledge_apply_errors(name, through=through)
+    noun = "apply error" if count == 1 else "apply errors"
+    console().print(f"Acknowledged {count} {noun} of {name} in {database}." if count
+                    else f"{name} has no apply errors to acknowledge in {database}.", soft_wrap=True)

@@ -71,6 +71,7 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
         spool = spool_check(database)  # read once: it can be a long log at a busy consolidated
         depths = {depth.peer: depth for depth in queue_depths(database, spool)}
 
+        open_errors = site.open_apply_errors()  # few rows: only peers with apply errors not acknowledged
         remotes = site.iter_remotes(which or RemoteFilter())
 
         def rows() -> Iterator[dict[str, Any]]:
@@ -82,6 +83,10 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
                 row["inbound_queue"] = depth.inbound if depth else 0
                 row["outbound_queue"] = depth.outbound if depth else 0
                 row["lag"] = max(log_end - remote.horizon, 0)
+                row["apply_errors_open"] = open_errors.get(remote.name, 0)
+                # What --errors selects (RemoteFilter.with_errors): an error in force now.
+                row["in_error"] = bool(remote.last_error is not None or remote.stream_stopped is not None
+                                       or row["apply_errors_open"])
                 yield row
 
         head = {
@@ -108,6 +113,7 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
             "conflicts": counts["conflicts"],
             "apply_errors": counts["apply_errors"],
             "missing_tables": list(missing),
+            "apply_errors_open": sum(open_errors.values()),
         }
         try:
             yield StatusParts(head, rows(), tail, counts["remotes"])
@@ -218,20 +224,37 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
         receiving.add_column(column, justify="left" if column in ("peer", "last_received_at") else "right")
     link = Table(title="link (incarnation: the peer's, first 8 digits; --json has every column in full)",
                  title_justify="left")
-    for column in ("peer", "transport", "address", "schedule", "queued in/out", "key", "incarnation", "last error"):
+    for column in ("peer", "transport", "address", "schedule", "queued in/out", "key", "incarnation", "errors now"):
         link.add_column(column, overflow="fold", no_wrap=column in ("key", "incarnation"))
     for row in rows:
         sending.add_row(row["name"], str(row["log_send"]), str(row["log_sent"]), str(row["confirm_sent"]),
                         str(row["resend_count"]), str(row["send_count"]), _moment(row["last_sent_at"]))
         receiving.add_row(row["name"], str(row["log_received"]), str(row["confirm_received"]),
                           str(row["rereceive_count"]), str(row["receive_count"]), _moment(row["last_received_at"]))
-        error = "-" if not row["last_error"] else f"{row['last_error']} ({_moment(row['last_error_at'])})"
+        error = _errors_text(row)
         link.add_row(row["name"], row["transport"] or "-", row["address"] or "-", _schedule(row),
                      f"{row['inbound_queue']}/{row['outbound_queue']}", row["fingerprint"] or "none",
                      (row["peer_incarnation"] or "-")[:8], error)
     out.print(sending)
     out.print(receiving)
     out.print(link)
+
+
+def _errors_text(row: dict[str, Any]) -> str:
+    """The errors in force on the peer (what --errors selects), then the
+    history: how many were recorded, the last when."""
+    now = []
+    if row["stream_stopped"]:
+        now.append(f"stream stopped: {row['stream_stopped']} ({_moment(row['stream_stopped_at'])})")
+    if row["last_error"]:
+        now.append(f"{row['last_error']} ({_moment(row['last_error_at'])})")
+    if row["apply_errors_open"]:
+        count = row["apply_errors_open"]
+        now.append(f"{count} apply error{'' if count == 1 else 's'} not acknowledged")
+    text = "; ".join(now) or "-"
+    if row["error_count"]:
+        text += f" · {row['error_count']} recorded, the last {_moment(row['error_seen_at'])}"
+    return text
 
 
 class SilentFor(click.ParamType):
@@ -266,7 +289,8 @@ class SilentFor(click.ParamType):
 @click.option("--silent-for", type=SilentFor(), metavar="DURATION",
               help="Only peers no data message was applied from for DURATION (3d, 12h, 90m).")
 @click.option("--errors", "with_errors", is_flag=True,
-              help="Only peers with a transport error (last_error) or apply errors.")
+              help="Only peers in error now: a transport error not yet followed by a successful send or "
+                   "receive, a stopped stream, or apply errors not acknowledged (`agent remote ack-errors`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (format fieldsync.status/1).")
 @click.option("--json-lines", "as_lines", is_flag=True,
               help="Print one JSON object a line, each remote as it is read (format fieldsync.status-lines/1).")

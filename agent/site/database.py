@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 from datetime import datetime, time
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from codec.ops import Transaction
 
@@ -56,13 +56,17 @@ from .remotes import (
     NewRemote,
     RemoteFilter,
     RemoteUser,
+    acknowledge_apply_errors_locked,
     add_remote_locked,
     add_remotes_locked,
     get_remote,
     iter_remotes_locked,
     list_remotes,
+    open_apply_errors,
     record_delivered_locked,
     record_error_locked,
+    record_heard_locked,
+    record_stream_stopped_locked,
     record_send_locked,
     replaced_incarnations,
     remove_remote_locked,
@@ -458,13 +462,16 @@ class SiteDatabase:
             write_options(self._conn, SITE_SCOPE if peer is None else peer, options or {})
         self._refresh_identity()
 
-    def update_remotes(self, changes: dict[str, dict[str, Any]]) -> None:
+    def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None:
         """:meth:`update_remote` for several rows, in one transaction: the
-        agent saves every pair a phase changed at once."""
-        if not changes:
+        agent saves every pair a phase changed at once.  ``heard``: the
+        peers a message of arrived while their stream runs, whose errors in
+        force are over (:meth:`record_heard`), in the same transaction."""
+        if not changes and not heard:
             return
         with self._lock, self._write(f"updating {len(changes)} remotes"):
             update_remotes_locked(self._conn, changes)
+            record_heard_locked(self._conn, heard)
 
     def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
         """:meth:`record_send` for several ``(name, log_sent, messages)``, in
@@ -489,9 +496,25 @@ class SiteDatabase:
                 record_delivered_locked(self._conn, name, messages, now)
 
     def record_transport_error(self, name: str, message: str | None, *, now: datetime | None = None) -> RemoteUser:
-        """Remember the last transport error for ``name`` (None clears it)."""
+        """Remember a transport error with ``name``, in force until a send to
+        or a receive from it succeeds, and count it (None clears the one in
+        force; the count stays)."""
         with self._lock, self._write(f"recording an error for {name!r}"):
             return record_error_locked(self._conn, name, message, now)
+
+    def record_stream_stopped(self, name: str, message: str, *, now: datetime | None = None) -> RemoteUser:
+        """Remember that the stream with ``name`` stopped (``message`` says
+        why and what to do), in force until a message of the peer arrives
+        while its stream runs again; counted as an error."""
+        with self._lock, self._write(f"recording the stopped stream of {name!r}"):
+            return record_stream_stopped_locked(self._conn, name, message, now)
+
+    def record_heard(self, names: Collection[str]) -> None:
+        """A message of each peer of ``names`` arrived while its stream runs:
+        its transport error and stopped stream in force are over."""
+        if names:
+            with self._lock, self._write(f"clearing the errors of {len(names)} peers"):
+                record_heard_locked(self._conn, names)
 
     # --- apply ------------------------------------------------------------------------
 
@@ -547,6 +570,19 @@ class SiteDatabase:
     def apply_errors(self, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
         with self._lock, self._read("listing apply errors"):
             return list_apply_errors(self._conn, after_id)
+
+    def open_apply_errors(self) -> dict[str, int]:
+        """The apply errors not yet acknowledged, counted by peer."""
+        with self._lock, self._read("counting the apply errors not acknowledged"):
+            return open_apply_errors(self._conn)
+
+    def acknowledge_apply_errors(self, peer: str, *, through: int | None = None,
+                                 now: datetime | None = None) -> int:
+        """Acknowledge the apply errors of ``peer``'s messages (up to the id
+        ``through``, when given): they stop counting as an error in force
+        and stay in the table as history.  Returns how many were stamped."""
+        with self._lock, self._write(f"acknowledging the apply errors of {peer!r}"):
+            return acknowledge_apply_errors_locked(self._conn, peer, now, through)
 
     # --- extraction ------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import math
 import sqlite3
 from dataclasses import dataclass, fields
 from datetime import datetime, time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ._db import format_time, parse_time, utc_now
 from .errors import (InvalidSetting, InvariantViolation, RemoteExists, SiteError, UnknownPublication, UnknownRemote,
@@ -66,6 +66,15 @@ class RemoteUser:
     peer_confirmed: int = 0      # the peer is known to hold a confirmation of log_received up to here
     probes: int = 0              # probes sent since the stream to the peer last changed (the backoff)
     confirm_owed: bool = False   # a confirmation is owed to the peer at the next send phase
+    # Errors (docs/cli.md, "agent status"): last_error is the transport error
+    # in force, ended by a message the transport accepted for the peer or one
+    # of the peer's arriving; stream_stopped is the stopped stream in force,
+    # ended only by a message of the peer arriving while its stream runs.
+    # error_count and error_seen_at are their history, never cleared.
+    error_count: int = 0         # transport errors and stream stops recorded, ever
+    error_seen_at: datetime | None = None  # when the last of them was recorded
+    stream_stopped: str | None = None
+    stream_stopped_at: datetime | None = None
 
     @property
     def sending_due(self) -> bool:
@@ -86,11 +95,12 @@ class RemoteUser:
 
 _COLUMNS = tuple(field.name for field in fields(RemoteUser))
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM fieldsync_remote"
-_TIME_FIELDS = {"last_sent_at", "last_received_at", "last_error_at", "created_at"}
+_TIME_FIELDS = {"last_sent_at", "last_received_at", "last_error_at", "created_at", "error_seen_at",
+                "stream_stopped_at"}
 _OFFSET_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
                   "rereceive_count", "send_count", "receive_count", "log_read", "peer_confirmed", "probes")
 _MONOTONE = ("confirm_sent", "resend_count", "log_received", "confirm_received", "rereceive_count",
-             "send_count", "receive_count")
+             "send_count", "receive_count", "error_count")
 UPDATABLE = frozenset(_COLUMNS) - {"name", "created_at"}
 
 
@@ -160,6 +170,13 @@ def list_remotes(conn: sqlite3.Connection) -> tuple[RemoteUser, ...]:
     return tuple(_row(row) for row in conn.execute(_SELECT + " ORDER BY name"))
 
 
+#: A remote-user row's peer is in error now: a transport error or a stopped
+#: stream in force, or apply errors not yet acknowledged (one lookup in the
+#: partial index fieldsync_apply_error_open).
+IN_ERROR_SQL = ("(last_error IS NOT NULL OR stream_stopped IS NOT NULL OR EXISTS (SELECT 1 FROM fieldsync_apply_error"
+                " WHERE peer = fieldsync_remote.name AND acknowledged_at IS NULL))")
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteFilter:
     """Which rows of the remote-user table to read (``agent status``'s
@@ -172,8 +189,11 @@ class RemoteFilter:
       of it, data or control, arrived (``heard_at`` earlier; a row not yet
       heard from since layout 7 by ``last_received_at``, and a peer never
       heard from by the time its row was made).
-    * ``with_errors``: a transport error is recorded for the peer
-      (``last_error``), or an apply error for a message from it.
+    * ``with_errors``: the peer is in error now (:data:`IN_ERROR_SQL`): a
+      transport error in force (``last_error``), a stopped stream
+      (``stream_stopped``), or an apply error of a message from it not yet
+      acknowledged.  Errors that are over are history (``error_count``,
+      ``error_seen_at``, acknowledged apply errors) and do not count.
     """
 
     lagging: bool = False
@@ -199,7 +219,7 @@ class RemoteFilter:
                               " ELSE coalesce(last_received_at, created_at) < ? END)")
             parameters += [self.silent_since.timestamp(), format_time(self.silent_since)]
         if self.with_errors:
-            conditions.append("(last_error IS NOT NULL OR name IN (SELECT peer FROM fieldsync_apply_error))")
+            conditions.append(IN_ERROR_SQL)
         return (" WHERE " + " AND ".join(conditions) if conditions else ""), tuple(parameters)
 
 
@@ -283,7 +303,7 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
             if field_name in _MONOTONE and value < getattr(current, field_name):
                 raise InvariantViolation(f"{field_name} of {name!r} cannot go back from "
                                          f"{getattr(current, field_name)} to {value}")
-    for what in ("transport", "address", "public_key", "last_error", "inbox"):
+    for what in ("transport", "address", "public_key", "last_error", "inbox", "stream_stopped"):
         if what in changes:
             _check_text(what, changes[what])
     if "peer_incarnation" in changes:
@@ -386,17 +406,70 @@ def record_send_locked(conn: sqlite3.Connection, name: str, log_sent: int, messa
 
 
 def record_delivered_locked(conn: sqlite3.Connection, name: str, messages: int, now: datetime | None) -> None:
-    """Count ``messages`` the transport accepted for ``name`` (SMTP 250, a rename done)."""
+    """Count ``messages`` the transport accepted for ``name`` (SMTP 250, a
+    rename done): the transport error in force, if any, is over (the row is
+    written anyway, so clearing it costs nothing)."""
     if type(messages) is not int or messages < 0:
         raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
-    conn.execute("UPDATE fieldsync_remote SET send_count = send_count + ?, last_sent_at = ? WHERE name = ?",
-                 (messages, format_time(now or utc_now()), name))
+    conn.execute("UPDATE fieldsync_remote SET send_count = send_count + ?, last_sent_at = ?, last_error = NULL,"
+                 " last_error_at = NULL WHERE name = ?", (messages, format_time(now or utc_now()), name))
 
 
 def record_error_locked(conn: sqlite3.Connection, name: str, message: str | None,
                         now: datetime | None) -> RemoteUser:
-    return update_remote_locked(conn, name, {"last_error": message,
-                                             "last_error_at": None if message is None else (now or utc_now())})
+    """A transport error with ``name``: in force until a send to or a
+    receive from the peer succeeds, and counted in the history (None: clear
+    the one in force, the history stays)."""
+    _check_text("last_error", message)
+    get_remote(conn, name)  # an unknown name is refused
+    if message is None:
+        conn.execute("UPDATE fieldsync_remote SET last_error = NULL, last_error_at = NULL WHERE name = ?", (name,))
+    else:
+        stamp = format_time(now or utc_now())
+        conn.execute("UPDATE fieldsync_remote SET last_error = ?, last_error_at = ?, error_count = error_count + 1,"
+                     " error_seen_at = ? WHERE name = ?", (message, stamp, stamp, name))
+    return get_remote(conn, name)
+
+
+def record_stream_stopped_locked(conn: sqlite3.Connection, name: str, message: str,
+                                 now: datetime | None) -> RemoteUser:
+    """The stream with ``name`` stopped (the peer's incarnation changed):
+    in force until a message of the peer arrives while its stream runs
+    again (:func:`record_heard_locked`); a send does not end it."""
+    if type(message) is not str or not message:
+        raise InvalidSetting(f"a stopped stream is recorded with its message, got {message!r}")
+    get_remote(conn, name)
+    stamp = format_time(now or utc_now())
+    conn.execute("UPDATE fieldsync_remote SET stream_stopped = ?, stream_stopped_at = ?,"
+                 " error_count = error_count + 1, error_seen_at = ? WHERE name = ?", (message, stamp, stamp, name))
+    return get_remote(conn, name)
+
+
+def record_heard_locked(conn: sqlite3.Connection, names: Iterable[str]) -> None:
+    """A message of each peer of ``names`` arrived while its stream runs:
+    the transport error and the stopped stream in force are over.  Only a
+    row holding one is written (an idle peer's costs an index lookup)."""
+    conn.executemany("UPDATE fieldsync_remote SET last_error = NULL, last_error_at = NULL, stream_stopped = NULL,"
+                     " stream_stopped_at = NULL WHERE name = ? AND (last_error IS NOT NULL OR stream_stopped IS NOT"
+                     " NULL)", ((name,) for name in names))
+
+
+def acknowledge_apply_errors_locked(conn: sqlite3.Connection, peer: str, now: datetime | None,
+                                    through: int | None = None) -> int:
+    """Stamp the apply errors of ``peer``'s messages not yet acknowledged
+    (those with an id up to ``through``, when given) as acknowledged; they
+    stay in fieldsync_apply_error as history.  Returns how many."""
+    if through is not None and (type(through) is not int or through < 0):
+        raise InvalidSetting(f"through is an apply error id, got {through!r}")
+    return conn.execute("UPDATE fieldsync_apply_error SET acknowledged_at = ? WHERE peer = ? AND acknowledged_at"
+                        " IS NULL AND id <= ?", (format_time(now or utc_now()), peer,
+                                                 (1 << 63) - 1 if through is None else through)).rowcount
+
+
+def open_apply_errors(conn: sqlite3.Connection) -> dict[str, int]:
+    """The apply errors not yet acknowledged, counted by peer."""
+    return dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error WHERE acknowledged_at IS NULL"
+                             " GROUP BY peer").fetchall())
 
 
 # --- adding a fleet at once -----------------------------------------------------------

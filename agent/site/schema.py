@@ -42,7 +42,10 @@ log = logging.getLogger("fieldsync.site")
 #    fieldsync_remote.inbox and fieldsync_transport_option (agent/site/settings.py).
 # 7: fieldsync_remote.heard_at, when a message of the peer last arrived (docs/protocol.md).
 # 8: fieldsync_remote's confirm_timeout, data_sent_at, peer_confirmed, probes and
-#    confirm_owed: never silent while something is outstanding (docs/protocol.md, rule 3).
+#    confirm_owed: never silent while something is outstanding (docs/protocol.md, rule 3);
+#    its error_count, error_seen_at, stream_stopped and stream_stopped_at, and
+#    fieldsync_apply_error.acknowledged_at: the errors in force apart from their history
+#    (docs/cli.md, "agent status").
 SCHEMA_VERSION = 8
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
@@ -203,6 +206,10 @@ CREATE TABLE fieldsync_remote (
     peer_confirmed   INTEGER NOT NULL DEFAULT 0,
     probes           INTEGER NOT NULL DEFAULT 0,
     confirm_owed     INTEGER NOT NULL DEFAULT 0,
+    error_count      INTEGER NOT NULL DEFAULT 0,
+    error_seen_at    TEXT,
+    stream_stopped   TEXT,
+    stream_stopped_at TEXT,
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -228,8 +235,10 @@ CREATE TABLE fieldsync_apply_error (
     kind        INTEGER,
     key         BLOB,
     operation   BLOB,
-    problem     TEXT NOT NULL
+    problem     TEXT NOT NULL,
+    acknowledged_at TEXT
 );
+{apply_error_open};
 CREATE TABLE fieldsync_conflict_policy (
     table_name TEXT PRIMARY KEY COLLATE NOCASE,
     policy     TEXT NOT NULL CHECK (policy IN ('incoming', 'local'))
@@ -237,6 +246,11 @@ CREATE TABLE fieldsync_conflict_policy (
 {replaced_copy};
 {applying}
 """
+
+# The apply errors not yet acknowledged, by peer: what `agent status --errors`
+# and the in-error gauge look up for every peer (acknowledged ones are history).
+APPLY_ERROR_OPEN_INDEX = ("CREATE INDEX IF NOT EXISTS fieldsync_apply_error_open"
+                          " ON fieldsync_apply_error (peer) WHERE acknowledged_at IS NULL")
 
 # At the consolidated, the incarnation of each copy of a remote that a new
 # extraction replaced: files of such a copy still in the message system are
@@ -261,7 +275,8 @@ def value_column(index: int) -> str:
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
     text = (_TABLES.replace("{site}", SITE_TABLE).replace("{value_columns}", value_columns)
-            .replace("{replaced_copy}", REPLACED_COPY_TABLE).replace("{applying}", APPLYING_TABLE + ";"))
+            .replace("{replaced_copy}", REPLACED_COPY_TABLE).replace("{applying}", APPLYING_TABLE + ";")
+            .replace("{apply_error_open}", APPLY_ERROR_OPEN_INDEX))
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
@@ -421,21 +436,30 @@ def _add_heard_at(conn: sqlite3.Connection) -> None:
 OUTSTANDING_COLUMNS = (("confirm_timeout", "INTEGER CHECK (confirm_timeout IS NULL OR confirm_timeout > 0)"),
                        ("data_sent_at", "REAL"), ("peer_confirmed", "INTEGER NOT NULL DEFAULT 0"),
                        ("probes", "INTEGER NOT NULL DEFAULT 0"), ("confirm_owed", "INTEGER NOT NULL DEFAULT 0"))
+# Layout 8's columns of fieldsync_remote for errors: the history (a count
+# and the time of the last one, never cleared) and the stopped stream in
+# force (last_error, older, is the transport error in force).
+ERROR_COLUMNS = (("error_count", "INTEGER NOT NULL DEFAULT 0"), ("error_seen_at", "TEXT"),
+                 ("stream_stopped", "TEXT"), ("stream_stopped_at", "TEXT"))
 
 
-def _add_outstanding_columns(conn: sqlite3.Connection) -> None:
+def _add_layout_8(conn: sqlite3.Connection) -> None:
     """Layout 8: each remote's confirm timeout, and the protocol's record of
     what is outstanding (when data last went, what the peer is known to
-    hold, the probes sent, a confirmation owed)."""
+    hold, the probes sent, a confirmation owed); the errors in force kept
+    apart from their history (an apply error acknowledged stays a row)."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_remote)")}
-    for column, declaration in OUTSTANDING_COLUMNS:
+    for column, declaration in OUTSTANDING_COLUMNS + ERROR_COLUMNS:
         if column not in have:
             conn.execute(f"ALTER TABLE fieldsync_remote ADD COLUMN {column} {declaration}")
+    if "acknowledged_at" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_apply_error)")}:
+        conn.execute("ALTER TABLE fieldsync_apply_error ADD COLUMN acknowledged_at TEXT")
+    conn.execute(APPLY_ERROR_OPEN_INDEX)
 
 
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
-             5: _add_transport_settings, 6: _add_heard_at, 7: _add_outstanding_columns}
+             5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

@@ -111,3 +111,29 @@ def test_a_receive_phase_records_when_a_peer_was_heard_of_once_not_with_every_fi
     with SiteDatabase.open(tmp_path / "r1.db") as r1:
         assert r1.remote("hq").heard_at is not None
         assert r1.connection.execute("SELECT count(*) FROM customer").fetchone()[0] == 6000
+
+
+def test_a_peer_heard_from_while_its_stream_runs_has_its_errors_in_force_ended(tmp_path):
+    """Saving a pair whose peer was heard from ends the transport error and
+    the stopped stream in force on its row, in the same transaction; a
+    stopped pair's (late mail of the old copy was heard) keep them."""
+    from codec.payloads import ControlState
+
+    site = consolidated(tmp_path, "f1", "f2")
+    (tmp_path / "state").mkdir()
+    store, peers = PairStore(site, tmp_path / "state", Keyring()), {}
+    store.load(peers, RunOptions().settings(True))
+    for name in ("f1", "f2"):
+        site.record_stream_stopped(name, f"{name} changed its incarnation id")
+        site.record_transport_error(name, "folder gone")
+    control = ControlState(log_received=0, rereceive_count=0, log_sent=0, resend_count=0)
+    old, new = bytes(16), bytes([1]) * 16
+    for name in ("f1", "f2"):
+        peers[name].protocol.control_received(10.0, control, old)
+    assert peers["f2"].protocol.control_received(11.0, control, new)  # StreamStopped
+    assert peers["f2"].protocol.control_received(12.0, control, old) == [] and peers["f2"].protocol.stopped
+    store.save_many([peers["f1"], peers["f2"]])
+    f1, f2 = site.remote("f1"), site.remote("f2")
+    assert (f1.heard_at, f1.last_error, f1.stream_stopped, f1.error_count) == (10.0, None, None, 2)
+    assert (f2.heard_at, f2.last_error, f2.stream_stopped) == (12.0, "folder gone", "f2 changed its incarnation id")
+    site.close()

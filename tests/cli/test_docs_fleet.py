@@ -18,7 +18,8 @@ from tests.sqlfiles import connected
 from .conftest import Agent
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-SECTIONS = ("#### Many remotes at once", "#### Many remotes into a folder", "#### Filters, for a fleet")
+SECTIONS = ("#### Many remotes at once", "#### Many remotes into a folder", "#### Filters, for a fleet",
+            "#### Errors in force, and their history")
 
 
 def _blocks() -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -287,3 +288,37 @@ def test_a_peer_that_sends_no_data_is_heard_from(agent: Agent, world: World, tmp
     assert ("fieldsync_peer_last_received_timestamp_seconds", (("peer", "n1"), ("site", "hq"))) not in found
     heard = value(found, "fieldsync_peer_last_heard_timestamp_seconds", site="hq", peer="n1")
     assert before - 60 <= heard <= time.time()
+
+
+def test_the_in_error_gauge_fires_and_resolves(agent: Agent, world: World, tmp_path: Path) -> None:
+    """fieldsync_peer_in_error follows `agent status --errors`: 1 while n2's
+    inbox is gone and while n1's apply error is not acknowledged, 0 once
+    the queued files went out and the error was acknowledged."""
+    target = tmp_path / "hq.prom"
+
+    def in_error() -> dict[str, float]:
+        assert agent("run", world.hq, "--once", "--metrics-file", target).code in (0, 1)
+        found = samples(target.read_text())
+        return {peer: value(found, "fieldsync_peer_in_error", site="hq", peer=peer) for peer in ("n1", "n2")}
+
+    assert in_error() == {"n1": 0, "n2": 0}
+    world.execute("n1", "INSERT INTO customer VALUES (2, 'n1', 'clashes with hq row 2')")  # an apply error at hq
+    assert agent("run", world.n1, "--once").code == 0
+    shutil.rmtree(world.inbox("n2"))
+    world.execute("hq", "INSERT INTO customer VALUES (300, 'n2', 'for n2', 'x')")
+    assert in_error() == {"n1": 1, "n2": 1}
+    world.inbox("n2").mkdir()
+    assert in_error() == {"n1": 1, "n2": 0}
+    assert agent("remote", "ack-errors", world.hq, "n1").code == 0
+    found = in_error()
+    assert found == {"n1": 0, "n2": 0}
+    assert value(samples(target.read_text()), "fieldsync_peer_apply_errors", site="hq", peer="n1") == 1  # history
+
+
+def test_the_in_error_gauge_means_what_the_doc_says() -> None:
+    """The HELP text is the doc's meaning (what an alert on it fires on)."""
+    from agent.metrics import IN_ERROR_HELP
+
+    row = re.search(r"^\| `fieldsync_peer_in_error` \| gauge \| (.*) \|$", DOC.read_text(), re.M)
+    assert row is not None
+    assert " ".join(row.group(1).replace("`", "").split()) == IN_ERROR_HELP

@@ -445,3 +445,44 @@ def test_progress_bars_only_on_a_terminal(site: Path, agent: Agent, tmp_path: Pa
     result = agent("remote", "add", site, "--from", tmp_path / "more.csv")
     assert result.code == 0, result.err
     assert len(_names(site)) == 100
+
+
+# -- ack-errors --------------------------------------------------------------------------------
+
+
+def _apply_error(database: Path, peer: str) -> None:
+    with connected(database) as conn:
+        conn.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem)"
+                     " VALUES ('2026-03-01T12:00:00+00:00', ?, 1, 'UNIQUE constraint failed')", (peer,))
+
+
+def _open_errors(database: Path) -> dict[str, int]:
+    with SiteDatabase.open(database) as opened:
+        return opened.open_apply_errors()
+
+
+def test_ack_errors_acknowledges_what_was_read_and_keeps_the_rows(site: Path, agent: Agent, tmp_path: Path) -> None:
+    assert agent("remote", "add", site, "r1", "--address", tmp_path / "r1").code == 0
+    assert agent("remote", "add", site, "r2", "--address", tmp_path / "r2").code == 0
+    for peer in ("r1", "r1", "r2", "r1"):
+        _apply_error(site, peer)
+    result = agent("remote", "ack-errors", site, "r1", "--through", "2")  # errors 1 and 2: the ones read
+    assert result.code == 0 and "Acknowledged 2 apply errors of r1" in result.out
+    assert _open_errors(site) == {"r1": 1, "r2": 1}
+    assert agent("remote", "ack-errors", site, "r1").code == 0
+    assert _open_errors(site) == {"r2": 1}
+    result = agent("remote", "ack-errors", site, "r1")
+    assert result.code == 0 and "r1 has no apply errors to acknowledge" in result.out
+    with SiteDatabase.open(site) as opened:
+        assert len(opened.apply_errors()) == 4  # history
+
+
+def test_ack_errors_of_a_removed_remote_and_of_an_unknown_name(site: Path, agent: Agent, tmp_path: Path) -> None:
+    assert agent("remote", "add", site, "r1", "--address", tmp_path / "r1").code == 0
+    _apply_error(site, "gone")
+    assert agent("remote", "ack-errors", site, "gone").code == 0  # its rows outlive the remote
+    assert _open_errors(site) == {}
+    result = agent("remote", "ack-errors", site, "nobody")
+    assert result.code == 1 and len(result.err_lines) == 1 and "no remote named 'nobody'" in result.err
+    result = agent("remote", "ack-errors", site, "r1", "--through", "0")
+    assert result.code == 2 and "--through" in result.err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import sqlite3
 import time
@@ -21,7 +22,7 @@ from tests.sqlfiles import connected
 from .conftest import Agent, World, sync
 
 REMOTE_KEYS = [field.name for field in dataclasses.fields(RemoteUser)] + [
-    "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag"]
+    "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag", "apply_errors_open", "in_error"]
 
 
 def _status(agent: Agent, database: Path) -> dict:
@@ -36,7 +37,7 @@ def test_json_after_a_real_replication(agent: Agent, world: World) -> None:
     sync(agent, world)
     hq = _status(agent, world.hq)
     assert list(hq) == ["format", "database", "site", "log_end", "remotes", "queues", "spool", "quarantine",
-                        "conflicts", "apply_errors", "missing_tables"]
+                        "conflicts", "apply_errors", "missing_tables", "apply_errors_open"]
     assert hq["spool"]["ok"] and hq["spool"]["messages"] == 0 and hq["spool"]["in_doubt"] == 0
     assert 0 < hq["spool"]["restart_span_bytes"] <= hq["spool"]["log_bytes"]
     assert hq["format"] == "fieldsync.status/1"
@@ -286,3 +287,143 @@ def test_json_of_ten_thousand_remotes_within_two_seconds(tmp_path: Path, agent: 
         elapsed = time.monotonic() - started
         assert result.code == 0 and result.out.count('"name": "site') + result.out.count('"name":"site') == 10000
         assert elapsed < 2, (option, elapsed)
+
+
+# -- --errors: the peers in error now ----------------------------------------------------------
+
+
+def _rows(agent: Agent, database: Path) -> dict[str, dict]:
+    return {row["name"]: row for row in _status(agent, database)["remotes"]}
+
+
+def test_errors_lists_the_peers_in_error_now_and_keeps_the_history(agent: Agent, world: World) -> None:
+    """The issue's case: an inbox folder went away and came back, and an
+    apply error of another peer was acknowledged: neither is listed any
+    more, and both are still counted."""
+    sync(agent, world)
+    world.execute("n1", "INSERT INTO customer VALUES (2, 'n1', 'clashes with hq row 2')")  # an apply error at hq
+    for database in (world.n1, world.hq):
+        agent("run", database, "--once")
+    shutil.rmtree(world.inbox("n2"))
+    world.execute("hq", "INSERT INTO customer VALUES (300, 'n2', 'for n2', 'x')")
+    assert agent("run", world.hq, "--once").code == 1  # n2's inbox is gone: a transport error
+    assert _lines(agent, world.hq, "--errors") == ["n1", "n2"]
+    rows = _rows(agent, world.hq)
+    assert rows["n2"]["in_error"] and rows["n2"]["error_count"] == 1
+    assert rows["n2"]["error_seen_at"] == rows["n2"]["last_error_at"]
+    assert (rows["n1"]["in_error"], rows["n1"]["apply_errors_open"], rows["n1"]["last_error"]) == (True, 1, None)
+
+    world.inbox("n2").mkdir()  # the folder came back: the queued files go out at the next run
+    assert agent("run", world.hq, "--once").code == 0
+    assert _lines(agent, world.hq, "--errors") == ["n1"]
+    n2 = _rows(agent, world.hq)["n2"]
+    assert (n2["in_error"], n2["last_error"], n2["last_error_at"], n2["outbound_queue"]) == (False, None, None, 0)
+    assert n2["error_count"] == 1 and n2["error_seen_at"] is not None  # the history stays
+    human = agent("status", world.hq).out
+    assert "1 recorded" in human and "1 apply error not acknowledged" in human
+
+    result = agent("remote", "ack-errors", world.hq, "n1")
+    assert result.code == 0 and "Acknowledged 1 apply error of n1" in result.out
+    assert _lines(agent, world.hq, "--errors") == []
+    status = _status(agent, world.hq)
+    assert (status["apply_errors"], status["apply_errors_open"]) == (1, 0)  # kept as history
+    with SiteDatabase.open(world.hq) as site:
+        (error,) = site.apply_errors()
+    assert error.peer == "n1" and error.acknowledged_at is not None
+
+    # A new apply error after the acknowledgement puts the peer in error again.
+    world.execute("n1", "INSERT INTO customer VALUES (4, 'n1', 'clashes with hq row 4')")
+    for database in (world.n1, world.hq):
+        agent("run", database, "--once")
+    assert _lines(agent, world.hq, "--errors") == ["n1"]
+    assert _rows(agent, world.hq)["n1"]["apply_errors_open"] == 1
+
+
+def test_a_message_received_from_the_peer_ends_its_transport_error(agent: Agent, world: World) -> None:
+    sync(agent, world)
+    with SiteDatabase.open(world.hq) as site:
+        site.record_transport_error("n2", "SMTP 421 try again later")
+    assert _lines(agent, world.hq, "--errors") == ["n2"]
+    sent_before = _rows(agent, world.hq)["n2"]["send_count"]
+    world.execute("n2", "INSERT INTO customer VALUES (400, 'n2', 'from n2')")
+    assert agent("run", world.n2, "--once").code == 0
+    assert agent("run", world.hq, "--once", "--receive-only").code == 0
+    n2 = _rows(agent, world.hq)["n2"]
+    assert n2["send_count"] == sent_before  # nothing went to n2: the receive ended the error
+    assert (n2["last_error"], n2["in_error"], n2["error_count"]) == (None, False, 1)
+    assert _lines(agent, world.hq, "--errors") == []
+
+
+def _copy(source: Path, target: Path) -> None:
+    with connected(source) as conn, connected(target) as copy:
+        conn.backup(copy)
+
+
+def test_a_stopped_stream_stays_listed_until_the_stream_runs_again(agent: Agent, world: World,
+                                                                  tmp_path: Path) -> None:
+    """n1 is restored from an older copy (a new incarnation id): hq stops
+    its stream.  Sending to n1 still works, and does not end that; the
+    re-extracted n1 does, once hq hears from it."""
+    sync(agent, world)
+    backup = tmp_path / "n1-backup.db"
+    _copy(world.n1, backup)
+    sync(agent, world, rounds=1)
+    _copy(backup, world.n1)  # restored: the agent gives it a new incarnation at its next run
+    world.execute("n1", "INSERT INTO customer VALUES (500, 'n1', 'after the restore')")
+    agent("run", world.n1, "--once")
+    assert agent("run", world.hq, "--once").code == 1
+    assert _lines(agent, world.hq, "--errors") == ["n1"]
+    n1 = _rows(agent, world.hq)["n1"]
+    assert "stream is stopped" in n1["stream_stopped"] and n1["stream_stopped_at"]
+    assert (n1["last_error"], n1["error_count"], n1["in_error"]) == (None, 1, True)
+    assert "stream stopped" in agent("status", world.hq, "--errors").out
+
+    sent = n1["send_count"]
+    world.execute("hq", "INSERT INTO customer VALUES (600, 'n1', 'for n1', 'x')")
+    agent("run", world.hq, "--once")
+    n1 = _rows(agent, world.hq)["n1"]
+    assert n1["send_count"] > sent and n1["stream_stopped"]  # a successful send does not end it
+    assert _lines(agent, world.hq, "--errors") == ["n1"]
+
+    # n1 is extracted again, in place of the restored copy.
+    world.n1.unlink()
+    for leftover in tmp_path.glob("n1.db-*"):
+        leftover.unlink()
+    shutil.rmtree(tmp_path / "n1.db.agent")
+    assert agent("extract", world.hq, "n1", world.n1).code == 0
+    assert _lines(agent, world.hq, "--errors") == ["n1"]  # extracted, not yet heard from
+    assert agent("run", world.n1, "--once").code == 0
+    assert agent("run", world.hq, "--once").code == 0
+    n1 = _rows(agent, world.hq)["n1"]
+    assert (n1["stream_stopped"], n1["stream_stopped_at"], n1["in_error"]) == (None, None, False)
+    assert n1["error_count"] >= 1 and n1["error_seen_at"]
+    assert _lines(agent, world.hq, "--errors") == []
+
+
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+
+
+def _documented_keys() -> tuple[set[str], set[str]]:
+    """The keys docs/cli.md's table of fieldsync.status/1 names: at the top
+    level, and of an item of ``remotes``."""
+    text = CLI_DOC.read_text()
+    table = text[text.index("| key | type | meaning |"):]
+    table = table[:table.index("\n\n")]
+    top: set[str] = set()
+    remote: set[str] = set()
+    for line in table.splitlines()[2:]:
+        names = re.findall(r"`([^`]+)`", line.split(" | ")[0])
+        if names[0].startswith("remotes[]."):
+            remote.update(name.removeprefix("remotes[].") for name in names)
+        else:
+            top.update(name.split(".")[0] for name in names)
+    return top, remote
+
+
+def test_the_doc_lists_every_key_of_the_status_document(agent: Agent, world: World) -> None:
+    top, remote = _documented_keys()
+    status = _status(agent, world.hq)
+    assert set(status) == top
+    assert set(status["remotes"][0]) == remote
+    filters = CLI_DOC.read_text()
+    assert "| `--errors` | it is in error *now*" in filters and "agent remote ack-errors DB NAME" in filters

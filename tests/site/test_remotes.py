@@ -16,6 +16,7 @@ from agent.site import (
     UnknownRemote,
     WrongRole,
 )
+from agent.site.remotes import RemoteFilter
 
 from .conftest import CUSTOMER, app_connection, make_site
 
@@ -153,7 +154,72 @@ def test_sends_and_errors_are_recorded(site):
     assert site.record_send("r1", log_sent=end, now=NOW).send_count == 4
     row = site.record_transport_error("r1", "SMTP 421 try again later", now=NOW)
     assert (row.last_error, row.last_error_at) == ("SMTP 421 try again later", NOW)
-    assert site.record_transport_error("r1", None).last_error is None
+    assert (row.error_count, row.error_seen_at) == (1, NOW)
+    row = site.record_transport_error("r1", None)
+    assert (row.last_error, row.last_error_at) == (None, None)
+    assert (row.error_count, row.error_seen_at) == (1, NOW)  # the history stays
+
+
+LATER = datetime(2026, 3, 1, 13, 0, tzinfo=timezone.utc)
+
+
+def _in_error(site):
+    return [row.name for row in site.iter_remotes(RemoteFilter(with_errors=True))]
+
+
+def test_a_delivery_ends_the_transport_error_in_force_and_not_a_stopped_stream(site):
+    site.add_remote("r1")
+    site.add_remote("r2")
+    site.record_transport_error("r1", "folder gone", now=NOW)
+    site.record_stream_stopped("r2", "r2 changed its incarnation id", now=NOW)
+    site.record_transport_error("r2", "folder gone", now=NOW)
+    assert _in_error(site) == ["r1", "r2"]
+    site.record_delivered({"r1": 2, "r2": 1}, now=LATER)
+    r1, r2 = site.remote("r1"), site.remote("r2")
+    assert (r1.last_error, r1.last_error_at, r1.error_count, r1.error_seen_at) == (None, None, 1, NOW)
+    assert (r2.last_error, r2.stream_stopped, r2.stream_stopped_at) == (None, "r2 changed its incarnation id", NOW)
+    assert r2.error_count == 2
+    assert _in_error(site) == ["r2"]
+
+
+def test_hearing_from_a_peer_ends_its_errors_in_force_and_only_its_own(site):
+    site.add_remote("r1")
+    site.add_remote("r2")
+    site.record_stream_stopped("r1", "stopped", now=NOW)
+    site.record_transport_error("r1", "folder gone", now=NOW)
+    site.record_transport_error("r2", "folder gone", now=LATER)
+    site.update_remotes({"r1": {"heard_at": 12.5}}, heard=["r1"])
+    r1, r2 = site.remote("r1"), site.remote("r2")
+    assert (r1.heard_at, r1.last_error, r1.stream_stopped, r1.stream_stopped_at) == (12.5, None, None, None)
+    assert (r1.error_count, r1.error_seen_at) == (2, NOW)
+    assert (r2.last_error, r2.error_seen_at) == ("folder gone", LATER)
+    assert _in_error(site) == ["r2"]
+    with pytest.raises(InvalidSetting):
+        site.record_stream_stopped("r2", "")
+    with pytest.raises(UnknownRemote):
+        site.record_stream_stopped("nobody", "stopped")
+
+
+def test_apply_errors_count_until_acknowledged_and_stay_as_history(site):
+    site.add_remote("r1")
+    site.add_remote("r2")
+    conn = site.connection
+    for peer in ("r1", "r1", "r2"):
+        conn.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem) VALUES (?, ?, 1, 'bad')",
+                     (NOW.isoformat(), peer))
+    assert site.open_apply_errors() == {"r1": 2, "r2": 1}
+    assert _in_error(site) == ["r1", "r2"]
+    assert site.acknowledge_apply_errors("r1", through=1, now=LATER) == 1
+    assert site.open_apply_errors() == {"r1": 1, "r2": 1}
+    assert site.acknowledge_apply_errors("r1", now=LATER) == 1
+    assert site.acknowledge_apply_errors("r1", now=LATER) == 0
+    assert _in_error(site) == ["r2"]
+    errors = site.apply_errors()
+    assert [(error.peer, error.acknowledged_at) for error in errors] == [("r1", LATER), ("r1", LATER), ("r2", None)]
+    # The lookup for each peer uses the partial index, whatever the table's size.
+    plan = " ".join(str(row) for row in conn.execute(
+        "EXPLAIN QUERY PLAN SELECT 1 FROM fieldsync_apply_error WHERE peer = 'r1' AND acknowledged_at IS NULL"))
+    assert "fieldsync_apply_error_open" in plan
 
 
 def test_sending_due(site):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import sqlite3
 
 import pytest
@@ -296,12 +298,20 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
     """Layout 8 adds each remote's confirm timeout and the protocol's record
     of what is outstanding (docs/protocol.md, rule 3); a site of layout 7
     starts with nothing known, so an unconfirmed stream is probed at its
-    first send phase."""
+    first send phase.  It also keeps the errors in force apart from their
+    history: its apply errors are in force until acknowledged."""
     path = tmp_path / "hq.db"
     with SiteDatabase.init(path, name="hq", role="consolidated") as site:
         site.add_remote("r1")
+        site.connection.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem)"
+                                " VALUES ('2026-03-01T12:00:00+00:00', 'r1', 1, 'bad')")
+    fresh = tmp_path / "fresh.db"
+    SiteDatabase.init(fresh, name="hq", role="consolidated").close()
     conn = sqlite3.connect(path)
-    for column in ("confirm_timeout", "data_sent_at", "peer_confirmed", "probes", "confirm_owed"):
+    conn.execute("DROP INDEX fieldsync_apply_error_open")
+    conn.execute("ALTER TABLE fieldsync_apply_error DROP COLUMN acknowledged_at")
+    for column in ("confirm_timeout", "data_sent_at", "peer_confirmed", "probes", "confirm_owed", "error_count",
+                   "error_seen_at", "stream_stopped", "stream_stopped_at"):
         conn.execute(f"ALTER TABLE fieldsync_remote DROP COLUMN {column}")
     conn.execute("UPDATE fieldsync_site SET schema_version = 7")
     conn.commit()
@@ -311,6 +321,10 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
         row = site.remote("r1")
         assert (row.confirm_timeout, row.data_sent_at, row.peer_confirmed, row.probes, row.confirm_owed) == (
             None, None, 0, 0, False)
+        assert (row.error_count, row.error_seen_at, row.stream_stopped, row.stream_stopped_at) == (0, None, None, None)
+        # The apply error of layout 7 is in force until acknowledged.
+        assert site.open_apply_errors() == {"r1": 1}
+        assert site.acknowledge_apply_errors("r1") == 1 and site.open_apply_errors() == {}
         site.update_remote("r1", heartbeat=7200, confirm_timeout=600, confirm_owed=True)
         with pytest.raises(InvalidSetting, match="above its heartbeat"):
             site.update_remote("r1", confirm_timeout=7201)
@@ -319,3 +333,10 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
     with SiteDatabase.open(path) as site:
         row = site.remote("r1")
         assert (row.heartbeat, row.confirm_timeout, row.confirm_owed) == (7200, 600, True)
+    # The upgraded layout is the layout a new site is made with.
+    with contextlib.closing(sqlite3.connect(path)) as upgraded, contextlib.closing(sqlite3.connect(fresh)) as new:
+        for table in ("fieldsync_remote", "fieldsync_apply_error"):
+            assert (upgraded.execute(f"PRAGMA table_info({table})").fetchall()
+                    == new.execute(f"PRAGMA table_info({table})").fetchall()), table
+        index = "SELECT sql FROM sqlite_master WHERE name = 'fieldsync_apply_error_open'"
+        assert upgraded.execute(index).fetchall() == new.execute(index).fetchall() != []

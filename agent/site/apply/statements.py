@@ -194,15 +194,17 @@ class ApplyErrorRecord:
     key: tuple | None
     operation: object
     problem: str
+    acknowledged_at: datetime | None = None  # acknowledged (agent remote ack-errors): history, no longer in force
 
 
 def list_apply_errors(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
-    rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, kind, key, operation, problem"
+    rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, kind, key, operation, problem, acknowledged_at"
                         " FROM fieldsync_apply_error WHERE id > ? ORDER BY id", (after_id,)).fetchall()
     result = []
-    for i, at, peer, commit, table, kind, key, operation, problem in rows:
+    for i, at, peer, commit, table, kind, key, operation, problem, acknowledged in rows:
         key_value = unpack(key)
         result.append(ApplyErrorRecord(i, datetime.fromisoformat(at), peer, commit, table, kind,
                                        tuple(key_value) if isinstance(key_value, (list, tuple)) else None,
-                                       unpack(operation), problem))
+                                       unpack(operation), problem,
+                                       None if acknowledged is None else datetime.fromisoformat(acknowledged)))
     return tuple(result)
