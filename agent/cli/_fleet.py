@@ -284,9 +284,14 @@ def add_from_file(database: Path, path: Path, file_format: str | None) -> None:
         except RemoteRejected as rejected:
             raise _line_error(source, lines[rejected.index], rejected.reason) from None
     elapsed = clock.monotonic() - started
-    out.print(f"Added {len(remotes)} remotes to {database} from {source}, with {subscribed} subscriptions "
-              f"({elapsed:.1f}s).", soft_wrap=True)
+    out.print(f"Added {_count(len(remotes), 'remote')} to {database} from {source}, with "
+              f"{_count(subscribed, 'subscription')} ({elapsed:.1f}s).", soft_wrap=True)
     keyless = sum(remote.public_key is None for remote in remotes)
     if keyless:
         out.print(f"{keyless} of them have no public key yet: `agent extract {database} --all --into FOLDER` "
                   "makes their keys and databases.", soft_wrap=True)
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 remote``, ``2 remotes``."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"

@@ -337,6 +337,7 @@ def test_add_from_stdin_with_a_format(site: Path, agent: Agent, monkeypatch: pyt
     result = agent("remote", "add", site, "--from", "-", "--format", "csv")
     assert result.code == 0, result.err
     assert _names(site) == ["north"]
+    assert "Added 1 remote to " in result.out and "with 0 subscriptions" in result.out, result.out
 
 
 @pytest.mark.parametrize("text, code, line, says", [
