@@ -7,7 +7,9 @@ Rules of this file:
   file).  Left files are never read, never removed, never quarantined.
 * Each is warned about once, not at every run: the names warned about, with
   their reasons, are kept in ``<db>.agent/state/left.json``.  A name is
-  warned about again only when its reason changes.
+  warned about again only when its reason changes, or, for a file the
+  transport refused, when another file takes the name (the transport's
+  identity of the file, e.g. inode, size and mtime, is remembered with it).
 * What is remembered is bounded: after each receive it is only what that
   receive met (a file gone from the inbox is forgotten), and never more than
   ``REMEMBERED`` names.
@@ -47,13 +49,17 @@ class LeftFiles:
         if isinstance(record, dict) and record.get("inbox") == self.inbox and isinstance(record.get("left"), dict):
             self._warned = {str(name): str(reason) for name, reason in record["left"].items()}
 
-    def leave(self, name: str, reason: str) -> bool:
-        """Note a file left this receive; True when it is new (not yet warned about)."""
+    def leave(self, name: str, reason: str, identity: str = "") -> bool:
+        """Note a file left this receive; True when it is new (not yet warned about).
+
+        ``identity`` tells this file from a later one of the same name.
+        """
         if name in self._met:
             return False
+        remembered = f"{reason} [{identity}]" if identity else reason
         if len(self._met) < REMEMBERED:
-            self._met[name] = reason
-        if self._warned.get(name) == reason:
+            self._met[name] = remembered
+        if self._warned.get(name) == remembered:
             return False
         log.warning("left %r in the inbox %s: %s; it is not read or removed (warned once; `agent inbox` lists it)",
                     name, self.inbox, reason)

@@ -14,7 +14,9 @@ Rules of this file:
 * A file is acknowledged to the transport only once it is durably queued
   (or set aside: the quarantine is evidence, not state).
 * A file that is not this site's (not a message name, another recipient)
-  is never read or removed: the transport is told not to read it.
+  is never read or removed: the transport is told not to read it.  One
+  the transport refuses to read (too large, a hard link) is left the same
+  way; both are warned about once (agent.left_files).
 * The signature of a queued file is not checked again when it is applied:
   every pending message went through :meth:`receive_file` or
   :meth:`restore_pending` in this process, with the keys of now.
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from codec.errors import BadFileName, BadSignature, MessageError
 from codec.message import check_message, decode_message
 from codec.names import Kind, MessageName
-from transports import Incoming, Transport, TransportError
+from transports import Incoming, Refusal, Transport, TransportError
 
 from .crashpoints import crash_point
 from .pairs import Peer
@@ -62,7 +64,7 @@ class Receiver:
         agent = self.agent
         await asyncio.to_thread(agent.left.load)
         try:
-            async for incoming in transport.receive(address, wanted=self.wanted):
+            async for incoming in transport.receive(address, wanted=self.wanted, refused=self.refused):
                 await self.receive_file(transport, incoming)
         except TransportError as error:
             agent.report.transport_errors.append(f"receiving at {address}: {error}")
@@ -92,6 +94,11 @@ class Receiver:
             self._names.clear()
         self._names[name_text] = name
         return True
+
+    def refused(self, refusal: Refusal) -> None:
+        """A file the transport will not read: left where it is, warned about once."""
+        self._names.pop(refusal.name, None)
+        self.agent.left.leave(refusal.name, refusal.reason, refusal.identity)
 
     async def receive_file(self, transport: Transport, incoming: Incoming) -> None:
         agent = self.agent

@@ -2,7 +2,8 @@
 registry of plugins (``folder``, ``sftp``, ``email``, third-party entry
 points) and the typed errors they raise.  Plugins are imported on first use."""
 
-from .base import Incoming, NameFilter, Transport, TransportWrapper, check_message_name, every_name
+from .base import (Incoming, NameFilter, Refusal, RefusalSink, Screen, Transport, TransportWrapper, check_message_name,
+                   every_name)
 from .errors import (
     BadAddress,
     BadTransportOptions,
@@ -33,7 +34,7 @@ from .registry import (
 # here so that ``transports.registry`` stays the module.
 
 __all__ = [
-    "Incoming", "NameFilter", "Transport", "TransportWrapper", "check_message_name", "every_name",
+    "Incoming", "NameFilter", "Refusal", "RefusalSink", "Screen", "Transport", "TransportWrapper", "check_message_name", "every_name",
     "BadAddress", "BadTransportOptions", "InvalidMessageName", "RegistryError", "TransportClosed",
     "TransportError", "TransportNameTaken", "TransportNotInstalled", "TransportRefused",
     "TransportUnavailable", "UnknownTransport",

@@ -13,6 +13,11 @@ Rules of this file:
   (downloads) no file whose name it refuses: the agent refuses the names
   that are not this site's, so another site's mail costs a listing, not a
   download, at every poll.
+* A file the transport finds and will not read (over its size limit, a
+  hard link, ...) is reported as a :class:`Refusal` to the caller's
+  ``refused``, never logged by the transport itself: the agent remembers
+  what it was told across runs, so an operator hears of each file once.
+  Without ``refused``, a transport warns once per file per instance.
 * Constructors do no I/O: connections are made lazily on first use, so
   building a transport (or a wrapper around one) never needs cleanup.
 * Blocking libraries run in threads (``asyncio.to_thread``), never on the loop.
@@ -43,6 +48,54 @@ NameFilter = Callable[[str], bool]
 def every_name(name: str) -> bool:
     """The :data:`NameFilter` that accepts every name."""
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A file at an inbox that the transport leaves unread, and why.
+
+    ``identity`` tells this copy from a later file of the same name (an
+    inode, size and modification time; an IMAP UID): the same refusal is
+    news again only for another file.
+    """
+
+    name: str
+    reason: str
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("name", "reason", "identity"):
+            if type(getattr(self, field_name)) is not str:
+                raise TypeError(f"Refusal.{field_name} must be str, got {type(getattr(self, field_name)).__name__}")
+
+
+#: Told of each file a receive leaves unread (called on the event loop, at every receive that finds it).
+RefusalSink = Callable[[Refusal], None]
+
+
+class Screen:
+    """What a receive hook is given as ``wanted``: the caller's name filter
+    (call it with a name) and :meth:`refuse`, to report a file left unread."""
+
+    __slots__ = ("_wanted", "_refused")
+
+    def __init__(self, wanted: NameFilter, refused: RefusalSink) -> None:
+        self._wanted = wanted
+        self._refused = refused
+
+    def __call__(self, name: str) -> bool:
+        return self._wanted(name)
+
+    def refuse(self, name: str, reason: str, identity: str = "") -> None:
+        self._refused(Refusal(name, reason, identity))
+
+
+def refuse(wanted: NameFilter, name: str, reason: str, identity: str = "") -> None:
+    """Report a refused file through ``wanted`` if it is a :class:`Screen`, else log it."""
+    if isinstance(wanted, Screen):
+        wanted.refuse(name, reason, identity)
+    else:
+        log.warning("left %s at the inbox, not read: %s", name, reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +150,7 @@ class Transport(abc.ABC):
 
     def __init__(self) -> None:
         self._closed = False
+        self._warned_refusals: set[Refusal] = set()
 
     # -- public interface -------------------------------------------------
 
@@ -115,18 +169,28 @@ class Transport(abc.ABC):
         address = self.check_address(address)
         await self._send(address, name, _as_bytes(data))
 
-    def receive(self, address: str, *, wanted: NameFilter | None = None) -> AsyncIterator[Incoming]:
+    def receive(self, address: str, *, wanted: NameFilter | None = None,
+                refused: RefusalSink | None = None) -> AsyncIterator[Incoming]:
         """Yield the files waiting at ``address`` in name order; remove nothing.
 
         Never yields a half-written or temporary file.  Files whose names are
         not message names are yielded too, for the caller to judge.  With
         ``wanted``, a file whose name it refuses is neither read nor yielded
-        (``wanted`` is called on the event loop, once per name found).
+        (``wanted`` is called on the event loop, once per name found).  A
+        wanted file the transport will not read (too large, a hard link) is
+        told to ``refused`` at each receive that finds it; without
+        ``refused`` it is logged as a warning once per file and transport.
         """
         self._check_open()
         if wanted is not None and not callable(wanted):
             raise TypeError(f"wanted must be a callable taking a name, got {type(wanted).__name__}")
-        return self._receive(self.check_address(address), wanted or every_name)
+        if refused is not None and not callable(refused):
+            raise TypeError(f"refused must be a callable taking a Refusal, got {type(refused).__name__}")
+        if isinstance(wanted, Screen) and refused is None:
+            screen = wanted  # handed on by a wrapper
+        else:
+            screen = Screen(wanted or every_name, refused or self._warn_once)
+        return self._receive(self.check_address(address), screen)
 
     async def ack(self, incoming: Incoming) -> None:
         """Remove a received file.  Call only once its content is durably stored.
@@ -197,6 +261,15 @@ class Transport(abc.ABC):
                         exc: BaseException | None, traceback: TracebackType | None) -> None:
         await self.aclose()
 
+    def _warn_once(self, refusal: Refusal) -> None:
+        """The ``refused`` of a caller that gives none: one warning per file while this transport lives."""
+        if refusal in self._warned_refusals:
+            return
+        if len(self._warned_refusals) >= 10_000:
+            self._warned_refusals.clear()
+        self._warned_refusals.add(refusal)
+        log.warning("%s: left %s at the inbox, not read: %s", type(self).__name__, refusal.name, refusal.reason)
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransportClosed(f"{type(self).__name__} was used after aclose()")
@@ -211,7 +284,9 @@ class Transport(abc.ABC):
     def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
         """An async generator over the files waiting at ``address`` whose
         names ``wanted`` accepts, in name order.  Ask ``wanted`` before
-        reading a file, so that a refused one costs no read.
+        reading a file, so that a refused one costs no read.  ``wanted`` is
+        a :class:`Screen`: report a wanted file left unread with
+        ``wanted.refuse(name, reason, identity)`` (or :func:`refuse`).
 
         It must hold no resources across ``yield`` that need an explicit
         close: the caller may stop iterating at any point.

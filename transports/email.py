@@ -12,10 +12,19 @@ Rules of this file:
   resend, a duplicate delivery) are yielded once, the newest; ``ack``
   removes every copy that receive saw.
 * Mail that is ours but unusable (no attachment, a bad name, too large) is
-  logged and left in place, or moved to ``quarantine_folder`` if set.
+  logged and left in place, or moved to ``quarantine_folder`` if set.  Mail
+  too large is reported to the caller (base.Refusal) instead of logged.
+* The server's ``RFC822.SIZE`` is a hint, not a bound: a body is fetched
+  with ``BODY.PEEK[]<0.N>``, at most ``max_message_size`` + 1 bytes, and
+  one that fills it is too large whatever size was announced.
 * TLS is always verified (system CAs, or ``ca_file``); STARTTLS is required
   when asked for, never opportunistic.  Secrets come from a file or an
   environment variable.
+* A login is tried once: SMTP with one mechanism (another only when the
+  server says it does not take the first), and a password a server refused
+  is not offered to it again while this transport lives (servers such as
+  Dovecot answer each failure later than the last); a changed password is
+  tried.
 * Connection failures are retried with backoff (``retries``); what the
   server refuses on purpose is raised at once: ``TransportRefused`` for a
   permanent (5xx) answer, ``TransportUnavailable`` for a temporary one (4xx,
@@ -26,9 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import email.policy
+import hashlib
 import logging
 import os
 import re
+import secrets
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -43,7 +54,7 @@ import aiosmtplib
 
 from codec.message import MAX_FILE_SIZE
 
-from .base import Incoming, NameFilter, Transport
+from .base import Incoming, NameFilter, Transport, refuse
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
 from ._remote import Backoff, SecretSource, check_timeouts, one_line
@@ -210,6 +221,19 @@ def read_attachment(raw: bytes, name: str) -> bytes:
     return data
 
 
+def oversize(announced: int, fetched: int | None, limit: int) -> str | None:
+    """Why an email is too large to read, or None.  ``announced`` is the
+    server's RFC822.SIZE, ``fetched`` how many bytes a fetch of at most
+    ``limit`` + 1 gave (None before the fetch): only what was fetched is
+    believed, the announced size only spares the fetch of a large one."""
+    if announced > limit:
+        return f"it is {announced} bytes, over the max_message_size of {limit}"
+    if fetched is not None and fetched > limit:
+        return (f"it is over the max_message_size of {limit} (the server announced {announced} bytes; "
+                f"reading stopped at {fetched})")
+    return None
+
+
 def announced_name(header_block: bytes) -> str | None:
     values = BytesHeaderParser(policy=email.policy.default).parsebytes(header_block).get_all(HEADER, [])
     return str(values[0]).strip() or None if len(values) == 1 else None
@@ -327,6 +351,9 @@ class EmailTransport(Transport):
         self._rejected: set[tuple] = set()
         self._folders_made: set[tuple] = set()
         self._failing = False  # a server stopped answering; warned once until it answers again
+        # Logins a server refused, by (protocol, host, port, user, keyed hash of the password).
+        self._refused_logins: dict[tuple, TransportRefused] = {}
+        self._login_key_salt = secrets.token_bytes(16)
 
     def __repr__(self) -> str:
         return f"EmailTransport(smtp_host={self.smtp_host!r}, closed={self.closed})"
@@ -366,6 +393,17 @@ class EmailTransport(Transport):
     @staticmethod
     async def _password(source: SecretSource) -> str | None:
         return await asyncio.to_thread(source.read)
+
+    def _login_key(self, protocol: str, host: str | None, port: int, user: str, password: str) -> tuple:
+        digest = hashlib.blake2b(password.encode("utf-8", "surrogatepass"), key=self._login_key_salt).digest()
+        return (protocol, host, port, user, digest)
+
+    def _refused_before(self, key: tuple) -> None:
+        """Raise at once for a login this server refused already with the same password."""
+        refusal = self._refused_logins.get(key)
+        if refusal is not None:
+            raise TransportRefused(f"{refusal} (not tried again: the server refused this password already; "
+                                   "it is tried again once the password changes)")
 
     async def _backing_off(self, failure: TransportError, delays) -> None:
         delay = next(delays, None)
@@ -453,11 +491,21 @@ class EmailTransport(Transport):
         if password is not None and self.smtp_tls == "none":
             raise TransportRefused(f"not sending the SMTP password to {self._smtp_where()} without TLS; "
                                    "use smtp_tls='starttls' or 'tls', or no password for a local relay")
+        key = None
+        if password is not None:
+            key = self._login_key("smtp", self.smtp_host, self.smtp_port, self._smtp_login(), password)
+            self._refused_before(key)
         self._smtp = smtp  # dropped by the caller if anything below fails
         async with asyncio.timeout(self.connect_timeout + self.timeout):
             await smtp.connect(timeout=self.connect_timeout)
         if password is not None:
-            await smtp.login(self._smtp_login(), password)
+            try:
+                await _smtp_login_once(smtp, self._smtp_login(), password)
+            except aiosmtplib.SMTPAuthenticationError as error:
+                refusal = self._smtp_login_refused(error)
+                if isinstance(refusal, TransportRefused):
+                    self._refused_logins[key] = refusal
+                raise refusal from None
         return smtp
 
     def _drop_smtp(self) -> None:
@@ -481,7 +529,7 @@ class EmailTransport(Transport):
                 continue  # only its header was fetched, by the listing
             incoming = await self._on_mailbox(
                 box, f"cannot read message {entry.name!r} from",
-                lambda session, entry=entry: self._read(session, box, uidvalidity, entry))
+                lambda session, entry=entry: self._read(session, box, uidvalidity, entry, wanted))
             if incoming is not None:
                 yield incoming
 
@@ -514,18 +562,29 @@ class EmailTransport(Transport):
             listed.append(_Listed(name, tuple(uid for uid, _ in copies), copies[-1][1]))
         return selected.uidvalidity, listed
 
-    async def _read(self, session: ImapSession, box: Mailbox, uidvalidity: int, entry: _Listed) -> Incoming | None:
+    async def _read(self, session: ImapSession, box: Mailbox, uidvalidity: int, entry: _Listed,
+                    wanted: NameFilter) -> Incoming | None:
         if session.selected.uidvalidity != uidvalidity:
             return None  # the mailbox was rebuilt since the listing; the next receive starts over
-        if entry.size > self.max_message_size:
-            await self._reject(session, box, uidvalidity, entry.newest, entry.name,
-                               f"it is {entry.size} bytes, over the max_message_size of {self.max_message_size}")
+        limit = self.max_message_size
+        too_large = oversize(entry.size, None, limit)
+        raw = b""
+        if too_large is None:
+            # At most one byte past the limit, whatever RFC822.SIZE said: one more byte tells it is too large.
+            [item] = await session.uid_fetch([entry.newest], f"(UID BODY.PEEK[]<0.{limit + 1}>)") or [None]
+            if item is None or "BODY[]<0>" not in item.literals:
+                return None  # removed by another reader since the listing
+            raw = item.literals["BODY[]<0>"]
+            too_large = oversize(entry.size, len(raw), limit)
+        if too_large is not None:
+            if self.quarantine_folder is not None:
+                await self._reject(session, box, uidvalidity, entry.newest, entry.name, too_large)
+            else:
+                refuse(wanted, entry.name, f"{too_large} (message UID {entry.newest} in {box})",
+                       f"UIDVALIDITY {uidvalidity}, UID {entry.newest}")
             return None
-        [item] = await session.uid_fetch([entry.newest], "(UID BODY.PEEK[])") or [None]
-        if item is None or "BODY[]" not in item.literals:
-            return None  # removed by another reader since the listing
         try:
-            data = await asyncio.to_thread(read_attachment, item.literals["BODY[]"], entry.name)
+            data = await asyncio.to_thread(read_attachment, raw, entry.name)
         except Malformed as error:
             await self._reject(session, box, uidvalidity, entry.newest, entry.name, str(error))
             return None
@@ -674,6 +733,8 @@ class EmailTransport(Transport):
         if password is None:
             raise TransportRefused(f"no password for {box}: set password_file or password_env "
                                    "(or imap_password_file / imap_password_env)")
+        key = self._login_key("imap", box.host, box.port, box.user, password)
+        self._refused_before(key)
         try:
             return await ImapSession.open(host=box.host, port=box.port, tls=box.tls, context=self._context(),
                                           user=box.user, password=password, connect_timeout=self.connect_timeout,
@@ -684,8 +745,10 @@ class EmailTransport(Transport):
         except CommandFailed as error:
             if "UNAVAILABLE" in error.text.upper():
                 raise SessionLost(f"the server cannot log in {box.user} now: {error.text}") from None
-            raise TransportRefused(f"IMAP server {box.display_host} refused login as {box.user}: {error.text}; "
-                                   f"check the user name and {self.imap_password.describe()}") from None
+            refusal = TransportRefused(f"IMAP server {box.display_host} refused login as {box.user}: {error.text}; "
+                                       f"check the user name and {self.imap_password.describe()}")
+            self._refused_logins[key] = refusal
+            raise refusal from None
         except TimeoutError:
             raise SessionLost(f"IMAP server {box.display_host} did not answer within "
                               f"{self.connect_timeout:.0f} s") from None
@@ -724,6 +787,34 @@ class EmailTransport(Transport):
         self._sessions.clear()
         self._idle_sessions.clear()
         self._drop_smtp()
+
+
+# What an SMTP server answers when it does not take a mechanism (RFC 4954):
+# only then is the next one tried.  Any other refusal (535: the user name or
+# password is wrong) is final; a retry would cost another failed login.
+_MECHANISM_REFUSED = frozenset({504, 534, 538})
+
+
+async def _smtp_login_once(smtp: aiosmtplib.SMTP, user: str, password: str) -> None:
+    """Log in with the server's first mechanism that aiosmtplib has.
+
+    ``SMTP.login`` tries every mechanism in turn after a refusal, so one
+    wrong password is several failed logins, each answered later than the
+    last by servers that slow down guessing (Dovecot behind Postfix).
+    """
+    if smtp.is_ehlo_or_helo_needed:
+        await smtp.ehlo()
+    methods = smtp.supported_auth_methods
+    if not methods:
+        await smtp.login(user, password)  # raises aiosmtplib's error: no AUTH, or no mechanism in common
+        return
+    for number, method in enumerate(methods):
+        try:
+            await getattr(smtp, f"auth_{method.replace('-', '')}")(user, password)
+            return
+        except aiosmtplib.SMTPAuthenticationError as error:
+            if error.code not in _MECHANISM_REFUSED or number == len(methods) - 1:
+                raise
 
 
 def _describe(error: BaseException) -> str:

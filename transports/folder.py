@@ -29,7 +29,7 @@ from codec.errors import BadFileName
 from codec.message import MAX_FILE_SIZE
 from codec.names import MessageName
 
-from .base import Incoming, NameFilter, Transport
+from .base import Incoming, NameFilter, Transport, refuse
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from .options import ByteCount, FileMode, Seconds, check_size_limit
 
@@ -72,6 +72,14 @@ class _FolderToken:
     def matches(self, status: os.stat_result) -> bool:
         return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns) == (
             self.device, self.inode, self.size, self.mtime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A file the receive leaves unread (reported to the caller, see base.Refusal)."""
+
+    reason: str
+    identity: str
 
 
 def _translate(error: OSError, doing: str, path: str) -> TransportError:
@@ -214,7 +222,9 @@ class FolderTransport(Transport):
             if not wanted(name):
                 continue
             incoming = await asyncio.to_thread(self._read_blocking, address, name)
-            if incoming is not None:
+            if isinstance(incoming, _Refused):
+                refuse(wanted, name, incoming.reason, incoming.identity)
+            elif incoming is not None:
                 yield incoming
 
     def _scan_blocking(self, directory: str) -> list[str]:
@@ -251,7 +261,7 @@ class FolderTransport(Transport):
             return
         log.info("removed %s in %s: a send that was interrupted %.0f s ago left it", entry.name, directory, age)
 
-    def _read_blocking(self, directory: str, name: str) -> Incoming | None:
+    def _read_blocking(self, directory: str, name: str) -> Incoming | _Refused | None:
         path = os.path.join(directory, name)
         try:
             fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC)
@@ -268,16 +278,15 @@ class FolderTransport(Transport):
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
                 return None
+            # Which file this is: a later file of the name is reported again.
+            identity = f"inode {before.st_dev}:{before.st_ino}, {before.st_size} bytes, mtime_ns {before.st_mtime_ns}"
             if before.st_nlink != 1:
                 # A hard link made by whoever can write the inbox would have
                 # the agent read (and set aside) a file from elsewhere.
-                log.warning("%s in inbox %s has %d links (a hard link to a file elsewhere?); left in place, "
-                            "not read", name, directory, before.st_nlink)
-                return None
+                return _Refused(f"it has {before.st_nlink} links (a hard link to a file elsewhere?)", identity)
             if before.st_size > self.max_file_size:
-                log.warning("%s in inbox %s is %d bytes, over the %d byte limit; left in place, not read",
-                            name, directory, before.st_size, self.max_file_size)
-                return None
+                return _Refused(f"it is {before.st_size} bytes, over the {self.max_file_size} byte limit (max_file_size)",
+                                identity)
             if self.min_age and time.time() - before.st_mtime < self.min_age:
                 return None  # maybe still being copied in; next receive reads it
             chunks = []

@@ -15,7 +15,10 @@ Rules of this file:
   ``.<name>.<16 hex>.tmp`` in the inbox, flushed with ``fsync@openssh.com``
   where the server has it, and renamed with ``posix-rename@openssh.com``.
 * Names from the server are data: only plain files directly in the inbox,
-  by the name the listing gave, are read or removed.
+  by the name the listing gave, are read or removed.  A file with more than
+  one hard link (the link count of the listing's ``ls -l`` line, which
+  OpenSSH sends) or over ``max_file_size`` is left unread and reported to
+  the caller, as the folder transport does.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from paramiko.sftp import CMD_EXTENDED
 
 from codec.message import MAX_FILE_SIZE
 
-from .base import Incoming, NameFilter, Transport
+from .base import Incoming, NameFilter, Transport, refuse
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from ._remote import Backoff, SecretSource, check_timeouts, is_own_temp, is_temporary, one_line
 from .options import ByteCount, FileMode, Seconds, check_size_limit, has_control_character
@@ -136,6 +139,23 @@ def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's SHA256 fingerprint of a public key."""
     digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
     return f"SHA256:{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """A file the receive leaves unread (reported to the caller, see base.Refusal)."""
+
+    reason: str
+    identity: str
+
+
+def link_count(entry: paramiko.SFTPAttributes) -> int | None:
+    """The hard-link count in the ``ls -l`` line a listing gives (SFTP v3's
+    attributes have none), or None when the server's line is not in that form."""
+    fields = (getattr(entry, "longname", None) or "").split()
+    if len(fields) >= 2 and fields[1].isdigit() and fields[0][:1] in "-dlcbps":
+        return int(fields[1])
+    return None
 
 
 class _ConnectionLost(Exception):
@@ -252,7 +272,6 @@ class SftpTransport(Transport):
         self._connections: dict[tuple[str, str, int], _Connection] = {}
         self._connecting: dict[tuple[str, str, int], asyncio.Lock] = {}
         self._slots: dict[tuple[str, str, int], asyncio.Semaphore] = {}
-        self._warned: set[tuple] = set()
 
     def __repr__(self) -> str:
         return f"SftpTransport(connections={len(self._connections)}, closed={self.closed})"
@@ -310,19 +329,23 @@ class SftpTransport(Transport):
 
     async def _receive(self, address: str, wanted: NameFilter) -> AsyncIterator[Incoming]:
         inbox = SftpAddress.parse(address)
-        names = await self._run(inbox, "cannot list inbox", lambda _connection, client: self._scan_blocking(
+        listed = await self._run(inbox, "cannot list inbox", lambda _connection, client: self._scan_blocking(
             client, inbox))
-        for name in names:
+        for name, links in listed:
             self._check_open()
             if not wanted(name):
                 continue
             incoming = await self._run(inbox, f"cannot read {name} in inbox",
-                                       lambda _connection, client, name=name: self._read_blocking(client, inbox, name))
-            if incoming is not None:
+                                       lambda _connection, client, name=name, links=links: self._read_blocking(
+                                           client, inbox, name, links))
+            if isinstance(incoming, _Refused):
+                refuse(wanted, name, incoming.reason, incoming.identity)
+            elif incoming is not None:
                 yield incoming
 
-    def _scan_blocking(self, client: paramiko.SFTPClient, inbox: SftpAddress) -> list[str]:
-        names = []
+    def _scan_blocking(self, client: paramiko.SFTPClient, inbox: SftpAddress) -> list[tuple[str, int | None]]:
+        """The plain files to read, in name order, each with its link count (None: the server did not say)."""
+        listed = []
         now = time.time()
         for entry in client.listdir_attr(inbox.path):
             if entry.st_mode is None or not stat.S_ISREG(entry.st_mode):
@@ -330,9 +353,9 @@ class SftpTransport(Transport):
             if is_temporary(entry.filename):
                 self._remove_if_stale_temp(client, inbox, entry, now)
                 continue
-            names.append(entry.filename)
-        names.sort()
-        return names
+            listed.append((entry.filename, link_count(entry)))
+        listed.sort()
+        return listed
 
     def _remove_if_stale_temp(self, client: paramiko.SFTPClient, inbox: SftpAddress,
                               entry: paramiko.SFTPAttributes, now: float) -> None:
@@ -350,7 +373,8 @@ class SftpTransport(Transport):
             return
         log.info("removed %s in %s: a send that was interrupted %.0f s ago left it", entry.filename, inbox, age)
 
-    def _read_blocking(self, client: paramiko.SFTPClient, inbox: SftpAddress, name: str) -> Incoming | None:
+    def _read_blocking(self, client: paramiko.SFTPClient, inbox: SftpAddress, name: str,
+                       links: int | None) -> Incoming | _Refused | None:
         path = inbox.file(name)
         try:
             before = client.lstat(path)
@@ -361,13 +385,14 @@ class SftpTransport(Transport):
         if before.st_mode is None or not stat.S_ISREG(before.st_mode):
             return None
         size = before.st_size or 0
+        # SFTP v3 gives no inode: the size and modification time tell a later file of the name.
+        identity = f"{size} bytes, mtime {before.st_mtime}"
+        if links is not None and links != 1:
+            # As in the folder transport: a hard link made by whoever can
+            # write the inbox would have the agent read a file from elsewhere.
+            return _Refused(f"it has {links} links (a hard link to a file elsewhere?)", identity)
         if size > self.max_file_size:
-            key = ("too large", path, size, before.st_mtime)
-            level = logging.DEBUG if key in self._warned else logging.WARNING
-            self._warned.add(key)
-            log.log(level, "%s in inbox %s is %d bytes, over the %d byte limit; left on the server, not read",
-                    name, inbox, size, self.max_file_size)
-            return None
+            return _Refused(f"it is {size} bytes, over the {self.max_file_size} byte limit (max_file_size)", identity)
         try:
             with client.open(path, "rb") as remote:
                 quiet_read_ahead_threads()

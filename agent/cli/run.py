@@ -487,8 +487,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         out.print(f"{report.quarantine_dropped} older quarantined file(s) were dropped to keep the quarantine "
                   "within its caps (docs/security.md).", soft_wrap=True)
     if report.left_in_inbox > 0:
-        out.print(f"{report.left_in_inbox} file(s) in the inbox are not for this site and were left there: "
-                  f"see `agent inbox {database}`.", soft_wrap=True)
+        out.print(f"{report.left_in_inbox} file(s) in the inbox were left there unread (not for this site, or "
+                  f"refused by the transport): see `agent inbox {database}`.", soft_wrap=True)
     if once and metrics is not None and metrics_file is not None:
         metrics.finish(report)
         write_metrics_file(metrics, metrics_file)  # after the summary: a failed write still shows what the run did

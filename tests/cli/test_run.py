@@ -23,6 +23,9 @@ from tests.spool.helpers import flip_byte
 from .conftest import AGENT_COMMAND, Agent, World, agent_process, stop_once_n1_has_data, sync
 
 
+LEFT = "{} file(s) in the inbox were left there unread (not for this site, or refused by the transport)"
+
+
 def _files_in_inboxes(world: World) -> int:
     return sum(1 for site in ("hq", "n1", "n2") for _ in world.inbox(site).iterdir())
 
@@ -164,7 +167,7 @@ def test_log_file_and_verbose(tmp_path: Path, agent: Agent, world: World) -> Non
     assert "left 'hq.n1.d.junk.fsm' in the inbox" in result.err
     assert "left 'hq.n1.d.junk.fsm' in the inbox" in log_file.read_text()
     assert "DEBUG" in log_file.read_text()
-    assert "1 file(s) in the inbox are not for this site and were left there" in result.out
+    assert LEFT.format(1) in result.out
     assert junk.read_bytes() == b"junk"
 
 
@@ -185,13 +188,13 @@ def test_files_that_are_not_for_the_site_are_never_touched(agent: Agent, world: 
     assert (other / "passwd").read_text() == "root:x:0:0"
     left = [line for line in result.err_lines if "left " in line]
     assert len(left) == 3 and any("addressed to n1, not hq" in line for line in left), result.err_lines
-    assert "3 file(s) in the inbox are not for this site and were left there" in result.out
+    assert LEFT.format(3) in result.out
     assert not list((world.root / "hq.db.agent").glob("quarantine/*"))
     # Each is warned about once, not at every run (nor at every poll of a
     # continuous run); the run's summary still counts them.
     again = agent("run", world.hq, "--once", "--receive-only", "--address", other)
     assert [line for line in again.err_lines if "left " in line] == []
-    assert "3 file(s) in the inbox are not for this site and were left there" in again.out
+    assert LEFT.format(3) in again.out
     # A new file is warned about, and only it.
     (other / "todo.txt").write_text("new")
     third = agent("run", world.hq, "--once", "--receive-only", "--address", other)

@@ -21,7 +21,8 @@ import pytest
 
 import transports.registry
 from transports import BadAddress, BadTransportOptions, TransportRefused, TransportUnavailable, create_transport
-from transports.email import EmailTransport, build_email
+from transports._imap import ImapSession
+from transports.email import EmailTransport, build_email, oversize
 
 from .postfix import PostfixServer
 from .conformance import TransportConformance, message_name, receive_all, receive_wanted, received, record_reads
@@ -404,10 +405,13 @@ async def test_unusable_fieldsync_mail_is_skipped_logged_once_and_left(dovecot, 
                 assert await received(transport, inbox) == {message_name(1): b"fine"}
         [incoming] = await receive_all(transport, inbox)
         await transport.ack(incoming)
-    warnings = [record.getMessage() for record in caplog.records if record.name == "transports.email"]
+    warnings = [record.getMessage() for record in caplog.records if record.name.startswith("transports")]
     for reason in _unusable_mail(user):
         assert sum(reason in warning for warning in warnings) == 1, (reason, warnings)
-    assert all("left in place" in warning and "\n" not in warning for warning in warnings)
+    # Too large is the caller's to report (base.Refusal); without a caller's
+    # sink the transport warns once itself.
+    assert all(("left in place" in warning or "not read" in warning) and "\n" not in warning
+               for warning in warnings)
     assert len(dovecot.files(user)) == len(before) - 1
 
 
@@ -755,7 +759,112 @@ async def test_mail_the_caller_does_not_want_is_not_downloaded(transport, doveco
     ours, theirs = message_name(1), message_name(1, recipient="field2")
     for name in (ours, theirs):
         dovecot.deliver(user, build_email(name, name.encode(), SENDER, f"{user}@{MAIL_DOMAIN}"))
-    reads = record_reads(monkeypatch, transport, "_read", lambda session, box, uidvalidity, entry: entry.name)
+    reads = record_reads(monkeypatch, transport, "_read", lambda session, box, uidvalidity, entry, wanted: entry.name)
     assert await receive_wanted(transport, dovecot.url(user), ours) == [ours]
     assert reads == [ours]
     assert len(await snapshot(dovecot, user)) == 2
+
+
+# -- sizes: RFC822.SIZE is a hint, not a bound ------------------------------------------------------
+
+
+@pytest.mark.parametrize("announced, fetched, refused", [
+    (10_000, None, False), (10_001, None, True),  # before the fetch: only a large announcement refuses
+    (100, 10_000, False), (100, 10_001, True),  # the server said 100: what came is what counts
+    (10_000, 10_001, True), (20_000, 50, True),
+])
+def test_oversize_believes_the_bytes_fetched_not_the_size_announced(announced, fetched, refused) -> None:
+    reason = oversize(announced, fetched, 10_000)
+    assert (reason is not None) == refused
+    if refused:
+        assert "over the max_message_size of 10000" in reason
+
+
+async def test_a_message_longer_than_announced_is_refused_after_limit_plus_one_bytes(
+        transport, dovecot, user, monkeypatch) -> None:
+    """A server that announces 100 bytes for a message of 30 kB: the body
+    fetch asks for at most max_message_size + 1 bytes and the message is
+    left unread, reported as too large."""
+    inbox = dovecot.url(user)
+    big = build_email(message_name(1), b"z" * 20_000, SENDER, f"{user}@{MAIL_DOMAIN}")
+    dovecot.deliver(user, big)
+    transport.max_message_size = 10_000
+    requested: list[str] = []
+    real_fetch = ImapSession.uid_fetch
+
+    async def lying_fetch(session, uids, attributes):
+        requested.append(attributes)
+        items = await real_fetch(session, uids, attributes)
+        for item in items:
+            if "RFC822.SIZE" in item.numbers:
+                item.numbers["RFC822.SIZE"] = 100
+        return items
+
+    monkeypatch.setattr(ImapSession, "uid_fetch", lying_fetch)
+    refusals = []
+    assert [incoming async for incoming in transport.receive(inbox, refused=refusals.append)] == []
+    [refusal] = refusals
+    assert refusal.name == message_name(1) and "over the max_message_size of 10000" in refusal.reason
+    assert "announced 100 bytes" in refusal.reason
+    bodies = [attributes for attributes in requested if "BODY.PEEK[]" in attributes]
+    assert bodies == ["(UID BODY.PEEK[]<0.10001>)"]
+    assert len(await snapshot(dovecot, user)) == 1  # left in place
+
+
+# -- a wrong password, against Postfix and Dovecot ---------------------------------------------------
+
+
+@pytest.fixture
+def quick_refusing_mail():
+    """Dovecot and Postfix of this test's own; Dovecot answers a failed login
+    at once (``auth_failure_delay = 0``), so what is timed is the client's
+    share: Dovecot still answers every further failure from the address 2,
+    4, 8, then 15 s later than the last, whatever its settings."""
+    dovecot = DovecotServer()
+    with open(dovecot.base / "dovecot.conf", "a") as config:
+        config.write("auth_failure_delay = 0\n")
+    _started(dovecot)
+    dovecot.add_user("hq")
+    postfix = PostfixServer(dovecot)
+    try:
+        _started(postfix)
+        yield dovecot, postfix
+    finally:
+        postfix.close()
+        dovecot.close()
+
+
+async def test_a_wrong_password_is_reported_at_once_and_not_offered_again(quick_refusing_mail, monkeypatch) -> None:
+    """aiosmtplib's login tries each mechanism after a 535, and each try
+    made Dovecot answer the next login later: 14 s for one wrong password.
+    One mechanism is tried, and a refused password is not offered again."""
+    dovecot, postfix = quick_refusing_mail
+    user = new_user(dovecot)
+    monkeypatch.setenv(PASSWORD_VARIABLE, "not the password")
+    async with transport_for(dovecot, postfix, retry_delay=5) as transport:
+        started = time.monotonic()
+        with pytest.raises(TransportRefused) as smtp_refusal:
+            await transport.send(mailto(user), message_name(1), b"x")
+        assert time.monotonic() - started < 1.0
+        started = time.monotonic()
+        with pytest.raises(TransportRefused) as again:
+            await transport.send(mailto(user), message_name(2), b"x")  # the next peer's message, say
+        assert time.monotonic() - started < 0.2
+        assert "refused this password already" in one_line_error(again.value)
+        # Dovecot now holds the failure above against this address: its answer to IMAP is late, not ours.
+        with pytest.raises(TransportRefused) as imap_refusal:
+            await receive_all(transport, dovecot.url(user))
+        started = time.monotonic()
+        with pytest.raises(TransportRefused):
+            await receive_all(transport, dovecot.url(user))
+        assert time.monotonic() - started < 0.2
+    assert f"SMTP server 127.0.0.1:{postfix.port} refused login as {SENDER}: 535" in one_line_error(smtp_refusal.value)
+    assert f"IMAP server 127.0.0.1:{dovecot.imaps_port} refused login as {user}" in one_line_error(imap_refusal.value)
+    for error in (smtp_refusal.value, again.value, imap_refusal.value):
+        assert "not the password" not in str(error) and f"password_env {PASSWORD_VARIABLE}" in str(error)
+    # One SASL attempt reached the server for the two sends.
+    assert postfix.log.read_text(errors="replace").count("SASL PLAIN authentication failed") + \
+        postfix.log.read_text(errors="replace").count("SASL LOGIN authentication failed") == 1
+    monkeypatch.setenv(PASSWORD_VARIABLE, dovecot.PASSWORD)  # fixed: tried again, and taken
+    async with transport_for(dovecot, postfix) as transport:
+        await transport.send(mailto(user), message_name(3), b"fixed")

@@ -293,11 +293,36 @@ async def test_files_over_the_size_limit_are_left_and_logged_once(sshd, inbox, c
     (path / message_name(1)).write_bytes(b"x" * 10_001)
     (path / message_name(2)).write_bytes(b"y" * 10_000)
     async with transport_for(sshd, max_file_size=10_000) as limited:
-        with caplog.at_level(logging.WARNING, logger="transports.sftp"):
+        with caplog.at_level(logging.WARNING, logger="transports"):
             assert await received(limited, address) == {message_name(2): b"y" * 10_000}
             assert await received(limited, address) == {message_name(2): b"y" * 10_000}
+        refusals = []
+        assert [incoming.name async for incoming in limited.receive(address, refused=refusals.append)] == [
+            message_name(2)]
     warnings = [record.getMessage() for record in caplog.records if message_name(1) in record.getMessage()]
-    assert len(warnings) == 1 and "limit" in warnings[0]
+    assert len(warnings) == 1 and "10000 byte limit" in warnings[0]
+    [refusal] = refusals
+    assert refusal.name == message_name(1) and "10001 bytes, over the 10000 byte limit" in refusal.reason
+    assert (path / message_name(1)).stat().st_size == 10_001
+
+
+async def test_a_hard_link_is_left_unread_as_the_folder_transport_does(transport, inbox, tmp_path) -> None:
+    """A file with a second link (to a file outside the inbox, say) is
+    refused, not read: its link count comes from the listing."""
+    address, path = inbox
+    outside = tmp_path / "private.key"
+    outside.write_bytes(b"someone's secret")
+    os.link(outside, path / message_name(1))
+    (path / message_name(2)).write_bytes(b"real")
+    assert await received(transport, address) == {message_name(2): b"real"}
+    refusals = []
+    got = [incoming async for incoming in transport.receive(address, refused=refusals.append)]
+    assert [(incoming.name, incoming.data) for incoming in got] == [(message_name(2), b"real")]
+    [refusal] = refusals
+    assert refusal.name == message_name(1) and "2 links" in refusal.reason
+    assert visible(path) == [message_name(1), message_name(2)] and outside.read_bytes() == b"someone's secret"
+    os.unlink(outside)  # the last other link gone: an ordinary file again, read
+    assert await received(transport, address) == {message_name(1): b"someone's secret", message_name(2): b"real"}
     assert (path / message_name(1)).exists()
 
 
@@ -538,7 +563,7 @@ async def test_a_name_the_caller_does_not_want_is_not_downloaded(transport, inbo
     ours, theirs = message_name(1), message_name(1, recipient="field2")
     (path / ours).write_bytes(b"ours")
     (path / theirs).write_bytes(b"another site's")
-    reads = record_reads(monkeypatch, transport, "_read_blocking", lambda client, box, name: name)
+    reads = record_reads(monkeypatch, transport, "_read_blocking", lambda client, box, name, links: name)
     assert await receive_wanted(transport, address, ours) == [ours]
     assert reads == [ours]
     assert sorted(os.listdir(path)) == sorted([ours, theirs])
