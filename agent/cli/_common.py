@@ -10,6 +10,7 @@ Rules of this file:
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import logging.handlers
 import os
@@ -380,12 +381,63 @@ def remote_names(site: "SiteDatabase") -> list[str]:  # noqa: F821
 def require_remote(site: "SiteDatabase", name: str) -> None:  # noqa: F821
     names = remote_names(site)
     if name not in names:
-        known = f"its remotes are {', '.join(names)}" if names else "it has no remotes yet"
+        known = _known_remotes(names, name)
         if name == site.identity.name:
             raise AgentError(f"{name!r} is the name of the site in {site.path} itself, not one of its remotes "
                              f"({known})")
         raise AgentError(f"{site.path} has no remote named {name!r} ({known}); "
                          f"add it with `agent remote add {site.path} {name} --address ...`")
+
+
+def _known_remotes(names: list[str], name: str) -> str:
+    """What to say of a site's remotes when ``name`` is none of them: one
+    line however large the fleet (the closest names at most)."""
+    if not names:
+        return "it has no remotes yet"
+    if len(names) <= 3:
+        return f"its remotes are {', '.join(names)}"
+    closest = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    count = f"it has {len(names)} remotes"
+    return f"{count}; the closest: {', '.join(closest)}" if closest else f"{count}, none named like it"
+
+
+SHARED_INBOX_HELP = ("The remote's inbox is shared with other remotes on purpose (each agent takes only the "
+                     "files named for it): no warning about it.")
+SHARED_INBOX_SHOWN = 20  # warning lines at most; more shared addresses are counted on one line
+
+
+def shared_inbox_warnings(site: "SiteDatabase", new: Iterable[tuple[str, str, str | None]]  # noqa: F821
+                          ) -> list[str]:
+    """One warning line per address of ``new`` (name, address, transport)
+    that another remote (one of the site's, or another of ``new``) is sent
+    to as well: a shared folder or mailbox works (docs/transports.md), but
+    is more often a slip that lands one remote's messages in another's
+    inbox, where they are left unread."""
+    def place(address: str, transport: str | None) -> tuple[str, str]:
+        kind = (transport or "folder").split("+")[-1]
+        return kind, os.path.abspath(os.path.expanduser(address)) if kind == "folder" else address
+
+    new = list(new)
+    adding = {name for name, _, _ in new}
+    holders: dict[tuple[str, str], list[str]] = {}
+    for remote in site.remotes():
+        if remote.address and remote.name not in adding:
+            holders.setdefault(place(remote.address, remote.transport), []).append(remote.name)
+    for name, address, transport in new:
+        holders.setdefault(place(address, transport), []).append(name)
+    lines, warned = [], set()
+    for name, address, transport in new:
+        key = place(address, transport)
+        others = [other for other in holders[key] if other != name]
+        if not others or key in warned:
+            continue
+        warned.add(key)
+        lines.append(f"warning: {address} is the inbox of {', '.join(sorted({name, *others}))}: each agent takes "
+                     "only its own files there; if that was not meant, give each remote its own address "
+                     "(--shared-inbox silences this)")
+    if len(lines) > SHARED_INBOX_SHOWN:
+        lines[SHARED_INBOX_SHOWN:] = [f"warning: and {len(lines) - SHARED_INBOX_SHOWN} more shared inboxes"]
+    return lines
 
 
 # -- wording ---------------------------------------------------------------------------

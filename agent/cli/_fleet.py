@@ -20,7 +20,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import AgentError, UsageError
-from ._common import ADDRESS, SITE_NAME, TRANSPORT, Duration, TimeOfDay, console, open_site, show_progress
+from ._common import (ADDRESS, SITE_NAME, TRANSPORT, Duration, TimeOfDay, console, error_console, open_site,
+                      shared_inbox_warnings, show_progress)
 from .remote import SubscriptionTypes, _public_key_line, _refuse_own_inbox, _split_subscription
 
 
@@ -249,7 +250,7 @@ def _line_error(source: str, line: FleetLine, error: BaseException) -> Exception
     return AgentError(f"{where}: {describe(error)}; nothing was added")
 
 
-def add_from_file(database: Path, path: Path, file_format: str | None) -> None:
+def add_from_file(database: Path, path: Path, file_format: str | None, *, shared_inbox: bool = False) -> None:
     from codec.errors import CodecError
     from transports.errors import TransportError
 
@@ -278,11 +279,15 @@ def add_from_file(database: Path, path: Path, file_format: str | None) -> None:
                 progress.advance(checking)
         finally:
             fleet.close()
+        shared = [] if shared_inbox else shared_inbox_warnings(
+            site, [(remote.name, remote.address, remote.transport) for remote in remotes if remote.address])
         adding = progress.add_task(f"adding to {database}", total=len(remotes))
         try:
             subscribed = site.add_remotes(remotes, progress=lambda count: progress.advance(adding, count))
         except RemoteRejected as rejected:
             raise _line_error(source, lines[rejected.index], rejected.reason) from None
+    for line in shared:
+        error_console().print(line, soft_wrap=True)
     elapsed = clock.monotonic() - started
     out.print(f"Added {_count(len(remotes), 'remote')} to {database} from {source}, with "
               f"{_count(subscribed, 'subscription')} ({elapsed:.1f}s).", soft_wrap=True)

@@ -13,9 +13,10 @@ from rich.table import Table
 from transports.options import parse_float, parse_int
 
 from ..errors import AgentError
-from ._common import (ADDRESS, DATABASE, SITE_NAME, TRANSPORT, Duration, TimeOfDay, TransportOption,
-                      check_stored_address, check_transport_settings, console, format_seconds, key_fingerprint,
-                      open_site, require_remote, schedule_text, stored_options)
+from ._common import (ADDRESS, DATABASE, SHARED_INBOX_HELP, SITE_NAME, TRANSPORT, Duration, TimeOfDay,
+                      TransportOption, check_stored_address, check_transport_settings, console, error_console,
+                      format_seconds, key_fingerprint, open_site, require_remote, schedule_text,
+                      shared_inbox_warnings, stored_options)
 
 INBOX_HELP = ("The remote's own inbox where it differs from --address (email: its IMAP mailbox, "
               "imaps://north@host/INBOX); `agent extract` gives it to the remote.")
@@ -179,12 +180,13 @@ def remote() -> None:
                                    "in one transaction, instead of NAME and its options.")
 @click.option("--inbox", type=ADDRESS, help=INBOX_HELP)
 @click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(), help=PEER_OPTION_HELP)
+@click.option("--shared-inbox", is_flag=True, help=SHARED_INBOX_HELP)
 @click.option("--format", "file_format", type=click.Choice(["csv", "jsonl"]),
               help="The format of --from FILE (default: from its extension, .csv or .jsonl).")
 def add(database: Path, name: str | None, address: str | None, transport: str, public_key: str | None,
         public_key_file: Path | None, subscriptions: tuple[str, ...], send_every: int | None,
         send_at: time | None, inbox: str | None, options: tuple, from_file: Path | None,
-        file_format: str | None) -> None:
+        shared_inbox: bool, file_format: str | None) -> None:
     """Add the remote user NAME to the site in DATABASE, or with --from
     FILE every remote of FILE at once (all or none).
 
@@ -210,7 +212,7 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
                                    "columns instead")
         from ._fleet import add_from_file
 
-        return add_from_file(database, from_file, file_format)
+        return add_from_file(database, from_file, file_format, shared_inbox=shared_inbox)
     if file_format is not None:
         raise click.UsageError("--format is the format of --from FILE; give --from as well")
     if name is None:
@@ -232,6 +234,7 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
         # Check every subscription before adding, so a typo adds nothing.
         typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
         _refuse_own_inbox(site, name, address, transport)
+        shared = [] if shared_inbox else shared_inbox_warnings(site, [(name, address, transport)])
         added = site.add_remote(name, address=address, transport=transport, public_key=line,
                                 send_every=send_every, send_at=send_at)
         if inbox is not None or settings:
@@ -241,6 +244,8 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
     out = console()
     out.print(f"Added remote {added.name} at {address} ({transport}); sending {schedule_text(send_every, send_at)}.",
               soft_wrap=True)
+    for line in shared:
+        error_console().print(line, soft_wrap=True)
     for publication, value in typed:
         out.print(f"Subscribed {name} to {publication}" + ("" if value is None else f" with {value!r}"),
                   soft_wrap=True)
@@ -286,11 +291,12 @@ def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # n
 @click.option("--inbox", type=ADDRESS, help=INBOX_HELP)
 @click.option("--transport-option", "-O", "options", multiple=True, type=TransportOption(), help=PEER_OPTION_HELP)
 @click.option("--unset", "unset", multiple=True, metavar="NAME", help="Forget a stored transport option. Repeatable.")
+@click.option("--shared-inbox", is_flag=True, help=SHARED_INBOX_HELP)
 def set_(database: Path, name: str, address: str | None, transport: str | None, public_key: str | None,
          public_key_file: Path | None, send_every: int | None, send_at: time | None, no_schedule: bool,
          heartbeat: int | None, default_heartbeat: bool, confirm_timeout: int | None,
          default_confirm_timeout: bool, inbox: str | None, options: tuple,
-         unset: tuple[str, ...]) -> None:
+         unset: tuple[str, ...], shared_inbox: bool) -> None:
     """Change how the remote user NAME is reached: its address, transport,
     public key or send schedule.
 
@@ -335,6 +341,8 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
             check_stored_address(transport or old.transport or "folder", address or old.address,
                                  hint="" if address else f"; give --address with the new transport {transport}")
         _refuse_own_inbox(site, name, address or old.address, transport or old.transport)
+        shared = [] if shared_inbox or not (address or transport) or not (address or old.address) else \
+            shared_inbox_warnings(site, [(name, address or old.address, transport or old.transport)])
         merged = {key: value for key, value in {**site.transport_options(name), **settings}.items()
                   if value is not None}
         check_transport_settings(transport or old.transport or "folder", merged, inbox=inbox,
@@ -359,6 +367,8 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
                   soft_wrap=True, markup=False)
     if old == new and not settings:
         out.print(f"{name}: nothing changed", soft_wrap=True)
+    for line in shared:
+        error_console().print(line, soft_wrap=True)
 
 
 def _heartbeat_text(seconds: int | None) -> str:

@@ -487,3 +487,34 @@ def test_ack_errors_of_a_removed_remote_and_of_an_unknown_name(site: Path, agent
     assert result.code == 1 and len(result.err_lines) == 1 and "no remote named 'nobody'" in result.err
     result = agent("remote", "ack-errors", site, "r1", "--through", "0")
     assert result.code == 2 and "--through" in result.err
+
+
+def test_a_second_remote_on_one_inbox_is_accepted_with_one_warning(site: Path, agent: Agent, tmp_path: Path) -> None:
+    """A shared inbox works (each agent takes only its own files) but is
+    more often a slip: add, set and --from say so in one line naming the
+    remotes at that address; --shared-inbox says it is meant."""
+    assert agent("remote", "add", site, "north", "--address", tmp_path / "box").err == ""
+    result = agent("remote", "add", site, "south", "--address", tmp_path / "box")
+    assert result.code == 0 and len(result.err_lines) == 1, result.err
+    assert result.err_lines[0].startswith(f"warning: {tmp_path / 'box'} is the inbox of north, south:")
+    assert "--shared-inbox" in result.err_lines[0]
+    assert agent("remote", "add", site, "east", "--address", tmp_path / "box", "--shared-inbox").err == ""
+    assert agent("remote", "add", site, "west", "--address", tmp_path / "west").err == ""
+    result = agent("remote", "set", site, "west", "--address", str(tmp_path / "box") + "/")  # the same folder
+    assert result.code == 0 and result.err_lines == [
+        f"warning: {tmp_path / 'box'}/ is the inbox of east, north, south, west: each agent takes only its own "
+        "files there; if that was not meant, give each remote its own address (--shared-inbox silences this)"]
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text(f"name,address\nn1,{tmp_path / 'pair'}\nn2,{tmp_path / 'pair'}\nn3,{tmp_path / 'own'}\n")
+    result = agent("remote", "add", site, "--from", fleet)
+    assert result.code == 0 and len(result.err_lines) == 1 and "is the inbox of n1, n2:" in result.err, result.err
+    assert "Added 3 remotes" in result.out
+
+
+def test_an_unknown_remote_is_one_line_with_the_closest_names(site: Path, agent: Agent, tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address\n" + "".join(f"depot{n:03d},{tmp_path / f'd{n}'}\n" for n in range(200)))
+    assert agent("remote", "add", site, "--from", fleet).code == 0
+    result = agent("remote", "set", site, "depot1000", "--heartbeat", "1h")
+    assert result.code == 1 and len(result.err_lines) == 1 and len(result.err) < 300, result.err
+    assert "it has 200 remotes; the closest: depot100" in result.err
