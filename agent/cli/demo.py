@@ -260,8 +260,11 @@ def at_rest(rows: dict[str, tuple[int, dict[str, Any]]]) -> list[str]:
     unsettled = []
     for name, (log_end, peers) in rows.items():
         for peer, row in peers.items():
-            if not row.confirm_sent == row.log_sent == log_end:
-                unsettled.append(f"{name}->{peer} confirmed {row.confirm_sent} of {log_end}")
+            # Rest (docs/protocol.md, I5): all that was sent is confirmed and the
+            # log was read for the peer to its end (the tail held nothing for it).
+            if not (row.confirm_sent == row.log_sent and row.read_through == log_end):
+                unsettled.append(f"{name}->{peer} confirmed {row.confirm_sent} of {row.log_sent} sent, "
+                                 f"read to {row.read_through} of {log_end}")
             back = rows[peer][1][name]
             if back.log_received != row.log_sent or back.confirm_received != back.log_received:
                 unsettled.append(f"{peer} has applied {back.log_received} of {name}'s {row.log_sent}")
@@ -472,7 +475,7 @@ def demo(folder: Path, max_message_size: int, seed: int, rounds: int) -> int:
         click.echo(f"agent: the demo's sites did not converge after {used} rounds: see what differs above", err=True)
         return 1
     out.print(f"[bold green]OK[/]: {len(FIELD_SITES)} field sites converged with hq in {used} rounds, "
-              f"{sent} data messages, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent == log end)",
+              f"{sent} data messages, {elapsed:.1f}s; every stream confirmed (confirm_sent == log_sent, the log read to its end)",
               soft_wrap=True, markup=True)
     agent = _agent_command()
     out.print(f"Look around: {agent} status {folder / 'hq.db'} · {agent} inbox {folder / 'north.db'} · "

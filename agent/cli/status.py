@@ -287,7 +287,8 @@ class SilentFor(click.ParamType):
               help="Only peers that hold the log back: not everything up to the log end is confirmed, or known "
                    "to hold nothing for them (their horizon, docs/protocol.md rule 8, is before the log end).")
 @click.option("--silent-for", type=SilentFor(), metavar="DURATION",
-              help="Only peers no data message was applied from for DURATION (3d, 12h, 90m).")
+              help="Only peers nothing was heard from for DURATION (3d, 12h, 90m): no message of theirs, data or "
+                   "control, arrived (heard_at).")
 @click.option("--errors", "with_errors", is_flag=True,
               help="Only peers in error now: a transport error not yet followed by a successful send or "
                    "receive, a stopped stream, or apply errors not acknowledged (`agent remote ack-errors`).")
@@ -299,8 +300,11 @@ def status(database: Path, lagging: bool, silent_for: float | None, with_errors:
     """Show the remote-user table of DATABASE, its queues and its errors.
 
     Offsets: log_send, log_sent and confirm_sent are in this site's log;
-    log_received and confirm_received in the peer's.  At rest,
-    confirm_sent == log_sent == log end for every peer.  The filters
+    log_received and confirm_received in the peer's.  At rest, every peer
+    has confirmed all that was sent to it (confirm_sent == log_sent) and
+    the log was read for it to its end (read_through == log end; a peer
+    gets no message without news, so log_sent stays where its last data
+    went).  The filters
     (--lagging, --silent-for, --errors) keep the peers that meet all of
     those given.
 

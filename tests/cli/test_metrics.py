@@ -322,3 +322,19 @@ def test_the_in_error_gauge_means_what_the_doc_says() -> None:
     row = re.search(r"^\| `fieldsync_peer_in_error` \| gauge \| (.*) \|$", DOC.read_text(), re.M)
     assert row is not None
     assert " ".join(row.group(1).replace("`", "").split()) == IN_ERROR_HELP
+
+
+def test_the_sent_metrics_say_data_and_control_as_the_doc_does() -> None:
+    """Control files stamp last_sent_at and count as sent files too: the
+    HELP texts and docs/metrics.md say so alike."""
+    from agent.metrics import _PEER_GAUGES, _RUN_COUNTS
+
+    help_of = {name: text for name, text, _ in _PEER_GAUGES}
+    run_help = {f"fieldsync_last_run_{suffix}": text for suffix, _, text in _RUN_COUNTS}
+    for name, text in (("fieldsync_peer_last_sent_timestamp_seconds", help_of),
+                       ("fieldsync_last_run_sent_files", run_help)):
+        row = re.search(rf"^\| `{name}` \| gauge \| (.*) \|$", DOC.read_text(), re.M)
+        assert row is not None, name
+        assert "data" in text[name] and "control" in text[name] and "data" in row.group(1) \
+            and "control" in row.group(1), (name, text[name], row.group(1))
+        assert "queued for sending" not in text[name]
