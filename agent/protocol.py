@@ -340,15 +340,24 @@ class PairProtocol:
         # a resend request); one that does not ask says the peer holds a
         # confirmation of all it sent, up to the log_sent it carries.
         peer_confirmed, owed = state.peer_confirmed, state.confirm_owed
+        request_patience = state.request_patience
         if control.asks_confirmation:
             owed = owed or state.log_received >= control.log_sent
+            if control.log_sent > state.log_received:
+                # Rule 4: the publisher probes a confirm timeout after its
+                # last message and still misses what it announced, so the
+                # last resend request (or the resend) was lost: the next one
+                # goes after --patience polls again, not the doubled wait.
+                request_patience = 0
         else:
             peer_confirmed = max(peer_confirmed, control.log_sent)
         probes = 0 if confirmed != state.confirm_sent else state.probes
-        if (peer_log_sent, confirmed, peer_confirmed, owed, probes) != (
-                state.peer_log_sent, state.confirm_sent, state.peer_confirmed, state.confirm_owed, state.probes):
+        if (peer_log_sent, confirmed, peer_confirmed, owed, probes, request_patience) != (
+                state.peer_log_sent, state.confirm_sent, state.peer_confirmed, state.confirm_owed, state.probes,
+                state.request_patience):
             self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed,
-                                  peer_confirmed=peer_confirmed, confirm_owed=owed, probes=probes)
+                                  peer_confirmed=peer_confirmed, confirm_owed=owed, probes=probes,
+                                  request_patience=request_patience)
         # Rule 7: a resend request, acted on after the urgency delay.
         if control.rereceive_count > self._state.resend_count:
             request = self._resend_request

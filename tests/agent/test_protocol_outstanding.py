@@ -272,3 +272,23 @@ def test_a_message_restored_from_the_queue_did_not_arrive_now():
     assert (core.state.heard_at, core.state.probes, core.state.confirm_owed) == (1.0, 3, False)
     core.message_queued(200.0, "again", Header(0, 2, 5), incarnation)  # arrives now: a duplicate
     assert (core.state.heard_at, core.state.probes, core.state.confirm_owed) == (200.0, 0, True)
+
+
+def test_a_probe_that_still_announces_a_gap_sets_the_request_patience_back():
+    """Rule 4: after a lost resend request the next one waits twice the
+    patience; a probe of the publisher (a confirm timeout after its last
+    message) that still announces more than arrived shows the request or
+    its resend lost, so the next request goes after --patience polls."""
+    from agent.protocol import PairProtocol, PairState
+    from codec.message import ControlState
+
+    incarnation = b"A" * 16
+    state = PairState(log_received=5, confirm_received=5, peer_log_sent=9, rereceive_count=1, request_patience=8,
+                      peer_incarnation=incarnation)
+    core = PairProtocol("A", state)
+    core.control_received(10.0, ControlState(0, 0, 9, 1), incarnation)  # no probe: the wait stays doubled
+    assert core.state.request_patience == 8
+    core.control_received(20.0, ControlState(0, 0, 9, 1, asks_confirmation=True), incarnation)
+    assert core.state.request_patience == 0 and not core.state.confirm_owed  # rule 4 answers, not a confirmation
+    polls = [core.poll(30.0 + n) for n in range(2)]
+    assert [action.reason for actions in polls for action in actions] == ["resend request"]
