@@ -10,6 +10,7 @@ An article is written ``TABLE[:COL1,COL2,...][@COLUMN]``:
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -150,24 +151,39 @@ def drop(database: Path, name: str) -> None:
 
 @publication.command("list")
 @click.argument("database", type=DATABASE)
-def list_(database: Path) -> None:
-    """List the publications of DATABASE, their articles and subscribers."""
+@click.option("--subscribers", "show_subscribers", is_flag=True,
+              help="List each publication's subscribers with their values, not only how many.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (format fieldsync.publications/1), "
+                                                       "subscribers included.")
+def list_(database: Path, show_subscribers: bool, as_json: bool) -> None:
+    """List the publications of DATABASE, their articles and how many
+    subscribers each has (the subscribers themselves with --subscribers or
+    --json)."""
     with open_site(database) as site:
         publications = site.publications()
         subscriptions = site.subscriptions()
+    subscribers: dict[str, list[tuple[str, object]]] = {}
+    for subscription in subscriptions:
+        subscribers.setdefault(subscription.publication, []).append((subscription.remote, subscription.value))
+    if as_json:
+        document = {"format": "fieldsync.publications/1", "publications": [
+            {"name": item.name,
+             "articles": [{"table": article.table, "columns": None if article.columns is None else list(article.columns),
+                           "subscribe_by": article.subscribe_by} for article in item.articles],
+             "subscribers": [{"remote": remote, "value": _json_value(value)}
+                             for remote, value in subscribers.get(item.name, [])]}
+            for item in publications]}
+        click.echo(json.dumps(document, ensure_ascii=False))
+        return
     out = console()
     if not publications:
         out.print(f"{database} has no publications; create one with `agent publication create`.", soft_wrap=True)
         return
-    subscribers: dict[str, list[str]] = {}
-    for subscription in subscriptions:
-        text = subscription.remote if subscription.value is None else f"{subscription.remote}={subscription.value}"
-        subscribers.setdefault(subscription.publication, []).append(text)
     table = Table(title=f"publications of {database}")
     for column in ("publication", "table", "columns", "subscribe by", "subscribers"):
         table.add_column(column, overflow="fold")
     for item in publications:
-        who = ", ".join(subscribers.get(item.name, [])) or "-"
+        who = _who(subscribers.get(item.name, []), listed=show_subscribers)
         if not item.articles:
             table.add_row(item.name, "-", "-", "-", who)
         for number, article in enumerate(item.articles):
@@ -175,3 +191,22 @@ def list_(database: Path) -> None:
                           "all" if article.columns is None else ", ".join(article.columns),
                           article.subscribe_by or "-", who if number == 0 else "")
     out.print(table)
+
+
+def _who(subscribers: list[tuple[str, object]], *, listed: bool) -> str:
+    """A publication's subscribers as a table cell: how many (a fleet's list
+    would fill the screen), or the list itself."""
+    if not subscribers:
+        return "-"
+    if listed:
+        return ", ".join(remote if value is None else f"{remote}={value}" for remote, value in subscribers)
+    remotes = len({remote for remote, _ in subscribers})
+    text = f"{remotes} remote" + ("" if remotes == 1 else "s")
+    if len(subscribers) != remotes:
+        text += f" ({len(subscribers)} subscriptions)"
+    return text
+
+
+def _json_value(value: object) -> object:
+    """A subscription value in JSON: a blob as its hex digits."""
+    return {"blob": value.hex()} if isinstance(value, bytes) else value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,10 +61,26 @@ def test_create_add_and_list(site: Path, agent: Agent) -> None:
         assert text in listing.out
 
 
-def test_list_shows_subscribers(site: Path, agent: Agent, tmp_path: Path) -> None:
+def test_list_counts_subscribers_and_lists_them_when_asked(site: Path, agent: Agent, tmp_path: Path) -> None:
+    """A fleet's subscribers would fill one table cell: the list counts them;
+    --subscribers and --json give them with their values."""
     agent("publication", "create", site, "territory", "customer@region")
-    agent("remote", "add", site, "north", "--address", tmp_path, "--subscribe", "territory=north")
-    assert "north=north" in agent("publication", "list", site).out
+    agent("publication", "create", site, "catalogue", "product")
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address,subscribe\n" + "".join(
+        f"r{n:03d},{tmp_path / f'r{n}'},territory=r{n:03d}\n" for n in range(150)))
+    assert agent("remote", "add", site, "--from", fleet).code == 0, "fleet"
+    agent("remote", "subscribe", site, "r000", "territory=spare")
+    listing = agent("publication", "list", site)
+    assert listing.code == 0 and "150 remotes (151 subscriptions)" in listing.out
+    assert "r001" not in listing.out and len(listing.out) < 2000
+    assert "r007=r007" in agent("publication", "list", site, "--subscribers").out
+    document = json.loads(agent("publication", "list", site, "--json").out)
+    assert document["format"] == "fieldsync.publications/1"
+    territory = {item["name"]: item for item in document["publications"]}["territory"]
+    assert territory["articles"] == [{"table": "customer", "columns": None, "subscribe_by": "region"}]
+    assert len(territory["subscribers"]) == 151 and {"remote": "r000", "value": "spare"} in territory["subscribers"]
+    assert {item["name"]: item for item in document["publications"]}["catalogue"]["subscribers"] == []
 
 
 def test_list_of_a_site_without_publications(site: Path, agent: Agent) -> None:
