@@ -134,7 +134,8 @@ def test_brackets_in_names_and_values_print_as_they_are(agent, tmp_path) -> None
     assert agent("publication", "create", hq, "territory", "customer@region").code == 0
     result = agent("remote", "add", hq, "west", "--address", "in/[red]w", "--subscribe", "territory=[/x]")
     assert result.code == 0 and "in/[red]w" in result.out, result.err
-    for command in (("status", hq), ("remote", "list", hq), ("publication", "list", hq), ("inbox", hq)):
+    for command in (("status", hq), ("remote", "list", hq), ("publication", "list", hq, "--subscribers"),
+                    ("inbox", hq)):
         result = agent(*command)
         assert result.code in (0, 1) and "internal error" not in result.err, (command, result.err)
         assert "[/x]" in result.out or command[0] == "inbox", (command, result.out)
