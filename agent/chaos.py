@@ -11,8 +11,15 @@ Rules of this file:
   of the seed (an SFTP server, mailboxes) are emptied when a seed starts,
   so no seed sees another's files, and quiescence also asks the transport
   that no data message is waiting.
-* After the faults stop, every site runs until the system is quiescent;
-  then the invariants are checked: every remote holds exactly the
+* The timers are realistic: each seed draws its heartbeat (the default
+  24 h in most seeds) and its confirm timeout (minutes to an hour, never
+  above the heartbeat), and the agents run with them.
+* After the faults stop, every site runs at most SETTLE_ROUNDS clean
+  rounds (each site once a round), the virtual clock advancing by one
+  confirm timeout a round in all: the system must be at rest by then, so a
+  lost confirmation or last message is repaired by the probes of rule 3,
+  never by a heartbeat (docs/protocol.md, I5).  A seed still busy is
+  *stuck*.  Then the invariants are checked: every remote holds exactly the
   consolidated's subscribed rows (I5), every ledger entry made anywhere is
   everywhere exactly once (no loss, no double apply: a second apply of a
   ledger INSERT is an error row; every workload transaction writes ledger
@@ -33,24 +40,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import random
 import shlex
 import shutil
 import sqlite3
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from transports import Transport
 from transports.faults import FaultRates, FaultsTransport
+from transports.options import parse_seconds
 
 from . import crashpoints
 from .admin import extract_site, init_site
 from .errors import AgentError
 from .keyfiles import copy_site_keys, load_site_keys
+from .run_options import DEFAULT_CONFIRM_TIMEOUT
 from .runner import Agent, RunOptions
 from .site import SiteDatabase
 from .site.publications import Article
@@ -67,12 +78,39 @@ ARRIVALS = [
     " BEGIN INSERT INTO chaos_arrival (entry) VALUES (NEW.entry); END",
 ]
 PRODUCTS = ("tea", "jam", "rice", "soap")
-# Virtual seconds between control messages to an idle peer (each site run
-# advances the virtual clock by a minute): a lost last message is noticed
-# within ten runs of the publisher.
-HEARTBEAT = 600.0
-PROCESS_HEARTBEAT = "1s"
+# The timers each seed draws (seconds).  The heartbeat is `agent run`'s
+# default of 24 h in three seeds of five, else 6 h or 1 h; the confirm
+# timeout is one of a few values from five minutes to the default hour,
+# never above the heartbeat.
+DEFAULT_HEARTBEAT = 86400.0
+HEARTBEATS = (DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT, DEFAULT_HEARTBEAT, 21600.0, 3600.0)
+CONFIRM_TIMEOUTS = (300.0, 600.0, 1800.0, DEFAULT_CONFIRM_TIMEOUT)
+# Virtual seconds a site run takes while the faults last (a site running
+# about once a minute, as in continuous mode).
+FAULT_RUN_SECONDS = 60.0
+# The chance that a round of the fault phase follows a pause of a few
+# confirm timeouts.
+PAUSE_RATE = 0.2
+# After the faults stop: the system must be at rest within this many clean
+# rounds of every site, the virtual clock advancing by one confirm timeout
+# a round (shared out over the round's site runs).  Ten rounds are at most
+# ten hours, less than any 24 h heartbeat: only the probes can repair.
+SETTLE_ROUNDS = 10
+# The multi-process runs use real time: the default heartbeat, so it never
+# repairs anything, and a confirm timeout of a second.
+PROCESS_HEARTBEAT = "24h"
+PROCESS_CONFIRM_TIMEOUT = "1s"
 _DEFAULT_ADDRESS_TEMPLATE = "{root}/inbox/{site}"
+
+
+def duration_text(seconds: float) -> str:
+    """``5400`` -> ``1h30m``: a duration as `agent chaos` and `agent run` take it."""
+    whole = int(seconds)
+    if whole != seconds:
+        return f"{seconds:g}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "") + (f"{secs}s" if secs else "") or "0s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +133,21 @@ class ChaosParams:
     # (email: from_address={site}@example.com).
     transport_options: tuple[tuple[str, object], ...] = ()
     reextract_rate: float = 0.0  # per step: a remote is extracted again while its mail is in flight
+    heartbeat: float = DEFAULT_HEARTBEAT  # seconds: every agent's --heartbeat
+    confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT  # seconds: every agent's --confirm-timeout
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
 
+    def __post_init__(self) -> None:
+        if not 0 < self.confirm_timeout <= self.heartbeat:
+            raise ValueError(f"the confirm timeout ({duration_text(self.confirm_timeout)}) must be positive and "
+                             f"not above the heartbeat ({duration_text(self.heartbeat)})")
+
     @classmethod
     def random(cls, seed: int, **overrides: object) -> "ChaosParams":
-        """Parameters drawn from the seed: k remotes, rates, workload size."""
+        """Parameters drawn from the seed: k remotes, rates, workload size,
+        timers.  A heartbeat given without a confirm timeout lowers the
+        drawn one to it."""
         rng = random.Random(f"params:{seed}")
         scale = rng.choice((0.0, 0.03, 0.08, 0.15))
         rates = FaultRates(drop=scale, corrupt=scale / 2, duplicate=scale, reorder=scale, delay=scale / 2,
@@ -108,8 +155,18 @@ class ChaosParams:
         values = dict(seed=seed, remotes=rng.randint(1, 3), steps=rng.randint(3, 8), rates=rates,
                       crash_rate=rng.choice((0.0, 0.0, 0.05, 0.15)), patience=rng.randint(1, 2),
                       reextract_rate=rng.choice((0.0, 0.0, 0.0, 0.1)))
+        # Drawn after the rest, so that the other draws of a seed stay what they were.
+        heartbeat = rng.choice(HEARTBEATS)
+        values.update(heartbeat=heartbeat, confirm_timeout=min(rng.choice(CONFIRM_TIMEOUTS), heartbeat))
         values.update(overrides)
+        if "confirm_timeout" not in overrides:
+            values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
         return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def timers(self) -> str:
+        """``heartbeat 24h, confirm timeout 5m``."""
+        return f"heartbeat {duration_text(self.heartbeat)}, confirm timeout {duration_text(self.confirm_timeout)}"
 
     def command(self) -> str:
         """A one-line command that replays this seed."""
@@ -133,6 +190,10 @@ class ChaosParams:
             parts.append(f"--crash-rate {self.crash_rate}")
         if self.reextract_rate != drawn.reextract_rate:
             parts.append(f"--reextract-rate {self.reextract_rate}")
+        if self.heartbeat != drawn.heartbeat:
+            parts.append(f"--heartbeat {duration_text(self.heartbeat)}")
+        if self.confirm_timeout != min(drawn.confirm_timeout, self.heartbeat):
+            parts.append(f"--confirm-timeout {duration_text(self.confirm_timeout)}")
         if self.rates != drawn.rates:
             default = FaultRates()
             changed = [name for name in FaultRates.__dataclass_fields__
@@ -152,7 +213,14 @@ class ChaosResult:
     # Operations on customers that found no row (or a taken key) because
     # another site changed the row meanwhile: the sites still converge.
     apply_errors: int = 0
+    probes: int = 0  # probes sent (rule 3): control messages asking for a confirmation after a silence
+    # The most probes any stream had sent since it last changed when the
+    # faults stopped: its next probe waits the confirm timeout doubled as often.
+    backoff_at_stop: int = 0
+    # Clean rounds of every site until the system was at rest (0: stuck),
+    # and the virtual seconds they took.
     rounds_to_quiesce: int = 0
+    settle_seconds: float = 0.0
     divergences: list[str] = field(default_factory=list)
     double_applies: list[str] = field(default_factory=list)
     losses: list[str] = field(default_factory=list)
@@ -225,6 +293,10 @@ class Simulation:
         self.root = root
         self.params = params
         self.rng = random.Random(f"run:{params.seed}")
+        # The fault phase's pauses and drain rounds draw from a stream of
+        # their own, so the workload, crash and extraction draws of a seed
+        # stay what they were before them.
+        self.timing = random.Random(f"timing:{params.seed}")
         self.sites = ["hq", *_site_names(params.remotes)]
         self.agents: dict[str, Agent] = {}
         self._observers: dict[str, Transport] = {}
@@ -275,7 +347,8 @@ class Simulation:
                          "hold_dir": str(self.root / "held" / site), "active": faults}
         return RunOptions(transport=f"faults+{self.params.transport}", address=self.address(site),
                           max_message_size=self.params.max_message_size, patience=self.params.patience,
-                          resend_urgency=0.0, heartbeat=HEARTBEAT, named_options={"faults": fault_options},
+                          resend_urgency=0.0, heartbeat=self.params.heartbeat,
+                          confirm_timeout=self.params.confirm_timeout, named_options={"faults": fault_options},
                           transport_options=self.transport_options(site))
 
     def _settings_patch(self, agent: Agent) -> None:
@@ -327,9 +400,15 @@ class Simulation:
         self.result.resends += agent.report.resend_requests
         self.result.quarantined += agent.report.quarantined
         agent.report.resend_requests = agent.report.quarantined = 0
+        for peer in agent.peers.values():
+            counters = peer.protocol.counters
+            self.result.probes += counters.probes_sent
+            peer.protocol.counters = dataclasses.replace(counters, probes_sent=0)
 
-    async def run_site(self, site: str, *, faults: bool) -> None:
-        self.clock += 60.0
+    async def run_site(self, site: str, *, faults: bool, seconds: float = FAULT_RUN_SECONDS) -> None:
+        """One run of ``site``'s agent (a receive and a send phase), the
+        virtual clock first advancing by ``seconds``."""
+        self.clock += seconds
         agent = await self._agent(site, faults)
         armed = faults and self.rng.random() < self.params.crash_rate
         if armed:
@@ -461,7 +540,52 @@ class Simulation:
 
     # -- the run -----------------------------------------------------------------------
 
-    async def run(self, settle_rounds: int = 40) -> ChaosResult:
+    # What the settle phase's time is, for the report of a stuck seed.
+    time_kind = "virtual"
+
+    def timers(self) -> str:
+        return self.params.timers
+
+    def now(self) -> float:
+        return self.clock
+
+    async def fault_round(self) -> None:
+        """The sites in a random order, each running or not (four in five).
+        One round in five follows a pause of one, two or four confirm
+        timeouts (the sites idle), so that probes go, and get lost, while
+        the faults last."""
+        if self.timing.random() < PAUSE_RATE:
+            self.clock += self.params.confirm_timeout * self.timing.choice((1, 2, 4))
+        order = self.sites[:]
+        self.rng.shuffle(order)
+        for site in order:
+            if self.rng.random() < 0.8:
+                await self.run_site(site, faults=True)
+
+    async def settle_round(self) -> None:
+        """Every site runs once, the virtual clock advancing by one confirm
+        timeout over the round."""
+        seconds = self.params.confirm_timeout / len(self.sites)
+        for site in self.sites:
+            await self.run_site(site, faults=False, seconds=seconds)
+
+    async def settle(self, rounds: int) -> None:
+        """The faults are off: clean rounds of every site until the system
+        is at rest; after ``rounds`` rounds it is stuck."""
+        start = self.now()
+        for number in range(1, rounds + 1):
+            await self.settle_round()
+            if self.quiescent() and not await self._data_waiting():
+                self.result.rounds_to_quiesce = number
+                break
+        self.result.settle_seconds = self.now() - start
+        if not self.result.rounds_to_quiesce:
+            self.result.stuck = (f"not at rest after {rounds} clean rounds "
+                                 f"({duration_text(round(self.result.settle_seconds, 1))} of {self.time_kind} time; "
+                                 f"{self.timers()}; {self.result.backoff_at_stop} probes of backoff when the "
+                                 f"faults stopped): {self.describe()}")
+
+    async def run(self, settle_rounds: int = SETTLE_ROUNDS) -> ChaosResult:
         try:
             if not self.fresh_inboxes:
                 await self._empty_inboxes()
@@ -469,20 +593,16 @@ class Simulation:
                 self.workload_step()
                 if self.params.reextract_rate and self.rng.random() < self.params.reextract_rate:
                     await self.reextract(self.rng.choice(self.sites[1:]))
-                order = self.sites[:]
-                self.rng.shuffle(order)
-                for site in order:
-                    if self.rng.random() < 0.8:
-                        await self.run_site(site, faults=True)
+                await self.fault_round()
+            # The last writes drain while the faults go on: the last data
+            # messages and confirmations of a stream may be lost with no
+            # data behind them to repair it (rule 3's probes must).
+            for _ in range(self.timing.randint(0, 3)):
+                await self.fault_round()
             await self._stop_faults()
-            for number in range(1, settle_rounds + 1):
-                for site in self.sites:
-                    await self.run_site(site, faults=False)
-                if self.quiescent() and not await self._data_waiting():
-                    self.result.rounds_to_quiesce = number
-                    break
-            else:
-                self.result.stuck = f"no quiescence after {settle_rounds} rounds: {self.describe()}"
+            self.result.backoff_at_stop = max((row.probes for peers, _ in self._remote_rows().values()
+                                               for row in peers.values()), default=0)
+            await self.settle(settle_rounds)
             self.check()
         finally:
             for site in list(self.agents):
@@ -571,7 +691,8 @@ class Simulation:
             for peer, row in peers.items():
                 parts.append(f"{site}->{peer} end={end} read={row.read_through} sent={row.log_sent} "
                              f"confirmed={row.confirm_sent} "
-                             f"received={row.log_received} epochs={row.resend_count}/{row.rereceive_count}")
+                             f"received={row.log_received} epochs={row.resend_count}/{row.rereceive_count} "
+                             f"probes={row.probes}{' owed' if row.confirm_owed else ''}")
         return ", ".join(parts)
 
     def check(self) -> None:
@@ -686,6 +807,23 @@ def shrink(params: ChaosParams) -> ChaosParams:
     return best
 
 
+def _percentile(values: list[int], share: float) -> int:
+    """The nearest-rank percentile of ``values`` (sorted, not empty)."""
+    return values[max(0, math.ceil(share * len(values)) - 1)]
+
+
+def rest_figures(results: list[ChaosResult]) -> dict:
+    """How many clean rounds the seeds needed to come to rest: the most,
+    percentiles, and how many seeds needed each count (stuck seeds apart)."""
+    rounds = sorted(r.rounds_to_quiesce for r in results if not r.stuck)
+    figures: dict = {"bound": SETTLE_ROUNDS, "stuck": sum(1 for r in results if r.stuck)}
+    if rounds:
+        figures.update(max=rounds[-1], p50=_percentile(rounds, 0.5), p90=_percentile(rounds, 0.9),
+                       p99=_percentile(rounds, 0.99))
+    figures["histogram"] = {str(number): count for number, count in sorted(Counter(rounds).items())}
+    return figures
+
+
 def summarize(results: list[ChaosResult]) -> dict:
     faults: Counter = Counter()
     for result in results:
@@ -706,9 +844,21 @@ def summarize(results: list[ChaosResult]) -> dict:
         "out_of_order": sum(len(r.out_of_order) for r in results),
         "stale_applies": sum(len(r.stale_applies) for r in results),
         "stuck": sum(1 for r in results if r.stuck),
-        "failing_seeds": [{"seed": r.params.seed, "replay": r.params.command(), "problem": r.summary()}
+        "probes": sum(r.probes for r in results),
+        "rounds_to_rest": rest_figures(results),
+        "timers": {
+            "heartbeat": _counts(duration_text(r.params.heartbeat) for r in results),
+            "confirm_timeout": _counts(duration_text(r.params.confirm_timeout) for r in results),
+        },
+        "failing_seeds": [{"seed": r.params.seed, "replay": r.params.command(), "problem": r.summary(),
+                           "heartbeat": r.params.heartbeat, "confirm_timeout": r.params.confirm_timeout,
+                           "rounds_to_quiesce": r.rounds_to_quiesce, "backoff_at_stop": r.backoff_at_stop}
                           for r in failing],
     }
+
+
+def _counts(values: Iterable[str]) -> dict[str, int]:
+    return dict(Counter(values).most_common())
 
 
 def _fast_tmp() -> str | None:
@@ -726,11 +876,15 @@ def _fast_tmp() -> str | None:
 class ProcessSimulation(Simulation):
     """The same suite with every agent run a real ``agent run --once``
     process over the faults-wrapped transport, killed with SIGKILL at random
-    moments."""
+    moments.  The agents run in real time, with the default heartbeat (24 h)
+    and a confirm timeout of a second; the virtual clock (and the fault
+    phase's pauses) mean nothing here.  The settle bound is the same number
+    of rounds, each lasting at least the confirm timeout."""
 
     kill_rate = 0.25
 
-    async def run_site(self, site: str, *, faults: bool) -> None:
+    async def run_site(self, site: str, *, faults: bool, seconds: float = 0.0) -> None:
+        """One ``agent run --once`` of ``site``, in real time (``seconds`` does not apply)."""
         import sys
 
         params = self.params
@@ -738,8 +892,9 @@ class ProcessSimulation(Simulation):
         command = [sys.executable, "-m", "agent.cli", "run", str(self.root / f"{site}.db"), "--once",
                    "--transport", f"faults+{params.transport}", "--address", self.address(site),
                    "-l", str(params.max_message_size), "--patience", str(params.patience), "--resend-urgency", "0",
-                   # Real time here: a heartbeat every couple of runs repairs a lost last message or confirmation.
-                   "--heartbeat", PROCESS_HEARTBEAT,
+                   # Real time here: the default heartbeat, which repairs nothing within the run, and a
+                   # confirm timeout of a second, so that probes repair a lost last message or confirmation.
+                   "--heartbeat", PROCESS_HEARTBEAT, "--confirm-timeout", PROCESS_CONFIRM_TIMEOUT,
                    "-O", f"faults.seed={params.seed * 100 + index}", "-O", f"faults.hold_dir={self.root / 'held' / site}",
                    "-O", f"faults.active={'true' if faults else 'false'}",
                    "-O", f"faults.record={self.root / 'faults.jsonl'}"]
@@ -775,7 +930,29 @@ class ProcessSimulation(Simulation):
             await transport.flush()
             await transport.aclose()
 
-    async def run(self, settle_rounds: int = 40) -> ChaosResult:
+    time_kind = "real"
+
+    def __init__(self, root: Path, params: ChaosParams, templates: _Templates, *,
+                 real_clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(root, params, templates)
+        self.real_clock = real_clock
+
+    def timers(self) -> str:
+        return f"heartbeat {PROCESS_HEARTBEAT}, confirm timeout {PROCESS_CONFIRM_TIMEOUT}"
+
+    def now(self) -> float:
+        return self.real_clock()
+
+    async def settle_round(self) -> None:
+        """Every site runs once; a round lasts at least the confirm timeout
+        (real time), so a stream still unconfirmed is probed every round
+        while its backoff lasts."""
+        start = self.now()
+        for site in self.sites:
+            await self.run_site(site, faults=False)
+        await asyncio.sleep(max(0.0, parse_seconds(PROCESS_CONFIRM_TIMEOUT) - (self.now() - start)))
+
+    async def run(self, settle_rounds: int = SETTLE_ROUNDS) -> ChaosResult:
         result = await super().run(settle_rounds)
         record = self.root / "faults.jsonl"
         if record.exists():

@@ -1,10 +1,12 @@
 """``agent chaos``: the protocol fault-injection suite, for N seeds.
 
-Each seed builds a consolidated and 1-3 remotes from scratch, runs a random
-workload with random faults (drop, corrupt, duplicate, reorder, delay,
-partition) and agent crashes, stops the faults, runs to quiescence and
-checks that every site holds exactly what it should.  docs/testing.md
-explains the summary.
+Each seed builds a consolidated and 1-3 remotes from scratch, draws its
+timers (heartbeat, confirm timeout), runs a random workload with random
+faults (drop, corrupt, duplicate, reorder, delay, partition) and agent
+crashes, stops the faults, runs clean rounds until the system is at rest
+(at most ten, one confirm timeout of virtual time a round) and checks that
+every site holds exactly what it should.  docs/testing.md explains the
+summary.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from transports.errors import BadTransportOptions
 from transports.faults import FaultRates
 from transports.options import parse_int
 
-from ..chaos import ChaosParams, run_seed, run_seeds, shrink, summarize
+from ..chaos import ChaosParams, duration_text, run_seed, run_seeds, shrink, summarize
 from ..transport_options import TransportOptions
-from ._common import TRANSPORT, AddressTemplate, TransportOption, Whole, console
+from ._common import TRANSPORT, AddressTemplate, Duration, TransportOption, Whole, console
 
 
 class FaultRate(click.ParamType):
@@ -64,6 +66,11 @@ class FaultRate(click.ParamType):
               help="Chance per step of an agent crash (default: from the seed).")
 @click.option("--reextract-rate", type=click.FloatRange(0.0, 1.0), default=None,
               help="Chance per step that a remote is extracted again (default: from the seed).")
+@click.option("--heartbeat", type=Duration(), default=None, metavar="DURATION",
+              help="Every agent's --heartbeat (default: from the seed, 24h in most seeds, else 6h or 1h).")
+@click.option("--confirm-timeout", type=Duration(), default=None, metavar="DURATION",
+              help="Every agent's --confirm-timeout (default: from the seed, 5m to 1h, never above the "
+                   "heartbeat).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
                    "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
@@ -91,7 +98,8 @@ def chaos(**arguments: Any) -> int:
 
 def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
            send_address_template: str | None, transport_options: tuple, crash_rate: float | None,
-           reextract_rate: float | None, fault_rates: tuple[tuple[str, float], ...], as_json: bool,
+           reextract_rate: float | None, heartbeat: float | None, confirm_timeout: float | None,
+           fault_rates: tuple[tuple[str, float], ...], as_json: bool,
            keep_going: bool, unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
     if link.named:
@@ -103,9 +111,13 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                            transport_options=tuple(sorted(options.items())),
                            unsafe_without_stale_rule=unsafe_without_stale_rule,
                            unsafe_without_duplicate_rule=unsafe_without_duplicate_rule)
-    for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate)):
+    for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate),
+                        ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout)):
         if value is not None:
             overrides[name] = value
+    if heartbeat is not None and confirm_timeout is not None and confirm_timeout > heartbeat:
+        raise click.UsageError(f"the confirm timeout ({duration_text(confirm_timeout)}) is above the heartbeat "
+                               f"({duration_text(heartbeat)}): lower --confirm-timeout or raise --heartbeat")
     if fault_rates:
         try:
             overrides["rates"] = FaultRates(**dict(fault_rates))
@@ -161,9 +173,21 @@ def _print(summary: dict) -> None:
     table.add_row("applied out of order", str(summary["out_of_order"]))
     table.add_row("stale-epoch applies", str(summary["stale_applies"]))
     table.add_row("runs that never settled", str(summary["stuck"]))
+    table.add_row("probes sent", str(summary.get("probes", 0)))
+    rest = summary.get("rounds_to_rest")
+    if rest and "max" in rest:
+        table.add_row(f"clean rounds to rest (bound {rest['bound']}): most, p50/p90/p99",
+                      f"{rest['max']}, {rest['p50']}/{rest['p90']}/{rest['p99']}")
+        table.add_row("seeds at rest after 1, 2, ... rounds",
+                      " ".join(f"{rounds}:{count}" for rounds, count in rest["histogram"].items()))
+    for timer, counts in summary.get("timers", {}).items():
+        table.add_row(f"seeds by {timer.replace('_', ' ')}", " ".join(f"{value}:{n}" for value, n in counts.items()))
     console().print(table)
     for failing in summary["failing_seeds"]:
-        console().print(f"[red]seed {failing['seed']}[/]: {escape(str(failing['problem']))}\n"
+        timers = (f"heartbeat {duration_text(failing['heartbeat'])}, "
+                  f"confirm timeout {duration_text(failing['confirm_timeout'])}")
+        console().print(f"[red]seed {failing['seed']}[/] ({timers}): {escape(str(failing['problem']))}\n"
                         f"  replay: {escape(str(failing['replay']))}", markup=True)
     if not summary["failing_seeds"]:
-        console().print("[green]OK[/]: no divergence, double apply, loss, disorder or stale-epoch apply", markup=True)
+        console().print("[green]OK[/]: no divergence, double apply, loss, disorder or stale-epoch apply, "
+                        "every seed at rest within the bound", markup=True)

@@ -1,12 +1,16 @@
 """The fault-injection suite in CI: many seeds of random workloads, faults
-and crashes; and proof that the suite notices when a safety rule is off."""
+and crashes, with realistic timers; and proof that the suite notices when a
+safety rule is off, or when repairs need more than the settle bound."""
 
+import json
 import os
 import sqlite3
 
 import pytest
 
-from agent.chaos import ChaosParams, ChaosResult, Simulation, _Templates, run_seed, run_seeds, summarize
+from agent.chaos import (CONFIRM_TIMEOUTS, DEFAULT_HEARTBEAT, SETTLE_ROUNDS, ChaosParams, ChaosResult, Simulation,
+                         _Templates, run_seed, run_seeds, summarize)
+from agent.protocol import PairProtocol
 from transports.faults import FaultRates
 
 pytestmark = pytest.mark.timeout(900)
@@ -26,7 +30,103 @@ async def test_many_seeds_find_no_divergence_double_apply_or_loss():
         # Sites changed the same customers at once (an UPDATE of a row the
         # other deleted fails by design), and still converged.
         assert summary["apply_errors"] > 0
+        # Streams went unconfirmed long enough to be probed.
+        assert summary["probes"] > 0
     assert summary["failing_seeds"] == [], summary["failing_seeds"][:5]
+    # Every seed came to rest within the bound, the clock advancing by at
+    # most one confirm timeout a round.
+    rest = summary["rounds_to_rest"]
+    assert rest["stuck"] == 0 and 1 <= rest["max"] <= SETTLE_ROUNDS, rest
+    assert sum(rest["histogram"].values()) == SEEDS
+    for result in results:
+        assert result.settle_seconds <= result.rounds_to_quiesce * result.params.confirm_timeout + 1e-6, result
+
+
+def test_the_seeds_draw_realistic_timers():
+    """The heartbeat is the default 24 h in at least half the seeds, the
+    confirm timeout a few minutes to an hour and never above the heartbeat;
+    a run given other timers replays with them."""
+    drawn = [ChaosParams.random(seed) for seed in range(1000)]
+    assert sum(params.heartbeat == DEFAULT_HEARTBEAT for params in drawn) >= 500
+    assert {params.heartbeat for params in drawn} == {3600.0, 21600.0, DEFAULT_HEARTBEAT}
+    assert {params.confirm_timeout for params in drawn} == set(CONFIRM_TIMEOUTS)
+    assert all(300 <= params.confirm_timeout <= min(3600, params.heartbeat) for params in drawn)
+    assert all(" --heartbeat" not in params.command() and "--confirm-timeout" not in params.command()
+               for params in drawn[:50])
+    # A heartbeat given alone lowers the drawn confirm timeout to it, in the
+    # replay as well.
+    seed = next(params.seed for params in drawn if params.confirm_timeout == 3600.0)
+    short = ChaosParams.random(seed, heartbeat=1800.0)
+    assert (short.heartbeat, short.confirm_timeout) == (1800.0, 1800.0)
+    assert short.command() == f"agent chaos --seed {seed} --heartbeat 30m"
+    assert ChaosParams.random(seed, heartbeat=1800.0, confirm_timeout=600.0).command() == \
+        f"agent chaos --seed {seed} --heartbeat 30m --confirm-timeout 10m"
+    assert ChaosParams.random(seed, confirm_timeout=90.0).command() == \
+        f"agent chaos --seed {seed} --confirm-timeout 1m30s"
+    with pytest.raises(ValueError, match="not above the heartbeat"):
+        ChaosParams.random(seed, heartbeat=600.0, confirm_timeout=1200.0)
+
+
+def test_a_replay_command_runs_with_the_timers_it_names(capsys):
+    from agent.cli import main
+
+    command = ChaosParams.random(4, heartbeat=7200.0, confirm_timeout=120.0).command()
+    assert command == "agent chaos --seed 4 --heartbeat 2h --confirm-timeout 2m"
+    assert main(command.split()[1:] + ["--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["timers"] == {"heartbeat": {"2h": 1}, "confirm_timeout": {"2m": 1}}
+    assert main(["chaos", "--seed", "4", "--heartbeat", "10m", "--confirm-timeout", "1h"]) == 2
+    assert "the confirm timeout (1h) is above the heartbeat (10m)" in capsys.readouterr().err
+
+
+async def test_a_seed_not_at_rest_within_the_bound_is_stuck(tmp_path):
+    """The settle phase stops after its rounds: a seed that needs one round
+    more than it is given fails as stuck, its timers in the report."""
+    templates = _Templates(tmp_path / "templates")
+    for seed in range(40):
+        params = ChaosParams.random(seed)
+        result = await Simulation(tmp_path / f"seed-{seed}", params, templates).run()
+        assert result.ok, result.summary()
+        if result.rounds_to_quiesce >= 3:
+            break
+    else:
+        pytest.fail("no seed among the first 40 needed three rounds")
+    rounds = result.rounds_to_quiesce
+    short = await Simulation(tmp_path / f"again-{seed}", params, templates).run(settle_rounds=rounds - 1)
+    assert short.stuck is not None and not short.ok and short.rounds_to_quiesce == 0
+    assert short.stuck.startswith(f"not at rest after {rounds - 1} clean rounds ")
+    assert params.timers in short.stuck
+    assert short.settle_seconds == pytest.approx((rounds - 1) * params.confirm_timeout)
+    failing = summarize([short])["failing_seeds"][0]
+    assert (failing["heartbeat"], failing["confirm_timeout"]) == (params.heartbeat, params.confirm_timeout)
+
+
+async def test_without_probes_a_lost_confirmation_waits_for_the_heartbeat_and_the_suite_says_so(monkeypatch):
+    """Rule 3's probes are what repairs a stream whose last confirmation or
+    data message was lost with nothing behind it.  With them gone, a 24 h
+    heartbeat is the only repair, far beyond ten rounds of one confirm
+    timeout: some seed is stuck that passes with them.  (Files are only
+    dropped, and more often than the seeds draw, so that such a loss comes
+    within a few seeds.)"""
+    send_controls = PairProtocol.send_controls
+
+    def without_probes(self, now, *, heartbeat=None, confirm_timeout=None, force=False):
+        return send_controls(self, now, heartbeat=heartbeat, confirm_timeout=None, force=force)
+
+    monkeypatch.setattr(PairProtocol, "send_controls", without_probes)
+    found = None
+    for seed in range(100):
+        result = await run_seed(ChaosParams.random(seed, heartbeat=DEFAULT_HEARTBEAT, rates=FaultRates(drop=0.2)))
+        assert result.probes == 0
+        if result.stuck:
+            found = result
+            break
+    assert found is not None, "the suite should notice that no stream is ever probed"
+    assert found.stuck.startswith(f"not at rest after {SETTLE_ROUNDS} clean rounds ")
+    assert "heartbeat 24h" in found.stuck
+    monkeypatch.setattr(PairProtocol, "send_controls", send_controls)
+    again = await run_seed(found.params)
+    assert again.ok and again.rounds_to_quiesce <= SETTLE_ROUNDS and again.probes > 0, again.summary()
 
 
 async def test_without_the_duplicate_rule_the_suite_finds_a_double_apply():
