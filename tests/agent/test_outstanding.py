@@ -135,3 +135,23 @@ async def test_an_idle_fleet_with_everything_confirmed_gets_only_its_heartbeats(
     files = sum(len(world.inbox_files(site)) for site in ("hq", "f1", "f2"))
     sent = sum(report.sent for _, report in world.reports[-9:])
     assert files == 0 and sent == 0
+
+
+async def test_files_read_again_under_keep_are_no_duplicates_and_get_no_answer(world):
+    """--keep leaves every file in the inbox and each poll reads them again:
+    that is no resend by the peer, so it asks for no confirmation."""
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(13), 3, ("f1",), start=6000))
+    await world.run("hq")
+    await world.run("f1", keep=True)  # applies and confirms; the data file stays in the inbox
+    assert len(world.rows("f1", "customer", "WHERE id >= 6000")) == 3 and data_files(world, "f1")
+    assert len(controls(world, "hq")) == 1
+    await world.run("hq")
+    assert row(world, "hq", "f1").confirm_sent == row(world, "hq", "f1").log_sent
+    for _ in range(3):
+        await world.run("f1", keep=True)  # reads the kept file again, each time
+    assert not controls(world, "hq") and not row(world, "f1", "hq").confirm_owed
+    # A real duplicate (the file arriving again without --keep) is answered.
+    copy = data_files(world, "f1")[0]
+    await world.run("f1")  # takes it in once more: a duplicate of applied data
+    assert len(controls(world, "hq")) == 1, copy
