@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+from collections import Counter
 from datetime import datetime, time, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -183,10 +184,37 @@ def _schedule(row: dict[str, Any]) -> str:
     return schedule_text(row["send_every"], None if row["send_at"] is None else time.fromisoformat(row["send_at"]))
 
 
+# A fleet larger than this shows, without --all, only the peers that need attention.
+WHOLE_TABLE_UP_TO = 20
+DEFAULT_HEARTBEAT = 86400.0  # agent run's --heartbeat, for a peer with none of its own
+
+
+def peer_state(row: dict[str, Any], now: float) -> str:
+    """What a peer needs, most urgent first: ``in error`` (as --errors),
+    ``lagging`` (as --lagging), ``silent`` (nothing heard from it for longer
+    than its heartbeat, 24 h by default: a running peer sends one at least
+    that often), else ``at rest``."""
+    if row["in_error"]:
+        return "in error"
+    if row["lag"] > 0:
+        return "lagging"
+    heard = row["heard_at"]
+    if heard is None:
+        heard = datetime.fromisoformat(row["created_at"]).timestamp()
+    if now - heard > (row["heartbeat"] or DEFAULT_HEARTBEAT):
+        return "silent"
+    return "at rest"
+
+
+STATES = ("at rest", "lagging", "silent", "in error")
+
+
 def render_status(out: Console, status: dict[str, Any], *, total: int | None = None,
-                  filters: list[str] | None = None) -> None:
-    """The human form: the site, then the remote-user table in three parts
-    (with ``filters``, the rows they kept of ``total``)."""
+                  filters: list[str] | None = None, show_all: bool = False, now: float | None = None) -> None:
+    """The human form: the site, a summary of its peers' states, then the
+    remote-user table in three parts: every peer of a small site, or with
+    ``show_all``; else the peers that need attention (with ``filters``, the
+    rows they kept of ``total``)."""
     site = status["site"]
     out.print(f"[bold]{escape(site['name'])}[/] " + escape(f"({site['role']}) in {status['database']}"),
               soft_wrap=True, markup=True)
@@ -214,6 +242,16 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
     if not rows:
         out.print("  no remote users; add one with `agent remote add`")
         return
+    moment = datetime.now(timezone.utc).timestamp() if now is None else now
+    states = {row["name"]: peer_state(row, moment) for row in rows}
+    counted = Counter(states.values())
+    out.print(f"  {len(rows)} peers: " + " · ".join(f"{counted[state]} {state}" for state in STATES),
+              soft_wrap=True)
+    if not (filters or show_all) and len(rows) > WHOLE_TABLE_UP_TO:
+        rows = [row for row in rows if states[row["name"]] != "at rest"]
+        out.print(f"  the {len(rows)} that need attention below (`--all` shows every peer)", soft_wrap=True)
+        if not rows:
+            return
     # Three tables of at most seven columns, so each fits a 100-column terminal.
     sending = Table(title="sending (offsets in this site's log)", title_justify="left")
     for column in ("peer", "log_send", "log_sent", "confirm_sent", "resend_count", "send_count", "last_sent_at"):
@@ -292,11 +330,14 @@ class SilentFor(click.ParamType):
 @click.option("--errors", "with_errors", is_flag=True,
               help="Only peers in error now: a transport error not yet followed by a successful send or "
                    "receive, a stopped stream, or apply errors not acknowledged (`agent remote ack-errors`).")
+@click.option("--all", "show_all", is_flag=True,
+              help=f"Show every peer's rows; without it a site of more than {WHOLE_TABLE_UP_TO} peers shows those "
+                   "that need attention (lagging, silent, in error) after the summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (format fieldsync.status/1).")
 @click.option("--json-lines", "as_lines", is_flag=True,
               help="Print one JSON object a line, each remote as it is read (format fieldsync.status-lines/1).")
-def status(database: Path, lagging: bool, silent_for: float | None, with_errors: bool, as_json: bool,
-           as_lines: bool) -> None:
+def status(database: Path, lagging: bool, silent_for: float | None, with_errors: bool, show_all: bool,
+           as_json: bool, as_lines: bool) -> None:
     """Show the remote-user table of DATABASE, its queues and its errors.
 
     Offsets: log_send, log_sent and confirm_sent are in this site's log;
@@ -331,7 +372,7 @@ def status(database: Path, lagging: bool, silent_for: float | None, with_errors:
     filters = [text for text, given in (("--lagging", lagging), (f"--silent-for {_silent_text(silent_for)}",
                                                                    silent_for is not None),
                                         ("--errors", with_errors)) if given]
-    render_status(console(), data, total=parts.total if filters else None, filters=filters)
+    render_status(console(), data, total=parts.total if filters else None, filters=filters, show_all=show_all)
 
 
 def _quiet_stdout() -> None:

@@ -428,3 +428,26 @@ def test_the_doc_lists_every_key_of_the_status_document(agent: Agent, world: Wor
     assert set(status["remotes"][0]) == remote
     filters = CLI_DOC.read_text()
     assert "| `--errors` | it is in error *now*" in filters and "agent remote ack-errors DB NAME" in filters
+
+
+def test_a_fleet_gets_a_summary_and_the_peers_that_need_attention(agent: Agent, tmp_path: Path) -> None:
+    """Plain status at a fleet: a line of counts (at rest, lagging, silent,
+    in error) and the rows of the peers that need attention; --all shows
+    every peer."""
+    hq = tmp_path / "hq.db"
+    assert agent("init", hq, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "in").code == 0
+    fleet = tmp_path / "fleet.csv"
+    fleet.write_text("name,address\n" + "".join(f"depot{n:02d},{tmp_path / f'd{n}'}\n" for n in range(30)))
+    assert agent("remote", "add", hq, "--from", fleet).code == 0
+    with SiteDatabase.open(hq) as site:
+        site.update_remote("depot07", heard_at=time.time())  # heard from just now: at rest
+        site.update_remote("depot08", heard_at=time.time() - 3 * 86400)  # silent for three days
+        site.update_remote("depot09", heard_at=time.time(), last_error="cannot send to folder: it does not exist")
+    result = agent("status", hq)
+    assert result.code == 0
+    # Rows made just now were heard of at their creation: at rest until their heartbeat passes.
+    assert "30 peers: 28 at rest · 0 lagging · 1 silent · 1 in error" in result.out, result.out
+    assert "the 2 that need attention below" in result.out
+    assert "depot08" in result.out and "depot09" in result.out and "depot07" not in result.out
+    every = agent("status", hq, "--all")
+    assert all(f"depot{n:02d}" in every.out for n in range(30))
