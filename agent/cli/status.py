@@ -57,6 +57,10 @@ class StatusParts:
     total: int
 
 
+# Moments of a remote-user row on the agent's clock (Unix seconds).
+CLOCK_KEYS = ("control_sent_at", "heard_at", "data_sent_at")
+
+
 @contextlib.contextmanager
 def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterator[StatusParts]:  # noqa: F821
     """Everything ``agent status`` shows, as plain JSON values; the site
@@ -84,6 +88,13 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
                 row["inbound_queue"] = depth.inbound if depth else 0
                 row["outbound_queue"] = depth.outbound if depth else 0
                 row["lag"] = max(log_end - remote.horizon, 0)
+                # The agent's clock keeps these as Unix seconds; every other
+                # *_at is ISO 8601, so each comes in that form too (the
+                # number stays: fieldsync.status/1 never changes a key's type).
+                for clock_key in CLOCK_KEYS:
+                    seconds = getattr(remote, clock_key)
+                    row[f"{clock_key}_iso"] = None if seconds is None else iso_moment(
+                        datetime.fromtimestamp(seconds, timezone.utc))
                 row["apply_errors_open"] = open_errors.get(remote.name, 0)
                 # What --errors selects (RemoteFilter.with_errors): an error in force now.
                 row["in_error"] = bool(remote.last_error is not None or remote.stream_stopped is not None

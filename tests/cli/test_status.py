@@ -22,7 +22,8 @@ from tests.sqlfiles import connected
 from .conftest import Agent, World, sync
 
 REMOTE_KEYS = [field.name for field in dataclasses.fields(RemoteUser)] + [
-    "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag", "apply_errors_open", "in_error"]
+    "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag", "control_sent_at_iso", "heard_at_iso",
+    "data_sent_at_iso", "apply_errors_open", "in_error"]
 
 
 def _status(agent: Agent, database: Path) -> dict:
@@ -451,3 +452,12 @@ def test_a_fleet_gets_a_summary_and_the_peers_that_need_attention(agent: Agent, 
     assert "depot08" in result.out and "depot09" in result.out and "depot07" not in result.out
     every = agent("status", hq, "--all")
     assert all(f"depot{n:02d}" in every.out for n in range(30))
+
+
+def test_the_agents_clock_keys_come_in_iso_8601_too(agent: Agent, world: World) -> None:
+    with SiteDatabase.open(world.hq) as site:
+        site.update_remote("n1", heard_at=1795239284.75)
+    rows = {row["name"]: row for row in _status(agent, world.hq)["remotes"]}
+    assert rows["n1"]["heard_at"] == 1795239284.75
+    assert rows["n1"]["heard_at_iso"] == "2026-11-21T05:34:44.750000+00:00"
+    assert rows["n1"]["data_sent_at"] is None and rows["n1"]["data_sent_at_iso"] is None
