@@ -35,6 +35,7 @@ from transports import Incoming, Refusal, Transport, TransportError
 
 from .crashpoints import crash_point
 from .pairs import Peer
+from .run_options import IN_SUMMARY
 
 if TYPE_CHECKING:
     from .runner import Agent
@@ -68,7 +69,7 @@ class Receiver:
                 await self.receive_file(transport, incoming)
         except TransportError as error:
             agent.report.transport_errors.append(f"receiving at {address}: {error}")
-            log.warning("receiving at %s failed: %s", address, error)
+            log.warning("receiving at %s failed: %s", address, error, extra=IN_SUMMARY)
         else:
             agent.report.left_in_inbox = agent.left.met
             await asyncio.to_thread(agent.left.end_receive)

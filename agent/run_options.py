@@ -20,6 +20,10 @@ from .protocol import Settings
 from .quarantine import QuarantineLimits
 from .spark.engine import SparkOptions
 
+# A log record a batch run's summary repeats as its own line (a transport
+# error): the terminal shows it once, in the summary; a log file keeps it.
+IN_SUMMARY = {"in_summary": True}
+
 # Seconds of silence after which a stream with unconfirmed data is probed
 # (rule 3), unless --confirm-timeout or the remote says otherwise.
 DEFAULT_CONFIRM_TIMEOUT = 3600.0

@@ -50,6 +50,7 @@ from .errors import AgentError
 from .outbound import SEND_ERRORS, BatchSend, Packed, pack_sends
 from .pairs import PairStore, Peer
 from .protocol import SendControl, SendData
+from .run_options import IN_SUMMARY
 from .schedule import sending_due
 from .site.errors import LogOffsetError
 from .spark.engine import SparkBatch, run_spark_batch
@@ -367,7 +368,7 @@ class Sender:
                     except TransportError as error:
                         failed.add(peer.name)
                         message = f"sending to {peer.name} at {peer.address}: {error}"
-                        log.warning("%s", message)
+                        log.warning("%s", message, extra=IN_SUMMARY)
                         agent.report.transport_errors.append(message)
                         await asyncio.to_thread(agent.db.record_transport_error, peer.name, str(error))
                         continue

@@ -528,12 +528,17 @@ _OUR_LOGGERS = ("fieldsync", "agent", "transports", "codec")
 
 
 @contextlib.contextmanager
-def logging_to(*, verbose: bool, log_file: Path | None) -> Iterator[None]:
+def logging_to(*, verbose: bool, log_file: Path | None, summarized: bool = False) -> Iterator[None]:
     """Log to stderr (and ``log_file``) while a command runs: INFO from
-    fieldsync's own loggers, DEBUG with ``-v``; other libraries WARNING."""
+    fieldsync's own loggers, DEBUG with ``-v``; other libraries WARNING.
+    ``summarized``: records the command's summary repeats (``in_summary``,
+    a batch run's transport errors) go to ``log_file`` only, so the
+    terminal shows each problem once."""
     level = logging.DEBUG if verbose else logging.INFO
     formatter = logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if summarized:
+        handlers[0].addFilter(lambda record: not getattr(record, "in_summary", False))
     if log_file is not None:
         try:
             # Reopened when moved or deleted, so that logrotate's default

@@ -440,7 +440,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         metrics = SiteMetrics(database, "batch" if once else "continuous")
     on_open = _opened(metrics.attach if metrics is not None else None)
     try:
-        with logging_to(verbose=verbose, log_file=log_file):
+        with logging_to(verbose=verbose, log_file=log_file, summarized=once):
             if once:
                 log.debug("batch run of %s", database)
                 if show_progress(out):

@@ -141,6 +141,13 @@ def test_transport_errors_give_exit_1_one_line_each(agent: Agent, world: World) 
     assert result.code == 1
     problems = [line for line in result.err_lines if line.startswith("agent: transport error: ")]
     assert len(problems) == 1 and "sending to n1" in problems[0]
+    # Printed once on the terminal (the summary's line), not also as a log line.
+    assert sum("sending to n1" in line for line in result.err_lines) == 1, result.err
+    # A log file keeps it as it happened.
+    log_file = world.root / "run.log"
+    again = agent("run", world.hq, "--once", "--log-file", log_file)
+    assert again.code == 1 and sum("sending to n1" in line for line in again.err_lines) == 1, again.err
+    assert "WARNING" in log_file.read_text() and "sending to n1" in log_file.read_text()
     with SiteDatabase.open(world.hq) as site:
         assert site.remote("n1").last_error is not None
         assert site.remote("n2").last_error is None
