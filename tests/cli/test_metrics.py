@@ -338,3 +338,19 @@ def test_the_sent_metrics_say_data_and_control_as_the_doc_does() -> None:
         assert "data" in text[name] and "control" in text[name] and "data" in row.group(1) \
             and "control" in row.group(1), (name, text[name], row.group(1))
         assert "queued for sending" not in text[name]
+
+
+def test_the_doc_lists_every_metric_and_no_other(agent: Agent, world: World, tmp_path: Path) -> None:
+    """docs/metrics.md's tables name exactly the metrics a batch run's file
+    holds plus a continuous agent's own (its start and its counters)."""
+    from agent.metrics import _RUN_COUNTS
+
+    documented = set(re.findall(r"^\| `(fieldsync_[a-z_]+)` \| (?:gauge|counter) \|", DOC.read_text(), re.M))
+    target = tmp_path / "all.prom"
+    world.execute("n1", "INSERT INTO customer VALUES (501, 'n1', 'from n1')")
+    assert agent("run", world.n1, "--once").code == 0
+    assert agent("run", world.hq, "--once", "--metrics-file", target).code == 0
+    batch = {name for name, _ in samples(target.read_text())}
+    continuous = {"fieldsync_agent_start_timestamp_seconds"} | {f"fieldsync_{suffix}_total"
+                                                               for suffix, _, _ in _RUN_COUNTS}
+    assert documented == batch | continuous
