@@ -88,6 +88,7 @@ class PairStore:
         if marker == self._loaded_at:
             return False
         rows = {remote.name: remote for remote in self.db.remotes()}
+        log_start = self.db.log_start()  # a resend acted on before the next send_due must not read below it
         # One query and one listing for every peer, not one each.
         self._replaced = self.db.all_replaced_incarnations()
         try:
@@ -116,7 +117,7 @@ class PairStore:
             extras = self._load_extras(remote.name, stream_key(remote))
             superseded = self._superseded(remote.name, remote.peer_incarnation)
             state = PairState(**{name: getattr(remote, name) for name in ROW_FIELDS}, **extras)
-            protocol = PairProtocol(remote.name, state, settings, superseded=superseded)
+            protocol = PairProtocol(remote.name, state, settings, superseded=superseded, log_start=log_start)
             peers[remote.name] = Peer(remote.name, protocol, public, remote.address, remote.transport,
                                       persisted=state, heartbeat=remote.heartbeat,
                                       confirm_timeout=remote.confirm_timeout)

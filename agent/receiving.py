@@ -195,7 +195,7 @@ class Receiver:
             for name, message in queued:
                 crash_point("restart.pending")
                 await agent.execute(peer, peer.protocol.message_queued(agent.clock(), name, message.header,
-                                                                       message.incarnation))
+                                                                       message.incarnation, restored=True))
 
     def _restore_blocking(self, peers: list[Peer]) -> list[tuple[Peer, Any, list[tuple[str, Any]]]]:
         """Blocking: settle each peer's dequeues in doubt (the process died

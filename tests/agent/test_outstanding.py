@@ -13,6 +13,7 @@ import random
 import pytest
 
 from agent.runner import RunOptions
+from agent.site import SiteDatabase
 
 from .world import World, data_files, random_rows
 
@@ -155,3 +156,50 @@ async def test_files_read_again_under_keep_are_no_duplicates_and_get_no_answer(w
     copy = data_files(world, "f1")[0]
     await world.run("f1")  # takes it in once more: a duplicate of applied data
     assert len(controls(world, "hq")) == 1, copy
+
+
+async def test_a_message_waiting_in_the_queue_from_an_earlier_run_is_no_news_from_the_peer(world):
+    """At each batch run the core is told what is still queued: that does
+    not move heard_at (nor reset the probe backoff), only an arrival does."""
+    await world.settle()
+    for batch in range(2):
+        world.write("hq", *random_rows(random.Random(70 + batch), 2, ("f1",), start=7000 + 10 * batch))
+        await world.run("hq")
+    first, second = sorted(data_files(world, "f1"))
+    first.unlink()  # lost: the second waits behind the gap
+    await world.run("f1", patience=5)
+    heard = row(world, "f1", "hq").heard_at
+    await world.run("f1", patience=5)  # the inbox is empty; the second message is still queued
+    assert row(world, "f1", "hq").heard_at == heard
+    assert second.name and not data_files(world, "f1")
+
+
+async def test_a_resend_acted_on_at_a_runs_start_reads_no_truncated_log(world):
+    """A protocol built at a run's start knows where the log was truncated:
+    a resend request acted on before the send phase reads from there, not
+    from confirm_sent below it (which would fail as 'needs a new extraction')."""
+    from agent.pairs import PairStore
+    from agent.protocol import SendData
+    from codec.keys import Keyring
+    from codec.message import ControlState
+
+    for batch in range(4):
+        world.write("hq", *random_rows(random.Random(80 + batch), 1, ("f1",), start=8000 + batch))
+    db = SiteDatabase.open(world.db("hq"))
+    try:
+        end = db.scan()  # the captured rows into the log: one transaction, one offset each
+        assert end >= 4
+        commits = list(range(1, end + 1))
+        cut = commits[-3]  # truncated through here: (cut, end] is what the log holds
+        db.connection.execute("UPDATE fieldsync_site SET truncated_through = ?", (cut,))
+        db.update_remote("f1", log_send=end, log_sent=end, log_read=end, confirm_sent=commits[0])
+        peers = {}
+        (world.root / "state").mkdir()
+        PairStore(db, world.root / "state", Keyring()).load(peers, RunOptions(resend_urgency=0.0).settings(True))
+        protocol = peers["f1"].protocol
+        actions = protocol.control_received(0.0, ControlState(commits[0], protocol.state.resend_count + 1, 0, 0),
+                                            protocol.state.peer_incarnation or b"\0" * 16)
+    finally:
+        db.close()
+    [send] = [action for action in actions if isinstance(action, SendData)]
+    assert send.start == commits[0] and send.read_start == cut
