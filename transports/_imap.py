@@ -98,6 +98,33 @@ def _retrieve(task: asyncio.Future) -> None:
         task.exception()
 
 
+async def _idle_start(client: aioimaplib.IMAP4) -> asyncio.Task:
+    """Send IDLE and wait for the server's continuation; return the IDLE
+    command's task.
+
+    aioimaplib's ``IMAP4.idle_start`` loses the task when the connection
+    drops before the server's answer (it raises, and the task's
+    SessionLost is reported as "Task exception was never retrieved"):
+    here its outcome is retrieved from the moment it exists, whichever
+    way this ends.  The caller bounds the wait for the answer and ends
+    IDLE itself (``idle_done``), so no server-push timer is set."""
+    idle = asyncio.ensure_future(client.protocol.idle())
+    idle.add_done_callback(_retrieve)
+    acknowledged = asyncio.ensure_future(client.protocol.wait_for_idle_response())
+    try:
+        await asyncio.wait({idle, acknowledged}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        idle.cancel()
+        raise
+    finally:
+        acknowledged.cancel()
+    if not client.has_pending_idle():
+        if idle.done() and not idle.cancelled() and idle.exception() is not None:
+            raise idle.exception()
+        raise aioimaplib.Abort("the server refused IDLE")
+    return idle
+
+
 def _text(lines: Sequence[bytes | bytearray]) -> str:
     return " ".join(bytes(line).decode("utf-8", "replace") for line in lines
                     if isinstance(line, bytes)).strip()[:300]
@@ -352,7 +379,7 @@ class ImapSession:
         deadline = loop.time() + timeout
         try:
             async with asyncio.timeout(self.timeout):
-                idle_command = await client.idle_start(timeout=max(timeout, 1.0) + self.timeout)
+                idle_command = await _idle_start(client)
         except TimeoutError:
             self.close()
             raise SessionLost("no answer to IDLE") from None
@@ -363,10 +390,6 @@ class ImapSession:
             self.close()
             raise
         woke = False
-        # The IDLE command's task ends with SessionLost when the connection
-        # drops; whichever way this returns, its outcome is retrieved, never
-        # left for asyncio to report as "Task exception was never retrieved".
-        idle_command.add_done_callback(_retrieve)
         try:
             while not woke:
                 remaining = deadline - loop.time()

@@ -722,6 +722,42 @@ async def test_cancelling_wait_incoming_leaves_the_transport_usable(transport, d
     assert await received(transport, inbox) == {message_name(1): b"x"}
 
 
+async def test_stopping_while_idle_starts_leaves_no_unretrieved_task(transport, dovecot, user, monkeypatch) -> None:
+    """An agent stopped (its wait cancelled) while the server had not yet
+    answered IDLE: aioimaplib's idle_start left the IDLE command's task
+    running; the session was closed, the task failed with SessionLost,
+    and asyncio reported "Task exception was never retrieved" with a
+    traceback (the email soak's agents, stopped by SIGTERM)."""
+    import gc
+
+    import aioimaplib
+
+    inbox = dovecot.url(user)
+    await receive_all(transport, inbox)
+
+    async def slow_to_answer_idle(protocol):
+        await asyncio.Event().wait()
+
+    answer_idle = aioimaplib.IMAP4ClientProtocol.wait_for_idle_response
+    monkeypatch.setattr(aioimaplib.IMAP4ClientProtocol, "wait_for_idle_response", slow_to_answer_idle)
+    loop = asyncio.get_running_loop()
+    unretrieved = []
+    monkeypatch.setattr(loop, "call_exception_handler", unretrieved.append)
+    waiting = asyncio.create_task(transport.wait_incoming(inbox, 30))
+    await asyncio.sleep(0.5)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        gc.collect()
+    assert unretrieved == []
+    monkeypatch.setattr(aioimaplib.IMAP4ClientProtocol, "wait_for_idle_response", answer_idle)
+    await transport.send(mailto(user), message_name(1), b"x")
+    async with asyncio.timeout(10):
+        assert await transport.wait_incoming(inbox, 30) is True
+
+
 async def test_without_idle_wait_incoming_polls(dovecot, smtpd, user) -> None:
     inbox = dovecot.url(user)
     async with transport_for(dovecot, smtpd, idle=False) as transport:
