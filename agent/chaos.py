@@ -246,7 +246,19 @@ class _Templates:
         self.root = root
         self._made: set[int] = set()
 
-    def copy(self, remotes: int, target: Path) -> None:
+    def copy(self, remotes: int, target: Path, *, own_identities: bool = False) -> None:
+        """Copy the sites of ``remotes`` remotes into ``target``.
+        ``own_identities``: make them afresh instead (new keys and
+        incarnations), for inboxes that outlive a seed: mail of an earlier
+        seed that a server delivers late (Postfix's queue) then fails its
+        checks as another site's, where a copy would take it as its own."""
+        if own_identities:
+            _make_sites(target / "sites", remotes)
+            for path in (target / "sites").glob("*.db"):
+                shutil.copyfile(path, target / path.name)
+                copy_site_keys(path, target / path.name)
+            shutil.rmtree(target / "sites")
+            return
         source = self.root / f"k{remotes}"
         if remotes not in self._made:
             if source.exists():
@@ -305,7 +317,7 @@ class Simulation:
         self.ledger: set[str] = set()
         self.next_id = 1
         self.root.mkdir(parents=True, exist_ok=True)
-        templates.copy(params.remotes, root)
+        templates.copy(params.remotes, root, own_identities=not self.fresh_inboxes)
         for site in self.sites:
             if params.transport == "folder":  # the folders the templates name, wherever they are
                 for folder in {self.address(site), self.send_address(site)}:

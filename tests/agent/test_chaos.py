@@ -246,3 +246,36 @@ async def test_the_seeds_folders_go_under_the_tmpdir_the_user_set(tmp_path, monk
     assert results[0].ok, results[0].summary()
     assert len(seen[0]) == 1 and seen[0][0].startswith("fieldsync-chaos-")
     assert list(tmp_path.iterdir()) == []  # and deleted after the run
+
+
+async def test_late_mail_of_an_earlier_seed_in_a_shared_inbox_is_not_taken_as_this_seeds(tmp_path):
+    """Inboxes that outlive a seed (email, sftp, a shared folder) may get an
+    earlier seed's mail after the next seed emptied them: Postfix delivered
+    a queued control message late.  With every seed's sites copied from one
+    template, that file verified as the new seed's f1 and its resend request
+    (rereceive_count above the new f1's) set hq's epoch where no confirmation
+    of f1 counted any more: the email suite's seed 19 never came to rest."""
+    from codec.message import ControlState, encode_control_message
+
+    from agent.keyfiles import load_site_keys
+    from agent.site import SiteDatabase
+
+    inboxes = tmp_path / "shared" / "{site}"
+    templates = _Templates(tmp_path / "templates")
+    earlier = ChaosParams.random(2, address_template=str(inboxes))
+    assert (await Simulation(tmp_path / "earlier", earlier, templates).run()).ok
+    with SiteDatabase.open(tmp_path / "earlier" / "f1.db") as f1:
+        late = encode_control_message(ControlState(log_received=0, rereceive_count=9, log_sent=0, resend_count=9),
+                                      keys=load_site_keys(f1), recipient="hq", incarnation=f1.identity.incarnation)
+
+    class LateMail(Simulation):
+        async def _empty_inboxes(self) -> None:
+            await super()._empty_inboxes()
+            (tmp_path / "shared" / "hq" / late.name).write_bytes(late.data)
+
+    params = ChaosParams.random(3, address_template=str(inboxes))
+    result = await LateMail(tmp_path / "later", params, templates).run()
+    assert result.ok, result.summary()
+    with SiteDatabase.open(tmp_path / "later" / "hq.db") as hq:
+        assert hq.remote("f1").resend_count < 9
+    assert any(late.name in path.name for path in (tmp_path / "later").rglob("*.fsm")), "not set aside"
