@@ -299,61 +299,83 @@ def _occurrences(problems: "Iterable[str]") -> int:
 
 
 # -- the families ------------------------------------------------------------------------------
+#
+# Each HELP text is the metric's meaning, said once: docs/metrics.md's
+# tables begin each metric's meaning with it, word for word, and may only
+# add sentences after it (tests/cli/test_metrics.py holds them together).
+# So a HELP text says what the code that moves the figure does, is one or
+# more whole sentences, and has no "|" (a table cell) and no backquote.
 
-#: docs/metrics.md gives the same meaning (a test holds them together).
 IN_ERROR_HELP = ("1 while the peer is in error (agent status --errors lists it): a transport error not yet followed "
                  "by a successful send or receive, a stopped stream, or apply errors not acknowledged; else 0.")
 
 # (name, help, value of a PeerSample or None to leave the peer out)
 _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], ...] = (
-    ("fieldsync_peer_log_sent_offset", "Offset in this site's log up to which messages to the peer were sent.",
+    ("fieldsync_peer_log_sent_offset",
+     "Offset in this site's log of the last commit covered by a data message to the peer handed to the "
+     "outbound queue (log_sent).",
      lambda peer, end: peer.log_sent),
-    ("fieldsync_peer_confirm_sent_offset", "Offset in this site's log up to which the peer confirmed applying.",
+    ("fieldsync_peer_confirm_sent_offset",
+     "Offset in this site's log of the last commit the peer confirmed applying (confirm_sent).",
      lambda peer, end: peer.confirm_sent),
-    ("fieldsync_peer_log_received_offset", "Offset in the peer's log up to which this site applied its messages.",
+    ("fieldsync_peer_log_received_offset",
+     "Offset in the peer's log of the last commit applied here (log_received).",
      lambda peer, end: peer.log_received),
-    ("fieldsync_peer_send_lag_offsets", "This site's log end minus the peer's horizon: what it confirmed, or "
-     "all that was read for it once it confirmed all it was sent (docs/protocol.md rule 8).",
+    ("fieldsync_peer_send_lag_offsets",
+     "This site's log end minus the peer's horizon (docs/protocol.md rule 8: confirm_sent, or all the log read "
+     "for the peer once it confirmed all it was sent): how far the peer holds the log back.",
      lambda peer, end: max(0, end - peer.horizon)),
     ("fieldsync_peer_receive_lag_offsets",
-     "What the peer said it sent minus what this site applied (log_received); known to a running agent only.",
+     "The most the peer said it sent minus log_received: what is on its way or missing. Only the agent knows "
+     "what the peer said: absent until the agent has opened.",
      lambda peer, end: None if peer.peer_log_sent is None or peer.state_log_received is None
      else max(0, peer.peer_log_sent - peer.state_log_received)),
     ("fieldsync_peer_last_received_timestamp_seconds",
-     "When a data message from the peer was last applied (Unix time); absent before the first.",
+     "When a data message from the peer was last applied (Unix time); absent before the first, and again "
+     "once the peer is extracted again.",
      lambda peer, end: peer.last_received_at),
     ("fieldsync_peer_last_heard_timestamp_seconds",
      "When a message of the peer, data or control (a confirmation, a heartbeat), last arrived (Unix time); "
-     "absent before the first.",
+     "absent before the first, and again once the peer is extracted again.",
      lambda peer, end: peer.heard_at),
     ("fieldsync_peer_last_sent_timestamp_seconds",
      "When a message file to the peer, data or control, was last sent: data queued, or any file a transport "
-     "accepted (Unix time); absent before the first.",
+     "accepted (Unix time); absent before the first, and again once the peer is extracted again.",
      lambda peer, end: peer.last_sent_at),
     ("fieldsync_peer_created_timestamp_seconds",
-     "When the peer's remote-user row was made, or its stream restarted by an extraction (Unix time).",
+     "When the peer's remote-user row was made (Unix time); extracting the peer again does not move it.",
      lambda peer, end: peer.created_at),
-    ("fieldsync_peer_inbound_queue_messages", "Messages from the peer queued in the spool, not yet applied.",
+    ("fieldsync_peer_inbound_queue_messages",
+     "Data messages from the peer queued in the spool, not yet applied.",
      lambda peer, end: peer.inbound),
-    ("fieldsync_peer_outbound_queue_messages", "Messages to the peer queued in the spool, not yet handed over.",
+    ("fieldsync_peer_outbound_queue_messages",
+     "Message files to the peer, data and control, queued in the spool, not yet accepted by a transport.",
      lambda peer, end: peer.outbound),
     ("fieldsync_peer_quarantined_files", "Files from the peer in the quarantine.",
      lambda peer, end: peer.quarantined),
     ("fieldsync_peer_conflicts", "Conflicts recorded applying the peer's messages (rows of fieldsync_conflict).",
      lambda peer, end: peer.conflicts),
-    ("fieldsync_peer_apply_errors", "Apply errors recorded for the peer's messages (rows of fieldsync_apply_error).",
+    ("fieldsync_peer_apply_errors",
+     "Apply errors recorded for the peer's messages (rows of fieldsync_apply_error), acknowledged ones included.",
      lambda peer, end: peer.apply_errors),
     ("fieldsync_peer_in_error", IN_ERROR_HELP, lambda peer, end: int(peer.in_error)),
 )
 
+# (suffix, field of a RunSample, help with {when}: "in the last batch run" or "since the agent started")
 _RUN_COUNTS: tuple[tuple[str, str, str], ...] = (
-    ("received_files", "received", "Message files received"),
-    ("applied_messages", "applied_messages", "Messages applied"),
-    ("sent_files", "sent", "Message files (data and control) a transport accepted"),
-    ("quarantined_files", "quarantined", "Files set aside in the quarantine"),
-    ("resend_requests", "resend_requests", "Resend requests sent"),
-    ("transport_errors", "transport_errors", "Transport errors met (repeats included)"),
-    ("stopped_streams", "stopped_streams", "Streams stopped (repeats included)"),
+    ("received_files", "received",
+     "Message files of peers, data and control, received {when} (not those set aside in the quarantine)."),
+    ("applied_messages", "applied_messages", "Data messages from peers applied {when}."),
+    ("sent_files", "sent", "Message files, data and control, a transport accepted {when}."),
+    ("quarantined_files", "quarantined",
+     "Files set aside in the quarantine {when}: refused on receipt, or queued messages that can never be applied."),
+    ("resend_requests", "resend_requests", "Resend requests to peers queued {when}."),
+    ("transport_errors", "transport_errors",
+     "Transport errors met {when}, repeats included: a transport failed, a peer had no address, or preparing "
+     "or applying messages failed."),
+    ("stopped_streams", "stopped_streams",
+     "Stopped streams met {when}, repeats included: a peer's incarnation changed, or this site was restored "
+     "from an older copy."),
 )
 
 
@@ -367,12 +389,14 @@ def families(snapshot: Snapshot) -> list[Metric]:
         family.add_metric(site, value)
         out.append(family)
 
-    gauge("fieldsync_log_end_offset", "Offset of the last transaction in this site's log.", snapshot.log_end)
+    gauge("fieldsync_log_end_offset", "Offset of the last commit in this site's log.", snapshot.log_end)
     gauge("fieldsync_peers", "Remote users (peers) of this site.", len(snapshot.peers))
-    gauge("fieldsync_quarantine_files", "Files in the quarantine, from peers and from senders that are no peer.",
+    gauge("fieldsync_quarantine_files",
+          "Files in the quarantine, as agent inbox lists them: from peers and from senders that are no peer.",
           snapshot.quarantine_files)
     gauge("fieldsync_conflicts", "Conflicts recorded (rows of fieldsync_conflict).", snapshot.conflicts)
-    gauge("fieldsync_apply_errors", "Apply errors recorded (rows of fieldsync_apply_error).", snapshot.apply_errors)
+    gauge("fieldsync_apply_errors", "Apply errors recorded (rows of fieldsync_apply_error), acknowledged ones "
+          "included.", snapshot.apply_errors)
     for name, documentation, value_of in _PEER_GAUGES:
         family = GaugeMetricFamily(name, documentation, labels=["site", "peer"])
         for peer in snapshot.peers:
@@ -389,17 +413,19 @@ def families(snapshot: Snapshot) -> list[Metric]:
         if run.ended_at is not None:
             gauge("fieldsync_last_run_end_timestamp_seconds", "When the last batch run ended (Unix time).",
                   run.ended_at)
-            gauge("fieldsync_last_run_duration_seconds", "How long the last batch run took.",
+            gauge("fieldsync_last_run_duration_seconds", "How long the last batch run took, in seconds.",
                   run.ended_at - run.started_at)
-        gauge("fieldsync_last_run_success", "1 when the last batch run went well (exit code 0), else 0.",
+        gauge("fieldsync_last_run_success",
+              "1 when the last batch run met no transport error and no stopped stream (exit code 0), else 0.",
               1 if run.ok else 0)
         for suffix, field, documentation in _RUN_COUNTS:
-            gauge(f"fieldsync_last_run_{suffix}", f"{documentation} in the last batch run.", getattr(run, field))
+            gauge(f"fieldsync_last_run_{suffix}", documentation.format(when="in the last batch run"),
+                  getattr(run, field))
     else:
         gauge("fieldsync_agent_start_timestamp_seconds", "When the continuous agent started (Unix time).",
               run.started_at)
         for suffix, field, documentation in _RUN_COUNTS:
-            family = CounterMetricFamily(f"fieldsync_{suffix}", f"{documentation} since the agent started.",
+            family = CounterMetricFamily(f"fieldsync_{suffix}", documentation.format(when="since the agent started"),
                                          labels=["site"])
             family.add_metric(site, getattr(run, field))
             out.append(family)

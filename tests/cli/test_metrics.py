@@ -315,13 +315,81 @@ def test_the_in_error_gauge_fires_and_resolves(agent: Agent, world: World, tmp_p
     assert value(samples(target.read_text()), "fieldsync_peer_apply_errors", site="hq", peer="n1") == 1  # history
 
 
-def test_the_in_error_gauge_means_what_the_doc_says() -> None:
-    """The HELP text is the doc's meaning (what an alert on it fires on)."""
-    from agent.metrics import IN_ERROR_HELP
+def doc_meanings() -> dict[str, str]:
+    """Each metric's meaning in docs/metrics.md's tables, as the rule at
+    the top of the doc compares it: backquotes dropped, spacing normalised."""
+    rows = re.findall(r"^\| `(fieldsync_[a-z_]+)` \| (?:gauge|counter) \| (.*) \|$", DOC.read_text(), re.M)
+    meanings = {name: " ".join(cell.replace("`", "").split()) for name, cell in rows}
+    assert len(meanings) == len(rows), "a metric has two rows"
+    return meanings
 
-    row = re.search(r"^\| `fieldsync_peer_in_error` \| gauge \| (.*) \|$", DOC.read_text(), re.M)
-    assert row is not None
-    assert " ".join(row.group(1).replace("`", "").split()) == IN_ERROR_HELP
+
+def help_texts(text: str) -> dict[str, str]:
+    """Each metric's HELP text as the exposition gives it (a counter under
+    its name with _total, as the doc names it), unescaped as Prometheus does."""
+    lines = re.findall(r"^# HELP (\S+) (.*)$", text, re.M)
+    return {name: re.sub(r"\\(.)", lambda escape: "\n" if escape.group(1) == "n" else escape.group(1), help_text)
+            for name, help_text in lines}
+
+
+def help_drift(helps: dict[str, str], meanings: dict[str, str]) -> list[str]:
+    """Where a HELP text breaks the doc's rule: the metric's meaning begins
+    with it word for word, and anything after it starts a further sentence."""
+    drift = []
+    for name, help_text in sorted(helps.items()):
+        said = " ".join(help_text.split())
+        meaning = meanings.get(name)
+        if meaning is None:
+            drift.append(f"{name}: no row in docs/metrics.md")
+        elif not said.endswith(".") or "|" in said or "`" in said:
+            drift.append(f"{name}: HELP must be whole sentences with no | or backquote: {said!r}")
+        elif meaning != said and not meaning.startswith(said + " "):
+            drift.append(f"{name}:\n  HELP: {said}\n  doc:  {meaning}")
+    return drift
+
+
+def test_every_metric_means_in_the_doc_what_its_help_text_says(world: World, agent: Agent, tmp_path: Path) -> None:
+    """The rule at the top of docs/metrics.md, for every metric a batch
+    run's file, a continuous agent's file and its endpoint give."""
+    world.execute("n1", "INSERT INTO customer VALUES (502, 'n1', 'from n1')")
+    assert agent("run", world.n1, "--once").code == 0
+    batch_file, continuous_file = tmp_path / "batch.prom", tmp_path / "continuous.prom"
+    assert agent("run", world.hq, "--once", "--metrics-file", batch_file).code == 0
+    port = free_port()
+    with agent_process("run", world.hq, "--metrics-port", port, "--metrics-file", continuous_file,
+                       "-rd", "1s", "-sd", "1s") as process:
+        url = f"http://127.0.0.1:{port}/metrics"
+        served = scrape(url, process)
+        deadline = time.monotonic() + 30
+        while "# HELP fieldsync_agent_start_timestamp_seconds " not in served:  # the agent has opened
+            assert time.monotonic() < deadline, served
+            time.sleep(0.1)
+            served = scrape(url, process)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+    meanings = doc_meanings()
+    outputs = {"batch file": batch_file.read_text(), "continuous file": continuous_file.read_text(),
+               "endpoint": served}
+    given: set[str] = set()
+    for where, text in outputs.items():
+        helps = help_texts(text)
+        assert helps, where
+        drift = help_drift(helps, meanings)
+        assert not drift, f"{where}: the HELP text and docs/metrics.md disagree:\n" + "\n".join(drift)
+        given |= set(helps)
+    assert given == set(meanings), "documented without a HELP text, or the other way round"
+
+
+def test_the_drift_check_catches_a_changed_meaning() -> None:
+    """The check above fails when either side changes alone."""
+    meanings = {"fieldsync_x": "Files sent. They are counted once."}
+    assert help_drift({"fieldsync_x": "Files sent."}, meanings) == []
+    assert help_drift({"fieldsync_x": "Files  sent.\nOnce."}, {"fieldsync_x": "Files sent. Once."}) == []
+    assert help_drift({"fieldsync_x": "Data files sent."}, meanings)
+    assert help_drift({"fieldsync_x": "Files sent"}, {"fieldsync_x": "Files sent out."})  # not a whole sentence
+    assert help_drift({"fieldsync_y": "Files sent."}, meanings)
+    assert help_texts("# HELP fieldsync_x a \\\\ b\\nc\n# TYPE fieldsync_x gauge\n") == {"fieldsync_x": "a \\ b\nc"}
 
 
 def test_the_sent_metrics_say_data_and_control_as_the_doc_does() -> None:
