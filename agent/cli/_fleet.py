@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..errors import AgentError, UsageError
 from ._common import (ADDRESS, SITE_NAME, TRANSPORT, Duration, TimeOfDay, console, error_console, open_site,
                       shared_inbox_warnings, show_progress)
-from .remote import SubscriptionTypes, _public_key_line, _refuse_own_inbox, _split_subscription
+from ._remote_values import SubscriptionTypes, public_key_line, refuse_own_inbox, split_subscription
 
 
 #: The fields of a fleet file: a CSV's columns, a JSON line's keys.  The
@@ -198,10 +198,10 @@ class _Fleet:
         if every is not None and at is not None:
             raise click.UsageError("send_every and send_at exclude each other: a remote is sent to at an interval "
                                    "or at a time of day")
-        key = _public_key_line(name, values["public_key"], None) if "public_key" in values else None
+        key = public_key_line(name, values["public_key"], None) if "public_key" in values else None
         typed = tuple((publication, self.types.value(publication, value))
-                      for publication, value in map(_split_subscription, values["subscribe"]))
-        _refuse_own_inbox(self.site, name, address, transport)
+                      for publication, value in map(split_subscription, values["subscribe"]))
+        refuse_own_inbox(self.site, name, address, transport)
         return NewRemote(name, address=address, transport=transport, public_key=key, send_every=every,
                          send_at=at, subscriptions=typed)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from datetime import time
 from pathlib import Path
 
@@ -10,9 +9,8 @@ import click
 from click.core import ParameterSource
 from rich.table import Table
 
-from transports.options import parse_float, parse_int
-
 from ..errors import AgentError
+from ._remote_values import public_key_line, refuse_own_inbox, split_subscription, subscription_value
 from ._common import (ADDRESS, DATABASE, SHARED_INBOX_HELP, SITE_NAME, TRANSPORT, Duration, TimeOfDay,
                       TransportOption, check_stored_address, check_transport_settings, console, error_console,
                       format_seconds, key_fingerprint, open_site, require_remote, schedule_text,
@@ -22,135 +20,6 @@ INBOX_HELP = ("The remote's own inbox where it differs from --address (email: it
               "imaps://north@host/INBOX); `agent extract` gives it to the remote.")
 PEER_OPTION_HELP = ("A setting NAME=VALUE of the transport to this remote where it differs from the site's own, "
                     "stored with the site (never a password itself). Repeatable.")
-
-
-def _public_key_line(name: str, line: str | None, path: Path | None) -> str | None:
-    from codec.errors import CodecError
-    from codec.keys import PUBLIC_MAGIC, PublicKeys
-
-    if line is not None and path is not None:
-        raise click.UsageError("give the key either with --public-key or with --public-key-file, not both")
-    source = "--public-key"
-    if path is not None:
-        source = str(path)
-        try:
-            text = path.read_text(encoding="utf-8-sig")  # as some editors save it, with a byte-order mark
-        except (OSError, UnicodeDecodeError) as error:
-            raise AgentError(f"cannot read the public key file {path}: {error}") from None
-        lines = [candidate for candidate in text.splitlines() if candidate.strip().startswith(PUBLIC_MAGIC)]
-        if not lines:
-            raise AgentError(f"{path} holds no public key line (one starting with {PUBLIC_MAGIC!r}); "
-                             "make one with `agent key DB > FILE` at the other site")
-        line = lines[0]
-    if line is None:
-        return None
-    try:
-        public = PublicKeys.from_line(line)
-    except CodecError as error:
-        raise AgentError(f"{source}: {error}") from None
-    if public.site != name:
-        raise AgentError(f"{source} is the key of site {public.site!r}, not of {name!r}")
-    return public.to_line()
-
-
-def _affinity(declared: str) -> str:
-    """SQLite's type affinity of a declared column type (section 3.1 of its datatype page)."""
-    text = declared.upper()
-    if "INT" in text:
-        return "integer"
-    if any(word in text for word in ("CHAR", "CLOB", "TEXT")):
-        return "text"
-    if not text or "BLOB" in text:
-        return "blob"
-    if any(word in text for word in ("REAL", "FLOA", "DOUB")):
-        return "real"
-    return "numeric"
-
-
-def _as_number(text: str) -> int | float | None:
-    """``text`` as the number SQLite would store for it in a numeric
-    column (ASCII digits only: SQLite keeps ``'٣'`` as text), or None."""
-    for parse in (parse_int, parse_float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    return None
-
-
-def subscription_value(site: "SiteDatabase", publication: str, text: str | None) -> object:  # noqa: F821
-    """The typed value a subscription to ``publication`` needs for ``text``.
-
-    SUBSCRIBE BY compares values exactly (7 and '7' differ), so the text
-    from the command line takes the type SQLite stores in the SUBSCRIBE BY
-    columns: a number for INTEGER/REAL/NUMERIC columns, text otherwise.
-    """
-    return SubscriptionTypes(site).value(publication, text)
-
-
-class SubscriptionTypes:
-    """:func:`subscription_value` for many subscriptions of one site: each
-    publication's SUBSCRIBE BY columns are read once (a fleet file names
-    the same few publications ten thousand times)."""
-
-    def __init__(self, site: "SiteDatabase") -> None:  # noqa: F821
-        self._site = site
-        self._publications = {item.name: item for item in site.publications()}
-        self._affinities: dict[str, tuple[list[tuple[str, str]], set[str]]] = {}
-
-    def _columns(self, publication: str) -> tuple[list[tuple[str, str]], set[str]]:
-        known = self._affinities.get(publication)
-        if known is not None:
-            return known
-        item = self._publications.get(publication)
-        if item is None:
-            names = ", ".join(self._publications) or "none yet"
-            raise AgentError(f"{self._site.path} has no publication named {publication!r} (publications: {names}); "
-                             "create it with `agent publication create`")
-        columns = [(article.table, article.subscribe_by) for article in item.articles if article.subscribe_by]
-        affinities = set()
-        for table, column in columns:
-            for row in self._site.connection.execute(f"PRAGMA table_info({_quote(table)})"):
-                if row[1].lower() == column.lower():
-                    affinities.add(_affinity(row[2] or ""))
-        self._affinities[publication] = (columns, affinities)
-        return columns, affinities
-
-    def value(self, publication: str, text: str | None) -> object:
-        columns, affinities = self._columns(publication)
-        if not columns:
-            if text is not None:
-                raise AgentError(f"publication {publication!r} has no SUBSCRIBE BY column, so it takes no value; "
-                                 f"subscribe with --subscribe {publication}")
-            return None
-        if text is None:
-            by = ", ".join(f"{table}.{column}" for table, column in columns)
-            raise AgentError(f"publication {publication!r} is subscribed by {by}; give the value: "
-                             f"--subscribe {publication}=VALUE")
-        if affinities & {"integer", "real", "numeric"}:
-            number = _as_number(text)
-            if number is None:
-                if affinities <= {"integer", "real", "numeric"}:
-                    raise AgentError(f"publication {publication!r} is subscribed by a numeric column; "
-                                     f"{text!r} is not a number")
-                return text
-            if isinstance(number, float) and affinities == {"integer"} and number.is_integer():
-                return int(number)
-            if affinities == {"real"}:
-                return float(number)
-            return number
-        return text
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
-
-def _split_subscription(text: str) -> tuple[str, str | None]:
-    name, equals, value = text.partition("=")
-    if not name:
-        raise click.UsageError(f"bad subscription {text!r}: write PUBLICATION or PUBLICATION=VALUE")
-    return name, (value if equals else None)
 
 
 @click.group()
@@ -228,45 +97,30 @@ def add(database: Path, name: str | None, address: str | None, transport: str, p
     settings = {key: value for key, value in stored_options(options).items() if value is not None}
     check_transport_settings(transport, settings, inbox=inbox, send=address, inbox_option="--inbox",
                              send_option="--address")
-    line = _public_key_line(name, public_key, public_key_file)
-    wanted = [_split_subscription(text) for text in subscriptions]
+    line = public_key_line(name, public_key, public_key_file)
+    wanted = [split_subscription(text) for text in subscriptions]
     with open_site(database) as site:
         # Check every subscription before adding, so a typo adds nothing.
         typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
-        _refuse_own_inbox(site, name, address, transport)
+        refuse_own_inbox(site, name, address, transport)
         shared = [] if shared_inbox else shared_inbox_warnings(site, [(name, address, transport)])
         added = site.add_remote(name, address=address, transport=transport, public_key=line,
                                 send_every=send_every, send_at=send_at)
         if inbox is not None or settings:
             site.set_transport(peer=name, inbox=inbox, options=settings)
-        for publication, value in typed:
-            site.subscribe(name, publication, value)
+        changes = [site.subscribe(name, publication, value) for publication, value in typed]
     out = console()
     out.print(f"Added remote {added.name} at {address} ({transport}); sending {schedule_text(send_every, send_at)}.",
               soft_wrap=True)
     for line in shared:
         error_console().print(line, soft_wrap=True)
-    for publication, value in typed:
-        out.print(f"Subscribed {name} to {publication}" + ("" if value is None else f" with {value!r}"),
-                  soft_wrap=True)
+    for change in changes:
+        out.print(f"Subscribed {name} to {change.publication}"
+                  + ("" if change.value is None else f" with {change.value!r}"), soft_wrap=True)
+        _warn_no_row(database, name, change)
     if line is None:
         out.print(f"No public key yet: `agent extract {database} {name} TARGET` makes the remote's keys, "
                   "or add them with --public-key.", soft_wrap=True)
-
-
-def _refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # noqa: F821
-                      transport: str | None) -> None:
-    """A remote sent to at this site's own inbox would have this site read
-    its own messages to the remote and leave them there (addressed to
-    another site): a slip worth one clear line."""
-    identity = site.identity
-    if not address or not identity.address or (transport or "folder") != (identity.transport or "folder"):
-        return
-
-    def place(text: str) -> str:
-        return os.path.abspath(os.path.expanduser(text)) if (transport or "folder") == "folder" else text
-    if place(address) == place(identity.address):
-        raise AgentError(f"{address} is this site's own inbox ({identity.name} reads it): give {name}'s inbox")
 
 
 @remote.command("set")
@@ -316,7 +170,7 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
         raise click.UsageError("--confirm-timeout and --default-confirm-timeout exclude each other")
     if transport is not None:
         check_transport_spec(transport)
-    line = _public_key_line(name, public_key, public_key_file)
+    line = public_key_line(name, public_key, public_key_file)
     changes: dict[str, object] = {}
     if address is not None:
         changes["address"] = address
@@ -340,7 +194,7 @@ def set_(database: Path, name: str, address: str | None, transport: str | None, 
         if (address or transport) and (address or old.address):
             check_stored_address(transport or old.transport or "folder", address or old.address,
                                  hint="" if address else f"; give --address with the new transport {transport}")
-        _refuse_own_inbox(site, name, address or old.address, transport or old.transport)
+        refuse_own_inbox(site, name, address or old.address, transport or old.transport)
         shared = [] if shared_inbox or not (address or transport) or not (address or old.address) else \
             shared_inbox_warnings(site, [(name, address or old.address, transport or old.transport)])
         merged = {key: value for key, value in {**site.transport_options(name), **settings}.items()
@@ -386,18 +240,68 @@ def _confirm_timeout_text(seconds: int | None) -> str:
 def subscribe(database: Path, name: str, subscriptions: tuple[str, ...]) -> None:
     """Subscribe the remote NAME to publications.
 
-    Rows already in the new subset are not sent: extract the remote again
-    to give it them.
+    An extracted remote gets the rows that enter its subset as INSERTs with
+    its next send, in log order: no new extraction. A value that matches no
+    row now is taken, with a warning.
     """
-    wanted = [_split_subscription(text) for text in subscriptions]
+    _change(database, name, subscriptions, subscribe=True)
+
+
+@remote.command("unsubscribe")
+@click.argument("database", type=DATABASE)
+@click.argument("name", type=SITE_NAME)
+@click.argument("subscriptions", nargs=-1, required=True, metavar="PUB[=VALUE]...")
+def unsubscribe(database: Path, name: str, subscriptions: tuple[str, ...]) -> None:
+    """End subscriptions of the remote NAME, one value each.
+
+    An extracted remote gets DELETEs of the rows that leave its subset with
+    its next send, in log order. A value it does not hold is refused.
+    """
+    _change(database, name, subscriptions, subscribe=False)
+
+
+def _change(database: Path, name: str, subscriptions: tuple[str, ...], *, subscribe: bool) -> None:
+    """Subscribe or unsubscribe, each subscription in its own transaction
+    (every one is checked first, so a mistake changes nothing)."""
+    wanted = [split_subscription(text) for text in subscriptions]
     with open_site(database) as site:
         require_remote(site, name)
         typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
-        for publication, value in typed:
-            site.subscribe(name, publication, value)
-    for publication, value in typed:
-        console().print(f"Subscribed {name} to {publication}" + ("" if value is None else f" with {value!r}"),
-                        soft_wrap=True)
+        if not subscribe:
+            held = [(item.publication, item.value) for item in site.subscriptions(name)]
+            for publication, value in typed:
+                if not any(pub == publication and type(old) is type(value) and old == value for pub, old in held):
+                    shown = ", ".join(pub if old is None else f"{pub}={old!r}" for pub, old in held) or "none"
+                    raise AgentError(f"{name} does not subscribe to {publication}"
+                                     + ("" if value is None else f" with {value!r}") + f" (its subscriptions: {shown})")
+        changes = [(site.subscribe if subscribe else site.unsubscribe)(name, publication, value)
+                   for publication, value in typed]
+    out = console()
+    for change in changes:
+        what = change.publication + ("" if change.value is None else f" with {change.value!r}")
+        if not change.changed:
+            out.print(f"{name} subscribes to {what} already: nothing changed", soft_wrap=True)
+            continue
+        verb = f"Subscribed {name} to" if subscribe else f"Unsubscribed {name} from"
+        if not change.streamed:
+            follow = ": `agent extract` gives it its rows" if subscribe else ""
+        else:
+            rows = change.inserts if subscribe else change.deletes
+            kind = "INSERTs" if subscribe else "DELETEs"
+            follow = (f": {rows} row{'' if rows == 1 else 's'} go to it as {kind} with its next send" if rows
+                      else ": no row moves")
+        out.print(f"{verb} {what}{follow}", soft_wrap=True)
+        if subscribe:
+            _warn_no_row(database, name, change)
+
+
+def _warn_no_row(database: Path, name: str, change: "SubscriptionChange") -> None:  # noqa: F821
+    """A value that matches no row now is taken (rows may come later), with one warning line: often a typo."""
+    if change.matching == 0:
+        error_console().print(
+            f"warning: no row of publication {change.publication} holds {change.value!r} now; the subscription "
+            f"is kept (rows may come later; `agent remote unsubscribe {database} {name} "
+            f"{change.publication}={change.value}` undoes it)", soft_wrap=True, highlight=False)
 
 
 @remote.command("list")
@@ -448,9 +352,9 @@ def ack_errors(database: Path, name: str, through: int | None) -> None:
     """Acknowledge the apply errors of NAME's messages.
 
     They stay in the apply-error table as history, but no longer put NAME
-    in error: `agent status --errors` leaves it out (unless a transport
-    error or a stopped stream is in force) and fieldsync_peer_in_error
-    goes back to 0.
+    in error: unless a transport error or a stopped stream is in force,
+    `agent status --errors` leaves it out and fieldsync_peer_in_error goes
+    back to 0.
     """
     with open_site(database) as site:
         # A removed remote's apply errors can still be acknowledged.

@@ -20,7 +20,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Seque
 
 from codec.ops import Transaction
 
-from ._db import DEFAULT_BUSY_TIMEOUT, read_transaction, sqlite_errors, write_transaction
+from ._db import DEFAULT_BUSY_TIMEOUT, format_time, read_transaction, sqlite_errors, utc_now, write_transaction
 from .apply import (
     Applier,
     ApplyErrorRecord,
@@ -47,10 +47,9 @@ from .publications import (
     list_subscriptions,
     missing_tables,
     remove_article_locked,
-    subscribe_locked,
-    unsubscribe_locked,
 )
 from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from .resubscribe import SubscriptionChange, change_locked
 from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
 from .remotes import (
     NewRemote,
@@ -185,16 +184,23 @@ class SiteDatabase:
     def _publication(self, name: str) -> Publication:
         return next(p for p in list_publications(self._conn) if p.name == name)
 
-    def subscribe(self, remote: str, publication: str, value: Value = None, *, now: datetime | None = None) -> None:
-        """Subscribe ``remote`` to ``publication`` with ``value`` (the value
-        its SUBSCRIBE BY columns must hold).  Rows already in the subset are
-        not sent: extract the remote again to give it them."""
-        with self._lock, self._write(f"subscribing {remote!r} to {publication!r}"):
-            subscribe_locked(self._conn, remote, publication, value, now)
+    def subscribe(self, remote: str, publication: str, value: Value = None, *,
+                  now: datetime | None = None) -> SubscriptionChange:
+        """Subscribe ``remote`` to ``publication`` with ``value``; an extracted remote gets the rows that
+        enter its subset through its stream (docs/site-database.md, "Changing a remote's subscriptions")."""
+        return self._subscription(remote, publication, value, True, now)
 
-    def unsubscribe(self, remote: str, publication: str) -> int:
-        with self._lock, self._write(f"unsubscribing {remote!r} from {publication!r}"):
-            return unsubscribe_locked(self._conn, remote, publication)
+    def unsubscribe(self, remote: str, publication: str, value: Value = None, *,
+                    now: datetime | None = None) -> SubscriptionChange:
+        """End one subscription (InvalidSetting if there is none such); an
+        extracted remote gets DELETEs of the rows that leave its subset."""
+        return self._subscription(remote, publication, value, False, now)
+
+    def _subscription(self, remote: str, publication: str, value: Value, subscribe: bool,
+                      now: datetime | None) -> SubscriptionChange:
+        with self._lock, self._write(f"changing the subscriptions of {remote!r} to {publication!r}"):
+            return change_locked(self._conn, self._identity, self._shapes, remote, publication, value,
+                                 subscribe=subscribe, created_at=format_time(now or utc_now()))
 
     def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]:
         with self._lock, self._read("listing subscriptions"):
@@ -304,7 +310,7 @@ class SiteDatabase:
         """What a batch export carries to select for ``subscribers`` away from
         this database: every shape, the article rows (table, publication,
         columns JSON, subscribe_by) and the subscribers' subscription rows
-        (remote, publication, value).  Raises for an unknown remote."""
+        (remote, publication, value, since, until), ended ones included.  Raises for an unknown remote."""
         names = list(subscribers)
         with self._lock, self._read("reading publications for a batch export"):
             for name in names:
@@ -313,7 +319,7 @@ class SiteDatabase:
                 "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article"
                 " ORDER BY table_name").fetchall()
             subscriptions = [row for name in names for row in self._conn.execute(
-                "SELECT remote, publication, value FROM fieldsync_subscription WHERE remote = ?"
+                "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
                 " ORDER BY publication, rowid", (name,))]
             return all_shapes(self._conn), articles, subscriptions
 

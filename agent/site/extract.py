@@ -102,8 +102,8 @@ def _resolve_keys(keys: KeySource, remote: str) -> RemoteKeys:
 
 def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
     values: dict[str, set] = {}
-    for publication, value in conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?",
-                                           (remote,)):
+    for publication, value in conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?"
+                                           " AND until IS NULL", (remote,)):
         bucket = values.setdefault(publication, set())
         if value is not None:
             bucket.add(value)

@@ -217,5 +217,9 @@ def truncate_locked(conn: sqlite3.Connection) -> int:
     conn.execute("DELETE FROM fieldsync_returned WHERE seq <= ?", (bound,))
     conn.execute("DELETE FROM fieldsync_log WHERE commit_offset <= ?"
                  " AND commit_offset < (SELECT max(commit_offset) FROM fieldsync_log)", (bound,))
+    # Subscriptions that ended at or below the bound no longer concern any
+    # read (every read starts above it), nor does a start at or below it.
+    conn.execute("DELETE FROM fieldsync_subscription WHERE until <= ?", (bound,))
+    conn.execute("UPDATE fieldsync_subscription SET since = 0 WHERE since > 0 AND since <= ?", (bound,))
     conn.execute("UPDATE fieldsync_site SET truncated_through = ? WHERE id = 1", (bound,))
     return bound

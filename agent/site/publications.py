@@ -147,8 +147,8 @@ def list_publications(conn: sqlite3.Connection) -> tuple[Publication, ...]:
             Article(table, None if columns is None else tuple(json.loads(columns)), subscribe_by))
     return tuple(Publication(name, tuple(items)) for name, items in articles.items())
 
-def subscribe_locked(conn: sqlite3.Connection, remote: str, publication: str, value: Value,
-                     now: datetime | None) -> None:
+def check_subscription(conn: sqlite3.Connection, remote: str, publication: str, value: Value) -> None:
+    """Raise unless ``remote`` and ``publication`` exist and ``value`` can be a subscription value."""
     if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone() is None:
         raise UnknownRemote(f"no remote named {remote!r}; add it before subscribing it")
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (publication,)).fetchone() is None:
@@ -158,23 +158,13 @@ def subscribe_locked(conn: sqlite3.Connection, remote: str, publication: str, va
         raise InvalidSetting(f"subscription value: {problem}")
     if isinstance(value, float) and math.isnan(value):
         raise InvalidSetting("subscription value cannot be NaN (SQLite stores NaN as NULL, which matches nothing)")
-    for (existing,) in conn.execute("SELECT value FROM fieldsync_subscription WHERE remote = ? AND publication = ?",
-                                    (remote, publication)).fetchall():
-        if type(existing) is type(value) and existing == value:
-            return  # subscribing twice is harmless
-    conn.execute("INSERT INTO fieldsync_subscription (remote, publication, value, created_at) VALUES (?, ?, ?, ?)",
-                 (remote, publication, value, format_time(now or utc_now())))
-
-def unsubscribe_locked(conn: sqlite3.Connection, remote: str, publication: str) -> int:
-    """Drop every subscription of ``remote`` to ``publication``; return how many."""
-    return conn.execute("DELETE FROM fieldsync_subscription WHERE remote = ? AND publication = ?",
-                        (remote, publication)).rowcount
 
 def list_subscriptions(conn: sqlite3.Connection, remote: str | None = None) -> tuple[Subscription, ...]:
-    query = "SELECT remote, publication, value, created_at FROM fieldsync_subscription"
+    """The subscriptions that hold (ended ones are history, kept for the log's readers)."""
+    query = "SELECT remote, publication, value, created_at FROM fieldsync_subscription WHERE until IS NULL"
     params: tuple = ()
     if remote is not None:
-        query += " WHERE remote = ?"
+        query += " AND remote = ?"
         params = (remote,)
     rows = conn.execute(query + " ORDER BY remote, publication, rowid", params).fetchall()
     return tuple(Subscription(r, p, v, parse_time(t)) for r, p, v, t in rows)  # type: ignore[arg-type]

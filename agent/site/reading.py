@@ -49,6 +49,7 @@ def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: i
     for commit, origin, rows in iter_capture(conn, after, until, lock=lock, skip_origin=reader.subscriber,
                                              keep_flag=reader.returned_flag, value_columns=reader.value_columns):
         ops: list[Operation] = []
+        reader.at(commit)
         reader.extend(origin, rows, ops)
         for op in ops:
             yield LoggedOperation(commit, origin, op)
@@ -76,6 +77,7 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
                 yield from _transaction(commit, origin, ops)
             ops, held = [], 0
             commit, origin = logged_commit, logged_origin
+            reader.at(commit)
         before = len(ops)
         reader.extend(logged_origin, rows, ops)
         held += op_count(islice(ops, before, None))

@@ -578,7 +578,7 @@ def add_remotes_locked(conn: sqlite3.Connection, identity: SiteIdentity, remotes
 
 def _distinct(subscriptions: tuple[tuple[str, object], ...]) -> list[tuple[str, object]]:
     """Subscriptions without repeats (subscribing twice is harmless, as in
-    subscribe_locked: the same publication and a value of the same type)."""
+    agent.site.resubscribe: the same publication and a value of the same type)."""
     kept: list[tuple[str, object]] = []
     for publication, value in subscriptions:
         if not any(other == publication and type(held) is type(value) and held == value

@@ -46,7 +46,10 @@ log = logging.getLogger("fieldsync.site")
 #    its error_count, error_seen_at, stream_stopped and stream_stopped_at, and
 #    fieldsync_apply_error.acknowledged_at: the errors in force apart from their history
 #    (docs/cli.md, "agent status").
-SCHEMA_VERSION = 8
+# 9: fieldsync_subscription.since and .until, the commit offsets between which a
+#    subscription holds: subscription changes travel through the stream
+#    (docs/site-database.md, "Changing a remote's subscriptions").
+SCHEMA_VERSION = 9
 INITIAL_VALUE_COLUMNS = 16
 PREFIX = "fieldsync_"
 
@@ -171,7 +174,9 @@ CREATE TABLE fieldsync_subscription (
     remote      TEXT NOT NULL,
     publication TEXT NOT NULL REFERENCES fieldsync_publication (name),
     value,
-    created_at  TEXT NOT NULL
+    created_at  TEXT NOT NULL,
+    since       INTEGER NOT NULL DEFAULT 0,
+    until       INTEGER
 );
 CREATE INDEX fieldsync_subscription_remote ON fieldsync_subscription (remote, publication);
 CREATE TABLE fieldsync_remote (
@@ -457,9 +462,18 @@ def _add_layout_8(conn: sqlite3.Connection) -> None:
     conn.execute(APPLY_ERROR_OPEN_INDEX)
 
 
+def _add_subscription_span(conn: sqlite3.Connection) -> None:
+    """Layout 9: the commit offsets between which each subscription holds
+    (every existing one from the start, and still)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_subscription)")}
+    for column, declaration in (("since", "INTEGER NOT NULL DEFAULT 0"), ("until", "INTEGER")):
+        if column not in have:
+            conn.execute(f"ALTER TABLE fieldsync_subscription ADD COLUMN {column} {declaration}")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
-             5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8}
+             5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

@@ -53,46 +53,81 @@ class SelectionPlan(NamedTuple):
     subscriber: str
     articles: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]]
     returned_flag: int
+    # The articles of earlier subscriptions, for log transactions before a
+    # subscription change (docs/site-database.md, "Changing a remote's
+    # subscriptions"): ``(until, articles)`` pairs in ascending order; a log
+    # transaction whose commit offset is below ``until`` (and not below the
+    # pair before) is read with those articles, one at or after the last
+    # ``until`` with ``articles``.
+    history: tuple[tuple[int, dict], ...] = ()
 
 def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber: str) -> SelectionPlan:
     """What ``subscriber`` receives from this site (raises for an unknown remote)."""
     if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
         raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
     articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
-    subscriptions = conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?",
-                                 (subscriber,)).fetchall()
+    subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
+                                 " WHERE remote = ?", (subscriber,)).fetchall()
     return plan_from_rows(subscriber, identity.role, articles, subscriptions)
 
 def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple]
                    ) -> SelectionPlan:
     """The plan from the rows of ``fieldsync_article`` (table, publication,
     columns as JSON or None, subscribe_by) and the subscriber's rows of
-    ``fieldsync_subscription`` (publication, value)."""
-    plan: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
-    if role is Role.REMOTE:
-        # The consolidated gets everything a remote publishes.
-        for table, _publication, columns, _subscribe_by in articles:
-            plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), None, None)
-    else:
-        values: dict[str, set] = {}
-        for publication, value in subscriptions:
-            bucket = values.setdefault(publication, set())
-            if value is not None:
-                bucket.add(value)
-        for table, publication, columns, subscribe_by in articles:
-            if publication not in values:
-                continue
-            plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), subscribe_by,
-                                   frozenset(values[publication]) if subscribe_by else None)
+    ``fieldsync_subscription``: (publication, value) for subscriptions that
+    hold, or (publication, value, since, until) with the commit offsets
+    between which each holds (``until`` None: still), which make the plan's
+    ``history``."""
+    articles = list(articles)
     # Only the consolidated writes rows back to an origin; at a remote the
     # subscriber's (the consolidated's) log transactions hold nothing for it.
     returned_flag = FLAG_RETURN_TO_ORIGIN if role is Role.CONSOLIDATED else 0
-    return SelectionPlan(subscriber, plan, returned_flag)
+    if role is Role.REMOTE:
+        # The consolidated gets everything a remote publishes.
+        return SelectionPlan(subscriber, {table.lower(): (None if columns is None else tuple(json.loads(columns)),
+                                                          None, None)
+                                          for table, _publication, columns, _subscribe_by in articles}, returned_flag)
+    spans = [(row[0], row[1], row[2] if len(row) > 2 else 0, row[3] if len(row) > 3 else None)
+             for row in subscriptions]
+    current = _articles(articles, [(pub, value) for pub, value, _, until in spans if until is None])
+    bounds = sorted({since for _, _, since, _ in spans if since > 0}
+                    | {until for _, _, _, until in spans if until is not None})
+    history = []
+    start = 0
+    for bound in bounds:
+        held = _articles(articles, [(pub, value) for pub, value, since, until in spans
+                                    if since <= start and (until is None or start < until)])
+        if history and history[-1][1] == held:
+            history[-1] = (bound, held)  # one span with the one before
+        else:
+            history.append((bound, held))
+        start = bound
+    while history and history[-1][1] == current:  # the last spans before the change hold the current plan
+        history.pop()
+    return SelectionPlan(subscriber, current, returned_flag, tuple(history))
+
+def _articles(articles: list[tuple], subscriptions: Iterable[tuple]
+              ) -> dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]]:
+    """What the subscriptions ``(publication, value)`` select: per lowered
+    table, ``(columns, subscribe_by, values)`` (``values`` None: every row)."""
+    values: dict[str, set] = {}
+    for publication, value in subscriptions:
+        bucket = values.setdefault(publication, set())
+        if value is not None:
+            bucket.add(value)
+    plan: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
+    for table, publication, columns, subscribe_by in articles:
+        if publication not in values:
+            continue
+        plan[table.lower()] = (None if columns is None else tuple(json.loads(columns)), subscribe_by,
+                               frozenset(values[publication]) if subscribe_by else None)
+    return plan
 
 def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
     """How many capture value columns a reader of ``plan`` needs: the widest
     shape of a table it receives, old and new row."""
-    return 2 * max((len(shape.columns) for shape in shapes if shape.table.lower() in plan.articles), default=0)
+    tables = set(plan.articles).union(*(set(articles) for _, articles in plan.history))
+    return 2 * max((len(shape.columns) for shape in shapes if shape.table.lower() in tables), default=0)
 
 _SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
 
@@ -117,6 +152,8 @@ class SubscriberReader:
         self._shapes = shapes
         self._views: dict[int, View | None] = {}
         self._articles = plan.articles
+        self._current = plan.articles
+        self._history = plan.history
 
     @classmethod
     def from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
@@ -145,9 +182,10 @@ class SubscriberReader:
         articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
         wanted = set(subscribers)
         subscriptions: dict[str, list[tuple]] = {}
-        for remote, publication, value in conn.execute("SELECT remote, publication, value FROM fieldsync_subscription"):
+        for remote, publication, value, since, until in conn.execute(
+                "SELECT remote, publication, value, since, until FROM fieldsync_subscription"):
             if remote in wanted:
-                subscriptions.setdefault(remote, []).append((publication, value))
+                subscriptions.setdefault(remote, []).append((publication, value, since, until))
         every_shape = all_shapes(conn)
 
         def returned_columns(seq: int) -> str | None:
@@ -159,6 +197,23 @@ class SubscriberReader:
             plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()))
             readers.append(cls(plan, shapes, returned_columns, value_columns_read(every_shape, plan), runs=runs))
         return readers
+
+    def at(self, commit: int) -> bool:
+        """Read the log transaction with this commit offset with the
+        subscriptions that held at it; True when that changed the plan (the
+        views made so far are dropped)."""
+        if not self._history:
+            return False
+        articles = self._current
+        for until, earlier in self._history:
+            if commit < until:
+                articles = earlier
+                break
+        if articles is self._articles:
+            return False
+        self._articles = articles
+        self._views = {}
+        return True
 
     def view(self, shape_id: int) -> "View | None":
         """How the subscriber sees rows of this shape (None: not at all)."""
@@ -434,6 +489,10 @@ class Fanout:
             finished = self._complete()
             self._commit, self._origin = commit, origin
             self.active = tuple(index for index, (start, end) in enumerate(self.ranges) if start < commit <= end)
+            # A subscription change: a reader's plan for this log transaction
+            # differs from the last one's, so the routes are made again.
+            if [self.readers[index].at(commit) for index in self.active].count(True):
+                self._routers.clear()
         active = self.active
         if len(active) == 1:
             # One subscriber: its reader takes the whole chunk (it leaves out

@@ -34,7 +34,7 @@ from ..site import SiteDatabase
 from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
-FORMAT = 3
+FORMAT = 4
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
 _VALUES = itemgetter(slice(4, None))  # a capture row's value columns
@@ -115,7 +115,9 @@ def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
 
     table = pa.table({"remote": pa.array([row[0] for row in rows], pa.string()),
                       "publication": pa.array([row[1] for row in rows], pa.string()),
-                      "value": pa.array([msgpack.packb(row[2], use_bin_type=True) for row in rows], pa.binary())})
+                      "value": pa.array([msgpack.packb(row[2], use_bin_type=True) for row in rows], pa.binary()),
+                      "since": pa.array([row[3] for row in rows], pa.int64()),
+                      "until": pa.array([row[4] for row in rows], pa.int64())})
     pq.write_table(table, path)
 
 

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT = 3
+FORMAT = 4
 OUTPUT_FORMAT = 1
 # The driver fetches the payloads one partition at a time, as many
 # partitions as tasks, more for a large export: one for about this many
@@ -66,9 +66,9 @@ def load_export(export: str | os.PathLike[str]) -> dict:
         raise ValueError(f"{export}/job.json: export format {job.get('format')!r} is not {FORMAT}")
     table = pq.read_table(os.path.join(export, "subscriptions.parquet"))
     found: dict[str, list[tuple]] = {}
-    for remote, publication, value in zip(*(table.column(name).to_pylist()
-                                            for name in ("remote", "publication", "value"))):
-        found.setdefault(remote, []).append((publication, msgpack.unpackb(value, raw=False)))
+    for remote, publication, value, since, until in zip(*(table.column(name).to_pylist() for name in (
+            "remote", "publication", "value", "since", "until"))):
+        found.setdefault(remote, []).append((publication, msgpack.unpackb(value, raw=False), since, until))
     job["subscriptions"] = found
     return job
 

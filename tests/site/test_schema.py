@@ -317,7 +317,7 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
     conn.commit()
     conn.close()
     with SiteDatabase.open(path) as site:
-        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == 8
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
         row = site.remote("r1")
         assert (row.confirm_timeout, row.data_sent_at, row.peer_confirmed, row.probes, row.confirm_owed) == (
             None, None, 0, 0, False)

@@ -99,6 +99,36 @@ def test_100k_operations_for_20_subscribers_are_byte_identical_to_the_agent(worl
     assert conn.execute("SELECT count(DISTINCT origin) FROM fieldsync_log").fetchone()[0] > 5
 
 
+def test_a_range_across_subscription_changes_is_byte_identical_to_the_agent(spark, tmp_path):
+    """The job reads each log transaction with the subscriptions that held
+    at it (export format 4's since and until), as the agent does: a
+    subscriber that gained a region and then lost its own, mid-range,
+    gets the same files from both."""
+    from benchmarks.spark_world import region_of
+
+    site = build_world(tmp_path, 3_000, 4, seed=7)
+    names = subscriber_names(4)
+    regions = 4
+    moved = names[0]
+    site.update_remote(moved, peer_incarnation=b"\x01" * 16)  # extracted: changes go through its stream
+    app = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    own, gained = region_of(0, regions), region_of(2, regions)
+    assert site.subscribe(moved, "sales", gained).inserts > 0
+    app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 7 = 0")
+    site.scan()
+    assert site.unsubscribe(moved, "sales", own).deletes > 0
+    app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 5 = 0")
+    end = site.scan()
+    app.close()
+    sends = [BatchSend(name, 0, end, 0) for name in names]
+    export_batch(site, sends, tmp_path / "export", max_size=MAX_SIZE)
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(site))
+    for send in sends:
+        expected = agent_files(site, send)
+        assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
+    site.close()
+
+
 def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(world, spark, tmp_path):
     end = world.log_end()
     start = middle_commit(world, 0.5)

@@ -73,7 +73,7 @@ class Conflicts(KeyMoves):
     def _filters(self, peer: str) -> dict[str, tuple[str, frozenset]]:
         values: dict[str, set] = {}
         for publication, value in self._conn.execute(
-                "SELECT publication, value FROM fieldsync_subscription WHERE remote = ?", (peer,)):
+                "SELECT publication, value FROM fieldsync_subscription WHERE remote = ? AND until IS NULL", (peer,)):
             bucket = values.setdefault(publication, set())
             if value is not None:
                 bucket.add(value)

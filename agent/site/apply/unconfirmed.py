@@ -105,6 +105,7 @@ class Unconfirmed(Conflicts):
                         transaction = found
                     if reader is None:
                         reader = SubscriberReader.from_database(self._conn, identity, self._shapes, batch.peer)
+                    reader.at(transaction[1])
                     op = reader.operation(transaction[2], row)
                     if op is None:
                         continue  # the peer does not receive it: its own, or outside its subset

@@ -1,0 +1,215 @@
+"""Changing a remote's subscriptions through its stream (SQL Remote's
+SYNCHRONIZE SUBSCRIPTION): docs/site-database.md, "Changing a remote's
+subscriptions".
+
+Rules of this file:
+* One change is one call inside the caller's write transaction: it cuts
+  what the applications captured, writes the rows that leave the remote's
+  subset as DELETEs and those that enter it as INSERTs (marked *return to
+  origin*, so only that remote gets them) into one log transaction whose
+  origin is the remote, and records from which commit offset the
+  subscription holds (``since``) or no longer holds (``until``).
+* A remote with no stream yet (never extracted) gets no rows through the
+  log: extraction gives it its subset.  A change that moves no row writes
+  nothing to the log and holds from the next commit on.
+* Membership is the reader's own test (:meth:`View.contains`), so what
+  enters or leaves is exactly what a reader of the new or old plan would
+  select.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Iterator
+
+from ._db import quote_ident
+from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape, ShapeCache, refresh_changed_tables
+from .errors import InvalidSetting
+from .log import cut_locked, log_end
+from .publications import Value, check_subscription
+from .schema import Role, SiteIdentity, value_column
+from .selection import plan_from_rows
+from .view import View
+
+# Rows written to the capture table per statement.
+_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionChange:
+    """What one subscription change did.  ``offset``: the commit offset of
+    the log transaction that carries its rows to the remote (None: none was
+    needed); ``matching``: how many rows of the publication's SUBSCRIBE BY
+    articles hold the value now (None: the publication has no SUBSCRIBE BY
+    article, or no value was given); ``changed``: False when the
+    subscription was there already."""
+
+    remote: str
+    publication: str
+    value: Value
+    subscribed: bool
+    changed: bool = True
+    inserts: int = 0
+    deletes: int = 0
+    offset: int | None = None
+    matching: int | None = None
+    streamed: bool = False
+
+
+def same_value(a: Value, b: Value) -> bool:
+    """Subscription values are the same: equal and of one type (``7`` and
+    ``'7'`` are different values, so are ``7`` and ``7.0``)."""
+    return type(a) is type(b) and a == b
+
+
+def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, remote: str,
+                  publication: str, value: Value, *, subscribe: bool, created_at: str) -> SubscriptionChange:
+    """Subscribe ``remote`` to (or unsubscribe it from) ``publication`` with
+    ``value``, in the caller's write transaction."""
+    check_subscription(conn, remote, publication, value)
+    current = conn.execute("SELECT rowid, publication, value FROM fieldsync_subscription"
+                           " WHERE remote = ? AND until IS NULL ORDER BY rowid", (remote,)).fetchall()
+    found = next((rowid for rowid, pub, held in current if pub == publication and same_value(held, value)), None)
+    if subscribe and found is not None:
+        return SubscriptionChange(remote, publication, value, subscribe, changed=False)
+    if not subscribe and found is None:
+        held = [f"{pub}={held!r}" if held is not None else pub for _, pub, held in current]
+        raise InvalidSetting(f"{remote!r} does not subscribe to {publication!r}"
+                             + ("" if value is None else f" with {value!r}")
+                             + f"; its subscriptions: {', '.join(held) or 'none'}")
+    streamed = identity.role is Role.CONSOLIDATED and conn.execute(
+        "SELECT peer_incarnation IS NOT NULL FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone()[0]
+    matching = _matching(conn, publication, value)
+    if not streamed:
+        # Nothing was ever sent to it through the log: extraction gives it its subset.
+        if subscribe:
+            conn.execute("INSERT INTO fieldsync_subscription (remote, publication, value, created_at)"
+                         " VALUES (?, ?, ?, ?)", (remote, publication, value, created_at))
+        else:
+            conn.execute("DELETE FROM fieldsync_subscription WHERE rowid = ?", (found,))
+        return SubscriptionChange(remote, publication, value, subscribe, matching=matching)
+    refresh_changed_tables(conn)
+    end = cut_locked(conn, identity.name)
+    before = [(pub, held) for _, pub, held in current]
+    after = before + [(publication, value)] if subscribe else [
+        (pub, held) for rowid, pub, held in current if rowid != found]
+    articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article"
+                            " WHERE publication = ?", (publication,)).fetchall()
+    old = plan_from_rows(remote, identity.role, articles, before).articles
+    new = plan_from_rows(remote, identity.role, articles, after).articles
+    shape_of = dict(conn.execute("SELECT table_name, shape FROM fieldsync_article WHERE publication = ?",
+                                 (publication,)).fetchall())
+    tables = _parents_first(conn, [table for table, *_ in articles])
+    moved: dict[str, tuple[Shape, list[tuple], list[tuple]]] = {}
+    for table in tables:
+        shape = shapes.get(shape_of[table])
+        was, will = old.get(table.lower()), new.get(table.lower())
+        leaving, entering = _moves(conn, shape, None if was is None else View(shape, *was),
+                                   None if will is None else View(shape, *will), value)
+        moved[table] = (shape, leaving, entering)
+    deletes = inserts = 0
+    for table in reversed(tables):  # children before parents
+        shape, leaving, _ = moved[table]
+        deletes += _write(conn, shape, KIND_DELETE, leaving)
+    for table in tables:  # parents before children
+        shape, _, entering = moved[table]
+        inserts += _write(conn, shape, KIND_INSERT, entering)
+    offset = None
+    if deletes or inserts:
+        conn.execute("INSERT INTO fieldsync_returned (seq, columns) SELECT seq, '[]' FROM fieldsync_capture"
+                     " WHERE seq > ?", (end,))
+        offset = cut_locked(conn, remote, end)
+    # The change holds from its own log transaction on; an ended
+    # subscription holds through it, so its DELETEs are read with the
+    # article they leave.  With no rows, from the next commit on.
+    at = offset if offset is not None else log_end(conn) + 1
+    if subscribe:
+        conn.execute("INSERT INTO fieldsync_subscription (remote, publication, value, created_at, since)"
+                     " VALUES (?, ?, ?, ?, ?)", (remote, publication, value, created_at, at))
+    else:
+        conn.execute("UPDATE fieldsync_subscription SET until = ? WHERE rowid = ?",
+                     (at + 1 if offset is not None else at, found))
+    return SubscriptionChange(remote, publication, value, subscribe, inserts=inserts, deletes=deletes,
+                              offset=offset, matching=matching, streamed=True)
+
+
+def _moves(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None,
+           value: Value) -> tuple[list[tuple], list[tuple]]:
+    """The rows of ``shape``'s table that leave the subset (in ``was``, not
+    in ``will``) and those that enter it, as shape-ordered tuples."""
+    if was is None and will is None:
+        return [], []
+    leaving, entering = [], []
+    for row in _candidates(conn, shape, was, will, value):
+        inside, outside = was is not None and was.contains(row), will is not None and will.contains(row)
+        if inside and not outside:
+            leaving.append(row)
+        elif outside and not inside:
+            entering.append(row)
+    return leaving, entering
+
+
+def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None,
+                value: Value) -> Iterator[tuple]:
+    """The rows that may enter or leave: where only the value's rows can
+    (both views filter by the same column), those SQL finds equal to it (a
+    superset of Python's equality: affinity makes ``'7' = 7`` true), else
+    every row."""
+    columns = ", ".join(quote_ident(column) for column in shape.columns)
+    sql = f"SELECT {columns} FROM {quote_ident(shape.table)}"
+    params: tuple = ()
+    if (was is not None and will is not None and was.filter_position is not None
+            and was.filter_position == will.filter_position and value is not None):
+        sql += f" WHERE {quote_ident(shape.columns[was.filter_position])} = ?"
+        params = (value,)
+    cursor = conn.execute(sql, params)
+    while rows := cursor.fetchmany(_BATCH):
+        yield from rows
+
+
+def _write(conn: sqlite3.Connection, shape: Shape, kind: int, rows: list[tuple]) -> int:
+    """Capture ``rows`` as ``kind`` for the remote alone (flag *return to
+    origin*); their fieldsync_returned rows are written once for all."""
+    if not rows:
+        return 0
+    names = ", ".join(value_column(index) for index in range(len(shape.columns)))
+    placeholders = ", ".join("?" * len(shape.columns))
+    sql = (f"INSERT INTO fieldsync_capture (shape, kind, flags, {names})"
+           f" VALUES ({shape.id}, {kind}, {FLAG_RETURN_TO_ORIGIN}, {placeholders})")
+    for start in range(0, len(rows), _BATCH):
+        conn.executemany(sql, rows[start:start + _BATCH])
+    return len(rows)
+
+
+def _matching(conn: sqlite3.Connection, publication: str, value: Value) -> int | None:
+    """How many rows of the publication's SUBSCRIBE BY articles hold
+    ``value`` now (Python equality, as readers select); None when there is
+    no such article or no value."""
+    if value is None:
+        return None
+    by = conn.execute("SELECT table_name, subscribe_by FROM fieldsync_article WHERE publication = ?"
+                      " AND subscribe_by IS NOT NULL", (publication,)).fetchall()
+    if not by:
+        return None
+    count = 0
+    for table, column in by:
+        cursor = conn.execute(f"SELECT {quote_ident(column)} FROM {quote_ident(table)}"
+                              f" WHERE {quote_ident(column)} = ?", (value,))
+        while found := cursor.fetchmany(_BATCH):
+            count += sum(1 for (held,) in found if held == value and held is not None)
+    return count
+
+
+def _parents_first(conn: sqlite3.Connection, tables: list[str]) -> list[str]:
+    """``tables`` ordered so that a table comes after those its foreign
+    keys reference (among ``tables``); tables in a cycle keep their order."""
+    names = {table.lower(): table for table in tables}
+    parents = {name: {row[2].lower() for row in conn.execute(f"PRAGMA foreign_key_list({quote_ident(table)})")}
+               & set(names) - {name} for name, table in names.items()}
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        placed = set(ordered)
+        ready = [name for name in names if name not in placed and parents[name] <= placed]
+        ordered += ready or [name for name in names if name not in placed]
+    return [names[name] for name in ordered]
