@@ -1,0 +1,177 @@
+"""agent.site.postgres.log: cuts give offsets to finished transactions only,
+in an order replay can trust; reading and truncating the log."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from agent.site.errors import LogOffsetError, LogTruncated
+from agent.site.postgres.capture import install_capture, load_shapes
+from agent.site.postgres.connect import connect
+from agent.site.postgres.log import check_boundary, cut, iter_capture, log_end, truncate_log, truncated_through
+
+from .replay import Copy, operations
+
+ACCOUNT = "CREATE TABLE account (id integer PRIMARY KEY, owner text, balance bigint)"
+
+
+@pytest.fixture
+def account(site, target):
+    site.execute(ACCOUNT)
+    install_capture(site, target, "account")
+    return site
+
+
+@pytest.fixture
+def other(target):
+    """A second application session."""
+    conn = connect(target)
+    yield conn
+    conn.close()
+
+
+def _read(conn, after: int, until: int) -> list[tuple[int, str, list[tuple]]]:
+    return [(commit, origin, rows) for commit, origin, rows in iter_capture(conn, after, until)]
+
+
+def _values(rows: list[tuple]) -> list[tuple]:
+    return [row[4:] for row in rows]
+
+
+def test_a_transaction_open_across_cuts_gets_its_offset_when_it_has_finished(account, other, target):
+    other.execute("BEGIN")
+    other.execute("INSERT INTO account VALUES (1, 'long', 10)")  # written first: the lowest seq
+    account.execute("INSERT INTO account VALUES (2, 'short', 20)")
+    first = cut(account, target, "hq")
+    second = cut(account, target, "hq")  # still open: nothing new
+    assert (first.log_end, first.transactions, second.log_end, second.transactions) == (1, 1, 1, 0)
+    assert [_values(rows) for _, _, rows in _read(account, 0, 1)] == [[(2, "short", 20)]]
+    other.execute("COMMIT")
+    third = cut(account, target, "hq")
+    assert (third.log_end, third.transactions) == (2, 1)
+    [(commit, _, rows)] = _read(account, 1, 2)
+    assert commit == 2 and _values(rows) == [(1, "long", 10)]
+    assert rows[0][0] < _read(account, 0, 1)[0][2][0][0]  # its seq is below the earlier offset's row
+
+
+def test_rolled_back_work_leaves_nothing(account, target):
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with account.transaction():
+            account.execute("INSERT INTO account VALUES (1, 'gone', 1)")
+            account.execute("SELECT 1/0")
+    with account.transaction():
+        account.execute("INSERT INTO account VALUES (2, 'kept', 2)")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            with account.transaction():  # a savepoint
+                account.execute("INSERT INTO account VALUES (3, 'savepoint', 3)")
+                account.execute("INSERT INTO account VALUES (3, 'again', 3)")
+    end = cut(account, target, "hq").log_end
+    assert [_values(rows) for _, _, rows in _read(account, 0, end)] == [[(2, "kept", 2)]]
+
+
+def test_within_a_cut_a_transaction_that_waited_for_another_comes_after_it(account, other, target):
+    """``other`` gets its transaction id first, then waits for ``account``'s
+    row lock: ordering by transaction id would replay its UPDATE before the
+    INSERT it updates.  By last seq the order is right."""
+    other.execute("INSERT INTO account VALUES (1, 'seed', 0)")
+    cut(account, target, "hq")
+    other.execute("BEGIN")
+    other.execute("INSERT INTO account VALUES (2, 'other first', 0)")  # other's xid is the older one
+    account.execute("BEGIN")
+    account.execute("UPDATE account SET balance = 5 WHERE id = 1")
+    account.execute("INSERT INTO account VALUES (3, 'account', 0)")
+    waiter = threading.Thread(target=lambda: other.execute("UPDATE account SET balance = balance * 10 WHERE id = 1"))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # blocked on account's row lock
+    account.execute("COMMIT")
+    waiter.join(10)
+    other.execute("COMMIT")
+    finished = cut(account, target, "hq")
+    assert finished.transactions == 2
+    members = account.execute("SELECT txid::text::bigint FROM fieldsync.log_txn ORDER BY commit_offset, position"
+                              ).fetchall()
+    assert members[-2] > members[-1]  # the older transaction id replays last
+    copy = Copy()
+    copy.apply(operations([row for _, _, rows in _read(account, 0, finished.log_end) for row in rows],
+                          load_shapes(account)))
+    assert not copy.problems
+    assert copy.rows("account") == account.execute("SELECT * FROM account ORDER BY id").fetchall()
+
+
+def test_offsets_below_the_log_end_never_change(account, other, target):
+    account.execute("INSERT INTO account VALUES (1, 'a', 1)")
+    end = cut(account, target, "hq").log_end
+    before = _read(account, 0, end)
+    other.execute("BEGIN")
+    other.execute("UPDATE account SET balance = 2 WHERE id = 1")
+    cut(account, target, "hq")
+    other.execute("COMMIT")
+    account.execute("INSERT INTO account VALUES (2, 'b', 2)")
+    later = cut(account, target, "hq").log_end
+    assert later > end and _read(account, 0, end) == before
+
+
+def test_an_empty_cut_changes_nothing_but_its_snapshot(account, target):
+    account.execute("INSERT INTO account VALUES (1, 'a', 1)")
+    assert cut(account, target, "hq").log_end == 1
+    assert cut(account, target, "hq") == cut(account, target, "hq")
+    assert account.execute("SELECT count(*) FROM fieldsync.log").fetchone() == (1,)
+
+
+def test_truncation_removes_confirmed_entries_and_keeps_the_rest(account, other, target):
+    for n in range(3):
+        account.execute(f"INSERT INTO account VALUES ({n}, 'row', {n})")
+        cut(account, target, "hq")
+    other.execute("BEGIN")
+    other.execute("INSERT INTO account VALUES (10, 'uncut', 10)")
+    assert truncate_log(account, target, 2) == 2
+    other.execute("COMMIT")
+    end = cut(account, target, "hq").log_end
+    assert end == 4 and log_end(account) == 4 and truncated_through(account) == 2
+    assert [commit for commit, _, _ in _read(account, 2, end)] == [3, 4]
+    assert _values(_read(account, 3, 4)[0][2]) == [(10, "uncut", 10)]
+    assert account.execute("SELECT count(*) FROM fieldsync.capture").fetchone() == (2,)
+    with pytest.raises(LogTruncated):
+        check_boundary(account, 1, "start offset")
+    check_boundary(account, 2, "start offset")
+    check_boundary(account, 3, "start offset")
+    with pytest.raises(LogOffsetError):
+        check_boundary(account, 5, "end offset")
+    with pytest.raises(LogOffsetError):
+        truncate_log(account, target, 9)
+    assert truncate_log(account, target, 4) == 4 and log_end(account) == 4
+    account.execute("INSERT INTO account VALUES (11, 'next', 11)")
+    assert cut(account, target, "hq").log_end == 5  # offsets never go back
+
+
+def test_cuts_from_two_sessions_never_share_a_transaction(account, target):
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def cutter() -> None:
+        conn = connect(target)
+        try:
+            while not stop.is_set():
+                cut(conn, target, "hq")
+        except BaseException as error:  # reported by the test
+            errors.append(error)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=cutter) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for n in range(300):
+        account.execute("INSERT INTO account VALUES (%s, 'w', %s)", (n, n))
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    cut(account, target, "hq")
+    assert account.execute("SELECT count(*), count(DISTINCT txid) FROM fieldsync.log_txn").fetchone() == (300, 300)
+    offsets = [row[0] for row in account.execute("SELECT commit_offset FROM fieldsync.log ORDER BY 1")]
+    assert offsets == list(range(1, len(offsets) + 1))
