@@ -145,13 +145,14 @@ class Run(NamedTuple):
     def operations(self) -> list[Operation]:
         """The operations this run stands for (their values unchecked)."""
         table, kind, width, before, after, rows = self
-        middle = width + len(before)
-        make_before = kind != OpKind.INSERT
-        make_after = kind != OpKind.DELETE
         new = tuple.__new__
-        return [new(Operation, (table, kind, row[:width],
-                                dict(zip(before, row[width:middle])) if make_before else None,
-                                dict(zip(after, row[middle:])) if make_after else None)) for row in rows]
+        if kind == OpKind.INSERT:
+            return [new(Operation, (table, kind, row[:width], None, dict(zip(after, row[width:])))) for row in rows]
+        if kind == OpKind.DELETE:
+            return [new(Operation, (table, kind, row[:width], dict(zip(before, row[width:])), None)) for row in rows]
+        middle = width + len(before)
+        return [new(Operation, (table, kind, row[:width], dict(zip(before, row[width:middle])),
+                                dict(zip(after, row[middle:])))) for row in rows]
 
 
 # Rows of one run at most: a reader decodes a run whole, so this bounds

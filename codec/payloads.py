@@ -133,8 +133,9 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
         raise CorruptMessage(source, "payload must be an array of transactions")
     previous = header.prev
     result = []
+    heads: dict = {}  # the run heads this payload holds, each checked once
     for entry in entries:
-        transaction = _transaction(entry, source, version, runs)
+        transaction = _transaction(entry, source, version, runs, heads)
         if not previous < transaction.commit <= header.last:
             raise CorruptMessage(source, f"transaction {transaction.commit} is outside {header} or out of order")
         previous = transaction.commit
@@ -142,7 +143,8 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
     return tuple(result)
 
 
-def _transaction(entry: object, source: str, version: int = 1, runs: bool = False) -> Transaction:
+def _transaction(entry: object, source: str, version: int = 1, runs: bool = False,
+                 heads: dict | None = None) -> Transaction:
     # Operations stay the plain 5-tuples (version 1) or rows (version 2)
     # msgpack made (see codec.ops): their values are checked where they are
     # applied, which touches each value anyway; checking them here would
@@ -155,7 +157,7 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
             or not origin or type(ops) is not tuple):
         raise CorruptMessage(source, "payload holds a malformed transaction")
     if version == 2:
-        checked = tuple(_run(run, commit, source) for run in ops)
+        checked = _runs(ops, commit, source, heads)
         if not runs:
             return Transaction._trusted(commit, origin, tuple(op for run in checked for op in run.operations()))
         return Transaction._trusted(commit, origin, checked)
@@ -165,25 +167,54 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
 
 
 _NAMES = frozenset({str})
+_new = tuple.__new__
 
 
-def _run(run: object, commit: int, source: str) -> Run:
-    """A decoded version-2 run, checked for structure (its values are
-    checked where they are applied)."""
-    if type(run) is not tuple or len(run) != 6:
-        raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
-    table, kind, width, before, after, rows = run
+def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None) -> tuple[Run, ...]:
+    """Decoded version-2 runs, checked for structure (their values are
+    checked where they are applied).  ``heads`` maps a run's head (table,
+    kind, key width, column names) to its row width once checked: a
+    payload repeats a few heads many times."""
+    if heads is None:
+        heads = {}
+    checked = []
+    for run in ops:
+        if type(run) is not tuple or len(run) != 6:
+            raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
+        head = run[:5]
+        try:
+            width = heads.get(head)
+        except TypeError:  # a list or map where a name belongs
+            width = None
+        if width is None:
+            width = heads[head] = _head_width(head, commit, source)
+        rows = run[5]
+        if type(rows) is not tuple or not rows:
+            raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
+        for row in rows:
+            if type(row) is not tuple or len(row) != width:
+                raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
+        checked.append(_new(Run, run))
+    return tuple(checked)
+
+
+def _head_width(head: tuple, commit: int, source: str) -> int:
+    """The row width of a run with this head, or CorruptMessage."""
+    table, kind, width, before, after = head
     if (type(table) is not str or not table or type(kind) is not int or not 1 <= kind <= 3
             or type(width) is not int or width < 1 or type(before) is not tuple or type(after) is not tuple
-            or (kind == 1 and before) or (kind == 3 and after) or type(rows) is not tuple or not rows):
+            or (kind == 1 and before) or (kind == 3 and after)):
         raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
     names = before + after
     if (not _NAMES.issuperset(map(type, names)) or "" in names or len(set(before)) != len(before)
             or len(set(after)) != len(after)):
         raise CorruptMessage(source, f"transaction {commit} holds a run with bad column names")
-    if set(map(type, rows)) != {tuple} or set(map(len, rows)) != {width + len(names)}:
-        raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
-    return Run(table, kind, width, before, after, rows)
+    return width + len(names)
+
+
+def _run(run: object, commit: int, source: str) -> Run:
+    """One decoded version-2 run, checked for structure."""
+    return _runs((run,), commit, source)[0]
 
 
 def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") -> Transaction:
