@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from itertools import islice
 from typing import Iterator
 
 from ._db import quote_ident
@@ -101,20 +102,18 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
     shape_of = dict(conn.execute("SELECT table_name, shape FROM fieldsync_article WHERE publication = ?",
                                  (publication,)).fetchall())
     tables = _parents_first(conn, [table for table, *_ in articles])
-    moved: dict[str, tuple[Shape, list[tuple], list[tuple]]] = {}
+    views = {}
     for table in tables:
         shape = shapes.get(shape_of[table])
         was, will = old.get(table.lower()), new.get(table.lower())
-        leaving, entering = _moves(conn, shape, None if was is None else View(shape, *was),
-                                   None if will is None else View(shape, *will), value)
-        moved[table] = (shape, leaving, entering)
-    deletes = inserts = 0
-    for table in reversed(tables):  # children before parents
-        shape, leaving, _ = moved[table]
-        deletes += _write(conn, shape, KIND_DELETE, leaving)
-    for table in tables:  # parents before children
-        shape, _, entering = moved[table]
-        inserts += _write(conn, shape, KIND_INSERT, entering)
+        views[table] = (shape, None if was is None else View(shape, *was), None if will is None else View(shape, *will))
+    # Two passes over each table, so memory holds one batch of rows
+    # whatever the subset's size: DELETEs, children before parents; then
+    # INSERTs, parents before children.
+    deletes = sum(_write(conn, views[table][0], KIND_DELETE, _moving(conn, *views[table], value, leaving=True))
+                  for table in reversed(tables))
+    inserts = sum(_write(conn, views[table][0], KIND_INSERT, _moving(conn, *views[table], value, leaving=False))
+                  for table in tables)
     offset = None
     if deletes or inserts:
         conn.execute("INSERT INTO fieldsync_returned (seq, columns) SELECT seq, '[]' FROM fieldsync_capture"
@@ -134,20 +133,17 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
                               offset=offset, matching=matching, streamed=True)
 
 
-def _moves(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None,
-           value: Value) -> tuple[list[tuple], list[tuple]]:
-    """The rows of ``shape``'s table that leave the subset (in ``was``, not
-    in ``will``) and those that enter it, as shape-ordered tuples."""
+def _moving(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None, value: Value, *,
+            leaving: bool) -> Iterator[tuple]:
+    """The rows of ``shape``'s table, as shape-ordered tuples, that leave
+    the subset (in ``was``, not in ``will``), or with ``leaving`` False
+    those that enter it."""
     if was is None and will is None:
-        return [], []
-    leaving, entering = [], []
+        return
     for row in _candidates(conn, shape, was, will, value):
         inside, outside = was is not None and was.contains(row), will is not None and will.contains(row)
-        if inside and not outside:
-            leaving.append(row)
-        elif outside and not inside:
-            entering.append(row)
-    return leaving, entering
+        if (inside and not outside) if leaving else (outside and not inside):
+            yield row
 
 
 def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None,
@@ -168,18 +164,19 @@ def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | None, will: 
         yield from rows
 
 
-def _write(conn: sqlite3.Connection, shape: Shape, kind: int, rows: list[tuple]) -> int:
+def _write(conn: sqlite3.Connection, shape: Shape, kind: int, rows: Iterator[tuple]) -> int:
     """Capture ``rows`` as ``kind`` for the remote alone (flag *return to
-    origin*); their fieldsync_returned rows are written once for all."""
-    if not rows:
-        return 0
+    origin*), a batch at a time; their fieldsync_returned rows are written
+    once for all."""
     names = ", ".join(value_column(index) for index in range(len(shape.columns)))
     placeholders = ", ".join("?" * len(shape.columns))
     sql = (f"INSERT INTO fieldsync_capture (shape, kind, flags, {names})"
            f" VALUES ({shape.id}, {kind}, {FLAG_RETURN_TO_ORIGIN}, {placeholders})")
-    for start in range(0, len(rows), _BATCH):
-        conn.executemany(sql, rows[start:start + _BATCH])
-    return len(rows)
+    written = 0
+    while batch := list(islice(rows, _BATCH)):
+        conn.executemany(sql, batch)
+        written += len(batch)
+    return written
 
 
 def _matching(conn: sqlite3.Connection, publication: str, value: Value) -> int | None:
