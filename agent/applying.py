@@ -6,7 +6,7 @@ out as one unit (I4): the spool's dequeue is begun (durable), the database
 applies the transactions and sets ``log_received`` in one transaction, then
 the dequeue commits.  A crash in between leaves the dequeue in doubt, and
 the database's ``log_received`` settles it at the next start
-(agent.receiving, ``restore_pending``).
+(agent.restoring).
 
 Rules of this file:
 * A message that fails to decode at apply time (its payload, not its
@@ -19,7 +19,8 @@ Rules of this file:
   rolls the whole apply back and is set aside as above.
 * A database that refuses the apply keeps the messages queued; the next
   poll tries again.
-* A cancelled apply is finished first, then the cancellation goes on.
+* A cancelled apply is finished first, then the cancellation goes on (the
+  runner shields it).  Its times are the agent's clock's.
 """
 
 from __future__ import annotations
@@ -27,77 +28,65 @@ from __future__ import annotations
 import asyncio
 import logging
 from itertools import chain
-from typing import TYPE_CHECKING, Any
 
 from codec.errors import MessageError
 from codec.message import Message, decode_message
 from codec.payloads import read_group
 
+from .contexts import Applier, stamp
 from .crashpoints import crash_point
 from .errors import AgentError
-from .pairs import PairStore, Peer
-from .protocol import Apply
+from .pairs import Peer
+from .protocol import Action, Apply
 from .site.errors import SiteError
-
-if TYPE_CHECKING:
-    from .runner import Agent
 
 log = logging.getLogger("fieldsync.agent")
 
 
-async def apply(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
-    """Carry out ``action`` as one unit (I4): the database transaction,
-    the spool's dequeue and the protocol's state go together, so a
-    cancelled apply is finished first and the cancellation goes on after it
-    (a second cancellation stops the waiting, not the apply)."""
-    applying = asyncio.ensure_future(_apply_now(agent, peer, action))
+async def apply(applier: Applier, peer: Peer, action: Apply) -> list[Action]:
+    """Carry out ``action`` as one unit (I4): the database transaction, the
+    spool's dequeue and the protocol's state go together; return what the
+    protocol made of it (for the runner to carry out, or give back)."""
+    now = applier.clock()
+    queues = applier.queues
     try:
-        return await asyncio.shield(applying)
-    except asyncio.CancelledError:
-        agent.release(peer, await applying)
-        raise
-
-
-async def _apply_now(agent: "Agent", peer: Peer, action: Apply) -> list[Any]:
-    now = agent.clock()
-    try:
-        transactions = await asyncio.to_thread(_load_transactions, agent, peer.name, action.message_ids)
+        transactions = await asyncio.to_thread(_load_transactions, applier, peer.name, action.message_ids)
     except MessageError as error:
         log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
         return peer.protocol.apply_aborted(now, quarantine=str(error))
     # The dequeue is in doubt until the database has committed the apply.
-    token = await asyncio.to_thread(agent.queues.begin_dequeue, peer.name, action.message_ids,
-                                    action.log_received)
+    token = await asyncio.to_thread(queues.begin_dequeue, peer.name, action.message_ids, action.log_received)
     try:
-        await asyncio.to_thread(agent.db.apply, peer.name, transactions, log_received=action.log_received,
+        await asyncio.to_thread(applier.db.apply, peer.name, transactions, log_received=action.log_received,
                                 messages=len(action.message_ids), skip_through=action.skip_through,
-                                peer_incarnation=peer.protocol.state.peer_incarnation)
+                                peer_incarnation=peer.protocol.state.peer_incarnation,
+                                now=stamp(now))
     except MessageError as error:  # a part of a group read during the apply: rolled back
         log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
-        await asyncio.to_thread(agent.queues.abort_dequeue, token)
+        await asyncio.to_thread(queues.abort_dequeue, token)
         return peer.protocol.apply_aborted(now, quarantine=str(error))
     except (SiteError, AgentError) as error:  # refused, or the spool failed: keep the messages, retry at the next poll
         log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
-        agent.report.transport_errors.append(f"applying from {peer.name}: {error}")
-        await asyncio.to_thread(agent.queues.abort_dequeue, token)
+        applier.report.transport_errors.append(f"applying from {peer.name}: {error}")
+        await asyncio.to_thread(queues.abort_dequeue, token)
         return peer.protocol.apply_aborted(now)
     crash_point("apply.after-commit")
-    await asyncio.to_thread(agent.queues.commit_dequeue, token)
-    agent.report.applied_messages += len(action.message_ids)
-    PairStore.applied(peer, action.log_received)
+    await asyncio.to_thread(queues.commit_dequeue, token)
+    applier.report.applied_messages += len(action.message_ids)
+    peer.recorded(log_received=action.log_received)
     return peer.protocol.apply_done(now, action.log_received)
 
 
-def _load_transactions(agent: "Agent", peer: str, message_ids: tuple[str, ...]) -> list:
+def _load_transactions(applier: Applier, peer: str, message_ids: tuple[str, ...]) -> list:
     """Blocking: the transactions of the messages, decoded (their signatures
     were checked on receipt: agent.receiving), a version-2 message's with
     its runs as they are (the apply path binds their rows).  A group's one
     transaction reads its parts as its operations are taken
     (codec.payloads.read_group)."""
     def decoded(message_id: str) -> Message:
-        return decode_message(agent.queues.read_inbound(peer, message_id), source=message_id,
-                              keyring=agent.keyring, recipient=agent.name, recipient_keys=agent.keys, verified=True,
-                              runs=True)
+        return decode_message(applier.queues.read_inbound(peer, message_id), source=message_id,
+                              keyring=applier.keyring, recipient=applier.site, recipient_keys=applier.keys,
+                              verified=True, runs=True)
 
     first = decoded(message_ids[0])
     if first.is_part:

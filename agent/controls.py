@@ -30,6 +30,16 @@ def heartbeat_period(peer: str, heartbeat: float) -> float:
     return heartbeat * (1 - HEARTBEAT_SPREAD * zlib.crc32(peer.encode()) / 2**32)
 
 
+def control_timers(heartbeat: float | None, confirm_timeout: float | None, *, run_heartbeat: float,
+                   run_confirm_timeout: float) -> tuple[float, float]:
+    """The heartbeat and confirm timeout in force for a peer: its own (set
+    on its remote-user row; None: none of its own), else the run's
+    (``--heartbeat``, ``--confirm-timeout``).  A confirm timeout above the
+    heartbeat in force is capped at it."""
+    beat = heartbeat or run_heartbeat
+    return beat, min(confirm_timeout or run_confirm_timeout, beat)
+
+
 def probe_wait(confirm_timeout: float, probes: int, heartbeat: float | None) -> float:
     """The seconds of silence to the peer after which a stream still
     unconfirmed is probed, when ``probes`` were sent since it last changed:

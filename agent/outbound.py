@@ -6,7 +6,9 @@ Rules of this file:
   (``codec.packing.MessagePacker``) as they are read, and each message goes
   to ``put`` as soon as it is made, so memory holds a few messages' worth
   per subscriber (the one being filled, and its look-ahead), whatever the
-  backlog.  Sends are packed in groups whose packers fit in
+  backlog.  The loop that does it, :class:`PackingPass`, is the Spark
+  job's too (contrib/spark/job.py, with payload packers and its own pass
+  over an export): one loop, so both make the same files.  Sends are packed in groups whose packers fit in
   ``PACKING_MEMORY``: one pass at the default ``-l``, a pass per few
   subscribers at a very large one.
 * The files are byte for byte those ``pack_messages(read_log(...))`` makes
@@ -25,11 +27,13 @@ Rules of this file:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import partial
+from typing import Callable, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
 
 from codec.errors import CodecError
 from codec.keys import PublicKeys, SiteKeys
 from codec.message import DATA_VERSION, EncodedMessage
+from codec.ops import PartialTransaction, Transaction
 from codec.packing import MessagePacker
 
 from .errors import AgentError
@@ -98,6 +102,93 @@ class Packed:
     error: Exception | None = None
 
 
+_Made = TypeVar("_Made", covariant=True)
+_Output = TypeVar("_Output")
+
+
+class StreamPacker(Protocol[_Made]):
+    """A push packer: ``codec.packing.MessagePacker`` (files) or ``PayloadPacker`` (payloads)."""
+
+    def add(self, transaction: Transaction) -> list[_Made]: ...
+
+    def close(self) -> list[_Made]: ...
+
+
+class PackingPass(Generic[_Output]):
+    """The packing loop of one pass over the log that feeds many streams
+    (a subscriber's send each), for the agent and the Spark job alike:
+    :meth:`run` takes ``(position, transaction)`` pairs, each stream's in
+    commit order, hands each to its stream's packer and yields ``(position,
+    output)`` for every message or payload made, as soon as it is made;
+    then it closes the packers, in position order.  A stream's packer is
+    made by ``packer_for(position)`` at its first transaction, so a stream
+    that nothing was read for makes no packer and no file (docs/protocol.md,
+    rule 5: no message without news).
+
+    An error of a type in ``isolate``, from making, feeding or closing a
+    stream's packer, stops that stream alone: it is kept in :attr:`failed`
+    and the stream's later transactions are passed over.  The caller does
+    the same for an output it could not take (:meth:`fail`): the stream
+    yields nothing more.  Any other error, and any error of the pairs
+    themselves (reading the log), is raised.  :attr:`transactions` counts
+    the whole transactions each stream's packer took (not the pieces of a
+    large one).
+    """
+
+    __slots__ = ("failed", "transactions", "_packer_for", "_isolate", "_packers")
+
+    def __init__(self, streams: int, packer_for: Callable[[int], StreamPacker[_Output]], *,
+                 isolate: tuple[type[Exception], ...] = ()) -> None:
+        self.failed: dict[int, Exception] = {}
+        self.transactions = [0] * streams
+        self._packer_for = packer_for
+        self._isolate = isolate
+        self._packers: dict[int, StreamPacker[_Output]] = {}
+
+    def fail(self, position: int, error: Exception) -> None:
+        """Stop stream ``position``: its caller could not take an output."""
+        self.failed[position] = error
+        self._packers.pop(position, None)
+
+    def run(self, pairs: Iterable[tuple[int, Transaction]]) -> Iterator[tuple[int, _Output]]:
+        for position, transaction in pairs:
+            made = self._add(position, transaction)
+            # A huge transaction is not held while the next one is read.
+            del transaction
+            yield from self._hand_over(position, made)
+        for position in sorted(self._packers):
+            packer = self._packers.pop(position, None)
+            if packer is None:
+                continue  # its caller failed it meanwhile
+            try:
+                made = packer.close()
+            except self._isolate as error:
+                self.failed[position] = error
+                continue
+            yield from self._hand_over(position, made)
+
+    def _add(self, position: int, transaction: Transaction) -> list[_Output]:
+        if position in self.failed:
+            return []
+        try:
+            packer = self._packers.get(position)
+            if packer is None:
+                packer = self._packers[position] = self._packer_for(position)
+            made = packer.add(transaction)
+        except self._isolate as error:
+            self.fail(position, error)
+            return []
+        if type(transaction) is not PartialTransaction:
+            self.transactions[position] += 1
+        return made
+
+    def _hand_over(self, position: int, made: list[_Output]) -> Iterator[tuple[int, _Output]]:
+        for output in made:
+            if position in self.failed:
+                return  # its caller could not take an earlier one
+            yield position, output
+
+
 def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
                put: Callable[[int, EncodedMessage], None], *, max_size: int,
                version: int = DATA_VERSION) -> list[Packed]:
@@ -107,7 +198,6 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
     ``version``; return what became of each send.  An error reading the log itself (not one send's range) is
     raised."""
     incarnation = db.identity.incarnation
-    packers: dict[int, MessagePacker] = {}
     errors: dict[int, Exception] = {}
     counts = [0] * len(sends)
     # Most due sends share their range (every idle peer was read to the
@@ -127,42 +217,25 @@ def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
         else:
             chosen.append(index)
 
-    def packer_for(index: int) -> MessagePacker:
-        # Made at a send's first transaction: a send whose range holds
-        # nothing for its subscriber costs no packer (and makes no file).
-        packer = packers.get(index)
-        if packer is None:
-            send = sends[index]
-            packer = packers[index] = MessagePacker(
-                keys=keys, recipient=send.subscriber, incarnation=incarnation, resend_count=send.resend_count,
-                start=send.start, max_size=max_size, end=send.end, seal_to=send.seal_to, version=version)
-        return packer
-
-    def deliver(index: int, messages: list[EncodedMessage]) -> None:
-        for message in messages:
-            put(index, message)
-            counts[index] += 1
+    def packer_for(group: list[int], position: int) -> MessagePacker:
+        send = sends[group[position]]
+        return MessagePacker(keys=keys, recipient=send.subscriber, incarnation=incarnation,
+                             resend_count=send.resend_count, start=send.start, max_size=max_size, end=send.end,
+                             seal_to=send.seal_to, version=version)
 
     for group in _groups(chosen, max_size):
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
-        for position, transaction in db.read_logs(reads, piece=READ_PIECE, runs=True):
+        packing: PackingPass[EncodedMessage] = PackingPass(len(group), partial(packer_for, group),
+                                                           isolate=SEND_ERRORS)
+        for position, message in packing.run(db.read_logs(reads, piece=READ_PIECE, runs=True)):
             index = group[position]
-            if index not in errors:  # else this send failed earlier
-                try:
-                    deliver(index, packer_for(index).add(transaction))
-                except SEND_ERRORS as error:
-                    errors[index] = error
-                    packers.pop(index, None)
-            # A huge transaction is not held while the next one is read.
-            del transaction
-        for index in group:
-            packer = packers.pop(index, None)
-            if packer is None:
-                continue  # failed, or nothing for the subscriber: no message (docs/protocol.md, rule 5)
             try:
-                deliver(index, packer.close())
+                put(index, message)
             except SEND_ERRORS as error:
-                errors[index] = error
+                packing.fail(position, error)
+            else:
+                counts[index] += 1
+        errors.update((group[position], error) for position, error in packing.failed.items())
     return [Packed(counts[index], errors.get(index)) for index in range(len(sends))]
 
 

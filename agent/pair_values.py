@@ -159,6 +159,11 @@ class StreamStopped:
     expected: bytes
     received: bytes
 
+    def describe(self, peer: str) -> str:
+        """What happened and what to do, in one line."""
+        return (f"{peer} changed its incarnation id ({self.expected.hex()[:8]} -> {self.received.hex()[:8]}): its "
+                "stream is stopped; re-extract the remote or re-add it")
+
 
 Action = Union[Apply, DeleteInbound, Quarantine, SendData, PurgeOutbound, SendControl, StreamStopped]
 

@@ -3,7 +3,8 @@
 Rules of this file:
 * Sans-I/O: no asyncio, files, sockets, clock or randomness.  Every entry
   point takes ``now`` (seconds, any epoch) and returns a list of actions for
-  the caller to carry out, in order.  ``get_timer()`` says when
+  the caller to carry out, in order (``message_rejected``: the reason to
+  set the file aside with).  ``get_timer()`` says when
   ``handle_timer(now)`` wants to run next.
 * The caller persists :attr:`PairProtocol.state` whenever it changed
   *before* carrying out the actions that follow (a resend request must not
@@ -174,11 +175,20 @@ class PairProtocol:
             return not (older and self.settings.unsafe_without_stale_rule)
         return older and not self.settings.unsafe_without_stale_rule
 
-    def message_rejected(self, now: float, message_id: str, reason: str) -> list[Action]:
-        """A file from the peer failed its checks before it was queued (the
-        caller set it aside); it counts as missing, nothing else changes."""
+    def message_rejected(self, now: float, message_id: str, reason: str, *,
+                         claimed_incarnation: bytes | None = None) -> str:
+        """A file from the peer failed its checks before it was queued;
+        return the reason the caller sets it aside with.  It counts as
+        missing, nothing else changes; unless the incarnation it claims (an
+        unverified claim: the checks failed) is one of a copy of the peer
+        extracted again since (with new keys): late mail from a database
+        that no longer exists, no message of the current stream, so not
+        counted (:meth:`message_queued` judges a verified one so)."""
+        if claimed_incarnation is not None and claimed_incarnation in self.superseded:
+            return (f"{reason}: it names {self.peer}'s incarnation {claimed_incarnation.hex()[:8]}, a copy that was "
+                    f"extracted again since (late mail from a database that no longer exists)")
         self._count(rejected=1)
-        return []
+        return reason
 
     def poll(self, now: float) -> list[Action]:
         """A receive poll (every receive delay, and once per batch run)."""
@@ -431,11 +441,15 @@ class PairProtocol:
 
     # -- publishing side -------------------------------------------------------------
 
-    def send_due(self, now: float, log_end: int, log_start: int = 0) -> list[Action]:
-        """The send schedule fired: everything committed up to ``log_end`` is
-        due; the log holds the entries after ``log_start`` (rule 8)."""
-        state = self._state
+    def send_due(self, now: float, log_end: int, log_start: int = 0, *, scheduled: bool = True) -> list[Action]:
+        """A send phase: everything committed up to ``log_end`` is due; the
+        log holds the entries after ``log_start`` (rule 8).  ``scheduled``
+        False: the peer's send schedule (SEND EVERY, SEND AT) is not due,
+        so nothing new is; only a resend asked for goes (rule 7)."""
         self.log_truncated(log_start)
+        if not scheduled:
+            return self.handle_timer(now)
+        state = self._state
         if log_end > state.log_send:
             self._state = replace(state, log_send=log_end)
         return self.handle_timer(now) + self._start_send()

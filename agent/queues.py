@@ -1,132 +1,34 @@
-"""The agent's durable message queues: inbound per publisher, outbound per destination.
+"""Opening a site's message queues, and :class:`DirectoryQueues`, the
+simplest implementation of their interface (agent/queue_interface.py).
 
 Rules of this file:
-* :class:`MessageQueues` is the whole interface the runner uses, declared
-  as a ``typing.Protocol`` (implementations subclass it, so a missing
-  method is an error at construction); keep it narrow so the recovery-log
-  spool can stand behind it.  The runner probes nothing with ``getattr``:
-  the transactional dequeue and the group commit are part of it.
+* The interface, its values and its error are agent/queue_interface.py's;
+  they are named here too because the runner, the CLI and the metrics take
+  them from this module.
 * Every method is blocking (file I/O): the runner calls them in a thread.
-* ``put_*`` returns only when the message is durable; putting a name that is
-  already queued keeps one copy.
-* Inbound messages are keyed by file name; outbound ones by file name and
-  carry their epoch (``resend_count``; control messages have none) so a
-  resend can purge older epochs that were never sent.
 """
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import logging
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, ContextManager
 
 from codec.atomic import write_file_atomically
 from codec.errors import BadFileName
+from codec.fsutil import fsync_directory
 from codec.names import Kind, MessageName, check_site_name
 
-from .errors import AgentError
+from .keyfiles import agent_directory
+from .queue_interface import MessageQueues, QueueDepth, QueueError, Settled
+from .spool import SpoolQueues
+
+__all__ = ["DirectoryQueues", "MessageQueues", "QueueDepth", "QueueError", "Settled", "log_restart", "open_queues"]
 
 log = logging.getLogger("fieldsync.agent")
-
-
-class QueueError(AgentError):
-    """A queue cannot be read or written."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueDepth:
-    peer: str
-    inbound: int
-    outbound: int
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """What settling a peer's in-doubt dequeues decided (see
-    :meth:`MessageQueues.resolve_in_doubt`)."""
-
-    dequeued: tuple[str, ...] = ()  # their database transaction committed: gone
-    restored: tuple[str, ...] = ()  # it did not: queued again
-
-
-class MessageQueues(Protocol):
-    """Durable inbound and outbound message queues of one site.
-
-    ``path`` is where they live; ``last_restart`` and ``restart_problems``
-    say what opening them had to repair (None and () for queues that
-    never need repair)."""
-
-    path: Path
-    last_restart: Any
-    restart_problems: tuple[str, ...]
-
-    @abc.abstractmethod
-    def put_inbound(self, peer: str, name: str, data: bytes) -> None: ...
-
-    @abc.abstractmethod
-    def inbound(self, peer: str) -> list[str]:
-        """Names of the queued inbound messages from ``peer``, in name order."""
-
-    @abc.abstractmethod
-    def read_inbound(self, peer: str, name: str) -> bytes: ...
-
-    @abc.abstractmethod
-    def delete_inbound(self, peer: str, names: tuple[str, ...] | list[str]) -> None: ...
-
-    @abc.abstractmethod
-    def put_outbound(self, peer: str, name: str, data: bytes, resend_count: int | None) -> None: ...
-
-    @abc.abstractmethod
-    def outbound(self, peer: str) -> list[str]:
-        """Names of the queued outbound messages to ``peer``, oldest first."""
-
-    @abc.abstractmethod
-    def read_outbound(self, peer: str, name: str) -> bytes: ...
-
-    @abc.abstractmethod
-    def delete_outbound(self, peer: str, name: str) -> None: ...
-
-    @abc.abstractmethod
-    def purge_outbound(self, peer: str, below_resend_count: int) -> int:
-        """Drop queued data messages of epochs below ``below_resend_count``;
-        return how many were dropped."""
-
-    @abc.abstractmethod
-    def depths(self) -> list[QueueDepth]: ...
-
-    # -- the transactional dequeue (docs/spool-format.md, "In-doubt dequeues") --
-
-    @abc.abstractmethod
-    def begin_dequeue(self, peer: str, names: tuple[str, ...] | list[str], log_received: int) -> Any:
-        """Start dequeuing inbound messages that the database transaction
-        about to run applies (setting ``log_received``); durable on return.
-        Returns a token for :meth:`commit_dequeue` or :meth:`abort_dequeue`."""
-
-    @abc.abstractmethod
-    def commit_dequeue(self, token: Any) -> None:
-        """The database transaction committed: the messages are gone."""
-
-    @abc.abstractmethod
-    def abort_dequeue(self, token: Any) -> None:
-        """The database transaction failed: the messages stay queued."""
-
-    @abc.abstractmethod
-    def resolve_in_doubt(self, peer: str, log_received: int) -> Settled:
-        """After a restart: settle ``peer``'s dequeues whose transaction's
-        fate is unknown, by the database's ``log_received``."""
-
-    @abc.abstractmethod
-    def group_commit(self) -> ContextManager[None]:
-        """A block whose puts are made durable together, at its end."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release resources.  Idempotent."""
 
 
 _SEQUENCE = re.compile(r"(\d{12})-(.+)\Z")
@@ -183,7 +85,7 @@ class DirectoryQueues(MessageQueues):
                 (directory / self._check(name)).unlink()
             except FileNotFoundError:
                 pass
-        _fsync_directory(directory)
+        fsync_directory(directory)
 
     # -- outbound -----------------------------------------------------------------------
 
@@ -233,7 +135,7 @@ class DirectoryQueues(MessageQueues):
         except QueueError:
             return
         path.unlink(missing_ok=True)
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
 
     def purge_outbound(self, peer: str, below_resend_count: int) -> int:
         purged = 0
@@ -246,7 +148,7 @@ class DirectoryQueues(MessageQueues):
                 path.unlink(missing_ok=True)
                 purged += 1
         if purged:
-            _fsync_directory(self._dir("out", peer))
+            fsync_directory(self._dir("out", peer))
         return purged
 
     def depths(self) -> list[QueueDepth]:
@@ -280,22 +182,11 @@ class DirectoryQueues(MessageQueues):
         pass
 
 
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def open_queues(database: str | os.PathLike[str]) -> MessageQueues:
     """The message queues of a site's agent: the recovery-log spool in
     ``<db>.agent/spool`` (docs/spool-format.md).  Only one process at a time
     may hold them; offline tools read them with ``agent.spool.check_spool``.
     What opening them had to repair after an unclean stop is logged."""
-    from .keyfiles import agent_directory
-    from .spool import SpoolQueues
-
     queues = SpoolQueues(agent_directory(database) / "spool")
     log_restart(queues)
     return queues

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import tempfile
 from pathlib import Path
+
+from .fsutil import fsync_directory, link_new, temporary_name
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644, replace: bool = True) -> None:
@@ -13,47 +16,37 @@ def write_file_atomically(target: Path, data: bytes, *, mode: int = 0o644, repla
 
     With ``replace=False`` an existing ``target`` is never written over
     (FileExistsError), even one another process makes meanwhile: the temp
-    file is hard-linked to its name instead of renamed."""
+    file is hard-linked to its name instead of renamed (codec.fsutil.link_new).
+    Errors are the ``OSError`` the system raised."""
     directory = target.parent
-    fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    temp_path = directory / temporary_name(target.name)
     try:
-        os.fchmod(fd, mode)
+        fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise _named_after(error, target) from None
+    try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         try:
             if replace:
-                os.replace(temp_name, target)
+                os.replace(temp_path, target)
             else:
-                _link_new(temp_name, target)
+                link_new(temp_path, target)
         except OSError as error:
-            # Named after the target (a folder in its place, say), not the
-            # temporary file the user never made.
-            raise type(error)(error.errno, error.strerror, str(target)) from None
+            raise _named_after(error, target) from None
     except BaseException:
         try:
-            os.unlink(temp_name)
+            os.unlink(temp_path)
         except FileNotFoundError:
             pass
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_directory(directory)
 
 
-def _link_new(temp_name: str, target: Path) -> None:
-    try:
-        os.link(temp_name, target)
-    except FileExistsError:
-        raise
-    except OSError:
-        # No hard links on this file system (FAT, say): the check and the
-        # rename are two steps there.
-        if os.path.lexists(target):
-            raise FileExistsError(errno.EEXIST, "File exists", str(target)) from None
-        os.rename(temp_name, target)
-        return
-    os.unlink(temp_name)
+def _named_after(error: OSError, target: Path) -> OSError:
+    """``error`` named after the target (a folder in its place, say), not the
+    temporary file the user never made."""
+    return type(error)(error.errno, error.strerror, str(target))

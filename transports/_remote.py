@@ -1,11 +1,12 @@
-"""Pieces shared by the transports that talk to servers (``sftp``, ``email``).
+"""Pieces shared by the transports that talk to servers (``sftp``, ``email``),
+and the temp-file rule ``sftp`` shares with ``folder``.
 
 Rules of this file:
 * Secrets come from a file or an environment variable, read when a
   connection is made (so a rotated password is picked up), never from an
   option value or an address.
-* Retries back off exponentially and are bounded; every delay is computed
-  here, the sleeping is done by the caller (``asyncio.sleep``).
+* Retries back off exponentially and are bounded (transports.backoff
+  computes every delay); the sleeping is done by the caller (``asyncio.sleep``).
 * Nothing here does network I/O.
 """
 
@@ -15,39 +16,33 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from codec.errors import BadFileName
+from codec.fsutil import is_temporary, temporary_target  # noqa: F401 (is_temporary: for sftp)
 from codec.names import MessageName
 
+from .backoff import MAX_RETRIES, MAX_RETRY_DELAY, Backoff  # noqa: F401 (the transports' import of it)
 from .errors import BadTransportOptions, TransportRefused
 
 log = logging.getLogger(__name__)
 
-MAX_RETRY_DELAY = 30.0
-MAX_RETRIES = 100
 #: Longest connect or command timeout: beyond a day a socket's timeout
 #: overflows on some platforms, and no server answer is worth the wait.
 MAX_TIMEOUT = 86400.0
 
-# The temp-file rules of the folder transport, which sftp shares: a sender
-# writes ``.<name>.<16 hex>.tmp``; readers skip every dot-name and other
-# tools' partial-file suffixes.
-OWN_TEMP = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp\Z")
-TEMP_SUFFIXES = (".tmp", ".part", ".partial", ".filepart", ".crdownload", "~")
-
-
-def is_temporary(name: str) -> bool:
-    return name.startswith(".") or name.endswith(TEMP_SUFFIXES)
+# The temp-file rules of the folder and sftp transports: a sender writes
+# ``codec.fsutil.temporary_name(name)``; readers skip every name
+# ``codec.fsutil.is_temporary`` (re-exported here) calls temporary.
 
 
 def is_own_temp(name: str) -> bool:
-    match = OWN_TEMP.match(name)
-    if match is None:
+    """A temporary file a sender of ours left: only these are ever cleaned up."""
+    target = temporary_target(name)
+    if target is None:
         return False
     try:
-        MessageName.parse(match["name"])
+        MessageName.parse(target)
     except BadFileName:
         return False
     return True
@@ -59,29 +54,6 @@ def check_timeouts(**timeouts: object) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT:
             raise BadTransportOptions(f"{option} must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f} (a day), "
                              f"got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """How often and how patiently a call reconnects: ``retries`` more tries after
-    the first, waiting ``first_delay``, then twice as long each time, at most
-    ``MAX_RETRY_DELAY`` seconds."""
-
-    retries: int
-    first_delay: float
-
-    def __post_init__(self) -> None:
-        if type(self.retries) is not int or not 0 <= self.retries <= MAX_RETRIES:
-            raise BadTransportOptions(f"retries must be a whole number 0..{MAX_RETRIES}, got {self.retries!r}")
-        if isinstance(self.first_delay, bool) or not isinstance(self.first_delay, (int, float)) or not 0 <= self.first_delay <= MAX_RETRY_DELAY:
-            raise BadTransportOptions(f"retry_delay must be 0..{MAX_RETRY_DELAY:.0f} seconds, got {self.first_delay!r}")
-
-    def delays(self) -> Iterator[float]:
-        """The waits before the second, third, ... attempt."""
-        delay = float(self.first_delay)
-        for _ in range(self.retries):
-            yield delay
-            delay = min(delay * 2, MAX_RETRY_DELAY)
 
 
 @dataclass(frozen=True, slots=True)

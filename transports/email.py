@@ -1,9 +1,10 @@
 """The ``email`` transport: one email per message file, SMTP out, IMAP in.
 
-Rules of this file:
-* A message file travels as one email: the file is its only attachment,
-  named like the file; the name is also in the subject and in the header
-  ``X-Fieldsync-Message``, which is what marks fieldsync's mail.
+The email's format is ``_email_format``'s, the addresses
+``_email_address``'s, the SMTP side ``_smtp``'s, and what both sides share
+(TLS, refused logins, retries) ``_mail_servers``'s: each states its rules.
+
+Rules of this file (the IMAP side and the transport):
 * On the IMAP side only mail carrying ``X-Fieldsync-Message`` is ever read,
   flagged, moved or expunged.  Everything is read with ``BODY.PEEK`` (no
   ``\\Seen``); other mail in the mailbox is left exactly as it was.
@@ -17,226 +18,50 @@ Rules of this file:
 * The server's ``RFC822.SIZE`` is a hint, not a bound: a body is fetched
   with ``BODY.PEEK[]<0.N>``, at most ``max_message_size`` + 1 bytes, and
   one that fills it is too large whatever size was announced.
-* TLS is always verified (system CAs, or ``ca_file``); STARTTLS is required
-  when asked for, never opportunistic.  Secrets come from a file or an
-  environment variable.
-* A login is tried once: SMTP with one mechanism (another only when the
-  server says it does not take the first), and a password a server refused
-  is not offered to it again while this transport lives (servers such as
-  Dovecot answer each failure later than the last); a changed password is
-  tried.
+* An IMAP login is tried once; a password a server refused is not offered
+  to it again while this transport lives; a changed password is tried.
 * Connection failures are retried with backoff (``retries``); what the
   server refuses on purpose is raised at once: ``TransportRefused`` for a
-  permanent (5xx) answer, ``TransportUnavailable`` for a temporary one (4xx,
-  such as a full mailbox).
+  permanent answer, ``TransportUnavailable`` for a temporary one (such as
+  a full mailbox).
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.policy
-import hashlib
 import logging
-import os
 import re
-import secrets
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from email.message import EmailMessage
-from email.parser import BytesHeaderParser, BytesParser
-from email.utils import formatdate, make_msgid, parseaddr
 from typing import TypeVar
-from urllib.parse import quote, unquote, urlsplit
 
 import aioimaplib  # noqa: F401  (used by ._imap; imported here so a missing package fails this module's import)
-import aiosmtplib
+import aiosmtplib  # noqa: F401  (used by ._smtp; likewise)
 
 from codec.message import MAX_FILE_SIZE
 
+from ._email_address import DEFAULT_IMAP_PORTS, Mailbox, Recipient, check_email  # noqa: F401 (re-exported)
+from ._email_format import (HEADER, Malformed, announced_name, build_email, oversize,  # noqa: F401 (re-exported)
+                            read_attachment, usable_name)
+from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
+from ._mail_servers import MailServers
+from ._remote import Backoff, SecretSource, check_timeouts
+from ._smtp import SmtpSender
 from .base import Incoming, NameFilter, Transport, refuse
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
-from ._imap import CommandFailed, ImapSession, SessionLost, TlsRefused
-from ._remote import Backoff, SecretSource, check_timeouts, one_line
-from .options import ByteCount, Seconds, check_size_limit, has_control_character
+from .options import ByteCount, Seconds, check_size_limit
 
 log = logging.getLogger(__name__)
 
-HEADER = "X-Fieldsync-Message"
 SMTP_TLS_MODES = ("starttls", "tls", "none")
 DEFAULT_SMTP_PORTS = {"starttls": 587, "tls": 465, "none": 25}
-DEFAULT_IMAP_PORTS = {"imaps": 993, "imap": 143}
 # The largest message file (codec.message.MAX_FILE_SIZE) in base64, with room for the headers.
 DEFAULT_MAX_MESSAGE_SIZE = MAX_FILE_SIZE * 4 // 3 + 1024 * 1024
 
-# RFC 5322 allows 998-character lines: long file names stay whole, unfolded.
-_POLICY = email.policy.SMTP.clone(max_line_length=998)
 _SEARCH_OURS = ("HEADER", HEADER, '""')
 IDLE_RENEWAL = 29 * 60.0  # seconds; RFC 2177 section 3
 
 T = TypeVar("T")
-
-
-# -- addresses ---------------------------------------------------------------------
-
-
-def _check_email(text: str, what: str) -> str:
-    """``local@domain`` or BadAddress; nothing that could smuggle a header or a command."""
-    if type(text) is not str:
-        raise BadAddress(f"{what} must be an email address, got {text!r}")
-    if any(char in text for char in "\r\n\x00 <>,;\"()[]\\") or any(ord(char) < 32 for char in text):
-        raise BadAddress(f"{what} {text!r} is not a plain email address like field1@example.com")
-    name, parsed = parseaddr(text)
-    local, _, domain = parsed.rpartition("@")
-    if parsed != text or not local or not domain or "." not in domain.strip(".") and domain != "localhost":
-        raise BadAddress(f"{what} {text!r} is not a plain email address like field1@example.com")
-    return text
-
-
-@dataclass(frozen=True, slots=True)
-class Recipient:
-    """Where ``send`` delivers: ``mailto:field1@example.com`` (or the bare address)."""
-
-    email: str
-
-    @classmethod
-    def parse(cls, address: str) -> "Recipient":
-        text = address.strip()
-        if text.lower().startswith("mailto:"):
-            text = unquote(text[len("mailto:"):])
-            if "?" in text:
-                raise BadAddress(f"email address {address!r} has a '?' part; give only the recipient, "
-                                 "as in mailto:field1@example.com")
-        return cls(_check_email(text, "recipient"))
-
-    def __str__(self) -> str:
-        return f"mailto:{self.email}"
-
-
-@dataclass(frozen=True, slots=True)
-class Mailbox:
-    """Where ``receive`` reads: ``imaps://user@host[:port]/INBOX`` (implicit TLS) or
-    ``imap://...`` (STARTTLS, required)."""
-
-    tls: str
-    user: str
-    host: str
-    port: int
-    mailbox: str
-
-    @classmethod
-    def parse(cls, address: str) -> "Mailbox":
-        try:
-            parts = urlsplit(address.strip())
-            port = parts.port
-        except ValueError as error:
-            raise BadAddress(f"IMAP address {address!r} is not a URL: {error}") from None
-        scheme = parts.scheme.lower()
-        if scheme not in DEFAULT_IMAP_PORTS:
-            raise BadAddress(f"email inbox must be an IMAP URL like imaps://user@host/INBOX, got {address!r}")
-        if parts.password is not None:
-            raise BadAddress(f"IMAP address for {parts.hostname} holds a password: never put one in an address; "
-                             "use the password_file or password_env option")
-        if not parts.username:
-            raise BadAddress(f"IMAP address {address!r} names no user; write it as imaps://user@host/INBOX "
-                             "(an @ in the user name is written %40)")
-        if not parts.hostname:
-            raise BadAddress(f"IMAP address {address!r} names no host")
-        if parts.query or parts.fragment:
-            raise BadAddress(f"IMAP address {address!r} has a '?' or '#' part, which means nothing here")
-        mailbox = unquote(parts.path.lstrip("/")) or "INBOX"
-        if has_control_character(mailbox):
-            raise BadAddress(f"IMAP address {address!r} has a control character in its mailbox name")
-        tls = "tls" if scheme == "imaps" else "starttls"
-        return cls(tls, unquote(parts.username), parts.hostname, port or DEFAULT_IMAP_PORTS[scheme], mailbox)
-
-    @property
-    def server(self) -> tuple[str, str, str, int]:
-        return (self.tls, self.user, self.host, self.port)
-
-    @property
-    def display_host(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-    def __str__(self) -> str:
-        scheme = "imaps" if self.tls == "tls" else "imap"
-        return f"{scheme}://{quote(self.user, safe='')}@{self.display_host}/{quote(self.mailbox, safe='')}"
-
-
-# -- the email format -----------------------------------------------------------------
-
-
-def build_email(name: str, data: bytes, sender: str, recipient: str) -> bytes:
-    """The email that carries file ``name``: a short note and the file as attachment."""
-    message = EmailMessage(policy=_POLICY)
-    message["From"] = sender
-    message["To"] = recipient
-    message["Subject"] = f"fieldsync {name}"
-    message["Date"] = formatdate(usegmt=True)
-    message["Message-ID"] = make_msgid("fieldsync", domain=sender.rpartition("@")[2])
-    message[HEADER] = name
-    # No vacation replies or bounces-to-bounces for machine mail (RFC 3834).
-    message["Auto-Submitted"] = "auto-generated"
-    message.set_content(f"fieldsync message file {name} ({len(data)} bytes) is attached.\n"
-                        "It is read and removed by the fieldsync agent of the receiving site.\n")
-    message.add_attachment(data, maintype="application", subtype="octet-stream", filename=name)
-    return message.as_bytes()
-
-
-class Malformed(Exception):
-    """An email marked as fieldsync's that cannot be a message file (the reason)."""
-
-
-def usable_name(name: str | None) -> bool:
-    """A name that is safe to hand to the agent as a file name (message name or not)."""
-    return (bool(name) and len(name.encode("utf-8", "surrogatepass")) <= 255 and not name.startswith(".")
-            and not any(char in name for char in "/\\") and not any(ord(char) < 32 or ord(char) == 127
-                                                                    for char in name))
-
-
-def read_attachment(raw: bytes, name: str) -> bytes:
-    """The file carried by ``raw``, an email announcing ``name``; Malformed if it is not one."""
-    message = BytesParser(policy=email.policy.default).parsebytes(raw)
-    announced = [str(value).strip() for value in message.get_all(HEADER, [])]
-    if announced != [name]:
-        raise Malformed(f"its {HEADER} headers changed to {announced!r}")
-    if not message.is_multipart():
-        raise Malformed("it has no attachment")
-    files = [part for part in message.iter_attachments() if part.get_filename() is not None]
-    if len(files) != 1:
-        raise Malformed(f"it has {len(files)} attached files, not one")
-    [part] = files
-    if part.get_filename() != name:
-        raise Malformed(f"its attachment is named {part.get_filename()!r}, not {name!r}")
-    if part.get_content_maintype() in ("multipart", "message"):
-        raise Malformed("its attachment is not a file")
-    data = part.get_payload(decode=True)
-    encoding = (part.get("Content-Transfer-Encoding") or "").strip().lower()
-    if encoding == "base64" and any("base64" in type(defect).__name__.lower() or "padding" in str(defect).lower()
-                                    for defect in part.defects):
-        raise Malformed("its attachment is not valid base64")
-    if not isinstance(data, bytes):
-        raise Malformed("its attachment has no content")
-    return data
-
-
-def oversize(announced: int, fetched: int | None, limit: int) -> str | None:
-    """Why an email is too large to read, or None.  ``announced`` is the
-    server's RFC822.SIZE, ``fetched`` how many bytes a fetch of at most
-    ``limit`` + 1 gave (None before the fetch): only what was fetched is
-    believed, the announced size only spares the fetch of a large one."""
-    if announced > limit:
-        return f"it is {announced} bytes, over the max_message_size of {limit}"
-    if fetched is not None and fetched > limit:
-        return (f"it is over the max_message_size of {limit} (the server announced {announced} bytes; "
-                f"reading stopped at {fetched})")
-    return None
-
-
-def announced_name(header_block: bytes) -> str | None:
-    values = BytesHeaderParser(policy=email.policy.default).parsebytes(header_block).get_all(HEADER, [])
-    return str(values[0]).strip() or None if len(values) == 1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +133,7 @@ class EmailTransport(Transport):
             raise BadTransportOptions(f"smtp_port must be 1..65535, got {smtp_port!r}")
         if from_address is not None:
             try:
-                _check_email(from_address, "from_address")
+                check_email(from_address, "from_address")
             except BadAddress as error:
                 raise BadTransportOptions(str(error)) from None
         if username is not None and (type(username) is not str or not username):
@@ -341,19 +166,16 @@ class EmailTransport(Transport):
         self.connect_timeout = float(connect_timeout)
         self.timeout = float(timeout)
         self.backoff = Backoff(retries, retry_delay)
-        self._tls_context: ssl.SSLContext | None = None
-        self._smtp: aiosmtplib.SMTP | None = None
-        self._smtp_lock = asyncio.Lock()
+        self._servers = MailServers(ca_file=ca_file, backoff=self.backoff, closed=lambda: self._closed)
+        self._smtp = SmtpSender(self._servers, host=smtp_host, port=self.smtp_port, tls=smtp_tls,
+                                from_address=from_address, username=username, password=self.smtp_password,
+                                timeout=self.timeout, connect_timeout=self.connect_timeout)
         self._sessions: dict[tuple, ImapSession] = {}
         self._session_locks: dict[tuple, asyncio.Lock] = {}
         self._idle_sessions: dict[tuple, ImapSession] = {}
         self._last_seen: dict[tuple, tuple[int, int]] = {}
         self._rejected: set[tuple] = set()
         self._folders_made: set[tuple] = set()
-        self._failing = False  # a server stopped answering; warned once until it answers again
-        # Logins a server refused, by (protocol, host, port, user, keyed hash of the password).
-        self._refused_logins: dict[tuple, TransportRefused] = {}
-        self._login_key_salt = secrets.token_bytes(16)
 
     def __repr__(self) -> str:
         return f"EmailTransport(smtp_host={self.smtp_host!r}, closed={self.closed})"
@@ -379,42 +201,6 @@ class EmailTransport(Transport):
                              f"mailbox {address}")
         return str(Recipient.parse(address))
 
-    def _context(self) -> ssl.SSLContext:
-        """The TLS settings for SMTP and IMAP: verify the chain and the host name."""
-        if self._tls_context is None:
-            try:
-                context = ssl.create_default_context(cafile=os.path.expanduser(self.ca_file) if self.ca_file else None)
-            except (OSError, ssl.SSLError) as error:
-                raise TransportRefused(f"cannot load ca_file {self.ca_file}: {error}") from None
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            self._tls_context = context
-        return self._tls_context
-
-    @staticmethod
-    async def _password(source: SecretSource) -> str | None:
-        return await asyncio.to_thread(source.read)
-
-    def _login_key(self, protocol: str, host: str | None, port: int, user: str, password: str) -> tuple:
-        digest = hashlib.blake2b(password.encode("utf-8", "surrogatepass"), key=self._login_key_salt).digest()
-        return (protocol, host, port, user, digest)
-
-    def _refused_before(self, key: tuple) -> None:
-        """Raise at once for a login this server refused already with the same password."""
-        refusal = self._refused_logins.get(key)
-        if refusal is not None:
-            raise TransportRefused(f"{refusal} (not tried again: the server refused this password already; "
-                                   "it is tried again once the password changes)")
-
-    async def _backing_off(self, failure: TransportError, delays) -> None:
-        delay = next(delays, None)
-        if delay is None or self._closed:
-            raise failure
-        # One warning when a server goes away, not one per retry or per call.
-        level = logging.INFO if self._failing else logging.WARNING
-        self._failing = True
-        log.log(level, "%s; trying again in %.1f s", failure, delay)
-        await asyncio.sleep(delay)
-
     # -- send (SMTP) ---------------------------------------------------------------------
 
     async def _send(self, address: str, name: str, data: bytes) -> None:
@@ -424,94 +210,7 @@ class EmailTransport(Transport):
         recipient = Recipient.parse(address)
         if self.smtp_host is None or self.from_address is None:
             raise TransportRefused("this email transport cannot send: set smtp_host and from_address")
-        message = await asyncio.to_thread(build_email, name, data, self.from_address, recipient.email)
-        delays = self.backoff.delays()
-        while True:
-            async with self._smtp_lock:
-                reused = self._smtp is not None
-                try:
-                    smtp = await self._smtp_connection()
-                    await smtp.sendmail(self.from_address, [recipient.email], message)
-                    return
-                except aiosmtplib.SMTPResponseException as error:
-                    # The server answered; start the next message on a fresh session.
-                    self._drop_smtp()
-                    if isinstance(error, aiosmtplib.SMTPAuthenticationError):
-                        raise self._smtp_login_refused(error) from None
-                    if isinstance(error, aiosmtplib.SMTPConnectResponseError) and 400 <= error.code < 500:
-                        failure = TransportUnavailable(f"SMTP server {self._smtp_where()} is busy: "
-                                                       f"{error.code} {one_line(error.message)}")
-                    else:
-                        raise _smtp_refusal(error, name, recipient, self._smtp_where()) from None
-                except aiosmtplib.SMTPRecipientsRefused as error:
-                    self._drop_smtp()
-                    raise _smtp_refusal(error.recipients[0], name, recipient, self._smtp_where()) from None
-                except (aiosmtplib.SMTPException, OSError, TimeoutError) as error:
-                    self._drop_smtp()
-                    refused = _tls_refusal(error)
-                    if refused is not None:
-                        raise TransportRefused(f"cannot send {name} through SMTP server {self._smtp_where()}: "
-                                               f"{refused}") from None
-                    failure = TransportUnavailable(
-                        f"cannot send {name} through SMTP server {self._smtp_where()}: {_describe(error)}")
-                    if reused:
-                        # The server may have closed an idle session: one fresh try at once.
-                        log.debug("%s; reconnecting", failure)
-                        continue
-                except BaseException:
-                    # Cancelled mid-dialogue, or refused before connecting: no half-used session stays.
-                    self._drop_smtp()
-                    raise
-            await self._backing_off(failure, delays)
-
-    def _smtp_where(self) -> str:
-        return f"{self.smtp_host}:{self.smtp_port}"
-
-    def _smtp_login(self) -> str:
-        return self.username or self.from_address or ""
-
-    def _smtp_login_refused(self, error: aiosmtplib.SMTPResponseException) -> TransportError:
-        text = (f"SMTP server {self._smtp_where()} refused login as {self._smtp_login()}: "
-                f"{error.code} {one_line(error.message)}")
-        if 400 <= error.code < 500:
-            return TransportUnavailable(text + "; trying again later")
-        return TransportRefused(text + f"; check username and {self.smtp_password.describe()}")
-
-    async def _smtp_connection(self) -> aiosmtplib.SMTP:
-        if self._smtp is not None and self._smtp.is_connected:
-            return self._smtp
-        self._drop_smtp()
-        password = await self._password(self.smtp_password)
-        use_tls = self.smtp_tls == "tls"
-        start_tls = True if self.smtp_tls == "starttls" else False
-        context = self._context() if self.smtp_tls != "none" else None
-        smtp = aiosmtplib.SMTP(hostname=self.smtp_host, port=self.smtp_port, use_tls=use_tls, start_tls=start_tls,
-                               tls_context=context, timeout=self.timeout,
-                               local_hostname=self.from_address.rpartition("@")[2])
-        if password is not None and self.smtp_tls == "none":
-            raise TransportRefused(f"not sending the SMTP password to {self._smtp_where()} without TLS; "
-                                   "use smtp_tls='starttls' or 'tls', or no password for a local relay")
-        key = None
-        if password is not None:
-            key = self._login_key("smtp", self.smtp_host, self.smtp_port, self._smtp_login(), password)
-            self._refused_before(key)
-        self._smtp = smtp  # dropped by the caller if anything below fails
-        async with asyncio.timeout(self.connect_timeout + self.timeout):
-            await smtp.connect(timeout=self.connect_timeout)
-        if password is not None:
-            try:
-                await _smtp_login_once(smtp, self._smtp_login(), password)
-            except aiosmtplib.SMTPAuthenticationError as error:
-                refusal = self._smtp_login_refused(error)
-                if isinstance(refusal, TransportRefused):
-                    self._refused_logins[key] = refusal
-                raise refusal from None
-        return smtp
-
-    def _drop_smtp(self) -> None:
-        if self._smtp is not None:
-            self._smtp.close()
-            self._smtp = None
+        await self._smtp.send(recipient, name, data)
 
     # -- receive (IMAP) ---------------------------------------------------------------------
 
@@ -688,7 +387,7 @@ class EmailTransport(Transport):
                 raise self._imap_refusal(box, "cannot wait for mail in", error) from None
             if loop.time() >= deadline:
                 raise failure
-            await self._backing_off(failure, delays)
+            await self._servers.backing_off(failure, delays)
 
     def _drop_idle_session(self, key: tuple) -> None:
         session = self._idle_sessions.pop(key, None)
@@ -711,8 +410,8 @@ class EmailTransport(Transport):
                     if session.selected is None or session.selected.mailbox != box.mailbox:
                         await session.select(box.mailbox)
                     result = await operation(session)
-                    if self._failing:
-                        self._failing = False
+                    if self._servers.failing:
+                        self._servers.failing = False
                         log.info("IMAP server %s answers again", box.display_host)
                     return result
                 except SessionLost as lost:
@@ -720,7 +419,7 @@ class EmailTransport(Transport):
                     failure = TransportUnavailable(f"{doing} {box}: {lost}")
                 except CommandFailed as error:
                     raise self._imap_refusal(box, doing, error) from None
-            await self._backing_off(failure, delays)
+            await self._servers.backing_off(failure, delays)
 
     def _drop_session(self, server: tuple) -> None:
         session = self._sessions.pop(server, None)
@@ -729,14 +428,14 @@ class EmailTransport(Transport):
 
     async def _open_session(self, box: Mailbox) -> ImapSession:
         """A new logged-in session.  Raises SessionLost (retry), or the error to report."""
-        password = await self._password(self.imap_password)
+        password = await self._servers.password(self.imap_password)
         if password is None:
             raise TransportRefused(f"no password for {box}: set password_file or password_env "
                                    "(or imap_password_file / imap_password_env)")
-        key = self._login_key("imap", box.host, box.port, box.user, password)
-        self._refused_before(key)
+        key = self._servers.login_key("imap", box.host, box.port, box.user, password)
+        self._servers.refused_before(key)
         try:
-            return await ImapSession.open(host=box.host, port=box.port, tls=box.tls, context=self._context(),
+            return await ImapSession.open(host=box.host, port=box.port, tls=box.tls, context=self._servers.context(),
                                           user=box.user, password=password, connect_timeout=self.connect_timeout,
                                           timeout=self.timeout)
         except TlsRefused as error:
@@ -747,7 +446,7 @@ class EmailTransport(Transport):
                 raise SessionLost(f"the server cannot log in {box.user} now: {error.text}") from None
             refusal = TransportRefused(f"IMAP server {box.display_host} refused login as {box.user}: {error.text}; "
                                        f"check the user name and {self.imap_password.describe()}")
-            self._refused_logins[key] = refusal
+            self._servers.remember_refusal(key, refusal)
             raise refusal from None
         except TimeoutError:
             raise SessionLost(f"IMAP server {box.display_host} did not answer within "
@@ -774,78 +473,11 @@ class EmailTransport(Transport):
         self._idle_sessions.clear()
         for session in sessions:
             await session.logout()
-        if self._smtp is not None:
-            smtp, self._smtp = self._smtp, None
-            try:
-                await smtp.quit()
-            except (aiosmtplib.SMTPException, OSError):
-                smtp.close()
+        await self._smtp.aclose()
 
     def _release(self) -> None:
         for session in [*self._sessions.values(), *self._idle_sessions.values()]:
             session.close()
         self._sessions.clear()
         self._idle_sessions.clear()
-        self._drop_smtp()
-
-
-# What an SMTP server answers when it does not take a mechanism (RFC 4954):
-# only then is the next one tried.  Any other refusal (535: the user name or
-# password is wrong) is final; a retry would cost another failed login.
-_MECHANISM_REFUSED = frozenset({504, 534, 538})
-
-
-async def _smtp_login_once(smtp: aiosmtplib.SMTP, user: str, password: str) -> None:
-    """Log in with the server's first mechanism that aiosmtplib has.
-
-    ``SMTP.login`` tries every mechanism in turn after a refusal, so one
-    wrong password is several failed logins, each answered later than the
-    last by servers that slow down guessing (Dovecot behind Postfix).
-    """
-    if smtp.is_ehlo_or_helo_needed:
-        await smtp.ehlo()
-    methods = smtp.supported_auth_methods
-    if not methods:
-        await smtp.login(user, password)  # raises aiosmtplib's error: no AUTH, or no mechanism in common
-        return
-    for number, method in enumerate(methods):
-        try:
-            await getattr(smtp, f"auth_{method.replace('-', '')}")(user, password)
-            return
-        except aiosmtplib.SMTPAuthenticationError as error:
-            if error.code not in _MECHANISM_REFUSED or number == len(methods) - 1:
-                raise
-
-
-def _describe(error: BaseException) -> str:
-    text = one_line(error)
-    return text or type(error).__name__
-
-
-def _tls_refusal(error: BaseException) -> str | None:
-    """Why TLS failed, if ``error`` (or what caused it) is a certificate problem."""
-    seen = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ssl.SSLCertVerificationError):
-            return (f"the server's certificate does not verify: {current.verify_message}; set ca_file to the CA "
-                    "that signed it, and use the host name the certificate names")
-        if isinstance(current, aiosmtplib.SMTPNotSupported) or "STARTTLS" in str(current) and "not supported" in str(current):
-            return f"{one_line(current)}; the server does not offer STARTTLS (try smtp_tls='tls')"
-        current = current.__cause__ or current.__context__
-    if "CERTIFICATE_VERIFY_FAILED" in str(error):
-        return f"the server's certificate does not verify ({one_line(error)}); set ca_file"
-    return None
-
-
-def _smtp_refusal(error: aiosmtplib.SMTPResponseException, name: str, recipient: Recipient,
-                  where: str) -> TransportError:
-    """What the server said about this message: 4xx is temporary (retry later), 5xx is final."""
-    what = {aiosmtplib.SMTPSenderRefused: "refused the sender",
-            aiosmtplib.SMTPRecipientRefused: f"refused the recipient {recipient.email}",
-            aiosmtplib.SMTPDataError: "refused the message"}.get(type(error), "refused")
-    text = f"SMTP server {where} {what} for {name}: {error.code} {one_line(error.message)}"
-    if 400 <= error.code < 500:
-        return TransportUnavailable(f"{text}; the message was not sent, try again later")
-    return TransportRefused(f"{text}; the message was not sent")
+        self._smtp.drop()

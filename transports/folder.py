@@ -4,8 +4,10 @@ Rules of this file:
 * The address is a directory that must already exist; a missing one is a
   folder that is not mounted or plugged in, never something to create.
 * A file becomes visible whole or not at all: it is written under a dot-name
-  ``.<name>.<16 hex>.tmp`` in the same directory, fsynced, renamed with
-  ``os.replace`` and the directory fsynced.
+  ``.<name>.<16 hex>.tmp`` in the same directory (codec.fsutil's temporary
+  names), fsynced, renamed with ``os.replace`` and the directory fsynced.
+  A folder whose file system cannot fsync a directory (some network shares,
+  Windows) is accepted: the rename is then as durable as it makes it.
 * Only entries directly inside the inbox are read or removed, by the name the
   listing gave; symbolic links, directories, devices and FIFOs are ignored
   and opened with ``O_NOFOLLOW``, so nothing outside the inbox is touched.
@@ -18,17 +20,15 @@ import asyncio
 import errno
 import logging
 import os
-import re
-import secrets
 import stat
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from codec.errors import BadFileName
+from codec.fsutil import DirectoryFlushUnsupported, fsync_directory, is_temporary, temporary_name
 from codec.message import MAX_FILE_SIZE
-from codec.names import MessageName
 
+from ._remote import is_own_temp
 from .base import Incoming, NameFilter, Transport, refuse
 from .errors import BadAddress, BadTransportOptions, TransportError, TransportRefused, TransportUnavailable
 from .options import ByteCount, FileMode, Seconds, check_size_limit
@@ -42,16 +42,8 @@ DEFAULT_MAX_FILE_SIZE = MAX_FILE_SIZE
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-
-# What this transport writes while sending; only these are ever cleaned up.
-_OWN_TEMP = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp\Z")
-# Partial files of other tools (copy programs, SFTP clients): never yielded.
-_TEMP_SUFFIXES = (".tmp", ".part", ".partial", ".filepart", ".crdownload", "~")
 
 _REFUSED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-# Directory fsync is not supported everywhere (some network shares, Windows).
-_DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES})
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,37 +85,14 @@ def _translate(error: OSError, doing: str, path: str) -> TransportError:
     return TransportUnavailable(text)
 
 
-def _is_temporary(name: str) -> bool:
-    return name.startswith(".") or name.endswith(_TEMP_SUFFIXES)
-
-
-def _is_own_temp(name: str) -> bool:
-    match = _OWN_TEMP.match(name)
-    if match is None:
-        return False
+def _flush_folder(directory: str) -> None:
     try:
-        MessageName.parse(match["name"])
-    except BadFileName:
-        return False
-    return True
-
-
-def _fsync_directory(directory: str) -> None:
-    if os.name == "nt":
-        return  # os.open cannot open a directory on Windows; the rename is then as durable as NTFS makes it.
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-    except OSError as error:
-        raise _translate(error, "cannot open folder", directory) from None
-    try:
-        os.fsync(dir_fd)
-    except OSError as error:
-        if error.errno not in _DIR_FSYNC_UNSUPPORTED:
-            raise _translate(error, "cannot flush folder", directory) from None
+        fsync_directory(directory)
+    except DirectoryFlushUnsupported as error:
         log.debug("folder %s does not support fsync (%s); rename durability is up to the file system",
                   directory, error.strerror)
-    finally:
-        os.close(dir_fd)
+    except OSError as error:
+        raise _translate(error, "cannot flush folder", directory) from None
 
 
 class FolderTransport(Transport):
@@ -171,7 +140,7 @@ class FolderTransport(Transport):
 
     def _send_blocking(self, directory: str, name: str, data: bytes) -> None:
         self._require_directory(directory, "cannot send to folder")
-        temp_path = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
+        temp_path = os.path.join(directory, temporary_name(name))
         target_path = os.path.join(directory, name)
         try:
             fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o666)
@@ -196,7 +165,7 @@ class FolderTransport(Transport):
             if isinstance(error, OSError):
                 raise _translate(error, f"cannot write {name} to folder", directory) from None
             raise
-        _fsync_directory(directory)
+        _flush_folder(directory)
 
     @staticmethod
     def _require_directory(directory: str, doing: str) -> None:
@@ -237,7 +206,7 @@ class FolderTransport(Transport):
                 for entry in entries:
                     if entry.is_symlink() or not entry.is_file(follow_symlinks=False):
                         continue
-                    if _is_temporary(entry.name):
+                    if is_temporary(entry.name):
                         self._remove_if_stale_temp(directory, entry, now)
                         continue
                     names.append(entry.name)
@@ -247,7 +216,7 @@ class FolderTransport(Transport):
         return names
 
     def _remove_if_stale_temp(self, directory: str, entry: os.DirEntry[str], now: float) -> None:
-        if not _is_own_temp(entry.name):
+        if not is_own_temp(entry.name):
             return
         try:
             age = now - entry.stat(follow_symlinks=False).st_mtime

@@ -10,6 +10,10 @@ Rules of this file:
 * SQLite errors leave this package as :class:`SiteError` subclasses only
   (see :func:`translate`); constraint errors that the apply path handles are
   caught there before they get here.
+* A time a method records is its ``now`` argument; only a caller outside an
+  agent's run (the CLI, setup, tools) may leave it out and get
+  :func:`utc_now`.  The agent passes its one clock's time, so that every
+  time a run records is that clock's (tests/agent/test_layout.py).
 """
 
 from __future__ import annotations
@@ -152,6 +156,8 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def utc_now() -> datetime:
+    """The default ``now`` of the site library, for callers outside an
+    agent's run; never reached while an agent runs (it passes ``now``)."""
     return datetime.now(timezone.utc)
 
 

@@ -15,6 +15,10 @@ Rules of this file:
 * At the consolidated each shape has two partial indexes on the capture
   table by key (see key_indexes), kept by SQLite as the triggers insert:
   the unconfirmed rule looks rows up by key with them.
+* The capture table's value columns (``v0``, ``v1``, ...) are named and
+  added here (value_column, ensure_capture_width), with no declared type;
+  schema.py creates the table with the first of them and upgrades older
+  layouts with this module's help, never the other way round.
 * Functions here expect the caller to hold a write transaction.
 """
 
@@ -28,7 +32,9 @@ from typing import Iterable, Iterator
 
 from ._db import quote_ident
 from .errors import UnpublishableTable
-from .schema import APPLYING_TABLE, PREFIX, ensure_capture_width, value_column
+
+#: Every table, index and trigger fieldsync makes is named ``fieldsync_*``.
+PREFIX = "fieldsync_"
 
 KIND_INSERT = 1
 KIND_UPDATE = 2
@@ -58,6 +64,12 @@ FLAG_CONCURRENT_DELETE = 2
 # changes: those changes stay pending under the new key (apply/pending.py).  Like
 # FLAG_CONCURRENT_DELETE, only the remote's apply path reads it.
 FLAG_PENDING_MOVE = 4
+
+# At a remote, holds a row while the apply path writes, inside the apply's
+# transaction (never committed so): the capture triggers skip those writes
+# (see install_capture).  Created with the remote's first capture triggers.
+APPLYING_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_applying (\n"
+                  "    id INTEGER PRIMARY KEY CHECK (id = 1)\n)")
 
 _TRIGGER_EVENTS = (("ins", "INSERT"), ("upd", "UPDATE"), ("del", "DELETE"))
 
@@ -151,6 +163,26 @@ def install_key_indexes(conn: sqlite3.Connection, shape: Shape) -> None:
     for index in key_indexes(shape):
         conn.execute(f"CREATE INDEX IF NOT EXISTS {index.name} ON fieldsync_capture ({', '.join(index.columns)})"
                      f" WHERE {index.where}")
+
+
+def value_column(index: int) -> str:
+    """The name of the capture table's value column ``index`` (v0, v1, ...)."""
+    return f"v{index}"
+
+
+def capture_width(conn: sqlite3.Connection) -> int:
+    """How many value columns the capture table has."""
+    names = [row[1] for row in conn.execute("PRAGMA table_info(fieldsync_capture)")]
+    return sum(1 for column in names if column.startswith("v") and column[1:].isdigit())
+
+
+def ensure_capture_width(conn: sqlite3.Connection, needed: int) -> None:
+    """Widen the capture table to ``needed`` value columns (inside a write
+    transaction).  ADD COLUMN only touches the schema, not the rows, and
+    declares no type, so a value keeps the type the application gave it."""
+    width = capture_width(conn)
+    for index in range(width, needed):
+        conn.execute(f"ALTER TABLE fieldsync_capture ADD COLUMN {quote_ident(value_column(index))}")
 
 
 def trigger_names(table: str) -> list[str]:

@@ -34,6 +34,7 @@ from .apply import (
 )
 from .capture import Shape, ShapeCache, all_shapes, refresh_changed_tables, table_info
 from .errors import InvalidSetting, SiteError
+from .extract import Consolidated, extract_remote
 from .log import cut_locked, iter_capture, log_end, truncate_locked, truncated_through
 from .publications import (
     Article,
@@ -596,5 +597,5 @@ class SiteDatabase:
                 now: datetime | None = None, options: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
         """Create the remote database of ``remote`` at ``path``; see
         :func:`agent.site.extract.extract_remote`."""
-        from .extract import extract_remote
-        return extract_remote(self, remote, path, keys=keys, now=now, options=options)
+        consolidated = Consolidated(self._conn, self._lock, self._identity, self.path)
+        return extract_remote(consolidated, remote, path, keys=keys, now=now, options=options)

@@ -31,11 +31,12 @@ import contextlib
 import json
 import os
 import sqlite3
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, ContextManager, Mapping
+
+from codec.fsutil import DirectoryFlushUnsupported, fsync_directory, link_new, temporary_name
 
 from ._db import format_time, quote_ident, read_transaction, translate, utc_now, write_transaction
 from .capture import TableInfo, refresh_changed_tables, table_info
@@ -43,11 +44,8 @@ from .errors import ExtractionError, InvalidSetting, WrongRole
 from .log import cut_locked, truncated_through
 from .publications import Article, create_publication_locked
 from .remotes import RemoteUser, get_remote, record_replaced_locked
-from .schema import Role, init_database, read_identity
+from .schema import Role, SiteIdentity, init_database, read_identity
 from .settings import SITE_SCOPE, write_options
-
-if TYPE_CHECKING:
-    from .database import SiteDatabase
 
 COPY_CHUNK = 5000
 #: Up to this many SUBSCRIBE BY values, the copy asks SQLite for the rows
@@ -69,6 +67,18 @@ class RemoteKeys:
 
 
 KeySource = RemoteKeys | Callable[[str], RemoteKeys] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Consolidated:
+    """What extraction uses of the consolidated's ``SiteDatabase`` (which
+    hands it over, see ``SiteDatabase.extract``): its connection, the lock
+    that serialises every use of that connection, its identity and its file."""
+
+    connection: sqlite3.Connection
+    lock: ContextManager[object]
+    identity: SiteIdentity
+    path: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,27 +175,23 @@ def _publish(temporary: Path, target: Path) -> None:
     """Give the finished file its name, never replacing a file that
     appeared there meanwhile."""
     try:
-        os.link(temporary, target)
+        link_new(temporary, target)
     except FileExistsError:
         raise ExtractionError(f"{target} appeared while extracting; the copy was discarded, extract again") from None
-    except OSError:
-        os.rename(temporary, target)  # no hard links on this file system
-        return
-    os.remove(temporary)
 
 
-def _fsync_directory(directory: Path) -> None:
+def _flush_name(target: Path) -> None:
+    """Make ``target``'s new name survive a power cut."""
     try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not supported here (e.g. Windows)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+        fsync_directory(target.parent)
+    except OSError as error:
+        advice = ("extract to a folder on a local disk" if isinstance(error, DirectoryFlushUnsupported)
+                  else "check the disk and extract again")
+        raise ExtractionError(f"cannot flush the folder {target.parent} after naming {target.name} "
+                              f"({error.strerror or error}); nothing was changed: {advice}") from None
 
 
-def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[str], *, keys: KeySource = None,
+def extract_remote(site: Consolidated, remote: str, path: str | os.PathLike[str], *, keys: KeySource = None,
                    now: datetime | None = None, options: Mapping[str, str] | None = None) -> ExtractResult:
     """Create the database of ``remote`` at ``path`` from the consolidated
     ``site``: the published schema of its subscribed tables, its rows, its
@@ -207,13 +213,13 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
     if not target.parent.is_dir():
         raise ExtractionError(f"directory {target.parent} does not exist")
     conn = site.connection
-    with site._lock, read_transaction(conn, f"planning the extraction of {remote!r}"):
+    with site.lock, read_transaction(conn, f"planning the extraction of {remote!r}"):
         row = get_remote(conn, remote)
         plans = _plans(conn, remote)
         table_sql = [(_table_sql(conn, plan), _index_sql(conn, plan)) for plan in plans]
     material = _resolve_keys(keys, remote)
     stamp = format_time(now or utc_now())
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    temporary = target.with_name(temporary_name(target.name))
     try:
         # Made empty first (SQLite takes an empty file as a new database): a
         # folder the agent cannot write in is named, not the temporary file.
@@ -249,7 +255,6 @@ def extract_remote(site: "SiteDatabase", remote: str, path: str | os.PathLike[st
             os.close(descriptor)
         _remove_sidecars(temporary)
         _switch_over(site, remote, before, offset, incarnation, material, temporary, target)
-        _fsync_directory(target.parent)
     except sqlite3.Error as error:
         _remove(temporary)
         raise ExtractionError(f"extracting {remote!r} to {target} failed: {translate(error, 'copying')}") from error
@@ -267,7 +272,7 @@ def _remove_sidecars(path: Path) -> None:
             pass
 
 
-def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: list[_Plan],
+def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list[_Plan],
           table_sql: list[tuple[str, list[str]]]) -> tuple[int, dict[str, int], RemoteUser]:
     """Pin the snapshot at the log offset E and copy the subscribed rows;
     return E, the row counts, and the remote's row as it was at E."""
@@ -277,7 +282,7 @@ def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: li
     copy.execute("ATTACH DATABASE ? AS source", (site.path,))
     try:
         conn = site.connection
-        with site._lock, write_transaction(conn, f"fixing the extraction point of {remote!r}"):
+        with site.lock, write_transaction(conn, f"fixing the extraction point of {remote!r}"):
             refresh_changed_tables(conn)
             offset = cut_locked(conn, site.identity.name)
             before = get_remote(conn, remote)
@@ -302,16 +307,16 @@ def _copy(site: "SiteDatabase", copy: sqlite3.Connection, remote: str, plans: li
     return offset, counts, before
 
 
-def _switch_over(site: "SiteDatabase", remote: str, before: RemoteUser, offset: int, incarnation: bytes,
+def _switch_over(site: Consolidated, remote: str, before: RemoteUser, offset: int, incarnation: bytes,
                  material: RemoteKeys, temporary: Path, target: Path) -> None:
     """In one transaction of the consolidated: start the remote's row at
     ``offset`` with the new copy's keys, incarnation and epochs, and give
     the finished copy its name.  The row changes only if the file is in
-    place, and the file stays only if the row changed."""
+    place and its name flushed, and the file stays only if the row changed."""
     conn = site.connection
     published = False
     try:
-        with site._lock, write_transaction(conn, f"switching {remote!r} over to its new copy"):
+        with site.lock, write_transaction(conn, f"switching {remote!r} over to its new copy"):
             current = get_remote(conn, remote)
             if (current.resend_count, current.rereceive_count) != (before.resend_count, before.rereceive_count):
                 raise ExtractionError(
@@ -333,6 +338,7 @@ def _switch_over(site: "SiteDatabase", remote: str, before: RemoteUser, offset: 
             record_replaced_locked(conn, remote, current.peer_incarnation)
             _publish(temporary, target)
             published = True
+            _flush_name(target)  # before the row commits: a name that may vanish is no copy
     except BaseException:
         if published:  # named, but the row could not be switched over to it
             _remove(target)

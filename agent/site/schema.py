@@ -7,7 +7,8 @@ Rules of this file:
   written by a newer layout is refused rather than misread, one written by
   an older layout is upgraded when opened (see _UPGRADES).
 * The capture table's value columns have no declared type, so SQLite stores
-  each value exactly as the application's row held it (no affinity).
+  each value exactly as the application's row held it (no affinity); they
+  are named and added by capture.py, which this module builds on.
 * No secret is ever stored here: every user an application lets read the
   database could read it.  The site row holds its public key line only; the
   secret key is the agent's business (agent/keyfiles.py).
@@ -28,7 +29,8 @@ from typing import Callable
 from codec.errors import InvalidValue
 from codec.names import check_site_name
 
-from ._db import connect, format_time, parse_time, quote_ident, translate, utc_now, write_transaction
+from ._db import connect, format_time, parse_time, translate, utc_now, write_transaction
+from .capture import APPLYING_TABLE, upgrade_capture, value_column
 from .errors import AlreadyASite, InvalidSetting, NotASite, SecretInDatabase, UnsupportedSiteVersion
 
 log = logging.getLogger("fieldsync.site")
@@ -51,7 +53,6 @@ log = logging.getLogger("fieldsync.site")
 #    (docs/site-database.md, "Changing a remote's subscriptions").
 SCHEMA_VERSION = 9
 INITIAL_VALUE_COLUMNS = 16
-PREFIX = "fieldsync_"
 
 
 class Role(str, Enum):
@@ -266,17 +267,6 @@ REPLACED_COPY_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_replaced_copy (\n"
                        "    replaced_at TEXT NOT NULL,\n"
                        "    PRIMARY KEY (remote, incarnation)\n) WITHOUT ROWID")
 
-# At a remote, holds a row while the apply path writes, inside the apply's
-# transaction (never committed so): the capture triggers skip those writes
-# (see capture.py).  Created with the remote's first capture triggers.
-APPLYING_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_applying (\n"
-                  "    id INTEGER PRIMARY KEY CHECK (id = 1)\n)")
-
-
-def value_column(index: int) -> str:
-    return f"v{index}"
-
-
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
     text = (_TABLES.replace("{site}", SITE_TABLE).replace("{value_columns}", value_columns)
@@ -379,8 +369,6 @@ def _layout(conn: sqlite3.Connection, path: str | os.PathLike[str]) -> int:
 
 
 def _upgrade_capture(conn: sqlite3.Connection) -> None:
-    from .capture import upgrade_capture  # capture imports this module
-
     upgrade_capture(conn)
 
 
@@ -533,17 +521,3 @@ def read_identity(conn: sqlite3.Connection) -> SiteIdentity:
     name, role, incarnation, address, transport, public_key, created_at, reply_address = row
     return SiteIdentity(name, Role(role), incarnation, address, transport, public_key,
                         parse_time(created_at), reply_address)  # type: ignore[arg-type]
-
-
-def capture_width(conn: sqlite3.Connection) -> int:
-    """How many value columns the capture table has."""
-    names = [row[1] for row in conn.execute("PRAGMA table_info(fieldsync_capture)")]
-    return sum(1 for column in names if column.startswith("v") and column[1:].isdigit())
-
-
-def ensure_capture_width(conn: sqlite3.Connection, needed: int) -> None:
-    """Widen the capture table to ``needed`` value columns (inside a write
-    transaction).  ADD COLUMN only touches the schema, not the rows."""
-    width = capture_width(conn)
-    for index in range(width, needed):
-        conn.execute(f"ALTER TABLE fieldsync_capture ADD COLUMN {quote_ident(value_column(index))}")

@@ -6,8 +6,8 @@ from ._check import SpoolCheck, check_spool
 from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
 from ._format import RelogMode
 from ._recovery import RestartStats
-from ._spool import (CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolCounters, SpoolQueues,
-                     SpoolStatus)
+from ._spool import SpoolQueues
+from ._values import CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolCounters, SpoolStatus
 
 __all__ = [
     "CheckpointStats", "DequeueToken", "InDoubtDequeue", "RelogMode", "Resolution", "RestartStats", "SpoolCheck",

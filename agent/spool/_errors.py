@@ -1,9 +1,9 @@
-"""The spool's errors (all are :class:`agent.queues.QueueError`, so the runner's
+"""The spool's errors (all are :class:`agent.queue_interface.QueueError`, so the runner's
 handling of queue failures covers them)."""
 
 from __future__ import annotations
 
-from ..queues import QueueError
+from ..queue_interface import QueueError
 
 
 class SpoolError(QueueError):

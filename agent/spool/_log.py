@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from codec.fsutil import fsync_directory
+
 from ._errors import SpoolCorrupt, SpoolError
 from ._format import (BATCH_START, FRAME, FRAME_SIZE, MAX_PAYLOAD, SEGMENT_HEADER_SIZE, RecordType,
                       check_segment_header, frame_crc, segment_header, segment_version)
@@ -72,14 +74,6 @@ def contiguous_start(segments: list[SegmentFile]) -> int:
     while index > 0 and segments[index - 1].base + segments[index - 1].size == segments[index].base:
         index -= 1
     return max(index, 0)
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- reading ---------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The crash-safe message spool: :class:`SpoolQueues`, the recovery-log
-implementation of :class:`agent.queues.MessageQueues` (DESIGN §5).
+implementation of :class:`agent.queue_interface.MessageQueues` (DESIGN §5).
 
 Rules of this file:
 * One lock (``self._lock``) guards the queue blocks and the order of
@@ -24,134 +24,35 @@ Rules of this file:
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import fcntl
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from codec.atomic import write_file_atomically
 from codec.errors import BadFileName
 from codec.names import Kind, MessageName, check_site_name
 
-from ..queues import MessageQueues, QueueDepth, QueueError
-from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
-from ._format import (FRAME_SIZE, REFS_PER_RECORD, SEGMENT_HEADER_SIZE, BadPayload, CplRecord, Direction, InDoubtEntry,
-                      QueueId, RecordType, Ref, RelogMode, RelogState, decode_anchor, decode_payload, encode_add,
+from ..queue_interface import MessageQueues, QueueDepth, QueueError
+from ._checkpoint import (Moved, content_segments, relog_queues, relog_threshold, restart_position,
+                          segments_to_reclaim)
+from ._errors import SpoolError
+from ._format import (FRAME_SIZE, CplRecord, Direction, InDoubtEntry, QueueId, RecordType, RelogMode, encode_add,
                       encode_anchor, encode_checkpoint_begin, encode_cpl, encode_delete, encode_end, encode_prepare,
-                      encode_queue_checkpoint, encode_refs, encode_relog, encode_undo_add, encode_undo_delete)
-from ._log import (
-    LogWriter,
-    ScanResult,
-    SegmentFile,
-    contiguous_start,
-    fsync_directory,
-    list_segments,
-    read_record_at,
-    scan,
-    segment_name,
-)
-from ._recovery import InDoubt, MbState, MessageBlock, QueueBlock, Restart, RestartStats
+                      encode_undo_delete)
+from ._recovery import InDoubt, MbState, MessageBlock, QueueBlock
+from ._reopen import lock_spool, read_content, reopen
+from ._span import read_anchor, read_span, write_anchor  # noqa: F401 (read_*: shared with check_spool)
+from ._values import CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolCounters, SpoolStatus
 
-ANCHOR_FILE = "anchor"
-LOCK_FILE = "LOCK"
-_CONTENT_TYPES = {RecordType.ADD, RecordType.RELOG, RecordType.UNDO_DELETE}
 _MAX_NAME_BYTES = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class DequeueToken:
-    """An in-doubt dequeue of inbound messages (see :meth:`SpoolQueues.begin_dequeue`)."""
-
-    ur: int
-    peer: str
-    names: tuple[str, ...]
-    last: int
-
-
-@dataclass(frozen=True, slots=True)
-class InDoubtDequeue:
-    """A dequeue whose database transaction's fate is not known yet."""
-
-    ur: int
-    peer: str
-    last: int  # applied iff the database's log_received for ``peer`` is >= last
-    names: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Resolution:
-    """What :meth:`SpoolQueues.resolve_in_doubt` decided."""
-
-    peer: str
-    log_received: int
-    dequeued: tuple[str, ...]  # their transaction committed: the messages are gone
-    restored: tuple[str, ...]  # it did not: the messages are queued again
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointStats:
-    number: int
-    begin_rba: int
-    cpl_rba: int
-    restart_rba: int
-    relogged: int  # messages relogged, with their content or by reference
-    relogged_bytes: int  # content copied
-    bytes_written: int
-    segments_deleted: int
-    referenced: int = 0  # of the relogged, those relogged by reference
-
-
-@dataclass(frozen=True, slots=True)
-class SpoolStatus:
-    """What ``agent status`` shows about the spool."""
-
-    path: str
-    depths: tuple[QueueDepth, ...]
-    messages: int
-    queued_bytes: int
-    oldest_enqueued_at: float | None
-    oldest_age_seconds: float | None
-    oldest_queue: str | None  # "in/PEER" or "out/PEER"
-    in_doubt_dequeues: int
-    log_start_rba: int
-    restart_rba: int
-    end_rba: int
-    restart_span_bytes: int  # what a restart now would read
-    segments: int
-    disk_bytes: int
-    checkpoints: int
-    records_since_checkpoint: int
-    bytes_since_checkpoint: int
-    checkpoint_every: int
-    checkpoint_bytes: int
-    cpl_pairs: int
-    relog_mode: str
-
-
-@dataclass(frozen=True, slots=True)
-class SpoolCounters:
-    """Work done since the spool was opened."""
-
-    checkpoints: int
-    relogged: int  # messages relogged (relog records and REFS entries)
-    relogged_bytes: int  # message content copied by relog records
-    checkpoint_bytes: int  # every byte checkpoints wrote (relog, REFS, queue and CPL records)
-    group_commits: int  # fsyncs (writes) of the log
-    referenced: int = 0  # of the relogged, those relogged by reference (REFS entries)
-
 
 DEFAULT_CHECKPOINT_BYTES = 128 * 1024 * 1024
 # Bytes a group commit block appends before a call waits for them (they wait
 # in memory until written): a block's memory is bounded, whatever it puts.
 GROUP_COMMIT_BUFFER = 16 * 1024 * 1024
-# A segment kept only for queued messages' content is copied forward once they fill at most this share of it.
-RECLAIM_FILL = 0.5
 # A checkpoint due by records waits for this many times what the previous one wrote to be logged.
 CHECKPOINT_COST_FACTOR = 2
 log = logging.getLogger("fieldsync.spool")
@@ -159,19 +60,6 @@ log = logging.getLogger("fieldsync.spool")
 
 class _SimulatedCrash(BaseException):
     """Raised by test fault hooks; never by the spool itself."""
-
-
-def _lock_holder(fd: int) -> str:
-    """Who holds the spool's lock, as its LOCK file says: a process id
-    (this one: another object of this process), or 'another process'."""
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii").strip()
-        pid = int(text)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return "another process"
-    if pid == os.getpid():
-        return f"another object of this process ({pid})"
-    return f"process {pid}"
 
 
 def _check_name(name: str) -> str:
@@ -229,17 +117,7 @@ class SpoolQueues(MessageQueues):
         self._lookup: dict[tuple[Direction, str], QueueBlock] = {}  # a cache of self._queues
         self._checkpoints = self._relogged = self._relogged_bytes = self._checkpoint_bytes = self._referenced = 0
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _lock_holder(self._lock_fd)
-            os.close(self._lock_fd)
-            raise SpoolLocked(f"{self.path}: the spool is open in {holder}; stop that agent first") from None
-        # Who holds it, for the message another opener gets (the lock is the
-        # flock, not this text: a holder that died left only a stale number).
-        os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = lock_spool(self.path)
         try:
             self._restart()
         except BaseException:
@@ -249,70 +127,23 @@ class SpoolQueues(MessageQueues):
     # -- restart -------------------------------------------------------------------------------
 
     def _restart(self) -> None:
-        started = time.perf_counter()
-        span = read_span(self.path, self.cpl_pairs)
-        restart, result = span.restart, span.result
-        segments = span.segments
-        torn_bytes = result.torn.discarded if result.torn is not None else 0
-        if result.torn is not None:  # (spare zeros after the end are kept for the writer)
-            if result.dropped_segment is not None:
-                (self.path / result.dropped_segment).unlink()
-                segments = segments[:-1]
-            else:
-                last = segments[-1]
-                with open(last.path, "r+b") as handle:
-                    handle.truncate(result.end - last.base)
-                    if self.fsync:
-                        os.fsync(handle.fileno())
-                segments[-1] = SegmentFile(last.base, last.path, result.end - last.base)
-            if self.fsync:
-                fsync_directory(self.path)
-        restart.forward()
-        _check_content_segments(restart, segments, span.start)
-        end = result.end if segments else SEGMENT_HEADER_SIZE
-        self._log = LogWriter(self.path, segments=segments, end=end, segment_bytes=self.segment_bytes,
-                              fsync=self.fsync)
-        self._queues: dict[QueueId, QueueBlock] = restart.queues
-        self._next_ur = restart.max_ur + 1
-        restart.backward(self._emit_compensation, self._read_content)
-        for ur in restart.finished_in_doubt_units():
-            self._log.append(RecordType.COMMIT, encode_end(ur))
-        self._log.sync()
-        cpl = restart.cleanup(restart.cpl(span.start))
-        self._in_doubt: dict[int, InDoubt] = restart.in_doubt
-        self._cpl = cpl
-        self._checkpoint_number = restart.max_checkpoint
-        self._records_since_checkpoint = restart.records_since_checkpoint + restart.compensations
-        self._restart_rba = restart.last_cpl[1].restart if restart.last_cpl else span.start
-        # Where the last complete checkpoint ended (bytes logged since count toward the next).
-        self._checkpoint_end_rba = restart.last_cpl[0] if restart.last_cpl else span.start
+        reopened = reopen(self.path, cpl_pairs=self.cpl_pairs, segment_bytes=self.segment_bytes, fsync=self.fsync,
+                          fault=self._fault)
+        self._log = reopened.log
+        self._queues: dict[QueueId, QueueBlock] = reopened.queues
+        self._next_ur = reopened.next_ur
+        self._in_doubt: dict[int, InDoubt] = reopened.in_doubt
+        self._cpl = reopened.cpl
+        self._checkpoint_number = reopened.checkpoint_number
+        self._records_since_checkpoint = reopened.records_since_checkpoint
+        self._restart_rba = reopened.restart_rba
+        self._checkpoint_end_rba = reopened.checkpoint_end_rba
         self._checkpoint_stats: CheckpointStats | None = None
-        # What the last checkpoint wrote (the next waits for twice that to be logged).
-        self._last_checkpoint_cost = restart.last_cpl[0] - restart.last_cpl[1].begin if restart.last_cpl else 0
-        self.last_restart = RestartStats(
-            restart_rba=span.start, end_rba=self._log.next_rba, bytes_read=result.bytes_read,
-            records_read=result.records, checkpoint_rba=restart.last_cpl[0] if restart.last_cpl else None,
-            from_anchor=span.from_anchor, relogs_honoured=restart.relogs_honoured,
-            relogs_ignored=restart.relogs_ignored, pending_deletes=restart.pending_created,
-            pending_deletes_matched=restart.pending_matched, units_backed_out=restart.backed_out,
-            compensation_records=restart.compensations, in_doubt=len(self._in_doubt), torn_bytes=torn_bytes,
-            seconds=time.perf_counter() - started)
-        self.restart_problems = tuple(restart.problems)
-        if restart.last_cpl is None:
+        self._last_checkpoint_cost = reopened.last_checkpoint_cost
+        self.last_restart = reopened.stats
+        self.restart_problems = reopened.problems
+        if not reopened.checkpointed:
             self.checkpoint()  # the spool's first checkpoint (CB1 in the patent's figures)
-
-    def _emit_compensation(self, kind: str, fields: dict) -> int:
-        if kind == "undo_add":
-            rba = self._log.append(RecordType.UNDO_ADD, encode_undo_add(fields["ur"], fields["irba"],
-                                                                         fields["undone"], fields["queue"]))
-        elif kind == "undo_delete":
-            rba = self._log.append(RecordType.UNDO_DELETE, encode_undo_delete(
-                fields["ur"], fields["irba"], fields["undone"], fields["queue"], fields["name"], fields["epoch"],
-                fields["enqueued_at"], fields["data"]))
-        else:
-            rba = self._log.append(RecordType.ABORT, encode_end(fields["ur"]))
-        self._fault_point("restart.compensating")
-        return rba
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -343,10 +174,7 @@ class SpoolQueues(MessageQueues):
         return ur
 
     def _read_content(self, block: MessageBlock) -> bytes:
-        record_type, payload = self._log.read(block.crba, block.length)
-        if record_type not in _CONTENT_TYPES or len(payload) < block.size:
-            raise SpoolCorrupt(block.crba, "?", f"the copy of {block.name} is not a message record")
-        return payload[len(payload) - block.size:] if block.size else b""
+        return read_content(self._log, block)
 
     def _durable(self, end: int) -> None:
         if getattr(self._local, "depth", 0):
@@ -627,7 +455,7 @@ class SpoolQueues(MessageQueues):
         with self._lock:
             self._check_open()
             self._checkpointing = True
-            moved: list[tuple[MessageBlock, int, int, int]] = []
+            moved: list[Moved] = []
             try:
                 return self._checkpoint(moved)
             except BaseException:
@@ -640,71 +468,19 @@ class SpoolQueues(MessageQueues):
             finally:
                 self._checkpointing = False
 
-    def _checkpoint(self, moved: list[tuple[MessageBlock, int, int, int]]) -> CheckpointStats:
+    def _checkpoint(self, moved: list[Moved]) -> CheckpointStats:
         self._cpl_written = False
         self._log.sync()  # every current copy can be read back
         number = self._checkpoint_number + 1
         begin = self._log.append(RecordType.CHECKPOINT_BEGIN, encode_checkpoint_begin(number))
-        aged = (self._cpl + [(begin, 0)])[-self.cpl_pairs:]
         mode = self.relog_mode
-        if mode is RelogMode.OFF:
-            threshold = -1
-        elif mode is RelogMode.ALL or len(aged) == 1:
-            threshold = begin  # every copy older than this checkpoint
-        else:
-            threshold = aged[0][1]  # copies at or before the end of the oldest checkpoint kept
+        aged, threshold = relog_threshold(mode, self._cpl, begin, self.cpl_pairs)
         by_reference = self.relog_by_reference and mode is not RelogMode.OFF
-        bases, reclaim = self._log.segment_bases(), self._segments_to_reclaim() if by_reference else {}
-        reclaim_end = max(reclaim.values(), default=0)
-
-        def reclaimed(rba: int) -> bool:
-            return rba < reclaim_end and _holder(bases, rba) in reclaim
-
-        oldest_not_logged = begin
-        relogged = relogged_bytes = referenced = 0
-        for key in sorted(self._queues, key=lambda key: (key.direction, key.peer)):
-            queue = self._queues[key]
-            blocks = queue.in_order()
-            content = 0
-            refs: list[tuple[MessageBlock, Ref]] = []
-            for block in blocks:
-                content += block.size
-                copy = not by_reference or reclaimed(block.crba)
-                if block.lrba > threshold and not (by_reference and copy):
-                    oldest_not_logged = min(oldest_not_logged, block.lrba)
-                    continue
-                unit = self._in_doubt.get(block.ur) if block.state is MbState.IN_DOUBT_DELETE else None
-                state = RelogState.IN_DOUBT_DELETE if unit is not None else RelogState.COMMITTED
-                ur, last = (unit.ur, unit.last) if unit is not None else (0, 0)
-                moved.append((block, block.crba, block.length, block.lrba))
-                relogged += 1
-                if not copy:
-                    if not block.length:
-                        block.length = FRAME_SIZE + len(self._log.read(block.crba)[1])
-                    refs.append((block, (block.irba, block.crba, block.length, block.size, state, block.epoch,
-                                         block.enqueued_at, block.name, ur, last)))
-                    continue
-                data = self._read_content(block)
-                record = encode_relog(block.irba, state, ur, last, key, block.name, block.epoch, block.enqueued_at,
-                                      data)
-                block.crba = block.lrba = self._log.append(RecordType.RELOG, record)
-                block.length = FRAME_SIZE + len(record)
-                relogged_bytes += len(data)
-            for first in range(0, len(refs), REFS_PER_RECORD):
-                chunk = refs[first:first + REFS_PER_RECORD]
-                rba = self._log.append(RecordType.REFS, encode_refs(key, [entry for _block, entry in chunk]))
-                for block, _entry in chunk:
-                    block.lrba = rba
-            referenced += len(refs)
-            self._log.append(RecordType.QUEUE_CHECKPOINT, encode_queue_checkpoint(
-                key, len(blocks), content, blocks[0].irba if blocks else 0))
-        # Position restart at the newest checkpoint start at or before every
-        # copy not relogged now (or at the oldest such copy), and raise the
-        # CPL's entries to it (Table 1's oldest-not-logged-rba).
-        starts = [pair_begin for pair_begin, _ in aged if pair_begin <= oldest_not_logged]
-        position = max(starts) if starts else oldest_not_logged
-        pairs = tuple((max(pair_begin, position), max(pair_end, position) if pair_end else 0)
-                      for pair_begin, pair_end in aged)
+        reclaim = segments_to_reclaim(self._log, self._queues, self._restart_rba) if by_reference else {}
+        done = relog_queues(self._log, self._queues, self._in_doubt, begin=begin, threshold=threshold,
+                            by_reference=by_reference, reclaim=reclaim, read_content=self._read_content, moved=moved)
+        relogged, relogged_bytes, referenced = done.relogged, done.relogged_bytes, done.referenced
+        position, pairs = restart_position(aged, done.oldest_not_logged)
         in_doubt = tuple(sorted(((unit.ur, unit.last, unit.queue) for unit in self._in_doubt.values()),
                                 key=lambda entry: entry[0]))
         self._fault_point("checkpoint.before_cpl")
@@ -719,15 +495,9 @@ class SpoolQueues(MessageQueues):
         self._records_since_checkpoint = 0
         self._checkpoint_end_rba = self._log.next_rba
         self._fault_point("checkpoint.before_anchor")
-        anchor = encode_anchor(cpl_rba, position, number)
-        if self.fsync:
-            write_file_atomically(self.path / ANCHOR_FILE, anchor)
-        else:
-            temporary = self.path / (ANCHOR_FILE + ".tmp")
-            temporary.write_bytes(anchor)
-            os.replace(temporary, self.path / ANCHOR_FILE)
+        write_anchor(self.path, encode_anchor(cpl_rba, position, number), fsync=self.fsync)
         self._fault_point("checkpoint.before_drop")
-        dropped = self._log.drop_before(position, self._content_segments(position))
+        dropped = self._log.drop_before(position, content_segments(self._log, self._queues, position))
         stats = CheckpointStats(number, begin, cpl_rba, position, relogged, relogged_bytes,
                                 self._log.next_rba - begin, len(dropped), referenced)
         self._last_checkpoint_cost = stats.bytes_written
@@ -738,34 +508,6 @@ class SpoolQueues(MessageQueues):
         self._checkpoint_bytes += stats.bytes_written
         self._checkpoint_stats = stats
         return stats
-
-    def _segments_to_reclaim(self) -> dict[int, int]:
-        """Base and end of the segments restart no longer reads that queued
-        messages' content fills at most RECLAIM_FILL of: their messages
-        are relogged with content, so that the segments can go."""
-        old = {base: end for base, end in self._log.segment_extents() if end <= self._restart_rba}
-        if not old:
-            return {}
-        bases = self._log.segment_bases()
-        filled = dict.fromkeys(old, 0)
-        limit = max(old.values())
-        for queue in self._queues.values():
-            for block in queue.messages.values():
-                if block.crba < limit:
-                    base = _holder(bases, block.crba)
-                    if base in filled:
-                        filled[base] += block.length or block.size
-        return {base: old[base] for base, used in filled.items() if used <= RECLAIM_FILL * (old[base] - base)}
-
-    def _content_segments(self, before: int) -> set[int]:
-        """Bases of the segments ending at or before ``before`` that hold a queued message's content."""
-        bases = self._log.segment_bases()
-        keep = set()
-        for queue in self._queues.values():
-            for block in queue.messages.values():
-                if block.crba < before:
-                    keep.add(_holder(bases, block.crba))
-        return keep
 
     @property
     def last_checkpoint(self) -> CheckpointStats | None:
@@ -853,108 +595,3 @@ class SpoolQueues(MessageQueues):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _holder(bases: list[int], rba: int) -> int:
-    """The base of the segment holding ``rba`` (bases sorted)."""
-    return bases[bisect.bisect_right(bases, rba) - 1]
-
-
-def _check_content_segments(restart: Restart, segments: list[SegmentFile], start: int) -> None:
-    """Every queued message's content record must be in a segment file that
-    exists (those before the restart position are not read, so a removed
-    one would otherwise go unnoticed until the message is read)."""
-    bases = [segment.base for segment in segments]
-    ends = {segment.base: segment.base + segment.size for segment in segments}
-    for queue in restart.queues.values():
-        for block in queue.messages.values():
-            if block.crba >= start:
-                continue
-            index = bisect.bisect_right(bases, block.crba) - 1
-            if index < 0 or block.crba >= ends[bases[index]]:
-                raise SpoolCorrupt(block.crba, segment_name(bases[index]) if index >= 0 else segment_name(0),
-                                   f"the content of {queue.queue} {block.name} is at RBA {block.crba}, in a segment "
-                                   "file that is missing: segment files were removed")
-
-
-# -- reading a span (shared with check_spool) -------------------------------------------------
-
-
-@dataclass(slots=True)
-class Span:
-    restart: Restart
-    result: ScanResult
-    segments: list[SegmentFile]
-    start: int
-    from_anchor: bool
-    anchor: tuple[int, int, int] | None
-
-
-def read_anchor(directory: Path) -> tuple[int, int, int] | None:
-    try:
-        return decode_anchor((directory / ANCHOR_FILE).read_bytes())
-    except OSError:
-        return None
-
-
-def _anchor_start(directory: Path, segments: list[SegmentFile], anchor: tuple[int, int, int] | None) -> int | None:
-    """The restart position the anchor names, if its CPL record verifies."""
-    if anchor is None or not segments:
-        return None
-    cpl_rba, restart_rba, _number = anchor
-    holder = None
-    for segment in segments:
-        if segment.base <= cpl_rba < segment.base + segment.size:
-            holder = segment
-    if holder is None or restart_rba < segments[0].base + SEGMENT_HEADER_SIZE or restart_rba > cpl_rba:
-        return None
-    try:
-        record_type, payload = read_record_at(holder.path, holder.base, cpl_rba)
-        record = decode_payload(record_type, payload)
-    except (SpoolError, BadPayload, OSError):
-        return None
-    if not isinstance(record, CplRecord) or record.restart != restart_rba:
-        return None
-    return restart_rba
-
-
-def read_span(directory: Path, pairs: int, *, salvage: bool = False) -> Span:
-    """Phase 1's reading: find the restart position (the anchor's CPL
-    record, else the start of the log) and feed every record from there."""
-    segments = list_segments(directory)
-    anchor = read_anchor(directory)
-    start = _anchor_start(directory, segments, anchor)
-    from_anchor = start is not None
-    if start is None and anchor is not None and not salvage:
-        # Reading the whole retained log instead of the anchor's span is
-        # always correct, but only while the log still holds the anchor's
-        # restart position: segments go only up to a restart position, so
-        # no segment at all, or none reaching back to it, means segment
-        # files were removed, and starting from what is left would drop
-        # what they held without a word.
-        cpl_rba, restart_rba, number = anchor
-        first = segments[contiguous_start(segments)] if segments else None
-        if first is None or restart_rba < first.base:
-            held = (f"the log is contiguous only from RBA {first.base}" if first is not None
-                    else "there are no segment files")
-            raise SpoolCorrupt(restart_rba, segments[0].path.name if segments else segment_name(0),
-                               f"the anchor's checkpoint #{number} restarts at RBA {restart_rba} but {held}: "
-                               "segment files are missing")
-    if start is None:
-        # The whole retained log, from where it is contiguous (reclaimed
-        # segments leave gaps only before a restart position).
-        start = segments[contiguous_start(segments)].base + SEGMENT_HEADER_SIZE if segments else SEGMENT_HEADER_SIZE
-    restart = Restart(pairs)
-    result = ScanResult(start)
-    for rba, type_byte, payload in scan(segments, start, result, salvage=salvage):
-        try:
-            record = decode_payload(type_byte & 0x7F, payload)
-        except BadPayload as error:
-            if not salvage:
-                raise SpoolCorrupt(rba, "?", f"record does not decode: {error}") from None
-            restart.problems.append(f"RBA {rba}: record does not decode: {error}")
-            continue
-        restart.feed(rba, record, FRAME_SIZE + len(payload))
-    if not segments:
-        result.end = start
-    return Span(restart, result, segments, start, from_anchor, anchor)

@@ -9,7 +9,8 @@ subscriber in the driver.
 
 Rules of this file:
 * Selection and packing are the agent's code (``SubscriberReader``,
-  ``Fanout``, ``PayloadPacker``), never a copy, so the files are byte for
+  ``Fanout``, ``PayloadPacker``, and the loop that feeds the packers,
+  ``agent.outbound.PackingPass``), never a copy, so the files are byte for
   byte the agent's.
 * Nothing is shared but what Spark carries: the driver ships the export's
   log files to the executors (``SparkContext.addFile``) and the selection
@@ -121,10 +122,11 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     raw_length, compressed, part)``."""
     from pyspark import SparkFiles
 
+    from agent.outbound import PackingPass
     from agent.site.capture import Shape, ShapeTable
     from agent.site.selection import Fanout, SubscriberReader, plan_from_rows
     from agent.site.schema import Role
-    from codec.packing import PayloadPacker
+    from codec.packing import Payload, PayloadPacker
 
     if stall is not None:
         _stall(*stall)
@@ -141,45 +143,33 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
                for index in members]
     ranges = [(sends[index]["read"], sends[index]["end"]) for index in members]
     fanout = Fanout(readers, ranges)
-    packers: dict[int, PayloadPacker] = {}
-    counts = [0] * len(members)
-    made = 0
 
-    def packed(position: int, transaction: Any) -> list[tuple]:
-        nonlocal made
-        packer = packers.get(position)
-        if packer is None:
-            send = sends[members[position]]
-            packer = packers[position] = PayloadPacker(
-                sender=job["site"], recipient=send["subscriber"], resend_count=send["resend_count"],
-                start=send["start"], max_size=job["max_size"], end=send["end"], sealed=send["seal_to"] is not None,
-                version=job["message_format"])
-        if transaction is None:
-            payloads = packer.close()
-        else:
-            counts[position] += 1
-            payloads = packer.add(transaction)
-        out = []
-        for payload in payloads:
-            if fail_after is not None and made >= fail_after:
-                raise RuntimeError(f"injected failure after {made} files (--fail-after-files)")
-            made += 1
-            header = payload.header
-            out.append(("p", members[position], header.resend_count, header.prev, header.last, header.seq,
-                        payload.raw_length, payload.compressed, payload.part))
-        return out
+    def packer_for(position: int) -> PayloadPacker:
+        send = sends[members[position]]
+        return PayloadPacker(sender=job["site"], recipient=send["subscriber"], resend_count=send["resend_count"],
+                             start=send["start"], max_size=job["max_size"], end=send["end"],
+                             sealed=send["seal_to"] is not None, version=job["message_format"])
 
     low, high = min(start for start, _ in ranges), max(end for _, end in ranges)
     paths = [SparkFiles.get(name) for name in files]
-    for commit, origin, rows in _capture_chunks(paths, low, high, returned):
-        for position, transaction in fanout.add(commit, origin, rows):
-            yield from packed(position, transaction)
-    for position, transaction in fanout.finish():
-        yield from packed(position, transaction)
+
+    def selected() -> Iterator[tuple[int, Any]]:
+        for commit, origin, rows in _capture_chunks(paths, low, high, returned):
+            yield from fanout.add(commit, origin, rows)
+        yield from fanout.finish()
+
+    # The agent's packing loop; no error is isolated here: any fails the task.
+    packing: PackingPass[Payload] = PackingPass(len(members), packer_for)
+    made = 0
+    for position, payload in packing.run(selected()):
+        if fail_after is not None and made >= fail_after:
+            raise RuntimeError(f"injected failure after {made} files (--fail-after-files)")
+        made += 1
+        header = payload.header
+        yield ("p", members[position], header.resend_count, header.prev, header.last, header.seq,
+               payload.raw_length, payload.compressed, payload.part)
     for position in range(len(members)):
-        if position in packers:  # nothing for the subscriber: no file (docs/protocol.md, rule 5)
-            yield from packed(position, None)
-        yield ("m", members[position], counts[position])
+        yield ("m", members[position], packing.transactions[position])
 
 
 def _stall(output: str, seconds: float) -> None:

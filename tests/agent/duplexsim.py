@@ -125,7 +125,8 @@ class Duplex:
         self.flight[name] = [(hold - 1, f) for hold, f in self.flight[name] if hold > 0]
         for file in arrived:
             if file.corrupt:  # set aside before the protocol hears of it (agent.receiving)
-                actions = proto.message_rejected(now, file.name, "corrupt")
+                proto.message_rejected(now, file.name, "corrupt")
+                actions = []
             elif file.control is not None:
                 actions = proto.control_received(now, file.control, INCARNATION[peer])
             else:

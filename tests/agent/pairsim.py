@@ -157,9 +157,9 @@ class Pair:
                 self.s_run(self.s.control_received(self.now, flight.control, flight.incarnation))
             elif flight.corrupt:
                 # As the agent does: a file that fails its checks is set
-                # aside before the protocol hears of it.
+                # aside with the reason the protocol gives.
+                self.s.message_rejected(self.now, flight.message_id, "bad signature")
                 self.quarantined.append(flight.message_id)
-                self.s_run(self.s.message_rejected(self.now, flight.message_id, "bad signature"))
             else:
                 if flight.message_id not in self.inbox:
                     self.inbox[flight.message_id] = flight

@@ -9,7 +9,8 @@ import sqlite3
 import pytest
 
 from agent.chaos import (CONFIRM_TIMEOUTS, DEFAULT_HEARTBEAT, SETTLE_ROUNDS, ChaosParams, ChaosResult, Simulation,
-                         _Templates, run_seed, run_seeds, summarize)
+                         run_seed, run_seeds, summarize)
+from agent.chaos import Templates as _Templates
 from agent.protocol import PairProtocol
 from transports.faults import FaultRates
 

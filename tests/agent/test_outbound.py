@@ -197,8 +197,8 @@ def test_a_cancelled_send_phase_leaves_its_sends_to_the_next_one(site: Path) -> 
             await asyncio.Event().wait()
             raise AssertionError("not cancelled")
 
-        agent.sender._spark_batch = hang  # type: ignore[method-assign]
-        return agent.sender, "_spark_batch"
+        agent.sender.preparer._spark_batch = hang  # type: ignore[method-assign]
+        return agent.sender.preparer, "_spark_batch"
 
     phase = cancel_then_send_again(site, stick)
     assert handed_out[0] > 0
@@ -214,14 +214,14 @@ def test_a_send_phase_cancelled_after_it_handed_out_sends_gives_them_all_back(si
     handed_out: list[str] = []
 
     def stick(agent: Agent, stuck: asyncio.Event) -> tuple[object, str]:
-        async def hang(due: list) -> None:
-            handed_out.extend(peer.name for peer, send in due if send is not None)
+        async def hang(sends: list) -> None:
+            handed_out.extend(peer.name for peer, send in sends)
             assert all(agent.peers[name].protocol.sending for name in handed_out)
             stuck.set()
             await asyncio.Event().wait()
 
-        agent.sender._prepare = hang  # type: ignore[method-assign]
-        return agent.sender, "_prepare"
+        agent.sender.preparer.prepare = hang  # type: ignore[method-assign]
+        return agent.sender.preparer, "prepare"
 
     phase = cancel_then_send_again(site, stick)
     assert sorted(handed_out) == sorted(peer for peer, files in reference.files.items() if files)

@@ -132,7 +132,7 @@ def test_a_peer_heard_from_while_its_stream_runs_has_its_errors_in_force_ended(t
         peers[name].protocol.control_received(10.0, control, old)
     assert peers["f2"].protocol.control_received(11.0, control, new)  # StreamStopped
     assert peers["f2"].protocol.control_received(12.0, control, old) == [] and peers["f2"].protocol.stopped
-    store.save_many([peers["f1"], peers["f2"]])
+    store.save([peers["f1"], peers["f2"]])
     f1, f2 = site.remote("f1"), site.remote("f2")
     assert (f1.heard_at, f1.last_error, f1.stream_stopped, f1.error_count) == (10.0, None, None, 2)
     assert (f2.heard_at, f2.last_error, f2.stream_stopped) == (12.0, "folder gone", "f2 changed its incarnation id")

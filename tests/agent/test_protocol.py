@@ -337,6 +337,20 @@ def test_resend_request_is_deferred_while_a_send_is_in_flight():
     assert actions == [PurgeOutbound(1), SendData(10, 50, 1)]
 
 
+def test_a_send_phase_whose_schedule_is_not_due_sends_only_a_resend_asked_for():
+    """The core decides, given the schedule: not due, nothing new is due
+    (log_send stays); a resend asked for whose urgency passed goes all the
+    same, and the log start it is told holds for it (rule 8)."""
+    core = protocol(log_send=100, log_sent=100, confirm_sent=20, resend_count=0)
+    assert core.send_due(0, 150, 0, scheduled=False) == [] and core.state.log_send == 100
+    core.control_received(1, ControlState(30, 1, 0, 0), INCARNATION_P)
+    assert core.send_due(5, 150, 0, scheduled=False) == []  # its urgency has not passed
+    assert core.send_due(11, 150, 40, scheduled=False) == [PurgeOutbound(1), SendData(30, 100, 1, read_from=40)]
+    assert core.state.log_send == 100
+    core.send_done(12, 100)
+    assert core.send_due(13, 150, 40) == [SendData(100, 150, 1)]  # due: everything up to the log end
+
+
 def test_request_already_superseded_when_timer_fires():
     core = protocol(log_send=10, log_sent=10)
     core.control_received(0, ControlState(0, 1, 0, 0), INCARNATION_P)
@@ -436,6 +450,20 @@ def test_files_from_a_superseded_copy_are_set_aside_quietly():
     assert core.message_queued(0, "late", Header(0, 0, 10), old) == [DeleteInbound(("late",), "stale")]
     assert core.control_received(0, ControlState(5, 9, 5, 0), old) == []
     assert core.stopped is None and core.state.rereceive_count == 0
+
+
+def test_a_file_that_fails_its_checks_counts_as_missing_unless_it_names_a_superseded_copy():
+    """The judgement of a rejected file sits by that of a verified one: a
+    file naming a copy extracted again since is late mail, set aside with
+    that said and not counted; any other counts as missing."""
+    old = b"O" * 16
+    core = PairProtocol("peer", PairState(peer_incarnation=INCARNATION_P), Settings(), superseded=frozenset({old}))
+    reason = core.message_rejected(0, "late", "bad signature", claimed_incarnation=old)
+    assert reason.startswith("bad signature: it names peer's incarnation 4f4f4f4f, a copy that was extracted again")
+    assert core.counters.rejected == 0
+    assert core.message_rejected(0, "forged", "bad signature", claimed_incarnation=b"N" * 16) == "bad signature"
+    assert core.message_rejected(0, "torn", "truncated") == "truncated"
+    assert core.counters.rejected == 2 and core.state == PairState(peer_incarnation=INCARNATION_P)
 
 
 def test_a_superseded_copy_is_judged_by_rule_1_and_without_it_is_applied():

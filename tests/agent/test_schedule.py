@@ -3,7 +3,7 @@ from datetime import datetime, time, timedelta, timezone
 
 import pytest
 
-from agent.schedule import TruncationSchedule, sending_due
+from agent.schedule import InboxWait, PhaseSchedule, SendSchedule, TruncationSchedule, sending_due
 
 NOW = datetime(2026, 11, 21, 18, 45, tzinfo=timezone.utc)
 
@@ -78,3 +78,58 @@ def test_truncation_waits_for_the_horizon_to_move_and_then_for_its_interval():
     assert not schedule.due(9.9, 7) and schedule.due(10.0, 7)
     schedule.truncated(10.0, 7)
     assert schedule.due(25.0, 8)  # a horizon that moved long after the last one: at once
+
+
+def test_a_batch_run_end_truncates_whenever_there_are_peers():
+    """Rule 8 is one decision for both modes: a batch run truncates as it
+    ends (even with the horizon where the last one left it); a continuous
+    run as above."""
+    schedule = TruncationSchedule(every=10.0)
+    assert not schedule.due(0.0, None, run_ends=True)
+    assert schedule.due(0.0, 5, run_ends=True)
+    schedule.truncated(0.0, 5)
+    assert schedule.due(1.0, 5, run_ends=True) and not schedule.due(1.0, 5)
+
+
+class Row:
+    """The columns of a remote-user row a send schedule reads."""
+
+    def __init__(self, last_sent_at=None, send_every=None, send_at=None):
+        self.last_sent_at, self.send_every, self.send_at = last_sent_at, send_every, send_at
+
+
+def test_a_send_schedule_is_due_in_every_batch_run_and_counts_from_the_last_scheduled_send():
+    schedule, now = SendSchedule(), NOW.timestamp()
+    assert schedule.due(now, "f1", None) and schedule.due(now + 1, "f1", None)  # batch: every run
+    hourly = Row(last_sent_at=NOW - timedelta(hours=2), send_every=3600)
+    assert schedule.due(now, "f2", hourly)  # the last recorded send is two hours old
+    # From now on it counts from this scheduled send, whether or not it carried data.
+    assert not schedule.due(now + 1800, "f2", hourly)
+    assert schedule.due(now + 3600, "f2", hourly)
+    assert schedule.due(now + 3601, "f3", Row())  # no schedule: every send phase
+
+
+def test_a_continuous_agents_phases_fall_due_by_their_delays_and_sooner_when_files_arrive():
+    phases = PhaseSchedule(100.0, receive_every=30.0, send_every=60.0)
+    assert phases.receive_due(100.0) and phases.send_due(100.0)  # both at the start
+    assert not phases.receive_due(110.0) and not phases.send_due(110.0)
+    assert phases.deadline() == 130.0
+    assert phases.deadline(None, 120.0, 500.0) == 120.0  # a protocol's timer comes sooner
+    phases.files_arrived(115.0)
+    assert phases.deadline() == 115.0 and phases.receive_due(115.0)
+    assert phases.receive_due(145.0) and phases.send_due(160.0)
+    send_only = PhaseSchedule(0.0, receive_every=None, send_every=60.0)
+    send_only.files_arrived(5.0)
+    assert not send_only.receive_due(1e9) and send_only.deadline() == 0.0
+
+
+def test_an_inbox_wait_that_fails_backs_off_to_five_minutes_and_sleeps_the_whole_timeout_otherwise():
+    wait = InboxWait()
+    assert wait.ready(0.0) and wait.sleep(0.0, 30.0) == 30.0  # never failed: a plain wait is the timeout
+    delays = [wait.failed(float(moment)) for moment in range(10)]
+    assert delays == [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 300.0, 300.0, 300.0]
+    assert wait.failures == 10 and not wait.ready(9.0) and wait.ready(309.0)
+    assert wait.sleep(9.0, 30.0) == 30.0 and wait.sleep(300.0, 30.0) == 9.0 and wait.sleep(309.0, 30.0) == 30.0
+    wait.worked()
+    assert wait.failures == 0 and wait.failed(400.0) == 5.0  # a new outage starts over (and is warned about)
+    assert InboxWait().failed(0.0) == 5.0 and wait.backoff.delay(10_000) == 300.0  # no overflow, however long

@@ -20,13 +20,13 @@ def traced(monkeypatch):
     from agent.site.apply.statements import Statements
 
     statements = []
-    build = Statements._run_sql
+    build = Statements.run_sql
 
     def spy(self, table, run, consolidated):
         statements.append(build(self, table, run, consolidated))
         return statements[-1]
 
-    monkeypatch.setattr(Statements, "_run_sql", spy)
+    monkeypatch.setattr(Statements, "run_sql", spy)
     return statements
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import random
+import re
 import stat
 import time
 
@@ -183,9 +185,17 @@ def test_an_extraction_that_fails_or_is_interrupted_changes_nothing(tmp_path, hq
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("hq.db")) == ["r1.db"]
 
 
-def test_a_target_that_appears_during_the_extraction_changes_nothing(tmp_path, hq, monkeypatch):
+@pytest.mark.parametrize("hard_links", [True, False], ids=["hard links", "no hard links"])
+def test_a_target_that_appears_during_the_extraction_changes_nothing(tmp_path, hq, monkeypatch, hard_links):
+    """Nor is it overwritten where the file system has no hard links (FAT):
+    the name is then given by a rename, after a check."""
     import agent.site.extract as extract_module
 
+    if not hard_links:
+        def no_hard_links(source, target, **kwargs):  # type: ignore[no-untyped-def]
+            raise PermissionError(errno.EPERM, "Operation not permitted", source)  # what Linux's vfat answers
+
+        monkeypatch.setattr(os, "link", no_hard_links)
     before = _stream(hq)
     target = tmp_path / "r1.db"
     finish = extract_module._finish_remote
@@ -199,6 +209,28 @@ def test_a_target_that_appears_during_the_extraction_changes_nothing(tmp_path, h
         hq.extract("r1", target)
     assert _stream(hq) == before and target.read_bytes() == b"theirs"
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_folder_that_cannot_be_flushed_fails_the_extraction_and_changes_nothing(tmp_path, hq, monkeypatch):
+    """The name is made durable inside the transaction that switches the
+    remote's row over: an fsync of the folder that fails is no longer
+    ignored, and leaves the row and the folder as they were."""
+    import agent.site.extract as extract_module
+
+    real_fsync_directory = extract_module.fsync_directory
+
+    def failing_fsync_directory(directory):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EIO, "Input/output error", str(directory))
+
+    monkeypatch.setattr(extract_module, "fsync_directory", failing_fsync_directory)
+    before = _stream(hq)
+    with pytest.raises(ExtractionError, match=f"cannot flush the folder {re.escape(str(tmp_path))} .*Input/output"):
+        hq.extract("r1", tmp_path / "r1.db")
+    assert _stream(hq) == before
+    assert not (tmp_path / "r1.db").exists() and not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+    monkeypatch.setattr(extract_module, "fsync_directory", real_fsync_directory)
+    hq.extract("r1", tmp_path / "r1.db")  # works once the folder can be flushed
+    assert _stream(hq) != before
 
 
 def test_a_stream_that_moves_on_during_the_extraction_is_not_overwritten(tmp_path, hq, monkeypatch):

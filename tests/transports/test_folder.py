@@ -160,6 +160,32 @@ async def test_send_writes_a_temp_file_fsyncs_renames_and_fsyncs_the_folder(
     assert os.listdir(inbox) == [name]
 
 
+def _failing_folder_fsync(monkeypatch, code: int) -> None:
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(code, os.strerror(code))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+async def test_a_share_that_cannot_flush_a_folder_still_takes_files(transport, inbox: Path, monkeypatch,
+                                                                    caplog) -> None:
+    _failing_folder_fsync(monkeypatch, errno.EINVAL)  # what some network file systems answer
+    with caplog.at_level(logging.DEBUG, logger="transports.folder"):
+        await transport.send(str(inbox), message_name(1), b"x")
+    assert os.listdir(inbox) == [message_name(1)]
+    assert "does not support fsync" in caplog.text
+
+
+async def test_a_folder_that_fails_to_flush_fails_the_send(transport, inbox: Path, monkeypatch) -> None:
+    _failing_folder_fsync(monkeypatch, errno.EIO)
+    with pytest.raises(TransportUnavailable, match=f"cannot flush folder {re.escape(str(inbox))}.*EIO"):
+        await transport.send(str(inbox), message_name(1), b"x")
+
+
 async def test_ack_removes_without_an_fsync(transport, inbox: Path, monkeypatch) -> None:
     """A removal lost in a crash brings back a file already stored (read
     again as a duplicate); an fsync per ack would make a flood of junk cost

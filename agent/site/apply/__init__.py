@@ -1,7 +1,8 @@
 """Applying a peer's transactions (docs/site-database.md): one module per
-rule, layered bottom up as batch, statements, keymoves, conflicts,
-unconfirmed, pending and the driver; this package exports what the rest of
-the site adapter uses.
+rule (statements, keymoves, conflicts, unconfirmed, pending), each an
+object or function the driver (:class:`Applier`) holds and calls in turn,
+over the values of batch; this package exports what the rest of the site
+adapter uses.
 """
 
 from .batch import ApplyResult, Conflict, ConflictHook, Resolution

@@ -23,7 +23,7 @@ from .._db import quote_ident
 from ..capture import Shape
 from ..values import pack
 
-# Recorded at a remote when the consolidated gives a row a key it holds (_take_key).
+# Recorded at a remote when the consolidated gives a row a key it holds (KeyMoves.take_key).
 KEY_TAKEN = "UPDATE onto a key held here: the row there was replaced by the incoming one"
 
 
@@ -63,7 +63,7 @@ class ApplyResult:
     log_commits: tuple[int, ...]  # local log transactions written for the batch
 
 
-# Changes of a row's key _moved_key follows, at most.
+# Changes of a row's key KeyMoves.moved_key follows, at most.
 MOVES_FOLLOWED = 16
 
 
@@ -82,7 +82,7 @@ class Table:
         self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
         self.shape: Shape | None = None
         self.policy = Resolution.INCOMING
-        # Whether the fast path may write with OR IGNORE (see _flush_checked): a
+        # Whether the fast path may write with OR IGNORE (driver._flush_checked): a
         # statement's OR clause also governs the statements of the table's
         # triggers, so only where fieldsync's capture triggers are the only
         # ones (their insert cannot fail).
@@ -135,7 +135,7 @@ class Batch:
         # Rows that go back whole, as an INSERT: the peer moved them into its
         # subset from outside it (it may have been sent a DELETE of them that
         # reaches it after its change), or moved them away onto a key this
-        # site holds (_refused_move).
+        # site holds (KeyMoves.refused_move).
         self.entered: set[tuple[str, tuple]] = set()
         # At the consolidated, when the log holds operations the peer has not
         # confirmed: every row the batch touched, with the values the peer

@@ -7,7 +7,9 @@ Rules of this file:
   the resulting row goes back to the origin.
 * What goes back to the origin (conflicts, the unconfirmed rule, key
   moves, rows moved into its subset) is written once the whole batch is
-  applied (:meth:`_write_returns`), each row only to the origin.
+  applied (:meth:`Conflicts.write_returns`), each row only to the origin.
+* :class:`Conflicts` is given the connection, the statements and the
+  conflict hooks (the site adapter's, read at each conflict).
 """
 
 from __future__ import annotations
@@ -23,15 +25,26 @@ from codec.ops import OpKind, Operation
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape, write_capture_row
 from ..errors import ConflictHookFailed, InvalidSetting
 from ..values import pack, unpack, value_problem
-from .batch import Batch, Conflict, Resolution, Table, key_after, send_back
-from .keymoves import KeyMoves
+from .batch import Batch, Conflict, ConflictHook, Resolution, Table, key_after, send_back
+from .statements import Statements
 
-class Conflicts(KeyMoves):
-    def _conflict(self, table: Table, op: tuple, local: dict, batch: Batch) -> None:
+
+class Conflicts:
+    """Resolving conflicts, and writing what goes back to the origin."""
+
+    def __init__(self, conn: sqlite3.Connection, statements: Statements,
+                 hooks: dict[str | None, ConflictHook]) -> None:
+        self._conn = conn
+        self._statements = statements
+        self._hooks = hooks  # lower-case table (None: every other) -> hook; the adapter keeps it
+
+    def resolve(self, table: Table, op: tuple, local: dict, batch: Batch) -> None:
+        """An UPDATE ``op`` found row ``local`` other than its before-image:
+        resolve it (hook, policy), record it, and send the result back."""
         conn = self._conn
         key, before, after = op[2], op[3], op[4]
         incoming = tuple.__new__(Operation, op) if not isinstance(op, Operation) else op
-        hook = self.hooks.get(table.name.lower(), self.hooks.get(None))
+        hook = self._hooks.get(table.name.lower(), self._hooks.get(None))
         if hook is not None:
             try:
                 decision = hook(Conflict(batch.peer, batch.commit, table.name, key, dict(local), incoming))
@@ -53,10 +66,10 @@ class Conflicts(KeyMoves):
                                      "Resolution or a dict of column values; the batch was rolled back")
         if written:
             # Captured as usual (origin: the peer), so every other subscriber
-            # gets the result; the origin gets it from _write_returns.
-            conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+            # gets the result; the origin gets it from write_returns.
+            conn.execute(self._statements.update_sql(table, tuple(written), ()), (*written.values(), *key))
         final_key = key_after(table.key_columns, key, written)
-        result = self._select(table, final_key)
+        result = self._statements.select(table, final_key)
         resolution = decision.value if isinstance(decision, Resolution) else "merged"
         conn.execute(
             "INSERT INTO fieldsync_conflict (at, peer, peer_commit, table_name, key, local_row, incoming_before,"
@@ -70,7 +83,9 @@ class Conflicts(KeyMoves):
             # columns the conflict was about (and any the resolution wrote).
             send_back(batch, table, final_key, {**local, **after}, set(after) | set(written))
 
-    def _filters(self, peer: str) -> dict[str, tuple[str, frozenset]]:
+    def filters(self, peer: str) -> dict[str, tuple[str, frozenset]]:
+        """The SUBSCRIBE BY filters of ``peer``'s subscriptions (lower-case
+        table -> (column, values)): what decides which rows leave its subset."""
         values: dict[str, set] = {}
         for publication, value in self._conn.execute(
                 "SELECT publication, value FROM fieldsync_subscription WHERE remote = ? AND until IS NULL", (peer,)):
@@ -82,7 +97,7 @@ class Conflicts(KeyMoves):
                     "SELECT table_name, publication, subscribe_by FROM fieldsync_article"
                     " WHERE subscribe_by IS NOT NULL")}
 
-    def _write_returns(self, batch: Batch) -> None:
+    def write_returns(self, batch: Batch) -> None:
         """Capture what goes back to the batch's origin, each row only to it.
         Written once the whole batch is applied, so each holds the row's
         state after the batch, and a row that left the subset and came back
@@ -98,14 +113,15 @@ class Conflicts(KeyMoves):
           way deletes it there, or the origin moved it into its subset and a
           DELETE sent when it left may still reach it): the whole row;
         * otherwise, for a row of ``batch.returns`` (conflicts, the
-          unconfirmed rule; see _send_back): an UPDATE of the listed columns.
+          unconfirmed rule; see batch.send_back): an UPDATE of the listed columns.
         """
         received = batch.received
+        select = self._statements.select
         for name_key, (table, image) in batch.stranded.items():
             # The peer moved a row this site had deleted (or moved itself,
             # to a key that no longer holds it): it goes at the peer too.
             shape = table.shape
-            if shape is not None and name_key not in received and self._select(table, name_key[1]) is None:
+            if shape is not None and name_key not in received and select(table, name_key[1]) is None:
                 self._write_return(shape, KIND_DELETE, [image.get(column) for column in shape.columns])
         keys = dict.fromkeys([*batch.returns, *batch.entered, *received, *batch.touched])
         for name_key in keys:
@@ -120,7 +136,7 @@ class Conflicts(KeyMoves):
             if shape is None:
                 continue  # the table is not published here: nothing goes anywhere
             key = name_key[1]
-            result = self._select(table, key)
+            result = select(table, key)
             last = received.get(name_key)
             deleted_there = last is not None and last[0] == OpKind.DELETE
             if result is None:
@@ -143,7 +159,7 @@ class Conflicts(KeyMoves):
     def _write_return(self, shape: Shape, kind: int, values: list, columns: Iterable[str] = ()) -> None:
         """Write one capture row for the batch's origin only.  Each gets a
         fieldsync_returned row (the columns an UPDATE sends back), which is
-        also how _unconfirmed_for finds them without a scan."""
+        also how Unconfirmed.any_unconfirmed finds them without a scan."""
         seq = write_capture_row(self._conn, shape, kind, FLAG_RETURN_TO_ORIGIN, values)
         self._conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
                            (seq, json.dumps(sorted(columns))))

@@ -16,9 +16,15 @@ Rules of this file:
   ``fieldsync_apply_error`` and the rest goes on.  Only problems with the
   batch as a whole (offsets going backwards, out of order) or with the
   database itself abort it.
-* The rules live in their own modules, each a layer of :class:`Applier`
-  (bottom up): batch (values, key arithmetic), statements (SQL, metadata),
-  keymoves, conflicts (and what goes back), unconfirmed, pending.
+* The rules live in their own modules, each an object the driver holds
+  and calls (no rule calls the driver): statements (tables, SQL, apply
+  errors), key moves, conflicts (and what goes back), unconfirmed,
+  pending; batch holds the values they share.  A batch goes: check the
+  peer and offsets, refresh the statements, cut local changes, set up the
+  batch (the peer's filters and the unconfirmed rule at the consolidated,
+  the pending rows at a remote), apply each transaction (fast path, else
+  one operation at a time through the rules), send back by the
+  unconfirmed rule, write what goes back, record ``log_received``.
 * Fast path: consecutive operations with the same table, kind and columns
   run as one ``executemany`` inside a savepoint; if any row of it did not
   go as planned, the savepoint is rolled back and the run is replayed one
@@ -36,13 +42,30 @@ from typing import Iterable
 from codec.ops import OpKind, Operation, Run, Transaction
 
 from .._db import format_time, utc_now
+from ..capture import ShapeCache
 from ..errors import ApplyRefused, IncarnationMismatch, InvalidSetting
 from ..log import cut_locked
 from ..remotes import get_remote
 from ..schema import Role, SiteIdentity
 from ..values import operation_problem
-from .batch import KEY_TAKEN, ApplyResult, Batch, Table, key_after, same_value, send_back, touch, touch_rows, watch
+from .batch import (
+    KEY_TAKEN,
+    ApplyResult,
+    Batch,
+    ConflictHook,
+    Table,
+    key_after,
+    same_value,
+    send_back,
+    touch,
+    touch_rows,
+    watch,
+)
+from .conflicts import Conflicts
+from .keymoves import KeyMoves, origin_changes, readdressed
 from .pending import Pending
+from .statements import Statements
+from .unconfirmed import Unconfirmed
 
 _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 
@@ -96,14 +119,29 @@ _CHANGE_CHUNK = 50
 
 
 
-class Applier(Pending):
+class Applier:
+    """Applies batches on one connection: the driver, holding each rule."""
+
+    def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache) -> None:
+        self._conn = conn
+        # Conflict hooks by lower-case table (None: every other table); the
+        # site adapter sets them, the conflicts rule reads them.
+        self.hooks: dict[str | None, ConflictHook] = {}
+        self._statements = statements = Statements(conn, shapes)
+        self._key_moves = key_moves = KeyMoves(conn, shapes, statements)
+        self._conflicts = Conflicts(conn, statements, self.hooks)
+        self._unconfirmed = Unconfirmed(conn, shapes, statements)
+        self._pending = Pending(conn, shapes, statements, key_moves)
+
     def apply_locked(self, identity: SiteIdentity, peer: str, transactions: Iterable[Transaction],
                      log_received: int, *, messages: int, peer_incarnation: bytes | None,
                      now: datetime | None, skip_through: int | None = None) -> ApplyResult:
         """Apply ``transactions`` from ``peer``, skipping those with a commit
         at or below ``skip_through`` (None: the recorded log_received; see
         SiteDatabase.apply); the caller holds the write transaction and
-        commits it when this returns."""
+        commits it when this returns.  ``now`` stamps ``last_received_at``,
+        the conflicts and the apply errors (None: utc_now(), for a caller
+        outside an agent's run; the agent passes its clock's time)."""
         conn = self._conn
         remote = get_remote(conn, peer)
         if peer_incarnation is not None:
@@ -124,8 +162,8 @@ class Applier(Pending):
         elif type(skip_through) is not int or not 0 <= skip_through <= remote.log_received:
             raise ApplyRefused(f"skip_through {skip_through!r} for {peer!r} must be an offset from 0 to the recorded "
                                f"log_received {remote.log_received}; nothing applied")
-        self._refresh()
-        self._site_name = identity.name
+        statements = self._statements
+        statements.refresh()
         end = cut_locked(conn, identity.name)
         consolidated = identity.role is Role.CONSOLIDATED
         batch = Batch(peer, format_time(now or utc_now()))
@@ -133,16 +171,20 @@ class Applier(Pending):
         # consolidated, operations the peer may receive after the changes in
         # this batch; at a remote, its own changes still pending.
         confirmed, unconfirmed_end = remote.confirm_sent, end
+        # Before the transactions, what the rules need of the batch: at the
+        # consolidated, the peer's subset (conflicts: what goes back) and
+        # whether the unconfirmed rule watches the rows; at a remote, its
+        # pending rows.
         if consolidated:
-            batch.filters = self._filters(peer)
-            if self._unconfirmed_for(peer, confirmed, end):
+            batch.filters = self._conflicts.filters(peer)
+            if self._unconfirmed.any_unconfirmed(peer, confirmed, end):
                 batch.watched = {}
         else:
-            # A copy: _pending_one changes it for the batch (see _moved_pending).
-            batch.pending = dict(self._own_changes(confirmed, end))
+            # A copy: Pending.apply_one changes it for the batch (see Pending._moved_pending).
+            batch.pending = dict(self._pending.own_changes(identity.name, confirmed, end))
         # At a remote, the capture triggers skip what is written from here on
         # (see capture.install_capture); the row goes again before the commit.
-        marked = not consolidated and self._skips_capture
+        marked = not consolidated and statements.skips_capture
         if marked:
             conn.execute("INSERT INTO fieldsync_applying (id) VALUES (1)")
         applied = skipped = 0
@@ -167,10 +209,12 @@ class Applier(Pending):
             if cut > end:
                 commits.append(cut)
                 end = cut
+        # After them: the unconfirmed rule adds its rows to what goes back,
+        # then all of it is written, in one more log transaction.
         if batch.watched:
-            self._send_back_unconfirmed(identity, batch, confirmed, unconfirmed_end)
+            self._unconfirmed.send_back(identity, batch, confirmed, unconfirmed_end)
         if batch.returns or batch.touched or batch.received or batch.stranded:
-            self._write_returns(batch)
+            self._conflicts.write_returns(batch)
             cut = cut_locked(conn, peer, end)
             if cut > end:
                 commits.append(cut)
@@ -223,7 +267,7 @@ class Applier(Pending):
             if mine is None:
                 self._flush(run, params, batch, consolidated)
                 run, params, signature = [], [], None
-                self._error(batch, op, f"malformed operation: {operation_problem(op) or 'bad structure'}")
+                self._statements.error(batch, op, f"malformed operation: {operation_problem(op) or 'bad structure'}")
                 continue
             if mine != signature or len(run) >= _RUN_LIMIT:
                 self._flush(run, params, batch, consolidated)
@@ -240,7 +284,7 @@ class Applier(Pending):
         needs an operation's images (a row with an error, watched or
         pending rows, rows going back) takes the general path with the
         operations the run stands for."""
-        table = self._table(run.table)
+        table = self._statements.table(run.table)
         kind = run.kind
         if (table is None or run.key_width != len(table.key_columns) or batch.returns or batch.watched is not None
                 or (kind == OpKind.UPDATE and not run.after)
@@ -255,7 +299,8 @@ class Applier(Pending):
         if kind == OpKind.DELETE:
             width = run.key_width
             rows = [row[:width] for row in rows]
-        self._run(table, kind, self._run_sql(table, run, consolidated), _Operations(run), rows, batch, consolidated)
+        self._run(table, kind, self._statements.run_sql(table, run, consolidated), _Operations(run), rows, batch,
+                  consolidated)
 
     def _flush(self, run: list, params: list, batch: Batch, consolidated: bool) -> None:
         """Apply a run; first check, in C, that every value of it is a
@@ -272,30 +317,31 @@ class Applier(Pending):
             problem = operation_problem(op)
             if problem is not None:
                 self._flush_checked(run[start:index], params[start:index], batch, consolidated)
-                self._error(batch, op, f"malformed operation: {problem}")
+                self._statements.error(batch, op, f"malformed operation: {problem}")
                 start = index + 1
         self._flush_checked(run[start:], params[start:], batch, consolidated)
 
     def _flush_checked(self, run: list, params: list, batch: Batch, consolidated: bool) -> None:
         if not run:
             return
+        statements = self._statements
         first = run[0]
-        table = self._table(first[0])
+        table = statements.table(first[0])
         if table is None:
             for op in run:
-                self._error(batch, op, f"no table {op[0]!r} with a primary key at this site")
+                statements.error(batch, op, f"no table {op[0]!r} with a primary key at this site")
             return
         kind = first[1]
         if len(first[2]) != len(table.key_columns):
             for op in run:
-                self._error(batch, op, f"key has {len(first[2])} values but {table.name} has "
-                                       f"{len(table.key_columns)} key columns")
+                statements.error(batch, op, f"key has {len(first[2])} values but {table.name} has "
+                                            f"{len(table.key_columns)} key columns")
             return
         named = () if kind == OpKind.DELETE else (*first[4], *(first[3] or ()))
         missing = [column for column in named if column not in table.column_set]
         if missing:
             for op in run:
-                self._error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
+                statements.error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
             return
         # The fast path's INSERT skips a row whose key is taken, and where the
         # table allows it (Table.or_ignore) its INSERT and UPDATE skip a row
@@ -305,11 +351,11 @@ class Applier(Pending):
         # inside the savepoint copies pages each row changes (with the
         # capture table's key indexes, the fast path ran at 40% of its speed).
         if kind == OpKind.INSERT:
-            sql = self._insert_sql(table, tuple(first[4]), ignore=True)
+            sql = statements.insert_sql(table, tuple(first[4]), ignore=True)
         elif kind == OpKind.UPDATE:
-            sql = self._update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else (), ignore=True)
+            sql = statements.update_sql(table, tuple(first[4]), tuple(first[3]) if consolidated else (), ignore=True)
         else:
-            sql = self._delete_sql(table)
+            sql = statements.delete_sql(table)
         if batch.filters and table.name.lower() in batch.filters:
             touch(batch, table, run)
         if batch.watched is not None:
@@ -317,7 +363,7 @@ class Applier(Pending):
         pending = batch.pending.get(table.name.lower()) if batch.pending else None
         if pending:
             # Operations on rows with this remote's own pending changes go one
-            # by one through _pending_one; the others stay on the fast path.
+            # by one through the pending rule; the others stay on the fast path.
             fast_run: list = []
             fast_params: list = []
             for op, values in zip(run, params):
@@ -328,7 +374,7 @@ class Applier(Pending):
                     continue
                 self._run(table, kind, sql, fast_run, fast_params, batch, consolidated)
                 fast_run, fast_params = [], []
-                self._pending_one(table, op, own, batch)
+                self._pending.apply_one(table, op, own, batch)
             run, params = fast_run, fast_params
         self._run(table, kind, sql, run, params, batch, consolidated)
 
@@ -342,7 +388,7 @@ class Applier(Pending):
         for start in range(0, len(run), step):
             chunk = params[start:start + step] if len(run) > step else params
             # A row already going back to the peer takes each later change
-            # of the peer's one by one (_one: _origin_changes).  The
+            # of the peer's one by one (_one: keymoves.origin_changes).  The
             # operations are taken only then (a run's rows make them).
             if not (returns and any((table.name, op[2]) in returns for op in run[start:start + step])) \
                     and self._fast(sql, chunk):
@@ -367,101 +413,103 @@ class Applier(Pending):
     def _one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
         problem = operation_problem(op)
         if problem is not None:
-            self._error(batch, op, f"malformed operation: {problem}")
+            self._statements.error(batch, op, f"malformed operation: {problem}")
             return
         kind = op[1]
         if batch.returns:
-            self._origin_changes(table, op, batch)
+            origin_changes(table, op, batch)
         try:
             if kind == OpKind.INSERT:
                 self._insert_one(table, op, batch, consolidated)
             elif kind == OpKind.UPDATE:
                 self._update_one(table, op, batch, consolidated)
-            elif self._conn.execute(self._delete_sql(table), op[2]).rowcount:
+            elif self._conn.execute(self._statements.delete_sql(table), op[2]).rowcount:
                 batch.applied += 1
             else:
-                moved = self._moved_key(table, op[2]) if consolidated else None
+                moved = self._key_moves.moved_key(table, op[2]) if consolidated else None
                 if moved is None:
-                    self._error(batch, op, "DELETE of a missing row")
+                    self._statements.error(batch, op, "DELETE of a missing row")
                 else:
-                    self._readdressed(table, (op[0], op[1], moved, op[3], op[4]), batch)
-                    self._conn.execute(self._delete_sql(table), moved)
+                    readdressed(table, (op[0], op[1], moved, op[3], op[4]), batch)
+                    self._conn.execute(self._statements.delete_sql(table), moved)
                     batch.applied += 1
         except sqlite3.IntegrityError as error:
-            self._error(batch, op, f"constraint failed: {error}")
+            self._statements.error(batch, op, f"constraint failed: {error}")
 
     def _insert_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+        statements = self._statements
         after = op[4]
         try:
-            self._conn.execute(self._insert_sql(table, tuple(after), ignore=False), tuple(after.values()))
+            self._conn.execute(statements.insert_sql(table, tuple(after), ignore=False), tuple(after.values()))
         except sqlite3.IntegrityError as error:
-            local = self._select(table, op[2])
+            local = statements.select(table, op[2])
             if local is None:  # another constraint than the key refused the row
-                self._error(batch, op, f"constraint failed: {error}")
+                statements.error(batch, op, f"constraint failed: {error}")
                 return
         else:
             batch.applied += 1
             return
         if consolidated:
             # The consolidated keeps its row and sends it back so the origin converges.
-            self._error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
-                                   f"{batch.peer}")
+            statements.error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
+                                        f"{batch.peer}")
             send_back(batch, table, op[2], {**local, **after}, set(table.columns))
         elif any(not same_value(local.get(column), value) for column, value in after.items()):
             # A remote takes the consolidated's row as is.
-            self._conn.execute(self._update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
-            self._error(batch, op, "INSERT of an existing key: the row was overwritten with the incoming one")
+            self._conn.execute(statements.update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
+            statements.error(batch, op, "INSERT of an existing key: the row was overwritten with the incoming one")
         else:
             batch.applied += 1  # it holds that very row already (a row sent back to it whole)
 
     def _update_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
         conn = self._conn
+        statements, key_moves = self._statements, self._key_moves
         key, before, after = op[2], op[3], op[4]
         if consolidated:
-            sql = self._update_sql(table, tuple(after), tuple(before))
+            sql = statements.update_sql(table, tuple(after), tuple(before))
             params = (*after.values(), *key, *before.values())
         else:
-            sql = self._update_sql(table, tuple(after), ())
+            sql = statements.update_sql(table, tuple(after), ())
             params = (*after.values(), *key)
         try:
             count = conn.execute(sql, params).rowcount
         except sqlite3.IntegrityError:
             if consolidated:
-                self._refused_move(table, key, after, batch)
+                key_moves.refused_move(table, key, after, batch)
                 raise
-            if not self._take_key(table, sql, params, key, after):
+            if not key_moves.take_key(table, sql, params, key, after):
                 raise
-            self._error(batch, op, KEY_TAKEN)
+            statements.error(batch, op, KEY_TAKEN)
             return
         if count:
             batch.applied += 1
             return
-        local = self._select(table, key) if consolidated else None
+        local = statements.select(table, key) if consolidated else None
         if local is None and consolidated:
-            moved = self._moved_key(table, key)
+            moved = key_moves.moved_key(table, key)
             if moved is not None:
                 # This site gave the row another key before the change arrived: it applies there.
                 op = (op[0], op[1], moved, before, after)
-                self._readdressed(table, op, batch)
+                readdressed(table, op, batch)
                 if conn.execute(sql, (*after.values(), *moved, *before.values())).rowcount:
                     batch.applied += 1
                     return
-                local = self._select(table, moved)
+                local = statements.select(table, moved)
                 if local is not None and not after.keys().isdisjoint(table.key_columns):
                     # Both gave the row a key: a conflict.  The peer holds the
                     # row under its key, without this site's changes under
                     # the other: the whole result goes back.
-                    self._conflict(table, op, local, batch)
+                    self._conflicts.resolve(table, op, local, batch)
                     final = key_after(table.key_columns, moved, after)
-                    if self._select(table, final) is not None:
+                    if statements.select(table, final) is not None:
                         send_back(batch, table, final, {**local, **after}, set(table.columns))
                     return
         if local is None:
-            self._error(batch, op, "UPDATE of a missing row")
+            statements.error(batch, op, "UPDATE of a missing row")
             if consolidated and not after.keys().isdisjoint(table.key_columns):
                 moved = key_after(table.key_columns, key, after)
                 if moved != key:
                     batch.stranded[(table.name, moved)] = (
                         table, {**before, **after, **dict(zip(table.key_columns, moved))})
             return
-        self._conflict(table, op, local, batch)
+        self._conflicts.resolve(table, op, local, batch)

@@ -2,11 +2,15 @@
 
 Rules of this file:
 * At the consolidated, an UPDATE or DELETE of a key it no longer holds
-  follows its own captured key changes (:meth:`_moved_key`, at most
-  ``MOVES_FOLLOWED``) and applies where the row is now.
+  follows its own captured key changes (:meth:`KeyMoves.moved_key`, at
+  most ``MOVES_FOLLOWED``) and applies where the row is now.
 * An UPDATE onto a key the other side holds: the consolidated refuses it
-  and sends both rows back whole (:meth:`_refused_move`); a remote drops
-  its own row there and applies the move (:meth:`_take_key`).
+  and sends both rows back whole (:meth:`KeyMoves.refused_move`); a remote
+  drops its own row there and applies the move (:meth:`KeyMoves.take_key`).
+* What only notes a batch's rows (:func:`origin_changes`,
+  :func:`readdressed`) is a plain function of the batch; what reads or
+  writes the database is a method of :class:`KeyMoves`, given the
+  connection, the shapes and the statements.
 """
 
 from __future__ import annotations
@@ -15,39 +19,56 @@ import sqlite3
 
 from codec.ops import OpKind
 
-from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, key_indexes
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, KeyIndex, ShapeCache, key_indexes
 from .batch import MOVES_FOLLOWED, Batch, Table, key_after, send_back, touch, watch
 from .statements import Statements
 
-class KeyMoves(Statements):
-    @staticmethod
-    def _origin_changes(table: Table, op: tuple, batch: Batch) -> None:
-        """The peer changes again a row that goes back to it (an earlier
-        operation of the batch conflicted): the row it will hold when the
-        row goes back has that change too, and the row written back must
-        carry it as its before-image, or a pending change of the peer's
-        equal to the older value would be taken for one the row was written
-        with (rule 2)."""
-        name_key = (table.name, op[2])
-        pending = batch.returns.get(name_key)
-        if pending is None or op[1] == OpKind.DELETE:
-            return
-        pending.origin_row.update(op[4])
-        moved = key_after(table.key_columns, op[2], op[4]) if op[1] == OpKind.UPDATE else op[2]
-        if moved != op[2] and (table.name, moved) not in batch.returns:
-            batch.returns[(table.name, moved)] = batch.returns.pop(name_key)
 
-    def _refused_move(self, table: Table, key: tuple, after: dict, batch: Batch) -> None:
+def origin_changes(table: Table, op: tuple, batch: Batch) -> None:
+    """The peer changes again a row that goes back to it (an earlier
+    operation of the batch conflicted): the row it will hold when the
+    row goes back has that change too, and the row written back must
+    carry it as its before-image, or a pending change of the peer's
+    equal to the older value would be taken for one the row was written
+    with (rule 2)."""
+    name_key = (table.name, op[2])
+    pending = batch.returns.get(name_key)
+    if pending is None or op[1] == OpKind.DELETE:
+        return
+    pending.origin_row.update(op[4])
+    moved = key_after(table.key_columns, op[2], op[4]) if op[1] == OpKind.UPDATE else op[2]
+    if moved != op[2] and (table.name, moved) not in batch.returns:
+        batch.returns[(table.name, moved)] = batch.returns.pop(name_key)
+
+
+def readdressed(table: Table, op: tuple, batch: Batch) -> None:
+    """Note an operation applied under the key the row has now, for the
+    rules that look at the rows a batch touched."""
+    if batch.filters and table.name.lower() in batch.filters:
+        touch(batch, table, [op])
+    if batch.watched is not None:
+        watch(batch, table, [op])
+
+
+class KeyMoves:
+    """Following and refusing changes of a row's key."""
+
+    def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache, statements: Statements) -> None:
+        self._conn = conn
+        self._shapes = shapes
+        self._statements = statements
+
+    def refused_move(self, table: Table, key: tuple, after: dict, batch: Batch) -> None:
         """At the consolidated: the peer gave row ``key`` a new key that a
         row here holds (this site moved or inserted one there meanwhile); the
         UPDATE fails.  The peer drops its row there when it applies this
-        site's change (_take_key), or holds it until then: both rows go back
+        site's change (take_key), or holds it until then: both rows go back
         whole, the one under the old key as an INSERT (the peer moved it
         away)."""
         moved = key_after(table.key_columns, key, after)
         if moved == key:
             return
-        old, new = self._select(table, key), self._select(table, moved)
+        old, new = self._statements.select(table, key), self._statements.select(table, moved)
         if old is None or new is None:
             return  # another constraint refused it
         columns = set(table.columns)
@@ -55,7 +76,7 @@ class KeyMoves(Statements):
         batch.entered.add((table.name, key))
         send_back(batch, table, moved, {**old, **after}, columns)
 
-    def _take_key(self, table: Table, sql: str, params: tuple, key: tuple, after: dict) -> bool:
+    def take_key(self, table: Table, sql: str, params: tuple, key: tuple, after: dict) -> bool:
         """At a remote: the consolidated gives row ``key`` a new key, which
         this site holds.  The consolidated's log reaches it in order, so
         that row is this site's own doing (it inserted that key, or moved a
@@ -71,7 +92,7 @@ class KeyMoves(Statements):
         conn = self._conn
         conn.execute("SAVEPOINT fieldsync_take_key")
         try:
-            conn.execute(self._delete_sql(table), moved)
+            conn.execute(self._statements.delete_sql(table), moved)
             conn.execute(sql, params)
         except sqlite3.IntegrityError:
             conn.execute("ROLLBACK TO fieldsync_take_key")
@@ -80,25 +101,21 @@ class KeyMoves(Statements):
             conn.execute("RELEASE fieldsync_take_key")
         return True
 
-    def _moved_key(self, table: Table, key: tuple) -> tuple | None:
+    def moved_key(self, table: Table, key: tuple) -> tuple | None:
         """The key this consolidated gave the row that had ``key`` (a row it
         no longer holds): its last captured change of that key, when an
         UPDATE that changed it, followed through further changes of the key
         to one that holds a row.  None when the row was deleted, or the
         change is no longer in the capture table (truncated)."""
+        statements = self._statements
         seen = {key}
         for _ in range(MOVES_FOLLOWED):
             last = None
-            for shape_id in self._table_shapes(table):
+            for shape_id in statements.table_shapes(table):
                 index = key_indexes(self._shapes.get(shape_id))[0]
                 if len(index.columns) != len(key):
                     continue
-                sql = self._sql.get(("last change", index.name))
-                if sql is None:
-                    match = " AND ".join(f"{column} IS ?" for column in index.columns)
-                    sql = self._sql[("last change", index.name)] = (
-                        f"SELECT * FROM fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
-                        " AND (flags IS NULL OR flags & ? = 0) ORDER BY seq DESC LIMIT 1")
+                sql = statements.cached(("last change", index.name), lambda: _last_change_sql(index))
                 try:
                     row = self._conn.execute(sql, (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
                 except OverflowError:  # an integer beyond 64 bits, which no row holds
@@ -112,16 +129,16 @@ class KeyMoves(Statements):
             moved = tuple(last[4 + width + position] for position in shape.key_positions)
             if moved in seen:
                 return None
-            if self._select(table, moved) is not None:
+            if statements.select(table, moved) is not None:
                 return moved
             seen.add(moved)
             key = moved
         return None
 
-    def _readdressed(self, table: Table, op: tuple, batch: Batch) -> None:
-        """Note an operation applied under the key the row has now, for the
-        rules that look at the rows a batch touched."""
-        if batch.filters and table.name.lower() in batch.filters:
-            touch(batch, table, [op])
-        if batch.watched is not None:
-            watch(batch, table, [op])
+
+def _last_change_sql(index: KeyIndex) -> str:
+    """The last captured change of a key through ``index``, not one written
+    back to an origin."""
+    match = " AND ".join(f"{column} IS ?" for column in index.columns)
+    return (f"SELECT * FROM fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
+            " AND (flags IS NULL OR flags & ? = 0) ORDER BY seq DESC LIMIT 1")

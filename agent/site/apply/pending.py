@@ -6,7 +6,9 @@ Rules of this file:
   there it keeps its own values against operations written without them.
 * Pending rows are read from the remote's own log transactions after what
   the consolidated confirmed, once while nothing new is confirmed
-  (:meth:`_own_changes` keeps and extends its result).
+  (:meth:`Pending.own_changes` keeps and extends its result).
+* :class:`Pending` is given the connection, the shapes, the statements and
+  the key moves (a remote takes a key the consolidated moves a row onto).
 """
 
 from __future__ import annotations
@@ -23,20 +25,34 @@ from ..capture import (
     KIND_INSERT,
     KIND_UPDATE,
     Shape,
+    ShapeCache,
     write_capture_row,
 )
 from ..values import operation_problem
 from .batch import KEY_TAKEN, MOVES_FOLLOWED, Batch, Own, Table, key_after, sqlite_equal
-from .unconfirmed import Unconfirmed
+from .keymoves import KeyMoves
+from .statements import Statements
 
-class Pending(Unconfirmed):
-    def _own_changes(self, confirmed: int, end: int) -> dict[str, dict[tuple, Own]]:
-        """This remote's own changes in its log after ``confirmed`` (what the
-        consolidated has confirmed) up to ``end``, by table and row.  Only log
-        transactions of this site are read, and only once while the
-        consolidated confirms nothing new: the result is kept and extended by
-        the next call (reading a transaction again, after a rolled-back apply
-        cut it once more, changes nothing)."""
+
+class Pending:
+    """A remote's pending rows: reading them, and applying to them."""
+
+    def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache, statements: Statements,
+                 key_moves: KeyMoves) -> None:
+        self._conn = conn
+        self._shapes = shapes
+        self._statements = statements
+        self._key_moves = key_moves
+        # own_changes' last result: (confirmed, end, pending rows).
+        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]]] | None = None
+
+    def own_changes(self, site: str, confirmed: int, end: int) -> dict[str, dict[tuple, Own]]:
+        """The own changes of this remote (``site``) in its log after
+        ``confirmed`` (what the consolidated has confirmed) up to ``end``, by
+        table and row.  Only log transactions of this site are read, and only
+        once while the consolidated confirms nothing new: the result is kept
+        and extended by the next call (reading a transaction again, after a
+        rolled-back apply cut it once more, changes nothing)."""
         conn = self._conn
         kept = self._own_kept
         if kept is not None and kept[0] == confirmed and kept[1] <= end:
@@ -45,7 +61,7 @@ class Pending(Unconfirmed):
             start, pending = confirmed, {}
         spans = conn.execute("SELECT first_seq, commit_offset FROM fieldsync_log WHERE commit_offset > ?"
                              " AND commit_offset <= ? AND origin = ? ORDER BY commit_offset",
-                             (start, end, self._site_name)).fetchall()
+                             (start, end, site)).fetchall()
         self._own_kept = (confirmed, end, pending)
         captured = [row for first, last in spans for row in conn.execute(
             "SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq", (first, last))]
@@ -105,7 +121,7 @@ class Pending(Unconfirmed):
                 own.deleted = False
         return pending
 
-    def _pending_one(self, table: Table, op: tuple, own: Own, batch: Batch) -> None:
+    def apply_one(self, table: Table, op: tuple, own: Own, batch: Batch) -> None:
         """Apply an operation of the consolidated to a row this remote changed
         itself and the consolidated has not confirmed.
 
@@ -118,13 +134,14 @@ class Pending(Unconfirmed):
         this state is not an error when it is missing or present: the
         consolidated settles it.
         """
+        statements = self._statements
         problem = operation_problem(op)
         if problem is not None:
-            self._error(batch, op, f"malformed operation: {problem}")
+            statements.error(batch, op, f"malformed operation: {problem}")
             return
         conn = self._conn
         kind, key, before, after = op[1], op[2], op[3], op[4]
-        local = self._select(table, key)
+        local = statements.select(table, key)
         if local is None and kind != OpKind.DELETE and own.moved_to is not None:
             # This site gave the row another key: the UPDATE or INSERT,
             # written before the consolidated applied that, concerns the row
@@ -137,7 +154,7 @@ class Pending(Unconfirmed):
                     break
                 key = own.moved_to
                 own = rows[key]
-                local = self._select(table, key)
+                local = statements.select(table, key)
                 if local is not None:
                     break
         try:
@@ -149,7 +166,7 @@ class Pending(Unconfirmed):
                                if column in table.column_set and column not in table.key_columns
                                and not (column in own.values and sqlite_equal(local[column], own.values[column]))}
                     if written:
-                        conn.execute(self._update_sql(table, tuple(written), ()), (*written.values(), *key))
+                        conn.execute(statements.update_sql(table, tuple(written), ()), (*written.values(), *key))
                 elif local is not None:
                     pass  # its own row: the consolidated settles it (created on both sides, or sent back whole)
                 elif not own.deleted:
@@ -158,36 +175,36 @@ class Pending(Unconfirmed):
                         for column in self._deleted_without(table, key, own):
                             if column in table.column_set:
                                 values[column] = own.values[column]
-                    conn.execute(self._insert_sql(table, tuple(values), ignore=False), tuple(values.values()))
+                    conn.execute(statements.insert_sql(table, tuple(values), ignore=False), tuple(values.values()))
             elif local is None:
                 pass  # gone here, by its own DELETE or one written without its change
             elif kind == OpKind.UPDATE:
                 held = _held(table, own, local, before, after)
                 written = {column: value for column, value in after.items() if column not in held}
                 if written:
-                    sql, params = self._update_sql(table, tuple(written), ()), (*written.values(), *key)
+                    sql, params = statements.update_sql(table, tuple(written), ()), (*written.values(), *key)
                     taken = False
                     try:
                         conn.execute(sql, params)
                     except sqlite3.IntegrityError:
-                        if not self._take_key(table, sql, params, key, written):
+                        if not self._key_moves.take_key(table, sql, params, key, written):
                             raise
                         taken = True
                     moved = key_after(table.key_columns, key, written)
                     if moved != key:
                         self._moved_pending(table, batch, local, written, key, moved)
                     if taken:
-                        self._error(batch, op, KEY_TAKEN)
+                        statements.error(batch, op, KEY_TAKEN)
                         return
             else:
                 concurrent = {column: before[column] for column in own.values
                               if _holds_own(own, local, before, column)}
-                conn.execute(self._delete_sql(table), key)
+                conn.execute(statements.delete_sql(table), key)
                 shape = table.shape
                 if shape is not None:
                     self._capture_delete(shape, local, concurrent)
         except sqlite3.IntegrityError as error:
-            self._error(batch, op, f"constraint failed: {error}")
+            statements.error(batch, op, f"constraint failed: {error}")
             return
         batch.applied += 1
 
@@ -195,7 +212,7 @@ class Pending(Unconfirmed):
                        moved: tuple) -> None:
         """The consolidated gave a row with this site's pending changes another
         key: they stay pending under it, for the rest of the batch and (by
-        the FLAG_PENDING_MOVE row captured here, which _own_changes reads)
+        the FLAG_PENDING_MOVE row captured here, which own_changes reads)
         until the consolidated confirms them."""
         shape = table.shape
         if shape is None:
@@ -205,7 +222,7 @@ class Pending(Unconfirmed):
         _rekey(rows, key, moved)
         values = [local.get(column) for column in shape.columns]
         values += [written.get(column, local.get(column)) for column in shape.columns]
-        if self._skips_capture:
+        if self._statements.skips_capture:
             write_capture_row(self._conn, shape, KIND_UPDATE, FLAG_PENDING_MOVE, values)
         else:
             self._conn.execute("UPDATE fieldsync_capture SET flags = ? WHERE seq = (SELECT max(seq) FROM"
@@ -222,7 +239,7 @@ class Pending(Unconfirmed):
         values = [local.get(column) for column in shape.columns]
         if marked:
             values += [concurrent.get(column, local.get(column)) for column in shape.columns]
-        if self._skips_capture:  # the trigger did not capture it
+        if self._statements.skips_capture:  # the trigger did not capture it
             write_capture_row(conn, shape, KIND_DELETE, FLAG_CONCURRENT_DELETE if marked else None, values)
         elif marked:
             width = len(shape.columns)
@@ -239,7 +256,7 @@ class Pending(Unconfirmed):
         wrote in the change they show it was written without or a later one
         and still held when the DELETE came."""
         since = own.seq
-        shapes = self._table_shapes(table)
+        shapes = self._statements.table_shapes(table)
         if not shapes:
             return set()
         cursor = self._conn.execute(

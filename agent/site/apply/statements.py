@@ -1,11 +1,15 @@
 """SQL building and table metadata for the apply path.
 
 Rules of this file:
+* :class:`Statements` is the connection's view every rule of the apply path
+  is given: what it knows of a local table (:meth:`Statements.table`), the
+  SQL it writes with, and the record of a bad operation.
 * Statements are built once per table and shape of operation and cached
-  until the schema changes (``PRAGMA schema_version``).
+  until the schema changes (``PRAGMA schema_version``); the other rules
+  cache theirs here too (:meth:`Statements.cached`), so they go with it.
 * Identifiers always go through ``quote_ident``; values are always bound.
-* A bad operation is recorded in ``fieldsync_apply_error`` (:meth:`_error`)
-  and never stops the batch.
+* A bad operation is recorded in ``fieldsync_apply_error``
+  (:meth:`Statements.error`) and never stops the batch.
 """
 
 from __future__ import annotations
@@ -13,15 +17,19 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Callable
 
 from codec.ops import OpKind, Run
 
 from .._db import quote_ident
 from ..capture import ShapeCache, trigger_names
 from ..values import unpack
-from .batch import Batch, ConflictHook, Own, Resolution, Table, packed
+from .batch import Batch, Resolution, Table, packed
+
 
 class Statements:
+    """Tables, SQL and apply errors, for the driver and every rule."""
+
     def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache) -> None:
         self._conn = conn
         self._shapes = shapes
@@ -29,26 +37,20 @@ class Statements:
         self._tables: dict[str, Table | None] = {}
         self._sql: dict[tuple, str] = {}
         self._shape_ids: dict[str, tuple[int, ...]] = {}
-        self._skips_capture = False  # a remote whose triggers skip the apply path's writes
-        # _own_changes' last result: (confirmed, end, pending rows).
-        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]]] | None = None
-        # At the consolidated, per peer, a stretch (after, until] of the log
-        # that holds only the peer's own transactions and no row written
-        # back to it (see _unconfirmed_for).
-        self._own_runs: dict[str, tuple[int, int]] = {}
+        self.skips_capture = False  # a remote whose triggers skip the apply path's writes
         self._article_shapes: dict[str, int] = {}
         self._policies: dict[str, str] = {}
-        self.hooks: dict[str | None, ConflictHook] = {}
-        self._site_name = ""
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
+        """Read the schema again when it changed, and the tables' shapes and
+        conflict policies (once per batch)."""
         version = self._conn.execute("PRAGMA schema_version").fetchone()[0]
         if version != self._schema_version:
             self._schema_version = version
             self._tables.clear()
             self._sql.clear()
             self._shape_ids.clear()
-            self._skips_capture = self._conn.execute(
+            self.skips_capture = self._conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fieldsync_applying'").fetchone() is not None
         shapes = dict(self._conn.execute("SELECT lower(table_name), shape FROM fieldsync_article").fetchall())
         policies = dict(self._conn.execute("SELECT lower(table_name), policy FROM fieldsync_conflict_policy")
@@ -64,7 +66,9 @@ class Statements:
         table.shape = None if shape_id is None else self._shapes.get(shape_id)
         table.policy = Resolution(self._policies.get(lowered, Resolution.INCOMING.value))
 
-    def _table(self, name: str) -> Table | None:
+    def table(self, name: str) -> Table | None:
+        """The local table ``name`` (any case), or None: no such table with a
+        primary key, or one of fieldsync's or SQLite's own."""
         lowered = name.lower()
         try:
             return self._tables[lowered]
@@ -91,7 +95,7 @@ class Statements:
         self._tables[lowered] = table
         return table
 
-    def _table_shapes(self, table: Table) -> tuple[int, ...]:
+    def table_shapes(self, table: Table) -> tuple[int, ...]:
         shapes = self._shape_ids.get(table.name.lower())
         if shapes is None:
             shapes = tuple(row[0] for row in self._conn.execute(
@@ -99,7 +103,7 @@ class Statements:
             self._shape_ids[table.name.lower()] = shapes
         return shapes
 
-    def _select(self, table: Table, key: tuple) -> dict | None:
+    def select(self, table: Table, key: tuple) -> dict | None:
         sql = self._sql.get(("select", table.name))
         if sql is None:
             columns = ", ".join(quote_ident(column) for column in table.columns)
@@ -111,7 +115,7 @@ class Statements:
             return None
         return None if row is None else dict(zip(table.columns, row))
 
-    def _error(self, batch: Batch, op: object, problem: str) -> None:
+    def error(self, batch: Batch, op: object, problem: str) -> None:
         batch.errors += 1
         table = kind = key = None
         if isinstance(op, tuple) and len(op) == 5:
@@ -123,7 +127,7 @@ class Statements:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (batch.now, batch.peer, batch.commit, table, kind, key, packed(op), problem))
 
-    def _insert_sql(self, table: Table, columns: tuple[str, ...], ignore: bool) -> str:
+    def insert_sql(self, table: Table, columns: tuple[str, ...], ignore: bool) -> str:
         cache_key = ("insert", table.name, columns, ignore)
         sql = self._sql.get(cache_key)
         if sql is None:
@@ -134,7 +138,7 @@ class Statements:
             self._sql[cache_key] = sql
         return sql
 
-    def _update_sql(self, table: Table, after: tuple[str, ...], before: tuple[str, ...],
+    def update_sql(self, table: Table, after: tuple[str, ...], before: tuple[str, ...],
                     ignore: bool = False) -> str:
         cache_key = ("update", table.name, after, before, ignore)
         sql = self._sql.get(cache_key)
@@ -146,8 +150,8 @@ class Statements:
             self._sql[cache_key] = sql
         return sql
 
-    def _run_sql(self, table: Table, run: Run, consolidated: bool) -> str:
-        """The statement of the fast path (see _flush_checked) for a run's
+    def run_sql(self, table: Table, run: Run, consolidated: bool) -> str:
+        """The statement of the fast path (see driver._flush_checked) for a run's
         rows as they are: ``key ‖ before ‖ after`` bound as ``?1..?n`` (a
         DELETE binds the key alone; a remote's UPDATE leaves the before
         values unused, as the statement of an operation does)."""
@@ -170,16 +174,24 @@ class Statements:
                                  for index, column in enumerate(run.before, width + 1)) if consolidated else ""
                 sql = f"UPDATE{ignore} {table.quoted} SET {assignments} WHERE {where}{checks}"
             else:
-                sql = self._delete_sql(table)
+                sql = self.delete_sql(table)
             self._sql[cache_key] = sql
         return sql
 
-    def _delete_sql(self, table: Table) -> str:
+    def delete_sql(self, table: Table) -> str:
         cache_key = ("delete", table.name)
         sql = self._sql.get(cache_key)
         if sql is None:
             sql = f"DELETE FROM {table.quoted} WHERE {table.where_key}"
             self._sql[cache_key] = sql
+        return sql
+
+    def cached(self, cache_key: tuple, build: Callable[[], str]) -> str:
+        """A statement of another rule, built by ``build`` once and dropped
+        with the others when the schema changes."""
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            sql = self._sql[cache_key] = build()
         return sql
 
 

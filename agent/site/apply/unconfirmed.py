@@ -7,26 +7,41 @@ Rules of this file:
 * They are looked up by key in the capture table's key indexes, never by
   reading that part of the log: the cost follows the rows the batch
   touched, whatever the length of the unconfirmed range.
+* :class:`Unconfirmed` is given the connection, the shapes and the
+  statements; it keeps, per peer, a stretch of the log found to hold only
+  the peer's own transactions.
 """
 
 from __future__ import annotations
 
+import sqlite3
+
 from codec.ops import OpKind
 
-from ..capture import KIND_UPDATE, KeyIndex, key_indexes
+from ..capture import KIND_UPDATE, KeyIndex, ShapeCache, key_indexes
 from ..selection import SubscriberReader
 from ..schema import SiteIdentity
 from ..values import value_problem
 from .batch import Batch, Table, send_back
-from .conflicts import Conflicts
+from .statements import Statements
 
 # Keys the unconfirmed rule looks up per statement (see _rows_of_keys).
 _PROBE_CHUNK = 200
 
 
+class Unconfirmed:
+    """The unconfirmed rule: whether a batch needs it, and what it sends back."""
 
-class Unconfirmed(Conflicts):
-    def _unconfirmed_for(self, peer: str, confirmed: int, end: int) -> bool:
+    def __init__(self, conn: sqlite3.Connection, shapes: ShapeCache, statements: Statements) -> None:
+        self._conn = conn
+        self._shapes = shapes
+        self._statements = statements
+        # Per peer, a stretch (after, until] of the log that holds only the
+        # peer's own transactions and no row written back to it (see
+        # any_unconfirmed).
+        self._own_runs: dict[str, tuple[int, int]] = {}
+
+    def any_unconfirmed(self, peer: str, confirmed: int, end: int) -> bool:
         """Whether the log holds, in ``(confirmed, end]``, operations ``peer``
         may receive: of another origin, or written back to it.  A stretch
         found to hold only the peer's own transactions is remembered, so a
@@ -51,12 +66,12 @@ class Unconfirmed(Conflicts):
         self._own_runs[peer] = (confirmed, end)
         return False
 
-    def _send_back_unconfirmed(self, identity: SiteIdentity, batch: Batch, confirmed: int, end: int) -> None:
+    def send_back(self, identity: SiteIdentity, batch: Batch, confirmed: int, end: int) -> None:
         """The unconfirmed rule.  A row the batch changed may end up different
         at the peer when the log holds, in ``(confirmed, end]``, operations on
         it that the peer receives: they may reach the peer after its change.
         Such a row's state after the batch goes back to the peer, after them
-        (written by _write_returns).  Records in ``batch.received`` the kind
+        (written by Conflicts.write_returns).  Records in ``batch.received`` the kind
         and image of the last such operation per row, as the peer sees it.
 
         Keys make two more cases.  Where the peer holds no row under a key
@@ -142,7 +157,7 @@ class Unconfirmed(Conflicts):
                     received[(name, new_key)] = (OpKind.UPDATE, dict(watched[(name, new_key)][1]))
         for name_key in received:
             table, values = watched[name_key]
-            result = self._select(table, name_key[1])
+            result = self._statements.select(table, name_key[1])
             if result is not None:
                 columns = set(table.columns) if name_key in whole or not values else set(values)
                 send_back(batch, table, name_key[1], {**result, **values}, columns)
@@ -154,7 +169,7 @@ class Unconfirmed(Conflicts):
         through the key indexes of the table's shapes (capture.key_indexes),
         so the cost follows the keys and their rows, not the range."""
         found: dict[int, tuple] = {}
-        for shape_id in self._table_shapes(table):
+        for shape_id in self._statements.table_shapes(table):
             for index in key_indexes(self._shapes.get(shape_id)):
                 # A key of another length than the shape's matches none of its rows.
                 probes = [key for key in keys if len(key) == len(index.columns)]
@@ -173,15 +188,17 @@ class Unconfirmed(Conflicts):
         ``keys`` (each as long as the index)."""
         if not keys:
             return []
-        cache_key = ("probe", index.name, len(keys))
-        sql = self._sql.get(cache_key)
-        if sql is None:
-            probe = ", ".join(f"k{position}" for position in range(len(index.columns)))
-            values = ", ".join([f"({', '.join('?' * len(index.columns))})"] * len(keys))
-            match = " AND ".join(f"{column} IS k{position}" for position, column in enumerate(index.columns))
-            # INDEXED BY: a plan without the index would read the whole range.
-            sql = (f"WITH probe ({probe}) AS (VALUES {values}) SELECT fieldsync_capture.* FROM probe,"
-                   f" fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
-                   " AND seq > ? AND seq <= ?")
-            self._sql[cache_key] = sql
+        sql = self._statements.cached(("probe", index.name, len(keys)), lambda: _probe_sql(index, len(keys)))
         return self._conn.execute(sql, (*(part for key in keys for part in key), after, until)).fetchall()
+
+
+def _probe_sql(index: KeyIndex, count: int) -> str:
+    """Capture rows in ``(?, ?]`` that ``index`` holds under one of ``count``
+    keys, bound first."""
+    probe = ", ".join(f"k{position}" for position in range(len(index.columns)))
+    values = ", ".join([f"({', '.join('?' * len(index.columns))})"] * count)
+    match = " AND ".join(f"{column} IS k{position}" for position, column in enumerate(index.columns))
+    # INDEXED BY: a plan without the index would read the whole range.
+    return (f"WITH probe ({probe}) AS (VALUES {values}) SELECT fieldsync_capture.* FROM probe,"
+            f" fieldsync_capture INDEXED BY {index.name} WHERE {index.where} AND {match}"
+            " AND seq > ? AND seq <= ?")

@@ -1,0 +1,131 @@
+"""The workload: what the sites write while the faults last.
+
+Rules of this file:
+* Every draw comes from the seed's run stream (``run:<seed>``), shared
+  with the simulation in the order the steps come, so the same seed writes
+  the same transactions.
+* Every workload transaction writes ledger entries (``<site>-<n>``, the
+  number growing in commit order at the origin); the ledger only ever gets
+  new entries, so a second apply of one is an error row, and each entry
+  made is remembered in ``ledger`` for the loss check.
+* Every written value is new (names and keys from the run's counter,
+  balances only grow), so no change can pass for another.
+* Sites change the same customers at once (the consolidated and the
+  remote whose subset holds them): an UPDATE of a row another site deleted
+  fails by design, and the sites still converge.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Iterable
+
+from .world import PRODUCTS
+
+
+class Workload:
+    """The transactions of one seed's sites (``sites[0]`` is the consolidated)."""
+
+    def __init__(self, root: Path, sites: list[str], rng: random.Random) -> None:
+        self.root = root
+        self.sites = sites
+        self.rng = rng
+        self.ledger: set[str] = set()  # every entry made anywhere, less those lost with a replaced remote
+        self.next_id = 1
+
+    def forget(self, remote: str, *, kept: set[str]) -> None:
+        """``remote`` was extracted again: its entries not ``kept`` (never
+        reached the consolidated) are gone with the old copy."""
+        self.ledger = {entry for entry in self.ledger if not entry.startswith(f"{remote}-") or entry in kept}
+
+    def _write(self, site: str, statements: Iterable[tuple[str, tuple]]) -> None:
+        conn = sqlite3.connect(self.root / f"{site}.db", timeout=30, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, values in statements:
+                conn.execute(sql, values)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    def _customers(self, site: str) -> list[tuple[int, str]]:
+        conn = sqlite3.connect(self.root / f"{site}.db")
+        try:
+            return conn.execute("SELECT id, region FROM customer ORDER BY id").fetchall()
+        finally:
+            conn.close()
+
+    def step(self) -> None:
+        """One step: most sites commit a transaction of ledger entries and other changes."""
+        rng = self.rng
+        remotes = self.sites[1:]
+        for site in self.sites:
+            if rng.random() < 0.3:
+                continue
+            statements: list[tuple[str, tuple]] = []
+            for _ in range(rng.randint(1, 3)):
+                entry = f"{site}-{self.next_id}"
+                self.next_id += 1
+                self.ledger.add(entry)
+                statements.append(("INSERT INTO ledger VALUES (?, ?, ?)", (entry, site, rng.randint(1, 99))))
+            if rng.random() < 0.4:
+                statements.append(("UPDATE product SET price = ?, title = ? WHERE sku = ?",
+                                   (round(rng.uniform(1, 9), 2), f"{site} price", rng.choice(PRODUCTS))))
+            if site != "hq" and rng.random() < 0.6:
+                statements += self._remote_customer_writes(site)
+            if site == "hq":
+                customers = self._customers("hq")
+                for _ in range(rng.randint(0, 4)):
+                    statements.append(("INSERT INTO customer VALUES (?, ?, ?, ?, NULL)",
+                                       (self.next_id, rng.choice(remotes), f"c{self.next_id}", 0.0)))
+                    self.next_id += 1
+                if customers and rng.random() < 0.5:
+                    row_id, _ = rng.choice(customers)
+                    statements.append(("UPDATE customer SET balance = balance + 1 WHERE id = ?", (row_id,)))
+                if customers and rng.random() < 0.3:  # a row moves between subsets
+                    row_id, region = rng.choice(customers)
+                    statements.append(("UPDATE customer SET region = ? WHERE id = ?",
+                                       (rng.choice(remotes), row_id)))
+                if customers and rng.random() < 0.2:
+                    statements.append(("DELETE FROM customer WHERE id = ?", (rng.choice(customers)[0],)))
+                if rng.random() < 0.15:  # a transaction larger than the message size
+                    for _ in range(rng.randint(3, 6)):
+                        statements.append(("INSERT INTO customer VALUES (?, ?, 'scan', 0, ?)",
+                                           (self.next_id, rng.choice(remotes), rng.randbytes(3000))))
+                        self.next_id += 1
+            self._write(site, statements)
+
+    def _remote_customer_writes(self, site: str) -> list[tuple[str, tuple]]:
+        """A remote changes customers of its own subset: it updates them,
+        gives them new keys, deletes them, inserts them, and hands one to
+        another remote, all while the consolidated changes the same rows.
+        Every written value is new (names and keys from the run's counter,
+        balances only grow), so no change can pass for another."""
+        rng = self.rng
+        statements: list[tuple[str, tuple]] = []
+        customers = [row_id for row_id, region in self._customers(site) if region == site]
+        for _ in range(rng.randint(1, 2)):
+            roll = rng.random()
+            self.next_id += 1
+            if roll < 0.2 or not customers:
+                statements.append(("INSERT INTO customer VALUES (?, ?, ?, 0.5, NULL)",
+                                   (self.next_id, site, f"{site}c{self.next_id}")))
+                continue
+            row_id = rng.choice(customers)
+            if roll < 0.65:
+                statements.append(("UPDATE customer SET name = ?, balance = balance + 1 WHERE id = ?",
+                                   (f"{site}n{self.next_id}", row_id)))
+            elif roll < 0.8:
+                statements.append(("UPDATE customer SET id = ? WHERE id = ?", (self.next_id, row_id)))
+                customers.remove(row_id)
+                customers.append(self.next_id)
+            elif roll < 0.9:
+                statements.append(("DELETE FROM customer WHERE id = ?", (row_id,)))
+                customers.remove(row_id)
+            else:
+                statements.append(("UPDATE customer SET region = ? WHERE id = ?",
+                                   (rng.choice(self.sites[1:]), row_id)))
+                customers.remove(row_id)
+        return statements

@@ -1,0 +1,120 @@
+"""The world a seed runs in: a consolidated and its remotes as real SQLite
+files, made from templates, and the reads the checks make of them.
+
+Rules of this file:
+* Site files are made once per number of remotes and copied for each seed
+  (keys beside their database), unless a seed's inboxes outlive it: then
+  every seed makes its sites afresh, with keys and incarnations of its own.
+* The consolidated publishes customers (subscribed by region: each
+  remote's subset), products and the ledger; every workload transaction
+  writes ledger entries.
+* Order (I2): each site journals the ledger entries as they arrive, in a
+  local table fed by a trigger (``chaos_arrival``, not published).
+* The reads open a connection of their own and close it: no agent's
+  connection is used, none is kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+from ..admin import extract_site, init_site
+from ..keyfiles import copy_site_keys
+from ..site import SiteDatabase
+from ..site.publications import Article
+
+SCHEMA = [
+    "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, balance REAL, scan BLOB)",
+    "CREATE TABLE product (sku TEXT PRIMARY KEY, title TEXT, price REAL)",
+    "CREATE TABLE ledger (entry TEXT PRIMARY KEY, site TEXT NOT NULL, amount INTEGER NOT NULL)",
+]
+# The arrival journal (I2): local to each site, never published.
+ARRIVALS = [
+    "CREATE TABLE IF NOT EXISTS chaos_arrival (n INTEGER PRIMARY KEY AUTOINCREMENT, entry TEXT NOT NULL)",
+    "CREATE TRIGGER IF NOT EXISTS chaos_arrival_journal AFTER INSERT ON ledger"
+    " BEGIN INSERT INTO chaos_arrival (entry) VALUES (NEW.entry); END",
+]
+PRODUCTS = ("tea", "jam", "rice", "soap")
+
+
+class Templates:
+    """Site files made once per number of remotes and copied for each seed."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._made: set[int] = set()
+
+    def copy(self, remotes: int, target: Path, *, own_identities: bool = False) -> None:
+        """Copy the sites of ``remotes`` remotes into ``target``.
+        ``own_identities``: make them afresh instead (new keys and
+        incarnations), for inboxes that outlive a seed: mail of an earlier
+        seed that a server delivers late (Postfix's queue) then fails its
+        checks as another site's, where a copy would take it as its own."""
+        if own_identities:
+            make_sites(target / "sites", remotes)
+            for path in (target / "sites").glob("*.db"):
+                shutil.copyfile(path, target / path.name)
+                copy_site_keys(path, target / path.name)
+            shutil.rmtree(target / "sites")
+            return
+        source = self.root / f"k{remotes}"
+        if remotes not in self._made:
+            if source.exists():
+                shutil.rmtree(source)
+            make_sites(source, remotes)
+            self._made.add(remotes)
+        for path in source.glob("*.db"):
+            shutil.copyfile(path, target / path.name)
+            copy_site_keys(path, target / path.name)  # a site's key lives beside its database
+
+
+
+def site_names(remotes: int) -> list[str]:
+    return [f"f{index}" for index in range(1, remotes + 1)]
+
+
+def make_sites(root: Path, remotes: int) -> None:
+    root.mkdir(parents=True)
+    hq = init_site(root / "hq.db", name="hq", role="consolidated", address="inbox/hq", transport="folder")
+    for statement in SCHEMA:
+        hq.connection.execute(statement)
+    hq.connection.executemany("INSERT INTO product VALUES (?, ?, 1.0)", [(sku, sku) for sku in PRODUCTS])
+    hq.create_publication("field", [Article("customer", subscribe_by="region"), "product", "ledger"])
+    for remote in site_names(remotes):
+        hq.add_remote(remote, address=f"inbox/{remote}", transport="folder")
+        hq.subscribe(remote, "field", remote)
+    for remote in site_names(remotes):
+        extract_site(hq, remote, root / f"{remote}.db")
+    hq.close()
+    for site in ["hq", *site_names(remotes)]:
+        add_arrival_journal(root / f"{site}.db")
+
+
+def add_arrival_journal(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in ARRIVALS:
+            conn.execute(statement)
+    finally:
+        conn.close()
+
+
+
+def rows(root: Path, site: str, sql: str, values: tuple = ()) -> list[tuple]:
+    """The rows ``sql`` selects at ``site``, in a stable order."""
+    conn = sqlite3.connect(root / f"{site}.db")
+    try:
+        return sorted(conn.execute(sql, values).fetchall(), key=repr)
+    finally:
+        conn.close()
+
+
+def remote_rows(root: Path, sites: list[str]) -> dict[str, tuple[dict, int]]:
+    """Each site's remote-user rows by peer, and the end of its log."""
+    found = {}
+    for site in sites:
+        with SiteDatabase.open(root / f"{site}.db") as db:
+            found[site] = ({row.name: row for row in db.remotes()}, db.log_end())
+    return found

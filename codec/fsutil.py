@@ -1,0 +1,102 @@
+"""File-system rules every part of fieldsync shares: flushing a directory,
+the names of temporary files, and giving a file a name it must not take
+from another.
+
+Rules of this file:
+* One implementation of each rule; the agent, the spool, the transports and
+  the codec call these instead of their own copies.  The module lives in
+  ``codec`` because that is the lowest layer, which all of them import.
+* Every failure propagates as the ``OSError`` the system raised (named
+  after the path involved): the caller turns it into its own typed error.
+  Nothing here logs, retries or swallows an error.
+* A file system that has no fsync for a directory (Windows, some network
+  shares) raises :class:`DirectoryFlushUnsupported`, an ``OSError`` too:
+  whether a rename that cannot be flushed is good enough is the caller's
+  decision, never this module's.
+* No clock, no shared state.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+
+__all__ = ["DirectoryFlushUnsupported", "TEMPORARY_SUFFIXES", "fsync_directory", "is_temporary", "link_new",
+           "temporary_name", "temporary_target"]
+
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# What fsync answers on a directory of a file system that cannot flush one
+# (CIFS and other network shares, some FUSE file systems): the operation is
+# missing, not failed.  An I/O error (EIO) is never among them.
+_FLUSH_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES})
+
+# fieldsync's temporary files: ``.<name>.<16 hex>.tmp`` beside ``name``.
+_TEMPORARY = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{16}\.tmp\Z")
+#: Partial files of other tools (copy programs, SFTP clients, editors).
+TEMPORARY_SUFFIXES = (".tmp", ".part", ".partial", ".filepart", ".crdownload", "~")
+
+
+class DirectoryFlushUnsupported(OSError):
+    """The directory's file system (or the platform) cannot fsync a directory:
+    a rename in it is as durable as the file system makes it."""
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Flush ``directory`` itself, so that names made or removed in it
+    survive a power cut.  Raises ``OSError`` (:class:`DirectoryFlushUnsupported`
+    where the file system cannot do it)."""
+    if os.name == "nt":
+        # os.open cannot open a directory on Windows; NTFS journals renames itself.
+        raise DirectoryFlushUnsupported(errno.ENOTSUP, "Windows cannot fsync a directory", os.fspath(directory))
+    fd = os.open(directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno in _FLUSH_UNSUPPORTED:
+            raise DirectoryFlushUnsupported(error.errno, error.strerror, os.fspath(directory)) from None
+        raise type(error)(error.errno, error.strerror, os.fspath(directory)) from None
+    finally:
+        os.close(fd)
+
+
+def temporary_name(name: str) -> str:
+    """A fresh name for the temporary file that becomes ``name`` in the same
+    directory: a dot-name (hidden, skipped by every reader) that no other
+    writer picks, and from which :func:`temporary_target` reads ``name``."""
+    return f".{name}.{secrets.token_hex(8)}.tmp"
+
+
+def temporary_target(name: str) -> str | None:
+    """The name a temporary file made with :func:`temporary_name` stands for;
+    None for any other name."""
+    match = _TEMPORARY.match(name)
+    return None if match is None else match["name"]
+
+
+def is_temporary(name: str) -> bool:
+    """A file no reader may take as finished: a dot-name (ours, or hidden) or
+    another tool's partial file."""
+    return name.startswith(".") or name.endswith(TEMPORARY_SUFFIXES)
+
+
+def link_new(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Give the file ``source`` the name ``target``, never replacing a file
+    there, even one another process makes meanwhile: ``FileExistsError``.
+
+    A hard link makes the name in one step.  On a file system without hard
+    links (FAT, say) the check and the rename are two steps: a file made
+    between them is still replaced.  The caller fsyncs the directory."""
+    taken = FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(target))
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        raise taken from None
+    except OSError:
+        if os.path.lexists(target):  # a dangling link too
+            raise taken from None
+        os.rename(source, target)
+        return
+    os.unlink(source)
