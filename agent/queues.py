@@ -14,8 +14,9 @@ import contextlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 from codec.atomic import write_file_atomically
 from codec.errors import BadFileName
@@ -182,12 +183,13 @@ class DirectoryQueues(MessageQueues):
         pass
 
 
-def open_queues(database: str | os.PathLike[str]) -> MessageQueues:
+def open_queues(database: str | os.PathLike[str], clock: Callable[[], float] = time.time) -> MessageQueues:
     """The message queues of a site's agent: the recovery-log spool in
     ``<db>.agent/spool`` (docs/spool-format.md).  Only one process at a time
     may hold them; offline tools read them with ``agent.spool.check_spool``.
-    What opening them had to repair after an unclean stop is logged."""
-    queues = SpoolQueues(agent_directory(database) / "spool")
+    What opening them had to repair after an unclean stop is logged.
+    ``clock`` stamps what is queued (the agent's own, during a run)."""
+    queues = SpoolQueues(agent_directory(database) / "spool", clock=clock)
     log_restart(queues)
     return queues
 

@@ -124,7 +124,7 @@ class Agent:
         # The spool first: a run refused because another agent holds it
         # (or it cannot be read) must not count as a run.
         if self._queues is None:
-            self._queues = open_queues(self.path)
+            self._queues = open_queues(self.path, self.clock)
         else:
             log_restart(self._queues)
         old = check_restored(self.db, self.directory)

@@ -143,5 +143,12 @@ async def test_every_time_a_run_records_is_the_agents_clocks(tmp_path, monkeypat
     assert {what for _, what, _ in times} >= {"last_sent_at", "last_received_at", "last_error_at", "error_seen_at",
                                               "stream_stopped_at", "control_sent_at", "heard_at", "data_sent_at", "at",
                                               "quarantine"}
+    # What the spool queued (hq's files for f2, which it cannot reach) is stamped by the agent's clock too.
+    from agent.spool import check_spool
+
+    queued = [(queue.queue, queue.oldest_enqueued_at) for queue in check_spool(
+        world.root / "hq.db.agent" / "spool").queues if queue.oldest_enqueued_at is not None]
+    assert queued
+    times += [("hq", f"spool {name}", seconds) for name, seconds in queued]
     strays = [(site, what, seconds) for site, what, seconds in times if not FAKE_TIME < seconds <= world.clock]
     assert not strays, f"times not from the agents' clock (it read {FAKE_TIME:.0f}..{world.clock:.0f}): {strays}"
