@@ -1,11 +1,15 @@
 """``agent publication``: publish tables (whole, some columns, subscribed by a column).
 
-An article is written ``TABLE[:COL1,COL2,...][@COLUMN]``:
+An article is written ``TABLE[:COL1,COL2,...][@COLUMN | @->PARENT]``:
 
 * ``product``                     every column, every row to every subscriber
 * ``customer@region``             every column; a subscriber gets the rows whose
                                   ``region`` equals its subscription value
 * ``customer:id,name,region@region``  only those columns (the key is always added)
+* ``orders@->customer``           a subscriber gets the orders of the customers it
+                                  gets (through orders' foreign key to customer;
+                                  ``orders@customer_id->customer`` or
+                                  ``line@(order_id,shop)->orders`` names the key)
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from rich.table import Table
 
 from ._common import DATABASE, console, open_site
 
-ARTICLE_SYNTAX = "TABLE, TABLE:COL1,COL2, TABLE@COLUMN or TABLE:COL1,COL2@COLUMN"
-_NAME = r"[^\s:@,]+"
-_ARTICLE = re.compile(rf"(?P<table>{_NAME})(?::(?P<columns>[^\s:@]+))?(?:@(?P<subscribe_by>{_NAME}))?\Z")
+ARTICLE_SYNTAX = ("TABLE, TABLE:COL1,COL2, TABLE@COLUMN, TABLE:COL1,COL2@COLUMN, TABLE@->PARENT, "
+                  "TABLE@COLUMN->PARENT or TABLE@(COL1,COL2)->PARENT")
+_NAME = r"[^\s:@,()>-][^\s:@,()>]*?"
+_ARTICLE = re.compile(rf"(?P<table>{_NAME})(?::(?P<columns>[^\s:@]+))?"
+                      rf"(?:@(?:(?P<subscribe_by>{_NAME})|(?P<key>{_NAME}|\([^\s()]+\))?->(?P<parent>{_NAME})))?\Z")
 
 
 def parse_article(text: str) -> "Article":  # noqa: F821 - imported lazily
@@ -34,9 +40,14 @@ def parse_article(text: str) -> "Article":  # noqa: F821 - imported lazily
         columns = tuple(match["columns"].split(","))
         if not all(columns):
             match = None
+    key = None
+    if match is not None and match["key"] is not None:
+        key = tuple(match["key"].strip("()").split(","))
+        if not all(key):
+            match = None
     if match is None:
         raise ValueError(f"bad article {text!r}: write {ARTICLE_SYNTAX}")
-    return Article(match["table"], columns, match["subscribe_by"])
+    return Article(match["table"], columns, match["subscribe_by"], match["parent"], key)
 
 
 class PublicationName(click.ParamType):
@@ -72,6 +83,9 @@ def article_text(article: "Article") -> str:  # noqa: F821
         text += ":" + ",".join(article.columns)
     if article.subscribe_by is not None:
         text += "@" + article.subscribe_by
+    if article.follows is not None:
+        key = article.follow_columns or ()
+        text += "@" + (key[0] if len(key) == 1 else f"({','.join(key)})" if key else "") + "->" + article.follows
     return text
 
 
@@ -79,10 +93,12 @@ def article_text(article: "Article") -> str:  # noqa: F821
 def publication() -> None:
     """Create, extend, shrink, drop and list publications: the tables a site replicates.
 
-    An article is TABLE[:COL1,COL2,...][@COLUMN]: a table, optionally only
-    some of its columns (the primary key is always included), optionally
-    SUBSCRIBE BY a column (a remote subscribed with value V gets only the
-    rows whose COLUMN equals V).
+    An article is TABLE[:COL1,COL2,...][@COLUMN | @->PARENT]: a table,
+    optionally only some of its columns (the primary key is always
+    included), optionally SUBSCRIBE BY a column (a remote subscribed with
+    value V gets only the rows whose COLUMN equals V) or following a parent
+    article through its foreign key (a remote gets the rows whose parent
+    it gets; @COLUMN->PARENT or @(COL1,COL2)->PARENT names the key).
     """
 
 
@@ -113,7 +129,8 @@ def add(database: Path, name: str, articles: tuple) -> None:
     extract them again to give them the existing rows.
     """
     with open_site(database) as site:
-        added = [site.add_article(name, article.table, columns=article.columns, subscribe_by=article.subscribe_by)
+        added = [site.add_article(name, article.table, columns=article.columns, subscribe_by=article.subscribe_by,
+                                  follows=article.follows, follow_columns=article.follow_columns)
                  for article in articles]
     console().print(f"Added to {name}: " + ", ".join(article_text(article) for article in added), soft_wrap=True)
 
@@ -169,7 +186,9 @@ def list_(database: Path, show_subscribers: bool, as_json: bool) -> None:
         document = {"format": "fieldsync.publications/1", "publications": [
             {"name": item.name,
              "articles": [{"table": article.table, "columns": None if article.columns is None else list(article.columns),
-                           "subscribe_by": article.subscribe_by} for article in item.articles],
+                           "subscribe_by": article.subscribe_by, "follows": article.follows,
+                           "follow_columns": None if article.follows is None else list(article.follow_columns or ())}
+                          for article in item.articles],
              "subscribers": [{"remote": remote, "value": _json_value(value)}
                              for remote, value in subscribers.get(item.name, [])]}
             for item in publications]}
@@ -189,7 +208,7 @@ def list_(database: Path, show_subscribers: bool, as_json: bool) -> None:
         for number, article in enumerate(item.articles):
             table.add_row(item.name if number == 0 else "", article.table,
                           "all" if article.columns is None else ", ".join(article.columns),
-                          article.subscribe_by or "-", who if number == 0 else "")
+                          article.subscribe_by or _follow_text(article) or "-", who if number == 0 else "")
     out.print(table)
 
 
@@ -210,3 +229,10 @@ def _who(subscribers: list[tuple[str, object]], *, listed: bool) -> str:
 def _json_value(value: object) -> object:
     """A subscription value in JSON: a blob as its hex digits."""
     return {"blob": value.hex()} if isinstance(value, bytes) else value
+
+
+def _follow_text(article: "Article") -> str | None:  # noqa: F821
+    """How a follow article is subscribed: through its parent, by its key."""
+    if article.follows is None:
+        return None
+    return f"{','.join(article.follow_columns or ())} -> {article.follows}"

@@ -4,7 +4,8 @@ Rules of this file:
 * Capture is done by three ``AFTER`` row triggers per published table that
   each run one ``INSERT INTO fieldsync_capture`` of plain column references.
   No function calls, no lookups: the application pays one extra row insert
-  per changed row and nothing else.
+  per changed row and nothing else; at the consolidated, a table that
+  follows its parent also looks up each row's route (agent/site/route.py).
 * A trigger records whole row images: INSERT the new row, DELETE the old
   row, UPDATE the old row then the new row.  Deciding which columns
   changed, which subscriber sees the row and the origin of the change is
@@ -32,6 +33,7 @@ from typing import Iterable, Iterator
 
 from ._db import quote_ident
 from .errors import UnpublishableTable
+from .route import MOVE_PREFIX, Follow, follows, move_statements, row_routes, trigger_routes
 
 #: Every table, index and trigger fieldsync makes is named ``fieldsync_*``.
 PREFIX = "fieldsync_"
@@ -189,9 +191,11 @@ def trigger_names(table: str) -> list[str]:
     return [f"{PREFIX}{suffix}_{table}" for suffix, _ in _TRIGGER_EVENTS]
 
 
-def install_capture(conn: sqlite3.Connection, info: TableInfo) -> int:
+def install_capture(conn: sqlite3.Connection, info: TableInfo, follow: Follow | None = None) -> int:
     """Create a shape for ``info`` and (re)create its capture triggers.
-    Returns the shape id."""
+    Returns the shape id.  ``follow``: the table follows its parent (else
+    the catalogue says whether it does); at the consolidated its rows then
+    carry their routes (agent/site/route.py)."""
     cursor = conn.execute(
         "INSERT INTO fieldsync_shape (table_name, columns, key_columns, table_sql) VALUES (?, ?, ?, ?)",
         (info.name, json.dumps(info.columns), json.dumps(info.key_columns), info.sql))
@@ -213,14 +217,24 @@ def install_capture(conn: sqlite3.Connection, info: TableInfo) -> int:
     # applying a third faster).  The apply path marks its writes with a row
     # in fieldsync_applying, inside its own transaction.
     when = ""
+    routed: dict[str, list[int]] = {}
     if conn.execute("SELECT role FROM fieldsync_site WHERE id = 1").fetchone()[0] == "remote":
         conn.execute(APPLYING_TABLE)
         when = " WHEN NOT EXISTS (SELECT 1 FROM fieldsync_applying)"
     else:
         install_key_indexes(conn, Shape(shape, info.name, info.columns, info.key_columns))  # type: ignore[arg-type]
+        follow = follow or follows(conn).get(info.name.lower())
+        if follow is not None:
+            # The old route after the widest image, the new one after it.
+            ensure_capture_width(conn, 2 * width + 2)
+            old_route, new_route = trigger_routes(follow)
+            targets = {"INSERT": (KIND_INSERT, new + [new_route]), "UPDATE": (KIND_UPDATE, old + new + [old_route, new_route]),
+                       "DELETE": (KIND_DELETE, old + [old_route])}
+            routed = {"INSERT": [2 * width], "UPDATE": [2 * width, 2 * width + 1], "DELETE": [2 * width]}
     for (suffix, event), name in zip(_TRIGGER_EVENTS, trigger_names(info.name)):
         kind, sources = targets[event]
-        value_columns = ", ".join(value_column(index) for index in range(len(sources)))
+        positions = list(range(len(sources) - len(routed.get(event, [])))) + routed.get(event, [])
+        value_columns = ", ".join(value_column(index) for index in positions)
         conn.execute(
             f"CREATE TRIGGER {quote_ident(name)} AFTER {event} ON {table} FOR EACH ROW{when} BEGIN "
             f"{_CAPTURE_INSERT} (shape, kind, {value_columns}) "
@@ -260,8 +274,14 @@ def write_capture_row(conn: sqlite3.Connection, shape: Shape, kind: int, flags: 
                       values: list) -> int:
     """Insert a capture row by hand (rows written back to an origin, a
     remote's record of DELETEs of its pending rows); ``values`` are
-    in shape order (old then new for an UPDATE).  Returns its seq."""
-    value_columns = ", ".join(value_column(index) for index in range(len(values)))
+    in shape order (old then new for an UPDATE), the routes of a table that
+    follows its parent are added.  Returns its seq."""
+    positions = list(range(len(values)))
+    routes = row_routes(conn, shape.table, shape.columns, kind, values)
+    if routes:
+        positions += list(range(2 * len(shape.columns), 2 * len(shape.columns) + len(routes)))
+        values = [*values, *routes]
+    value_columns = ", ".join(value_column(index) for index in positions)
     placeholders = ", ".join("?" * len(values))
     cursor = conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, flags, {value_columns})"
                           f" VALUES (?, ?, ?, {placeholders})", (shape.id, kind, flags, *values))
@@ -305,6 +325,15 @@ class ShapeTable:
         return iter(self._shapes.values())
 
 
+def install_moves(conn: sqlite3.Connection) -> None:
+    """(Re)create the move triggers of every followed table (agent/site/route.py)."""
+    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ?",
+                                (MOVE_PREFIX + "%",)).fetchall():
+        conn.execute(f"DROP TRIGGER {quote_ident(name)}")
+    for statement in move_statements(conn, value_column):
+        conn.execute(statement)
+
+
 def all_shapes(conn: sqlite3.Connection) -> list[Shape]:
     return [Shape(shape_id, table, tuple(json.loads(columns)), tuple(json.loads(keys)))
             for shape_id, table, columns, keys in conn.execute(
@@ -330,4 +359,6 @@ def refresh_changed_tables(conn: sqlite3.Connection) -> list[str]:
         shape = install_capture(conn, info)
         conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
         refreshed.append(info.name)
+    if refreshed:
+        install_moves(conn)  # they name the descendants' shapes
     return refreshed

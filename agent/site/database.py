@@ -51,6 +51,7 @@ from .publications import (
 )
 from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
 from .resubscribe import SubscriptionChange, change_locked
+from .route import ARTICLE_ROWS
 from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
 from .remotes import (
     NewRemote,
@@ -158,8 +159,10 @@ class SiteDatabase:
             return self._publication(name)
 
     def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
-                    subscribe_by: str | None = None) -> Article:
-        article = Article(table, None if columns is None else tuple(columns), subscribe_by)
+                    subscribe_by: str | None = None, follows: str | None = None,
+                    follow_columns: Iterable[str] | None = None) -> Article:
+        article = Article(table, None if columns is None else tuple(columns), subscribe_by, follows,
+                          None if follow_columns is None else tuple(follow_columns))
         with self._lock, self._write(f"publishing table {table!r}"):
             return add_article_locked(self._conn, publication, article)
 
@@ -308,17 +311,14 @@ class SiteDatabase:
     # --- batch export (docs/spark.md) ------------------------------------------------
 
     def selection_rows(self, subscribers: Iterable[str]) -> tuple[list[Shape], list[tuple], list[tuple]]:
-        """What a batch export carries to select for ``subscribers`` away from
-        this database: every shape, the article rows (table, publication,
-        columns JSON, subscribe_by) and the subscribers' subscription rows
-        (remote, publication, value, since, until), ended ones included.  Raises for an unknown remote."""
+        """What a batch export carries to select for ``subscribers``: every shape, the article rows (table,
+        publication, columns JSON, subscribe_by or route.ROUTE) and the subscribers' subscription rows (remote,
+        publication, value, since, until), ended ones included.  Raises for an unknown remote."""
         names = list(subscribers)
         with self._lock, self._read("reading publications for a batch export"):
             for name in names:
                 selection_plan(self._conn, self._identity, name)  # checks the remote exists
-            articles = self._conn.execute(
-                "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article"
-                " ORDER BY table_name").fetchall()
+            articles = self._conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
             subscriptions = [row for name in names for row in self._conn.execute(
                 "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
                 " ORDER BY publication, rowid", (name,))]
@@ -331,12 +331,10 @@ class SiteDatabase:
 
     def read_capture(self, after: int, until: int, *, value_columns: int
                      ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
-        """Every capture row of the log transactions in ``(after, until]``,
-        unselected: ``(commit, origin, rows, returned)`` chunk by chunk in
-        seq order, rows as :func:`iter_capture` gives them (the first
-        ``value_columns`` value columns), ``returned`` the listed columns of
-        the chunk's rows written back to their origin.  Both bounds must be
-        commit boundaries (:meth:`check_log_range`)."""
+        """Every capture row of the log transactions in ``(after, until]``, unselected: ``(commit, origin,
+        rows, returned)`` chunk by chunk in seq order, rows as :func:`iter_capture` gives them (the first
+        ``value_columns`` value columns), ``returned`` the listed columns of the chunk's rows written back
+        to their origin.  Both bounds must be commit boundaries (:meth:`check_log_range`)."""
         for commit, origin, rows in iter_capture(self._conn, after, until, lock=self._lock,
                                                  value_columns=value_columns):
             returned: dict[int, str] = {}

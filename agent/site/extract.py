@@ -42,6 +42,7 @@ from ._db import format_time, quote_ident, read_transaction, translate, utc_now,
 from .capture import TableInfo, refresh_changed_tables, table_info
 from .errors import ExtractionError, InvalidSetting, WrongRole
 from .log import cut_locked, truncated_through
+from .route import ARTICLE_ROWS, ROUTE, Follow, follows
 from .publications import Article, create_publication_locked
 from .remotes import RemoteUser, get_remote, record_replaced_locked
 from .schema import Role, SiteIdentity, init_database, read_identity
@@ -98,6 +99,7 @@ class _Plan:
     subscribe_by: str | None
     values: frozenset | None            # None: every row
     subset: bool                        # a column subset of the table
+    follow: Follow | None = None        # the rows follow their parent (subscribe_by is ROUTE)
 
 
 def _resolve_keys(keys: KeySource, remote: str) -> RemoteKeys:
@@ -118,15 +120,17 @@ def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
         if value is not None:
             bucket.add(value)
     plans = []
+    chains = follows(conn)
     for table, publication, columns, subscribe_by in conn.execute(
-            "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article ORDER BY rowid").fetchall():
+            ARTICLE_ROWS + " ORDER BY rowid").fetchall():
         if publication not in values:
             continue
         info = table_info(conn, table)
         published = info.columns if columns is None else tuple(
             column for column in info.columns if column in set(json.loads(columns)) | set(info.key_columns))
         plans.append(_Plan(info, publication, published, subscribe_by,
-                           frozenset(values[publication]) if subscribe_by else None, published != info.columns))
+                           frozenset(values[publication]) if subscribe_by else None, published != info.columns,
+                           chains.get(info.name.lower())))
     return plans
 
 
@@ -349,17 +353,23 @@ def _copy_rows(copy: sqlite3.Connection, plan: _Plan) -> int:
     names = ", ".join(quote_ident(column) for column in plan.columns)
     insert = (f"INSERT INTO main.{quote_ident(plan.info.name)} ({names})"
               f" VALUES ({', '.join('?' * len(plan.columns))})")
-    selected = list(plan.columns)
+    selected = [quote_ident(column) for column in plan.columns]
     position = None
     if plan.values is not None:
-        if plan.subscribe_by in plan.columns:
+        if plan.subscribe_by == ROUTE:  # the rows follow their parent: read each one's route alongside
+            follow = plan.follow
+            assert follow is not None
+            selected.append(follow.route([f"source.{quote_ident(plan.info.name)}.{quote_ident(c)}"
+                                          for c in follow.columns], schema="source."))
+            position = len(plan.columns)
+        elif plan.subscribe_by in plan.columns:
             position = plan.columns.index(plan.subscribe_by)  # type: ignore[arg-type]
         else:  # the filter column is not published: read it alongside, then drop it
-            selected.append(plan.subscribe_by)  # type: ignore[arg-type]
+            selected.append(quote_ident(plan.subscribe_by))  # type: ignore[arg-type]
             position = len(plan.columns)
-    query = f"SELECT {', '.join(quote_ident(c) for c in selected)} FROM source.{quote_ident(plan.info.name)}"
+    query = f"SELECT {', '.join(selected)} FROM source.{quote_ident(plan.info.name)}"
     parameters: tuple = ()
-    if plan.values is not None and len(plan.values) <= PREFILTER_VALUES:
+    if plan.values is not None and len(plan.values) <= PREFILTER_VALUES and plan.subscribe_by != ROUTE:
         # SQLite's IN selects a superset of the rows the test below keeps
         # (it converts by the column's affinity, so '7' meets 7), and uses
         # an index on the column: a remote's share of a large table is read

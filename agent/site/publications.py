@@ -25,8 +25,9 @@ from datetime import datetime
 from typing import Iterable
 
 from ._db import format_time, parse_time, utc_now
-from .capture import drop_capture, install_capture, table_info
+from .capture import drop_capture, install_capture, install_moves, table_info
 from .errors import InvalidSetting, PublicationError, UnknownPublication, UnknownRemote
+from .route import resolve
 from .values import value_problem
 
 Value = None | int | float | str | bytes
@@ -39,6 +40,10 @@ class Article:
     table: str
     columns: tuple[str, ...] | None = None
     subscribe_by: str | None = None
+    # The parent table whose subscribers get this table's rows, through the
+    # foreign key of ``follow_columns`` (None: the one foreign key to it).
+    follows: str | None = None
+    follow_columns: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if type(self.table) is not str or not self.table:
@@ -49,6 +54,15 @@ class Article:
             object.__setattr__(self, "columns", tuple(self.columns))
         if self.subscribe_by is not None and (type(self.subscribe_by) is not str or not self.subscribe_by):
             raise InvalidSetting(f"SUBSCRIBE BY column of {self.table} must be a column name")
+        if self.follows is not None and (type(self.follows) is not str or not self.follows
+                                         or self.subscribe_by is not None):
+            raise InvalidSetting(f"{self.table} follows a parent table or is subscribed by a column, not both")
+        if self.follow_columns is not None:
+            if self.follows is None or isinstance(self.follow_columns, str) or not all(
+                    type(c) is str and c for c in self.follow_columns):
+                raise InvalidSetting(f"the foreign key columns of {self.table} name its columns toward the "
+                                     "parent it follows")
+            object.__setattr__(self, "follow_columns", tuple(self.follow_columns))
 
 @dataclass(frozen=True, slots=True)
 class Publication:
@@ -107,18 +121,32 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
             raise PublicationError(f"SUBSCRIBE BY column {article.subscribe_by!r} is not a stored column of "
                                    f"{info.name!r}")
         subscribe_by = known[article.subscribe_by.lower()]
-    shape = install_capture(conn, info)
-    conn.execute("INSERT INTO fieldsync_article (table_name, publication, columns, subscribe_by, shape)"
-                 " VALUES (?, ?, ?, ?, ?)",
-                 (info.name, publication, None if columns is None else json.dumps(columns), subscribe_by, shape))
+    follow = None
+    if article.follows is not None:
+        follow = resolve(conn, publication, info.name, article.follows, article.follow_columns)
+    shape = install_capture(conn, info, follow)
+    conn.execute("INSERT INTO fieldsync_article (table_name, publication, columns, subscribe_by, shape, follows,"
+                 " follow_columns, parent_columns, route_sql) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (info.name, publication, None if columns is None else json.dumps(columns), subscribe_by, shape,
+                  None if follow is None else follow.parent, None if follow is None else json.dumps(follow.columns),
+                  None if follow is None else json.dumps(follow.parent_columns),
+                  None if follow is None else follow.template))
+    if follow is not None:
+        install_moves(conn)
+        return Article(info.name, columns, None, follow.parent, follow.columns)
     return Article(info.name, columns, subscribe_by)
 
 def remove_article_locked(conn: sqlite3.Connection, table: str) -> None:
     row = conn.execute("SELECT table_name FROM fieldsync_article WHERE table_name = ?", (table,)).fetchone()
     if row is None:
         raise PublicationError(f"table {table!r} is not published")
+    followers = [name for (name,) in conn.execute("SELECT table_name FROM fieldsync_article WHERE follows = ?"
+                                                  " COLLATE NOCASE", (row[0],))]
+    if followers:
+        raise PublicationError(f"{', '.join(followers)} follow {row[0]!r}: remove them first")
     drop_capture(conn, row[0])
     conn.execute("DELETE FROM fieldsync_article WHERE table_name = ?", (row[0],))
+    install_moves(conn)
 
 def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
@@ -127,6 +155,7 @@ def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
                                  (name,)).fetchall():
         drop_capture(conn, table)
     conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
+    install_moves(conn)
     conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (name,))
     conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))
 
@@ -141,10 +170,12 @@ def list_publications(conn: sqlite3.Connection) -> tuple[Publication, ...]:
     articles: dict[str, list[Article]] = {}
     for (name,) in conn.execute("SELECT name FROM fieldsync_publication ORDER BY name"):
         articles[name] = []
-    for table, publication, columns, subscribe_by in conn.execute(
-            "SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article ORDER BY table_name"):
+    for table, publication, columns, subscribe_by, follows, follow_columns in conn.execute(
+            "SELECT table_name, publication, columns, subscribe_by, follows, follow_columns FROM fieldsync_article"
+            " ORDER BY table_name"):
         articles[publication].append(
-            Article(table, None if columns is None else tuple(json.loads(columns)), subscribe_by))
+            Article(table, None if columns is None else tuple(json.loads(columns)), subscribe_by, follows,
+                    None if follow_columns is None else tuple(json.loads(follow_columns))))
     return tuple(Publication(name, tuple(items)) for name, items in articles.items())
 
 def check_subscription(conn: sqlite3.Connection, remote: str, publication: str, value: Value) -> None:

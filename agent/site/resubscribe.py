@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from itertools import islice
+from itertools import chain, islice
 from typing import Iterator
 
 from ._db import quote_ident
-from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape, ShapeCache, refresh_changed_tables
+from .capture import (FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape, ShapeCache, refresh_changed_tables,
+                      value_column)
 from .errors import InvalidSetting
 from .log import cut_locked, log_end
 from .publications import Value, check_subscription
-from .schema import Role, SiteIdentity, value_column
+from .route import ARTICLE_ROWS, follows
+from .schema import Role, SiteIdentity
 from .selection import plan_from_rows
 from .view import View
 
@@ -95,8 +97,7 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
     before = [(pub, held) for _, pub, held in current]
     after = before + [(publication, value)] if subscribe else [
         (pub, held) for rowid, pub, held in current if rowid != found]
-    articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article"
-                            " WHERE publication = ?", (publication,)).fetchall()
+    articles = conn.execute(ARTICLE_ROWS + " WHERE publication = ?", (publication,)).fetchall()
     old = plan_from_rows(remote, identity.role, articles, before).articles
     new = plan_from_rows(remote, identity.role, articles, after).articles
     shape_of = dict(conn.execute("SELECT table_name, shape FROM fieldsync_article WHERE publication = ?",
@@ -153,10 +154,15 @@ def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | None, will: 
     superset of Python's equality: affinity makes ``'7' = 7`` true), else
     every row."""
     columns = ", ".join(quote_ident(column) for column in shape.columns)
+    follow = follows(conn).get(shape.table.lower())
+    if follow is not None and any(view is not None and view.filter_position == len(shape.columns)
+                                  for view in (was, will)):
+        # The rows follow their parent: their route after them, as the view reads it.
+        columns += ", " + follow.route([f"{quote_ident(shape.table)}.{quote_ident(c)}" for c in follow.columns])
     sql = f"SELECT {columns} FROM {quote_ident(shape.table)}"
     params: tuple = ()
     if (was is not None and will is not None and was.filter_position is not None
-            and was.filter_position == will.filter_position and value is not None):
+            and was.filter_position == will.filter_position < len(shape.columns) and value is not None):
         sql += f" WHERE {quote_ident(shape.columns[was.filter_position])} = ?"
         params = (value,)
     cursor = conn.execute(sql, params)
@@ -168,8 +174,15 @@ def _write(conn: sqlite3.Connection, shape: Shape, kind: int, rows: Iterator[tup
     """Capture ``rows`` as ``kind`` for the remote alone (flag *return to
     origin*), a batch at a time; their fieldsync_returned rows are written
     once for all."""
-    names = ", ".join(value_column(index) for index in range(len(shape.columns)))
-    placeholders = ", ".join("?" * len(shape.columns))
+    width = len(shape.columns)
+    first = next(rows, None)
+    if first is None:
+        return 0
+    rows = chain((first,), rows)
+    # A row that follows its parent carries its route after the widest image.
+    positions = list(range(width)) + ([2 * width] if len(first) > width else [])
+    names = ", ".join(value_column(index) for index in positions)
+    placeholders = ", ".join("?" * len(positions))
     sql = (f"INSERT INTO fieldsync_capture (shape, kind, flags, {names})"
            f" VALUES ({shape.id}, {kind}, {FLAG_RETURN_TO_ORIGIN}, {placeholders})")
     written = 0

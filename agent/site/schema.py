@@ -51,7 +51,9 @@ log = logging.getLogger("fieldsync.site")
 # 9: fieldsync_subscription.since and .until, the commit offsets between which a
 #    subscription holds: subscription changes travel through the stream
 #    (docs/site-database.md, "Changing a remote's subscriptions").
-SCHEMA_VERSION = 9
+# 10: fieldsync_article.follows, follow_columns, parent_columns and route_sql:
+#    rows that follow their parent (docs/site-database.md, agent/site/route.py).
+SCHEMA_VERSION = 10
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -169,7 +171,11 @@ CREATE TABLE fieldsync_article (
     publication  TEXT NOT NULL REFERENCES fieldsync_publication (name),
     columns      TEXT,
     subscribe_by TEXT,
-    shape        INTEGER NOT NULL REFERENCES fieldsync_shape (id)
+    shape        INTEGER NOT NULL REFERENCES fieldsync_shape (id),
+    follows        TEXT,
+    follow_columns TEXT,
+    parent_columns TEXT,
+    route_sql      TEXT
 );
 CREATE TABLE fieldsync_subscription (
     remote      TEXT NOT NULL,
@@ -459,9 +465,18 @@ def _add_subscription_span(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE fieldsync_subscription ADD COLUMN {column} {declaration}")
 
 
+def _add_follows(conn: sqlite3.Connection) -> None:
+    """Layout 10: how an article follows its parent (none did before)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_article)")}
+    for column in ("follows", "follow_columns", "parent_columns", "route_sql"):
+        if column not in have:
+            conn.execute(f"ALTER TABLE fieldsync_article ADD COLUMN {column} TEXT")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
-             5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span}
+             5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
+             9: _add_follows}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

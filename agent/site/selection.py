@@ -37,6 +37,7 @@ from .capture import (
     all_shapes,
 )
 from .errors import InvalidSetting, UnknownRemote
+from .route import ARTICLE_ROWS, ROUTE
 from .folding import _operation, make_transaction
 from .view import View
 from .schema import Role, SiteIdentity
@@ -65,7 +66,7 @@ def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber:
     """What ``subscriber`` receives from this site (raises for an unknown remote)."""
     if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
         raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
-    articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
+    articles = conn.execute(ARTICLE_ROWS).fetchall()
     subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
                                  " WHERE remote = ?", (subscriber,)).fetchall()
     return plan_from_rows(subscriber, identity.role, articles, subscriptions)
@@ -126,8 +127,13 @@ def _articles(articles: list[tuple], subscriptions: Iterable[tuple]
 def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
     """How many capture value columns a reader of ``plan`` needs: the widest
     shape of a table it receives, old and new row."""
+    routed = {table for table, (_, by, _) in plan.articles.items() if by == ROUTE}
     tables = set(plan.articles).union(*(set(articles) for _, articles in plan.history))
-    return 2 * max((len(shape.columns) for shape in shapes if shape.table.lower() in tables), default=0)
+    for _, articles in plan.history:
+        routed.update(table for table, (_, by, _) in articles.items() if by == ROUTE)
+    # A follow article's rows carry their routes after the widest image.
+    return max((2 * len(shape.columns) + (2 if shape.table.lower() in routed else 0)
+                for shape in shapes if shape.table.lower() in tables), default=0)
 
 _SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
 
@@ -179,7 +185,7 @@ class SubscriberReader:
         for subscriber in subscribers:
             if subscriber not in known:
                 selection_plan(conn, identity, subscriber)  # raises UnknownRemote
-        articles = conn.execute("SELECT table_name, publication, columns, subscribe_by FROM fieldsync_article").fetchall()
+        articles = conn.execute(ARTICLE_ROWS).fetchall()
         wanted = set(subscribers)
         subscriptions: dict[str, list[tuple]] = {}
         for remote, publication, value, since, until in conn.execute(
@@ -277,13 +283,13 @@ class SubscriberReader:
         if row[2] == KIND_DELETE:
             return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
         if row[2] == KIND_INSERT:
-            if not view.contains(old):
+            if not view.holds(row):
                 return None
             return _operation(view.table, OpKind.INSERT, view.key(old), None, view.image(old))
         new = row[4 + width:4 + 2 * width]
-        if not view.contains(new):
+        if not view.holds(row, new=True):
             return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
-        if not view.contains(old):
+        if not view.holds(row):
             return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
         found = self.returned_columns(row[0])
         listed = set(json.loads(found)) if found is not None else set(view.names)

@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 from codec.ops import RUN_ROWS, OpKind, Operation, Run
 
 from .capture import KIND_INSERT, Shape
+from .route import ROUTE
 from .folding import _same
 
 
@@ -43,9 +44,13 @@ class View:
         self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
         self.names = tuple(shape.columns[i] for i in self.positions)
         self.key_positions = shape.key_positions
+        routed = subscribe_by == ROUTE
         if subscribe_by is None or values is None:
             self.filter_position = None
             self.values = None
+        elif routed:  # the row follows its parent: its route comes after the widest image
+            self.filter_position = width  # in an image with the route after it
+            self.values = values
         elif subscribe_by in shape.columns:
             self.filter_position = shape.columns.index(subscribe_by)
             self.values = values
@@ -59,14 +64,27 @@ class View:
         # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
         self.old_row = itemgetter(*(4 + i for i in (*self.key_positions, *self.positions)))
         self.new_key = _getter([4 + width + i for i in self.key_positions])
-        self.old_filter = None if self.filter_position is None else 4 + self.filter_position
-        self.new_filter = None if self.filter_position is None else 4 + width + self.filter_position
+        if self.filter_position is None:
+            self.old_filter = self.new_filter = None
+        elif routed:
+            self.old_filter, self.new_filter = 4 + 2 * width, 5 + 2 * width
+        else:
+            self.old_filter = 4 + self.filter_position
+            self.new_filter = 4 + width + self.filter_position
 
     def contains(self, row: tuple) -> bool:
-        """Whether an image (a slice of the shape's columns) is in the subset."""
+        """Whether an image (a slice of the shape's columns, and for a row
+        that follows its parent its route after them) is in the subset."""
         if self.filter_position is None:
             return self.values is None
         return row[self.filter_position] in self.values  # type: ignore[operator]
+
+    def holds(self, row: tuple, new: bool = False) -> bool:
+        """Whether a capture row's old (or new) row is in the subset."""
+        at = self.new_filter if new else self.old_filter
+        if at is None:
+            return self.values is None
+        return row[at] in self.values  # type: ignore[operator]
 
     def image(self, row: tuple) -> dict:
         return {name: row[i] for name, i in zip(self.names, self.positions)}

@@ -78,7 +78,8 @@ def test_list_counts_subscribers_and_lists_them_when_asked(site: Path, agent: Ag
     document = json.loads(agent("publication", "list", site, "--json").out)
     assert document["format"] == "fieldsync.publications/1"
     territory = {item["name"]: item for item in document["publications"]}["territory"]
-    assert territory["articles"] == [{"table": "customer", "columns": None, "subscribe_by": "region"}]
+    assert territory["articles"] == [{"table": "customer", "columns": None, "subscribe_by": "region", "follows": None,
+                                      "follow_columns": None}]
     assert len(territory["subscribers"]) == 151 and {"remote": "r000", "value": "spare"} in territory["subscribers"]
     assert {item["name"]: item for item in document["publications"]}["catalogue"]["subscribers"] == []
 

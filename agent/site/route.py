@@ -1,0 +1,219 @@
+"""Rows that follow their parent: an article ``CHILD@->PARENT`` sends a
+child row to the subscribers that get the parent row its foreign key
+references (docs/site-database.md, "Rows that follow their parent").
+
+Rules of this file:
+* A child's *route* is the SUBSCRIBE BY value of the root of its chain
+  (the first article up the chain partitioned by a column), looked up
+  through the foreign keys when the row is captured: one indexed look-up
+  per level per changed row, at the consolidated only.  Readers then
+  select on the route as on a column of the row, with no query per row or
+  per subscriber.
+* A follow article stores its foreign key columns, the parent columns they
+  reference and a *route template*: an SQL expression with ``{0}``,
+  ``{1}``, ... for the child's key values and ``{schema}`` for the schema
+  the tables are read from.  Capture triggers, rows written by hand and
+  extraction fill it in; the catalogue is the one source.
+* When a followed row's route changes (its SUBSCRIBE BY value, or its own
+  foreign key to a parent with another route), a *move trigger* writes an
+  UPDATE capture row for every descendant, whose old and new routes
+  differ: readers turn it into a DELETE for the old subscribers and an
+  INSERT of the full row for the new ones, in the same log transaction.
+* Capture rows of a follow article hold the old route after the values of
+  the widest UPDATE (value column ``2 * width``) and the new route after it
+  (``2 * width + 1``).
+* A chain that comes back to a table in it is refused; so is a child of a
+  table that is not in the same publication, or a chain whose root has no
+  SUBSCRIBE BY column.  Only this file reads the catalogue's follow columns.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ._db import quote_ident
+from .errors import PublicationError
+
+# What a selection plan names as the SUBSCRIBE BY column of a follow
+# article: no column of SQLite can be called this (names hold no NUL).
+ROUTE = "\x00route"
+# The catalogue's columns read as a plan's (table, publication, columns, subscribe_by).
+ARTICLE_ROWS = ("SELECT table_name, publication, columns,"
+                " CASE WHEN follows IS NULL THEN subscribe_by ELSE char(0) || 'route' END FROM fieldsync_article")
+MOVE_PREFIX = "fieldsync_move_"
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """How ``table`` follows ``parent``: its ``columns`` reference the
+    parent's ``parent_columns``; ``template`` computes a row's route from
+    the values of ``columns``."""
+
+    table: str
+    parent: str
+    columns: tuple[str, ...]
+    parent_columns: tuple[str, ...]
+    template: str
+
+    def route(self, values: Sequence[str], schema: str = "") -> str:
+        """The route of a row whose ``columns`` hold the SQL ``values``."""
+        return self.template.format(*values, schema=schema)
+
+
+def follows(conn: sqlite3.Connection) -> dict[str, Follow]:
+    """Every follow article, by lowered table name."""
+    found = {}
+    for table, parent, columns, parent_columns, template in conn.execute(
+            "SELECT table_name, follows, follow_columns, parent_columns, route_sql FROM fieldsync_article"
+            " WHERE follows IS NOT NULL"):
+        found[table.lower()] = Follow(table, parent, tuple(json.loads(columns)), tuple(json.loads(parent_columns)),
+                                      template)
+    return found
+
+
+def resolve(conn: sqlite3.Connection, publication: str, table: str, parent: str,
+            named: tuple[str, ...] | None) -> Follow:
+    """The follow of ``table`` (its real name) after ``parent`` through its
+    declared foreign key (``named``: the child's columns of that key, when
+    it has several); PublicationError naming what is wrong."""
+    article = conn.execute("SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article"
+                           " WHERE table_name = ?", (parent,)).fetchone()
+    if article is None or article[1] != publication:
+        raise PublicationError(f"{table!r} follows {parent!r}, which is not an article of {publication!r}; "
+                               f"publish {parent!r} in {publication!r} first (a parent comes before its children)")
+    parent = article[0]
+    if parent.lower() == table.lower():
+        raise PublicationError(f"{table!r} cannot follow itself: a follow chain may not come back to a table in it")
+    chain = [table.lower()]
+    step = article
+    while step[3] is not None:  # up to the root
+        chain.append(step[0].lower())
+        if step[3].lower() in chain:
+            raise PublicationError(f"the follow chain of {table!r} comes back to {step[3]!r}: a table may "
+                                   "appear in a chain once")
+        step = conn.execute("SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article"
+                            " WHERE table_name = ?", (step[3],)).fetchone()
+    if step[2] is None:
+        raise PublicationError(f"the chain of {table!r} starts at {step[0]!r}, which has no SUBSCRIBE BY column: "
+                               f"its rows go to every subscriber; publish {table!r} without ->")
+    keys: dict[int, list[tuple[str, str | None]]] = {}
+    for row in conn.execute(f"PRAGMA foreign_key_list({quote_ident(table)})"):
+        if row[2].lower() == parent.lower():
+            keys.setdefault(row[0], []).append((row[3], row[4]))
+    candidates = [tuple(pair for pair in pairs) for _, pairs in sorted(keys.items())]
+    if named is not None:
+        wanted = tuple(column.lower() for column in named)
+        candidates = [pairs for pairs in candidates if tuple(child.lower() for child, _ in pairs) == wanted]
+        if not candidates:
+            raise PublicationError(f"{table!r} has no foreign key ({', '.join(named)}) to {parent!r}")
+    if not candidates:
+        raise PublicationError(f"{table!r} has no foreign key to {parent!r}; declare one (FOREIGN KEY ... "
+                               f"REFERENCES {parent}) to publish it as {table}@->{parent}")
+    if len(candidates) > 1:
+        raise PublicationError(f"{table!r} has {len(candidates)} foreign keys to {parent!r}; name the one to "
+                               f"follow: {table}@COLUMN->{parent}, or {table}@(COL1,COL2)->{parent} for a composite key")
+    pairs = candidates[0]
+    columns = tuple(child for child, _ in pairs)
+    parent_columns = tuple(to for _, to in pairs)
+    if any(to is None for to in parent_columns):  # REFERENCES parent: its primary key
+        parent_columns = tuple(row[1] for row in sorted(
+            (row for row in conn.execute(f"PRAGMA table_info({quote_ident(parent)})") if row[5]),
+            key=lambda row: row[5]))
+    if len(parent_columns) != len(columns):
+        raise PublicationError(f"the foreign key of {table!r} to {parent!r} does not match {parent!r}'s key")
+    return Follow(table, parent, columns, parent_columns, _template(conn, parent, parent_columns, 0))
+
+
+def _template(conn: sqlite3.Connection, table: str, match: tuple[str, ...], depth: int) -> str:
+    """The route template of the row of ``table`` whose ``match`` columns
+    equal ``{0}``, ``{1}``, ... (at ``depth`` of nesting, for aliases)."""
+    alias = f"fieldsync_r{depth}"
+    article = conn.execute("SELECT subscribe_by, follows, follow_columns, parent_columns FROM fieldsync_article"
+                           " WHERE table_name = ?", (table,)).fetchone()
+    where = " AND ".join(f"{alias}.{_brace(quote_ident(column))} = {{{index}}}" for index, column in enumerate(match))
+    source = f"{{schema}}{_brace(quote_ident(table))} AS {alias}"
+    if article[1] is None:
+        return f"(SELECT {alias}.{_brace(quote_ident(article[0]))} FROM {source} WHERE {where})"
+    inner = _template(conn, article[1], tuple(json.loads(article[3])), depth + 1)
+    columns = [f"{alias}.{_brace(quote_ident(column))}" for column in json.loads(article[2])]
+    # The inner template's {0}, {1}, ... become this row's key columns; its {schema} stays.
+    inner = inner.format(*(_brace(column) for column in columns), schema="{schema}")
+    return f"(SELECT {inner} FROM {source} WHERE {where})"
+
+
+def _brace(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def trigger_routes(follow: Follow) -> tuple[str, str]:
+    """The old and new route of the row a capture trigger sees."""
+    return (follow.route([f"OLD.{quote_ident(column)}" for column in follow.columns]),
+            follow.route([f"NEW.{quote_ident(column)}" for column in follow.columns]))
+
+
+def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]) -> list[str]:
+    """The move triggers of every followed table (none at a remote)."""
+    chains = follows(conn)
+    if not chains or conn.execute("SELECT role FROM fieldsync_site WHERE id = 1").fetchone()[0] != "consolidated":
+        return []
+    children: dict[str, list[Follow]] = {}
+    for follow in chains.values():
+        children.setdefault(follow.parent.lower(), []).append(follow)
+    articles = {table.lower(): (table, by, shape) for table, by, shape in conn.execute(
+        "SELECT table_name, subscribe_by, shape FROM fieldsync_article")}
+    shape_columns = {shape: json.loads(columns) for shape, columns in conn.execute(
+        "SELECT id, columns FROM fieldsync_shape")}
+    statements = []
+    for parent in children:
+        table, subscribe_by, _ = articles[parent]
+        own = chains.get(parent)
+        if own is None:
+            old, new = f"OLD.{quote_ident(subscribe_by)}", f"NEW.{quote_ident(subscribe_by)}"
+        else:
+            old, new = trigger_routes(own)
+        body = []
+        # Every descendant, level by level, with the condition that picks its
+        # rows under the changed row (row values: composite keys too).
+        level = [(follow, f"{_row(follow.columns)} = {_row(follow.parent_columns, 'NEW.')}")
+                 for follow in children[parent]]
+        while level:
+            deeper = []
+            for follow, under in level:
+                child, _, shape = articles[follow.table.lower()]
+                names = ", ".join(quote_ident(column) for column in shape_columns[shape])
+                targets = ", ".join(value_column(index) for index in range(2 * len(shape_columns[shape]) + 2))
+                body.append(f"INSERT INTO fieldsync_capture (shape, kind, {targets}) SELECT {shape}, 2, {names}, "
+                            f"{names}, {old}, {new} FROM {quote_ident(child)} WHERE {under}")
+                for grand in children.get(follow.table.lower(), []):
+                    deeper.append((grand, f"{_row(grand.columns)} IN (SELECT "
+                                          f"{', '.join(quote_ident(c) for c in grand.parent_columns)} FROM "
+                                          f"{quote_ident(child)} WHERE {under})"))
+            level = deeper
+        statements.append(f"CREATE TRIGGER {quote_ident(MOVE_PREFIX + table)} AFTER UPDATE ON {quote_ident(table)}"
+                          f" FOR EACH ROW WHEN ({old}) IS NOT ({new}) BEGIN {'; '.join(body)}; END")
+    return statements
+
+
+def _row(columns: Sequence[str], prefix: str = "") -> str:
+    return f"({', '.join(prefix + quote_ident(column) for column in columns)})"
+
+
+def row_routes(conn: sqlite3.Connection, table: str, columns: Sequence[str], kind: int,
+               values: Sequence) -> list:
+    """The route values a capture row of ``table`` written by hand needs
+    after its ``values`` (in shape ``columns`` order: old then new for an
+    UPDATE): none for a table that follows no parent."""
+    follow = follows(conn).get(table.lower())
+    if follow is None:
+        return []
+    positions = [list(columns).index(column) for column in follow.columns]
+    images = [values[:len(columns)]] + ([values[len(columns):2 * len(columns)]] if kind == 2 else [])
+    routes = []
+    for image in images:
+        placeholders = ["?"] * len(positions)
+        routes.append(conn.execute(f"SELECT {follow.route(placeholders)}",
+                                   [image[position] for position in positions]).fetchone()[0])
+    return routes
