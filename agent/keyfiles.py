@@ -51,7 +51,7 @@ def key_path(database: str | os.PathLike[str]) -> Path:
     return agent_directory(database) / KEY_FOLDER / KEY_FILE
 
 
-def open_site(database: str | os.PathLike[str]) -> SiteDatabase:
+def open_site_database(database: str | os.PathLike[str]) -> SiteDatabase:
     """Open a site database as the agent does: an older one that still holds
     its secret key has it moved to the key file first (:func:`migrate_secret`)."""
     return SiteDatabase.open(database, store_secret=migrate_secret)

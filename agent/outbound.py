@@ -46,14 +46,14 @@ from .site.errors import SiteError
 # alone too.
 SEND_ERRORS = (CodecError, AgentError, OSError)
 
-# Memory for the packers of one pass.  A packer holds about this many times
-# -l (its message being filled, and the serialized look-ahead it compresses
-# from): measured 1.7 at -l 16 MiB.  At the default -l one pass serves
+# Memory for the packers of one pass: at the default -l one pass serves
 # about 1,300 subscribers; at -l 16 MiB, four.
 PACKING_MEMORY = 256 * 2**20
 # Operations of one log transaction handed to a packer at a time: a larger
 # one comes in pieces (docs/message-format.md, "Large transactions").
 READ_PIECE = 5_000
+# What a packer holds, in multiples of -l (its message being filled, and the
+# serialized look-ahead it compresses from): measured 1.7 at -l 16 MiB.
 PACKER_MEMORY_FACTOR = 4
 
 

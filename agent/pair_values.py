@@ -15,6 +15,7 @@ from typing import Union
 from codec.message import ControlState
 
 from .errors import AgentError
+from .site.log import horizon
 
 
 class LocalProtocolError(AgentError):
@@ -75,7 +76,7 @@ class PairState:
     @property
     def horizon(self) -> int:
         """Rule 8: the log this peer may still need starts after here."""
-        return self.read_through if self.confirm_sent >= self.log_sent else self.confirm_sent
+        return horizon(self.log_read, self.log_sent, self.confirm_sent)
 
     @property
     def unconfirmed(self) -> bool:

@@ -42,7 +42,7 @@ from . import applying
 from .contexts import Applier, Inbox, Outbox, Step, stamp
 from .delivering import Deliverer
 from .errors import AgentError
-from .keyfiles import agent_directory, load_site_keys, open_site
+from .keyfiles import agent_directory, load_site_keys, open_site_database
 from .left_files import LeftFiles
 from .pairs import PairStore, Peer
 from .protocol import Apply, DeleteInbound, PurgeOutbound, Quarantine, SendControl, SendData, StreamStopped
@@ -108,7 +108,7 @@ class Agent:
     def _open(self) -> None:
         if not self.path.exists():
             raise AgentError(f"{self.path}: no such site database (create one with `agent init`)")
-        self.db = open_site(self.path)
+        self.db = open_site_database(self.path)
         identity = self.db.identity
         self.name = identity.name
         self.keys = load_site_keys(self.db)

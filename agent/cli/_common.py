@@ -364,7 +364,7 @@ def check_site_path(path: Path) -> None:
 def open_site(path: Path) -> Iterator["SiteDatabase"]:  # noqa: F821 - imported lazily
     """Open an existing site database, with a clear line when it is missing
     (an older one that still holds its secret key has it moved out first)."""
-    from ..keyfiles import open_site as open_site_database
+    from ..keyfiles import open_site_database
 
     check_site_path(path)
     site = open_site_database(path)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ._db import format_time, parse_time, utc_now
 from .errors import (InvalidSetting, InvariantViolation, RemoteExists, SiteError, UnknownPublication, UnknownRemote,
                      WrongRole)
-from .log import HORIZON_SQL, log_end
+from .log import HORIZON_SQL, horizon, log_end
 from .schema import Role, SiteIdentity, check_name
 from .values import value_problem
 
@@ -90,7 +90,7 @@ class RemoteUser:
     def horizon(self) -> int:
         """The log this peer may still need starts after here (rule 8): all
         of it read for the peer once the peer confirmed all that was sent."""
-        return self.read_through if self.confirm_sent >= self.log_sent else self.confirm_sent
+        return horizon(self.log_read, self.log_sent, self.confirm_sent)
 
 
 _COLUMNS = tuple(field.name for field in fields(RemoteUser))

@@ -24,7 +24,7 @@ from typing import Iterator
 import pytest
 
 from agent.admin import extract_site
-from agent.keyfiles import agent_directory, key_path, load_site_keys, open_site, save_site_keys
+from agent.keyfiles import agent_directory, key_path, load_site_keys, open_site_database, save_site_keys
 from agent.site import SiteDatabase
 from agent.site.schema import SCHEMA_VERSION
 from codec.keys import SiteKeys
@@ -300,5 +300,5 @@ def test_a_key_file_with_other_keys_than_the_database_is_refused(world: World, a
     assert SiteKeys.load(key).to_text() == other.to_text()  # never written over
     assert layout_and_secret(world.n1) == (3, keys.to_text().encode())  # the database as it was
     key.unlink()
-    with open_site(world.n1) as site:
+    with open_site_database(world.n1) as site:
         assert load_site_keys(site).to_text() == keys.to_text()

@@ -241,3 +241,20 @@ def test_a_concurrent_writer_process_is_never_split_or_lost(tmp_path):
     assert dict(rows_per_txn) == sizes  # every row of every transaction, once
     assert counter_updates == transactions
     site.close()
+
+
+def test_the_horizon_is_one_rule_in_python_and_in_sql():
+    """Rule 8's horizon is computed in Python (a pair's state, a remote's
+    row) and in SQL (truncation, metrics): the same for every state."""
+    import itertools
+    import sqlite3
+
+    from agent.site.log import HORIZON_SQL, horizon
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE fieldsync_remote (log_read INTEGER, log_sent INTEGER, confirm_sent INTEGER)")
+    states = list(itertools.product(range(4), repeat=3))
+    conn.executemany("INSERT INTO fieldsync_remote VALUES (?, ?, ?)", states)
+    in_sql = conn.execute(f"SELECT log_read, log_sent, confirm_sent, {HORIZON_SQL} FROM fieldsync_remote").fetchall()
+    assert [row[3] for row in in_sql] == [horizon(*row[:3]) for row in in_sql]
+    assert {row[3] for row in in_sql} == {0, 1, 2, 3}
