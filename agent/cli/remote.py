@@ -264,13 +264,15 @@ def _change(database: Path, name: str, subscriptions: tuple[str, ...], *, subscr
     """Subscribe or unsubscribe, each subscription in its own transaction
     (every one is checked first, so a mistake changes nothing)."""
     wanted = [split_subscription(text) for text in subscriptions]
+    from ..site.values import same_value
+
     with open_site(database) as site:
         require_remote(site, name)
         typed = [(publication, subscription_value(site, publication, value)) for publication, value in wanted]
         if not subscribe:
             held = [(item.publication, item.value) for item in site.subscriptions(name)]
             for publication, value in typed:
-                if not any(pub == publication and type(old) is type(value) and old == value for pub, old in held):
+                if not any(pub == publication and same_value(old, value) for pub, old in held):
                     shown = ", ".join(pub if old is None else f"{pub}={old!r}" for pub, old in held) or "none"
                     raise AgentError(f"{name} does not subscribe to {publication}"
                                      + ("" if value is None else f" with {value!r}") + f" (its subscriptions: {shown})")

@@ -26,7 +26,7 @@ from .errors import (InvalidSetting, InvariantViolation, RemoteExists, SiteError
                      WrongRole)
 from .log import HORIZON_SQL, horizon, log_end
 from .schema import Role, SiteIdentity, check_name
-from .values import value_problem
+from .values import same_value, value_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,10 +578,9 @@ def add_remotes_locked(conn: sqlite3.Connection, identity: SiteIdentity, remotes
 
 def _distinct(subscriptions: tuple[tuple[str, object], ...]) -> list[tuple[str, object]]:
     """Subscriptions without repeats (subscribing twice is harmless, as in
-    agent.site.resubscribe: the same publication and a value of the same type)."""
+    agent.site.values.same_value: the same publication and a value of the same type)."""
     kept: list[tuple[str, object]] = []
     for publication, value in subscriptions:
-        if not any(other == publication and type(held) is type(value) and held == value
-                   for other, held in kept):
+        if not any(other == publication and same_value(held, value) for other, held in kept):
             kept.append((publication, value))
     return kept

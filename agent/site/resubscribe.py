@@ -33,6 +33,7 @@ from .publications import Value, check_subscription
 from .route import ARTICLE_ROWS, follows
 from .schema import Role, SiteIdentity
 from .selection import plan_from_rows
+from .values import same_value
 from .view import View
 
 # Rows written to the capture table per statement.
@@ -58,12 +59,6 @@ class SubscriptionChange:
     offset: int | None = None
     matching: int | None = None
     streamed: bool = False
-
-
-def same_value(a: Value, b: Value) -> bool:
-    """Subscription values are the same: equal and of one type (``7`` and
-    ``'7'`` are different values, so are ``7`` and ``7.0``)."""
-    return type(a) is type(b) and a == b
 
 
 def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, remote: str,

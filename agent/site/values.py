@@ -90,3 +90,9 @@ def as_operation(op: tuple) -> Operation:
     if isinstance(op, Operation):
         return op
     return tuple.__new__(Operation, op)
+
+
+def same_value(a: object, b: object) -> bool:
+    """Subscription values are the same: equal and of one type (``7`` and
+    ``'7'`` are different values, so are ``7`` and ``7.0``)."""
+    return type(a) is type(b) and a == b
