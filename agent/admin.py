@@ -16,18 +16,20 @@ from codec.keys import SiteKeys
 from .errors import AgentError
 from .keyfiles import load_site_keys as site_keys  # re-exported: the name callers use
 from .keyfiles import new_site_keys
-from .site import SiteDatabase
+from .site import Site
+from .site import init_site as init_site_database
 from .site.extract import ExtractResult, RemoteKeys
 
 
-def init_site(path: str | os.PathLike[str], *, name: str, role: str, address: str | None = None,
-              transport: str | None = None) -> SiteDatabase:
-    """Turn the SQLite file at ``path`` into a site with fresh keys; the
-    secret key goes to ``<path>.agent/keys/site.key``."""
+def init_site(location: str | os.PathLike[str], *, name: str, role: str, address: str | None = None,
+              transport: str | None = None, home: str | os.PathLike[str] | None = None) -> Site:
+    """Make the site at ``location`` (a SQLite file, or a PostgreSQL URI
+    with its agent folder ``home``) with fresh keys; the secret key goes to
+    ``keys/site.key`` in the agent's folder (``<file>.agent`` for a file)."""
     keys = SiteKeys.generate(name)
-    with new_site_keys(path, keys):
-        return SiteDatabase.init(path, name=name, role=role, address=address, transport=transport,
-                                 public_key=keys.public.to_line())
+    with new_site_keys(location, keys, home=home):
+        return init_site_database(location, name=name, role=role, home=home, address=address, transport=transport,
+                                  public_key=keys.public.to_line())
 
 
 # Options that say who a site is or where its own secrets are: a remote
@@ -35,7 +37,7 @@ def init_site(path: str | os.PathLike[str], *, name: str, role: str, address: st
 _OWN_OPTION_WORDS = ("from_address", "username", "password", "passphrase", "key_file")
 
 
-def inherited_options(consolidated: SiteDatabase) -> dict[str, str]:
+def inherited_options(consolidated: Site) -> dict[str, str]:
     """The consolidated's stored transport options that hold for its remotes
     too (the servers, ports, TLS trust, timeouts): all but who it is and
     where its secrets are."""
@@ -43,7 +45,7 @@ def inherited_options(consolidated: SiteDatabase) -> dict[str, str]:
             if not any(word in name for word in _OWN_OPTION_WORDS)}
 
 
-def extract_site(consolidated: SiteDatabase, remote: str, target: str | os.PathLike[str], *,
+def extract_site(consolidated: Site, remote: str, target: str | os.PathLike[str], *,
                  keys: SiteKeys | None = None, options: dict[str, str] | None = None) -> ExtractResult:
     """Create ``remote``'s database at ``target`` and its key file at
     ``<target>.agent/keys/site.key``; the consolidated learns the remote's

@@ -29,7 +29,7 @@ from .protocol import Action
 from .quarantine import SetAside
 from .queues import MessageQueues
 from .run_options import RunOptions, RunReport
-from .site import SiteDatabase
+from .site import Site
 from .transport_pool import TransportPool
 
 
@@ -71,7 +71,7 @@ class Applier:
     keys: SiteKeys
     keyring: Keyring
     queues: MessageQueues
-    db: SiteDatabase
+    db: Site
     report: RunReport
     clock: Callable[[], float]
 
@@ -83,7 +83,7 @@ class Outbox:
     the run's options and report, the agent's folder (a Spark job's work)
     and the clock; ``batch``: a batch run (every peer's send is due)."""
 
-    db: SiteDatabase
+    db: Site
     keys: SiteKeys
     peers: Mapping[str, Peer]
     queues: MessageQueues

@@ -1,8 +1,9 @@
 """A site's secret key file (docs/cli.md, "Where a site's secret key lives").
 
 Rules of this file:
-* A site's secret key lives in ``<db>.agent/keys/site.key``, a file of the
-  agent's own, never in the site database: every user an application lets
+* A site's secret key lives in ``keys/site.key`` of the agent's own folder
+  (``<db>.agent`` beside a SQLite file, the ``--home`` folder of a
+  PostgreSQL site), never in the site database: every user an application lets
   read the database could read it there.  The file is 0600 in a 0700
   folder, written whole, and never written over another key file.
 * Every load checks the file as OpenSSH checks a private key (group and
@@ -26,7 +27,8 @@ from codec.errors import InvalidValue, KeyFileError
 from codec.keys import PublicKeys, SiteKeys
 
 from .errors import AgentError
-from .site import SiteDatabase
+from .site.interface import Site
+from .site.locate import is_uri, open_site, site_home
 
 log = logging.getLogger("fieldsync.agent")
 
@@ -41,29 +43,34 @@ class SiteKeyError(AgentError):
 
 def agent_directory(database: str | os.PathLike[str]) -> Path:
     """Where the agent keeps a site's key, queues, quarantine and bookkeeping:
-    ``<db>.agent`` beside the database, so the two move together."""
-    path = Path(database)
-    return path.with_name(path.name + ".agent")
+    ``<db>.agent`` beside a SQLite file, so the two move together; the
+    ``--home`` folder a PostgreSQL site records (read from its database)."""
+    return site_home(database)
+
+
+def key_file_in(home: str | os.PathLike[str]) -> Path:
+    """The secret key file in the agent's folder ``home``."""
+    return Path(home) / KEY_FOLDER / KEY_FILE
 
 
 def key_path(database: str | os.PathLike[str]) -> Path:
     """Where the secret key of the site in ``database`` lives."""
-    return agent_directory(database) / KEY_FOLDER / KEY_FILE
+    return key_file_in(agent_directory(database))
 
 
-def open_site_database(database: str | os.PathLike[str]) -> SiteDatabase:
-    """Open a site database as the agent does: an older one that still holds
+def open_site_database(database: str | os.PathLike[str]) -> Site:
+    """Open a site as the agent does: an older SQLite one that still holds
     its secret key has it moved to the key file first (:func:`migrate_secret`)."""
-    return SiteDatabase.open(database, store_secret=migrate_secret)
+    return open_site(database) if is_uri(database) else open_site(database, store_secret=migrate_secret)
 
 
-def load_site_keys(site: SiteDatabase) -> SiteKeys:
+def load_site_keys(site: Site) -> SiteKeys:
     """The keys of ``site`` from its key file, checked (see the rules above)."""
-    path = key_path(site.path)
+    path = key_file_in(site.home)
     name = site.identity.name
     if not os.path.lexists(path):
         raise SiteKeyError(f"{path}: no secret key file for site {name}; it is made by `agent init` or `agent "
-                           f"extract` and moves with the database: bring back the folder {agent_directory(site.path)}")
+                           f"extract` and moves with the database: bring back the folder {site.home}")
     keys = _load(path)
     if keys.site != name:
         raise SiteKeyError(f"{path} holds the keys of site {keys.site}, but {site.path} is site {name}; "
@@ -76,10 +83,12 @@ def load_site_keys(site: SiteDatabase) -> SiteKeys:
     return keys
 
 
-def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys) -> Path:
-    """Write ``keys`` as the key file of the site in ``database``, never over
-    an existing one; return its path."""
-    path = key_path(database)
+def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
+                   home: str | os.PathLike[str] | None = None) -> Path:
+    """Write ``keys`` as the key file of the site in ``database`` (in
+    ``home`` when given: a PostgreSQL site being made), never over an
+    existing one; return its path."""
+    path = key_path(database) if home is None else key_file_in(home)
     folder = path.parent
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -96,16 +105,17 @@ def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys) -> Path:
         raise _in_the_way(path) from None
 
 
-def check_no_key_file(database: str | os.PathLike[str]) -> None:
-    """Refuse, before making a site at ``database``, a key file in its way."""
-    path = key_path(database)
+def check_no_key_file(database: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> None:
+    """Refuse, before making a site at ``database`` (with its folder
+    ``home``), a key file in its way."""
+    path = key_path(database) if home is None else key_file_in(home)
     if os.path.lexists(path):
         raise _in_the_way(path)
 
 
 def migrate_secret(database: str, secret: bytes) -> None:
     """Move the secret key text an older site database holds to its key file
-    (the ``store_secret`` of :meth:`SiteDatabase.open`).  A key file holding
+    (the ``store_secret`` of the SQLite backend's ``open``).  A key file holding
     the same keys is taken as an earlier move that stopped before the
     database forgot them; one holding other keys is never replaced."""
     try:
@@ -124,16 +134,17 @@ def migrate_secret(database: str, secret: bytes) -> None:
 
 
 @contextlib.contextmanager
-def new_site_keys(database: str | os.PathLike[str], keys: SiteKeys) -> Iterator[Path]:
-    """The key file of a site about to be made at ``database``, written
-    before the site exists (a site without its key could not run).  When
-    making the site fails, the key file is deleted again, unless a database
-    there names its public key after all."""
-    path = save_site_keys(database, keys)
+def new_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
+                  home: str | os.PathLike[str] | None = None) -> Iterator[Path]:
+    """The key file of a site about to be made at ``database`` (in ``home``
+    when given), written before the site exists (a site without its key
+    could not run).  When making the site fails, the key file is deleted
+    again, unless a database there names its public key after all."""
+    path = save_site_keys(database, keys, home=home)
     try:
         yield path
     except BaseException:
-        if not _named_by(database, keys.public):
+        if is_uri(database) or not _named_by(database, keys.public):
             with contextlib.suppress(OSError):
                 os.remove(path)
             for folder in (path.parent, path.parent.parent):  # made for it, unless something else is in them

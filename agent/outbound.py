@@ -1,7 +1,7 @@
 """Packing the due sends of one send phase on this machine (the local engine).
 
 Rules of this file:
-* One pass over the log serves every send (``SiteDatabase.read_logs``):
+* One pass over the log serves every send (``Site.read_logs``):
   each subscriber's transactions go to its own push packer
   (``codec.packing.MessagePacker``) as they are read, and each message goes
   to ``put`` as soon as it is made, so memory holds a few messages' worth
@@ -37,7 +37,7 @@ from codec.ops import PartialTransaction, Transaction
 from codec.packing import MessagePacker
 
 from .errors import AgentError
-from .site import SiteDatabase
+from .site import Site
 from .site.errors import SiteError
 
 # What stops one send and not the others while it is packed: a message that
@@ -189,7 +189,7 @@ class PackingPass(Generic[_Output]):
             yield position, output
 
 
-def pack_sends(db: SiteDatabase, keys: SiteKeys, sends: Sequence[BatchSend],
+def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
                put: Callable[[int, EncodedMessage], None], *, max_size: int,
                version: int = DATA_VERSION) -> list[Packed]:
     """Make the messages of ``sends`` (at most one per subscriber; the due

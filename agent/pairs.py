@@ -5,8 +5,8 @@ places, written only here:
 
 * the remote-user row in the site database (docs/protocol.md, "Offsets"),
   except ``log_received``, which moves only together with applied data
-  (``SiteDatabase.apply``) and ``log_sent``, which moves only with a send
-  recorded (``SiteDatabase.record_send``): :meth:`Peer.recorded` tells
+  (``Site.apply``) and ``log_sent``, which moves only with a send
+  recorded (``Site.record_send``): :meth:`Peer.recorded` tells
   the store those happened;
 * ``<db>.agent/state/``: the agent's bookkeeping beside the database (the
   most the peer said it sent, gap patience) and the incarnations of the
@@ -33,7 +33,7 @@ from codec.keys import Keyring, PublicKeys
 from .errors import AgentError
 from .pair_files import PairFiles
 from .protocol import PairProtocol, PairState, Settings
-from .site import SiteDatabase
+from .site import Site
 
 # Columns of the remote-user row the protocol owns.
 ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
@@ -74,7 +74,7 @@ def stream_key(row: Any) -> list:
 class PairStore:
     """Loads each pair's state into a :class:`Peer` and saves it back."""
 
-    def __init__(self, db: SiteDatabase, state_directory: Path, keyring: Keyring) -> None:
+    def __init__(self, db: Site, state_directory: Path, keyring: Keyring) -> None:
         self.db = db
         self.files = PairFiles(state_directory)
         self.keyring = keyring

@@ -21,13 +21,13 @@ from pathlib import Path
 from codec.atomic import write_file_atomically
 
 from .errors import AgentError
-from .site import SiteDatabase, SiteError
+from .site import Site, SiteError
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_agent_run"
           " (id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL)")
 
 
-def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
+def check_restored(db: Site, directory: Path) -> bytes | None:
     """Count this run; return the old incarnation id if the database was
     restored (it then has a new one), else None."""
     marker_path = directory / "state" / "site.json"
@@ -53,7 +53,7 @@ def check_restored(db: SiteDatabase, directory: Path) -> bytes | None:
     return renewed
 
 
-def _count_run(db: SiteDatabase, marker_generation: int,
+def _count_run(db: Site, marker_generation: int,
                marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
     with db._write(f"{db.path}: counting this agent run") as conn:
         conn.execute(_TABLE)

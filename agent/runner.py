@@ -43,6 +43,7 @@ from .contexts import Applier, Inbox, Outbox, Step, stamp
 from .delivering import Deliverer
 from .errors import AgentError
 from .keyfiles import agent_directory, load_site_keys, open_site_database
+from .site.locate import is_uri
 from .left_files import LeftFiles
 from .pairs import PairStore, Peer
 from .protocol import Apply, DeleteInbound, PurgeOutbound, Quarantine, SendControl, SendData, StreamStopped
@@ -73,7 +74,7 @@ class Agent:
     def __init__(self, database: str | os.PathLike[str], options: RunOptions | None = None, *,
                  batch: bool = True, clock: Callable[[], float] = time.time,
                  queues: MessageQueues | None = None) -> None:
-        self.path = Path(database)
+        self.path: str | Path = database if is_uri(database) else Path(database)  # a URI stays its text
         options = options or RunOptions()
         if options.spark.cancel is None:
             # A Spark job runs in a worker thread that cancelling the agent's
@@ -87,6 +88,7 @@ class Agent:
         self.peers: dict[str, Peer] = {}
         self.report = RunReport()
         self._closed = False
+        self._held = contextlib.ExitStack()  # the open site and its agent lock
         self._restored = False
         self._truncation = TruncationSchedule()
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
@@ -106,9 +108,11 @@ class Agent:
         await self.aclose()
 
     def _open(self) -> None:
-        if not self.path.exists():
+        if isinstance(self.path, Path) and not self.path.exists():
             raise AgentError(f"{self.path}: no such site database (create one with `agent init`)")
         self.db = open_site_database(self.path)
+        self._held.callback(self.db.close)  # closed once its agent lock is released (entered next)
+        self._held.enter_context(self.db.agent_lock())
         identity = self.db.identity
         self.name = identity.name
         self.keys = load_site_keys(self.db)
@@ -157,9 +161,7 @@ class Agent:
         finally:
             if self._queues is not None:
                 await asyncio.to_thread(self._queues.close)
-            db = getattr(self, "db", None)
-            if db is not None:
-                await asyncio.to_thread(db.close)
+            await asyncio.to_thread(self._held.close)  # the site: its agent lock, then its connection
 
     @property
     def transports(self) -> dict[tuple[str, str | None], Transport]:
@@ -311,9 +313,8 @@ class Agent:
         try:
             await self._carry_out(peer, work)
         except BaseException:
-            # Cancelled or failed half-way: the Apply or SendData not finished
-            # (work[0] is the one under way) are given back, for the next poll
-            # or send phase to start again.
+            # Cancelled or failed half-way: the Apply or SendData not finished (work[0] is
+            # the one under way) are given back, for the next poll or send phase to start again.
             self.release(peer, work)
             raise
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from ..site import SiteDatabase
+from ..site import open_site
 from .report import ChaosResult
 from .world import remote_rows, rows
 
@@ -61,7 +61,7 @@ def check(root: Path, sites: list[str], ledger: set[str], result: ChaosResult) -
         for row in peers.values():
             if not row.confirm_sent <= row.log_sent <= end:
                 result.divergences.append(f"I1 broken at {site} for {row.name}")
-        with SiteDatabase.open(root / f"{site}.db") as db:
+        with open_site(root / f"{site}.db") as db:
             for error in db.apply_errors():
                 # The ledger only ever gets new entries: an error there
                 # is a second apply.  Customers change at several sites

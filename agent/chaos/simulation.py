@@ -40,7 +40,7 @@ from ..admin import extract_site
 from ..errors import AgentError
 from ..keyfiles import load_site_keys
 from ..runner import Agent, RunOptions
-from ..site import SiteDatabase
+from ..site import open_site
 from . import checks
 from .params import SETTLE_ROUNDS, ChaosParams, duration_text
 from .report import ChaosResult
@@ -83,7 +83,7 @@ class Simulation:
                     except OSError as error:
                         raise AgentError(f"cannot make the inbox folder {folder} of site {site}: "
                                          f"{error.strerror or error}; check --address-template") from None
-            with SiteDatabase.open(root / f"{site}.db") as db:
+            with open_site(root / f"{site}.db") as db:
                 # Addresses in the template are relative: point them here.
                 for remote in db.remotes():
                     db.update_remote(remote.name, address=self.send_address(remote.name))
@@ -202,16 +202,16 @@ class Simulation:
         await self._drop("hq")  # the extraction rewrites hq's remote-user row
         keys = None
         if self.rng.random() < 0.5:
-            with SiteDatabase.open(self.root / f"{remote}.db") as old:
+            with open_site(self.root / f"{remote}.db") as old:
                 keys = load_site_keys(old)
         at_hq = {row[0] for row in rows(self.root, "hq", "SELECT entry FROM ledger")}
         self.workload.forget(remote, kept=at_hq)
         for suffix in ("", "-wal", "-shm"):
             (self.root / f"{remote}.db{suffix}").unlink(missing_ok=True)
         shutil.rmtree(self.root / f"{remote}.db.agent", ignore_errors=True)
-        with SiteDatabase.open(self.root / "hq.db") as hq:
+        with open_site(self.root / "hq.db") as hq:
             extract_site(hq, remote, self.root / f"{remote}.db", keys=keys)
-        with SiteDatabase.open(self.root / f"{remote}.db") as copy:
+        with open_site(self.root / f"{remote}.db") as copy:
             copy.update_remote("hq", address=self.send_address("hq"))
         add_arrival_journal(self.root / f"{remote}.db")
         self.result.reextractions += 1

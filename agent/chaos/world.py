@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..admin import extract_site, init_site
 from ..keyfiles import copy_site_keys
-from ..site import SiteDatabase
+from ..site import open_site
 from ..site.publications import Article
 
 SCHEMA = [
@@ -115,6 +115,6 @@ def remote_rows(root: Path, sites: list[str]) -> dict[str, tuple[dict, int]]:
     """Each site's remote-user rows by peer, and the end of its log."""
     found = {}
     for site in sites:
-        with SiteDatabase.open(root / f"{site}.db") as db:
+        with open_site(root / f"{site}.db") as db:
             found[site] = ({row.name: row for row in db.remotes()}, db.log_end())
     return found

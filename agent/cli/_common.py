@@ -148,7 +148,30 @@ class DatabasePath(click.Path):
         return super().convert(value, param, ctx)
 
 
-DATABASE = DatabasePath(dir_okay=False, path_type=Path)
+class SiteLocation(click.ParamType):
+    """A site: a SQLite file (as :class:`DatabasePath` takes it, a ``Path``)
+    or a libpq URI of a PostgreSQL database (``postgresql://...``, kept as
+    its text), refused in one line when it carries a password."""
+
+    name = "database"
+    _file = DatabasePath(dir_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ..site.locate import is_uri
+
+        if isinstance(value, str) and is_uri(value):
+            from ..site import SiteError
+            from ..site.postgres.uri import parse_uri
+
+            try:
+                parse_uri(value)
+            except SiteError as error:
+                self.fail(str(error), param, ctx)
+            return value
+        return self._file.convert(value, param, ctx)
+
+
+DATABASE = SiteLocation()
 
 
 class Address(click.ParamType):
@@ -352,8 +375,11 @@ def check_parent_directory(path: Path) -> None:
     raise AgentError(f"directory {parent} does not exist; create it first")
 
 
-def check_site_path(path: Path) -> None:
-    """One clear line when ``path`` cannot be a site database at all."""
+def check_site_path(path: Path | str) -> None:
+    """One clear line when ``path`` cannot be a site database at all (a URI
+    is checked by connecting to it)."""
+    if isinstance(path, str):
+        return
     if not str(path) or not path.exists():
         raise AgentError(f"{path}: no such site database; check the path, or create the site with `agent init`")
     if path.is_dir():
@@ -361,9 +387,9 @@ def check_site_path(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def open_site(path: Path) -> Iterator["SiteDatabase"]:  # noqa: F821 - imported lazily
-    """Open an existing site database, with a clear line when it is missing
-    (an older one that still holds its secret key has it moved out first)."""
+def open_site(path: Path | str) -> Iterator["Site"]:  # noqa: F821 - imported lazily
+    """Open an existing site, with a clear line when it is missing (an older
+    SQLite one that still holds its secret key has it moved out first)."""
     from ..keyfiles import open_site_database
 
     check_site_path(path)
@@ -374,11 +400,11 @@ def open_site(path: Path) -> Iterator["SiteDatabase"]:  # noqa: F821 - imported 
         site.close()
 
 
-def remote_names(site: "SiteDatabase") -> list[str]:  # noqa: F821
+def remote_names(site: "Site") -> list[str]:  # noqa: F821
     return [remote.name for remote in site.remotes()]
 
 
-def require_remote(site: "SiteDatabase", name: str) -> None:  # noqa: F821
+def require_remote(site: "Site", name: str) -> None:  # noqa: F821
     names = remote_names(site)
     if name not in names:
         known = _known_remotes(names, name)
@@ -406,7 +432,7 @@ SHARED_INBOX_HELP = ("The remote's inbox is shared with other remotes on purpose
 SHARED_INBOX_SHOWN = 20  # warning lines at most; more shared addresses are counted on one line
 
 
-def shared_inbox_warnings(site: "SiteDatabase", new: Iterable[tuple[str, str, str | None]]  # noqa: F821
+def shared_inbox_warnings(site: "Site", new: Iterable[tuple[str, str, str | None]]  # noqa: F821
                           ) -> list[str]:
     """One warning line per address of ``new`` (name, address, transport)
     that another remote (one of the site's, or another of ``new``) is sent

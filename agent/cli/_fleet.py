@@ -165,7 +165,7 @@ class _Fleet:
     what the checks need from the site once, as one `remote add` would
     check each of them."""
 
-    def __init__(self, site: "SiteDatabase", source: str) -> None:  # noqa: F821
+    def __init__(self, site: "Site", source: str) -> None:  # noqa: F821
         self.site = site
         self.source = source
         self.types = SubscriptionTypes(site)

@@ -69,7 +69,7 @@ def _as_number(text: str) -> int | float | None:
     return None
 
 
-def subscription_value(site: "SiteDatabase", publication: str, text: str | None) -> object:  # noqa: F821
+def subscription_value(site: "Site", publication: str, text: str | None) -> object:  # noqa: F821
     """The typed value a subscription to ``publication`` needs for ``text``.
 
     SUBSCRIBE BY compares values exactly (7 and '7' differ), so the text
@@ -84,7 +84,7 @@ class SubscriptionTypes:
     publication's SUBSCRIBE BY columns are read once (a fleet file names
     the same few publications ten thousand times)."""
 
-    def __init__(self, site: "SiteDatabase") -> None:  # noqa: F821
+    def __init__(self, site: "Site") -> None:  # noqa: F821
         self._site = site
         self._publications = {item.name: item for item in site.publications()}
         self._affinities: dict[str, tuple[list[tuple[str, str]], set[str]]] = {}
@@ -144,7 +144,7 @@ def split_subscription(text: str) -> tuple[str, str | None]:
     return name, (value if equals else None)
 
 
-def refuse_own_inbox(site: "SiteDatabase", name: str, address: str | None,  # noqa: F821
+def refuse_own_inbox(site: "Site", name: str, address: str | None,  # noqa: F821
                       transport: str | None) -> None:
     """A remote sent to at this site's own inbox would have this site read
     its own messages to the remote and leave them there (addressed to

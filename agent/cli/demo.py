@@ -160,10 +160,10 @@ def build_consolidated(folder: Path, rng: random.Random) -> dict[str, list[int]]
 
 def extract_field_sites(folder: Path) -> dict[str, dict[str, int]]:
     from ..admin import extract_site
-    from ..site import SiteDatabase
+    from ..site import open_site
 
     copied = {}
-    with SiteDatabase.open(folder / f"{CONSOLIDATED}.db") as site:
+    with open_site(folder / f"{CONSOLIDATED}.db") as site:
         for name in FIELD_SITES:
             copied[name] = dict(extract_site(site, name, folder / f"{name}.db").rows)
     return copied
@@ -246,11 +246,11 @@ async def _round(folder: Path, max_message_size: int) -> dict[str, Any]:
 
 def remote_rows(folder: Path) -> dict[str, tuple[int, dict[str, Any]]]:
     """Each site's log end and remote-user rows."""
-    from ..site import SiteDatabase
+    from ..site import open_site
 
     found = {}
     for name in _sites():
-        with SiteDatabase.open(folder / f"{name}.db") as site:
+        with open_site(folder / f"{name}.db") as site:
             found[name] = (site.log_end(), {row.name: row for row in site.remotes()})
     return found
 
@@ -325,10 +325,10 @@ def subscribed_rows(hq: sqlite3.Connection, publications: Any, subscriptions: An
 
 def compare_sites(folder: Path) -> dict[str, list[str]]:
     """For each field site, how its rows differ from what it subscribes to at the consolidated."""
-    from ..site import SiteDatabase
+    from ..site import open_site
 
     differences: dict[str, list[str]] = {}
-    with SiteDatabase.open(folder / f"{CONSOLIDATED}.db") as site:
+    with open_site(folder / f"{CONSOLIDATED}.db") as site:
         publications = site.publications()
         subscriptions = {name: site.subscriptions(name) for name in FIELD_SITES}
     with contextlib.closing(sqlite3.connect(folder / f"{CONSOLIDATED}.db")) as hq:
@@ -365,9 +365,9 @@ def status_table(rows: dict[str, tuple[int, dict[str, Any]]]) -> Table:
 
 
 def conflicts_table(folder: Path) -> Table | None:
-    from ..site import SiteDatabase
+    from ..site import open_site
 
-    with SiteDatabase.open(folder / f"{CONSOLIDATED}.db") as site:
+    with open_site(folder / f"{CONSOLIDATED}.db") as site:
         conflicts = site.conflicts()
     if not conflicts:
         return None

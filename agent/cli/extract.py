@@ -118,7 +118,7 @@ def _check_target(target: Path) -> None:
     check_no_key_file(target)  # checked again when it is written; said here before the copy starts
 
 
-def remote_settings(site: "SiteDatabase", remote: str, given: dict[str, str | None]) -> dict[str, str]:  # noqa: F821
+def remote_settings(site: "Site", remote: str, given: dict[str, str | None]) -> dict[str, str]:  # noqa: F821
     """The transport options ``remote``'s copy gets, checked with its inbox
     and reply address: the consolidated's that hold for it, its From:
     address (email), then ``given``.  One line when they would not work."""

@@ -22,6 +22,7 @@ import os
 import sqlite3
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Iterator
 
 from .errors import InvalidSetting, NotASite, SiteBusy, SiteDatabaseError, SiteError
@@ -32,6 +33,13 @@ WAL_CHECKPOINT_PAGES = 10_000  # this connection's commits checkpoint the WAL pa
 WAL_KEEP_BYTES = 64 * 1024 * 1024  # a WAL file left larger is cut back to this after a checkpoint
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+
+
+def sqlite_home(path: str | os.PathLike[str]) -> Path:
+    """The agent's own folder (keys, spool, state) of the SQLite site in
+    ``path``: ``<file>.agent`` beside it, so the two move together."""
+    file = Path(path)
+    return file.with_name(file.name + ".agent")
 
 
 def quote_ident(name: str) -> str:

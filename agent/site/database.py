@@ -13,14 +13,17 @@ Rules of this file:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from pathlib import Path
 from datetime import datetime, time
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from codec.ops import Transaction
 
-from ._db import DEFAULT_BUSY_TIMEOUT, format_time, read_transaction, sqlite_errors, utc_now, write_transaction
+from ._db import (DEFAULT_BUSY_TIMEOUT, format_time, read_transaction, sqlite_errors, sqlite_home, utc_now,
+                  write_transaction)
 from .apply import (
     Applier,
     ApplyErrorRecord,
@@ -51,8 +54,7 @@ from .publications import (
 )
 from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
 from .resubscribe import SubscriptionChange, change_locked
-from .route import ARTICLE_ROWS
-from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
+from .selection import FANOUT_HOLD, SubscriberReader, export_rows
 from .remotes import (
     NewRemote,
     RemoteFilter,
@@ -75,7 +77,7 @@ from .remotes import (
     update_remotes_locked,
 )
 from .schema import Role, SecretStore, SiteIdentity, init_database, open_database, read_identity
-from .settings import SITE_SCOPE, read_all_options, read_options, write_options
+from .settings import SITE_SCOPE, read_all_options, read_options, set_transport_locked
 
 
 class SiteDatabase:
@@ -129,6 +131,15 @@ class SiteDatabase:
     @property
     def identity(self) -> SiteIdentity:
         return self._identity
+
+    @property
+    def home(self) -> Path:
+        """The agent's own folder: ``<file>.agent`` beside the file."""
+        return sqlite_home(self.path)
+
+    def agent_lock(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to hold: the spool's lock, in the folder beside the file, is the one agent's."""
+        return contextlib.nullcontext()
 
     @property
     def connection(self) -> Any:
@@ -314,14 +325,8 @@ class SiteDatabase:
         """What a batch export carries to select for ``subscribers``: every shape, the article rows (table,
         publication, columns JSON, subscribe_by or route.ROUTE) and the subscribers' subscription rows (remote,
         publication, value, since, until), ended ones included.  Raises for an unknown remote."""
-        names = list(subscribers)
         with self._lock, self._read("reading publications for a batch export"):
-            for name in names:
-                selection_plan(self._conn, self._identity, name)  # checks the remote exists
-            articles = self._conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
-            subscriptions = [row for name in names for row in self._conn.execute(
-                "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
-                " ORDER BY publication, rowid", (name,))]
+            articles, subscriptions = export_rows(self._conn, self._identity, list(subscribers))
             return all_shapes(self._conn), articles, subscriptions
 
     def check_log_range(self, after: int, until: int) -> None:
@@ -455,16 +460,8 @@ class SiteDatabase:
         transaction.  An option given as None is removed; ``""`` for
         ``reply_address`` or ``inbox`` clears it."""
         with self._lock, self._write("storing transport settings"):
-            if peer is None:
-                for column, value in (("address", address), ("reply_address", reply_address),
-                                      ("transport", transport)):
-                    if value is not None:
-                        self._conn.execute(f"UPDATE fieldsync_site SET {column} = ? WHERE id = 1", (value or None,))
-            else:
-                get_remote(self._conn, peer)
-                if inbox is not None:
-                    update_remote_locked(self._conn, peer, {"inbox": inbox or None})
-            write_options(self._conn, SITE_SCOPE if peer is None else peer, options or {})
+            set_transport_locked(self._conn, address=address, reply_address=reply_address, transport=transport,
+                                 options=options, peer=peer, inbox=inbox)
         self._refresh_identity()
 
     def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None:

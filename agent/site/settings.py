@@ -18,6 +18,7 @@ import sqlite3
 from collections.abc import Mapping
 
 from .errors import InvalidSetting
+from .remotes import get_remote, update_remote_locked
 
 SITE_SCOPE = ""
 _NAME = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?")
@@ -60,6 +61,21 @@ def write_options(conn: sqlite3.Connection, scope: str, changes: Mapping[str, st
         check_option(name, value)
         conn.execute("INSERT INTO fieldsync_transport_option (scope, name, value) VALUES (?, ?, ?) "
                      "ON CONFLICT (scope, name) DO UPDATE SET value = excluded.value", (scope, name, value))
+
+
+def set_transport_locked(conn: sqlite3.Connection, *, address: str | None, reply_address: str | None,
+                         transport: str | None, options: Mapping[str, str | None] | None, peer: str | None,
+                         inbox: str | None) -> None:
+    """SiteDatabase.set_transport inside the caller's write transaction."""
+    if peer is None:
+        for column, value in (("address", address), ("reply_address", reply_address), ("transport", transport)):
+            if value is not None:
+                conn.execute(f"UPDATE fieldsync_site SET {column} = ? WHERE id = 1", (value or None,))
+    else:
+        get_remote(conn, peer)
+        if inbox is not None:
+            update_remote_locked(conn, peer, {"inbox": inbox or None})
+    write_options(conn, SITE_SCOPE if peer is None else peer, options or {})
 
 
 def forget_scope(conn: sqlite3.Connection, scope: str) -> None:

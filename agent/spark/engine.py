@@ -45,7 +45,7 @@ from codec.message import DATA_VERSION
 
 from ..errors import UsageError, describe_error
 from ..keyfiles import key_path
-from ..site import SiteDatabase
+from ..site import Site
 from .errors import SparkBatchCancelled, SparkBatchError
 from ..outbound import BatchSend
 from .export import export_batch
@@ -237,7 +237,7 @@ class SparkBatch:
         self.close()
 
 
-def run_spark_batch(db: SiteDatabase, keys: SiteKeys, sends: Iterable[BatchSend], *, max_size: int,
+def run_spark_batch(db: Site, keys: SiteKeys, sends: Iterable[BatchSend], *, max_size: int,
                     version: int = DATA_VERSION,
                     options: SparkOptions, work: Path, stop: threading.Event | None = None,
                     key_file: Path | None = None) -> SparkBatch:

@@ -30,7 +30,7 @@ import msgpack
 from codec.message import DATA_VERSION
 
 from ..outbound import BatchSend
-from ..site import SiteDatabase
+from ..site import Site
 from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
@@ -57,7 +57,7 @@ def _schema():  # type: ignore[no-untyped-def]
                       ("returned", pa.string()), ("values", pa.binary())])
 
 
-def export_batch(db: SiteDatabase, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
+def export_batch(db: Site, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
                  *, max_size: int, version: int = DATA_VERSION, rows_per_file: int = ROWS_PER_FILE,
                  rows_per_group: int = ROWS_PER_GROUP,
                  check_stop: Callable[[], None] | None = None) -> ExportSummary:
@@ -121,7 +121,7 @@ def _write_subscriptions(path: Path, rows: list[tuple]) -> None:
     pq.write_table(table, path)
 
 
-def _write_log(db: SiteDatabase, folder: Path, token: str, low: int, high: int, width: int, rows_per_file: int,
+def _write_log(db: Site, folder: Path, token: str, low: int, high: int, width: int, rows_per_file: int,
                rows_per_group: int, check_stop: Callable[[], None]) -> tuple[int, list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -4,6 +4,7 @@ one-round replication helper."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 
@@ -42,14 +43,26 @@ def make_site(directory: Path, name: str, role: str = "consolidated", *schema: s
 
 # The form decoded transactions reach the apply path in: "operations" (a
 # version-1 message, or any caller of SiteDatabase.apply) or "runs" (a
-# version-2 message as the agent decodes it).  Every site test runs in both.
+# version-2 message as the agent decodes it).  Every site test that applies
+# through these helpers (decoded, replicate, tests/site/applying.py) runs in
+# both; the others read no decoded transaction and run once.
 _FORM = {"runs": False}
+_APPLYING_HELPERS = ("decoded", "replicate", "applying")
 
 
-@pytest.fixture(params=["operations", "runs"], autouse=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "decoded_form" not in metafunc.fixturenames:
+        return
+    source = Path(metafunc.module.__file__).read_text(encoding="utf-8")
+    applies = any(re.search(rf"\b{helper}\b", source) for helper in _APPLYING_HELPERS)
+    metafunc.parametrize("decoded_form", ["operations", "runs"] if applies else ["operations"], indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def decoded_form(request):
-    _FORM["runs"] = request.param == "runs"
-    yield request.param
+    form = getattr(request, "param", "operations")
+    _FORM["runs"] = form == "runs"
+    yield form
     _FORM["runs"] = False
 
 

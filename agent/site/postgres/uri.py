@@ -22,16 +22,11 @@ from psycopg import ProgrammingError
 from psycopg.conninfo import conninfo_to_dict
 
 from .errors import InvalidUri, PasswordInUri
+from .schemes import is_postgres_uri
 
-SCHEMES = ("postgresql://", "postgres://")
 # Parameters that carry a secret, never allowed in a URI.
 SECRET_PARAMETERS = ("password", "sslpassword")
 PASSWORD_HELP = "put it in ~/.pgpass, PGPASSFILE or a service file (docs/postgres.md, \"Passwords\")"
-
-
-def is_postgres_uri(text: object) -> bool:
-    """Whether ``text`` names a PostgreSQL database (not a SQLite file)."""
-    return type(text) is str and text.startswith(SCHEMES)
 
 
 @dataclass(frozen=True, slots=True)

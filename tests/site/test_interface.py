@@ -1,0 +1,104 @@
+"""The site interface (agent/site/interface.py) and its backends: each
+backend offers every member of :class:`Site` with the same signature, and
+nothing the agent could reach besides (its constructors and the
+connection for tests excepted).  A method added to one backend only, or a
+parameter renamed in one, fails here."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from agent.site.database import SiteDatabase
+from agent.site.interface import Site
+from agent.site.locate import init_site, is_uri, open_site, site_home
+from agent.site.errors import InvalidSetting
+
+BACKEND_ONLY = {"init", "open", "connection"}  # made by locate.py; the connection is for tests and tools
+
+
+def _members(cls: type) -> dict[str, object]:
+    return {name: value for name, value in vars(cls).items()
+            if not name.startswith("_") or name in ("__enter__", "__exit__")}
+
+
+def _signature(member: object) -> inspect.Signature | str:
+    if isinstance(member, property):
+        return "property"
+    signature = inspect.signature(member)  # type: ignore[arg-type]
+    # Return annotations name the backend's own class (``-> SiteDatabase``) or Any; parameters must agree.
+    return signature.replace(return_annotation=inspect.Signature.empty)
+
+
+def _backends() -> list[type]:
+    return [SiteDatabase]
+
+
+@pytest.mark.parametrize("backend", _backends(), ids=lambda cls: cls.__name__)
+def test_a_backend_offers_every_member_of_the_interface_with_its_signature(backend: type) -> None:
+    expected = _members(Site)
+    offered = _members(backend)
+    missing = sorted(set(expected) - set(offered))
+    assert not missing, f"{backend.__name__} lacks {missing}"
+    different = {name: (str(_signature(offered[name])), str(_signature(expected[name])))
+                 for name in expected if str(_signature(offered[name])) != str(_signature(expected[name]))}
+    assert not different, different
+
+
+@pytest.mark.parametrize("backend", _backends(), ids=lambda cls: cls.__name__)
+def test_a_backend_offers_nothing_the_interface_does_not_name(backend: type) -> None:
+    extra = sorted(set(_members(backend)) - set(_members(Site)) - BACKEND_ONLY)
+    assert not extra, f"{backend.__name__} offers {extra}: add them to agent/site/interface.py or make them private"
+
+
+@pytest.mark.parametrize("location, uri", [
+    ("postgresql://app@127.0.0.1:5432/sales", True),
+    ("postgres:///sales?service=hq", True),
+    ("hq.db", False),
+    ("./postgresql:/hq.db", False),
+    ("POSTGRESQL://app@host/sales", False),  # libpq's schemes are lower case
+])
+def test_a_uri_names_postgresql_and_anything_else_a_sqlite_file(location: str, uri: bool) -> None:
+    assert is_uri(location) is uri
+
+
+def test_a_sqlite_site_opened_by_location_is_the_sqlite_backend_with_its_folder_beside_it(tmp_path) -> None:
+    path = tmp_path / "hq.db"
+    with init_site(path, name="hq", role="consolidated") as made:
+        assert isinstance(made, SiteDatabase)
+    with open_site(path) as site:
+        assert site.identity.name == "hq"
+        assert site.home == tmp_path / "hq.db.agent" == site_home(path)
+
+
+def test_home_is_refused_for_a_sqlite_file(tmp_path) -> None:
+    with pytest.raises(InvalidSetting, match=r"--home is for a PostgreSQL site.*hq\.db\.agent"):
+        init_site(tmp_path / "hq.db", name="hq", role="consolidated", home=tmp_path / "elsewhere")
+    assert not (tmp_path / "hq.db").exists()
+
+
+def test_a_postgresql_site_needs_a_home() -> None:
+    with pytest.raises(InvalidSetting, match="--home DIR"):
+        init_site("postgresql://app@127.0.0.1:1/sales", name="hq", role="consolidated")
+
+
+def test_nothing_outside_the_site_package_names_a_backend() -> None:
+    """The agent, the CLI, the chaos suite and the Spark path hold a Site:
+    they import neither backend's class (agent/site/interface.py)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for folder in ("agent", "contrib", "transports", "codec"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.is_relative_to(root / "agent" / "site"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("site.postgres.site"):
+                    found.append(f"{path.relative_to(root)}: imports {node.module}")
+                if isinstance(node, ast.ImportFrom):
+                    found += [f"{path.relative_to(root)}: imports {alias.name}" for alias in node.names
+                              if alias.name in ("SiteDatabase", "PostgresSite")]
+    assert not found, found
