@@ -67,7 +67,7 @@ async def apply(applier: Applier, peer: Peer, action: Apply) -> list[Action]:
         return peer.protocol.apply_aborted(now, quarantine=str(error))
     except (SiteError, AgentError) as error:  # refused, or the spool failed: keep the messages, retry at the next poll
         log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
-        applier.report.transport_errors.append(f"applying from {peer.name}: {error}")
+        applier.report.local_errors.append(f"applying from {peer.name}: {error}")
         await asyncio.to_thread(queues.abort_dequeue, token)
         return peer.protocol.apply_aborted(now)
     crash_point("apply.after-commit")

@@ -91,6 +91,7 @@ class RunSample:
     quarantined: int
     resend_requests: int
     transport_errors: int
+    local_errors: int
     stopped_streams: int
     ok: bool
 
@@ -289,11 +290,12 @@ class SiteMetrics(Collector):
             mode=self.mode, started_at=self.started_at, ended_at=self.ended_at, received=report.received,
             applied_messages=report.applied_messages, sent=report.sent, quarantined=report.quarantined,
             resend_requests=report.resend_requests, transport_errors=_occurrences(report.transport_errors),
-            stopped_streams=_occurrences(report.stopped_streams), ok=report.ok)
+            local_errors=_occurrences(report.local_errors), stopped_streams=_occurrences(report.stopped_streams),
+            ok=report.ok)
 
 
 def _occurrences(problems: "Iterable[str]") -> int:
-    """How many problems a run's :class:`~agent.runner.Problems` met, repeats included."""
+    """How many problems a run's :class:`~agent.run_options.Problems` met, repeats included."""
     counts = getattr(problems, "counts", {})
     return sum(counts.values()) + getattr(problems, "not_kept", 0)
 
@@ -371,8 +373,11 @@ _RUN_COUNTS: tuple[tuple[str, str, str], ...] = (
      "Files set aside in the quarantine {when}: refused on receipt, or queued messages that can never be applied."),
     ("resend_requests", "resend_requests", "Resend requests to peers queued {when}."),
     ("transport_errors", "transport_errors",
-     "Transport errors met {when}, repeats included: a transport failed, a peer had no address, or preparing "
-     "or applying messages failed."),
+     "Transport errors met {when}, repeats included: a transport failed receiving or sending, or a peer had no "
+     "address."),
+    ("local_errors", "local_errors",
+     "Local errors met {when}, repeats included: applying messages, preparing messages or a Spark batch failed "
+     "on this site's side."),
     ("stopped_streams", "stopped_streams",
      "Stopped streams met {when}, repeats included: a peer's incarnation changed, or this site was restored "
      "from an older copy."),
@@ -416,7 +421,8 @@ def families(snapshot: Snapshot) -> list[Metric]:
             gauge("fieldsync_last_run_duration_seconds", "How long the last batch run took, in seconds.",
                   run.ended_at - run.started_at)
         gauge("fieldsync_last_run_success",
-              "1 when the last batch run met no transport error and no stopped stream (exit code 0), else 0.",
+              "1 when the last batch run met no transport error, no local error and no stopped stream (exit code "
+              "0), else 0.",
               1 if run.ok else 0)
         for suffix, field, documentation in _RUN_COUNTS:
             gauge(f"fieldsync_last_run_{suffix}", documentation.format(when="in the last batch run"),

@@ -116,7 +116,7 @@ class Preparer:
                 log.warning("the Spark batch of %d sends failed, so they are packed here: %s", len(sends), error)
                 return None, False
             log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
-            outbox.report.transport_errors.append(f"Spark batch of {len(sends)} sends: {error}")
+            outbox.report.local_errors.append(f"Spark batch of {len(sends)} sends: {error}")
             return None, True
         outbox.report.spark_batches += 1
         return batch, False

@@ -129,9 +129,13 @@ class RunReport:
     spark_batches: int = 0  # Spark jobs whose files were queued
     quarantine_dropped: int = 0  # older quarantined files dropped for the quarantine's caps
     left_in_inbox: int = 0  # files at the inbox not read (not for this site, or refused), at the last receive
+    # A transport failed: receiving, delivering, or a peer without an address.
     transport_errors: Problems = field(default_factory=Problems)
+    # This site's side failed: applying, preparing messages, the Spark engine.
+    local_errors: Problems = field(default_factory=Problems)
     stopped_streams: Problems = field(default_factory=Problems)
 
     @property
     def ok(self) -> bool:
-        return not self.transport_errors and not self.stopped_streams
+        """No problem of any kind (a batch run's exit code 0)."""
+        return not self.transport_errors and not self.local_errors and not self.stopped_streams

@@ -122,7 +122,7 @@ class Sender:
                 # A range the log cannot serve (its remote row disagrees with
                 # the log) fails this peer's send and no other.
                 log.error("preparing messages for %s failed: %s", peer.name, outcome)
-                self.outbox.report.transport_errors.append(f"preparing messages for {peer.name}: {outcome}")
+                self.outbox.report.local_errors.append(f"preparing messages for {peer.name}: {outcome}")
             return peer.protocol.send_aborted(now)
         if outcome == 0:
             # Nothing for the peer in the range: no message (rule 5); only
@@ -152,7 +152,7 @@ class Sender:
         failed = await asyncio.to_thread(self.preparer.queue_controls, controls)
         for peer, error in failed:  # e.g. the peer's sealing key is another site's
             log.error("preparing a control message for %s failed: %s", peer.name, error)
-            report.transport_errors.append(f"preparing a control message for {peer.name}: {error}")
+            report.local_errors.append(f"preparing a control message for {peer.name}: {error}")
         failed_peers = {peer.name for peer, _ in failed}
         report.resend_requests += sum(1 for peer, action in controls
                                       if action.reason == "resend request" and peer.name not in failed_peers)

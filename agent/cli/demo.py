@@ -279,7 +279,7 @@ def run_rounds(out: Console, folder: Path, max_message_size: int, limit: int) ->
         reports = asyncio.run(_round(folder, max_message_size))
         sent += sum(report.sent for report in reports.values())
         problems = [f"{name}: {text}" for name, report in reports.items()
-                    for text in (*report.transport_errors, *report.stopped_streams)]
+                    for text in (*report.transport_errors, *report.local_errors, *report.stopped_streams)]
         for problem in problems:
             out.print(f"  [red]problem[/] {escape(problem)}", soft_wrap=True, markup=True)
         unsettled = at_rest(remote_rows(folder))

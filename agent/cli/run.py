@@ -475,6 +475,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
               f"quarantined {report.quarantined}, sent {report.sent}, resend requests {report.resend_requests}",
               soft_wrap=True)
     for kind, plural, problems in (("transport error", "transport errors", report.transport_errors),
+                                   ("local error", "local errors", report.local_errors),
                                    ("stream stopped", "stopped streams", report.stopped_streams)):
         for problem in problems:
             times = problems.counts[problem]

@@ -251,8 +251,9 @@ def test_a_peer_whose_messages_cannot_be_sealed_fails_alone(site: Path) -> None:
     reference = expected(site)
     phase = send_phase(site)
     problem = "sealing key is for elsewhere, not the recipient field003"
-    assert phase.report.transport_errors == [f"preparing messages for field003: {problem}",
-                                             f"preparing a control message for field003: {problem}"]
+    assert phase.report.local_errors == [f"preparing messages for field003: {problem}",
+                                         f"preparing a control message for field003: {problem}"]
+    assert phase.report.transport_errors == []  # no transport was involved
     assert phase.log_sent["field003"] == reference.starts["field003"] == 0
     assert phase.outbound["field003"] == []
     assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
@@ -266,7 +267,8 @@ def test_a_peer_whose_range_the_log_cannot_serve_fails_alone(site: Path) -> None
         db.connection.execute("UPDATE fieldsync_remote SET log_sent = 1, confirm_sent = 0 WHERE name = 'field003'")
     reference = expected_without(site, "field003")
     phase = send_phase(site)
-    [problem] = phase.report.transport_errors
+    [problem] = phase.report.local_errors
+    assert phase.report.transport_errors == []
     assert problem.startswith("preparing messages for field003: ") and "1 is not a commit offset" in problem
     assert phase.log_sent["field003"] == 1 and data_files(phase.outbound["field003"]) == []
     assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
@@ -324,7 +326,9 @@ def test_a_queue_failure_for_one_peer_leaves_the_others_whole(site: Path) -> Non
     reference = expected(site)
     error = QueueError("disk quota of field003 exceeded")
     phase = send_phase(site, wrap=lambda queues: FailingQueue(queues, "field003", 2, error))
-    assert phase.report.transport_errors == ["preparing messages for field003: disk quota of field003 exceeded"]
+    # Packing failed on this site's side: a local error, and no transport error.
+    assert phase.report.local_errors == ["preparing messages for field003: disk quota of field003 exceeded"]
+    assert phase.report.transport_errors == [] and not phase.report.ok
     assert_sent_as_alone(phase, reference, [name for name in NAMES if name != "field003"])
     # What it queued before failing stays, and log_sent did not move ...
     assert data_files(phase.outbound["field003"]) == reference.files["field003"][:2]

@@ -358,6 +358,32 @@ async def test_keep_leaves_every_file_in_the_inbox_and_takes_each_in_once(world,
     await world.settle()
 
 
+async def test_an_apply_the_database_refuses_is_a_local_error_not_a_transport_error(world, monkeypatch):
+    """The site database refuses an apply (locked, say): the run reports a
+    local error, never a transport error (no transport failed), and the
+    messages stay queued for the next run to apply."""
+    from agent.site.errors import SiteError
+
+    await world.settle()
+    world.write("hq", *random_rows(random.Random(70), 4, ("f1",), start=7000))
+    await world.run("hq")
+    apply = SiteDatabase.apply
+
+    def refused(self, *args, **kwargs):
+        raise SiteError("database is locked")
+
+    monkeypatch.setattr(SiteDatabase, "apply", refused)
+    report = await world.run("f1")
+    assert report.local_errors == ["applying from hq: database is locked"], report
+    assert report.transport_errors == [] and not report.ok and report.applied_messages == 0
+    assert world.rows("f1", "customer", "WHERE id >= 7000") == []
+    monkeypatch.setattr(SiteDatabase, "apply", apply)
+    again = await world.run("f1")
+    assert again.ok and again.applied_messages == 1, again
+    assert len(world.rows("f1", "customer", "WHERE id >= 7000")) == 4
+    await world.settle()
+
+
 async def test_a_receive_phase_cancelled_during_an_apply_finishes_that_apply_first(world, monkeypatch):
     """An application cancels the task running a receive phase while the
     database applies a message: the apply, the spool's dequeue and the

@@ -107,6 +107,25 @@ def test_a_batch_run_writes_the_file_with_what_it_replicated(agent: Agent, world
     assert not any(name.startswith("fieldsync_") and name.endswith("_total") for name, _ in found)
 
 
+def test_a_refused_apply_counts_as_a_local_error_not_a_transport_error(agent: Agent, world: World, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.site.errors import SiteError
+
+    world.execute("n1", "INSERT INTO customer VALUES (501, 'n1', 'from n1')")
+    assert agent("run", world.n1, "--once").code == 0
+
+    def refused(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise SiteError("database is locked")
+
+    monkeypatch.setattr(SiteDatabase, "apply", refused)
+    target = tmp_path / "hq.prom"
+    assert agent("run", world.hq, "--once", "--metrics-file", target).code == 1
+    found = samples(target.read_text())
+    assert value(found, "fieldsync_last_run_local_errors", site="hq") >= 1  # each attempt, repeats included
+    assert value(found, "fieldsync_last_run_transport_errors", site="hq") == 0
+    assert value(found, "fieldsync_last_run_success", site="hq") == 0
+
+
 def test_the_file_is_replaced_whole_by_a_rename(agent: Agent, world: World, tmp_path: Path) -> None:
     target = tmp_path / "hq.prom"
     assert agent("run", world.hq, "--once", "--metrics-file", target).code == 0

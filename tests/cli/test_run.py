@@ -386,7 +386,7 @@ def test_spark_timeout_stops_a_hanging_job(agent: Agent, world: World, tmp_path:
     result = agent(*_spark_run(world, launcher.path, "--spark-timeout", "1"))
     assert result.code == 1
     problems = [line for line in result.err_lines if line.startswith("agent: ")]
-    assert problems == ["agent: transport error: Spark batch of 2 sends: the Spark job ran over its 1 s timeout "
+    assert problems == ["agent: local error: Spark batch of 2 sends: the Spark job ran over its 1 s timeout "
                         f"and was stopped (its last line: {LAST_LINE}); give it longer with --spark-timeout "
                         "(0: no limit)"], result.err
     assert wait_gone(list(launcher.wait_started())) == []
@@ -400,7 +400,7 @@ def test_spark_timeout_0_is_no_limit(agent: Agent, world: World, tmp_path: Path)
     slow.chmod(0o755)
     result = agent(*_spark_run(world, slow, "--spark-timeout", "0"))
     assert result.code == 1
-    assert ("agent: transport error: Spark batch of 2 sends: the Spark job failed (exit code 1): "
+    assert ("agent: local error: Spark batch of 2 sends: the Spark job failed (exit code 1): "
             "slow launcher gave up") in result.err_lines, result.err
 
 
@@ -421,6 +421,29 @@ def test_a_signal_stops_a_batch_run_and_its_spark_job(world: World, tmp_path: Pa
     assert wait_gone(list(pids)) == []
     assert _log_sent(world) == before
     assert _job_folders(world) == []
+
+
+def test_a_refused_apply_is_a_local_error_line_and_exit_1(agent: Agent, world: World,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure on this site's side (its database refuses an apply) is said
+    as what it is: a local error, never a transport error; the run fails."""
+    from agent.site.errors import SiteError
+
+    world.execute("n1", "INSERT INTO customer VALUES (300, 'n1', 'from n1')")
+    assert agent("run", world.n1, "--once").code == 0
+
+    def refused(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise SiteError("database is locked")
+
+    monkeypatch.setattr(SiteDatabase, "apply", refused)
+    result = agent("run", world.hq, "--once")
+    assert result.code == 1
+    assert [line for line in result.err_lines if line.startswith("agent: local error: applying from n1: "
+                                                                 "database is locked")], result.err
+    assert not [line for line in result.err_lines if line.startswith("agent: transport error")], result.err
+    monkeypatch.undo()
+    assert agent("run", world.hq, "--once").code == 0  # the messages stayed queued
+    assert world.rows("hq", "SELECT id FROM customer WHERE id = 300") == [(300,)]
 
 
 def test_a_problem_line_writes_control_characters_as_escapes(agent: Agent, world: World) -> None:

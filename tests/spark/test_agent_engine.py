@@ -322,7 +322,8 @@ def test_failed_job_with_engine_spark_changes_nothing(world: Path, tmp_path: Pat
     database = Path("hq.db")
     sent = send_phase(database, on_spark(job_args=FAILING), force_controls=False)
     assert not sent.report.ok and sent.report.spark_batches == 0
-    [problem] = sent.report.transport_errors
+    [problem] = sent.report.local_errors
+    assert sent.report.transport_errors == []
     assert "\n" not in problem
     assert problem.startswith(f"Spark batch of {SUBSCRIBERS} sends: fieldsync batch job failed:"), problem
     assert names_the_failure(problem), problem
@@ -399,9 +400,9 @@ def test_cli_engine_spark_failure_is_one_line_and_exit_1(world: Path, tmp_path: 
     code = main(["run", str(database), "--once", "--send-only", "--engine", "spark", "--spark-submit", NO_LAUNCHER,
                  "--spark-conf", "spark.ui.enabled=false", "--spark-work", str(tmp_path / "work")])
     err = capsys.readouterr().err
-    problems = [line for line in err.splitlines() if line.startswith("agent: transport error: ")]
+    problems = [line for line in err.splitlines() if line.startswith("agent: local error: ")]
     assert code == 1
-    assert problems == [f"agent: transport error: Spark batch of {SUBSCRIBERS} sends: the Spark launcher "
+    assert problems == [f"agent: local error: Spark batch of {SUBSCRIBERS} sends: the Spark launcher "
                         f"{NO_LAUNCHER} does not exist; check --spark-submit"], err
     with SiteDatabase.open(database) as site:
         assert {remote.log_sent for remote in site.remotes()} == {0}
@@ -614,7 +615,7 @@ def test_a_job_over_its_timeout_is_stopped_with_its_whole_process_group(world: P
     sent = send_phase(database, hanging(launcher), force_controls=False)
     elapsed = time.monotonic() - started
     assert not sent.report.ok and sent.report.spark_batches == 0
-    assert sent.report.transport_errors == [
+    assert sent.report.local_errors == [
         f"Spark batch of {SUBSCRIBERS} sends: the Spark job ran over its 2 s timeout and was stopped "
         f"(its last line: {LAST_LINE}); give it longer with --spark-timeout (0: no limit)"]
     # The launcher died of SIGTERM; its child, which ignores SIGTERM, of the
@@ -718,6 +719,7 @@ def test_a_signal_in_continuous_mode_stops_the_job_and_the_agent(world: Path, tm
     # (The confirmations it flushed on the way out found no inbox folders.)
     assert report.sent == 0 and report.spark_batches == 0 and not report.stopped_streams, report
     assert all(problem.startswith("sending to field") for problem in report.transport_errors), report
+    assert not report.local_errors, report  # a job stopped because the agent stops is no failure
     assert wait_gone(list(launcher.wait_started())) == []
     assert job_folders(database) == []
     # The handlers are gone with the agent: SIGTERM has its default action again.
