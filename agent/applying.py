@@ -6,7 +6,7 @@ out as one unit (I4): the spool's dequeue is begun (durable), the database
 applies the transactions and sets ``log_received`` in one transaction, then
 the dequeue commits.  A crash in between leaves the dequeue in doubt, and
 the database's ``log_received`` settles it at the next start
-(agent.restoring).
+(agent.resuming).
 
 Rules of this file:
 * A message that fails to decode at apply time (its payload, not its

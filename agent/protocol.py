@@ -111,25 +111,26 @@ class PairProtocol:
         return []
 
     def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes, *,
-                       restored: bool = False) -> list[Action]:
+                       queued_earlier: bool = False) -> list[Action]:
         """A data message from the peer is durably in the inbound queue;
-        ``restored``: it was queued by an earlier run (the caller tells the
-        core what is queued when it starts), so it did not arrive now: the
-        peer is not heard from, and it asks for no answer."""
+        ``queued_earlier``: it was queued before this core was told of it,
+        by an earlier run or before the remotes changed (the caller tells
+        the core what is queued when it starts), so it did not arrive now:
+        the peer is not heard from, and it asks for no answer."""
         superseded = incarnation in self.superseded
         actions: list[Action] = []
         if not superseded:  # late mail of a replaced copy does not stop the stream
             actions = self._check_incarnation(incarnation)
             if self._stopped is not None and incarnation != self._state.peer_incarnation:
                 return actions + [Quarantine(message_id, "sender incarnation changed (site restored or rebuilt?)")]
-        if not superseded and not restored:
+        if not superseded and not queued_earlier:
             self._heard(now)
         if message_id in self._pending:
             return actions
         if self._stale(header, superseded):
             self._count(stale_deleted=1)
             return actions + [DeleteInbound((message_id,), "stale")]
-        if not superseded and not restored and self._covered(header) and not self._state.confirm_owed:
+        if not superseded and not queued_earlier and self._covered(header) and not self._state.confirm_owed:
             # Rule 3: a resend or duplicate of what is applied already (rule
             # 1 deletes it below): the peer sent it again because it lacks
             # the confirmation, so one is owed even though log_received

@@ -45,7 +45,7 @@ class Settled:
     :meth:`MessageQueues.resolve_in_doubt`)."""
 
     dequeued: tuple[str, ...] = ()  # their database transaction committed: gone
-    restored: tuple[str, ...] = ()  # it did not: queued again
+    requeued: tuple[str, ...] = ()  # it did not: queued again
 
 
 class MessageQueues(Protocol):

@@ -20,7 +20,7 @@ Rules of this file:
   way; both are warned about once (agent.left_files).
 * The signature of a queued file is not checked again when it is applied:
   every pending message went through :meth:`Receiver.receive_file` or
-  agent.restoring in this process, with the keys of now.
+  agent.resuming in this process, with the keys of now.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ with the site database, the message queues and the transports.
 
 A thin adapter.  The rules live in the sans-I/O core (agent.protocol;
 agent.schedule and agent.controls for what is due when) and in one module
-per hop: agent.receiving, agent.restoring, agent.applying, agent.sending
+per hop: agent.receiving, agent.resuming, agent.applying, agent.sending
 (with agent.preparing) and agent.delivering; agent.pairs owns each pair's
 persisted state.  This file opens the site, hands each hop its narrow
 context (agent.contexts), runs the phases of a batch or continuous run,
@@ -51,7 +51,7 @@ from .quarantine import QuarantineStore, SetAside
 from .queues import MessageQueues, log_restart, open_queues
 from .receiving import Receiver
 from .restore import check_restored
-from .restoring import Restorer
+from .resuming import Resumer
 from .run_options import Problems, RunOptions, RunReport
 from .schedule import PhaseSchedule, TruncationSchedule
 from .sending import Sender
@@ -89,7 +89,7 @@ class Agent:
         self.report = RunReport()
         self._closed = False
         self._held = contextlib.ExitStack()  # the open site and its agent lock
-        self._restored = False
+        self._told_queued = False  # the pairs' protocols know the inbound messages earlier runs queued
         self._truncation = TruncationSchedule()
         self.quarantine = QuarantineStore(self.directory / "quarantine", options.quarantine, clock=clock)
         self.aside = SetAside(self.quarantine)
@@ -144,7 +144,7 @@ class Agent:
         queues, report, clock = self._queues, self.report, self.clock
         inbox = Inbox(self.name, self.keys, self.keyring, self.peers, queues, self.left, self.aside, report, clock,
                       keep=self.options.keep)
-        self.receiver, self.restorer = Receiver(inbox), Restorer(inbox)
+        self.receiver, self.resumer = Receiver(inbox), Resumer(inbox)
         self.applier = Applier(self.name, self.keys, self.keyring, queues, self.db, report, clock)
         outbox = Outbox(self.db, self.keys, self.peers, queues, self._pool, self.options, report, self.directory,
                         clock, batch=self.batch)
@@ -191,14 +191,14 @@ class Agent:
         call, and after such a change, tell the protocols what is queued."""
         settings = self.options.settings(self.batch)
         if await asyncio.to_thread(self.pairs.load, self.peers, settings):
-            self._restored = False
-        await self._restore_pending()
+            self._told_queued = False
+        await self._tell_queued()
 
-    async def _restore_pending(self) -> None:
-        """Once (again after a change of remotes): what is queued from earlier runs (agent.restoring)."""
-        if not self._restored:
-            self._restored = True
-            await self._carry_out_steps(self.restorer.restore_pending())
+    async def _tell_queued(self) -> None:
+        """Once (again after a change of remotes): tell the protocols what earlier runs queued (agent.resuming)."""
+        if not self._told_queued:
+            self._told_queued = True
+            await self._carry_out_steps(self.resumer.tell_queued())
 
     async def run_once(self) -> RunReport:
         """Batch mode: receive and apply everything available, send what is
@@ -215,7 +215,7 @@ class Agent:
     async def run_forever(self, stop: asyncio.Event) -> RunReport:
         """Continuous mode until ``stop`` is set: receive every receive delay
         (sooner when the transport signals new files), send every send delay."""
-        await self._restore_pending()
+        await self._tell_queued()
         options = self.options
         phases = PhaseSchedule(self.clock(), receive_every=options.receive_delay if options.receive else None,
                                send_every=options.send_delay if options.send else None)
@@ -362,7 +362,7 @@ class Agent:
             elif isinstance(action, DeleteInbound):
                 await asyncio.to_thread(self.queues.delete_inbound, peer.name, action.message_ids)
             elif isinstance(action, Quarantine):
-                await asyncio.to_thread(self.restorer.quarantine, peer.name, action)
+                await asyncio.to_thread(self.resumer.quarantine, peer.name, action)
             elif isinstance(action, SendData):
                 more = await self.sender.send_one(peer, action)
             elif isinstance(action, PurgeOutbound):

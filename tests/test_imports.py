@@ -16,7 +16,7 @@ below it, never one above (docs/protocol.md, "Layers"):
    ``agent.metrics``;
 3. the runner (``agent.runner``), which alone carries out what the hops
    hand back;
-4. the hops (``agent.receiving`` with ``agent.restoring``,
+4. the hops (``agent.receiving`` with ``agent.resuming``,
    ``agent.applying``, ``agent.sending`` with ``agent.preparing``,
    ``agent.delivering``) and the narrow contexts the runner gives them
    (``agent.contexts``): no hop imports the runner;
@@ -61,7 +61,7 @@ LAYERS = (
     Layer("the command line", ("agent.cli",)),
     Layer("tools over whole agents", ("agent.chaos", "agent.metrics")),
     Layer("the runner", ("agent.runner",)),
-    Layer("the hops and their contexts", ("agent.receiving", "agent.restoring", "agent.applying", "agent.sending",
+    Layer("the hops and their contexts", ("agent.receiving", "agent.resuming", "agent.applying", "agent.sending",
                                           "agent.preparing", "agent.delivering", "agent.contexts")),
     Layer("what the runner drives", ("agent.pairs", "agent.pair_files", "agent.queues", "agent.run_options",
                                      "agent.transport_options", "agent.transport_pool", "agent.schedule", "agent.quarantine", "agent.restore",

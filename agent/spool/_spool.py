@@ -435,7 +435,7 @@ class SpoolQueues(MessageQueues):
         log_received to ``last`` committed iff ``log_received >= last``."""
         check_site_name(peer)
         dequeued: list[str] = []
-        restored: list[str] = []
+        requeued: list[str] = []
         with self._lock:
             units = [unit.ur for unit in self._in_doubt.values()
                      if unit.queue == QueueId(Direction.INBOUND, peer)]
@@ -445,8 +445,8 @@ class SpoolQueues(MessageQueues):
                 continue
             gone, back = self._end_dequeue(ur, commit=log_received >= unit.last, wait=True)
             dequeued += gone
-            restored += back
-        return Resolution(peer, log_received, tuple(sorted(dequeued)), tuple(sorted(restored)))
+            requeued += back
+        return Resolution(peer, log_received, tuple(sorted(dequeued)), tuple(sorted(requeued)))
 
     # -- checkpoints ---------------------------------------------------------------------------
 

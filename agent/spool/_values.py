@@ -42,7 +42,7 @@ class Resolution:
     peer: str
     log_received: int
     dequeued: tuple[str, ...]  # their transaction committed: the messages are gone
-    restored: tuple[str, ...]  # it did not: the messages are queued again
+    requeued: tuple[str, ...]  # it did not: the messages are queued again
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ other (as the agent has), a durable inbound queue (``inbox``) and the list
 of the peer's commits applied here.  ``run(name)`` is one ``agent run
 --once`` of a site (agent/runner.py ``run_once``): the protocol is rebuilt
 from the persisted :class:`PairState` and told what is queued (restart, as
-``Receiver.restore_pending``), the delivered files are received in name
+``Resumer.tell_queued``), the delivered files are received in name
 order (as the folder transport lists them: data -> ``message_queued``,
 control -> ``control_received``, corrupt -> ``message_rejected``), then a
 poll, then the send phase (``send_due`` for the log end, data packed a few
@@ -118,9 +118,9 @@ class Duplex:
         proto = site.protocol
         if proto is None:
             proto = PairProtocol(peer, site.state, self.settings, log_start=site.log_start)  # PairStore.load
-            for message_id in sorted(site.inbox):  # Receiver.restore_pending
+            for message_id in sorted(site.inbox):  # Resumer.tell_queued
                 self._do(site, proto, proto.message_queued(now, message_id, site.inbox[message_id].header,
-                                                           INCARNATION[peer], restored=True), out)
+                                                           INCARNATION[peer], queued_earlier=True), out)
         arrived = sorted((f for hold, f in self.flight[name] if hold == 0), key=lambda f: f.name)
         self.flight[name] = [(hold - 1, f) for hold, f in self.flight[name] if hold > 0]
         for file in arrived:

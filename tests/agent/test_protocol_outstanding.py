@@ -256,9 +256,9 @@ def test_two_crossing_probes_do_not_start_an_endless_exchange():
     assert {reason for _, _, reason in controls_since(sim, quiet_from)} == {"heartbeat"}
 
 
-def test_a_message_restored_from_the_queue_did_not_arrive_now():
+def test_a_message_queued_earlier_did_not_arrive_now():
     """At a run's start the core is told what is queued from earlier runs
-    (``restored``): that is no news from the peer, so neither heard_at nor
+    (``queued_earlier``): that is no news from the peer, so neither heard_at nor
     the probe backoff moves, and a covered message asks for no answer."""
     from agent.protocol import PairProtocol, PairState
     from codec.header import Header
@@ -267,8 +267,8 @@ def test_a_message_restored_from_the_queue_did_not_arrive_now():
     state = PairState(log_received=5, confirm_received=5, peer_incarnation=incarnation, heard_at=1.0,
                       log_sent=9, log_send=9, probes=3)
     core = PairProtocol("B", state)
-    core.message_queued(100.0, "covered", Header(0, 2, 5), incarnation, restored=True)
-    core.message_queued(100.0, "waiting", Header(0, 7, 8), incarnation, restored=True)
+    core.message_queued(100.0, "covered", Header(0, 2, 5), incarnation, queued_earlier=True)
+    core.message_queued(100.0, "waiting", Header(0, 7, 8), incarnation, queued_earlier=True)
     assert (core.state.heard_at, core.state.probes, core.state.confirm_owed) == (1.0, 3, False)
     core.message_queued(200.0, "again", Header(0, 2, 5), incarnation)  # arrives now: a duplicate
     assert (core.state.heard_at, core.state.probes, core.state.confirm_owed) == (200.0, 0, True)

@@ -256,7 +256,7 @@ def test_crash_between_the_database_commit_and_the_dequeue_commit(tmp_path):
         [("hq", 200, ("m0.fsm", "m1.fsm"))]
     assert spool.status().in_doubt_dequeues == 1
     resolution = spool.resolve_in_doubt("hq", database_log_received)
-    assert resolution.dequeued == ("m0.fsm", "m1.fsm") and resolution.restored == ()
+    assert resolution.dequeued == ("m0.fsm", "m1.fsm") and resolution.requeued == ()
     assert spool.inbound("hq") == ["m2.fsm", "m3.fsm"] and spool.in_doubt() == ()
     spool.close()
     spool = SpoolQueues(path)  # the resolution is durable
@@ -275,7 +275,7 @@ def test_crash_before_the_database_commit_keeps_the_messages(tmp_path):
     spool = SpoolQueues(path)
     assert spool.inbound("hq") == ["m0.fsm", "m1.fsm", "m2.fsm"]  # in doubt, still listed
     resolution = spool.resolve_in_doubt("hq", 100)
-    assert resolution.restored == ("m0.fsm",) and resolution.dequeued == ()
+    assert resolution.requeued == ("m0.fsm",) and resolution.dequeued == ()
     assert spool.read_inbound("hq", "m0.fsm") == payload("in", "hq", "m0.fsm")
     token = spool.begin_dequeue("hq", ["m0.fsm"], log_received=300)  # the retry
     spool.commit_dequeue(token)
@@ -422,7 +422,7 @@ def test_an_in_doubt_dequeue_survives_checkpoints_that_move_past_it(tmp_path):
     crash(spool)
     spool = SpoolQueues(path, **options)
     assert [(doubt.names, doubt.last) for doubt in spool.in_doubt()] == [(("waiting.fsm",), 42)]
-    assert spool.resolve_in_doubt("hq", 41).restored == ("waiting.fsm",)
+    assert spool.resolve_in_doubt("hq", 41).requeued == ("waiting.fsm",)
     spool.close()
 
 

@@ -1,6 +1,7 @@
-"""The inbound messages already queued: after a restart, told to the
-protocol again (the core keeps no state of its own across runs); and set
-aside when they can never be applied.
+"""The inbound messages already queued: after a restart (and after the
+remotes change), told to the protocol again, as queued earlier (the core
+keeps no state of its own across runs); and set aside when they can never
+be applied.
 
 Rules of this file:
 * A dequeue left in doubt by an unclean stop (the process died between
@@ -31,27 +32,27 @@ from .protocol import Quarantine
 log = logging.getLogger("fieldsync.agent")
 
 
-class Restorer:
+class Resumer:
     """The queued inbound messages of one agent."""
 
     def __init__(self, inbox: Inbox) -> None:
         self.inbox = inbox
 
-    async def restore_pending(self) -> AsyncIterator[Step]:
+    async def tell_queued(self) -> AsyncIterator[Step]:
         """Tell each pair's protocol about the inbound messages still queued
         from earlier runs, read in one worker-thread hop for every peer;
         yield what each led to."""
         inbox = self.inbox
-        found = await asyncio.to_thread(self._restore_blocking, list(inbox.peers.values()))
+        found = await asyncio.to_thread(self._settle_and_read, list(inbox.peers.values()))
         for peer, settled, queued in found:
-            if settled.dequeued or settled.restored:
+            if settled.dequeued or settled.requeued:
                 log.info("after an unclean stop, %d message(s) from %s were in doubt: %d had been applied "
-                         "(now dequeued), %d had not (queued again)", len(settled.dequeued) + len(settled.restored),
-                         peer.name, len(settled.dequeued), len(settled.restored))
+                         "(now dequeued), %d had not (queued again)", len(settled.dequeued) + len(settled.requeued),
+                         peer.name, len(settled.dequeued), len(settled.requeued))
             for name, message in queued:
                 crash_point("restart.pending")
                 yield peer, peer.protocol.message_queued(inbox.clock(), name, message.header, message.incarnation,
-                                                         restored=True)
+                                                         queued_earlier=True)
 
     def quarantine(self, peer: str, action: Quarantine) -> None:
         """Blocking: carry out a :class:`Quarantine` (a message that can never
@@ -68,14 +69,14 @@ class Restorer:
         inbox.report.quarantine_dropped = inbox.aside.store.dropped
         inbox.queues.delete_inbound(peer, [name])
 
-    def _restore_blocking(self, peers: list[Peer]) -> list[tuple[Peer, Any, list[tuple[str, Any]]]]:
+    def _settle_and_read(self, peers: list[Peer]) -> list[tuple[Peer, Any, list[tuple[str, Any]]]]:
         """Blocking: settle each peer's dequeues in doubt, then read the
         headers of what is queued."""
         found = []
         for peer in peers:
             settled = self.inbox.queues.resolve_in_doubt(peer.name, peer.protocol.state.log_received)
             queued = self._queued_headers(peer)
-            if settled.dequeued or settled.restored or queued:
+            if settled.dequeued or settled.requeued or queued:
                 found.append((peer, settled, queued))
         return found
 
