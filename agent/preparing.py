@@ -4,10 +4,10 @@ over the log (agent.outbound); and the control messages.  The send path
 (agent.sending) records the sends afterwards.
 
 Rules of this file:
-* The engine decides (``SparkOptions.uses_spark``); a Spark batch that
-  fails is packed here under ``--engine auto`` and left for the next run
-  under ``--engine spark``; one stopped because the agent stops is left
-  for the next run, quietly.
+* The policy decides (agent.spark.policy): whether the sends go to Spark
+  (``SparkOptions.uses_spark``), and what becomes of them when the batch
+  gives no files (``spark_fallback``: packed here, or left for the next
+  run, quietly or as a local error); this file asks and carries it out.
 * Every put is durable when a send counts as queued; a block whose wait
   for durability failed counts none of its puts.
 * A send made for another state of the protocol than the one it is
@@ -33,6 +33,7 @@ from .protocol import SendControl, SendData
 from .site.errors import LogOffsetError
 from .spark.engine import SparkBatch, run_spark_batch
 from .spark.errors import SparkBatchCancelled, SparkBatchError
+from .spark.policy import spark_fallback
 from .spark.take import TakenFile
 
 log = logging.getLogger("fieldsync.agent")
@@ -88,7 +89,7 @@ class Preparer:
             return error
 
     async def _spark_batch(self, sends: list[tuple[Peer, SendData]]) -> tuple[SparkBatch | None, bool]:
-        """Run the sends as one Spark batch when the engine says so; return
+        """Run the sends as one Spark batch when the policy says so; return
         the batch and whether the sends are given up for this run."""
         outbox = self.outbox
         spark = outbox.options.spark
@@ -108,16 +109,16 @@ class Preparer:
         except asyncio.CancelledError:
             job.set()
             raise
-        except SparkBatchCancelled:
-            log.warning("the Spark batch of %d sends was stopped; they are left for the next run", len(sends))
-            return None, True
         except SparkBatchError as error:
-            if spark.engine == "auto":
+            decision = spark_fallback(spark.engine, "cancelled" if isinstance(error, SparkBatchCancelled) else "failed")
+            if decision.pack_here:
                 log.warning("the Spark batch of %d sends failed, so they are packed here: %s", len(sends), error)
-                return None, False
-            log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
-            outbox.report.local_errors.append(f"Spark batch of {len(sends)} sends: {error}")
-            return None, True
+            elif decision.error:
+                log.error("the Spark batch of %d sends failed; they are left for the next run: %s", len(sends), error)
+                outbox.report.local_errors.append(f"Spark batch of {len(sends)} sends: {error}")
+            else:
+                log.warning("the Spark batch of %d sends was stopped; they are left for the next run", len(sends))
+            return None, not decision.pack_here
         outbox.report.spark_batches += 1
         return batch, False
 

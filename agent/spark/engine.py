@@ -49,11 +49,11 @@ from ..site import Site
 from .errors import SparkBatchCancelled, SparkBatchError
 from ..outbound import BatchSend
 from .export import export_batch
+from .policy import ENGINES, uses_spark
 from .take import Sender, TakenFile, take_output
 
 log = logging.getLogger("fieldsync.agent.spark")
 
-ENGINES = ("local", "auto", "spark")
 # docs/spark.md, "When the agent uses it": the threshold of --engine auto
 # when none is given, from the figures benchmarks.spark_batches measured
 # (50 subscribers, the export and the job on local[2]), each per backlog
@@ -192,12 +192,9 @@ class SparkOptions:
         return DEFAULT_CLUSTER_CORES
 
     def uses_spark(self, backlog: int) -> bool:
-        """Whether a send phase with this backlog (log offsets) goes to Spark;
-        ``auto`` stays local when PySpark is not installed."""
-        if self.engine == "spark":
-            return True
-        threshold = self.auto_threshold()
-        return self.engine == "auto" and threshold is not None and backlog >= threshold and spark_installed()
+        """Whether a send phase with this backlog (log offsets) goes to Spark
+        (agent.spark.policy); ``auto`` stays local when PySpark is not installed."""
+        return uses_spark(self.engine, backlog, self.auto_threshold(), spark_installed)
 
 
 def work_folder(value: str | os.PathLike[str]) -> Path:
