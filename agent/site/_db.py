@@ -10,10 +10,8 @@ Rules of this file:
 * SQLite errors leave this package as :class:`SiteError` subclasses only
   (see :func:`translate`); constraint errors that the apply path handles are
   caught there before they get here.
-* A time a method records is its ``now`` argument; only a caller outside an
-  agent's run (the CLI, setup, tools) may leave it out and get
-  :func:`utc_now`.  The agent passes its one clock's time, so that every
-  time a run records is that clock's (tests/agent/test_layout.py).
+* A time a method records is its ``now`` argument (agent.site.clock);
+  times are stored as ISO 8601 text in UTC (:func:`format_time`).
 """
 
 from __future__ import annotations
@@ -21,11 +19,14 @@ from __future__ import annotations
 import os
 import sqlite3
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InvalidSetting, NotASite, SiteBusy, SiteDatabaseError, SiteError
+from .clock import in_utc, utc_now
+from .errors import NotASite, SiteBusy, SiteDatabaseError, SiteError
+
+# utc_now is imported from here by the site modules (its home is clock.py).
 
 DEFAULT_BUSY_TIMEOUT = 30.0  # seconds
 CACHE_KIB = 16_384  # SQLite page cache per connection (see connect)
@@ -163,19 +164,10 @@ def _rollback(conn: sqlite3.Connection) -> None:
             pass  # the original error is the one to report
 
 
-def utc_now() -> datetime:
-    """The default ``now`` of the site library, for callers outside an
-    agent's run; never reached while an agent runs (it passes ``now``)."""
-    return datetime.now(timezone.utc)
-
-
 def format_time(moment: datetime | None) -> str | None:
     """Times are stored as ISO 8601 text in UTC (sortable, readable in SQL)."""
-    if moment is None:
-        return None
-    if moment.tzinfo is None:
-        raise InvalidSetting(f"time {moment!r} has no time zone; pass an aware datetime")
-    return moment.astimezone(timezone.utc).isoformat()
+    utc = in_utc(moment)
+    return None if utc is None else utc.isoformat()
 
 
 def parse_time(text: str | None) -> datetime | None:

@@ -60,6 +60,16 @@ class RemoteExists(SiteError):
     """A remote-user row of that name exists already."""
 
 
+class RemoteRejected(SiteError):
+    """A bulk add refused the remote at ``index`` of its list (``reason``,
+    the error adding it alone would raise); nothing was added."""
+
+    def __init__(self, index: int, reason: SiteError) -> None:
+        super().__init__(str(reason))
+        self.index = index
+        self.reason = reason
+
+
 class InvariantViolation(SiteError):
     """An update of the remote-user table would break a protocol invariant
     (``confirm_sent <= log_sent <= log end``, or a counter going backwards)."""

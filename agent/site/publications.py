@@ -18,72 +18,18 @@ Rules of this file:
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable
 
 from ._db import format_time, parse_time, utc_now
 from .capture import drop_capture, install_capture, install_moves, table_info
-from .errors import InvalidSetting, PublicationError, UnknownPublication, UnknownRemote
+from .errors import PublicationError, UnknownPublication, UnknownRemote
+# The values and their rules live in publication_rules.py; imported from here too.
+from .publication_rules import (Article, Publication, Subscription, Value, as_article, check_publication_name,
+                                check_subscription_value, published_columns, subscribe_by_column)
 from .route import resolve
-from .values import value_problem
 
-Value = None | int | float | str | bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Article:
-    """One table of a publication.  ``columns`` None means every column."""
-
-    table: str
-    columns: tuple[str, ...] | None = None
-    subscribe_by: str | None = None
-    # The parent table whose subscribers get this table's rows, through the
-    # foreign key of ``follow_columns`` (None: the one foreign key to it).
-    follows: str | None = None
-    follow_columns: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if type(self.table) is not str or not self.table:
-            raise InvalidSetting(f"article table must be a non-empty string, got {self.table!r}")
-        if self.columns is not None:
-            if isinstance(self.columns, str) or not all(type(c) is str and c for c in self.columns):
-                raise InvalidSetting(f"article columns of {self.table} must be a sequence of column names")
-            object.__setattr__(self, "columns", tuple(self.columns))
-        if self.subscribe_by is not None and (type(self.subscribe_by) is not str or not self.subscribe_by):
-            raise InvalidSetting(f"SUBSCRIBE BY column of {self.table} must be a column name")
-        if self.follows is not None and (type(self.follows) is not str or not self.follows
-                                         or self.subscribe_by is not None):
-            raise InvalidSetting(f"{self.table} follows a parent table or is subscribed by a column, not both")
-        if self.follow_columns is not None:
-            if self.follows is None or isinstance(self.follow_columns, str) or not all(
-                    type(c) is str and c for c in self.follow_columns):
-                raise InvalidSetting(f"the foreign key columns of {self.table} name its columns toward the "
-                                     "parent it follows")
-            object.__setattr__(self, "follow_columns", tuple(self.follow_columns))
-
-@dataclass(frozen=True, slots=True)
-class Publication:
-    name: str
-    articles: tuple[Article, ...]
-
-@dataclass(frozen=True, slots=True)
-class Subscription:
-    remote: str
-    publication: str
-    value: Value
-    created_at: datetime
-
-def check_publication_name(name: object) -> str:
-    if type(name) is not str or not name or len(name) > 128 or not name.isprintable():
-        shown = name if type(name) is not str or len(name) <= 40 else name[:40] + "..."
-        raise InvalidSetting(f"publication name must be 1-128 printable characters, got {shown!r}")
-    return name  # type: ignore[return-value]
-
-def _as_article(item: Article | str) -> Article:
-    return item if isinstance(item, Article) else Article(item)
 
 def create_publication_locked(conn: sqlite3.Connection, name: str, articles: Iterable[Article | str],
                               now: datetime | None) -> None:
@@ -93,7 +39,7 @@ def create_publication_locked(conn: sqlite3.Connection, name: str, articles: Ite
     conn.execute("INSERT INTO fieldsync_publication (name, created_at) VALUES (?, ?)",
                  (name, format_time(now or utc_now())))
     for article in articles:
-        add_article_locked(conn, name, _as_article(article))
+        add_article_locked(conn, name, as_article(article))
 
 def add_article_locked(conn: sqlite3.Connection, publication: str, article: Article) -> Article:
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (publication,)).fetchone() is None:
@@ -104,23 +50,12 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
         raise PublicationError(f"table {info.name!r} is already published in {taken[0]!r}; a table belongs to "
                                "one publication")
     known = {column.lower(): column for column in info.columns}
-    columns = None
-    if article.columns is not None:
-        wanted = set()
-        for column in article.columns:
-            if column.lower() not in known:
-                raise PublicationError(f"table {info.name!r} has no column {column!r} to publish")
-            wanted.add(known[column.lower()])
-        wanted.update(info.key_columns)
-        columns = tuple(column for column in info.columns if column in wanted)
-        if columns == info.columns:
-            columns = None
-    subscribe_by = None
-    if article.subscribe_by is not None:
-        if article.subscribe_by.lower() not in known:
-            raise PublicationError(f"SUBSCRIBE BY column {article.subscribe_by!r} is not a stored column of "
-                                   f"{info.name!r}")
-        subscribe_by = known[article.subscribe_by.lower()]
+
+    def find(column: str) -> str | None:  # SQLite's column names ignore case
+        return known.get(column.lower())
+
+    columns = published_columns(info.name, info.columns, info.key_columns, article.columns, find)
+    subscribe_by = subscribe_by_column(info.name, article.subscribe_by, find)
     follow = None
     if article.follows is not None:
         follow = resolve(conn, publication, info.name, article.follows, article.follow_columns)
@@ -184,11 +119,7 @@ def check_subscription(conn: sqlite3.Connection, remote: str, publication: str, 
         raise UnknownRemote(f"no remote named {remote!r}; add it before subscribing it")
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (publication,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {publication!r}")
-    problem = value_problem(value)
-    if problem is not None:
-        raise InvalidSetting(f"subscription value: {problem}")
-    if isinstance(value, float) and math.isnan(value):
-        raise InvalidSetting("subscription value cannot be NaN (SQLite stores NaN as NULL, which matches nothing)")
+    check_subscription_value(value)
 
 def list_subscriptions(conn: sqlite3.Connection, remote: str | None = None) -> tuple[Subscription, ...]:
     """The subscriptions that hold (ended ones are history, kept for the log's readers)."""

@@ -20,45 +20,22 @@ Rules of this file:
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from itertools import chain, islice
 from typing import Iterator
 
 from ._db import quote_ident
 from .capture import (FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape, ShapeCache, refresh_changed_tables,
                       value_column)
-from .errors import InvalidSetting
 from .log import cut_locked, log_end
+from .publication_rules import SubscriptionChange, find_subscription, not_subscribed
 from .publications import Value, check_subscription
 from .route import ARTICLE_ROWS, follows
 from .schema import Role, SiteIdentity
 from .selection import plan_from_rows
-from .values import same_value
 from .view import View
 
 # Rows written to the capture table per statement.
 _BATCH = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class SubscriptionChange:
-    """What one subscription change did.  ``offset``: the commit offset of
-    the log transaction that carries its rows to the remote (None: none was
-    needed); ``matching``: how many rows of the publication's SUBSCRIBE BY
-    articles hold the value now (None: the publication has no SUBSCRIBE BY
-    article, or no value was given); ``changed``: False when the
-    subscription was there already."""
-
-    remote: str
-    publication: str
-    value: Value
-    subscribed: bool
-    changed: bool = True
-    inserts: int = 0
-    deletes: int = 0
-    offset: int | None = None
-    matching: int | None = None
-    streamed: bool = False
 
 
 def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, remote: str,
@@ -68,14 +45,11 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
     check_subscription(conn, remote, publication, value)
     current = conn.execute("SELECT rowid, publication, value FROM fieldsync_subscription"
                            " WHERE remote = ? AND until IS NULL ORDER BY rowid", (remote,)).fetchall()
-    found = next((rowid for rowid, pub, held in current if pub == publication and same_value(held, value)), None)
+    found = find_subscription(current, publication, value)
     if subscribe and found is not None:
         return SubscriptionChange(remote, publication, value, subscribe, changed=False)
     if not subscribe and found is None:
-        held = [f"{pub}={held!r}" if held is not None else pub for _, pub, held in current]
-        raise InvalidSetting(f"{remote!r} does not subscribe to {publication!r}"
-                             + ("" if value is None else f" with {value!r}")
-                             + f"; its subscriptions: {', '.join(held) or 'none'}")
+        raise not_subscribed(remote, publication, value, current)
     streamed = identity.role is Role.CONSOLIDATED and conn.execute(
         "SELECT peer_incarnation IS NOT NULL FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone()[0]
     matching = _matching(conn, publication, value)

@@ -19,19 +19,15 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import uuid
-from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
 from pathlib import Path
 from typing import Callable
-
-from codec.errors import InvalidValue
-from codec.names import check_site_name
 
 from ._db import connect, format_time, parse_time, translate, utc_now, write_transaction
 from .capture import APPLYING_TABLE, upgrade_capture, value_column
 from .errors import AlreadyASite, InvalidSetting, NotASite, SecretInDatabase, UnsupportedSiteVersion
+# The identity's values and rules live in identity.py; imported from here too.
+from .identity import Role, SiteIdentity, check_name, check_role, check_texts, new_incarnation
 
 log = logging.getLogger("fieldsync.site")
 
@@ -55,63 +51,6 @@ log = logging.getLogger("fieldsync.site")
 #    rows that follow their parent (docs/site-database.md, agent/site/route.py).
 SCHEMA_VERSION = 10
 INITIAL_VALUE_COLUMNS = 16
-
-
-class Role(str, Enum):
-    CONSOLIDATED = "consolidated"
-    REMOTE = "remote"
-
-
-@dataclass(frozen=True, slots=True)
-class SiteIdentity:
-    """Who this database is.  ``incarnation`` is 16 random bytes (a UUID4),
-    new at init and at extraction; every message carries it."""
-
-    name: str
-    role: Role
-    incarnation: bytes
-    address: str | None
-    transport: str | None
-    public_key: str | None
-    created_at: datetime
-    #: Where peers send to this site when that differs from its inbox
-    #: (email: ``mailto:`` while the inbox is an IMAP URL); None: the inbox.
-    reply_address: str | None = None
-
-    @property
-    def send_address(self) -> str | None:
-        """The address this site's peers send to."""
-        return self.reply_address or self.address
-
-    def __post_init__(self) -> None:
-        check_name(self.name, "site name")
-        if not isinstance(self.role, Role):
-            raise InvalidSetting(f"site role must be a Role, got {self.role!r}")
-        if type(self.incarnation) is not bytes or len(self.incarnation) != 16:
-            raise InvalidSetting("site incarnation must be 16 bytes")
-
-    @property
-    def incarnation_uuid(self) -> uuid.UUID:
-        return uuid.UUID(bytes=self.incarnation)
-
-
-def check_name(name: object, what: str) -> str:
-    """Site names follow the codec's rule (they end up in message file names)."""
-    try:
-        return check_site_name(name)  # type: ignore[arg-type]
-    except InvalidValue as error:
-        raise InvalidSetting(f"{what}: {error}") from None
-
-
-def check_role(role: object) -> Role:
-    try:
-        return Role(role)
-    except ValueError:
-        raise InvalidSetting(f"site role must be 'consolidated' or 'remote', got {role!r}") from None
-
-
-def new_incarnation() -> bytes:
-    return uuid.uuid4().bytes
 
 
 # The site row's columns of layout 4, in table order (layout 4 dropped
@@ -293,9 +232,7 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
     return an open connection to it."""
     check_name(name, "site name")
     role = check_role(role)
-    for what, value in (("address", address), ("transport", transport), ("public key", public_key)):
-        if value is not None and type(value) is not str:
-            raise InvalidSetting(f"site {what} must be text, got {type(value).__name__}")
+    check_texts("site", address=address, transport=transport, public_key=public_key)
     created = format_time(now or utc_now())
     conn = connect(str(path), **({} if busy_timeout is None else {"busy_timeout": busy_timeout}))
     try:
