@@ -18,7 +18,7 @@ from datetime import datetime, time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ._db import format_time, parse_time, utc_now
-from .errors import InvalidSetting, RemoteRejected, UnknownRemote
+from .errors import InvalidSetting, RemoteRejected, UnknownRemote  # RemoteRejected: imported from here too
 from .log import HORIZON_SQL, log_end
 # The values and rules live in remote_rules.py; imported from here too.
 from .remote_rules import (BULK_CHUNK, COLUMNS, PAIR_CHECKED, TIME_FIELDS, NewRemote, RemoteFilter,

@@ -37,6 +37,16 @@ def check_option(name: object, value: object) -> None:
         raise InvalidSetting(f"transport option {name} must be one line of text, got {value!r}")
 
 
+def checked_changes(changes: Mapping[str, str | None]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``changes`` to a scope's options, checked: the names to remove (a
+    value of None) and the ``(name, value)`` pairs to store."""
+    removed = [name for name, value in changes.items() if value is None]
+    stored = [(name, value) for name, value in changes.items() if value is not None]
+    for name, value in stored:
+        check_option(name, value)
+    return removed, stored
+
+
 def read_options(conn: sqlite3.Connection, scope: str = SITE_SCOPE) -> dict[str, str]:
     """The options stored for ``scope``, by name."""
     return dict(conn.execute("SELECT name, value FROM fieldsync_transport_option WHERE scope = ? ORDER BY name",
@@ -54,13 +64,12 @@ def read_all_options(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
 
 def write_options(conn: sqlite3.Connection, scope: str, changes: Mapping[str, str | None]) -> None:
     """Store ``changes`` for ``scope`` (in the caller's write transaction); a value of None removes the option."""
-    for name, value in changes.items():
-        if value is None:
-            conn.execute("DELETE FROM fieldsync_transport_option WHERE scope = ? AND name = ?", (scope, name))
-            continue
-        check_option(name, value)
-        conn.execute("INSERT INTO fieldsync_transport_option (scope, name, value) VALUES (?, ?, ?) "
-                     "ON CONFLICT (scope, name) DO UPDATE SET value = excluded.value", (scope, name, value))
+    removed, stored = checked_changes(changes)
+    conn.executemany("DELETE FROM fieldsync_transport_option WHERE scope = ? AND name = ?",
+                     [(scope, name) for name in removed])
+    conn.executemany("INSERT INTO fieldsync_transport_option (scope, name, value) VALUES (?, ?, ?) "
+                     "ON CONFLICT (scope, name) DO UPDATE SET value = excluded.value",
+                     [(scope, name, value) for name, value in stored])
 
 
 def set_transport_locked(conn: sqlite3.Connection, *, address: str | None, reply_address: str | None,

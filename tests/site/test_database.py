@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 
 import pytest
 
 from agent.site import SiteBusy, SiteDatabase, SiteError
 
 from .conftest import CUSTOMER, app_connection, make_site
+from .facade_checks import check_calls_from_two_threads_are_serialised
 
 
 def test_close_is_idempotent_and_closed_sites_refuse_work(tmp_path):
@@ -54,23 +54,7 @@ def test_concurrent_calls_from_two_threads_are_serialised(tmp_path):
     site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
     site.create_publication("p", ["customer"])
     site.add_remote("r1")
-    errors = []
-
-    def work(offset):
-        try:
-            for index in range(50):
-                site.update_remote("r1", send_every=offset + index + 1)
-                site.scan()
-                site.remotes()
-        except Exception as error:  # noqa: BLE001 - the test reports it
-            errors.append(error)
-
-    threads = [threading.Thread(target=work, args=(n * 100,)) for n in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    check_calls_from_two_threads_are_serialised(site, "r1", rounds=50)
     site.close()
 
 

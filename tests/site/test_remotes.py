@@ -1,31 +1,41 @@
-"""The remote-user table (agent.site.remotes)."""
+"""The remote-user table (agent.site.remotes): the checks every backend
+passes (tests/site/remote_user_checks.py) on a SQLite site, and what is
+SQLite's own (a remote site, apply errors)."""
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import datetime, time, timezone
-
 import pytest
 
-from agent.site import (
-    InvalidSetting,
-    InvariantViolation,
-    RemoteExists,
-    RemoteUser,
-    UnknownPublication,
-    UnknownRemote,
-    WrongRole,
-)
-from agent.site.remotes import RemoteFilter
+from agent.site import InvalidSetting, WrongRole
+from agent.site.remotes import NewRemote, RemoteRejected
 
 from .conftest import CUSTOMER, app_connection, make_site
+from .remote_user_checks import LATER, NOW, RemoteUserChecks, in_error
 
-DESIGN_COLUMNS = {
-    "name", "log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-    "rereceive_count", "send_count", "last_sent_at", "receive_count", "last_received_at", "transport", "address",
-    "public_key", "send_every", "send_at", "peer_incarnation", "last_error",
-}
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+
+class SqliteWorld:
+    """What the shared checks need of a SQLite site (remote_user_checks.py)."""
+
+    def __init__(self, site) -> None:  # type: ignore[no-untyped-def]
+        self.site = site
+
+    def grow_log(self, rows: int = 3) -> int:
+        app = app_connection(self.site)
+        for _ in range(rows):
+            app.execute("INSERT INTO customer (name) VALUES ('x')")
+        return self.site.scan()
+
+    def add_apply_error(self, peer: str) -> None:
+        self.site.connection.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem)"
+                                     " VALUES (?, ?, 1, 'a row that was not there')", (NOW.isoformat(), peer))
+
+    def refuse_remote(self, name: str) -> None:
+        self.site.connection.execute(
+            f"CREATE TRIGGER refuse AFTER INSERT ON fieldsync_remote WHEN new.name = '{name}'"
+            " BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
+
+    def in_transaction(self) -> bool:
+        return self.site.connection.in_transaction
 
 
 @pytest.fixture
@@ -36,197 +46,31 @@ def site(tmp_path):
     site.close()
 
 
-def grow_log(site, rows=3):
-    app = app_connection(site)
-    for row_id in range(rows):
-        app.execute("INSERT INTO customer (name) VALUES ('x')")
-    return site.scan()
-
-
-def test_rows_hold_every_design_column(site):
-    assert DESIGN_COLUMNS <= {field.name for field in dataclasses.fields(RemoteUser)}
-    row = site.add_remote("r1", address="r1@example.org", transport="email", public_key="fieldsync-public r1 A B",
-                          send_every=3600, peer_incarnation=b"\x01" * 16, now=NOW)
-    assert row == site.remote("r1")
-    assert (row.log_send, row.log_sent, row.confirm_sent, row.resend_count) == (0, 0, 0, 0)
-    assert (row.log_received, row.confirm_received, row.rereceive_count) == (0, 0, 0)
-    assert (row.send_count, row.receive_count, row.last_sent_at, row.last_received_at) == (0, 0, None, None)
-    assert (row.address, row.transport, row.send_every, row.send_at) == ("r1@example.org", "email", 3600, None)
-    assert row.public_key == "fieldsync-public r1 A B" and row.peer_incarnation == b"\x01" * 16
-    assert row.created_at == NOW
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        row.log_sent = 5  # type: ignore[misc]
-
-
-def test_a_new_remote_starts_at_the_log_end(site):
-    end = grow_log(site)
-    row = site.add_remote("r1")
-    assert row.log_sent == row.confirm_sent == row.log_send == end
-    assert site.add_remote("r0", start=0).log_sent == 0
-    with pytest.raises(InvariantViolation):
-        site.add_remote("r9", start=end + 1)
-
-
-def test_list_add_remove(site):
-    site.add_remote("b")
-    site.add_remote("a")
-    assert [row.name for row in site.remotes()] == ["a", "b"]
-    with pytest.raises(RemoteExists):
-        site.add_remote("a")
-    with pytest.raises(InvalidSetting, match="its own remote"):
-        site.add_remote("hq")
-    site.subscribe("a", "p")
-    site.remove_remote("a")
-    assert [row.name for row in site.remotes()] == ["b"]
-    assert site.subscriptions() == ()
-    with pytest.raises(UnknownRemote):
-        site.remove_remote("a")
-    with pytest.raises(UnknownRemote):
-        site.remote("a")
-
-
-def test_protocol_fields_are_updated_in_short_transactions(site):
-    end = grow_log(site)
-    site.add_remote("r1", start=0)
-    row = site.update_remote("r1", log_send=end, log_sent=end, confirm_sent=2, resend_count=1, log_received=40,
-                             confirm_received=40, rereceive_count=3)
-    assert (row.log_send, row.log_sent, row.confirm_sent, row.resend_count) == (end, end, 2, 1)
-    assert (row.log_received, row.confirm_received, row.rereceive_count) == (40, 40, 3)
-    assert not site.connection.in_transaction
-    # A resend request: log_sent goes back to confirm_sent.
-    assert site.update_remote("r1", log_sent=2).log_sent == 2
-
-
-@pytest.mark.parametrize("changes, message", [
-    ({"confirm_sent": 3}, "exceed log_sent"),
-    ({"log_sent": 10_000}, "beyond the log end"),
-])
-def test_invariants_are_kept(site, changes, message):
-    grow_log(site)
-    site.add_remote("r1", start=0)
-    with pytest.raises(InvariantViolation, match=message):
-        site.update_remote("r1", **changes)
-
-
-@pytest.mark.parametrize("column", ["confirm_sent", "resend_count", "log_received", "confirm_received",
-                                    "rereceive_count"])
-def test_counters_never_go_back(site, column):
-    end = grow_log(site)
-    site.add_remote("r1", start=0)
-    site.update_remote("r1", log_sent=end)
-    site.update_remote("r1", **{column: 2})
-    with pytest.raises(InvariantViolation, match="cannot go back"):
-        site.update_remote("r1", **{column: 1})
-    assert getattr(site.remote("r1"), column) == 2
-
-
-def test_bad_updates_are_refused(site):
-    site.add_remote("r1")
-    with pytest.raises(InvalidSetting, match="cannot be updated"):
-        site.update_remote("r1", name="other")
-    with pytest.raises(InvalidSetting):
-        site.update_remote("r1", log_sent=-1)
-    with pytest.raises(InvalidSetting):
-        site.update_remote("r1", resend_count="2")
-    with pytest.raises(UnknownRemote):
-        site.update_remote("ghost", log_sent=0)
-
-
-def test_send_schedule(site):
-    assert site.add_remote("r1", send_at="18:30").send_at == time(18, 30)
-    with pytest.raises(InvalidSetting, match="not both"):
-        site.add_remote("r2", send_every=60, send_at="18:30")
-    with pytest.raises(InvalidSetting):
-        site.add_remote("r3", send_every=0)
-    with pytest.raises(InvalidSetting):
-        site.add_remote("r4", send_at="half past six")
-    row = site.update_remote("r1", send_every=900, send_at=None)
-    assert (row.send_every, row.send_at) == (900, None)
-    with pytest.raises(InvalidSetting, match="not both"):
-        site.update_remote("r1", send_at=time(6, 0))
-
-
-def test_sends_and_errors_are_recorded(site):
-    end = grow_log(site)
-    site.add_remote("r1", start=0)
-    row = site.record_send("r1", log_sent=end, messages=3, now=NOW)
-    assert (row.log_sent, row.send_count, row.last_sent_at) == (end, 3, NOW)
-    assert site.record_send("r1", log_sent=end, now=NOW).send_count == 4
-    row = site.record_transport_error("r1", "SMTP 421 try again later", now=NOW)
-    assert (row.last_error, row.last_error_at) == ("SMTP 421 try again later", NOW)
-    assert (row.error_count, row.error_seen_at) == (1, NOW)
-    row = site.record_transport_error("r1", None)
-    assert (row.last_error, row.last_error_at) == (None, None)
-    assert (row.error_count, row.error_seen_at) == (1, NOW)  # the history stays
-
-
-LATER = datetime(2026, 3, 1, 13, 0, tzinfo=timezone.utc)
-
-
-def _in_error(site):
-    return [row.name for row in site.iter_remotes(RemoteFilter(with_errors=True))]
-
-
-def test_a_delivery_ends_the_transport_error_in_force_and_not_a_stopped_stream(site):
-    site.add_remote("r1")
-    site.add_remote("r2")
-    site.record_transport_error("r1", "folder gone", now=NOW)
-    site.record_stream_stopped("r2", "r2 changed its incarnation id", now=NOW)
-    site.record_transport_error("r2", "folder gone", now=NOW)
-    assert _in_error(site) == ["r1", "r2"]
-    site.record_delivered({"r1": 2, "r2": 1}, now=LATER)
-    r1, r2 = site.remote("r1"), site.remote("r2")
-    assert (r1.last_error, r1.last_error_at, r1.error_count, r1.error_seen_at) == (None, None, 1, NOW)
-    assert (r2.last_error, r2.stream_stopped, r2.stream_stopped_at) == (None, "r2 changed its incarnation id", NOW)
-    assert r2.error_count == 2
-    assert _in_error(site) == ["r2"]
-
-
-def test_hearing_from_a_peer_ends_its_errors_in_force_and_only_its_own(site):
-    site.add_remote("r1")
-    site.add_remote("r2")
-    site.record_stream_stopped("r1", "stopped", now=NOW)
-    site.record_transport_error("r1", "folder gone", now=NOW)
-    site.record_transport_error("r2", "folder gone", now=LATER)
-    site.update_remotes({"r1": {"heard_at": 12.5}}, heard=["r1"])
-    r1, r2 = site.remote("r1"), site.remote("r2")
-    assert (r1.heard_at, r1.last_error, r1.stream_stopped, r1.stream_stopped_at) == (12.5, None, None, None)
-    assert (r1.error_count, r1.error_seen_at) == (2, NOW)
-    assert (r2.last_error, r2.error_seen_at) == ("folder gone", LATER)
-    assert _in_error(site) == ["r2"]
-    with pytest.raises(InvalidSetting):
-        site.record_stream_stopped("r2", "")
-    with pytest.raises(UnknownRemote):
-        site.record_stream_stopped("nobody", "stopped")
+class TestRemoteUsers(RemoteUserChecks):
+    @pytest.fixture
+    def world(self, site):
+        return SqliteWorld(site)
 
 
 def test_apply_errors_count_until_acknowledged_and_stay_as_history(site):
     site.add_remote("r1")
     site.add_remote("r2")
-    conn = site.connection
+    world = SqliteWorld(site)
     for peer in ("r1", "r1", "r2"):
-        conn.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem) VALUES (?, ?, 1, 'bad')",
-                     (NOW.isoformat(), peer))
+        world.add_apply_error(peer)
     assert site.open_apply_errors() == {"r1": 2, "r2": 1}
-    assert _in_error(site) == ["r1", "r2"]
+    assert in_error(site) == ["r1", "r2"]
     assert site.acknowledge_apply_errors("r1", through=1, now=LATER) == 1
     assert site.open_apply_errors() == {"r1": 1, "r2": 1}
     assert site.acknowledge_apply_errors("r1", now=LATER) == 1
     assert site.acknowledge_apply_errors("r1", now=LATER) == 0
-    assert _in_error(site) == ["r2"]
+    assert in_error(site) == ["r2"]
     errors = site.apply_errors()
     assert [(error.peer, error.acknowledged_at) for error in errors] == [("r1", LATER), ("r1", LATER), ("r2", None)]
     # The lookup for each peer uses the partial index, whatever the table's size.
-    plan = " ".join(str(row) for row in conn.execute(
+    plan = " ".join(str(row) for row in site.connection.execute(
         "EXPLAIN QUERY PLAN SELECT 1 FROM fieldsync_apply_error WHERE peer = 'r1' AND acknowledged_at IS NULL"))
     assert "fieldsync_apply_error_open" in plan
-
-
-def test_sending_due(site):
-    end = grow_log(site)
-    row = site.add_remote("r1", start=0)
-    assert not row.sending_due
-    assert site.update_remote("r1", log_send=end).sending_due
 
 
 def test_a_remote_site_has_one_peer(tmp_path):
@@ -237,90 +81,17 @@ def test_a_remote_site_has_one_peer(tmp_path):
     remote.close()
 
 
-# --- a fleet at once (add_remotes) ---------------------------------------------------
-
-def _fleet(count: int, **extra):  # type: ignore[no-untyped-def]
-    from agent.site.remotes import NewRemote
-
-    return [NewRemote(f"r{number:05d}", address=f"inbox/r{number}", transport="folder", **extra)
-            for number in range(count)]
-
-
-def test_add_remotes_adds_rows_and_subscriptions_at_the_log_end(site) -> None:
-    from agent.site.remotes import NewRemote
-
-    grow_log(site)
-    end = site.log_end()
-    remotes = [NewRemote("north", address="inbox/north", send_at="18:30", subscriptions=(("p", None),)),
-               NewRemote("south", address="inbox/south", send_every=600, subscriptions=(("p", 7), ("p", 7.5)))]
-    assert site.add_remotes(remotes, now=NOW) == 3
-    north, south = site.remote("north"), site.remote("south")
-    assert (north.log_send, north.log_sent, north.confirm_sent) == (end, end, end)
-    assert (north.send_at, north.send_every, north.created_at) == (time(18, 30), None, NOW)
-    assert (south.send_every, south.address) == (600, "inbox/south")
-    assert [(item.remote, item.value) for item in site.subscriptions()] == [
-        ("north", None), ("south", 7), ("south", 7.5)]
-
-
-def test_add_remotes_keeps_one_of_a_repeated_subscription(site) -> None:
-    from agent.site.remotes import NewRemote
-
-    site.add_remotes([NewRemote("north", subscriptions=(("p", 7), ("p", 7), ("p", "7")))])
-    assert [item.value for item in site.subscriptions("north")] == [7, "7"]
-
-
 @pytest.mark.parametrize("bad", [
     {"name": "no spaces"}, {"name": "north", "send_every": 0}, {"name": "north", "send_every": 60, "send_at": "1:00"},
     {"name": "north", "address": 7}, {"name": "north", "subscriptions": (("p", float("nan")),)},
     {"name": "north", "subscriptions": (("p", [1]),)},
 ])
 def test_a_new_remote_is_checked_when_made(bad) -> None:  # type: ignore[no-untyped-def]
-    from agent.site.remotes import NewRemote
-
     with pytest.raises(InvalidSetting):
         NewRemote(**bad)
 
 
-@pytest.mark.parametrize("problem, index, error", [
-    ("taken", 1500, RemoteExists), ("twice", 2500, InvalidSetting), ("own name", 10, InvalidSetting),
-    ("unknown publication", 2999, UnknownPublication),
-])
-def test_add_remotes_refuses_the_whole_list_naming_the_remote(site, problem, index, error) -> None:
-    from agent.site.remotes import NewRemote, RemoteRejected
-
-    site.add_remote("taken")
-    remotes = _fleet(3000)
-    replacement = {"taken": NewRemote("taken"), "twice": NewRemote("r00001"), "own name": NewRemote("hq"),
-                   "unknown publication": NewRemote("r02999", subscriptions=(("nosuch", None),))}[problem]
-    remotes[index] = replacement
-    with pytest.raises(RemoteRejected) as raised:
-        site.add_remotes(remotes)
-    assert raised.value.index == index
-    assert isinstance(raised.value.reason, error)
-    assert [row.name for row in site.remotes()] == ["taken"]
-
-
-def test_add_remotes_is_one_transaction(site) -> None:
-    # A failure while the third chunk is written leaves none of the first two.
-    site.connection.execute(
-        "CREATE TRIGGER refuse AFTER INSERT ON fieldsync_remote WHEN new.name = 'r02500'"
-        " BEGIN SELECT RAISE(ABORT, 'refused by a test trigger'); END")
-    with pytest.raises(Exception, match="refused by a test trigger"):
-        site.add_remotes(_fleet(3000))
-    assert site.remotes() == ()
-    assert site.subscriptions() == ()
-
-
-def test_add_remotes_reports_progress_by_chunk(site) -> None:
-    seen: list[int] = []
-    site.add_remotes(_fleet(2500), progress=seen.append)
-    assert seen == [1000, 1000, 500]
-    assert len(site.remotes()) == 2500
-
-
 def test_a_remote_site_takes_one_remote_only(tmp_path) -> None:
-    from agent.site.remotes import NewRemote, RemoteRejected
-
     remote = make_site(tmp_path, "n1", "remote")
     with pytest.raises(RemoteRejected) as raised:
         remote.add_remotes([NewRemote("hq"), NewRemote("hq2")])
@@ -328,65 +99,3 @@ def test_a_remote_site_takes_one_remote_only(tmp_path) -> None:
     remote.add_remotes([NewRemote("hq")])
     assert [row.name for row in remote.remotes()] == ["hq"]
     remote.close()
-
-
-# --- reading a fleet's rows (iter_remotes, RemoteFilter) ---------------------------------
-
-def test_iter_remotes_reads_every_row_by_name_a_chunk_at_a_time(site) -> None:
-    site.add_remotes(list(reversed(_fleet(25))))
-    rows = site.iter_remotes(chunk=10)
-    assert next(rows).name == "r00000"
-    assert [row.name for row in rows] == [f"r{number:05d}" for number in range(1, 25)]
-    assert tuple(site.iter_remotes()) == site.remotes()
-
-
-def test_remote_filters(site) -> None:
-    from agent.site.remotes import RemoteFilter
-
-    site.add_remotes(_fleet(4), now=NOW)
-    grow_log(site)
-    end = site.scan()
-    site.record_send("r00000", log_sent=end)
-    site.update_remote("r00000", confirm_sent=end, last_received_at=NOW.replace(day=5))
-    site.record_transport_error("r00002", "no route to host", now=NOW)
-    site.connection.execute("INSERT INTO fieldsync_apply_error (at, peer, peer_commit, problem)"
-                            " VALUES ('x', 'r00003', 1, 'a row that was not there')")
-
-    def names(**which):  # type: ignore[no-untyped-def]
-        return [row.name for row in site.iter_remotes(RemoteFilter(**which))]
-
-    assert names() == ["r00000", "r00001", "r00002", "r00003"]
-    assert names(lagging=True) == ["r00001", "r00002", "r00003"]
-    assert names(with_errors=True) == ["r00002", "r00003"]
-    # Heard from on the 5th; the others never, and were added on the 1st.
-    assert names(silent_since=NOW.replace(day=3)) == ["r00001", "r00002", "r00003"]
-    assert names(silent_since=NOW.replace(day=6)) == ["r00000", "r00001", "r00002", "r00003"]
-    assert names(silent_since=NOW) == []
-    assert names(lagging=True, with_errors=True, silent_since=NOW.replace(day=3)) == ["r00002", "r00003"]
-    with pytest.raises(InvalidSetting):
-        RemoteFilter(silent_since=datetime(2026, 3, 1))
-
-
-def test_counts(site) -> None:
-    site.add_remotes(_fleet(3))
-    assert site.counts() == {"remotes": 3, "conflicts": 0, "apply_errors": 0}
-
-
-def test_update_remotes_checks_each_row_as_update_remote_does(tmp_path):
-    """The bulk path the agent saves its pairs with keeps every invariant:
-    one bad row refuses the whole transaction."""
-    import pytest
-
-    from agent.site import SiteDatabase
-    from agent.site.errors import InvariantViolation
-
-    with SiteDatabase.init(tmp_path / "hq.db", name="hq", role="consolidated") as site:
-        for name in ("r1", "r2"):
-            site.add_remote(name)
-        site.update_remotes({"r1": {"control_sent_at": 12.5, "confirm_received": 0}, "r2": {"log_read": 0}})
-        assert site.remote("r1").control_sent_at == 12.5
-        with pytest.raises(InvariantViolation, match="log_read"):
-            site.update_remotes({"r1": {"control_sent_at": 13.0}, "r2": {"log_read": site.log_end() + 5}})
-        assert site.remote("r1").control_sent_at == 12.5  # nothing of the refused transaction stays
-        with pytest.raises(InvariantViolation, match="confirm_sent"):
-            site.update_remotes({"r2": {"confirm_sent": 1}})

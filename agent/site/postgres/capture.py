@@ -227,11 +227,11 @@ def _function(conn: psycopg.Connection, shape: PgShape, kind: int, suffix: str, 
         _function_name(shape, suffix), sql.Literal(body.as_string(conn)))
 
 
-def _drop_triggers(conn: psycopg.Connection, table: TableDescription) -> None:
+def _drop_triggers(conn: psycopg.Connection, oid: int, identifier: sql.Identifier) -> None:
     for name in [name for (name,) in conn.execute(
             "SELECT tgname FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal AND tgname LIKE %s",
-            (table.oid, TRIGGER_PREFIX + "%"))]:
-        conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), table.identifier))
+            (oid, TRIGGER_PREFIX + "%"))]:
+        conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), identifier))
 
 
 def install_capture(conn: psycopg.Connection, target: PgTarget, table: str) -> PgShape:
@@ -242,7 +242,7 @@ def install_capture(conn: psycopg.Connection, target: PgTarget, table: str) -> P
         with conn.transaction():
             description = describe_table(conn, table)
             shape = _shape_for(conn, description)
-            _drop_triggers(conn, description)
+            _drop_triggers(conn, description.oid, description.identifier)
             for kind, event, suffix, images in _EVENTS:
                 conn.execute(_function(conn, shape, kind, suffix, images))
                 conn.execute(sql.SQL("CREATE TRIGGER {} AFTER {} ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
@@ -260,9 +260,24 @@ def drop_capture(conn: psycopg.Connection, target: PgTarget, table: str) -> None
     """Stop capturing ``table`` (its shapes and capture rows stay)."""
     try:
         with conn.transaction():
-            _drop_triggers(conn, describe_table(conn, table))
+            description = describe_table(conn, table)
+            _drop_triggers(conn, description.oid, description.identifier)
     except psycopg.Error as error:
         raise translate(error, target, f"removing the capture triggers of {table}") from None
+
+
+def drop_capture_of(conn: psycopg.Connection, target: PgTarget, oid: int) -> None:
+    """Stop capturing the table ``oid`` whatever it is named now, and
+    whatever it has become (a table that lost its key, say); nothing when
+    it is gone (its triggers went with it)."""
+    try:
+        with conn.transaction():
+            found = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n"
+                                 " ON n.oid = c.relnamespace WHERE c.oid = %s", (oid,)).fetchone()
+            if found is not None:
+                _drop_triggers(conn, oid, sql.Identifier(*found))
+    except psycopg.Error as error:
+        raise translate(error, target, f"removing the capture triggers of the table with oid {oid}") from None
 
 
 def set_origin(conn: psycopg.Connection, origin: str | None) -> None:

@@ -16,7 +16,15 @@ Rules of this file:
   order of the calls, across sessions (log.py's argument needs it).
 * The log (``log``, ``log_txn``, ``cut``) is written by log.py only;
   see docs/postgres.md for why its order is commit order.
-* Functions here open their own transaction.
+* The site's bookkeeping (layout 2: ``identity``, ``publication``,
+  ``article``, ``subscription``, ``remote``, ``transport_option``,
+  ``replaced_copy``, ``conflict``, ``apply_error``) has the columns of a
+  SQLite site's tables (agent/site/schema.py) in PostgreSQL's types:
+  times are ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
+* The layout has a version (``site.schema_version``): a newer one is
+  refused (:func:`check_layout`), an older one upgraded (:data:`_UPGRADES`).
+* Functions here open their own transaction (or a savepoint inside the
+  caller's).
 """
 
 from __future__ import annotations
@@ -24,11 +32,16 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
+from ..errors import NotASite, UnsupportedSiteVersion
 from .connect import translate
 from .uri import PgTarget
 
 SCHEMA = "fieldsync"
-SCHEMA_VERSION = 1
+# 1: capture, shapes and the log (the foundation).
+# 2: the site's identity (with the agent's home folder), publications,
+#    articles, subscriptions, the remote-user table, transport options,
+#    replaced copies, conflicts and apply errors.
+SCHEMA_VERSION = 2
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -103,6 +116,149 @@ END
 $body$;
 """
 
+# Layout 2: the site's bookkeeping, as a SQLite site keeps it.
+_BOOKKEEPING = """
+-- Who this site is: one row, written by PostgresSite.init.  A PostgreSQL
+-- site is a consolidated; ``home`` is the agent's own folder (its key,
+-- queues and state), an absolute path on the host the agent runs on.
+CREATE TABLE fieldsync.identity (
+    id integer PRIMARY KEY CHECK (id = 1),
+    name text NOT NULL,
+    role text NOT NULL CHECK (role = 'consolidated'),
+    incarnation bytea NOT NULL CHECK (length(incarnation) = 16),
+    home text NOT NULL CHECK (home LIKE '/%'),
+    address text,
+    reply_address text,
+    transport text,
+    public_key text,
+    created_at timestamptz NOT NULL
+);
+
+CREATE TABLE fieldsync.publication (
+    name text PRIMARY KEY,
+    created_at timestamptz NOT NULL
+);
+
+-- One row per published table; ``table_oid`` finds it again (its capture
+-- triggers) when it was renamed; ``columns`` NULL: every column.
+CREATE TABLE fieldsync.article (
+    table_schema text NOT NULL,
+    table_name text NOT NULL,
+    table_oid oid NOT NULL,
+    publication text NOT NULL REFERENCES fieldsync.publication (name),
+    columns jsonb,
+    subscribe_by text,
+    shape integer NOT NULL REFERENCES fieldsync.shape (id),
+    PRIMARY KEY (table_schema, table_name)
+);
+
+-- A value is a SQLite value: NULL, or exactly one of the typed columns.
+-- ``since`` and ``until``: the commit offsets between which it holds.
+CREATE TABLE fieldsync.subscription (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    remote text NOT NULL,
+    publication text NOT NULL REFERENCES fieldsync.publication (name),
+    value_integer bigint,
+    value_real double precision,
+    value_text text,
+    value_blob bytea,
+    created_at timestamptz NOT NULL,
+    since bigint NOT NULL DEFAULT 0,
+    until bigint,
+    CHECK (num_nonnulls(value_integer, value_real, value_text, value_blob) <= 1)
+);
+CREATE INDEX subscription_remote ON fieldsync.subscription (remote, publication);
+
+CREATE TABLE fieldsync.remote (
+    name              text PRIMARY KEY,
+    log_send          bigint NOT NULL DEFAULT 0,
+    log_sent          bigint NOT NULL DEFAULT 0,
+    confirm_sent      bigint NOT NULL DEFAULT 0,
+    resend_count      bigint NOT NULL DEFAULT 0,
+    log_received      bigint NOT NULL DEFAULT 0,
+    confirm_received  bigint NOT NULL DEFAULT 0,
+    rereceive_count   bigint NOT NULL DEFAULT 0,
+    send_count        bigint NOT NULL DEFAULT 0,
+    last_sent_at      timestamptz,
+    receive_count     bigint NOT NULL DEFAULT 0,
+    last_received_at  timestamptz,
+    transport         text,
+    address           text,
+    public_key        text,
+    send_every        bigint CHECK (send_every IS NULL OR send_every > 0),
+    send_at           time,
+    peer_incarnation  bytea CHECK (peer_incarnation IS NULL OR length(peer_incarnation) = 16),
+    last_error        text,
+    last_error_at     timestamptz,
+    created_at        timestamptz NOT NULL,
+    log_read          bigint NOT NULL DEFAULT 0,
+    heartbeat         bigint CHECK (heartbeat IS NULL OR heartbeat > 0),
+    control_sent_at   double precision,
+    inbox             text,
+    heard_at          double precision,
+    confirm_timeout   bigint CHECK (confirm_timeout IS NULL OR confirm_timeout > 0),
+    data_sent_at      double precision,
+    peer_confirmed    bigint NOT NULL DEFAULT 0,
+    probes            bigint NOT NULL DEFAULT 0,
+    confirm_owed      boolean NOT NULL DEFAULT false,
+    error_count       bigint NOT NULL DEFAULT 0,
+    error_seen_at     timestamptz,
+    stream_stopped    text,
+    stream_stopped_at timestamptz,
+    CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
+    CHECK (send_every IS NULL OR send_at IS NULL)
+);
+
+-- Scope '': the site's own transport options; scope NAME: those to peer NAME.
+CREATE TABLE fieldsync.transport_option (
+    scope text NOT NULL,
+    name  text NOT NULL,
+    value text NOT NULL,
+    PRIMARY KEY (scope, name)
+);
+
+-- The incarnation of each copy of a remote that a new extraction replaced.
+CREATE TABLE fieldsync.replaced_copy (
+    remote      text NOT NULL,
+    incarnation bytea NOT NULL CHECK (length(incarnation) = 16),
+    replaced_at timestamptz NOT NULL,
+    PRIMARY KEY (remote, incarnation)
+);
+
+-- What an apply records (rows as msgpack, agent.site.values).
+CREATE TABLE fieldsync.conflict (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at              timestamptz NOT NULL,
+    peer            text NOT NULL,
+    peer_commit     bigint NOT NULL,
+    table_name      text NOT NULL,
+    key             bytea NOT NULL,
+    local_row       bytea NOT NULL,
+    incoming_before bytea,
+    incoming_after  bytea,
+    resolution      text NOT NULL,
+    result_row      bytea
+);
+
+CREATE TABLE fieldsync.apply_error (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at              timestamptz NOT NULL,
+    peer            text NOT NULL,
+    peer_commit     bigint NOT NULL,
+    table_name      text,
+    kind            smallint,
+    key             bytea,
+    operation       bytea,
+    problem         text NOT NULL,
+    acknowledged_at timestamptz
+);
+-- The apply errors not yet acknowledged, by peer (a peer in error now).
+CREATE INDEX apply_error_open ON fieldsync.apply_error (peer) WHERE acknowledged_at IS NULL;
+"""
+
+# What turns layout N into layout N + 1.
+_UPGRADES = {1: _BOOKKEEPING}
+
 
 def schema_installed(conn: psycopg.Connection) -> bool:
     found = conn.execute("SELECT to_regclass('fieldsync.site') IS NOT NULL").fetchone()
@@ -117,6 +273,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             if schema_installed(conn):
                 return
             conn.execute(_TABLES)
+            conn.execute(_BOOKKEEPING)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.
@@ -124,6 +281,28 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
                          " VALUES (1, pg_current_snapshot(), 0, 0, now())")
     except psycopg.Error as error:
         raise translate(error, target, "creating the fieldsync schema") from None
+
+
+def check_layout(conn: psycopg.Connection, target: PgTarget) -> None:
+    """Refuse a database without the schema or with a newer layout; bring
+    an older layout up to :data:`SCHEMA_VERSION`."""
+    try:
+        with conn.transaction():
+            if not schema_installed(conn):
+                raise NotASite(f"{target.where} holds no fieldsync site (no fieldsync schema); initialise it first")
+            found = conn.execute("SELECT schema_version FROM fieldsync.site WHERE id = 1 FOR UPDATE").fetchone()
+            if found is None:
+                raise NotASite(f"{target.where}: fieldsync.site is empty; the schema was never made completely")
+            version = found[0]
+            if version > SCHEMA_VERSION:
+                raise UnsupportedSiteVersion(f"{target.where} uses fieldsync layout {version}; this fieldsync "
+                                             f"reads up to {SCHEMA_VERSION}: upgrade fieldsync")
+            for step in range(version, SCHEMA_VERSION):
+                conn.execute(_UPGRADES[step])
+            if version < SCHEMA_VERSION:
+                conn.execute("UPDATE fieldsync.site SET schema_version = %s WHERE id = 1", (SCHEMA_VERSION,))
+    except psycopg.Error as error:
+        raise translate(error, target, "reading the fieldsync layout") from None
 
 
 def drop_schema(conn: psycopg.Connection, target: PgTarget) -> None:

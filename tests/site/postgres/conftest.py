@@ -51,3 +51,31 @@ def decoded_form():
     """tests/site/conftest.py runs every site test in both forms the SQLite
     apply path takes; nothing here applies, so each test runs once."""
     yield "operations"
+
+
+CUSTOMER = ("CREATE TABLE customer (id serial PRIMARY KEY, name text, region text, balance double precision,"
+            " photo bytea)")
+
+
+@pytest.fixture
+def hq(target, tmp_path):
+    """A PostgreSQL consolidated site named hq, its home in tmp_path, with
+    table customer published in publication p."""
+    from agent.site.postgres.site import PostgresSite
+
+    app = connect(target)
+    app.execute(CUSTOMER)
+    app.close()
+    site = PostgresSite.init(target, name="hq", role="consolidated", home=tmp_path / "hq-home",
+                             address="inbox/hq", transport="folder")
+    site.create_publication("p", ["customer"])
+    yield site
+    site.close()
+
+
+@pytest.fixture
+def app(target):
+    """An application's session (autocommit), knowing nothing of fieldsync."""
+    conn = connect(target)
+    yield conn
+    conn.close()

@@ -1,0 +1,149 @@
+"""Publications and articles of a PostgreSQL site: what is published, and
+the capture triggers that follow from it.
+
+Rules of this file:
+* The rules are a SQLite site's (agent.site.publication_rules): a table
+  belongs to at most one publication; an article publishes some columns
+  (its key always among them) or all of them, and may name a SUBSCRIBE BY
+  column; the same refusals with the same lines.
+* A table is named as PostgreSQL resolves it (``customer`` on the
+  ``search_path``, or ``sales.customer``); an article is shown as
+  ``capture.shown_table`` shows it (plain in ``public``).  A column is
+  found by its exact name, else by its name in lower case (how PostgreSQL
+  folds a name written without quotes).
+* Publishing a table installs its capture triggers (capture.install_capture,
+  which refuses unpublishable tables and column types); no longer
+  publishing it removes them, found by the table's oid, so a table renamed
+  since (or missing: missing_tables) loses them too.
+* Articles that follow their parent (``follows=``) are not yet on
+  PostgreSQL: refused with one line.
+* Functions here run inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Callable, Iterable
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ..clock import in_utc
+from ..errors import PublicationError, UnknownPublication
+from ..publication_rules import (Article, Publication, as_article, check_publication_name, published_columns,
+                                 subscribe_by_column)
+from .capture import describe_table, drop_capture_of, install_capture, shown_table
+from .errors import NotYetOnPostgres
+from .uri import PgTarget
+
+# The schema and name a text names, as PostgreSQL resolves it (none: no such relation).
+_RESOLVE = ("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.oid = to_regclass(%s)")
+
+
+def _table_order(shown: str) -> tuple[str, str]:
+    """Tables in a SQLite site's order (its table names are ``COLLATE NOCASE``)."""
+    return shown.lower(), shown
+
+
+def _publication_exists(conn: psycopg.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM fieldsync.publication WHERE name = %s", (name,)).fetchone() is not None
+
+
+def _finder(columns: Iterable[str]) -> Callable[[str], str | None]:
+    names = set(columns)
+
+    def find(column: str) -> str | None:
+        if column in names:
+            return column
+        folded = column.lower()
+        return folded if folded in names else None
+    return find
+
+
+def create_publication(conn: psycopg.Connection, target: PgTarget, name: str, articles: Iterable[Article | str],
+                       now: datetime) -> None:
+    check_publication_name(name)
+    if _publication_exists(conn, name):
+        raise PublicationError(f"publication {name!r} exists already; add articles to it instead")
+    conn.execute("INSERT INTO fieldsync.publication (name, created_at) VALUES (%s, %s)", (name, in_utc(now)))
+    for article in articles:
+        add_article(conn, target, name, as_article(article))
+
+
+def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, article: Article) -> Article:
+    if not _publication_exists(conn, publication):
+        raise UnknownPublication(f"no publication named {publication!r}; create it first")
+    description = describe_table(conn, article.table)
+    layout = description.layout
+    taken = conn.execute("SELECT publication FROM fieldsync.article WHERE (table_schema = %s AND table_name = %s)"
+                         " OR table_oid = %s", (layout.schema, layout.table, description.oid)).fetchone()
+    if taken:
+        raise PublicationError(f"table {layout.shown!r} is already published in {taken[0]!r}; a table belongs to "
+                               "one publication")
+    find = _finder(layout.columns)
+    columns = published_columns(layout.shown, layout.columns, layout.key_columns, article.columns, find)
+    subscribe_by = subscribe_by_column(layout.shown, article.subscribe_by, find)
+    if article.follows is not None:
+        raise NotYetOnPostgres(f"{layout.shown!r} follows {article.follows!r}: articles that follow their parent are "
+                               "not yet on PostgreSQL; give it a SUBSCRIBE BY column or publish it whole")
+    shape = install_capture(conn, target, article.table)
+    conn.execute("INSERT INTO fieldsync.article (table_schema, table_name, table_oid, publication, columns,"
+                 " subscribe_by, shape) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                 (layout.schema, layout.table, description.oid, publication,
+                  None if columns is None else Jsonb(list(columns)), subscribe_by, shape.id))
+    return Article(layout.shown, columns, subscribe_by)
+
+
+def _resolve(conn: psycopg.Connection, table: str) -> tuple[str, str] | None:
+    """The schema and name ``table`` names now, or None (no such table, or
+    a text PostgreSQL cannot read as a name)."""
+    try:
+        with conn.transaction():  # a savepoint: a malformed name leaves the caller's transaction usable
+            found = conn.execute(_RESOLVE, (table,)).fetchone()
+    except psycopg.Error:
+        return None
+    return None if found is None else (found[0], found[1])
+
+
+def remove_article(conn: psycopg.Connection, target: PgTarget, table: str) -> None:
+    """Stop publishing ``table`` (named as it is now, or as its article
+    shows it when it is missing) and remove its capture triggers."""
+    resolved = _resolve(conn, table)
+    for schema, name, oid in conn.execute("SELECT table_schema, table_name, table_oid FROM fieldsync.article"
+                                          " ORDER BY table_schema, table_name").fetchall():
+        if resolved == (schema, name) or shown_table(schema, name) == table:
+            drop_capture_of(conn, target, oid)
+            conn.execute("DELETE FROM fieldsync.article WHERE table_schema = %s AND table_name = %s", (schema, name))
+            return
+    raise PublicationError(f"table {table!r} is not published")
+
+
+def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> None:
+    if not _publication_exists(conn, name):
+        raise UnknownPublication(f"no publication named {name!r}")
+    for (oid,) in conn.execute("SELECT table_oid FROM fieldsync.article WHERE publication = %s", (name,)).fetchall():
+        drop_capture_of(conn, target, oid)
+    conn.execute("DELETE FROM fieldsync.article WHERE publication = %s", (name,))
+    conn.execute("DELETE FROM fieldsync.subscription WHERE publication = %s", (name,))
+    conn.execute("DELETE FROM fieldsync.publication WHERE name = %s", (name,))
+
+
+def missing_tables(conn: psycopg.Connection) -> tuple[str, ...]:
+    """Published tables the database no longer has under their name
+    (renamed or dropped by an application): their article stays until it
+    is removed."""
+    return tuple(sorted((shown_table(schema, name) for schema, name in conn.execute(
+        "SELECT table_schema, table_name FROM fieldsync.article"
+        " WHERE to_regclass(format('%I.%I', table_schema, table_name)) IS NULL")), key=_table_order))
+
+
+def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
+    articles: dict[str, list[Article]] = {name: [] for (name,) in conn.execute(
+        'SELECT name FROM fieldsync.publication ORDER BY name COLLATE "C"')}
+    for schema, name, publication, columns, subscribe_by in conn.execute(
+            "SELECT table_schema, table_name, publication, columns, subscribe_by FROM fieldsync.article"):
+        articles[publication].append(Article(shown_table(schema, name), None if columns is None else tuple(columns),
+                                             subscribe_by))
+    return tuple(Publication(name, tuple(sorted(items, key=lambda item: _table_order(item.table))))
+                 for name, items in articles.items())

@@ -1,0 +1,405 @@
+"""A consolidated site in a PostgreSQL database: the catalogue and the
+bookkeeping half of :class:`agent.site.SiteDatabase`.
+
+Rules of this file:
+* :class:`PostgresSite` offers SiteDatabase's methods for the site's
+  identity, publications, subscriptions, remotes, transport settings and
+  log bookkeeping with the same signatures, values and errors; the rules
+  live in the modules it calls (identity.py, catalogue.py,
+  subscriptions.py, remotes.py, settings.py, log.py), each over
+  agent.site's pure rules.  Apply, reading the log for a subscriber and
+  extraction are not here yet.
+* One connection, in autocommit mode; every method is one explicit
+  transaction (or one statement), under this object's lock, so handing it
+  to several threads is safe.  PostgreSQL's errors leave as the site's
+  (connect.translate): one line naming the database and what was being
+  done.
+* Times recorded are the caller's ``now`` (agent.site.clock).
+* Holding the agent's lock (lock.py) is the caller's business.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, time
+from pathlib import Path
+from typing import Any, Callable
+
+import psycopg
+
+from ..clock import utc_now
+from ..errors import SiteError
+from ..identity import Role, SiteIdentity
+from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
+from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
+from ..settings import SITE_SCOPE
+from . import catalogue, settings
+from . import remotes as remote_rows
+from . import subscriptions as subscription_rows
+from .connect import connect, translate
+from .identity import init_identity, read_identity, set_site_transport
+from .log import cut, log_end, truncate_log, truncated_through
+from .schema import check_layout
+from .uri import PgTarget, parse_uri
+
+# What moves whenever a transaction ends anywhere in the cluster: the first
+# transaction id not yet finished (xmax, which only grows) and how many below
+# it still run (a list that only shrinks while xmax stays).
+_MARKER = ("SELECT pg_catalog.pg_snapshot_xmax(s)::text::bigint, (SELECT count(*) FROM"
+           " pg_catalog.pg_snapshot_xip(s)) FROM pg_catalog.pg_current_snapshot() AS s")
+
+
+def _target(target: PgTarget | str) -> PgTarget:
+    return target if isinstance(target, PgTarget) else parse_uri(target)
+
+
+class PostgresSite:
+    """An open PostgreSQL site.  Make one with :meth:`init` or :meth:`open`."""
+
+    def __init__(self, conn: psycopg.Connection, target: PgTarget) -> None:
+        self._conn: psycopg.Connection | None = conn
+        self.target = target
+        self._lock = threading.RLock()
+        try:
+            self._identity, self._home = read_identity(conn, target)
+        except psycopg.Error as error:
+            raise translate(error, target, "reading the site's identity") from None
+
+    # --- life cycle -------------------------------------------------------------------
+
+    @classmethod
+    def init(cls, target: PgTarget | str, *, name: str, role: Role | str, home: str | os.PathLike[str],
+             address: str | None = None, transport: str | None = None, public_key: str | None = None,
+             now: datetime | None = None) -> "PostgresSite":
+        """Turn the database at ``target`` into a consolidated site: the
+        ``fieldsync`` schema, a name and a new incarnation id, and ``home``,
+        the agent's own folder (absolute; made 0700 when missing)."""
+        target = _target(target)
+        conn = connect(target)
+        try:
+            init_identity(conn, target, name=name, role=role, home=home, address=address, transport=transport,
+                          public_key=public_key, now=now)
+            return cls(conn, target)
+        except BaseException:
+            conn.close()
+            raise
+
+    @classmethod
+    def open(cls, target: PgTarget | str) -> "PostgresSite":
+        """Open an existing site, upgrading an older layout."""
+        target = _target(target)
+        conn = connect(target)
+        try:
+            check_layout(conn, target)
+            return cls(conn, target)
+        except BaseException:
+            conn.close()
+            raise
+
+    def close(self) -> None:
+        """Close the connection.  Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "PostgresSite":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def identity(self) -> SiteIdentity:
+        return self._identity
+
+    @property
+    def home(self) -> Path:
+        """The agent's own folder, given to :meth:`init` (an absolute path on
+        the agent's host): its key, queues and state live there."""
+        return self._home
+
+    @property
+    def connection(self) -> psycopg.Connection:
+        """The underlying connection (tests and tools only)."""
+        return self._live()
+
+    def _live(self) -> psycopg.Connection:
+        if self._conn is None:
+            raise SiteError(f"the site at {self.target.where} is closed")
+        return self._conn
+
+    @contextmanager
+    def _transaction(self, doing: str, *, snapshot: bool = False) -> Iterator[psycopg.Connection]:
+        """One transaction (REPEATABLE READ with ``snapshot``: every read in
+        it sees one snapshot), under the lock; PostgreSQL's errors as the site's."""
+        with self._lock:
+            conn = self._live()
+            try:
+                with conn.transaction():
+                    if snapshot:
+                        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    yield conn
+            except psycopg.Error as error:
+                raise translate(error, self.target, doing) from None
+
+    def _refresh_identity(self) -> None:
+        with self._transaction("reading the site's identity") as conn:
+            self._identity, self._home = read_identity(conn, self.target)
+
+    # --- publications and subscriptions --------------------------------------------
+
+    def create_publication(self, name: str, articles: Iterable[Article | str] = (), *,
+                           now: datetime | None = None) -> Publication:
+        """Create a publication of ``articles`` (Article values or table
+        names) and start capturing their tables."""
+        with self._transaction(f"creating publication {name!r}") as conn:
+            catalogue.create_publication(conn, self.target, name, articles, now or utc_now())
+            return next(item for item in catalogue.list_publications(conn) if item.name == name)
+
+    def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
+                    subscribe_by: str | None = None, follows: str | None = None,
+                    follow_columns: Iterable[str] | None = None) -> Article:
+        article = Article(table, None if columns is None else tuple(columns), subscribe_by, follows,
+                          None if follow_columns is None else tuple(follow_columns))
+        with self._transaction(f"publishing table {table!r}") as conn:
+            return catalogue.add_article(conn, self.target, publication, article)
+
+    def remove_article(self, table: str) -> None:
+        """Stop publishing ``table`` (its capture triggers are dropped)."""
+        with self._transaction(f"unpublishing table {table!r}") as conn:
+            catalogue.remove_article(conn, self.target, table)
+
+    def drop_publication(self, name: str) -> None:
+        with self._transaction(f"dropping publication {name!r}") as conn:
+            catalogue.drop_publication(conn, self.target, name)
+
+    def missing_tables(self) -> tuple[str, ...]:
+        """Published tables that are no longer in the database (an
+        application renamed or dropped them)."""
+        with self._transaction("listing published tables") as conn:
+            return catalogue.missing_tables(conn)
+
+    def publications(self) -> tuple[Publication, ...]:
+        with self._transaction("listing publications", snapshot=True) as conn:
+            return catalogue.list_publications(conn)
+
+    def subscribe(self, remote: str, publication: str, value: Value = None, *,
+                  now: datetime | None = None) -> SubscriptionChange:
+        """Subscribe ``remote`` to ``publication`` with ``value`` (before the
+        remote is extracted: through its stream is not yet on PostgreSQL)."""
+        return self._subscription(remote, publication, value, True, now)
+
+    def unsubscribe(self, remote: str, publication: str, value: Value = None, *,
+                    now: datetime | None = None) -> SubscriptionChange:
+        """End one subscription (InvalidSetting if there is none such)."""
+        return self._subscription(remote, publication, value, False, now)
+
+    def _subscription(self, remote: str, publication: str, value: Value, subscribe: bool,
+                      now: datetime | None) -> SubscriptionChange:
+        with self._transaction(f"changing the subscriptions of {remote!r} to {publication!r}") as conn:
+            return subscription_rows.change_subscription(conn, self._identity, remote, publication, value,
+                                                     subscribe=subscribe, now=now or utc_now())
+
+    def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]:
+        with self._transaction("listing subscriptions") as conn:
+            return subscription_rows.list_subscriptions(conn, remote)
+
+    # --- the log ----------------------------------------------------------------------
+
+    def scan(self) -> int:
+        """Give commit offsets to every transaction that finished since the
+        last scan (log.cut: in commit order, origin this site for the
+        applications' writes); return the log end."""
+        with self._lock:
+            return cut(self._live(), self.target, self._identity.name).log_end
+
+    def log_end(self) -> int:
+        """The commit offset of the last log transaction (0 when empty)."""
+        with self._transaction("reading the log end") as conn:
+            return log_end(conn)
+
+    def change_marker(self) -> tuple[int, int]:
+        """What moves whenever a transaction commits (in this database, or
+        another of its cluster: a false alarm costs a look): the snapshot's
+        xmax and how many transactions below it still run.  Equal markers:
+        nothing committed between."""
+        with self._transaction("reading the database's change marker") as conn:
+            xmax, running = conn.execute(_MARKER).fetchone()
+            return xmax, running
+
+    def log_start(self) -> int:
+        """The truncation point: the log holds the entries after it."""
+        with self._transaction("reading the log's truncation point") as conn:
+            return truncated_through(conn)
+
+    def truncate_log(self) -> int:
+        """Delete the log entries every remote is past (the smallest horizon,
+        agent.site.log.horizon); return the truncation point.  With no
+        remotes nothing is deleted."""
+        with self._transaction("truncating the log") as conn:
+            conn.execute("LOCK TABLE fieldsync.remote IN SHARE MODE")  # no row moves meanwhile
+            floor = truncated_through(conn)
+            bound = remote_rows.lowest_horizon(conn)
+            if bound is None or bound <= floor:
+                return floor
+            through = truncate_log(conn, self.target, bound)
+            subscription_rows.forget_before(conn, through)
+            return through
+
+    # --- remote users ---------------------------------------------------------------
+
+    def add_remote(self, name: str, *, address: str | None = None, transport: str | None = None,
+                   public_key: str | None = None, send_every: int | None = None,
+                   send_at: time | str | None = None, start: int | None = None,
+                   peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser:
+        """Add a peer.  Its stream starts at ``start`` (default: the log end):
+        it is assumed to hold everything up to there."""
+        with self._transaction(f"adding remote {name!r}") as conn:
+            return remote_rows.add_remote(conn, self._identity, name, address=address, transport=transport,
+                                      public_key=public_key, send_every=send_every, send_at=send_at, start=start,
+                                      peer_incarnation=peer_incarnation, now=now or utc_now())
+
+    def add_remotes(self, remotes: Sequence[NewRemote], *, now: datetime | None = None,
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Add a fleet of peers with their subscriptions in one transaction:
+        all of them, or none when one is refused (RemoteRejected names its
+        index).  Each stream starts at the log end.  Returns the number of
+        subscriptions stored; ``progress(n)`` is called as chunks of ``n``
+        rows are written."""
+        with self._transaction(f"adding {len(remotes)} remotes") as conn:
+            return remote_rows.add_remotes(conn, self._identity, remotes, now=now or utc_now(), progress=progress)
+
+    def remove_remote(self, name: str) -> None:
+        """Remove a peer, its subscriptions and its transport options."""
+        with self._transaction(f"removing remote {name!r}") as conn:
+            remote_rows.remove_remote(conn, name)
+
+    def remote(self, name: str) -> RemoteUser:
+        with self._transaction(f"reading remote {name!r}") as conn:
+            return remote_rows.get_remote(conn, name)
+
+    def remotes(self) -> tuple[RemoteUser, ...]:
+        """Every row of the remote-user table."""
+        with self._transaction("listing remotes") as conn:
+            return remote_rows.list_remotes(conn)
+
+    def remote_transports(self) -> tuple[str | None, ...]:
+        """The distinct transports named in the remote-user table (None: a
+        remote that names none), in a SQLite site's order."""
+        with self._transaction("listing the remotes' transports") as conn:
+            return tuple(name for (name,) in conn.execute(
+                'SELECT DISTINCT transport COLLATE "C" FROM fieldsync.remote ORDER BY 1 NULLS FIRST'))
+
+    def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
+        """The rows of the remote-user table that ``which`` selects, by name,
+        read ``chunk`` at a time from one snapshot.  The snapshot and this
+        object's lock are held until the iterator is exhausted or closed."""
+        with self._transaction("listing remotes", snapshot=True) as conn:
+            yield from remote_rows.iter_remotes(conn, which, chunk=chunk)
+
+    def counts(self) -> dict[str, int]:
+        """Rows of the remote-user, conflict and apply-error tables, counted
+        (not read) in one snapshot: ``remotes``, ``conflicts``, ``apply_errors``."""
+        with self._transaction("counting remotes, conflicts and apply errors") as conn:
+            return remote_rows.counts(conn)
+
+    def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]:
+        """:meth:`replaced_incarnations` of every remote that has any, in one query."""
+        with self._transaction("reading the replaced copies") as conn:
+            return remote_rows.all_replaced_incarnations(conn)
+
+    def replaced_incarnations(self, name: str) -> frozenset[bytes]:
+        """Incarnation ids of ``name``'s copies that a new extraction replaced."""
+        with self._transaction(f"reading the replaced copies of {name!r}") as conn:
+            return remote_rows.replaced_incarnations(conn, name)
+
+    def update_remote(self, name: str, /, **changes: Any) -> RemoteUser:
+        """Change columns of one remote-user row in a short transaction,
+        e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
+        with self._transaction(f"updating remote {name!r}") as conn:
+            return remote_rows.update_remote(conn, name, changes)
+
+    def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None:
+        """:meth:`update_remote` for several rows, in one transaction, and
+        :meth:`record_heard` for ``heard`` in the same one."""
+        if not changes and not heard:
+            return
+        with self._transaction(f"updating {len(changes)} remotes") as conn:
+            remote_rows.update_remotes(conn, changes)
+            remote_rows.record_heard(conn, heard)
+
+    def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
+        """:meth:`record_send` for several ``(name, log_sent, messages)``, in one transaction."""
+        if not sends:
+            return
+        with self._transaction(f"recording {len(sends)} sends") as conn:
+            for name, log_sent, messages in sends:
+                remote_rows.record_send(conn, name, log_sent, messages, now or utc_now())
+
+    def record_send(self, name: str, *, log_sent: int, messages: int = 1, now: datetime | None = None) -> RemoteUser:
+        """Set log_sent after messages went to the outbound queue, counting them."""
+        with self._transaction(f"recording a send to {name!r}") as conn:
+            return remote_rows.record_send(conn, name, log_sent, messages, now or utc_now())
+
+    def record_delivered(self, counts: Mapping[str, int], *, now: datetime | None = None) -> None:
+        """Count the messages each peer's transport accepted (``send_count``,
+        ``last_sent_at``), in one transaction."""
+        if not counts:
+            return
+        with self._transaction(f"counting messages sent to {len(counts)} peers") as conn:
+            for name, messages in counts.items():
+                remote_rows.record_delivered(conn, name, messages, now or utc_now())
+
+    def record_transport_error(self, name: str, message: str | None, *, now: datetime | None = None) -> RemoteUser:
+        """Remember a transport error with ``name``, in force until a send to
+        or a receive from it succeeds, and count it (None clears the one in
+        force; the count stays)."""
+        with self._transaction(f"recording an error for {name!r}") as conn:
+            return remote_rows.record_error(conn, name, message, now or utc_now())
+
+    def record_stream_stopped(self, name: str, message: str, *, now: datetime | None = None) -> RemoteUser:
+        """Remember that the stream with ``name`` stopped, in force until a
+        message of the peer arrives while its stream runs again; counted as
+        an error."""
+        with self._transaction(f"recording the stopped stream of {name!r}") as conn:
+            return remote_rows.record_stream_stopped(conn, name, message, now or utc_now())
+
+    def record_heard(self, names: Collection[str]) -> None:
+        """A message of each peer of ``names`` arrived while its stream runs:
+        its transport error and stopped stream in force are over."""
+        if names:
+            with self._transaction(f"clearing the errors of {len(names)} peers") as conn:
+                remote_rows.record_heard(conn, names)
+
+    # --- transport settings stored with the site ------------------------------------
+
+    def transport_options(self, peer: str | None = None) -> dict[str, str]:
+        """The stored options of the site's own transport, or of the transport to ``peer``."""
+        with self._transaction("reading transport options") as conn:
+            return settings.read_options(conn, SITE_SCOPE if peer is None else peer)
+
+    def all_transport_options(self) -> dict[str, dict[str, str]]:
+        """Every scope's options: ``""`` the site's own, then one entry per peer that has some."""
+        with self._transaction("reading transport options") as conn:
+            return settings.read_all_options(conn)
+
+    def set_transport(self, *, address: str | None = None, reply_address: str | None = None,
+                      transport: str | None = None, options: Mapping[str, str | None] | None = None,
+                      peer: str | None = None, inbox: str | None = None) -> None:
+        """Change the site's own inbox, reply address, transport and options
+        (``peer=None``), or a peer's stored options and own inbox; in one
+        transaction.  An option given as None is removed; ``""`` for
+        ``reply_address`` or ``inbox`` clears it."""
+        with self._transaction("storing transport settings") as conn:
+            if peer is None:
+                set_site_transport(conn, address=address, reply_address=reply_address, transport=transport)
+            else:
+                remote_rows.get_remote(conn, peer)
+                if inbox is not None:
+                    remote_rows.update_remote(conn, peer, {"inbox": inbox or None})
+            settings.write_options(conn, SITE_SCOPE if peer is None else peer, options or {})
+        self._refresh_identity()

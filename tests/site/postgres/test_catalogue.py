@@ -1,0 +1,220 @@
+"""Publications, articles and subscriptions of a PostgreSQL site
+(agent.site.postgres.catalogue and .subscriptions): the same definitions,
+values and refusals as a SQLite site's (tests/site/test_publications.py),
+and the capture triggers that follow from them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from agent.site import (Article, InvalidSetting, Publication, PublicationError, UnknownPublication, UnknownRemote,
+                        UnpublishableTable)
+from agent.site.postgres.errors import NotYetOnPostgres, UnsupportedColumnType
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+# Key order (line_no, order_id) differs from column order on purpose.
+LINE = ("CREATE TABLE line (order_id integer NOT NULL, line_no integer NOT NULL, sku text NOT NULL, qty integer,"
+        " PRIMARY KEY (line_no, order_id))")
+
+
+def _triggers(conn, table: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return [name for (name,) in conn.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = to_regclass(%s) AND NOT tgisinternal ORDER BY tgname",
+        (table,))]
+
+
+def _captured(conn) -> int:  # type: ignore[no-untyped-def]
+    return conn.execute("SELECT count(*) FROM fieldsync.capture").fetchone()[0]
+
+
+@pytest.fixture
+def sales(hq, app):
+    """hq with publication sales: customer (SUBSCRIBE BY region, some
+    columns) and line; remotes north1 and south1 subscribed by region,
+    idle subscribed to nothing."""
+    app.execute(LINE)
+    hq.drop_publication("p")
+    hq.create_publication("sales", [Article("customer", columns=["name", "region"], subscribe_by="region"),
+                                    Article("line")], now=NOW)
+    for remote in ("north1", "south1", "idle"):
+        hq.add_remote(remote)
+    hq.subscribe("north1", "sales", "north", now=NOW)
+    hq.subscribe("south1", "sales", "south", now=NOW)
+    return hq
+
+
+# --- publications and articles -------------------------------------------------------
+
+def test_definitions_are_listed(sales):
+    (publication,) = sales.publications()
+    assert publication == Publication("sales", (Article("customer", ("id", "name", "region"), "region"),
+                                                Article("line")))
+    assert [(s.remote, s.publication, s.value, s.created_at) for s in sales.subscriptions()] == [
+        ("north1", "sales", "north", NOW), ("south1", "sales", "south", NOW)]
+    assert [s.remote for s in sales.subscriptions("south1")] == ["south1"]
+
+
+def test_publishing_a_table_installs_its_capture_and_unpublishing_removes_it(hq, app):
+    assert _triggers(hq.connection, "customer") == ["0fieldsync_del", "0fieldsync_ins", "0fieldsync_truncate",
+                                                    "0fieldsync_upd"]
+    app.execute("INSERT INTO customer (name) VALUES ('a')")
+    assert _captured(hq.connection) == 1
+    hq.remove_article("customer")
+    assert _triggers(hq.connection, "customer") == []
+    app.execute("INSERT INTO customer (name) VALUES ('b')")
+    app.execute("TRUNCATE customer")  # no longer refused
+    assert _captured(hq.connection) == 1
+    assert hq.publications() == (Publication("p", ()),)
+    hq.add_article("p", "customer", subscribe_by="REGION")  # a name without quotes folds to lower case
+    assert hq.publications() == (Publication("p", (Article("customer", None, "region"),)),)
+
+
+def test_create_publication_returns_it_and_adds_its_articles_in_one_transaction(hq, app):
+    app.execute(LINE)
+    app.execute("CREATE TABLE no_key (a integer)")
+    with pytest.raises(UnpublishableTable, match="has no primary key"):
+        hq.create_publication("sales", ["line", "no_key"])
+    assert [item.name for item in hq.publications()] == ["p"]
+    assert _triggers(hq.connection, "line") == []
+    made = hq.create_publication("sales", ["line"])
+    assert made == Publication("sales", (Article("line"),))
+
+
+def test_a_table_belongs_to_one_publication(sales):
+    sales.create_publication("other")
+    with pytest.raises(PublicationError, match="'customer' is already published in 'sales'"):
+        sales.add_article("other", "customer")
+    with pytest.raises(PublicationError, match="'customer' is already published in 'sales'"):
+        sales.add_article("other", "public.customer")
+
+
+def test_bad_definitions_are_refused(sales, app):
+    with pytest.raises(UnknownPublication):
+        sales.add_article("nope", "line")
+    app.execute("CREATE TABLE t (id integer PRIMARY KEY, a text, tags text[], parent integer)")
+    app.execute("CREATE TABLE plain (id integer PRIMARY KEY, a text)")
+    sales.create_publication("p2")
+    with pytest.raises(PublicationError, match="no column 'zzz'"):
+        sales.add_article("p2", "plain", columns=["zzz"])
+    with pytest.raises(PublicationError, match="SUBSCRIBE BY column 'zzz'"):
+        sales.add_article("p2", "plain", subscribe_by="zzz")
+    with pytest.raises(UnsupportedColumnType, match="column tags has type text"):
+        sales.add_article("p2", "t")
+    with pytest.raises(UnpublishableTable, match="does not exist"):
+        sales.add_article("p2", "nowhere")
+    with pytest.raises(NotYetOnPostgres, match="follow their parent are not yet on PostgreSQL"):
+        sales.add_article("p2", "plain", follows="customer")
+    with pytest.raises(PublicationError, match="exists already"):
+        sales.create_publication("p2")
+    with pytest.raises(InvalidSetting, match="publication name"):
+        sales.create_publication("")
+    with pytest.raises(PublicationError, match="'plain' is not published"):
+        sales.remove_article("plain")
+    with pytest.raises(UnknownPublication):
+        sales.drop_publication("nope")
+    assert _triggers(sales.connection, "plain") == [] and _triggers(sales.connection, "t") == []
+    assert sales.publications()[0] == Publication("p2", ())
+
+
+def test_dropping_a_publication_stops_capture_and_subscriptions(sales, app):
+    sales.drop_publication("sales")
+    app.execute("INSERT INTO line VALUES (1, 1, 'a', 1)")
+    assert _captured(sales.connection) == 0
+    assert sales.subscriptions() == ()
+    assert sales.publications() == ()
+
+
+def test_tables_of_other_schemas_are_named_with_their_schema(hq, app):
+    app.execute("CREATE SCHEMA field")
+    app.execute('CREATE TABLE field.visit (id integer PRIMARY KEY, "Crew" text, note text)')
+    article = hq.add_article("p", "field.visit", columns=["Crew"], subscribe_by="Crew")
+    assert article == Article("field.visit", ("id", "Crew"), "Crew")
+    app.execute('CREATE TABLE field.stop (id integer PRIMARY KEY, "Crew" text)')
+    with pytest.raises(PublicationError, match="no column 'crew'"):  # a quoted name keeps its case
+        hq.create_publication("p2", [Article("field.stop", columns=["crew"])])
+    assert [item.name for item in hq.publications()] == ["p"]
+    hq.remove_article("field.visit")
+    assert _triggers(hq.connection, "field.visit") == []
+
+
+def test_missing_tables_are_listed_and_can_be_unpublished(sales, app):
+    assert sales.missing_tables() == ()
+    app.execute("ALTER TABLE line RENAME TO order_line")
+    assert sales.missing_tables() == ("line",)
+    assert _triggers(sales.connection, "order_line") != []  # the triggers went with the table
+    sales.remove_article("line")
+    assert _triggers(sales.connection, "order_line") == []  # found by its oid
+    app.execute("DROP TABLE customer")
+    assert sales.missing_tables() == ("customer",)
+    sales.remove_article("customer")
+    assert sales.missing_tables() == () and sales.publications() == (Publication("sales", ()),)
+
+
+# --- subscriptions ---------------------------------------------------------------------
+
+def test_subscription_values_keep_their_type(sales):
+    for value in (7, 7.0, "7", b"7", None, -0.5, 2**63 - 1):
+        assert sales.subscribe("idle", "sales", value, now=NOW).changed
+    assert [item.value for item in sales.subscriptions("idle")] == [7, 7.0, "7", b"7", None, -0.5, 2**63 - 1]
+    assert [type(item.value) for item in sales.subscriptions("idle")][:4] == [int, float, str, bytes]
+    again = sales.subscribe("idle", "sales", 7.0)
+    assert (again.changed, again.subscribed) == (False, True)  # subscribing twice is one subscription
+    assert len(sales.subscriptions("idle")) == 7
+    assert sales.unsubscribe("idle", "sales", 7.0).changed
+    assert [item.value for item in sales.subscriptions("idle")][:2] == [7, "7"]
+
+
+def test_ending_a_subscription_that_is_not_held_names_those_that_are(sales):
+    with pytest.raises(InvalidSetting, match=r"'north1' does not subscribe to 'sales' with 'east'; its "
+                                             r"subscriptions: sales='north'"):
+        sales.unsubscribe("north1", "sales", "east")
+    with pytest.raises(InvalidSetting, match="its subscriptions: none"):
+        sales.unsubscribe("idle", "sales")
+
+
+def test_bad_subscriptions_are_refused(sales):
+    with pytest.raises(UnknownRemote):
+        sales.subscribe("ghost", "sales", "north")
+    with pytest.raises(UnknownPublication):
+        sales.subscribe("north1", "nope", "north")
+    with pytest.raises(InvalidSetting):
+        sales.subscribe("north1", "sales", [1, 2])
+    with pytest.raises(InvalidSetting, match="NaN"):
+        sales.subscribe("north1", "sales", float("nan"))
+    with pytest.raises(InvalidSetting, match="outside SQLite's 64-bit range"):
+        sales.subscribe("north1", "sales", 2**63)
+
+
+def test_a_change_counts_the_rows_that_hold_the_value_as_readers_select(sales, app):
+    app.execute("INSERT INTO customer (name, region) VALUES ('a', 'north'), ('b', 'north'), ('c', 'south'),"
+                " ('d', NULL), ('e', 'North')")
+    assert sales.subscribe("idle", "sales", "north").matching == 2
+    assert sales.subscribe("idle", "sales", "west").matching == 0
+    assert sales.subscribe("idle", "sales", 7).matching == 0  # text never equals an integer
+    assert sales.subscribe("idle", "sales").matching is None  # no value
+    assert sales.unsubscribe("idle", "sales", "north").matching == 2
+    app.execute("CREATE TABLE shop (id integer PRIMARY KEY, zone bigint)")
+    app.execute("CREATE TABLE scale (id integer PRIMARY KEY, weight double precision)")
+    app.execute("INSERT INTO shop VALUES (1, 7), (2, 7), (3, 8)")
+    app.execute("INSERT INTO scale VALUES (1, 7.0), (2, 2.5), (3, 7.0), (4, 'NaN')")
+    sales.create_publication("by_zone", [Article("shop", subscribe_by="zone"),
+                                         Article("scale", subscribe_by="weight")])
+    sales.create_publication("whole")
+    assert sales.subscribe("idle", "by_zone", 7).matching == 4
+    assert sales.subscribe("idle", "by_zone", 7.0).matching == 4  # 7.0 == 7, as readers compare
+    assert sales.subscribe("idle", "by_zone", 2.5).matching == 1
+    assert sales.subscribe("idle", "by_zone", "7").matching == 0
+    assert sales.subscribe("idle", "whole", 7).matching is None  # no SUBSCRIBE BY article
+
+
+def test_an_extracted_remote_s_subscriptions_cannot_change_yet(sales):
+    sales.update_remote("north1", peer_incarnation=b"\x02" * 16)
+    with pytest.raises(NotYetOnPostgres, match="'north1' was extracted: changing its subscriptions through its "
+                                               "stream is not yet on PostgreSQL"):
+        sales.subscribe("north1", "sales", "east")
+    with pytest.raises(NotYetOnPostgres):
+        sales.unsubscribe("north1", "sales", "north")
+    assert not sales.subscribe("north1", "sales", "north").changed  # held already: nothing to change
+    assert [item.value for item in sales.subscriptions("north1")] == ["north"]
