@@ -92,6 +92,7 @@ class SiteDatabase:
         self._schema_seen = -1
         with sqlite_errors(f"reading the identity of {path}"):
             self._identity = read_identity(conn)
+            conn.execute(f"PRAGMA foreign_keys = {int(self._identity.role is Role.REMOTE)}")  # a remote's apply checks them
 
     # --- life cycle -------------------------------------------------------------------
 

@@ -42,7 +42,8 @@ from ._db import format_time, quote_ident, read_transaction, translate, utc_now,
 from .capture import TableInfo, refresh_changed_tables, table_info
 from .errors import ExtractionError, InvalidSetting, WrongRole
 from .log import cut_locked, truncated_through
-from .route import ARTICLE_ROWS, ROUTE, Follow, follows
+from .foreign_keys import ForeignKey, foreign_keys, remote_definition
+from .route import ARTICLE_ROWS, ROUTE, Follow, follows, record_follow
 from .publications import Article, create_publication_locked
 from .remotes import RemoteUser, get_remote, record_replaced_locked
 from .schema import Role, SiteIdentity, init_database, read_identity
@@ -134,11 +135,12 @@ def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
     return plans
 
 
-def _table_sql(conn: sqlite3.Connection, plan: _Plan) -> str:
+def _table_sql(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> str:
+    keep = _kept_keys(conn, plan, plans)
     if not plan.subset:
-        return plan.info.sql
+        return remote_definition(plan.info.sql, keep)
     # Rebuild the definition from the published columns; table constraints
-    # other than the key (CHECK, UNIQUE, FOREIGN KEY) are not carried.
+    # other than the key and the foreign keys kept (CHECK, UNIQUE) are not carried.
     definitions = []
     for _cid, name, declared, notnull, default, _pk, hidden in conn.execute(
             f"PRAGMA table_xinfo({quote_ident(plan.info.name)})"):
@@ -151,8 +153,41 @@ def _table_sql(conn: sqlite3.Connection, plan: _Plan) -> str:
             text += f" DEFAULT ({default})"
         definitions.append(text)
     definitions.append(f"PRIMARY KEY ({', '.join(quote_ident(c) for c in plan.info.key_columns)})")
+    definitions += [f"FOREIGN KEY ({', '.join(quote_ident(column) for column in key.columns)}) {key.clause}"
+                    for key in foreign_keys(plan.info.sql) if keep(key)]
     return (f"CREATE TABLE {quote_ident(plan.info.name)} ({', '.join(definitions)})"
             + (" WITHOUT ROWID" if plan.info.without_rowid else ""))
+
+
+def _kept_keys(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> Callable[[ForeignKey], bool]:
+    """Which foreign keys of ``plan``'s table the remote's copy keeps: those
+    whose columns it gets, to a table it gets, whose referenced columns it
+    gets and holds unique (else SQLite could not check them there)."""
+    tables = {other.info.name.lower(): other for other in plans}
+    published = {column.lower() for column in plan.columns}
+
+    def keep(key: ForeignKey) -> bool:
+        parent = tables.get(key.parent.lower())
+        if parent is None or not {column.lower() for column in key.columns} <= published:
+            return False
+        referenced = frozenset(column.lower() for column in (key.parent_columns or parent.info.key_columns))
+        return len(referenced) == len(key.columns) and referenced in _unique_keys(conn, parent)
+    return keep
+
+
+def _unique_keys(conn: sqlite3.Connection, plan: _Plan) -> set[frozenset[str]]:
+    """The sets of columns the remote's copy of ``plan``'s table holds
+    unique: its primary key, a UNIQUE constraint of a table copied whole,
+    a unique index it gets (not a partial one, which no key can reference)."""
+    published = {column.lower() for column in plan.columns}
+    keys = {frozenset(column.lower() for column in plan.info.key_columns)}
+    for _seq, name, unique, origin, partial in conn.execute(f"PRAGMA index_list({quote_ident(plan.info.name)})"):
+        if not unique or partial or (origin == "u" and plan.subset):  # a rebuilt copy has no UNIQUE constraint
+            continue
+        columns = [row[2] for row in conn.execute(f"PRAGMA index_info({quote_ident(name)})")]
+        if None not in columns and {column.lower() for column in columns} <= published:
+            keys.add(frozenset(column.lower() for column in columns))
+    return keys
 
 
 def _index_sql(conn: sqlite3.Connection, plan: _Plan) -> list[str]:
@@ -220,7 +255,7 @@ def extract_remote(site: Consolidated, remote: str, path: str | os.PathLike[str]
     with site.lock, read_transaction(conn, f"planning the extraction of {remote!r}"):
         row = get_remote(conn, remote)
         plans = _plans(conn, remote)
-        table_sql = [(_table_sql(conn, plan), _index_sql(conn, plan)) for plan in plans]
+        table_sql = [(_table_sql(conn, plan, plans), _index_sql(conn, plan)) for plan in plans]
     material = _resolve_keys(keys, remote)
     stamp = format_time(now or utc_now())
     temporary = target.with_name(temporary_name(target.name))
@@ -425,6 +460,15 @@ def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[_Pla
             articles.setdefault(plan.publication, []).append(Article(plan.info.name, None, subscribe_by))
         for publication, items in articles.items():
             create_publication_locked(copy, publication, items, None)
+        # The remote's rows that follow a parent live and die with it there
+        # (route.apply_triggers), when it gets the key that says which.
+        tables = {plan.info.name.lower(): plan for plan in plans}
+        for plan in plans:
+            follow = plan.follow
+            parent = tables.get(follow.parent.lower()) if follow is not None else None
+            if (follow is not None and parent is not None and set(follow.columns) <= set(plan.columns)
+                    and set(follow.parent_columns) <= set(parent.columns)):
+                record_follow(copy, follow)
         resend_count, rereceive_count = epochs
         copy.execute(
             "INSERT INTO fieldsync_remote (name, log_send, log_sent, confirm_sent, resend_count, log_received,"

@@ -25,6 +25,12 @@ Rules of this file:
 * A chain that comes back to a table in it is refused; so is a child of a
   table that is not in the same publication, or a chain whose root has no
   SUBSCRIBE BY column.  Only this file reads the catalogue's follow columns.
+* A remote's catalogue holds its follows too (written at extraction, with
+  no route template): a row that follows its parent lives and dies with it
+  there.  The connection that applies a peer's changes gets TEMP triggers
+  (:func:`install_apply_triggers`): at the consolidated a row whose foreign
+  key names no parent is refused (``NO_PARENT``), at a remote the
+  consolidated's DELETE of a parent takes the rows that follow it along.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ MOVE_PREFIX = "fieldsync_move_"
 class Follow:
     """How ``table`` follows ``parent``: its ``columns`` reference the
     parent's ``parent_columns``; ``template`` computes a row's route from
-    the values of ``columns``."""
+    the values of ``columns`` (empty at a remote, which has no routes)."""
 
     table: str
     parent: str
@@ -70,7 +76,7 @@ def follows(conn: sqlite3.Connection) -> dict[str, Follow]:
             "SELECT table_name, follows, follow_columns, parent_columns, route_sql FROM fieldsync_article"
             " WHERE follows IS NOT NULL"):
         found[table.lower()] = Follow(table, parent, tuple(json.loads(columns)), tuple(json.loads(parent_columns)),
-                                      template)
+                                      template or "")
     return found
 
 
@@ -217,3 +223,96 @@ def row_routes(conn: sqlite3.Connection, table: str, columns: Sequence[str], kin
         routes.append(conn.execute(f"SELECT {follow.route(placeholders)}",
                                    [image[position] for position in positions]).fetchone()[0])
     return routes
+
+
+def record_follow(conn: sqlite3.Connection, follow: Follow) -> None:
+    """At a remote being extracted: its article of ``follow.table`` follows
+    its parent (no route template: a remote routes nothing)."""
+    conn.execute("UPDATE fieldsync_article SET follows = ?, follow_columns = ?, parent_columns = ?"
+                 " WHERE table_name = ?",
+                 (follow.parent, json.dumps(follow.columns), json.dumps(follow.parent_columns), follow.table))
+
+
+# How a row refused by the consolidated's parent check is recorded, from the start.
+NO_PARENT = "no parent row"
+APPLY_PREFIX = "fieldsync_follow_"
+
+
+def apply_triggers(conn: sqlite3.Connection, chains: dict[str, Follow]) -> list[str]:
+    """The TEMP triggers of the connection that applies a peer's changes.
+    At the consolidated: an INSERT, or an UPDATE of its foreign key, that
+    leaves a row of a follow article naming no parent is refused (the row
+    would have no route and reach nobody).  At a remote: a DELETE of a
+    parent first deletes the rows that follow it (it left the remote's
+    subset, or is gone, and they with it: the consolidated routes them by
+    it); the remote's capture triggers skip those writes, as every write of
+    the apply path."""
+    # Only tables and columns this site has (an application may have dropped
+    # or renamed one since it was published): a trigger naming another
+    # would fail every write of its table.
+    chains = {name: follow for name, follow in chains.items()
+              if _has_columns(conn, follow.table, follow.columns)
+              and _has_columns(conn, follow.parent, follow.parent_columns)}
+    if not chains:
+        return []
+    if conn.execute("SELECT role FROM fieldsync_site WHERE id = 1").fetchone()[0] == "consolidated":
+        return [statement for follow in chains.values() for statement in _parent_checks(follow)]
+    children: dict[str, list[Follow]] = {}
+    for follow in chains.values():
+        children.setdefault(follow.parent, []).append(follow)
+    return [f"CREATE TEMP TRIGGER {quote_ident(f'{APPLY_PREFIX}delete_{parent}')} BEFORE DELETE"
+            f" ON main.{quote_ident(parent)} BEGIN "
+            + "; ".join(f"DELETE FROM {quote_ident(follow.table)} WHERE "
+                        f"{_equal(follow.columns, [f'OLD.{quote_ident(key)}' for key in follow.parent_columns])}"
+                        for follow in followers) + "; END"
+            for parent, followers in children.items()]
+
+
+def _parent_checks(follow: Follow) -> list[str]:
+    """The consolidated's triggers that refuse a row of ``follow.table``
+    whose foreign key names no parent (NULL in it names none: no check)."""
+    new = [f"NEW.{quote_ident(column)}" for column in follow.columns]
+    message = (f"{NO_PARENT}: no {follow.parent} row has the key this {follow.table} row names"
+               f" (it follows {follow.parent})")
+    when = (" AND ".join(f"{value} IS NOT NULL" for value in new) + f" AND NOT EXISTS (SELECT 1 FROM"
+            f" main.{quote_ident(follow.parent)} WHERE {_equal(follow.parent_columns, new)})")
+    raised = "SELECT RAISE(ABORT, '" + message.replace("'", "''") + "')"
+    columns = ", ".join(quote_ident(column) for column in follow.columns)
+    return [f"CREATE TEMP TRIGGER {quote_ident(f'{APPLY_PREFIX}{event.lower()}_{follow.table}')} BEFORE {event}{of}"
+            f" ON main.{quote_ident(follow.table)} WHEN {when} BEGIN {raised}; END"
+            for event, of in (("INSERT", ""), ("UPDATE", f" OF {columns}"))]
+
+
+def _has_columns(conn: sqlite3.Connection, table: str, columns: Sequence[str]) -> bool:
+    present = {row[1].lower() for row in conn.execute(f"PRAGMA table_info({quote_ident(table)})")}
+    return bool(present) and all(column.lower() in present for column in columns)
+
+
+def _equal(columns: Sequence[str], values: Sequence[str]) -> str:
+    return " AND ".join(f"{quote_ident(column)} = {value}" for column, value in zip(columns, values))
+
+
+def install_apply_triggers(conn: sqlite3.Connection, statements: list[str]) -> None:
+    """Make the connection's TEMP triggers those ``statements`` (of
+    :func:`apply_triggers`) make; checked at every batch: a rolled-back
+    batch takes the TEMP triggers it made with it."""
+    wanted = [statement.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER", 1)  # as sqlite_temp_master holds it
+              for statement in statements]
+    present = conn.execute("SELECT name, sql FROM sqlite_temp_master WHERE type = 'trigger' AND name LIKE ?",
+                           (APPLY_PREFIX + "%",)).fetchall()
+    if sorted(sql for _, sql in present) == sorted(wanted):
+        return
+    for name, _ in present:
+        conn.execute(f"DROP TRIGGER temp.{quote_ident(name)}")
+    for statement in wanted:
+        conn.execute(statement.replace("CREATE TRIGGER", "CREATE TEMP TRIGGER", 1))
+
+
+def parent_missing(conn: sqlite3.Connection, follow: Follow, row: dict) -> bool:
+    """Whether ``row`` (column values, its foreign key among them) names a
+    parent this site does not hold."""
+    if any(row.get(column) is None for column in follow.columns):
+        return False
+    match = _equal(follow.parent_columns, ["?"] * len(follow.columns))
+    return conn.execute(f"SELECT 1 FROM {quote_ident(follow.parent)} WHERE {match}",
+                        [row[column] for column in follow.columns]).fetchone() is None

@@ -118,6 +118,58 @@ def test_a_subscription_change_moves_the_children_with_their_parents(sales: dict
         assert rows(sales["rep1"], HELD[table]) == rows(sales["hq"], query, 2), table
 
 
+def errors(sites: dict[str, Path]) -> dict[str, list[tuple]]:
+    found = {name: rows(path, "SELECT table_name, key, problem FROM fieldsync_apply_error ORDER BY id")
+             for name, path in sites.items()}
+    return {name: problems for name, problems in found.items() if problems}
+
+
+@pytest.mark.parametrize("first", ["rep1", "hq"])
+def test_an_order_written_at_rep1_for_a_customer_hq_gave_rep2_goes_to_rep2(
+        sales: dict[str, Path], agent: Agent, first: str) -> None:
+    sync(agent, sales)
+    write(sales["rep1"], "INSERT INTO orders VALUES (300, 2, 'written at rep 1')",  # customer 2 is rep 1's
+          "INSERT INTO order_line VALUES (301, 300, 4)")
+    write(sales["hq"], "UPDATE customer SET rep = 2 WHERE id = 2")
+    # Which side hears of the other first: hq of the order, or rep1 of the move.
+    order = [first] + [name for name in ("hq", "rep1", "rep2") if name != first]
+    sync(agent, {name: sales[name] for name in order})
+    check(sales)
+    assert rows(sales["rep2"], "SELECT note FROM orders WHERE id = 300") == [("written at rep 1",)]
+    assert rows(sales["rep2"], "SELECT qty FROM order_line WHERE id = 301") == [(4,)]
+    assert rows(sales["rep1"], "SELECT count(*) FROM orders WHERE customer_id = 2") == [(0,)]
+    assert errors(sales) == {}
+
+
+def test_an_order_for_a_customer_hq_does_not_hold_is_an_apply_error_there(
+        sales: dict[str, Path], agent: Agent) -> None:
+    sync(agent, sales)
+    write(sales["rep1"], "INSERT INTO orders VALUES (400, 99, 'no customer 99')")  # its foreign keys off
+    write(sales["rep1"], "INSERT INTO orders VALUES (401, 2, 'after it')")
+    sync(agent, sales)
+    [(table, _key, problem)] = errors(sales)["hq"]
+    assert table == "orders" and problem.startswith("constraint failed: no parent row: no customer row"), problem
+    assert rows(sales["hq"], "SELECT id FROM orders WHERE id >= 400") == [(401,)]
+    assert rows(sales["rep1"], "SELECT id FROM orders WHERE id >= 400 ORDER BY id") == [(400,), (401,)]
+    assert errors(sales).keys() == {"hq"}
+    status = agent("status", sales["hq"])
+    assert status.code == 0 and "rep1" in status.out
+
+
+def test_order_lines_rep1_changes_reach_every_remote_that_gets_their_customer(
+        sales: dict[str, Path], agent: Agent) -> None:
+    assert agent("remote", "subscribe", sales["hq"], "rep2", "sales=1").code == 0
+    sync(agent, sales)
+    line, gone = rows(sales["rep1"], "SELECT id FROM order_line ORDER BY id LIMIT 2")
+    write(sales["rep1"], f"UPDATE order_line SET qty = 1000 WHERE id = {line[0]}",
+          f"DELETE FROM order_line WHERE id = {gone[0]}")
+    sync(agent, sales)
+    assert rows(sales["rep2"], f"SELECT qty FROM order_line WHERE id = {line[0]}") == [(1000,)]
+    assert rows(sales["rep2"], f"SELECT count(*) FROM order_line WHERE id = {gone[0]}") == [(0,)]
+    assert rows(sales["hq"], f"SELECT count(*) FROM order_line WHERE id = {gone[0]}") == [(0,)]
+    assert errors(sales) == {}
+
+
 @pytest.mark.parametrize("articles, problem", [
     (("orders@->customer",), "'orders' follows 'customer', which is not an article of 'p'"),
     (("customer@rep", "customer2@->customer"), "no foreign key to 'customer'"),

@@ -125,10 +125,17 @@ def orders_world(tmp_path, rows: int):
     for row_id in range(1, rows + 1):
         app.execute("INSERT INTO orders VALUES (?, ?, 1, 'seed')", (row_id, ["north", "south", "east"][row_id % 3]))
     app.execute("COMMIT")
+    return hq, extracted(hq, tmp_path, "orders", REGIONS)
+
+
+def extracted(hq: SiteDatabase, directory: Path, publication: str, values: dict[str, object]
+              ) -> dict[str, SiteDatabase]:
+    """Remotes added at ``hq``, each subscribed to ``publication`` with its
+    value, extracted into ``directory`` and opened (the caller closes them)."""
     remotes = {}
-    for name, region in REGIONS.items():
+    for name, value in values.items():
         hq.add_remote(name)
-        hq.subscribe(name, "orders", region)
-        hq.extract(name, tmp_path / f"{name}.db")
-        remotes[name] = SiteDatabase.open(tmp_path / f"{name}.db")
-    return hq, remotes
+        hq.subscribe(name, publication, value)
+        hq.extract(name, directory / f"{name}.db")
+        remotes[name] = SiteDatabase.open(directory / f"{name}.db")
+    return remotes

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from operator import itemgetter
 from enum import Enum
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from codec.ops import OpKind, Operation, Run
 
@@ -116,9 +116,48 @@ class Own:
         self.moved_to: tuple | None = None  # the key it gave the row, when that is why it is gone
 
 
+class Filter:
+    """Which rows of a table lie in the subset of a batch's origin: those
+    whose SUBSCRIBE BY column (``columns[0]``) holds one of ``values``, or,
+    for a table that follows its parent, whose route does (``route``: the
+    values of its foreign key ``columns`` -> the route, looked up here)."""
+
+    __slots__ = ("columns", "values", "route")
+
+    def __init__(self, columns: tuple[str, ...], values: frozenset,
+                 route: Callable[[Sequence], Any] | None = None) -> None:
+        self.columns = columns
+        self.values = values
+        self.route = route
+
+    def value(self, row: Mapping[str, Any], routes: dict | None = None) -> Any:
+        """What ``row`` (column -> value) is selected by; ``routes`` keeps
+        the routes looked up, by foreign key, while no parent changes."""
+        if self.route is None:
+            return row.get(self.columns[0])
+        key = tuple(row.get(column) for column in self.columns)
+        if routes is None:
+            return self.route(key)
+        if key not in routes:
+            routes[key] = self.route(key)
+        return routes[key]
+
+    def moves(self, before: Sequence[str], after: Sequence[str]) -> bool:
+        """Whether an UPDATE with these before and after columns can move its
+        row into the subset (it carries the old and new values of them all)."""
+        return all(column in before and column in after for column in self.columns)
+
+    def entered(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+        """Whether an UPDATE with these images brings its row into the
+        subset from outside it."""
+        return (self.moves(before, after) and self.value(before) not in self.values
+                and self.value(after) in self.values)
+
+
 class Batch:
     __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched",
-                 "entered", "watched", "received", "moved", "origins", "holds", "stranded", "pending")
+                 "entered", "watched", "received", "moved", "origins", "holds", "stranded", "pending", "deferred",
+                 "held")
 
     def __init__(self, peer: str, now: str) -> None:
         self.peer = peer
@@ -128,9 +167,9 @@ class Batch:
         self.conflicts = 0
         self.errors = 0
         self.returns: dict[tuple[str, tuple], Return] = {}
-        # SUBSCRIBE BY filters of the peer's subscriptions (lower-case table ->
-        # (column, values)), and the keys of those tables the batch touched.
-        self.filters: dict[str, tuple[str, frozenset]] = {}
+        # The peer's subset of its filtered tables (lower-case table ->
+        # Filter), and the keys of those tables the batch touched.
+        self.filters: dict[str, Filter] = {}
         self.touched: dict[tuple[str, tuple], Table] = {}
         # Rows that go back whole, as an INSERT: the peer moved them into its
         # subset from outside it (it may have been sent a DELETE of them that
@@ -156,6 +195,21 @@ class Batch:
         self.stranded: dict[tuple[str, tuple], tuple[Table, dict]] = {}
         # At a remote: its own pending changes (lower-case table -> key -> Own).
         self.pending: dict[str, dict[tuple, Own]] = {}
+        # Operations of the transaction being applied that a foreign key
+        # refused, with the problem, and the rows they concern: tried again at
+        # the end of the transaction (see set_aside).
+        self.deferred: list[tuple[tuple, str]] = []
+        self.held: set[tuple[str, tuple]] = set()
+
+
+def set_aside(batch: Batch, table: Table, op: tuple, problem: str) -> None:
+    """A foreign key refused ``op`` (its parent comes later in the
+    transaction, or rows that reference it go earlier): it is tried again at
+    the end of the transaction, and so is every later operation of its row."""
+    batch.deferred.append((op, problem))
+    batch.held.add((table.name, op[2]))
+    if op[1] == OpKind.UPDATE and type(op[4]) is dict:
+        batch.held.add((table.name, key_after(table.key_columns, op[2], op[4])))
 
 
 def send_back(batch: Batch, table: Table, key: tuple, origin_row: dict, columns: set[str]) -> None:
@@ -175,15 +229,14 @@ def touch(batch: Batch, table: Table, run: list) -> None:
     key the row has afterwards), and those its UPDATEs bring into its
     subset from outside it."""
     key_columns = table.key_columns
-    filtered_by, values = batch.filters[table.name.lower()]
+    subset = batch.filters[table.name.lower()]
     for op in run:
         before, after = op[3], op[4]
         key = op[2]
         if after is not None and any(column in after for column in key_columns):
             key = key_after(key_columns, key, after)
         batch.touched[(table.name, key)] = table
-        if (op[1] == OpKind.UPDATE and filtered_by in after and filtered_by in before
-                and before[filtered_by] not in values and after[filtered_by] in values):
+        if op[1] == OpKind.UPDATE and subset.entered(before, after):
             batch.entered.add((table.name, key))
 
 
@@ -199,11 +252,11 @@ def touch_rows(batch: Batch, table: Table, run: Run) -> None:
     touched = batch.touched
     for row in run.rows:
         touched[(name, final_key(row))] = table
-    filtered_by, values = batch.filters[name.lower()]
-    if run.kind == OpKind.UPDATE and filtered_by in before and filtered_by in after:
-        old_at, new_at = width + before.index(filtered_by), width + len(before) + after.index(filtered_by)
+    subset = batch.filters[name.lower()]
+    if run.kind == OpKind.UPDATE and subset.moves(before, after):
+        checked = width + len(before)
         for row in run.rows:
-            if row[old_at] not in values and row[new_at] in values:
+            if subset.entered(dict(zip(before, row[width:checked])), dict(zip(after, row[checked:]))):
                 batch.entered.add((name, final_key(row)))
 
 

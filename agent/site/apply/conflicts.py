@@ -18,14 +18,15 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 from codec.ops import OpKind, Operation
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape, write_capture_row
 from ..errors import ConflictHookFailed, InvalidSetting
 from ..values import pack, unpack, value_problem
-from .batch import Batch, Conflict, ConflictHook, Resolution, Table, key_after, send_back
+from ..route import Follow
+from .batch import Batch, Conflict, ConflictHook, Filter, Resolution, Table, key_after, send_back
 from .statements import Statements
 
 
@@ -83,19 +84,41 @@ class Conflicts:
             # columns the conflict was about (and any the resolution wrote).
             send_back(batch, table, final_key, {**local, **after}, set(after) | set(written))
 
-    def filters(self, peer: str) -> dict[str, tuple[str, frozenset]]:
-        """The SUBSCRIBE BY filters of ``peer``'s subscriptions (lower-case
-        table -> (column, values)): what decides which rows leave its subset."""
+    def filters(self, peer: str) -> dict[str, Filter]:
+        """``peer``'s subset of each filtered table (lower-case table ->
+        Filter): by SUBSCRIBE BY column, or for a table that follows its
+        parent by the route of its foreign key (agent/site/route.py); what
+        decides which rows leave its subset."""
         values: dict[str, set] = {}
         for publication, value in self._conn.execute(
                 "SELECT publication, value FROM fieldsync_subscription WHERE remote = ? AND until IS NULL", (peer,)):
             bucket = values.setdefault(publication, set())
             if value is not None:
                 bucket.add(value)
-        return {table.lower(): (column, frozenset(values.get(publication, ())))
-                for table, publication, column in self._conn.execute(
-                    "SELECT table_name, publication, subscribe_by FROM fieldsync_article"
-                    " WHERE subscribe_by IS NOT NULL")}
+        found = {}
+        for table, publication, column in self._conn.execute(
+                "SELECT table_name, publication, subscribe_by FROM fieldsync_article"
+                " WHERE subscribe_by IS NOT NULL OR follows IS NOT NULL"):
+            subset = frozenset(values.get(publication, ()))
+            follow = self._statements.follows.get(table.lower())
+            if follow is None:
+                found[table.lower()] = Filter((column,), subset)
+            else:
+                found[table.lower()] = Filter(follow.columns, subset, self._route_of(follow))
+        return found
+
+    def _route_of(self, follow: Follow) -> Callable[[Sequence], object]:
+        """The route of a row of ``follow.table`` from its foreign key values."""
+        sql = self._statements.cached(("route", follow.table),
+                                      lambda: f"SELECT {follow.route(['?'] * len(follow.columns))}")
+        conn = self._conn
+
+        def route(values: Sequence) -> object:
+            try:
+                return conn.execute(sql, list(values)).fetchone()[0]
+            except (OverflowError, sqlite3.InterfaceError, sqlite3.ProgrammingError):
+                return None  # a value no parent can hold (the operation is refused as malformed)
+        return route
 
     def write_returns(self, batch: Batch) -> None:
         """Capture what goes back to the batch's origin, each row only to it.
@@ -117,6 +140,7 @@ class Conflicts:
         """
         received = batch.received
         select = self._statements.select
+        routes: dict[str, dict] = {}  # by table: the routes of foreign keys (nothing changes meanwhile)
         for name_key, (table, image) in batch.stranded.items():
             # The peer moved a row this site had deleted (or moved itself,
             # to a key that no longer holds it): it goes at the peer too.
@@ -144,8 +168,8 @@ class Conflicts:
                     image = {**last[1], **dict(zip(table.key_columns, key))}
                     self._write_return(shape, KIND_DELETE, [image.get(column) for column in shape.columns])
                 continue  # otherwise the origin deleted it too, or an operation on its way does
-            filtered = batch.filters.get(table.name.lower())
-            if filtered is not None and result.get(filtered[0]) not in filtered[1]:
+            subset = batch.filters.get(table.name.lower())
+            if subset is not None and subset.value(result, routes.setdefault(shape.table, {})) not in subset.values:
                 if not deleted_there and (pending is not None or name_key in batch.touched):
                     self._write_return(shape, KIND_DELETE, [result.get(column) for column in shape.columns])
                 continue

@@ -15,7 +15,9 @@ Rules of this file:
   operation or an unknown table/column is recorded in
   ``fieldsync_apply_error`` and the rest goes on.  Only problems with the
   batch as a whole (offsets going backwards, out of order) or with the
-  database itself abort it.
+  database itself abort it.  An operation a foreign key refuses waits for
+  the end of its transaction first (batch.set_aside, _settle): the order
+  of parents and children within a transaction does not matter.
 * The rules live in their own modules, each an object the driver holds
   and calls (no rule calls the driver): statements (tables, SQL, apply
   errors), key moves, conflicts (and what goes back), unconfirmed,
@@ -45,6 +47,7 @@ from .._db import format_time, utc_now
 from ..capture import ShapeCache
 from ..errors import ApplyRefused, IncarnationMismatch, InvalidSetting
 from ..log import cut_locked
+from ..route import parent_missing
 from ..remotes import get_remote
 from ..schema import Role, SiteIdentity
 from ..values import operation_problem
@@ -57,6 +60,7 @@ from .batch import (
     key_after,
     same_value,
     send_back,
+    set_aside,
     touch,
     touch_rows,
     watch,
@@ -64,7 +68,7 @@ from .batch import (
 from .conflicts import Conflicts
 from .keymoves import KeyMoves, origin_changes, readdressed
 from .pending import Pending
-from .statements import Statements
+from .statements import Statements, refused_by_key
 from .unconfirmed import Unconfirmed
 
 _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
@@ -204,6 +208,8 @@ class Applier:
             previous = commit
             batch.commit = commit
             self._apply_operations(transaction.ops, batch, consolidated)
+            if batch.deferred:
+                self._settle(batch, consolidated)
             applied += 1
             cut = cut_locked(conn, peer, end)
             if cut > end:
@@ -276,6 +282,21 @@ class Applier:
             params.append(values)
         self._flush(run, params, batch, consolidated)
 
+    def _settle(self, batch: Batch, consolidated: bool) -> None:
+        """At the end of a transaction, the operations a foreign key refused
+        (batch.set_aside) are applied again, in their order, as long as
+        some of them go in: a child that came before its parent, a parent
+        deleted before the rows that reference it.  Those still refused are
+        recorded."""
+        while batch.deferred:
+            waiting = batch.deferred
+            batch.deferred, batch.held = [], set()
+            self._apply_operations([op for op, _ in waiting], batch, consolidated)
+            if len(batch.deferred) == len(waiting):
+                for op, problem in batch.deferred:
+                    self._statements.error(batch, op, problem)
+                batch.deferred, batch.held = [], set()
+
     def _apply_run(self, run: Run, batch: Batch, consolidated: bool) -> None:
         """A decoded run (format version 2): its rows are the parameter
         lists of one statement (statements.run_sql), bound as they are once
@@ -287,6 +308,7 @@ class Applier:
         table = self._statements.table(run.table)
         kind = run.kind
         if (table is None or run.key_width != len(table.key_columns) or batch.returns or batch.watched is not None
+                or batch.held
                 or (kind == OpKind.UPDATE and not run.after)
                 or (kind != OpKind.DELETE and not table.column_set.issuperset(run.after + run.before))
                 or (batch.pending and batch.pending.get(table.name.lower()))
@@ -361,20 +383,25 @@ class Applier:
         if batch.watched is not None:
             watch(batch, table, run)
         pending = batch.pending.get(table.name.lower()) if batch.pending else None
-        if pending:
+        held = batch.held
+        if pending or held:
             # Operations on rows with this remote's own pending changes go one
-            # by one through the pending rule; the others stay on the fast path.
+            # by one through the pending rule, those on rows a foreign key
+            # held back wait with them (_settle); the others stay on the fast path.
             fast_run: list = []
             fast_params: list = []
             for op, values in zip(run, params):
-                own = pending.get(op[2])
-                if own is None:
+                own = pending.get(op[2]) if pending else None
+                if own is None and (table.name, op[2]) not in held:
                     fast_run.append(op)
                     fast_params.append(values)
                     continue
                 self._run(table, kind, sql, fast_run, fast_params, batch, consolidated)
                 fast_run, fast_params = [], []
-                self._pending.apply_one(table, op, own, batch)
+                if own is None:
+                    set_aside(batch, table, op, "held back: an earlier operation of its row was refused")
+                else:
+                    self._pending.apply_one(table, op, own, batch)
             run, params = fast_run, fast_params
         self._run(table, kind, sql, run, params, batch, consolidated)
 
@@ -427,25 +454,30 @@ class Applier:
                 batch.applied += 1
             else:
                 moved = self._key_moves.moved_key(table, op[2]) if consolidated else None
-                if moved is None:
+                follow = None if consolidated else self._statements.follows.get(table.name.lower())
+                if follow is not None and type(op[3]) is dict and parent_missing(self._conn, follow, op[3]):
+                    batch.applied += 1  # it left this remote with its parent (route.apply_triggers)
+                elif moved is None:
                     self._statements.error(batch, op, "DELETE of a missing row")
                 else:
                     readdressed(table, (op[0], op[1], moved, op[3], op[4]), batch)
                     self._conn.execute(self._statements.delete_sql(table), moved)
                     batch.applied += 1
         except sqlite3.IntegrityError as error:
-            self._statements.error(batch, op, f"constraint failed: {error}")
+            if refused_by_key(error):
+                set_aside(batch, table, op, f"constraint failed: {error}")
+            else:
+                self._statements.error(batch, op, f"constraint failed: {error}")
 
     def _insert_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
         statements = self._statements
         after = op[4]
         try:
             self._conn.execute(statements.insert_sql(table, tuple(after), ignore=False), tuple(after.values()))
-        except sqlite3.IntegrityError as error:
+        except sqlite3.IntegrityError:
             local = statements.select(table, op[2])
-            if local is None:  # another constraint than the key refused the row
-                statements.error(batch, op, f"constraint failed: {error}")
-                return
+            if local is None:
+                raise  # another constraint than the key refused the row
         else:
             batch.applied += 1
             return
@@ -473,7 +505,9 @@ class Applier:
             params = (*after.values(), *key)
         try:
             count = conn.execute(sql, params).rowcount
-        except sqlite3.IntegrityError:
+        except sqlite3.IntegrityError as error:
+            if refused_by_key(error):
+                raise
             if consolidated:
                 key_moves.refused_move(table, key, after, batch)
                 raise

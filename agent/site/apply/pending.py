@@ -29,9 +29,9 @@ from ..capture import (
     write_capture_row,
 )
 from ..values import operation_problem
-from .batch import KEY_TAKEN, MOVES_FOLLOWED, Batch, Own, Table, key_after, sqlite_equal
+from .batch import KEY_TAKEN, MOVES_FOLLOWED, Batch, Own, Table, key_after, set_aside, sqlite_equal
 from .keymoves import KeyMoves
-from .statements import Statements
+from .statements import Statements, refused_by_key
 
 
 class Pending:
@@ -186,8 +186,8 @@ class Pending:
                     taken = False
                     try:
                         conn.execute(sql, params)
-                    except sqlite3.IntegrityError:
-                        if not self._key_moves.take_key(table, sql, params, key, written):
+                    except sqlite3.IntegrityError as error:
+                        if refused_by_key(error) or not self._key_moves.take_key(table, sql, params, key, written):
                             raise
                         taken = True
                     moved = key_after(table.key_columns, key, written)
@@ -204,7 +204,10 @@ class Pending:
                 if shape is not None:
                     self._capture_delete(shape, local, concurrent)
         except sqlite3.IntegrityError as error:
-            statements.error(batch, op, f"constraint failed: {error}")
+            if refused_by_key(error):
+                set_aside(batch, table, op, f"constraint failed: {error}")
+            else:
+                statements.error(batch, op, f"constraint failed: {error}")
             return
         batch.applied += 1
 

@@ -10,6 +10,8 @@ Rules of this file:
 * Identifiers always go through ``quote_ident``; values are always bound.
 * A bad operation is recorded in ``fieldsync_apply_error``
   (:meth:`Statements.error`) and never stops the batch.
+* The tables that follow their parent are read at each batch, and the
+  connection's TEMP triggers for them made to match (route.install_apply_triggers).
 """
 
 from __future__ import annotations
@@ -23,8 +25,17 @@ from codec.ops import OpKind, Run
 
 from .._db import quote_ident
 from ..capture import ShapeCache, trigger_names
+from ..route import NO_PARENT, Follow, apply_triggers, follows, install_apply_triggers
 from ..values import unpack
 from .batch import Batch, Resolution, Table, packed
+
+
+def refused_by_key(error: sqlite3.IntegrityError) -> bool:
+    """Whether a write failed on a foreign key: SQLite's own check (a
+    remote applies with foreign keys on) or the consolidated's check that a
+    row that follows its parent names one (route.NO_PARENT)."""
+    return (getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY
+            or str(error).startswith(NO_PARENT))
 
 
 class Statements:
@@ -40,6 +51,8 @@ class Statements:
         self.skips_capture = False  # a remote whose triggers skip the apply path's writes
         self._article_shapes: dict[str, int] = {}
         self._policies: dict[str, str] = {}
+        self.follows: dict[str, Follow] = {}  # lower-case table -> how it follows its parent
+        self._triggers: list[str] | None = None  # route.apply_triggers for self.follows
 
     def refresh(self) -> None:
         """Read the schema again when it changed, and the tables' shapes and
@@ -50,6 +63,7 @@ class Statements:
             self._tables.clear()
             self._sql.clear()
             self._shape_ids.clear()
+            self._triggers = None
             self.skips_capture = self._conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fieldsync_applying'").fetchone() is not None
         shapes = dict(self._conn.execute("SELECT lower(table_name), shape FROM fieldsync_article").fetchall())
@@ -57,6 +71,10 @@ class Statements:
                         .fetchall())
         self._article_shapes = shapes
         self._policies = policies
+        chains = follows(self._conn)
+        if self._triggers is None or chains != self.follows:
+            self.follows, self._triggers = chains, apply_triggers(self._conn, chains)
+        install_apply_triggers(self._conn, self._triggers)
         for lowered, table in self._tables.items():
             if table is not None:
                 self._attach(lowered, table)
