@@ -91,6 +91,9 @@ def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
     path = key_path(database) if home is None else key_file_in(home)
     folder = path.parent
     try:
+        if home is not None:  # the agent's own folder of a PostgreSQL site: its files only
+            Path(home).mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(home, 0o700)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise  # a file in the way: the agent's errors name it

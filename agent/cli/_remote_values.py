@@ -101,9 +101,9 @@ class SubscriptionTypes:
         columns = [(article.table, article.subscribe_by) for article in item.articles if article.subscribe_by]
         affinities = set()
         for table, column in columns:
-            for row in self._site.connection.execute(f"PRAGMA table_info({_quote(table)})"):
-                if row[1].lower() == column.lower():
-                    affinities.add(_affinity(row[2] or ""))
+            declared = self._site.declared_type(table, column)
+            if declared is not None:
+                affinities.add(_affinity(declared))
         self._affinities[publication] = (columns, affinities)
         return columns, affinities
 
@@ -131,10 +131,6 @@ class SubscriptionTypes:
                 return float(number)
             return number
         return text
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
 
 
 def split_subscription(text: str) -> tuple[str, str | None]:

@@ -104,6 +104,14 @@ class Shape:
 _WITHOUT_ROWID = re.compile(r"\)\s*(?:STRICT\s*,\s*)?WITHOUT\s+ROWID\s*(?:,\s*STRICT\s*)?$", re.IGNORECASE)
 
 
+def declared_type(conn: sqlite3.Connection, table: str, column: str) -> str | None:
+    """The type ``table.column`` declares ("" for none; None: no such column)."""
+    for row in conn.execute(f"PRAGMA table_info({quote_ident(table)})"):
+        if row[1].lower() == column.lower():
+            return row[2] or ""
+    return None
+
+
 def table_info(conn: sqlite3.Connection, table: str) -> TableInfo:
     """Describe ``table`` for publishing; raise UnpublishableTable when it
     cannot be replicated."""

@@ -35,7 +35,7 @@ from .apply import (
     list_apply_errors,
     list_conflicts,
 )
-from .capture import Shape, ShapeCache, all_shapes, refresh_changed_tables, table_info
+from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables, table_info
 from .errors import InvalidSetting, SiteError
 from .extract import Consolidated, extract_remote
 from .log import cut_locked, iter_capture, log_end, truncate_locked, truncated_through
@@ -71,6 +71,8 @@ from .remotes import (
     record_heard_locked,
     record_stream_stopped_locked,
     record_send_locked,
+    all_replaced_incarnations,
+    count_rows,
     replaced_incarnations,
     remove_remote_locked,
     update_remote_locked,
@@ -186,6 +188,11 @@ class SiteDatabase:
     def drop_publication(self, name: str) -> None:
         with self._lock, self._write(f"dropping publication {name!r}"):
             drop_publication_locked(self._conn, name)
+
+    def declared_type(self, table: str, column: str) -> str | None:
+        """The type ``table.column`` declares (None: no such column)."""
+        with self._lock, self._read(f"reading the columns of {table!r}"):
+            return declared_type(self._conn, table, column)
 
     def missing_tables(self) -> tuple[str, ...]:
         """Published tables that are no longer in the database (an
@@ -416,17 +423,12 @@ class SiteDatabase:
         (not read) in one snapshot: ``remotes``, ``conflicts``,
         ``apply_errors``."""
         with self._lock, self._read("counting remotes, conflicts and apply errors"):
-            return {table: self._conn.execute(f"SELECT count(*) FROM fieldsync_{name}").fetchone()[0]
-                    for table, name in (("remotes", "remote"), ("conflicts", "conflict"),
-                                        ("apply_errors", "apply_error"))}
+            return count_rows(self._conn)
 
     def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]:
         """:meth:`replaced_incarnations` of every remote that has any, in one query."""
-        found: dict[str, set[bytes]] = {}
         with self._lock, self._read("reading the replaced copies"):
-            for remote, incarnation in self._conn.execute("SELECT remote, incarnation FROM fieldsync_replaced_copy"):
-                found.setdefault(remote, set()).add(incarnation)
-        return {remote: frozenset(values) for remote, values in found.items()}
+            return all_replaced_incarnations(self._conn)
 
     def replaced_incarnations(self, name: str) -> frozenset[bytes]:
         """Incarnation ids of ``name``'s copies that a new extraction replaced

@@ -78,6 +78,12 @@ class Site(Protocol):
 
     def drop_publication(self, name: str) -> None: ...
 
+    def declared_type(self, table: str, column: str) -> str | None:
+        """The type a SQLite copy of ``table.column`` declares, from which a
+        value typed on the command line takes its type (None: no such
+        column): the column's own declaration on SQLite, the types table's
+        on PostgreSQL (docs/postgres.md, "Types")."""
+
     def missing_tables(self) -> tuple[str, ...]: ...
 
     def publications(self) -> tuple[Publication, ...]: ...

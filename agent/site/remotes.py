@@ -130,6 +130,20 @@ def replaced_incarnations(conn: sqlite3.Connection, name: str) -> frozenset[byte
         "SELECT incarnation FROM fieldsync_replaced_copy WHERE remote = ?", (name,)))
 
 
+def all_replaced_incarnations(conn: sqlite3.Connection) -> dict[str, frozenset[bytes]]:
+    """:func:`replaced_incarnations` of every remote that has any, in one query."""
+    found: dict[str, set[bytes]] = {}
+    for remote, incarnation in conn.execute("SELECT remote, incarnation FROM fieldsync_replaced_copy"):
+        found.setdefault(remote, set()).add(incarnation)
+    return {remote: frozenset(values) for remote, values in found.items()}
+
+
+def count_rows(conn: sqlite3.Connection) -> dict[str, int]:
+    """Rows of the remote-user, conflict and apply-error tables, counted."""
+    return {table: conn.execute(f"SELECT count(*) FROM fieldsync_{name}").fetchone()[0]
+            for table, name in (("remotes", "remote"), ("conflicts", "conflict"), ("apply_errors", "apply_error"))}
+
+
 def record_replaced_locked(conn: sqlite3.Connection, name: str, incarnation: bytes | None,
                            now: datetime | None = None) -> None:
     """Remember that the copy of ``name`` with ``incarnation`` was replaced."""

@@ -32,17 +32,30 @@ def _signature(member: object) -> inspect.Signature | str:
 
 
 def _backends() -> list[type]:
-    return [SiteDatabase]
+    from agent.site.postgres.site import PostgresSite
+
+    return [SiteDatabase, PostgresSite]
+
+
+# What the PostgreSQL backend does not offer yet (issue 32 builds it step by
+# step): this list only ever shrinks, and a method built while still listed
+# fails the test, so the list stays exact.
+NOT_YET = {
+    "PostgresSite": {"read_log", "read_log_ops", "read_logs", "selection_rows", "check_log_range", "read_capture",
+                     "apply", "set_conflict_policy", "set_conflict_hook", "conflicts", "apply_errors",
+                     "open_apply_errors", "acknowledge_apply_errors", "extract"},
+}
 
 
 @pytest.mark.parametrize("backend", _backends(), ids=lambda cls: cls.__name__)
 def test_a_backend_offers_every_member_of_the_interface_with_its_signature(backend: type) -> None:
     expected = _members(Site)
     offered = _members(backend)
-    missing = sorted(set(expected) - set(offered))
-    assert not missing, f"{backend.__name__} lacks {missing}"
+    missing = set(expected) - set(offered)
+    assert missing == NOT_YET.get(backend.__name__, set()), f"{backend.__name__} lacks {sorted(missing)}"
     different = {name: (str(_signature(offered[name])), str(_signature(expected[name])))
-                 for name in expected if str(_signature(offered[name])) != str(_signature(expected[name]))}
+                 for name in expected if name in offered
+                 and str(_signature(offered[name])) != str(_signature(expected[name]))}
     assert not different, different
 
 

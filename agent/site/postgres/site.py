@@ -20,6 +20,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -39,8 +40,11 @@ from ..settings import SITE_SCOPE
 from . import catalogue, settings
 from . import remotes as remote_rows
 from . import subscriptions as subscription_rows
+from .capture import describe_table
+from .typemap import KINDS
 from .connect import connect, translate
 from .identity import init_identity, read_identity, set_site_transport
+from .lock import AgentLock
 from .log import cut, log_end, truncate_log, truncated_through
 from .schema import check_layout
 from .uri import PgTarget, parse_uri
@@ -62,6 +66,7 @@ class PostgresSite:
     def __init__(self, conn: psycopg.Connection, target: PgTarget) -> None:
         self._conn: psycopg.Connection | None = conn
         self.target = target
+        self.path = target.uri  # as the user named it (it holds no password: uri.py refuses one)
         self._lock = threading.RLock()
         try:
             self._identity, self._home = read_identity(conn, target)
@@ -122,6 +127,11 @@ class PostgresSite:
         the agent's host): its key, queues and state live there."""
         return self._home
 
+    def agent_lock(self) -> contextlib.AbstractContextManager[None]:
+        """The advisory lock of the one agent of this database (lock.py), held
+        on a connection of its own while the agent runs, wherever it runs."""
+        return AgentLock(self.target)
+
     @property
     def connection(self) -> psycopg.Connection:
         """The underlying connection (tests and tools only)."""
@@ -176,6 +186,14 @@ class PostgresSite:
     def drop_publication(self, name: str) -> None:
         with self._transaction(f"dropping publication {name!r}") as conn:
             catalogue.drop_publication(conn, self.target, name)
+
+    def declared_type(self, table: str, column: str) -> str | None:
+        """What a SQLite copy of ``table.column`` declares, by the types table
+        (None: no such column; a type outside the table raises)."""
+        with self._transaction(f"reading the columns of {table!r}") as conn:
+            layout = describe_table(conn, table).layout
+        found = [kind for name, kind in zip(layout.columns, layout.kinds) if name.lower() == column.lower()]
+        return KINDS[found[0]].sqlite_type if found else None
 
     def missing_tables(self) -> tuple[str, ...]:
         """Published tables that are no longer in the database (an

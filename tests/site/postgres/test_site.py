@@ -274,26 +274,4 @@ def test_truncation_forgets_subscription_offsets_below_it(hq, app):
     assert held == [("south", 0, None), ("east", offsets[2], None)]
     assert [item.value for item in hq.subscriptions("r1")] == ["south", "east"]
 
-
-# --- the same methods as SiteDatabase -------------------------------------------------
-
-SHARED_METHODS = (
-    "close", "create_publication", "add_article", "remove_article", "drop_publication", "missing_tables",
-    "publications", "subscribe", "unsubscribe", "subscriptions", "add_remote", "add_remotes", "remove_remote",
-    "remote", "remotes", "remote_transports", "iter_remotes", "counts", "all_replaced_incarnations",
-    "replaced_incarnations", "update_remote", "transport_options", "all_transport_options", "set_transport",
-    "update_remotes", "record_sends", "record_send", "record_delivered", "record_transport_error",
-    "record_stream_stopped", "record_heard", "scan", "log_end", "log_start", "change_marker", "truncate_log")
-
-
-@pytest.mark.parametrize("name", SHARED_METHODS)
-def test_each_method_takes_what_site_database_s_takes(name):
-    """Callers (the CLI, the agent) hand either site the same arguments."""
-    from inspect import signature
-
-    from agent.site import SiteDatabase
-
-    ours, theirs = signature(getattr(PostgresSite, name)), signature(getattr(SiteDatabase, name))
-    assert [(p.name, p.kind, p.default, p.annotation) for p in ours.parameters.values()] == [
-        (p.name, p.kind, p.default, p.annotation) for p in theirs.parameters.values()]
-    assert ours.return_annotation == theirs.return_annotation
+# The methods are held to the Site interface's, with SiteDatabase's, by tests/site/test_interface.py.

@@ -1,0 +1,129 @@
+"""The command line on a PostgreSQL consolidated named by a URI: `agent
+init URI --home DIR` and the commands that take DATABASE, against a real
+PostgreSQL 15 with a plain role whose password is in a pgpass file."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from agent.cli import main
+from agent.site import open_site
+from agent.site.postgres.connect import connect
+from tests.pgserver import write_pgpass
+
+
+@pytest.fixture
+def agent(capsys):
+    def run(*arguments: object) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main([str(argument) for argument in arguments])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def app_uri(postgres, tmp_path, monkeypatch) -> str:
+    """A database owned by a plain role (no superuser) that logs in with a
+    password from the pgpass file PGPASSFILE names, holding table customer."""
+    role, password = postgres.create_role(password="s3cret-pw"), "s3cret-pw"
+    database = postgres.create_database(owner=role)
+    monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "pgpass",
+                                                      [("127.0.0.1", postgres.port, database, role, password)])))
+    uri = f"postgresql://{role}@127.0.0.1:{postgres.port}/{database}"
+    with connect(uri) as conn:
+        conn.execute("CREATE TABLE customer (id integer PRIMARY KEY, name text, region text)")
+        conn.execute("INSERT INTO customer VALUES (1, 'Ann', 'north')")
+    return uri
+
+
+def test_init_with_home_makes_the_site_its_folder_and_its_key_file(agent, app_uri, tmp_path) -> None:
+    home = tmp_path / "hq-home"
+    code, out, err = agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address",
+                           tmp_path / "inbox", "--home", home)
+    assert (code, err) == (0, "")
+    key = home / "keys" / "site.key"
+    assert f"Secret key: {key}" in out
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    with open_site(app_uri) as site:
+        assert site.identity.name == "hq" and site.home == home and site.path == app_uri
+    # Later commands find the folder from the URI alone.
+    code, out, err = agent("key", app_uri, "--path")
+    assert (code, out.strip()) == (0, str(key)), err
+    assert agent("key", app_uri, "--check")[0] == 0
+
+
+def test_publications_and_remotes_are_made_from_the_uri(agent, app_uri, tmp_path) -> None:
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                 "--home", tmp_path / "home")[0] == 0
+    code, out, err = agent("publication", "create", app_uri, "sales", "customer@region")
+    assert (code, err) == (0, ""), err
+    code, out, err = agent("remote", "add", app_uri, "north", "--address", tmp_path / "north",
+                           "--subscribe", "sales=north")
+    assert (code, err) == (0, ""), err
+    with open_site(app_uri) as site:
+        assert [publication.name for publication in site.publications()] == ["sales"]
+        assert [(item.remote, item.value) for item in site.subscriptions()] == [("north", "north")]
+
+
+@pytest.mark.parametrize("home", [None, "relative/home"])
+def test_init_without_an_absolute_home_is_one_line_and_makes_nothing(agent, app_uri, tmp_path, home,
+                                                                     monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    arguments = ["init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox"]
+    code, out, err = agent(*arguments, *(() if home is None else ("--home", home)))
+    if home is None:
+        assert code == 1 and err.strip().startswith("agent: a PostgreSQL site needs a folder")
+    else:
+        # The CLI makes a relative --home absolute (the folder the command ran in).
+        assert code == 0, err
+        with open_site(app_uri) as site:
+            assert site.home == tmp_path / "relative" / "home"
+        return
+    assert len(err.strip().splitlines()) == 1
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT to_regclass('fieldsync.site')").fetchone()[0] is None
+
+
+def test_a_uri_with_a_password_is_refused_without_repeating_it(agent, postgres, tmp_path) -> None:
+    uri = f"postgresql://app:hunter2@127.0.0.1:{postgres.port}/sales"
+    code, out, err = agent("init", uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                           "--home", tmp_path / "home")
+    assert code == 2 and "password" in err and "hunter2" not in err + out
+    assert not (tmp_path / "home").exists()
+
+
+def test_home_is_refused_for_a_sqlite_file(agent, tmp_path) -> None:
+    code, out, err = agent("init", tmp_path / "hq.db", "--name", "hq", "--role", "consolidated", "--address",
+                           tmp_path / "inbox", "--home", tmp_path / "home")
+    assert code == 1 and "--home is for a PostgreSQL site" in err
+    assert not (tmp_path / "hq.db").exists() and not (tmp_path / "home").exists()
+
+
+def test_a_second_agent_on_the_database_is_refused_while_the_first_holds_it(agent, app_uri, tmp_path) -> None:
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                 "--home", tmp_path / "home")[0] == 0
+    with open_site(app_uri) as site, site.agent_lock():
+        with open_site(app_uri) as other, pytest.raises(Exception, match="another fieldsync agent is running"):
+            with other.agent_lock():
+                pass
+    with open_site(app_uri) as site, site.agent_lock():  # released with its holder
+        pass
+
+
+def test_an_unreachable_database_is_one_line(agent, tmp_path) -> None:
+    code, out, err = agent("publication", "list", "postgresql://app@127.0.0.1:1/sales")
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "cannot reach database sales" in err
+
+
+def test_a_remote_role_is_refused_on_postgresql(agent, app_uri, tmp_path) -> None:
+    code, out, err = agent("init", app_uri, "--name", "n1", "--role", "remote", "--address", tmp_path / "inbox",
+                           "--home", tmp_path / "home")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert not Path(tmp_path / "home" / "keys" / "site.key").exists()
