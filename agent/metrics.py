@@ -4,9 +4,10 @@ Rules of this file:
 * Collecting only reads: the site database, the spool and the quarantine
   are never changed.
 * The agent's own database connection is never used (it belongs to the
-  agent's worker threads): every collection opens the site file read-only
-  on a connection of its own and reads every peer with one query per
-  table, whatever the number of peers.
+  agent's worker threads): every collection opens the site read-only on a
+  connection of its own (a SQLite file, or a PostgreSQL database named by
+  a URI: agent/site/postgres/metrics_rows.py) and reads every peer with
+  one query per table, whatever the number of peers.
 * From the live agent only what is safe to read from another thread is
   read: plain counters of its report, its peers' frozen protocol states
   (from a copy of its peer table), and the spool's depths, which the spool
@@ -37,6 +38,7 @@ from .errors import AgentError
 from .keyfiles import agent_directory
 from .quarantine import REASON_SUFFIX
 from .queues import QueueDepth, QueueError
+from .site import SiteError, is_uri
 from .site.log import HORIZON_SQL, log_end
 from .site.remotes import IN_ERROR_SQL
 
@@ -119,9 +121,16 @@ class _SiteRows:
     apply_errors: dict[str, int]
 
 
-def read_site(database: Path) -> _SiteRows:
+def read_site(database: Path | str) -> _SiteRows:
     """The site's name, log end, remote-user rows and per-peer conflict and
     apply-error counts, in one read transaction on a read-only connection."""
+    if is_uri(database):
+        from .site.postgres.metrics_rows import read_metrics_rows
+
+        try:
+            return _SiteRows(*read_metrics_rows(str(database)))
+        except SiteError as error:
+            raise MetricsError(str(error)) from None
     uri = Path(os.path.abspath(database)).as_uri() + "?mode=ro"
     try:
         conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0)
@@ -217,8 +226,8 @@ class SiteMetrics(Collector):
     ``run_agent(on_open=...)`` and call :meth:`finish` when a batch run has
     ended.  Collections may come from any thread, one at a time."""
 
-    def __init__(self, database: Path, mode: Mode, *, clock: Callable[[], float] = time.time) -> None:
-        self.database = Path(database)
+    def __init__(self, database: Path | str, mode: Mode, *, clock: Callable[[], float] = time.time) -> None:
+        self.database = database if is_uri(database) else Path(database)
         self.mode = mode
         self.clock = clock
         self.started_at = clock()
