@@ -22,17 +22,32 @@ def settings(unit: str) -> dict[str, str]:
     return found
 
 
-def command(unit: str, root: Path, site: str, options: str = "") -> list[str]:
+def command(unit: str, root: Path, site: str, options: str = "", env_file: dict[str, str] | None = None) -> list[str]:
     """The arguments of the unit's ExecStart for ``site``, as systemd would
-    expand them, with the sites in ``root``."""
+    expand them, with the sites in ``root``: ``Environment=`` first, then
+    what the instance's env file (``env_file``) sets over it."""
+    environment = dict(line.split("=", 1) for line in [settings(unit)["Environment"]])
+    environment = {key: value.replace("%i", site).replace("/srv/fieldsync", str(root))
+                   for key, value in environment.items()}
+    environment.update(env_file or {})
     words = []
     for word in shlex.split(settings(unit)["ExecStart"]):
         if word == "$AGENT_OPTIONS":
             words.extend(options.split())  # systemd: split at whitespace, zero or more words
+        elif word.startswith("${") and word.endswith("}"):
+            words.append(environment[word[2:-1]])  # systemd: ${NAME} is one word, as it is
         else:
             words.append(word.replace("%i", site).replace("/srv/fieldsync", str(root)))
     assert words[0] == AGENT
     return words[1:]
+
+
+def test_the_units_run_the_site_the_instance_env_file_names() -> None:
+    for unit in ("fieldsync-agent@.service", "fieldsync-agent-batch@.service"):
+        assert settings(unit)["EnvironmentFile"] == "-/etc/fieldsync/%i.env"
+        uri = "postgresql://fieldsync@db.example.com/sales"
+        assert command(unit, Path("/srv/fieldsync"), "hq", env_file={"AGENT_SITE": uri})[:2] == ["run", uri]
+        assert command(unit, Path("/srv/fieldsync"), "hq")[:2] == ["run", "/srv/fieldsync/hq.db"]
 
 
 def test_the_batch_unit_runs_one_batch_and_the_timer_starts_it(tmp_path: Path, agent: Agent) -> None:
