@@ -14,17 +14,12 @@ Rules of this file:
 from __future__ import annotations
 
 import json
-import sqlite3
-import uuid
 from pathlib import Path
 
 from codec.atomic import write_file_atomically
 
 from .errors import AgentError
 from .site import Site, SiteError
-
-_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_agent_run"
-          " (id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL)")
 
 
 def check_restored(db: Site, directory: Path) -> bytes | None:
@@ -38,33 +33,9 @@ def check_restored(db: Site, directory: Path) -> bytes | None:
     except (OSError, ValueError, KeyError, TypeError):
         marker_generation, marker_incarnation = 0, None
     try:
-        generation, incarnation, renewed = _count_run(db, marker_generation, marker_incarnation)
+        generation, incarnation, renewed = db.count_run(marker_generation, marker_incarnation)
     except SiteError as error:
-        cause = error.__cause__
-        if isinstance(cause, sqlite3.Error) and "readonly" in str(cause):
-            # The file or its folder: the agent writes at every run.
-            raise AgentError(f"{db.path}: the agent cannot write to the site database ({cause}); "
-                             "it needs the file and its folder writable") from None
-        raise
-    if renewed is not None:
-        db._refresh_identity()
+        raise AgentError(str(error)) from None
     write_file_atomically(marker_path, json.dumps({"incarnation": incarnation.hex(),
                                                    "generation": generation}).encode())
     return renewed
-
-
-def _count_run(db: Site, marker_generation: int,
-               marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
-    with db._write(f"{db.path}: counting this agent run") as conn:
-        conn.execute(_TABLE)
-        row = conn.execute("SELECT generation FROM fieldsync_agent_run WHERE id = 1").fetchone()
-        database_generation = row[0] if row else 0
-        renewed = None
-        incarnation = db.identity.incarnation
-        if marker_incarnation == incarnation and marker_generation > database_generation:
-            renewed = incarnation
-            incarnation = uuid.uuid4().bytes
-            conn.execute("UPDATE fieldsync_site SET incarnation = ? WHERE id = 1", (incarnation,))
-        generation = max(database_generation, marker_generation) + 1
-        conn.execute("INSERT OR REPLACE INTO fieldsync_agent_run (id, generation) VALUES (1, ?)", (generation,))
-    return generation, incarnation, renewed

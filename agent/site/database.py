@@ -1,7 +1,9 @@
-"""The site database adapter: one object per open site database.
+"""The SQLite backend of the site interface: one object per open site database.
 
 Rules of this file:
-* This is the only API the agent uses.  It is synchronous; the asyncio
+* It implements agent/site/interface.py's ``Site``, where its methods'
+  meaning is written; the agent, the CLI and the tools hold it as a
+  ``Site``.  It is synchronous; the asyncio
   agent calls it from a worker thread (``asyncio.to_thread``).  One
   :class:`SiteDatabase` serialises its own calls with a lock, so handing it
   to several threads is safe, but two threads gain nothing.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
 from pathlib import Path
 from datetime import datetime, time
@@ -24,6 +27,7 @@ from codec.ops import Transaction
 
 from ._db import (DEFAULT_BUSY_TIMEOUT, format_time, read_transaction, sqlite_errors, sqlite_home, utc_now,
                   write_transaction)
+from .agent_runs import count_run_locked
 from .apply import (
     Applier,
     ApplyErrorRecord,
@@ -166,8 +170,6 @@ class SiteDatabase:
 
     def create_publication(self, name: str, articles: Iterable[Article | str] = (), *,
                            now: datetime | None = None) -> Publication:
-        """Create a publication of ``articles`` (Article values or table
-        names) and start capturing their tables."""
         with self._lock, self._write(f"creating publication {name!r}"):
             create_publication_locked(self._conn, name, articles, now)
             return self._publication(name)
@@ -181,7 +183,6 @@ class SiteDatabase:
             return add_article_locked(self._conn, publication, article)
 
     def remove_article(self, table: str) -> None:
-        """Stop publishing ``table`` (its capture triggers are dropped)."""
         with self._lock, self._write(f"unpublishing table {table!r}"):
             remove_article_locked(self._conn, table)
 
@@ -195,8 +196,6 @@ class SiteDatabase:
             return declared_type(self._conn, table, column)
 
     def missing_tables(self) -> tuple[str, ...]:
-        """Published tables that are no longer in the database (an
-        application renamed or dropped them); see docs/site-database.md."""
         with self._lock, self._read("listing published tables"):
             return missing_tables(self._conn)
 
@@ -209,14 +208,10 @@ class SiteDatabase:
 
     def subscribe(self, remote: str, publication: str, value: Value = None, *,
                   now: datetime | None = None) -> SubscriptionChange:
-        """Subscribe ``remote`` to ``publication`` with ``value``; an extracted remote gets the rows that
-        enter its subset through its stream (docs/site-database.md, "Changing a remote's subscriptions")."""
         return self._subscription(remote, publication, value, True, now)
 
     def unsubscribe(self, remote: str, publication: str, value: Value = None, *,
                     now: datetime | None = None) -> SubscriptionChange:
-        """End one subscription (InvalidSetting if there is none such); an
-        extracted remote gets DELETEs of the rows that leave its subset."""
         return self._subscription(remote, publication, value, False, now)
 
     def _subscription(self, remote: str, publication: str, value: Value, subscribe: bool,
@@ -252,7 +247,6 @@ class SiteDatabase:
             self._schema_seen = self._conn.execute("PRAGMA schema_version").fetchone()[0]
 
     def log_end(self) -> int:
-        """The commit offset of the last log transaction (0 when empty)."""
         with self._lock, sqlite_errors("reading the log end"):
             return log_end(self._conn)
 
@@ -265,7 +259,6 @@ class SiteDatabase:
             return version, self._conn.total_changes
 
     def log_start(self) -> int:
-        """The truncation point: the log holds the entries after it."""
         with self._lock, sqlite_errors("reading the log's truncation point"):
             return truncated_through(self._conn)
 
@@ -359,8 +352,6 @@ class SiteDatabase:
             yield commit, origin, rows, returned
 
     def truncate_log(self) -> int:
-        """Delete log entries at or below the smallest confirm_sent of all
-        peers; return the truncation point."""
         with self._lock, self._write("truncating the log"):
             return truncate_locked(self._conn)
 
@@ -370,8 +361,6 @@ class SiteDatabase:
                    public_key: str | None = None, send_every: int | None = None,
                    send_at: time | str | None = None, start: int | None = None,
                    peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser:
-        """Add a peer.  Its stream starts at ``start`` (default: the log end):
-        it is assumed to hold everything up to there."""
         with self._lock, self._write(f"adding remote {name!r}"):
             return add_remote_locked(self._conn, self._identity, name, address=address, transport=transport,
                                      public_key=public_key, send_every=send_every, send_at=send_at, start=start,
@@ -379,17 +368,10 @@ class SiteDatabase:
 
     def add_remotes(self, remotes: Sequence[NewRemote], *, now: datetime | None = None,
                     progress: Callable[[int], None] | None = None) -> int:
-        """Add a fleet of peers with their subscriptions in one transaction:
-        all of them, or none when one is refused (:class:`RemoteRejected`
-        names its index).  Each stream starts at the log end.  Returns the
-        number of subscriptions stored; ``progress(n)`` is called as chunks
-        of ``n`` rows are written."""
         with self._lock, self._write(f"adding {len(remotes)} remotes"):
             return add_remotes_locked(self._conn, self._identity, remotes, now=now, progress=progress)
 
     def remove_remote(self, name: str) -> None:
-        """Remove a peer and its subscriptions (the log it held back may then
-        be truncated)."""
         with self._lock, self._write(f"removing remote {name!r}"):
             remove_remote_locked(self._conn, name)
 
@@ -398,80 +380,53 @@ class SiteDatabase:
             return get_remote(self._conn, name)
 
     def remotes(self) -> tuple[RemoteUser, ...]:
-        """Every row of the remote-user table (for ``agent status``)."""
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
 
     def remote_transports(self) -> tuple[str | None, ...]:
-        """The distinct transports named in the remote-user table (None:
-        a remote that names none)."""
         with self._lock, self._read("listing the remotes' transports"):
             return tuple(name for (name,) in self._conn.execute(
                 "SELECT DISTINCT transport FROM fieldsync_remote ORDER BY transport"))
 
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
-        """The rows of the remote-user table that ``which`` selects, by name,
-        read ``chunk`` at a time from one snapshot (for ``agent status`` at
-        ten thousand peers: rows are not all held at once).  The snapshot
-        and this object's lock are held until the iterator is exhausted or
-        closed."""
         with self._lock, self._read("listing remotes"):
             yield from iter_remotes_locked(self._conn, which, chunk=chunk)
 
     def counts(self) -> dict[str, int]:
-        """Rows of the remote-user, conflict and apply-error tables, counted
-        (not read) in one snapshot: ``remotes``, ``conflicts``,
-        ``apply_errors``."""
         with self._lock, self._read("counting remotes, conflicts and apply errors"):
             return count_rows(self._conn)
 
     def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]:
-        """:meth:`replaced_incarnations` of every remote that has any, in one query."""
         with self._lock, self._read("reading the replaced copies"):
             return all_replaced_incarnations(self._conn)
 
     def replaced_incarnations(self, name: str) -> frozenset[bytes]:
-        """Incarnation ids of ``name``'s copies that a new extraction replaced
-        (at the consolidated): their files still in the message system are
-        late mail from a database that no longer exists."""
         with self._lock, self._read(f"reading the replaced copies of {name!r}"):
             return replaced_incarnations(self._conn, name)
 
     def update_remote(self, name: str, /, **changes: Any) -> RemoteUser:
-        """Change columns of one remote-user row in a short transaction,
-        e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
         with self._lock, self._write(f"updating remote {name!r}"):
             return update_remote_locked(self._conn, name, changes)
 
     # --- transport settings stored with the site (agent/site/settings.py) -----------
 
     def transport_options(self, peer: str | None = None) -> dict[str, str]:
-        """The stored options of the site's own transport, or of the transport to ``peer``."""
         with self._lock, self._read("reading transport options"):
             return read_options(self._conn, SITE_SCOPE if peer is None else peer)
 
     def all_transport_options(self) -> dict[str, dict[str, str]]:
-        """Every scope's options: ``""`` the site's own, then one entry per peer that has some."""
         with self._lock, self._read("reading transport options"):
             return read_all_options(self._conn)
 
     def set_transport(self, *, address: str | None = None, reply_address: str | None = None,
                       transport: str | None = None, options: Mapping[str, str | None] | None = None,
                       peer: str | None = None, inbox: str | None = None) -> None:
-        """Change the site's own inbox, reply address, transport and options
-        (``peer=None``), or a peer's stored options and own inbox; in one
-        transaction.  An option given as None is removed; ``""`` for
-        ``reply_address`` or ``inbox`` clears it."""
         with self._lock, self._write("storing transport settings"):
             set_transport_locked(self._conn, address=address, reply_address=reply_address, transport=transport,
                                  options=options, peer=peer, inbox=inbox)
         self._refresh_identity()
 
     def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None:
-        """:meth:`update_remote` for several rows, in one transaction: the
-        agent saves every pair a phase changed at once.  ``heard``: the
-        peers a message of arrived while their stream runs, whose errors in
-        force are over (:meth:`record_heard`), in the same transaction."""
         if not changes and not heard:
             return
         with self._lock, self._write(f"updating {len(changes)} remotes"):
@@ -479,8 +434,6 @@ class SiteDatabase:
             record_heard_locked(self._conn, heard)
 
     def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
-        """:meth:`record_send` for several ``(name, log_sent, messages)``, in
-        one transaction: a send phase records its sends at once."""
         if not sends:
             return
         with self._lock, self._write(f"recording {len(sends)} sends"):
@@ -488,12 +441,10 @@ class SiteDatabase:
                 record_send_locked(self._conn, name, log_sent, messages, now)
 
     def record_send(self, name: str, *, log_sent: int, messages: int = 1, now: datetime | None = None) -> RemoteUser:
-        """Set log_sent after messages went to the outbound queue, counting them."""
         with self._lock, self._write(f"recording a send to {name!r}"):
             return record_send_locked(self._conn, name, log_sent, messages, now)
 
     def record_delivered(self, counts: Mapping[str, int], *, now: datetime | None = None) -> None:
-        """Count the messages each peer's transport accepted (``send_count``, ``last_sent_at``), in one transaction."""
         if not counts:
             return
         with self._lock, self._write(f"counting messages sent to {len(counts)} peers"):
@@ -501,25 +452,31 @@ class SiteDatabase:
                 record_delivered_locked(self._conn, name, messages, now)
 
     def record_transport_error(self, name: str, message: str | None, *, now: datetime | None = None) -> RemoteUser:
-        """Remember a transport error with ``name``, in force until a send to
-        or a receive from it succeeds, and count it (None clears the one in
-        force; the count stays)."""
         with self._lock, self._write(f"recording an error for {name!r}"):
             return record_error_locked(self._conn, name, message, now)
 
     def record_stream_stopped(self, name: str, message: str, *, now: datetime | None = None) -> RemoteUser:
-        """Remember that the stream with ``name`` stopped (``message`` says
-        why and what to do), in force until a message of the peer arrives
-        while its stream runs again; counted as an error."""
         with self._lock, self._write(f"recording the stopped stream of {name!r}"):
             return record_stream_stopped_locked(self._conn, name, message, now)
 
     def record_heard(self, names: Collection[str]) -> None:
-        """A message of each peer of ``names`` arrived while its stream runs:
-        its transport error and stopped stream in force are over."""
         if names:
             with self._lock, self._write(f"clearing the errors of {len(names)} peers"):
                 record_heard_locked(self._conn, names)
+
+    def count_run(self, marker_generation: int, marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
+        with self._lock:
+            try:
+                with self._write("counting this agent run"):
+                    counted = count_run_locked(self._conn, self._identity, marker_generation, marker_incarnation)
+            except SiteError as error:
+                if isinstance(error.__cause__, sqlite3.Error) and "readonly" in str(error.__cause__):
+                    # The file or its folder: the agent writes at every run.
+                    raise SiteError(f"{self.path}: the agent cannot write to the site database ({error.__cause__}); "
+                                    "it needs the file and its folder writable") from None
+                raise
+            self._refresh_identity()
+        return counted
 
     # --- apply ------------------------------------------------------------------------
 

@@ -10,9 +10,10 @@ Rules of this file:
   other.  Each implements every method here with the same values and
   errors; ``tests/site/test_interface.py`` fails when a backend's public
   methods drift from this list or their signatures from these.
-* The meaning of each method is written once, on the SQLite backend's
-  method of the same name (agent/site/database.py); the lines here say
-  what a caller may rely on whatever the backend.
+* The meaning of each method is written once: here, what a caller may
+  rely on whatever the backend; on a backend's method, only what is its
+  own (agent/site/database.py documents the rest of the log readers and
+  apply, where SQLite's way is the reference).
 """
 
 from __future__ import annotations
@@ -68,13 +69,16 @@ class Site(Protocol):
     # --- publications and subscriptions --------------------------------------------
 
     def create_publication(self, name: str, articles: Iterable[Article | str] = (), *,
-                           now: datetime | None = None) -> Publication: ...
+                           now: datetime | None = None) -> Publication:
+        """Create a publication of ``articles`` (Article values or table
+        names) and start capturing their tables."""
 
     def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
                     subscribe_by: str | None = None, follows: str | None = None,
                     follow_columns: Iterable[str] | None = None) -> Article: ...
 
-    def remove_article(self, table: str) -> None: ...
+    def remove_article(self, table: str) -> None:
+        """Stop publishing ``table`` (its capture triggers are dropped)."""
 
     def drop_publication(self, name: str) -> None: ...
 
@@ -84,15 +88,21 @@ class Site(Protocol):
         column): the column's own declaration on SQLite, the types table's
         on PostgreSQL (docs/postgres.md, "Types")."""
 
-    def missing_tables(self) -> tuple[str, ...]: ...
+    def missing_tables(self) -> tuple[str, ...]:
+        """Published tables that are no longer in the database (an
+        application renamed or dropped them); see docs/site-database.md."""
 
     def publications(self) -> tuple[Publication, ...]: ...
 
     def subscribe(self, remote: str, publication: str, value: Value = None, *,
-                  now: datetime | None = None) -> SubscriptionChange: ...
+                  now: datetime | None = None) -> SubscriptionChange:
+        """Subscribe ``remote`` to ``publication`` with ``value``; an extracted remote gets the rows that
+        enter its subset through its stream (docs/site-database.md, "Changing a remote's subscriptions")."""
 
     def unsubscribe(self, remote: str, publication: str, value: Value = None, *,
-                    now: datetime | None = None) -> SubscriptionChange: ...
+                    now: datetime | None = None) -> SubscriptionChange:
+        """End one subscription (InvalidSetting if there is none such); an
+        extracted remote gets DELETEs of the rows that leave its subset."""
 
     def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]: ...
 
@@ -102,12 +112,14 @@ class Site(Protocol):
         """Give every finished change captured since the last scan its commit
         offset; return the log end.  Offsets at or below it never change."""
 
-    def log_end(self) -> int: ...
+    def log_end(self) -> int:
+        """The commit offset of the last log transaction (0 when empty)."""
 
     def change_marker(self) -> tuple[int, int]:
         """Equal markers: nothing was committed between the two reads."""
 
-    def log_start(self) -> int: ...
+    def log_start(self) -> int:
+        """The truncation point: the log holds the entries after it."""
 
     def read_log(self, subscriber: str, after: int, until: int | None = None) -> Iterator[Transaction]: ...
 
@@ -123,59 +135,117 @@ class Site(Protocol):
     def read_capture(self, after: int, until: int, *, value_columns: int
                      ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]: ...
 
-    def truncate_log(self) -> int: ...
+    def truncate_log(self) -> int:
+        """Delete log entries at or below the smallest confirm_sent of all
+        peers; return the truncation point."""
 
     # --- remote users ---------------------------------------------------------------
 
     def add_remote(self, name: str, *, address: str | None = None, transport: str | None = None,
                    public_key: str | None = None, send_every: int | None = None,
                    send_at: time | str | None = None, start: int | None = None,
-                   peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser: ...
+                   peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser:
+        """Add a peer.  Its stream starts at ``start`` (default: the log end):
+        it is assumed to hold everything up to there."""
 
     def add_remotes(self, remotes: Sequence[NewRemote], *, now: datetime | None = None,
-                    progress: Callable[[int], None] | None = None) -> int: ...
+                    progress: Callable[[int], None] | None = None) -> int:
+        """Add a fleet of peers with their subscriptions in one transaction:
+        all of them, or none when one is refused (:class:`RemoteRejected`
+        names its index).  Each stream starts at the log end.  Returns the
+        number of subscriptions stored; ``progress(n)`` is called as chunks
+        of ``n`` rows are written."""
 
-    def remove_remote(self, name: str) -> None: ...
+    def remove_remote(self, name: str) -> None:
+        """Remove a peer and its subscriptions (the log it held back may then
+        be truncated)."""
 
     def remote(self, name: str) -> RemoteUser: ...
 
-    def remotes(self) -> tuple[RemoteUser, ...]: ...
+    def remotes(self) -> tuple[RemoteUser, ...]:
+        """Every row of the remote-user table (for ``agent status``)."""
 
-    def remote_transports(self) -> tuple[str | None, ...]: ...
+    def remote_transports(self) -> tuple[str | None, ...]:
+        """The distinct transports named in the remote-user table (None:
+        a remote that names none)."""
 
-    def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]: ...
+    def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
+        """The rows of the remote-user table that ``which`` selects, by name,
+        read ``chunk`` at a time from one snapshot (for ``agent status`` at
+        ten thousand peers: rows are not all held at once).  The snapshot
+        and this object's lock are held until the iterator is exhausted or
+        closed."""
 
-    def counts(self) -> dict[str, int]: ...
+    def counts(self) -> dict[str, int]:
+        """Rows of the remote-user, conflict and apply-error tables, counted
+        (not read) in one snapshot: ``remotes``, ``conflicts``,
+        ``apply_errors``."""
 
-    def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]: ...
+    def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]:
+        """:meth:`replaced_incarnations` of every remote that has any, in one query."""
 
-    def replaced_incarnations(self, name: str) -> frozenset[bytes]: ...
+    def replaced_incarnations(self, name: str) -> frozenset[bytes]:
+        """Incarnation ids of ``name``'s copies that a new extraction replaced
+        (at the consolidated): their files still in the message system are
+        late mail from a database that no longer exists."""
 
-    def update_remote(self, name: str, /, **changes: Any) -> RemoteUser: ...
+    def update_remote(self, name: str, /, **changes: Any) -> RemoteUser:
+        """Change columns of one remote-user row in a short transaction,
+        e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
 
-    def transport_options(self, peer: str | None = None) -> dict[str, str]: ...
+    def transport_options(self, peer: str | None = None) -> dict[str, str]:
+        """The stored options of the site's own transport, or of the transport to ``peer``."""
 
-    def all_transport_options(self) -> dict[str, dict[str, str]]: ...
+    def all_transport_options(self) -> dict[str, dict[str, str]]:
+        """Every scope's options: ``""`` the site's own, then one entry per peer that has some."""
 
     def set_transport(self, *, address: str | None = None, reply_address: str | None = None,
                       transport: str | None = None, options: Mapping[str, str | None] | None = None,
-                      peer: str | None = None, inbox: str | None = None) -> None: ...
+                      peer: str | None = None, inbox: str | None = None) -> None:
+        """Change the site's own inbox, reply address, transport and options
+        (``peer=None``), or a peer's stored options and own inbox; in one
+        transaction.  An option given as None is removed; ``""`` for
+        ``reply_address`` or ``inbox`` clears it."""
 
-    def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None: ...
+    def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None:
+        """:meth:`update_remote` for several rows, in one transaction: the
+        agent saves every pair a phase changed at once.  ``heard``: the
+        peers a message of arrived while their stream runs, whose errors in
+        force are over (:meth:`record_heard`), in the same transaction."""
 
-    def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None: ...
+    def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
+        """:meth:`record_send` for several ``(name, log_sent, messages)``, in
+        one transaction: a send phase records its sends at once."""
 
     def record_send(self, name: str, *, log_sent: int, messages: int = 1,
-                    now: datetime | None = None) -> RemoteUser: ...
+                    now: datetime | None = None) -> RemoteUser:
+        """Set log_sent after messages went to the outbound queue, counting them."""
 
-    def record_delivered(self, counts: Mapping[str, int], *, now: datetime | None = None) -> None: ...
+    def record_delivered(self, counts: Mapping[str, int], *, now: datetime | None = None) -> None:
+        """Count the messages each peer's transport accepted (``send_count``, ``last_sent_at``), in one transaction."""
 
     def record_transport_error(self, name: str, message: str | None, *,
-                               now: datetime | None = None) -> RemoteUser: ...
+                               now: datetime | None = None) -> RemoteUser:
+        """Remember a transport error with ``name``, in force until a send to
+        or a receive from it succeeds, and count it (None clears the one in
+        force; the count stays)."""
 
-    def record_stream_stopped(self, name: str, message: str, *, now: datetime | None = None) -> RemoteUser: ...
+    def record_stream_stopped(self, name: str, message: str, *, now: datetime | None = None) -> RemoteUser:
+        """Remember that the stream with ``name`` stopped (``message`` says
+        why and what to do), in force until a message of the peer arrives
+        while its stream runs again; counted as an error."""
 
-    def record_heard(self, names: Collection[str]) -> None: ...
+    def record_heard(self, names: Collection[str]) -> None:
+        """A message of each peer of ``names`` arrived while its stream runs:
+        its transport error and stopped stream in force are over."""
+
+    def count_run(self, marker_generation: int, marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
+        """Count one agent run (agent/restore.py): given the count and
+        incarnation the agent's folder holds, return the new count, the
+        site's incarnation, and the incarnation it had when the database
+        was put back from an older copy (the folder's count is ahead of
+        the database's), in which case the site now has a new one; else
+        None.  A site the agent cannot write is one line naming it."""
 
     # --- apply ------------------------------------------------------------------------
 

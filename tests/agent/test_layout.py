@@ -30,6 +30,16 @@ def test_the_runner_and_its_hops_fit_in_a_thousand_lines() -> None:
     assert sum(lines.values()) <= 1000, lines
 
 
+def test_no_module_is_over_six_hundred_lines() -> None:
+    """One rule per module (docs/protocol.md, "Layers"; issue 31): none of
+    the packages' modules grows past 600 lines."""
+    root = AGENT.parent
+    long = {str(path.relative_to(root)): count for folder in ("agent", "codec", "transports", "contrib")
+            for path in sorted((root / folder).rglob("*.py"))
+            if (count := path.read_text(encoding="utf-8").count("\n")) > 600}
+    assert not long, long
+
+
 def test_the_queue_interface_is_not_probed() -> None:
     for path in CORE:
         text = path.read_text()

@@ -40,6 +40,7 @@ from ..settings import SITE_SCOPE
 from . import catalogue, settings
 from . import remotes as remote_rows
 from . import subscriptions as subscription_rows
+from .agent_runs import count_run
 from .capture import describe_table
 from .typemap import KINDS
 from .connect import connect, translate
@@ -155,6 +156,12 @@ class PostgresSite:
                     yield conn
             except psycopg.Error as error:
                 raise translate(error, self.target, doing) from None
+
+    def count_run(self, marker_generation: int, marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
+        with self._transaction("counting this agent run") as conn:
+            counted = count_run(conn, self._identity, marker_generation, marker_incarnation)
+        self._refresh_identity()
+        return counted
 
     def _refresh_identity(self) -> None:
         with self._transaction("reading the site's identity") as conn:
