@@ -1,4 +1,4 @@
-"""Message files, format versions 1 and 2 (docs/message-format.md is the specification).
+"""Message files, format versions 1 to 3 (docs/message-format.md is the specification).
 
 Rules of this file:
 * Encoding is a pure function of (content, header, names, incarnation, keys):
@@ -7,9 +7,12 @@ Rules of this file:
   subclasses, each naming the file; cheap checks come first, the signature is
   verified before anything is decompressed, and decompression is capped.
 * Data messages are written as version 2 (operations in runs, see
-  codec.ops.Run), control messages as version 1; both are read.  A decoded
-  transaction holds the operations (5-tuples) of either version, or, for
-  the apply path that asks with ``runs=True``, a version-2 message's runs.
+  codec.ops.Run), control messages as version 1, and a message that
+  carries a schema change (codec.changes) as version 3, the one version
+  that can; all three are read.  A decoded transaction holds the
+  operations (5-tuples) of any version, or, for the apply path that asks
+  with ``runs=True``, a version-2 or 3 message's runs; a schema change
+  alone.
 """
 
 from __future__ import annotations
@@ -41,15 +44,19 @@ from .errors import (
 from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
-from .ops import Transaction, operations_of, to_runs
+from .changes import SchemaChange
+from .ops import Transaction, change_of, operations_of, to_runs
 from .payloads import MAX_PAYLOAD, ControlState, control_state, transactions_of
 
 MAGIC = b"FSMF"
 # Format versions: data messages are written in DATA_VERSION, control
-# messages (unchanged since version 1) in CONTROL_VERSION; both are read.
+# messages (unchanged since version 1) in CONTROL_VERSION, a message that
+# carries a schema change in CHANGE_VERSION (version 2 with schema changes
+# added); all are read.
 DATA_VERSION = 2
 CONTROL_VERSION = 1
-VERSIONS = (1, 2)
+CHANGE_VERSION = 3
+VERSIONS = (1, 2, 3)
 ZSTD_LEVEL = 3
 SIGNATURE_SIZE = 64
 INCARNATION_SIZE = 16
@@ -155,12 +162,21 @@ def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION)
 
 def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION) -> bytes:
     """The payload bytes of one entry: a transaction, or a piece of a large
-    one, in format ``version`` (2: its operations in runs; 1: one by one,
-    whether they came as operations or runs)."""
+    one, in format ``version`` (2 and 3: its operations in runs; 1: one by
+    one, whether they came as operations or runs).  A schema change
+    (``ops`` is ``(change,)``) is written in version 3 only."""
     check_version(version)
+    if len(ops) == 1 and type(ops[0]) is SchemaChange:
+        if version < CHANGE_VERSION:
+            raise InvalidValue(f"transaction {commit} carries a schema change, which only format version "
+                               f"{CHANGE_VERSION} can carry")
+        items: tuple | list | None = (ops[0].wire(),)
+    else:
+        items = None
     try:
-        return msgpack.packb((commit, origin, to_runs(ops) if version == 2 else tuple(operations_of(ops))),
-                             **_packer_options)
+        if items is None:
+            items = to_runs(ops) if version >= 2 else tuple(operations_of(ops))
+        return msgpack.packb((commit, origin, items), **_packer_options)
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None
 
@@ -229,6 +245,8 @@ def encode_data_message(transactions: Sequence[Transaction], header: Header, *, 
     """Encode one whole data message (no size limit is applied; see codec.packing)."""
     if header.is_part:
         raise InvalidValue(f"header {header} is a part header; whole messages need prev < last")
+    if any(change_of(transaction) is not None for transaction in transactions) and len(transactions) > 1:
+        raise InvalidValue("a schema change travels alone in its message")
     previous = header.prev
     for transaction in transactions:
         if not previous < transaction.commit <= header.last:

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, NamedTuple, Union
 
+from .changes import SchemaChange
 from .errors import InvalidValue
 
 Value = Union[None, int, float, str, bytes]
@@ -271,7 +272,8 @@ class Transaction:
     increasing along the log); ``origin`` names the site where the change was
     first made.  Built locally, ``ops`` holds :class:`Operation` values; in a
     decoded message it holds the equal plain tuples (see
-    :func:`check_operation`).
+    :func:`check_operation`).  A transaction that carries a schema change
+    holds it alone: ``ops`` is ``(SchemaChange,)`` (:func:`change_of`).
     """
 
     commit: int
@@ -286,6 +288,8 @@ class Transaction:
         if type(self.ops) is not tuple:
             object.__setattr__(self, "ops", tuple(self.ops))
         if not set(map(type, self.ops)) <= {Operation}:
+            if len(self.ops) == 1 and type(self.ops[0]) is SchemaChange:
+                return  # a schema change travels alone in its transaction (codec.changes)
             for op in self.ops:
                 if not isinstance(op, Operation):
                     raise InvalidValue(f"transaction {self.commit}: ops must be Operation values, "
@@ -299,6 +303,14 @@ class Transaction:
         object.__setattr__(transaction, "origin", origin)
         object.__setattr__(transaction, "ops", ops)
         return transaction
+
+
+def change_of(transaction: Transaction) -> SchemaChange | None:
+    """The schema change ``transaction`` carries, if it is one."""
+    ops = transaction.ops
+    if len(ops) == 1 and type(ops[0]) is SchemaChange:
+        return ops[0]
+    return None
 
 
 class PartialTransaction(Transaction):

@@ -22,6 +22,9 @@ Rules of this file:
   answers from an iterable (pull); :class:`MessagePacker` is handed the
   transactions one at a time (push), for one pass over the log that feeds
   many subscribers.  Both make the same files from the same stream.
+* A transaction that carries a schema change (codec.changes) travels alone
+  in its message, written in format version 3 whatever the stream's
+  version: the message before it ends before it, the next starts after.
 * Cutting and compressing need no secret: :class:`PayloadPacker` makes the
   compressed payloads with their headers (:class:`Payload`), knowing only
   the sender's name and whether the files are sealed; :meth:`Payload.frame`
@@ -38,7 +41,9 @@ from typing import Generator, Iterable, Iterator
 from .errors import InvalidValue
 from .header import Header
 from .keys import PublicKeys, SiteKeys
+from .changes import MAX_CHANGE_BYTES
 from .message import (
+    CHANGE_VERSION,
     DATA_VERSION,
     LARGE_TRANSACTION_OPS,
     MAX_PAYLOAD,
@@ -53,7 +58,7 @@ from .message import (
     serialize_transaction,
 )
 from .names import Kind, MessageName, check_site_name
-from .ops import PartialTransaction, Transaction, op_count, split_ops
+from .ops import PartialTransaction, Transaction, change_of, op_count, split_ops
 from .payloads import MAX_GROUP_PAYLOAD
 
 DEFAULT_MAX_SIZE = 50_000
@@ -244,6 +249,11 @@ class MessagePacker:
             raise
 
 
+class _Alone(bytes):
+    """The serialized entry of a transaction that travels alone in its
+    message (a schema change), in format version 3."""
+
+
 class _Large:
     """A transaction of more than LARGE_TRANSACTION_OPS operations being
     split: the operations handed over and not yet serialized, whether more
@@ -296,6 +306,13 @@ class _Packer:
             raise InvalidValue(f"transaction {transaction.commit} does not follow {self.last_commit}: "
                                "commit offsets must increase")
         self.last_commit = transaction.commit
+        if change_of(transaction) is not None:
+            alone = _Alone(serialize_transaction(transaction, CHANGE_VERSION))
+            if len(alone) > MAX_CHANGE_BYTES:
+                raise InvalidValue(f"the schema change at {transaction.commit} is {len(alone)} bytes, over the "
+                                   f"{MAX_CHANGE_BYTES}-byte limit of one (docs/message-format.md)")
+            self.queue.append((transaction.commit, alone))
+            return True
         more = type(transaction) is PartialTransaction
         count = op_count(transaction.ops)  # a run counts its rows
         if more or count > LARGE_TRANSACTION_OPS:
@@ -361,6 +378,11 @@ class _Packer:
             entry = self.queue[count][1]
             if type(entry) is _Large:
                 break  # it travels alone, in parts
+            if type(entry) is _Alone:  # it travels alone, whole: a message of its own
+                if count == 0:
+                    raw += len(entry)
+                    count = 1
+                break
             size = len(entry)
             if count >= minimum and (raw + size) * self.ratio > self.target:
                 break
@@ -381,7 +403,8 @@ class _Packer:
             raise InvalidValue(f"start offset must be >= 0, got {start}")
         self.last_commit = start
         prev = start
-        pending: tuple[Kind, Header, int, bytes, bool] | None = None
+        # (format version, header, raw length, compressed payload, part) of the message made last
+        pending: tuple[int, Header, int, bytes, bool] | None = None
         while True:
             if self.queue and type(self.queue[0][1]) is _Large:
                 commit, large = self.queue.pop(0)
@@ -391,7 +414,7 @@ class _Packer:
                     if pending is not None:
                         yield self._finish(pending, None)
                     header = Header(self.resend_count, prev, commit if final else prev, seq)
-                    pending = (Kind.DATA, header, chunk_raw, chunk, True)
+                    pending = (self.version, header, chunk_raw, chunk, True)
                     seq += 1
                     if final:
                         break
@@ -411,30 +434,31 @@ class _Packer:
                     if pending is not None:
                         yield self._finish(pending, None)
                     header = Header(self.resend_count, prev, commit if final else prev, seq)
-                    pending = (Kind.DATA, header, chunk_raw, chunk, True)
+                    pending = (self.version, header, chunk_raw, chunk, True)
                 prev = commit
                 continue
             last = self.queue[candidate.count - 1][0]
+            version = CHANGE_VERSION if type(self.queue[0][1]) is _Alone else self.version
             del self.queue[:candidate.count]
             if pending is not None:
                 yield self._finish(pending, None)
-            pending = (Kind.DATA, Header(self.resend_count, prev, last, 0), candidate.raw_length,
+            pending = (version, Header(self.resend_count, prev, last, 0), candidate.raw_length,
                        candidate.compressed, False)
             prev = last
         if pending is not None:
             yield self._finish(pending, end)
         elif end is not None and end > start:
             payload = array_header(0)
-            yield self._finish((Kind.DATA, Header(self.resend_count, start, end, 0), len(payload),
+            yield self._finish((self.version, Header(self.resend_count, start, end, 0), len(payload),
                                 compress(payload), False), None)
 
-    def _finish(self, pending: tuple[Kind, Header, int, bytes, bool], end: int | None) -> Payload:
-        _, header, raw_length, compressed, part = pending
+    def _finish(self, pending: tuple[int, Header, int, bytes, bool], end: int | None) -> Payload:
+        version, header, raw_length, compressed, part = pending
         if end is not None and end > header.last:
             if header.is_part and not header.is_final_part:
                 raise AssertionError("a non-final part cannot end the stream")
             header = Header(header.resend_count, header.prev, end, header.seq)
-        return Payload(header, raw_length, compressed, part, self.version)
+        return Payload(header, raw_length, compressed, part, version)
 
     def _fit(self, count: int) -> Generator[None, Transaction | None, _Candidate | None]:
         """The largest candidate that fits, by estimate plus correction; None

@@ -1,7 +1,8 @@
 """The msgpack payloads of message files (docs/message-format.md,
 "Payloads"): the limits a reader decodes them under, a data payload's
-transactions (version 1: operations; version 2: runs of rows), a control
-payload's counters, and a group of parts read part by part.
+transactions (version 1: operations; version 2: runs of rows; version 3:
+runs, or one schema change alone), a control payload's counters, and a
+group of parts read part by part.
 
 Rules of this file:
 * Everything here is behind the frame's checks (codec.message): the bytes
@@ -19,9 +20,10 @@ from typing import Iterator, Protocol, Sequence
 
 import msgpack
 
+from .changes import CHANGE_TAG, check_change
 from .errors import CorruptMessage, InvalidValue, MessageTooLarge
 from .header import Header
-from .ops import INT64_MAX, Run, Transaction
+from .ops import INT64_MAX, Run, Transaction, change_of
 
 # Largest uncompressed payload a message may carry: the packer never makes
 # more, the decoder refuses more (a decompression bomb is rejected, not expanded).
@@ -140,6 +142,8 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
             raise CorruptMessage(source, f"transaction {transaction.commit} is outside {header} or out of order")
         previous = transaction.commit
         result.append(transaction)
+    if len(result) > 1 and any(change_of(transaction) is not None for transaction in result):
+        raise CorruptMessage(source, "a schema change travels alone in its message")
     return tuple(result)
 
 
@@ -156,7 +160,15 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
     if (type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str
             or not origin or type(ops) is not tuple):
         raise CorruptMessage(source, "payload holds a malformed transaction")
-    if version == 2:
+    if version == 3 and len(ops) >= 1 and type(ops[0]) is tuple and ops[0] and type(ops[0][0]) is int:
+        if len(ops) != 1 or len(ops[0]) != 3 or ops[0][0] != CHANGE_TAG:
+            raise CorruptMessage(source, f"transaction {commit} holds a malformed schema change")
+        try:
+            change = check_change(ops[0][1:], f"transaction {commit}'s schema change")
+        except InvalidValue as error:
+            raise CorruptMessage(source, str(error)) from None
+        return Transaction._trusted(commit, origin, (change,))
+    if version >= 2:
         checked = _runs(ops, commit, source, heads)
         if not runs:
             return Transaction._trusted(commit, origin, tuple(op for run in checked for op in run.operations()))
@@ -331,7 +343,7 @@ class _GroupReader:
             count = self._read(self.unpacker.read_array_header)
             for _ in range(count):
                 op = self._read(self.unpacker.unpack)
-                if self.version == 2:
+                if self.version >= 2:  # a schema change never travels in parts: it is no run
                     run = _run(op, commit, self.source)
                     if self.runs:
                         yield run

@@ -5,6 +5,8 @@
 change gets a new version folder, and the tests keep decoding every old
 one.  Every folder holds the same content; a control message is written in
 version 1 whatever the folder (its bytes did not change in version 2).
+Version 3 adds schema changes: ``--schema`` made ``fixtures/messages/schema/``,
+a stream in which two of them travel between data messages.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import sys
 from pathlib import Path
 
+from codec.changes import SchemaChange
 from codec.header import Header
 from codec.keys import SiteKeys
 from codec.message import ControlState, encode_control_message, encode_data_message
@@ -22,7 +25,7 @@ from codec.ops import Operation, Transaction
 from codec.packing import pack_messages
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "messages"
-VERSIONS = (1, 2)
+VERSIONS = (1, 2, 3)
 ROOT = FIXTURES / "v1"
 
 
@@ -128,16 +131,19 @@ def expected(version: int) -> dict:
 
 
 def write(version: int, force: bool) -> None:
-    root = folder(version)
+    _write_folder(folder(version), build(version), expected(version), force)
+
+
+def _write_folder(root: Path, files: dict[str, bytes], content: dict, force: bool) -> None:
     if root.exists() and any(root.iterdir()) and not force:
         raise SystemExit(f"{root} exists: golden files are never regenerated (make a new version folder)")
     root.mkdir(parents=True, exist_ok=True)
-    for name, data in build(version).items():
+    for name, data in files.items():
         (root / name).write_bytes(data)
     (root / "hq.pub").write_text(HQ.public.to_line() + "\n")
     (root / "field1.pub").write_text(FIELD.public.to_line() + "\n")
     FIELD.save(root / "field1.key")  # throw-away test key, to open the sealed file
-    (root / "expected.json").write_text(json.dumps(expected(version), indent=2, ensure_ascii=False) + "\n")
+    (root / "expected.json").write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
 
 
 # A control message that asks for a confirmation (a probe, header seq 1):
@@ -168,17 +174,93 @@ def write_probe(force: bool) -> None:
     (PROBE / "expected.json").write_text(json.dumps(expected_probe(), indent=2) + "\n")
 
 
+# Schema changes in a stream (format version 3): ``python -m tests.codec.golden
+# --write --schema`` made fixtures/messages/schema/ once.
+SCHEMA = FIXTURES / "schema"
+ADD_PHONE = SchemaChange(
+    (("add_column", "customer", "phone", "\"phone\" TEXT DEFAULT ''"),
+     ("rename_column", "customer", "city", "town"),
+     ("drop_column", "customer", "note"),
+     ("drop_index", "customer", "customer_city"),
+     ("create_index", "customer", "customer_town", "CREATE INDEX customer_town ON customer (town)")),
+    (("customer", ("id", "name", "town", "balance", "photo", "phone"), ("id",)),))
+CREATE_VISIT = SchemaChange(
+    (("create_table", "visit", "CREATE TABLE visit (id INTEGER PRIMARY KEY, customer INTEGER NOT NULL, at TEXT)",
+      "sales", None),
+     ("create_index", "visit", "visit_customer", "CREATE INDEX visit_customer ON visit (customer)")),
+    (("visit", ("id", "customer", "at"), ("id",)),))
+
+
+def schema_stream() -> list[Transaction]:
+    """Data in the old shape, a change, data in the new shape, a new table."""
+    return [
+        transactions()[0],
+        Transaction(923_400, "hq", (ADD_PHONE,)),
+        Transaction(923_500, "hq", (
+            Operation.insert("customer", (3,), {"id": 3, "name": "Ines", "town": "Braga", "balance": 0.0,
+                                                "photo": None, "phone": "+351 253 000 000"}),
+            Operation.update("customer", (1,), {"town": "Porto"}, {"town": "Lisboa"}),
+        )),
+        Transaction(923_600, "hq", (CREATE_VISIT,)),
+        Transaction(923_650, "hq", (Operation.insert("visit", (1,), {"id": 1, "customer": 3, "at": "2026-03-02"}),)),
+    ]
+
+
+def build_schema() -> dict[str, bytes]:
+    files = {message.name: message.data
+             for message in pack_messages(schema_stream(), keys=HQ, recipient="field1", incarnation=INCARNATION,
+                                          resend_count=0, start=923_200, max_size=10_000, end=923_700)}
+    sealed = encode_data_message(schema_stream()[1:2], Header(1, 923_357, 923_400), keys=HQ, recipient="field1",
+                                 incarnation=INCARNATION, seal_to=FIELD.public, version=3)
+    files[sealed.name] = sealed.data
+    return files
+
+
+def change_json(change: SchemaChange) -> dict:
+    return {"steps": [list(step) for step in change.steps],
+            "shapes": [[table, list(columns), list(key)] for table, columns, key in change.shapes]}
+
+
+def expected_schema() -> dict:
+    stream = schema_stream()
+
+    def entry(transaction: Transaction) -> dict:
+        if len(transaction.ops) == 1 and type(transaction.ops[0]) is SchemaChange:
+            return {"commit": transaction.commit, "origin": transaction.origin,
+                    "change": change_json(transaction.ops[0])}
+        return transaction_json(transaction)
+
+    return {
+        "incarnation": INCARNATION.hex(),
+        "stream": [
+            {"header": "(0-0000923200-0000923357-0)", "version": 2, "transactions": [entry(stream[0])]},
+            {"header": "(0-0000923357-0000923400-0)", "version": 3, "transactions": [entry(stream[1])]},
+            {"header": "(0-0000923400-0000923500-0)", "version": 2, "transactions": [entry(stream[2])]},
+            {"header": "(0-0000923500-0000923600-0)", "version": 3, "transactions": [entry(stream[3])]},
+            {"header": "(0-0000923600-0000923700-0)", "version": 2, "transactions": [entry(stream[4])]},
+        ],
+        "sealed": {"header": "(1-0000923357-0000923400-0)", "version": 3, "transactions": [entry(stream[1])]},
+    }
+
+
+def write_schema(force: bool) -> None:
+    _write_folder(SCHEMA, build_schema(), expected_schema(), force)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--version", type=int, choices=VERSIONS)
     parser.add_argument("--probe", action="store_true", help="the probe control message")
+    parser.add_argument("--schema", action="store_true", help="a stream with schema changes (version 3)")
     arguments = parser.parse_args()
-    if not arguments.write or (arguments.version is None) == (not arguments.probe):
+    if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
         write_probe(arguments.force)
+    elif arguments.schema:
+        write_schema(arguments.force)
     else:
         write(arguments.version, arguments.force)
