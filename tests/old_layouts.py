@@ -25,3 +25,15 @@ def back_to_layout_3(database: Path, secret: bytes | None) -> None:
             conn.execute("UPDATE fieldsync_site SET truncated_through = ?", (bound,))
     finally:
         conn.close()
+
+
+def back_to_layout(database: Path, version: int, *statements: str) -> None:
+    """Undo what layouts after ``version`` added to ``database`` with
+    ``statements``, and mark it as of that layout."""
+    conn = sqlite3.connect(database, isolation_level=None)
+    try:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("UPDATE fieldsync_site SET schema_version = ?", (version,))
+    finally:
+        conn.close()

@@ -41,6 +41,9 @@ PREFIX = "fieldsync_"
 KIND_INSERT = 1
 KIND_UPDATE = 2
 KIND_DELETE = 3
+# A schema change (agent/site/change_rows.py): a capture row of shape 0
+# (no shape) alone in its log transaction; no trigger writes one.
+KIND_SCHEMA = 4
 
 # Capture-row flag, set only at the consolidated (triggers leave flags NULL):
 # a row written by the apply path itself, not by a trigger, once a batch from

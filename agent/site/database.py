@@ -35,14 +35,15 @@ from .apply import (
     ConflictHook,
     ConflictRecord,
     Resolution,
-    check_policy,
     list_apply_errors,
     list_conflicts,
+    set_policy_locked,
 )
-from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables, table_info
+from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables
+from .changes import SchemaChangeResult, apply_schema_locked
 from .errors import InvalidSetting, SiteError
 from .extract import Consolidated, extract_remote
-from .log import cut_locked, iter_capture, log_end, truncate_locked, truncated_through
+from .log import cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import (
     Article,
     Publication,
@@ -224,6 +225,15 @@ class SiteDatabase:
         with self._lock, self._read("listing subscriptions"):
             return list_subscriptions(self._conn, remote)
 
+    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False,
+                     now: datetime | None = None) -> SchemaChangeResult:
+        """Run the SQL of ``scripts`` at the consolidated as one schema change that reaches the remotes
+        holding its tables in order with the data (docs/site-database.md, "Schema changes");
+        SchemaRefused, and nothing changed, for what it may not do."""
+        with self._lock, self._write("applying a schema change"):
+            return apply_schema_locked(self._conn, self._identity, scripts, unchecked=unchecked,
+                                       made_at=format_time(now or utc_now()))
+
     # --- the log ----------------------------------------------------------------------
 
     def scan(self) -> int:
@@ -341,15 +351,7 @@ class SiteDatabase:
         rows, returned)`` chunk by chunk in seq order, rows as :func:`iter_capture` gives them (the first
         ``value_columns`` value columns), ``returned`` the listed columns of the chunk's rows written back
         to their origin.  Both bounds must be commit boundaries (:meth:`check_log_range`)."""
-        for commit, origin, rows in iter_capture(self._conn, after, until, lock=self._lock,
-                                                 value_columns=value_columns):
-            returned: dict[int, str] = {}
-            if any(row[3] for row in rows):
-                with self._lock:
-                    returned = dict(self._conn.execute(
-                        "SELECT seq, columns FROM fieldsync_returned WHERE seq >= ? AND seq <= ?",
-                        (rows[0][0], rows[-1][0])).fetchall())
-            yield commit, origin, rows, returned
+        return iter_capture_returned(self._conn, after, until, value_columns=value_columns, lock=self._lock)
 
     def truncate_log(self) -> int:
         with self._lock, self._write("truncating the log"):
@@ -505,12 +507,7 @@ class SiteDatabase:
         """Per-table conflict policy at the consolidated (None: the default,
         incoming wins)."""
         with self._lock, self._write(f"setting the conflict policy of {table!r}"):
-            info = table_info(self._conn, table)
-            if policy is None:
-                self._conn.execute("DELETE FROM fieldsync_conflict_policy WHERE table_name = ?", (info.name,))
-            else:
-                self._conn.execute("INSERT OR REPLACE INTO fieldsync_conflict_policy (table_name, policy)"
-                                   " VALUES (?, ?)", (info.name, check_policy(policy).value))
+            set_policy_locked(self._conn, table, policy)
 
     def set_conflict_hook(self, table: str | None, hook: ConflictHook | None) -> None:
         """A Python callable deciding conflicts on ``table`` (None: every

@@ -112,3 +112,14 @@ class SiteBusy(SiteError):
 class SiteDatabaseError(SiteError):
     """SQLite reported an error the adapter does not expect (I/O error, full
     disk, corrupt file).  The original error is the ``__cause__``."""
+
+
+class SchemaRefused(SiteError):
+    """``agent schema apply`` refused a statement, or it failed: nothing of
+    the change was made (docs/site-database.md, "Schema changes")."""
+
+
+class SchemaConflict(SiteError):
+    """A schema change from the consolidated does not apply to this site's
+    tables as they are: nothing of its message was applied, and the stream
+    waits before it until the tables are mended."""

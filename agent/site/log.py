@@ -147,6 +147,20 @@ def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int
         yield from _read_span(conn, selected, span, chunk, guard)
 
 
+def iter_capture_returned(conn: sqlite3.Connection, after: int, until: int, *, value_columns: int,
+                          lock: threading.RLock | None = None) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
+    """:func:`iter_capture` of every row (unselected), each chunk with the
+    listed columns of its rows written back to their origin, by seq."""
+    guard: ContextManager = lock if lock is not None else nullcontext()
+    for commit, origin, rows in iter_capture(conn, after, until, lock=lock, value_columns=value_columns):
+        returned: dict[int, str] = {}
+        if any(row[3] for row in rows):
+            with guard:
+                returned = dict(conn.execute("SELECT seq, columns FROM fieldsync_returned WHERE seq >= ? AND seq <= ?",
+                                             (rows[0][0], rows[-1][0])).fetchall())
+        yield commit, origin, rows, returned
+
+
 def _read_span(conn: sqlite3.Connection, selected: str, span: list[tuple[int, str, int]], chunk: int,
                guard: ContextManager) -> Iterator[tuple[int, str, list[tuple]]]:
     """The capture rows of consecutive log transactions ``span`` (they cover

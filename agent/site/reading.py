@@ -16,6 +16,7 @@ import threading
 from itertools import islice
 from typing import Iterator, NamedTuple
 
+from codec.changes import SchemaChange
 from codec.ops import Operation, PartialTransaction, Transaction, op_count
 
 from .folding import FOLD_WINDOW, _Folder, make_transaction
@@ -52,7 +53,8 @@ def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: i
         reader.at(commit)
         reader.extend(origin, rows, ops)
         for op in ops:
-            yield LoggedOperation(commit, origin, op)
+            if type(op) is not SchemaChange:  # operations only: a schema change comes with read_transactions
+                yield LoggedOperation(commit, origin, op)
 
 def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
                       lock: threading.RLock | None = None, piece: int | None = None) -> Iterator[Transaction]:

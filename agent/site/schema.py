@@ -49,7 +49,9 @@ log = logging.getLogger("fieldsync.site")
 #    (docs/site-database.md, "Changing a remote's subscriptions").
 # 10: fieldsync_article.follows, follow_columns, parent_columns and route_sql:
 #    rows that follow their parent (docs/site-database.md, agent/site/route.py).
-SCHEMA_VERSION = 10
+# 11: fieldsync_schema_change, the schema changes made or applied here
+#    (docs/site-database.md, "Schema changes").
+SCHEMA_VERSION = 11
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -195,6 +197,7 @@ CREATE TABLE fieldsync_conflict_policy (
     policy     TEXT NOT NULL CHECK (policy IN ('incoming', 'local'))
 );
 {replaced_copy};
+{schema_change};
 {applying}
 """
 
@@ -212,10 +215,22 @@ REPLACED_COPY_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_replaced_copy (\n"
                        "    replaced_at TEXT NOT NULL,\n"
                        "    PRIMARY KEY (remote, incarnation)\n) WITHOUT ROWID")
 
+# The schema changes made here (peer NULL: at the consolidated, at its own
+# log's commit offset) or applied here (at a remote: the offset in the
+# consolidated's log).  ``steps`` is JSON (docs/site-database.md, "Schema changes").
+SCHEMA_CHANGE_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_schema_change (\n"
+                       "    commit_offset INTEGER PRIMARY KEY,\n"
+                       "    peer          TEXT,\n"
+                       "    steps         TEXT NOT NULL,\n"
+                       "    statements    TEXT,\n"
+                       "    made_at       TEXT NOT NULL\n)")
+
+
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
     text = (_TABLES.replace("{site}", SITE_TABLE).replace("{value_columns}", value_columns)
             .replace("{replaced_copy}", REPLACED_COPY_TABLE).replace("{applying}", APPLYING_TABLE + ";")
+            .replace("{schema_change}", SCHEMA_CHANGE_TABLE)
             .replace("{apply_error_open}", APPLY_ERROR_OPEN_INDEX))
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
@@ -410,10 +425,15 @@ def _add_follows(conn: sqlite3.Connection) -> None:
             conn.execute(f"ALTER TABLE fieldsync_article ADD COLUMN {column} TEXT")
 
 
+def _add_schema_changes(conn: sqlite3.Connection) -> None:
+    """Layout 11: the record of schema changes (none was made before)."""
+    conn.execute(SCHEMA_CHANGE_TABLE)
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
              5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
-             9: _add_follows}
+             9: _add_follows, 10: _add_schema_changes}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

@@ -9,7 +9,9 @@ Rules of this file:
   the apply path wrote for that origin (conflict results, DELETEs of rows it
   left outside its subset); an UPDATE that moves a row into or out of the
   subscriber's subset becomes an INSERT of the full published row or a
-  DELETE (folding: agent.site.folding).
+  DELETE (folding: agent.site.folding).  A schema change's row becomes
+  what of the change concerns the subscriber (agent.site.change_rows),
+  alone in its transaction.
 * Pure row selection: plans, readers, routers and fan-outs see plain data
   (the plan, the shapes, capture rows); only the ``from_database``
   constructors read a site database, once.  The site database and the
@@ -24,18 +26,21 @@ from itertools import groupby, islice
 from operator import itemgetter
 from typing import Callable, Iterable, NamedTuple
 
+from codec.changes import SchemaChange
 from codec.ops import OpKind, Operation, Transaction, op_count
 
 from .capture import (
     FLAG_RETURN_TO_ORIGIN,
     KIND_DELETE,
     KIND_INSERT,
+    KIND_SCHEMA,
     KIND_UPDATE,
     Shape,
     ShapeCache,
     ShapeTable,
     all_shapes,
 )
+from .change_rows import subscriber_change
 from .errors import InvalidSetting, UnknownRemote
 from .route import ARTICLE_ROWS, ROUTE
 from .folding import _operation, make_transaction
@@ -262,6 +267,10 @@ class SubscriberReader:
         changes are left out (no echo), except the rows written back to it."""
         own = origin == self.subscriber
         for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
+            if kind == KIND_SCHEMA:
+                if not own:
+                    ops.extend(change for change in map(self._change, group) if change is not None)
+                continue
             view = self._view(shape_id)
             if view is None:
                 continue
@@ -285,6 +294,10 @@ class SubscriberReader:
                         ops.append(op)
             elif kind == KIND_INSERT or kind == KIND_DELETE:
                 ops.extend(view.runs(kind, group) if self.runs else view.rows(kind, group))
+
+    def _change(self, row: tuple) -> SchemaChange | None:
+        """What of the schema change in capture ``row`` concerns the subscriber."""
+        return subscriber_change(row[4] if len(row) > 4 else None, self._articles.get, self._shapes.get)
 
     def _returned(self, view: View, origin: str, row: tuple) -> Operation | None:
         """A row a conflict resolution sends back to its origin: the old
@@ -402,6 +415,8 @@ class Router:
         into classes whose readers each turn it into the same operation."""
         origin_index = self._index.get(origin)
         flags = row[3]
+        if row[2] == KIND_SCHEMA:  # each reader takes what concerns it
+            return [tuple(index for index in range(len(self.readers)) if index != origin_index)]
         if flags and flags & FLAG_RETURN_TO_ORIGIN:
             return [] if origin_index is None else [(origin_index,)]
         route = self.route(row[1])
@@ -427,6 +442,14 @@ class Router:
                     before = len(ops[origin_index])
                     self.readers[origin_index].extend(origin, group, ops[origin_index])
                     added += op_count(islice(ops[origin_index], before, None))
+                continue
+            if kind == KIND_SCHEMA:  # each reader takes what concerns it (rare: no class, no route)
+                rows_of_change = list(group)
+                for index, reader in enumerate(self.readers):
+                    if index != origin_index:
+                        before = len(ops[index])
+                        reader.extend(origin, rows_of_change, ops[index])
+                        added += len(ops[index]) - before
                 continue
             if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
                 continue

@@ -22,7 +22,8 @@ from typing import Callable, Iterable, Sequence
 
 from codec.ops import OpKind, Operation
 
-from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape, write_capture_row
+from ..capture import (FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape, table_info,
+                       write_capture_row)
 from ..errors import ConflictHookFailed, InvalidSetting
 from ..values import pack, unpack, value_problem
 from ..route import Follow
@@ -219,3 +220,13 @@ def check_policy(policy: object) -> Resolution:
         return Resolution(policy)
     except ValueError:
         raise InvalidSetting(f"conflict policy must be 'incoming' or 'local', got {policy!r}") from None
+
+
+def set_policy_locked(conn: sqlite3.Connection, table: str, policy: object) -> None:
+    """Set (None: clear) the conflict policy of ``table``, inside a write transaction."""
+    info = table_info(conn, table)
+    if policy is None:
+        conn.execute("DELETE FROM fieldsync_conflict_policy WHERE table_name = ?", (info.name,))
+    else:
+        conn.execute("INSERT OR REPLACE INTO fieldsync_conflict_policy (table_name, policy) VALUES (?, ?)",
+                     (info.name, check_policy(policy).value))

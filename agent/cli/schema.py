@@ -1,0 +1,81 @@
+"""``agent schema apply``: change the schema of the consolidated and of the
+remotes that hold its tables, through their streams (docs/site-database.md,
+"Schema changes")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..errors import AgentError, UsageError
+from ._common import DATABASE, console, open_site
+
+
+@click.group()
+def schema() -> None:
+    """Schema changes that travel to the remotes in order with the data."""
+
+
+@schema.command("apply")
+@click.argument("database", type=DATABASE)
+@click.argument("sql", nargs=-1)
+@click.option("--file", "-f", "files", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="A file of SQL statements (a migration), run after any SQL given as arguments. Repeatable.")
+@click.option("--unchecked", is_flag=True,
+              help="Also run statements the command does not check (data, views, triggers, pragmas, DROP TABLE "
+                   "of an unpublished table) at the consolidated only; see docs/site-database.md for the risks.")
+def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], unchecked: bool) -> None:
+    """Run SQL at the consolidated DATABASE as one schema change, in one
+    transaction, and send it to every remote that holds the tables it
+    changes, in order with the data.
+
+    It takes ALTER TABLE ... ADD COLUMN, RENAME COLUMN and DROP COLUMN (of a
+    column no article needs), CREATE TABLE (publish it with `agent
+    publication add` to send it with its rows), CREATE INDEX and DROP INDEX.
+    It refuses, with nothing changed, dropping or re-keying a published
+    table and dropping its key or SUBSCRIBE BY column.
+
+    Example: agent schema apply hq.db "ALTER TABLE customer ADD COLUMN phone TEXT DEFAULT ''"
+    """
+    scripts = list(sql)
+    for path in files:
+        try:
+            scripts.append(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as error:
+            raise AgentError(f"cannot read the SQL file {path}: {error}") from None
+    if not any(text.strip() for text in scripts):
+        raise UsageError("give the SQL to run, as arguments or with --file")
+    with open_site(database) as site:
+        result = site.apply_schema(scripts, unchecked=unchecked)
+        name = site.identity.name
+    out = console()
+    if not result.offsets:
+        out.print(f"The {result.statements} statement(s) changed no table or index: nothing was logged.",
+                  soft_wrap=True, markup=False)
+        return
+    out.print(f"Schema change at offset {', '.join(map(str, result.offsets))}: "
+              + "; ".join(describe(step) for step in result.steps), soft_wrap=True, markup=False)
+    if not result.published:
+        out.print(f"It changes nothing a remote receives: it stays at {name}.", soft_wrap=True, markup=False)
+    elif not result.subscribers:
+        out.print(f"No extracted remote holds {', '.join(result.published)} yet.", soft_wrap=True, markup=False)
+    else:
+        out.print(f"It reaches {len(result.subscribers)} remote(s) that hold {', '.join(result.published)}, in "
+                  f"order with the data: {', '.join(result.subscribers)}", soft_wrap=True, markup=False)
+
+
+def describe(step: tuple) -> str:
+    """One step (agent.site.ddl.differences) in a few words."""
+    verb, table = step[0], step[1]
+    texts = {
+        "add_column": lambda: f"added column {table}.{step[2]}",
+        "rename_column": lambda: f"renamed column {table}.{step[2]} to {step[3]}",
+        "drop_column": lambda: f"dropped column {table}.{step[2]}",
+        "create_table": lambda: f"created table {table}",
+        "drop_table": lambda: f"dropped table {table}",
+        "rename_table": lambda: f"renamed table {table} to {step[2]}",
+        "create_index": lambda: f"created index {step[2]} on {table}",
+        "drop_index": lambda: f"dropped index {step[2]} of {table}",
+    }
+    return texts.get(verb, lambda: f"redefined table {table}")()

@@ -1,0 +1,83 @@
+"""A schema change in the capture table, and what of it each subscriber
+receives (docs/site-database.md, "Schema changes").
+
+Rules of this file:
+* A change is one capture row of kind ``KIND_SCHEMA`` and shape 0 (no
+  shape), alone in its log transaction, whose commit offset is the
+  change's.  Its first value column holds JSON: the steps on published
+  tables (docs/message-format.md, "Schema changes"), the shape each such
+  table has after the change, and the columns each index a step makes
+  uses.
+* Pure: a subscriber's change is worked out from that row and its plan
+  (the article of each table), as its operations are from other rows: the
+  steps on the tables it receives, as its article publishes them, and the
+  shapes of those tables as it holds them (agent.site.view).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from codec.changes import SchemaChange
+
+from .capture import Shape
+from .view import View
+
+# The shape id a schema change's capture row names: no shape has it.
+SCHEMA_SHAPE = 0
+
+Article = tuple  # (columns or None, subscribe_by, values), as a selection plan holds it
+
+
+def row_value(steps: list[tuple], shapes: dict[str, int], indexes: dict[str, list]) -> str:
+    """The first value column of a change's capture row: ``steps`` on
+    published tables (their wire form), the shape id of each such table
+    after the change (by its name as the steps spell it), and the columns
+    of each index a step makes (by index name; None for an expression)."""
+    return json.dumps({"steps": [list(step) for step in steps], "shapes": shapes, "indexes": indexes},
+                      separators=(",", ":"))
+
+
+def subscriber_change(value: object, article_of: Callable[[str], Article | None],
+                      shape_of: Callable[[int], Shape]) -> SchemaChange | None:
+    """What a subscriber receives of the change whose capture row holds
+    ``value``: ``article_of(lowered table)`` is its article of a table
+    (None: it does not receive the table), ``shape_of(id)`` a shape.  None
+    when nothing of it concerns the subscriber."""
+    if type(value) is not str:
+        return None
+    change = json.loads(value)
+    kept = []
+    views: dict[str, View] = {}
+    for step in change["steps"]:
+        verb, table = step[0], step[1]
+        article = article_of(table.lower())
+        if article is None:
+            continue
+        view = views.get(table.lower())
+        if view is None:
+            view = views[table.lower()] = View(shape_of(change["shapes"][table]), *article)
+        if _publishes(verb, step, article[0], view, change["indexes"]):
+            kept.append(tuple(step))
+    if not kept:
+        return None
+    shapes = []
+    for step in kept:
+        view = views[step[1].lower()]
+        if all(shape[0].lower() != step[1].lower() for shape in shapes):
+            key = tuple(view.names[view.positions.index(position)] for position in view.key_positions)
+            shapes.append((step[1], view.names, key))
+    return SchemaChange(tuple(kept), tuple(shapes))
+
+
+def _publishes(verb: str, step: list, columns: tuple[str, ...] | None, view: View, indexes: dict) -> bool:
+    """Whether the subscriber's article publishes what ``step`` changes.
+    A column subset publishes the columns it lists only, which a change
+    never adds, renames or drops (changes.py refuses one that would)."""
+    if verb in ("add_column", "rename_column", "drop_column"):
+        return columns is None
+    if verb == "create_index":
+        used = indexes.get(step[2], [None])
+        return all(column in view.names if column is not None else columns is None for column in used)
+    return True  # create_table; drop_index of an index it may hold (DROP INDEX IF EXISTS)

@@ -1,0 +1,300 @@
+"""Schema changes at the consolidated: ``agent schema apply`` (docs/site-database.md,
+"Schema changes").
+
+Rules of this file:
+* One call works inside the caller's write transaction: what the
+  statements did, the capture made again and the change's log entry
+  commit together, and a refusal (:class:`SchemaRefused`, one line) rolls
+  all of it back.
+* What a statement would do is asked of SQLite before it runs
+  (agent.site.ddl.actions), what it did is read after it
+  (ddl.differences); both are judged here against the catalogue.
+* A change is one capture row (agent.site.change_rows) in a log
+  transaction of its own; ``fieldsync_schema_change`` keeps every change:
+  the history that maps a remote's rows in an old shape
+  (agent/site/apply/reshape.py) and keeps a retired name from being given
+  again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+from codec.changes import MAX_CHANGE_BYTES, SchemaChange
+from codec.message import CHANGE_VERSION, serialize_transaction
+from codec.ops import OFFSET_MAX, Transaction
+
+from ._db import quote_ident
+from .capture import KIND_SCHEMA, ShapeCache, drop_capture, refresh_changed_tables
+from .change_rows import SCHEMA_SHAPE, row_value, subscriber_change
+from .ddl import Action, actions, differences, read_schema, split_statements
+from .errors import InvalidSetting, SchemaRefused, WrongRole
+from .log import cut_locked
+from .route import MOVE_PREFIX
+from .schema import Role, SiteIdentity
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChangeResult:
+    """What ``agent schema apply`` did.  ``offsets``: the commit offsets of
+    the changes written (one, or one per stretch between data statements
+    under ``--unchecked``; none: the statements changed no schema);
+    ``steps``: every step (``agent.site.ddl.differences``), published table
+    or not; ``published``: the published tables of which the remotes that
+    hold them receive something; ``subscribers``: the extracted remotes that
+    hold those tables."""
+
+    offsets: tuple[int, ...]
+    steps: tuple[tuple, ...]
+    published: tuple[str, ...]
+    subscribers: tuple[str, ...]
+    statements: int
+
+
+class _Article(NamedTuple):
+    table: str
+    columns: tuple[str, ...] | None  # a column subset (its key included), None: every column
+    subscribe_by: str | None
+    route: frozenset[str]  # lowered columns a route names: its foreign key, and the key its children follow
+    key: tuple[str, ...]  # the table's key columns when the change began
+
+
+def _catalogue(conn: sqlite3.Connection) -> dict[str, _Article]:
+    rows = conn.execute("SELECT table_name, columns, subscribe_by, follows, follow_columns, parent_columns"
+                        " FROM fieldsync_article").fetchall()
+    named: dict[str, set[str]] = {}
+    for table, _columns, _by, follows, follow_columns, parent_columns in rows:
+        if follows is not None:
+            named.setdefault(table.lower(), set()).update(c.lower() for c in json.loads(follow_columns))
+            named.setdefault(follows.lower(), set()).update(c.lower() for c in json.loads(parent_columns))
+    tables = read_schema(conn).tables
+    return {table.lower(): _Article(table, None if columns is None else tuple(json.loads(columns)), by,
+                                    frozenset(named.get(table.lower(), ())),
+                                    tables[table.lower()].key if table.lower() in tables else ())
+            for table, columns, by, *_ in rows}
+
+
+def history(conn: sqlite3.Connection) -> list[list]:
+    """Every step of the changes made at this site, in order."""
+    return [step for (steps,) in conn.execute("SELECT steps FROM fieldsync_schema_change WHERE peer IS NULL"
+                                              " ORDER BY commit_offset") for step in json.loads(steps)]
+
+
+def retired_names(steps: Iterable[list]) -> dict[str, set[str]]:
+    """By lowered table: the lowered column names its history renamed away
+    or dropped."""
+    retired: dict[str, set[str]] = {}
+    for step in steps:
+        if step[0] in ("rename_column", "drop_column"):
+            retired.setdefault(step[1].lower(), set()).add(step[2].lower())
+    return retired
+
+
+def apply_schema_locked(conn: sqlite3.Connection, identity: SiteIdentity, scripts: Iterable[str], *,
+                        unchecked: bool, made_at: str) -> SchemaChangeResult:
+    """Run the statements of ``scripts`` as one schema change (inside the
+    caller's write transaction); SchemaRefused leaves it to be rolled back."""
+    if identity.role is not Role.CONSOLIDATED:
+        raise WrongRole(f"{identity.name} is a remote: schema changes are made at the consolidated and reach the "
+                        "remotes through their streams")
+    statements = [statement for script in scripts for statement in split_statements(script)]
+    if not statements:
+        raise InvalidSetting("no SQL statement to run")
+    refresh_changed_tables(conn)
+    cut_locked(conn, identity.name)  # everything before the change, in the old shape
+    catalogue = _catalogue(conn)
+    retired = retired_names(history(conn))
+    writer = _ChangeWriter(conn, identity, catalogue, made_at)
+    for number, statement in enumerate(statements, 1):
+        where = f"statement {number} ({' '.join(statement.split())[:60]})"
+        try:
+            altered, writes = _judge(actions(conn, statement), catalogue, unchecked, where)
+        except sqlite3.Error as error:
+            raise SchemaRefused(f"{where}: {error}") from None
+        if writes:
+            writer.flush()  # a change before it goes first; its rows are captured in the shape of now
+        for table in altered:
+            drop_capture(conn, table)  # SQLite refuses to drop a column a trigger names
+        for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ?",
+                                    (MOVE_PREFIX + "%",)).fetchall() if altered else ():
+            conn.execute(f"DROP TRIGGER {quote_ident(name)}")  # made again with the capture
+        before = read_schema(conn)
+        try:
+            conn.execute(statement).fetchall()
+        except sqlite3.Error as error:
+            raise SchemaRefused(f"{where}: {error}") from None
+        after = read_schema(conn)
+        for step in differences(before, after):
+            _check(step, catalogue, retired, where)
+            writer.add(step)
+        writer.statements.append(statement)
+        refresh_changed_tables(conn)
+        if writes:
+            cut_locked(conn, identity.name)  # the statement's rows, a log transaction of their own
+    tables = read_schema(conn).tables
+    for name, article in catalogue.items():
+        if article.key and (name not in tables or len(tables[name].key) != len(article.key)):
+            raise SchemaRefused(f"the statements re-key or drop the published table {article.table}: refused")
+    writer.flush()
+    return writer.result(len(statements))
+
+
+_HARD = {sqlite3.SQLITE_TRANSACTION: "BEGIN, COMMIT or ROLLBACK", sqlite3.SQLITE_SAVEPOINT: "a savepoint",
+         sqlite3.SQLITE_ATTACH: "ATTACH", sqlite3.SQLITE_DETACH: "DETACH"}
+_WRITES = (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)
+_TAKEN = (sqlite3.SQLITE_ALTER_TABLE, sqlite3.SQLITE_CREATE_TABLE, sqlite3.SQLITE_CREATE_INDEX,
+          sqlite3.SQLITE_DROP_INDEX)
+_NAMES = {sqlite3.SQLITE_PRAGMA: "a PRAGMA", sqlite3.SQLITE_CREATE_VIEW: "CREATE VIEW",
+          sqlite3.SQLITE_DROP_VIEW: "DROP VIEW", sqlite3.SQLITE_CREATE_TRIGGER: "CREATE TRIGGER",
+          sqlite3.SQLITE_DROP_TRIGGER: "DROP TRIGGER", sqlite3.SQLITE_DROP_TABLE: "DROP TABLE",
+          sqlite3.SQLITE_ANALYZE: "ANALYZE", sqlite3.SQLITE_REINDEX: "REINDEX"}
+
+
+def _own(name: str | None) -> bool:
+    return name is not None and name.lower().startswith(("fieldsync_", "sqlite_"))
+
+
+def _judge(found: tuple[Action, ...], catalogue: dict[str, _Article], unchecked: bool,
+           where: str) -> tuple[list[str], bool]:
+    """The published tables a statement alters, and whether it writes
+    rows; SchemaRefused for what it may not do."""
+    altered: list[str] = []
+    writes = False
+    other = None
+    created = {action.first for action in found if action.code == sqlite3.SQLITE_CREATE_INDEX}
+    for action in found:
+        if action.trigger is not None and action.trigger.lower().startswith("fieldsync_"):
+            continue  # fieldsync's capture, fired by a write
+        if action.code == sqlite3.SQLITE_REINDEX and action.first in created:
+            continue  # CREATE INDEX fills the index it makes
+        if action.code in _HARD:
+            raise SchemaRefused(f"{where}: {_HARD[action.code]} cannot run inside the change's own transaction; "
+                                "give the statements alone")
+        names = (action.first, action.second) if action.code != sqlite3.SQLITE_ALTER_TABLE else (action.second,)
+        if any(map(_own, names)):
+            raise SchemaRefused(f"{where}: fieldsync's and SQLite's own tables are not the application's to change")
+        if action.code == sqlite3.SQLITE_DROP_TABLE and (action.first or "").lower() in catalogue:
+            raise SchemaRefused(f"{where}: {action.first} is published: dropping a published table is refused "
+                                f"(remove its article first: agent publication remove DB {action.first})")
+        if action.code in _WRITES:
+            writes = True
+            other = other or "a data statement"
+        elif action.code == sqlite3.SQLITE_ALTER_TABLE and action.first not in (None, "main"):
+            other = other or "a change of another database's table"
+        elif action.code == sqlite3.SQLITE_ALTER_TABLE:
+            if (action.second or "").lower() in catalogue:
+                altered.append(catalogue[action.second.lower()].table)  # type: ignore[union-attr]
+        elif action.code not in _TAKEN:
+            other = other or _NAMES.get(action.code, "this kind of statement")
+    if other is not None and not unchecked:
+        raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add --unchecked "
+                            "to run it at the consolidated only (docs/site-database.md, \"Schema changes\")")
+    return altered, writes
+
+
+def _check(step: tuple, catalogue: dict[str, _Article], retired: dict[str, set[str]], where: str) -> None:
+    """Refuse a step on a published table that the remotes, or rows still
+    on their way, could not follow; note the names it retires."""
+    verb, table = step[0], step[1]
+    article = catalogue.get(table.lower())
+    if article is None:
+        return
+    if verb == "rename_table":
+        raise SchemaRefused(f"{where}: {table} is published: renaming a published table is not supported yet "
+                            f"(remove its article, rename it, publish it again)")
+    if verb in ("redefine", "drop_table"):
+        raise SchemaRefused(f"{where}: it redefines the published table {table} (its key or several columns at "
+                            "once): re-keying a published table is refused")
+    gone = retired.setdefault(table.lower(), set())
+    listed = {column.lower() for column in article.columns or ()}
+    given = step[2] if verb == "add_column" else step[3] if verb == "rename_column" else None
+    if given is not None and given.lower() in gone:
+        raise SchemaRefused(f"{where}: {table}.{given} was a column of the published table before (renamed "
+                            "or dropped): rows in the old shape may still carry that name; choose another")
+    if verb == "rename_column":
+        old = step[2].lower()
+        if old == (article.subscribe_by or "").lower() or old in listed or old in article.route:
+            raise SchemaRefused(f"{where}: {table}.{step[2]} is the SUBSCRIBE BY column, a column the article "
+                                "lists or a column a follow route names: renaming it is not supported yet")
+        gone.add(old)
+    elif verb == "drop_column":
+        column = step[2].lower()
+        if (column == (article.subscribe_by or "").lower() or column in listed or column in article.route
+                or column in {key.lower() for key in article.key}):
+            raise SchemaRefused(f"{where}: {table}.{step[2]} is needed by its article (the SUBSCRIBE BY column, a "
+                                "listed or a key column, or a column a follow route names): dropping it is refused")
+        gone.add(column)
+
+
+class _ChangeWriter:
+    """The steps of the change being made, written as a change (a capture
+    row alone in its log transaction, and its fieldsync_schema_change row)
+    when :meth:`flush` is called."""
+
+    def __init__(self, conn: sqlite3.Connection, identity: SiteIdentity, catalogue: dict[str, _Article],
+                 made_at: str) -> None:
+        self.conn, self.identity, self.catalogue, self.made_at = conn, identity, catalogue, made_at
+        self.shapes = ShapeCache(conn)
+        self.steps: list[tuple] = []
+        self.statements: list[str] = []
+        self.done: list[tuple] = []
+        self.offsets: list[int] = []
+        self.sent: set[str] = set()
+
+    def add(self, step: tuple) -> None:
+        self.steps.append(step)
+
+    def flush(self) -> None:
+        if not self.steps:
+            self.statements = []
+            return
+        conn = self.conn
+        published, indexes = [], {}
+        for step in self.steps:
+            if step[1].lower() not in self.catalogue or step[0] not in _SENT:
+                continue
+            if step[0] == "create_index":
+                indexes[step[2]] = list(step[4])
+            published.append(step[:4] if step[0] == "create_index" else step[:3] if step[0] == "drop_index" else step)
+        shape_ids = {step[1]: conn.execute("SELECT shape FROM fieldsync_article WHERE table_name = ?",
+                                           (step[1],)).fetchone()[0] for step in published}
+        if published:
+            shapes = tuple((table, self.shapes.get(shape).columns, self.shapes.get(shape).key_columns)
+                           for table, shape in shape_ids.items())
+            size = len(serialize_transaction(Transaction(OFFSET_MAX, self.identity.name,
+                                                         (SchemaChange(tuple(published), shapes),)), CHANGE_VERSION))
+            if size > MAX_CHANGE_BYTES:
+                raise SchemaRefused(f"the change is {size} bytes, over the {MAX_CHANGE_BYTES}-byte limit of one "
+                                    "change; apply it in several")
+        value = row_value(published, shape_ids, indexes)
+        conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, v0) VALUES ({SCHEMA_SHAPE}, {KIND_SCHEMA}, ?)",
+                     (value,))
+        catalogue = self.catalogue
+        sent = subscriber_change(value, lambda table: (catalogue[table].columns, None, None) if table in catalogue
+                                 else None, self.shapes.get)
+        self.sent.update(() if sent is None else sent.tables())
+        offset = cut_locked(conn, self.identity.name)
+        conn.execute("INSERT INTO fieldsync_schema_change (commit_offset, peer, steps, statements, made_at)"
+                     " VALUES (?, NULL, ?, ?, ?)",
+                     (offset, json.dumps([list(step) for step in self.steps]), json.dumps(self.statements),
+                      self.made_at))
+        self.offsets.append(offset)
+        self.done += self.steps
+        self.steps, self.statements = [], []
+
+    def result(self, statements: int) -> SchemaChangeResult:
+        tables = sorted(self.sent)
+        subscribers = [name for (name,) in self.conn.execute(
+            "SELECT DISTINCT s.remote FROM fieldsync_subscription s JOIN fieldsync_article a"
+            " ON a.publication = s.publication JOIN fieldsync_remote r ON r.name = s.remote"
+            f" WHERE s.until IS NULL AND r.peer_incarnation IS NOT NULL AND a.table_name IN"
+            f" ({', '.join('?' * len(tables))}) ORDER BY s.remote", tables)] if tables else []
+        return SchemaChangeResult(tuple(self.offsets), tuple(self.done), tuple(tables), tuple(subscribers),
+                                  statements)
+
+
+# The steps a change sends (docs/message-format.md, "Schema changes").
+_SENT = frozenset({"add_column", "rename_column", "drop_column", "create_index", "drop_index"})
