@@ -125,8 +125,9 @@ def create(database: Path, name: str, articles: tuple) -> None:
 def add(database: Path, name: str, articles: tuple) -> None:
     """Add ARTICLES to the existing publication NAME.
 
-    Remotes subscribed already get changes of the new tables from now on;
-    extract them again to give them the existing rows.
+    At the consolidated, remotes subscribed already get each new table
+    through their stream: created, with its existing rows of their subset,
+    then its changes (no new extraction).
     """
     with open_site(database) as site:
         added = [site.add_article(name, article.table, columns=article.columns, subscribe_by=article.subscribe_by,

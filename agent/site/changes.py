@@ -28,12 +28,13 @@ from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
 from ._db import quote_ident
-from .capture import KIND_SCHEMA, ShapeCache, drop_capture, refresh_changed_tables
+from .capture import KIND_INSERT, KIND_SCHEMA, ShapeCache, drop_capture, refresh_changed_tables, table_info, value_column
 from .change_rows import SCHEMA_SHAPE, row_value, subscriber_change
 from .ddl import Action, actions, differences, read_schema, split_statements
 from .errors import InvalidSetting, SchemaRefused, WrongRole
 from .log import cut_locked
-from .route import MOVE_PREFIX
+from .extract import published_table_sql
+from .route import MOVE_PREFIX, follows
 from .schema import Role, SiteIdentity
 
 
@@ -261,26 +262,12 @@ class _ChangeWriter:
             published.append(step[:4] if step[0] == "create_index" else step[:3] if step[0] == "drop_index" else step)
         shape_ids = {step[1]: conn.execute("SELECT shape FROM fieldsync_article WHERE table_name = ?",
                                            (step[1],)).fetchone()[0] for step in published}
-        if published:
-            shapes = tuple((table, self.shapes.get(shape).columns, self.shapes.get(shape).key_columns)
-                           for table, shape in shape_ids.items())
-            size = len(serialize_transaction(Transaction(OFFSET_MAX, self.identity.name,
-                                                         (SchemaChange(tuple(published), shapes),)), CHANGE_VERSION))
-            if size > MAX_CHANGE_BYTES:
-                raise SchemaRefused(f"the change is {size} bytes, over the {MAX_CHANGE_BYTES}-byte limit of one "
-                                    "change; apply it in several")
-        value = row_value(published, shape_ids, indexes)
-        conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, v0) VALUES ({SCHEMA_SHAPE}, {KIND_SCHEMA}, ?)",
-                     (value,))
+        offset, value = write_change(conn, self.identity, self.shapes, published, shape_ids, indexes,
+                                     self.steps, self.statements, self.made_at)
         catalogue = self.catalogue
         sent = subscriber_change(value, lambda table: (catalogue[table].columns, None, None) if table in catalogue
                                  else None, self.shapes.get)
         self.sent.update(() if sent is None else sent.tables())
-        offset = cut_locked(conn, self.identity.name)
-        conn.execute("INSERT INTO fieldsync_schema_change (commit_offset, peer, steps, statements, made_at)"
-                     " VALUES (?, NULL, ?, ?, ?)",
-                     (offset, json.dumps([list(step) for step in self.steps]), json.dumps(self.statements),
-                      self.made_at))
         self.offsets.append(offset)
         self.done += self.steps
         self.steps, self.statements = [], []
@@ -298,3 +285,71 @@ class _ChangeWriter:
 
 # The steps a change sends (docs/message-format.md, "Schema changes").
 _SENT = frozenset({"add_column", "rename_column", "drop_column", "create_index", "drop_index"})
+
+
+def write_change(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, published: list[tuple],
+                 shape_ids: dict[str, int], indexes: dict[str, list], steps: list[tuple], statements: list[str] | None,
+                 made_at: str) -> tuple[int, str]:
+    """Log a change: its capture row (agent.site.change_rows; ``published``
+    the steps that travel) alone in a log transaction, and its
+    fieldsync_schema_change row (``steps``, all of them).  Returns its
+    commit offset and the row's value.  SchemaRefused when it could not
+    travel in one message."""
+    if published:
+        full = tuple((table, shapes.get(shape).columns, shapes.get(shape).key_columns)
+                     for table, shape in shape_ids.items())
+        size = len(serialize_transaction(Transaction(OFFSET_MAX, identity.name,
+                                                     (SchemaChange(tuple(published), full),)), CHANGE_VERSION))
+        if size > MAX_CHANGE_BYTES:
+            raise SchemaRefused(f"the change is {size} bytes, over the {MAX_CHANGE_BYTES}-byte limit of one change; "
+                                "make it in several")
+    value = row_value(published, shape_ids, indexes)
+    conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, v0) VALUES ({SCHEMA_SHAPE}, {KIND_SCHEMA}, ?)",
+                 (value,))
+    offset = cut_locked(conn, identity.name)
+    conn.execute("INSERT INTO fieldsync_schema_change (commit_offset, peer, steps, statements, made_at)"
+                 " VALUES (?, NULL, ?, ?, ?)", (offset, json.dumps([list(step) for step in steps]),
+                                                None if statements is None else json.dumps(statements), made_at))
+    return offset, value
+
+
+def send_new_article_locked(conn: sqlite3.Connection, identity: SiteIdentity, publication: str, table: str,
+                            made_at: str) -> tuple[int, ...]:
+    """At the consolidated, right after ``table`` was published in
+    ``publication`` (inside the same write transaction): send it to the
+    extracted remotes subscribed to the publication, with no new
+    extraction: a change that creates it (its published columns, and the
+    indexes on them) and, after it, one log transaction holding each of
+    its rows as an INSERT, which readers select for each subscriber as any
+    INSERT.  Returns the two commit offsets (none: no such remote)."""
+    if identity.role is not Role.CONSOLIDATED or conn.execute(
+            "SELECT 1 FROM fieldsync_subscription s JOIN fieldsync_remote r ON r.name = s.remote WHERE s.publication = ?"
+            " AND s.until IS NULL AND r.peer_incarnation IS NOT NULL", (publication,)).fetchone() is None:
+        return ()
+    shapes = ShapeCache(conn)
+    info = table_info(conn, table)
+    shape_id, columns, subscribe_by = conn.execute(
+        "SELECT shape, columns, CASE WHEN follows IS NULL THEN subscribe_by END FROM fieldsync_article"
+        " WHERE table_name = ?", (info.name,)).fetchone()
+    published = info.columns if columns is None else tuple(json.loads(columns))
+    steps: list[tuple] = [("create_table", info.name, published_table_sql(conn, info, published), publication,
+                           subscribe_by)]
+    indexes = {}
+    for index in read_schema(conn).indexes.values():
+        if index.table.lower() == info.name.lower() and all(
+                column in published if column is not None else columns is None for column in index.columns):
+            steps.append(("create_index", info.name, index.name, index.sql))
+            indexes[index.name] = list(index.columns)
+    cut_locked(conn, identity.name)
+    change, _ = write_change(conn, identity, shapes, steps, {info.name: shape_id}, indexes, steps, None, made_at)
+    shape = shapes.get(shape_id)
+    names = [f"{quote_ident(info.name)}.{quote_ident(column)}" for column in shape.columns]
+    values = [value_column(index) for index in range(len(names))]
+    follow = follows(conn).get(info.name.lower())
+    if follow is not None:  # its route after the widest image (agent/site/route.py)
+        names.append(follow.route([f"{quote_ident(info.name)}.{quote_ident(c)}" for c in follow.columns]))
+        values.append(value_column(2 * len(shape.columns)))
+    conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, {', '.join(values)}) SELECT {shape_id}, {KIND_INSERT},"
+                 f" {', '.join(names)} FROM {quote_ident(info.name)}")
+    rows = cut_locked(conn, identity.name)
+    return (change,) if rows == change else (change, rows)

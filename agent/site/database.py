@@ -39,9 +39,10 @@ from .apply import (
     list_conflicts,
     set_policy_locked,
 )
+from .apply.schema import record_conflict
 from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables
-from .changes import SchemaChangeResult, apply_schema_locked
-from .errors import InvalidSetting, SiteError
+from .changes import SchemaChangeResult, apply_schema_locked, send_new_article_locked
+from .errors import InvalidSetting, SchemaConflict, SiteError
 from .extract import Consolidated, extract_remote
 from .log import cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import (
@@ -180,8 +181,10 @@ class SiteDatabase:
                     follow_columns: Iterable[str] | None = None) -> Article:
         article = Article(table, None if columns is None else tuple(columns), subscribe_by, follows,
                           None if follow_columns is None else tuple(follow_columns))
-        with self._lock, self._write(f"publishing table {table!r}"):
-            return add_article_locked(self._conn, publication, article)
+        with self._lock, self._write(f"publishing table {table!r}"):  # and sending it (docs/site-database.md)
+            added = add_article_locked(self._conn, publication, article)
+            send_new_article_locked(self._conn, self._identity, publication, added.table, format_time(utc_now()))
+            return added
 
     def remove_article(self, table: str) -> None:
         with self._lock, self._write(f"unpublishing table {table!r}"):
@@ -292,27 +295,16 @@ class SiteDatabase:
 
     def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD,
                   piece: int | None = None, runs: bool = False) -> Iterator[tuple[int, Transaction]]:
-        """:meth:`read_log` for several subscribers at once, in one pass over
-        the log: ``reads`` are ``(subscriber, after, until)``; yields
-        ``(index, transaction)``, ``index`` into ``reads``, and for each
-        subscriber exactly the transactions ``read_log(subscriber, after,
-        until)`` yields, in commit order.  Subscribers' transactions of
-        one log transaction come together, by index.
-
-        Every range is checked before anything is read (raising as
-        :meth:`read_log` does).  Each capture row of the union of the ranges
-        is read once and offered only to the subscribers it can concern.
-        Memory holds one chunk of capture rows and the operations selected
-        from one log transaction, at most ``hold`` of them for all
-        subscribers together: a log transaction that selects more is read
-        for each subscriber in turn.  A single read is :meth:`read_log`.
-        With ``piece``, a log transaction read for one subscriber that
-        selects more than about ``piece`` operations comes in pieces
-        (``codec.ops.PartialTransaction``, then a plain ``Transaction``), so
-        none is held whole (docs/message-format.md, "Large transactions").
-        With ``runs``, INSERTs and DELETEs come bundled in runs
-        (codec.ops.Run, what a packer writes), not one by one.
-        """
+        """:meth:`read_log` for several subscribers in one pass over the log: ``reads`` are ``(subscriber,
+        after, until)``; yields ``(index, transaction)``, ``index`` into ``reads``, for each subscriber exactly
+        what ``read_log(subscriber, after, until)`` yields, in commit order (those of one log transaction
+        together).  Every range is checked first (raising as :meth:`read_log` does); each capture row is
+        read once and offered only to the subscribers it can concern.  Memory holds one chunk of capture
+        rows and at most ``hold`` operations of one log transaction (one that selects more is read for each
+        subscriber in turn).  With ``piece``, a log transaction read for one subscriber that selects more
+        than about ``piece`` operations comes in pieces (``codec.ops.PartialTransaction``, then a plain
+        ``Transaction``: docs/message-format.md, "Large transactions").  With ``runs``, INSERTs and
+        DELETEs come bundled in runs (codec.ops.Run, what a packer writes)."""
         reads = list(reads)
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
             readers = SubscriberReader.many_from_database(self._conn, self._identity, self._shapes,
@@ -497,11 +489,16 @@ class SiteDatabase:
         (the fault suite's proof that it notices).  A value beyond the
         recorded log_received is refused (it would skip transactions never
         applied)."""
-        with self._lock, self._write(f"applying transactions from {peer!r}"):
-            self._refresh_capture()
-            return self._applier.apply_locked(self._identity, peer, transactions, log_received, messages=messages,
-                                              peer_incarnation=peer_incarnation, now=now,
-                                              skip_through=skip_through)
+        try:
+            with self._lock, self._write(f"applying transactions from {peer!r}"):
+                self._refresh_capture()
+                return self._applier.apply_locked(self._identity, peer, transactions, log_received,
+                                                  messages=messages, peer_incarnation=peer_incarnation, now=now,
+                                                  skip_through=skip_through)
+        except SchemaConflict as conflict:  # all of it rolled back; recorded on its own, the stream waits
+            with self._lock, self._write(f"recording the schema conflict with {peer!r}"):
+                record_conflict(self._conn, peer, conflict, format_time(now or utc_now()))
+            raise
 
     def set_conflict_policy(self, table: str, policy: Resolution | str | None) -> None:
         """Per-table conflict policy at the consolidated (None: the default,

@@ -122,4 +122,10 @@ class SchemaRefused(SiteError):
 class SchemaConflict(SiteError):
     """A schema change from the consolidated does not apply to this site's
     tables as they are: nothing of its message was applied, and the stream
-    waits before it until the tables are mended."""
+    waits before it until the tables are mended.  ``commit``: the change's
+    offset in the peer's log; ``table``: the table concerned."""
+
+    def __init__(self, message: str, *, commit: int = 0, table: str | None = None) -> None:
+        super().__init__(message)
+        self.commit = commit
+        self.table = table

@@ -136,15 +136,23 @@ def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
 
 
 def _table_sql(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> str:
-    keep = _kept_keys(conn, plan, plans)
-    if not plan.subset:
-        return remote_definition(plan.info.sql, keep)
+    return published_table_sql(conn, plan.info, plan.columns, _kept_keys(conn, plan, plans))
+
+
+def published_table_sql(conn: sqlite3.Connection, info: TableInfo, columns: tuple[str, ...],
+                        keep: Callable[[ForeignKey], bool] = lambda key: False) -> str:
+    """The CREATE TABLE of ``info``'s table as a remote holds it: its own
+    text when every column is published, else rebuilt from ``columns``;
+    with the foreign keys ``keep`` keeps (by default none: a table sent
+    later by ``publication add`` names no parent the remote may lack)."""
+    if columns == info.columns:
+        return remote_definition(info.sql, keep)
     # Rebuild the definition from the published columns; table constraints
     # other than the key and the foreign keys kept (CHECK, UNIQUE) are not carried.
     definitions = []
     for _cid, name, declared, notnull, default, _pk, hidden in conn.execute(
-            f"PRAGMA table_xinfo({quote_ident(plan.info.name)})"):
-        if hidden or name not in plan.columns:
+            f"PRAGMA table_xinfo({quote_ident(info.name)})"):
+        if hidden or name not in columns:
             continue
         text = quote_ident(name) + (f" {declared}" if declared else "")
         if notnull:
@@ -152,11 +160,11 @@ def _table_sql(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> str
         if default is not None:
             text += f" DEFAULT ({default})"
         definitions.append(text)
-    definitions.append(f"PRIMARY KEY ({', '.join(quote_ident(c) for c in plan.info.key_columns)})")
+    definitions.append(f"PRIMARY KEY ({', '.join(quote_ident(c) for c in info.key_columns)})")
     definitions += [f"FOREIGN KEY ({', '.join(quote_ident(column) for column in key.columns)}) {key.clause}"
-                    for key in foreign_keys(plan.info.sql) if keep(key)]
-    return (f"CREATE TABLE {quote_ident(plan.info.name)} ({', '.join(definitions)})"
-            + (" WITHOUT ROWID" if plan.info.without_rowid else ""))
+                    for key in foreign_keys(info.sql) if keep(key)]
+    return (f"CREATE TABLE {quote_ident(info.name)} ({', '.join(definitions)})"
+            + (" WITHOUT ROWID" if info.without_rowid else ""))
 
 
 def _kept_keys(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> Callable[[ForeignKey], bool]:
@@ -436,14 +444,21 @@ def _create_index(copy: sqlite3.Connection, plan: _Plan, statement: str) -> None
     if not plan.subset:
         copy.execute(statement)
         return
-    copy.execute("SAVEPOINT fieldsync_index")
+    create_index_where_possible(copy, statement)
+
+
+def create_index_where_possible(conn: sqlite3.Connection, statement: str) -> None:
+    """Run ``statement``, a CREATE INDEX of the consolidated's, inside a
+    write transaction; an index that names a column this database does not
+    have (in its WHERE too) is left out."""
+    conn.execute("SAVEPOINT fieldsync_index")
     try:
-        copy.execute(statement)
+        conn.execute(statement)
     except sqlite3.OperationalError as error:
         if "no such column" not in str(error):
             raise
-        copy.execute("ROLLBACK TO fieldsync_index")
-    copy.execute("RELEASE fieldsync_index")
+        conn.execute("ROLLBACK TO fieldsync_index")
+    conn.execute("RELEASE fieldsync_index")
 
 
 def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[_Plan],  # type: ignore[no-untyped-def]

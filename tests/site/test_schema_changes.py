@@ -8,12 +8,12 @@ import pytest
 
 from agent.site import Article, SiteDatabase
 from agent.site.ddl import added_definition, split_statements
-from agent.site.errors import SchemaRefused, WrongRole
+from agent.site.errors import ApplyRefused, SchemaConflict, SchemaRefused, WrongRole
 from codec.changes import SchemaChange
-from codec.ops import change_of
+from codec.ops import Transaction, change_of
 from tests.old_layouts import back_to_layout
 
-from .conftest import app_connection, make_site
+from .conftest import app_connection, make_site, replicate
 
 CUSTOMER = "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, note TEXT)"
 ITEM = "CREATE TABLE item (id INTEGER PRIMARY KEY, label TEXT, secret TEXT)"
@@ -199,3 +199,152 @@ def test_a_site_of_layout_10_gains_the_record_of_schema_changes_when_opened(tmp_
     with SiteDatabase.open(path) as site:
         site.connection.execute(CUSTOMER)
         assert site.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT"]).offsets == (1,)
+
+
+# -- at a remote, in order with the data ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair(hq, tmp_path):
+    remote = SiteDatabase.open(tmp_path / "r1.db")
+    yield hq, remote
+    remote.close()
+
+
+def rows(site: SiteDatabase, query: str = "SELECT * FROM customer ORDER BY id") -> list[tuple]:
+    return site.connection.execute(query).fetchall()
+
+
+def columns_of(site: SiteDatabase, table: str = "customer") -> list[str]:
+    return [row[1] for row in site.connection.execute(f"PRAGMA table_info({table})")]
+
+
+def test_a_remote_offline_through_several_changes_applies_each_in_order_with_the_data(pair):
+    hq, r1 = pair
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer VALUES (3, 'north', 'Cy', 'old shape')")
+    hq.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT DEFAULT '-'"])
+    app.execute("UPDATE customer SET phone = '555' WHERE id = 3")
+    hq.apply_schema(["ALTER TABLE customer RENAME COLUMN note TO remark"])
+    app.execute("UPDATE customer SET remark = 'renamed' WHERE id = 1")
+    hq.apply_schema(["ALTER TABLE customer DROP COLUMN phone; CREATE INDEX customer_remark ON customer (remark)"])
+    app.close()
+    app = app_connection(hq)  # SQLite compiles a statement against the schema its connection read last
+    app.execute("INSERT INTO customer VALUES (4, 'north', 'Di', 'new shape')")
+    app.close()
+    result = replicate(hq, r1)
+    assert result.errors == 0 and r1.apply_errors() == ()
+    assert columns_of(r1) == ["id", "region", "name", "remark"]
+    assert rows(r1) == [(1, "north", "Ana", "renamed"), (3, "north", "Cy", "old shape"), (4, "north", "Di", "new shape")]
+    assert [row[0] for row in rows(r1, "SELECT commit_offset FROM fieldsync_schema_change ORDER BY 1")] == [
+        row[0] for row in rows(hq, "SELECT commit_offset FROM fieldsync_schema_change ORDER BY 1")]
+    assert "customer_remark" in [row[1] for row in r1.connection.execute("PRAGMA index_list(customer)")]
+    # It captures its own changes in the new shape, and the consolidated takes them.
+    r1.connection.execute("UPDATE customer SET remark = 'from r1' WHERE id = 4")
+    replicate(r1, hq)
+    assert rows(hq, "SELECT remark FROM customer WHERE id = 4") == [("from r1",)]
+
+
+def test_rows_a_remote_changed_in_the_old_shape_are_applied_in_the_new_one(pair):
+    hq, r1 = pair
+    r1.connection.execute("UPDATE customer SET note = 'by r1', name = 'Ana R' WHERE id = 1")
+    r1.connection.execute("INSERT INTO customer VALUES (5, 'north', 'Eve', 'inserted at r1')")
+    r1.connection.execute("UPDATE customer SET region = region WHERE id = 1")
+    hq.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT DEFAULT 'none'",
+                     "ALTER TABLE customer RENAME COLUMN note TO remark", "DROP INDEX customer_name",
+                     "ALTER TABLE customer DROP COLUMN name",
+                     "ALTER TABLE customer ADD COLUMN name2 TEXT"])
+    app = app_connection(hq)
+    app.execute("UPDATE customer SET phone = '111' WHERE id = 1")  # hq's own change beside r1's
+    app.close()
+    result = replicate(r1, hq)  # sent after the change was made at hq, in the shape r1 had
+    assert result.errors == 0 and hq.apply_errors() == ()
+    assert rows(hq, "SELECT id, remark, phone, name2 FROM customer WHERE id IN (1, 5) ORDER BY id") == [
+        (1, "by r1", "111", None), (5, "inserted at r1", "none", None)]
+    replicate(hq, r1)
+    assert rows(r1, "SELECT id, remark, phone FROM customer WHERE id IN (1, 5) ORDER BY id") == [
+        (1, "by r1", "111"), (5, "inserted at r1", "none")]
+
+
+def test_a_remote_whose_table_was_changed_by_hand_records_the_conflict_and_waits_before_the_change(pair):
+    hq, r1 = pair
+    app = app_connection(hq)
+    app.execute("UPDATE customer SET name = 'before the change' WHERE id = 1")
+    hq.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT"])
+    app.execute("UPDATE customer SET phone = '1' WHERE id = 1")
+    app.close()
+    r1.connection.execute("ALTER TABLE customer ADD COLUMN phone INTEGER")  # its own, made by hand
+    received = r1.remote("hq").log_received
+    for _ in range(2):  # each poll tries the message again
+        with pytest.raises(SchemaConflict, match="does not apply here: add column customer.phone"):
+            replicate(hq, r1)
+    assert r1.remote("hq").log_received == received
+    assert rows(r1, "SELECT name FROM customer WHERE id = 1") == [("Ana",)]  # the whole message rolled back
+    [error] = r1.apply_errors()
+    assert error.table == "customer" and "duplicate column name: phone" in error.problem
+    r1.connection.execute("ALTER TABLE customer DROP COLUMN phone")  # mended: the stream goes on
+    replicate(hq, r1)
+    assert rows(r1, "SELECT name, phone FROM customer WHERE id = 1") == [("before the change", "1")]
+
+
+def test_the_consolidated_takes_no_schema_change_from_a_remote(pair):
+    hq, _ = pair
+    change = SchemaChange((("drop_index", "customer", "x"),), (("customer", ("id", "region", "name", "note"),
+                                                                 ("id",)),))
+    with pytest.raises(ApplyRefused, match="a remote makes none"):
+        hq.apply("r1", [Transaction(5, "r1", (change,))], log_received=5)
+
+
+# -- a new table through the stream ---------------------------------------------------------------------------
+
+
+def test_a_table_published_after_extraction_reaches_the_remotes_with_their_rows(pair, tmp_path):
+    hq, r1 = pair
+    hq.apply_schema(["CREATE TABLE visit (id INTEGER PRIMARY KEY, region TEXT NOT NULL, at TEXT, cost REAL);"
+                     " CREATE INDEX visit_at ON visit (at); CREATE INDEX visit_cost ON visit (cost)"])
+    app = app_connection(hq)
+    app.executemany("INSERT INTO visit VALUES (?, ?, ?, ?)", [(1, "north", "mon", 1.5), (2, "south", "tue", 2.0),
+                                                              (3, "north", "wed", None)])
+    app.close()
+    hq.add_article("sales", "visit", columns=["region", "at"], subscribe_by="region")
+    app = app_connection(hq)
+    app.execute("INSERT INTO visit VALUES (4, 'north', 'thu', 9.0)")
+    app.close()
+    replicate(hq, r1)
+    assert r1.apply_errors() == ()
+    assert columns_of(r1, "visit") == ["id", "region", "at"]
+    assert rows(r1, "SELECT * FROM visit ORDER BY id") == [(1, "north", "mon"), (3, "north", "wed"), (4, "north", "thu")]
+    assert [row[1] for row in r1.connection.execute("PRAGMA index_list(visit)")] == ["visit_at"]
+    # r1 captures its own changes to it, and hq takes them.
+    r1.connection.execute("INSERT INTO visit VALUES (5, 'north', 'fri')")
+    replicate(r1, hq)
+    assert rows(hq, "SELECT * FROM visit WHERE id = 5") == [(5, "north", "fri", None)]
+
+
+def test_a_new_table_goes_nowhere_when_no_extracted_remote_subscribes(hq):
+    end = hq.scan()
+    hq.apply_schema(["CREATE TABLE visit (id INTEGER PRIMARY KEY, at TEXT)"])
+    hq.add_article("other", "visit")  # r3 subscribes to it, but was never extracted
+    assert hq.log_end() == end + 1  # the CREATE TABLE's own entry, no more
+
+
+def test_a_remote_that_holds_the_table_already_keeps_it(pair):
+    hq, r1 = pair
+    for site in (hq, r1):
+        site.connection.execute("CREATE TABLE tag (id INTEGER PRIMARY KEY, label TEXT)")
+    hq.connection.execute("INSERT INTO tag VALUES (1, 'red')")
+    hq.add_article("sales", "tag")
+    replicate(hq, r1)
+    assert rows(r1, "SELECT * FROM tag") == [(1, "red")] and r1.apply_errors() == ()
+
+
+def test_a_new_table_that_follows_its_parent_reaches_the_subscribers_of_the_parents(pair):
+    hq, r1 = pair
+    hq.apply_schema(["CREATE TABLE visit (id INTEGER PRIMARY KEY, customer_id INTEGER REFERENCES customer (id),"
+                     " at TEXT)"])
+    app = app_connection(hq)
+    app.executemany("INSERT INTO visit VALUES (?, ?, ?)", [(1, 1, "mon"), (2, 2, "tue"), (3, None, "wed")])
+    app.close()
+    hq.add_article("sales", "visit", follows="customer")
+    replicate(hq, r1)
+    assert rows(r1, "SELECT * FROM visit") == [(1, 1, "mon")]  # customer 1 is north, 2 south, 3 has none

@@ -27,6 +27,12 @@ Rules of this file:
   the pending rows at a remote), apply each transaction (fast path, else
   one operation at a time through the rules), send back by the
   unconfirmed rule, write what goes back, record ``log_received``.
+* A schema change (codec.changes) is a transaction of its own: at a
+  remote, schema.SchemaSteps runs it between the transactions before and
+  after it; the consolidated makes changes, it never receives one.  At
+  the consolidated, a remote's operations that name columns a change
+  renamed or dropped since are reshaped (reshape.Reshape) before they
+  are applied.
 * Fast path: consecutive operations with the same table, kind and columns
   run as one ``executemany`` inside a savepoint; if any row of it did not
   go as planned, the savepoint is rolled back and the run is replayed one
@@ -41,7 +47,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Iterable
 
-from codec.ops import OpKind, Operation, Run, Transaction
+from codec.ops import OpKind, Operation, Run, Transaction, change_of
 
 from .._db import format_time, utc_now
 from ..capture import ShapeCache
@@ -68,6 +74,8 @@ from .batch import (
 from .conflicts import Conflicts
 from .keymoves import KeyMoves, origin_changes, readdressed
 from .pending import Pending
+from .reshape import Reshape
+from .schema import SchemaSteps
 from .statements import Statements, refused_by_key
 from .unconfirmed import Unconfirmed
 
@@ -136,6 +144,8 @@ class Applier:
         self._conflicts = Conflicts(conn, statements, self.hooks)
         self._unconfirmed = Unconfirmed(conn, shapes, statements)
         self._pending = Pending(conn, shapes, statements, key_moves)
+        self._schema = SchemaSteps(conn, statements)
+        self._reshape = Reshape(conn)
 
     def apply_locked(self, identity: SiteIdentity, peer: str, transactions: Iterable[Transaction],
                      log_received: int, *, messages: int, peer_incarnation: bytes | None,
@@ -170,6 +180,8 @@ class Applier:
         statements.refresh()
         end = cut_locked(conn, identity.name)
         consolidated = identity.role is Role.CONSOLIDATED
+        if consolidated:
+            self._reshape.refresh()
         batch = Batch(peer, format_time(now or utc_now()))
         # Offsets of this site's log that the peer has not confirmed: at the
         # consolidated, operations the peer may receive after the changes in
@@ -207,6 +219,14 @@ class Applier:
                                    f"{log_received}; nothing applied")
             previous = commit
             batch.commit = commit
+            change = change_of(transaction)
+            if change is not None:
+                if consolidated:
+                    raise ApplyRefused(f"transaction {commit} from {peer!r} is a schema change: a remote makes "
+                                       "none; nothing applied")
+                self._schema.apply(peer, commit, change, batch.now)
+                applied += 1
+                continue
             self._apply_operations(transaction.ops, batch, consolidated)
             if batch.deferred:
                 self._settle(batch, consolidated)
@@ -362,6 +382,10 @@ class Applier:
         named = () if kind == OpKind.DELETE else (*first[4], *(first[3] or ()))
         missing = [column for column in named if column not in table.column_set]
         if missing:
+            reshaped = self._reshape.operations(table, run) if consolidated else None
+            if reshaped is not None:  # captured in an old shape: in the shape of now
+                self._apply_operations(reshaped, batch, consolidated)
+                return
             for op in run:
                 statements.error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
             return

@@ -1,0 +1,90 @@
+"""Rows a remote captured in an old shape, applied at the consolidated in
+the table's shape of now (docs/site-database.md, "Schema changes").
+
+Rules of this file:
+* A column an operation names that its table no longer has is followed
+  through the consolidated's history of changes: renamed, its value goes
+  to the new name; dropped, its value is dropped.  A retired name is never
+  given again (agent/site/changes.py), so such a name always means the
+  old column.
+* A column added since is not named: an INSERT gives it its default, an
+  UPDATE leaves it as it is.  An UPDATE left with nothing to write (it
+  wrote dropped columns only) changes nothing.
+* Only the consolidated reshapes: a remote applies its consolidated's log
+  in order, every row in the shape of its time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from codec.ops import OpKind
+
+from ..changes import history
+from .batch import Table
+
+_DROPPED = object()
+
+
+class Reshape:
+    """The consolidated's history of renamed and dropped columns, by table."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._seen: object = -1
+        self._moves: dict[str, list[list]] = {}
+
+    def refresh(self) -> None:
+        """Read the history again when a change was made since (once per batch)."""
+        top = self._conn.execute("SELECT max(commit_offset) FROM fieldsync_schema_change WHERE peer IS NULL"
+                                 ).fetchone()[0]
+        if top != self._seen:
+            self._seen = top
+            self._moves = {}
+            for step in history(self._conn):
+                if step[0] in ("rename_column", "drop_column"):
+                    self._moves.setdefault(step[1].lower(), []).append(step)
+
+    def operations(self, table: Table, ops: list) -> list | None:
+        """``ops`` (of ``table``, naming columns it no longer has) in its
+        shape of now; None when a name is not one its history retired."""
+        moves = self._moves.get(table.name.lower())
+        if not moves:
+            return None
+        names: dict[str, object] = {}
+        for op in ops:
+            for image in (op[3], op[4]):
+                for column in image or ():
+                    if column not in table.column_set and column not in names:
+                        names[column] = _follow(column, moves, table)
+                        if names[column] is None:
+                            return None
+        reshaped = []
+        for table_name, kind, key, before, after in ops:
+            before, after = _image(before, names), _image(after, names)
+            if kind == OpKind.UPDATE and not after:
+                continue  # it wrote only columns dropped since
+            reshaped.append((table_name, kind, key, before, after))
+        return reshaped
+
+
+def _follow(column: str, moves: list[list], table: Table) -> object:
+    """Where ``column`` went: a column of ``table`` now, _DROPPED, or None."""
+    current = column.lower()
+    for step in moves:
+        if step[2].lower() == current:
+            if step[0] == "drop_column":
+                return _DROPPED
+            current = step[3].lower()
+    return next((name for name in table.columns if name.lower() == current), None)
+
+
+def _image(image: dict | None, names: dict[str, object]) -> dict | None:
+    if image is None:
+        return None
+    result = {}
+    for column, value in image.items():
+        name = names.get(column, column)
+        if name is not _DROPPED:
+            result[name] = value  # type: ignore[index]
+    return result
