@@ -119,7 +119,8 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     """The payloads of the subscribers of ``group`` (every ``groups``-th
     send), then one ``("m", send index, transactions)`` per subscriber.
     A payload is ``("p", send index, resend_count, prev, last, seq,
-    raw_length, compressed, part)``."""
+    raw_length, compressed, part, version)`` (the version is the job's,
+    or 3 for a schema change: codec.packing)."""
     from pyspark import SparkFiles
 
     from agent.outbound import PackingPass
@@ -167,7 +168,7 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
         made += 1
         header = payload.header
         yield ("p", members[position], header.resend_count, header.prev, header.last, header.seq,
-               payload.raw_length, payload.compressed, payload.part)
+               payload.raw_length, payload.compressed, payload.part, payload.version)
     for position in range(len(members)):
         yield ("m", members[position], packing.transactions[position])
 
@@ -208,10 +209,9 @@ class _Writer:
         if record[0] == "m":
             self.transactions[index] = record[2]
             return
-        _, _, resend_count, prev, last, seq, raw_length, compressed, part = record
+        _, _, resend_count, prev, last, seq, raw_length, compressed, part, version = record
         subscriber = self.job["sends"][index]["subscriber"]
-        message = Payload(Header(resend_count, prev, last, seq), raw_length, compressed, part,
-                          self.job["message_format"]).frame(
+        message = Payload(Header(resend_count, prev, last, seq), raw_length, compressed, part, version).frame(
             keys=self.keys, recipient=subscriber, incarnation=self.incarnation, seal_to=self.seal_to[index])
         folder = self.output / "files" / subscriber
         if not self.files[index]:

@@ -66,7 +66,7 @@ class World:
             conn.execute(statement, parameters)
 
 
-def make_world(root: Path, agent: Agent) -> World:
+def make_world(root: Path, agent: Agent, article: str = "customer:id,region,name@region") -> World:
     for site in ("hq", "n1", "n2"):
         (root / "inbox" / site).mkdir(parents=True)
     hq = root / "hq.db"
@@ -76,7 +76,7 @@ def make_world(root: Path, agent: Agent) -> World:
         conn.executemany("INSERT INTO customer VALUES (?, ?, ?, ?)",
                          [(number, "n1" if number % 2 else "n2", f"customer {number}", "internal")
                           for number in range(1, 21)])
-    assert agent("publication", "create", hq, "territory", "customer:id,region,name@region").code == 0
+    assert agent("publication", "create", hq, "territory", article).code == 0
     for remote in ("n1", "n2"):
         assert agent("remote", "add", hq, remote, "--address", root / "inbox" / remote,
                      "--subscribe", f"territory={remote}").code == 0

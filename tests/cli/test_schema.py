@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Agent, World
+from .conftest import Agent, World, make_world, sync
 
 
 def columns(world: World, site: str, table: str = "customer") -> list[str]:
@@ -61,3 +61,69 @@ def test_unchecked_runs_a_data_statement_at_the_consolidated(agent: Agent, world
 def test_a_remote_cannot_make_a_schema_change(agent: Agent, world: World) -> None:
     result = agent("schema", "apply", world.n1, "ALTER TABLE customer ADD COLUMN phone TEXT")
     assert result.code == 1 and "made at the consolidated" in result.err
+
+
+# -- the acceptance scenario, from the CLI alone -----------------------------------------------------------------
+
+
+@pytest.fixture
+def whole(tmp_path: Path, agent: Agent) -> World:
+    """hq publishes customer whole (every column), SUBSCRIBE BY region; n1 and n2 extracted, in sync."""
+    world = make_world(tmp_path, agent, "customer@region")
+    sync(agent, world)
+    return world
+
+
+def test_a_remote_offline_through_a_new_column_and_a_new_table_catches_up_exactly(agent: Agent, whole: World) -> None:
+    world = whole
+    world.execute("n1", "UPDATE customer SET name = 'renamed at n1' WHERE id = 1")  # n1 goes offline with it
+    for statement in ("INSERT INTO customer VALUES (21, 'n1', 'before the change', NULL)",
+                      "CREATE TABLE visit (id INTEGER PRIMARY KEY, customer INTEGER NOT NULL, region TEXT NOT NULL,"
+                      " at TEXT)",
+                      "INSERT INTO visit VALUES (1, 1, 'n1', 'monday'), (2, 2, 'n2', 'monday')"):
+        world.execute("hq", statement)
+    changed = agent("schema", "apply", world.hq, "ALTER TABLE customer ADD COLUMN phone TEXT DEFAULT ''",
+                    "CREATE INDEX visit_at ON visit (at)")
+    assert changed.code == 0, changed.err
+    assert "added column customer.phone" in changed.out and "n1, n2" in changed.out
+    for statement in ("UPDATE customer SET phone = '555-0101' WHERE id = 1",
+                      "INSERT INTO customer VALUES (23, 'n1', 'after the change', NULL, '555-0123')",
+                      "INSERT INTO visit VALUES (3, 3, 'n1', 'tuesday')"):
+        world.execute("hq", statement)
+    published = agent("publication", "add", world.hq, "territory", "visit@region")
+    assert published.code == 0, published.err
+    world.execute("hq", "INSERT INTO visit VALUES (4, 21, 'n1', 'wednesday')")
+    world.execute("hq", "UPDATE visit SET at = 'friday' WHERE id = 1")
+    for _ in range(3):  # n1 stays offline through both changes
+        for database in (world.hq, world.n2):
+            assert agent("run", database, "--once").code == 0
+    assert [row[1] for row in world.rows("n2", "PRAGMA table_info(customer)")][-1] == "phone"
+    assert world.rows("n1", "SELECT count(*) FROM sqlite_master WHERE name = 'visit'") == [(0,)]
+    waiting = sorted(world.inbox("n1").glob("hq.n1.d.*.fsm"))
+    # The two changes travel alone in version-3 files, the data around them in version 2.
+    versions = [path.read_bytes()[4] for path in waiting]
+    assert versions.count(3) == 2 and set(versions) == {2, 3}
+
+    sync(agent, world)  # n1 back: it sends its update in the old shape, then catches up
+    for remote in ("n1", "n2"):
+        for table in ("customer", "visit"):
+            assert world.rows(remote, f"SELECT * FROM {table} ORDER BY id") == world.rows(
+                "hq", f"SELECT * FROM {table} WHERE region = '{remote}' ORDER BY id"), (remote, table)
+    assert world.rows("hq", "SELECT name, phone FROM customer WHERE id = 1") == [("renamed at n1", "555-0101")]
+    assert world.rows("n1", "SELECT id, at FROM visit ORDER BY id") == [(1, "friday"), (3, "tuesday"), (4, "wednesday")]
+    assert world.rows("n1", "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'visit'") == [
+        ("visit_at",)]
+    for site in ("hq", "n1", "n2"):
+        assert world.rows(site, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)], site
+
+    world.execute("n1", "UPDATE customer SET phone = '555-0999' WHERE id = 23")
+    world.execute("n1", "INSERT INTO visit VALUES (5, 23, 'n1', 'sunday')")
+    sync(agent, world)
+    assert world.rows("hq", "SELECT phone FROM customer WHERE id = 23") == [("555-0999",)]
+    assert world.rows("hq", "SELECT at FROM visit WHERE id = 5") == [("sunday",)]
+
+    before = world.rows("hq", "SELECT sql FROM sqlite_master ORDER BY name")
+    refused = agent("schema", "apply", world.hq, "DROP TABLE customer")
+    assert refused.code == 1 and len(refused.err_lines) == 1, refused.err
+    assert "dropping a published table is refused" in refused.err
+    assert world.rows("hq", "SELECT sql FROM sqlite_master ORDER BY name") == before

@@ -129,6 +129,29 @@ def test_a_range_across_subscription_changes_is_byte_identical_to_the_agent(spar
     site.close()
 
 
+def test_a_range_across_a_schema_change_is_byte_identical_to_the_agent(spark, tmp_path):
+    """A schema change in the range (docs/site-database.md, "Schema
+    changes") travels alone in a version-3 file from the job as from the
+    agent, with the data before it in the old shape and after it in the new."""
+    site = build_world(tmp_path, 3_000, 4, seed=11)
+    app = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 7 = 0")
+    site.apply_schema(["ALTER TABLE orders ADD COLUMN promo TEXT DEFAULT 'none'",
+                       "ALTER TABLE product ADD COLUMN weight REAL"])
+    app.execute("UPDATE orders SET promo = 'spring' WHERE id % 5 = 0")
+    end = site.scan()
+    app.close()
+    sends = [BatchSend(name, 0, end, 0) for name in subscriber_names(4)]
+    export_batch(site, sends, tmp_path / "export", max_size=MAX_SIZE)
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(site))
+    for send in sends:
+        expected = agent_files(site, send)
+        assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
+        versions = {(tmp_path / "out" / "files" / send.subscriber / name).read_bytes()[4] for name in expected}
+        assert versions == {2, 3}, send.subscriber
+    site.close()
+
+
 def test_a_subscriber_with_nothing_in_its_range_gets_a_manifest_and_no_file(world, spark, tmp_path):
     end = world.log_end()
     start = middle_commit(world, 0.5)
