@@ -306,9 +306,10 @@ class Transaction:
 
 
 def change_of(transaction: Transaction) -> SchemaChange | None:
-    """The schema change ``transaction`` carries, if it is one."""
+    """The schema change ``transaction`` carries, if it is one (a group's
+    transaction, whose ``ops`` come as they are read, never is)."""
     ops = transaction.ops
-    if len(ops) == 1 and type(ops[0]) is SchemaChange:
+    if type(ops) is tuple and len(ops) == 1 and type(ops[0]) is SchemaChange:
         return ops[0]
     return None
 

@@ -336,11 +336,16 @@ class ShapeTable:
         return iter(self._shapes.values())
 
 
-def install_moves(conn: sqlite3.Connection) -> None:
-    """(Re)create the move triggers of every followed table (agent/site/route.py)."""
+def drop_moves(conn: sqlite3.Connection) -> None:
+    """Drop the move triggers of every followed table (install_moves makes them again)."""
     for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ?",
                                 (MOVE_PREFIX + "%",)).fetchall():
         conn.execute(f"DROP TRIGGER {quote_ident(name)}")
+
+
+def install_moves(conn: sqlite3.Connection) -> None:
+    """(Re)create the move triggers of every followed table (agent/site/route.py)."""
+    drop_moves(conn)
     for statement in move_statements(conn, value_column):
         conn.execute(statement)
 

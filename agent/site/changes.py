@@ -28,13 +28,14 @@ from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
 from ._db import quote_ident
-from .capture import KIND_INSERT, KIND_SCHEMA, ShapeCache, drop_capture, refresh_changed_tables, table_info, value_column
+from .capture import (KIND_INSERT, KIND_SCHEMA, ShapeCache, drop_capture, drop_moves, refresh_changed_tables,
+                      table_info, value_column)
 from .change_rows import SCHEMA_SHAPE, row_value, subscriber_change
 from .ddl import Action, actions, differences, read_schema, split_statements
 from .errors import InvalidSetting, SchemaRefused, WrongRole
 from .log import cut_locked
 from .extract import published_table_sql
-from .route import MOVE_PREFIX, follows
+from .route import follows
 from .schema import Role, SiteIdentity
 
 
@@ -117,11 +118,9 @@ def apply_schema_locked(conn: sqlite3.Connection, identity: SiteIdentity, script
             raise SchemaRefused(f"{where}: {error}") from None
         if writes:
             writer.flush()  # a change before it goes first; its rows are captured in the shape of now
-        for table in altered:
-            drop_capture(conn, table)  # SQLite refuses to drop a column a trigger names
-        for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ?",
-                                    (MOVE_PREFIX + "%",)).fetchall() if altered else ():
-            conn.execute(f"DROP TRIGGER {quote_ident(name)}")  # made again with the capture
+        for table in altered:  # SQLite refuses to drop a column a trigger names: made again below
+            drop_capture(conn, table)
+            drop_moves(conn)
         before = read_schema(conn)
         try:
             conn.execute(statement).fetchall()
@@ -131,7 +130,8 @@ def apply_schema_locked(conn: sqlite3.Connection, identity: SiteIdentity, script
         for step in differences(before, after):
             _check(step, catalogue, retired, where)
             writer.add(step)
-        writer.statements.append(statement)
+        if not writes:
+            writer.statements.append(statement)  # the change's record; a data statement's rows are the log's
         refresh_changed_tables(conn)
         if writes:
             cut_locked(conn, identity.name)  # the statement's rows, a log transaction of their own
@@ -259,7 +259,7 @@ class _ChangeWriter:
                 continue
             if step[0] == "create_index":
                 indexes[step[2]] = list(step[4])
-            published.append(step[:4] if step[0] == "create_index" else step[:3] if step[0] == "drop_index" else step)
+            published.append(_wire(step))
         shape_ids = {step[1]: conn.execute("SELECT shape FROM fieldsync_article WHERE table_name = ?",
                                            (step[1],)).fetchone()[0] for step in published}
         offset, value = write_change(conn, self.identity, self.shapes, published, shape_ids, indexes,
@@ -285,6 +285,16 @@ class _ChangeWriter:
 
 # The steps a change sends (docs/message-format.md, "Schema changes").
 _SENT = frozenset({"add_column", "rename_column", "drop_column", "create_index", "drop_index"})
+
+
+def _wire(step: tuple) -> tuple:
+    """A step of ddl.differences as it travels: an index's without the
+    columns it uses (the capture row keeps them apart)."""
+    if step[0] == "create_index":
+        return step[:4]
+    if step[0] == "drop_index":
+        return step[:3]
+    return step
 
 
 def write_change(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, published: list[tuple],
