@@ -3,6 +3,7 @@ what it refuses, its exit codes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,20 @@ def test_a_remote_offline_through_a_new_column_and_a_new_table_catches_up_exactl
     assert refused.code == 1 and len(refused.err_lines) == 1, refused.err
     assert "dropping a published table is refused" in refused.err
     assert world.rows("hq", "SELECT sql FROM sqlite_master ORDER BY name") == before
+
+
+def test_a_remote_whose_table_was_changed_by_hand_waits_before_the_change_until_mended(agent: Agent, whole: World) -> None:
+    world = whole
+    world.execute("n1", "ALTER TABLE customer RENAME COLUMN name TO nom")  # made by hand at n1
+    assert agent("schema", "apply", world.hq, "ALTER TABLE customer ADD COLUMN phone TEXT").code == 0
+    world.execute("hq", "UPDATE customer SET phone = '555' WHERE id = 1")
+    assert agent("run", world.hq, "--once").code == 0
+    for _ in range(2):  # each run tries again, and says why in one line
+        stopped = agent("run", world.n1, "--once")
+        assert stopped.code == 1 and "after it, customer must have the columns" in stopped.err, stopped.err
+    status = json.loads(agent("status", world.n1, "--json").out)
+    assert status["apply_errors_open"] == 1  # recorded once
+    assert "phone" not in [row[1] for row in world.rows("n1", "PRAGMA table_info(customer)")]  # rolled back
+    world.execute("n1", "ALTER TABLE customer RENAME COLUMN nom TO name")  # mended
+    sync(agent, world)
+    assert world.rows("n1", "SELECT id, phone FROM customer WHERE id = 1") == [(1, "555")]
