@@ -22,7 +22,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "init": ("agent.cli.init", "init", "Make a SQLite database a site with fresh keys."),
     "key": ("agent.cli.key", "key", "Print a site's public key line; find or check its secret key file."),
     "publication": ("agent.cli.publication", "publication", "Create, extend and list publications."),
-    "schema": ("agent.cli.schema", "schema", "Change the schema at the consolidated and, in the streams, at the remotes."),
+    "schema": ("agent.cli.schema", "schema", "Change the schema at the consolidated and, through the streams, "
+                                             "at the remotes."),
     "site": ("agent.cli.site", "site", "Change a site's own inbox, reply address and transport settings."),
     "remote": ("agent.cli.remote", "remote", "Add, change, subscribe, list and remove remote users; ack their errors."),
     "extract": ("agent.cli.extract", "extract", "Make a remote's database from the consolidated (dbxtract)."),

@@ -8,6 +8,7 @@ and return and the errors they raise.  See ``docs/site-database.md``.
 """
 
 from .apply import ApplyErrorRecord, ApplyResult, Conflict, ConflictHook, ConflictRecord, Resolution
+from .changes import SchemaChangeResult
 from .database import SiteDatabase
 from .errors import (
     AlreadyASite,
@@ -22,6 +23,8 @@ from .errors import (
     NotASite,
     PublicationError,
     RemoteExists,
+    SchemaConflict,
+    SchemaRefused,
     SecretInDatabase,
     SiteBusy,
     SiteDatabaseError,
@@ -43,9 +46,10 @@ from .schema import Role, SiteIdentity
 __all__ = [
     "Site", "SiteDatabase", "open_site", "init_site", "is_uri", "SiteIdentity", "Role", "Article", "Publication", "Subscription", "LoggedOperation",
     "RemoteUser", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "ApplyErrorRecord", "Resolution",
-    "ExtractResult", "RemoteKeys",
+    "ExtractResult", "RemoteKeys", "SchemaChangeResult",
     "SiteError", "AlreadyASite", "ApplyRefused", "ConflictHookFailed", "ExtractionError", "IncarnationMismatch",
     "InvalidSetting", "InvariantViolation", "LogOffsetError", "LogTruncated", "NotASite", "PublicationError",
-    "RemoteExists", "SecretInDatabase", "SiteBusy", "SiteDatabaseError", "UnknownPublication", "UnknownRemote",
+    "RemoteExists", "SchemaConflict", "SchemaRefused", "SecretInDatabase", "SiteBusy", "SiteDatabaseError",
+    "UnknownPublication", "UnknownRemote",
     "UnpublishableTable", "UnsupportedSiteVersion", "WrongRole",
 ]

@@ -333,8 +333,9 @@ def send_new_article_locked(conn: sqlite3.Connection, identity: SiteIdentity, pu
     its rows as an INSERT, which readers select for each subscriber as any
     INSERT.  Returns the two commit offsets (none: no such remote)."""
     if identity.role is not Role.CONSOLIDATED or conn.execute(
-            "SELECT 1 FROM fieldsync_subscription s JOIN fieldsync_remote r ON r.name = s.remote WHERE s.publication = ?"
-            " AND s.until IS NULL AND r.peer_incarnation IS NOT NULL", (publication,)).fetchone() is None:
+            "SELECT 1 FROM fieldsync_subscription s JOIN fieldsync_remote r ON r.name = s.remote"
+            " WHERE s.publication = ? AND s.until IS NULL AND r.peer_incarnation IS NOT NULL",
+            (publication,)).fetchone() is None:
         return ()
     shapes = ShapeCache(conn)
     info = table_info(conn, table)

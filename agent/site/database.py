@@ -178,12 +178,12 @@ class SiteDatabase:
 
     def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
                     subscribe_by: str | None = None, follows: str | None = None,
-                    follow_columns: Iterable[str] | None = None) -> Article:
+                    follow_columns: Iterable[str] | None = None, now: datetime | None = None) -> Article:
         article = Article(table, None if columns is None else tuple(columns), subscribe_by, follows,
                           None if follow_columns is None else tuple(follow_columns))
         with self._lock, self._write(f"publishing table {table!r}"):  # and sending it (docs/site-database.md)
             added = add_article_locked(self._conn, publication, article)
-            send_new_article_locked(self._conn, self._identity, publication, added.table, format_time(utc_now()))
+            send_new_article_locked(self._conn, self._identity, publication, added.table, format_time(now or utc_now()))
             return added
 
     def remove_article(self, table: str) -> None:

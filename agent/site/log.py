@@ -148,7 +148,8 @@ def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int
 
 
 def iter_capture_returned(conn: sqlite3.Connection, after: int, until: int, *, value_columns: int,
-                          lock: threading.RLock | None = None) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
+                          lock: threading.RLock | None = None
+                          ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
     """:func:`iter_capture` of every row (unselected), each chunk with the
     listed columns of its rows written back to their origin, by seq."""
     guard: ContextManager = lock if lock is not None else nullcontext()

@@ -130,7 +130,8 @@ def test_a_remote_offline_through_a_new_column_and_a_new_table_catches_up_exactl
     assert world.rows("hq", "SELECT sql FROM sqlite_master ORDER BY name") == before
 
 
-def test_a_remote_whose_table_was_changed_by_hand_waits_before_the_change_until_mended(agent: Agent, whole: World) -> None:
+def test_a_remote_whose_table_was_changed_by_hand_waits_before_the_change_until_mended(agent: Agent,
+                                                                                       whole: World) -> None:
     world = whole
     world.execute("n1", "ALTER TABLE customer RENAME COLUMN name TO nom")  # made by hand at n1
     assert agent("schema", "apply", world.hq, "ALTER TABLE customer ADD COLUMN phone TEXT").code == 0

@@ -96,8 +96,9 @@ def check_rebuilt(root, rebuilt, as_json):
         assert data[:60] == old[:60]
         fresh = decode_message(data, source=name, keyring=keyring, recipient="field1", recipient_keys=field)
         stored = decode_message(old, source=name, keyring=keyring, recipient="field1", recipient_keys=field)
-        assert fresh == stored or (fresh.transactions is not None and fresh.version == stored.version and
-                                   [as_json(t) for t in fresh.transactions] == [as_json(t) for t in stored.transactions])
+        same = fresh.transactions is not None and fresh.version == stored.version and (
+            list(map(as_json, fresh.transactions)) == list(map(as_json, stored.transactions)))
+        assert fresh == stored or same
 
 
 @pytest.mark.parametrize("version_folder", sorted(p.name for p in ROOT.parent.iterdir() if p.is_dir()))

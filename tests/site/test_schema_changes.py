@@ -90,7 +90,8 @@ def test_a_column_subset_keeps_what_it_does_not_publish(hq):
     """item publishes label only: a column added to it, a rename or a drop
     of an unpublished column and an index on one stay at the consolidated;
     an index on a published column is sent."""
-    result = hq.apply_schema(["ALTER TABLE item ADD COLUMN cost REAL", "ALTER TABLE item RENAME COLUMN secret TO hidden",
+    result = hq.apply_schema(["ALTER TABLE item ADD COLUMN cost REAL",
+                              "ALTER TABLE item RENAME COLUMN secret TO hidden",
                               "CREATE INDEX item_cost ON item (cost)", "CREATE INDEX item_label ON item (label)",
                               "ALTER TABLE item DROP COLUMN hidden"])
     assert result.published == ("item",)
@@ -142,7 +143,8 @@ def test_a_retired_column_name_is_not_given_again(hq):
         hq.apply_schema(["ALTER TABLE customer ADD COLUMN note TEXT"])
     hq.apply_schema(["ALTER TABLE customer DROP COLUMN remark"])
     with pytest.raises(SchemaRefused, match="customer.remark was a column"):
-        hq.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT; ALTER TABLE customer RENAME COLUMN phone TO remark"])
+        hq.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT",
+                         "ALTER TABLE customer RENAME COLUMN phone TO remark"])
 
 
 def test_unchecked_runs_data_statements_in_order_around_the_change(hq):
@@ -235,7 +237,8 @@ def test_a_remote_offline_through_several_changes_applies_each_in_order_with_the
     result = replicate(hq, r1)
     assert result.errors == 0 and r1.apply_errors() == ()
     assert columns_of(r1) == ["id", "region", "name", "remark"]
-    assert rows(r1) == [(1, "north", "Ana", "renamed"), (3, "north", "Cy", "old shape"), (4, "north", "Di", "new shape")]
+    assert rows(r1) == [(1, "north", "Ana", "renamed"), (3, "north", "Cy", "old shape"),
+                        (4, "north", "Di", "new shape")]
     assert [row[0] for row in rows(r1, "SELECT commit_offset FROM fieldsync_schema_change ORDER BY 1")] == [
         row[0] for row in rows(hq, "SELECT commit_offset FROM fieldsync_schema_change ORDER BY 1")]
     assert "customer_remark" in [row[1] for row in r1.connection.execute("PRAGMA index_list(customer)")]
@@ -313,7 +316,8 @@ def test_a_table_published_after_extraction_reaches_the_remotes_with_their_rows(
     replicate(hq, r1)
     assert r1.apply_errors() == ()
     assert columns_of(r1, "visit") == ["id", "region", "at"]
-    assert rows(r1, "SELECT * FROM visit ORDER BY id") == [(1, "north", "mon"), (3, "north", "wed"), (4, "north", "thu")]
+    assert rows(r1, "SELECT * FROM visit ORDER BY id") == [(1, "north", "mon"), (3, "north", "wed"),
+                                                           (4, "north", "thu")]
     assert [row[1] for row in r1.connection.execute("PRAGMA index_list(visit)")] == ["visit_at"]
     # r1 captures its own changes to it, and hq takes them.
     r1.connection.execute("INSERT INTO visit VALUES (5, 'north', 'fri')")
