@@ -28,6 +28,7 @@ from codec.ops import Transaction
 
 from .apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution
 from .capture import Shape
+from .changes import SchemaChangeResult
 from .publications import Article, Publication, Subscription, Value
 from .reading import LoggedOperation
 from .remotes import NewRemote, RemoteFilter, RemoteUser
@@ -75,7 +76,10 @@ class Site(Protocol):
 
     def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
                     subscribe_by: str | None = None, follows: str | None = None,
-                    follow_columns: Iterable[str] | None = None) -> Article: ...
+                    follow_columns: Iterable[str] | None = None, now: datetime | None = None) -> Article:
+        """Publish ``table`` in ``publication``; the remotes already extracted
+        that subscribe to it get the table and its rows through their
+        streams (docs/site-database.md, "Schema changes")."""
 
     def remove_article(self, table: str) -> None:
         """Stop publishing ``table`` (its capture triggers are dropped)."""
@@ -105,6 +109,13 @@ class Site(Protocol):
         extracted remote gets DELETEs of the rows that leave its subset."""
 
     def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]: ...
+
+    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False,
+                     now: datetime | None = None) -> SchemaChangeResult:
+        """Run the SQL of ``scripts`` at the consolidated as one schema change
+        that reaches the remotes holding its tables in order with the data
+        (docs/site-database.md, "Schema changes"); SchemaRefused, and
+        nothing changed, for what it may not do."""
 
     # --- the log ----------------------------------------------------------------------
 

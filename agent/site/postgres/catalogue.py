@@ -147,3 +147,17 @@ def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
                                              subscribe_by))
     return tuple(Publication(name, tuple(sorted(items, key=lambda item: _table_order(item.table))))
                  for name, items in articles.items())
+
+
+def refuse_sending_tables(conn: psycopg.Connection, publication: str, table: str) -> None:
+    """A table published where a remote already extracted subscribes would
+    have to reach it through its stream (the SQLite consolidated sends the
+    table and its rows: docs/site-database.md, "Schema changes"); not yet
+    on PostgreSQL, so refused in one line with nothing changed."""
+    found = conn.execute("SELECT s.remote FROM fieldsync.subscription s JOIN fieldsync.remote r ON r.name = s.remote"
+                         " WHERE s.publication = %s AND s.until IS NULL AND r.peer_incarnation IS NOT NULL"
+                         " ORDER BY s.remote LIMIT 1", (publication,)).fetchone()
+    if found is not None:
+        raise NotYetOnPostgres(f"cannot publish {table!r} in {publication!r}: remote {found[0]!r} subscribes to it "
+                               "and was extracted, and sending a new table through the stream is not yet built on "
+                               "PostgreSQL; publish it before extracting, or extract the remotes again")

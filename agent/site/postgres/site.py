@@ -179,10 +179,11 @@ class PostgresSite:
 
     def add_article(self, publication: str, table: str, *, columns: Iterable[str] | None = None,
                     subscribe_by: str | None = None, follows: str | None = None,
-                    follow_columns: Iterable[str] | None = None) -> Article:
+                    follow_columns: Iterable[str] | None = None, now: datetime | None = None) -> Article:
         article = Article(table, None if columns is None else tuple(columns), subscribe_by, follows,
                           None if follow_columns is None else tuple(follow_columns))
         with self._transaction(f"publishing table {table!r}") as conn:
+            catalogue.refuse_sending_tables(conn, publication, table)
             return catalogue.add_article(conn, self.target, publication, article)
 
     def remove_article(self, table: str) -> None:

@@ -218,3 +218,22 @@ def test_an_extracted_remote_s_subscriptions_cannot_change_yet(sales):
         sales.unsubscribe("north1", "sales", "north")
     assert not sales.subscribe("north1", "sales", "north").changed  # held already: nothing to change
     assert [item.value for item in sales.subscriptions("north1")] == ["north"]
+
+
+def test_a_table_published_where_an_extracted_remote_subscribes_is_refused_for_now(hq, app) -> None:
+    """The SQLite consolidated sends such a table through the stream; the
+    PostgreSQL one does not yet, so it refuses rather than leave the remote
+    without the table."""
+    from agent.site.postgres.errors import NotYetOnPostgres
+
+    app.execute("CREATE TABLE visit (id integer PRIMARY KEY, note text)")
+    hq.add_remote("r1", address="inbox/r1")
+    hq.subscribe("r1", "p")
+    hq.update_remote("r1", peer_incarnation=bytes(range(16)))  # as extraction records it
+    with pytest.raises(NotYetOnPostgres, match="remote 'r1' subscribes to it and was extracted"):
+        hq.add_article("p", "visit")
+    assert [article.table for article in hq.publications()[0].articles] == ["customer"]
+    hq.add_remote("r2", address="inbox/r2")  # never extracted: nothing to send it
+    hq.create_publication("q")
+    hq.subscribe("r2", "q")
+    assert hq.add_article("q", "visit").table == "visit"
