@@ -44,7 +44,7 @@ from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_chang
 from .changes import SchemaChangeResult, apply_schema_locked, send_new_article_locked
 from .errors import InvalidSetting, SchemaConflict, SiteError
 from .extract import Consolidated, extract_remote
-from .log import cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
+from .log import SqliteLog, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import (
     Article,
     Publication,
@@ -96,6 +96,7 @@ class SiteDatabase:
         self.path = path
         self._lock = threading.RLock()
         self._shapes = ShapeCache(conn)
+        self._source = SqliteLog(conn, self._lock)  # the log as agent.site.reading reads it
         self._applier = Applier(conn, self._shapes)
         self._schema_seen = -1
         with sqlite_errors(f"reading the identity of {path}"):
@@ -286,12 +287,12 @@ class SiteDatabase:
         operation by operation.
         """
         reader, until = self._reader(subscriber, after, until)
-        return read_transactions(self._conn, reader, after, until, lock=self._lock)
+        return read_transactions(self._source, reader, after, until)
 
     def read_log_ops(self, subscriber: str, after: int, until: int | None = None) -> Iterator[LoggedOperation]:
         """Like :meth:`read_log`, one ``(commit, origin, operation)`` at a time."""
         reader, until = self._reader(subscriber, after, until)
-        return read_operations(self._conn, reader, after, until, lock=self._lock)
+        return read_operations(self._source, reader, after, until)
 
     def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD,
                   piece: int | None = None, runs: bool = False) -> Iterator[tuple[int, Transaction]]:
@@ -313,14 +314,14 @@ class SiteDatabase:
             ranges = []
             for _, after, until in reads:
                 if (after, until) not in resolved:
-                    resolved[after, until] = resolve_range(self._conn, after, until)
+                    resolved[after, until] = resolve_range(self._source, after, until)
                 ranges.append((after, resolved[after, until]))
-        return read_fanout(self._conn, readers, ranges, lock=self._lock, hold=hold, piece=piece)
+        return read_fanout(self._source, readers, ranges, hold=hold, piece=piece)
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):
             reader = SubscriberReader.from_database(self._conn, self._identity, self._shapes, subscriber)
-            return reader, resolve_range(self._conn, after, until)
+            return reader, resolve_range(self._source, after, until)
 
     # --- batch export (docs/spark.md) ------------------------------------------------
 
@@ -335,7 +336,7 @@ class SiteDatabase:
     def check_log_range(self, after: int, until: int) -> None:
         """Raise as :meth:`read_log` would for the range ``(after, until]``."""
         with self._lock, self._read("checking a log range"):
-            resolve_range(self._conn, after, until)
+            resolve_range(self._source, after, until)
 
     def read_capture(self, after: int, until: int, *, value_columns: int
                      ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:

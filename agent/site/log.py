@@ -22,8 +22,9 @@ import logging
 import sqlite3
 import threading
 from contextlib import nullcontext
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import ContextManager, Iterator
+from typing import ContextManager, Generator, Iterator
 
 from .errors import LogOffsetError, LogTruncated
 
@@ -105,7 +106,8 @@ def check_boundary(conn: sqlite3.Connection, offset: int, what: str) -> None:
 
 def iter_capture(conn: sqlite3.Connection, after: int, until: int, *, chunk: int | None = None,
                  lock: threading.RLock | None = None, skip_origin: str | None = None,
-                 keep_flag: int = 0, value_columns: int | None = None) -> Iterator[tuple[int, str, list[tuple]]]:
+                 keep_flag: int = 0, value_columns: int | None = None
+                 ) -> Generator[tuple[int, str, list[tuple]], None, None]:
     """Yield ``(commit_offset, origin, rows)`` for the log transactions in
     ``(after, until]``, in log order: the capture rows of one log
     transaction in seq order, at most ``chunk`` of them at a time (a large
@@ -201,6 +203,29 @@ def _iter_commits(conn: sqlite3.Connection, after: int, until: int, chunk: int,
             return
         yield from rows
         position = rows[-1][0]
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteLog:
+    """A SQLite site's log as agent.site.reading reads it (its
+    ``CaptureSource``): the functions above over one connection, each chunk
+    read under ``lock``, the lock that serialises every use of it."""
+
+    conn: sqlite3.Connection
+    lock: threading.RLock
+
+    def log_end(self) -> int:
+        with self.lock:
+            return log_end(self.conn)
+
+    def check_boundary(self, offset: int, what: str) -> None:
+        with self.lock:
+            check_boundary(self.conn, offset, what)
+
+    def iter_capture(self, after: int, until: int, *, skip_origin: str | None = None, keep_flag: int = 0,
+                     value_columns: int | None = None) -> Generator[tuple[int, str, list[tuple]], None, None]:
+        return iter_capture(self.conn, after, until, lock=self.lock, skip_origin=skip_origin, keep_flag=keep_flag,
+                            value_columns=value_columns)
 
 
 #: A remote-user row's horizon (docs/protocol.md, rule 8; RemoteUser.horizon):

@@ -1,27 +1,30 @@
 """Reading the log for subscribers: ranges, transactions (whole or in
-pieces) and one pass for many subscribers.
+pieces) and one pass for many subscribers, over either backend's log.
 
 Rules of this file:
 * Both bounds of a read are commit boundaries (:func:`resolve_range`), so
   transactions are never cut; memory holds one chunk of capture rows and
   what is selected from one log transaction (or one piece of it).
 * Selection is agent.site.selection's, folding agent.site.folding's: this
-  file only drives them over agent.site.log.iter_capture.
+  file only drives them over a :class:`CaptureSource`, a backend's log
+  (agent.site.log.SqliteLog, agent.site.postgres.log.PgLog).  Nothing here
+  knows which backend it reads.
+* Commit offsets are integers that grow with the log: SQLite's are the seq
+  of a log transaction's last capture row, PostgreSQL's number the log
+  transactions 1, 2, 3, ...  Either way ``(commit - 1, commit]`` holds the
+  one log transaction ``commit`` and nothing else.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 from itertools import islice
-from typing import Iterator, NamedTuple
+from typing import Generator, Iterator, NamedTuple, Protocol
 
 from codec.changes import SchemaChange
 from codec.ops import Operation, PartialTransaction, Transaction, op_count
 
 from .folding import FOLD_WINDOW, _Folder, make_transaction
 from .errors import LogOffsetError
-from .log import check_boundary, iter_capture, log_end
 from .selection import FANOUT_HOLD, Fanout, SubscriberReader
 
 
@@ -32,23 +35,45 @@ class LoggedOperation(NamedTuple):
     origin: str
     operation: Operation
 
-def resolve_range(conn: sqlite3.Connection, after: int, until: int | None) -> int:
-    check_boundary(conn, after, "start offset")
-    end = log_end(conn)
+
+class CaptureSource(Protocol):
+    """A backend's log as the readers here see it."""
+
+    def log_end(self) -> int:
+        """The commit offset of the last log transaction (0 for an empty log)."""
+
+    def check_boundary(self, offset: int, what: str) -> None:
+        """Raise (LogOffsetError, LogTruncated) unless ``offset`` is 0, the
+        truncation point or a commit offset; ``what`` names it in the line."""
+
+    def iter_capture(self, after: int, until: int, *, skip_origin: str | None = None, keep_flag: int = 0,
+                     value_columns: int | None = None) -> Generator[tuple[int, str, list[tuple]], None, None]:
+        """``(commit, origin, rows)`` for the log transactions in ``(after,
+        until]`` in log order, a chunk of one log transaction at a time, rows
+        ``(seq, shape, kind, flags, v0, ...)`` with the values as they
+        travel; log transactions of ``skip_origin`` left out but their rows
+        with a flag in ``keep_flag``; at least ``value_columns`` values a row
+        (None: all of them)."""
+
+
+def resolve_range(source: CaptureSource, after: int, until: int | None) -> int:
+    source.check_boundary(after, "start offset")
+    end = source.log_end()
     if until is None:
         until = end
     else:
         if until > end:
             raise LogOffsetError(f"end offset {until} lies beyond the log end {end}")
-        check_boundary(conn, until, "end offset")
+        source.check_boundary(until, "end offset")
     if until < after:
         raise LogOffsetError(f"end offset {until} lies before start offset {after}")
     return until
 
-def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
-                    lock: threading.RLock | None = None) -> Iterator[LoggedOperation]:
-    for commit, origin, rows in iter_capture(conn, after, until, lock=lock, skip_origin=reader.subscriber,
-                                             keep_flag=reader.returned_flag, value_columns=reader.value_columns):
+def read_operations(source: CaptureSource, reader: SubscriberReader, after: int, until: int
+                    ) -> Iterator[LoggedOperation]:
+    for commit, origin, rows in source.iter_capture(after, until, skip_origin=reader.subscriber,
+                                                    keep_flag=reader.returned_flag,
+                                                    value_columns=reader.value_columns):
         ops: list[Operation] = []
         reader.at(commit)
         reader.extend(origin, rows, ops)
@@ -56,8 +81,8 @@ def read_operations(conn: sqlite3.Connection, reader: SubscriberReader, after: i
             if type(op) is not SchemaChange:  # operations only: a schema change comes with read_transactions
                 yield LoggedOperation(commit, origin, op)
 
-def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after: int, until: int, *,
-                      lock: threading.RLock | None = None, piece: int | None = None) -> Iterator[Transaction]:
+def read_transactions(source: CaptureSource, reader: SubscriberReader, after: int, until: int, *,
+                      piece: int | None = None) -> Iterator[Transaction]:
     """Group :func:`read_operations` into transactions; a log transaction
     with nothing for the subscriber yields nothing.  With ``piece``, a log
     transaction that selects more operations comes in pieces of about that
@@ -67,10 +92,9 @@ def read_transactions(conn: sqlite3.Connection, reader: SubscriberReader, after:
     held = 0  # operations in ops (a run counts its rows)
     folder: _Folder | None = None
     commit, origin = 0, ""
-    for logged_commit, logged_origin, rows in iter_capture(conn, after, until, lock=lock,
-                                                           skip_origin=reader.subscriber,
-                                                           keep_flag=reader.returned_flag,
-                                                           value_columns=reader.value_columns):
+    for logged_commit, logged_origin, rows in source.iter_capture(after, until, skip_origin=reader.subscriber,
+                                                                  keep_flag=reader.returned_flag,
+                                                                  value_columns=reader.value_columns):
         if logged_commit != commit:
             if folder is not None:
                 yield _last_piece(commit, origin, folder, ops)
@@ -102,9 +126,8 @@ def _last_piece(commit: int, origin: str, folder: "_Folder", ops: list[Operation
     folder.add(ops)
     return Transaction._trusted(commit, origin, tuple(folder.take(0)))
 
-def read_fanout(conn: sqlite3.Connection, readers: list[SubscriberReader], ranges: list[tuple[int, int]], *,
-                lock: threading.RLock | None = None, hold: int = FANOUT_HOLD,
-                piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
+def read_fanout(source: CaptureSource, readers: list[SubscriberReader], ranges: list[tuple[int, int]], *,
+                hold: int = FANOUT_HOLD, piece: int | None = None) -> Iterator[tuple[int, Transaction]]:
     """What :func:`read_transactions` yields for each reader over its range
     ``(after, until]`` (commit boundaries the caller checked), from one pass
     over the log: ``(index, transaction)`` pairs, each reader's in commit
@@ -123,17 +146,17 @@ def read_fanout(conn: sqlite3.Connection, readers: list[SubscriberReader], range
     if len(readers) == 1:
         after, until = ranges[0]
         return ((0, transaction)
-                for transaction in read_transactions(conn, readers[0], after, until, lock=lock, piece=piece))
-    return _read_fanout(conn, Fanout(readers, ranges), lock, hold, piece)
+                for transaction in read_transactions(source, readers[0], after, until, piece=piece))
+    return _read_fanout(source, Fanout(readers, ranges), hold, piece)
 
-def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock | None,
-                 hold: int, piece: int | None) -> Iterator[tuple[int, Transaction]]:
+def _read_fanout(source: CaptureSource, fanout: Fanout, hold: int, piece: int | None
+                 ) -> Iterator[tuple[int, Transaction]]:
     readers, ranges = fanout.readers, fanout.ranges
     width = max(reader.value_columns for reader in readers)
     position = min(after for after, _ in ranges)
     until = max(until for _, until in ranges)
     while position < until:
-        chunks = iter_capture(conn, position, until, lock=lock, value_columns=width)
+        chunks = source.iter_capture(position, until, value_columns=width)
         dropped = None
         for commit, origin, rows in chunks:
             yield from fanout.add(commit, origin, rows)
@@ -146,8 +169,8 @@ def _read_fanout(conn: sqlite3.Connection, fanout: Fanout, lock: threading.RLock
         chunks.close()
         commit, active = dropped
         for index in active:
-            # (commit - 1, commit] holds that one log transaction.
-            for transaction in read_transactions(conn, readers[index], commit - 1, commit, lock=lock, piece=piece):
+            # (commit - 1, commit] holds that one log transaction (rules above).
+            for transaction in read_transactions(source, readers[index], commit - 1, commit, piece=piece):
                 yield index, transaction
                 # Not held while the next subscriber's copy is built: one at a time.
                 del transaction

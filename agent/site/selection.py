@@ -24,7 +24,7 @@ import json
 import sqlite3
 from itertools import groupby, islice
 from operator import itemgetter
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Protocol
 
 from codec.changes import SchemaChange
 from codec.ops import OpKind, Operation, Transaction, op_count
@@ -37,7 +37,6 @@ from .capture import (
     KIND_UPDATE,
     Shape,
     ShapeCache,
-    ShapeTable,
     all_shapes,
 )
 from .change_rows import subscriber_change
@@ -67,10 +66,20 @@ class SelectionPlan(NamedTuple):
     # ``until`` with ``articles``.
     history: tuple[tuple[int, dict], ...] = ()
 
+def check_subscribers(identity: SiteIdentity, known: Collection[str], subscribers: Iterable[str]) -> None:
+    """Raise UnknownRemote for the first of ``subscribers`` that is not
+    ``known`` as a remote of the site."""
+    for subscriber in subscribers:
+        if subscriber not in known:
+            raise _unknown(identity, subscriber)
+
+def _unknown(identity: SiteIdentity, subscriber: str) -> UnknownRemote:
+    return UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
+
 def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber: str) -> SelectionPlan:
     """What ``subscriber`` receives from this site (raises for an unknown remote)."""
     if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
-        raise UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
+        raise _unknown(identity, subscriber)
     articles = conn.execute(ARTICLE_ROWS).fetchall()
     subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
                                  " WHERE remote = ?", (subscriber,)).fetchall()
@@ -156,6 +165,12 @@ def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
 
 _SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
 
+class Shapes(Protocol):
+    """Where a reader finds the shape a capture row names: a SQLite site's
+    ShapeCache, a batch's ShapeTable, a PostgreSQL site's shapes."""
+
+    def get(self, shape_id: int) -> Shape: ...
+
 class SubscriberReader:
     """Turns capture rows into the operations one subscriber receives.
 
@@ -164,7 +179,7 @@ class SubscriberReader:
     all).  The site database and the Spark batch job both select through it.
     """
 
-    def __init__(self, plan: SelectionPlan, shapes: "ShapeCache | ShapeTable",
+    def __init__(self, plan: SelectionPlan, shapes: Shapes,
                  returned_columns: Callable[[int], str | None], value_columns: int, *, runs: bool = False) -> None:
         self.subscriber = plan.subscriber
         # Whether INSERTs and DELETEs come as runs (codec.ops.Run) of the
@@ -200,23 +215,32 @@ class SubscriberReader:
         """:meth:`from_database` for many subscribers, with one query each
         for the remotes, articles, subscriptions and shapes (a send phase
         at a consolidated of thousands reads for all of them at once)."""
-        known = {name for (name,) in conn.execute("SELECT name FROM fieldsync_remote")}
-        for subscriber in subscribers:
-            if subscriber not in known:
-                selection_plan(conn, identity, subscriber)  # raises UnknownRemote
-        articles = conn.execute(ARTICLE_ROWS).fetchall()
+        check_subscribers(identity, {name for (name,) in conn.execute("SELECT name FROM fieldsync_remote")},
+                          subscribers)
         wanted = set(subscribers)
         subscriptions: dict[str, list[tuple]] = {}
         for remote, publication, value, since, until in conn.execute(
                 "SELECT remote, publication, value, since, until FROM fieldsync_subscription"):
             if remote in wanted:
                 subscriptions.setdefault(remote, []).append((publication, value, since, until))
-        every_shape = all_shapes(conn)
 
         def returned_columns(seq: int) -> str | None:
             found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
             return None if found is None else found[0]
 
+        return cls.many_from_rows(identity, shapes, all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(),
+                                  subscriptions, subscribers, returned_columns, runs=runs)
+
+    @classmethod
+    def many_from_rows(cls, identity: SiteIdentity, shapes: "Shapes", every_shape: Iterable[Shape],
+                       articles: Iterable[tuple], subscriptions: Mapping[str, Iterable[tuple]],
+                       subscribers: list[str], returned_columns: Callable[[int], str | None], *,
+                       runs: bool = False) -> list["SubscriberReader"]:
+        """A reader for each of ``subscribers`` from a site's rows, whatever
+        its backend: the article rows (ARTICLE_ROWS' columns), each
+        subscriber's subscription rows ``(publication, value, since,
+        until)``, and every shape (how wide the capture rows are read)."""
+        articles, every_shape = list(articles), list(every_shape)
         readers = []
         for subscriber in subscribers:
             plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()))
