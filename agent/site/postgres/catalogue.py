@@ -41,7 +41,7 @@ _RESOLVE = ("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON 
             " WHERE c.oid = to_regclass(%s)")
 
 
-def _table_order(shown: str) -> tuple[str, str]:
+def table_order(shown: str) -> tuple[str, str]:
     """Tables in a SQLite site's order (its table names are ``COLLATE NOCASE``)."""
     return shown.lower(), shown
 
@@ -135,7 +135,7 @@ def missing_tables(conn: psycopg.Connection) -> tuple[str, ...]:
     is removed."""
     return tuple(sorted((shown_table(schema, name) for schema, name in conn.execute(
         "SELECT table_schema, table_name FROM fieldsync.article"
-        " WHERE to_regclass(format('%I.%I', table_schema, table_name)) IS NULL")), key=_table_order))
+        " WHERE to_regclass(format('%I.%I', table_schema, table_name)) IS NULL")), key=table_order))
 
 
 def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
@@ -145,7 +145,7 @@ def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
             "SELECT table_schema, table_name, publication, columns, subscribe_by FROM fieldsync.article"):
         articles[publication].append(Article(shown_table(schema, name), None if columns is None else tuple(columns),
                                              subscribe_by))
-    return tuple(Publication(name, tuple(sorted(items, key=lambda item: _table_order(item.table))))
+    return tuple(Publication(name, tuple(sorted(items, key=lambda item: table_order(item.table))))
                  for name, items in articles.items())
 
 

@@ -19,15 +19,21 @@ Rules of this file:
   time, and the snapshot they record is the one they read with.
 * Nothing is kept per cut but the last snapshot; the capture rows, their
   log transactions and their writing transactions go at truncation.
+* Reading pages by key, one statement a chunk, and keeps no transaction
+  open between chunks: the log up to a log end never changes, and the
+  site's one connection stays free for its other calls between chunks.
 """
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import ContextManager, Generator, Iterator, Mapping
 
 import psycopg
 
+from ..capture import Shape
 from ..errors import LogOffsetError, LogTruncated
 from .capture import PgShape, load_shapes
 from .connect import translate
@@ -51,14 +57,36 @@ GROUP BY txid, origin
 ORDER BY last
 """
 
-_READ = """
-SELECT t.commit_offset, l.origin, c.seq, c.shape, c.kind, c.flags, c.v
+# The next capture rows of the log after a position ``(commit, position,
+# seq)``: log transactions in offset order, their writing transactions in
+# replay order, each one's rows in seq order.  Keyset paging on log_txn's
+# key, then capture's (txid, seq) key for each writing transaction.
+_NEXT_ROWS = """
+SELECT t.commit_offset, t.position, l.origin, c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s]
   FROM fieldsync.log_txn t
   JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
   JOIN fieldsync.capture c ON c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
- WHERE t.commit_offset > %s AND t.commit_offset <= %s
+ WHERE (t.commit_offset, t.position) >= (%(commit)s, %(position)s) AND t.commit_offset <= %(until)s
+   AND ((t.commit_offset, t.position) > (%(commit)s, %(position)s) OR c.seq > %(seq)s)
+   AND (l.origin IS DISTINCT FROM %(skip)s OR c.flags & %(keep)s <> 0)
  ORDER BY t.commit_offset, t.position, c.seq
+ LIMIT %(limit)s
 """
+# The rest of one writing transaction's rows (a large one: no sort, one
+# index range a chunk).
+_MEMBER_ROWS = """
+SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s]
+  FROM fieldsync.log_txn t
+  JOIN fieldsync.capture c ON c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
+ WHERE t.commit_offset = %(commit)s AND t.position = %(position)s AND c.seq > %(seq)s
+   AND (NOT %(skipped)s OR c.flags & %(keep)s <> 0)
+ ORDER BY c.seq
+ LIMIT %(limit)s
+"""
+# Past every seq (bigint): the writing transaction is done with.
+_DONE = 2**63 - 1
+# As wide as any capture row (PostgreSQL's array slices stop at the end).
+_WHOLE = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,39 +104,53 @@ def cut(conn: psycopg.Connection, target: PgTarget, origin: str) -> Cut:
     last cut; ``origin`` names the site's own (the applications') writes."""
     try:
         with conn.transaction():
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            # Before the first query, so the snapshot is taken once the lock is held.
-            conn.execute("LOCK TABLE fieldsync.cut IN EXCLUSIVE MODE")
-            found = conn.execute("SELECT pg_current_snapshot()::text, snapshot::text, log_end"
-                                 " FROM fieldsync.cut WHERE id = 1").fetchone()
-            assert found is not None, "fieldsync.cut has its row from install_schema on"
-            now, previous, end = found
-            finished = conn.execute(_FINISHED, {"previous": previous, "now": now}).fetchall()
-            log_rows: list[tuple[int, str]] = []
-            member_rows: list[tuple[int, int, str, str | None]] = []
-            last_origin: object = object()  # no writer's origin: the first transaction starts a log transaction
-            position = 0
-            for txid, writer_origin, _last in finished:
-                if writer_origin != last_origin:
-                    end += 1
-                    log_rows.append((end, writer_origin or origin))
-                    last_origin, position = writer_origin, 0
-                member_rows.append((end, position, txid, writer_origin))
-                position += 1
-            with conn.cursor() as cursor:
-                if log_rows:
-                    with cursor.copy("COPY fieldsync.log (commit_offset, origin) FROM STDIN") as copy:
-                        for row in log_rows:
-                            copy.write_row(row)
-                    with cursor.copy("COPY fieldsync.log_txn (commit_offset, position, txid, origin)"
-                                     " FROM STDIN") as copy:
-                        for member in member_rows:
-                            copy.write_row(member)
-                cursor.execute("UPDATE fieldsync.cut SET snapshot = %s::pg_snapshot, log_end = %s, cut_at = now()"
-                               " WHERE id = 1", (now, end))
-            return Cut(end, len(member_rows), len(log_rows))
+            begin_cut(conn)
+            return cut_in(conn, origin)
     except psycopg.Error as error:
         raise translate(error, target, "cutting the log") from None
+
+
+def begin_cut(conn: psycopg.Connection) -> None:
+    """The first statements of a transaction that cuts (opened by the
+    caller, nothing run in it yet): REPEATABLE READ, and the cut lock taken
+    before the first query, so the snapshot is taken once it is held."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    conn.execute("LOCK TABLE fieldsync.cut IN EXCLUSIVE MODE")
+
+
+def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
+    """:func:`cut` inside the caller's transaction, begun by
+    :func:`begin_cut`: the transaction's snapshot is the cut's, so what it
+    reads is exactly the log up to the new log end (docs/postgres.md,
+    "Extraction")."""
+    found = conn.execute("SELECT pg_current_snapshot()::text, snapshot::text, log_end"
+                         " FROM fieldsync.cut WHERE id = 1").fetchone()
+    assert found is not None, "fieldsync.cut has its row from install_schema on"
+    now, previous, end = found
+    finished = conn.execute(_FINISHED, {"previous": previous, "now": now}).fetchall()
+    log_rows: list[tuple[int, str]] = []
+    member_rows: list[tuple[int, int, str, str | None]] = []
+    last_origin: object = object()  # no writer's origin: the first transaction starts a log transaction
+    position = 0
+    for txid, writer_origin, _last in finished:
+        if writer_origin != last_origin:
+            end += 1
+            log_rows.append((end, writer_origin or origin))
+            last_origin, position = writer_origin, 0
+        member_rows.append((end, position, txid, writer_origin))
+        position += 1
+    with conn.cursor() as cursor:
+        if log_rows:
+            with cursor.copy("COPY fieldsync.log (commit_offset, origin) FROM STDIN") as copy:
+                for row in log_rows:
+                    copy.write_row(row)
+            with cursor.copy("COPY fieldsync.log_txn (commit_offset, position, txid, origin)"
+                             " FROM STDIN") as copy:
+                for member in member_rows:
+                    copy.write_row(member)
+        cursor.execute("UPDATE fieldsync.cut SET snapshot = %s::pg_snapshot, log_end = %s, cut_at = now()"
+                       " WHERE id = 1", (now, end))
+    return Cut(end, len(member_rows), len(log_rows))
 
 
 def log_end(conn: psycopg.Connection) -> int:
@@ -137,31 +179,128 @@ def check_boundary(conn: psycopg.Connection, offset: int, what: str) -> None:
 
 
 def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Mapping[int, PgShape] | None = None,
-                 chunk: int = READ_CHUNK) -> Iterator[tuple[int, str, list[tuple]]]:
+                 chunk: int | None = None, lock: threading.RLock | None = None, skip_origin: str | None = None,
+                 keep_flag: int = 0, value_columns: int | None = None
+                 ) -> Generator[tuple[int, str, list[tuple]], None, None]:
     """Yield ``(commit_offset, origin, rows)`` for the log transactions in
-    ``(after, until]`` in log order, at most ``chunk`` rows at a time (a
-    large log transaction comes in consecutive pieces).  A row is a SQLite
+    ``(after, until]`` in log order, at most ``chunk`` rows at a time
+    (READ_CHUNK; a large log transaction comes in consecutive pieces).  A row is a SQLite
     site's capture row: ``(seq, shape, kind, flags, v0, v1, ...)`` with the
     values as they travel (typemap.py), so agent.site.view reads it as it
-    is.  The rows are read through a server-side cursor in one read
-    transaction; offsets up to ``until`` never change, so nothing is missed."""
-    known: dict[int, PgShape] = dict(shapes) if shapes is not None else load_shapes(conn)
-    with conn.transaction(), conn.cursor(name="fieldsync_read_log") as cursor:
-        cursor.itersize = chunk
-        cursor.execute(_READ, (after, until))
-        commit, origin, rows = 0, "", []
-        for offset, log_origin, seq, shape_id, kind, flags, texts in cursor:
-            if offset != commit or len(rows) >= chunk:
-                if rows:
-                    yield commit, origin, rows
-                commit, origin, rows = offset, log_origin, []
-            shape = known.get(shape_id)
+    is; with ``value_columns``, exactly that many values (cut or filled with
+    None, as a SQLite site's capture table is as wide as its widest shape).
+
+    Log transactions whose origin is ``skip_origin`` are left out, but
+    their rows with a flag in ``keep_flag`` (agent.site.log.iter_capture's
+    rule).  Each chunk is one statement (under ``lock``, the lock of every
+    use of ``conn``), paged by key: no transaction stays open between
+    chunks, and offsets up to ``until`` never change, so nothing is missed
+    or read twice.  A writing transaction larger than a chunk is read on
+    by its own key range.  ``shapes``: the shapes known (a dict is given
+    the new ones met)."""
+    chunk = READ_CHUNK if chunk is None else chunk
+    guard: ContextManager = lock if lock is not None else nullcontext()
+    known: dict[int, PgShape] = shapes if isinstance(shapes, dict) else dict(shapes or {})
+    width = _WHOLE if value_columns is None else value_columns
+    keyed = {"until": until, "width": width, "skip": skip_origin, "keep": keep_flag, "limit": chunk}
+    # Offsets are integers and positions and seqs start at 0 and 1: the
+    # first row of the log after ``after`` comes after this one.
+    commit, position, seq = after + 1, 0, 0
+    held: list[tuple] = []
+    held_commit, held_origin = 0, ""
+    while True:
+        with guard:
+            found = conn.execute(_NEXT_ROWS, {**keyed, "commit": commit, "position": position, "seq": seq}).fetchall()
+            rows = [(offset, place, origin, _row(conn, known, capture, value_columns))
+                    for offset, place, origin, *capture in found]
+        if len(found) == chunk:  # the last writing transaction may go on: read it by its own key
+            last_offset, last_place, last_origin, last_row = rows[-1]
+            rows += [(last_offset, last_place, last_origin, row) for row in _rest_of_member(
+                conn, guard, known, {**keyed, "commit": last_offset, "position": last_place, "seq": last_row[0],
+                                     "skipped": last_origin == skip_origin}, value_columns)]
+        for offset, place, origin, row in rows:
+            if held and (offset != held_commit or len(held) >= chunk):
+                yield held_commit, held_origin, held
+                held = []
+            held_commit, held_origin = offset, origin
+            held.append(row)
+        if len(found) < chunk:
+            break
+        commit, position, seq = rows[-1][0], rows[-1][1], _DONE
+    if held:
+        yield held_commit, held_origin, held
+
+
+def _rest_of_member(conn: psycopg.Connection, guard: ContextManager, known: dict[int, PgShape], keyed: dict,
+                    value_columns: int | None) -> Iterator[tuple]:
+    """The rows of one writing transaction after ``keyed["seq"]``, a chunk a statement."""
+    while True:
+        with guard:
+            found = conn.execute(_MEMBER_ROWS, keyed).fetchall()
+            rows = [_row(conn, known, capture, value_columns) for capture in found]
+        yield from rows
+        if len(found) < keyed["limit"]:
+            return
+        keyed = {**keyed, "seq": rows[-1][0]}
+
+
+def _row(conn: psycopg.Connection, known: dict[int, PgShape], capture: list, value_columns: int | None) -> tuple:
+    """A capture row as a SQLite site's: ``(seq, shape, kind, flags, *values)``."""
+    seq, shape_id, kind, flags, texts = capture
+    shape = known.get(shape_id)
+    if shape is None:  # shapes never change: a new one is loaded once
+        known.update(load_shapes(conn))
+        shape = known[shape_id]
+    values = shape.load(texts)
+    if value_columns is not None and len(values) < value_columns:
+        values += (None,) * (value_columns - len(values))
+    return (seq, shape_id, kind, flags, *values)
+
+
+@dataclass(frozen=True, slots=True)
+class PgLog:
+    """A PostgreSQL site's log as agent.site.reading reads it (its
+    ``CaptureSource``, and the ``Shapes`` its readers find shapes in): the
+    functions of this file over the site's connection, each statement under
+    ``lock`` (the lock of every use of ``conn``), PostgreSQL's errors as
+    the site's."""
+
+    conn: psycopg.Connection
+    target: PgTarget
+    lock: threading.RLock
+    shapes: dict[int, PgShape]  # the shapes met so far (shapes never change)
+
+    def get(self, shape_id: int) -> Shape:
+        """The shape ``shape_id`` as agent.site.view knows it."""
+        shape = self.shapes.get(shape_id)
+        if shape is None:
+            with self.lock, self._errors("reading the capture shapes"):
+                self.shapes.update(load_shapes(self.conn))
+            shape = self.shapes.get(shape_id)
             if shape is None:
-                known.update(load_shapes(conn))
-                shape = known[shape_id]
-            rows.append((seq, shape_id, kind, flags, *shape.load(texts)))
-        if rows:
-            yield commit, origin, rows
+                raise LookupError(f"capture shape {shape_id} is missing")
+        return shape.shape
+
+    def log_end(self) -> int:
+        with self.lock, self._errors("reading the log end"):
+            return log_end(self.conn)
+
+    def check_boundary(self, offset: int, what: str) -> None:
+        with self.lock, self._errors("reading the log's offsets"):
+            check_boundary(self.conn, offset, what)
+
+    def iter_capture(self, after: int, until: int, *, skip_origin: str | None = None, keep_flag: int = 0,
+                     value_columns: int | None = None) -> Generator[tuple[int, str, list[tuple]], None, None]:
+        with self._errors("reading the log"):
+            yield from iter_capture(self.conn, after, until, shapes=self.shapes, lock=self.lock,
+                                    skip_origin=skip_origin, keep_flag=keep_flag, value_columns=value_columns)
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except psycopg.Error as error:
+            raise translate(error, self.target, doing) from None
 
 
 def truncate_log(conn: psycopg.Connection, target: PgTarget, through: int) -> int:

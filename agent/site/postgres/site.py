@@ -1,14 +1,14 @@
-"""A consolidated site in a PostgreSQL database: the catalogue and the
-bookkeeping half of :class:`agent.site.SiteDatabase`.
+"""A consolidated site in a PostgreSQL database: the catalogue, the
+bookkeeping and the log readers of :class:`agent.site.SiteDatabase`.
 
 Rules of this file:
 * :class:`PostgresSite` offers SiteDatabase's methods for the site's
-  identity, publications, subscriptions, remotes, transport settings and
-  log bookkeeping with the same signatures, values and errors; the rules
-  live in the modules it calls (identity.py, catalogue.py,
-  subscriptions.py, remotes.py, settings.py, log.py), each over
-  agent.site's pure rules.  Apply, reading the log for a subscriber and
-  extraction are not here yet.
+  identity, publications, subscriptions, remotes, transport settings, log
+  bookkeeping and reading the log for subscribers with the same
+  signatures, values and errors; the rules live in the modules it calls
+  (identity.py, catalogue.py, subscriptions.py, remotes.py, settings.py,
+  log.py, reading.py), each over agent.site's pure rules, and reading is
+  agent.site.reading's over log.PgLog.  Apply is not here yet.
 * One connection, in autocommit mode; every method is one explicit
   transaction (or one statement), under this object's lock, so handing it
   to several threads is safe.  PostgreSQL's errors leave as the site's
@@ -31,13 +31,18 @@ from typing import Any, Callable
 
 import psycopg
 
+from codec.ops import Transaction
+
+from ..capture import Shape
 from ..clock import utc_now
 from ..errors import SiteError
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
+from ..reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from ..selection import FANOUT_HOLD, SubscriberReader
 from ..settings import SITE_SCOPE
-from . import catalogue, settings
+from . import catalogue, reading, settings
 from . import remotes as remote_rows
 from . import subscriptions as subscription_rows
 from .agent_runs import count_run
@@ -46,7 +51,7 @@ from .typemap import KINDS
 from .connect import connect, translate
 from .identity import init_identity, read_identity, set_site_transport
 from .lock import AgentLock
-from .log import cut, log_end, truncate_log, truncated_through
+from .log import PgLog, cut, log_end, truncate_log, truncated_through
 from .schema import check_layout
 from .uri import PgTarget, parse_uri
 
@@ -69,6 +74,7 @@ class PostgresSite:
         self.target = target
         self.path = target.uri  # as the user named it (it holds no password: uri.py refuses one)
         self._lock = threading.RLock()
+        self._source = PgLog(conn, target, self._lock, {})  # the log as agent.site.reading reads it
         try:
             self._identity, self._home = read_identity(conn, target)
         except psycopg.Error as error:
@@ -261,6 +267,56 @@ class PostgresSite:
         """The truncation point: the log holds the entries after it."""
         with self._transaction("reading the log's truncation point") as conn:
             return truncated_through(conn)
+
+    def read_log(self, subscriber: str, after: int, until: int | None = None) -> Iterator[Transaction]:
+        """The log transactions in ``(after, until]`` as ``subscriber`` sees
+        them, in commit order (SiteDatabase.read_log)."""
+        reader, until = self._reader(subscriber, after, until)
+        return read_transactions(self._source, reader, after, until)
+
+    def read_log_ops(self, subscriber: str, after: int, until: int | None = None) -> Iterator[LoggedOperation]:
+        """Like :meth:`read_log`, one ``(commit, origin, operation)`` at a time."""
+        reader, until = self._reader(subscriber, after, until)
+        return read_operations(self._source, reader, after, until)
+
+    def read_logs(self, reads: Iterable[tuple[str, int, int | None]], *, hold: int = FANOUT_HOLD,
+                  piece: int | None = None, runs: bool = False) -> Iterator[tuple[int, Transaction]]:
+        """:meth:`read_log` for several subscribers in one pass over the log
+        (SiteDatabase.read_logs: ``hold``, ``piece`` and ``runs`` alike);
+        every range is checked before anything is read."""
+        reads = list(reads)
+        with self._transaction(f"preparing to read the log for {len(reads)} subscribers", snapshot=True) as conn:
+            readers = reading.readers(conn, self._identity, self._source, [name for name, _, _ in reads], runs=runs)
+            resolved: dict[tuple[int, int | None], int] = {}  # most reads share their range
+            for _, after, until in reads:
+                if (after, until) not in resolved:
+                    resolved[after, until] = resolve_range(self._source, after, until)
+        return read_fanout(self._source, readers, [(after, resolved[after, until]) for _, after, until in reads],
+                           hold=hold, piece=piece)
+
+    def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
+        with self._transaction(f"preparing to read the log for {subscriber!r}", snapshot=True) as conn:
+            [reader] = reading.readers(conn, self._identity, self._source, [subscriber])
+            return reader, resolve_range(self._source, after, until)
+
+    def selection_rows(self, subscribers: Iterable[str]) -> tuple[list[Shape], list[tuple], list[tuple]]:
+        """What a batch export carries to select for ``subscribers``
+        (SiteDatabase.selection_rows).  Raises for an unknown remote."""
+        with self._transaction("reading publications for a batch export", snapshot=True) as conn:
+            return reading.selection_rows(conn, self._identity, list(subscribers))
+
+    def check_log_range(self, after: int, until: int) -> None:
+        """Raise as :meth:`read_log` would for the range ``(after, until]``."""
+        with self._transaction("checking a log range", snapshot=True):
+            resolve_range(self._source, after, until)
+
+    def read_capture(self, after: int, until: int, *, value_columns: int
+                     ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
+        """Every capture row of the log transactions in ``(after, until]``,
+        unselected (SiteDatabase.read_capture); no row is written back to
+        its origin here yet, so ``returned`` is always empty."""
+        for commit, origin, rows in self._source.iter_capture(after, until, value_columns=value_columns):
+            yield commit, origin, rows, {}
 
     def truncate_log(self) -> int:
         """Delete the log entries every remote is past (the smallest horizon,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from agent.site.errors import LogOffsetError, LogTruncated
-from agent.site.postgres.capture import install_capture, load_shapes
+from agent.site.postgres.capture import install_capture, load_shapes, set_origin
 from agent.site.postgres.connect import connect
 from agent.site.postgres.log import check_boundary, cut, iter_capture, log_end, truncate_log, truncated_through
 
@@ -175,3 +175,58 @@ def test_cuts_from_two_sessions_never_share_a_transaction(account, target):
     assert account.execute("SELECT count(*), count(DISTINCT txid) FROM fieldsync.log_txn").fetchone() == (300, 300)
     offsets = [row[0] for row in account.execute("SELECT commit_offset FROM fieldsync.log ORDER BY 1")]
     assert offsets == list(range(1, len(offsets) + 1))
+
+
+def _logged_rows(conn) -> list[tuple]:  # type: ignore[no-untyped-def]
+    """Every logged capture row, in replay order, straight from the tables."""
+    return [tuple(row) for row in conn.execute(
+        "SELECT t.commit_offset, c.seq FROM fieldsync.log_txn t JOIN fieldsync.capture c ON c.txid = t.txid"
+        " AND c.origin IS NOT DISTINCT FROM t.origin ORDER BY t.commit_offset, t.position, c.seq")]
+
+
+def test_reading_in_chunks_of_any_size_gives_every_row_once_in_replay_order(account, other, target):
+    """Log transactions of several writing transactions (two sessions, one
+    cut), a large one, and single rows: read a chunk at a time of any
+    size, the rows are those of the log in replay order, each chunk of one
+    log transaction and at most ``chunk`` rows."""
+    other.execute("BEGIN")
+    other.execute("INSERT INTO account VALUES (1, 'other', 1)")
+    account.execute("INSERT INTO account SELECT n, 'bulk', n FROM generate_series(100, 124) AS n")
+    other.execute("INSERT INTO account VALUES (2, 'other', 2)")
+    other.execute("COMMIT")
+    account.execute("INSERT INTO account VALUES (3, 'single', 3)")
+    cut(account, target, "hq")
+    for n in range(4, 9):
+        account.execute(f"INSERT INTO account VALUES ({n}, 'single', {n})")
+        cut(account, target, "hq")
+    end = log_end(account)
+    expected = _logged_rows(account)
+    assert len(expected) == 33
+    for chunk in (1, 2, 3, 7, 24, 25, 26, 1000):
+        read = list(iter_capture(account, 0, end, chunk=chunk))
+        assert all(0 < len(rows) <= chunk for _, _, rows in read)
+        assert [(commit, row[0]) for commit, _, rows in read for row in rows] == expected, chunk
+        assert [(commit, row[0]) for commit, _, rows in iter_capture(account, 1, 3, chunk=chunk)
+                for row in rows] == [entry for entry in expected if 1 < entry[0] <= 3]
+
+
+def test_a_reader_leaves_out_a_subscriber_s_own_log_transactions_but_rows_written_back_to_it(account, target):
+    account.execute("INSERT INTO account VALUES (1, 'hq', 1)")
+    with account.transaction():
+        set_origin(account, "north1")
+        account.execute("INSERT INTO account VALUES (2, 'from north1', 2)")
+        # What an apply writes back to its origin (flag 1), by hand here.
+        account.execute("INSERT INTO fieldsync.capture (shape, kind, flags, v) SELECT shape, 1, 1, v"
+                        " FROM fieldsync.capture WHERE v[1] = '2'")
+    account.execute("INSERT INTO account VALUES (3, 'hq', 3)")
+    end = cut(account, target, "hq").log_end
+    assert [origin for _, origin, _ in iter_capture(account, 0, end)] == ["hq", "north1", "hq"]
+    skipped = list(iter_capture(account, 0, end, skip_origin="north1"))
+    assert [(origin, _values(rows)) for _, origin, rows in skipped] == [("hq", [(1, "hq", 1)]), ("hq", [(3, "hq", 3)])]
+    kept = list(iter_capture(account, 0, end, skip_origin="north1", keep_flag=1))
+    assert [(origin, [row[3] for row in rows]) for _, origin, rows in kept] == [("hq", [0]), ("north1", [1]),
+                                                                                  ("hq", [0])]
+    # As wide as asked: cut, or filled with None.
+    assert [len(row) for _, _, rows in iter_capture(account, 0, 1, value_columns=2) for row in rows] == [6]
+    assert [row[4:] for _, _, rows in iter_capture(account, 0, 1, value_columns=5) for row in rows] == [
+        (1, "hq", 1, None, None)]

@@ -1,0 +1,84 @@
+"""What a PostgreSQL site reads its log for subscribers with: the rows the
+shared readers (agent.site.selection) are made from.
+
+Rules of this file:
+* Selection is agent.site.selection's and nothing else: this file only
+  reads the catalogue's rows in the form a SQLite site's readers and a
+  batch export take them: article rows ``(table, publication, columns as
+  JSON or None, subscribe_by)`` (route.ARTICLE_ROWS' columns; a table as
+  capture.shown_table shows it), subscription rows ``(publication, value,
+  since, until)`` with the value as it was subscribed, and every shape as
+  agent.site.capture.Shape.
+* Rows written back to their origin do not exist at a PostgreSQL site yet
+  (no apply): a reader finds no listed columns for any row.
+* Functions here run inside the caller's transaction (REPEATABLE READ:
+  the catalogue of one snapshot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import psycopg
+
+from ..capture import Shape
+from ..identity import SiteIdentity
+from ..selection import Shapes, SubscriberReader, check_subscribers
+from .capture import load_shapes, shown_table
+from .catalogue import table_order
+from .subscriptions import VALUE_COLUMNS, stored_value
+
+
+def article_rows(conn: psycopg.Connection) -> list[tuple]:
+    """Every article as ``(table, publication, columns JSON, subscribe_by)``, by table."""
+    rows = [(shown_table(schema, name), publication, columns, subscribe_by)
+            for schema, name, publication, columns, subscribe_by in conn.execute(
+                "SELECT table_schema, table_name, publication, columns::text, subscribe_by FROM fieldsync.article")]
+    return sorted(rows, key=lambda row: table_order(row[0]))
+
+
+def subscription_rows(conn: psycopg.Connection, remotes: Iterable[str]) -> dict[str, list[tuple]]:
+    """The subscriptions of ``remotes``, ended ones included, as ``remote ->
+    [(publication, value, since, until)]`` by publication and age."""
+    found: dict[str, list[tuple]] = {name: [] for name in remotes}
+    for remote, publication, *values, since, until in conn.execute(
+            f"SELECT remote, publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription"
+            ' WHERE remote = ANY(%s) ORDER BY remote, publication COLLATE "C", id', (list(found),)):
+        found[remote].append((publication, stored_value(*values), since, until))
+    return found
+
+
+def every_shape(conn: psycopg.Connection) -> list[Shape]:
+    return [shape.shape for shape in load_shapes(conn).values()]
+
+
+def check_remotes(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]) -> None:
+    """Raise UnknownRemote, as a SQLite site does, for a subscriber that is no remote."""
+    known = {name for (name,) in conn.execute("SELECT name FROM fieldsync.remote WHERE name = ANY(%s)",
+                                              (subscribers,))}
+    check_subscribers(identity, known, subscribers)
+
+
+def readers(conn: psycopg.Connection, identity: SiteIdentity, shapes: Shapes, subscribers: list[str], *,
+            runs: bool = False) -> list[SubscriberReader]:
+    """A reader for each of ``subscribers`` (agent.site.selection's), finding
+    shapes in ``shapes``."""
+    check_remotes(conn, identity, subscribers)
+    return SubscriberReader.many_from_rows(identity, shapes, every_shape(conn), article_rows(conn),
+                                           subscription_rows(conn, subscribers), subscribers, _no_returned_rows,
+                                           runs=runs)
+
+
+def selection_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]
+                   ) -> tuple[list[Shape], list[tuple], list[tuple]]:
+    """What a batch export carries (SiteDatabase.selection_rows): every
+    shape, the article rows and the subscribers' subscription rows
+    ``(remote, publication, value, since, until)``."""
+    check_remotes(conn, identity, subscribers)
+    subscriptions = subscription_rows(conn, subscribers)
+    return (every_shape(conn), article_rows(conn),
+            [(remote, *row) for remote in subscribers for row in subscriptions[remote]])
+
+
+def _no_returned_rows(seq: int) -> str | None:
+    return None
