@@ -23,6 +23,11 @@ Rules of this file:
 * The remote's file holds no secret (docs/site-database.md): its secret key
   is written by the agent, beside the file, before the file gets its name
   (agent.admin.extract_site).
+* The consolidated is an :class:`ExtractionSource`: a SQLite site
+  (:class:`Consolidated`, here) or a PostgreSQL one
+  (agent.site.postgres.extract).  Only the tables' definitions, the copy
+  of the rows at E and the remote's row differ; the remote's file, its
+  rules and the switch-over's checks (:class:`SwitchOver`) are this file's.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Mapping, Protocol
 
 from codec.fsutil import DirectoryFlushUnsupported, fsync_directory, link_new, temporary_name
 
@@ -71,16 +76,98 @@ class RemoteKeys:
 KeySource = RemoteKeys | Callable[[str], RemoteKeys] | None
 
 
+class ExtractionSource(Protocol):
+    """The consolidated side of an extraction."""
+
+    @property
+    def identity(self) -> SiteIdentity: ...
+
+    def plan(self, remote: str) -> tuple[RemoteUser, list[TablePlan], list[tuple[str, list[str]]]]:
+        """The remote's row, the tables it gets, and each one's CREATE TABLE
+        and CREATE INDEX statements at the remote (SQLite's)."""
+
+    def copy_rows(self, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]
+                  ) -> tuple[int, dict[str, int], RemoteUser]:
+        """Fix the extraction point E and copy the subscribed rows as they
+        are at E into ``copy`` (its tables made); return E, the rows copied
+        per table and the remote's row as it was at E."""
+
+    def switch_over(self, change: SwitchOver, name_copy: Callable[[], None]) -> None:
+        """In one transaction: ``change.check`` the remote's row and the
+        truncation point, write ``change.columns`` to the row, remember the
+        copy it replaces, and call ``name_copy``; commit only if it returns."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchOver:
+    """The consolidated's row of ``remote`` moving over to its new copy:
+    its stream starts at ``offset`` with new epochs, the copy's
+    incarnation and public key."""
+
+    site: str
+    remote: str
+    before: RemoteUser  # the row as it was at the extraction point
+    offset: int
+    incarnation: bytes
+    public_key: str | None
+
+    def check(self, current: RemoteUser, floor: int) -> None:
+        """Refuse when the stream moved on meanwhile, or the log was
+        truncated past ``offset``."""
+        if (current.resend_count, current.rereceive_count) != (self.before.resend_count,
+                                                                 self.before.rereceive_count):
+            raise ExtractionError(
+                f"{self.remote!r} asked for or was asked for a resend while it was extracted (an agent runs for "
+                f"{self.site} and exchanged messages with it); nothing was changed: extract again")
+        if floor > self.offset:
+            raise ExtractionError(
+                f"the log was truncated to {floor}, past the extraction point {self.offset}, while {self.remote!r} "
+                "was extracted (its current copy confirmed that far); nothing was changed: extract again")
+
+    @property
+    def columns(self) -> dict[str, Any]:
+        """The remote-user columns the row gets (its public key kept when the copy brings none)."""
+        offset = self.offset
+        return {"log_send": offset, "log_sent": offset, "confirm_sent": offset,
+                "resend_count": self.before.resend_count + 1, "log_received": 0, "confirm_received": 0,
+                "rereceive_count": self.before.rereceive_count + 1, "send_count": 0, "last_sent_at": None,
+                "receive_count": 0, "last_received_at": None, "heard_at": None, "peer_incarnation": self.incarnation,
+                "data_sent_at": None, "peer_confirmed": 0, "probes": 0, "confirm_owed": False, "last_error": None,
+                "last_error_at": None, **({} if self.public_key is None else {"public_key": self.public_key})}
+
+
 @dataclass(frozen=True, slots=True)
 class Consolidated:
-    """What extraction uses of the consolidated's ``SiteDatabase`` (which
-    hands it over, see ``SiteDatabase.extract``): its connection, the lock
-    that serialises every use of that connection, its identity and its file."""
+    """A SQLite consolidated as extraction uses it (its ExtractionSource;
+    ``SiteDatabase.extract`` hands it over): its connection, the lock that
+    serialises every use of that connection, its identity and its file."""
 
     connection: sqlite3.Connection
     lock: ContextManager[object]
     identity: SiteIdentity
     path: str
+
+    def plan(self, remote: str) -> tuple[RemoteUser, list[TablePlan], list[tuple[str, list[str]]]]:
+        conn = self.connection
+        with self.lock, read_transaction(conn, f"planning the extraction of {remote!r}"):
+            row = get_remote(conn, remote)
+            plans = _plans(conn, remote)
+            return row, plans, [(_table_sql(conn, plan, plans), _index_sql(conn, plan)) for plan in plans]
+
+    def copy_rows(self, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]
+                  ) -> tuple[int, dict[str, int], RemoteUser]:
+        return _copy(self, copy, remote, plans)
+
+    def switch_over(self, change: SwitchOver, name_copy: Callable[[], None]) -> None:
+        conn = self.connection
+        with self.lock, write_transaction(conn, f"switching {change.remote!r} over to its new copy"):
+            current = get_remote(conn, change.remote)
+            change.check(current, truncated_through(conn))
+            columns = change.columns
+            conn.execute(f"UPDATE fieldsync_remote SET {', '.join(f'{name} = ?' for name in columns)} WHERE name = ?",
+                         (*columns.values(), change.remote))
+            record_replaced_locked(conn, change.remote, current.peer_incarnation)
+            name_copy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +180,7 @@ class ExtractResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
+class TablePlan:
     info: TableInfo
     publication: str
     columns: tuple[str, ...]            # published columns, table order
@@ -113,7 +200,7 @@ def _resolve_keys(keys: KeySource, remote: str) -> RemoteKeys:
     raise InvalidSetting(f"remote keys must be RemoteKeys or a callable returning them, got {type(keys).__name__}")
 
 
-def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
+def _plans(conn: sqlite3.Connection, remote: str) -> list[TablePlan]:
     values: dict[str, set] = {}
     for publication, value in conn.execute("SELECT publication, value FROM fieldsync_subscription WHERE remote = ?"
                                            " AND until IS NULL", (remote,)):
@@ -129,13 +216,13 @@ def _plans(conn: sqlite3.Connection, remote: str) -> list[_Plan]:
         info = table_info(conn, table)
         published = info.columns if columns is None else tuple(
             column for column in info.columns if column in set(json.loads(columns)) | set(info.key_columns))
-        plans.append(_Plan(info, publication, published, subscribe_by,
+        plans.append(TablePlan(info, publication, published, subscribe_by,
                            frozenset(values[publication]) if subscribe_by else None, published != info.columns,
                            chains.get(info.name.lower())))
     return plans
 
 
-def _table_sql(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> str:
+def _table_sql(conn: sqlite3.Connection, plan: TablePlan, plans: list[TablePlan]) -> str:
     return published_table_sql(conn, plan.info, plan.columns, _kept_keys(conn, plan, plans))
 
 
@@ -167,7 +254,7 @@ def published_table_sql(conn: sqlite3.Connection, info: TableInfo, columns: tupl
             + (" WITHOUT ROWID" if info.without_rowid else ""))
 
 
-def _kept_keys(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> Callable[[ForeignKey], bool]:
+def _kept_keys(conn: sqlite3.Connection, plan: TablePlan, plans: list[TablePlan]) -> Callable[[ForeignKey], bool]:
     """Which foreign keys of ``plan``'s table the remote's copy keeps: those
     whose columns it gets, to a table it gets, whose referenced columns it
     gets and holds unique (else SQLite could not check them there)."""
@@ -183,7 +270,7 @@ def _kept_keys(conn: sqlite3.Connection, plan: _Plan, plans: list[_Plan]) -> Cal
     return keep
 
 
-def _unique_keys(conn: sqlite3.Connection, plan: _Plan) -> set[frozenset[str]]:
+def _unique_keys(conn: sqlite3.Connection, plan: TablePlan) -> set[frozenset[str]]:
     """The sets of columns the remote's copy of ``plan``'s table holds
     unique: its primary key, a UNIQUE constraint of a table copied whole,
     a unique index it gets (not a partial one, which no key can reference)."""
@@ -198,7 +285,7 @@ def _unique_keys(conn: sqlite3.Connection, plan: _Plan) -> set[frozenset[str]]:
     return keys
 
 
-def _index_sql(conn: sqlite3.Connection, plan: _Plan) -> list[str]:
+def _index_sql(conn: sqlite3.Connection, plan: TablePlan) -> list[str]:
     statements = []
     for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ?"
                                   " AND sql IS NOT NULL", (plan.info.name,)).fetchall():
@@ -238,7 +325,7 @@ def _flush_name(target: Path) -> None:
                               f"({error.strerror or error}); nothing was changed: {advice}") from None
 
 
-def extract_remote(site: Consolidated, remote: str, path: str | os.PathLike[str], *, keys: KeySource = None,
+def extract_remote(site: ExtractionSource, remote: str, path: str | os.PathLike[str], *, keys: KeySource = None,
                    now: datetime | None = None, options: Mapping[str, str] | None = None) -> ExtractResult:
     """Create the database of ``remote`` at ``path`` from the consolidated
     ``site``: the published schema of its subscribed tables, its rows, its
@@ -259,11 +346,7 @@ def extract_remote(site: Consolidated, remote: str, path: str | os.PathLike[str]
         raise ExtractionError(f"{target} exists already; remove it or choose another path")
     if not target.parent.is_dir():
         raise ExtractionError(f"directory {target.parent} does not exist")
-    conn = site.connection
-    with site.lock, read_transaction(conn, f"planning the extraction of {remote!r}"):
-        row = get_remote(conn, remote)
-        plans = _plans(conn, remote)
-        table_sql = [(_table_sql(conn, plan, plans), _index_sql(conn, plan)) for plan in plans]
+    row, plans, table_sql = site.plan(remote)
     material = _resolve_keys(keys, remote)
     stamp = format_time(now or utc_now())
     temporary = target.with_name(temporary_name(target.name))
@@ -287,7 +370,10 @@ def extract_remote(site: Consolidated, remote: str, path: str | os.PathLike[str]
                          (row.address if row.inbox else None,))
             write_options(copy, SITE_SCOPE, dict(options or {}))
             incarnation = read_identity(copy).incarnation
-            offset, counts, before = _copy(site, copy, remote, plans, table_sql)
+            with write_transaction(copy, f"creating the tables of {remote!r}"):
+                for create_table, _indexes in table_sql:
+                    copy.execute(create_table)
+            offset, counts, before = site.copy_rows(copy, remote, plans)
             epochs = (before.resend_count + 1, before.rereceive_count + 1)
             _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
             copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -301,7 +387,8 @@ def extract_remote(site: Consolidated, remote: str, path: str | os.PathLike[str]
         finally:
             os.close(descriptor)
         _remove_sidecars(temporary)
-        _switch_over(site, remote, before, offset, incarnation, material, temporary, target)
+        _switch_over(site, SwitchOver(identity.name, remote, before, offset, incarnation, material.public_key),
+                     temporary, target)
     except sqlite3.Error as error:
         _remove(temporary)
         raise ExtractionError(f"extracting {remote!r} to {target} failed: {translate(error, 'copying')}") from error
@@ -319,13 +406,10 @@ def _remove_sidecars(path: Path) -> None:
             pass
 
 
-def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list[_Plan],
-          table_sql: list[tuple[str, list[str]]]) -> tuple[int, dict[str, int], RemoteUser]:
+def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]
+          ) -> tuple[int, dict[str, int], RemoteUser]:
     """Pin the snapshot at the log offset E and copy the subscribed rows;
     return E, the row counts, and the remote's row as it was at E."""
-    with write_transaction(copy, f"creating the tables of {remote!r}"):
-        for create_table, _indexes in table_sql:
-            copy.execute(create_table)
     copy.execute("ATTACH DATABASE ? AS source", (site.path,))
     try:
         conn = site.connection
@@ -354,45 +438,29 @@ def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list
     return offset, counts, before
 
 
-def _switch_over(site: Consolidated, remote: str, before: RemoteUser, offset: int, incarnation: bytes,
-                 material: RemoteKeys, temporary: Path, target: Path) -> None:
+def _switch_over(site: ExtractionSource, change: SwitchOver, temporary: Path, target: Path) -> None:
     """In one transaction of the consolidated: start the remote's row at
-    ``offset`` with the new copy's keys, incarnation and epochs, and give
-    the finished copy its name.  The row changes only if the file is in
-    place and its name flushed, and the file stays only if the row changed."""
-    conn = site.connection
+    the extraction point with the new copy's keys, incarnation and epochs,
+    and give the finished copy its name.  The row changes only if the file
+    is in place and its name flushed, and the file stays only if the row
+    changed."""
     published = False
+
+    def name_copy() -> None:
+        nonlocal published
+        _publish(temporary, target)
+        published = True
+        _flush_name(target)  # before the row commits: a name that may vanish is no copy
+
     try:
-        with site.lock, write_transaction(conn, f"switching {remote!r} over to its new copy"):
-            current = get_remote(conn, remote)
-            if (current.resend_count, current.rereceive_count) != (before.resend_count, before.rereceive_count):
-                raise ExtractionError(
-                    f"{remote!r} asked for or was asked for a resend while it was extracted (an agent runs for "
-                    f"{site.identity.name} and exchanged messages with it); nothing was changed: extract again")
-            floor = truncated_through(conn)
-            if floor > offset:
-                raise ExtractionError(
-                    f"the log was truncated to {floor}, past the extraction point {offset}, while {remote!r} was "
-                    "extracted (its current copy confirmed that far); nothing was changed: extract again")
-            conn.execute(
-                "UPDATE fieldsync_remote SET log_send = ?, log_sent = ?, confirm_sent = ?, resend_count = ?,"
-                " log_received = 0, confirm_received = 0, rereceive_count = ?, send_count = 0, last_sent_at = NULL,"
-                " receive_count = 0, last_received_at = NULL, heard_at = NULL, peer_incarnation = ?, data_sent_at = NULL,"
-                " peer_confirmed = 0, probes = 0, confirm_owed = 0,"
-                " public_key = coalesce(?, public_key), last_error = NULL, last_error_at = NULL WHERE name = ?",
-                (offset, offset, offset, before.resend_count + 1, before.rereceive_count + 1, incarnation,
-                 material.public_key, remote))
-            record_replaced_locked(conn, remote, current.peer_incarnation)
-            _publish(temporary, target)
-            published = True
-            _flush_name(target)  # before the row commits: a name that may vanish is no copy
+        site.switch_over(change, name_copy)
     except BaseException:
         if published:  # named, but the row could not be switched over to it
             _remove(target)
         raise
 
 
-def _copy_rows(copy: sqlite3.Connection, plan: _Plan) -> int:
+def _copy_rows(copy: sqlite3.Connection, plan: TablePlan) -> int:
     names = ", ".join(quote_ident(column) for column in plan.columns)
     insert = (f"INSERT INTO main.{quote_ident(plan.info.name)} ({names})"
               f" VALUES ({', '.join('?' * len(plan.columns))})")
@@ -436,7 +504,7 @@ def _copy_rows(copy: sqlite3.Connection, plan: _Plan) -> int:
         total += len(rows)
 
 
-def _create_index(copy: sqlite3.Connection, plan: _Plan, statement: str) -> None:
+def _create_index(copy: sqlite3.Connection, plan: TablePlan, statement: str) -> None:
     """Create one of the consolidated's indexes of ``plan``'s table on the
     copy.  On a table whose columns are not all published, a partial index
     whose WHERE names a column the remote does not have is left out, as an
@@ -461,7 +529,7 @@ def create_index_where_possible(conn: sqlite3.Connection, statement: str) -> Non
     conn.execute("RELEASE fieldsync_index")
 
 
-def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[_Plan],  # type: ignore[no-untyped-def]
+def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[TablePlan],  # type: ignore[no-untyped-def]
                    table_sql: list[tuple[str, list[str]]], offset: int, epochs: tuple[int, int], stamp: str) -> None:
     """Indexes, publications (so the remote captures its own changes) and
     the remote's row for its consolidated."""

@@ -36,6 +36,7 @@ from codec.ops import Transaction
 from ..capture import Shape
 from ..clock import utc_now
 from ..errors import SiteError
+from ..extract import extract_remote
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
@@ -49,6 +50,7 @@ from .agent_runs import count_run
 from .capture import describe_table
 from .typemap import KINDS
 from .connect import connect, translate
+from .extract import PgConsolidated
 from .identity import init_identity, read_identity, set_site_transport
 from .lock import AgentLock
 from .log import PgLog, cut, log_end, truncate_log, truncated_through
@@ -456,6 +458,16 @@ class PostgresSite:
         if names:
             with self._transaction(f"clearing the errors of {len(names)} peers") as conn:
                 remote_rows.record_heard(conn, names)
+
+    # --- extraction ------------------------------------------------------------------
+
+    def extract(self, remote: str, path: str | os.PathLike[str], *, keys: Any = None,
+                now: datetime | None = None, options: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
+        """Create the SQLite database of ``remote`` at ``path`` from one
+        consistent point of this site (agent.site.extract.extract_remote,
+        with postgres/extract.py's rows and tables)."""
+        source = PgConsolidated(self._live(), self._lock, self._identity, self.target, {})
+        return extract_remote(source, remote, path, keys=keys, now=now, options=options)
 
     # --- transport settings stored with the site ------------------------------------
 

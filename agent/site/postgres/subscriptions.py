@@ -36,7 +36,7 @@ from ..identity import SiteIdentity
 from ..publication_rules import (Subscription, SubscriptionChange, Value, check_subscription_value,
                                  find_subscription, not_subscribed)
 from .errors import NotYetOnPostgres
-from .typemap import KINDS
+from .typemap import KINDS, Kind
 
 VALUE_COLUMNS = "value_integer, value_real, value_text, value_blob"
 _READ_CHUNK = 10_000
@@ -114,9 +114,27 @@ def list_subscriptions(conn: psycopg.Connection, remote: str | None = None) -> t
                  for name, publication, *values, created in rows)
 
 
-# Narrowing a count to the rows whose capture text is the value's: exact
-# where a kind travels as its own text (its load is ``str`` or ``int``).
+# Kinds that travel as their own capture text (their load is ``str`` or
+# ``int``): a row's value can be narrowed to by its text in SQL.
 _OWN_TEXT = {kind.name for kind in KINDS.values() if kind.load in (str, int)}
+
+
+def candidate_texts(kind: Kind, values: Iterable[Value]) -> list[str] | None:
+    """The capture texts of a column of ``kind`` whose travelling value
+    equals one of ``values`` in Python's terms (as readers select): a WHERE
+    on them selects every such row and maybe more (None: no narrowing for
+    this kind; an empty list: no row can hold one)."""
+    if kind.name not in _OWN_TEXT:
+        return None
+    texts = []
+    for value in values:
+        if kind.load is str and type(value) is str:
+            texts.append(value)
+        elif kind.load is int and type(value) is int:
+            texts.append(str(value))
+        elif kind.load is int and type(value) is float and value.is_integer():  # 7.0 == 7
+            texts.append(str(int(value)))
+    return texts
 
 
 def matching(conn: psycopg.Connection, publication: str, value: Value) -> int | None:
@@ -141,9 +159,10 @@ def matching(conn: psycopg.Connection, publication: str, value: Value) -> int | 
         query = sql.SQL("SELECT {} FROM {} WHERE {} IS NOT NULL").format(held, sql.Identifier(schema, table),
                                                                          sql.Identifier(column))
         params: tuple = ()
-        if kind.name in _OWN_TEXT and type(value) is (str if kind.load is str else int):
-            query += sql.SQL(" AND {} = %s").format(held)
-            params = (str(value),)
+        texts = candidate_texts(kind, [value])
+        if texts is not None:
+            query += sql.SQL(" AND {} = ANY(%s)").format(held)
+            params = (texts,)
         with conn.cursor(name="fieldsync_matching") as cursor:
             cursor.itersize = _READ_CHUNK
             cursor.execute(query, params)

@@ -7,7 +7,10 @@ takes it runs once per backend."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -55,6 +58,67 @@ class App:
 
     def close(self) -> None:
         self._conn.close()
+
+
+WRITERS = 4
+TRANSACTIONS = 70
+SHARED = 40  # rows every writer updates and moves between regions
+
+
+def write_rows(app: App, number: int, stop: threading.Event, transactions: int = TRANSACTIONS) -> None:
+    """One writer's transactions (an application's): its own rows
+    inserted, changed, moved and deleted, and the shared rows 1 to SHARED
+    (made by the test) changed and moved by every writer, one a
+    transaction (no deadlock); ``stop`` ends it early."""
+    rng = random.Random(number)
+    mine: list[int] = []
+    next_id = number * 100_000
+    regions = ("north", "south", "east")
+    for _ in range(transactions):
+        if stop.is_set():
+            return
+        choice = rng.random()
+        shared = rng.randrange(1, SHARED + 1)
+        if choice < 0.3 or not mine:
+            statements = []
+            for _ in range(rng.randrange(1, 4)):
+                next_id += 1
+                mine.append(next_id)
+                statements.append(("INSERT INTO customer VALUES (%s, %s, %s, %s)",
+                                   (next_id, f"n{next_id}", rng.choice(regions), rng.random())))
+        elif choice < 0.5:  # a shared row moves to another region
+            statements = [("UPDATE customer SET region = %s, balance = %s WHERE id = %s",
+                           (rng.choice(regions), rng.random(), shared))]
+        elif choice < 0.6:  # a shared row changes within its region, and one of ours moves
+            statements = [("UPDATE customer SET name = %s WHERE id = %s", (f"w{number}-{rng.random()}", shared)),
+                          ("UPDATE customer SET region = %s WHERE id = %s", (rng.choice(regions), rng.choice(mine)))]
+        elif choice < 0.7:  # out of its region and back in one transaction
+            row = rng.choice(mine)
+            statements = [("UPDATE customer SET region = 'east', name = 'away' WHERE id = %s", (row,)),
+                          ("UPDATE customer SET region = %s, name = %s WHERE id = %s",
+                           (rng.choice(regions), f"back{row}", row))]
+        elif choice < 0.8:  # deleted and inserted again
+            row = rng.choice(mine)
+            statements = [("DELETE FROM customer WHERE id = %s", (row,)),
+                          ("INSERT INTO customer VALUES (%s, %s, %s, %s)", (row, f"again{row}", rng.choice(regions),
+                                                                            1.5))]
+        elif choice < 0.9:
+            row = mine.pop(rng.randrange(len(mine)))
+            statements = [("DELETE FROM customer WHERE id = %s", (row,))]
+        else:  # inserted, changed and deleted: nothing for anyone
+            next_id += 1
+            statements = [("INSERT INTO customer VALUES (%s, 'brief', 'north', 0)", (next_id,)),
+                          ("UPDATE customer SET region = 'south' WHERE id = %s", (next_id,)),
+                          ("DELETE FROM customer WHERE id = %s", (next_id,))]
+        app.run(*statements)
+        time.sleep(rng.random() * 0.004)  # the cuts and reads meet the writers half-way
+
+
+
+def seed(app: App) -> None:
+    """The shared rows write_rows changes, half north, half south."""
+    app.run(*[("INSERT INTO customer VALUES (%s, %s, %s, %s)", (row, f"s{row}", ("north", "south")[row % 2], 0.0))
+              for row in range(1, SHARED + 1)])
 
 
 @dataclass

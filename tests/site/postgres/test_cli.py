@@ -127,3 +127,32 @@ def test_a_remote_role_is_refused_on_postgresql(agent, app_uri, tmp_path) -> Non
                            "--home", tmp_path / "home")
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert not Path(tmp_path / "home" / "keys" / "site.key").exists()
+
+
+def test_extract_makes_a_remote_from_the_uri_with_its_key_beside_it(agent, app_uri, tmp_path) -> None:
+    """`agent extract URI NAME FILE` as a plain role: the remote's file with
+    its subset, its key file beside it, and the consolidated's row of it
+    starting at the offset the command names."""
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                 "--home", tmp_path / "home")[0] == 0
+    assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
+    assert agent("remote", "add", app_uri, "north", "--address", tmp_path / "north", "--subscribe",
+                 "sales=north")[0] == 0
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (2, 'Bo', 'south'), (3, 'Cy', 'north')")
+    target = tmp_path / "field" / "north.db"
+    target.parent.mkdir()
+    code, out, err = agent("extract", app_uri, "north", target)
+    assert (code, err) == (0, ""), err
+    with open_site(app_uri) as site:
+        row = site.remote("north")
+    assert f"Consistent at log offset {row.log_sent} of {app_uri}" in " ".join(out.split())
+    key = target.parent / "north.db.agent" / "keys" / "site.key"
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    with open_site(target) as remote:
+        assert remote.identity.name == "north" and remote.identity.public_key == row.public_key
+        assert remote.connection.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == [
+            (1, "Ann", "north"), (3, "Cy", "north")]
+        assert remote.remote("hq").log_received == row.log_sent
+    code, out, err = agent("extract", app_uri, "north", target)
+    assert code == 1 and "exists already" in err and len(err.strip().splitlines()) == 1

@@ -6,7 +6,6 @@ tests run on both backends (tests/site/postgres/both.py)."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -16,61 +15,8 @@ from agent.site import Article, LogOffsetError, LogTruncated, UnknownRemote
 from agent.site.postgres.connect import connect
 from codec.ops import OpKind, Operation, PartialTransaction, Run, Transaction, op_count, operations_of
 
-from .both import REGIONS, consolidated  # noqa: F401  (a fixture)
+from .both import REGIONS, WRITERS, consolidated, seed, write_rows  # noqa: F401  (consolidated: a fixture)
 from .replay import Copy
-
-WRITERS = 4
-TRANSACTIONS = 70
-SHARED = 40  # rows every writer updates and moves between regions
-
-
-def _workload(app, number: int, stop: threading.Event) -> None:  # type: ignore[no-untyped-def]
-    """One writer's transactions: its own rows inserted, changed, moved and
-    deleted, and the shared rows changed and moved by every writer (one
-    shared row a transaction: no deadlock)."""
-    rng = random.Random(number)
-    mine: list[int] = []
-    next_id = number * 100_000
-    regions = ("north", "south", "east")
-    for _ in range(TRANSACTIONS):
-        if stop.is_set():
-            return
-        choice = rng.random()
-        shared = rng.randrange(1, SHARED + 1)
-        if choice < 0.3 or not mine:
-            statements = []
-            for _ in range(rng.randrange(1, 4)):
-                next_id += 1
-                mine.append(next_id)
-                statements.append(("INSERT INTO customer VALUES (%s, %s, %s, %s)",
-                                   (next_id, f"n{next_id}", rng.choice(regions), rng.random())))
-        elif choice < 0.5:  # a shared row moves to another region
-            statements = [("UPDATE customer SET region = %s, balance = %s WHERE id = %s",
-                           (rng.choice(regions), rng.random(), shared))]
-        elif choice < 0.6:  # a shared row changes within its region, and one of ours moves
-            statements = [("UPDATE customer SET name = %s WHERE id = %s", (f"w{number}-{rng.random()}", shared)),
-                          ("UPDATE customer SET region = %s WHERE id = %s", (rng.choice(regions), rng.choice(mine)))]
-        elif choice < 0.7:  # out of its region and back in one transaction
-            row = rng.choice(mine)
-            statements = [("UPDATE customer SET region = 'east', name = 'away' WHERE id = %s", (row,)),
-                          ("UPDATE customer SET region = %s, name = %s WHERE id = %s",
-                           (rng.choice(regions), f"back{row}", row))]
-        elif choice < 0.8:  # deleted and inserted again
-            row = rng.choice(mine)
-            statements = [("DELETE FROM customer WHERE id = %s", (row,)),
-                          ("INSERT INTO customer VALUES (%s, %s, %s, %s)", (row, f"again{row}", rng.choice(regions),
-                                                                            1.5))]
-        elif choice < 0.9:
-            row = mine.pop(rng.randrange(len(mine)))
-            statements = [("DELETE FROM customer WHERE id = %s", (row,))]
-        else:  # inserted, changed and deleted: nothing for anyone
-            next_id += 1
-            statements = [("INSERT INTO customer VALUES (%s, 'brief', 'north', 0)", (next_id,)),
-                          ("UPDATE customer SET region = 'south' WHERE id = %s", (next_id,)),
-                          ("DELETE FROM customer WHERE id = %s", (next_id,))]
-        app.run(*statements)
-        time.sleep(rng.random() * 0.004)  # the cuts and reads meet the writers half-way
-
 
 def _subset(app, region: str) -> dict:  # type: ignore[no-untyped-def]
     return app.rows("WHERE region = %s", (region,))
@@ -92,8 +38,7 @@ def test_each_subscriber_reads_exactly_its_rows_in_commit_order_while_applicatio
     operation meeting a row in a state it did not expect."""
     site = consolidated.site
     setup = consolidated.app()
-    setup.run(*[("INSERT INTO customer VALUES (%s, %s, %s, %s)", (row, f"s{row}", ("north", "south")[row % 2], 0.0))
-                for row in range(1, SHARED + 1)])
+    seed(setup)
     copies = {name: Copy() for name in REGIONS}
     ends = [0]
     stop = threading.Event()
@@ -101,7 +46,7 @@ def test_each_subscriber_reads_exactly_its_rows_in_commit_order_while_applicatio
 
     def writer(number: int) -> None:
         try:
-            _workload(consolidated.app(), number, stop)
+            write_rows(consolidated.app(), number, stop)
         except BaseException as error:  # noqa: BLE001  (reported below)
             failures.append(error)
             stop.set()

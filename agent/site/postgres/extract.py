@@ -1,0 +1,214 @@
+"""Extracting a SQLite remote from a PostgreSQL consolidated: the
+consolidated side of agent.site.extract (its ExtractionSource), which
+makes the remote's file as it does from a SQLite consolidated.
+
+Rules of this file:
+* One consistent point: the extraction cuts the log in a REPEATABLE READ
+  transaction that takes the cut lock before its first query (log.begin_cut,
+  log.cut_in), so the transaction's snapshot S is the cut's and the new
+  log end E is the last offset of exactly the transactions visible in S:
+  those visible in S are at or below E, those not visible in S (running
+  then, or begun later) get offsets above E at later cuts.  A second
+  connection imports S (``pg_export_snapshot``, ``SET TRANSACTION
+  SNAPSHOT``) before the cut commits, and the rows are read there, while
+  the applications and the agent's cuts go on: the copy holds exactly the
+  changes at or below E, and the remote's stream starts after E.
+  docs/postgres.md, "Extraction".
+* The remote's tables come from the articles' shapes, the layout the log
+  carries: each column declared as the types table says (typemap.KINDS'
+  ``sqlite_type``), the key as the primary key (NOT NULL).  Other
+  constraints, indexes and foreign keys stay at the consolidated.
+* Rows are read as the log carries them: each column through its capture
+  text and its load (typemap.py), so a value of the copy equals the value
+  a later change of that row carries; a row is the remote's when its
+  SUBSCRIBE BY value, so read, is one of its values in Python's terms, as
+  the log's readers select (agent.site.selection).
+* Functions here open their own transactions on the site's connection,
+  under the site's lock; PostgreSQL's errors leave as the site's.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from .._db import quote_ident, write_transaction
+from ..capture import TableInfo
+from ..extract import COPY_CHUNK, PREFILTER_VALUES, SwitchOver, TablePlan
+from ..identity import SiteIdentity
+from ..remote_rules import RemoteUser
+from . import remotes as remote_rows
+from .capture import PgShape, load_shapes, shown_table
+from .catalogue import table_order
+from .connect import connect, translate
+from .log import begin_cut, cut_in, truncated_through
+from .subscriptions import VALUE_COLUMNS, candidate_texts, stored_value
+from .typemap import KINDS, loader
+from .uri import PgTarget
+
+_ARTICLES = """
+SELECT a.table_schema, a.table_name, a.publication, a.columns, a.subscribe_by, a.shape
+  FROM fieldsync.article a
+ WHERE a.publication IN (SELECT publication FROM fieldsync.subscription WHERE remote = %s AND until IS NULL)
+"""
+
+
+def remote_table_sql(shape: PgShape, columns: tuple[str, ...]) -> str:
+    """The CREATE TABLE of ``shape``'s table at a SQLite remote: the
+    published ``columns`` (shape order), each declared as the types table
+    says, and the key."""
+    layout = shape.layout
+    kinds = dict(zip(layout.columns, layout.kinds))
+    definitions = [f"{quote_ident(column)} {KINDS[kinds[column]].sqlite_type}"
+                   + (" NOT NULL" if column in layout.key_columns else "") for column in columns]
+    definitions.append(f"PRIMARY KEY ({', '.join(quote_ident(column) for column in layout.key_columns)})")
+    return f"CREATE TABLE {quote_ident(layout.shown)} ({', '.join(definitions)})"
+
+
+@dataclass(frozen=True, slots=True)
+class PgConsolidated:
+    """A PostgreSQL consolidated as extraction uses it: the site's
+    connection, the lock of every use of it, its identity and where it is
+    (a second connection reads the rows)."""
+
+    conn: psycopg.Connection
+    lock: threading.RLock
+    identity: SiteIdentity
+    target: PgTarget
+    shapes: dict[str, PgShape]  # filled by plan: the shape of each table the remote gets, by its name there
+
+    def plan(self, remote: str) -> tuple[RemoteUser, list[TablePlan], list[tuple[str, list[str]]]]:
+        with self._transaction(f"planning the extraction of {remote!r}", snapshot=True) as conn:
+            row = remote_rows.get_remote(conn, remote)
+            values: dict[str, set] = {}
+            for publication, *stored in conn.execute(f"SELECT publication, {VALUE_COLUMNS} FROM"
+                                                     " fieldsync.subscription WHERE remote = %s AND until IS NULL",
+                                                     (remote,)):
+                bucket = values.setdefault(publication, set())
+                value = stored_value(*stored)
+                if value is not None:
+                    bucket.add(value)
+            shapes = load_shapes(conn)
+            articles = sorted(conn.execute(_ARTICLES, (remote,)).fetchall(),
+                              key=lambda found: table_order(shown_table(found[0], found[1])))
+        plans, statements = [], []
+        for _schema, _table, publication, columns, subscribe_by, shape_id in articles:
+            shape = shapes[shape_id]
+            layout = shape.layout
+            published = layout.columns if columns is None else tuple(
+                column for column in layout.columns if column in set(columns) | set(layout.key_columns))
+            create = remote_table_sql(shape, published)
+            plans.append(TablePlan(TableInfo(layout.shown, layout.columns, layout.key_columns, create, False),
+                                   publication, published, subscribe_by,
+                                   frozenset(values[publication]) if subscribe_by else None,
+                                   published != layout.columns))
+            statements.append((create, []))
+            self.shapes[layout.shown] = shape
+        return row, plans, statements
+
+    def copy_rows(self, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]
+                  ) -> tuple[int, dict[str, int], RemoteUser]:
+        try:
+            reader = connect(self.target)
+        except psycopg.Error as error:
+            raise translate(error, self.target, f"reading the rows of {remote!r}") from None
+        try:
+            with reader.transaction():
+                reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                offset, before = self._cut_and_share(reader, remote)
+                with write_transaction(copy, f"copying the rows of {remote!r}"):
+                    counts = {plan.info.name: _copy_rows(reader, copy, plan, self.shapes[plan.info.name])
+                              for plan in plans}
+            return offset, counts, before
+        except psycopg.Error as error:
+            raise translate(error, self.target, f"reading the rows of {remote!r}") from None
+        finally:
+            reader.close()
+
+    def _cut_and_share(self, reader: psycopg.Connection, remote: str) -> tuple[int, RemoteUser]:
+        """Cut the log and hand the cut's snapshot to ``reader`` (its
+        transaction begun, nothing read yet) before the cut commits; return
+        the log end and the remote's row at that point."""
+        with self.lock:
+            try:
+                with self.conn.transaction():
+                    begin_cut(self.conn)
+                    made = cut_in(self.conn, self.identity.name)
+                    before = remote_rows.get_remote(self.conn, remote)
+                    [(snapshot,)] = self.conn.execute("SELECT pg_catalog.pg_export_snapshot()").fetchall()
+                    reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+            except psycopg.Error as error:
+                raise translate(error, self.target, f"fixing the extraction point of {remote!r}") from None
+        return made.log_end, before
+
+    def switch_over(self, change: SwitchOver, name_copy: Callable[[], None]) -> None:
+        with self._transaction(f"switching {change.remote!r} over to its new copy") as conn:
+            current = remote_rows.get_remote(conn, change.remote, for_update=True)
+            change.check(current, truncated_through(conn))
+            columns = change.columns
+            conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = %s").format(
+                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(name)) for name in columns)),
+                (*columns.values(), change.remote))
+            if current.peer_incarnation is not None:
+                conn.execute("INSERT INTO fieldsync.replaced_copy (remote, incarnation, replaced_at)"
+                             " VALUES (%s, %s, now()) ON CONFLICT DO NOTHING",
+                             (change.remote, current.peer_incarnation))
+            name_copy()
+
+    @contextmanager
+    def _transaction(self, doing: str, *, snapshot: bool = False) -> Iterator[psycopg.Connection]:
+        with self.lock:
+            try:
+                with self.conn.transaction():
+                    if snapshot:
+                        self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    yield self.conn
+            except psycopg.Error as error:
+                raise translate(error, self.target, doing) from None
+
+
+def _copy_rows(reader: psycopg.Connection, copy: sqlite3.Connection, plan: TablePlan, shape: PgShape) -> int:
+    """Copy ``plan``'s rows, as the log carries them, from ``reader``'s
+    snapshot into ``copy``; return how many."""
+    layout = shape.layout
+    kinds = dict(zip(layout.columns, layout.kinds))
+    selected = list(plan.columns)
+    position = None
+    if plan.values is not None:
+        if plan.subscribe_by not in selected:  # the filter column is not published: read it alongside
+            selected.append(plan.subscribe_by)  # type: ignore[arg-type]
+        position = selected.index(plan.subscribe_by)  # type: ignore[arg-type]
+    texts = [sql.SQL(KINDS[kinds[column]].capture).format(sql.Identifier(column)) for column in selected]
+    query = sql.SQL("SELECT ARRAY[{}] FROM {}").format(sql.SQL(", ").join(texts),
+                                                       sql.Identifier(layout.schema, layout.table))
+    parameters: tuple = ()
+    if plan.values is not None and position is not None and len(plan.values) <= PREFILTER_VALUES:
+        wanted = candidate_texts(KINDS[kinds[selected[position]]], plan.values)
+        if wanted is not None:  # the rows that may hold a value (the test below keeps those that do)
+            query += sql.SQL(" WHERE {} = ANY(%s)").format(texts[position])
+            parameters = (wanted,)
+    load = loader(tuple(KINDS[kinds[column]] for column in selected))
+    width, values = len(plan.columns), plan.values
+    insert = (f"INSERT INTO main.{quote_ident(plan.info.name)} ({', '.join(map(quote_ident, plan.columns))})"
+              f" VALUES ({', '.join('?' * width)})")
+    total = 0
+    with reader.cursor(name="fieldsync_extract") as cursor:
+        cursor.itersize = COPY_CHUNK
+        cursor.execute(query, parameters)
+        while True:
+            found = cursor.fetchmany(COPY_CHUNK)
+            if not found:
+                return total
+            rows = [load(captured) for (captured,) in found]
+            if position is not None:
+                # The log readers' test (Python equality): the copy and the
+                # stream agree on which rows are the remote's.
+                rows = [row[:width] for row in rows if row[position] in values]  # type: ignore[operator]
+            copy.executemany(insert, rows)
+            total += len(rows)
