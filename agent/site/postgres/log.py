@@ -57,34 +57,48 @@ GROUP BY txid, origin
 ORDER BY last
 """
 
-# The next capture rows of the log after a position ``(commit, position,
-# seq)``: log transactions in offset order, their writing transactions in
-# replay order, each one's rows in seq order.  Keyset paging on log_txn's
-# key, then capture's (txid, seq) key for each writing transaction.
-_NEXT_ROWS = """
-SELECT t.commit_offset, t.position, l.origin, c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s]
+# Reading pages by the key (commit_offset, position, seq): log
+# transactions in offset order, their writing transactions in replay
+# order, each one's rows in seq order.  A page takes the next writing
+# transactions after a key (_MEMBERS: an index range of log_txn, bounded),
+# then their rows (_ROWS: each one's from capture's (txid, seq) index, at
+# most a page of them, so the sort is bounded too); the rest of a writing
+# transaction larger than a page comes by its own index range
+# (_MEMBER_ROWS), with no sort.
+_MEMBERS = """
+SELECT t.commit_offset, t.position
+  FROM fieldsync.log_txn t JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
+ WHERE (t.commit_offset, t.position) > (%(commit)s, %(position)s) AND t.commit_offset <= %(until)s
+   AND (l.origin IS DISTINCT FROM %(skip)s OR %(keep)s <> 0)
+ ORDER BY t.commit_offset, t.position
+ LIMIT %(members)s
+"""
+_ROWS = """
+SELECT t.commit_offset, t.position, l.origin, c.seq, c.shape, c.kind, c.flags, c.v
   FROM fieldsync.log_txn t
   JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
-  JOIN fieldsync.capture c ON c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
- WHERE (t.commit_offset, t.position) >= (%(commit)s, %(position)s) AND t.commit_offset <= %(until)s
-   AND ((t.commit_offset, t.position) > (%(commit)s, %(position)s) OR c.seq > %(seq)s)
-   AND (l.origin IS DISTINCT FROM %(skip)s OR c.flags & %(keep)s <> 0)
+ CROSS JOIN LATERAL (
+       SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s] AS v FROM fieldsync.capture c
+        WHERE c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
+          AND (l.origin IS DISTINCT FROM %(skip)s OR c.flags & %(keep)s <> 0)
+        ORDER BY c.seq
+        LIMIT %(limit)s) AS c
+ WHERE (t.commit_offset, t.position) > (%(commit)s, %(position)s)
+   AND (t.commit_offset, t.position) <= (%(last_commit)s, %(last_position)s)
+   AND (l.origin IS DISTINCT FROM %(skip)s OR %(keep)s <> 0)
  ORDER BY t.commit_offset, t.position, c.seq
  LIMIT %(limit)s
 """
-# The rest of one writing transaction's rows (a large one: no sort, one
-# index range a chunk).
+_MEMBER = "SELECT txid::text, origin FROM fieldsync.log_txn WHERE commit_offset = %s AND position = %s"
 _MEMBER_ROWS = """
-SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s]
-  FROM fieldsync.log_txn t
-  JOIN fieldsync.capture c ON c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
- WHERE t.commit_offset = %(commit)s AND t.position = %(position)s AND c.seq > %(seq)s
+SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s] FROM fieldsync.capture c
+ WHERE c.txid = %(txid)s::xid8 AND c.origin IS NOT DISTINCT FROM %(origin)s AND c.seq > %(seq)s
    AND (NOT %(skipped)s OR c.flags & %(keep)s <> 0)
  ORDER BY c.seq
  LIMIT %(limit)s
 """
-# Past every seq (bigint): the writing transaction is done with.
-_DONE = 2**63 - 1
+# Past every position (integer): the log transaction ``after`` is done with.
+_PAST = 2**31 - 1
 # As wide as any capture row (PostgreSQL's array slices stop at the end).
 _WHOLE = 2**31 - 1
 
@@ -203,37 +217,47 @@ def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Ma
     known: dict[int, PgShape] = shapes if isinstance(shapes, dict) else dict(shapes or {})
     width = _WHOLE if value_columns is None else value_columns
     keyed = {"until": until, "width": width, "skip": skip_origin, "keep": keep_flag, "limit": chunk}
-    # Offsets are integers and positions and seqs start at 0 and 1: the
-    # first row of the log after ``after`` comes after this one.
-    commit, position, seq = after + 1, 0, 0
+    commit, position = after, _PAST  # the key read so far: every writing transaction up to it
+    members = chunk  # how many writing transactions a page takes: fewer while they are large
     held: list[tuple] = []
     held_commit, held_origin = 0, ""
     while True:
         with guard:
-            found = conn.execute(_NEXT_ROWS, {**keyed, "commit": commit, "position": position, "seq": seq}).fetchall()
+            taken = conn.execute(_MEMBERS, {**keyed, "commit": commit, "position": position,
+                                            "members": members}).fetchall()
+            if not taken:
+                break
+            (last_commit, last_position) = taken[-1]
+            found = conn.execute(_ROWS, {**keyed, "commit": commit, "position": position,
+                                         "last_commit": last_commit, "last_position": last_position}).fetchall()
             rows = [(offset, place, origin, _row(conn, known, capture, value_columns))
                     for offset, place, origin, *capture in found]
-        if len(found) == chunk:  # the last writing transaction may go on: read it by its own key
-            last_offset, last_place, last_origin, last_row = rows[-1]
-            rows += [(last_offset, last_place, last_origin, row) for row in _rest_of_member(
-                conn, guard, known, {**keyed, "commit": last_offset, "position": last_place, "seq": last_row[0],
-                                     "skipped": last_origin == skip_origin}, value_columns)]
-        for offset, place, origin, row in rows:
+        if len(found) == chunk:  # the page is full: its last writing transaction may go on
+            last_commit, last_position, last_origin, last_row = rows[-1]
+            rows += [(last_commit, last_position, last_origin, row) for row in _rest_of_member(
+                conn, guard, known, {**keyed, "seq": last_row[0], "skipped": last_origin == skip_origin},
+                (last_commit, last_position), value_columns)]
+            members = max(1, min(chunk, 2 * len({(row[0], row[1]) for row in rows})))
+        else:
+            members = min(chunk, 2 * members)
+        commit, position = last_commit, last_position
+        for offset, _place, origin, row in rows:
             if held and (offset != held_commit or len(held) >= chunk):
                 yield held_commit, held_origin, held
                 held = []
             held_commit, held_origin = offset, origin
             held.append(row)
-        if len(found) < chunk:
-            break
-        commit, position, seq = rows[-1][0], rows[-1][1], _DONE
     if held:
         yield held_commit, held_origin, held
 
 
 def _rest_of_member(conn: psycopg.Connection, guard: ContextManager, known: dict[int, PgShape], keyed: dict,
-                    value_columns: int | None) -> Iterator[tuple]:
-    """The rows of one writing transaction after ``keyed["seq"]``, a chunk a statement."""
+                    member: tuple[int, int], value_columns: int | None) -> Iterator[tuple]:
+    """The rows of the writing transaction at ``member`` (its key in
+    log_txn) after ``keyed["seq"]``, a page a statement."""
+    with guard:
+        txid, origin = conn.execute(_MEMBER, member).fetchone()
+    keyed = {**keyed, "txid": txid, "origin": origin}
     while True:
         with guard:
             found = conn.execute(_MEMBER_ROWS, keyed).fetchall()

@@ -63,11 +63,12 @@ def test_each_subscriber_reads_exactly_its_rows_in_commit_order_while_applicatio
     while any(thread.is_alive() for thread in threads):
         read_step()
         time.sleep(0.01)  # SQLite's write lock is not fair: leave the writers room
+    read_while_writing = len(set(ends))
     for thread in threads:
         thread.join()
     read_step()
     assert not failures, failures
-    assert len(set(ends)) > 5  # the log was read in many steps while the writers wrote
+    assert read_while_writing >= 3  # the log was read in steps while the writers wrote
     for name, region in REGIONS.items():
         assert copies[name].problems == []
         assert _rows(copies[name]) == _subset(setup, region)
