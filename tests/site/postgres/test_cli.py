@@ -156,3 +156,32 @@ def test_extract_makes_a_remote_from_the_uri_with_its_key_beside_it(agent, app_u
         assert remote.remote("hq").log_received == row.log_sent
     code, out, err = agent("extract", app_uri, "north", target)
     assert code == 1 and "exists already" in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_once_sends_a_change_at_postgresql_to_the_extracted_remote(agent, app_uri, tmp_path) -> None:
+    """The agent on a PostgreSQL consolidated (`agent run URI --once`,
+    sending) and on its SQLite field site: a row written at PostgreSQL by an
+    application, and one moved out of the remote's subset, reach the remote."""
+    inbox = {name: tmp_path / "inbox" / name for name in ("hq", "north")}
+    for folder in inbox.values():
+        folder.mkdir(parents=True)
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", inbox["hq"],
+                 "--home", tmp_path / "home")[0] == 0
+    assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
+    assert agent("remote", "add", app_uri, "north", "--address", inbox["north"], "--subscribe",
+                 "sales=north")[0] == 0
+    north = tmp_path / "field" / "north.db"
+    north.parent.mkdir()
+    assert agent("extract", app_uri, "north", north)[0] == 0
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (4, 'Di', 'north'), (5, 'Ed', 'south')")
+        conn.execute("UPDATE customer SET region = 'south' WHERE id = 1")
+    code, out, err = agent("run", app_uri, "--once", "--send-only")
+    assert (code, err) == (0, ""), err
+    code, out, err = agent("run", north, "--once", "-O", "min_age=0")
+    assert (code, err) == (0, ""), err
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == [
+            (4, "Di", "north")]
+    with open_site(app_uri) as site:
+        assert site.remote("north").log_sent == site.log_end()
