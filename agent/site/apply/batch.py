@@ -212,6 +212,18 @@ def set_aside(batch: Batch, table: Table, op: tuple, problem: str) -> None:
         batch.held.add((table.name, key_after(table.key_columns, op[2], op[4])))
 
 
+def strand(batch: Batch, table: Table, key: tuple, before: dict, after: dict) -> None:
+    """At the consolidated, an UPDATE of the peer's found no row under
+    ``key`` (nor where this site moved it): when it gave the row another
+    key, the peer holds the row there, and it goes at the peer too
+    (conflicts.planned_returns)."""
+    if after.keys().isdisjoint(table.key_columns):
+        return
+    moved = key_after(table.key_columns, key, after)
+    if moved != key:
+        batch.stranded[(table.name, moved)] = (table, {**before, **after, **dict(zip(table.key_columns, moved))})
+
+
 def send_back(batch: Batch, table: Table, key: tuple, origin_row: dict, columns: set[str]) -> None:
     """Remember to send the final state of ``key`` back to the batch's
     origin.  It is written once the whole batch is applied, so it also

@@ -8,8 +8,13 @@ Rules of this file:
 * What goes back to the origin (conflicts, the unconfirmed rule, key
   moves, rows moved into its subset) is written once the whole batch is
   applied (:meth:`Conflicts.write_returns`), each row only to the origin.
-* :class:`Conflicts` is given the connection, the statements and the
-  conflict hooks (the site adapter's, read at each conflict).
+* The decisions are plain functions both backends call (the PostgreSQL
+  consolidated, agent/site/postgres/apply, too): how a conflict is
+  resolved (:func:`decide`, :func:`resolved`), what an INSERT of a held
+  key sends back (:func:`kept_local_row`) and what goes back after a
+  batch (:func:`planned_returns`); :class:`Conflicts` does SQLite's SQL
+  around them, given the connection, the statements and the conflict
+  hooks (the site adapter's, read at each conflict).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from codec.ops import OpKind, Operation
 
@@ -44,46 +49,20 @@ class Conflicts:
         """An UPDATE ``op`` found row ``local`` other than its before-image:
         resolve it (hook, policy), record it, and send the result back."""
         conn = self._conn
-        key, before, after = op[2], op[3], op[4]
-        incoming = tuple.__new__(Operation, op) if not isinstance(op, Operation) else op
-        hook = self._hooks.get(table.name.lower(), self._hooks.get(None))
-        if hook is not None:
-            try:
-                decision = hook(Conflict(batch.peer, batch.commit, table.name, key, dict(local), incoming))
-            except Exception as error:
-                raise ConflictHookFailed(f"conflict hook for {table.name} raised {type(error).__name__}: {error}; "
-                                         "the batch was rolled back") from error
-        else:
-            decision = table.policy
-        if isinstance(decision, Resolution):
-            written = after if decision is Resolution.INCOMING else {}
-        elif isinstance(decision, dict):
-            written = decision
-            for column, value in decision.items():
-                if column not in table.columns or value_problem(value) is not None:
-                    raise ConflictHookFailed(f"conflict hook for {table.name} returned a bad value for column "
-                                             f"{column!r}; the batch was rolled back")
-        else:
-            raise ConflictHookFailed(f"conflict hook for {table.name} returned {type(decision).__name__}, not a "
-                                     "Resolution or a dict of column values; the batch was rolled back")
+        key = op[2]
+        decision, written = decide(self._hooks, table, op, local, batch)
         if written:
             # Captured as usual (origin: the peer), so every other subscriber
             # gets the result; the origin gets it from write_returns.
             conn.execute(self._statements.update_sql(table, tuple(written), ()), (*written.values(), *key))
         final_key = key_after(table.key_columns, key, written)
         result = self._statements.select(table, final_key)
-        resolution = decision.value if isinstance(decision, Resolution) else "merged"
         conn.execute(
             "INSERT INTO fieldsync_conflict (at, peer, peer_commit, table_name, key, local_row, incoming_before,"
             " incoming_after, resolution, result_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (batch.now, batch.peer, batch.commit, table.name, pack(key), pack(local), pack(before), pack(after),
-             resolution, None if result is None else pack(result)))
-        batch.conflicts += 1
-        batch.applied += 1
-        if result is not None:
-            # The origin holds its change over our old row; it gets back the
-            # columns the conflict was about (and any the resolution wrote).
-            send_back(batch, table, final_key, {**local, **after}, set(after) | set(written))
+            (batch.now, batch.peer, batch.commit, table.name, pack(key), pack(local), pack(op[3]), pack(op[4]),
+             resolution_name(decision), None if result is None else pack(result)))
+        resolved(batch, table, op, local, written, final_key, result)
 
     def filters(self, peer: str) -> dict[str, Filter]:
         """``peer``'s subset of each filtered table (lower-case table ->
@@ -122,64 +101,10 @@ class Conflicts:
         return route
 
     def write_returns(self, batch: Batch) -> None:
-        """Capture what goes back to the batch's origin, each row only to it.
-        Written once the whole batch is applied, so each holds the row's
-        state after the batch, and a row that left the subset and came back
-        within the batch causes nothing.  Per row, by what the origin may
-        hold when this reaches it:
-
-        * gone here, while an operation on its way gives the row to the
-          origin: a DELETE;
-        * outside the origin's subset (or gone) here, while the origin may
-          hold it (it changed it, and no operation on its way deletes it
-          there): a DELETE;
-        * in its subset, while the origin may not hold it (an operation on its
-          way deletes it there, or the origin moved it into its subset and a
-          DELETE sent when it left may still reach it): the whole row;
-        * otherwise, for a row of ``batch.returns`` (conflicts, the
-          unconfirmed rule; see batch.send_back): an UPDATE of the listed columns.
-        """
-        received = batch.received
-        select = self._statements.select
-        routes: dict[str, dict] = {}  # by table: the routes of foreign keys (nothing changes meanwhile)
-        for name_key, (table, image) in batch.stranded.items():
-            # The peer moved a row this site had deleted (or moved itself,
-            # to a key that no longer holds it): it goes at the peer too.
-            shape = table.shape
-            if shape is not None and name_key not in received and select(table, name_key[1]) is None:
-                self._write_return(shape, KIND_DELETE, [image.get(column) for column in shape.columns])
-        keys = dict.fromkeys([*batch.returns, *batch.entered, *received, *batch.touched])
-        for name_key in keys:
-            pending = batch.returns.get(name_key)
-            if pending is not None:
-                table = pending.table
-            elif name_key in batch.touched:
-                table = batch.touched[name_key]
-            else:
-                table = batch.watched[name_key][0]  # type: ignore[index]
-            shape = table.shape
-            if shape is None:
-                continue  # the table is not published here: nothing goes anywhere
-            key = name_key[1]
-            result = select(table, key)
-            last = received.get(name_key)
-            deleted_there = last is not None and last[0] == OpKind.DELETE
-            if result is None:
-                if last is not None and not deleted_there:
-                    image = {**last[1], **dict(zip(table.key_columns, key))}
-                    self._write_return(shape, KIND_DELETE, [image.get(column) for column in shape.columns])
-                continue  # otherwise the origin deleted it too, or an operation on its way does
-            subset = batch.filters.get(table.name.lower())
-            if subset is not None and subset.value(result, routes.setdefault(shape.table, {})) not in subset.values:
-                if not deleted_there and (pending is not None or name_key in batch.touched):
-                    self._write_return(shape, KIND_DELETE, [result.get(column) for column in shape.columns])
-                continue
-            if deleted_there or name_key in batch.entered:
-                self._write_return(shape, KIND_INSERT, [result.get(column) for column in shape.columns])
-            elif pending is not None:
-                values = [pending.origin_row.get(column) for column in shape.columns]
-                values += [result.get(column) for column in shape.columns]
-                self._write_return(shape, KIND_UPDATE, values, pending.columns & set(shape.columns))
+        """Capture what goes back to the batch's origin, each row only to it
+        (:func:`planned_returns`, once the whole batch is applied)."""
+        for shape, kind, values, columns in planned_returns(batch, self._statements.select):
+            self._write_return(shape, kind, values, columns)
 
     def _write_return(self, shape: Shape, kind: int, values: list, columns: Iterable[str] = ()) -> None:
         """Write one capture row for the batch's origin only.  Each gets a
@@ -188,6 +113,124 @@ class Conflicts:
         seq = write_capture_row(self._conn, shape, kind, FLAG_RETURN_TO_ORIGIN, values)
         self._conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
                            (seq, json.dumps(sorted(columns))))
+
+
+def decide(hooks: Mapping[str | None, ConflictHook], table: Table, op: tuple, local: dict,
+           batch: Batch) -> tuple[Resolution | dict, dict]:
+    """How a conflict is resolved: the table's hook (else the hook of every
+    table), else its policy; and the values it writes over the local row
+    (``{}``: keep it).  A hook that raises or returns anything but a
+    Resolution or a dict of this table's columns to SQLite values raises
+    ConflictHookFailed, which rolls the whole batch back."""
+    incoming = tuple.__new__(Operation, op) if not isinstance(op, Operation) else op
+    hook = hooks.get(table.name.lower(), hooks.get(None))
+    if hook is None:
+        decision: object = table.policy
+    else:
+        try:
+            decision = hook(Conflict(batch.peer, batch.commit, table.name, op[2], dict(local), incoming))
+        except Exception as error:
+            raise ConflictHookFailed(f"conflict hook for {table.name} raised {type(error).__name__}: {error}; "
+                                     "the batch was rolled back") from error
+    if isinstance(decision, Resolution):
+        return decision, (op[4] if decision is Resolution.INCOMING else {})
+    if isinstance(decision, dict):
+        for column, value in decision.items():
+            if column not in table.columns or value_problem(value) is not None:
+                raise ConflictHookFailed(f"conflict hook for {table.name} returned a bad value for column "
+                                         f"{column!r}; the batch was rolled back")
+        return decision, decision
+    raise ConflictHookFailed(f"conflict hook for {table.name} returned {type(decision).__name__}, not a "
+                             "Resolution or a dict of column values; the batch was rolled back")
+
+
+def resolution_name(decision: Resolution | dict) -> str:
+    """How a conflict record names a resolution (a hook's dict: ``merged``)."""
+    return decision.value if isinstance(decision, Resolution) else "merged"
+
+
+def resolved(batch: Batch, table: Table, op: tuple, local: dict, written: dict, final_key: tuple,
+             result: dict | None) -> None:
+    """Count a conflict resolved to ``result`` (the row under ``final_key``
+    now, None: gone), and send it back to the origin."""
+    batch.conflicts += 1
+    batch.applied += 1
+    if result is not None:
+        # The origin holds its change over our old row; it gets back the
+        # columns the conflict was about (and any the resolution wrote).
+        send_back(batch, table, final_key, {**local, **op[4]}, set(op[4]) | set(written))
+
+
+def kept_local_row(batch: Batch, table: Table, op: tuple, local: dict) -> str:
+    """An INSERT from the peer of a key the consolidated holds (row
+    ``local``): the consolidated keeps its row and sends it back whole so
+    the origin converges.  Returns the apply error's problem."""
+    send_back(batch, table, op[2], {**local, **op[4]}, set(table.columns))
+    return f"INSERT of an existing key: the local row was kept and sent back to {batch.peer}"
+
+
+def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None]
+                    ) -> Iterator[tuple[Shape, int, list, set[str]]]:
+    """What goes back to the batch's origin, as ``(shape, kind, values,
+    columns)`` capture rows for it only (``values``: the shape's columns,
+    twice for an UPDATE: as the origin holds the row, then as it is here;
+    ``columns``: those an UPDATE sends back).  ``select(table, key)`` reads
+    a row as it is after the batch.  Planned once the whole batch is
+    applied, so each holds the row's state after the batch, and a row that
+    left the subset and came back within the batch causes nothing.  Per
+    row, by what the origin may hold when this reaches it:
+
+    * gone here, while an operation on its way gives the row to the
+      origin: a DELETE;
+    * outside the origin's subset (or gone) here, while the origin may
+      hold it (it changed it, and no operation on its way deletes it
+      there): a DELETE;
+    * in its subset, while the origin may not hold it (an operation on its
+      way deletes it there, or the origin moved it into its subset and a
+      DELETE sent when it left may still reach it): the whole row;
+    * otherwise, for a row of ``batch.returns`` (conflicts, the
+      unconfirmed rule; see batch.send_back): an UPDATE of the listed columns.
+    """
+    received = batch.received
+    routes: dict[str, dict] = {}  # by table: the routes of foreign keys (nothing changes meanwhile)
+    for name_key, (table, image) in batch.stranded.items():
+        # The peer moved a row this site had deleted (or moved itself,
+        # to a key that no longer holds it): it goes at the peer too.
+        shape = table.shape
+        if shape is not None and name_key not in received and select(table, name_key[1]) is None:
+            yield shape, KIND_DELETE, [image.get(column) for column in shape.columns], set()
+    keys = dict.fromkeys([*batch.returns, *batch.entered, *received, *batch.touched])
+    for name_key in keys:
+        pending = batch.returns.get(name_key)
+        if pending is not None:
+            table = pending.table
+        elif name_key in batch.touched:
+            table = batch.touched[name_key]
+        else:
+            table = batch.watched[name_key][0]  # type: ignore[index]
+        shape = table.shape
+        if shape is None:
+            continue  # the table is not published here: nothing goes anywhere
+        key = name_key[1]
+        result = select(table, key)
+        last = received.get(name_key)
+        deleted_there = last is not None and last[0] == OpKind.DELETE
+        if result is None:
+            if last is not None and not deleted_there:
+                image = {**last[1], **dict(zip(table.key_columns, key))}
+                yield shape, KIND_DELETE, [image.get(column) for column in shape.columns], set()
+            continue  # otherwise the origin deleted it too, or an operation on its way does
+        subset = batch.filters.get(table.name.lower())
+        if subset is not None and subset.value(result, routes.setdefault(shape.table, {})) not in subset.values:
+            if not deleted_there and (pending is not None or name_key in batch.touched):
+                yield shape, KIND_DELETE, [result.get(column) for column in shape.columns], set()
+            continue
+        if deleted_there or name_key in batch.entered:
+            yield shape, KIND_INSERT, [result.get(column) for column in shape.columns], set()
+        elif pending is not None:
+            values = [pending.origin_row.get(column) for column in shape.columns]
+            values += [result.get(column) for column in shape.columns]
+            yield shape, KIND_UPDATE, values, pending.columns & set(shape.columns)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,6 @@ from codec.ops import OpKind, Operation, Run, Transaction, change_of
 
 from .._db import format_time, utc_now
 from ..capture import ShapeCache
-from ..errors import ApplyRefused, IncarnationMismatch, InvalidSetting
 from ..log import cut_locked
 from ..route import parent_missing
 from ..remotes import get_remote
@@ -67,11 +66,13 @@ from .batch import (
     same_value,
     send_back,
     set_aside,
+    strand,
     touch,
     touch_rows,
     watch,
 )
-from .conflicts import Conflicts
+from .checks import applies, skip_bound
+from .conflicts import Conflicts, kept_local_row
 from .keymoves import KeyMoves, origin_changes, readdressed
 from .pending import Pending
 from .reshape import Reshape
@@ -158,24 +159,7 @@ class Applier:
         outside an agent's run; the agent passes its clock's time)."""
         conn = self._conn
         remote = get_remote(conn, peer)
-        if peer_incarnation is not None:
-            if type(peer_incarnation) is not bytes or len(peer_incarnation) != 16:
-                raise InvalidSetting("a peer incarnation id is 16 bytes")
-            if remote.peer_incarnation is not None and remote.peer_incarnation != peer_incarnation:
-                raise IncarnationMismatch(
-                    f"peer {peer!r} now has incarnation {peer_incarnation.hex()} but {remote.peer_incarnation.hex()} "
-                    "is recorded: its database was rebuilt or restored, so its offsets cannot be trusted; "
-                    "extract the remote again (or reset the pair) before exchanging messages")
-        if type(log_received) is not int or log_received < remote.log_received:
-            raise ApplyRefused(f"log_received for {peer!r} would go back from {remote.log_received} to "
-                               f"{log_received!r}; nothing applied")
-        if type(messages) is not int or messages < 0:
-            raise InvalidSetting(f"message count must be a non-negative integer, got {messages!r}")
-        if skip_through is None:
-            skip_through = remote.log_received
-        elif type(skip_through) is not int or not 0 <= skip_through <= remote.log_received:
-            raise ApplyRefused(f"skip_through {skip_through!r} for {peer!r} must be an offset from 0 to the recorded "
-                               f"log_received {remote.log_received}; nothing applied")
+        skip_through = skip_bound(peer, remote, log_received, messages, peer_incarnation, skip_through)
         statements = self._statements
         statements.refresh()
         end = cut_locked(conn, identity.name)
@@ -208,15 +192,9 @@ class Applier:
         commits: list[int] = []
         for transaction in transactions:
             commit = transaction.commit
-            if commit <= skip_through:
+            if not applies(peer, commit, previous, skip_through, log_received):
                 skipped += 1  # applied before (a confirmation was lost)
                 continue
-            if commit <= previous:
-                raise ApplyRefused(f"transaction {commit} from {peer!r} follows {previous}: out of order; "
-                                   "nothing applied")
-            if commit > log_received:
-                raise ApplyRefused(f"transaction {commit} from {peer!r} lies beyond the new log_received "
-                                   f"{log_received}; nothing applied")
             previous = commit
             batch.commit = commit
             change = change_of(transaction)
@@ -507,9 +485,7 @@ class Applier:
             return
         if consolidated:
             # The consolidated keeps its row and sends it back so the origin converges.
-            statements.error(batch, op, "INSERT of an existing key: the local row was kept and sent back to "
-                                        f"{batch.peer}")
-            send_back(batch, table, op[2], {**local, **after}, set(table.columns))
+            statements.error(batch, op, kept_local_row(batch, table, op, local))
         elif any(not same_value(local.get(column), value) for column, value in after.items()):
             # A remote takes the consolidated's row as is.
             self._conn.execute(statements.update_sql(table, tuple(after), ()), (*after.values(), *op[2]))
@@ -564,10 +540,7 @@ class Applier:
                     return
         if local is None:
             statements.error(batch, op, "UPDATE of a missing row")
-            if consolidated and not after.keys().isdisjoint(table.key_columns):
-                moved = key_after(table.key_columns, key, after)
-                if moved != key:
-                    batch.stranded[(table.name, moved)] = (
-                        table, {**before, **after, **dict(zip(table.key_columns, moved))})
+            if consolidated:
+                strand(batch, table, key, before, after)
             return
         self._conflicts.resolve(table, op, local, batch)

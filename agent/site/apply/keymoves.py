@@ -8,14 +8,17 @@ Rules of this file:
   and sends both rows back whole (:meth:`KeyMoves.refused_move`); a remote
   drops its own row there and applies the move (:meth:`KeyMoves.take_key`).
 * What only notes a batch's rows (:func:`origin_changes`,
-  :func:`readdressed`) is a plain function of the batch; what reads or
-  writes the database is a method of :class:`KeyMoves`, given the
-  connection, the shapes and the statements.
+  :func:`readdressed`) and the decisions (:func:`refused_move`,
+  :func:`follow_moves`, given a way to read a row and a key's last
+  change) are plain functions both backends call (the PostgreSQL
+  consolidated too); what reads or writes SQLite is a method of
+  :class:`KeyMoves`, given the connection, the shapes and the statements.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from typing import Callable
 
 from codec.ops import OpKind
 
@@ -60,21 +63,8 @@ class KeyMoves:
 
     def refused_move(self, table: Table, key: tuple, after: dict, batch: Batch) -> None:
         """At the consolidated: the peer gave row ``key`` a new key that a
-        row here holds (this site moved or inserted one there meanwhile); the
-        UPDATE fails.  The peer drops its row there when it applies this
-        site's change (take_key), or holds it until then: both rows go back
-        whole, the one under the old key as an INSERT (the peer moved it
-        away)."""
-        moved = key_after(table.key_columns, key, after)
-        if moved == key:
-            return
-        old, new = self._statements.select(table, key), self._statements.select(table, moved)
-        if old is None or new is None:
-            return  # another constraint refused it
-        columns = set(table.columns)
-        send_back(batch, table, key, old, columns)
-        batch.entered.add((table.name, key))
-        send_back(batch, table, moved, {**old, **after}, columns)
+        row here holds (:func:`refused_move`)."""
+        refused_move(batch, table, key, after, self._statements.select)
 
     def take_key(self, table: Table, sql: str, params: tuple, key: tuple, after: dict) -> bool:
         """At a remote: the consolidated gives row ``key`` a new key, which
@@ -103,37 +93,75 @@ class KeyMoves:
 
     def moved_key(self, table: Table, key: tuple) -> tuple | None:
         """The key this consolidated gave the row that had ``key`` (a row it
-        no longer holds): its last captured change of that key, when an
-        UPDATE that changed it, followed through further changes of the key
-        to one that holds a row.  None when the row was deleted, or the
-        change is no longer in the capture table (truncated)."""
+        no longer holds; :func:`follow_moves` over the capture table's key
+        indexes)."""
         statements = self._statements
-        seen = {key}
-        for _ in range(MOVES_FOLLOWED):
+
+        def last_change(key: tuple) -> tuple[int, tuple] | None:
             last = None
             for shape_id in statements.table_shapes(table):
                 index = key_indexes(self._shapes.get(shape_id))[0]
                 if len(index.columns) != len(key):
                     continue
                 sql = statements.cached(("last change", index.name), lambda: _last_change_sql(index))
-                try:
-                    row = self._conn.execute(sql, (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
-                except OverflowError:  # an integer beyond 64 bits, which no row holds
-                    return None
+                row = self._conn.execute(sql, (*key, FLAG_RETURN_TO_ORIGIN)).fetchone()
                 if row is not None and (last is None or row[0] > last[0]):
                     last = row
             if last is None or last[2] != KIND_UPDATE:
-                return None
+                return None if last is None else (last[2], key)
             shape = self._shapes.get(last[1])
             width = len(shape.columns)
-            moved = tuple(last[4 + width + position] for position in shape.key_positions)
-            if moved in seen:
-                return None
-            if statements.select(table, moved) is not None:
-                return moved
-            seen.add(moved)
-            key = moved
-        return None
+            return last[2], tuple(last[4 + width + position] for position in shape.key_positions)
+
+        try:
+            return follow_moves(table, key, last_change, statements.select)
+        except OverflowError:  # an integer beyond 64 bits, which no row holds
+            return None
+
+
+def refused_move(batch: Batch, table: Table, key: tuple, after: dict,
+                 select: Callable[[Table, tuple], dict | None]) -> None:
+    """At the consolidated: the peer gave row ``key`` a new key that a row
+    here holds (this site moved or inserted one there meanwhile); the
+    UPDATE fails.  The peer drops its row there when it applies this
+    site's change (KeyMoves.take_key), or holds it until then: both rows go
+    back whole, the one under the old key as an INSERT (the peer moved it
+    away).  ``select(table, key)`` reads a row here."""
+    moved = key_after(table.key_columns, key, after)
+    if moved == key:
+        return
+    old, new = select(table, key), select(table, moved)
+    if old is None or new is None:
+        return  # another constraint refused it
+    columns = set(table.columns)
+    send_back(batch, table, key, old, columns)
+    batch.entered.add((table.name, key))
+    send_back(batch, table, moved, {**old, **after}, columns)
+
+
+def follow_moves(table: Table, key: tuple, last_change: Callable[[tuple], tuple[int, tuple] | None],
+                 select: Callable[[Table, tuple], dict | None]) -> tuple | None:
+    """The key this consolidated gave the row that had ``key`` (a row it no
+    longer holds): its last captured change of that key, when an UPDATE
+    that changed it, followed through further changes of the key to one
+    that holds a row (at most ``MOVES_FOLLOWED``).  ``last_change(key)`` is
+    the kind of the last captured change of ``key`` not written back to an
+    origin and, for an UPDATE, the key it gave the row (None: no change
+    captured); ``select(table, key)`` reads a row here.  None when the row
+    was deleted, or the change is no longer captured (truncated)."""
+    seen = {key}
+    for _ in range(MOVES_FOLLOWED):
+        last = last_change(key)
+        if last is None or last[0] != KIND_UPDATE:
+            return None
+        moved = last[1]
+        if moved in seen:
+            return None
+        if select(table, moved) is not None:
+            return moved
+        seen.add(moved)
+        key = moved
+    return None
 
 
 def _last_change_sql(index: KeyIndex) -> str:

@@ -7,16 +7,20 @@ Rules of this file:
 * They are looked up by key in the capture table's key indexes, never by
   reading that part of the log: the cost follows the rows the batch
   touched, whatever the length of the unconfirmed range.
-* :class:`Unconfirmed` is given the connection, the shapes and the
-  statements; it keeps, per peer, a stretch of the log found to hold only
-  the peer's own transactions.
+* The decisions (:func:`send_back_received`) are a plain function both
+  backends call (the PostgreSQL consolidated too), given how to find the
+  changes of some keys, what one becomes for the peer, and how to read a
+  row.  :class:`Unconfirmed` does SQLite's part, given the connection,
+  the shapes and the statements; it keeps, per peer, a stretch of the log
+  found to hold only the peer's own transactions.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from typing import Any, Callable, Iterable, Iterator
 
-from codec.ops import OpKind
+from codec.ops import OpKind, Operation
 
 from ..capture import KIND_UPDATE, KeyIndex, ShapeCache, key_indexes
 from ..selection import SubscriberReader
@@ -87,80 +91,34 @@ class Unconfirmed:
 
         Costs lookups by key for the rows the batch touched and the
         operations on them, whatever the length of ``(confirmed, end]``."""
-        watched = batch.watched
-        assert watched is not None
         reader: SubscriberReader | None = None
-        received = batch.received
-        holds = batch.holds
-        absent = {name_key for name_key, held in holds.items() if not held}
-        since: dict[tuple[str, tuple], int] = {}  # keys brought in by a move: operations after it
         transaction = (1, 0, "")  # the log transaction of the last row looked at: (first seq, commit, origin)
-        by_table: dict[str, tuple[Table, set[tuple]]] = {}
-        for (name, key), (table, _values) in watched.items():
-            by_table.setdefault(name, (table, set()))[1].add(key)
-        while by_table:
-            brought: dict[str, tuple[Table, set[tuple]]] = {}
-            for name, (table, keys) in by_table.items():
-                for row in self._rows_of_keys(table, keys, confirmed, end):
-                    seq = row[0]
-                    shape = self._shapes.get(row[1])
-                    width = len(shape.columns)
-                    old_key = tuple(row[4 + i] for i in shape.key_positions)
-                    new_key = (tuple(row[4 + width + i] for i in shape.key_positions) if row[2] == KIND_UPDATE
-                               else old_key)
-                    hits = [key for key in {old_key, new_key} if key in keys and seq > since.get((name, key), 0)]
-                    if not hits:
-                        continue
-                    if not transaction[0] <= seq <= transaction[1]:
-                        found = self._conn.execute(
-                            "SELECT first_seq, commit_offset, origin FROM fieldsync_log WHERE commit_offset >= ?"
-                            " ORDER BY commit_offset LIMIT 1", (seq,)).fetchone()
-                        if found is None or found[1] > end:
-                            continue
-                        transaction = found
-                    if reader is None:
-                        reader = SubscriberReader.from_database(self._conn, identity, self._shapes, batch.peer)
-                    reader.at(transaction[1])
-                    op = reader.operation(transaction[2], row)
-                    if op is None:
-                        continue  # the peer does not receive it: its own, or outside its subset
-                    image = op[4] if op[4] is not None else op[3]
-                    moves = op[1] == OpKind.UPDATE and old_key != new_key
-                    for key in hits:
-                        kind = op[1]
-                        if moves:
-                            kind = OpKind.DELETE if key == old_key else OpKind.INSERT
-                        if (name, key) in absent:
-                            if kind == OpKind.INSERT:
-                                absent.discard((name, key))
-                            else:
-                                kind = OpKind.DELETE  # it misses there
-                        received[(name, key)] = (kind, image)
-                    if moves and old_key in hits and new_key not in keys:
-                        # A move of a row the batch touched: the new key, and what follows it there.
-                        values = watched[(name, old_key)][1]
-                        watched[(name, new_key)] = (table, {column: value for column, value in values.items()
-                                                            if column not in table.key_columns})
-                        since[(name, new_key)] = seq
-                        if (name, old_key) in absent:
-                            absent.add((name, new_key))
-                            received[(name, new_key)] = (OpKind.DELETE, image)
-                        else:
-                            received[(name, new_key)] = (OpKind.INSERT, image)
-                        brought.setdefault(name, (table, set()))[1].add(new_key)
-            by_table = brought
-        whole = set()
-        for (name, old_key), new_key in batch.moved.items():
-            if (name, old_key) in received and holds.get((name, new_key)):
-                whole.add((name, new_key))
-                if (name, new_key) not in received:
-                    received[(name, new_key)] = (OpKind.UPDATE, dict(watched[(name, new_key)][1]))
-        for name_key in received:
-            table, values = watched[name_key]
-            result = self._statements.select(table, name_key[1])
-            if result is not None:
-                columns = set(table.columns) if name_key in whole or not values else set(values)
-                send_back(batch, table, name_key[1], {**result, **values}, columns)
+
+        def rows_of_keys(table: Table, keys: set[tuple]) -> Iterator[tuple[int, tuple, tuple, tuple]]:
+            for row in self._rows_of_keys(table, keys, confirmed, end):
+                shape = self._shapes.get(row[1])
+                width = len(shape.columns)
+                old_key = tuple(row[4 + i] for i in shape.key_positions)
+                new_key = (tuple(row[4 + width + i] for i in shape.key_positions) if row[2] == KIND_UPDATE
+                           else old_key)
+                yield row[0], old_key, new_key, row
+
+        def operation(row: tuple) -> Operation | None:
+            nonlocal reader, transaction
+            seq = row[0]
+            if not transaction[0] <= seq <= transaction[1]:
+                found = self._conn.execute(
+                    "SELECT first_seq, commit_offset, origin FROM fieldsync_log WHERE commit_offset >= ?"
+                    " ORDER BY commit_offset LIMIT 1", (seq,)).fetchone()
+                if found is None or found[1] > end:
+                    return None
+                transaction = found
+            if reader is None:
+                reader = SubscriberReader.from_database(self._conn, identity, self._shapes, batch.peer)
+            reader.at(transaction[1])
+            return reader.operation(transaction[2], row)
+
+        send_back_received(batch, rows_of_keys, operation, self._statements.select)
 
     def _rows_of_keys(self, table: Table, keys: set[tuple], after: int, until: int) -> list[tuple]:
         """Capture rows of ``table`` in ``(after, until]`` whose old key or, for
@@ -190,6 +148,77 @@ class Unconfirmed:
             return []
         sql = self._statements.cached(("probe", index.name, len(keys)), lambda: _probe_sql(index, len(keys)))
         return self._conn.execute(sql, (*(part for key in keys for part in key), after, until)).fetchall()
+
+
+def send_back_received(batch: Batch, rows_of_keys: Callable[[Table, set[tuple]], Iterable[tuple]],
+                       operation: Callable[[Any], Operation | None],
+                       select: Callable[[Table, tuple], dict | None]) -> None:
+    """The unconfirmed rule's decisions (Unconfirmed.send_back), for both
+    backends.  ``rows_of_keys(table, keys)`` yields, in the order they were
+    written, ``(seq, old key, new key, row)`` for the captured changes the
+    peer has not confirmed whose old key or, for an UPDATE, new key is one
+    of ``keys`` (the new key is the old one but for an UPDATE of the key);
+    ``operation(row)`` is what such a change becomes for the peer (None:
+    it does not receive it); ``select(table, key)`` reads a row as it is
+    after the batch.  Records in ``batch.received`` the kind and image of
+    the last such operation per row, as the peer sees it, and sends the
+    rows concerned back (batch.send_back)."""
+    watched = batch.watched
+    assert watched is not None
+    received = batch.received
+    holds = batch.holds
+    absent = {name_key for name_key, held in holds.items() if not held}
+    since: dict[tuple[str, tuple], int] = {}  # keys brought in by a move: operations after it
+    by_table: dict[str, tuple[Table, set[tuple]]] = {}
+    for (name, key), (table, _values) in watched.items():
+        by_table.setdefault(name, (table, set()))[1].add(key)
+    while by_table:
+        brought: dict[str, tuple[Table, set[tuple]]] = {}
+        for name, (table, keys) in by_table.items():
+            for seq, old_key, new_key, row in rows_of_keys(table, keys):
+                hits = [key for key in {old_key, new_key} if key in keys and seq > since.get((name, key), 0)]
+                if not hits:
+                    continue
+                op = operation(row)
+                if op is None:
+                    continue  # the peer does not receive it: its own, or outside its subset
+                image = op[4] if op[4] is not None else op[3]
+                moves = op[1] == OpKind.UPDATE and old_key != new_key
+                for key in hits:
+                    kind = op[1]
+                    if moves:
+                        kind = OpKind.DELETE if key == old_key else OpKind.INSERT
+                    if (name, key) in absent:
+                        if kind == OpKind.INSERT:
+                            absent.discard((name, key))
+                        else:
+                            kind = OpKind.DELETE  # it misses there
+                    received[(name, key)] = (kind, image)
+                if moves and old_key in hits and new_key not in keys:
+                    # A move of a row the batch touched: the new key, and what follows it there.
+                    values = watched[(name, old_key)][1]
+                    watched[(name, new_key)] = (table, {column: value for column, value in values.items()
+                                                        if column not in table.key_columns})
+                    since[(name, new_key)] = seq
+                    if (name, old_key) in absent:
+                        absent.add((name, new_key))
+                        received[(name, new_key)] = (OpKind.DELETE, image)
+                    else:
+                        received[(name, new_key)] = (OpKind.INSERT, image)
+                    brought.setdefault(name, (table, set()))[1].add(new_key)
+        by_table = brought
+    whole = set()
+    for (name, old_key), new_key in batch.moved.items():
+        if (name, old_key) in received and holds.get((name, new_key)):
+            whole.add((name, new_key))
+            if (name, new_key) not in received:
+                received[(name, new_key)] = (OpKind.UPDATE, dict(watched[(name, new_key)][1]))
+    for name_key in received:
+        table, values = watched[name_key]
+        result = select(table, name_key[1])
+        if result is not None:
+            columns = set(table.columns) if name_key in whole or not values else set(values)
+            send_back(batch, table, name_key[1], {**result, **values}, columns)
 
 
 def _probe_sql(index: KeyIndex, count: int) -> str:
