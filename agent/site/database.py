@@ -37,6 +37,7 @@ from .apply import (
     Resolution,
     list_apply_errors,
     list_conflicts,
+    set_hook,
     set_policy_locked,
 )
 from .apply.schema import record_conflict
@@ -511,14 +512,8 @@ class SiteDatabase:
         """A Python callable deciding conflicts on ``table`` (None: every
         table without its own hook).  It returns a Resolution or a dict of
         column values to write (a merge).  Hooks live in this object only."""
-        if hook is not None and not callable(hook):
-            raise InvalidSetting("a conflict hook must be callable")
-        key = None if table is None else table.lower()
         with self._lock:
-            if hook is None:
-                self._applier.hooks.pop(key, None)
-            else:
-                self._applier.hooks[key] = hook
+            set_hook(self._applier.hooks, table, hook)
 
     def conflicts(self, after_id: int = 0) -> tuple[ConflictRecord, ...]:
         with self._lock, self._read("listing conflicts"):

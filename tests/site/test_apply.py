@@ -20,7 +20,7 @@ from codec.ops import Operation, Transaction
 
 from .applying import hq, ins, remote, txn, upd  # noqa: F401  (hq, remote: fixtures)
 from .conftest import app_connection, table_rows
-from .workers import CRASH_BASE_ROWS, apply_batch, crash_batch
+from .workers import apply_batch, crash_batch, crash_setup
 
 
 def test_a_batch_is_applied_with_its_log_received(hq):
@@ -186,12 +186,7 @@ CRASH_PER_TRANSACTION = 2_000
 def crash_site(path):
     site = SiteDatabase.init(path, name="hq", role="consolidated")
     site.connection.execute(ITEM)
-    site.create_publication("p", ["item"])
-    site.add_remote("peer")
-    site.subscribe("peer", "p")
-    base = [Operation.insert("item", (i,), {"id": i, "payload": "base", "n": 0})
-            for i in range(1, CRASH_BASE_ROWS + 1)]
-    site.apply("peer", [Transaction(5, "peer", tuple(base))], log_received=5)
+    crash_setup(site)
     return site
 
 

@@ -30,6 +30,19 @@ def write_transactions(path: str, count: int, seed: int) -> None:
 CRASH_BASE_ROWS = 2000
 
 
+def crash_setup(site) -> None:  # type: ignore[no-untyped-def]
+    """Publish ``item`` at ``site`` (either backend) to peer ``peer`` and
+    apply its base rows from it (commit 5), for the crash tests."""
+    from codec.ops import Operation, Transaction
+
+    site.create_publication("p", ["item"])
+    site.add_remote("peer")
+    site.subscribe("peer", "p")
+    base = [Operation.insert("item", (i,), {"id": i, "payload": "base", "n": 0})
+            for i in range(1, CRASH_BASE_ROWS + 1)]
+    site.apply("peer", [Transaction(5, "peer", tuple(base))], log_received=5)
+
+
 def crash_batch(first_commit: int, rows: int, per_transaction: int):
     """A peer batch for the crash test: ``rows`` operations on ``item`` (new
     rows, and every tenth an UPDATE of a base row), ``per_transaction`` per

@@ -6,9 +6,9 @@ adapter uses.
 """
 
 from .batch import ApplyResult, Conflict, ConflictHook, Resolution
-from .conflicts import ConflictRecord, check_policy, list_conflicts, set_policy_locked
+from .conflicts import ConflictRecord, check_policy, list_conflicts, set_hook, set_policy_locked
 from .driver import Applier
 from .statements import ApplyErrorRecord, list_apply_errors
 
 __all__ = ["Applier", "ApplyErrorRecord", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "Resolution",
-           "check_policy", "list_apply_errors", "list_conflicts", "set_policy_locked"]
+           "check_policy", "list_apply_errors", "list_conflicts", "set_hook", "set_policy_locked"]

@@ -212,6 +212,22 @@ def set_aside(batch: Batch, table: Table, op: tuple, problem: str) -> None:
         batch.held.add((table.name, key_after(table.key_columns, op[2], op[4])))
 
 
+def settle(batch: Batch, apply_operations: Callable[[list], None], error: Callable[[tuple, str], None]) -> None:
+    """At the end of a transaction, the operations a foreign key refused
+    (set_aside) are applied again (``apply_operations``), in their order,
+    as long as some of them go in: a child that came before its parent, a
+    parent deleted before the rows that reference it.  Those still
+    refused then are recorded (``error(op, problem)``)."""
+    while batch.deferred:
+        waiting = batch.deferred
+        batch.deferred, batch.held = [], set()
+        apply_operations([op for op, _ in waiting])
+        if len(batch.deferred) == len(waiting):
+            for op, problem in batch.deferred:
+                error(op, problem)
+            batch.deferred, batch.held = [], set()
+
+
 def strand(batch: Batch, table: Table, key: tuple, before: dict, after: dict) -> None:
     """At the consolidated, an UPDATE of the peer's found no row under
     ``key`` (nor where this site moved it): when it gave the row another

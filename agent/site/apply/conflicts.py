@@ -144,6 +144,18 @@ def decide(hooks: Mapping[str | None, ConflictHook], table: Table, op: tuple, lo
                              "Resolution or a dict of column values; the batch was rolled back")
 
 
+def set_hook(hooks: dict[str | None, ConflictHook], table: str | None, hook: ConflictHook | None) -> None:
+    """Set (None: remove) the conflict hook of ``table`` (None: of every
+    table without its own) in a site object's ``hooks``."""
+    if hook is not None and not callable(hook):
+        raise InvalidSetting("a conflict hook must be callable")
+    key = None if table is None else table.lower()
+    if hook is None:
+        hooks.pop(key, None)
+    else:
+        hooks[key] = hook
+
+
 def resolution_name(decision: Resolution | dict) -> str:
     """How a conflict record names a resolution (a hook's dict: ``merged``)."""
     return decision.value if isinstance(decision, Resolution) else "merged"
@@ -248,14 +260,20 @@ class ConflictRecord:
     result_row: dict | None
 
 
+def conflict_record(row: tuple, at: datetime) -> ConflictRecord:
+    """The record of a row ``(id, at, peer, peer_commit, table_name, key,
+    local_row, incoming_before, incoming_after, resolution, result_row)`` of
+    either backend's conflict table, its time read by the caller."""
+    i, _at, peer, commit, table, key, local, before, after, resolution, result = row
+    return ConflictRecord(i, at, peer, commit, table, tuple(unpack(key)), unpack(local), unpack(before),
+                          unpack(after), resolution, unpack(result))
+
+
 def list_conflicts(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ConflictRecord, ...]:
     rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, key, local_row, incoming_before,"
                         " incoming_after, resolution, result_row FROM fieldsync_conflict WHERE id > ? ORDER BY id",
                         (after_id,)).fetchall()
-    return tuple(
-        ConflictRecord(i, datetime.fromisoformat(at), peer, commit, table, tuple(unpack(key)), unpack(local),
-                       unpack(before), unpack(after), resolution, unpack(result))
-        for i, at, peer, commit, table, key, local, before, after, resolution, result in rows)
+    return tuple(conflict_record(row, datetime.fromisoformat(row[1])) for row in rows)
 
 
 def check_policy(policy: object) -> Resolution:

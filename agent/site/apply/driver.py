@@ -66,6 +66,7 @@ from .batch import (
     same_value,
     send_back,
     set_aside,
+    settle,
     strand,
     touch,
     touch_rows,
@@ -281,19 +282,10 @@ class Applier:
         self._flush(run, params, batch, consolidated)
 
     def _settle(self, batch: Batch, consolidated: bool) -> None:
-        """At the end of a transaction, the operations a foreign key refused
-        (batch.set_aside) are applied again, in their order, as long as
-        some of them go in: a child that came before its parent, a parent
-        deleted before the rows that reference it.  Those still refused are
-        recorded."""
-        while batch.deferred:
-            waiting = batch.deferred
-            batch.deferred, batch.held = [], set()
-            self._apply_operations([op for op, _ in waiting], batch, consolidated)
-            if len(batch.deferred) == len(waiting):
-                for op, problem in batch.deferred:
-                    self._statements.error(batch, op, problem)
-                batch.deferred, batch.held = [], set()
+        """What a foreign key set aside, tried again at the end of its
+        transaction (batch.settle)."""
+        settle(batch, lambda ops: self._apply_operations(ops, batch, consolidated),
+               lambda op, problem: self._statements.error(batch, op, problem))
 
     def _apply_run(self, run: Run, batch: Batch, consolidated: bool) -> None:
         """A decoded run (format version 2): its rows are the parameter

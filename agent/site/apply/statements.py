@@ -135,15 +135,9 @@ class Statements:
 
     def error(self, batch: Batch, op: object, problem: str) -> None:
         batch.errors += 1
-        table = kind = key = None
-        if isinstance(op, tuple) and len(op) == 5:
-            table = op[0] if type(op[0]) is str else None
-            kind = op[1] if type(op[1]) is int else None
-            key = packed(op[2])
         self._conn.execute(
             "INSERT INTO fieldsync_apply_error (at, peer, peer_commit, table_name, kind, key, operation, problem)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (batch.now, batch.peer, batch.commit, table, kind, key, packed(op), problem))
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (batch.now, batch.peer, batch.commit, *error_fields(op), problem))
 
     def insert_sql(self, table: Table, columns: tuple[str, ...], ignore: bool) -> str:
         cache_key = ("insert", table.name, columns, ignore)
@@ -227,14 +221,29 @@ class ApplyErrorRecord:
     acknowledged_at: datetime | None = None  # acknowledged (agent remote ack-errors): history, no longer in force
 
 
+def error_fields(op: object) -> tuple[str | None, int | None, bytes | None, bytes]:
+    """What an apply error records of ``op``, malformed or not: its table,
+    kind and key where it has them, and the whole operation (msgpack)."""
+    table = kind = key = None
+    if isinstance(op, tuple) and len(op) == 5:
+        table = op[0] if type(op[0]) is str else None
+        kind = op[1] if type(op[1]) is int else None
+        key = packed(op[2])
+    return table, kind, key, packed(op)
+
+
+def apply_error_record(row: tuple, at: datetime, acknowledged: datetime | None) -> ApplyErrorRecord:
+    """The record of a row ``(id, at, peer, peer_commit, table_name, kind,
+    key, operation, problem, acknowledged_at)`` of either backend's apply
+    error table, its times read by the caller."""
+    key_value = unpack(row[6])
+    return ApplyErrorRecord(row[0], at, row[2], row[3], row[4], row[5],
+                            tuple(key_value) if isinstance(key_value, (list, tuple)) else None,
+                            unpack(row[7]), row[8], acknowledged)
+
+
 def list_apply_errors(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
     rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, kind, key, operation, problem, acknowledged_at"
                         " FROM fieldsync_apply_error WHERE id > ? ORDER BY id", (after_id,)).fetchall()
-    result = []
-    for i, at, peer, commit, table, kind, key, operation, problem, acknowledged in rows:
-        key_value = unpack(key)
-        result.append(ApplyErrorRecord(i, datetime.fromisoformat(at), peer, commit, table, kind,
-                                       tuple(key_value) if isinstance(key_value, (list, tuple)) else None,
-                                       unpack(operation), problem,
-                                       None if acknowledged is None else datetime.fromisoformat(acknowledged)))
-    return tuple(result)
+    return tuple(apply_error_record(row, datetime.fromisoformat(row[1]),
+                                    None if row[9] is None else datetime.fromisoformat(row[9])) for row in rows)

@@ -36,7 +36,7 @@ from psycopg import sql
 from ..capture import KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape
 from ..errors import UnpublishableTable
 from .connect import translate
-from .schema import SCHEMA
+from .schema import SCHEMA, shape_indexes
 from .typemap import KINDS, BaseType, Kind, column_kind, loader
 from .uri import PgTarget
 
@@ -208,7 +208,9 @@ def _shape_for(conn: psycopg.Connection, table: TableDescription) -> PgShape:
         (layout.schema, layout.table, *(json.dumps(values) for values in (
             layout.columns, layout.key_columns, layout.kinds, layout.declared)))).fetchone()
     assert made is not None
-    return _shape_from_row(made)
+    shape = _shape_from_row(made)
+    conn.execute(shape_indexes(shape.id, len(layout.columns), shape.shape.key_positions))
+    return shape
 
 
 def _function_name(shape: PgShape, suffix: str) -> sql.Identifier:

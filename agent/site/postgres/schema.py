@@ -18,9 +18,13 @@ Rules of this file:
   see docs/postgres.md for why its order is commit order.
 * The site's bookkeeping (layout 2: ``identity``, ``publication``,
   ``article``, ``subscription``, ``remote``, ``transport_option``,
-  ``replaced_copy``, ``conflict``, ``apply_error``) has the columns of a
-  SQLite site's tables (agent/site/schema.py) in PostgreSQL's types:
-  times are ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
+  ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
+  ``conflict_policy``, ``returned``) has the columns of a SQLite site's
+  tables (agent/site/schema.py) in PostgreSQL's types: times are
+  ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
+* Each shape has two partial indexes on the capture table by key
+  (:func:`shape_indexes`, made with the shape: capture.py), as a SQLite
+  consolidated has.
 * The layout has a version (``site.schema_version``): a newer one is
   refused (:func:`check_layout`), an older one upgraded (:data:`_UPGRADES`).
 * Functions here open their own transaction (or a savepoint inside the
@@ -28,6 +32,8 @@ Rules of this file:
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import psycopg
 from psycopg import sql
@@ -41,7 +47,10 @@ SCHEMA = "fieldsync"
 # 2: the site's identity (with the agent's home folder), publications,
 #    articles, subscriptions, the remote-user table, transport options,
 #    replaced copies, conflicts and apply errors.
-SCHEMA_VERSION = 2
+# 3: what an apply needs: conflict policies, the rows written back to an
+#    origin, each shape's key indexes on the capture table, and the log's
+#    writing transactions by txid.
+SCHEMA_VERSION = 3
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -256,8 +265,62 @@ CREATE TABLE fieldsync.apply_error (
 CREATE INDEX apply_error_open ON fieldsync.apply_error (peer) WHERE acknowledged_at IS NULL;
 """
 
-# What turns layout N into layout N + 1.
-_UPGRADES = {1: _BOOKKEEPING}
+# Layout 3: what an apply needs (agent/site/postgres/apply).
+_APPLY = """
+-- A table's conflict policy at this consolidated (none: incoming wins).
+CREATE TABLE fieldsync.conflict_policy (
+    table_schema text NOT NULL,
+    table_name   text NOT NULL,
+    policy       text NOT NULL CHECK (policy IN ('incoming', 'local')),
+    PRIMARY KEY (table_schema, table_name)
+);
+
+-- One row per capture row an apply writes back to its origin (flag 1,
+-- agent.site.capture.FLAG_RETURN_TO_ORIGIN): the peer it goes to, and
+-- for an UPDATE the columns it sends back (a JSON list).  It goes with
+-- its capture row at truncation.
+CREATE TABLE fieldsync.returned (
+    seq     bigint PRIMARY KEY,
+    txid    xid8 NOT NULL,
+    peer    text NOT NULL,
+    columns jsonb NOT NULL,
+    FOREIGN KEY (txid, seq) REFERENCES fieldsync.capture (txid, seq) ON DELETE CASCADE
+);
+CREATE INDEX returned_peer ON fieldsync.returned (peer);
+
+-- The log transaction of a writing transaction.
+CREATE INDEX log_txn_txid ON fieldsync.log_txn (txid);
+"""
+
+
+def shape_indexes(shape_id: int, width: int, key_positions: tuple[int, ...]) -> sql.Composed:
+    """The two partial indexes of one shape on the capture table, for
+    finding a row's changes by key (the apply path: key moves and the
+    unconfirmed rule): every row of the shape by its first image's key (the
+    old row, or an INSERT's new one), and its UPDATEs by their new row's
+    key; ``seq`` last, so the last change of a key is one index probe."""
+    def index(name: str, offset: int, where: str) -> sql.Composed:
+        columns = sql.SQL(", ").join(sql.SQL("(v[{}])").format(sql.Literal(offset + position + 1))
+                                     for position in key_positions)
+        return sql.SQL("CREATE INDEX {} ON fieldsync.capture ({}, seq) WHERE shape = {}{};").format(
+            sql.Identifier(f"{name}_{shape_id}"), columns, sql.Literal(shape_id), sql.SQL(where))
+    return sql.Composed([index("capture_key", 0, ""), index("capture_moved", width, " AND kind = 2")])
+
+
+def _shapes_indexed(conn: psycopg.Connection) -> None:
+    """Layout 3's key indexes of every shape made before it."""
+    for shape_id, columns, key_columns in conn.execute(
+            "SELECT id, columns, key_columns FROM fieldsync.shape ORDER BY id").fetchall():
+        conn.execute(shape_indexes(shape_id, len(columns), tuple(columns.index(column) for column in key_columns)))
+
+
+def _upgrade_to_3(conn: psycopg.Connection) -> None:
+    conn.execute(_APPLY)
+    _shapes_indexed(conn)
+
+
+# What turns layout N into layout N + 1: its SQL, or a function of the connection.
+_UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {1: _BOOKKEEPING, 2: _upgrade_to_3}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -274,6 +337,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
                 return
             conn.execute(_TABLES)
             conn.execute(_BOOKKEEPING)
+            conn.execute(_APPLY)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.
@@ -298,7 +362,11 @@ def check_layout(conn: psycopg.Connection, target: PgTarget) -> None:
                 raise UnsupportedSiteVersion(f"{target.where} uses fieldsync layout {version}; this fieldsync "
                                              f"reads up to {SCHEMA_VERSION}: upgrade fieldsync")
             for step in range(version, SCHEMA_VERSION):
-                conn.execute(_UPGRADES[step])
+                upgrade = _UPGRADES[step]
+                if callable(upgrade):
+                    upgrade(conn)
+                else:
+                    conn.execute(upgrade)
             if version < SCHEMA_VERSION:
                 conn.execute("UPDATE fieldsync.site SET schema_version = %s WHERE id = 1", (SCHEMA_VERSION,))
     except psycopg.Error as error:

@@ -1,21 +1,25 @@
-"""A consolidated site in a PostgreSQL database: the catalogue, the
-bookkeeping and the log readers of :class:`agent.site.SiteDatabase`.
+"""A consolidated site in a PostgreSQL database: the PostgreSQL backend of
+the site interface (agent/site/interface.py).
 
 Rules of this file:
 * :class:`PostgresSite` offers SiteDatabase's methods for the site's
   identity, publications, subscriptions, remotes, transport settings, log
-  bookkeeping and reading the log for subscribers with the same
-  signatures, values and errors; the rules live in the modules it calls
-  (identity.py, catalogue.py, subscriptions.py, remotes.py, settings.py,
-  log.py, reading.py), each over agent.site's pure rules, and reading is
-  agent.site.reading's over log.PgLog.  Apply is not here yet.
+  bookkeeping, reading the log for subscribers, extraction and apply with
+  the same signatures, values and errors; the rules live in the modules it
+  calls (identity.py, catalogue.py, subscriptions.py, remotes.py,
+  settings.py, log.py, reading.py, extract.py, apply/), each over
+  agent.site's pure rules, and reading is agent.site.reading's over
+  log.PgLog.
 * One connection, in autocommit mode; every method is one explicit
   transaction (or one statement), under this object's lock, so handing it
   to several threads is safe.  PostgreSQL's errors leave as the site's
   (connect.translate): one line naming the database and what was being
   done.
 * Times recorded are the caller's ``now`` (agent.site.clock).
-* Holding the agent's lock (lock.py) is the caller's business.
+* Apply (apply/): a peer's message and its ``log_received`` in one
+  transaction on the site's connection, with SQLite's rules; conflict
+  hooks live in this object, as in SiteDatabase.
+* The agent holds its lock (lock.py) through :meth:`PostgresSite.agent_lock` while it runs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import psycopg
 from codec.ops import Transaction
 
 from ..capture import Shape
+from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..clock import utc_now
 from ..errors import SiteError
 from ..extract import extract_remote
@@ -44,6 +49,7 @@ from ..reading import LoggedOperation, read_fanout, read_operations, read_transa
 from ..selection import FANOUT_HOLD, SubscriberReader
 from ..settings import SITE_SCOPE
 from . import catalogue, reading, settings
+from .apply import PgApplier, records
 from . import remotes as remote_rows
 from . import subscriptions as subscription_rows
 from .agent_runs import count_run
@@ -77,6 +83,7 @@ class PostgresSite:
         self.path = target.uri  # as the user named it (it holds no password: uri.py refuses one)
         self._lock = threading.RLock()
         self._source = PgLog(conn, target, self._lock, {})  # the log as agent.site.reading reads it
+        self._applier = PgApplier(target)
         try:
             self._identity, self._home = read_identity(conn, target)
         except psycopg.Error as error:
@@ -497,3 +504,57 @@ class PostgresSite:
                     remote_rows.update_remote(conn, peer, {"inbox": inbox or None})
             settings.write_options(conn, SITE_SCOPE if peer is None else peer, options or {})
         self._refresh_identity()
+
+    # --- apply ------------------------------------------------------------------------
+
+    def apply(self, peer: str, transactions: Iterable[Transaction], *, log_received: int, messages: int = 1,
+              peer_incarnation: bytes | None = None, now: datetime | None = None,
+              skip_through: int | None = None) -> ApplyResult:
+        """Apply ``transactions`` from ``peer`` and set its ``log_received``,
+        all in one PostgreSQL transaction (apply/driver.py), with the SQLite
+        site's rules: transactions at or below ``skip_through`` (None: the
+        recorded log_received) are skipped; a deadlock with the
+        applications' writes tries the whole transaction again."""
+        with self._lock:
+            conn = self._live()
+            try:
+                return self._applier.apply(conn, self._identity, peer, transactions, log_received=log_received,
+                                           messages=messages, peer_incarnation=peer_incarnation, now=now,
+                                           skip_through=skip_through)
+            except psycopg.Error as error:
+                raise translate(error, self.target, f"applying transactions from {peer!r}") from None
+
+    def set_conflict_policy(self, table: str, policy: Resolution | str | None) -> None:
+        """Per-table conflict policy (None: the default, incoming wins)."""
+        with self._transaction(f"setting the conflict policy of {table!r}") as conn:
+            records.set_policy(conn, table, policy)
+
+    def set_conflict_hook(self, table: str | None, hook: ConflictHook | None) -> None:
+        """A Python callable deciding conflicts on ``table`` (None: every
+        table without its own hook).  It returns a Resolution or a dict of
+        column values to write (a merge).  Hooks live in this object only;
+        one may be called again for the same conflict when a deadlock makes
+        the message's transaction run again."""
+        with self._lock:
+            set_hook(self._applier.hooks, table, hook)
+
+    def conflicts(self, after_id: int = 0) -> tuple[ConflictRecord, ...]:
+        with self._transaction("listing conflicts") as conn:
+            return records.list_conflicts(conn, after_id)
+
+    def apply_errors(self, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:
+        with self._transaction("listing apply errors") as conn:
+            return records.list_apply_errors(conn, after_id)
+
+    def open_apply_errors(self) -> dict[str, int]:
+        """The apply errors not yet acknowledged, counted by peer."""
+        with self._transaction("counting the apply errors not acknowledged") as conn:
+            return records.open_apply_errors(conn)
+
+    def acknowledge_apply_errors(self, peer: str, *, through: int | None = None,
+                                 now: datetime | None = None) -> int:
+        """Acknowledge the apply errors of ``peer``'s messages (up to the id
+        ``through``, when given): they stop counting as an error in force
+        and stay in the table as history.  Returns how many were stamped."""
+        with self._transaction(f"acknowledging the apply errors of {peer!r}") as conn:
+            return records.acknowledge_apply_errors(conn, peer, now or utc_now(), through)

@@ -46,13 +46,6 @@ def site(target):
     conn.close()
 
 
-@pytest.fixture(autouse=True)
-def decoded_form():
-    """tests/site/conftest.py runs every site test in both forms the SQLite
-    apply path takes; nothing here applies, so each test runs once."""
-    yield "operations"
-
-
 CUSTOMER = ("CREATE TABLE customer (id serial PRIMARY KEY, name text, region text, balance double precision,"
             " photo bytea)")
 

@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 2
+        assert layout == SCHEMA_VERSION == 3
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -157,6 +157,7 @@ def test_open_refuses_a_database_without_the_schema(target):
 def test_init_upgrades_the_layout_1_schema(target, site, tmp_path):
     """A database holding the foundation's schema (layout 1) gets the
     bookkeeping tables when it is made a site."""
+    _back_to_layout_2(site)
     for table in ("identity", "article", "subscription", "publication", "remote", "transport_option",
                   "replaced_copy", "conflict", "apply_error"):
         site.execute(f"DROP TABLE fieldsync.{table}")
@@ -164,6 +165,34 @@ def test_init_upgrades_the_layout_1_schema(target, site, tmp_path):
     with _init(target, tmp_path / "home") as made:
         assert made.remotes() == ()
         assert made.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == SCHEMA_VERSION
+
+
+def _back_to_layout_2(conn) -> None:  # type: ignore[no-untyped-def]
+    for table in ("conflict_policy", "returned"):
+        conn.execute(f"DROP TABLE fieldsync.{table}")
+    conn.execute("DROP INDEX fieldsync.log_txn_txid")
+    for (name,) in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'fieldsync'"
+                                " AND indexname ~ '^capture_(key|moved)_'").fetchall():
+        conn.execute(f"DROP INDEX fieldsync.{name}")
+    conn.execute("UPDATE fieldsync.site SET schema_version = 2")
+
+
+def test_open_upgrades_layout_2_with_the_key_indexes_of_every_shape(hq, target):
+    """Layout 3 adds what an apply needs: the conflict policies, the rows
+    written back, and two key indexes per shape made before it."""
+    conn = hq.connection
+    hq.close()
+    _back_to_layout_2(connect(target))
+    with PostgresSite.open(target) as site:
+        conn = site.connection
+        assert conn.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == 3
+        (shape,) = [row[0] for row in conn.execute("SELECT id FROM fieldsync.shape")]
+        indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'fieldsync'"
+                                    " AND indexname ~ '^capture_(key|moved)_'").fetchall())
+        # customer (id, name, region, balance, photo): its key is column 1, and v[6] in an UPDATE's new row.
+        assert indexes[f"capture_key_{shape}"].endswith(f"((v[1]), seq) WHERE (shape = {shape})")
+        assert indexes[f"capture_moved_{shape}"].endswith(f"((v[6]), seq) WHERE ((shape = {shape}) AND (kind = 2))")
+        assert site.conflicts() == () and site.apply_errors() == ()
 
 
 # --- the object's life ---------------------------------------------------------------
