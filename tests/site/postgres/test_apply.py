@@ -194,6 +194,17 @@ def test_a_conflict_is_recorded_resolved_incoming_by_default_and_goes_back_to_th
     assert received(sales, "r2", start)[-1] == upd(1, {"name": "hq edit"}, {"name": "r1 edit"})
 
 
+def test_rows_written_back_go_with_their_capture_rows_at_truncation(sales, app):
+    conflict_setup(sales, app)
+    sales.apply("r1", [txn(5, upd(1, {"name": "base"}, {"name": "r1 edit"}))], log_received=5)
+    end = sales.scan()
+    assert app.execute("SELECT peer, columns FROM fieldsync.returned").fetchall() == [("r1", ["name"])]
+    for remote in ("r1", "r2"):
+        sales.update_remote(remote, log_sent=end, confirm_sent=end)
+    assert sales.truncate_log() == end
+    assert app.execute("SELECT count(*) FROM fieldsync.returned").fetchone()[0] == 0
+
+
 def test_the_local_policy_keeps_the_row_and_sends_it_back(sales, app):
     start = conflict_setup(sales, app)
     sales.set_conflict_policy("customer", "local")

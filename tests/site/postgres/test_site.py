@@ -180,9 +180,10 @@ def _back_to_layout_2(conn) -> None:  # type: ignore[no-untyped-def]
 def test_open_upgrades_layout_2_with_the_key_indexes_of_every_shape(hq, target):
     """Layout 3 adds what an apply needs: the conflict policies, the rows
     written back, and two key indexes per shape made before it."""
-    conn = hq.connection
     hq.close()
-    _back_to_layout_2(connect(target))
+    old = connect(target)
+    _back_to_layout_2(old)
+    old.close()
     with PostgresSite.open(target) as site:
         conn = site.connection
         assert conn.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == 3
