@@ -61,7 +61,8 @@ from .publications import (
 )
 from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
 from .resubscribe import SubscriptionChange, change_locked
-from .selection import FANOUT_HOLD, SubscriberReader, export_rows
+from .route import ARTICLE_ROWS
+from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
 from .remotes import (
     NewRemote,
     RemoteFilter,
@@ -331,7 +332,7 @@ class SiteDatabase:
         publication, columns JSON, subscribe_by or route.ROUTE) and the subscribers' subscription rows (remote,
         publication, value, since, until), ended ones included.  Raises for an unknown remote."""
         with self._lock, self._read("reading publications for a batch export"):
-            articles, subscriptions = export_rows(self._conn, self._identity, list(subscribers))
+            articles, subscriptions = _export_rows(self._conn, self._identity, list(subscribers))
             return all_shapes(self._conn), articles, subscriptions
 
     def check_log_range(self, after: int, until: int) -> None:
@@ -544,3 +545,18 @@ class SiteDatabase:
         :func:`agent.site.extract.extract_remote`."""
         consolidated = Consolidated(self._conn, self._lock, self._identity, self.path)
         return extract_remote(consolidated, remote, path, keys=keys, now=now, options=options)
+
+
+def _export_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]
+                ) -> tuple[list[tuple], list[tuple]]:
+    """What a batch export carries to select for ``subscribers``: the
+    article rows (ARTICLE_ROWS, by table) and their subscription rows
+    (remote, publication, value, since, until), ended ones included.
+    Raises for an unknown remote."""
+    for name in subscribers:
+        selection_plan(conn, identity, name)  # checks the remote exists
+    articles = conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
+    subscriptions = [row for name in subscribers for row in conn.execute(
+        "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
+        " ORDER BY publication, rowid", (name,))]
+    return articles, subscriptions

@@ -85,20 +85,6 @@ def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber:
                                  " WHERE remote = ?", (subscriber,)).fetchall()
     return plan_from_rows(subscriber, identity.role, articles, subscriptions)
 
-def export_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]
-                ) -> tuple[list[tuple], list[tuple]]:
-    """What a batch export carries to select for ``subscribers``: the
-    article rows (ARTICLE_ROWS, by table) and their subscription rows
-    (remote, publication, value, since, until), ended ones included.
-    Raises for an unknown remote."""
-    for name in subscribers:
-        selection_plan(conn, identity, name)  # checks the remote exists
-    articles = conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
-    subscriptions = [row for name in subscribers for row in conn.execute(
-        "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
-        " ORDER BY publication, rowid", (name,))]
-    return articles, subscriptions
-
 def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple]
                    ) -> SelectionPlan:
     """The plan from the rows of ``fieldsync_article`` (table, publication,

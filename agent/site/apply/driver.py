@@ -51,6 +51,7 @@ from codec.ops import OpKind, Operation, Run, Transaction, change_of
 
 from .._db import format_time, utc_now
 from ..capture import ShapeCache
+from ..errors import ApplyRefused
 from ..log import cut_locked
 from ..route import parent_missing
 from ..remotes import get_remote

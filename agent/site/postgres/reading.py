@@ -17,7 +17,7 @@ Rules of this file:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psycopg
 
@@ -65,8 +65,8 @@ def readers(conn: psycopg.Connection, identity: SiteIdentity, shapes: Shapes, su
     shapes in ``shapes``."""
     check_remotes(conn, identity, subscribers)
     return SubscriberReader.many_from_rows(identity, shapes, every_shape(conn), article_rows(conn),
-                                           subscription_rows(conn, subscribers), subscribers, _no_returned_rows,
-                                           runs=runs)
+                                           subscription_rows(conn, subscribers), subscribers,
+                                           returned_columns(conn), runs=runs)
 
 
 def selection_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]
@@ -80,5 +80,13 @@ def selection_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers
             [(remote, *row) for remote in subscribers for row in subscriptions[remote]])
 
 
-def _no_returned_rows(seq: int) -> str | None:
-    return None
+def returned_columns(conn: psycopg.Connection) -> Callable[[int], str | None]:
+    """The columns a row written back to its origin lists (apply/returns.py
+    writes them to ``fieldsync.returned``), by capture seq; None: every
+    column, or no such row.  Asked while a reader selects a chunk, on the
+    site's connection, as the SQLite reader asks its own."""
+    def columns(seq: int) -> str | None:
+        found = conn.execute("SELECT columns::text FROM fieldsync.returned WHERE seq = %s", (seq,)).fetchone()
+        return None if found is None else found[0]
+
+    return columns

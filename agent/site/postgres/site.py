@@ -322,10 +322,16 @@ class PostgresSite:
     def read_capture(self, after: int, until: int, *, value_columns: int
                      ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]:
         """Every capture row of the log transactions in ``(after, until]``,
-        unselected (SiteDatabase.read_capture); no row is written back to
-        its origin here yet, so ``returned`` is always empty."""
+        unselected (SiteDatabase.read_capture), with the listed columns of
+        the chunk's rows written back to their origin."""
         for commit, origin, rows in self._source.iter_capture(after, until, value_columns=value_columns):
-            yield commit, origin, rows, {}
+            flagged = [row[0] for row in rows if row[3]]
+            returned: dict[int, str] = {}
+            if flagged:
+                with self._transaction("reading the rows written back") as conn:
+                    returned = dict(conn.execute("SELECT seq, columns::text FROM fieldsync.returned"
+                                                 " WHERE seq = ANY(%s)", (flagged,)).fetchall())
+            yield commit, origin, rows, returned
 
     def truncate_log(self) -> int:
         """Delete the log entries every remote is past (the smallest horizon,

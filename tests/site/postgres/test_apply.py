@@ -49,13 +49,17 @@ def rows(app, table: str = "customer") -> list[tuple]:
 
 def received(hq, subscriber: str, after: int) -> list[Operation]:
     """What ``subscriber`` receives of the log after ``after`` (cut first),
-    as the SQLite site's reader selects it."""
+    read as the agent reads it (PostgresSite.read_log), rows written back
+    to their origin included; the apply's own reader (PeerReader) selects
+    the same."""
     conn = hq.connection
     end = hq.scan()
+    ops = [op for transaction in hq.read_log(subscriber, after, end) for op in transaction.ops]
     reader = PeerReader(conn, Tables(), subscriber)
-    ops: list = []
+    expected: list = []
     for commit, origin, captured in iter_capture(conn, after, end):
-        reader.extend(commit, origin, captured, ops)
+        reader.extend(commit, origin, captured, expected)
+    assert ops == expected
     return ops
 
 

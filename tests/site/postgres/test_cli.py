@@ -4,6 +4,7 @@ PostgreSQL 15 with a plain role whose password is in a pgpass file."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -185,3 +186,43 @@ def test_run_once_sends_a_change_at_postgresql_to_the_extracted_remote(agent, ap
             (4, "Di", "north")]
     with open_site(app_uri) as site:
         assert site.remote("north").log_sent == site.log_end()
+
+
+def test_run_once_both_ways_between_postgresql_and_a_field_site(agent, app_uri, tmp_path) -> None:
+    """A row written at the field site reaches PostgreSQL (applied with the
+    remote as origin, not echoed back), and hq's own change reaches the
+    field site; both confirm, so the streams come to rest."""
+    inbox = {name: tmp_path / "inbox" / name for name in ("hq", "north")}
+    for folder in inbox.values():
+        folder.mkdir(parents=True)
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", inbox["hq"],
+                 "--home", tmp_path / "home")[0] == 0
+    assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
+    assert agent("remote", "add", app_uri, "north", "--address", inbox["north"], "--subscribe",
+                 "sales=north")[0] == 0
+    north = tmp_path / "field" / "north.db"
+    north.parent.mkdir()
+    assert agent("extract", app_uri, "north", north)[0] == 0
+    with open_site(north) as remote:
+        remote.connection.execute("INSERT INTO customer VALUES (7, 'Flo', 'north')")
+    with connect(app_uri) as conn:
+        conn.execute("UPDATE customer SET name = 'Ann B.' WHERE id = 1")
+    for _ in range(3):  # north sends; hq applies and sends; north applies and confirms; hq hears it
+        for site in (north, app_uri):
+            code, out, err = agent("run", site, "--once", "-O", "min_age=0")
+            assert (code, err) == (0, ""), err
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == [
+            (1, "Ann B.", "north"), (7, "Flo", "north")]
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == [
+            (1, "Ann B.", "north"), (7, "Flo", "north")]
+        assert remote.remote("hq").log_received > 0
+    with open_site(app_uri) as site:
+        row = site.remote("north")
+        assert row.log_received > 0 and row.confirm_sent == row.log_sent
+        assert site.conflicts() == () and site.apply_errors() == ()
+    code, out, err = agent("status", app_uri, "--json")
+    assert (code, err) == (0, ""), err
+    status = json.loads(out)
+    assert [peer["name"] for peer in status["remotes"]] == ["north"]
