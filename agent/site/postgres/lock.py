@@ -101,8 +101,17 @@ class AgentLock:
 
     def release(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.closed:
-            conn.close()  # ends the session, which frees its advisory locks
+        if conn is None or conn.closed:
+            return
+        try:
+            # Unlocked before the session ends: closing alone frees the lock
+            # only once the server process has gone, so an agent started
+            # right after this one stopped could still find it held.
+            conn.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
+        except psycopg.Error:
+            pass  # the session is gone already, and its lock with it
+        finally:
+            conn.close()
 
     def __enter__(self) -> "AgentLock":
         return self.acquire()

@@ -159,10 +159,10 @@ def test_extract_makes_a_remote_from_the_uri_with_its_key_beside_it(agent, app_u
     assert code == 1 and "exists already" in err and len(err.strip().splitlines()) == 1
 
 
-def test_run_once_sends_a_change_at_postgresql_to_the_extracted_remote(agent, app_uri, tmp_path) -> None:
-    """The agent on a PostgreSQL consolidated (`agent run URI --once`,
-    sending) and on its SQLite field site: a row written at PostgreSQL by an
-    application, and one moved out of the remote's subset, reach the remote."""
+def consolidated_with_north(agent, app_uri: str, tmp_path: Path) -> Path:
+    """The newcomer's walk from the CLI alone: hq made at the URI with
+    folder inboxes, publication sales by region, remote north subscribed to
+    north and extracted; returns north's file."""
     inbox = {name: tmp_path / "inbox" / name for name in ("hq", "north")}
     for folder in inbox.values():
         folder.mkdir(parents=True)
@@ -174,6 +174,14 @@ def test_run_once_sends_a_change_at_postgresql_to_the_extracted_remote(agent, ap
     north = tmp_path / "field" / "north.db"
     north.parent.mkdir()
     assert agent("extract", app_uri, "north", north)[0] == 0
+    return north
+
+
+def test_run_once_sends_a_change_at_postgresql_to_the_extracted_remote(agent, app_uri, tmp_path) -> None:
+    """The agent on a PostgreSQL consolidated (`agent run URI --once`,
+    sending) and on its SQLite field site: a row written at PostgreSQL by an
+    application, and one moved out of the remote's subset, reach the remote."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
     with connect(app_uri) as conn:
         conn.execute("INSERT INTO customer VALUES (4, 'Di', 'north'), (5, 'Ed', 'south')")
         conn.execute("UPDATE customer SET region = 'south' WHERE id = 1")
@@ -192,17 +200,7 @@ def test_run_once_both_ways_between_postgresql_and_a_field_site(agent, app_uri, 
     """A row written at the field site reaches PostgreSQL (applied with the
     remote as origin, not echoed back), and hq's own change reaches the
     field site; both confirm, so the streams come to rest."""
-    inbox = {name: tmp_path / "inbox" / name for name in ("hq", "north")}
-    for folder in inbox.values():
-        folder.mkdir(parents=True)
-    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", inbox["hq"],
-                 "--home", tmp_path / "home")[0] == 0
-    assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
-    assert agent("remote", "add", app_uri, "north", "--address", inbox["north"], "--subscribe",
-                 "sales=north")[0] == 0
-    north = tmp_path / "field" / "north.db"
-    north.parent.mkdir()
-    assert agent("extract", app_uri, "north", north)[0] == 0
+    north = consolidated_with_north(agent, app_uri, tmp_path)
     with open_site(north) as remote:
         remote.connection.execute("INSERT INTO customer VALUES (7, 'Flo', 'north')")
     with connect(app_uri) as conn:
