@@ -1,0 +1,102 @@
+"""`agent run URI --engine spark` on a PostgreSQL consolidated: the Spark
+job prepares the same files the agent packs itself, byte for byte
+(docs/spark.md; the export reads the log through the site interface, so it
+is the same export whatever the backend).
+
+Two copies of one consolidated are made as `copy_site` makes two of a
+SQLite file: PostgreSQL's `CREATE DATABASE ... TEMPLATE`, each copy with
+its own agent folder holding the same key file."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from psycopg import sql
+
+from agent.site import Article, open_site
+from agent.site.postgres.connect import connect
+from agent.site.postgres.site import PostgresSite
+from tests.pgserver import PostgresServer, ServerFailed
+
+from .test_agent_engine import assert_same, local, on_spark, send_phase
+
+REGIONS = ("north", "south", "east")
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    try:
+        server = PostgresServer().start()
+    except ServerFailed as error:
+        pytest.fail(str(error), pytrace=False)
+    yield server
+    server.close()
+
+
+def consolidated(postgres, folder: Path) -> str:
+    """A PostgreSQL consolidated with three remotes (one per region, one of
+    them also on a second publication) and a log of a few hundred
+    transactions; returns its URI."""
+    name = postgres.create_database()
+    uri = postgres.uri(name)
+    with connect(uri) as app:
+        app.execute("CREATE TABLE orders (id integer PRIMARY KEY, region text NOT NULL, qty integer,"
+                     " note text, price numeric(8, 2))")
+        app.execute("CREATE TABLE product (sku text PRIMARY KEY, name text, price double precision)")
+    from agent.admin import init_site
+
+    site = init_site(uri, name="hq", role="consolidated", address=str(folder / "hq-inbox"), home=folder / "home")
+    try:
+        site.create_publication("sales", [Article("orders", subscribe_by="region")])
+        site.create_publication("catalog", ["product"])
+        for index, region in enumerate(REGIONS):
+            site.add_remote(f"field{index}", address=str(folder / f"field{index}-inbox"), transport="folder",
+                            start=0)
+            site.subscribe(f"field{index}", "sales", region)
+            if index != 1:
+                site.subscribe(f"field{index}", "catalog")
+        with connect(uri) as app:
+            for batch in range(60):
+                with app.transaction():
+                    app.execute("INSERT INTO orders SELECT n, (ARRAY['north','south','east','west'])[1 + n %% 4],"
+                                " n %% 7, 'batch ' || %s, n * 0.25 FROM generate_series(%s::integer, %s::integer) AS n",
+                                (batch, batch * 50, batch * 50 + 49))
+                    app.execute("UPDATE orders SET qty = qty + 1, region = 'north' WHERE id %% 11 = %s", (batch % 11,))
+                    app.execute("INSERT INTO product VALUES (%s, %s, %s)", (f"sku{batch}", f"product {batch}", 1.5))
+                site.scan()
+    finally:
+        site.close()
+    return uri
+
+
+def copy_consolidated(postgres, uri: str, folder: Path) -> str:
+    """A copy of the consolidated at ``uri`` with its own agent folder (the
+    same key file, empty queues)."""
+    with PostgresSite.open(uri) as site:
+        home = site.home
+        source = site.target.dbname
+    copy = postgres.new_name("copy")
+    with postgres.admin() as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(copy), sql.Identifier(source)))
+    (folder / "keys").mkdir(parents=True, mode=0o700)
+    shutil.copy2(home / "keys" / "site.key", folder / "keys" / "site.key")
+    copied = postgres.uri(copy)
+    with connect(copied) as conn:
+        conn.execute("UPDATE fieldsync.identity SET home = %s", (str(folder),))
+    return copied
+
+
+def test_a_spark_batch_of_a_postgresql_consolidated_is_the_agents_own_files(postgres, tmp_path) -> None:
+    uri = consolidated(postgres, tmp_path / "world")
+    copy = copy_consolidated(postgres, uri, tmp_path / "copy-home")
+    reference = send_phase(uri, local())
+    spark = send_phase(copy, on_spark())
+    assert spark.report.spark_batches == 1 and spark.report.ok, spark.report
+    assert reference.report.spark_batches == 0
+    assert_same(spark, reference)
+    assert sorted(spark.outbound) == ["field0", "field1", "field2"]
+    assert all(files for files in spark.outbound.values())
+    with open_site(copy) as site:
+        assert all(remote.log_sent == site.log_end() > 0 for remote in site.remotes())
