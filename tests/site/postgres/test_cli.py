@@ -224,3 +224,52 @@ def test_run_once_both_ways_between_postgresql_and_a_field_site(agent, app_uri, 
     assert (code, err) == (0, ""), err
     status = json.loads(out)
     assert [peer["name"] for peer in status["remotes"]] == ["north"]
+
+
+def test_a_wrong_password_is_one_line_and_changes_nothing(agent, app_uri, postgres, tmp_path, monkeypatch) -> None:
+    role = app_uri.split("//")[1].split("@")[0]
+    database = app_uri.rsplit("/", 1)[1]
+    monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "wrong", [("127.0.0.1", postgres.port, database,
+                                                                             role, "not-the-password")])))
+    code, out, err = agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                           "--home", tmp_path / "home")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"refused role {role}" in err and "not-the-password" not in err
+    assert not (tmp_path / "home" / "keys" / "site.key").exists()
+
+
+def test_a_missing_privilege_is_one_line_and_changes_nothing(agent, postgres, tmp_path, monkeypatch) -> None:
+    """A role that may connect but not create the fieldsync schema."""
+    role = postgres.create_role(password="pw")
+    database = postgres.create_database()  # owned by the superuser: no CREATE for the role
+    monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "pgpass",
+                                                      [("127.0.0.1", postgres.port, database, role, "pw")])))
+    uri = f"postgresql://{role}@127.0.0.1:{postgres.port}/{database}"
+    code, out, err = agent("init", uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                           "--home", tmp_path / "home")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert f"role {role} lacks a privilege" in err and database in err
+    with postgres.admin(database) as conn:
+        assert conn.execute("SELECT to_regnamespace('fieldsync')").fetchone()[0] is None
+
+
+def test_an_unsupported_column_type_is_one_line_naming_table_and_column(agent, app_uri, tmp_path) -> None:
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                 "--home", tmp_path / "home")[0] == 0
+    with connect(app_uri) as conn:
+        conn.execute("CREATE TABLE parcel (id integer PRIMARY KEY, outline polygon)")
+    code, out, err = agent("publication", "create", app_uri, "land", "parcel")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "table parcel: column outline has type polygon" in err
+    with open_site(app_uri) as site:
+        assert site.publications() == ()
+
+
+def test_a_second_agent_run_on_the_database_is_one_line_and_exit_1(agent, app_uri, tmp_path) -> None:
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    assert north.exists()
+    with open_site(app_uri) as holder, holder.agent_lock():
+        code, out, err = agent("run", app_uri, "--once")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "another fieldsync agent is running on database" in err
+    assert agent("run", app_uri, "--once")[0] == 0  # once the first has stopped
