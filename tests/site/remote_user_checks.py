@@ -239,6 +239,28 @@ class RemoteUserChecks:
         site.update_remotes({"r1": {"peer_incarnation": incarnation, "confirm_owed": True}})
         assert (site.remote("r1").peer_incarnation, site.remote("r1").confirm_owed) == (incarnation, True)
 
+    def test_update_remotes_stores_each_rows_own_values_exactly(self, world):
+        """Rows saved together, with different sets of pair columns: each
+        row gets its own values, clock readings to the last bit (infinite
+        ones too), and a row left out keeps its own."""
+        site = world.site
+        end = world.grow_log()
+        for name in ("r1", "r2", "r3", "r4"):
+            site.add_remote(name, start=0)
+        site.update_remotes({
+            "r1": {"log_read": end, "log_sent": end, "confirm_sent": 1, "heard_at": 1717000000.1234567,
+                   "confirm_owed": True, "probes": 2},
+            "r2": {"log_read": 1, "log_sent": 2, "confirm_sent": 0, "heard_at": float("inf"), "confirm_owed": False,
+                   "probes": 0},
+            "r3": {"control_sent_at": 0.1, "data_sent_at": None, "resend_count": 2 ** 40}})
+        r1, r2, r3, r4 = (site.remote(name) for name in ("r1", "r2", "r3", "r4"))
+        assert (r1.log_read, r1.log_sent, r1.confirm_sent, r1.heard_at, r1.confirm_owed, r1.probes) == (
+            end, end, 1, 1717000000.1234567, True, 2)
+        assert (r2.log_read, r2.log_sent, r2.confirm_sent, r2.heard_at, r2.confirm_owed, r2.probes) == (
+            1, 2, 0, float("inf"), False, 0)
+        assert (r3.control_sent_at, r3.data_sent_at, r3.resend_count, r3.log_sent) == (0.1, None, 2 ** 40, 0)
+        assert (r4.log_sent, r4.heard_at, r4.probes) == (0, None, 0)
+
     # --- a fleet at once (add_remotes) -----------------------------------------------
 
     def test_add_remotes_adds_rows_and_subscriptions_at_the_log_end(self, world) -> None:
