@@ -323,6 +323,23 @@ def test_values_the_columns_cannot_hold_are_recorded_and_the_rest_applies(sales,
     assert sales.remote("r1").log_received == 6
 
 
+def test_values_that_are_not_sqlite_values_are_recorded_as_malformed_among_good_rows(sales, app):
+    """A bool, or an integer past 64 bits, in the middle of rows of one
+    table and column list (one run of a version-2 message): those
+    operations are recorded as malformed, as one by one, and the others
+    of the run apply."""
+    def plain(row_id, name):
+        return ("customer", 1, (row_id,), None, {"id": row_id, "name": name, "region": "north"})
+
+    result = sales.apply("r1", [txn(5, plain(20, "a"), plain(21, True), plain(2 ** 63, "c"), plain(23, "d"))],
+                         log_received=5)
+    assert (result.operations_applied, result.errors) == (2, 2)
+    assert [row[:2] for row in rows(app)] == [(20, "a"), (23, "d")]
+    problems = {error.key: error.problem for error in sales.apply_errors()}
+    assert problems[(21,)] == "malformed operation: after.name: bool is not a SQLite value"
+    assert problems[(2 ** 63,)].startswith("malformed operation: key: integer 9223372036854775808 is outside")
+
+
 def test_updates_and_deletes_of_missing_rows_are_recorded(sales, app):
     result = sales.apply("r1", [txn(5, upd(1, {"name": "a"}, {"name": "b"}), dele(2))], log_received=5)
     assert result.errors == 2

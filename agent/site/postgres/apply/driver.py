@@ -42,12 +42,14 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from typing import Any, Iterable, Iterator
+from itertools import chain
+from operator import itemgetter
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from codec.ops import OpKind, Run, Transaction
+from codec.ops import INT64_MAX, INT64_MIN, OpKind, Run, Transaction
 
 from ...apply.batch import (ApplyResult, Batch, ConflictHook, key_after, send_back, set_aside, settle, strand, touch,
                             watch)
@@ -80,6 +82,8 @@ _CHUNK = 500
 _RETRIED = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 # What PostgreSQL says of one operation it refuses (the others abort the batch).
 _REFUSED = (psycopg.IntegrityError, psycopg.DataError, pg_errors.RaiseException)
+# The types of SQLite's values (an int also within 64 bits: agent.site.values).
+_VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 
 
 class PgApplier:
@@ -178,25 +182,72 @@ class _Batch:
     def _operations(self, ops: Iterable) -> None:
         """Apply operations in their order: consecutive ones of one table,
         kind and column list as one run (:meth:`_flush`); a malformed one,
-        or one this site cannot take, is recorded in its place."""
+        or one this site cannot take, is recorded in its place.  A decoded
+        run (codec.ops.Run) goes as it is where it can (:meth:`_run`), else
+        as the operations it stands for."""
         run: list = []
         params: list = []
         signature: tuple | None = None
         table: PgTable | None = None
-        for op in _flat(ops):
-            found = self._checked(op)
-            if found is None:
+        for item in ops:
+            if type(item) is Run:
                 self._flush(table, run, params)
                 run, params, signature = [], [], None
-                continue
-            op_table, values = found
-            mine = (op_table.name, op[1], tuple(op[4] or ()), tuple(op[3] or ()) if op[1] == OpKind.UPDATE else ())
-            if mine != signature:
-                self._flush(table, run, params)
-                run, params, signature, table = [], [], mine, op_table
-            run.append(op)
-            params.append(values)
+                if self._run(item):
+                    continue
+                each: Iterable = item.operations()
+            else:
+                each = (item,)
+            for op in each:
+                found = self._checked(op)
+                if found is None:
+                    self._flush(table, run, params)
+                    run, params, signature = [], [], None
+                    continue
+                op_table, values = found
+                mine = (op_table.name, op[1], tuple(op[4] or ()),
+                        tuple(op[3] or ()) if op[1] == OpKind.UPDATE else ())
+                if mine != signature:
+                    self._flush(table, run, params)
+                    run, params, signature, table = [], [], mine, op_table
+                run.append(op)
+                params.append(values)
         self._flush(table, run, params)
+
+    def _run(self, run: Run) -> bool:
+        """Apply a decoded run whose rows all pass :meth:`_checked`'s checks
+        as a whole: its table published, its key as wide as the table's,
+        its columns the table's and every value a SQLite value.  The
+        parameters come from the rows by position, with no operation
+        checked one by one; the operations the run stands for are still
+        made for the batch's bookkeeping (batch.watch).  False, with
+        nothing done, for any other run: its operations go one by one
+        through :meth:`_checked`, which records what is wrong with each."""
+        table = self.tables.table(run.table)
+        kind, width, before, after = run.kind, run.key_width, run.before, run.after
+        if table is None or width != len(table.key_columns) or not _plain_values(run.rows):
+            return False
+        if kind != OpKind.DELETE and (not after or not table.column_set.issuperset(after + before)):
+            return False
+        # A row is key, before, after; the statement takes after, key, before (_checked).
+        middle = width + len(before)
+        if kind == OpKind.INSERT:
+            columns, positions = after, range(width, middle + len(after))
+        elif kind == OpKind.DELETE:
+            columns, positions = table.key_columns, range(width)
+        else:
+            columns = after + table.key_columns + before
+            positions = [*range(middle, middle + len(after)), *range(width), *range(width, middle)]
+        dumps = [table.kinds[column].dump for column in columns]
+        try:
+            # typemap.dump without its naming of the column: a value that
+            # does not convert sends the run the general way, which names it.
+            rows = [[None if value is None else convert(value) for convert, value in zip(dumps, picked)]
+                    for picked in map(_picker(positions), run.rows)]
+        except ValueNotConvertible:
+            return False
+        self._flush(table, run.operations(), rows)
+        return True
 
     def _checked(self, op: Any) -> tuple[PgTable, list] | None:
         """The table of ``op`` and its statement's parameters, or None when
@@ -466,10 +517,21 @@ def _tables_of(batch: Batch) -> Iterator[tuple[tuple[str, tuple], Any]]:
             yield name_key, watched[name_key][0]
 
 
-def _flat(ops: Iterable) -> Iterator:
-    """Operations, a decoded run (codec.ops.Run) as the operations it stands for."""
-    for op in ops:
-        if type(op) is Run:
-            yield from op.operations()
-        else:
-            yield op
+def _picker(positions: Sequence[int]) -> Callable[[tuple], tuple]:
+    """A function from a run's row to its values at ``positions``, in that order."""
+    if len(positions) == 1:
+        position = positions[0]
+        return lambda row: (row[position],)
+    return itemgetter(*positions)
+
+
+def _plain_values(rows: tuple) -> bool:
+    """Whether every value of ``rows`` is a SQLite value (agent.site.values):
+    the types at once, then the integers' range."""
+    types = set(map(type, chain.from_iterable(rows)))
+    if not _VALUE_TYPES.issuperset(types):
+        return False
+    if int not in types:
+        return True
+    integers = [value for value in chain.from_iterable(rows) if type(value) is int]
+    return INT64_MIN <= min(integers) and max(integers) <= INT64_MAX
