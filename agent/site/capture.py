@@ -33,7 +33,7 @@ from typing import Iterable, Iterator
 
 from ._db import quote_ident
 from .errors import UnpublishableTable
-from .route import MOVE_PREFIX, Follow, follows, move_statements, row_routes, trigger_routes
+from .route import MOVE_PREFIX, WITH_PARENT, Follow, follows, move_statements, row_routes, trigger_routes
 
 #: Every table, index and trigger fieldsync makes is named ``fieldsync_*``.
 PREFIX = "fieldsync_"
@@ -69,6 +69,13 @@ FLAG_CONCURRENT_DELETE = 2
 # changes: those changes stay pending under the new key (apply/pending.py).  Like
 # FLAG_CONCURRENT_DELETE, only the remote's apply path reads it.
 FLAG_PENDING_MOVE = 4
+# Capture-row flag, set only at a remote, on the DELETE its apply path
+# records of a row that went along with its parent (route.apply_triggers,
+# which defines it, as its triggers write it): the row as it went.  A row of
+# the remote's own pending changes comes back from it when the consolidated
+# sends the parent again (apply/followers.py).  Like FLAG_CONCURRENT_DELETE,
+# only the remote's apply path reads it.
+FLAG_WITH_PARENT = WITH_PARENT
 
 # At a remote, holds a row while the apply path writes, inside the apply's
 # transaction (never committed so): the capture triggers skip those writes

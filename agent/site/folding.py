@@ -4,7 +4,8 @@ Rules of this file:
 * Within one transaction, a DELETE and a later INSERT of the same row for
   the same subscriber become one UPDATE of the columns that differ (or
   nothing), at the INSERT's place, when no other operation on that table
-  lies between them and they are at most FOLD_WINDOW operations apart.
+  and no DELETE of another lies between them and they are at most
+  FOLD_WINDOW operations apart.
 * Pure: operations in, operations out; a transaction read in pieces
   (:class:`_Folder`) folds exactly as a whole one.  Operations may come
   bundled in runs (codec.ops.Run, from agent.site.selection): a run counts
@@ -44,8 +45,12 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     Only when nothing else happened to that table in between: a row the
     transaction changed meanwhile may have taken the deleted row's UNIQUE
     value (or given up the one the INSERT takes), and the UPDATE at either
-    place would break the constraint where the transaction did not.  And
-    only within FOLD_WINDOW operations (see :class:`_Folder`)."""
+    place would break the constraint where the transaction did not.  Nor
+    was another table's row deleted in between: a row that follows its
+    parent goes with it at a remote (route.apply_triggers), so an UPDATE
+    after the parent's DELETE would find the row gone where the INSERT
+    puts it back.  And only within FOLD_WINDOW operations (see
+    :class:`_Folder`)."""
     if not any(op[1] == OpKind.DELETE for op in ops) or not _reinserted(ops):  # a run's kind is op[1] too
         return ops  # nothing can fold: runs stay runs
     folder = _Folder()
@@ -76,7 +81,7 @@ class _Folder:
     an operation is given back (:meth:`take`) once FOLD_WINDOW operations
     follow it, when no later INSERT can fold it any more."""
 
-    __slots__ = ("ops", "base", "deleted", "last_change")
+    __slots__ = ("ops", "base", "deleted", "last_change", "last_delete")
 
     def __init__(self) -> None:
         # One place per operation, in order: an operation, None where one
@@ -87,6 +92,7 @@ class _Folder:
         self.base = 0  # the index in the transaction of ops[0]
         self.deleted: dict[tuple[str, tuple], int] = {}
         self.last_change: dict[str, int] = {}  # table -> index of its latest op
+        self.last_delete = -1  # the index of the latest DELETE, of any table
 
     def add(self, ops: list) -> None:
         held = self.ops
@@ -106,10 +112,11 @@ class _Folder:
                 last_change[op.table] = index
                 if op.kind == OpKind.DELETE:
                     deleted[(op.table, op.key)] = index
+                    self.last_delete = index
                 elif op.kind == OpKind.INSERT:
                     position = deleted.pop((op.table, op.key), None)
-                    if (position is not None and previous == position and index - position <= FOLD_WINDOW
-                            and position >= self.base):
+                    if (position is not None and previous == position and self.last_delete == position
+                            and index - position <= FOLD_WINDOW and position >= self.base):
                         old = held[position - self.base].before
                         new = op.after
                         changed = [column for column in new

@@ -30,7 +30,8 @@ Rules of this file:
   there.  The connection that applies a peer's changes gets TEMP triggers
   (:func:`install_apply_triggers`): at the consolidated a row whose foreign
   key names no parent is refused (``NO_PARENT``), at a remote the
-  consolidated's DELETE of a parent takes the rows that follow it along.
+  consolidated's DELETE of a parent takes the rows that follow it along,
+  each recorded as it went (a capture row flagged ``WITH_PARENT``).
 """
 
 from __future__ import annotations
@@ -211,9 +212,10 @@ def row_routes(conn: sqlite3.Connection, table: str, columns: Sequence[str], kin
                values: Sequence) -> list:
     """The route values a capture row of ``table`` written by hand needs
     after its ``values`` (in shape ``columns`` order: old then new for an
-    UPDATE): none for a table that follows no parent."""
+    UPDATE): none for a table that follows no parent, nor at a remote
+    (its follows have no route template, its capture rows no routes)."""
     follow = follows(conn).get(table.lower())
-    if follow is None:
+    if follow is None or not follow.template:
         return []
     positions = [list(columns).index(column) for column in follow.columns]
     images = [values[:len(columns)]] + ([values[len(columns):2 * len(columns)]] if kind == 2 else [])
@@ -235,6 +237,10 @@ def record_follow(conn: sqlite3.Connection, follow: Follow) -> None:
 
 # How a row refused by the consolidated's parent check is recorded, from the start.
 NO_PARENT = "no parent row"
+# The capture-row flag and kind of a remote's record of a row that went with
+# its parent (capture.FLAG_WITH_PARENT, capture.KIND_DELETE).
+WITH_PARENT = 8
+_KIND_DELETE = 3
 APPLY_PREFIX = "fieldsync_follow_"
 
 
@@ -260,12 +266,24 @@ def apply_triggers(conn: sqlite3.Connection, chains: dict[str, Follow]) -> list[
     children: dict[str, list[Follow]] = {}
     for follow in chains.values():
         children.setdefault(follow.parent, []).append(follow)
-    return [f"CREATE TEMP TRIGGER {quote_ident(f'{APPLY_PREFIX}delete_{parent}')} BEFORE DELETE"
-            f" ON main.{quote_ident(parent)} BEGIN "
-            + "; ".join(f"DELETE FROM {quote_ident(follow.table)} WHERE "
-                        f"{_equal(follow.columns, [f'OLD.{quote_ident(key)}' for key in follow.parent_columns])}"
-                        for follow in followers) + "; END"
-            for parent, followers in children.items()]
+    shapes = {table.lower(): (shape, json.loads(columns)) for table, shape, columns in conn.execute(
+        "SELECT a.table_name, a.shape, s.columns FROM fieldsync_article a JOIN fieldsync_shape s ON s.id = a.shape")}
+    statements = []
+    for parent, followers in children.items():
+        body = []
+        for follow in followers:
+            under = _equal(follow.columns, [f"OLD.{quote_ident(key)}" for key in follow.parent_columns])
+            shape = shapes.get(follow.table.lower())
+            if shape is not None and _has_columns(conn, follow.table, shape[1]):  # as they go: apply/followers.py
+                targets = ", ".join(f"v{index}" for index in range(len(shape[1])))
+                names = ", ".join(quote_ident(column) for column in shape[1])
+                body.append(f"INSERT INTO fieldsync_capture (shape, kind, flags, {targets}) SELECT {shape[0]},"
+                            f" {_KIND_DELETE}, {WITH_PARENT}, {names} FROM {quote_ident(follow.table)}"
+                            f" WHERE {under}")
+            body.append(f"DELETE FROM {quote_ident(follow.table)} WHERE {under}")
+        statements.append(f"CREATE TEMP TRIGGER {quote_ident(f'{APPLY_PREFIX}delete_{parent}')} BEFORE DELETE"
+                          f" ON main.{quote_ident(parent)} BEGIN {'; '.join(body)}; END")
+    return statements
 
 
 def _parent_checks(follow: Follow) -> list[str]:

@@ -137,3 +137,17 @@ def test_runs_fold_as_the_operations_they_stand_for(seed):
         taken += with_runs.take(0)
         expected_taken += one_by_one.take(0)
         assert list(operations_of(taken)) == expected_taken, piece
+
+
+def test_a_reinsert_with_a_delete_of_another_table_between_is_not_folded():
+    """An order deleted and inserted again around its customer's DELETE: at a
+    remote the customer's DELETE takes the order along (rows that follow
+    their parent), so one UPDATE after it would find no row."""
+    from agent.site.folding import make_transaction
+
+    order = {"id": 20, "customer_id": 2}
+    ops = [Operation.delete("orders", (20,), order), Operation.delete("customer", (2,), {"id": 2, "rep": 2}),
+           Operation.insert("orders", (20,), {**order, "customer_id": 4})]
+    assert [op.kind for op in make_transaction(1, "hq", ops).ops] == [OpKind.DELETE, OpKind.DELETE, OpKind.INSERT]
+    assert [op.kind for op in make_transaction(1, "hq", [ops[1], ops[0], ops[2]]).ops] == [
+        OpKind.DELETE, OpKind.UPDATE]

@@ -1,5 +1,5 @@
 """Applying a peer's transactions (docs/site-database.md): one module per
-rule (statements, keymoves, conflicts, unconfirmed, pending), each an
+rule (statements, keymoves, conflicts, unconfirmed, pending, followers), each an
 object or function the driver (:class:`Applier`) holds and calls in turn,
 over the values of batch; this package exports what the rest of the site
 adapter uses.

@@ -157,7 +157,7 @@ class Filter:
 class Batch:
     __slots__ = ("peer", "commit", "now", "applied", "conflicts", "errors", "returns", "filters", "touched",
                  "entered", "watched", "received", "moved", "origins", "holds", "stranded", "pending", "deferred",
-                 "held")
+                 "held", "parents_back", "followers")
 
     def __init__(self, peer: str, now: str) -> None:
         self.peer = peer
@@ -200,6 +200,11 @@ class Batch:
         # the end of the transaction (see set_aside).
         self.deferred: list[tuple[tuple, str]] = []
         self.held: set[tuple[str, tuple]] = set()
+        # At a remote with rows that follow a parent: the parents the
+        # transaction inserted, as (lower-case follower table, parent key),
+        # and its own pending rows that follow one (followers.Followers).
+        self.parents_back: set[tuple[str, tuple]] = set()
+        self.followers: dict | None = None
 
 
 def set_aside(batch: Batch, table: Table, op: tuple, problem: str) -> None:

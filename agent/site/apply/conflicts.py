@@ -33,6 +33,7 @@ from ..errors import ConflictHookFailed, InvalidSetting
 from ..values import pack, unpack, value_problem
 from ..route import Follow
 from .batch import Batch, Conflict, ConflictHook, Filter, Resolution, Table, key_after, send_back
+from .followers import descendants
 from .statements import Statements
 
 
@@ -103,7 +104,9 @@ class Conflicts:
     def write_returns(self, batch: Batch) -> None:
         """Capture what goes back to the batch's origin, each row only to it
         (:func:`planned_returns`, once the whole batch is applied)."""
-        for shape, kind, values, columns in planned_returns(batch, self._statements.select):
+        conn, statements = self._conn, self._statements
+        under = (lambda table, row: descendants(conn, statements, table, row)) if statements.follows else None
+        for shape, kind, values, columns in planned_returns(batch, statements.select, under):
             self._write_return(shape, kind, values, columns)
 
     def _write_return(self, shape: Shape, kind: int, values: list, columns: Iterable[str] = ()) -> None:
@@ -171,6 +174,12 @@ def resolved(batch: Batch, table: Table, op: tuple, local: dict, written: dict, 
         # The origin holds its change over our old row; it gets back the
         # columns the conflict was about (and any the resolution wrote).
         send_back(batch, table, final_key, {**local, **op[4]}, set(op[4]) | set(written))
+        subset = batch.filters.get(table.name.lower())
+        if subset is not None and subset.value(local) not in subset.values \
+                and subset.value(result) in subset.values:
+            # Our row was outside the origin's subset (a DELETE of it went
+            # or goes there) and the change brings it in: it goes back whole.
+            batch.entered.add((table.name, final_key))
 
 
 def kept_local_row(batch: Batch, table: Table, op: tuple, local: dict) -> str:
@@ -181,7 +190,8 @@ def kept_local_row(batch: Batch, table: Table, op: tuple, local: dict) -> str:
     return f"INSERT of an existing key: the local row was kept and sent back to {batch.peer}"
 
 
-def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None]
+def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None],
+                    under: Callable[[Table, dict], Iterable[tuple[Table, dict]]] | None = None
                     ) -> Iterator[tuple[Shape, int, list, set[str]]]:
     """What goes back to the batch's origin, as ``(shape, kind, values,
     columns)`` capture rows for it only (``values``: the shape's columns,
@@ -202,6 +212,11 @@ def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None]
       DELETE sent when it left may still reach it): the whole row;
     * otherwise, for a row of ``batch.returns`` (conflicts, the
       unconfirmed rule; see batch.send_back): an UPDATE of the listed columns.
+
+    A row that goes back whole takes the rows under it (``under(table,
+    row)``: the rows that follow it, each ``(table, row)``, parents before
+    children; followers.descendants), whole, after it: the origin lost them
+    with it, or never had them under it.
     """
     received = batch.received
     routes: dict[str, dict] = {}  # by table: the routes of foreign keys (nothing changes meanwhile)
@@ -212,6 +227,7 @@ def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None]
         if shape is not None and name_key not in received and select(table, name_key[1]) is None:
             yield shape, KIND_DELETE, [image.get(column) for column in shape.columns], set()
     keys = dict.fromkeys([*batch.returns, *batch.entered, *received, *batch.touched])
+    whole: set[tuple[str, tuple]] = set()  # rows gone back whole, with the rows under them
     for name_key in keys:
         pending = batch.returns.get(name_key)
         if pending is not None:
@@ -238,8 +254,16 @@ def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None]
                 yield shape, KIND_DELETE, [result.get(column) for column in shape.columns], set()
             continue
         if deleted_there or name_key in batch.entered:
+            if name_key in whole:
+                continue
+            whole.add(name_key)
             yield shape, KIND_INSERT, [result.get(column) for column in shape.columns], set()
-        elif pending is not None:
+            for child, values in under(table, result) if under is not None else ():
+                child_key = (child.name, tuple(values[column] for column in child.key_columns))
+                if child.shape is not None and child_key not in whole:
+                    whole.add(child_key)
+                    yield child.shape, KIND_INSERT, [values.get(column) for column in child.shape.columns], set()
+        elif pending is not None and name_key not in whole:
             values = [pending.origin_row.get(column) for column in shape.columns]
             values += [result.get(column) for column in shape.columns]
             yield shape, KIND_UPDATE, values, pending.columns & set(shape.columns)

@@ -21,12 +21,14 @@ Rules of this file:
 * The rules live in their own modules, each an object the driver holds
   and calls (no rule calls the driver): statements (tables, SQL, apply
   errors), key moves, conflicts (and what goes back), unconfirmed,
-  pending; batch holds the values they share.  A batch goes: check the
-  peer and offsets, refresh the statements, cut local changes, set up the
-  batch (the peer's filters and the unconfirmed rule at the consolidated,
-  the pending rows at a remote), apply each transaction (fast path, else
-  one operation at a time through the rules), send back by the
-  unconfirmed rule, write what goes back, record ``log_received``.
+  pending, followers (rows that follow their parent); batch holds the
+  values they share.  A batch goes: check the peer and offsets, refresh
+  the statements, cut local changes, set up the batch (the peer's filters
+  and the unconfirmed rule at the consolidated, the pending rows at a
+  remote), apply each transaction (fast path, else one operation at a time
+  through the rules; at a remote, then put back its own rows that went
+  with a parent the transaction sent again), send back by the unconfirmed
+  rule, write what goes back, record ``log_received``.
 * A schema change (codec.changes) is a transaction of its own: at a
   remote, schema.SchemaSteps runs it between the transactions before and
   after it; the consolidated makes changes, it never receives one.  At
@@ -53,7 +55,6 @@ from .._db import format_time, utc_now
 from ..capture import ShapeCache
 from ..errors import ApplyRefused
 from ..log import cut_locked
-from ..route import parent_missing
 from ..remotes import get_remote
 from ..schema import Role, SiteIdentity
 from ..values import operation_problem
@@ -75,6 +76,7 @@ from .batch import (
 )
 from .checks import applies, skip_bound
 from .conflicts import Conflicts, kept_local_row
+from .followers import Followers
 from .keymoves import KeyMoves, origin_changes, readdressed
 from .pending import Pending
 from .reshape import Reshape
@@ -149,6 +151,7 @@ class Applier:
         self._pending = Pending(conn, shapes, statements, key_moves)
         self._schema = SchemaSteps(conn, statements)
         self._reshape = Reshape(conn)
+        self._followers = Followers(conn, shapes, statements)
 
     def apply_locked(self, identity: SiteIdentity, peer: str, transactions: Iterable[Transaction],
                      log_received: int, *, messages: int, peer_incarnation: bytes | None,
@@ -210,6 +213,8 @@ class Applier:
             self._apply_operations(transaction.ops, batch, consolidated)
             if batch.deferred:
                 self._settle(batch, consolidated)
+            if batch.parents_back:
+                self._followers.restore(batch)
             applied += 1
             cut = cut_locked(conn, peer, end)
             if cut > end:
@@ -284,9 +289,15 @@ class Applier:
 
     def _settle(self, batch: Batch, consolidated: bool) -> None:
         """What a foreign key set aside, tried again at the end of its
-        transaction (batch.settle)."""
+        transaction (batch.settle); at a remote, one still refused may have
+        gone with its parent (followers.Followers.refused)."""
         settle(batch, lambda ops: self._apply_operations(ops, batch, consolidated),
-               lambda op, problem: self._statements.error(batch, op, problem))
+               lambda op, problem: self._settled_error(batch, op, problem, consolidated))
+
+    def _settled_error(self, batch: Batch, op: tuple, problem: str, consolidated: bool) -> None:
+        table = self._statements.table(op[0])
+        if table is None or not self._followers.refused(batch, table, op, consolidated):
+            self._statements.error(batch, op, problem)
 
     def _apply_run(self, run: Run, batch: Batch, consolidated: bool) -> None:
         """A decoded run (format version 2): its rows are the parameter
@@ -308,6 +319,9 @@ class Applier:
             return
         if batch.filters and table.name.lower() in batch.filters:
             touch_rows(batch, table, run)
+        if kind == OpKind.INSERT and not consolidated and table.name.lower() in self._followers.parents:
+            width = run.key_width
+            self._followers.note_inserts(batch, table, (dict(zip(run.after, row[width:])) for row in run.rows))
         rows = run.rows
         if kind == OpKind.DELETE:
             width = run.key_width
@@ -377,6 +391,8 @@ class Applier:
             touch(batch, table, run)
         if batch.watched is not None:
             watch(batch, table, run)
+        if kind == OpKind.INSERT and not consolidated and table.name.lower() in self._followers.parents:
+            self._followers.note_inserts(batch, table, (op[4] for op in run))
         pending = batch.pending.get(table.name.lower()) if batch.pending else None
         held = batch.held
         if pending or held:
@@ -449,9 +465,8 @@ class Applier:
                 batch.applied += 1
             else:
                 moved = self._key_moves.moved_key(table, op[2]) if consolidated else None
-                follow = None if consolidated else self._statements.follows.get(table.name.lower())
-                if follow is not None and type(op[3]) is dict and parent_missing(self._conn, follow, op[3]):
-                    batch.applied += 1  # it left this remote with its parent (route.apply_triggers)
+                if not consolidated and self._followers.went_with_parent(batch, table, op):
+                    pass  # it left this remote with its parent (route.apply_triggers)
                 elif moved is None:
                     self._statements.error(batch, op, "DELETE of a missing row")
                 else:

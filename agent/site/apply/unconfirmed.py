@@ -27,6 +27,7 @@ from ..selection import SubscriberReader
 from ..schema import SiteIdentity
 from ..values import value_problem
 from .batch import Batch, Table, send_back
+from .followers import ancestors
 from .statements import Statements
 
 # Keys the unconfirmed rule looks up per statement (see _rows_of_keys).
@@ -91,8 +92,7 @@ class Unconfirmed:
 
         Costs lookups by key for the rows the batch touched and the
         operations on them, whatever the length of ``(confirmed, end]``."""
-        reader: SubscriberReader | None = None
-        transaction = (1, 0, "")  # the log transaction of the last row looked at: (first seq, commit, origin)
+        peer_ops = _PeerOperations(self._conn, identity, self._shapes, batch.peer)
 
         def rows_of_keys(table: Table, keys: set[tuple]) -> Iterator[tuple[int, tuple, tuple, tuple]]:
             for row in self._rows_of_keys(table, keys, confirmed, end):
@@ -103,22 +103,42 @@ class Unconfirmed:
                            else old_key)
                 yield row[0], old_key, new_key, row
 
-        def operation(row: tuple) -> Operation | None:
-            nonlocal reader, transaction
-            seq = row[0]
-            if not transaction[0] <= seq <= transaction[1]:
-                found = self._conn.execute(
-                    "SELECT first_seq, commit_offset, origin FROM fieldsync_log WHERE commit_offset >= ?"
-                    " ORDER BY commit_offset LIMIT 1", (seq,)).fetchone()
-                if found is None or found[1] > end:
-                    return None
-                transaction = found
-            if reader is None:
-                reader = SubscriberReader.from_database(self._conn, identity, self._shapes, batch.peer)
-            reader.at(transaction[1])
-            return reader.operation(transaction[2], row)
+        lost = ((lambda: self._lost_with_parent(batch, confirmed, end, peer_ops)) if self._statements.follows
+                else None)
+        send_back_received(batch, rows_of_keys, lambda row: peer_ops.operation(row, end), self._statements.select,
+                           lost)
 
-        send_back_received(batch, rows_of_keys, operation, self._statements.select)
+    def _lost_with_parent(self, batch: Batch, confirmed: int, end: int, peer_ops: "_PeerOperations") -> None:
+        """Rows that follow their parent: a row the batch touched goes back
+        whole (as if deleted there) when the log holds, in ``(confirmed,
+        end]``, an operation the peer receives that takes one of its parents
+        away there (a DELETE, or a move out of its subset), as the row is now
+        or as the peer wrote it: the row went with that parent at the peer
+        (route.apply_triggers), whatever came after it."""
+        statements = self._statements
+        above: dict[str, tuple[Table, dict[tuple, set[tuple[str, tuple]]]]] = {}
+        for name_key, (table, values) in batch.watched.items():  # type: ignore[union-attr]
+            if table.name.lower() not in statements.follows or name_key in batch.received:
+                continue
+            row = statements.select(table, name_key[1])
+            if row is None:
+                continue
+            for image in (row, {**row, **values}):
+                for parent, key in ancestors(self._conn, statements, table, image):
+                    above.setdefault(parent.name, (parent, {}))[1].setdefault(key, set()).add(name_key)
+        for parent, keys in above.values():
+            for row in self._rows_of_keys(parent, set(keys), confirmed, end):
+                shape = self._shapes.get(row[1])
+                key = tuple(row[4 + i] for i in shape.key_positions)
+                if key not in keys:
+                    continue  # a row given this key by an UPDATE: it arrives, not leaves
+                op = peer_ops.operation(row, end)
+                if op is None or not (op[1] == OpKind.DELETE or op[1] == OpKind.UPDATE and op[4]
+                                      and not op[4].keys().isdisjoint(parent.key_columns)):
+                    continue
+                for child in keys.pop(key):
+                    if child not in batch.received:
+                        batch.received[child] = (OpKind.DELETE, dict(batch.watched[child][1]))  # type: ignore[index]
 
     def _rows_of_keys(self, table: Table, keys: set[tuple], after: int, until: int) -> list[tuple]:
         """Capture rows of ``table`` in ``(after, until]`` whose old key or, for
@@ -152,7 +172,8 @@ class Unconfirmed:
 
 def send_back_received(batch: Batch, rows_of_keys: Callable[[Table, set[tuple]], Iterable[tuple]],
                        operation: Callable[[Any], Operation | None],
-                       select: Callable[[Table, tuple], dict | None]) -> None:
+                       select: Callable[[Table, tuple], dict | None],
+                       lost_with_parent: Callable[[], None] | None = None) -> None:
     """The unconfirmed rule's decisions (Unconfirmed.send_back), for both
     backends.  ``rows_of_keys(table, keys)`` yields, in the order they were
     written, ``(seq, old key, new key, row)`` for the captured changes the
@@ -162,7 +183,9 @@ def send_back_received(batch: Batch, rows_of_keys: Callable[[Table, set[tuple]],
     it does not receive it); ``select(table, key)`` reads a row as it is
     after the batch.  Records in ``batch.received`` the kind and image of
     the last such operation per row, as the peer sees it, and sends the
-    rows concerned back (batch.send_back)."""
+    rows concerned back (batch.send_back).  ``lost_with_parent()``, where
+    rows follow their parent, records those that went with a parent at the
+    peer before the rows are sent back (Unconfirmed._lost_with_parent)."""
     watched = batch.watched
     assert watched is not None
     received = batch.received
@@ -207,6 +230,8 @@ def send_back_received(batch: Batch, rows_of_keys: Callable[[Table, set[tuple]],
                         received[(name, new_key)] = (OpKind.INSERT, image)
                     brought.setdefault(name, (table, set()))[1].add(new_key)
         by_table = brought
+    if lost_with_parent is not None:
+        lost_with_parent()
     whole = set()
     for (name, old_key), new_key in batch.moved.items():
         if (name, old_key) in received and holds.get((name, new_key)):
@@ -219,6 +244,36 @@ def send_back_received(batch: Batch, rows_of_keys: Callable[[Table, set[tuple]],
         if result is not None:
             columns = set(table.columns) if name_key in whole or not values else set(values)
             send_back(batch, table, name_key[1], {**result, **values}, columns)
+
+
+class _PeerOperations:
+    """What capture rows become for ``peer``, read in seq order: each row's
+    log transaction (kept while the rows stay in it) and the operation the
+    peer receives, if any."""
+
+    def __init__(self, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, peer: str) -> None:
+        self._conn = conn
+        self._identity = identity
+        self._shapes = shapes
+        self._peer = peer
+        self._reader: SubscriberReader | None = None
+        self._transaction = (1, 0, "")  # of the last row looked at: (first seq, commit, origin)
+
+    def operation(self, row: tuple, end: int) -> Operation | None:
+        """The operation capture ``row`` becomes for the peer (None: none, or
+        its log transaction lies beyond ``end``)."""
+        seq = row[0]
+        transaction = self._transaction
+        if not transaction[0] <= seq <= transaction[1]:
+            found = self._conn.execute("SELECT first_seq, commit_offset, origin FROM fieldsync_log"
+                                       " WHERE commit_offset >= ? ORDER BY commit_offset LIMIT 1", (seq,)).fetchone()
+            if found is None or found[1] > end:
+                return None
+            transaction = self._transaction = found
+        if self._reader is None:
+            self._reader = SubscriberReader.from_database(self._conn, self._identity, self._shapes, self._peer)
+        self._reader.at(transaction[1])
+        return self._reader.operation(transaction[2], row)
 
 
 def _probe_sql(index: KeyIndex, count: int) -> str:
