@@ -73,8 +73,10 @@ FLAG_PENDING_MOVE = 4
 # records of a row that went along with its parent (route.apply_triggers,
 # which defines it, as its triggers write it): the row as it went.  A row of
 # the remote's own pending changes comes back from it when the consolidated
-# sends the parent again (apply/followers.py).  Like FLAG_CONCURRENT_DELETE,
-# only the remote's apply path reads it.
+# sends the parent again (apply/followers.py), and an INSERT of the
+# consolidated that follows keeps the remote's own values from it
+# (apply/pending.py).  Like FLAG_CONCURRENT_DELETE, only the remote's apply
+# path reads it.
 FLAG_WITH_PARENT = WITH_PARENT
 
 # At a remote, holds a row while the apply path writes, inside the apply's

@@ -16,9 +16,10 @@ Rules of this file:
   extraction fill it in; the catalogue is the one source.
 * When a followed row's route changes (its SUBSCRIBE BY value, or its own
   foreign key to a parent with another route), a *move trigger* writes an
-  UPDATE capture row for every descendant, whose old and new routes
-  differ: readers turn it into a DELETE for the old subscribers and an
-  INSERT of the full row for the new ones, in the same log transaction.
+  UPDATE capture row for every descendant, the deepest first, whose old
+  and new routes differ: readers turn it into a DELETE for the old
+  subscribers and an INSERT of the full row for the new ones, in the same
+  log transaction.
 * Capture rows of a follow article hold the old route after the values of
   the widest UPDATE (value column ``2 * width``) and the new route after it
   (``2 * width + 1``).
@@ -181,24 +182,31 @@ def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]
             old, new = f"OLD.{quote_ident(subscribe_by)}", f"NEW.{quote_ident(subscribe_by)}"
         else:
             old, new = trigger_routes(own)
-        body = []
+        levels: list[list[str]] = []
         # Every descendant, level by level, with the condition that picks its
         # rows under the changed row (row values: composite keys too).
         level = [(follow, f"{_row(follow.columns)} = {_row(follow.parent_columns, 'NEW.')}")
                  for follow in children[parent]]
         while level:
             deeper = []
+            levels.append([])
             for follow, under in level:
                 child, _, shape = articles[follow.table.lower()]
                 names = ", ".join(quote_ident(column) for column in shape_columns[shape])
                 targets = ", ".join(value_column(index) for index in range(2 * len(shape_columns[shape]) + 2))
-                body.append(f"INSERT INTO fieldsync_capture (shape, kind, {targets}) SELECT {shape}, 2, {names}, "
-                            f"{names}, {old}, {new} FROM {quote_ident(child)} WHERE {under}")
+                levels[-1].append(f"INSERT INTO fieldsync_capture (shape, kind, {targets}) SELECT {shape}, 2, "
+                                  f"{names}, {names}, {old}, {new} FROM {quote_ident(child)} WHERE {under}")
                 for grand in children.get(follow.table.lower(), []):
                     deeper.append((grand, f"{_row(grand.columns)} IN (SELECT "
                                           f"{', '.join(quote_ident(c) for c in grand.parent_columns)} FROM "
                                           f"{quote_ident(child)} WHERE {under})"))
             level = deeper
+        # The deepest rows first (each statement reads the rows as the UPDATE
+        # left them, in any order): a remote that loses them deletes each row
+        # before its parent, so none goes along with its parent unrecorded,
+        # which would lose a change of the remote's own to it when the same
+        # transaction brings it back.
+        body = [statement for statements_of_level in reversed(levels) for statement in statements_of_level]
         statements.append(f"CREATE TRIGGER {quote_ident(MOVE_PREFIX + table)} AFTER UPDATE ON {quote_ident(table)}"
                           f" FOR EACH ROW WHEN ({old}) IS NOT ({new}) BEGIN {'; '.join(body)}; END")
     return statements

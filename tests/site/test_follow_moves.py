@@ -17,6 +17,9 @@ from .test_follow_remotes import World, app, world  # noqa: F401  (world: a fixt
 ORDERS_OF_REP1 = "SELECT id, customer_id FROM orders ORDER BY id"
 LINES = "SELECT id, order_id FROM order_line ORDER BY id"
 FIRST = ["hq", "hq, unconfirmed", "rep1"]
+# hq deletes customer 3, its order and line first.
+DELETE_CUSTOMER_3 = ("DELETE FROM order_line WHERE order_id = 30", "DELETE FROM orders WHERE customer_id = 3",
+                     "DELETE FROM customer WHERE id = 3")
 
 
 def exchange(world: World, first: str) -> None:
@@ -45,8 +48,7 @@ def test_an_order_handed_to_a_customer_the_consolidated_deleted_comes_back_with_
     # under customer 1; rep1 loses it with customer 3: hq sends it back whole,
     # with the lines under it.
     app(world.remotes["rep1"], "UPDATE orders SET customer_id = 3 WHERE id = 10")
-    app(world.hq, "DELETE FROM order_line WHERE order_id = 30", "DELETE FROM orders WHERE customer_id = 3",
-        "DELETE FROM customer WHERE id = 3")
+    app(world.hq, *DELETE_CUSTOMER_3)
     exchange(world, first)
     world.check()
     rep1 = world.remotes["rep1"]
@@ -61,8 +63,7 @@ def test_an_order_a_remote_wrote_for_a_customer_the_consolidated_deleted_goes_ev
     # customer 1 before customer 3's DELETE takes it away: hq sends its DELETE.
     rep1 = world.remotes["rep1"]
     app(rep1, "INSERT INTO orders VALUES (12, 3, 'for customer 3')", "INSERT INTO order_line VALUES (120, 12, 5)")
-    app(world.hq, "DELETE FROM order_line WHERE order_id = 30", "DELETE FROM orders WHERE customer_id = 3",
-        "DELETE FROM customer WHERE id = 3")
+    app(world.hq, *DELETE_CUSTOMER_3)
     app(rep1, "UPDATE orders SET customer_id = 1 WHERE id = 12")
     exchange(world, first)
     world.check()
@@ -106,7 +107,8 @@ def test_an_order_two_sites_hand_to_customers_of_different_reps_at_once_goes_whe
 AWAY_AND_BACK = {
     # A new order and its line leave rep1 with customer 1.
     "a new order": (("INSERT INTO orders VALUES (12, 1, 'written at rep1')",
-                     "INSERT INTO order_line VALUES (120, 12, 5)"), 1, [(10, 1, "a"), (11, 1, "b"), (12, 1, "written at rep1"), (30, 3, "d")],
+                     "INSERT INTO order_line VALUES (120, 12, 5)"), 1,
+                    [(10, 1, "a"), (11, 1, "b"), (12, 1, "written at rep1"), (30, 3, "d")],
                     [(100, 10), (101, 11), (120, 12), (300, 30)]),
     # hq knows order 10 under customer 1, so customer 3's move takes it from
     # rep1 (with its line) without a DELETE of its own.
@@ -182,3 +184,36 @@ def test_a_customer_moved_away_and_an_order_of_it_handed_back_in_one_transaction
     assert rep2.connection.execute("SELECT id, customer_id FROM orders ORDER BY id").fetchall() == [(20, 4)]
     assert rep2.connection.execute(LINES).fetchall() == [(200, 20)]
     assert world.errors() == {}
+
+
+@pytest.mark.parametrize("first", FIRST)
+def test_a_line_a_remote_changed_keeps_its_value_when_its_customer_moves_away_and_back_in_one_transaction(
+        world: World, first: str) -> None:
+    # The move sends rep1 the line's DELETE before its order's, so the line
+    # does not go along with the order unseen: the INSERT that brings it
+    # back keeps rep1's quantity, which hq applies after.
+    hq, rep1 = world.hq, world.remotes["rep1"]
+    app(rep1, "UPDATE order_line SET qty = 77 WHERE id = 100")
+    app(hq, "UPDATE customer SET rep = 2 WHERE id = 1", "UPDATE customer SET rep = 1 WHERE id = 1")
+    exchange(world, first)
+    world.check()
+    assert rep1.connection.execute("SELECT qty FROM order_line WHERE id = 100").fetchall() == [(77,)]
+    assert hq.connection.execute("SELECT qty FROM order_line WHERE id = 100").fetchall() == [(77,)]
+
+
+def test_an_order_sent_back_under_its_old_customer_keeps_a_later_change_of_the_remote(world: World) -> None:
+    # hq refuses rep1's handover of order 10 to customer 3 (deleted at hq) and
+    # sends the order back whole, under customer 1; rep1 changed its note
+    # since, which hq applies after: rep1 keeps its note, not customer 3.
+    hq, rep1 = world.hq, world.remotes["rep1"]
+    app(rep1, "UPDATE orders SET customer_id = 3 WHERE id = 10")
+    app(hq, *DELETE_CUSTOMER_3)
+    replicate(rep1, hq)
+    app(rep1, "UPDATE orders SET note = 'later at rep1' WHERE id = 10")
+    replicate(hq, rep1)
+    assert rep1.connection.execute("SELECT customer_id, note FROM orders WHERE id = 10").fetchall() == [
+        (1, "later at rep1")]
+    world.sync()
+    world.check()
+    assert hq.connection.execute("SELECT customer_id, note FROM orders WHERE id = 10").fetchall() == [
+        (1, "later at rep1")]

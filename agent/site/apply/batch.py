@@ -217,19 +217,37 @@ def set_aside(batch: Batch, table: Table, op: tuple, problem: str) -> None:
         batch.held.add((table.name, key_after(table.key_columns, op[2], op[4])))
 
 
-def settle(batch: Batch, apply_operations: Callable[[list], None], error: Callable[[tuple, str], None]) -> None:
+def deleted_later(deferred: list[tuple[tuple, str]]) -> set[tuple[str, tuple]]:
+    """The rows whose last operation still set aside is a DELETE: when such
+    a row is not here, nothing of its operations is left to apply (a move
+    that gives a remote a row and takes it back in one transaction sends the
+    INSERT of a child before its parent's, and its DELETE after)."""
+    last: dict[tuple[str, tuple], int] = {}
+    for op, _problem in deferred:
+        last[(op[0], op[2])] = op[1]
+    return {row for row, kind in last.items() if kind == OpKind.DELETE}
+
+
+def settle(batch: Batch, apply_operations: Callable[[list], None], error: Callable[[tuple, str], None],
+           missing: Callable[[tuple], bool] | None = None) -> None:
     """At the end of a transaction, the operations a foreign key refused
     (set_aside) are applied again (``apply_operations``), in their order,
     as long as some of them go in: a child that came before its parent, a
     parent deleted before the rows that reference it.  Those still
-    refused then are recorded (``error(op, problem)``)."""
+    refused then are recorded (``error(op, problem)``), but, given
+    ``missing(op)`` (whether the row of ``op`` is not here), for a row the
+    transaction deletes after them and that is not here (deleted_later)."""
     while batch.deferred:
         waiting = batch.deferred
         batch.deferred, batch.held = [], set()
         apply_operations([op for op, _ in waiting])
         if len(batch.deferred) == len(waiting):
+            gone = deleted_later(batch.deferred) if missing is not None else set()
             for op, problem in batch.deferred:
-                error(op, problem)
+                if (op[0], op[2]) in gone and missing(op):  # type: ignore[misc]
+                    batch.applied += 1  # the transaction deletes the row after: nothing is left to do
+                else:
+                    error(op, problem)
             batch.deferred, batch.held = [], set()
 
 

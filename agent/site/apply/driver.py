@@ -289,10 +289,15 @@ class Applier:
 
     def _settle(self, batch: Batch, consolidated: bool) -> None:
         """What a foreign key set aside, tried again at the end of its
-        transaction (batch.settle); at a remote, one still refused may have
-        gone with its parent (followers.Followers.refused)."""
+        transaction (batch.settle; a row the transaction deletes after, and
+        that is not here, has nothing left to do); at a remote, one still
+        refused may have gone with its parent (followers.Followers.refused)."""
         settle(batch, lambda ops: self._apply_operations(ops, batch, consolidated),
-               lambda op, problem: self._settled_error(batch, op, problem, consolidated))
+               lambda op, problem: self._settled_error(batch, op, problem, consolidated), self._missing)
+
+    def _missing(self, op: tuple) -> bool:
+        table = self._statements.table(op[0])
+        return table is not None and self._statements.select(table, op[2]) is None
 
     def _settled_error(self, batch: Batch, op: tuple, problem: str, consolidated: bool) -> None:
         table = self._statements.table(op[0])

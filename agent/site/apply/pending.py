@@ -21,6 +21,7 @@ from codec.ops import OpKind
 from ..capture import (
     FLAG_CONCURRENT_DELETE,
     FLAG_PENDING_MOVE,
+    FLAG_WITH_PARENT,
     KIND_DELETE,
     KIND_INSERT,
     KIND_UPDATE,
@@ -28,6 +29,7 @@ from ..capture import (
     ShapeCache,
     write_capture_row,
 )
+from ..route import parent_missing
 from ..values import operation_problem
 from .batch import KEY_TAKEN, MOVES_FOLLOWED, Batch, Own, Table, key_after, set_aside, sqlite_equal
 from .keymoves import KeyMoves
@@ -251,6 +253,20 @@ class Pending:
                          " FROM fieldsync_capture) AND kind = ? AND shape = ?",
                          (FLAG_CONCURRENT_DELETE, *values[width:], KIND_DELETE, shape.id))
 
+    def _went_with_parent(self, table: Table, own: Own, went: dict) -> set[str]:
+        """The columns of ``own`` an INSERT of the consolidated gets from this
+        site when the row last went along with its parent (a capture row
+        flagged FLAG_WITH_PARENT holds it as it went): the consolidated
+        knew nothing of it there, so every value of this site's it still
+        held, but a foreign key naming a parent that is not here (the
+        consolidated refused it, and the row comes back under its own)."""
+        kept = {column for column, value in own.values.items()
+                if column in went and column not in table.key_columns and sqlite_equal(went[column], value)}
+        follow = self._statements.follows.get(table.name.lower())
+        if follow is not None and kept.intersection(follow.columns) and parent_missing(self._conn, follow, own.values):
+            kept -= set(follow.columns)
+        return kept
+
     def _deleted_without(self, table: Table, key: tuple, own: Own) -> set[str]:
         """The columns of ``own`` in which the last DELETE of row ``key``
         applied here after ``own.seq`` was written without this site's own
@@ -270,6 +286,8 @@ class Pending:
                 shape = self._shapes.get(row[1])
                 if tuple(row[4 + i] for i in shape.key_positions) != key:
                     continue
+                if (row[3] or 0) & FLAG_WITH_PARENT:
+                    return self._went_with_parent(table, own, dict(zip(shape.columns, row[4:4 + len(shape.columns)])))
                 if not (row[3] or 0) & FLAG_CONCURRENT_DELETE:
                     return set()
                 width = len(shape.columns)
