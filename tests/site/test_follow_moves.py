@@ -217,3 +217,21 @@ def test_an_order_sent_back_under_its_old_customer_keeps_a_later_change_of_the_r
     world.check()
     assert hq.connection.execute("SELECT customer_id, note FROM orders WHERE id = 10").fetchall() == [
         (1, "later at rep1")]
+
+
+def test_a_line_written_under_an_order_that_left_the_remote_and_comes_back_later_comes_with_it(
+        world: World) -> None:
+    # rep1 writes a line under order 10, applies hq's handover of the order to
+    # customer 2 (the line goes with it), and hq moves customer 2 to rep 1
+    # before it applies the line: that move brings order 10 back without the
+    # line, which hq sends whole (it knows rep1 wrote it before the order left).
+    hq, rep1 = world.hq, world.remotes["rep1"]
+    app(rep1, "INSERT INTO order_line VALUES (120, 10, 5)")
+    app(hq, "UPDATE orders SET customer_id = 2 WHERE id = 10")
+    replicate(hq, rep1)
+    app(hq, "UPDATE customer SET rep = 1 WHERE id = 2")
+    replicate(rep1, hq)
+    world.sync()
+    world.check()
+    assert rep1.connection.execute("SELECT id FROM order_line WHERE order_id = 10 ORDER BY id").fetchall() == [
+        (100,), (120,)]

@@ -9,8 +9,8 @@ Rules of this file:
   check refused to insert goes back as a DELETE: the origin may have given
   it another parent before the DELETE of its own reached it.  A row the batch
   changed goes back whole when the log holds, unconfirmed, an operation
-  that takes one of its parents (:func:`ancestors`) away from the origin
-  (Unconfirmed.send_back): it went with that parent there.  So does a row
+  that takes one of its parents (:func:`ancestors`) away from the origin or
+  brings it there (Unconfirmed.send_back): it went with that parent there.  So does a row
   whose change the parent check refused while this site keeps it
   (:meth:`Followers.refused`): the origin holds it under a parent that is
   gone here, and loses it with that parent.

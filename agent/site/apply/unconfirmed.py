@@ -112,9 +112,14 @@ class Unconfirmed:
         """Rows that follow their parent: a row the batch touched goes back
         whole (as if deleted there) when the log holds, in ``(confirmed,
         end]``, an operation the peer receives that takes one of its parents
-        away there (a DELETE, or a move out of its subset), as the row is now
-        or as the peer wrote it: the row went with that parent at the peer
-        (route.apply_triggers), whatever came after it."""
+        away there or brings it there (a DELETE or an INSERT: a move out of
+        its subset or into it), as the row is now or as the peer wrote it.
+        Taken away: the row went with that parent at the peer
+        (route.apply_triggers), whatever came after it.  Brought: the parent
+        was not there before, so the peer wrote the row before the parent
+        left it (after it came back, the peer's change would come with a
+        confirmation of the operation that brought it), and the row went
+        with it then."""
         statements = self._statements
         above: dict[str, tuple[Table, dict[tuple, set[tuple[str, tuple]]]]] = {}
         for name_key, (table, values) in batch.watched.items():  # type: ignore[union-attr]
@@ -133,8 +138,8 @@ class Unconfirmed:
                 if key not in keys:
                     continue  # a row given this key by an UPDATE: it arrives, not leaves
                 op = peer_ops.operation(row, end)
-                if op is None or not (op[1] == OpKind.DELETE or op[1] == OpKind.UPDATE and op[4]
-                                      and not op[4].keys().isdisjoint(parent.key_columns)):
+                if op is None or not (op[1] != OpKind.UPDATE
+                                      or op[4] and not op[4].keys().isdisjoint(parent.key_columns)):
                     continue
                 for child in keys.pop(key):
                     if child not in batch.received:
