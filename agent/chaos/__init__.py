@@ -8,13 +8,16 @@ Rules of this package, one module each, in the order a seed meets them:
   the same run, and ``agent chaos --seed N`` replays one.
 * ``world``: the sites' files, made from templates; the arrival journal
   each site keeps (I2).
+* ``chain``: the follow chain most seeds publish (clients, their orders,
+  the orders' lines): its schema, what the sites write to it, and the rows
+  each remote must end up holding.
 * ``workload``: what the sites write; every transaction writes ledger
   entries.
 * ``simulation``: agents in one process on a virtual clock, the fault
   phase, then at most SETTLE_ROUNDS clean rounds to come to rest (probes,
   never a heartbeat, repair); every apply is watched for stale epochs (I3).
 * ``checks``: at rest, then the invariants (I1, I2, I5; no loss, no
-  double apply).
+  double apply; the chain's subsets).
 * ``report``: what a seed found and the summary of many.
 * ``runs``: seeds in fresh folders; shrinking a failing one.
 * ``processes``: the same with real ``agent run --once`` processes killed

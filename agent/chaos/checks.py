@@ -9,7 +9,12 @@ Rules of this file:
   subscribed rows (I5); every ledger entry made anywhere is everywhere
   exactly once (no loss, no double apply: a second apply of a ledger
   INSERT is an error row); I1 holds on every remote-user row.  Apply
-  errors on customers come from concurrent changes and are only counted.
+  errors on customers and the chain come from concurrent changes and are
+  only counted.
+* The follow chain (a seed that draws it): every remote holds exactly the
+  consolidated's clients, orders and lines that route to it, found by
+  following each row's foreign keys up to its client's rep in the
+  consolidated's final state, and no row whose foreign key names no row.
 * Order (I2): entry numbers grow in commit order at their origin, so at
   every site each origin's entries must have arrived in increasing order.
 * A check only reads the sites' files and adds what it finds to the
@@ -22,6 +27,7 @@ import sqlite3
 from pathlib import Path
 
 from ..site import open_site
+from . import chain
 from .report import ChaosResult
 from .world import remote_rows, rows
 
@@ -91,6 +97,13 @@ def check(root: Path, sites: list[str], ledger: set[str], result: ChaosResult) -
                 result.divergences.append(f"{site}: customers differ from hq's subset")
             if rows(root, site, "SELECT * FROM product") != rows(root, "hq", "SELECT * FROM product"):
                 result.divergences.append(f"{site}: products differ from hq")
+
+
+def check_chain(root: Path, sites: list[str], result: ChaosResult) -> None:
+    """Every remote's chain is the consolidated's rows that route to it."""
+    for site in sites[1:]:
+        result.divergences += chain.differences(root, site)
+    result.chain_rootless = chain.rootless(root)
 
 
 def check_arrival_order(root: Path, site: str, result: ChaosResult) -> None:

@@ -8,6 +8,8 @@ Rules of this file:
 * The timers are realistic: each seed draws its heartbeat (the default
   24 h in most seeds) and its confirm timeout (minutes to an hour, never
   above the heartbeat), and the agents run with them.
+* Two seeds in three publish a follow chain (clients, their orders and the
+  orders' lines, chain.py) and write to it; drawn last of all.
 * ``command()`` gives back exactly what differs from the seed's draws, so
   that ``agent chaos --seed N ...`` replays the run.
 """
@@ -73,6 +75,7 @@ class ChaosParams:
     reextract_rate: float = 0.0  # per step: a remote is extracted again while its mail is in flight
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds: every agent's --heartbeat
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT  # seconds: every agent's --confirm-timeout
+    chain: bool = False  # the follow chain is published and written (chain.py)
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
 
@@ -84,7 +87,7 @@ class ChaosParams:
     @classmethod
     def random(cls, seed: int, **overrides: object) -> "ChaosParams":
         """Parameters drawn from the seed: k remotes, rates, workload size,
-        timers.  A heartbeat given without a confirm timeout lowers the
+        timers, the follow chain.  A heartbeat given without a confirm timeout lowers the
         drawn one to it."""
         rng = random.Random(f"params:{seed}")
         scale = rng.choice((0.0, 0.03, 0.08, 0.15))
@@ -96,6 +99,7 @@ class ChaosParams:
         # Drawn after the rest, so that the other draws of a seed stay what they were.
         heartbeat = rng.choice(HEARTBEATS)
         values.update(heartbeat=heartbeat, confirm_timeout=min(rng.choice(CONFIRM_TIMEOUTS), heartbeat))
+        values.update(chain=rng.random() < 2 / 3)
         values.update(overrides)
         if "confirm_timeout" not in overrides:
             values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
@@ -132,6 +136,8 @@ class ChaosParams:
             parts.append(f"--heartbeat {duration_text(self.heartbeat)}")
         if self.confirm_timeout != min(drawn.confirm_timeout, self.heartbeat):
             parts.append(f"--confirm-timeout {duration_text(self.confirm_timeout)}")
+        if self.chain != drawn.chain:
+            parts.append("--follow-chain" if self.chain else "--no-follow-chain")
         if self.rates != drawn.rates:
             default = FaultRates()
             changed = [name for name in FaultRates.__dataclass_fields__

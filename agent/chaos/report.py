@@ -27,8 +27,9 @@ class ChaosResult:
     reextractions: int = 0
     resends: int = 0
     quarantined: int = 0
-    # Operations on customers that found no row (or a taken key) because
-    # another site changed the row meanwhile: the sites still converge.
+    # Operations on customers and the follow chain that found no row (or a
+    # taken key, or no parent) because another site changed the row
+    # meanwhile: the sites still converge.
     apply_errors: int = 0
     probes: int = 0  # probes sent (rule 3): control messages asking for a confirmation after a silence
     # The most probes any stream had sent since it last changed when the
@@ -44,6 +45,14 @@ class ChaosResult:
     out_of_order: list[str] = field(default_factory=list)
     stale_applies: list[str] = field(default_factory=list)
     stuck: str | None = None
+    # The follow chain (seeds that draw it): clients moved to another rep,
+    # orders given to another client, and the consolidated's orders and
+    # lines left with no client above them at the end (a remote deleted a
+    # client the consolidated had given new orders meanwhile: they go to
+    # nobody, docs/site-database.md's known limits).
+    chain_moves: int = 0
+    chain_handovers: int = 0
+    chain_rootless: int = 0
 
     @property
     def ok(self) -> bool:
@@ -94,6 +103,10 @@ def summarize(results: list[ChaosResult]) -> dict:
         "stale_applies": sum(len(r.stale_applies) for r in results),
         "stuck": sum(1 for r in results if r.stuck),
         "probes": sum(r.probes for r in results),
+        "chain": {"seeds": sum(1 for r in results if r.params.chain),
+                  "moves": sum(r.chain_moves for r in results),
+                  "handovers": sum(r.chain_handovers for r in results),
+                  "rootless_rows": sum(r.chain_rootless for r in results)},
         "rounds_to_rest": rest_figures(results),
         "timers": {
             "heartbeat": _counts(duration_text(r.params.heartbeat) for r in results),

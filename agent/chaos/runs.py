@@ -6,7 +6,7 @@ Rules of this file:
   the ``TMPDIR`` the user set, else ``/dev/shm`` (memory: many small
   synchronous writes), else the system's temporary folder.
 * Shrinking only ever keeps a candidate that still fails: fewer steps,
-  then no crashes, then fewer fault kinds.
+  then no crashes, then no follow chain, then fewer fault kinds.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, progress=N
 
 def shrink(params: ChaosParams) -> ChaosParams:
     """A smaller failing case, where one exists: fewer steps, then no crashes,
-    then fewer fault kinds."""
+    then no follow chain, then fewer fault kinds."""
     def fails(candidate: ChaosParams) -> bool:
         return not asyncio.run(run_seed(candidate)).ok
 
@@ -72,6 +72,8 @@ def shrink(params: ChaosParams) -> ChaosParams:
             break
     if best.crash_rate and fails(dataclasses.replace(best, crash_rate=0.0)):
         best = dataclasses.replace(best, crash_rate=0.0)
+    if best.chain and fails(dataclasses.replace(best, chain=False)):
+        best = dataclasses.replace(best, chain=False)
     for kind in ("partition", "delay", "reorder", "duplicate", "corrupt", "drop"):
         if getattr(best.rates, kind):
             candidate = dataclasses.replace(best, rates=dataclasses.replace(best.rates, **{kind: 0.0}))

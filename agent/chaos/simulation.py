@@ -72,9 +72,9 @@ class Simulation:
         self._observers: dict[str, Transport] = {}
         self.result = ChaosResult(params)
         self.clock = 1_000_000.0
-        self.workload = Workload(root, self.sites, self.rng)
+        self.workload = Workload(root, self.sites, self.rng, chain=params.chain)
         self.root.mkdir(parents=True, exist_ok=True)
-        templates.copy(params.remotes, root, own_identities=not self.fresh_inboxes)
+        templates.copy(params.remotes, root, own_identities=not self.fresh_inboxes, chain=params.chain)
         for site in self.sites:
             if params.transport == "folder":  # the folders the templates name, wherever they are
                 for folder in {self.address(site), self.send_address(site)}:
@@ -344,6 +344,10 @@ class Simulation:
 
     def check(self) -> None:
         checks.check(self.root, self.sites, self.workload.ledger, self.result)
+        if self.workload.chain is not None:
+            checks.check_chain(self.root, self.sites, self.result)
+            self.result.chain_moves = self.workload.chain.counts.moves
+            self.result.chain_handovers = self.workload.chain.counts.handovers
 
 
 def inner_transport(transport: str, options: dict) -> Transport:

@@ -13,6 +13,10 @@ Rules of this file:
 * Sites change the same customers at once (the consolidated and the
   remote whose subset holds them): an UPDATE of a row another site deleted
   fails by design, and the sites still converge.
+* A seed with the follow chain also writes clients, orders and lines
+  (chain.py) at every site, in the same transactions, after the draws
+  above: a seed without it draws exactly what it drew before the chain.
+  Every application writes with its foreign keys on.
 """
 
 from __future__ import annotations
@@ -22,18 +26,24 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
+from .chain import ChainWriter
 from .world import PRODUCTS
 
 
 class Workload:
     """The transactions of one seed's sites (``sites[0]`` is the consolidated)."""
 
-    def __init__(self, root: Path, sites: list[str], rng: random.Random) -> None:
+    def __init__(self, root: Path, sites: list[str], rng: random.Random, *, chain: bool = False) -> None:
         self.root = root
         self.sites = sites
         self.rng = rng
         self.ledger: set[str] = set()  # every entry made anywhere, less those lost with a replaced remote
         self.next_id = 1
+        self.chain = ChainWriter(rng, sites[1:], self._new_key) if chain else None
+
+    def _new_key(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
 
     def forget(self, remote: str, *, kept: set[str]) -> None:
         """``remote`` was extracted again: its entries not ``kept`` (never
@@ -43,6 +53,7 @@ class Workload:
     def _write(self, site: str, statements: Iterable[tuple[str, tuple]]) -> None:
         conn = sqlite3.connect(self.root / f"{site}.db", timeout=30, isolation_level=None)
         try:
+            conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("BEGIN IMMEDIATE")
             for sql, values in statements:
                 conn.execute(sql, values)
@@ -95,6 +106,8 @@ class Workload:
                         statements.append(("INSERT INTO customer VALUES (?, ?, 'scan', 0, ?)",
                                            (self.next_id, rng.choice(remotes), rng.randbytes(3000))))
                         self.next_id += 1
+            if self.chain is not None and rng.random() < 0.7:
+                statements += self.chain.writes(site, self.root / f"{site}.db")
             self._write(site, statements)
 
     def _remote_customer_writes(self, site: str) -> list[tuple[str, tuple]]:

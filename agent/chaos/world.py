@@ -7,7 +7,9 @@ Rules of this file:
   every seed makes its sites afresh, with keys and incarnations of its own.
 * The consolidated publishes customers (subscribed by region: each
   remote's subset), products and the ledger; every workload transaction
-  writes ledger entries.
+  writes ledger entries.  A seed with the follow chain publishes clients,
+  orders and lines besides (chain.py), with rows before extraction: its
+  sites come from templates of their own.
 * Order (I2): each site journals the ledger entries as they arrive, in a
   local table fed by a trigger (``chaos_arrival``, not published).
 * The reads open a connection of their own and close it: no agent's
@@ -24,6 +26,7 @@ from ..admin import extract_site, init_site
 from ..keyfiles import copy_site_keys
 from ..site import open_site
 from ..site.publications import Article
+from . import chain as follow_chain
 
 SCHEMA = [
     "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, balance REAL, scan BLOB)",
@@ -44,27 +47,28 @@ class Templates:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._made: set[int] = set()
+        self._made: set[tuple[int, bool]] = set()
 
-    def copy(self, remotes: int, target: Path, *, own_identities: bool = False) -> None:
-        """Copy the sites of ``remotes`` remotes into ``target``.
+    def copy(self, remotes: int, target: Path, *, own_identities: bool = False, chain: bool = False) -> None:
+        """Copy the sites of ``remotes`` remotes (``chain``: with the follow
+        chain) into ``target``.
         ``own_identities``: make them afresh instead (new keys and
         incarnations), for inboxes that outlive a seed: mail of an earlier
         seed that a server delivers late (Postfix's queue) then fails its
         checks as another site's, where a copy would take it as its own."""
         if own_identities:
-            make_sites(target / "sites", remotes)
+            make_sites(target / "sites", remotes, chain=chain)
             for path in (target / "sites").glob("*.db"):
                 shutil.copyfile(path, target / path.name)
                 copy_site_keys(path, target / path.name)
             shutil.rmtree(target / "sites")
             return
-        source = self.root / f"k{remotes}"
-        if remotes not in self._made:
+        source = self.root / f"k{remotes}{'-chain' if chain else ''}"
+        if (remotes, chain) not in self._made:
             if source.exists():
                 shutil.rmtree(source)
-            make_sites(source, remotes)
-            self._made.add(remotes)
+            make_sites(source, remotes, chain=chain)
+            self._made.add((remotes, chain))
         for path in source.glob("*.db"):
             shutil.copyfile(path, target / path.name)
             copy_site_keys(path, target / path.name)  # a site's key lives beside its database
@@ -75,13 +79,16 @@ def site_names(remotes: int) -> list[str]:
     return [f"f{index}" for index in range(1, remotes + 1)]
 
 
-def make_sites(root: Path, remotes: int) -> None:
+def make_sites(root: Path, remotes: int, *, chain: bool = False) -> None:
     root.mkdir(parents=True)
     hq = init_site(root / "hq.db", name="hq", role="consolidated", address="inbox/hq", transport="folder")
-    for statement in SCHEMA:
+    for statement in SCHEMA + (follow_chain.SCHEMA if chain else []):
         hq.connection.execute(statement)
     hq.connection.executemany("INSERT INTO product VALUES (?, ?, 1.0)", [(sku, sku) for sku in PRODUCTS])
-    hq.create_publication("field", [Article("customer", subscribe_by="region"), "product", "ledger"])
+    if chain:
+        follow_chain.populate(hq.connection, site_names(remotes))
+    hq.create_publication("field", [Article("customer", subscribe_by="region"), "product", "ledger",
+                                    *(follow_chain.ARTICLES if chain else [])])
     for remote in site_names(remotes):
         hq.add_remote(remote, address=f"inbox/{remote}", transport="folder")
         hq.subscribe(remote, "field", remote)

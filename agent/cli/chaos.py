@@ -71,6 +71,9 @@ class FaultRate(click.ParamType):
 @click.option("--confirm-timeout", type=Duration(), default=None, metavar="DURATION",
               help="Every agent's --confirm-timeout (default: from the seed, 5m to 1h, never above the "
                    "heartbeat).")
+@click.option("--follow-chain/--no-follow-chain", "chain", default=None,
+              help="Publish and write the follow chain (clients, their orders, the orders' lines), or not "
+                   "(default: from the seed, two seeds in three).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
                    "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
@@ -99,7 +102,7 @@ def chaos(**arguments: Any) -> int:
 def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
            send_address_template: str | None, transport_options: tuple, crash_rate: float | None,
            reextract_rate: float | None, heartbeat: float | None, confirm_timeout: float | None,
-           fault_rates: tuple[tuple[str, float], ...], as_json: bool,
+           chain: bool | None, fault_rates: tuple[tuple[str, float], ...], as_json: bool,
            keep_going: bool, unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
     if link.named:
@@ -112,7 +115,7 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                            unsafe_without_stale_rule=unsafe_without_stale_rule,
                            unsafe_without_duplicate_rule=unsafe_without_duplicate_rule)
     for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate),
-                        ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout)):
+                        ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout), ("chain", chain)):
         if value is not None:
             overrides[name] = value
     if heartbeat is not None and confirm_timeout is not None and confirm_timeout > heartbeat:
@@ -174,6 +177,12 @@ def _print(summary: dict) -> None:
     table.add_row("stale-epoch applies", str(summary["stale_applies"]))
     table.add_row("runs that never settled", str(summary["stuck"]))
     table.add_row("probes sent", str(summary.get("probes", 0)))
+    follow = summary.get("chain")
+    if follow:
+        table.add_row("seeds with the follow chain", str(follow["seeds"]))
+        table.add_row("follow chain: clients moved, orders handed over",
+                      f"{follow['moves']}, {follow['handovers']}")
+        table.add_row("follow chain: rows with no client at hq", str(follow["rootless_rows"]))
     rest = summary.get("rounds_to_rest")
     if rest and "max" in rest:
         table.add_row(f"clean rounds to rest (bound {rest['bound']}): most, p50/p90/p99",

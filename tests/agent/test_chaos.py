@@ -2,6 +2,7 @@
 and crashes, with realistic timers; and proof that the suite notices when a
 safety rule is off, or when repairs need more than the settle bound."""
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -33,6 +34,10 @@ async def test_many_seeds_find_no_divergence_double_apply_or_loss():
         assert summary["apply_errors"] > 0
         # Streams went unconfirmed long enough to be probed.
         assert summary["probes"] > 0
+        # Most seeds wrote the follow chain, moving clients (their orders
+        # and lines with them) and handing orders to other clients.
+        chain = summary["chain"]
+        assert chain["seeds"] >= SEEDS // 2 and chain["moves"] > 0 and chain["handovers"] > 0, chain
     assert summary["failing_seeds"] == [], summary["failing_seeds"][:5]
     # Every seed came to rest within the bound, the clock advancing by at
     # most one confirm timeout a round.
@@ -78,6 +83,40 @@ def test_a_replay_command_runs_with_the_timers_it_names(capsys):
     assert summary["timers"] == {"heartbeat": {"2h": 1}, "confirm_timeout": {"2m": 1}}
     assert main(["chaos", "--seed", "4", "--heartbeat", "10m", "--confirm-timeout", "1h"]) == 2
     assert "the confirm timeout (1h) is above the heartbeat (10m)" in capsys.readouterr().err
+
+
+def test_most_seeds_draw_the_follow_chain_and_a_replay_names_a_choice_of_its_own():
+    drawn = [ChaosParams.random(seed) for seed in range(1000)]
+    assert 500 <= sum(params.chain for params in drawn) < 1000
+    chained = next(params for params in drawn if params.chain)
+    plain = next(params for params in drawn if not params.chain)
+    assert "follow-chain" not in chained.command() + plain.command()
+    assert (ChaosParams.random(chained.seed, chain=False).command()
+            == f"agent chaos --seed {chained.seed} --no-follow-chain")
+    assert ChaosParams.random(plain.seed, chain=True).command() == f"agent chaos --seed {plain.seed} --follow-chain"
+    # The chain is drawn after everything else: a seed's other draws are what they were.
+    assert dataclasses.replace(ChaosParams.random(plain.seed, chain=True), chain=False) == plain
+
+
+async def test_the_chain_check_finds_a_remote_holding_other_rows_than_routed_to_it(tmp_path):
+    """Every remote must hold exactly hq's clients, orders and lines that
+    route to it: an order missing there, or one hq does not route to it,
+    is a divergence."""
+    params = ChaosParams.random(5, rates=FaultRates(), chain=True)
+    simulation = Simulation(tmp_path / "seed", params, _Templates(tmp_path / "templates"))
+    result = await simulation.run()
+    assert result.ok, result.summary()
+    conn = sqlite3.connect(tmp_path / "seed" / "f1.db")
+    with conn:
+        [(order, client, note)] = conn.execute("SELECT id, client_id, note FROM orders ORDER BY id LIMIT 1").fetchall()
+        conn.execute("DELETE FROM order_line WHERE order_id = ?", (order,))
+        conn.execute("UPDATE orders SET id = -1 WHERE id = ?", (order,))
+    conn.close()
+    simulation.result = ChaosResult(params)
+    simulation.check()
+    assert (f"f1: orders differs from hq's rows routed to it (missing [{(order, client, note)!r}], "
+            f"extra [{(-1, client, note)!r}])") in simulation.result.divergences, simulation.result.divergences
+    assert not simulation.result.ok
 
 
 async def test_a_seed_not_at_rest_within_the_bound_is_stuck(tmp_path):
