@@ -7,13 +7,13 @@ Rules of this file:
   rows under it along, whole, at any depth (:func:`descendants`): the
   origin lost them with it, or never had them under it.  A row the parent
   check refused to insert goes back as a DELETE: the origin may have given
-  it another parent before the DELETE of its own reached it.  A row the batch
-  changed goes back whole when the log holds, unconfirmed, an operation
-  that takes one of its parents (:func:`ancestors`) away from the origin or
-  brings it there (Unconfirmed.send_back): it went with that parent there.  So does a row
-  whose change the parent check refused while this site keeps it
-  (:meth:`Followers.refused`): the origin holds it under a parent that is
-  gone here, and loses it with that parent.
+  it another parent before the DELETE of its own reached it.  A row the
+  batch changed goes back whole when the log holds, unconfirmed, an
+  operation that takes one of its parents (:func:`ancestors`) away from the
+  origin or brings it there (Unconfirmed.send_back): it went with that
+  parent there.  So does a row whose change the parent check refused while
+  this site keeps it (:meth:`Followers.refused`): the origin holds it under
+  a parent that is gone here, and loses it with that parent.
 * At a remote, a row the consolidated changes to name a parent this remote
   does not hold leaves it (:meth:`Followers.refused`), as a row goes with
   its parent when the parent is deleted (route.apply_triggers): the
