@@ -159,6 +159,8 @@ class Followers:
     def note_inserts(self, batch: Batch, table: Table, images: Iterable[dict]) -> None:
         """At a remote: rows of ``table`` (their after-images) went in; if
         rows follow it, their parents may have come back."""
+        if not any(batch.pending.get(name) for name in self._statements.follows):
+            return  # no row of this remote's own follows a parent: none can come back
         followers = children(self._statements, table.name)
         for image in images:
             for follow in followers:
