@@ -23,19 +23,18 @@ Rules of this file:
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 from ..site import open_site
 from . import chain
 from .report import ChaosResult
-from .world import remote_rows, rows
+from .sites import Sites
 
 
-def quiescent(root: Path, sites: list[str], folder_inboxes: list[Path] | None) -> bool:
+def quiescent(places: Sites, sites: list[str], folder_inboxes: list[Path] | None) -> bool:
     """Whether the system is at rest; ``folder_inboxes``: the inboxes to
     look into for data messages, when they are folders."""
-    found = remote_rows(root, sites)
+    found = places.remote_rows(sites)
     for site, (peers, end) in found.items():
         for peer, row in peers.items():
             # I5: all that was sent is confirmed, and the log was read to its end.
@@ -49,10 +48,10 @@ def quiescent(root: Path, sites: list[str], folder_inboxes: list[Path] | None) -
     return True
 
 
-def describe(root: Path, sites: list[str]) -> str:
+def describe(places: Sites, sites: list[str]) -> str:
     """Every stream's state, for the report of a stuck seed."""
     parts = []
-    for site, (peers, end) in remote_rows(root, sites).items():
+    for site, (peers, end) in places.remote_rows(sites).items():
         for peer, row in peers.items():
             parts.append(f"{site}->{peer} end={end} read={row.read_through} sent={row.log_sent} "
                          f"confirmed={row.confirm_sent} "
@@ -61,13 +60,14 @@ def describe(root: Path, sites: list[str]) -> str:
     return ", ".join(parts)
 
 
-def check(root: Path, sites: list[str], ledger: set[str], result: ChaosResult) -> None:
-    """The invariants, each problem added to ``result``."""
-    for site, (peers, end) in remote_rows(root, sites).items():
+def check(places: Sites, sites: list[str], ledger: set[str], result: ChaosResult) -> None:
+    """The invariants, each problem added to ``result``.  Rows are compared
+    as they travel (a PostgreSQL consolidated's through the types table)."""
+    for site, (peers, end) in places.remote_rows(sites).items():
         for row in peers.values():
             if not row.confirm_sent <= row.log_sent <= end:
                 result.divergences.append(f"I1 broken at {site} for {row.name}")
-        with open_site(root / f"{site}.db") as db:
+        with open_site(places.location(site)) as db:
             for error in db.apply_errors():
                 # The ledger only ever gets new entries: an error there
                 # is a second apply.  Customers change at several sites
@@ -80,41 +80,38 @@ def check(root: Path, sites: list[str], ledger: set[str], result: ChaosResult) -
                         f"again: {error.problem}")
                 else:
                     result.apply_errors += 1
-    hq_ledger = rows(root, "hq", "SELECT entry, site, amount FROM ledger")
+    hq_ledger = places.rows("hq", "ledger", ("entry", "site", "amount"))
+    hq_products = places.rows("hq", "product")
     for site in sites:
-        entries = [row[0] for row in rows(root, site, "SELECT entry FROM ledger")]
+        entries = [row[0] for row in places.rows(site, "ledger", ("entry",))]
         missing = ledger - set(entries)
         if missing:
             result.losses.append(f"{site} lacks ledger entries {sorted(missing)[:5]}")
         if len(entries) != len(set(entries)):
             result.double_applies.append(f"{site} holds a ledger entry twice")
-        check_arrival_order(root, site, result)
+        check_arrival_order(places, site, result)
         if site != "hq":
-            if rows(root, site, "SELECT entry, site, amount FROM ledger") != hq_ledger:
+            if places.rows(site, "ledger", ("entry", "site", "amount")) != hq_ledger:
                 result.divergences.append(f"{site}: ledger differs from hq")
-            subset = rows(root, "hq", "SELECT * FROM customer WHERE region = ?", (site,))
-            if rows(root, site, "SELECT * FROM customer") != subset:
+            subset = places.rows("hq", "customer", where="region = ?", values=(site,))
+            if places.rows(site, "customer") != subset:
                 result.divergences.append(f"{site}: customers differ from hq's subset")
-            if rows(root, site, "SELECT * FROM product") != rows(root, "hq", "SELECT * FROM product"):
+            if places.rows(site, "product") != hq_products:
                 result.divergences.append(f"{site}: products differ from hq")
 
 
 def check_chain(root: Path, sites: list[str], result: ChaosResult) -> None:
-    """Every remote's chain is the consolidated's rows that route to it."""
+    """Every remote's chain is the consolidated's rows that route to it
+    (a SQLite consolidated: the chain is drawn only there)."""
     for site in sites[1:]:
         result.divergences += chain.differences(root, site)
     result.chain_rootless = chain.rootless(root)
 
 
-def check_arrival_order(root: Path, site: str, result: ChaosResult) -> None:
+def check_arrival_order(places: Sites, site: str, result: ChaosResult) -> None:
     """I2: at ``site`` each origin's entries arrived in their commit order."""
-    conn = sqlite3.connect(root / f"{site}.db")
-    try:
-        arrivals = [row[0] for row in conn.execute("SELECT entry FROM chaos_arrival ORDER BY n")]
-    finally:
-        conn.close()
     last: dict[str, int] = {}
-    for entry in arrivals:
+    for entry in places.arrivals(site):
         origin, _, number = entry.rpartition("-")
         if int(number) <= last.get(origin, 0):
             result.out_of_order.append(

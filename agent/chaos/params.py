@@ -78,8 +78,14 @@ class ChaosParams:
     chain: bool = False  # the follow chain is published and written (chain.py)
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
+    # The consolidated: a PostgreSQL database (libpq URI, no password),
+    # emptied and made again for every seed; None: a SQLite file.
+    consolidated: str | None = None
 
     def __post_init__(self) -> None:
+        if self.chain and self.consolidated is not None:
+            raise ValueError("the follow chain needs a SQLite consolidated: a PostgreSQL one has no articles "
+                             "that follow their parent yet")
         if not 0 < self.confirm_timeout <= self.heartbeat:
             raise ValueError(f"the confirm timeout ({duration_text(self.confirm_timeout)}) must be positive and "
                              f"not above the heartbeat ({duration_text(self.heartbeat)})")
@@ -101,6 +107,8 @@ class ChaosParams:
         values.update(heartbeat=heartbeat, confirm_timeout=min(rng.choice(CONFIRM_TIMEOUTS), heartbeat))
         values.update(chain=rng.random() < 2 / 3)
         values.update(overrides)
+        if values.get("consolidated") is not None and "chain" not in overrides:
+            values["chain"] = False  # the follow chain needs a SQLite consolidated (follow articles)
         if "confirm_timeout" not in overrides:
             values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
         return cls(**values)  # type: ignore[arg-type]
@@ -113,6 +121,8 @@ class ChaosParams:
     def command(self) -> str:
         """A one-line command that replays this seed."""
         parts = [f"agent chaos --seed {self.seed}"]
+        if self.consolidated is not None:
+            parts.append(f"--consolidated {shlex.quote(self.consolidated)}")
         if self.transport != "folder":
             parts.append(f"--transport {self.transport}")
         if self.address_template != _DEFAULT_ADDRESS_TEMPLATE:
@@ -125,7 +135,7 @@ class ChaosParams:
             parts.append("--unsafe-without-stale-rule")
         if self.unsafe_without_duplicate_rule:
             parts.append("--unsafe-without-duplicate-rule")
-        drawn = ChaosParams.random(self.seed)
+        drawn = ChaosParams.random(self.seed, consolidated=self.consolidated)
         if self.steps != drawn.steps:
             parts.append(f"--steps {self.steps}")
         if self.crash_rate != drawn.crash_rate:

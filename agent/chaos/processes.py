@@ -48,7 +48,7 @@ class ProcessSimulation(Simulation):
         """One ``agent run --once`` of ``site``, in real time (``seconds`` does not apply)."""
         params = self.params
         index = self.sites.index(site)
-        command = [sys.executable, "-m", "agent.cli", "run", str(self.root / f"{site}.db"), "--once",
+        command = [sys.executable, "-m", "agent.cli", "run", str(self.places.location(site)), "--once",
                    "--transport", f"faults+{params.transport}", "--address", self.address(site),
                    "-l", str(params.max_message_size), "--patience", str(params.patience), "--resend-urgency", "0",
                    # Real time here: the default heartbeat, which repairs nothing within the run, and a

@@ -24,6 +24,7 @@ class ChaosResult:
     params: ChaosParams
     faults: Counter = field(default_factory=Counter)
     crashes: int = 0
+    consolidated_crashes: int = 0  # of them, crashes of the consolidated's agent
     reextractions: int = 0
     resends: int = 0
     quarantined: int = 0
@@ -92,6 +93,7 @@ def summarize(results: list[ChaosResult]) -> dict:
         "faults": dict(sorted(faults.items())),
         "faults_total": sum(faults.values()),
         "crashes": sum(r.crashes for r in results),
+        "consolidated_crashes": sum(r.consolidated_crashes for r in results),
         "reextractions": sum(r.reextractions for r in results),
         "resend_requests": sum(r.resends for r in results),
         "quarantined": sum(r.quarantined for r in results),

@@ -43,9 +43,11 @@ from ..runner import Agent, RunOptions
 from ..site import open_site
 from . import checks
 from .params import SETTLE_ROUNDS, ChaosParams, duration_text
+from .pgworld import make_pg_sites
 from .report import ChaosResult
+from .sites import Sites
 from .workload import Workload
-from .world import Templates, add_arrival_journal, remote_rows, rows, site_names
+from .world import Templates, add_arrival_journal, site_names
 
 # Virtual seconds a site run takes while the faults last (a site running
 # about once a minute, as in continuous mode).
@@ -72,9 +74,13 @@ class Simulation:
         self._observers: dict[str, Transport] = {}
         self.result = ChaosResult(params)
         self.clock = 1_000_000.0
-        self.workload = Workload(root, self.sites, self.rng, chain=params.chain)
+        self.places = Sites(root, params.consolidated)
+        self.workload = Workload(self.places, self.sites, self.rng, chain=params.chain)
         self.root.mkdir(parents=True, exist_ok=True)
-        templates.copy(params.remotes, root, own_identities=not self.fresh_inboxes, chain=params.chain)
+        if params.consolidated is not None:  # made afresh: a database cannot be copied as a file
+            make_pg_sites(params.consolidated, root, params.remotes)
+        else:
+            templates.copy(params.remotes, root, own_identities=not self.fresh_inboxes, chain=params.chain)
         for site in self.sites:
             if params.transport == "folder":  # the folders the templates name, wherever they are
                 for folder in {self.address(site), self.send_address(site)}:
@@ -83,7 +89,7 @@ class Simulation:
                     except OSError as error:
                         raise AgentError(f"cannot make the inbox folder {folder} of site {site}: "
                                          f"{error.strerror or error}; check --address-template") from None
-            with open_site(root / f"{site}.db") as db:
+            with open_site(self.places.location(site)) as db:
                 # Addresses in the template are relative: point them here.
                 for remote in db.remotes():
                     db.update_remote(remote.name, address=self.send_address(remote.name))
@@ -130,7 +136,7 @@ class Simulation:
     async def _agent(self, site: str, faults: bool) -> Agent:
         agent = self.agents.get(site)
         if agent is None:
-            agent = Agent(self.root / f"{site}.db", self._options(site, faults), clock=lambda: self.clock)
+            agent = Agent(self.places.location(site), self._options(site, faults), clock=lambda: self.clock)
             await agent.__aenter__()
             self._settings_patch(agent)
             self._watch_applies(site, agent)
@@ -186,6 +192,7 @@ class Simulation:
             await agent.run_once()
         except crashpoints.Crash:
             self.result.crashes += 1
+            self.result.consolidated_crashes += site == "hq"
             await self._drop(site)
         finally:
             crashpoints.disarm()
@@ -204,12 +211,12 @@ class Simulation:
         if self.rng.random() < 0.5:
             with open_site(self.root / f"{remote}.db") as old:
                 keys = load_site_keys(old)
-        at_hq = {row[0] for row in rows(self.root, "hq", "SELECT entry FROM ledger")}
+        at_hq = {row[0] for row in self.places.rows("hq", "ledger", ("entry",))}
         self.workload.forget(remote, kept=at_hq)
         for suffix in ("", "-wal", "-shm"):
             (self.root / f"{remote}.db{suffix}").unlink(missing_ok=True)
         shutil.rmtree(self.root / f"{remote}.db.agent", ignore_errors=True)
-        with open_site(self.root / "hq.db") as hq:
+        with open_site(self.places.location("hq")) as hq:
             extract_site(hq, remote, self.root / f"{remote}.db", keys=keys)
         with open_site(self.root / f"{remote}.db") as copy:
             copy.update_remote("hq", address=self.send_address("hq"))
@@ -278,7 +285,7 @@ class Simulation:
             for _ in range(self.timing.randint(0, 3)):
                 await self.fault_round()
             await self._stop_faults()
-            self.result.backoff_at_stop = max((row.probes for peers, _ in remote_rows(self.root, self.sites).values()
+            self.result.backoff_at_stop = max((row.probes for peers, _ in self.places.remote_rows(self.sites).values()
                                                for row in peers.values()), default=0)
             await self.settle(settle_rounds)
             self.check()
@@ -337,13 +344,13 @@ class Simulation:
         folders = None
         if self.params.transport == "folder":
             folders = [Path(self.address(site)).expanduser() for site in self.sites]
-        return checks.quiescent(self.root, self.sites, folders)
+        return checks.quiescent(self.places, self.sites, folders)
 
     def describe(self) -> str:
-        return checks.describe(self.root, self.sites)
+        return checks.describe(self.places, self.sites)
 
     def check(self) -> None:
-        checks.check(self.root, self.sites, self.workload.ledger, self.result)
+        checks.check(self.places, self.sites, self.workload.ledger, self.result)
         if self.workload.chain is not None:
             checks.check_chain(self.root, self.sites, self.result)
             self.result.chain_moves = self.workload.chain.counts.moves

@@ -22,19 +22,19 @@ Rules of this file:
 from __future__ import annotations
 
 import random
-import sqlite3
-from pathlib import Path
 from typing import Iterable
 
 from .chain import ChainWriter
+from .sites import Sites
 from .world import PRODUCTS
 
 
 class Workload:
     """The transactions of one seed's sites (``sites[0]`` is the consolidated)."""
 
-    def __init__(self, root: Path, sites: list[str], rng: random.Random, *, chain: bool = False) -> None:
-        self.root = root
+    def __init__(self, places: Sites, sites: list[str], rng: random.Random, *, chain: bool = False) -> None:
+        self.places = places
+        self.root = places.root
         self.sites = sites
         self.rng = rng
         self.ledger: set[str] = set()  # every entry made anywhere, less those lost with a replaced remote
@@ -51,22 +51,10 @@ class Workload:
         self.ledger = {entry for entry in self.ledger if not entry.startswith(f"{remote}-") or entry in kept}
 
     def _write(self, site: str, statements: Iterable[tuple[str, tuple]]) -> None:
-        conn = sqlite3.connect(self.root / f"{site}.db", timeout=30, isolation_level=None)
-        try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            conn.execute("BEGIN IMMEDIATE")
-            for sql, values in statements:
-                conn.execute(sql, values)
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+        self.places.write(site, statements)
 
     def _customers(self, site: str) -> list[tuple[int, str]]:
-        conn = sqlite3.connect(self.root / f"{site}.db")
-        try:
-            return conn.execute("SELECT id, region FROM customer ORDER BY id").fetchall()
-        finally:
-            conn.close()
+        return sorted(self.places.rows(site, "customer", ("id", "region")))  # by id
 
     def step(self) -> None:
         """One step: most sites commit a transaction of ledger entries and other changes."""

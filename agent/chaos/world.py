@@ -12,8 +12,9 @@ Rules of this file:
   sites come from templates of their own.
 * Order (I2): each site journals the ledger entries as they arrive, in a
   local table fed by a trigger (``chaos_arrival``, not published).
-* The reads open a connection of their own and close it: no agent's
-  connection is used, none is kept.
+* The reads and writes open a connection of their own and close it: no
+  agent's connection is used, none is kept.  (A consolidated in
+  PostgreSQL: pgworld.py; which site is where: sites.py.)
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from __future__ import annotations
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Iterable
 
 from ..admin import extract_site, init_site
+from ..errors import AgentError
 from ..keyfiles import copy_site_keys
-from ..site import open_site
+from ..site import Site, open_site
 from ..site.publications import Article
 from . import chain as follow_chain
 
@@ -40,6 +43,10 @@ ARRIVALS = [
     " BEGIN INSERT INTO chaos_arrival (entry) VALUES (NEW.entry); END",
 ]
 PRODUCTS = ("tea", "jam", "rice", "soap")
+
+
+class ChaosWorldError(AgentError):
+    """A seed's world cannot be made where the user asked."""
 
 
 class Templates:
@@ -87,6 +94,16 @@ def make_sites(root: Path, remotes: int, *, chain: bool = False) -> None:
     hq.connection.executemany("INSERT INTO product VALUES (?, ?, 1.0)", [(sku, sku) for sku in PRODUCTS])
     if chain:
         follow_chain.populate(hq.connection, site_names(remotes))
+    publish_and_extract(hq, root, remotes, chain=chain)
+    hq.close()
+    add_arrival_journal(root / "hq.db")
+
+
+def publish_and_extract(hq: Site, root: Path, remotes: int, *, chain: bool = False) -> None:
+    """At the consolidated ``hq`` (its tables made): the publication (with
+    the follow chain's articles, ``chain``), the remotes, each subscribed
+    to its region, and their extractions into ``root``, each with its
+    arrival journal."""
     hq.create_publication("field", [Article("customer", subscribe_by="region"), "product", "ledger",
                                     *(follow_chain.ARTICLES if chain else [])])
     for remote in site_names(remotes):
@@ -94,9 +111,7 @@ def make_sites(root: Path, remotes: int, *, chain: bool = False) -> None:
         hq.subscribe(remote, "field", remote)
     for remote in site_names(remotes):
         extract_site(hq, remote, root / f"{remote}.db")
-    hq.close()
-    for site in ["hq", *site_names(remotes)]:
-        add_arrival_journal(root / f"{site}.db")
+        add_arrival_journal(root / f"{remote}.db")
 
 
 def add_arrival_journal(path: Path) -> None:
@@ -109,19 +124,44 @@ def add_arrival_journal(path: Path) -> None:
 
 
 
-def rows(root: Path, site: str, sql: str, values: tuple = ()) -> list[tuple]:
-    """The rows ``sql`` selects at ``site``, in a stable order."""
-    conn = sqlite3.connect(root / f"{site}.db")
+def rows(path: Path, table: str, columns: tuple[str, ...] | None = None, where: str | None = None,
+         values: tuple = ()) -> list[tuple]:
+    """``table``'s rows (``columns``, default all; ``where`` a condition with
+    ``?`` placeholders) in the SQLite site at ``path``, in a stable order."""
+    query = f"SELECT {', '.join(columns) if columns else '*'} FROM {table}" + (f" WHERE {where}" if where else "")
+    conn = sqlite3.connect(path)
     try:
-        return sorted(conn.execute(sql, values).fetchall(), key=repr)
+        return sorted(conn.execute(query, values).fetchall(), key=repr)
     finally:
         conn.close()
 
 
-def remote_rows(root: Path, sites: list[str]) -> dict[str, tuple[dict, int]]:
+def arrivals(path: Path) -> list[str]:
+    """The arrival journal of the SQLite site at ``path``, in arrival order."""
+    conn = sqlite3.connect(path)
+    try:
+        return [row[0] for row in conn.execute("SELECT entry FROM chaos_arrival ORDER BY n")]
+    finally:
+        conn.close()
+
+
+def write(path: Path, statements: Iterable[tuple[str, tuple]]) -> None:
+    """Run ``statements`` in one transaction at the SQLite site at ``path``, as an application."""
+    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("BEGIN IMMEDIATE")
+        for statement, values in statements:
+            conn.execute(statement, values)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def remote_rows(locations: dict[str, str | Path]) -> dict[str, tuple[dict, int]]:
     """Each site's remote-user rows by peer, and the end of its log."""
     found = {}
-    for site in sites:
-        with open_site(root / f"{site}.db") as db:
+    for site, location in locations.items():
+        with open_site(location) as db:
             found[site] = ({row.name: row for row in db.remotes()}, db.log_end())
     return found

@@ -1,6 +1,8 @@
 """``agent chaos``: the protocol fault-injection suite, for N seeds.
 
-Each seed builds a consolidated and 1-3 remotes from scratch, draws its
+Each seed builds a consolidated (a SQLite file, or the PostgreSQL database
+``--consolidated`` names, emptied for the seed) and 1-3 SQLite remotes
+from scratch, draws its
 timers (heartbeat, confirm timeout), runs a random workload with random
 faults (drop, corrupt, duplicate, reorder, delay, partition) and agent
 crashes, stops the faults, runs clean rounds until the system is at rest
@@ -25,7 +27,7 @@ from transports.options import parse_int
 
 from ..chaos import ChaosParams, duration_text, run_seed, run_seeds, shrink, summarize
 from ..transport_options import TransportOptions
-from ._common import TRANSPORT, AddressTemplate, Duration, TransportOption, Whole, console
+from ._common import DATABASE, TRANSPORT, AddressTemplate, Duration, TransportOption, Whole, console
 
 
 class FaultRate(click.ParamType):
@@ -46,6 +48,19 @@ class FaultRate(click.ParamType):
         except ValueError:
             self.fail(f"{value!r}: {text!r} is not a {'whole ' if whole else ''}number", param, ctx)
         return name, number
+
+
+class ConsolidatedUri(click.ParamType):
+    """The libpq URI of a PostgreSQL database for the consolidated (no password)."""
+
+    name = "URI"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        location = DATABASE.convert(value, param, ctx)
+        if not isinstance(location, str):
+            self.fail(f"{value!r} is not a PostgreSQL URI; write postgresql://USER@HOST:PORT/DATABASE (the "
+                      "consolidated is a SQLite file of each seed when --consolidated is not given)", param, ctx)
+        return location
 
 
 @click.command()
@@ -73,11 +88,17 @@ class FaultRate(click.ParamType):
                    "heartbeat).")
 @click.option("--follow-chain/--no-follow-chain", "chain", default=None,
               help="Publish and write the follow chain (clients, their orders, the orders' lines), or not "
-                   "(default: from the seed, two seeds in three).")
+                   "(default: from the seed, two seeds in three; never with --consolidated).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
                    "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
                    "and the rest are 0 or their default.")
+@click.option("--consolidated", type=ConsolidatedUri(), default=None,
+              help="Run every seed's consolidated in this PostgreSQL database (a libpq URI without a password: "
+                   "~/.pgpass or PGPASSFILE supplies it); the remotes stay SQLite files.  The database must be "
+                   "the suite's own: each seed drops the fieldsync schema and the tables it made there "
+                   "(customer, product, ledger, chaos_arrival) and makes them again, and a database holding "
+                   "any other table is refused.  The role needs CREATE on the database.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--keep-going/--stop-at-first", default=True, show_default=True,
               help="Go on after a failing seed, or stop at the first.")
@@ -102,7 +123,7 @@ def chaos(**arguments: Any) -> int:
 def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
            send_address_template: str | None, transport_options: tuple, crash_rate: float | None,
            reextract_rate: float | None, heartbeat: float | None, confirm_timeout: float | None,
-           chain: bool | None, fault_rates: tuple[tuple[str, float], ...], as_json: bool,
+           chain: bool | None, fault_rates: tuple[tuple[str, float], ...], consolidated: str | None, as_json: bool,
            keep_going: bool, unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
     if link.named:
@@ -113,11 +134,15 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                            send_address_template=send_address_template,
                            transport_options=tuple(sorted(options.items())),
                            unsafe_without_stale_rule=unsafe_without_stale_rule,
-                           unsafe_without_duplicate_rule=unsafe_without_duplicate_rule)
+                           unsafe_without_duplicate_rule=unsafe_without_duplicate_rule,
+                           consolidated=consolidated)
     for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate),
                         ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout), ("chain", chain)):
         if value is not None:
             overrides[name] = value
+    if chain and consolidated is not None:
+        raise click.UsageError("--follow-chain needs a SQLite consolidated: a PostgreSQL one has no articles that "
+                               "follow their parent yet (leave out --consolidated or --follow-chain)")
     if heartbeat is not None and confirm_timeout is not None and confirm_timeout > heartbeat:
         raise click.UsageError(f"the confirm timeout ({duration_text(confirm_timeout)}) is above the heartbeat "
                                f"({duration_text(heartbeat)}): lower --confirm-timeout or raise --heartbeat")
@@ -166,6 +191,7 @@ def _print(summary: dict) -> None:
     for kind, number in summary["faults"].items():
         table.add_row(f"faults injected: {kind}", str(number))
     table.add_row("crashes injected", str(summary["crashes"]))
+    table.add_row("  of them, of the consolidated's agent", str(summary.get("consolidated_crashes", 0)))
     table.add_row("remotes extracted again mid-run", str(summary.get("reextractions", 0)))
     table.add_row("resend requests", str(summary["resend_requests"]))
     table.add_row("files quarantined", str(summary["quarantined"]))

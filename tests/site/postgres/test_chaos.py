@@ -1,0 +1,126 @@
+"""The fault-injection suite with a PostgreSQL consolidated (``agent chaos
+--consolidated URI``): seeds with the drawn timers, faults, crashes and
+re-extractions against a real PostgreSQL 15, every seed clean; and proof
+that its checks see a PostgreSQL row that differs from a remote's, an
+arrival out of order there, and the damage a safety rule turned off does."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psycopg
+import pytest
+
+from agent.chaos import ChaosParams, ChaosResult, Simulation, Templates
+from agent.cli import main
+from transports.faults import FaultRates
+
+pytestmark = pytest.mark.timeout(600)
+
+SEEDS = int(os.environ.get("FIELDSYNC_CHAOS_PG_SEEDS", "20"))
+
+
+def _clean(summary: dict) -> None:
+    assert summary["failing_seeds"] == [], summary["failing_seeds"][:3]
+    assert (summary["divergences"], summary["double_applies"], summary["losses"], summary["out_of_order"],
+            summary["stale_applies"], summary["stuck"]) == (0, 0, 0, 0, 0, 0), summary
+
+
+def test_seeds_with_a_postgresql_consolidated_are_clean(postgres, capsys):
+    """The seeds as `agent chaos` draws them (timers included: a 24 h
+    heartbeat in most, probes alone repair), the consolidated in PostgreSQL."""
+    uri = postgres.uri(postgres.create_database())
+    assert main(["chaos", "--consolidated", uri, "--seeds", str(SEEDS), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["seeds"] == SEEDS
+    _clean(summary)
+    assert summary["faults_total"] > 0 and summary["resend_requests"] > 0, summary
+    assert summary["timers"]["heartbeat"].get("24h", 0) > 0, summary["timers"]
+    rest = summary["rounds_to_rest"]
+    assert rest["stuck"] == 0 and 1 <= rest["max"] <= rest["bound"], rest
+
+
+def test_crashes_of_the_consolidated_and_reextractions_from_it(postgres, capsys):
+    """Crash points in the PostgreSQL consolidated's agent, and remotes
+    extracted again from it while their mail is in flight."""
+    uri = postgres.uri(postgres.create_database())
+    assert main(["chaos", "--consolidated", uri, "--seeds", "4", "--start", "100", "--crash-rate", "0.4",
+                 "--reextract-rate", "0.3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    _clean(summary)
+    assert summary["consolidated_crashes"] > 0 and summary["reextractions"] > 0, summary
+
+
+async def test_the_checks_compare_postgresql_rows_with_the_remotes(postgres, tmp_path):
+    """A seed at rest, then one PostgreSQL value changed behind the agents'
+    back (a balance off by a quarter, a row's bytes) and one arrival
+    journalled twice: each is reported."""
+    uri = postgres.uri(postgres.create_database())
+    params = ChaosParams.random(5, rates=FaultRates(), consolidated=uri)
+    simulation = Simulation(tmp_path / "seed", params, Templates(tmp_path / "templates"))
+    result = await simulation.run()
+    assert result.ok, result.summary()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        (region,) = conn.execute("SELECT region FROM customer ORDER BY id LIMIT 1").fetchone()
+        conn.execute("UPDATE customer SET balance = balance + 0.25 WHERE id = (SELECT min(id) FROM customer)")
+        conn.execute("UPDATE product SET title = title || 'x' WHERE sku = 'tea'")
+        (first,) = conn.execute("SELECT entry FROM chaos_arrival WHERE entry LIKE 'f1-%' ORDER BY n LIMIT 1"
+                                ).fetchone()
+        conn.execute("INSERT INTO chaos_arrival (entry) VALUES (%s)", (first,))
+    simulation.result = ChaosResult(params)
+    simulation.check()
+    found = simulation.result
+    assert f"{region}: customers differ from hq's subset" in found.divergences
+    assert all(f"f{n}: products differ from hq" in found.divergences for n in range(1, params.remotes + 1))
+    assert found.out_of_order and found.out_of_order[0].startswith(f"I2: hq applied {first} after f1-")
+    assert not found.ok
+
+
+async def test_without_the_stale_rule_the_suite_finds_a_double_apply_at_postgresql(postgres):
+    """Late files of a remote extracted again with its keys kept, applied
+    at the PostgreSQL consolidated as the new copy's: its ledger entries go
+    in a second time, an apply error the checks report."""
+    from agent.chaos import run_seed
+
+    uri = postgres.uri(postgres.create_database())
+    late_mail = dict(reextract_rate=0.3, rates=FaultRates(drop=0.05, duplicate=0.3, reorder=0.1, max_hold_ticks=6))
+    found = None
+    for seed in range(5, 25):
+        result = await run_seed(ChaosParams.random(seed, unsafe_without_stale_rule=True, consolidated=uri,
+                                                   **late_mail))
+        if result.double_applies:
+            found = result
+            break
+    assert found is not None, "the suite should notice that stale-epoch messages apply transactions twice"
+    assert any(problem.startswith("hq: ledger entry ") and " applied again: " in problem
+               for problem in found.double_applies), found.double_applies
+    assert f"--consolidated {uri}" in found.params.command()
+
+
+def test_a_database_holding_other_tables_is_refused(postgres, capsys):
+    database = postgres.create_database()
+    with postgres.admin(database) as conn:
+        conn.execute("CREATE TABLE payroll (id int PRIMARY KEY)")
+    assert main(["chaos", "--consolidated", postgres.uri(database), "--seeds", "1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"agent: agent chaos empties the database {postgres.uri(database)} for every seed, but it holds "
+                   "public.payroll, which the suite did not make: give --consolidated a database of its own "
+                   "(CREATE DATABASE chaos)")
+    with postgres.admin(database) as conn:
+        assert conn.execute("SELECT count(*) FROM payroll").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("postgresql://app:secret@127.0.0.1/chaos", "carries a password"),
+    ("chaos.db", "is not a PostgreSQL URI"),
+])
+def test_a_consolidated_that_is_not_a_uri_without_password_is_a_usage_error(capsys, value, message):
+    assert main(["chaos", "--seeds", "1", "--consolidated", value]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "secret" not in err
+
+
+def test_the_replay_command_names_the_database():
+    params = ChaosParams.random(3, consolidated="postgresql://app@db.example:5432/chaos")
+    assert params.command() == "agent chaos --seed 3 --consolidated postgresql://app@db.example:5432/chaos"
