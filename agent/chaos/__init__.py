@@ -7,7 +7,9 @@ Rules of this package, one module each, in the order a seed meets them:
   timers, which sites run when, where agents crash); the same seed gives
   the same run, and ``agent chaos --seed N`` replays one.
 * ``world``: the sites' files, made from templates; the arrival journal
-  each site keeps (I2).
+  each site keeps (I2).  ``pgworld``: a consolidated in a PostgreSQL
+  database instead, made afresh for every seed; ``sites``: where each
+  site is, and its rows as they travel.
 * ``chain``: the follow chain most seeds publish (clients, their orders,
   the orders' lines): its schema, what the sites write to it, and the rows
   each remote must end up holding.

@@ -18,7 +18,7 @@ Rules of this file:
   i.e. the value as it travels and a remote stores it.
 * Writes use the SQLite world's statements (``?`` placeholders), on a
   connection of their own, as an application (no origin: the site's own
-  changes).
+  changes); one may stay open while the agent runs (OpenTransaction).
 """
 
 from __future__ import annotations
@@ -130,6 +130,26 @@ def pg_write(uri: str, statements: Iterable[tuple[str, tuple]]) -> None:
                 conn.execute(statement.replace("?", "%s"), values)
     finally:
         conn.close()
+
+
+class OpenTransaction:
+    """An application's transaction begun (its statements run, ``?``
+    placeholders) and not yet committed: :meth:`commit` ends it."""
+
+    def __init__(self, uri: str, statements: Iterable[tuple[str, tuple]]) -> None:
+        self._conn = connect(uri, autocommit=False)
+        try:
+            for statement, values in statements:
+                self._conn.execute(statement.replace("?", "%s"), values)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def commit(self) -> None:
+        try:
+            self._conn.commit()
+        finally:
+            self._conn.close()
 
 
 def pg_arrivals(uri: str) -> list[str]:

@@ -25,6 +25,9 @@ class ChaosResult:
     faults: Counter = field(default_factory=Counter)
     crashes: int = 0
     consolidated_crashes: int = 0  # of them, crashes of the consolidated's agent
+    # Application transactions at a PostgreSQL consolidated begun before
+    # its agent's run and committed after it.
+    stragglers: int = 0
     reextractions: int = 0
     resends: int = 0
     quarantined: int = 0
@@ -94,6 +97,7 @@ def summarize(results: list[ChaosResult]) -> dict:
         "faults_total": sum(faults.values()),
         "crashes": sum(r.crashes for r in results),
         "consolidated_crashes": sum(r.consolidated_crashes for r in results),
+        "stragglers": sum(r.stragglers for r in results),
         "reextractions": sum(r.reextractions for r in results),
         "resend_requests": sum(r.resends for r in results),
         "quarantined": sum(r.quarantined for r in results),

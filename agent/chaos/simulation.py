@@ -20,6 +20,11 @@ Rules of this file:
   lost confirmation or last message is repaired by the probes of rule 3,
   never by a heartbeat (docs/protocol.md, I5).  A seed still busy is
   *stuck*.  Then the invariants are checked (checks.py).
+* A PostgreSQL consolidated (``--consolidated``) is made afresh for every
+  seed (pgworld.py); while the faults last, some of its runs have an
+  application transaction begun before and committed after them
+  (``stragglers:<seed>`` draws which), as a server's sessions commit
+  while its agent runs.
 * Stale epochs (I3): in-process, every apply is watched: none may carry a
   message whose epoch is below the receiver's ``rereceive_count`` at the
   moment it commits.
@@ -55,6 +60,9 @@ FAULT_RUN_SECONDS = 60.0
 # The chance that a round of the fault phase follows a pause of a few
 # confirm timeouts.
 PAUSE_RATE = 0.2
+# The chance that a PostgreSQL consolidated's run has an application
+# transaction begun before it and committed after it.
+STRAGGLER_RATE = 0.3
 
 
 class Simulation:
@@ -69,6 +77,9 @@ class Simulation:
         # their own, so the workload, crash and extraction draws of a seed
         # stay what they were before them.
         self.timing = random.Random(f"timing:{params.seed}")
+        # Application transactions left open across a PostgreSQL
+        # consolidated's runs: a stream of their own too.
+        self.stragglers = random.Random(f"stragglers:{params.seed}")
         self.sites = ["hq", *site_names(params.remotes)]
         self.agents: dict[str, Agent] = {}
         self._observers: dict[str, Transport] = {}
@@ -188,6 +199,10 @@ class Simulation:
         armed = faults and self.rng.random() < self.params.crash_rate
         if armed:
             crashpoints.arm(self.rng.choice(crashpoints.POINTS), self.rng.randint(0, 3))
+        straggler = None
+        if faults and self.places.in_postgres(site) and self.stragglers.random() < STRAGGLER_RATE:
+            straggler = self.places.begin(site, self.workload.straggler(site, self.stragglers))
+            self.result.stragglers += 1
         try:
             await agent.run_once()
         except crashpoints.Crash:
@@ -196,6 +211,8 @@ class Simulation:
             await self._drop(site)
         finally:
             crashpoints.disarm()
+            if straggler is not None:
+                straggler.commit()
 
     async def reextract(self, remote: str) -> None:
         """Replace ``remote``'s database with a new extraction, as an operator

@@ -53,6 +53,11 @@ class Sites:
         else:
             world.write(self.root / f"{site}.db", statements)
 
+    def begin(self, site: str, statements: Iterable[tuple[str, tuple]]) -> pgworld.OpenTransaction:
+        """An application transaction at ``site`` (a PostgreSQL one), left open."""
+        assert self.in_postgres(site) and self.consolidated is not None
+        return pgworld.OpenTransaction(self.consolidated, statements)
+
     def arrivals(self, site: str) -> list[str]:
         """``site``'s arrival journal, in arrival order."""
         if self.in_postgres(site):

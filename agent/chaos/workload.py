@@ -63,12 +63,7 @@ class Workload:
         for site in self.sites:
             if rng.random() < 0.3:
                 continue
-            statements: list[tuple[str, tuple]] = []
-            for _ in range(rng.randint(1, 3)):
-                entry = f"{site}-{self.next_id}"
-                self.next_id += 1
-                self.ledger.add(entry)
-                statements.append(("INSERT INTO ledger VALUES (?, ?, ?)", (entry, site, rng.randint(1, 99))))
+            statements = self._entries(site, rng.randint(1, 3), rng)
             if rng.random() < 0.4:
                 statements.append(("UPDATE product SET price = ?, title = ? WHERE sku = ?",
                                    (round(rng.uniform(1, 9), 2), f"{site} price", rng.choice(PRODUCTS))))
@@ -97,6 +92,28 @@ class Workload:
             if self.chain is not None and rng.random() < 0.7:
                 statements += self.chain.writes(site, self.root / f"{site}.db")
             self._write(site, statements)
+
+    def _entries(self, site: str, count: int, rng: random.Random) -> list[tuple[str, tuple]]:
+        """``count`` new ledger entries of ``site``, numbered in the order they are written."""
+        statements = []
+        for _ in range(count):
+            entry = f"{site}-{self.next_id}"
+            self.next_id += 1
+            self.ledger.add(entry)
+            statements.append(("INSERT INTO ledger VALUES (?, ?, ?)", (entry, site, rng.randint(1, 99))))
+        return statements
+
+    def straggler(self, site: str, rng: random.Random) -> list[tuple[str, tuple]]:
+        """A transaction an application keeps open while ``site``'s agent runs
+        (a server consolidated's sessions commit at any moment): new ledger
+        entries and a new customer, never a row an apply may lock, so the
+        agent never waits for it.  Nothing else writes at ``site`` until it
+        commits, so its entry numbers stay in commit order."""
+        statements = self._entries(site, rng.randint(1, 3), rng)
+        statements.append(("INSERT INTO customer VALUES (?, ?, ?, 0, NULL)",
+                           (self.next_id, rng.choice(self.sites[1:]), f"late{self.next_id}")))
+        self.next_id += 1
+        return statements
 
     def _remote_customer_writes(self, site: str) -> list[tuple[str, tuple]]:
         """A remote changes customers of its own subset: it updates them,

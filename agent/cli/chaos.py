@@ -98,7 +98,7 @@ class ConsolidatedUri(click.ParamType):
                    "~/.pgpass or PGPASSFILE supplies it); the remotes stay SQLite files.  The database must be "
                    "the suite's own: each seed drops the fieldsync schema and the tables it made there "
                    "(customer, product, ledger, chaos_arrival) and makes them again, and a database holding "
-                   "any other table is refused.  The role needs CREATE on the database.")
+                   "any other table is refused.  The role needs no superuser: the database's owner will do.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 @click.option("--keep-going/--stop-at-first", default=True, show_default=True,
               help="Go on after a failing seed, or stop at the first.")
@@ -192,6 +192,7 @@ def _print(summary: dict) -> None:
         table.add_row(f"faults injected: {kind}", str(number))
     table.add_row("crashes injected", str(summary["crashes"]))
     table.add_row("  of them, of the consolidated's agent", str(summary.get("consolidated_crashes", 0)))
+    table.add_row("transactions open across the consolidated's run", str(summary.get("stragglers", 0)))
     table.add_row("remotes extracted again mid-run", str(summary.get("reextractions", 0)))
     table.add_row("resend requests", str(summary["resend_requests"]))
     table.add_row("files quarantined", str(summary["quarantined"]))

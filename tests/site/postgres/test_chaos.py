@@ -14,6 +14,7 @@ import pytest
 
 from agent.chaos import ChaosParams, ChaosResult, Simulation, Templates
 from agent.cli import main
+from tests.pgserver import write_pgpass
 from transports.faults import FaultRates
 
 pytestmark = pytest.mark.timeout(600)
@@ -27,15 +28,29 @@ def _clean(summary: dict) -> None:
             summary["stale_applies"], summary["stuck"]) == (0, 0, 0, 0, 0, 0), summary
 
 
-def test_seeds_with_a_postgresql_consolidated_are_clean(postgres, capsys):
+@pytest.fixture
+def own_database(postgres, tmp_path, monkeypatch) -> str:
+    """The URI of a database of the suite's own, owned by a plain role (no
+    superuser) whose password is in the pgpass file PGPASSFILE names."""
+    role, password = postgres.create_role(password="chaos-pw"), "chaos-pw"
+    database = postgres.create_database(owner=role)
+    monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "pgpass",
+                                                      [("127.0.0.1", postgres.port, database, role, password)])))
+    return f"postgresql://{role}@127.0.0.1:{postgres.port}/{database}"
+
+
+def test_seeds_with_a_postgresql_consolidated_are_clean(own_database, capsys):
     """The seeds as `agent chaos` draws them (timers included: a 24 h
-    heartbeat in most, probes alone repair), the consolidated in PostgreSQL."""
-    uri = postgres.uri(postgres.create_database())
+    heartbeat in most, probes alone repair), the consolidated in PostgreSQL
+    under a role that owns the database and is no superuser."""
+    uri = own_database
     assert main(["chaos", "--consolidated", uri, "--seeds", str(SEEDS), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["seeds"] == SEEDS
     _clean(summary)
     assert summary["faults_total"] > 0 and summary["resend_requests"] > 0, summary
+    # Application transactions were open across the consolidated's runs.
+    assert summary["stragglers"] > 0, summary
     assert summary["timers"]["heartbeat"].get("24h", 0) > 0, summary["timers"]
     rest = summary["rounds_to_rest"]
     assert rest["stuck"] == 0 and 1 <= rest["max"] <= rest["bound"], rest
