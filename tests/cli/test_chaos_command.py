@@ -48,10 +48,10 @@ def test_a_replay_command_carries_the_rates_a_run_was_given(capsys):
     from agent.chaos import ChaosParams
     from transports.faults import FaultRates
 
-    params = ChaosParams.random(5, unsafe_without_stale_rule=True, reextract_rate=0.3,
+    params = ChaosParams.random(5, unsafe_without_stale_rule=True, reextract_rate=0.3, chain=False,
                                 rates=FaultRates(drop=0.05, duplicate=0.3, reorder=0.1, max_hold_ticks=6))
     command = params.command()
-    assert command.startswith("agent chaos --seed 5 ")
+    assert command.startswith("agent chaos --seed 5 ") and "--no-follow-chain" in command
     assert main(command.split()[1:] + ["--json"]) == 1
     summary = json.loads(capsys.readouterr().out)
     (failing,) = summary["failing_seeds"]
