@@ -46,6 +46,12 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
             raise AgentError(f"cannot read the SQL file {path}: {error}") from None
     if not any(text.strip() for text in scripts):
         raise UsageError("give the SQL to run, as arguments or with --file")
+    from ..site.locate import is_uri
+
+    if isinstance(database, str) and is_uri(database):
+        # Said before the site is opened: nothing is read or changed.
+        raise AgentError(f"agent schema apply is not supported on a PostgreSQL consolidated yet: nothing was changed "
+                         f"at {database} (docs/postgres.md, \"The site\", says what is not built yet)")
     with open_site(database) as site:
         result = site.apply_schema(scripts, unchecked=unchecked)
         name = site.identity.name

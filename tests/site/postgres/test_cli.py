@@ -273,3 +273,20 @@ def test_a_second_agent_run_on_the_database_is_one_line_and_exit_1(agent, app_ur
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "another fieldsync agent is running on database" in err
     assert agent("run", app_uri, "--once")[0] == 0  # once the first has stopped
+
+
+def test_schema_apply_on_a_postgresql_consolidated_is_one_line_and_changes_nothing(agent, app_uri, tmp_path) -> None:
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
+                 "--home", tmp_path / "home")[0] == 0
+    assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
+    with open_site(app_uri) as site:
+        end = site.scan()
+    code, out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer ADD COLUMN phone text")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "not supported on a PostgreSQL consolidated yet" in err and "Traceback" not in err
+    with connect(app_uri) as conn:
+        columns = [row[0] for row in conn.execute("SELECT column_name FROM information_schema.columns WHERE"
+                                                  " table_name = 'customer' ORDER BY ordinal_position")]
+    assert columns == ["id", "name", "region"]
+    with open_site(app_uri) as site:
+        assert site.scan() == end
