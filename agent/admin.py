@@ -8,7 +8,9 @@ Rules of this file:
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from codec.keys import SiteKeys
@@ -19,6 +21,7 @@ from .keyfiles import new_site_keys
 from .site import Site
 from .site import init_site as init_site_database
 from .site.extract import ExtractResult, RemoteKeys
+from .site.extract_many import Extraction
 
 
 def init_site(location: str | os.PathLike[str], *, name: str, role: str, address: str | None = None,
@@ -30,6 +33,28 @@ def init_site(location: str | os.PathLike[str], *, name: str, role: str, address
     with new_site_keys(location, keys, home=home):
         return init_site_database(location, name=name, role=role, home=home, address=address, transport=transport,
                                   public_key=keys.public.to_line())
+
+
+def extract_sites(consolidated: Site, targets: Sequence[tuple[str, str | os.PathLike[str], dict[str, str]]]
+                  ) -> Iterator[ExtractResult]:
+    """:func:`extract_site` for each ``(remote, target, options)``, with new
+    keys each, through ``Site.extract_many`` (a PostgreSQL consolidated
+    reads each table once for all of them).  Every key file is written
+    first; those of the remotes not extracted when it stops are removed."""
+    for _remote, target, _options in targets:
+        if Path(target).exists():
+            raise AgentError(f"{target} exists already; remove it or choose another path")
+    with contextlib.ExitStack() as pending:
+        extractions, key_files = [], []
+        for remote, target, options in targets:
+            keys = SiteKeys.generate(remote)
+            key_file = pending.enter_context(contextlib.ExitStack())
+            key_file.enter_context(new_site_keys(target, keys))
+            key_files.append(key_file)
+            extractions.append(Extraction(remote, target, RemoteKeys(public_key=keys.public.to_line()), options))
+        for key_file, result in zip(key_files, consolidated.extract_many(extractions)):
+            key_file.close()  # its copy is in place: the key file stays
+            yield result
 
 
 # Options that say who a site is or where its own secrets are: a remote

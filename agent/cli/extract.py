@@ -176,10 +176,12 @@ def _extract_one(database: Path, remote: str, target: Path, given: dict[str, str
 def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, skip_existing: bool,
                   given: dict[str, str | None]) -> None:
     """Extract each remote to ``into/NAME.db``, one after the other, with the
-    consolidated opened once.  Every name and target is checked before the
-    first copy; a failure stops the run, leaving the remotes done so far
-    extracted (each one whole) and the rest as they were."""
-    from ..admin import extract_site
+    consolidated opened once (a PostgreSQL one read once per table, at one
+    point, for all of them: Site.extract_many).  Every name and target is
+    checked before the first copy; a failure stops the run, leaving the
+    remotes done so far extracted (each one whole) and the rest as they
+    were."""
+    from ..admin import extract_sites
 
     if not into.is_dir():
         raise AgentError(f"{into} is not a folder; create it first (the remotes go to {into}/REMOTE.db)")
@@ -214,11 +216,14 @@ def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, sk
         started = time.monotonic()
         done = 0
         rows = 0
+        settings = [(name, target, remote_settings(site, name, given)) for name, target in targets]
         with _progress(out) as progress:
             task = progress.add_task(f"extracting into {into}", total=len(targets))
-            for name, target in targets:
+            results = extract_sites(site, settings)
+            while done < len(targets):
+                name, target = targets[done]
                 try:
-                    result = extract_site(site, name, target, options=remote_settings(site, name, given))
+                    result = next(results)
                 except Exception as error:
                     from . import describe
 
@@ -231,6 +236,8 @@ def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, sk
                 progress.console.print(f"{name}: {target}, {total} rows, consistent at log offset {result.offset}",
                                        soft_wrap=True, markup=False, highlight=False)
                 progress.advance(task)
+            for _result in results:  # none is left: ends the extraction (its staging file goes)
+                pass
         elapsed = time.monotonic() - started
     if skipped:
         out.print(f"Left out {len(skipped)} remotes whose database exists already in {into}.", soft_wrap=True)

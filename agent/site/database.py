@@ -44,7 +44,8 @@ from .apply.schema import record_conflict
 from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables
 from .changes import SchemaChangeResult, apply_schema_locked, send_new_article_locked
 from .errors import InvalidSetting, SchemaConflict, SiteError
-from .extract import Consolidated, extract_remote
+from .extract import Consolidated, ExtractResult, extract_remote
+from .extract_many import Extraction
 from .log import SqliteLog, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import (
     Article,
@@ -545,6 +546,14 @@ class SiteDatabase:
         :func:`agent.site.extract.extract_remote`."""
         consolidated = Consolidated(self._conn, self._lock, self._identity, self.path)
         return extract_remote(consolidated, remote, path, keys=keys, now=now, options=options)
+
+    def extract_many(self, extractions: Sequence[Extraction], *, now: datetime | None = None
+                     ) -> Iterator[ExtractResult]:
+        """Each of ``extractions`` in turn, at a point of its own: each copy
+        reads its remote's rows through the SUBSCRIBE BY column's index."""
+        for extraction in extractions:
+            yield self.extract(extraction.remote, extraction.path, keys=extraction.keys, now=now,
+                               options=extraction.options)
 
 
 def _export_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]

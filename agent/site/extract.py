@@ -338,6 +338,15 @@ def extract_remote(site: ExtractionSource, remote: str, path: str | os.PathLike[
     remote row's ``inbox`` (else its address), its reply address the row's
     address where the two differ, and ``options`` its own transport options.
     """
+    target = check_target(site, path)
+    planned = site.plan(remote)
+    return build_copy(site, remote, target, planned, lambda copy: site.copy_rows(copy, remote, planned[1]),
+                      keys=keys, now=now, options=options)
+
+
+def check_target(site: ExtractionSource, path: str | os.PathLike[str]) -> Path:
+    """``path`` as a new remote's file, refused when ``site`` is no
+    consolidated or the file cannot be made there."""
     identity = site.identity
     if identity.role is not Role.CONSOLIDATED:
         raise WrongRole(f"site {identity.name!r} is a remote; extract remotes from the consolidated")
@@ -346,7 +355,21 @@ def extract_remote(site: ExtractionSource, remote: str, path: str | os.PathLike[
         raise ExtractionError(f"{target} exists already; remove it or choose another path")
     if not target.parent.is_dir():
         raise ExtractionError(f"directory {target.parent} does not exist")
-    row, plans, table_sql = site.plan(remote)
+    return target
+
+
+Planned = tuple[RemoteUser, list["TablePlan"], list[tuple[str, list[str]]]]  # what ExtractionSource.plan returns
+CopyRows = Callable[[sqlite3.Connection], tuple[int, dict[str, int], RemoteUser]]
+
+
+def build_copy(site: ExtractionSource, remote: str, target: Path, planned: Planned, copy_rows: CopyRows, *,
+               keys: KeySource = None, now: datetime | None = None,
+               options: Mapping[str, str] | None = None) -> ExtractResult:
+    """Make ``remote``'s file at ``target`` as :func:`extract_remote` says,
+    its rows copied by ``copy_rows`` (as ExtractionSource.copy_rows does),
+    and switch the consolidated's row over to it."""
+    identity = site.identity
+    row, plans, table_sql = planned
     material = _resolve_keys(keys, remote)
     stamp = format_time(now or utc_now())
     temporary = target.with_name(temporary_name(target.name))
@@ -373,7 +396,7 @@ def extract_remote(site: ExtractionSource, remote: str, path: str | os.PathLike[
             with write_transaction(copy, f"creating the tables of {remote!r}"):
                 for create_table, _indexes in table_sql:
                     copy.execute(create_table)
-            offset, counts, before = site.copy_rows(copy, remote, plans)
+            offset, counts, before = copy_rows(copy)
             epochs = (before.resend_count + 1, before.rereceive_count + 1)
             _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
             copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -29,6 +29,8 @@ from codec.ops import Transaction
 from .apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution
 from .capture import Shape
 from .changes import SchemaChangeResult
+from .extract import ExtractResult
+from .extract_many import Extraction
 from .publications import Article, Publication, Subscription, Value
 from .reading import LoggedOperation
 from .remotes import NewRemote, RemoteFilter, RemoteUser
@@ -285,3 +287,11 @@ class Site(Protocol):
                 now: datetime | None = None, options: Mapping[str, str] | None = None) -> Any:
         """Create the SQLite database of ``remote`` at ``path`` from one
         consistent point of this site."""
+
+    def extract_many(self, extractions: Sequence[Extraction], *, now: datetime | None = None
+                     ) -> Iterator[ExtractResult]:
+        """Extract each of ``extractions`` (as :meth:`extract`, each file
+        whole), yielding each result once the remote's file has its name; a
+        failure stops there, the remotes before it extracted.  A PostgreSQL
+        consolidated reads each table once for all of them, at one point
+        (agent/site/extract_many.py); a SQLite one extracts them in turn."""

@@ -155,24 +155,26 @@ def test_a_target_in_the_way_or_an_unknown_remote_extracts_nothing(tmp_path: Pat
 
 def test_a_failure_stops_the_run_and_says_what_was_done(tmp_path: Path, agent: Agent, world: World,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent import admin
+    from agent.site.database import SiteDatabase
 
     _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
-    real = admin.extract_site
+    real = SiteDatabase.extract
 
     def failing(site, remote, target, **options):  # type: ignore[no-untyped-def]
         if remote == "m1":
             raise OSError(28, "No space left on device")
         return real(site, remote, target, **options)
 
-    monkeypatch.setattr(admin, "extract_site", failing)
+    monkeypatch.setattr(SiteDatabase, "extract", failing)
     into = tmp_path / "fleet"
     into.mkdir()
     result = agent("extract", world.hq, "m0", "m1", "m2", "--into", into)
     assert result.code == 1 and len(result.err_lines) == 1
     assert "extracting m1" in result.err and "1 of 3 remotes were extracted" in result.err
     assert sorted(path.name for path in into.glob("*.db")) == ["m0.db"]
-    monkeypatch.setattr(admin, "extract_site", real)
+    # The key files written before the run: m0's stays with its copy, the others' are gone.
+    assert sorted(path.name for path in into.iterdir()) == ["m0.db", "m0.db.agent"]
+    monkeypatch.setattr(SiteDatabase, "extract", real)
     result = agent("extract", world.hq, "m0", "m1", "m2", "--into", into, "--skip-existing")
     assert result.code == 0, result.err
     assert sorted(path.name for path in into.glob("*.db")) == ["m0.db", "m1.db", "m2.db"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -121,7 +121,8 @@ class PgConsolidated:
         try:
             with reader.transaction():
                 reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                offset, before = self._cut_and_share(reader, remote)
+                offset, rows = self.cut_and_share(reader, [remote])
+                before = rows[remote]
                 with write_transaction(copy, f"copying the rows of {remote!r}"):
                     counts = {plan.info.name: _copy_rows(reader, copy, plan, self.shapes[plan.info.name])
                               for plan in plans}
@@ -131,21 +132,26 @@ class PgConsolidated:
         finally:
             reader.close()
 
-    def _cut_and_share(self, reader: psycopg.Connection, remote: str) -> tuple[int, RemoteUser]:
+    def cut_and_share(self, reader: psycopg.Connection, remotes: Sequence[str]) -> tuple[int, dict[str, RemoteUser]]:
         """Cut the log and hand the cut's snapshot to ``reader`` (its
         transaction begun, nothing read yet) before the cut commits; return
-        the log end and the remote's row at that point."""
+        the log end and the rows of ``remotes`` at that point."""
         with self.lock:
             try:
                 with self.conn.transaction():
                     begin_cut(self.conn)
                     made = cut_in(self.conn, self.identity.name)
-                    before = remote_rows.get_remote(self.conn, remote)
+                    if len(remotes) == 1:
+                        rows = {remotes[0]: remote_rows.get_remote(self.conn, remotes[0])}
+                    else:
+                        every = {row.name: row for row in remote_rows.list_remotes(self.conn)}
+                        rows = {name: every.get(name) or remote_rows.get_remote(self.conn, name) for name in remotes}
                     [(snapshot,)] = self.conn.execute("SELECT pg_catalog.pg_export_snapshot()").fetchall()
                     reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
             except psycopg.Error as error:
-                raise translate(error, self.target, f"fixing the extraction point of {remote!r}") from None
-        return made.log_end, before
+                raise translate(error, self.target, "fixing the extraction point of "
+                                + (repr(remotes[0]) if len(remotes) == 1 else f"{len(remotes)} remotes")) from None
+        return made.log_end, rows
 
     def switch_over(self, change: SwitchOver, name_copy: Callable[[], None]) -> None:
         with self._transaction(f"switching {change.remote!r} over to its new copy") as conn:
@@ -176,39 +182,46 @@ class PgConsolidated:
 def _copy_rows(reader: psycopg.Connection, copy: sqlite3.Connection, plan: TablePlan, shape: PgShape) -> int:
     """Copy ``plan``'s rows, as the log carries them, from ``reader``'s
     snapshot into ``copy``; return how many."""
-    layout = shape.layout
-    kinds = dict(zip(layout.columns, layout.kinds))
-    selected = list(plan.columns)
-    position = None
-    if plan.values is not None:
-        if plan.subscribe_by not in selected:  # the filter column is not published: read it alongside
-            selected.append(plan.subscribe_by)  # type: ignore[arg-type]
-        position = selected.index(plan.subscribe_by)  # type: ignore[arg-type]
-    texts = [sql.SQL(KINDS[kinds[column]].capture).format(sql.Identifier(column)) for column in selected]
-    query = sql.SQL("SELECT ARRAY[{}] FROM {}").format(sql.SQL(", ").join(texts),
-                                                       sql.Identifier(layout.schema, layout.table))
-    parameters: tuple = ()
-    if plan.values is not None and position is not None and len(plan.values) <= PREFILTER_VALUES:
-        wanted = candidate_texts(KINDS[kinds[selected[position]]], plan.values)
-        if wanted is not None:  # the rows that may hold a value (the test below keeps those that do)
-            query += sql.SQL(" WHERE {} = ANY(%s)").format(texts[position])
-            parameters = (wanted,)
-    load = loader(tuple(KINDS[kinds[column]] for column in selected))
     width, values = len(plan.columns), plan.values
     insert = (f"INSERT INTO main.{quote_ident(plan.info.name)} ({', '.join(map(quote_ident, plan.columns))})"
               f" VALUES ({', '.join('?' * width)})")
     total = 0
+    for rows in read_rows(reader, plan, shape, values):
+        if values is not None:
+            # The log readers' test (Python equality): the copy and the
+            # stream agree on which rows are the remote's.
+            rows = [row[:width] for row in rows if row[width] in values]
+        copy.executemany(insert, rows)
+        total += len(rows)
+    return total
+
+
+def read_rows(reader: psycopg.Connection, plan: TablePlan, shape: PgShape, values: frozenset | None
+              ) -> Iterator[list[tuple]]:
+    """``plan``'s table read once in ``reader``'s snapshot, chunk by chunk,
+    each row as the log carries it: its published columns, then (when
+    ``values`` is given) its SUBSCRIBE BY value; with few ``values``, only
+    the rows that may hold one of them (the caller keeps those that do)."""
+    layout = shape.layout
+    kinds = dict(zip(layout.columns, layout.kinds))
+    selected = list(plan.columns)
+    if values is not None:
+        selected.append(plan.subscribe_by)  # type: ignore[arg-type]  (read alongside, even when published)
+    texts = [sql.SQL(KINDS[kinds[column]].capture).format(sql.Identifier(column)) for column in selected]
+    query = sql.SQL("SELECT ARRAY[{}] FROM {}").format(sql.SQL(", ").join(texts),
+                                                       sql.Identifier(layout.schema, layout.table))
+    parameters: tuple = ()
+    if values is not None and len(values) <= PREFILTER_VALUES:
+        wanted = candidate_texts(KINDS[kinds[selected[-1]]], values)
+        if wanted is not None:  # the rows that may hold a value
+            query += sql.SQL(" WHERE {} = ANY(%s)").format(texts[-1])
+            parameters = (wanted,)
+    load = loader(tuple(KINDS[kinds[column]] for column in selected))
     with reader.cursor(name="fieldsync_extract") as cursor:
         cursor.itersize = COPY_CHUNK
         cursor.execute(query, parameters)
         while True:
             found = cursor.fetchmany(COPY_CHUNK)
             if not found:
-                return total
-            rows = [load(captured) for (captured,) in found]
-            if position is not None:
-                # The log readers' test (Python equality): the copy and the
-                # stream agree on which rows are the remote's.
-                rows = [row[:width] for row in rows if row[position] in values]  # type: ignore[operator]
-            copy.executemany(insert, rows)
-            total += len(rows)
+                return
+            yield [load(captured) for (captured,) in found]

@@ -41,7 +41,8 @@ from ..capture import Shape
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..clock import utc_now
 from ..errors import SiteError
-from ..extract import extract_remote
+from ..extract import ExtractResult, extract_remote
+from ..extract_many import Extraction, extract_remotes
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
@@ -57,6 +58,7 @@ from .capture import describe_table
 from .typemap import KINDS
 from .connect import connect, translate
 from .extract import PgConsolidated
+from .extract_many import PgFleetSource
 from .identity import init_identity, read_identity, set_site_transport
 from .lock import AgentLock
 from .log import PgLog, cut, log_end, truncate_log, truncated_through
@@ -481,6 +483,13 @@ class PostgresSite:
         with postgres/extract.py's rows and tables)."""
         source = PgConsolidated(self._live(), self._lock, self._identity, self.target, {})
         return extract_remote(source, remote, path, keys=keys, now=now, options=options)
+
+    def extract_many(self, extractions: Sequence[Extraction], *, now: datetime | None = None
+                     ) -> Iterator[ExtractResult]:
+        """Every remote of ``extractions`` at one point, each published table
+        read once for all of them (postgres/extract_many.py)."""
+        source = PgFleetSource(self._live(), self._lock, self._identity, self.target, {})
+        return extract_remotes(source, extractions, now=now)
 
     # --- transport settings stored with the site ------------------------------------
 

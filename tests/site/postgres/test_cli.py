@@ -290,3 +290,81 @@ def test_schema_apply_on_a_postgresql_consolidated_is_one_line_and_changes_nothi
     assert columns == ["id", "name", "region"]
     with open_site(app_uri) as site:
         assert site.scan() == end
+
+
+def _statements_reading(log: Path, start: int, table: str) -> list[str]:
+    """The statements the server logged after byte ``start`` of its log
+    that read ``table`` (log_statement = all)."""
+    text = log.read_bytes()[start:].decode("utf-8", "replace")
+    return [line for line in text.splitlines() if "LOG:" in line and f'FROM "public"."{table}"' in line]
+
+
+def test_extract_into_a_folder_reads_each_table_once_for_every_remote(agent, app_uri, postgres, tmp_path) -> None:
+    """`agent extract URI --all --into FOLDER` of five remotes reads
+    customer (SUBSCRIBE BY region) and product (every row) once each, as
+    the server's statement log shows; every remote gets exactly its subset
+    at one log offset, and after a round of runs each holds exactly its
+    subset of the rows written meanwhile."""
+    subscribers = {"n1": ["north"], "n2": ["north"], "s1": ["south"], "ew": ["east", "west"], "none": []}
+    inbox = {name: tmp_path / "inbox" / name for name in ["hq", *subscribers]}
+    for folder in inbox.values():
+        folder.mkdir(parents=True)
+    with connect(app_uri) as conn:
+        conn.execute("CREATE TABLE product (sku text PRIMARY KEY, price numeric(8, 2))")
+        conn.execute("INSERT INTO product VALUES ('a', 1.50), ('b', 2)")
+        conn.execute("INSERT INTO customer SELECT i, 'c' || i, (ARRAY['north', 'south', 'east', 'west', 'far'])"
+                     "[1 + i % 5] FROM generate_series(2, 60) AS i")
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", inbox["hq"],
+                 "--home", tmp_path / "home")[0] == 0
+    assert agent("publication", "create", app_uri, "sales", "customer@region", "product")[0] == 0
+    for name, values in subscribers.items():
+        subscribe = [argument for value in values for argument in ("--subscribe", f"sales={value}")]
+        code, out, err = agent("remote", "add", app_uri, name, "--address", inbox[name], *subscribe)
+        assert (code, err) == (0, ""), err
+    database = app_uri.rsplit("/", 1)[1]
+    with postgres.admin() as admin:
+        admin.execute(f'ALTER DATABASE "{database}" SET log_statement = \'all\'')
+    start = postgres.log.stat().st_size
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    code, out, err = agent("extract", app_uri, "--all", "--into", fleet)
+    assert (code, err) == (0, ""), err
+    assert len(_statements_reading(postgres.log, start, "customer")) == 1
+    assert len(_statements_reading(postgres.log, start, "product")) == 1
+    assert sorted(path.name for path in fleet.iterdir()) == sorted(
+        f"{name}.db{suffix}" for name in subscribers for suffix in ("", ".agent"))  # no staging file left
+
+    def expected(values: list[str]) -> list[tuple]:
+        with connect(app_uri) as conn:
+            return conn.execute("SELECT id, name, region FROM customer WHERE region = ANY(%s) ORDER BY id",
+                                (values,)).fetchall()
+
+    def held(name: str) -> list[tuple]:
+        with open_site(fleet / f"{name}.db") as remote:
+            return remote.connection.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall()
+
+    with open_site(app_uri) as site:
+        [offset] = {site.remote(name).log_sent for name in subscribers}  # one point for all
+    for name, values in subscribers.items():
+        with open_site(fleet / f"{name}.db") as remote:
+            assert remote.remote("hq").log_received == offset
+            tables = remote.connection.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT"
+                                               " LIKE 'fieldsync%' ORDER BY name").fetchall()
+            if not values:  # subscribed to nothing: no table
+                assert tables == []
+                continue
+            assert tables == [("customer",), ("product",)]
+            products = remote.connection.execute("SELECT sku, price FROM product ORDER BY sku").fetchall()
+            assert products == [("a", "1.50"), ("b", "2.00")]  # numeric travels as its text (docs/postgres.md)
+        assert held(name) == expected(values), name
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (100, 'new', 'north'), (101, 'new', 'west')")
+        conn.execute("UPDATE customer SET region = 'south' WHERE id = 5")  # a north row moves south
+        conn.execute("DELETE FROM customer WHERE id = 7")
+    for _ in range(2):
+        for site in (app_uri, *(fleet / f"{name}.db" for name in subscribers)):
+            code, out, err = agent("run", site, "--once", "-O", "min_age=0")
+            assert (code, err) == (0, ""), err
+    for name, values in subscribers.items():
+        if values:
+            assert held(name) == expected(values), name
