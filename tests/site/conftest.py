@@ -11,14 +11,43 @@ from pathlib import Path
 import pytest
 
 from agent.site import Article, SiteDatabase
+from agent.site.postgres.uri import PgTarget, parse_uri
 from codec.errors import InvalidValue
 from codec.ops import Run, Transaction, to_runs
+from tests.pgserver import PostgresServer, ServerFailed
 
 CUSTOMER = ("CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT, region TEXT, balance REAL,"
             " photo BLOB, extra)")
 # Key order (line_no, order_id) differs from column order on purpose.
 LINE = ("CREATE TABLE line (order_id INTEGER NOT NULL, line_no INTEGER NOT NULL, sku TEXT NOT NULL, qty INTEGER,"
         " PRIMARY KEY (line_no, order_id)) WITHOUT ROWID")
+
+
+# PostgreSQL for the tests of a PostgreSQL site (tests/site/postgres/) and of
+# both backends (tests/site/both/): one cluster for the session, a fresh
+# database for each test.  A cluster that cannot start fails them, with its log.
+
+@pytest.fixture(scope="session")
+def postgres():
+    try:
+        server = PostgresServer().start()  # cleans up after itself when it fails
+    except ServerFailed as error:
+        pytest.fail(str(error), pytrace=False)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def database(postgres) -> str:
+    name = postgres.create_database()
+    yield name
+    postgres.drop_database(name)
+
+
+@pytest.fixture
+def target(postgres, database) -> PgTarget:
+    """The test's database, as the agent is given it (the superuser, trusted)."""
+    return parse_uri(postgres.uri(database))
 
 
 def app_connection(site_or_path: SiteDatabase | str | Path) -> sqlite3.Connection:

@@ -1,5 +1,7 @@
-"""Change capture by triggers (agent.site.capture): what application writes
-produce, exactly, with no change to the application."""
+"""Change capture by triggers (agent.site.capture) where a SQLite site is
+its own: values and storage classes, generated and wide columns, ALTER
+TABLE.  What application writes produce on both backends is
+tests/site/both/test_capture_log.py."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import math
 import pytest
 
 from agent.site import Article, SiteDatabase, UnpublishableTable
-from codec.ops import OpKind, Operation, values_identical
+from codec.ops import Operation, values_identical
 
 from .conftest import CUSTOMER, LINE, app_connection, make_site, table_rows
 
@@ -47,47 +49,6 @@ def test_other_unpublishable_tables(tmp_path, statement, table, reason):
     with pytest.raises(UnpublishableTable, match=reason):
         site.create_publication("p", [table])
     site.close()
-
-
-def test_plain_application_writes_are_captured(site):
-    app = app_connection(site)
-    app.execute("BEGIN")
-    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (1, 'Ana', 'north', 10.5)")
-    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (2, 'Bo', 'south', NULL)")
-    app.execute("COMMIT")
-    app.execute("UPDATE customer SET balance = 11.0, name = 'Ana S' WHERE id = 1")
-    app.execute("DELETE FROM customer WHERE id = 2")
-    ops = ops_for(site, "r1")
-    assert ops == [
-        Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "north", "balance": 10.5,
-                                            "photo": None, "extra": None}),
-        Operation.insert("customer", (2,), {"id": 2, "name": "Bo", "region": "south", "balance": None,
-                                            "photo": None, "extra": None}),
-        # UPDATE: key, old values of the changed columns only, new values.
-        Operation.update("customer", (1,), {"name": "Ana", "balance": 10.5}, {"name": "Ana S", "balance": 11.0}),
-        Operation.delete("customer", (2,), {"id": 2, "name": "Bo", "region": "south", "balance": None,
-                                            "photo": None, "extra": None}),
-    ]
-    assert all(op.kind in (OpKind.INSERT, OpKind.UPDATE, OpKind.DELETE) for op in ops)
-
-
-def test_composite_key_is_in_key_order(site):
-    app = app_connection(site)
-    app.execute("INSERT INTO line VALUES (77, 3, 'SKU-1', 5)")
-    app.execute("UPDATE line SET qty = 6 WHERE order_id = 77 AND line_no = 3")
-    app.execute("UPDATE line SET line_no = 4 WHERE order_id = 77")  # a key change
-    ops = ops_for(site, "r1")
-    assert [op.key for op in ops] == [(3, 77), (3, 77), (3, 77)]
-    assert ops[1].before == {"qty": 5} and ops[1].after == {"qty": 6}
-    assert ops[2].before == {"line_no": 3} and ops[2].after == {"line_no": 4}
-
-
-def test_update_that_changes_nothing_produces_no_operation(site):
-    app = app_connection(site)
-    app.execute("INSERT INTO customer (id, name) VALUES (1, 'Ana')")
-    end = site.scan()
-    app.execute("UPDATE customer SET name = name")
-    assert ops_for(site, "r1", end) == []
 
 
 EXACT_VALUES = [
@@ -153,19 +114,6 @@ def test_generated_columns_are_not_captured(tmp_path):
     (op,) = ops_for(site, "r")
     assert op.after == {"id": 1, "w": 2.0, "h": 3.0}
     site.close()
-
-
-def test_unpublished_tables_are_not_captured(tmp_path, site):
-    site.connection.execute("CREATE TABLE scratch (id INTEGER PRIMARY KEY, x)")
-    app_connection(site).execute("INSERT INTO scratch VALUES (1, 'x')")
-    assert site.connection.execute("SELECT count(*) FROM fieldsync_capture").fetchone()[0] == 0
-    assert site.scan() == 0
-
-
-def test_removing_an_article_stops_capture(site):
-    site.remove_article("line")
-    app_connection(site).execute("INSERT INTO line VALUES (1, 1, 'a', 1)")
-    assert site.connection.execute("SELECT count(*) FROM fieldsync_capture").fetchone()[0] == 0
 
 
 def test_alter_table_is_picked_up_at_the_next_scan(site):

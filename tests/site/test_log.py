@@ -1,5 +1,7 @@
-"""The transaction log (agent.site.log): grouping by scans, commit offsets,
-streaming reads, truncation, and a concurrent writer process."""
+"""The transaction log (agent.site.log) where a SQLite site is its own:
+chunked reads, the horizon, truncation's rules, a concurrent writer
+process.  Scans, commit order, reading bounds and truncation on both
+backends are tests/site/both/test_capture_log.py."""
 
 from __future__ import annotations
 
@@ -8,10 +10,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from agent.site import Article, LogOffsetError, LogTruncated
+from agent.site import Article
 from agent.site.errors import InvariantViolation
 from agent.site import log as site_log
-from codec.ops import Operation, Transaction
 
 from .conftest import CUSTOMER, app_connection, make_site
 from .workers import write_transactions
@@ -32,49 +33,6 @@ def insert(app, *ids):
     for row_id in ids:
         app.execute("INSERT INTO customer (id, name) VALUES (?, ?)", (row_id, f"n{row_id}"))
     app.execute("COMMIT")
-
-
-def test_scan_groups_everything_committed_since_the_last_scan(site):
-    app = app_connection(site)
-    assert site.scan() == 0  # nothing captured, no transaction
-    insert(app, 1, 2)
-    insert(app, 3)
-    first = site.scan()
-    insert(app, 4)
-    second = site.scan()
-    assert site.scan() == second  # an empty scan adds nothing
-    log = list(site.read_log("r1", 0))
-    assert [t.commit for t in log] == [first, second]
-    assert 0 < first < second
-    assert [[op.key for op in t.ops] for t in log] == [[(1,), (2,), (3,)], [(4,)]]
-    assert all(t.origin == "hq" for t in log)
-    assert site.log_end() == second
-
-
-def test_offsets_strictly_increase_even_after_rolled_back_writes(site):
-    app = app_connection(site)
-    offsets = []
-    for row_id in range(1, 6):
-        app.execute("BEGIN")
-        app.execute("INSERT INTO customer (id) VALUES (?)", (row_id + 100,))
-        app.execute("ROLLBACK")
-        insert(app, row_id)
-        offsets.append(site.scan())
-    assert offsets == sorted(set(offsets)) and offsets[0] > 0
-    assert [t.commit for t in site.read_log("r1", 0)] == offsets
-
-
-def test_read_bounds_must_be_commit_boundaries(site):
-    app = app_connection(site)
-    insert(app, 1, 2, 3)
-    end = site.scan()
-    with pytest.raises(LogOffsetError, match="not a commit offset"):
-        list(site.read_log("r1", end - 1))
-    with pytest.raises(LogOffsetError, match="beyond the log end"):
-        site.read_log("r1", 0, end + 5)
-    with pytest.raises(LogOffsetError):
-        site.read_log("r1", -1)
-    assert list(site.read_log("r1", end)) == []
 
 
 def test_reading_a_huge_backlog_is_chunked(site, monkeypatch):
@@ -107,53 +65,6 @@ def test_reading_a_huge_backlog_is_chunked(site, monkeypatch):
     assert ops == list(range(1, 3001))
 
 
-def test_read_log_ops_streams_single_operations(site):
-    app = app_connection(site)
-    insert(app, 1, 2)
-    end = site.scan()
-    logged = list(site.read_log_ops("r1", 0))
-    assert [(entry.commit, entry.origin, entry.operation.key) for entry in logged] == [
-        (end, "hq", (1,)), (end, "hq", (2,))]
-
-
-def test_applies_write_their_own_log_transactions_with_the_peer_as_origin(site):
-    app = app_connection(site)
-    insert(app, 1)  # committed locally, not scanned yet
-    batch = [Transaction(10, "r1", (Operation.insert("customer", (50,), {"id": 50, "name": "from r1"}),)),
-             Transaction(12, "r1", (Operation.insert("customer", (51,), {"id": 51, "name": "from r1"}),))]
-    result = site.apply("r1", batch, log_received=12)
-    insert(app, 2)
-    site.scan()
-    site.add_remote("r2")
-    site.subscribe("r2", "p")
-    log = list(site.read_log("r2", 0))
-    assert [(t.origin, [op.key for op in t.ops]) for t in log] == [
-        ("hq", [(1,)]), ("r1", [(50,)]), ("r1", [(51,)]), ("hq", [(2,)])]
-    assert list(result.log_commits) == [log[1].commit, log[2].commit]
-
-
-def test_truncation_stops_at_the_smallest_confirm_sent(site):
-    app = app_connection(site)
-    offsets = []
-    for row_id in range(1, 6):
-        insert(app, row_id)
-        offsets.append(site.scan())
-    site.add_remote("r2", start=0)
-    assert site.truncate_log() == 0  # r1 and r2 confirmed nothing: nothing goes
-    site.update_remote("r1", log_sent=offsets[4], confirm_sent=offsets[4])
-    site.update_remote("r2", log_sent=offsets[3], confirm_sent=offsets[1])
-    assert site.truncate_log() == offsets[1]
-    with pytest.raises(LogTruncated, match="truncation point"):
-        site.read_log("r1", 0)
-    assert [t.commit for t in site.read_log("r1", offsets[1])] == offsets[2:]
-    remaining = site.connection.execute("SELECT min(seq) FROM fieldsync_capture").fetchone()[0]
-    assert remaining > offsets[1]
-    # confirm_sent of r2 moves: truncation follows, never past it.
-    site.update_remote("r2", confirm_sent=offsets[3])
-    assert site.truncate_log() == offsets[3]
-    assert [t.commit for t in site.read_log("r1", offsets[3])] == [offsets[4]]
-
-
 def test_truncation_follows_log_read_of_a_peer_that_confirmed_all_it_was_sent(site):
     """Rule 8: a peer that confirmed all that was sent to it holds the log
     back only to where it was read for it (what lies between held nothing
@@ -171,19 +82,6 @@ def test_truncation_follows_log_read_of_a_peer_that_confirmed_all_it_was_sent(si
     assert site.truncate_log() == offsets[3]  # never back; nothing more goes either
     with pytest.raises(InvariantViolation, match="log_read"):
         site.update_remote("r1", log_read=offsets[4] + 1)
-
-
-def test_truncating_everything_never_reuses_offsets(site):
-    app = app_connection(site)
-    insert(app, 1, 2)
-    end = site.scan()
-    site.update_remote("r1", log_sent=end, confirm_sent=end)
-    assert site.truncate_log() == end
-    assert site.log_end() == end
-    insert(app, 3)
-    later = site.scan()
-    assert later > end
-    assert [[op.key for op in t.ops] for t in site.read_log("r1", end)] == [[(3,)]]
 
 
 def test_no_peers_means_no_truncation(tmp_path):

@@ -19,6 +19,7 @@ import pytest
 from agent.site import Article
 from agent.site.database import SiteDatabase
 from agent.site.postgres.connect import connect
+from tests.site.sessions import App as Session
 
 REGIONS = {"north1": "north", "south1": "south"}
 SQLITE_CUSTOMER = "CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT, region TEXT, balance REAL)"
@@ -27,37 +28,14 @@ POSTGRES_CUSTOMER = ("CREATE TABLE customer (id integer PRIMARY KEY, name text, 
 COLUMNS = ("id", "name", "region", "balance")
 
 
-class App:
-    """An application's session: each ``run`` is one transaction of
-    statements written with ``%s`` placeholders."""
-
-    def __init__(self, conn: Any, sqlite: bool) -> None:
-        self._conn = conn
-        self._sqlite = sqlite
-
-    def run(self, *statements: tuple[str, tuple]) -> None:
-        if self._sqlite:
-            self._conn.execute("BEGIN IMMEDIATE")  # waits for the write lock (a scan, another writer)
-            try:
-                for text, parameters in statements:
-                    self._conn.execute(text.replace("%s", "?"), parameters)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-        else:
-            with self._conn.transaction():
-                for text, parameters in statements:
-                    self._conn.execute(text, parameters)
+class App(Session):
+    """An application's session (tests/site/sessions.py) on the table customer."""
 
     def rows(self, where: str = "", parameters: tuple = ()) -> dict[tuple, dict]:
         """The table's rows (those ``where`` selects) by key, as column -> value."""
         text = f"SELECT {', '.join(COLUMNS)} FROM customer {where}"
-        found = self._conn.execute(text.replace("%s", "?") if self._sqlite else text, parameters).fetchall()
+        found = self._conn.execute(self._text(text), parameters).fetchall()
         return {(row[0],): dict(zip(COLUMNS, row)) for row in found}
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 WRITERS = 4

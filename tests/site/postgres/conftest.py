@@ -1,8 +1,6 @@
-"""Fixtures for the PostgreSQL site tests: one real PostgreSQL 15 cluster
-for the session (tests/pgserver.py), a fresh database per test, and a
-connection to it with the fieldsync schema installed.
-
-A cluster that cannot start fails the tests that need it, with its log."""
+"""Fixtures for the PostgreSQL site tests: a connection to the test's
+fresh database (tests/site/conftest.py: ``postgres``, one cluster for the
+session, ``database`` and ``target``) with the fieldsync schema installed."""
 
 from __future__ import annotations
 
@@ -10,31 +8,6 @@ import pytest
 
 from agent.site.postgres.connect import connect
 from agent.site.postgres.schema import install_schema
-from agent.site.postgres.uri import PgTarget, parse_uri
-from tests.pgserver import PostgresServer, ServerFailed
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    try:
-        server = PostgresServer().start()  # cleans up after itself when it fails
-    except ServerFailed as error:
-        pytest.fail(str(error), pytrace=False)
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def database(postgres) -> str:
-    name = postgres.create_database()
-    yield name
-    postgres.drop_database(name)
-
-
-@pytest.fixture
-def target(postgres, database) -> PgTarget:
-    """The test's database, as the agent is given it (the superuser, trusted)."""
-    return parse_uri(postgres.uri(database))
 
 
 @pytest.fixture

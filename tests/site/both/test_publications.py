@@ -1,0 +1,165 @@
+"""Publications and subscriptions, and what each remote reads of the log,
+on both backends: definitions, column subsets, SUBSCRIBE BY routing, rows
+moving between subsets (a DELETE of the old row for the one it leaves),
+key moves, a remote's own changes not echoed."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.site import Article, InvalidSetting, PublicationError, UnknownPublication, UnknownRemote
+from codec.ops import Operation, Transaction
+
+
+@pytest.fixture
+def hq(backend):
+    site = backend.site
+    site.create_publication("sales", [Article("customer", columns=["name", "region"], subscribe_by="region"),
+                                      Article("line")])
+    for remote in ("north1", "south1", "idle"):
+        site.add_remote(remote)
+    site.subscribe("north1", "sales", "north")
+    site.subscribe("south1", "sales", "south")
+    return site
+
+
+def test_definitions_are_listed(hq):
+    (publication,) = hq.publications()
+    assert publication.name == "sales"
+    assert publication.articles == (Article("customer", ("id", "name", "region"), "region"), Article("line"))
+    assert [(s.remote, s.publication, s.value) for s in hq.subscriptions()] == [
+        ("north1", "sales", "north"), ("south1", "sales", "south")]
+    assert [s.remote for s in hq.subscriptions("south1")] == ["south1"]
+
+
+def test_an_article_added_later_is_listed_and_captured(backend, hq):
+    app = backend.app()
+    app.execute("CREATE TABLE note (id integer PRIMARY KEY, body text, region text)")
+    hq.create_publication("notes")
+    article = hq.add_article("notes", "note", subscribe_by="region")
+    assert article == Article("note", None, "region")
+    assert sorted(p.name for p in hq.publications()) == ["notes", "sales"]
+    hq.subscribe("north1", "notes", "north")
+    app.execute("INSERT INTO note VALUES (1, 'hello', 'north'), (2, 'other', 'south')")
+    assert backend.read_ops("north1") == [Operation.insert("note", (1,), {"id": 1, "body": "hello",
+                                                                           "region": "north"})]
+
+
+def test_column_subset_always_carries_the_key(backend, hq):
+    app = backend.app()
+    app.execute("INSERT INTO customer VALUES (1, 'Ana', 'north', 99.5, NULL)")
+    app.execute("UPDATE customer SET balance = 1.0 WHERE id = 1")  # unpublished columns only
+    app.execute("UPDATE customer SET name = 'Ana B', balance = 2.0 WHERE id = 1")
+    assert backend.read_ops("north1") == [
+        Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "north"}),
+        Operation.update("customer", (1,), {"name": "Ana"}, {"name": "Ana B"}),
+    ]
+
+
+def test_subscribers_get_only_their_rows(backend, hq):
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south'),"
+                " (3, 'nobody', NULL), (4, 'e', 'east')")
+    app.execute("INSERT INTO line VALUES (1, 1, 'sku', 1)")
+    assert [op.key for op in backend.read_ops("north1")] == [(1,), (1, 1)]
+    assert [op.key for op in backend.read_ops("south1")] == [(2,), (1, 1)]
+    assert backend.read_ops("idle") == []  # subscribed to nothing
+    hq.subscribe("north1", "sales", "east")  # a second value
+    end = hq.log_end()
+    app.execute("UPDATE customer SET name = 'e2' WHERE id = 4")
+    assert [op.key for op in backend.read_ops("north1", end)] == [(4,)]
+
+
+def test_a_row_moving_between_subsets(backend, hq):
+    app = backend.app()
+    app.execute("INSERT INTO customer VALUES (1, 'Ana', 'north', 5.0, NULL)")
+    start = hq.scan()
+    app.execute("UPDATE customer SET region = 'south', name = 'Ana M' WHERE id = 1")
+    # The remote it leaves gets a DELETE of the row it holds (the old values).
+    assert backend.read_ops("north1", start) == [
+        Operation.delete("customer", (1,), {"id": 1, "name": "Ana", "region": "north"})]
+    # The new subscriber gets the full published row, not just the changes.
+    assert backend.read_ops("south1", start) == [
+        Operation.insert("customer", (1,), {"id": 1, "name": "Ana M", "region": "south"})]
+    assert backend.read_ops("idle", start) == []
+
+
+def test_a_row_moving_with_a_key_change(backend, hq):
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north')")
+    start = hq.scan()
+    app.execute("UPDATE customer SET id = 10, region = 'south' WHERE id = 1")
+    assert [(op.kind, op.key) for op in backend.read_ops("north1", start)] == [(3, (1,))]
+    assert [(op.kind, op.key) for op in backend.read_ops("south1", start)] == [(1, (10,))]
+
+
+def test_changes_from_a_remote_are_forwarded_but_not_echoed(backend, hq):
+    start = hq.scan()
+    batch = [Transaction(5, "north1", (
+        Operation.insert("customer", (7,), {"id": 7, "name": "from north", "region": "north"}),
+        Operation.insert("customer", (8,), {"id": 8, "name": "for south", "region": "south"}),
+        Operation.insert("line", (1, 7), {"order_id": 7, "line_no": 1, "sku": "A", "qty": 2}),
+    ))]
+    hq.apply("north1", batch, log_received=5)
+    # north1 made these: nothing comes back, except a DELETE for the row it
+    # put outside its own subset, so it ends up holding exactly its rows.
+    assert backend.read_ops("north1", start) == [
+        Operation.delete("customer", (8,), {"id": 8, "name": "for south", "region": "south"})]
+    assert [op.key for op in backend.read_ops("south1", start)] == [(8,), (1, 7)]
+
+
+def test_a_remote_that_moves_a_row_out_gets_a_delete(backend, hq):
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north')")
+    start = hq.scan()
+    hq.apply("north1", [Transaction(3, "north1", (
+        Operation.update("customer", (1,), {"region": "north"}, {"region": "south"}),))], log_received=3)
+    assert backend.read_ops("north1", start) == [
+        Operation.delete("customer", (1,), {"id": 1, "name": "Ana", "region": "south"})]
+    assert backend.read_ops("south1", start) == [
+        Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "south"})]
+
+
+def test_a_table_belongs_to_one_publication(hq):
+    hq.create_publication("other")
+    with pytest.raises(PublicationError, match="already published in 'sales'"):
+        hq.add_article("other", "customer")
+
+
+def test_bad_definitions_are_refused(backend, hq):
+    with pytest.raises(UnknownPublication):
+        hq.add_article("nope", "line")
+    backend.app().execute("CREATE TABLE t (id integer PRIMARY KEY, a text)")
+    hq.create_publication("p2")
+    with pytest.raises(PublicationError, match="no column 'zzz'"):
+        hq.add_article("p2", "t", columns=["zzz"])
+    with pytest.raises(PublicationError, match="SUBSCRIBE BY column 'zzz'"):
+        hq.add_article("p2", "t", subscribe_by="zzz")
+    with pytest.raises(PublicationError, match="exists already"):
+        hq.create_publication("p2")
+    with pytest.raises(UnknownRemote):
+        hq.subscribe("ghost", "sales", "north")
+    with pytest.raises(UnknownPublication):
+        hq.subscribe("north1", "nope", "north")
+    with pytest.raises(InvalidSetting):
+        hq.subscribe("north1", "sales", [1, 2])
+    with pytest.raises(UnknownRemote):
+        list(hq.read_log("ghost", 0))
+    assert sorted(p.name for p in hq.publications()) == ["p2", "sales"]
+
+
+def test_dropping_a_publication_stops_capture_and_subscriptions(backend, hq):
+    hq.drop_publication("sales")
+    backend.app().execute("INSERT INTO line VALUES (1, 1, 'a', 1)")
+    assert hq.scan() == 0
+    assert hq.subscriptions() == ()
+    assert hq.publications() == ()
+
+
+def test_unsubscribe(backend, hq):
+    assert hq.unsubscribe("north1", "sales", "north").changed
+    backend.app().execute("INSERT INTO customer (id, region) VALUES (1, 'north')")
+    assert backend.read_ops("north1") == []
+    assert [op.key for op in backend.read_ops("south1")] == []
+    with pytest.raises(InvalidSetting):
+        hq.unsubscribe("north1", "sales", "north")
