@@ -1,5 +1,8 @@
-"""Applying a peer's transactions (agent.site.apply.driver): atomicity,
-errors, the fast path and its replay, and a process killed mid-apply."""
+"""Applying a peer's transactions (agent.site.apply.driver) where a SQLite
+site is its own: decoded tuples, the remote's side, the fast path's
+replay, a process killed mid-apply.  The consolidated's apply on both
+backends (atomicity, errors, conflicts, key moves) is
+tests/site/both/test_apply.py."""
 
 from __future__ import annotations
 
@@ -10,12 +13,7 @@ import time
 
 import pytest
 
-from agent.site import (
-    ApplyRefused,
-    IncarnationMismatch,
-    SiteDatabase,
-    UnknownRemote,
-)
+from agent.site import ApplyRefused, SiteDatabase
 from codec.ops import Operation, Transaction
 
 from .applying import hq, ins, remote, txn, upd  # noqa: F401  (hq, remote: fixtures)
@@ -23,124 +21,11 @@ from .conftest import app_connection, table_rows
 from .workers import apply_batch, crash_batch, crash_setup
 
 
-def test_a_batch_is_applied_with_its_log_received(hq):
-    result = hq.apply("r1", [txn(10, ins(1, name="a", region="north"), ins(2, name="b", region="north")),
-                             txn(20, upd(1, {"name": "a"}, {"name": "a2"}))], log_received=25, messages=2)
-    assert table_rows(hq, "customer") == [(1, "a2", "north", None, None, None), (2, "b", "north", None, None, None)]
-    row = hq.remote("r1")
-    assert (row.log_received, row.receive_count) == (25, 2) and row.last_received_at is not None
-    assert (result.transactions_applied, result.operations_applied, result.errors, result.conflicts) == (2, 3, 0, 0)
-    assert len(result.log_commits) == 2
-
-
 def test_decoded_tuples_are_accepted(hq):
     """The message decoder hands over plain 5-tuples, not Operation values."""
     batch = [Transaction._trusted(3, "r1", (("customer", 1, (1,), None, {"id": 1, "region": "north"}),))]
     assert hq.apply("r1", batch, log_received=3).operations_applied == 1
     assert table_rows(hq, "customer") == [(1, None, "north", None, None, None)]
-
-
-def test_transactions_already_applied_are_skipped(hq):
-    hq.apply("r1", [txn(10, ins(1, name="a"))], log_received=10)
-    result = hq.apply("r1", [txn(10, ins(1, name="a")), txn(12, ins(2, name="b"))], log_received=12)
-    assert (result.transactions_skipped, result.transactions_applied, result.errors) == (1, 1, 0)
-    assert [row[0] for row in table_rows(hq, "customer")] == [1, 2]
-
-
-def test_skip_through_replaces_the_recorded_log_received(hq):
-    """The fault suite's switch: with skip_through below the recorded
-    log_received, overlapping transactions are applied again (here an
-    INSERT of an existing key, recorded as an error); beyond it, refused."""
-    hq.apply("r1", [txn(10, ins(1, name="a"))], log_received=10)
-    result = hq.apply("r1", [txn(10, ins(1, name="a")), txn(12, ins(2, name="b"))], log_received=12,
-                      skip_through=0)
-    assert (result.transactions_skipped, result.transactions_applied, result.errors) == (0, 2, 1)
-    assert hq.apply("r1", [txn(12, ins(2, name="b"))], log_received=12, skip_through=12).transactions_skipped == 1
-    with pytest.raises(ApplyRefused, match="skip_through"):
-        hq.apply("r1", [txn(20, ins(3))], log_received=20, skip_through=13)
-    assert hq.remote("r1").log_received == 12
-
-
-def test_bad_batches_are_refused_whole(hq):
-    hq.apply("r1", [txn(10, ins(1))], log_received=10)
-    logged = hq.connection.execute("SELECT count(*) FROM fieldsync_log").fetchone()[0]
-    with pytest.raises(ApplyRefused, match="go back"):
-        hq.apply("r1", [], log_received=9)
-    with pytest.raises(ApplyRefused, match="out of order"):
-        hq.apply("r1", [txn(14, ins(2)), txn(12, ins(3))], log_received=20)
-    with pytest.raises(ApplyRefused, match="beyond the new log_received"):
-        hq.apply("r1", [txn(14, ins(2)), txn(30, ins(3))], log_received=20)
-    with pytest.raises(UnknownRemote):
-        hq.apply("ghost", [], log_received=1)
-    assert [row[0] for row in table_rows(hq, "customer")] == [1]  # nothing of the refused batches
-    assert hq.remote("r1").log_received == 10
-    assert hq.connection.execute("SELECT count(*) FROM fieldsync_log").fetchone()[0] == logged
-
-
-def test_an_empty_batch_moves_log_received(hq):
-    hq.apply("r1", [], log_received=44)
-    assert hq.remote("r1").log_received == 44
-
-
-def test_bad_rows_are_recorded_and_the_batch_goes_on(hq):
-    app_connection(hq).execute("INSERT INTO customer (id, name) VALUES (1, 'local')")
-    batch = [txn(5,
-                 ins(1, name="duplicate"),                                    # existing key
-                 upd(99, {"name": "x"}, {"name": "y"}),                       # missing row
-                 Operation.delete("customer", (98,), {"id": 98}),             # missing row
-                 Operation.insert("line", (1, 1), {"order_id": 1, "line_no": 1, "sku": None}),  # NOT NULL
-                 Operation.insert("nowhere", (1,), {"id": 1}),                # no such table
-                 ins(3, colour="red"),                                         # no such column
-                 ("customer", 1, (4,), None, {"id": 4, "name": True}),         # bool is no SQLite value
-                 ("customer", 1, (5,), None, {"id": 5, "name": 2**64}),        # beyond 64 bits
-                 ins(2, name="fine")),
-             txn(6, ins(6, name="also fine"))]
-    result = hq.apply("r1", batch, log_received=6)
-    assert (result.errors, result.operations_applied, result.transactions_applied) == (8, 2, 2)
-    assert [row[:2] for row in table_rows(hq, "customer")] == [(1, "local"), (2, "fine"), (6, "also fine")]
-    errors = hq.apply_errors()
-    problems = [(error.table, error.key, error.problem.split(":")[0]) for error in errors]
-    assert problems == [
-        ("customer", (1,), "INSERT of an existing key"),
-        ("customer", (99,), "UPDATE of a missing row"),
-        ("customer", (98,), "DELETE of a missing row"),
-        ("line", (1, 1), "constraint failed"),
-        ("nowhere", (1,), "no table 'nowhere' with a primary key at this site"),
-        ("customer", (3,), "customer has no column 'colour' at this site"),
-        ("customer", (4,), "malformed operation"),
-        ("customer", (5,), "malformed operation"),
-    ]
-    assert all(error.peer == "r1" and error.peer_commit == 5 for error in errors)
-    assert errors[0].operation == ("customer", 1, (1,), None, {"id": 1, "name": "duplicate"})
-    assert hq.remote("r1").log_received == 6
-
-
-def test_a_failing_run_is_replayed_one_by_one(hq):
-    """One bad row in the middle of a long run of similar rows: the rows
-    around it are applied, the bad one recorded."""
-    ops = [ins(row_id, name=f"n{row_id}") for row_id in range(1, 301)]
-    app_connection(hq).execute("INSERT INTO customer (id, name) VALUES (150, 'already here')")
-    result = hq.apply("r1", [txn(3, *ops)], log_received=3)
-    assert (result.operations_applied, result.errors) == (299, 1)
-    assert hq.connection.execute("SELECT count(*) FROM customer").fetchone()[0] == 300
-
-
-def test_applied_rows_are_captured_with_the_peer_as_origin(hq):
-    hq.apply("r1", [txn(5, ins(1, name="x", region="north"))], log_received=5)
-    hq.scan()
-    (transaction,) = hq.read_log("r2", 0)
-    assert transaction.origin == "r1"
-    assert transaction.ops == (ins(1, name="x", region="north", balance=None, photo=None, extra=None),)
-    assert list(hq.read_log("r1", 0)) == []  # no echo
-
-
-def test_incarnation_change_stops_the_stream(hq):
-    hq.apply("r1", [], log_received=1, peer_incarnation=b"A" * 16)
-    assert hq.remote("r1").peer_incarnation == b"A" * 16
-    hq.apply("r1", [], log_received=2, peer_incarnation=b"A" * 16)
-    with pytest.raises(IncarnationMismatch, match="rebuilt or restored"):
-        hq.apply("r1", [], log_received=3, peer_incarnation=b"B" * 16)
-    assert hq.remote("r1").log_received == 2
 
 
 def test_a_remote_applies_what_the_consolidated_sends_as_is(remote):

@@ -79,7 +79,8 @@ class Backend:
     def rows(self, table: str, columns: str = "*", where: str = "") -> list[tuple]:
         """The table's rows, ordered by their first two columns."""
         session = self._sessions[0] if self._sessions else self.app()
-        return session.query(f"SELECT {columns} FROM {table} {where} ORDER BY 1, 2")
+        order = "1, 2" if columns == "*" or "," in columns else "1"
+        return session.query(f"SELECT {columns} FROM {table} {where} ORDER BY {order}")
 
     def read_ops(self, remote: str, after: int = 0) -> list[Operation]:
         """Scan, then every operation ``remote`` reads after ``after``."""
