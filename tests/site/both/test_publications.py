@@ -163,3 +163,62 @@ def test_unsubscribe(backend, hq):
     assert [op.key for op in backend.read_ops("south1")] == []
     with pytest.raises(InvalidSetting):
         hq.unsubscribe("north1", "sales", "north")
+
+
+def test_a_row_moving_between_two_values_of_one_remote_stays_an_update(backend, hq):
+    hq.subscribe("north1", "sales", "east")
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north'), (2, 'Bo', NULL)")
+    start = hq.scan()
+    app.execute("UPDATE customer SET region = 'east' WHERE id = 1")
+    app.execute("UPDATE customer SET region = 'north', name = 'Bo N' WHERE id = 2")  # from no subset into one
+    assert backend.read_ops("north1", start) == [
+        Operation.update("customer", (1,), {"region": "north"}, {"region": "east"}),
+        Operation.insert("customer", (2,), {"id": 2, "name": "Bo N", "region": "north"})]
+    assert backend.read_ops("south1", start) == []
+
+
+def test_updates_carry_exactly_the_columns_whose_values_changed(backend, hq):
+    """'' -> NULL and NULL -> '' are changes; writing the same values is none."""
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (1, '', 'north', 2.5), (2, NULL, 'north', 0)")
+    start = hq.scan()
+    app.execute("UPDATE customer SET name = NULL, balance = 2.5 WHERE id = 1")
+    app.execute("UPDATE customer SET name = '' WHERE id = 2")
+    app.execute("UPDATE customer SET name = '', region = 'north' WHERE id = 2")  # nothing changes
+    assert [(op.key, op.before, op.after) for op in backend.read_ops("north1", start)] == [
+        ((1,), {"name": ""}, {"name": None}), ((2,), {"name": None}, {"name": ""})]
+
+
+def test_a_subscribe_by_column_not_published_still_routes_rows(backend, hq, tmp_path):
+    app = backend.app()
+    app.execute("CREATE TABLE note (id integer PRIMARY KEY, body text, region text)")
+    hq.create_publication("notes", [Article("note", columns=["body"], subscribe_by="region")])
+    hq.subscribe("north1", "notes", "north")
+    hq.subscribe("south1", "notes", "south")
+    app.execute("INSERT INTO note VALUES (1, 'a', 'north'), (2, 'b', 'south'), (3, 'c', 'north')")
+    result = hq.extract("north1", tmp_path / "north1.db")
+    import sqlite3
+
+    with sqlite3.connect(result.path) as remote:
+        assert remote.execute("SELECT * FROM note ORDER BY id").fetchall() == [(1, "a"), (3, "c")]
+    start = hq.scan()
+    app.execute("UPDATE note SET region = 'south', body = 'a2' WHERE id = 1")
+    app.execute("UPDATE note SET body = 'c2' WHERE id = 3")
+    assert backend.read_ops("north1", start) == [Operation.delete("note", (1,), {"id": 1, "body": "a"}),
+                                                 Operation.update("note", (3,), {"body": "c"}, {"body": "c2"})]
+    assert backend.read_ops("south1", start) == [Operation.insert("note", (1,), {"id": 1, "body": "a2"})]
+
+
+def test_a_key_change_applied_from_a_remote_reaches_the_others_as_one(backend, hq):
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'north')")
+    hq.subscribe("south1", "sales", "north")
+    start = hq.scan()
+    hq.update_remote("north1", log_sent=start, confirm_sent=start)  # north1 holds row 1 (no unconfirmed change)
+    hq.apply("north1", [Transaction(4, "north1", (
+        Operation.update("customer", (1,), {"id": 1, "name": "Ana"}, {"id": 5, "name": "Ana K"}),))], log_received=4)
+    assert backend.rows("customer", "id, name") == [(5, "Ana K")]
+    assert backend.read_ops("south1", start) == [
+        Operation.update("customer", (1,), {"id": 1, "name": "Ana"}, {"id": 5, "name": "Ana K"})]
+    assert backend.read_ops("north1", start) == []

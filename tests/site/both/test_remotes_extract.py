@@ -153,3 +153,28 @@ def test_a_second_agent_on_the_site_is_one_line_and_exit_1(backend, hq, tmp_path
     assert ("another fieldsync agent is running on database" if backend.name == "postgresql"
             else "the spool is open in another object of this process") in err
     assert main(["run", path, "--once"]) == 0, capsys.readouterr().err  # once the first has stopped
+
+
+def test_many_remotes_get_the_rows_one_extraction_would_give_each(backend, hq, tmp_path):
+    """Numbers as SUBSCRIBE BY values: 9.0 selects the integer 9, as the
+    log's readers select; a remote of two values gets both subsets, one of
+    none gets no table."""
+    app = backend.app()
+    app.execute("CREATE TABLE parcel (id integer PRIMARY KEY, zone integer, note text)")
+    app.run(*[("INSERT INTO parcel VALUES (%s, %s, %s)", (row_id, row_id % 4 + 6, f"p{row_id}"))
+              for row_id in range(1, 41)])
+    hq.create_publication("land", [Article("parcel", subscribe_by="zone")])
+    wanted = {"z7": [7], "z9": [9.0], "z79": [7, 9], "none": []}
+    for name, values in wanted.items():
+        hq.add_remote(name)
+        for value in values:
+            hq.subscribe(name, "land", value)
+    results = {result.remote: result for result in hq.extract_many(
+        [Extraction(name, tmp_path / f"{name}.db") for name in wanted])}
+    for name, values in wanted.items():
+        with sqlite3.connect(results[name].path) as conn:
+            tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE name = 'parcel'")]
+            held = conn.execute("SELECT id, zone, note FROM parcel ORDER BY id").fetchall() if tables else []
+        expected = [row for row in backend.rows("parcel", "id, zone, note") if row[1] in values]
+        assert held == expected and bool(tables) == bool(values), name
+        assert results[name].rows == ({"parcel": len(expected)} if values else {})
