@@ -55,6 +55,24 @@ def _wait_until_gone(uri: str, pid: int, timeout: float = 60.0) -> None:
         conn.close()
 
 
+def _wait_until_writing(uri: str, pid: int, child, timeout: float = 120.0) -> None:
+    """Until the child's server process holds a transaction that has written
+    (pg_stat_activity.backend_xid is set from its first write to its commit
+    or rollback), or the child has ended."""
+    conn = connect(uri)
+    try:
+        deadline = time.monotonic() + timeout
+        while child.is_alive():
+            found = conn.execute("SELECT backend_xid IS NOT NULL FROM pg_stat_activity WHERE pid = %s",
+                                 (pid,)).fetchone()
+            if found and found[0]:
+                return
+            assert time.monotonic() < deadline, "the child's apply never began writing"
+            time.sleep(0.002)
+    finally:
+        conn.close()
+
+
 def test_kill_during_apply_leaves_all_or_nothing(postgres, tmp_path):
     batch, log_received = crash_batch(6, ROWS, PER_TRANSACTION)
     # The "all" state and how long an apply takes, measured in a database of its own.
@@ -78,7 +96,11 @@ def test_kill_during_apply_leaves_all_or_nothing(postgres, tmp_path):
         child = context.Process(target=apply_batch, args=(uri, "peer", 6, ROWS, PER_TRANSACTION, backend, ready))
         child.start()
         assert ready.wait(60), "the child never got ready"
-        time.sleep(rng.uniform(0.05, 2.0) * duration)  # now and then after the commit
+        _wait_until_writing(uri, backend.value, child)
+        # The first kill lands as soon as the apply has written (mid-apply
+        # whatever the machine's load); the others at a random moment from
+        # there, now and then after the commit.
+        time.sleep(0 if attempt == 0 else rng.uniform(0.0, 1.5) * duration)
         child.kill()
         child.join()
         _wait_until_gone(uri, backend.value)
