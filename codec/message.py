@@ -8,8 +8,9 @@ Rules of this file:
   verified before anything is decompressed, and decompression is capped.
 * Data messages are written as version 2 (operations in runs, see
   codec.ops.Run), control messages as version 1, and a message that
-  carries a schema change (codec.changes) as version 3, the one version
-  that can; all three are read.  A decoded transaction holds the
+  carries a schema change (codec.changes), or a control message that
+  carries the sender's schema version, as version 3, the one version that
+  can; all three are read.  A decoded transaction holds the
   operations (5-tuples) of any version, or, for the apply path that asks
   with ``runs=True``, a version-2 or 3 message's runs; a schema change
   alone.
@@ -46,13 +47,15 @@ from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
 from .changes import SchemaChange
 from .ops import Transaction, change_of, operations_of, to_runs
-from .payloads import MAX_PAYLOAD, ControlState, control_state, transactions_of
+from .payloads import (MAX_PAYLOAD, SCHEMA_VERSION_CONTROL, ControlState, control_payload, control_state,
+                       transactions_of)
 
 MAGIC = b"FSMF"
 # Format versions: data messages are written in DATA_VERSION, control
 # messages (unchanged since version 1) in CONTROL_VERSION, a message that
 # carries a schema change in CHANGE_VERSION (version 2 with schema changes
-# added); all are read.
+# added), a control message with a schema version in SCHEMA_VERSION_CONTROL
+# (the same version 3); all are read.
 DATA_VERSION = 2
 CONTROL_VERSION = 1
 CHANGE_VERSION = 3
@@ -261,11 +264,13 @@ def encode_data_message(transactions: Sequence[Transaction], header: Header, *, 
 
 def encode_control_message(state: ControlState, *, keys: SiteKeys, recipient: str,
                            incarnation: bytes, seal_to: PublicKeys | None = None) -> EncodedMessage:
-    payload = msgpack.packb((state.log_received, state.rereceive_count, state.log_sent,
-                             state.resend_count))
+    """Encode a control message: version 1, four counters, unless the
+    state carries a schema version (then version 3, with it after them)."""
+    payload = msgpack.packb(control_payload(state))
     header = state.header()
+    version = CONTROL_VERSION if state.schema_version is None else SCHEMA_VERSION_CONTROL
     data = frame(Kind.CONTROL, header, keys=keys, recipient=recipient, incarnation=incarnation,
-                 raw_length=len(payload), compressed=compress(payload), seal_to=seal_to)
+                 raw_length=len(payload), compressed=compress(payload), seal_to=seal_to, version=version)
     digest = hashlib.sha256(data).hexdigest()[:16]
     return EncodedMessage(str(MessageName(keys.site, recipient, Kind.CONTROL, header, digest)),
                           header, data)
@@ -300,7 +305,7 @@ def decode_message(data: bytes, *, source: str, keyring: Mapping[str, PublicKeys
                 sealed=sealed, version=version)
     is_part = bool(flags & FLAG_PART)
     if kind is Kind.CONTROL:
-        return Message(**base, control=control_state(payload, source, header))
+        return Message(**base, control=control_state(payload, source, header, version))
     if is_part:
         return Message(**base, part=payload)
     return Message(**base, transactions=transactions_of(payload, header, source, version, runs))

@@ -55,6 +55,10 @@ class ControlState:
     header (its ``seq``, 1 or 0), not the payload: the sender's own stream to
     the recipient is unconfirmed, and it asks for an answer (a probe); when
     False, the sender holds a confirmation of all it sent, up to ``log_sent``.
+    ``schema_version`` (format version 3 only) is the commit offset, in the
+    consolidated's log, of the last schema change applied at the sender (a
+    remote); None: the message says nothing of it (docs/protocol.md,
+    "Schema versions").
     """
 
     log_received: int
@@ -62,6 +66,7 @@ class ControlState:
     log_sent: int
     resend_count: int
     asks_confirmation: bool = False
+    schema_version: int | None = None
 
     def __post_init__(self) -> None:
         # Offsets are log positions (64-bit); the counters are epochs, which
@@ -72,6 +77,9 @@ class ControlState:
             value = getattr(self, field)
             if type(value) is not int or not 0 <= value <= top:
                 raise InvalidValue(f"control {field} must be an integer in 0..{top}, got {value!r}")
+        version = self.schema_version
+        if version is not None and (type(version) is not int or not 0 <= version <= INT64_MAX):
+            raise InvalidValue(f"control schema_version must be an integer in 0..{INT64_MAX}, got {version!r}")
         if type(self.asks_confirmation) is not bool:
             raise InvalidValue(f"control asks_confirmation must be a bool, got {self.asks_confirmation!r}")
 
@@ -113,17 +121,33 @@ def _unpack(payload: bytes, source: str, version: int = 1) -> object:
         raise CorruptMessage(source, f"payload is not valid msgpack ({type(error).__name__})") from None
 
 
-def control_state(payload: bytes, source: str, header: Header | None = None) -> ControlState:
+# A control payload of format version 3 may add the sender's schema version.
+SCHEMA_VERSION_CONTROL = 3
+
+
+def control_payload(state: ControlState) -> tuple[int, ...]:
+    """The ints a control message's payload holds: four, and the schema
+    version when the state carries one (then the file is version 3)."""
+    counters = (state.log_received, state.rereceive_count, state.log_sent, state.resend_count)
+    return counters if state.schema_version is None else (*counters, state.schema_version)
+
+
+def control_state(payload: bytes, source: str, header: Header | None = None, version: int = 1) -> ControlState:
     """The control state of a control message's payload and ``header``
-    (whose ``seq`` says whether it asks for a confirmation: 0 or 1)."""
+    (whose ``seq`` says whether it asks for a confirmation: 0 or 1) in
+    format ``version``: four counters, and in version 3 perhaps the
+    sender's schema version after them."""
     fields = _unpack(payload, source)
-    if type(fields) is not tuple or len(fields) != 4:
-        raise CorruptMessage(source, "control payload must hold four counters")
+    sizes = (4, 5) if version >= SCHEMA_VERSION_CONTROL else (4,)
+    if type(fields) is not tuple or len(fields) not in sizes:
+        raise CorruptMessage(source, "control payload must hold four counters"
+                             + (" and perhaps a schema version" if len(sizes) > 1 else ""))
     seq = 0 if header is None else header.seq
     if seq not in (0, 1):
         raise CorruptMessage(source, f"a control message's seq must be 0 or 1, got {seq}")
     try:
-        return ControlState(*fields, asks_confirmation=bool(seq))
+        return ControlState(*fields[:4], asks_confirmation=bool(seq),
+                            schema_version=fields[4] if len(fields) == 5 else None)
     except InvalidValue as error:
         raise CorruptMessage(source, f"bad control payload: {error}") from None
 

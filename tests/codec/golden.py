@@ -6,7 +6,9 @@ change gets a new version folder, and the tests keep decoding every old
 one.  Every folder holds the same content; a control message is written in
 version 1 whatever the folder (its bytes did not change in version 2).
 Version 3 adds schema changes: ``--schema`` made ``fixtures/messages/schema/``,
-a stream in which two of them travel between data messages.
+a stream in which two of them travel between data messages; and a control
+message's schema version: ``--control-schema`` made
+``fixtures/messages/control-schema/``.
 """
 
 from __future__ import annotations
@@ -165,13 +167,19 @@ def expected_probe() -> dict:
 
 
 def write_probe(force: bool) -> None:
-    if PROBE.exists() and any(PROBE.iterdir()) and not force:
-        raise SystemExit(f"{PROBE} exists: golden files are never regenerated")
-    PROBE.mkdir(parents=True, exist_ok=True)
-    for name, data in build_probe().items():
-        (PROBE / name).write_bytes(data)
-    (PROBE / "hq.pub").write_text(HQ.public.to_line() + "\n")
-    (PROBE / "expected.json").write_text(json.dumps(expected_probe(), indent=2) + "\n")
+    _write_control_folder(PROBE, build_probe(), expected_probe(), HQ, force)
+
+
+def _write_control_folder(root: Path, files: dict[str, bytes], content: dict, sender: SiteKeys,
+                          force: bool) -> None:
+    """A folder of one control message, its sender's public key and its content."""
+    if root.exists() and any(root.iterdir()) and not force:
+        raise SystemExit(f"{root} exists: golden files are never regenerated")
+    root.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+    (root / f"{sender.site}.pub").write_text(sender.public.to_line() + "\n")
+    (root / "expected.json").write_text(json.dumps(content, indent=2) + "\n")
 
 
 # Schema changes in a stream (format version 3): ``python -m tests.codec.golden
@@ -247,6 +255,29 @@ def write_schema(force: bool) -> None:
     _write_folder(SCHEMA, build_schema(), expected_schema(), force)
 
 
+# A remote's control message carrying its schema version (format version 3):
+# ``python -m tests.codec.golden --write --control-schema`` made
+# fixtures/messages/control-schema/ once.
+CONTROL_SCHEMA = FIXTURES / "control-schema"
+CONTROL_SCHEMA_STATE = ControlState(log_received=923_400, rereceive_count=0, log_sent=17, resend_count=0,
+                                    schema_version=923_400)
+
+
+def build_control_schema() -> dict[str, bytes]:
+    control = encode_control_message(CONTROL_SCHEMA_STATE, keys=FIELD, recipient="hq", incarnation=INCARNATION)
+    return {control.name: control.data}
+
+
+def expected_control_schema() -> dict:
+    return {"incarnation": INCARNATION.hex(), "header": "(0-0000000000-0000923400-0)", "version": 3,
+            "control": {"log_received": 923_400, "rereceive_count": 0, "log_sent": 17, "resend_count": 0,
+                        "asks_confirmation": False, "schema_version": 923_400}}
+
+
+def write_control_schema(force: bool) -> None:
+    _write_control_folder(CONTROL_SCHEMA, build_control_schema(), expected_control_schema(), FIELD, force)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
@@ -254,12 +285,17 @@ if __name__ == "__main__":
     parser.add_argument("--version", type=int, choices=VERSIONS)
     parser.add_argument("--probe", action="store_true", help="the probe control message")
     parser.add_argument("--schema", action="store_true", help="a stream with schema changes (version 3)")
+    parser.add_argument("--control-schema", action="store_true",
+                        help="a control message with a schema version (version 3)")
     arguments = parser.parse_args()
-    if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema].count(True) != 1:
+    if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema,
+                               arguments.control_schema].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
         write_probe(arguments.force)
+    elif arguments.control_schema:
+        write_control_schema(arguments.force)
     elif arguments.schema:
         write_schema(arguments.force)
     else:

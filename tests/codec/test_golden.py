@@ -107,15 +107,22 @@ def test_every_version_folder_has_expected_content(version_folder):
     assert (folder / "expected.json").exists() and list(folder.glob("*.fsm"))
 
 
-def test_the_probe_control_file_decodes_asking_for_a_confirmation():
-    root = golden.PROBE
+def _control_file(root, expected_content, sender, recipient):
+    """The one control message of ``root``, decoded, and its expected.json
+    (which must be what the generator says)."""
     expected = json.loads((root / "expected.json").read_text())
-    assert expected == json.loads(json.dumps(golden.expected_probe()))
-    keyring = Keyring([PublicKeys.from_line((root / "hq.pub").read_text())])
+    assert expected == json.loads(json.dumps(expected_content))
+    keyring = Keyring([PublicKeys.from_line((root / f"{sender}.pub").read_text())])
     [path] = root.glob("*.fsm")
-    message = decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient="field1")
-    assert message.kind is Kind.CONTROL and message.version == 1
+    message = decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient=recipient)
+    assert message.kind is Kind.CONTROL
     assert str(message.header) == expected["header"] == str(MessageName.parse(path.name).header)
+    return path, message, expected
+
+
+def test_the_probe_control_file_decodes_asking_for_a_confirmation():
+    path, message, expected = _control_file(golden.PROBE, golden.expected_probe(), "hq", "field1")
+    assert message.version == 1
     control = message.control
     assert {"log_received": control.log_received, "rereceive_count": control.rereceive_count,
             "log_sent": control.log_sent, "resend_count": control.resend_count,
@@ -168,3 +175,41 @@ def test_a_reader_of_version_2_refuses_only_the_schema_changes(monkeypatch):
             read.append(str(MessageName.parse(path.name).header))
     assert refused == ["(0-0000923357-0000923400-0)", "(0-0000923500-0000923600-0)"]
     assert len(read) == 3
+
+
+def _control_json(control) -> dict:
+    return {"log_received": control.log_received, "rereceive_count": control.rereceive_count,
+            "log_sent": control.log_sent, "resend_count": control.resend_count,
+            "asks_confirmation": control.asks_confirmation, "schema_version": control.schema_version}
+
+
+def test_the_control_file_with_a_schema_version_decodes_to_it():
+    path, message, expected = _control_file(golden.CONTROL_SCHEMA, golden.expected_control_schema(), "field1", "hq")
+    assert message.version == expected["version"] == 3
+    assert _control_json(message.control) == expected["control"]
+    # Today's encoder writes the same file, byte for byte.
+    assert golden.build_control_schema() == {path.name: path.read_bytes()}
+
+
+def test_a_control_file_without_a_schema_version_says_nothing_of_it():
+    """The version-1 control file (four counters) reads as before: the
+    sender's schema version is unknown (None), not 0."""
+    for root in (golden.folder(1), golden.folder(3), golden.PROBE):
+        keyring = Keyring([PublicKeys.from_line((root / "hq.pub").read_text())])
+        [path] = root.glob("*.c.*.fsm")
+        message = decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient="field1")
+        assert message.version == 1 and message.control.schema_version is None
+
+
+def test_a_reader_of_version_2_refuses_the_control_file_with_a_schema_version(monkeypatch):
+    """The compatibility rule (docs/message-format.md): a release that reads
+    versions 1 and 2 sets the file aside whole instead of misreading it."""
+    from codec import message as wire
+    from codec.errors import UnsupportedVersion
+
+    monkeypatch.setattr(wire, "VERSIONS", (1, 2))
+    root = golden.CONTROL_SCHEMA
+    keyring = Keyring([PublicKeys.from_line((root / "field1.pub").read_text())])
+    [path] = root.glob("*.fsm")
+    with pytest.raises(UnsupportedVersion):
+        decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient="hq")

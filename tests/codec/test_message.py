@@ -89,6 +89,21 @@ def test_control_message_round_trip():
     assert decode(probe.data).control == ControlState(1234, 2, 999, 1, asks_confirmation=True)
 
 
+def test_a_control_message_with_a_schema_version_is_version_3_and_only_then():
+    plain = encode_control_message(ControlState(1234, 2, 999, 1), keys=HQ, recipient="field1",
+                                   incarnation=INCARNATION)
+    assert decode(plain.data).version == 1 and decode(plain.data).control.schema_version is None
+    state = ControlState(1234, 2, 999, 1, schema_version=0)
+    carrying = encode_control_message(state, keys=HQ, recipient="field1", incarnation=INCARNATION)
+    message = decode(carrying.data)
+    assert message.version == 3 and message.control == state and message.control.schema_version == 0
+    # A version-3 control file of four counters reads as one with no schema version.
+    four = decode(craft(kind=ord("C"), version=3, payload=msgpack.packb([1, 2, 3, 4]), header=Header(2, 0, 1)))
+    assert four.control == ControlState(1, 2, 3, 4)
+    with pytest.raises(InvalidValue, match="schema_version"):
+        ControlState(1, 2, 3, 4, schema_version=-5)
+
+
 def test_transactions_must_lie_in_the_header_range():
     with pytest.raises(InvalidValue):
         encode(sample_transactions(start=100), header=Header(0, 100, 120))
@@ -123,6 +138,20 @@ def test_transactions_must_lie_in_the_header_range():
     (lambda: craft(kind=ord("C"), payload=msgpack.packb([1, 2, -3, 4])), CorruptMessage, "control"),
     (lambda: craft(kind=ord("C"), payload=msgpack.packb([1, 2, 3, 4]), header=Header(2, 0, 1, 2)), CorruptMessage,
      "seq must be 0 or 1"),
+    # The schema version: a fifth int, in version 3 only, an offset in 0..2^63-1.
+    (lambda: craft(kind=ord("C"), payload=msgpack.packb([1, 2, 3, 4, 5])), CorruptMessage, "four counters$"),
+    (lambda: craft(kind=ord("C"), version=2, payload=msgpack.packb([1, 2, 3, 4, 5])), CorruptMessage,
+     "four counters$"),
+    (lambda: craft(kind=ord("C"), version=3, payload=msgpack.packb([1, 2, 3, 4, 5, 6])), CorruptMessage,
+     "perhaps a schema version"),
+    (lambda: craft(kind=ord("C"), version=3, payload=msgpack.packb([1, 2, 3, 4, -1])), CorruptMessage,
+     "schema_version must be an integer in 0..9223372036854775807, got -1"),
+    (lambda: craft(kind=ord("C"), version=3, payload=msgpack.packb([1, 2, 3, 4, 2**63])), CorruptMessage,
+     "schema_version must be"),
+    (lambda: craft(kind=ord("C"), version=3, payload=msgpack.packb([1, 2, 3, 4, "923400"])), CorruptMessage,
+     "schema_version must be"),
+    (lambda: craft(kind=ord("C"), version=3, payload=msgpack.packb([1, 2, 3, 4, True])), CorruptMessage,
+     "schema_version must be"),
     (lambda: craft(kind=ord("C"), flags=wire.FLAG_PART, header=Header(0, 1, 1)), CorruptMessage, "part"),
     (lambda: craft(flags=wire.FLAG_SEALED, stored=b"short"), CorruptMessage, "sealed payload is too short"),
     (lambda: craft(header=Header(0, 0, 1)).replace(b"hq", b"h\xff", 1), CorruptMessage, "sender name"),
