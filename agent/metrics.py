@@ -78,6 +78,7 @@ class PeerSample:
     conflicts: int
     apply_errors: int
     in_error: bool = False           # an error in force now (agent status --errors selects the peer)
+    schema_version: int | None = None  # the largest the peer reported (docs/protocol.md, "Schema versions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,7 @@ class Snapshot:
     conflicts: int
     apply_errors: int
     run: RunSample | None   # None before the agent opened
+    schema_version: int | None = None  # this site's (docs/protocol.md, "Schema versions"); None: none
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -119,6 +121,7 @@ class _SiteRows:
     remotes: list[tuple]
     conflicts: dict[str, int]
     apply_errors: dict[str, int]
+    schema_version: int | None = None  # a PostgreSQL site makes no schema change yet
 
 
 def read_site(database: Path | str) -> _SiteRows:
@@ -140,17 +143,18 @@ def read_site(database: Path | str) -> _SiteRows:
         conn.execute("BEGIN")
         site = conn.execute("SELECT name FROM fieldsync_site WHERE id = 1").fetchone()[0]
         remotes = conn.execute("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at,"
-                               f" last_sent_at, {HORIZON_SQL}, heard_at, {IN_ERROR_SQL}"
+                               f" last_sent_at, {HORIZON_SQL}, heard_at, {IN_ERROR_SQL}, peer_schema_version"
                                " FROM fieldsync_remote").fetchall()
         conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_conflict GROUP BY peer").fetchall())
         errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error GROUP BY peer").fetchall())
         end = log_end(conn)
+        version = conn.execute("SELECT max(commit_offset) FROM fieldsync_schema_change").fetchone()[0]
         conn.execute("COMMIT")
     except sqlite3.Error as error:
         raise MetricsError(f"{database}: cannot read metrics ({error})") from None
     finally:
         conn.close()
-    return _SiteRows(site, end, remotes, conflicts, errors)
+    return _SiteRows(site, end, remotes, conflicts, errors, version)
 
 
 def _seconds(text: str | None) -> float | None:
@@ -265,7 +269,7 @@ class SiteMetrics(Collector):
         states = {name: peer.protocol.state for name, peer in dict(agent.peers).items()} if agent else {}
         peers = []
         for (name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at,
-             horizon, heard_at, in_error) in rows.remotes:
+             horizon, heard_at, in_error, schema_version) in rows.remotes:
             state = states.get(name)
             depth = depths.get(name)
             peers.append(PeerSample(
@@ -277,10 +281,12 @@ class SiteMetrics(Collector):
                 state_log_received=state.log_received if state is not None else None,
                 inbound=depth.inbound if depth else 0, outbound=depth.outbound if depth else 0,
                 quarantined=quarantined.get(name, 0), conflicts=rows.conflicts.get(name, 0),
-                apply_errors=rows.apply_errors.get(name, 0), in_error=bool(in_error)))
+                apply_errors=rows.apply_errors.get(name, 0), in_error=bool(in_error),
+                schema_version=schema_version))
         return Snapshot(site=rows.site, log_end=rows.log_end, peers=tuple(peers),
                         quarantine_files=quarantine_files, conflicts=sum(rows.conflicts.values()),
-                        apply_errors=sum(rows.apply_errors.values()), run=self._run())
+                        apply_errors=sum(rows.apply_errors.values()), run=self._run(),
+                        schema_version=rows.schema_version)
 
     def _depths(self) -> list[QueueDepth]:
         agent = self._agent
@@ -370,6 +376,10 @@ _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], 
      "Apply errors recorded for the peer's messages (rows of fieldsync_apply_error), acknowledged ones included.",
      lambda peer, end: peer.apply_errors),
     ("fieldsync_peer_in_error", IN_ERROR_HELP, lambda peer, end: int(peer.in_error)),
+    ("fieldsync_peer_schema_version",
+     "The schema version the peer reported in its control messages: the offset in the consolidated's log of the "
+     "last schema change applied there; absent until the peer reports one.",
+     lambda peer, end: peer.schema_version),
 )
 
 # (suffix, field of a RunSample, help with {when}: "in the last batch run" or "since the agent started")
@@ -398,9 +408,10 @@ def families(snapshot: Snapshot) -> list[Metric]:
     site = [snapshot.site]
     out: list[Metric] = []
 
-    def gauge(name: str, documentation: str, value: float) -> None:
+    def gauge(name: str, documentation: str, value: float | None) -> None:
         family = GaugeMetricFamily(name, documentation, labels=["site"])
-        family.add_metric(site, value)
+        if value is not None:  # None: the family without a sample (its HELP still says what it means)
+            family.add_metric(site, value)
         out.append(family)
 
     gauge("fieldsync_log_end_offset", "Offset of the last commit in this site's log.", snapshot.log_end)
@@ -411,6 +422,9 @@ def families(snapshot: Snapshot) -> list[Metric]:
     gauge("fieldsync_conflicts", "Conflicts recorded (rows of fieldsync_conflict).", snapshot.conflicts)
     gauge("fieldsync_apply_errors", "Apply errors recorded (rows of fieldsync_apply_error), acknowledged ones "
           "included.", snapshot.apply_errors)
+    gauge("fieldsync_schema_version", "This site's schema version: the offset of the last schema change made "
+          "here (the consolidated) or applied here (a remote, in the consolidated's log); absent while there is "
+          "none.", snapshot.schema_version)
     for name, documentation, value_of in _PEER_GAUGES:
         family = GaugeMetricFamily(name, documentation, labels=["site", "peer"])
         for peer in snapshot.peers:

@@ -58,6 +58,10 @@ class PairState:
     confirm_owed: bool = False
     data_sent_at: float | None = None
     probes: int = 0
+    # The largest schema version the peer reported in its control messages
+    # (docs/protocol.md, "Schema versions"); None: none.  Information for
+    # the operator: no rule reads it.
+    peer_schema_version: int | None = None
 
     def __post_init__(self) -> None:
         if not self.confirm_sent <= self.log_sent:
@@ -67,6 +71,8 @@ class PairState:
                      "log_read", "peer_confirmed", "probes"):
             if getattr(self, name) < 0:
                 raise LocalProtocolError(f"{name} must be >= 0")
+        if self.peer_schema_version is not None and self.peer_schema_version < 0:
+            raise LocalProtocolError("peer_schema_version must be >= 0")
 
     @property
     def read_through(self) -> int:

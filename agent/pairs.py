@@ -38,7 +38,7 @@ from .site import Site
 # Columns of the remote-user row the protocol owns.
 ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
               "rereceive_count", "peer_incarnation", "log_read", "control_sent_at", "heard_at", "data_sent_at",
-              "peer_confirmed", "probes", "confirm_owed")
+              "peer_confirmed", "probes", "confirm_owed", "peer_schema_version")
 # Protocol state kept beside the database (agent bookkeeping, not replicated state).
 EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
 # What identifies one stream of a pair: a change starts a new one.

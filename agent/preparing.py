@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from codec.errors import CodecError
 from codec.keys import PublicKeys
@@ -30,6 +30,7 @@ from .errors import AgentError
 from .outbound import SEND_ERRORS, BatchSend, Packed, pack_sends
 from .pairs import Peer
 from .protocol import SendControl, SendData
+from .site import Role
 from .site.errors import LogOffsetError
 from .spark.engine import SparkBatch, run_spark_batch
 from .spark.errors import SparkBatchCancelled, SparkBatchError
@@ -164,12 +165,17 @@ class Preparer:
         is another site's)."""
         outbox = self.outbox
         failed = []
-        incarnation = outbox.db.identity.incarnation
+        identity = outbox.db.identity
+        # A remote tells its consolidated its schema version once it has one
+        # (docs/protocol.md, "Schema versions"): read once for the phase.
+        schema_version = outbox.db.schema_version() if controls and identity.role is Role.REMOTE else None
         with outbox.queues.group_commit():
             for peer, action in controls:
+                state = action.state if schema_version is None else replace(action.state,
+                                                                             schema_version=schema_version)
                 try:
-                    message = encode_control_message(action.state, keys=outbox.keys, recipient=peer.name,
-                                                     incarnation=incarnation, seal_to=self.seal_to(peer))
+                    message = encode_control_message(state, keys=outbox.keys, recipient=peer.name,
+                                                     incarnation=identity.incarnation, seal_to=self.seal_to(peer))
                 except CodecError as error:
                     failed.append((peer, error))
                     continue

@@ -363,12 +363,17 @@ class PairProtocol:
         else:
             peer_confirmed = max(peer_confirmed, control.log_sent)
         probes = 0 if confirmed != state.confirm_sent else state.probes
-        if (peer_log_sent, confirmed, peer_confirmed, owed, probes, request_patience) != (
+        # The peer's schema version, merged by max like the rest (a late
+        # control message cannot lower it); one that says none leaves it.
+        schema_version = state.peer_schema_version
+        if control.schema_version is not None and (schema_version is None or control.schema_version > schema_version):
+            schema_version = control.schema_version
+        if (peer_log_sent, confirmed, peer_confirmed, owed, probes, request_patience, schema_version) != (
                 state.peer_log_sent, state.confirm_sent, state.peer_confirmed, state.confirm_owed, state.probes,
-                state.request_patience):
+                state.request_patience, state.peer_schema_version):
             self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed,
                                   peer_confirmed=peer_confirmed, confirm_owed=owed, probes=probes,
-                                  request_patience=request_patience)
+                                  request_patience=request_patience, peer_schema_version=schema_version)
         # Rule 7: a resend request, acted on after the urgency delay.
         if control.rereceive_count > self._state.resend_count:
             request = self._resend_request

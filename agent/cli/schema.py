@@ -69,6 +69,23 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     else:
         out.print(f"It reaches {len(result.subscribers)} remote(s) that hold {', '.join(result.published)}, in "
                   f"order with the data: {', '.join(result.subscribers)}", soft_wrap=True, markup=False)
+    breaking = breaking_steps(result.steps, result.published)
+    if breaking:
+        out.print("Applications at the field sites must be ready for it before it reaches them: it "
+                  + " and ".join(describe(step) for step in breaking)
+                  + ", so their SQL that still names the old ones fails there once it is applied.",
+                  soft_wrap=True, markup=False)
+
+
+# Steps that take away a name applications may use (a renamed or dropped column, table or index).
+_BREAKING = frozenset({"rename_column", "drop_column", "rename_table", "drop_table", "drop_index"})
+
+
+def breaking_steps(steps: tuple[tuple, ...], published: tuple[str, ...]) -> list[tuple]:
+    """The steps of a change that rename or drop something on a table the
+    remotes receive (``published``): what their applications must be ready for."""
+    travelling = {table.lower() for table in published}
+    return [step for step in steps if step[0] in _BREAKING and step[1].lower() in travelling]
 
 
 def describe(step: tuple) -> str:

@@ -114,6 +114,9 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
                 "public_key": identity.public_key,
                 "fingerprint": key_fingerprint(identity.public_key),
                 "created_at": iso_moment(identity.created_at),
+                # docs/protocol.md, "Schema versions": the offset of the last
+                # schema change made or applied here; None: none.
+                "schema_version": site.schema_version(),
             },
             "log_end": log_end,
         }
@@ -232,7 +235,9 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
     out.print(f"  incarnation {site['incarnation']}, key {site['fingerprint'] or 'none'}", soft_wrap=True)
     out.print(f"  inbox {site['address'] or '-'} ({site['transport'] or 'folder'}) · peers send to "
               f"{site['reply_address'] or '-'}", soft_wrap=True)
-    out.print(f"  log end {status['log_end']} · quarantined files {status['quarantine']} · "
+    version = site.get("schema_version")
+    out.print(f"  schema version {'none' if version is None else version} · log end {status['log_end']} · "
+              f"quarantined files {status['quarantine']} · "
               f"conflicts {status['conflicts']} · apply errors {status['apply_errors']}", soft_wrap=True)
     for table in status["missing_tables"]:
         out.print(escape(f"  published table {table!r} is no longer in the database (renamed or dropped?): give it "
@@ -269,7 +274,7 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
         sending.add_column(column, justify="left" if column in ("peer", "last_sent_at") else "right")
     receiving = Table(title="receiving (offsets in the peer's log)", title_justify="left")
     for column in ("peer", "log_received", "confirm_received", "rereceive_count", "receive_count",
-                   "last_received_at"):
+                   "last_received_at", "schema"):
         receiving.add_column(column, justify="left" if column in ("peer", "last_received_at") else "right")
     link = Table(title="link (incarnation: the peer's, first 8 digits; --json has every column in full)",
                  title_justify="left")
@@ -279,7 +284,8 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
         sending.add_row(row["name"], str(row["log_send"]), str(row["log_sent"]), str(row["confirm_sent"]),
                         str(row["resend_count"]), str(row["send_count"]), _moment(row["last_sent_at"]))
         receiving.add_row(row["name"], str(row["log_received"]), str(row["confirm_received"]),
-                          str(row["rereceive_count"]), str(row["receive_count"]), _moment(row["last_received_at"]))
+                          str(row["rereceive_count"]), str(row["receive_count"]), _moment(row["last_received_at"]),
+                          "-" if row.get("peer_schema_version") is None else str(row["peer_schema_version"]))
         error = _errors_text(row)
         link.add_row(row["name"], row["transport"] or "-", row["address"] or "-", _schedule(row),
                      f"{row['inbound_queue']}/{row['outbound_queue']}", row["fingerprint"] or "none",

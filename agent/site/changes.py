@@ -79,6 +79,14 @@ def _catalogue(conn: sqlite3.Connection) -> dict[str, _Article]:
             for table, columns, by, *_ in rows}
 
 
+def schema_version(conn: sqlite3.Connection) -> int | None:
+    """The offset of the last change made or applied here (None: none).
+    At the consolidated every row is one it made, at a remote one it
+    applied (or the consolidated's last at its extraction), so the
+    largest offset is the version either way."""
+    return conn.execute("SELECT max(commit_offset) FROM fieldsync_schema_change").fetchone()[0]
+
+
 def history(conn: sqlite3.Connection) -> list[list]:
     """Every step of the changes made at this site, in order."""
     return [step for (steps,) in conn.execute("SELECT steps FROM fieldsync_schema_change WHERE peer IS NULL"

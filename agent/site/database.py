@@ -42,7 +42,7 @@ from .apply import (
 )
 from .apply.schema import record_conflict
 from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables
-from .changes import SchemaChangeResult, apply_schema_locked, send_new_article_locked
+from .changes import SchemaChangeResult, apply_schema_locked, schema_version, send_new_article_locked
 from .errors import InvalidSetting, SchemaConflict, SiteError
 from .extract import Consolidated, ExtractResult, extract_remote
 from .extract_many import Extraction
@@ -278,6 +278,10 @@ class SiteDatabase:
     def log_start(self) -> int:
         with self._lock, sqlite_errors("reading the log's truncation point"):
             return truncated_through(self._conn)
+
+    def schema_version(self) -> int | None:
+        with self._lock, sqlite_errors("reading the schema version"):
+            return schema_version(self._conn)
 
     def read_log(self, subscriber: str, after: int, until: int | None = None) -> Iterator[Transaction]:
         """The log transactions in ``(after, until]`` as ``subscriber`` sees

@@ -133,7 +133,8 @@ class SwitchOver:
                 "rereceive_count": self.before.rereceive_count + 1, "send_count": 0, "last_sent_at": None,
                 "receive_count": 0, "last_received_at": None, "heard_at": None, "peer_incarnation": self.incarnation,
                 "data_sent_at": None, "peer_confirmed": 0, "probes": 0, "confirm_owed": False, "last_error": None,
-                "last_error_at": None, **({} if self.public_key is None else {"public_key": self.public_key})}
+                "last_error_at": None, "peer_schema_version": None,
+                **({} if self.public_key is None else {"public_key": self.public_key})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,6 +445,12 @@ def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list
             # exactly what was committed up to ``offset``.
             copy.execute("BEGIN")
             copy.execute("SELECT count(*) FROM source.fieldsync_log").fetchone()
+        # The copy's schema is the consolidated's at E: so is its schema
+        # version (docs/protocol.md, "Schema versions"), recorded as a change
+        # with no steps that came with the extraction.
+        copy.execute("INSERT INTO main.fieldsync_schema_change (commit_offset, peer, steps, made_at)"
+                     " SELECT commit_offset, ?, '[]', made_at FROM source.fieldsync_schema_change"
+                     " WHERE peer IS NULL ORDER BY commit_offset DESC LIMIT 1", (site.identity.name,))
         counts: dict[str, int] = {}
         for plan in plans:
             counts[plan.info.name] = _copy_rows(copy, plan)

@@ -119,6 +119,12 @@ class Site(Protocol):
         (docs/site-database.md, "Schema changes"); SchemaRefused, and
         nothing changed, for what it may not do."""
 
+    def schema_version(self) -> int | None:
+        """The site's schema version (docs/protocol.md, "Schema versions"):
+        the commit offset of the last schema change made here (the
+        consolidated) or applied here (a remote: its offset in the
+        consolidated's log); None: none."""
+
     # --- the log ----------------------------------------------------------------------
 
     def scan(self) -> int:

@@ -75,6 +75,9 @@ class RemoteUser:
     error_seen_at: datetime | None = None  # when the last of them was recorded
     stream_stopped: str | None = None
     stream_stopped_at: datetime | None = None
+    # The largest schema version the peer (a remote) reported in its control
+    # messages (docs/protocol.md, "Schema versions"); None: none reported.
+    peer_schema_version: int | None = None
 
     @property
     def sending_due(self) -> bool:
@@ -99,6 +102,8 @@ TIME_FIELDS = frozenset({"last_sent_at", "last_received_at", "last_error_at", "c
                          "stream_stopped_at"})
 OFFSET_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
                  "rereceive_count", "send_count", "receive_count", "log_read", "peer_confirmed", "probes")
+# Offsets a row may also hold none of (NULL: not known).
+OPTIONAL_OFFSETS = frozenset({"peer_schema_version"})
 MONOTONE = ("confirm_sent", "resend_count", "log_received", "confirm_received", "rereceive_count",
             "send_count", "receive_count", "error_count")
 UPDATABLE = frozenset(COLUMNS) - {"name", "created_at"}
@@ -273,6 +278,10 @@ def checked_update(current: RemoteUser, changes: Mapping[str, Any], log_end: Cal
                    stored.get("confirm_timeout", current.confirm_timeout), changes)
     if "confirm_owed" in changes and type(changes["confirm_owed"]) is not bool:
         raise InvalidSetting(f"confirm_owed must be a bool, got {changes['confirm_owed']!r}")
+    for field_name in OPTIONAL_OFFSETS & set(changes):
+        value = changes[field_name]
+        if value is not None and (type(value) is not int or value < 0):
+            raise InvalidSetting(f"{field_name} must be a non-negative integer or none, got {value!r}")
     return stored
 
 
@@ -280,7 +289,7 @@ def checked_update(current: RemoteUser, changes: Mapping[str, Any], log_end: Cal
 # updated in bulk, checked in one pass (check_pair_update).
 PAIR_COLUMNS = frozenset({"log_send", "log_read", "control_sent_at", "heard_at", "confirm_sent", "resend_count",
                           "confirm_received", "rereceive_count", "peer_incarnation", "log_sent", "data_sent_at",
-                          "peer_confirmed", "probes", "confirm_owed"})
+                          "peer_confirmed", "probes", "confirm_owed", "peer_schema_version"})
 #: The columns of a row check_pair_update reads.
 PAIR_CHECKED = ("log_sent", "confirm_sent", *MONOTONE)
 
@@ -302,6 +311,8 @@ def check_pair_update(name: str, row: Mapping[str, int], columns: Mapping[str, A
         if column == "confirm_owed":
             if type(value) is not bool:
                 raise InvalidSetting(f"confirm_owed must be a bool, got {value!r}")
+            continue
+        if column in OPTIONAL_OFFSETS and value is None:
             continue
         if type(value) is not int or value < 0:
             raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")

@@ -51,7 +51,9 @@ log = logging.getLogger("fieldsync.site")
 #    rows that follow their parent (docs/site-database.md, agent/site/route.py).
 # 11: fieldsync_schema_change, the schema changes made or applied here
 #    (docs/site-database.md, "Schema changes").
-SCHEMA_VERSION = 11
+# 12: fieldsync_remote.peer_schema_version, the schema version a remote
+#    reported (docs/protocol.md, "Schema versions").
+SCHEMA_VERSION = 12
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -163,6 +165,7 @@ CREATE TABLE fieldsync_remote (
     error_seen_at    TEXT,
     stream_stopped   TEXT,
     stream_stopped_at TEXT,
+    peer_schema_version INTEGER,
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -430,10 +433,16 @@ def _add_schema_changes(conn: sqlite3.Connection) -> None:
     conn.execute(SCHEMA_CHANGE_TABLE)
 
 
+def _add_peer_schema_version(conn: sqlite3.Connection) -> None:
+    """Layout 12: the schema version each peer reported (none yet)."""
+    if "peer_schema_version" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_remote)")}:
+        conn.execute("ALTER TABLE fieldsync_remote ADD COLUMN peer_schema_version INTEGER")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
              5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
-             9: _add_follows, 10: _add_schema_changes}
+             9: _add_follows, 10: _add_schema_changes, 11: _add_peer_schema_version}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

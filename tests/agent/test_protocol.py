@@ -2,6 +2,7 @@
 checks the invariants I1 and I2 after each step."""
 
 import random
+from dataclasses import replace
 
 import hypothesis
 import pytest
@@ -311,6 +312,22 @@ def test_confirmation_rules():
     assert core.state.confirm_sent == 60
     core.control_received(0, ControlState(500, 0, 0, 0), INCARNATION_P)  # never beyond log_sent (I1)
     assert core.state.confirm_sent == 100
+
+
+def test_the_peers_schema_version_is_merged_by_max_and_a_control_without_it_leaves_it():
+    core = protocol(log_send=100, log_sent=100, confirm_sent=100)
+    core.control_received(0, ControlState(60, 0, 0, 0), INCARNATION_P)  # an older release's: says nothing
+    assert core.state.peer_schema_version is None
+    core.control_received(1, ControlState(60, 0, 0, 0, schema_version=0), INCARNATION_P)
+    assert core.state.peer_schema_version == 0
+    core.control_received(2, ControlState(60, 0, 0, 0, schema_version=923_400), INCARNATION_P)
+    assert core.state.peer_schema_version == 923_400
+    core.control_received(3, ControlState(60, 0, 0, 0, schema_version=500), INCARNATION_P)  # late mail
+    core.control_received(4, ControlState(60, 0, 0, 0), INCARNATION_P)
+    assert core.state.peer_schema_version == 923_400
+    state = core.state
+    core.control_received(5, ControlState(60, 0, 0, 0, schema_version=923_400), INCARNATION_P)
+    assert replace(core.state, heard_at=state.heard_at) == state  # the same value: nothing to save but heard_at
 
 
 def test_resend_request_waits_for_urgency_and_coalesces():

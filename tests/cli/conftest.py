@@ -97,6 +97,14 @@ def sync(agent: Agent, world: World, rounds: int = 3) -> None:
             assert result.code == 0, result.err
 
 
+@pytest.fixture
+def whole(tmp_path: Path, agent: Agent) -> World:
+    """hq publishes customer whole (every column), SUBSCRIBE BY region; n1 and n2 extracted, in sync."""
+    world = make_world(tmp_path, agent, "customer@region")
+    sync(agent, world)
+    return world
+
+
 AGENT_COMMAND = [sys.executable, "-c", "from agent.cli import main; main()"]
 
 

@@ -262,6 +262,9 @@ def test_the_docs_commands_work(agent: Agent, world: World, tmp_path: Path) -> N
     assert "--once" in batch and "--once" not in continuous
     world.execute("n1", "INSERT INTO customer VALUES (500, 'n1', 'from n1')")
     world.execute("hq", "INSERT INTO customer VALUES (100, 'n1', 'new', 'x')")
+    # A schema change n1 applies and reports: the schema versions have samples.
+    assert agent("schema", "apply", world.hq, "CREATE INDEX customer_name ON customer (name)").code == 0
+    assert agent("run", world.hq, "--once").code == 0
     assert agent("run", world.n1, "--once").code == 0  # so that hq receives and sends
     assert agent(*[local(word) for word in batch[1:]]).code == 0
     written = samples((textfiles / "fieldsync-hq.prom").read_text())
@@ -435,6 +438,9 @@ def test_the_doc_lists_every_metric_and_no_other(agent: Agent, world: World, tmp
     documented = set(re.findall(r"^\| `(fieldsync_[a-z_]+)` \| (?:gauge|counter) \|", DOC.read_text(), re.M))
     target = tmp_path / "all.prom"
     world.execute("n1", "INSERT INTO customer VALUES (501, 'n1', 'from n1')")
+    # A schema change n1 applies and reports: the schema versions have samples.
+    assert agent("schema", "apply", world.hq, "CREATE INDEX customer_name ON customer (name)").code == 0
+    assert agent("run", world.hq, "--once").code == 0
     assert agent("run", world.n1, "--once").code == 0
     assert agent("run", world.hq, "--once", "--metrics-file", target).code == 0
     batch = {name for name, _ in samples(target.read_text())}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Agent, World, make_world, sync
+from .conftest import Agent, World, sync
 
 
 def columns(world: World, site: str, table: str = "customer") -> list[str]:
@@ -27,6 +27,28 @@ def test_a_change_says_what_it_did_and_whom_it_reaches(agent: Agent, world: Worl
     result = agent("schema", "apply", world.hq, "CREATE INDEX customer_name ON customer (name)")
     assert result.code == 0, result.err
     assert "reaches 2 remote(s) that hold customer, in order with the data: n1, n2" in result.out
+
+
+def test_a_change_that_renames_or_drops_says_the_field_applications_must_be_ready(agent: Agent,
+                                                                                  whole: World) -> None:
+    added = agent("schema", "apply", whole.hq, "ALTER TABLE customer ADD COLUMN phone TEXT",
+                  "CREATE INDEX customer_name ON customer (name)")
+    assert added.code == 0, added.err
+    assert "must be ready" not in added.out  # nothing an application uses went away
+    changed = agent("schema", "apply", whole.hq, "ALTER TABLE customer RENAME COLUMN name TO full_name",
+                    "ALTER TABLE customer DROP COLUMN note", "DROP INDEX customer_name")
+    assert changed.code == 0, changed.err
+    [line] = [line for line in changed.out.splitlines() if "must be ready" in line]
+    assert line == ("Applications at the field sites must be ready for it before it reaches them: it renamed column "
+                    "customer.name to full_name and dropped column customer.note and dropped index customer_name of "
+                    "customer, so their SQL that still names the old ones fails there once it is applied.")
+
+
+def test_a_rename_that_stays_at_the_consolidated_says_nothing_of_the_field_sites(agent: Agent, world: World) -> None:
+    # customer publishes id, region and name: its note column never reaches a remote.
+    changed = agent("schema", "apply", world.hq, "ALTER TABLE customer RENAME COLUMN note TO remark")
+    assert changed.code == 0, changed.err
+    assert "stays at hq" in changed.out and "must be ready" not in changed.out
 
 
 def test_sql_comes_from_files_too(agent: Agent, world: World, tmp_path: Path) -> None:
@@ -65,14 +87,6 @@ def test_a_remote_cannot_make_a_schema_change(agent: Agent, world: World) -> Non
 
 
 # -- the acceptance scenario, from the CLI alone -----------------------------------------------------------------
-
-
-@pytest.fixture
-def whole(tmp_path: Path, agent: Agent) -> World:
-    """hq publishes customer whole (every column), SUBSCRIBE BY region; n1 and n2 extracted, in sync."""
-    world = make_world(tmp_path, agent, "customer@region")
-    sync(agent, world)
-    return world
 
 
 def test_a_remote_offline_through_a_new_column_and_a_new_table_catches_up_exactly(agent: Agent, whole: World) -> None:

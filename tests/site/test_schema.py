@@ -18,7 +18,7 @@ from agent.site import (
     UnsupportedSiteVersion,
 )
 from agent.site.schema import SCHEMA_VERSION
-from tests.old_layouts import back_to_layout_3
+from tests.old_layouts import back_to_layout, back_to_layout_3
 
 
 def test_init_new_file_makes_a_site_in_wal_mode(tmp_path):
@@ -311,7 +311,7 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
     conn.execute("DROP INDEX fieldsync_apply_error_open")
     conn.execute("ALTER TABLE fieldsync_apply_error DROP COLUMN acknowledged_at")
     for column in ("confirm_timeout", "data_sent_at", "peer_confirmed", "probes", "confirm_owed", "error_count",
-                   "error_seen_at", "stream_stopped", "stream_stopped_at"):
+                   "error_seen_at", "stream_stopped", "stream_stopped_at", "peer_schema_version"):
         conn.execute(f"ALTER TABLE fieldsync_remote DROP COLUMN {column}")
     conn.execute("UPDATE fieldsync_site SET schema_version = 7")
     conn.commit()
@@ -340,3 +340,22 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
                     == new.execute(f"PRAGMA table_info({table})").fetchall()), table
         index = "SELECT sql FROM sqlite_master WHERE name = 'fieldsync_apply_error_open'"
         assert upgraded.execute(index).fetchall() == new.execute(index).fetchall() != []
+
+
+def test_a_site_of_layout_11_gains_the_peers_schema_versions_when_opened(tmp_path):
+    """Layout 12: each remote's reported schema version, none yet; the
+    upgraded table is the one a new site is made with."""
+    path, fresh = tmp_path / "hq.db", tmp_path / "fresh.db"
+    with SiteDatabase.init(path, name="hq", role="consolidated") as site:
+        site.add_remote("r1")
+    SiteDatabase.init(fresh, name="hq", role="consolidated").close()
+    back_to_layout(path, 11, "ALTER TABLE fieldsync_remote DROP COLUMN peer_schema_version")
+    with SiteDatabase.open(path) as site:
+        assert site.remote("r1").peer_schema_version is None
+        site.update_remotes({"r1": {"peer_schema_version": 2741}})
+        assert site.remote("r1").peer_schema_version == 2741
+        with pytest.raises(InvalidSetting, match="peer_schema_version must be a non-negative integer"):
+            site.update_remote("r1", peer_schema_version=-1)
+    with contextlib.closing(sqlite3.connect(path)) as upgraded, contextlib.closing(sqlite3.connect(fresh)) as new:
+        assert (upgraded.execute("PRAGMA table_info(fieldsync_remote)").fetchall()
+                == new.execute("PRAGMA table_info(fieldsync_remote)").fetchall())

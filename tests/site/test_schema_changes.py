@@ -197,10 +197,13 @@ def test_the_added_column_definition_is_what_sqlite_inserted(before, after, defi
 def test_a_site_of_layout_10_gains_the_record_of_schema_changes_when_opened(tmp_path):
     path = tmp_path / "hq.db"
     SiteDatabase.init(path, name="hq", role="consolidated").close()
-    back_to_layout(path, 10, "DROP TABLE fieldsync_schema_change")
+    back_to_layout(path, 10, "DROP TABLE fieldsync_schema_change",
+                   "ALTER TABLE fieldsync_remote DROP COLUMN peer_schema_version")
     with SiteDatabase.open(path) as site:
         site.connection.execute(CUSTOMER)
+        assert site.schema_version() is None
         assert site.apply_schema(["ALTER TABLE customer ADD COLUMN phone TEXT"]).offsets == (1,)
+        assert site.schema_version() == 1
 
 
 # -- at a remote, in order with the data ---------------------------------------------------------------------

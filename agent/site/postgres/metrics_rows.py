@@ -5,7 +5,7 @@ Rules of this file:
   SQLite site file (agent/metrics.py, ``read_site``): the site's name, the
   log end, per remote ``(name, log_sent, confirm_sent, log_received,
   created_at, last_received_at, last_sent_at, horizon, heard_at,
-  in_error)`` with times as ISO 8601 text, and conflicts and apply errors
+  in_error, peer_schema_version)`` with times as ISO 8601 text, and conflicts and apply errors
   counted by peer.
 * A connection of its own, read only, one REPEATABLE READ transaction: the
   agent's connection is never used, and nothing is written.
@@ -28,7 +28,7 @@ from .uri import PgTarget, parse_uri
 HORIZON_SQL = "(CASE WHEN confirm_sent >= log_sent THEN GREATEST(log_read, log_sent) ELSE confirm_sent END)"
 
 _REMOTES = ("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at,"
-            f" {HORIZON_SQL}, heard_at, {IN_ERROR_SQL} FROM fieldsync.remote")
+            f" {HORIZON_SQL}, heard_at, {IN_ERROR_SQL}, peer_schema_version FROM fieldsync.remote")
 
 
 def _text(moment: datetime | None) -> str | None:

@@ -50,7 +50,9 @@ SCHEMA = "fieldsync"
 # 3: what an apply needs: conflict policies, the rows written back to an
 #    origin, each shape's key indexes on the capture table, and the log's
 #    writing transactions by txid.
-SCHEMA_VERSION = 3
+# 4: remote.peer_schema_version, the schema version a remote reported
+#    (docs/protocol.md, "Schema versions").
+SCHEMA_VERSION = 4
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -214,6 +216,7 @@ CREATE TABLE fieldsync.remote (
     error_seen_at     timestamptz,
     stream_stopped    text,
     stream_stopped_at timestamptz,
+    peer_schema_version bigint CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0),
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -320,7 +323,10 @@ def _upgrade_to_3(conn: psycopg.Connection) -> None:
 
 
 # What turns layout N into layout N + 1: its SQL, or a function of the connection.
-_UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {1: _BOOKKEEPING, 2: _upgrade_to_3}
+_UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
+    1: _BOOKKEEPING, 2: _upgrade_to_3,
+    3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
+       " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);"}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:

@@ -274,6 +274,11 @@ class PostgresSite:
             xmax, running = conn.execute(_MARKER).fetchone()
             return xmax, running
 
+    def schema_version(self) -> int | None:
+        """None: a PostgreSQL consolidated makes no schema change yet
+        (``apply_schema`` is SQLite's only)."""
+        return None
+
     def log_start(self) -> int:
         """The truncation point: the log holds the entries after it."""
         with self._transaction("reading the log's truncation point") as conn:

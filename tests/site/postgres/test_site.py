@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 3
+        assert layout == SCHEMA_VERSION == 4
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -168,6 +168,7 @@ def test_init_upgrades_the_layout_1_schema(target, site, tmp_path):
 
 
 def _back_to_layout_2(conn) -> None:  # type: ignore[no-untyped-def]
+    conn.execute("ALTER TABLE fieldsync.remote DROP COLUMN peer_schema_version")  # layout 4's
     for table in ("conflict_policy", "returned"):
         conn.execute(f"DROP TABLE fieldsync.{table}")
     conn.execute("DROP INDEX fieldsync.log_txn_txid")
@@ -186,7 +187,7 @@ def test_open_upgrades_layout_2_with_the_key_indexes_of_every_shape(hq, target):
     old.close()
     with PostgresSite.open(target) as site:
         conn = site.connection
-        assert conn.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == 3
+        assert conn.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == SCHEMA_VERSION
         (shape,) = [row[0] for row in conn.execute("SELECT id FROM fieldsync.shape")]
         indexes = dict(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'fieldsync'"
                                     " AND indexname ~ '^capture_(key|moved)_'").fetchall())
@@ -194,6 +195,21 @@ def test_open_upgrades_layout_2_with_the_key_indexes_of_every_shape(hq, target):
         assert indexes[f"capture_key_{shape}"].endswith(f"((v[1]), seq) WHERE (shape = {shape})")
         assert indexes[f"capture_moved_{shape}"].endswith(f"((v[6]), seq) WHERE ((shape = {shape}) AND (kind = 2))")
         assert site.conflicts() == () and site.apply_errors() == ()
+
+
+def test_open_upgrades_layout_3_with_the_peers_schema_versions(hq, target):
+    """Layout 4 adds the schema version each remote reported (none yet)."""
+    hq.add_remote("r1")
+    hq.close()
+    old = connect(target)
+    old.execute("ALTER TABLE fieldsync.remote DROP COLUMN peer_schema_version")
+    old.execute("UPDATE fieldsync.site SET schema_version = 3")
+    old.close()
+    with PostgresSite.open(target) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == SCHEMA_VERSION
+        assert site.remote("r1").peer_schema_version is None and site.schema_version() is None
+        site.update_remotes({"r1": {"peer_schema_version": 2741}})
+        assert site.remote("r1").peer_schema_version == 2741
 
 
 # --- the object's life ---------------------------------------------------------------
