@@ -82,7 +82,11 @@ def as_runs(transaction: Transaction) -> Transaction:
     return Transaction._trusted(transaction.commit, transaction.origin, runs)
 
 
-def transactions(rows: list[tuple], updates: list[tuple]) -> tuple[list[Transaction], list[Transaction]]:
+def transactions(rows: list[tuple], updates: list[tuple],
+                 deletes: list[tuple] = ()) -> tuple[list[Transaction], list[Transaction]]:
+    """The INSERTs of ``rows``, then the UPDATEs of ``updates`` and the
+    DELETEs of the rows ``deletes`` (none by default), ``BATCH`` per
+    transaction: the insert transactions, and the others."""
     inserts, changes = [], []
     commit = 0
     for start in range(0, len(rows), BATCH):
@@ -93,6 +97,10 @@ def transactions(rows: list[tuple], updates: list[tuple]) -> tuple[list[Transact
         commit += 1
         ops = tuple((TABLE, 2, (old[0],), {"balance": old[3], "visits": old[4]},
                      {"balance": new[0], "visits": new[1]}) for old, new in updates[start:start + BATCH])
+        changes.append(Transaction._trusted(commit, "peer", ops))
+    for start in range(0, len(deletes), BATCH):
+        commit += 1
+        ops = tuple((TABLE, 3, (row[0],), dict(zip(COLUMNS, row)), None) for row in deletes[start:start + BATCH])
         changes.append(Transaction._trusted(commit, "peer", ops))
     return inserts, changes
 

@@ -36,8 +36,6 @@ Output: ``{"benchmark": "fleet", "by_n": {"100": {...}, ...}}``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -48,22 +46,27 @@ import time
 from pathlib import Path
 
 from agent.admin import init_site
-from agent.cli import main as agent
+from benchmarks.common import agent_command, run_figures, timed_run
 
 ROWS_PER_REMOTE = 2
 
 
-def _agent(*arguments: object) -> float:
-    """Run one ``agent`` command in this process, its output discarded;
-    return the seconds it took (a failing command stops the benchmark)."""
-    out, err = io.StringIO(), io.StringIO()
-    started = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = agent([str(argument) for argument in arguments])
-    elapsed = time.perf_counter() - started
-    if code not in (0,):
-        raise SystemExit(f"agent {' '.join(map(str, arguments))}: exit {code}: {err.getvalue().strip()}")
-    return elapsed
+def region(number: int) -> str:
+    """The region (SUBSCRIBE BY value) of remote number ``number``, which is also its name."""
+    return f"r{number:05d}"
+
+
+def write_fleet(root: Path, count: int) -> Path:
+    """The fleet file of ``count`` remotes, each with its inbox folder
+    under ``root/inbox`` and subscribed to its own region of ``territory``."""
+    fleet = root / "fleet.csv"
+    lines = ["name,address,subscribe"]
+    for number in range(count):
+        name = region(number)
+        (root / "inbox" / name).mkdir()
+        lines.append(f"{name},{root / 'inbox' / name},territory={name}")
+    fleet.write_text("\n".join(lines) + "\n")
+    return fleet
 
 
 def make_consolidated(root: Path, count: int) -> tuple[Path, Path]:
@@ -76,28 +79,11 @@ def make_consolidated(root: Path, count: int) -> tuple[Path, Path]:
     with site.connection:
         site.connection.execute("BEGIN")
         site.connection.executemany("INSERT INTO reading (region, value) VALUES (?, ?)",
-                                    [(f"r{number:05d}", 0.0) for number in range(count)
+                                    [(region(number), 0.0) for number in range(count)
                                      for _ in range(ROWS_PER_REMOTE)])
     site.close()
-    _agent("publication", "create", hq, "territory", "reading@region")
-    fleet = root / "fleet.csv"
-    lines = ["name,address,subscribe"]
-    for number in range(count):
-        name = f"r{number:05d}"
-        (root / "inbox" / name).mkdir()
-        lines.append(f"{name},{root / 'inbox' / name},territory={name}")
-    fleet.write_text("\n".join(lines) + "\n")
-    return hq, fleet
-
-
-def inbox_files(root: Path) -> int:
-    return sum(len(os.listdir(folder)) for folder in (root / "inbox").iterdir() if folder.name != "hq")
-
-
-def timed_run(root: Path, hq: Path) -> tuple[float, int]:
-    before = inbox_files(root)
-    seconds = _agent("run", hq, "--once")
-    return seconds, inbox_files(root) - before
+    agent_command("publication", "create", hq, "territory", "reading@region")
+    return hq, write_fleet(root, count)
 
 
 def change(hq: Path, where: str) -> None:
@@ -132,15 +118,15 @@ def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
         root.mkdir()
         hq, fleet = make_consolidated(root, count)
         result: dict = {"remotes": count}
-        result["bulk_add_s"] = round(_agent("remote", "add", hq, "--from", fleet), 3)
+        result["bulk_add_s"] = round(agent_command("remote", "add", hq, "--from", fleet), 3)
         subset = root / "subset.txt"
         extracted = min(count, extract_at_most)
-        subset.write_text("".join(f"r{number:05d}\n" for number in range(extracted)))
+        subset.write_text("".join(f"{region(number)}\n" for number in range(extracted)))
         (root / "extracted").mkdir()
-        seconds = _agent("extract", hq, "--from", subset, "--into", root / "extracted")
+        seconds = agent_command("extract", hq, "--from", subset, "--into", root / "extracted")
         result.update({"bulk_extract_s": round(seconds, 3), "bulk_extract_n": extracted,
                        "bulk_extract_ms_per_remote": round(seconds * 1000 / extracted, 2)})
-        result["status_s"] = round(_agent("status", hq, "--json"), 3)
+        result["status_s"] = round(agent_command("status", hq, "--json"), 3)
         timed_run(root, hq)  # warm-up: each remote's first message (a heartbeat: first contact)
         runs: dict[str, list[tuple[float, int]]] = {"idle": [], "one_change": [], "all_change": []}
         for repeat in range(repeats):
@@ -150,11 +136,9 @@ def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
             change(hq, "")
             runs["all_change"].append(timed_run(root, hq))
         for kind, measured in runs.items():
-            result[f"{kind}_s"] = round(statistics.median(seconds for seconds, _ in measured), 3)
-            result[f"{kind}_files"] = max(files for _, files in measured)
-            result[f"{kind}_runs_s"] = [round(seconds, 3) for seconds, _ in measured]
+            result.update(run_figures(kind, measured))
         result["all_change_ms_per_remote"] = round(result["all_change_s"] * 1000 / count, 3)
-        result["status_after_runs_s"] = round(_agent("status", hq, "--json"), 3)
+        result["status_after_runs_s"] = round(agent_command("status", hq, "--json"), 3)
         baseline = statistics.median(baseline_write_files(workdir / f"baseline{repeat}", count)
                                      for repeat in range(repeats))
         result["baseline_write_n_files_s"] = round(baseline, 3)

@@ -45,7 +45,6 @@ Run: ``python -m benchmarks.spark_batches --json``.
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import json
 import os
@@ -53,7 +52,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -64,6 +62,7 @@ from agent.outbound import pack_sends
 from agent.site import SiteDatabase
 from agent.outbound import BatchSend
 from agent.spark.export import export_batch
+from benchmarks.common import timed
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
 from codec.message import EncodedMessage
@@ -127,13 +126,6 @@ def file_digests(folder: Path) -> dict[str, tuple[int, str]]:
 def count_files(folder: Path) -> tuple[int, int]:
     sizes = [path.stat().st_size for path in folder.glob("*/*")]
     return len(sizes), sum(sizes)
-
-
-def timed(action: Callable[[], Any]) -> tuple[float, Any]:
-    gc.collect()
-    started = time.perf_counter()
-    result = action()
-    return time.perf_counter() - started, result
 
 
 def measure_point(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, spark: Any, folder: Path,
