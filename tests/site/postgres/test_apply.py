@@ -96,6 +96,25 @@ def test_runs_are_applied_as_the_operations_they_stand_for(sales, app):
     assert rows(app) == [(7, "G", "north", None, None), (8, "h", "north", None, None)]
 
 
+def test_runs_write_their_rows_in_their_order_a_row_changed_twice_included(sales, app):
+    # A chunk goes by one statement joined to its table (PgTable.many_sql),
+    # yet its capture rows come in the peer's order, whatever order the
+    # table holds the rows in; a row changed twice in one run takes both.
+    app.execute("INSERT INTO customer (id, name, region) SELECT g, 'n' || g, 'north' FROM generate_series(1, 40) g")
+    start = sales.scan()
+    sales.update_remote("r1", log_sent=start, confirm_sent=start)  # r1 holds the rows
+    order = [17, 3, 40, 1, 25, 9, 33]
+    updates = [upd(row_id, {"name": f"n{row_id}"}, {"name": f"m{row_id}"}) for row_id in order]
+    twice = [upd(5, {"name": "n5"}, {"name": "x"}), upd(5, {"name": "x"}, {"name": "y"})]
+    deletes = [dele(row_id, name=f"m{row_id}") for row_id in reversed(order)]
+    result = sales.apply("r1", [txn(5, *updates, *twice), txn(6, *deletes)], log_received=6)
+    assert (result.operations_applied, result.errors, result.conflicts) == (16, 0, 0)
+    captured = app.execute("SELECT kind, v[1] FROM fieldsync.capture WHERE origin = 'r1' ORDER BY seq").fetchall()
+    assert captured == [*((2, str(row_id)) for row_id in [*order, 5, 5]), *((3, str(row_id)) for row_id in reversed(order))]
+    assert app.execute("SELECT name FROM customer WHERE id = 5").fetchone() == ("y",)
+    assert app.execute("SELECT count(*) FROM customer").fetchone() == (33,)
+
+
 def test_a_failure_in_the_middle_of_a_message_leaves_neither_its_rows_nor_log_received(sales, app):
     app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'hq', 'north')")
     sales.set_conflict_hook("customer", lambda conflict: 1 / 0)

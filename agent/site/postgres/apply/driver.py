@@ -44,7 +44,7 @@ import time
 from datetime import datetime
 from itertools import chain
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -68,7 +68,7 @@ from ..uri import PgTarget
 from .lookups import PeerReader, any_unconfirmed, last_change, rows_of_keys
 from .records import record_conflict, record_error
 from .returns import filters, write_return
-from .tables import PgTable, Tables, first_line, unconvertible
+from .tables import PgTable, Tables, first_line, many_params, unconvertible
 
 log = logging.getLogger("fieldsync.site")
 
@@ -78,6 +78,16 @@ ATTEMPTS = 5
 RETRY_PAUSE = 0.05
 # Operations per savepoint on the fast path.
 _CHUNK = 500
+
+# A set-based UPDATE or DELETE joins a chunk's rows to its table: the
+# fast path wants them written in their order (their capture rows in the
+# order of the peer's operations), which a nested loop over them gives;
+# the planner may choose a hash or merge join instead, so those are off for
+# the statement (transaction-local, back as they were after it).
+_NESTED_LOOP = ("SELECT pg_catalog.set_config('enable_hashjoin', 'off', true),"
+                " pg_catalog.set_config('enable_mergejoin', 'off', true)")
+_JOINS_BACK = ("SELECT pg_catalog.set_config('enable_hashjoin', %s, true),"
+               " pg_catalog.set_config('enable_mergejoin', %s, true)")
 
 _RETRIED = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 # What PostgreSQL says of one operation it refuses (the others abort the batch).
@@ -123,7 +133,18 @@ class PgApplier:
 
 
 class _Replay(Exception):
-    """A fast-path chunk did not go as planned: roll it back, one at a time."""
+    """A fast-path chunk did not go as planned: roll it back, then apply it
+    one statement an operation (its argument true: every row was written
+    once, in another order) or one operation at a time with every check."""
+
+
+class _Statement(NamedTuple):
+    """A fast-path run's statements: ``one`` for one operation, ``many``
+    (set-based) for a chunk."""
+
+    kind: int
+    one: Any
+    many: Any
 
 
 class _Batch:
@@ -137,6 +158,9 @@ class _Batch:
         self.identity = identity
         self.now = now
         self.batch = Batch(peer, now.isoformat())
+        # The join settings as the session has them (_NESTED_LOOP).
+        self.joins = conn.execute("SELECT pg_catalog.current_setting('enable_hashjoin'),"
+                                  " pg_catalog.current_setting('enable_mergejoin')").fetchone()
 
     def apply(self, transactions: list, log_received: int, messages: int, peer_incarnation: bytes | None,
               skip_through: int | None) -> ApplyResult:
@@ -292,13 +316,14 @@ class _Batch:
         if batch.filters and table.name.lower() in batch.filters:
             touch(batch, table, run)
         watch(batch, table, run)
-        kind = run[0][1]
+        kind, after, before = run[0][1], tuple(run[0][4] or ()), tuple(run[0][3] or ())
         if kind == OpKind.INSERT:
-            statement = table.insert_sql(tuple(run[0][4]))
+            one = table.insert_sql(after)
         elif kind == OpKind.UPDATE:
-            statement = table.update_sql(tuple(run[0][4]), tuple(run[0][3]))
+            one = table.update_sql(after, before)
         else:
-            statement = table.delete_sql()
+            one = table.delete_sql()
+        statement = _Statement(kind, one, table.many_sql(kind, after, before if kind == OpKind.UPDATE else ()))
         ready: list = []
         ready_params: list = []
         for op, values in zip(run, params):
@@ -312,7 +337,7 @@ class _Batch:
             ready_params.append(values)
         self._chunks(table, statement, ready, ready_params)
 
-    def _chunks(self, table: PgTable, statement: Any, run: list, params: list) -> None:
+    def _chunks(self, table: PgTable, statement: _Statement, run: list, params: list) -> None:
         batch = self.batch
         for start in range(0, len(run), _CHUNK):
             chunk = run[start:start + _CHUNK]
@@ -325,12 +350,39 @@ class _Batch:
             for op in chunk:
                 self._one(table, op)
 
-    def _fast(self, statement: Any, params: list) -> bool:
+    def _fast(self, statement: _Statement, params: list) -> bool:
+        """Apply a chunk as planned, in a savepoint: by one set-based
+        statement (tables.PgTable.many_sql), or, when that wrote its rows
+        all but in another order than theirs, one statement per operation
+        (pipelined); False, with nothing done, when an operation did not
+        write its row (a held key, a missing row, a before-image that
+        differs) or PostgreSQL refused one."""
+        count = len(params)
         try:
             with self.conn.transaction(), self.conn.cursor() as cursor:
-                cursor.executemany(statement, params)
-                if cursor.rowcount != len(params):
-                    raise _Replay
+                if statement.kind == OpKind.INSERT:  # its rows come in their order (a sorted SELECT)
+                    cursor.execute(statement.many, (many_params(params),))
+                    if cursor.rowcount != count:
+                        raise _Replay(False)
+                    return True
+                cursor.execute(_NESTED_LOOP)
+                cursor.execute(statement.many, (many_params(params),))
+                positions = [row[0] for row in cursor.fetchall()]
+                written = len(positions) == count and len(set(positions)) == count
+                if not written or positions != sorted(positions):
+                    raise _Replay(written)
+                cursor.execute(_JOINS_BACK, self.joins)
+            return True
+        except _Replay as replay:
+            if not replay.args[0]:
+                return False
+        except _REFUSED:
+            return False
+        try:  # each row written once, in another order: the chunk goes by one statement an operation
+            with self.conn.transaction(), self.conn.cursor() as cursor:
+                cursor.executemany(statement.one, params)
+                if cursor.rowcount != count:
+                    raise _Replay(False)
         except (_Replay, *_REFUSED):
             return False
         return True

@@ -31,10 +31,13 @@ Rules of this file:
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable
 
 import psycopg
 from psycopg import sql
+
+from codec.ops import OpKind
 
 from ...apply.batch import Resolution
 from ...capture import Shape
@@ -87,8 +90,9 @@ class PgTable:
         kinds = self.kinds
         return [dump(kinds[column], column, value) for column, value in zip(columns, values)]
 
-    def _cast(self, column: str) -> sql.Composable:
-        return sql.SQL("{}::{}").format(sql.Placeholder(), self.casts[column])
+    def _cast(self, column: str, value: sql.Composable | None = None) -> sql.Composable:
+        """``value`` (a parameter by default) cast to ``column``'s type."""
+        return sql.SQL("{}::{}").format(sql.Placeholder() if value is None else value, self.casts[column])
 
     def _capture(self, column: str, value: sql.Composable) -> sql.Composable:
         return sql.SQL(self.kinds[column].capture).format(value)
@@ -97,8 +101,11 @@ class PgTable:
         return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(column), self._cast(column))
                                      for column in self.key_columns)
 
-    def _matches(self, column: str) -> sql.Composable:
-        name, value = sql.Identifier(column), self._cast(column)
+    def _matches(self, column: str, name: sql.Composable | None = None, given: sql.Composable | None = None
+                 ) -> sql.Composable:
+        """Whether ``column`` (or ``name``, the column qualified) holds the
+        value of a parameter (or of ``given``)."""
+        name, value = name or sql.Identifier(column), self._cast(column, given)
         if self.kinds[column].name == "json":  # json has no equality: compare its text
             return sql.SQL("{}::pg_catalog.text IS NOT DISTINCT FROM ({})::pg_catalog.text").format(name, value)
         return sql.SQL("{} IS NOT DISTINCT FROM {}").format(name, value)
@@ -135,6 +142,51 @@ class PgTable:
     def delete_sql(self) -> sql.Composed:
         return self._cached(("delete",), lambda: sql.SQL("DELETE FROM {} WHERE {}").format(
             self.identifier, self._where_key()))
+
+    def many_sql(self, kind: int, after: tuple[str, ...], before: tuple[str, ...]) -> sql.Composed:
+        """The statement of :meth:`insert_sql`, :meth:`update_sql` or
+        :meth:`delete_sql` for many rows at once, one set-based statement.
+        Its one parameter is a JSON array (:func:`many_params`) of the
+        one-row statement's parameter lists, each value cast as the one-row
+        statement casts it (a bytea one travels as hex).  The rows are taken
+        in their order (WITH ORDINALITY); an UPDATE or DELETE returns the
+        position of each row it wrote, in the order it wrote them, so the
+        caller can check that each was written once and in order (the
+        planner chooses the order of a join); an INSERT, whose rows come
+        from a sorted SELECT, returns nothing.  An INSERT skips a held key
+        as :meth:`insert_sql` does, an UPDATE compares the before-image as
+        :meth:`update_sql` does."""
+        def build() -> sql.Composed:
+            if kind == OpKind.INSERT:
+                columns = after
+            elif kind == OpKind.UPDATE:
+                columns = after + self.key_columns + before
+            else:
+                columns = self.key_columns
+            given = [self._cast(column, sql.SQL(
+                "pg_catalog.decode(given.r ->> {}, 'hex')" if self.kinds[column].name == "bytea"
+                else "(given.r ->> {})").format(sql.Literal(position)))
+                for position, column in enumerate(columns)]
+            source = sql.SQL("pg_catalog.jsonb_array_elements({}::pg_catalog.jsonb) WITH ORDINALITY AS given (r, n)"
+                             ).format(sql.Placeholder())
+            if kind == OpKind.INSERT:
+                return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY given.n"
+                               " ON CONFLICT ({}) DO NOTHING").format(
+                    self.identifier, sql.SQL(", ").join(map(sql.Identifier, columns)), sql.SQL(", ").join(given),
+                    source, sql.SQL(", ").join(map(sql.Identifier, self.key_columns)))
+            key_given = given[len(after):len(after) + len(self.key_columns)]
+            conditions = [sql.SQL("target.{} = {}").format(sql.Identifier(column), value)
+                          for column, value in zip(self.key_columns, key_given)]
+            conditions += [self._matches(column, sql.SQL("target.{}").format(sql.Identifier(column)), value)
+                           for column, value in zip(before, given[len(after) + len(self.key_columns):])]
+            where = sql.SQL(" AND ").join(conditions)
+            if kind == OpKind.DELETE:
+                return sql.SQL("DELETE FROM {} AS target USING {} WHERE {} RETURNING given.n").format(
+                    self.identifier, source, where)
+            return sql.SQL("UPDATE {} AS target SET {} FROM {} WHERE {} RETURNING given.n").format(
+                self.identifier, sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(column), value)
+                                                    for column, value in zip(after, given)), source, where)
+        return self._cached(("many", kind, after, before), build)
 
     def _lock_sql(self, before: tuple[str, ...]) -> sql.Composed:
         def build() -> sql.Composed:
@@ -202,6 +254,13 @@ class PgTable:
             "SELECT {} FROM pg_catalog.unnest({}::pg_catalog.text[]) WITH ORDINALITY AS given (value, position)"
             " ORDER BY position").format(
             self._capture(column, sql.SQL("given.value::{}").format(self.casts[column])), sql.Placeholder()))
+
+
+def many_params(params: list[list]) -> str:
+    """The parameter of a :meth:`PgTable.many_sql` statement: the one-row
+    statement's parameter lists (text, None, or bytes for a bytea column)
+    as one JSON array, bytes as hex."""
+    return json.dumps(params, ensure_ascii=False, default=bytes.hex)
 
 
 class Tables:
