@@ -230,8 +230,8 @@ def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Ma
             (last_commit, last_position) = taken[-1]
             found = conn.execute(_ROWS, {**keyed, "commit": commit, "position": position,
                                          "last_commit": last_commit, "last_position": last_position}).fetchall()
-            rows = [(offset, place, origin, _row(conn, known, capture, value_columns))
-                    for offset, place, origin, *capture in found]
+            rows = [(offset, place, origin, _row(conn, known, seq, shape_id, kind, flags, texts, value_columns))
+                    for offset, place, origin, seq, shape_id, kind, flags, texts in found]
         if len(found) == chunk:  # the page is full: its last writing transaction may go on
             last_commit, last_position, last_origin, last_row = rows[-1]
             rows += [(last_commit, last_position, last_origin, row) for row in _rest_of_member(
@@ -261,16 +261,16 @@ def _rest_of_member(conn: psycopg.Connection, guard: ContextManager, known: dict
     while True:
         with guard:
             found = conn.execute(_MEMBER_ROWS, keyed).fetchall()
-            rows = [_row(conn, known, capture, value_columns) for capture in found]
+            rows = [_row(conn, known, *capture, value_columns) for capture in found]
         yield from rows
         if len(found) < keyed["limit"]:
             return
         keyed = {**keyed, "seq": rows[-1][0]}
 
 
-def _row(conn: psycopg.Connection, known: dict[int, PgShape], capture: list, value_columns: int | None) -> tuple:
+def _row(conn: psycopg.Connection, known: dict[int, PgShape], seq: int, shape_id: int, kind: int, flags: int,
+         texts: list, value_columns: int | None) -> tuple:
     """A capture row as a SQLite site's: ``(seq, shape, kind, flags, *values)``."""
-    seq, shape_id, kind, flags, texts = capture
     shape = known.get(shape_id)
     if shape is None:  # shapes never change: a new one is loaded once
         known.update(load_shapes(conn))
@@ -329,13 +329,18 @@ class PgLog:
 
 def truncate_log(conn: psycopg.Connection, target: PgTarget, through: int) -> int:
     """Delete the log transactions at or below ``through`` with their
-    capture rows; return the truncation point.  Capture rows of
+    capture rows and the rows written back among them
+    (``fieldsync.returned``); return the truncation point.  Capture rows of
     transactions no cut has taken yet stay."""
     try:
         with conn.transaction():
             end = log_end(conn)
             if through > end:
                 raise LogOffsetError(f"cannot truncate through {through}: the log ends at {end}")
+            # The rows written back go first, found from their own (few) rows.
+            conn.execute("DELETE FROM fieldsync.returned r USING fieldsync.capture c, fieldsync.log_txn t"
+                         " WHERE t.commit_offset <= %s AND c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin"
+                         " AND r.txid = c.txid AND r.seq = c.seq", (through,))
             conn.execute("DELETE FROM fieldsync.capture c USING fieldsync.log_txn t WHERE t.commit_offset <= %s"
                          " AND c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin", (through,))
             conn.execute("DELETE FROM fieldsync.log_txn WHERE commit_offset <= %s", (through,))

@@ -19,7 +19,8 @@ Rules of this file:
 * The site's bookkeeping (layout 2: ``identity``, ``publication``,
   ``article``, ``subscription``, ``remote``, ``transport_option``,
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
-  ``conflict_policy``, ``returned``) has the columns of a SQLite site's
+  ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
+  layout 5: ``returned`` without a foreign key) has the columns of a SQLite site's
   tables (agent/site/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
@@ -52,7 +53,11 @@ SCHEMA = "fieldsync"
 #    writing transactions by txid.
 # 4: remote.peer_schema_version, the schema version a remote reported
 #    (docs/protocol.md, "Schema versions").
-SCHEMA_VERSION = 4
+# 5: the rows written back keep no foreign key to their capture rows:
+#    truncation deletes them itself (log.truncate_log), where the key's
+#    cascade ran one trigger per capture row deleted, most of the time of
+#    truncating a large log.
+SCHEMA_VERSION = 5
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -281,13 +286,12 @@ CREATE TABLE fieldsync.conflict_policy (
 -- One row per capture row an apply writes back to its origin (flag 1,
 -- agent.site.capture.FLAG_RETURN_TO_ORIGIN): the peer it goes to, and
 -- for an UPDATE the columns it sends back (a JSON list).  It goes with
--- its capture row at truncation.
+-- its capture row (txid, seq) at truncation (log.truncate_log).
 CREATE TABLE fieldsync.returned (
     seq     bigint PRIMARY KEY,
     txid    xid8 NOT NULL,
     peer    text NOT NULL,
-    columns jsonb NOT NULL,
-    FOREIGN KEY (txid, seq) REFERENCES fieldsync.capture (txid, seq) ON DELETE CASCADE
+    columns jsonb NOT NULL
 );
 CREATE INDEX returned_peer ON fieldsync.returned (peer);
 
@@ -326,7 +330,8 @@ def _upgrade_to_3(conn: psycopg.Connection) -> None:
 _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     1: _BOOKKEEPING, 2: _upgrade_to_3,
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
-       " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);"}
+       " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
+    4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey"}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:

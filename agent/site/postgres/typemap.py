@@ -309,11 +309,10 @@ def column_kind(table: str, column: str, base: BaseType) -> Kind:
 def loader(kinds: tuple[Kind, ...]) -> Callable[[list], tuple]:
     """A function from a capture row's texts (one image, or an UPDATE's old
     and new images one after the other) to the values that travel."""
-    loads = tuple(kind.load for kind in kinds)
-    width = len(loads)
+    loads = tuple(kind.load for kind in kinds) * 2  # zip stops at the texts' end: one image or two
 
     def load(texts: list) -> tuple:
-        return tuple(None if text is None else loads[index % width](text) for index, text in enumerate(texts))
+        return tuple([None if text is None else convert(text) for convert, text in zip(loads, texts)])
     return load
 
 

@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 4
+        assert layout == SCHEMA_VERSION == 5
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -210,6 +210,22 @@ def test_open_upgrades_layout_3_with_the_peers_schema_versions(hq, target):
         assert site.remote("r1").peer_schema_version is None and site.schema_version() is None
         site.update_remotes({"r1": {"peer_schema_version": 2741}})
         assert site.remote("r1").peer_schema_version == 2741
+
+
+def test_open_upgrades_layout_4_dropping_the_foreign_key_of_the_rows_written_back(hq, target):
+    """Layout 5: ``fieldsync.returned`` keeps no foreign key to the capture
+    table (truncation deletes its rows itself: test_apply.py)."""
+    hq.close()
+    old = connect(target)
+    old.execute("ALTER TABLE fieldsync.returned ADD FOREIGN KEY (txid, seq) REFERENCES fieldsync.capture (txid, seq)"
+                " ON DELETE CASCADE")
+    old.execute("UPDATE fieldsync.site SET schema_version = 4")
+    old.close()
+    with PostgresSite.open(target) as site:
+        conn = site.connection
+        assert conn.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'fieldsync.returned'::regclass"
+                            " AND contype = 'f'").fetchone()[0] == 0
 
 
 # --- the object's life ---------------------------------------------------------------
