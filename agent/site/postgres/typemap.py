@@ -132,8 +132,9 @@ def _travelling_float(value: float) -> float | str:
     return "NaN" if math.isnan(value) else value
 
 
-def _load_float8(text: str) -> float | str:
-    return _travelling_float(_FLOAT8.unpack(bytes.fromhex(text))[0])
+def _load_float8(text: str, unpack: Callable[[bytes], tuple] = _FLOAT8.unpack) -> float | str:
+    value = unpack(bytes.fromhex(text))[0]
+    return value if value == value else "NaN"  # only a NaN differs from itself (_travelling_float)
 
 
 def _load_float4(text: str) -> float | str:

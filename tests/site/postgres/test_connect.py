@@ -53,6 +53,15 @@ def test_a_missing_database_is_named(postgres):
     assert "no_such_db" in _one_line(caught.value) and "createdb" in str(caught.value)
 
 
+def test_sessions_run_without_jit_and_keep_the_uris_options(postgres, database):
+    # JIT compiled a page of the log read for longer than it ran (connect.SESSION_OPTIONS).
+    with connect(postgres.uri(database)) as conn:
+        assert conn.execute("SHOW jit").fetchone() == ("off",)
+    uri = postgres.uri(database) + "?options=-c%20jit%3Don%20-c%20work_mem%3D8MB"
+    with connect(uri) as conn:
+        assert conn.execute("SELECT current_setting('jit'), current_setting('work_mem')").fetchone() == ("on", "8MB")
+
+
 def test_the_password_comes_from_pgpassfile(postgres, database, app_role, tmp_path, monkeypatch):
     monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "pgpass",
                                                       [("127.0.0.1", postgres.port, database, app_role, PASSWORD)])))
