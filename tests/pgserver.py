@@ -33,6 +33,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from tests.sysusers import SystemUserFailed, system_user
 from tests.transports.servers import ServerFailed, _tail, free_port
 
 __all__ = ["PostgresServer", "ServerFailed", "write_pgpass"]
@@ -52,14 +53,9 @@ def _os_user() -> pwd.struct_passwd | None:
     if os.geteuid() != 0:
         return None
     try:
-        return pwd.getpwnam(OS_USER)
-    except KeyError:
-        pass
-    made = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                           "--shell", "/usr/sbin/nologin", OS_USER], capture_output=True, text=True)
-    if made.returncode != 0 and "already exists" not in made.stderr:
-        raise ServerFailed(f"cannot create the system user {OS_USER} for PostgreSQL: {made.stderr.strip()}")
-    return pwd.getpwnam(OS_USER)
+        return system_user(OS_USER, "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin")
+    except SystemUserFailed as error:
+        raise ServerFailed(f"cannot create the system user {OS_USER} for PostgreSQL: {error}") from None
 
 
 def write_pgpass(path: Path, entries: list[tuple[str, int, str, str, str]]) -> Path:

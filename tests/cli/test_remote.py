@@ -516,5 +516,8 @@ def test_an_unknown_remote_is_one_line_with_the_closest_names(site: Path, agent:
     fleet.write_text("name,address\n" + "".join(f"depot{n:03d},{tmp_path / f'd{n}'}\n" for n in range(200)))
     assert agent("remote", "add", site, "--from", fleet).code == 0
     result = agent("remote", "set", site, "depot1000", "--heartbeat", "1h")
-    assert result.code == 1 and len(result.err_lines) == 1 and len(result.err) < 300, result.err
+    # One short line, not 200 names: counted without the database's path, which it names twice and whose
+    # length is pytest's (longer under pytest-xdist, popen-gwN/ in it).
+    assert result.code == 1 and len(result.err_lines) == 1 and len(result.err.replace(str(site), "")) < 180, \
+        result.err
     assert "it has 200 remotes; the closest: depot100" in result.err

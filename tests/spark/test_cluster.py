@@ -33,6 +33,7 @@ from agent.site import SiteDatabase
 from agent.spark.engine import spark_home
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
+from tests.sysusers import system_user
 from tests.transports.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +56,7 @@ def wait_for(path: Path, text: str, process: subprocess.Popen, timeout: float = 
 
 def worker_user() -> pwd.struct_passwd:
     """The worker's OS user, made when absent (the tests run as root)."""
-    try:
-        return pwd.getpwnam(WORKER_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", WORKER_USER],
-                       check=True, capture_output=True)
-        return pwd.getpwnam(WORKER_USER)
+    return system_user(WORKER_USER, "--no-create-home", "--shell", "/usr/sbin/nologin")
 
 
 def _reaches(path: Path, test: str = "-r") -> bool:
