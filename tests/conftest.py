@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 
 def pytest_configure(config) -> None:
     # pytest imports pdb, and so readline, whose start-up exports LINES=24 and
@@ -18,3 +20,16 @@ def pytest_configure(config) -> None:
         if name not in os.environ:
             os.unsetenv(name)
 
+
+# -- pytest-xdist (docs/testing.md, "The whole suite") ---------------------------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, tests marked ``slow`` come first.  With
+    ``--dist loadfile --no-loadscope-reorder`` the workers are handed whole
+    files in the order their first test is collected: the files of the
+    longest tests then start first, and the end of the run is many short
+    files shared out between the two workers, not one long test running
+    alone.  A file's other tests keep their order, after its slow ones."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.timeout(900)
 SEEDS = int(os.environ.get("FIELDSYNC_CHAOS_SEEDS", "500"))
 
 
+@pytest.mark.slow
 async def test_many_seeds_find_no_divergence_double_apply_or_loss():
     results = await run_seeds(range(SEEDS))
     summary = summarize(results)

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(900)
 RUNS = int(os.environ.get("FIELDSYNC_CHAOS_PROCESS_RUNS", "20"))
 
 
+@pytest.mark.slow
 async def test_multi_process_runs_find_no_divergence_double_apply_or_loss():
     failures = []
     faults = 0

@@ -56,6 +56,7 @@ async def test_a_change_for_one_remote_writes_only_that_remotes_files(world):
     assert world.rows("f1", "customer", "WHERE id = 9001")
 
 
+@pytest.mark.slow
 async def test_an_idle_remote_for_a_month_is_confirmed_by_heartbeats_and_the_log_truncated(tmp_path):
     """A month of hourly runs (virtual time) with a daily heartbeat; every
     other hour hq gets a change for f1 only.  f2 receives only heartbeats;

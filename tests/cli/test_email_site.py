@@ -162,6 +162,7 @@ def _wait_for_name(north: Path, name: str, timeout: float) -> float:
     raise AssertionError(f"north did not apply {name!r} within {timeout} s")
 
 
+@pytest.mark.slow
 def test_continuous_mode_sleeps_in_idle_and_applies_new_mail_within_10_s(
         tmp_path: Path, agent: Agent, mail_servers: MailServers) -> None:  # noqa: F811
     """Finding 1: the runner received only at --receive-delay while

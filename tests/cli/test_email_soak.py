@@ -85,6 +85,7 @@ def _stale_log_entries(path: Path) -> int:
                             f"(SELECT min({HORIZON_SQL}) FROM fieldsync_remote)").fetchone()[0]
 
 
+@pytest.mark.slow
 def test_three_sites_run_continuously_over_postfix_and_dovecot_through_restarts(
         tmp_path: Path, agent: Agent, mail_servers: MailServers) -> None:  # noqa: F811
     seconds = float(os.environ.get("FIELDSYNC_SOAK_SECONDS", "120"))

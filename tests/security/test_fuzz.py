@@ -17,6 +17,7 @@ from tests.security.fuzz import MUTATIONS, Fuzzer, FuzzFailure, fuzz
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_twenty_thousand_mutated_files_through_the_agent() -> None:
     summary = fuzz(20_000, seed=1)
     assert summary.files == 20_000

@@ -50,6 +50,8 @@ from tests.spark.launchers import (LAST_LINE, HangingLauncher, group_members, gr
 
 import pyspark  # noqa: E402,F401 - the Spark extra is part of the test install: fail, never skip
 
+# Module-wide Spark worlds and jobs of minutes: the file starts early under pytest-xdist.
+pytestmark = pytest.mark.slow
 OPERATIONS = 30_000
 SUBSCRIBERS = 6
 # Quiet and quick local jobs; the engine adds spark.pyspark.python itself.

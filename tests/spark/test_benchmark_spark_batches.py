@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_benchmark_prints_one_json_object(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "benchmarks.spark_batches", "--json", "--operations", "20000",
                                 "--subscribers", "5", "--sizes", "10000,20000", "--crossover-sizes", "5000",

@@ -36,6 +36,8 @@ from codec.keys import SiteKeys
 from tests.sysusers import system_user
 from tests.transports.servers import free_port
 
+# Module-wide Spark worlds and jobs of minutes: the file starts early under pytest-xdist.
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = Path(sys.executable).parent / "agent"
 WORKER_USER = "fieldsync-worker"

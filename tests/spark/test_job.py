@@ -24,6 +24,8 @@ from codec.keys import SiteKeys
 from codec.packing import pack_messages
 from contrib.spark.job import run_job
 
+# Module-wide Spark worlds and jobs of minutes: the file starts early under pytest-xdist.
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SIZE = 50_000
 

@@ -9,6 +9,8 @@ import multiprocessing
 import random
 import time
 
+import pytest
+
 from agent.site.postgres.connect import connect
 from agent.site.postgres.site import PostgresSite
 from tests.site.workers import crash_batch, crash_setup
@@ -73,6 +75,7 @@ def _wait_until_writing(uri: str, pid: int, child, timeout: float = 120.0) -> No
         conn.close()
 
 
+@pytest.mark.slow
 def test_kill_during_apply_leaves_all_or_nothing(postgres, tmp_path):
     batch, log_received = crash_batch(6, ROWS, PER_TRANSACTION)
     # The "all" state and how long an apply takes, measured in a database of its own.

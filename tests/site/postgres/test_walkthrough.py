@@ -103,6 +103,7 @@ def writer(postgres, seed: int, stop: threading.Event, errors: list) -> None:
         errors.append(error)
 
 
+@pytest.mark.slow
 def test_the_section_makes_three_field_sites_that_converge_while_applications_write(postgres, sales, tmp_path):
     found = blocks()
     field = tmp_path / "srv"
