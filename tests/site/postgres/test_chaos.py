@@ -39,6 +39,7 @@ def own_database(postgres, tmp_path, monkeypatch) -> str:
     return f"postgresql://{role}@127.0.0.1:{postgres.port}/{database}"
 
 
+@pytest.mark.slow
 def test_seeds_with_a_postgresql_consolidated_are_clean(own_database, capsys):
     """The seeds as `agent chaos` draws them (timers included: a 24 h
     heartbeat in most, probes alone repair), the consolidated in PostgreSQL
