@@ -134,9 +134,11 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
 
 def added_definition(before: str, after: str) -> str | None:
     """The column definition ``ALTER TABLE ... ADD COLUMN`` added to a
-    table's SQL text (SQLite inserts ``, DEFINITION`` before the closing
-    parenthesis and keeps the rest), or None when ``after`` is not
-    ``before`` with one such insertion."""
+    table's SQL text (SQLite inserts ``, DEFINITION`` after the last column
+    definition, before any table constraint such as a WITHOUT ROWID
+    table's PRIMARY KEY, or before the closing parenthesis, and keeps the
+    rest), or None when ``after`` is not ``before`` with one such
+    insertion."""
     prefix = 0
     while prefix < len(before) and prefix < len(after) and before[prefix] == after[prefix]:
         prefix += 1
@@ -144,9 +146,13 @@ def added_definition(before: str, after: str) -> str | None:
     while (suffix < len(before) - prefix and before[len(before) - 1 - suffix] == after[len(after) - 1 - suffix]):
         suffix += 1
     inserted = after[prefix:len(after) - suffix].strip()
-    if len(after) - suffix < prefix or not inserted.startswith(","):
+    if len(after) - suffix < prefix:
         return None
-    return inserted[1:].strip() or None
+    if inserted.startswith(","):
+        return inserted[1:].strip() or None
+    if inserted.endswith(",") and before[:prefix].rstrip().endswith(","):
+        return inserted[:-1].strip() or None  # before the table constraints: "..., DEFINITION, PRIMARY KEY (...)"
+    return None
 
 
 def differences(before: Schema, after: Schema) -> list[tuple]:

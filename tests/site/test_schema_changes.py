@@ -4,16 +4,18 @@ and sends to whom, and what it refuses with nothing changed."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from agent.site import Article, SiteDatabase
-from agent.site.ddl import added_definition, split_statements
+from agent.site.ddl import added_definition, differences, read_schema, split_statements
 from agent.site.errors import ApplyRefused, SchemaConflict, SchemaRefused, WrongRole
 from codec.changes import SchemaChange
 from codec.ops import Transaction, change_of
 from tests.old_layouts import back_to_layout
 
-from .conftest import app_connection, make_site, replicate
+from .conftest import LINE, app_connection, make_site, replicate
 
 CUSTOMER = "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, note TEXT)"
 ITEM = "CREATE TABLE item (id INTEGER PRIMARY KEY, label TEXT, secret TEXT)"
@@ -188,10 +190,23 @@ def test_scripts_are_cut_where_sqlite_says_a_statement_ends():
     ("CREATE TABLE t (id INTEGER PRIMARY KEY, a)", "CREATE TABLE t (id INTEGER PRIMARY KEY, a, b TEXT)", "b TEXT"),
     ("CREATE TABLE t (id, a, PRIMARY KEY (id)) WITHOUT ROWID",
      "CREATE TABLE t (id, a, PRIMARY KEY (id), xa CHECK (xa > 0)) WITHOUT ROWID", "xa CHECK (xa > 0)"),
+    ("CREATE TABLE t (id, a, PRIMARY KEY (id)) WITHOUT ROWID",
+     "CREATE TABLE t (id, a, b TEXT, PRIMARY KEY (id)) WITHOUT ROWID", "b TEXT"),
     ("CREATE TABLE t (id INTEGER PRIMARY KEY, a)", "CREATE TABLE t (id INTEGER PRIMARY KEY, b)", None),
 ])
 def test_the_added_column_definition_is_what_sqlite_inserted(before, after, definition):
     assert added_definition(before, after) == definition
+
+
+def test_a_column_added_to_a_without_rowid_table_is_an_added_column():
+    """SQLite writes the new column of a table with a table constraint (a
+    WITHOUT ROWID table's PRIMARY KEY) before the constraint; it was taken
+    for a redefinition, and a published such table refused as re-keyed."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute(LINE)
+    before = read_schema(conn)
+    conn.execute("ALTER TABLE line ADD COLUMN note TEXT DEFAULT 'none'")
+    assert differences(before, read_schema(conn)) == [("add_column", "line", "note", "note TEXT DEFAULT 'none'")]
 
 
 def test_a_site_of_layout_10_gains_the_record_of_schema_changes_when_opened(tmp_path):
