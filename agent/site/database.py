@@ -63,7 +63,8 @@ from .publications import (
 from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
 from .resubscribe import SubscriptionChange, change_locked
 from .route import ARTICLE_ROWS
-from .selection import FANOUT_HOLD, SubscriberReader, selection_plan
+from .fanout import FANOUT_HOLD
+from .selection import SubscriberReader, selection_plan
 from .remotes import (
     NewRemote,
     RemoteFilter,

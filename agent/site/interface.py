@@ -36,7 +36,7 @@ from .reading import LoggedOperation
 from .remotes import NewRemote, RemoteFilter, RemoteUser
 from .resubscribe import SubscriptionChange
 from .schema import SiteIdentity
-from .selection import FANOUT_HOLD
+from .fanout import FANOUT_HOLD
 
 
 class Site(Protocol):

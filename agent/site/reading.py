@@ -25,7 +25,8 @@ from codec.ops import Operation, PartialTransaction, Transaction, op_count
 
 from .folding import FOLD_WINDOW, _Folder, make_transaction
 from .errors import LogOffsetError
-from .selection import FANOUT_HOLD, Fanout, SubscriberReader
+from .fanout import FANOUT_HOLD, Fanout
+from .selection import SubscriberReader
 
 
 class LoggedOperation(NamedTuple):

@@ -325,6 +325,34 @@ def check_pair_update(name: str, row: Mapping[str, int], columns: Mapping[str, A
         raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")
 
 
+# The columns a send phase moves for every peer when the log end moves:
+# what is due (log_send) and how far the log was read (log_read).
+READ_COLUMNS = ("log_send", "log_read")
+
+
+def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int
+               ) -> tuple[dict[tuple[tuple[str, int], ...], list[str]], dict[str, Mapping[str, Any]]]:
+    """Split a save of many pairs: the rows whose only changes are
+    :data:`READ_COLUMNS` (a send phase at a fleet moves them for every
+    peer the new range held nothing for), grouped by the new values, each
+    checked here (non-negative ints, ``log_read`` not beyond the log end);
+    and the other changes.  The first are written with one statement per
+    group, without reading their rows."""
+    moves: dict[tuple[tuple[str, int], ...], list[str]] = {}
+    rest: dict[str, Mapping[str, Any]] = {}
+    for name, columns in changes.items():
+        if not columns or not all(column in READ_COLUMNS for column in columns):
+            rest[name] = columns
+            continue
+        for column, value in columns.items():
+            if type(value) is not int or value < 0:
+                raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")
+        if columns.get("log_read", 0) > end:
+            raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")
+        moves.setdefault(tuple(sorted(columns.items())), []).append(name)
+    return moves, rest
+
+
 # --- adding a fleet at once -----------------------------------------------------------
 
 #: Rows inserted per statement batch of a bulk add (and per progress report).

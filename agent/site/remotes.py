@@ -13,6 +13,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, time
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ from .log import HORIZON_SQL, log_end
 from .remote_rules import (BULK_CHUNK, COLUMNS, PAIR_CHECKED, TIME_FIELDS, NewRemote, RemoteFilter,
                            RemoteUser, check_count, check_new_remote, check_new_remotes, check_pair_update,
                            check_start, check_text, check_updatable, checked_update, is_pair_update,
-                           one_consolidated, remote_exists)
+                           one_consolidated, read_moves, remote_exists)
 from .publication_rules import distinct_subscriptions
 from .schema import Role, SiteIdentity
 
@@ -171,14 +172,26 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
 
 
 def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str, Any]]) -> None:
-    """:func:`update_remote_locked` for many rows: the rows are read in one
+    """:func:`update_remote_locked` for many rows: rows changing only where
+    the log was read (remote_rules.read_moves) are written with one
+    statement per new value, unread; the others are read in one
     query and the log end once; rows changing only the pair columns are
     checked by remote_rules.check_pair_update and written with one
     statement per set of columns; any other change goes through
     update_remote_locked."""
+    end = log_end(conn)
+    moves, changes = read_moves(changes, end)
+    for move, names in moves.items():
+        assignments = ", ".join(f"{column} = ?" for column, _ in move)
+        wrote = conn.execute(f"UPDATE fieldsync_remote SET {assignments}"
+                             " WHERE name IN (SELECT value FROM json_each(?))",
+                             (*(value for _, value in move), json.dumps(names))).rowcount
+        if wrote != len(names):  # a name that is no remote: found and refused one by one
+            changes.update((name, dict(move)) for name in names)
+    if not changes:
+        return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(
         f"SELECT name, {', '.join(PAIR_CHECKED)} FROM fieldsync_remote")}
-    end = log_end(conn)
     plain: dict[tuple[str, ...], list[tuple]] = {}
     for name, columns in changes.items():
         row = current.get(name)

@@ -12,6 +12,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from operator import itemgetter
 from typing import Callable, Iterable
 
@@ -38,39 +39,20 @@ class View:
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
-        self.table = shape.table
-        width = self.width = len(shape.columns)
-        wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
-        self.positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
-        self.names = tuple(shape.columns[i] for i in self.positions)
-        self.key_positions = shape.key_positions
-        routed = subscribe_by == ROUTE
-        if subscribe_by is None or values is None:
-            self.filter_position = None
+        # What depends only on the shape and the article is made once and
+        # shared by every subscriber's view of it (a fleet of thousands
+        # sees one table alike, each with its own SUBSCRIBE BY values).
+        (self.table, self.width, self.positions, self.names, self.key_positions, self.indexes, self.old_image,
+         self.new_image, self.old_key, self.old_row, self.new_key, place) = _layout(shape, columns, subscribe_by)
+        if place is None or values is None:
+            self.filter_position = self.old_filter = self.new_filter = None
             self.values = None
-        elif routed:  # the row follows its parent: its route comes after the widest image
-            self.filter_position = width  # in an image with the route after it
-            self.values = values
-        elif subscribe_by in shape.columns:
-            self.filter_position = shape.columns.index(subscribe_by)
-            self.values = values
-        else:  # the filter column did not exist when these rows were captured
-            self.filter_position = None
+        elif place[0] is None:  # the filter column did not exist when these rows were captured
+            self.filter_position = self.old_filter = self.new_filter = None
             self.values = frozenset()
-        self.indexes = range(len(self.positions))
-        self.old_image = _getter([4 + i for i in self.positions])
-        self.new_image = _getter([4 + width + i for i in self.positions])
-        self.old_key = _getter([4 + i for i in self.key_positions])
-        # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
-        self.old_row = itemgetter(*(4 + i for i in (*self.key_positions, *self.positions)))
-        self.new_key = _getter([4 + width + i for i in self.key_positions])
-        if self.filter_position is None:
-            self.old_filter = self.new_filter = None
-        elif routed:
-            self.old_filter, self.new_filter = 4 + 2 * width, 5 + 2 * width
         else:
-            self.old_filter = 4 + self.filter_position
-            self.new_filter = 4 + width + self.filter_position
+            self.filter_position, self.old_filter, self.new_filter = place
+            self.values = values
 
     def contains(self, row: tuple) -> bool:
         """Whether an image (a slice of the shape's columns, and for a row
@@ -190,6 +172,36 @@ class View:
                 last = changed
             bundle.append((*self.old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
         return made
+
+@lru_cache(maxsize=4096)
+def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None) -> tuple:
+    """The part of a :class:`View` that depends only on the shape and the
+    article: the published columns, the key, the getters, and where the
+    SUBSCRIBE BY value sits (``(position in an image, in the old capture
+    row, in the new one)``; ``(None, None, None)``: a column the shape does
+    not have; None: no SUBSCRIBE BY)."""
+    width = len(shape.columns)
+    wanted = set(shape.columns if columns is None else columns) | set(shape.key_columns)
+    positions = tuple(i for i, column in enumerate(shape.columns) if column in wanted)
+    names = tuple(shape.columns[i] for i in positions)
+    key_positions = shape.key_positions
+    place: tuple | None
+    if subscribe_by is None:
+        place = None
+    elif subscribe_by == ROUTE:  # the row follows its parent: its route comes after the widest image
+        place = (width, 4 + 2 * width, 5 + 2 * width)
+    elif subscribe_by in shape.columns:
+        at = shape.columns.index(subscribe_by)
+        place = (at, 4 + at, 4 + width + at)
+    else:
+        place = (None, None, None)
+    return (shape.table, width, positions, names, key_positions, range(len(positions)),
+            _getter([4 + i for i in positions]), _getter([4 + width + i for i in positions]),
+            _getter([4 + i for i in key_positions]),
+            # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
+            itemgetter(*(4 + i for i in (*key_positions, *positions))),
+            _getter([4 + width + i for i in key_positions]), place)
+
 
 def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
     """``itemgetter`` that always returns a tuple (also for one index)."""

@@ -125,7 +125,8 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
 
     from agent.outbound import PackingPass
     from agent.site.capture import Shape, ShapeTable
-    from agent.site.selection import Fanout, SubscriberReader, plan_from_rows
+    from agent.site.fanout import Fanout
+    from agent.site.selection import SubscriberReader, plan_from_rows
     from agent.site.schema import Role
     from codec.packing import Payload, PayloadPacker
 

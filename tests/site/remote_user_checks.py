@@ -261,6 +261,30 @@ class RemoteUserChecks:
         assert (r3.control_sent_at, r3.data_sent_at, r3.resend_count, r3.log_sent) == (0.1, None, 2 ** 40, 0)
         assert (r4.log_sent, r4.heard_at, r4.probes) == (0, None, 0)
 
+    def test_update_remotes_writes_read_moves_in_groups_with_every_check(self, world):
+        """Rows whose only change is where the log was read (``log_send``,
+        ``log_read``: a send phase moves them for every idle peer of a
+        fleet) are written a statement per group of values: each row gets
+        its own, the others keep theirs, and a bad value or a name that is
+        no remote refuses the whole transaction."""
+        site = world.site
+        end = world.grow_log()
+        for name in ("r1", "r2", "r3", "r4"):
+            site.add_remote(name, start=0)
+        site.update_remotes({"r1": {"log_send": end, "log_read": end}, "r2": {"log_send": end, "log_read": end},
+                             "r3": {"log_read": 1}})
+        rows = {name: site.remote(name) for name in ("r1", "r2", "r3", "r4")}
+        assert [(rows[name].log_send, rows[name].log_read) for name in ("r1", "r2", "r3", "r4")] == [
+            (end, end), (end, end), (0, 1), (0, 0)]
+        with pytest.raises(UnknownRemote):
+            site.update_remotes({"r4": {"log_read": end}, "nobody": {"log_read": end}})
+        assert site.remote("r4").log_read == 0  # nothing of the refused transaction stays
+        with pytest.raises(InvalidSetting, match="log_send"):
+            site.update_remotes({"r4": {"log_read": end}, "r3": {"log_send": -1}})
+        with pytest.raises(InvariantViolation, match="log_read"):
+            site.update_remotes({"r4": {"log_read": end}, "r3": {"log_send": end, "log_read": end + 1}})
+        assert (site.remote("r4").log_read, site.remote("r3").log_send) == (0, 0)
+
     # --- a fleet at once (add_remotes) -----------------------------------------------
 
     def test_add_remotes_adds_rows_and_subscriptions_at_the_log_end(self, world) -> None:

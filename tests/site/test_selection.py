@@ -16,7 +16,8 @@ def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_few
     """One pass over the log for many subscribers (the Spark batch job)
     offers each capture row only to some readers; every reader that selects
     the row must be among them, and rows of a value go to its subscribers."""
-    from agent.site.selection import Router, SubscriberReader
+    from agent.site.fanout import Router
+    from agent.site.selection import SubscriberReader
 
     hq.subscribe("idle", "sales", "nowhere")
     start = hq.scan()
@@ -167,7 +168,8 @@ def test_one_pass_reads_each_capture_row_once(hq):
 def test_the_router_leaves_each_reader_its_own_transactions(hq):
     """Fanout alone: fed the capture rows of the whole log, each reader gets
     exactly the transactions of its range, as read_transactions makes them."""
-    from agent.site.selection import Fanout, SubscriberReader
+    from agent.site.fanout import Fanout
+    from agent.site.selection import SubscriberReader
 
     reads = _reads(_busy_log(hq))[:4]
     readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]

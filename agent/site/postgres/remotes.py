@@ -33,7 +33,7 @@ from ..log import horizon
 from ..publication_rules import distinct_subscriptions
 from ..remote_rules import (BULK_CHUNK, COLUMNS, PAIR_CHECKED, TIME_FIELDS, NewRemote, RemoteFilter, RemoteUser,
                             check_count, check_new_remote, check_new_remotes, check_pair_update, check_start,
-                            check_text, check_updatable, checked_update, is_pair_update, remote_exists)
+                            check_text, check_updatable, checked_update, is_pair_update, read_moves, remote_exists)
 from .log import log_end
 from .settings import forget_scope
 from .subscriptions import insert_subscriptions
@@ -169,17 +169,28 @@ def update_remote(conn: psycopg.Connection, name: str, changes: dict[str, Any]) 
 
 
 def update_remotes(conn: psycopg.Connection, changes: dict[str, dict[str, Any]]) -> None:
-    """:func:`update_remote` for many rows: the rows are read (and locked)
+    """:func:`update_remote` for many rows: rows changing only where the
+    log was read (remote_rules.read_moves) are written with one statement
+    per new value, unread; the others are read (and locked)
     in one query and the log end once; rows changing only a pair's columns
     are checked by remote_rules.check_pair_update and written with one
     statement per set of columns (the rows as a JSON array read into the
     table's own row type: an agent saves every pair of a fleet at each
     run, and a statement per row cost more than the run's other writes);
     any other change goes through update_remote."""
+    end = log_end(conn)
+    moves, changes = read_moves(changes, end)
+    for move, names in moves.items():
+        assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(column)) for column, _ in move)
+        wrote = conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = ANY(%s)").format(assignments),
+                             (*(value for _, value in move), names)).rowcount
+        if wrote != len(names):  # a name that is no remote: found and refused one by one
+            changes.update((name, dict(move)) for name in names)
+    if not changes:
+        return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(
         sql.SQL("SELECT name, {} FROM fieldsync.remote WHERE name = ANY(%s) FOR UPDATE").format(
             sql.SQL(", ").join(map(sql.Identifier, PAIR_CHECKED))), (list(changes),))}
-    end = log_end(conn)
     plain: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for name, columns in changes.items():
         row = current.get(name)

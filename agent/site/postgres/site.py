@@ -47,7 +47,8 @@ from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
-from ..selection import FANOUT_HOLD, SubscriberReader
+from ..fanout import FANOUT_HOLD
+from ..selection import SubscriberReader
 from ..settings import SITE_SCOPE
 from . import catalogue, reading, settings
 from .apply import PgApplier, records

@@ -1,0 +1,279 @@
+"""The fan-out: one pass over the log that serves many subscribers
+(:class:`Fanout`), each capture row offered only to the readers it can
+concern (:class:`Router`), converted once per class of readers that see
+it alike.
+
+Rules of this file:
+* Pure, as agent.site.selection's readers are: it sees readers, ranges and
+  capture rows; the site database and the Spark batch job both feed it.
+* The result for each subscriber is what its reader alone selects.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby, islice
+from typing import Iterable, NamedTuple
+
+from codec.ops import Operation, Transaction, op_count
+
+from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
+from .errors import InvalidSetting
+from .folding import make_transaction
+from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
+from .view import View
+
+
+class _Route(NamedTuple):
+    """Where the capture rows of one shape go, among a Router's readers.
+
+    ``classes`` groups the readers that see the shape alike (same columns,
+    same SUBSCRIBE BY column and values): a row becomes the same operation
+    for each reader of a class, so it is converted once per class.
+    ``every`` are the classes that receive every row; ``by_value`` maps a
+    SUBSCRIBE BY value to the classes whose subset holds it, the value at
+    ``old_at`` (and, for an UPDATE, ``new_at``) of a capture row.
+    """
+
+    classes: tuple[tuple["View", tuple[int, ...]], ...]
+    every: tuple[int, ...]
+    old_at: int | None
+    new_at: int | None
+    by_value: dict[object, tuple[int, ...]]
+
+    def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
+        """The classes an ordinary capture ``row`` of this shape can concern."""
+        if self.old_at is None:
+            return self.every
+        old = row[self.old_at]
+        numbers = (*self.every, *self.by_value.get(old, ()))
+        if kind == KIND_UPDATE and row[self.new_at] != old:  # moved: its new subset's classes too
+            moved_to = self.by_value.get(row[self.new_at], ())
+            if moved_to:
+                numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
+        return numbers
+
+class Router:
+    """Which of several subscribers' readers a capture row can concern.
+
+    Used where one pass over the log serves many subscribers (the Spark
+    batch job, :class:`Fanout` for the agent's own sends): instead of
+    offering every row to every reader, a row goes
+    to the readers that receive every row of its table, those whose
+    SUBSCRIBE BY values hold its old or new value, and, for a row written
+    back to its origin, the origin alone.  That is a superset of the readers
+    that turn it into an operation; each reader still decides, so the
+    result is what each reader alone would select.  The origin of an
+    ordinary row is never offered it (no echo).
+
+    Readers that see a shape alike form one class (:class:`_Route`): a
+    catalog every subscriber receives is converted once, not once for each.
+    """
+
+    def __init__(self, readers: list[SubscriberReader]) -> None:
+        self.readers = readers
+        self.runs = bool(readers) and readers[0].runs  # a pass serves readers of one form
+        self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
+        self._routes: dict[int, _Route] = {}
+
+    def route(self, shape_id: int) -> _Route:
+        route = self._routes.get(shape_id)
+        if route is not None:
+            return route
+        members: dict[tuple, list[int]] = {}
+        views: dict[tuple, View] = {}
+        old_at = new_at = None
+        for index, reader in enumerate(self.readers):
+            view = reader.view(shape_id)
+            if view is None:
+                continue
+            alike = (view.positions, view.filter_position, view.values)
+            members.setdefault(alike, []).append(index)
+            views.setdefault(alike, view)
+            if view.old_filter is not None:  # the same column for every reader of this table
+                old_at, new_at = view.old_filter, view.new_filter
+        classes = tuple((views[alike], tuple(indexes)) for alike, indexes in members.items())
+        every = tuple(number for number, (view, _) in enumerate(classes) if view.values is None)
+        by_value: dict[object, list[int]] = {}
+        for number, (view, _) in enumerate(classes):
+            if view.values is not None and view.old_filter is not None:
+                for value in view.values:
+                    by_value.setdefault(value, []).append(number)
+        route = self._routes[shape_id] = _Route(
+            classes, every, old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
+        return route
+
+    def candidates(self, origin: str, row: tuple) -> frozenset[int]:
+        """Indexes into ``readers`` of the subscribers ``row`` can concern."""
+        return frozenset(index for members in self.classes(origin, row) for index in members)
+
+    def classes(self, origin: str, row: tuple) -> list[tuple[int, ...]]:
+        """The readers ``row`` can concern (as :meth:`candidates`), grouped
+        into classes whose readers each turn it into the same operation."""
+        origin_index = self._index.get(origin)
+        flags = row[3]
+        if row[2] == KIND_SCHEMA:  # each reader takes what concerns it
+            return [tuple(index for index in range(len(self.readers)) if index != origin_index)]
+        if flags and flags & FLAG_RETURN_TO_ORIGIN:
+            return [] if origin_index is None else [(origin_index,)]
+        route = self.route(row[1])
+        found = []
+        for number in route.numbers(row[2], row):
+            members = route.classes[number][1]
+            if origin_index in members:  # no echo
+                members = tuple(index for index in members if index != origin_index)
+            if members:
+                found.append(members)
+        return found
+
+    def select(self, origin: str, rows: Iterable[tuple], ops: list[list[Operation]]) -> int:
+        """Append to ``ops[i]`` the operations consecutive capture ``rows`` of
+        one log transaction of ``origin`` become for reader ``i``, as
+        ``readers[i].extend`` would; return how many were appended in all.
+        A row is converted once for each class of readers it concerns."""
+        origin_index = self._index.get(origin)
+        added = 0
+        for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
+            if flags and flags & FLAG_RETURN_TO_ORIGIN:
+                if origin_index is not None:  # written back to its origin: for that reader alone
+                    before = len(ops[origin_index])
+                    self.readers[origin_index].extend(origin, group, ops[origin_index])
+                    added += op_count(islice(ops[origin_index], before, None))
+                continue
+            if kind == KIND_SCHEMA:  # each reader takes what concerns it (rare: no class, no route)
+                rows_of_change = list(group)
+                for index, reader in enumerate(self.readers):
+                    if index != origin_index:
+                        before = len(ops[index])
+                        reader.extend(origin, rows_of_change, ops[index])
+                        added += len(ops[index]) - before
+                continue
+            if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
+                continue
+            route = self.route(shape_id)
+            if not route.classes:
+                continue
+            buckets: dict[int, list[tuple]]
+            if route.old_at is None:
+                run = list(group)
+                buckets = {number: run for number in route.every}
+            else:
+                buckets = {}
+                numbers_of = route.numbers
+                for row in group:
+                    for number in numbers_of(kind, row):
+                        bucket = buckets.get(number)
+                        if bucket is None:
+                            buckets[number] = [row]
+                        else:
+                            bucket.append(row)
+            for number in sorted(buckets):
+                view, members = route.classes[number]
+                if origin_index in members:  # no echo
+                    members = tuple(index for index in members if index != origin_index)
+                    if not members:
+                        continue
+                bucket = buckets[number]
+                if kind == KIND_UPDATE and self.runs:
+                    selected = view.update_runs(bucket)
+                elif kind == KIND_UPDATE:
+                    update_op = view.update
+                    selected = [op for op in map(update_op, bucket) if op is not None]
+                elif self.runs:
+                    selected = view.runs(kind, bucket)
+                else:
+                    selected = view.rows(kind, bucket)
+                if selected:
+                    for index in members:
+                        ops[index].extend(selected)
+                    added += op_count(selected) * len(members)
+        return added
+
+# A pass over the log for several subscribers holds at most this many
+# selected operations of one log transaction (all subscribers together)
+# before it reads that transaction for each subscriber in turn instead.
+FANOUT_HOLD = 50_000
+
+class Fanout:
+    """One pass over the log for several subscribers, each with its own range.
+
+    Fed the capture rows of the union of the ranges as :func:`iter_capture`
+    gives them (unselected: chunks of one log transaction each, in seq
+    order), it offers each row to the readers it can concern
+    (:class:`Router`) among the subscribers whose range ``(start, end]``
+    holds its log transaction, and returns each subscriber's transactions as
+    :func:`read_transactions` makes them, once their log transaction is
+    complete.  Pure: it holds the operations selected from the current log
+    transaction (``held`` of them), nothing from earlier ones.
+    """
+
+    def __init__(self, readers: list[SubscriberReader], ranges: list[tuple[int, int]]) -> None:
+        if len(readers) != len(ranges):
+            raise InvalidSetting(f"{len(readers)} readers for {len(ranges)} ranges")
+        if len({reader.subscriber for reader in readers}) != len(readers):
+            raise InvalidSetting("a pass over the log reads for each subscriber at most once")
+        self.readers = readers
+        self.ranges = ranges
+        self.held = 0
+        self.active: tuple[int, ...] = ()  # the subscribers whose range holds the current log transaction
+        self._ops: list[list[Operation]] = [[] for _ in readers]
+        self._commit = 0
+        self._origin = ""
+        self._routers: dict[tuple[int, ...], Router] = {}
+
+    def add(self, commit: int, origin: str, rows: list[tuple]) -> list[tuple[int, Transaction]]:
+        """Take the next chunk of capture rows; return ``(index, transaction)``
+        for the log transaction before it, if this chunk starts another."""
+        finished: list[tuple[int, Transaction]] = []
+        if commit != self._commit:
+            finished = self._complete()
+            self._commit, self._origin = commit, origin
+            self.active = tuple(index for index, (start, end) in enumerate(self.ranges) if start < commit <= end)
+            # A subscription change: a reader's plan for this log transaction
+            # differs from the last one's, so the routes are made again.
+            if [self.readers[index].at(commit) for index in self.active].count(True):
+                self._routers.clear()
+        active = self.active
+        if len(active) == 1:
+            # One subscriber: its reader takes the whole chunk (it leaves out
+            # its own changes itself), as read_transactions does.
+            ops = self._ops[active[0]]
+            before = len(ops)
+            self.readers[active[0]].extend(origin, rows, ops)
+            self.held += op_count(islice(ops, before, None))
+        elif active:
+            self.held += self._router(active).select(origin, rows, [self._ops[index] for index in active])
+        return finished
+
+    def finish(self) -> list[tuple[int, Transaction]]:
+        """The end of the input: the transactions of the last log transaction."""
+        finished = self._complete()
+        self._commit, self.active = 0, ()
+        return finished
+
+    def drop(self) -> tuple[int, tuple[int, ...]]:
+        """Forget what was selected from the current log transaction; return
+        its commit offset and the subscribers whose range holds it, for the
+        caller to read it for them another way."""
+        dropped = (self._commit, self.active)
+        for index in self.active:
+            self._ops[index] = []
+        self._commit, self.active, self.held = 0, (), 0
+        return dropped
+
+    def _complete(self) -> list[tuple[int, Transaction]]:
+        finished = []
+        for index in self.active:
+            ops = self._ops[index]
+            if ops:
+                self._ops[index] = []
+                transaction = make_transaction(self._commit, self._origin, ops)
+                if transaction is not None:
+                    finished.append((index, transaction))
+        self.held = 0
+        return finished
+
+    def _router(self, active: tuple[int, ...]) -> Router:
+        router = self._routers.get(active)
+        if router is None:
+            router = self._routers[active] = Router([self.readers[index] for index in active])
+        return router
