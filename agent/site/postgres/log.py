@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import ContextManager, Generator, Iterator, Mapping
+from typing import Callable, ContextManager, Generator, Iterator, Mapping
 
 import psycopg
 
@@ -230,8 +230,13 @@ def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Ma
             (last_commit, last_position) = taken[-1]
             found = conn.execute(_ROWS, {**keyed, "commit": commit, "position": position,
                                          "last_commit": last_commit, "last_position": last_position}).fetchall()
-            rows = [(offset, place, origin, _row(conn, known, seq, shape_id, kind, flags, texts, value_columns))
-                    for offset, place, origin, seq, shape_id, kind, flags, texts in found]
+            loads = _loads(conn, known, {capture[4] for capture in found})
+            if value_columns is None:
+                rows = [(offset, place, origin, (seq, shape_id, kind, flags, *loads[shape_id](texts)))
+                        for offset, place, origin, seq, shape_id, kind, flags, texts in found]
+            else:
+                rows = [(offset, place, origin, _row(loads, seq, shape_id, kind, flags, texts, value_columns))
+                        for offset, place, origin, seq, shape_id, kind, flags, texts in found]
         if len(found) == chunk:  # the page is full: its last writing transaction may go on
             last_commit, last_position, last_origin, last_row = rows[-1]
             rows += [(last_commit, last_position, last_origin, row) for row in _rest_of_member(
@@ -261,21 +266,27 @@ def _rest_of_member(conn: psycopg.Connection, guard: ContextManager, known: dict
     while True:
         with guard:
             found = conn.execute(_MEMBER_ROWS, keyed).fetchall()
-            rows = [_row(conn, known, *capture, value_columns) for capture in found]
+            loads = _loads(conn, known, {capture[1] for capture in found})
+            rows = [_row(loads, *capture, value_columns) for capture in found]
         yield from rows
         if len(found) < keyed["limit"]:
             return
         keyed = {**keyed, "seq": rows[-1][0]}
 
 
-def _row(conn: psycopg.Connection, known: dict[int, PgShape], seq: int, shape_id: int, kind: int, flags: int,
+def _loads(conn: psycopg.Connection, known: dict[int, PgShape], shape_ids: set[int]
+           ) -> dict[int, Callable[[list], tuple]]:
+    """The loaders of the shapes of a page of capture rows, by shape id
+    (shapes never change: a new one is loaded once)."""
+    if not shape_ids <= known.keys():
+        known.update(load_shapes(conn))
+    return {shape_id: known[shape_id].load for shape_id in shape_ids}
+
+
+def _row(loads: dict[int, Callable[[list], tuple]], seq: int, shape_id: int, kind: int, flags: int,
          texts: list, value_columns: int | None) -> tuple:
     """A capture row as a SQLite site's: ``(seq, shape, kind, flags, *values)``."""
-    shape = known.get(shape_id)
-    if shape is None:  # shapes never change: a new one is loaded once
-        known.update(load_shapes(conn))
-        shape = known[shape_id]
-    values = shape.load(texts)
+    values = loads[shape_id](texts)
     if value_columns is not None and len(values) < value_columns:
         values += (None,) * (value_columns - len(values))
     return (seq, shape_id, kind, flags, *values)

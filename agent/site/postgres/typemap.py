@@ -309,11 +309,22 @@ def column_kind(table: str, column: str, base: BaseType) -> Kind:
 
 def loader(kinds: tuple[Kind, ...]) -> Callable[[list], tuple]:
     """A function from a capture row's texts (one image, or an UPDATE's old
-    and new images one after the other) to the values that travel."""
-    loads = tuple(kind.load for kind in kinds) * 2  # zip stops at the texts' end: one image or two
+    and new images one after the other) to the values that travel.  Text
+    kinds travel as they are read: only the others are converted (the log
+    reader's hot path)."""
+    width = len(kinds)
+    one = tuple((index, kind.load) for index, kind in enumerate(kinds) if kind.load is not str)
+    two = one + tuple((index + width, load) for index, load in one)
 
     def load(texts: list) -> tuple:
-        return tuple([None if text is None else convert(text) for convert, text in zip(loads, texts)])
+        values = list(texts)
+        if len(values) > 2 * width:  # at most two images
+            del values[2 * width:]
+        for index, convert in (one if len(values) <= width else two):
+            text = values[index] if index < len(values) else None
+            if text is not None:
+                values[index] = convert(text)
+        return tuple(values)
     return load
 
 
