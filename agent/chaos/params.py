@@ -9,7 +9,9 @@ Rules of this file:
   24 h in most seeds) and its confirm timeout (minutes to an hour, never
   above the heartbeat), and the agents run with them.
 * Two seeds in three publish a follow chain (clients, their orders and the
-  orders' lines, chain.py) and write to it; drawn last of all.
+  orders' lines, chain.py) and write to it; drawn after the rest.
+* Half the seeds make schema changes at the consolidated while the faults
+  last (schema_changes.py); drawn last of all.
 * ``command()`` gives back exactly what differs from the seed's draws, so
   that ``agent chaos --seed N ...`` replays the run.
 """
@@ -76,6 +78,7 @@ class ChaosParams:
     heartbeat: float = DEFAULT_HEARTBEAT  # seconds: every agent's --heartbeat
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT  # seconds: every agent's --confirm-timeout
     chain: bool = False  # the follow chain is published and written (chain.py)
+    schema: bool = False  # the consolidated makes schema changes (schema_changes.py)
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
     # The consolidated: a PostgreSQL database (libpq URI, no password),
@@ -86,6 +89,8 @@ class ChaosParams:
         if self.chain and self.consolidated is not None:
             raise ValueError("the follow chain needs a SQLite consolidated: a PostgreSQL one has no articles "
                              "that follow their parent yet")
+        if self.schema and self.consolidated is not None:
+            raise ValueError("schema changes need a SQLite consolidated: a PostgreSQL one makes none yet")
         if not 0 < self.confirm_timeout <= self.heartbeat:
             raise ValueError(f"the confirm timeout ({duration_text(self.confirm_timeout)}) must be positive and "
                              f"not above the heartbeat ({duration_text(self.heartbeat)})")
@@ -93,7 +98,7 @@ class ChaosParams:
     @classmethod
     def random(cls, seed: int, **overrides: object) -> "ChaosParams":
         """Parameters drawn from the seed: k remotes, rates, workload size,
-        timers, the follow chain.  A heartbeat given without a confirm timeout lowers the
+        timers, the follow chain, schema changes.  A heartbeat given without a confirm timeout lowers the
         drawn one to it."""
         rng = random.Random(f"params:{seed}")
         scale = rng.choice((0.0, 0.03, 0.08, 0.15))
@@ -106,9 +111,12 @@ class ChaosParams:
         heartbeat = rng.choice(HEARTBEATS)
         values.update(heartbeat=heartbeat, confirm_timeout=min(rng.choice(CONFIRM_TIMEOUTS), heartbeat))
         values.update(chain=rng.random() < 2 / 3)
+        values.update(schema=rng.random() < 1 / 2)
         values.update(overrides)
         if values.get("consolidated") is not None and "chain" not in overrides:
             values["chain"] = False  # the follow chain needs a SQLite consolidated (follow articles)
+        if values.get("consolidated") is not None and "schema" not in overrides:
+            values["schema"] = False  # schema changes need a SQLite consolidated (agent schema apply)
         if "confirm_timeout" not in overrides:
             values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
         return cls(**values)  # type: ignore[arg-type]
@@ -148,6 +156,8 @@ class ChaosParams:
             parts.append(f"--confirm-timeout {duration_text(self.confirm_timeout)}")
         if self.chain != drawn.chain:
             parts.append("--follow-chain" if self.chain else "--no-follow-chain")
+        if self.schema != drawn.schema:
+            parts.append("--schema-changes" if self.schema else "--no-schema-changes")
         if self.rates != drawn.rates:
             default = FaultRates()
             changed = [name for name in FaultRates.__dataclass_fields__

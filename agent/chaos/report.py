@@ -57,6 +57,10 @@ class ChaosResult:
     chain_moves: int = 0
     chain_handovers: int = 0
     chain_rootless: int = 0
+    # Schema changes the consolidated made while the faults lasted (seeds
+    # that draw them, schema_changes.py).
+    schema_changes: int = 0
+    schema_kinds: Counter = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -113,6 +117,9 @@ def summarize(results: list[ChaosResult]) -> dict:
                   "moves": sum(r.chain_moves for r in results),
                   "handovers": sum(r.chain_handovers for r in results),
                   "rootless_rows": sum(r.chain_rootless for r in results)},
+        "schema": {"seeds": sum(1 for r in results if r.params.schema),
+                   "changes": sum(r.schema_changes for r in results),
+                   "kinds": dict(sum((r.schema_kinds for r in results), Counter()))},
         "rounds_to_rest": rest_figures(results),
         "timers": {
             "heartbeat": _counts(duration_text(r.params.heartbeat) for r in results),

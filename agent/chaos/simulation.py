@@ -46,7 +46,7 @@ from ..errors import AgentError
 from ..keyfiles import load_site_keys
 from ..runner import Agent, RunOptions
 from ..site import open_site
-from . import checks
+from . import checks, schema_changes
 from .params import SETTLE_ROUNDS, ChaosParams, duration_text
 from .pgworld import make_pg_sites
 from .report import ChaosResult
@@ -86,7 +86,8 @@ class Simulation:
         self.result = ChaosResult(params)
         self.clock = 1_000_000.0
         self.places = Sites(root, params.consolidated)
-        self.workload = Workload(self.places, self.sites, self.rng, chain=params.chain)
+        self.workload = Workload(self.places, self.sites, self.rng, chain=params.chain,
+                                 schema_seed=params.seed if params.schema else None)
         self.root.mkdir(parents=True, exist_ok=True)
         if params.consolidated is not None:  # made afresh: a database cannot be copied as a file
             make_pg_sites(params.consolidated, root, params.remotes)
@@ -293,6 +294,10 @@ class Simulation:
                 await self._empty_inboxes()
             for _ in range(self.params.steps):
                 self.workload.step()
+                kind = None if self.workload.schema is None else self.workload.schema.change()
+                if kind is not None:
+                    self.result.schema_changes += 1
+                    self.result.schema_kinds[kind] += 1
                 if self.params.reextract_rate and self.rng.random() < self.params.reextract_rate:
                     await self.reextract(self.rng.choice(self.sites[1:]))
                 await self.fault_round()
@@ -372,6 +377,8 @@ class Simulation:
             checks.check_chain(self.root, self.sites, self.result)
             self.result.chain_moves = self.workload.chain.counts.moves
             self.result.chain_handovers = self.workload.chain.counts.handovers
+        if self.workload.schema is not None:
+            self.result.divergences += schema_changes.differences(self.root, self.sites)
 
 
 def inner_transport(transport: str, options: dict) -> Transport:

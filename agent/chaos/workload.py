@@ -17,6 +17,9 @@ Rules of this file:
   (chain.py) at every site, in the same transactions, after the draws
   above: a seed without it draws exactly what it drew before the chain.
   Every application writes with its foreign keys on.
+* A seed with schema changes (schema_changes.py) writes the new shapes
+  too, drawn from a stream of its own; INSERTs name their columns, so
+  they run in any shape the change history makes.
 """
 
 from __future__ import annotations
@@ -25,14 +28,19 @@ import random
 from typing import Iterable
 
 from .chain import ChainWriter
+from .schema_changes import SchemaChanges
 from .sites import Sites
 from .world import PRODUCTS
+
+# A customer row, its columns named: it runs in any shape a schema change gives the table.
+CUSTOMER_INSERT = "INSERT INTO customer (id, region, name, balance, scan) VALUES ({})"
 
 
 class Workload:
     """The transactions of one seed's sites (``sites[0]`` is the consolidated)."""
 
-    def __init__(self, places: Sites, sites: list[str], rng: random.Random, *, chain: bool = False) -> None:
+    def __init__(self, places: Sites, sites: list[str], rng: random.Random, *, chain: bool = False,
+                 schema_seed: int | None = None) -> None:
         self.places = places
         self.root = places.root
         self.sites = sites
@@ -40,6 +48,8 @@ class Workload:
         self.ledger: set[str] = set()  # every entry made anywhere, less those lost with a replaced remote
         self.next_id = 1
         self.chain = ChainWriter(rng, sites[1:], self._new_key) if chain else None
+        self.schema = (None if schema_seed is None
+                       else SchemaChanges(places.root, sites, schema_seed, self._new_key))
 
     def _new_key(self) -> int:
         self.next_id += 1
@@ -72,7 +82,7 @@ class Workload:
             if site == "hq":
                 customers = self._customers("hq")
                 for _ in range(rng.randint(0, 4)):
-                    statements.append(("INSERT INTO customer VALUES (?, ?, ?, ?, NULL)",
+                    statements.append((CUSTOMER_INSERT.format("?, ?, ?, ?, NULL"),
                                        (self.next_id, rng.choice(remotes), f"c{self.next_id}", 0.0)))
                     self.next_id += 1
                 if customers and rng.random() < 0.5:
@@ -86,11 +96,13 @@ class Workload:
                     statements.append(("DELETE FROM customer WHERE id = ?", (rng.choice(customers)[0],)))
                 if rng.random() < 0.15:  # a transaction larger than the message size
                     for _ in range(rng.randint(3, 6)):
-                        statements.append(("INSERT INTO customer VALUES (?, ?, 'scan', 0, ?)",
+                        statements.append((CUSTOMER_INSERT.format("?, ?, 'scan', 0, ?"),
                                            (self.next_id, rng.choice(remotes), rng.randbytes(3000))))
                         self.next_id += 1
             if self.chain is not None and rng.random() < 0.7:
                 statements += self.chain.writes(site, self.root / f"{site}.db")
+            if self.schema is not None:
+                statements += self.schema.writes(site)
             self._write(site, statements)
 
     def _entries(self, site: str, count: int, rng: random.Random) -> list[tuple[str, tuple]]:
@@ -110,7 +122,7 @@ class Workload:
         agent never waits for it.  Nothing else writes at ``site`` until it
         commits, so its entry numbers stay in commit order."""
         statements = self._entries(site, rng.randint(1, 3), rng)
-        statements.append(("INSERT INTO customer VALUES (?, ?, ?, 0, NULL)",
+        statements.append((CUSTOMER_INSERT.format("?, ?, ?, 0, NULL"),
                            (self.next_id, rng.choice(self.sites[1:]), f"late{self.next_id}")))
         self.next_id += 1
         return statements
@@ -128,7 +140,7 @@ class Workload:
             roll = rng.random()
             self.next_id += 1
             if roll < 0.2 or not customers:
-                statements.append(("INSERT INTO customer VALUES (?, ?, ?, 0.5, NULL)",
+                statements.append((CUSTOMER_INSERT.format("?, ?, ?, 0.5, NULL"),
                                    (self.next_id, site, f"{site}c{self.next_id}")))
                 continue
             row_id = rng.choice(customers)

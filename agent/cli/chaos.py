@@ -89,6 +89,10 @@ class ConsolidatedUri(click.ParamType):
 @click.option("--follow-chain/--no-follow-chain", "chain", default=None,
               help="Publish and write the follow chain (clients, their orders, the orders' lines), or not "
                    "(default: from the seed, two seeds in three; never with --consolidated).")
+@click.option("--schema-changes/--no-schema-changes", "schema", default=None,
+              help="Make schema changes at the consolidated while the faults last (agent schema apply: columns "
+                   "added, renamed and dropped, indexes, a new table published), and write the new shapes, or not "
+                   "(default: from the seed, half the seeds; never with --consolidated).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
                    "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
@@ -123,7 +127,7 @@ def chaos(**arguments: Any) -> int:
 def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
            send_address_template: str | None, transport_options: tuple, crash_rate: float | None,
            reextract_rate: float | None, heartbeat: float | None, confirm_timeout: float | None,
-           chain: bool | None, fault_rates: tuple[tuple[str, float], ...], consolidated: str | None, as_json: bool,
+           chain: bool | None, schema: bool | None, fault_rates: tuple[tuple[str, float], ...], consolidated: str | None, as_json: bool,
            keep_going: bool, unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
     if link.named:
@@ -137,12 +141,16 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                            unsafe_without_duplicate_rule=unsafe_without_duplicate_rule,
                            consolidated=consolidated)
     for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate),
-                        ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout), ("chain", chain)):
+                        ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout), ("chain", chain),
+                        ("schema", schema)):
         if value is not None:
             overrides[name] = value
     if chain and consolidated is not None:
         raise click.UsageError("--follow-chain needs a SQLite consolidated: a PostgreSQL one has no articles that "
                                "follow their parent yet (leave out --consolidated or --follow-chain)")
+    if schema and consolidated is not None:
+        raise click.UsageError("--schema-changes needs a SQLite consolidated: a PostgreSQL one makes no schema "
+                               "changes yet (leave out --consolidated or --schema-changes)")
     if heartbeat is not None and confirm_timeout is not None and confirm_timeout > heartbeat:
         raise click.UsageError(f"the confirm timeout ({duration_text(confirm_timeout)}) is above the heartbeat "
                                f"({duration_text(heartbeat)}): lower --confirm-timeout or raise --heartbeat")
@@ -210,6 +218,9 @@ def _print(summary: dict) -> None:
         table.add_row("follow chain: clients moved, orders handed over",
                       f"{follow['moves']}, {follow['handovers']}")
         table.add_row("follow chain: rows with no client at hq", str(follow["rootless_rows"]))
+    schema = summary.get("schema")
+    if schema:
+        table.add_row("seeds with schema changes, changes made", f"{schema['seeds']}, {schema['changes']}")
     rest = summary.get("rounds_to_rest")
     if rest and "max" in rest:
         table.add_row(f"clean rounds to rest (bound {rest['bound']}): most, p50/p90/p99",

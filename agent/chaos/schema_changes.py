@@ -1,0 +1,170 @@
+"""Schema changes while the faults last (a seed that draws them): the
+consolidated changes its published tables with ``agent schema apply``
+(``Site.apply_schema``) between the sites' runs, and every site writes
+the new shape as soon as it has it.
+
+Rules of this file:
+* Every draw comes from a stream of its own (``schema:<seed>``), so a
+  seed's other draws stay what they were without schema changes.
+* The changes are those docs/site-database.md ("Schema changes") says a
+  change takes, on the tables every remote receives: a column added to
+  ``customer`` (which its article publishes whole) or to ``product`` (with
+  a default), one of those columns renamed or dropped, an index made or
+  dropped, and a new table made and then published (``publication add``:
+  its rows reach the remotes without a new extraction).  Names are never
+  given twice: a retired name always means the old column.
+* A site writes what its own schema has (read before each write): the
+  extra customer columns of its own subset, the new tables' rows of its
+  own region.  A remote still behind writes the old shape, and its rows
+  reach the consolidated after the change, mapped there by the change
+  history (renamed, dropped, given the default).
+* Every written value is new (from the run's counter), as in workload.py.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+from ..site import open_site
+from ..site.publications import Article
+
+# The chance that the consolidated makes a schema change at a step.
+CHANGE_RATE = 0.4
+# The chance that a site's transaction of a step writes the new shape.
+WRITE_RATE = 0.6
+# The publication of chaos's world (world.py) and its partitioned table.
+PUBLICATION = "field"
+
+
+def columns(path: Path, table: str) -> tuple[str, ...]:
+    """``table``'s columns in the SQLite site at ``path``, in order (none: no such table)."""
+    with closing(sqlite3.connect(path)) as conn:
+        return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
+def tables(path: Path, prefix: str) -> list[str]:
+    """The tables of the SQLite site at ``path`` whose name starts with ``prefix``."""
+    with closing(sqlite3.connect(path)) as conn:
+        return [name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE ? ORDER BY name", (f"{prefix}%",))]
+
+
+class SchemaChanges:
+    """The schema changes of one seed and the writes of the new shapes."""
+
+    def __init__(self, root: Path, sites: list[str], seed: int, new_key) -> None:  # type: ignore[no-untyped-def]
+        self.root = root
+        self.sites = sites
+        self.rng = random.Random(f"schema:{seed}")
+        self._new_key = new_key
+        self.number = 0
+        self.extra: list[str] = []  # customer's columns added and not dropped, as hq names them now
+        self.indexes: list[str] = []
+        self.applied = 0  # changes made at the consolidated
+        self.kinds: list[str] = []
+
+    def _name(self, stem: str) -> str:
+        self.number += 1
+        return f"{stem}{self.number}"
+
+    def change(self) -> str | None:
+        """Maybe one schema change at the consolidated; what it was."""
+        rng = self.rng
+        if rng.random() >= CHANGE_RATE:
+            return None
+        kinds = ["add customer column", "add product column", "create index", "create table"]
+        if self.extra:
+            kinds += ["rename customer column", "drop customer column"]
+        if self.indexes:
+            kinds.append("drop index")
+        kind = rng.choice(kinds)
+        publish = None
+        if kind == "add customer column":
+            name = self._name("x")
+            statements = [f"ALTER TABLE customer ADD COLUMN {name} TEXT"]
+            self.extra.append(name)
+        elif kind == "add product column":
+            statements = [f"ALTER TABLE product ADD COLUMN {self._name('p')} INTEGER NOT NULL DEFAULT 7"]
+        elif kind == "create index":
+            name = self._name("customer_name_")
+            statements = [f"CREATE INDEX {name} ON customer (name)"]
+            self.indexes.append(name)
+        elif kind == "drop index":
+            name = self.indexes.pop(rng.randrange(len(self.indexes)))
+            statements = [f"DROP INDEX {name}"]
+        elif kind == "rename customer column":
+            index = rng.randrange(len(self.extra))
+            old, new = self.extra[index], self._name("x")
+            statements = [f"ALTER TABLE customer RENAME COLUMN {old} TO {new}"]
+            self.extra[index] = new
+        elif kind == "drop customer column":
+            name = self.extra.pop(rng.randrange(len(self.extra)))
+            statements = [f"ALTER TABLE customer DROP COLUMN {name}"]
+        else:
+            publish = self._name("note")
+            statements = [f"CREATE TABLE {publish} (id INTEGER PRIMARY KEY, region TEXT NOT NULL, body TEXT)"]
+        with open_site(self.root / "hq.db") as hq:
+            hq.apply_schema(statements)
+            if publish is not None:
+                hq.add_article(PUBLICATION, publish, subscribe_by="region")
+        self.applied += 1
+        self.kinds.append(kind)
+        return kind
+
+    def writes(self, site: str) -> list[tuple[str, tuple]]:
+        """Writes of the new shapes at ``site``, as its own schema has them
+        now: a customer's extra column, a new table's rows."""
+        rng = self.rng
+        if rng.random() >= WRITE_RATE:
+            return []
+        path = self.root / f"{site}.db"
+        statements: list[tuple[str, tuple]] = []
+        extra = [name for name in columns(path, "customer") if name.startswith("x")]
+        if extra:
+            with closing(sqlite3.connect(path)) as conn:
+                where = "" if site == "hq" else " WHERE region = ?"
+                ids = [row_id for (row_id,) in conn.execute(
+                    f"SELECT id FROM customer{where} ORDER BY id", () if site == "hq" else (site,))]
+            if ids:
+                column = rng.choice(extra)
+                statements.append((f"UPDATE customer SET {column} = ? WHERE id = ?",
+                                   (f"{site}:{column}:{self._new_key()}", rng.choice(ids))))
+        for table in tables(path, "note"):
+            region = rng.choice(self.sites[1:]) if site == "hq" else site
+            statements.append((f"INSERT INTO {table} (id, region, body) VALUES (?, ?, ?)",
+                               (self._new_key(), region, f"{site} wrote")))
+            if rng.random() < 0.5:  # and a row of its own (at hq: any) changes
+                statements.append((f"UPDATE {table} SET body = ? WHERE id = (SELECT min(id) FROM {table}"
+                                   f"{'' if site == 'hq' else ' WHERE region = ?'})",
+                                   (f"{site} changed {self._new_key()}",) + (() if site == "hq" else (site,))))
+        return statements
+
+
+def differences(root: Path, sites: list[str]) -> list[str]:
+    """What a remote holds otherwise than the consolidated once at rest: the
+    schema version, the columns of the tables it receives, and the new
+    tables' rows of its region."""
+    found = []
+    hq = root / "hq.db"
+    with open_site(hq) as site:
+        version = site.schema_version()
+    notes = tables(hq, "note")
+    for remote in sites[1:]:
+        path = root / f"{remote}.db"
+        with open_site(path) as site:
+            if site.schema_version() != version:
+                found.append(f"{remote}: schema version {site.schema_version()}, hq's is {version}")
+        for table in ("customer", "product", *notes):
+            if columns(path, table) != columns(hq, table):
+                found.append(f"{remote}: {table} has columns {columns(path, table)}, hq's {columns(hq, table)}")
+        for table in notes:
+            with closing(sqlite3.connect(path)) as conn:
+                held = sorted(conn.execute(f"SELECT * FROM {table}").fetchall())
+            with closing(sqlite3.connect(hq)) as conn:
+                subset = sorted(conn.execute(f"SELECT * FROM {table} WHERE region = ?", (remote,)).fetchall())
+            if held != subset:
+                found.append(f"{remote}: {table} differs from hq's subset")
+    return found
