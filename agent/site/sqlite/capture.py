@@ -1,18 +1,18 @@
-"""Change capture: table metadata, capture shapes and triggers.
+"""Change capture in a SQLite site: table metadata, capture shapes and
+triggers (what a capture row is: agent/site/capture.py).
 
 Rules of this file:
 * Capture is done by three ``AFTER`` row triggers per published table that
   each run one ``INSERT INTO fieldsync_capture`` of plain column references.
   No function calls, no lookups: the application pays one extra row insert
   per changed row and nothing else; at the consolidated, a table that
-  follows its parent also looks up each row's route (agent/site/route.py).
+  follows its parent also looks up each row's route (agent/site/sqlite/route.py).
 * A trigger records whole row images: INSERT the new row, DELETE the old
   row, UPDATE the old row then the new row.  Deciding which columns
   changed, which subscriber sees the row and the origin of the change is
   done when the log is read or written, not in the trigger.
-* A *shape* fixes the column order of a table's capture rows.  Capture rows
-  name their shape, so rows captured before a schema change stay readable
-  after it.  Shapes are never modified or deleted.
+* A shape (agent.site.capture.Shape) is written to ``fieldsync_shape``
+  once, never modified or deleted; :class:`ShapeCache` reads them.
 * At the consolidated each shape has two partial indexes on the capture
   table by key (see key_indexes), kept by SQLite as the triggers insert:
   the unconfirmed rule looks rows up by key with them.
@@ -29,55 +29,14 @@ import json
 import re
 import sqlite3
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
+from ..capture import KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape
+from ..errors import UnpublishableTable
 from ._db import quote_ident
-from .errors import UnpublishableTable
-from .route import MOVE_PREFIX, WITH_PARENT, Follow, follows, move_statements, row_routes, trigger_routes
+from .route import Follow, MOVE_PREFIX, follows, move_statements, row_routes, trigger_routes
 
 #: Every table, index and trigger fieldsync makes is named ``fieldsync_*``.
 PREFIX = "fieldsync_"
-
-KIND_INSERT = 1
-KIND_UPDATE = 2
-KIND_DELETE = 3
-# A schema change (agent/site/change_rows.py): a capture row of shape 0
-# (no shape) alone in its log transaction; no trigger writes one.
-KIND_SCHEMA = 4
-
-# Capture-row flag, set only at the consolidated (triggers leave flags NULL):
-# a row written by the apply path itself, not by a trigger, once a batch from
-# a remote is applied.  It goes only to the origin of its log transaction (the
-# remote): the state of a row the remote changed, as it is after the batch,
-# when a conflict or an operation still on its way to the remote could leave
-# the remote with another state (an UPDATE of the columns listed in
-# fieldsync_returned, an INSERT of the whole row, or a DELETE), or a DELETE of
-# a row the remote changed that now lies outside its subset.  Every such row
-# has a fieldsync_returned row, so they can be found without a scan.
-FLAG_RETURN_TO_ORIGIN = 1
-# Capture-row flag, set only at a remote, on the row captured when it applies
-# a DELETE the consolidated wrote without the remote's own pending change to
-# that row (see apply/pending.py).  The row's second half, unused by a DELETE, holds
-# the same row with the consolidated's values in the columns where they
-# lacked the remote's own: an INSERT of the same key that follows gets the
-# remote's values there, since the consolidated applies them after it.
-# Only the remote's apply path reads it (rows of the consolidated's origin
-# never leave a remote).
-FLAG_CONCURRENT_DELETE = 2
-# Capture-row flag, set only at a remote, on the UPDATE captured when it
-# applies the consolidated's change of the key of a row with its own pending
-# changes: those changes stay pending under the new key (apply/pending.py).  Like
-# FLAG_CONCURRENT_DELETE, only the remote's apply path reads it.
-FLAG_PENDING_MOVE = 4
-# Capture-row flag, set only at a remote, on the DELETE its apply path
-# records of a row that went along with its parent (route.apply_triggers,
-# which defines it, as its triggers write it): the row as it went.  A row of
-# the remote's own pending changes comes back from it when the consolidated
-# sends the parent again (apply/followers.py), and an INSERT of the
-# consolidated that follows keeps the remote's own values from it
-# (apply/pending.py).  Like FLAG_CONCURRENT_DELETE, only the remote's apply
-# path reads it.
-FLAG_WITH_PARENT = WITH_PARENT
 
 # At a remote, holds a row while the apply path writes, inside the apply's
 # transaction (never committed so): the capture triggers skip those writes
@@ -97,20 +56,6 @@ class TableInfo:
     key_columns: tuple[str, ...]    # primary-key columns, key order
     sql: str
     without_rowid: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """The column layout of a table's capture rows."""
-
-    id: int
-    table: str
-    columns: tuple[str, ...]
-    key_columns: tuple[str, ...]
-
-    @property
-    def key_positions(self) -> tuple[int, ...]:
-        return tuple(self.columns.index(column) for column in self.key_columns)
 
 
 _WITHOUT_ROWID = re.compile(r"\)\s*(?:STRICT\s*,\s*)?WITHOUT\s+ROWID\s*(?:,\s*STRICT\s*)?$", re.IGNORECASE)
@@ -215,7 +160,7 @@ def install_capture(conn: sqlite3.Connection, info: TableInfo, follow: Follow | 
     """Create a shape for ``info`` and (re)create its capture triggers.
     Returns the shape id.  ``follow``: the table follows its parent (else
     the catalogue says whether it does); at the consolidated its rows then
-    carry their routes (agent/site/route.py)."""
+    carry their routes (agent/site/sqlite/route.py)."""
     cursor = conn.execute(
         "INSERT INTO fieldsync_shape (table_name, columns, key_columns, table_sql) VALUES (?, ?, ?, ?)",
         (info.name, json.dumps(info.columns), json.dumps(info.key_columns), info.sql))
@@ -328,23 +273,6 @@ class ShapeCache:
         return shape
 
 
-class ShapeTable:
-    """Shapes known up front (a batch export carries them), with the same
-    ``get`` as :class:`ShapeCache`."""
-
-    def __init__(self, shapes: Iterable[Shape]) -> None:
-        self._shapes = {shape.id: shape for shape in shapes}
-
-    def get(self, shape_id: int) -> Shape:
-        try:
-            return self._shapes[shape_id]
-        except KeyError:
-            raise LookupError(f"capture shape {shape_id} is missing") from None
-
-    def __iter__(self) -> Iterator[Shape]:
-        return iter(self._shapes.values())
-
-
 def drop_moves(conn: sqlite3.Connection) -> None:
     """Drop the move triggers of every followed table (install_moves makes them again)."""
     for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE ?",
@@ -353,7 +281,7 @@ def drop_moves(conn: sqlite3.Connection) -> None:
 
 
 def install_moves(conn: sqlite3.Connection) -> None:
-    """(Re)create the move triggers of every followed table (agent/site/route.py)."""
+    """(Re)create the move triggers of every followed table (agent/site/sqlite/route.py)."""
     drop_moves(conn)
     for statement in move_statements(conn, value_column):
         conn.execute(statement)

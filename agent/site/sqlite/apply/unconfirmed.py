@@ -18,17 +18,19 @@ Rules of this file:
 from __future__ import annotations
 
 import sqlite3
-from typing import Any, Callable, Iterable, Iterator
+from typing import Iterator
 
 from codec.ops import OpKind, Operation
 
-from ..capture import KIND_UPDATE, KeyIndex, ShapeCache, key_indexes
-from ..selection import SubscriberReader
-from ..schema import SiteIdentity
-from ..values import value_problem
-from .batch import Batch, Table, send_back
+from ...apply.batch import Batch
+from ...apply.unconfirmed import send_back_received
+from ...capture import KIND_UPDATE
+from ...identity import SiteIdentity
+from ...values import value_problem
+from ..capture import KeyIndex, ShapeCache, key_indexes
+from ..selection import SubscriberReader, subscriber_reader
 from .followers import ancestors
-from .statements import Statements
+from .statements import SqliteTable, Statements
 
 # Keys the unconfirmed rule looks up per statement (see _rows_of_keys).
 _PROBE_CHUNK = 200
@@ -94,7 +96,7 @@ class Unconfirmed:
         operations on them, whatever the length of ``(confirmed, end]``."""
         peer_ops = _PeerOperations(self._conn, identity, self._shapes, batch.peer)
 
-        def rows_of_keys(table: Table, keys: set[tuple]) -> Iterator[tuple[int, tuple, tuple, tuple]]:
+        def rows_of_keys(table: SqliteTable, keys: set[tuple]) -> Iterator[tuple[int, tuple, tuple, tuple]]:
             for row in self._rows_of_keys(table, keys, confirmed, end):
                 shape = self._shapes.get(row[1])
                 width = len(shape.columns)
@@ -121,7 +123,7 @@ class Unconfirmed:
         confirmation of the operation that brought it), and the row went
         with it then."""
         statements = self._statements
-        above: dict[str, tuple[Table, dict[tuple, set[tuple[str, tuple]]]]] = {}
+        above: dict[str, tuple[SqliteTable, dict[tuple, set[tuple[str, tuple]]]]] = {}
         for name_key, (table, values) in batch.watched.items():  # type: ignore[union-attr]
             if table.name.lower() not in statements.follows or name_key in batch.received:
                 continue
@@ -145,7 +147,7 @@ class Unconfirmed:
                     if child not in batch.received:
                         batch.received[child] = (OpKind.DELETE, dict(batch.watched[child][1]))  # type: ignore[index]
 
-    def _rows_of_keys(self, table: Table, keys: set[tuple], after: int, until: int) -> list[tuple]:
+    def _rows_of_keys(self, table: SqliteTable, keys: set[tuple], after: int, until: int) -> list[tuple]:
         """Capture rows of ``table`` in ``(after, until]`` whose old key or, for
         an UPDATE that changed it, new key is one of ``keys`` (SQLite's
         ``IS``: NULL matches NULL, 1 matches 1.0), in seq order.  Found
@@ -175,82 +177,6 @@ class Unconfirmed:
         return self._conn.execute(sql, (*(part for key in keys for part in key), after, until)).fetchall()
 
 
-def send_back_received(batch: Batch, rows_of_keys: Callable[[Table, set[tuple]], Iterable[tuple]],
-                       operation: Callable[[Any], Operation | None],
-                       select: Callable[[Table, tuple], dict | None],
-                       lost_with_parent: Callable[[], None] | None = None) -> None:
-    """The unconfirmed rule's decisions (Unconfirmed.send_back), for both
-    backends.  ``rows_of_keys(table, keys)`` yields, in the order they were
-    written, ``(seq, old key, new key, row)`` for the captured changes the
-    peer has not confirmed whose old key or, for an UPDATE, new key is one
-    of ``keys`` (the new key is the old one but for an UPDATE of the key);
-    ``operation(row)`` is what such a change becomes for the peer (None:
-    it does not receive it); ``select(table, key)`` reads a row as it is
-    after the batch.  Records in ``batch.received`` the kind and image of
-    the last such operation per row, as the peer sees it, and sends the
-    rows concerned back (batch.send_back).  ``lost_with_parent()``, where
-    rows follow their parent, records those that went with a parent at the
-    peer before the rows are sent back (Unconfirmed._lost_with_parent)."""
-    watched = batch.watched
-    assert watched is not None
-    received = batch.received
-    holds = batch.holds
-    absent = {name_key for name_key, held in holds.items() if not held}
-    since: dict[tuple[str, tuple], int] = {}  # keys brought in by a move: operations after it
-    by_table: dict[str, tuple[Table, set[tuple]]] = {}
-    for (name, key), (table, _values) in watched.items():
-        by_table.setdefault(name, (table, set()))[1].add(key)
-    while by_table:
-        brought: dict[str, tuple[Table, set[tuple]]] = {}
-        for name, (table, keys) in by_table.items():
-            for seq, old_key, new_key, row in rows_of_keys(table, keys):
-                hits = [key for key in {old_key, new_key} if key in keys and seq > since.get((name, key), 0)]
-                if not hits:
-                    continue
-                op = operation(row)
-                if op is None:
-                    continue  # the peer does not receive it: its own, or outside its subset
-                image = op[4] if op[4] is not None else op[3]
-                moves = op[1] == OpKind.UPDATE and old_key != new_key
-                for key in hits:
-                    kind = op[1]
-                    if moves:
-                        kind = OpKind.DELETE if key == old_key else OpKind.INSERT
-                    if (name, key) in absent:
-                        if kind == OpKind.INSERT:
-                            absent.discard((name, key))
-                        else:
-                            kind = OpKind.DELETE  # it misses there
-                    received[(name, key)] = (kind, image)
-                if moves and old_key in hits and new_key not in keys:
-                    # A move of a row the batch touched: the new key, and what follows it there.
-                    values = watched[(name, old_key)][1]
-                    watched[(name, new_key)] = (table, {column: value for column, value in values.items()
-                                                        if column not in table.key_columns})
-                    since[(name, new_key)] = seq
-                    if (name, old_key) in absent:
-                        absent.add((name, new_key))
-                        received[(name, new_key)] = (OpKind.DELETE, image)
-                    else:
-                        received[(name, new_key)] = (OpKind.INSERT, image)
-                    brought.setdefault(name, (table, set()))[1].add(new_key)
-        by_table = brought
-    if lost_with_parent is not None:
-        lost_with_parent()
-    whole = set()
-    for (name, old_key), new_key in batch.moved.items():
-        if (name, old_key) in received and holds.get((name, new_key)):
-            whole.add((name, new_key))
-            if (name, new_key) not in received:
-                received[(name, new_key)] = (OpKind.UPDATE, dict(watched[(name, new_key)][1]))
-    for name_key in received:
-        table, values = watched[name_key]
-        result = select(table, name_key[1])
-        if result is not None:
-            columns = set(table.columns) if name_key in whole or not values else set(values)
-            send_back(batch, table, name_key[1], {**result, **values}, columns)
-
-
 class _PeerOperations:
     """What capture rows become for ``peer``, read in seq order: each row's
     log transaction (kept while the rows stay in it) and the operation the
@@ -276,7 +202,7 @@ class _PeerOperations:
                 return None
             transaction = self._transaction = found
         if self._reader is None:
-            self._reader = SubscriberReader.from_database(self._conn, self._identity, self._shapes, self._peer)
+            self._reader = subscriber_reader(self._conn, self._identity, self._shapes, self._peer)
         self._reader.at(transaction[1])
         return self._reader.operation(transaction[2], row)
 
