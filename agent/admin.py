@@ -16,12 +16,9 @@ from pathlib import Path
 from codec.keys import SiteKeys
 
 from .errors import AgentError
-from .keyfiles import load_site_keys as site_keys  # re-exported: the name callers use
-from .keyfiles import new_site_keys
-from .site import Site
-from .site import init_site as init_site_database
-from .site.extract import ExtractResult, RemoteKeys
-from .site.extract_many import Extraction
+from .keyfiles import load_site_keys as site_keys, new_site_keys
+from .site import Site, init_site as init_site_database
+from .site.extraction import ExtractResult, Extraction, RemoteKeys
 
 
 def init_site(location: str | os.PathLike[str], *, name: str, role: str, address: str | None = None,

@@ -39,8 +39,8 @@ from .keyfiles import agent_directory
 from .quarantine import REASON_SUFFIX
 from .queues import QueueDepth, QueueError
 from .site import SiteError, is_uri
-from .site.log import HORIZON_SQL, log_end
-from .site.remotes import IN_ERROR_SQL
+from .site.sqlite.log import HORIZON_SQL, log_end
+from .site.sqlite.remotes import IN_ERROR_SQL
 
 if TYPE_CHECKING:
     from .runner import Agent, RunReport

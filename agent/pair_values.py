@@ -15,7 +15,7 @@ from typing import Union
 from codec.message import ControlState
 
 from .errors import AgentError
-from .site.log import horizon
+from .site.remote_rules import horizon
 
 
 class LocalProtocolError(AgentError):

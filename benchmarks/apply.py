@@ -46,7 +46,7 @@ import tempfile
 import time
 
 from agent.site import Article, SiteDatabase
-from agent.site._db import connect
+from agent.site.sqlite._db import connect
 from codec.ops import Run, Transaction, to_runs
 
 TABLE = "customer"

@@ -9,7 +9,7 @@ them).
 
 * follow: the chain published as ``customer@rep``, ``orders@->customer``,
   ``order_line@->orders`` (the route looked up at capture,
-  agent/site/route.py);
+  agent/site/sqlite/route.py);
 * column: the same tables, each child with a ``rep`` column of its own kept
   equal to its customer's by the application, published as
   ``customer@rep``, ``orders@rep``, ``order_line@rep``: the rows routed by

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from agent.site.schema import SITE_COLUMNS, SITE_TABLE
+from agent.site.sqlite.schema import SITE_COLUMNS, SITE_TABLE
 
 # Layout 3's site row: layout 4's, with the secret key text before created_at.
 LAYOUT_3_SITE_TABLE = SITE_TABLE.replace("    created_at ", "    secret            BLOB,\n    created_at ", 1)

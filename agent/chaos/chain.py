@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..site.publications import Article
+from ..site.publication_rules import Article
 
 SCHEMA = [
     "CREATE TABLE client (id INTEGER PRIMARY KEY, rep TEXT NOT NULL, name TEXT)",

@@ -28,8 +28,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from ..site import open_site
-from ..site.publications import Article
+from ..site import Article, open_site
 
 # The chance that the consolidated makes a schema change at a step.
 CHANGE_RATE = 0.4

@@ -28,7 +28,7 @@ from ..admin import extract_site, init_site
 from ..errors import AgentError
 from ..keyfiles import copy_site_keys
 from ..site import Site, open_site
-from ..site.publications import Article
+from ..site.publication_rules import Article
 from . import chain as follow_chain
 
 SCHEMA = [

@@ -20,7 +20,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import AgentError, UsageError
-from ._common import (ADDRESS, SITE_NAME, TRANSPORT, Duration, TimeOfDay, console, error_console, open_site,
+from ._common import (ADDRESS, Duration, SITE_NAME, TRANSPORT, TimeOfDay, console, error_console, open_site,
                       shared_inbox_warnings, show_progress)
 from ._remote_values import SubscriptionTypes, public_key_line, refuse_own_inbox, split_subscription
 
@@ -174,7 +174,7 @@ class _Fleet:
         self._transports: dict[str, Any] = {}
 
     def remote(self, line: FleetLine) -> "NewRemote":  # noqa: F821
-        from ..site.remotes import NewRemote
+        from ..site.remote_rules import NewRemote
 
         values = line.values
         if "name" not in values:
@@ -255,7 +255,7 @@ def add_from_file(database: Path, path: Path, file_format: str | None, *, shared
     from transports.errors import TransportError
 
     from ..site.errors import SiteError
-    from ..site.remotes import RemoteRejected
+    from ..site.errors import RemoteRejected
 
     started = clock.monotonic()
     try:

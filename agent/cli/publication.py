@@ -57,7 +57,7 @@ class PublicationName(click.ParamType):
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         from ..site.errors import InvalidSetting
-        from ..site.publications import check_publication_name
+        from ..site.publication_rules import check_publication_name
 
         try:
             return check_publication_name(str(value))

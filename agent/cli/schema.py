@@ -89,7 +89,7 @@ def breaking_steps(steps: tuple[tuple, ...], published: tuple[str, ...]) -> list
 
 
 def describe(step: tuple) -> str:
-    """One step (agent.site.ddl.differences) in a few words."""
+    """One step (agent.site.sqlite.ddl.differences) in a few words."""
     verb, table = step[0], step[1]
     texts = {
         "add_column": lambda: f"added column {table}.{step[2]}",

@@ -65,7 +65,7 @@ CLOCK_KEYS = ("control_sent_at", "heard_at", "data_sent_at")
 def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterator[StatusParts]:  # noqa: F821
     """Everything ``agent status`` shows, as plain JSON values; the site
     stays open (and its rows' snapshot) while ``remotes`` is read."""
-    from ..site.remotes import RemoteFilter, RemoteUser
+    from ..site.remote_rules import RemoteFilter, RemoteUser
 
     names = [field.name for field in dataclasses.fields(RemoteUser)]
     with open_site(database) as site:
@@ -368,7 +368,7 @@ def status(database: Path, lagging: bool, silent_for: float | None, with_errors:
 
     Example: agent status hq.db --lagging --silent-for 3d --json-lines
     """
-    from ..site.remotes import RemoteFilter
+    from ..site.remote_rules import RemoteFilter
 
     if as_json and as_lines:
         raise click.UsageError("--json and --json-lines exclude each other: one document, or one object a line")

@@ -1,5 +1,6 @@
-"""A schema change in the capture table, and what of it each subscriber
-receives (docs/site-database.md, "Schema changes").
+"""A schema change in the capture table, what of it each subscriber
+receives, and what ``agent schema apply`` reports (docs/site-database.md,
+"Schema changes").
 
 Rules of this file:
 * A change is one capture row of kind ``KIND_SCHEMA`` and shape 0 (no
@@ -17,6 +18,7 @@ Rules of this file:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Callable
 
 from codec.changes import SchemaChange
@@ -28,6 +30,23 @@ from .view import View
 SCHEMA_SHAPE = 0
 
 Article = tuple  # (columns or None, subscribe_by, values), as a selection plan holds it
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaChangeResult:
+    """What ``agent schema apply`` did.  ``offsets``: the commit offsets of
+    the changes written (one, or one per stretch between data statements
+    under ``--unchecked``; none: the statements changed no schema);
+    ``steps``: every step (``agent.site.sqlite.ddl.differences``), published table
+    or not; ``published``: the published tables of which the remotes that
+    hold them receive something; ``subscribers``: the extracted remotes that
+    hold those tables."""
+
+    offsets: tuple[int, ...]
+    steps: tuple[tuple, ...]
+    published: tuple[str, ...]
+    subscribers: tuple[str, ...]
+    statements: int
 
 
 def row_value(steps: list[tuple], shapes: dict[str, int], indexes: dict[str, list]) -> str:

@@ -7,7 +7,7 @@ Rules of this file:
   time a run records is that clock's (tests/agent/test_layout.py).
 * A moment is an aware datetime, kept in UTC; a naive one is refused.
 * Pure: no database.  Each backend stores moments its own way (SQLite as
-  ISO 8601 text, agent.site._db; PostgreSQL as timestamptz).
+  ISO 8601 text, agent.site.sqlite._db; PostgreSQL as timestamptz).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Rules of this file:
   16 random bytes (a UUID4), new at init and at extraction, carried by
   every message.
 * Pure: no database.  A SQLite site keeps its identity in
-  ``fieldsync_site`` (agent.site.schema), a PostgreSQL one in
+  ``fieldsync_site`` (agent.site.sqlite.schema), a PostgreSQL one in
   ``fieldsync.identity`` (agent.site.postgres.identity).
 """
 
@@ -86,3 +86,16 @@ def check_texts(what: str, **values: object) -> None:
 
 def new_incarnation() -> bytes:
     return uuid.uuid4().bytes
+
+
+def next_generation(database_generation: int, identity: SiteIdentity, marker_generation: int,
+                    marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
+    """The count of agent runs a site keeps (agent/restore.py compares it
+    with the count kept in the agent's folder), the rule for both backends:
+    a folder whose count is ahead of the database's, for this incarnation,
+    means the database was put back; it then takes a new incarnation.
+    Returns (generation, incarnation, replaced incarnation or None)."""
+    incarnation, renewed = identity.incarnation, None
+    if marker_incarnation == incarnation and marker_generation > database_generation:
+        renewed, incarnation = incarnation, new_incarnation()
+    return max(database_generation, marker_generation) + 1, incarnation, renewed

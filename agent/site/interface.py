@@ -5,14 +5,14 @@ Rules of this file:
   suite and the Spark export may call on a site.  Nothing outside
   ``agent/site/`` names a backend's class; they take a ``Site`` and get
   one from :mod:`agent.site.locate` (``open_site`` / ``init_site``).
-* A SQLite file (:class:`agent.site.database.SiteDatabase`) is one backend,
+* A SQLite file (:class:`agent.site.sqlite.database.SiteDatabase`) is one backend,
   a PostgreSQL database named by a libpq URI (``agent.site.postgres``) the
   other.  Each implements every method here with the same values and
   errors; ``tests/site/test_interface.py`` fails when a backend's public
   methods drift from this list or their signatures from these.
 * The meaning of each method is written once: here, what a caller may
   rely on whatever the backend; on a backend's method, only what is its
-  own (agent/site/database.py documents the rest of the log readers and
+  own (agent/site/sqlite/database.py documents the rest of the log readers and
   apply, where SQLite's way is the reference).
 """
 
@@ -28,15 +28,13 @@ from codec.ops import Transaction
 
 from .apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution
 from .capture import Shape
-from .changes import SchemaChangeResult
-from .extract import ExtractResult
-from .extract_many import Extraction
-from .publications import Article, Publication, Subscription, Value
+from .change_rows import SchemaChangeResult
+from .extraction import ExtractResult, Extraction
+from .identity import SiteIdentity
+from .publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from .reading import LoggedOperation
-from .remotes import NewRemote, RemoteFilter, RemoteUser
-from .resubscribe import SubscriptionChange
-from .schema import SiteIdentity
 from .fanout import FANOUT_HOLD
+from .remote_rules import NewRemote, RemoteFilter, RemoteUser
 
 
 class Site(Protocol):
@@ -300,4 +298,4 @@ class Site(Protocol):
         whole), yielding each result once the remote's file has its name; a
         failure stops there, the remotes before it extracted.  A PostgreSQL
         consolidated reads each table once for all of them, at one point
-        (agent/site/extract_many.py); a SQLite one extracts them in turn."""
+        (agent/site/sqlite/extract_many.py); a SQLite one extracts them in turn."""

@@ -19,11 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._db import sqlite_home
-from .database import SiteDatabase
 from .errors import InvalidSetting
 from .interface import Site
 from .postgres.schemes import is_postgres_uri
+from .sqlite._db import sqlite_home
+from .sqlite.database import SiteDatabase
 
 Location = str | os.PathLike[str]
 

@@ -10,7 +10,7 @@ Rules of this file:
   or bytes), never NaN; two values are the same when equal and of one type
   (agent.site.values.same_value): subscribing twice with the same value is
   one subscription.
-* Pure: no database.  agent.site.publications keeps them in a SQLite site,
+* Pure: no database.  agent.site.sqlite.publications keeps them in a SQLite site,
   agent.site.postgres.catalogue in a PostgreSQL one; both give the same
   values and raise the same errors with the same lines.
 """

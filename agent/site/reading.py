@@ -7,7 +7,7 @@ Rules of this file:
   what is selected from one log transaction (or one piece of it).
 * Selection is agent.site.selection's, folding agent.site.folding's: this
   file only drives them over a :class:`CaptureSource`, a backend's log
-  (agent.site.log.SqliteLog, agent.site.postgres.log.PgLog).  Nothing here
+  (agent.site.sqlite.log.SqliteLog, agent.site.postgres.log.PgLog).  Nothing here
   knows which backend it reads.
 * Commit offsets are integers that grow with the log: SQLite's are the seq
   of a log transaction's last capture row, PostgreSQL's number the log

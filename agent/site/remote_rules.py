@@ -8,7 +8,7 @@ Rules of this file:
   end``, and ``confirm_sent``, ``resend_count``, ``log_received``,
   ``confirm_received`` and ``rereceive_count`` never go backwards.  Breaking
   one raises :class:`InvariantViolation`; it would be a protocol bug.
-* Pure: no database.  agent.site.remotes keeps the rows in a SQLite site,
+* Pure: no database.  agent.site.sqlite.remotes keeps the rows in a SQLite site,
   agent.site.postgres.remotes in a PostgreSQL one; both check with these
   functions, so both refuse the same changes with the same lines.  Values
   here are Python's (an aware datetime, a time of day, a bool); each
@@ -22,11 +22,21 @@ from datetime import datetime, time
 from typing import Any, Callable, Mapping, Sequence
 
 from .clock import in_utc
-from .errors import (InvalidSetting, InvariantViolation, RemoteExists, RemoteRejected, UnknownPublication,
-                     WrongRole)
+from .errors import InvalidSetting, InvariantViolation, RemoteExists, RemoteRejected, UnknownPublication, WrongRole
 from .identity import Role, SiteIdentity, check_name
-from .log import horizon
 from .publication_rules import check_subscription_value
+
+
+#: A remote-user row's horizon (docs/protocol.md, rule 8; RemoteUser.horizon):
+#: all the log read for the peer once it confirmed all it was sent, else
+#: what it confirmed.  The log after the smallest one is what peers may need.
+def horizon(log_read: int, log_sent: int, confirm_sent: int) -> int:
+    """Rule 8 (docs/protocol.md): the log a peer may still need starts after
+    here: all of it read for the peer (``max(log_read, log_sent)``) once the
+    peer confirmed all that was sent, else ``confirm_sent``.  A SQLite
+    site's HORIZON_SQL (agent.site.sqlite.log) is the same rule over
+    fieldsync_remote's columns (a test holds them equal)."""
+    return max(log_read, log_sent) if confirm_sent >= log_sent else confirm_sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +140,7 @@ class RemoteFilter:
       over are history (``error_count``, ``error_seen_at``, acknowledged
       apply errors) and do not count.
 
-    Each backend turns it into its own query (agent.site.remotes.filter_where,
+    Each backend turns it into its own query (agent.site.sqlite.remotes.filter_where,
     agent.site.postgres.remotes).
     """
 

@@ -13,15 +13,14 @@ Rules of this file:
   what of the change concerns the subscriber (agent.site.change_rows),
   alone in its transaction.
 * Pure row selection: plans, readers, routers and fan-outs see plain data
-  (the plan, the shapes, capture rows); only the ``from_database``
-  constructors read a site database, once.  The site database and the
-  Spark batch job both select through them.
+  (the plan, the shapes, capture rows); a backend reads the rows they are
+  made from (agent.site.sqlite.selection, agent.site.postgres.reading).
+  Both backends and the Spark batch job select through them.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from itertools import groupby
 from operator import itemgetter
 from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Protocol
@@ -29,22 +28,12 @@ from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Protocol
 from codec.changes import SchemaChange
 from codec.ops import OpKind, Operation
 
-from .capture import (
-    FLAG_RETURN_TO_ORIGIN,
-    KIND_DELETE,
-    KIND_INSERT,
-    KIND_SCHEMA,
-    KIND_UPDATE,
-    Shape,
-    ShapeCache,
-    all_shapes,
-)
+from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE, ROUTE, Shape
 from .change_rows import subscriber_change
 from .errors import UnknownRemote
-from .route import ARTICLE_ROWS, ROUTE
 from .folding import _operation
+from .identity import Role, SiteIdentity
 from .view import View
-from .schema import Role, SiteIdentity
 
 
 class SelectionPlan(NamedTuple):
@@ -52,7 +41,7 @@ class SelectionPlan(NamedTuple):
     ``articles`` maps a lowered table name to ``(columns, subscribe_by,
     values)`` (``values`` None: every row), ``returned_flag`` is the capture
     flag of rows written back to their origin (0 at a remote).  It is what
-    :func:`selection_plan` reads from a site database and what a batch
+    a backend reads from its site (agent.site.sqlite.selection) and what a batch
     export writes out, so a reader built anywhere selects alike."""
 
     subscriber: str
@@ -75,15 +64,6 @@ def check_subscribers(identity: SiteIdentity, known: Collection[str], subscriber
 
 def _unknown(identity: SiteIdentity, subscriber: str) -> UnknownRemote:
     return UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
-
-def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber: str) -> SelectionPlan:
-    """What ``subscriber`` receives from this site (raises for an unknown remote)."""
-    if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (subscriber,)).fetchone() is None:
-        raise _unknown(identity, subscriber)
-    articles = conn.execute(ARTICLE_ROWS).fetchall()
-    subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
-                                 " WHERE remote = ?", (subscriber,)).fetchall()
-    return plan_from_rows(subscriber, identity.role, articles, subscriptions)
 
 def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple]
                    ) -> SelectionPlan:
@@ -185,45 +165,6 @@ class SubscriberReader:
         self._articles = plan.articles
         self._current = plan.articles
         self._history = plan.history
-
-    @classmethod
-    def from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
-                      subscriber: str) -> "SubscriberReader":
-        plan = selection_plan(conn, identity, subscriber)
-        # Capture rows are read only as wide as the widest shape of a table
-        # it receives (old and new row), not as wide as the capture table.
-        width = value_columns_read(all_shapes(conn), plan)
-
-        def returned_columns(seq: int) -> str | None:
-            found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
-            return None if found is None else found[0]
-
-        return cls(plan, shapes, returned_columns, width)
-
-    @classmethod
-    def many_from_database(cls, conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
-                           subscribers: list[str], *, runs: bool = False) -> list["SubscriberReader"]:
-        """:meth:`from_database` for many subscribers, with one query each
-        for the remotes, articles, subscriptions and shapes (a send phase
-        at a consolidated of thousands reads for all of them at once)."""
-        # Only the subscribers' own rows are read (a group of a send phase
-        # at a consolidated of 100,000 is a few thousand of them).
-        wanted = json.dumps(subscribers)
-        check_subscribers(identity, {name for (name,) in conn.execute(
-            "SELECT name FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))", (wanted,))},
-                          subscribers)
-        subscriptions: dict[str, list[tuple]] = {}
-        for remote, publication, value, since, until in conn.execute(
-                "SELECT remote, publication, value, since, until FROM fieldsync_subscription"
-                " WHERE remote IN (SELECT value FROM json_each(?)) ORDER BY rowid", (wanted,)):
-            subscriptions.setdefault(remote, []).append((publication, value, since, until))
-
-        def returned_columns(seq: int) -> str | None:
-            found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
-            return None if found is None else found[0]
-
-        return cls.many_from_rows(identity, shapes, all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(),
-                                  subscriptions, subscribers, returned_columns, runs=runs)
 
     @classmethod
     def many_from_rows(cls, identity: SiteIdentity, shapes: "Shapes", every_shape: Iterable[Shape],

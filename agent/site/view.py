@@ -18,8 +18,7 @@ from typing import Callable, Iterable
 
 from codec.ops import RUN_ROWS, OpKind, Operation, Run
 
-from .capture import KIND_INSERT, Shape
-from .route import ROUTE
+from .capture import KIND_INSERT, ROUTE, Shape
 from .folding import _same
 
 

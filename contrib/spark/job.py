@@ -127,7 +127,7 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     from agent.site.capture import Shape, ShapeTable
     from agent.site.fanout import Fanout
     from agent.site.selection import SubscriberReader, plan_from_rows
-    from agent.site.schema import Role
+    from agent.site.identity import Role
     from codec.packing import Payload, PayloadPacker
 
     if stall is not None:

@@ -14,7 +14,7 @@ import pytest
 from agent.runner import Agent, Problems, RunOptions
 from agent.schedule import TruncationSchedule
 from agent.site import SiteDatabase
-from agent.site.log import HORIZON_SQL
+from agent.site.sqlite.log import HORIZON_SQL
 
 from .world import World, random_rows
 

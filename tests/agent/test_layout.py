@@ -77,12 +77,12 @@ def _refuse_other_clocks(monkeypatch) -> None:
     outside a run) fails the run that reaches it."""
     import sys
 
-    from agent.site import _db
+    from agent.site import clock
 
     def refused():  # type: ignore[no-untyped-def]
         raise AssertionError("utc_now() reached during an agent's run: pass the agent's clock (now=...)")
 
-    original = _db.utc_now
+    original = clock.utc_now
     for module in list(sys.modules.values()):
         if getattr(module, "utc_now", None) is original:
             monkeypatch.setattr(module, "utc_now", refused)

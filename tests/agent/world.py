@@ -20,7 +20,7 @@ from typing import Callable, ClassVar
 from agent.admin import extract_site, init_site
 from agent.runner import Agent, RunOptions, RunReport
 from agent.site import SiteDatabase
-from agent.site.publications import Article
+from agent.site.publication_rules import Article
 
 SCHEMA = [
     "CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT NOT NULL, name TEXT, balance REAL, photo BLOB)",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.site.log import HORIZON_SQL
+from agent.site.sqlite.log import HORIZON_SQL
 from tests.agent.transport_worlds import MailServers, mail_servers  # noqa: F401 (fixture)
 from tests.sqlfiles import connected
 from tests.transports.servers import MAIL_DOMAIN

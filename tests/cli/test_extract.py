@@ -155,7 +155,7 @@ def test_a_target_in_the_way_or_an_unknown_remote_extracts_nothing(tmp_path: Pat
 
 def test_a_failure_stops_the_run_and_says_what_was_done(tmp_path: Path, agent: Agent, world: World,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.site.database import SiteDatabase
+    from agent.site.sqlite.database import SiteDatabase
 
     _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
     real = SiteDatabase.extract

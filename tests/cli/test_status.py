@@ -276,7 +276,7 @@ def test_peers_with_errors_and_filters_together(agent: Agent, world: World) -> N
 
 
 def test_json_of_ten_thousand_remotes_within_two_seconds(tmp_path: Path, agent: Agent) -> None:
-    from agent.site.remotes import NewRemote
+    from agent.site.remote_rules import NewRemote
 
     database = tmp_path / "hq.db"
     assert agent("init", database, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "in").code == 0

@@ -26,7 +26,7 @@ import pytest
 from agent.admin import extract_site
 from agent.keyfiles import agent_directory, key_path, load_site_keys, open_site_database, save_site_keys
 from agent.site import SiteDatabase
-from agent.site.schema import SCHEMA_VERSION
+from agent.site.sqlite.schema import SCHEMA_VERSION
 from codec.keys import SiteKeys
 from tests.cli.conftest import World, agent, make_world  # noqa: F401 - agent is a fixture
 from tests.old_layouts import back_to_layout_3

@@ -25,7 +25,8 @@ from datetime import datetime, time, timezone
 import pytest
 
 from agent.site import InvalidSetting, InvariantViolation, RemoteExists, RemoteUser, UnknownPublication, UnknownRemote
-from agent.site.remotes import NewRemote, RemoteFilter, RemoteRejected
+from agent.site.remote_rules import NewRemote, RemoteFilter
+from agent.site.errors import RemoteRejected
 
 DESIGN_COLUMNS = {
     "name", "log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",

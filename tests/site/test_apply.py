@@ -1,4 +1,4 @@
-"""Applying a peer's transactions (agent.site.apply.driver) where a SQLite
+"""Applying a peer's transactions (agent.site.sqlite.apply.driver) where a SQLite
 site is its own: decoded tuples, the remote's side, the fast path's
 replay, a process killed mid-apply.  The consolidated's apply on both
 backends (atomicity, errors, conflicts, key moves) is

@@ -1,4 +1,4 @@
-"""Applying a version-2 message's runs (agent.site.apply.driver._apply_run):
+"""Applying a version-2 message's runs (agent.site.sqlite.apply.driver._apply_run):
 their rows are bound as decoded, and anything unusual takes the general
 path with the operations they stand for."""
 
@@ -17,7 +17,7 @@ def runs_of(commit, *ops, origin="r1"):
 
 def traced(monkeypatch):
     """The statements the run path builds (so the test sees it was taken)."""
-    from agent.site.apply.statements import Statements
+    from agent.site.sqlite.apply.statements import Statements
 
     statements = []
     build = Statements.run_sql

@@ -1,4 +1,4 @@
-"""Change capture by triggers (agent.site.capture) where a SQLite site is
+"""Change capture by triggers (agent.site.sqlite.capture) where a SQLite site is
 its own: values and storage classes, generated and wide columns, ALTER
 TABLE.  What application writes produce on both backends is
 tests/site/both/test_capture_log.py."""

@@ -1,4 +1,4 @@
-"""The SiteDatabase facade (agent.site.database): life cycle, threads,
+"""The SiteDatabase facade (agent.site.sqlite.database): life cycle, threads,
 locking errors."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Extraction of a remote database (agent.site.extract)."""
+"""Extraction of a remote database (agent.site.sqlite.extract)."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def _stream(site):
 def test_an_extraction_that_fails_or_is_interrupted_changes_nothing(tmp_path, hq, monkeypatch, failure):
     """The remote's current copy goes on working: no new keys, epochs or
     offsets at the consolidated, and no file."""
-    import agent.site.extract as extract_module
+    import agent.site.sqlite.extract as extract_module
 
     first = hq.extract("r1", tmp_path / "r1.db")
     before = _stream(hq)
@@ -189,7 +189,7 @@ def test_an_extraction_that_fails_or_is_interrupted_changes_nothing(tmp_path, hq
 def test_a_target_that_appears_during_the_extraction_changes_nothing(tmp_path, hq, monkeypatch, hard_links):
     """Nor is it overwritten where the file system has no hard links (FAT):
     the name is then given by a rename, after a check."""
-    import agent.site.extract as extract_module
+    import agent.site.sqlite.extract as extract_module
 
     if not hard_links:
         def no_hard_links(source, target, **kwargs):  # type: ignore[no-untyped-def]
@@ -215,7 +215,7 @@ def test_a_folder_that_cannot_be_flushed_fails_the_extraction_and_changes_nothin
     """The name is made durable inside the transaction that switches the
     remote's row over: an fsync of the folder that fails is no longer
     ignored, and leaves the row and the folder as they were."""
-    import agent.site.extract as extract_module
+    import agent.site.sqlite.extract as extract_module
 
     real_fsync_directory = extract_module.fsync_directory
 
@@ -237,7 +237,7 @@ def test_a_stream_that_moves_on_during_the_extraction_is_not_overwritten(tmp_pat
     """An agent running for hq handles a resend request of the remote's
     current copy while the new one is made: the new copy's epochs would no
     longer be above the old copy's, so the extraction gives up."""
-    import agent.site.extract as extract_module
+    import agent.site.sqlite.extract as extract_module
 
     copy_rows = extract_module._copy_rows
 
@@ -343,7 +343,7 @@ def test_the_copy_keeps_exactly_the_rows_the_log_reader_sends(tmp_path, declared
     """The copy asks SQLite for candidate rows (IN, by the column's
     affinity), then keeps the rows whose value equals the subscription's as
     the log reader compares them: whatever the column's type and values."""
-    from agent.site.extract import PREFILTER_VALUES
+    from agent.site.extraction import PREFILTER_VALUES
 
     site = make_site(tmp_path, "hq", "consolidated", f"CREATE TABLE depot (id INTEGER PRIMARY KEY, zone {declared})")
     site.create_publication("zones", [Article("depot", subscribe_by="zone")])

@@ -1,4 +1,4 @@
-"""Rows that follow their parent at the site level (agent/site/route.py):
+"""Rows that follow their parent at the site level (agent/site/sqlite/route.py):
 routes through composite keys and chains, NULL foreign keys, table
 changes, rows written by hand, and the layout that records follows."""
 
@@ -8,8 +8,9 @@ import contextlib
 import sqlite3
 
 from agent.site import Article, SiteDatabase
-from agent.site.capture import KIND_UPDATE, ShapeCache, write_capture_row
-from agent.site.schema import SCHEMA_VERSION
+from agent.site.capture import KIND_UPDATE
+from agent.site.sqlite.capture import ShapeCache, write_capture_row
+from agent.site.sqlite.schema import SCHEMA_VERSION
 from codec.ops import OpKind
 
 from .conftest import app_connection, make_site

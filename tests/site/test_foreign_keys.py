@@ -1,5 +1,5 @@
-"""The foreign keys a remote's copy keeps (agent/site/foreign_keys.py, and
-the choice in agent/site/extract.py): read from the table's definition as
+"""The foreign keys a remote's copy keeps (agent/site/sqlite/foreign_keys.py, and
+the choice in agent/site/sqlite/extract.py): read from the table's definition as
 SQLite reads it, kept when the remote gets their columns, their parent
 and the parent's key, always checked at once there."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.site import Article, SiteDatabase
-from agent.site.foreign_keys import foreign_keys, remote_definition
+from agent.site.sqlite.foreign_keys import foreign_keys, remote_definition
 
 from .conftest import make_site
 

@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 
-from agent.site.database import SiteDatabase
+from agent.site.sqlite.database import SiteDatabase
 from agent.site.interface import Site
 from agent.site.locate import init_site, is_uri, open_site, site_home
 from agent.site.errors import InvalidSetting
@@ -112,4 +112,63 @@ def test_nothing_outside_the_site_package_names_a_backend() -> None:
                 if isinstance(node, ast.ImportFrom):
                     found += [f"{path.relative_to(root)}: imports {alias.name}" for alias in node.names
                               if alias.name in ("SiteDatabase", "PostgresSite")]
+    assert not found, found
+
+
+def _site_imports() -> dict[str, set[str]]:
+    """The modules of agent.site each module of agent/site imports (a
+    relative import resolved; an imported name that is a module counts as
+    that module)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    imports: dict[str, set[str]] = {}
+    for path in sorted((root / "agent" / "site").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        package = parts[:-1] if parts[-1] != "__init__" else parts
+        module = ".".join(package if parts[-1] == "__init__" else parts)
+        found = imports.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package[:len(package) - node.level + 1] + [node.module or ""]).strip(".") \
+                    if node.level else node.module or ""
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+    return imports
+
+
+def _of(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_shared_site_modules_import_no_backend() -> None:
+    """agent/site holds the interface and the rules both backends keep; each
+    backend is a package of its own that imports them, never the other way
+    round (docs/site-database.md, "Code layout").  locate.py and the
+    package's face alone choose and re-export the backends."""
+    choosers = {"agent.site", "agent.site.locate"}
+    backends = ("agent.site.sqlite", "agent.site.postgres")
+    found = [f"{module} imports {imported}" for module, imported_all in _site_imports().items()
+             if module not in choosers and not any(_of(module, backend) for backend in backends)
+             for imported in sorted(imported_all) if any(_of(imported, backend) for backend in backends)]
+    assert not found, found
+
+
+def test_the_backends_import_each_other_only_to_make_a_remotes_file() -> None:
+    """The SQLite backend never imports the PostgreSQL one; the PostgreSQL
+    one imports the SQLite one only to extract a remote, whose copy is a
+    SQLite file (docs/postgres.md, "Extraction")."""
+    extraction = {"agent.site.postgres.extract", "agent.site.postgres.extract_many", "agent.site.postgres.site"}
+    found = []
+    for module, imported_all in _site_imports().items():
+        for imported in sorted(imported_all):
+            if _of(module, "agent.site.sqlite") and _of(imported, "agent.site.postgres"):
+                found.append(f"{module} imports {imported}")
+            if _of(module, "agent.site.postgres") and _of(imported, "agent.site.sqlite") and (
+                    module not in extraction or not imported.startswith(
+                        ("agent.site.sqlite.extract", "agent.site.sqlite._db", "agent.site.sqlite.capture"))):
+                found.append(f"{module} imports {imported}")
     assert not found, found

@@ -1,4 +1,4 @@
-"""The transaction log (agent.site.log) where a SQLite site is its own:
+"""The transaction log (agent.site.sqlite.log) where a SQLite site is its own:
 chunked reads, the horizon, truncation's rules, a concurrent writer
 process.  Scans, commit order, reading bounds and truncation on both
 backends are tests/site/both/test_capture_log.py."""
@@ -12,7 +12,7 @@ import pytest
 
 from agent.site import Article
 from agent.site.errors import InvariantViolation
-from agent.site import log as site_log
+from agent.site.sqlite import log as site_log
 
 from .conftest import CUSTOMER, app_connection, make_site
 from .workers import write_transactions
@@ -147,7 +147,8 @@ def test_the_horizon_is_one_rule_in_python_and_in_sql():
     import itertools
     import sqlite3
 
-    from agent.site.log import HORIZON_SQL, horizon
+    from agent.site.sqlite.log import HORIZON_SQL
+    from agent.site.remote_rules import horizon
 
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE fieldsync_remote (log_read INTEGER, log_sent INTEGER, confirm_sent INTEGER)")

@@ -1,4 +1,4 @@
-"""A remote's pending rows (agent.site.apply.pending): its own changes the
+"""A remote's pending rows (agent.site.sqlite.apply.pending): its own changes the
 consolidated has not confirmed."""
 
 from __future__ import annotations

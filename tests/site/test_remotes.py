@@ -1,4 +1,4 @@
-"""The remote-user table (agent.site.remotes): the checks every backend
+"""The remote-user table (agent.site.sqlite.remotes): the checks every backend
 passes (tests/site/remote_user_checks.py) on a SQLite site, and what is
 SQLite's own (a remote site, apply errors)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agent.site import InvalidSetting, WrongRole
-from agent.site.remotes import NewRemote, RemoteRejected
+from agent.site.remote_rules import NewRemote
+from agent.site.errors import RemoteRejected
 
 from .conftest import CUSTOMER, app_connection, make_site
 from .remote_user_checks import NOW, RemoteUserChecks

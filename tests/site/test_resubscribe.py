@@ -1,4 +1,4 @@
-"""Subscription changes through the stream (agent/site/resubscribe.py, and
+"""Subscription changes through the stream (agent/site/sqlite/resubscribe.py, and
 the readers' plans by commit offset in agent/site/selection.py), on real
 SQLite files: docs/site-database.md, "Changing a remote's subscriptions"."""
 
@@ -12,7 +12,8 @@ import pytest
 from agent.site import SiteDatabase
 from agent.site.errors import InvalidSetting
 from agent.site.selection import plan_from_rows
-from agent.site.schema import Role, SCHEMA_VERSION
+from agent.site.identity import Role
+from agent.site.sqlite.schema import SCHEMA_VERSION
 from codec.ops import OpKind
 
 from .conftest import app_connection, orders_world

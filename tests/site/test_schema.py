@@ -1,4 +1,4 @@
-"""Site identity and fieldsync's own tables (agent.site.schema)."""
+"""Site identity and fieldsync's own tables (agent.site.sqlite.schema)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from agent.site import (
     SiteDatabase,
     UnsupportedSiteVersion,
 )
-from agent.site.schema import SCHEMA_VERSION
+from agent.site.sqlite.schema import SCHEMA_VERSION
 from tests.old_layouts import back_to_layout, back_to_layout_3
 
 

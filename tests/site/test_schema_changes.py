@@ -1,4 +1,4 @@
-"""Schema changes at the consolidated (agent/site/changes.py, agent/site/ddl.py;
+"""Schema changes at the consolidated (agent/site/sqlite/changes.py, agent/site/sqlite/ddl.py;
 docs/site-database.md, "Schema changes"): what ``apply_schema`` takes, logs
 and sends to whom, and what it refuses with nothing changed."""
 
@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from agent.site import Article, SiteDatabase
-from agent.site.ddl import added_definition, differences, read_schema, split_statements
+from agent.site.sqlite.ddl import added_definition, differences, read_schema, split_statements
 from agent.site.errors import ApplyRefused, SchemaConflict, SchemaRefused, WrongRole
 from codec.changes import SchemaChange
 from codec.ops import Transaction, change_of

@@ -17,7 +17,7 @@ def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_few
     offers each capture row only to some readers; every reader that selects
     the row must be among them, and rows of a value go to its subscribers."""
     from agent.site.fanout import Router
-    from agent.site.selection import SubscriberReader
+    from agent.site.sqlite.selection import subscriber_reader
 
     hq.subscribe("idle", "sales", "nowhere")
     start = hq.scan()
@@ -32,7 +32,7 @@ def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_few
     ))], log_received=5)
     end = hq.scan()
     names = ["north1", "south1", "idle"]
-    readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name in names]
+    readers = [subscriber_reader(hq.connection, hq.identity, hq._shapes, name) for name in names]
     router = Router(readers)
     line_shape = hq.connection.execute("SELECT max(id) FROM fieldsync_shape WHERE table_name = 'line'").fetchone()[0]
     offered: list[set[str]] = []
@@ -169,10 +169,10 @@ def test_the_router_leaves_each_reader_its_own_transactions(hq):
     """Fanout alone: fed the capture rows of the whole log, each reader gets
     exactly the transactions of its range, as read_transactions makes them."""
     from agent.site.fanout import Fanout
-    from agent.site.selection import SubscriberReader
+    from agent.site.sqlite.selection import subscriber_reader
 
     reads = _reads(_busy_log(hq))[:4]
-    readers = [SubscriberReader.from_database(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]
+    readers = [subscriber_reader(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]
     fanout = Fanout(readers, [(after, until) for _, after, until in reads])
     got: dict[int, list] = {index: [] for index in range(len(reads))}
     low, high = min(read[1] for read in reads), max(read[2] for read in reads)

@@ -14,7 +14,7 @@ import sqlite3
 import pytest
 
 from agent.site import Article, SiteDatabase
-from agent.site.schema import SCHEMA_VERSION
+from agent.site.sqlite.schema import SCHEMA_VERSION
 from codec.ops import Operation, Transaction
 
 from .conftest import ORDERS, app_connection, make_site, table_rows

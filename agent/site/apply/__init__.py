@@ -1,14 +1,16 @@
-"""Applying a peer's transactions (docs/site-database.md): one module per
-rule (statements, keymoves, conflicts, unconfirmed, pending, followers), each an
-object or function the driver (:class:`Applier`) holds and calls in turn,
-over the values of batch; this package exports what the rest of the site
-adapter uses.
+"""Applying a peer's transactions (docs/site-database.md): the rules both
+backends apply by.  ``batch`` holds the values one apply works with,
+``checks`` whether a batch may be applied, ``conflicts``, ``keymoves`` and
+``unconfirmed`` the decisions of their rules, ``records`` what an apply
+error records.  Each backend's driver does its own SQL around them:
+agent/site/sqlite/apply (a SQLite site, consolidated or remote) and
+agent/site/postgres/apply (a PostgreSQL consolidated).  This package
+exports the values the site interface takes and returns.
 """
 
 from .batch import ApplyResult, Conflict, ConflictHook, Resolution
-from .conflicts import ConflictRecord, check_policy, list_conflicts, set_hook, set_policy_locked
-from .driver import Applier
-from .statements import ApplyErrorRecord, list_apply_errors
+from .conflicts import ConflictRecord, check_policy, set_hook
+from .records import ApplyErrorRecord
 
-__all__ = ["Applier", "ApplyErrorRecord", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "Resolution",
-           "check_policy", "list_apply_errors", "list_conflicts", "set_hook", "set_policy_locked"]
+__all__ = ["ApplyErrorRecord", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "Resolution",
+           "check_policy", "set_hook"]

@@ -15,11 +15,10 @@ import math
 from dataclasses import dataclass
 from operator import itemgetter
 from enum import Enum
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from codec.ops import OpKind, Operation, Run
 
-from .._db import quote_ident
 from ..capture import Shape
 from ..values import pack
 
@@ -67,26 +66,17 @@ class ApplyResult:
 MOVES_FOLLOWED = 16
 
 
-class Table:
-    """What the apply path needs to know about a local table."""
+class Table(Protocol):
+    """What the rules here read of a local table, whatever the backend: a
+    SQLite site's (sqlite/apply/statements.py, SqliteTable) or a PostgreSQL
+    consolidated's (postgres/apply/tables.py, PgTable)."""
 
-    __slots__ = ("name", "quoted", "columns", "column_set", "key_columns", "where_key", "shape", "policy",
-                 "or_ignore")
-
-    def __init__(self, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...], or_ignore: bool) -> None:
-        self.name = name
-        self.quoted = quote_ident(name)
-        self.columns = columns
-        self.column_set = frozenset(columns)
-        self.key_columns = key_columns
-        self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
-        self.shape: Shape | None = None
-        self.policy = Resolution.INCOMING
-        # Whether the fast path may write with OR IGNORE (driver._flush_checked): a
-        # statement's OR clause also governs the statements of the table's
-        # triggers, so only where fieldsync's capture triggers are the only
-        # ones (their insert cannot fail).
-        self.or_ignore = or_ignore
+    name: str
+    columns: tuple[str, ...]
+    column_set: frozenset[str]
+    key_columns: tuple[str, ...]
+    shape: Shape | None
+    policy: Resolution
 
 
 class Return:
@@ -358,21 +348,6 @@ def same_value(left: object, right: object) -> bool:
     if type(left) is float and left == right:
         return math.copysign(1.0, left) == math.copysign(1.0, right)  # type: ignore[arg-type]
     return left == right
-
-
-def sqlite_equal(left: object, right: object) -> bool:
-    """Equality as the ``IS`` of the conditional UPDATE sees it: numbers by
-    value (1 = 1.0), text and blobs by type and content, NaN as NULL."""
-    if isinstance(left, float) and left != left:
-        left = None
-    if isinstance(right, float) and right != right:
-        right = None
-    if type(left) in _NUMBERS and type(right) in _NUMBERS:
-        return left == right
-    return type(left) is type(right) and left == right
-
-
-_NUMBERS = (int, float)
 
 
 def packed(value: object) -> bytes:

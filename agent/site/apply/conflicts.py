@@ -1,121 +1,31 @@
 """Conflicts at the consolidated, and the rows that go back to the origin.
 
 Rules of this file:
-* At the consolidated an UPDATE is conditional on its before-image
-  (``col IS ?``, SQLite's equality); a mismatch is a conflict, recorded in
-  ``fieldsync_conflict`` and resolved by the table's policy or a hook, and
-  the resulting row goes back to the origin.
+* At the consolidated an UPDATE is conditional on its before-image; a
+  mismatch is a conflict, recorded and resolved by the table's policy or a
+  hook, and the resulting row goes back to the origin.
 * What goes back to the origin (conflicts, the unconfirmed rule, key
   moves, rows moved into its subset) is written once the whole batch is
-  applied (:meth:`Conflicts.write_returns`), each row only to the origin.
-* The decisions are plain functions both backends call (the PostgreSQL
-  consolidated, agent/site/postgres/apply, too): how a conflict is
+  applied, each row only to the origin.
+* The decisions are plain functions both backends call: how a conflict is
   resolved (:func:`decide`, :func:`resolved`), what an INSERT of a held
   key sends back (:func:`kept_local_row`) and what goes back after a
-  batch (:func:`planned_returns`); :class:`Conflicts` does SQLite's SQL
-  around them, given the connection, the statements and the conflict
-  hooks (the site adapter's, read at each conflict).
+  batch (:func:`planned_returns`).  Each backend does its SQL around them
+  (agent/site/sqlite/apply/conflicts.py, agent/site/postgres/apply).
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping
 
 from codec.ops import OpKind, Operation
 
-from ..capture import (FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape, table_info,
-                       write_capture_row)
+from ..capture import KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape
 from ..errors import ConflictHookFailed, InvalidSetting
-from ..values import pack, unpack, value_problem
-from ..route import Follow
-from .batch import Batch, Conflict, ConflictHook, Filter, Resolution, Table, key_after, send_back
-from .followers import descendants
-from .statements import Statements
-
-
-class Conflicts:
-    """Resolving conflicts, and writing what goes back to the origin."""
-
-    def __init__(self, conn: sqlite3.Connection, statements: Statements,
-                 hooks: dict[str | None, ConflictHook]) -> None:
-        self._conn = conn
-        self._statements = statements
-        self._hooks = hooks  # lower-case table (None: every other) -> hook; the adapter keeps it
-
-    def resolve(self, table: Table, op: tuple, local: dict, batch: Batch) -> None:
-        """An UPDATE ``op`` found row ``local`` other than its before-image:
-        resolve it (hook, policy), record it, and send the result back."""
-        conn = self._conn
-        key = op[2]
-        decision, written = decide(self._hooks, table, op, local, batch)
-        if written:
-            # Captured as usual (origin: the peer), so every other subscriber
-            # gets the result; the origin gets it from write_returns.
-            conn.execute(self._statements.update_sql(table, tuple(written), ()), (*written.values(), *key))
-        final_key = key_after(table.key_columns, key, written)
-        result = self._statements.select(table, final_key)
-        conn.execute(
-            "INSERT INTO fieldsync_conflict (at, peer, peer_commit, table_name, key, local_row, incoming_before,"
-            " incoming_after, resolution, result_row) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (batch.now, batch.peer, batch.commit, table.name, pack(key), pack(local), pack(op[3]), pack(op[4]),
-             resolution_name(decision), None if result is None else pack(result)))
-        resolved(batch, table, op, local, written, final_key, result)
-
-    def filters(self, peer: str) -> dict[str, Filter]:
-        """``peer``'s subset of each filtered table (lower-case table ->
-        Filter): by SUBSCRIBE BY column, or for a table that follows its
-        parent by the route of its foreign key (agent/site/route.py); what
-        decides which rows leave its subset."""
-        values: dict[str, set] = {}
-        for publication, value in self._conn.execute(
-                "SELECT publication, value FROM fieldsync_subscription WHERE remote = ? AND until IS NULL", (peer,)):
-            bucket = values.setdefault(publication, set())
-            if value is not None:
-                bucket.add(value)
-        found = {}
-        for table, publication, column in self._conn.execute(
-                "SELECT table_name, publication, subscribe_by FROM fieldsync_article"
-                " WHERE subscribe_by IS NOT NULL OR follows IS NOT NULL"):
-            subset = frozenset(values.get(publication, ()))
-            follow = self._statements.follows.get(table.lower())
-            if follow is None:
-                found[table.lower()] = Filter((column,), subset)
-            else:
-                found[table.lower()] = Filter(follow.columns, subset, self._route_of(follow))
-        return found
-
-    def _route_of(self, follow: Follow) -> Callable[[Sequence], object]:
-        """The route of a row of ``follow.table`` from its foreign key values."""
-        sql = self._statements.cached(("route", follow.table),
-                                      lambda: f"SELECT {follow.route(['?'] * len(follow.columns))}")
-        conn = self._conn
-
-        def route(values: Sequence) -> object:
-            try:
-                return conn.execute(sql, list(values)).fetchone()[0]
-            except (OverflowError, sqlite3.InterfaceError, sqlite3.ProgrammingError):
-                return None  # a value no parent can hold (the operation is refused as malformed)
-        return route
-
-    def write_returns(self, batch: Batch) -> None:
-        """Capture what goes back to the batch's origin, each row only to it
-        (:func:`planned_returns`, once the whole batch is applied)."""
-        conn, statements = self._conn, self._statements
-        under = (lambda table, row: descendants(conn, statements, table, row)) if statements.follows else None
-        for shape, kind, values, columns in planned_returns(batch, statements.select, under):
-            self._write_return(shape, kind, values, columns)
-
-    def _write_return(self, shape: Shape, kind: int, values: list, columns: Iterable[str] = ()) -> None:
-        """Write one capture row for the batch's origin only.  Each gets a
-        fieldsync_returned row (the columns an UPDATE sends back), which is
-        also how Unconfirmed.any_unconfirmed finds them without a scan."""
-        seq = write_capture_row(self._conn, shape, kind, FLAG_RETURN_TO_ORIGIN, values)
-        self._conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
-                           (seq, json.dumps(sorted(columns))))
+from ..values import unpack, value_problem
+from .batch import Batch, Conflict, ConflictHook, Resolution, Table, send_back
 
 
 def decide(hooks: Mapping[str | None, ConflictHook], table: Table, op: tuple, local: dict,
@@ -293,13 +203,6 @@ def conflict_record(row: tuple, at: datetime) -> ConflictRecord:
                           unpack(after), resolution, unpack(result))
 
 
-def list_conflicts(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ConflictRecord, ...]:
-    rows = conn.execute("SELECT id, at, peer, peer_commit, table_name, key, local_row, incoming_before,"
-                        " incoming_after, resolution, result_row FROM fieldsync_conflict WHERE id > ? ORDER BY id",
-                        (after_id,)).fetchall()
-    return tuple(conflict_record(row, datetime.fromisoformat(row[1])) for row in rows)
-
-
 def check_policy(policy: object) -> Resolution:
     try:
         return Resolution(policy)
@@ -307,11 +210,3 @@ def check_policy(policy: object) -> Resolution:
         raise InvalidSetting(f"conflict policy must be 'incoming' or 'local', got {policy!r}") from None
 
 
-def set_policy_locked(conn: sqlite3.Connection, table: str, policy: object) -> None:
-    """Set (None: clear) the conflict policy of ``table``, inside a write transaction."""
-    info = table_info(conn, table)
-    if policy is None:
-        conn.execute("DELETE FROM fieldsync_conflict_policy WHERE table_name = ?", (info.name,))
-    else:
-        conn.execute("INSERT OR REPLACE INTO fieldsync_conflict_policy (table_name, policy) VALUES (?, ?)",
-                     (info.name, check_policy(policy).value))

@@ -1,5 +1,6 @@
-"""The count of agent runs a PostgreSQL site keeps: agent/site/agent_runs.py's
-rule, in the ``fieldsync`` schema.
+"""The count of agent runs a PostgreSQL site keeps: the rule of
+agent.site.identity.next_generation, in the ``fieldsync`` schema (a SQLite
+site's: agent/site/sqlite/agent_runs.py).
 
 Rules of this file:
 * One row, ``fieldsync.agent_run``, made on first use by the agent's role
@@ -11,8 +12,7 @@ from __future__ import annotations
 
 import psycopg
 
-from ..agent_runs import next_generation
-from ..identity import SiteIdentity
+from ..identity import SiteIdentity, next_generation
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync.agent_run"
           " (id integer PRIMARY KEY CHECK (id = 1), generation bigint NOT NULL)")

@@ -1,5 +1,5 @@
 """Extracting a SQLite remote from a PostgreSQL consolidated: the
-consolidated side of agent.site.extract (its ExtractionSource), which
+consolidated side of agent.site.sqlite.extract (its ExtractionSource), which
 makes the remote's file as it does from a SQLite consolidated.
 
 Rules of this file:
@@ -38,11 +38,12 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from .._db import quote_ident, write_transaction
-from ..capture import TableInfo
-from ..extract import COPY_CHUNK, PREFILTER_VALUES, SwitchOver, TablePlan
+from ..extraction import COPY_CHUNK, PREFILTER_VALUES, SwitchOver
 from ..identity import SiteIdentity
 from ..remote_rules import RemoteUser
+from ..sqlite._db import quote_ident, write_transaction
+from ..sqlite.capture import TableInfo
+from ..sqlite.extract import TablePlan
 from . import remotes as remote_rows
 from .capture import PgShape, load_shapes, shown_table
 from .catalogue import table_order

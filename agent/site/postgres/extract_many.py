@@ -1,6 +1,6 @@
 """Many SQLite remotes extracted from a PostgreSQL consolidated at one
 point, each published table read once for all of them (the staging side
-of agent.site.extract_many).
+of agent.site.sqlite.extract_many).
 
 Rules of this file:
 * One consistent point for every remote: the reader's REPEATABLE READ
@@ -34,9 +34,9 @@ import psycopg
 
 from codec.fsutil import temporary_name
 
-from .._db import quote_ident, write_transaction
-from ..extract import TablePlan
 from ..remote_rules import RemoteUser
+from ..sqlite._db import quote_ident, write_transaction
+from ..sqlite.extract import TablePlan
 from .connect import connect, translate
 from .extract import PgConsolidated, read_rows
 
@@ -90,7 +90,7 @@ class PgStagedRows:
 @dataclass(frozen=True, slots=True)
 class PgFleetSource(PgConsolidated):
     """A PostgreSQL consolidated as the extraction of many remotes uses it
-    (agent.site.extract_many's StagingSource)."""
+    (agent.site.sqlite.extract_many's StagingSource)."""
 
     def stage_rows(self, wanted: Sequence[tuple[str, list[TablePlan]]], folder: Path
                    ) -> contextlib.AbstractContextManager[PgStagedRows]:

@@ -205,7 +205,7 @@ def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Ma
     None, as a SQLite site's capture table is as wide as its widest shape).
 
     Log transactions whose origin is ``skip_origin`` are left out, but
-    their rows with a flag in ``keep_flag`` (agent.site.log.iter_capture's
+    their rows with a flag in ``keep_flag`` (agent.site.sqlite.log.iter_capture's
     rule).  Each chunk is one statement (under ``lock``, the lock of every
     use of ``conn``), paged by key: no transaction stays open between
     chunks, and offsets up to ``until`` never change, so nothing is missed

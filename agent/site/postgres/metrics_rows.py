@@ -23,7 +23,7 @@ from .log import log_end
 from .remotes import IN_ERROR_SQL
 from .uri import PgTarget, parse_uri
 
-# agent/site/log.py's HORIZON_SQL in PostgreSQL's words (GREATEST for SQLite's scalar max);
+# agent/site/sqlite/log.py's HORIZON_SQL in PostgreSQL's words (GREATEST for SQLite's scalar max);
 # tests/site/postgres/test_metrics_rows.py holds the two to the one horizon rule.
 HORIZON_SQL = "(CASE WHEN confirm_sent >= log_sent THEN GREATEST(log_read, log_sent) ELSE confirm_sent END)"
 

@@ -10,7 +10,7 @@ Rules of this file:
   change waits, so the invariants hold under concurrency as they do under
   SQLite's write lock.
 * A remote's horizon (docs/protocol.md, rule 8) is computed in Python by
-  agent.site.log.horizon, the one rule: for ``RemoteFilter(lagging=True)``
+  agent.site.remote_rules.horizon, the one rule: for ``RemoteFilter(lagging=True)``
   and for the truncation point.
 * Functions here run inside the caller's transaction.
 """
@@ -29,11 +29,11 @@ from psycopg.types.json import Jsonb
 from ..clock import in_utc
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import SiteIdentity
-from ..log import horizon
 from ..publication_rules import distinct_subscriptions
-from ..remote_rules import (BULK_CHUNK, COLUMNS, PAIR_CHECKED, TIME_FIELDS, NewRemote, RemoteFilter, RemoteUser,
+from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, RemoteFilter, RemoteUser, TIME_FIELDS,
                             check_count, check_new_remote, check_new_remotes, check_pair_update, check_start,
-                            check_text, check_updatable, checked_update, is_pair_update, read_moves, remote_exists)
+                            check_text, check_updatable, checked_update, horizon, is_pair_update, read_moves,
+                            remote_exists)
 from .log import log_end
 from .settings import forget_scope
 from .subscriptions import insert_subscriptions

@@ -21,7 +21,7 @@ Rules of this file:
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
   layout 5: ``returned`` without a foreign key) has the columns of a SQLite site's
-  tables (agent/site/schema.py) in PostgreSQL's types: times are
+  tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
   (:func:`shape_indexes`, made with the shape: capture.py), as a SQLite

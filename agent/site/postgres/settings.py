@@ -1,7 +1,7 @@
 """Transport options stored with a PostgreSQL site (``fieldsync.transport_option``).
 
 Rules of this file:
-* The rules are a SQLite site's (agent/site/settings.py, whose
+* The rules are both backends' (agent/site/settings.py, whose
   :func:`checked_changes` refuses names that are no option, secrets and
   values that are not one line of text): scope ``""`` holds the site's own
   options, scope ``NAME`` those of the transport to peer ``NAME``.

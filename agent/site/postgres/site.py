@@ -37,26 +37,24 @@ import psycopg
 
 from codec.ops import Transaction
 
-from ..capture import Shape
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
+from ..capture import Shape
 from ..clock import utc_now
 from ..errors import SiteError
-from ..extract import ExtractResult, extract_remote
-from ..extract_many import Extraction, extract_remotes
+from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
-from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
 from ..fanout import FANOUT_HOLD
+from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..selection import SubscriberReader
 from ..settings import SITE_SCOPE
-from . import catalogue, reading, settings
-from .apply import PgApplier, records
-from . import remotes as remote_rows
-from . import subscriptions as subscription_rows
+from ..sqlite.extract import extract_remote
+from ..sqlite.extract_many import extract_remotes
+from . import catalogue, reading, remotes as remote_rows, settings, subscriptions as subscription_rows
 from .agent_runs import count_run
+from .apply import PgApplier, records
 from .capture import describe_table
-from .typemap import KINDS
 from .connect import connect, translate
 from .extract import PgConsolidated
 from .extract_many import PgFleetSource
@@ -64,6 +62,7 @@ from .identity import init_identity, read_identity, set_site_transport
 from .lock import AgentLock
 from .log import PgLog, cut, log_end, truncate_log, truncated_through
 from .schema import check_layout
+from .typemap import KINDS
 from .uri import PgTarget, parse_uri
 
 # What moves whenever a transaction ends anywhere in the cluster: the first
@@ -343,7 +342,7 @@ class PostgresSite:
 
     def truncate_log(self) -> int:
         """Delete the log entries every remote is past (the smallest horizon,
-        agent.site.log.horizon); return the truncation point.  With no
+        agent.site.remote_rules.horizon); return the truncation point.  With no
         remotes nothing is deleted."""
         with self._transaction("truncating the log") as conn:
             conn.execute("LOCK TABLE fieldsync.remote IN SHARE MODE")  # no row moves meanwhile
@@ -485,7 +484,7 @@ class PostgresSite:
     def extract(self, remote: str, path: str | os.PathLike[str], *, keys: Any = None,
                 now: datetime | None = None, options: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
         """Create the SQLite database of ``remote`` at ``path`` from one
-        consistent point of this site (agent.site.extract.extract_remote,
+        consistent point of this site (agent.site.sqlite.extract.extract_remote,
         with postgres/extract.py's rows and tables)."""
         source = PgConsolidated(self._live(), self._lock, self._identity, self.target, {})
         return extract_remote(source, remote, path, keys=keys, now=now, options=options)

@@ -173,6 +173,6 @@ def matching(conn: psycopg.Connection, publication: str, value: Value) -> int | 
 def forget_before(conn: psycopg.Connection, bound: int) -> None:
     """After truncation through ``bound``: subscriptions that ended at or
     below it no longer concern any read (every read starts above it), nor
-    does a start at or below it (as on SQLite, agent.site.log)."""
+    does a start at or below it (as on SQLite, agent.site.sqlite.log)."""
     conn.execute("DELETE FROM fieldsync.subscription WHERE until <= %s", (bound,))
     conn.execute("UPDATE fieldsync.subscription SET since = 0 WHERE since > 0 AND since <= %s", (bound,))

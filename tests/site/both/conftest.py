@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import pytest
 
-from agent.site.database import SiteDatabase
+from agent.site.sqlite.database import SiteDatabase
 from codec.ops import Operation
 from tests.site.sessions import App
 

@@ -12,8 +12,8 @@ import pytest
 
 from agent.metrics import read_site
 from agent.site import Article, ExtractionError, RemoteKeys
-from agent.site.database import SiteDatabase
-from agent.site.extract_many import Extraction
+from agent.site.sqlite.database import SiteDatabase
+from agent.site.extraction import Extraction
 from codec.ops import Operation, Transaction
 
 LATER = datetime(2026, 6, 1, 9, 0, tzinfo=timezone.utc)

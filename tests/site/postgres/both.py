@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from agent.site import Article
-from agent.site.database import SiteDatabase
+from agent.site.sqlite.database import SiteDatabase
 from agent.site.postgres.connect import connect
 from tests.site.sessions import App as Session
 

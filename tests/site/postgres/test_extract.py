@@ -1,5 +1,5 @@
 """Extracting a SQLite remote from a PostgreSQL consolidated
-(PostgresSite.extract, agent.site.postgres.extract over agent.site.extract):
+(PostgresSite.extract, agent.site.postgres.extract over agent.site.sqlite.extract):
 one consistent point while applications write, the remote's tables from
 the types table, its rows as the log carries them, and the remote-user
 rows of both sides as a SQLite consolidated makes them."""
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from agent.site import Article, ExtractionError, UnknownRemote
-from agent.site.database import SiteDatabase
+from agent.site.sqlite.database import SiteDatabase
 from agent.site.postgres.connect import connect
 from agent.site.postgres.site import PostgresSite
 from codec.ops import operations_of

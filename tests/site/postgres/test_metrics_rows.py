@@ -10,7 +10,7 @@ from itertools import product
 from prometheus_client import generate_latest
 
 from agent.metrics import SiteMetrics, read_site
-from agent.site.log import horizon
+from agent.site.remote_rules import horizon
 from agent.site.postgres.metrics_rows import HORIZON_SQL
 
 MOMENT = datetime(2026, 5, 1, 8, 30, tzinfo=timezone.utc)

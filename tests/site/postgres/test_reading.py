@@ -187,7 +187,7 @@ def test_ranges_are_refused_as_on_sqlite(consolidated):
 def test_a_read_leaves_the_site_free_between_chunks(consolidated, monkeypatch):
     """The readers fetch a chunk at a time; between two, the same site
     object serves other calls (the agent records sends while it packs)."""
-    import agent.site.log as sqlite_log
+    import agent.site.sqlite.log as sqlite_log
     import agent.site.postgres.log as postgres_log
 
     monkeypatch.setattr(sqlite_log, "READ_CHUNK", 5)

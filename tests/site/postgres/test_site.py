@@ -307,7 +307,7 @@ def test_truncation_keeps_what_some_remote_may_still_need(hq, app):
     hq.record_send("r2", log_sent=offsets[1])
     hq.update_remote("r2", confirm_sent=offsets[1], log_read=offsets[3])
     # r1 has not confirmed all it was sent: its horizon is what it confirmed;
-    # r2 confirmed all: everything read for it (agent.site.log.horizon).
+    # r2 confirmed all: everything read for it (agent.site.remote_rules.horizon).
     assert (hq.remote("r1").horizon, hq.remote("r2").horizon) == (offsets[2], offsets[3])
     assert hq.truncate_log() == offsets[2] == hq.log_start()
     assert hq.log_end() == offsets[3]

@@ -21,7 +21,7 @@ import psycopg
 
 from ...apply.batch import Batch, Resolution
 from ...apply.conflicts import ConflictRecord, check_policy, conflict_record
-from ...apply.statements import ApplyErrorRecord, apply_error_record, error_fields
+from ...apply.records import ApplyErrorRecord, apply_error_record, error_fields
 from ...clock import in_utc
 from ...errors import InvalidSetting
 from ...values import pack

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import ContextManager, Generator, Iterator
 
-from .errors import LogOffsetError, LogTruncated
+from ..errors import LogOffsetError, LogTruncated
 
 READ_CHUNK = 1000
 log = logging.getLogger("fieldsync.site")
@@ -228,17 +228,8 @@ class SqliteLog:
                             value_columns=value_columns)
 
 
-#: A remote-user row's horizon (docs/protocol.md, rule 8; RemoteUser.horizon):
-#: all the log read for the peer once it confirmed all it was sent, else
-#: what it confirmed.  The log after the smallest one is what peers may need.
-def horizon(log_read: int, log_sent: int, confirm_sent: int) -> int:
-    """Rule 8 (docs/protocol.md): the log a peer may still need starts after
-    here: all of it read for the peer (``max(log_read, log_sent)``) once the
-    peer confirmed all that was sent, else ``confirm_sent``.  HORIZON_SQL is
-    the same rule over fieldsync_remote's columns (a test holds them equal)."""
-    return max(log_read, log_sent) if confirm_sent >= log_sent else confirm_sent
-
-
+#: The horizon of a remote-user row (agent.site.remote_rules.horizon, rule 8
+#: of docs/protocol.md) over fieldsync_remote's columns (a test holds them equal).
 HORIZON_SQL = "(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent) ELSE confirm_sent END)"
 
 

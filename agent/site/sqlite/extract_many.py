@@ -11,7 +11,7 @@ Rules of this file:
   a remote's rows through the SUBSCRIBE BY column's index, in the file
   itself, and holds no server's snapshot open.
 * Each remote's file is made, and the consolidated's row of it switched
-  over, exactly as :func:`agent.site.extract.extract_remote` does for one
+  over, exactly as :func:`agent.site.sqlite.extract.extract_remote` does for one
   (``build_copy``), one remote after the other: a failure stops there,
   leaving the remotes before it extracted (each whole) and the others as
   they were.  The staging file goes when the generator ends, however it
@@ -20,34 +20,15 @@ Rules of this file:
 
 from __future__ import annotations
 
-import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import ContextManager, Protocol
 
-from .errors import InvalidSetting
-from .extract import ExtractionSource, ExtractResult, RemoteKeys, TablePlan, build_copy, check_target
-from .remote_rules import RemoteUser
-
-
-@dataclass(frozen=True, slots=True)
-class Extraction:
-    """One remote to extract: its name, its new file, its keys (as
-    ``extract``'s ``keys``) and its transport options."""
-
-    remote: str
-    path: str | os.PathLike[str]
-    keys: RemoteKeys | None = None
-    options: Mapping[str, str] | None = None
-
-    def __post_init__(self) -> None:
-        if type(self.remote) is not str or not self.remote:
-            raise InvalidSetting("an extraction names its remote")
-        if self.keys is not None and not isinstance(self.keys, RemoteKeys):
-            raise InvalidSetting(f"remote keys must be RemoteKeys, got {type(self.keys).__name__}")
+from ..extraction import Extraction, ExtractResult
+from ..remote_rules import RemoteUser
+from .extract import ExtractionSource, TablePlan, build_copy, check_target
 
 
 class StagedRows(Protocol):

@@ -39,42 +39,27 @@ import sqlite3
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping, Protocol
+from typing import Callable, ContextManager, Mapping, Protocol
 
 from codec.fsutil import DirectoryFlushUnsupported, fsync_directory, link_new, temporary_name
 
-from ._db import format_time, quote_ident, read_transaction, translate, utc_now, write_transaction
+from ..capture import ROUTE
+from ..clock import utc_now
+from ..errors import ExtractionError, InvalidSetting, WrongRole
+from ..extraction import COPY_CHUNK, PREFILTER_VALUES, ExtractResult, KeySource, RemoteKeys, SwitchOver
+from ..identity import Role, SiteIdentity
+from ..publication_rules import Article
+from ..remote_rules import RemoteUser
+from ..settings import SITE_SCOPE
+from ._db import format_time, quote_ident, read_transaction, translate, write_transaction
 from .capture import TableInfo, refresh_changed_tables, table_info
-from .errors import ExtractionError, InvalidSetting, WrongRole
-from .log import cut_locked, truncated_through
 from .foreign_keys import ForeignKey, foreign_keys, remote_definition
-from .route import ARTICLE_ROWS, ROUTE, Follow, follows, record_follow
-from .publications import Article, create_publication_locked
-from .remotes import RemoteUser, get_remote, record_replaced_locked
-from .schema import Role, SiteIdentity, init_database, read_identity
-from .settings import SITE_SCOPE, write_options
-
-COPY_CHUNK = 5000
-#: Up to this many SUBSCRIBE BY values, the copy asks SQLite for the rows
-#: that may match (IN); with more it reads the table and tests every row.
-PREFILTER_VALUES = 500
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteKeys:
-    """The new remote's public key (made by the codec), as the text stored in
-    both remote-user tables and in the remote's own site row.  Its secret
-    key never comes here: the agent keeps it in a file of its own."""
-
-    public_key: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.public_key is not None and type(self.public_key) is not str:
-            raise InvalidSetting("a public key is stored as text")
-
-
-KeySource = RemoteKeys | Callable[[str], RemoteKeys] | None
-
+from .log import cut_locked, truncated_through
+from .publications import create_publication_locked
+from .remotes import get_remote, record_replaced_locked
+from .route import ARTICLE_ROWS, Follow, follows, record_follow
+from .schema import init_database, read_identity
+from .settings import write_options
 
 class ExtractionSource(Protocol):
     """The consolidated side of an extraction."""
@@ -96,45 +81,6 @@ class ExtractionSource(Protocol):
         """In one transaction: ``change.check`` the remote's row and the
         truncation point, write ``change.columns`` to the row, remember the
         copy it replaces, and call ``name_copy``; commit only if it returns."""
-
-
-@dataclass(frozen=True, slots=True)
-class SwitchOver:
-    """The consolidated's row of ``remote`` moving over to its new copy:
-    its stream starts at ``offset`` with new epochs, the copy's
-    incarnation and public key."""
-
-    site: str
-    remote: str
-    before: RemoteUser  # the row as it was at the extraction point
-    offset: int
-    incarnation: bytes
-    public_key: str | None
-
-    def check(self, current: RemoteUser, floor: int) -> None:
-        """Refuse when the stream moved on meanwhile, or the log was
-        truncated past ``offset``."""
-        if (current.resend_count, current.rereceive_count) != (self.before.resend_count,
-                                                                 self.before.rereceive_count):
-            raise ExtractionError(
-                f"{self.remote!r} asked for or was asked for a resend while it was extracted (an agent runs for "
-                f"{self.site} and exchanged messages with it); nothing was changed: extract again")
-        if floor > self.offset:
-            raise ExtractionError(
-                f"the log was truncated to {floor}, past the extraction point {self.offset}, while {self.remote!r} "
-                "was extracted (its current copy confirmed that far); nothing was changed: extract again")
-
-    @property
-    def columns(self) -> dict[str, Any]:
-        """The remote-user columns the row gets (its public key kept when the copy brings none)."""
-        offset = self.offset
-        return {"log_send": offset, "log_sent": offset, "confirm_sent": offset,
-                "resend_count": self.before.resend_count + 1, "log_received": 0, "confirm_received": 0,
-                "rereceive_count": self.before.rereceive_count + 1, "send_count": 0, "last_sent_at": None,
-                "receive_count": 0, "last_received_at": None, "heard_at": None, "peer_incarnation": self.incarnation,
-                "data_sent_at": None, "peer_confirmed": 0, "probes": 0, "confirm_owed": False, "last_error": None,
-                "last_error_at": None, "peer_schema_version": None,
-                **({} if self.public_key is None else {"public_key": self.public_key})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +115,6 @@ class Consolidated:
                          (*columns.values(), change.remote))
             record_replaced_locked(conn, change.remote, current.peer_incarnation)
             name_copy()
-
-
-@dataclass(frozen=True, slots=True)
-class ExtractResult:
-    remote: str
-    path: str
-    offset: int                 # the consolidated's log offset the remote holds everything up to
-    incarnation: bytes          # the new remote's incarnation id
-    rows: Mapping[str, int]     # rows copied per table
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ Rules of this file:
 * A column an operation names that its table no longer has is followed
   through the consolidated's history of changes: renamed, its value goes
   to the new name; dropped, its value is dropped.  A retired name is never
-  given again (agent/site/changes.py), so such a name always means the
+  given again (agent/site/sqlite/changes.py), so such a name always means the
   old column.
 * A column added since is not named: an INSERT gives it its default, an
   UPDATE leaves it as it is.  An UPDATE left with nothing to write (it
@@ -21,7 +21,7 @@ import sqlite3
 from codec.ops import OpKind
 
 from ..changes import history
-from .batch import Table
+from .statements import SqliteTable
 
 _DROPPED = object()
 
@@ -45,7 +45,7 @@ class Reshape:
                 if step[0] in ("rename_column", "drop_column"):
                     self._moves.setdefault(step[1].lower(), []).append(step)
 
-    def operations(self, table: Table, ops: list) -> list | None:
+    def operations(self, table: SqliteTable, ops: list) -> list | None:
         """``ops`` (of ``table``, naming columns it no longer has) in its
         shape of now; None when a name is not one its history retired."""
         moves = self._moves.get(table.name.lower())
@@ -68,7 +68,7 @@ class Reshape:
         return reshaped
 
 
-def _follow(column: str, moves: list[list], table: Table) -> object:
+def _follow(column: str, moves: list[list], table: SqliteTable) -> object:
     """Where ``column`` went: a column of ``table`` now, _DROPPED, or None."""
     current = column.lower()
     for step in moves:

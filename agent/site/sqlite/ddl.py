@@ -9,7 +9,7 @@ Rules of this file:
   between the schema before and after it (:func:`read_schema`,
   :func:`differences`).
 * Reads and comparisons only: running statements, and judging them, is
-  agent.site.changes'.
+  agent.site.sqlite.changes'.
 """
 
 from __future__ import annotations

@@ -10,29 +10,16 @@ Rules of this file:
 from __future__ import annotations
 
 import sqlite3
-import uuid
 
-from .identity import SiteIdentity
+from ..identity import SiteIdentity, next_generation
 
 _TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_agent_run"
           " (id INTEGER PRIMARY KEY CHECK (id = 1), generation INTEGER NOT NULL)")
 
 
-def next_generation(database_generation: int, identity: SiteIdentity, marker_generation: int,
-                    marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
-    """The rule, for both backends: a folder whose count is ahead of the
-    database's, for this incarnation, means the database was put back; it
-    then takes a new incarnation.  Returns (generation, incarnation,
-    replaced incarnation or None)."""
-    incarnation, renewed = identity.incarnation, None
-    if marker_incarnation == incarnation and marker_generation > database_generation:
-        renewed, incarnation = incarnation, uuid.uuid4().bytes
-    return max(database_generation, marker_generation) + 1, incarnation, renewed
-
-
 def count_run_locked(conn: sqlite3.Connection, identity: SiteIdentity, marker_generation: int,
                      marker_incarnation: bytes | None) -> tuple[int, bytes, bytes | None]:
-    """Count one agent run in the caller's write transaction (see :func:`next_generation`)."""
+    """Count one agent run in the caller's write transaction (see agent.site.identity.next_generation)."""
     conn.execute(_TABLE)
     row = conn.execute("SELECT generation FROM fieldsync_agent_run WHERE id = 1").fetchone()
     generation, incarnation, renewed = next_generation(row[0] if row else 0, identity, marker_generation,

@@ -18,22 +18,14 @@ from operator import itemgetter
 
 from codec.ops import OpKind
 
-from ..capture import (
-    FLAG_CONCURRENT_DELETE,
-    FLAG_PENDING_MOVE,
-    FLAG_WITH_PARENT,
-    KIND_DELETE,
-    KIND_INSERT,
-    KIND_UPDATE,
-    Shape,
-    ShapeCache,
-    write_capture_row,
-)
+from ...apply.batch import Batch, KEY_TAKEN, MOVES_FOLLOWED, Own, key_after, set_aside
+from ...capture import (FLAG_CONCURRENT_DELETE, FLAG_PENDING_MOVE, FLAG_WITH_PARENT, KIND_DELETE, KIND_INSERT,
+                        KIND_UPDATE, Shape)
+from ...values import operation_problem
+from ..capture import ShapeCache, write_capture_row
 from ..route import parent_missing
-from ..values import operation_problem
-from .batch import KEY_TAKEN, MOVES_FOLLOWED, Batch, Own, Table, key_after, set_aside, sqlite_equal
 from .keymoves import KeyMoves
-from .statements import Statements, refused_by_key
+from .statements import SqliteTable, Statements, refused_by_key
 
 
 class Pending:
@@ -123,7 +115,7 @@ class Pending:
                 own.deleted = False
         return pending
 
-    def apply_one(self, table: Table, op: tuple, own: Own, batch: Batch) -> None:
+    def apply_one(self, table: SqliteTable, op: tuple, own: Own, batch: Batch) -> None:
         """Apply an operation of the consolidated to a row this remote changed
         itself and the consolidated has not confirmed.
 
@@ -213,7 +205,7 @@ class Pending:
             return
         batch.applied += 1
 
-    def _moved_pending(self, table: Table, batch: Batch, local: dict, written: dict, key: tuple,
+    def _moved_pending(self, table: SqliteTable, batch: Batch, local: dict, written: dict, key: tuple,
                        moved: tuple) -> None:
         """The consolidated gave a row with this site's pending changes another
         key: they stay pending under it, for the rest of the batch and (by
@@ -253,7 +245,7 @@ class Pending:
                          " FROM fieldsync_capture) AND kind = ? AND shape = ?",
                          (FLAG_CONCURRENT_DELETE, *values[width:], KIND_DELETE, shape.id))
 
-    def _went_with_parent(self, table: Table, own: Own, went: dict) -> set[str]:
+    def _went_with_parent(self, table: SqliteTable, own: Own, went: dict) -> set[str]:
         """The columns of ``own`` an INSERT of the consolidated gets from this
         site when the row last went along with its parent (a capture row
         flagged FLAG_WITH_PARENT holds it as it went): the consolidated
@@ -267,7 +259,7 @@ class Pending:
             kept -= set(follow.columns)
         return kept
 
-    def _deleted_without(self, table: Table, key: tuple, own: Own) -> set[str]:
+    def _deleted_without(self, table: SqliteTable, key: tuple, own: Own) -> set[str]:
         """The columns of ``own`` in which the last DELETE of row ``key``
         applied here after ``own.seq`` was written without this site's own
         value (empty unless that DELETE is marked FLAG_CONCURRENT_DELETE):
@@ -315,7 +307,7 @@ def _rekey(rows: dict[tuple, Own], key: tuple, moved: tuple) -> None:
         rows[moved] = own
 
 
-def _held(table: Table, own: Own, local: dict, before: dict, after: dict) -> set[str]:
+def _held(table: SqliteTable, own: Own, local: dict, before: dict, after: dict) -> set[str]:
     """The columns of an UPDATE of the consolidated's in which the remote
     keeps its own pending value.  Those where the before-image shows the
     UPDATE was written without it (_holds_own); and then, since the
@@ -327,7 +319,7 @@ def _held(table: Table, own: Own, local: dict, before: dict, after: dict) -> set
     return held | {column for column in _written_with(table, own, held, local) if column in after}
 
 
-def _written_with(table: Table, own: Own, held: set[str], row: dict) -> set[str]:
+def _written_with(table: SqliteTable, own: Own, held: set[str], row: dict) -> set[str]:
     """The columns (not of the key) that this remote wrote, pending, in the
     change that set one of ``held`` or a later one, and that ``row`` still
     holds as it wrote them.  The consolidated applies a remote's changes in
@@ -349,3 +341,18 @@ def _holds_own(own: Own, local: dict, before: dict | None, column: str) -> bool:
         return False
     value = local[column]
     return sqlite_equal(value, own.values[column]) and not sqlite_equal(before[column], value)
+
+
+def sqlite_equal(left: object, right: object) -> bool:
+    """Equality as the ``IS`` of the conditional UPDATE sees it: numbers by
+    value (1 = 1.0), text and blobs by type and content, NaN as NULL."""
+    if isinstance(left, float) and left != left:
+        left = None
+    if isinstance(right, float) and right != right:
+        right = None
+    if type(left) in _NUMBERS and type(right) in _NUMBERS:
+        return left == right
+    return type(left) is type(right) and left == right
+
+
+_NUMBERS = (int, float)

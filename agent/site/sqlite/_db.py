@@ -23,10 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from .clock import in_utc, utc_now
-from .errors import NotASite, SiteBusy, SiteDatabaseError, SiteError
+from ..clock import in_utc
+from ..errors import NotASite, SiteBusy, SiteDatabaseError, SiteError
 
-# utc_now is imported from here by the site modules (its home is clock.py).
 
 DEFAULT_BUSY_TIMEOUT = 30.0  # seconds
 CACHE_KIB = 16_384  # SQLite page cache per connection (see connect)

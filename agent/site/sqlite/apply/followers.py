@@ -36,11 +36,12 @@ from typing import Iterable, Iterator
 
 from codec.ops import OpKind
 
+from ...apply.batch import Batch, send_back
+from ...capture import FLAG_WITH_PARENT, KIND_DELETE
 from .._db import quote_ident
-from ..capture import KIND_DELETE, ShapeCache, write_capture_row
-from ..route import WITH_PARENT, Follow, parent_missing
-from .batch import Batch, Table, send_back
-from .statements import Statements
+from ..capture import ShapeCache, write_capture_row
+from ..route import Follow, parent_missing
+from .statements import SqliteTable, Statements
 
 
 def children(statements: Statements, table: str) -> list[Follow]:
@@ -49,8 +50,8 @@ def children(statements: Statements, table: str) -> list[Follow]:
     return [follow for follow in statements.follows.values() if follow.parent.lower() == lowered]
 
 
-def descendants(conn: sqlite3.Connection, statements: Statements, table: Table,
-                row: dict) -> Iterator[tuple[Table, dict]]:
+def descendants(conn: sqlite3.Connection, statements: Statements, table: SqliteTable,
+                row: dict) -> Iterator[tuple[SqliteTable, dict]]:
     """The rows under ``row`` of ``table`` at any depth, parents first."""
     level = [(table, row)]
     while level:
@@ -69,8 +70,8 @@ def descendants(conn: sqlite3.Connection, statements: Statements, table: Table,
         level = deeper
 
 
-def ancestors(conn: sqlite3.Connection, statements: Statements, table: Table,
-              image: dict) -> Iterator[tuple[Table, tuple]]:
+def ancestors(conn: sqlite3.Connection, statements: Statements, table: SqliteTable,
+              image: dict) -> Iterator[tuple[SqliteTable, tuple]]:
     """The rows above a row of ``table`` with the values ``image``, nearest
     first, as (table, key); a parent this site no longer holds ends the
     walk (its key, when its foreign key names the parent's key)."""
@@ -113,7 +114,7 @@ class Followers:
             self._parents = (follows, frozenset(follow.parent.lower() for follow in follows.values()))
         return self._parents[1]
 
-    def refused(self, batch: Batch, table: Table, op: tuple, consolidated: bool) -> bool:
+    def refused(self, batch: Batch, table: SqliteTable, op: tuple, consolidated: bool) -> bool:
         """``op`` is still refused by a foreign key (or the parent check) at
         the end of its transaction; True when that is no error (the row
         left this remote)."""
@@ -141,7 +142,7 @@ class Followers:
         batch.applied += 1
         return True
 
-    def went_with_parent(self, batch: Batch, table: Table, op: tuple) -> bool:
+    def went_with_parent(self, batch: Batch, table: SqliteTable, op: tuple) -> bool:
         """At a remote, the consolidated's DELETE ``op`` found no row: True
         (applied) when the row went with its parent (it follows one this
         remote does not hold); recorded, so that :meth:`restore` does not
@@ -156,7 +157,7 @@ class Followers:
         batch.applied += 1
         return True
 
-    def note_inserts(self, batch: Batch, table: Table, images: Iterable[dict]) -> None:
+    def note_inserts(self, batch: Batch, table: SqliteTable, images: Iterable[dict]) -> None:
         """At a remote: rows of ``table`` (their after-images) went in; if
         rows follow it, their parents may have come back."""
         if not any(batch.pending.get(name) for name in self._statements.follows):
@@ -178,7 +179,7 @@ class Followers:
         # went under that parent comes back with it (None: only pending rows).
         wanted: dict[tuple[str, tuple], int | None] = dict.fromkeys(back)
         while wanted and gone:
-            restored: list[tuple[Table, dict, int]] = []
+            restored: list[tuple[SqliteTable, dict, int]] = []
             for name_parent, after in wanted.items():
                 for key, (seq, image, pending) in gone.get(name_parent, {}).items():
                     if (not pending if after is None else seq < after):
@@ -203,7 +204,7 @@ class Followers:
 
     def _gone(self, batch: Batch) -> dict[tuple[str, tuple], dict[tuple, tuple[int, dict, bool]]]:
         """The rows that went with a parent (capture rows flagged
-        WITH_PARENT) since this remote's oldest pending change, as they
+        FLAG_WITH_PARENT) since this remote's oldest pending change, as they
         went, by (lower-case table, parent key) and key, with whether the
         row has pending changes of this remote's from before it went.  Read
         once a batch, then only the records written since; nothing when no
@@ -217,7 +218,7 @@ class Followers:
             return found
         end = conn.execute("SELECT max(seq) FROM fieldsync_capture").fetchone()[0] or start
         for row in conn.execute("SELECT * FROM fieldsync_capture WHERE seq > ? AND seq <= ? AND flags & ?"
-                                " ORDER BY seq", (start, end, WITH_PARENT)):
+                                " ORDER BY seq", (start, end, FLAG_WITH_PARENT)):
             shape = self._shapes.get(row[1])
             follow = follows.get(shape.table.lower())
             if follow is None:
@@ -235,7 +236,7 @@ class Followers:
         batch.followers[0] = end
         return found
 
-    def _deleted(self, table: Table, key: tuple, since: int) -> bool:
+    def _deleted(self, table: SqliteTable, key: tuple, since: int) -> bool:
         """Whether a DELETE of the consolidated took row ``key`` away after
         ``since`` (pending.py records the DELETEs of pending rows)."""
         for shape_id in self._statements.table_shapes(table):
@@ -243,7 +244,7 @@ class Followers:
             match = " AND ".join(f"v{position} IS ?" for position in shape.key_positions)
             if self._conn.execute(f"SELECT 1 FROM fieldsync_capture WHERE seq > ? AND shape = ? AND kind = ?"
                                   f" AND (flags IS NULL OR flags & ? = 0) AND {match} LIMIT 1",
-                                  (since, shape_id, KIND_DELETE, WITH_PARENT, *key)).fetchone():
+                                  (since, shape_id, KIND_DELETE, FLAG_WITH_PARENT, *key)).fetchone():
                 return True
         return False
 

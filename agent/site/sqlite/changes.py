@@ -7,12 +7,12 @@ Rules of this file:
   commit together, and a refusal (:class:`SchemaRefused`, one line) rolls
   all of it back.
 * What a statement would do is asked of SQLite before it runs
-  (agent.site.ddl.actions), what it did is read after it
+  (agent.site.sqlite.ddl.actions), what it did is read after it
   (ddl.differences); both are judged here against the catalogue.
 * A change is one capture row (agent.site.change_rows) in a log
   transaction of its own; ``fieldsync_schema_change`` keeps every change:
   the history that maps a remote's rows in an old shape
-  (agent/site/apply/reshape.py) and keeps a retired name from being given
+  (agent/site/sqlite/apply/reshape.py) and keeps a retired name from being given
   again.
 """
 
@@ -20,40 +20,22 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
 from codec.changes import MAX_CHANGE_BYTES, SchemaChange
 from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
+from ..capture import KIND_INSERT, KIND_SCHEMA
+from ..change_rows import SCHEMA_SHAPE, SchemaChangeResult, row_value, subscriber_change
+from ..errors import InvalidSetting, SchemaRefused, WrongRole
+from ..identity import Role, SiteIdentity
 from ._db import quote_ident
-from .capture import (KIND_INSERT, KIND_SCHEMA, ShapeCache, drop_capture, drop_moves, refresh_changed_tables,
-                      table_info, value_column)
-from .change_rows import SCHEMA_SHAPE, row_value, subscriber_change
+from .capture import ShapeCache, drop_capture, drop_moves, refresh_changed_tables, table_info, value_column
 from .ddl import Action, actions, differences, read_schema, split_statements
-from .errors import InvalidSetting, SchemaRefused, WrongRole
-from .log import cut_locked
 from .extract import published_table_sql
+from .log import cut_locked
 from .route import follows
-from .schema import Role, SiteIdentity
-
-
-@dataclass(frozen=True, slots=True)
-class SchemaChangeResult:
-    """What ``agent schema apply`` did.  ``offsets``: the commit offsets of
-    the changes written (one, or one per stretch between data statements
-    under ``--unchecked``; none: the statements changed no schema);
-    ``steps``: every step (``agent.site.ddl.differences``), published table
-    or not; ``published``: the published tables of which the remotes that
-    hold them receive something; ``subscribers``: the extracted remotes that
-    hold those tables."""
-
-    offsets: tuple[int, ...]
-    steps: tuple[tuple, ...]
-    published: tuple[str, ...]
-    subscribers: tuple[str, ...]
-    statements: int
 
 
 class _Article(NamedTuple):
@@ -365,7 +347,7 @@ def send_new_article_locked(conn: sqlite3.Connection, identity: SiteIdentity, pu
     names = [f"{quote_ident(info.name)}.{quote_ident(column)}" for column in shape.columns]
     values = [value_column(index) for index in range(len(names))]
     follow = follows(conn).get(info.name.lower())
-    if follow is not None:  # its route after the widest image (agent/site/route.py)
+    if follow is not None:  # its route after the widest image (agent/site/sqlite/route.py)
         names.append(follow.route([f"{quote_ident(info.name)}.{quote_ident(c)}" for c in follow.columns]))
         values.append(value_column(2 * len(shape.columns)))
     conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, {', '.join(values)}) SELECT {shape_id}, {KIND_INSERT},"

@@ -22,12 +22,12 @@ import sqlite3
 from datetime import datetime
 from typing import Iterable
 
-from ._db import format_time, parse_time, utc_now
+from ..clock import utc_now
+from ..errors import PublicationError, UnknownPublication, UnknownRemote
+from ..publication_rules import (Article, Publication, Subscription, Value, as_article, check_publication_name,
+                                 check_subscription_value, published_columns, subscribe_by_column)
+from ._db import format_time, parse_time
 from .capture import drop_capture, install_capture, install_moves, table_info
-from .errors import PublicationError, UnknownPublication, UnknownRemote
-# The values and their rules live in publication_rules.py; imported from here too.
-from .publication_rules import (Article, Publication, Subscription, Value, as_article, check_publication_name,
-                                check_subscription_value, published_columns, subscribe_by_column)
 from .route import resolve
 
 

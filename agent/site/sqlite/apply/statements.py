@@ -17,17 +17,17 @@ Rules of this file:
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable
 
 from codec.ops import OpKind, Run
 
+from ...apply.batch import Batch, Resolution
+from ...apply.records import ApplyErrorRecord, apply_error_record, error_fields
+from ...capture import Shape
 from .._db import quote_ident
 from ..capture import ShapeCache, trigger_names
-from ..route import NO_PARENT, Follow, apply_triggers, follows, install_apply_triggers
-from ..values import unpack
-from .batch import Batch, Resolution, Table, packed
+from ..route import Follow, NO_PARENT, apply_triggers, follows, install_apply_triggers
 
 
 def refused_by_key(error: sqlite3.IntegrityError) -> bool:
@@ -38,6 +38,29 @@ def refused_by_key(error: sqlite3.IntegrityError) -> bool:
             or str(error).startswith(NO_PARENT))
 
 
+class SqliteTable:
+    """What the apply path needs to know about a local table (the shared
+    rules read it as agent.site.apply.batch.Table)."""
+
+    __slots__ = ("name", "quoted", "columns", "column_set", "key_columns", "where_key", "shape", "policy",
+                 "or_ignore")
+
+    def __init__(self, name: str, columns: tuple[str, ...], key_columns: tuple[str, ...], or_ignore: bool) -> None:
+        self.name = name
+        self.quoted = quote_ident(name)
+        self.columns = columns
+        self.column_set = frozenset(columns)
+        self.key_columns = key_columns
+        self.where_key = " AND ".join(f"{quote_ident(column)} IS ?" for column in key_columns)
+        self.shape: Shape | None = None
+        self.policy = Resolution.INCOMING
+        # Whether the fast path may write with OR IGNORE (driver._flush_checked): a
+        # statement's OR clause also governs the statements of the table's
+        # triggers, so only where fieldsync's capture triggers are the only
+        # ones (their insert cannot fail).
+        self.or_ignore = or_ignore
+
+
 class Statements:
     """Tables, SQL and apply errors, for the driver and every rule."""
 
@@ -45,7 +68,7 @@ class Statements:
         self._conn = conn
         self._shapes = shapes
         self._schema_version = -1
-        self._tables: dict[str, Table | None] = {}
+        self._tables: dict[str, SqliteTable | None] = {}
         self._sql: dict[tuple, str] = {}
         self._shape_ids: dict[str, tuple[int, ...]] = {}
         self.skips_capture = False  # a remote whose triggers skip the apply path's writes
@@ -79,12 +102,12 @@ class Statements:
             if table is not None:
                 self._attach(lowered, table)
 
-    def _attach(self, lowered: str, table: Table) -> None:
+    def _attach(self, lowered: str, table: SqliteTable) -> None:
         shape_id = self._article_shapes.get(lowered)
         table.shape = None if shape_id is None else self._shapes.get(shape_id)
         table.policy = Resolution(self._policies.get(lowered, Resolution.INCOMING.value))
 
-    def table(self, name: str) -> Table | None:
+    def table(self, name: str) -> SqliteTable | None:
         """The local table ``name`` (any case), or None: no such table with a
         primary key, or one of fieldsync's or SQLite's own."""
         lowered = name.lower()
@@ -107,13 +130,13 @@ class Statements:
                 triggers = {name.lower() for (name,) in self._conn.execute(
                     "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? COLLATE NOCASE",
                     (row[0],))}
-                table = Table(row[0], tuple(columns), tuple(column for _, column in sorted(keyed)),
+                table = SqliteTable(row[0], tuple(columns), tuple(column for _, column in sorted(keyed)),
                                triggers <= {name.lower() for name in trigger_names(row[0])})
                 self._attach(lowered, table)
         self._tables[lowered] = table
         return table
 
-    def table_shapes(self, table: Table) -> tuple[int, ...]:
+    def table_shapes(self, table: SqliteTable) -> tuple[int, ...]:
         shapes = self._shape_ids.get(table.name.lower())
         if shapes is None:
             shapes = tuple(row[0] for row in self._conn.execute(
@@ -121,7 +144,7 @@ class Statements:
             self._shape_ids[table.name.lower()] = shapes
         return shapes
 
-    def select(self, table: Table, key: tuple) -> dict | None:
+    def select(self, table: SqliteTable, key: tuple) -> dict | None:
         sql = self._sql.get(("select", table.name))
         if sql is None:
             columns = ", ".join(quote_ident(column) for column in table.columns)
@@ -139,7 +162,7 @@ class Statements:
             "INSERT INTO fieldsync_apply_error (at, peer, peer_commit, table_name, kind, key, operation, problem)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (batch.now, batch.peer, batch.commit, *error_fields(op), problem))
 
-    def insert_sql(self, table: Table, columns: tuple[str, ...], ignore: bool) -> str:
+    def insert_sql(self, table: SqliteTable, columns: tuple[str, ...], ignore: bool) -> str:
         cache_key = ("insert", table.name, columns, ignore)
         sql = self._sql.get(cache_key)
         if sql is None:
@@ -150,7 +173,7 @@ class Statements:
             self._sql[cache_key] = sql
         return sql
 
-    def update_sql(self, table: Table, after: tuple[str, ...], before: tuple[str, ...],
+    def update_sql(self, table: SqliteTable, after: tuple[str, ...], before: tuple[str, ...],
                     ignore: bool = False) -> str:
         cache_key = ("update", table.name, after, before, ignore)
         sql = self._sql.get(cache_key)
@@ -162,7 +185,7 @@ class Statements:
             self._sql[cache_key] = sql
         return sql
 
-    def run_sql(self, table: Table, run: Run, consolidated: bool) -> str:
+    def run_sql(self, table: SqliteTable, run: Run, consolidated: bool) -> str:
         """The statement of the fast path (see driver._flush_checked) for a run's
         rows as they are: ``key ‖ before ‖ after`` bound as ``?1..?n`` (a
         DELETE binds the key alone; a remote's UPDATE leaves the before
@@ -190,7 +213,7 @@ class Statements:
             self._sql[cache_key] = sql
         return sql
 
-    def delete_sql(self, table: Table) -> str:
+    def delete_sql(self, table: SqliteTable) -> str:
         cache_key = ("delete", table.name)
         sql = self._sql.get(cache_key)
         if sql is None:
@@ -205,41 +228,6 @@ class Statements:
         if sql is None:
             sql = self._sql[cache_key] = build()
         return sql
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyErrorRecord:
-    id: int
-    at: datetime
-    peer: str
-    peer_commit: int
-    table: str | None
-    kind: int | None
-    key: tuple | None
-    operation: object
-    problem: str
-    acknowledged_at: datetime | None = None  # acknowledged (agent remote ack-errors): history, no longer in force
-
-
-def error_fields(op: object) -> tuple[str | None, int | None, bytes | None, bytes]:
-    """What an apply error records of ``op``, malformed or not: its table,
-    kind and key where it has them, and the whole operation (msgpack)."""
-    table = kind = key = None
-    if isinstance(op, tuple) and len(op) == 5:
-        table = op[0] if type(op[0]) is str else None
-        kind = op[1] if type(op[1]) is int else None
-        key = packed(op[2])
-    return table, kind, key, packed(op)
-
-
-def apply_error_record(row: tuple, at: datetime, acknowledged: datetime | None) -> ApplyErrorRecord:
-    """The record of a row ``(id, at, peer, peer_commit, table_name, kind,
-    key, operation, problem, acknowledged_at)`` of either backend's apply
-    error table, its times read by the caller."""
-    key_value = unpack(row[6])
-    return ApplyErrorRecord(row[0], at, row[2], row[3], row[4], row[5],
-                            tuple(key_value) if isinstance(key_value, (list, tuple)) else None,
-                            unpack(row[7]), row[8], acknowledged)
 
 
 def list_apply_errors(conn: sqlite3.Connection, after_id: int = 0) -> tuple[ApplyErrorRecord, ...]:

@@ -18,16 +18,16 @@ import sqlite3
 from datetime import datetime, time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from ._db import format_time, parse_time, utc_now
-from .errors import InvalidSetting, RemoteRejected, UnknownRemote  # RemoteRejected: imported from here too
+from ..clock import utc_now
+from ..errors import InvalidSetting, UnknownRemote
+from ..identity import Role, SiteIdentity
+from ..publication_rules import distinct_subscriptions
+from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, RemoteFilter, RemoteUser, TIME_FIELDS,
+                            check_count, check_new_remote, check_new_remotes, check_pair_update, check_start,
+                            check_text, check_updatable, checked_update, is_pair_update, one_consolidated,
+                            read_moves, remote_exists)
+from ._db import format_time, parse_time
 from .log import HORIZON_SQL, log_end
-# The values and rules live in remote_rules.py; imported from here too.
-from .remote_rules import (BULK_CHUNK, COLUMNS, PAIR_CHECKED, TIME_FIELDS, NewRemote, RemoteFilter,
-                           RemoteUser, check_count, check_new_remote, check_new_remotes, check_pair_update,
-                           check_start, check_text, check_updatable, checked_update, is_pair_update,
-                           one_consolidated, read_moves, remote_exists)
-from .publication_rules import distinct_subscriptions
-from .schema import Role, SiteIdentity
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM fieldsync_remote"
 

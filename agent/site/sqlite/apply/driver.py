@@ -5,7 +5,7 @@ Rules of this file:
   SQLite write transaction: a crash anywhere leaves all of it or none of it.
 * Local changes committed before the batch are first cut into their own log
   transaction; then each applied transaction is cut into a log transaction
-  whose origin is the peer (through agent.site.log).  A log transaction
+  whose origin is the peer (through agent.site.sqlite.log).  A log transaction
   never mixes origins.  At the consolidated the capture triggers see
   applied rows like any other write; at a remote they skip them (a row in
   ``fieldsync_applying`` marks the apply's writes; see
@@ -51,37 +51,26 @@ from typing import Iterable
 
 from codec.ops import OpKind, Operation, Run, Transaction, change_of
 
-from .._db import format_time, utc_now
+from ...apply.batch import (ApplyResult, Batch, ConflictHook, KEY_TAKEN, key_after, same_value, send_back, set_aside,
+                            settle, strand, touch, touch_rows, watch)
+from ...apply.checks import applies, skip_bound
+from ...apply.conflicts import kept_local_row
+from ...apply.keymoves import origin_changes, readdressed
+from ...clock import utc_now
+from ...errors import ApplyRefused
+from ...identity import Role, SiteIdentity
+from ...values import operation_problem
+from .._db import format_time
 from ..capture import ShapeCache
-from ..errors import ApplyRefused
 from ..log import cut_locked
 from ..remotes import get_remote
-from ..schema import Role, SiteIdentity
-from ..values import operation_problem
-from .batch import (
-    KEY_TAKEN,
-    ApplyResult,
-    Batch,
-    ConflictHook,
-    Table,
-    key_after,
-    same_value,
-    send_back,
-    set_aside,
-    settle,
-    strand,
-    touch,
-    touch_rows,
-    watch,
-)
-from .checks import applies, skip_bound
-from .conflicts import Conflicts, kept_local_row
+from .conflicts import Conflicts
 from .followers import Followers
-from .keymoves import KeyMoves, origin_changes, readdressed
+from .keymoves import KeyMoves
 from .pending import Pending
 from .reshape import Reshape
 from .schema import SchemaSteps
-from .statements import Statements, refused_by_key
+from .statements import SqliteTable, Statements, refused_by_key
 from .unconfirmed import Unconfirmed
 
 _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
@@ -380,7 +369,7 @@ class Applier:
                 statements.error(batch, op, f"{table.name} has no column {missing[0]!r} at this site")
             return
         # The fast path's INSERT skips a row whose key is taken, and where the
-        # table allows it (Table.or_ignore) its INSERT and UPDATE skip a row
+        # table allows it (SqliteTable.or_ignore) its INSERT and UPDATE skip a row
         # that breaks any constraint (OR IGNORE): _run sees the count fall
         # short and replays the chunk, as when the statement raised.  A
         # statement that cannot abort needs no statement journal, which
@@ -421,7 +410,7 @@ class Applier:
             run, params = fast_run, fast_params
         self._run(table, kind, sql, run, params, batch, consolidated)
 
-    def _run(self, table: Table, kind: int, sql: str, run: list, params: list, batch: Batch,
+    def _run(self, table: SqliteTable, kind: int, sql: str, run: list, params: list, batch: Batch,
              consolidated: bool) -> None:
         # A savepoint journals every existing page a statement changes; past
         # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
@@ -453,7 +442,7 @@ class Applier:
         conn.execute("RELEASE fieldsync_run")
         return done
 
-    def _one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+    def _one(self, table: SqliteTable, op: tuple, batch: Batch, consolidated: bool) -> None:
         problem = operation_problem(op)
         if problem is not None:
             self._statements.error(batch, op, f"malformed operation: {problem}")
@@ -484,7 +473,7 @@ class Applier:
             else:
                 self._statements.error(batch, op, f"constraint failed: {error}")
 
-    def _insert_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+    def _insert_one(self, table: SqliteTable, op: tuple, batch: Batch, consolidated: bool) -> None:
         statements = self._statements
         after = op[4]
         try:
@@ -506,7 +495,7 @@ class Applier:
         else:
             batch.applied += 1  # it holds that very row already (a row sent back to it whole)
 
-    def _update_one(self, table: Table, op: tuple, batch: Batch, consolidated: bool) -> None:
+    def _update_one(self, table: SqliteTable, op: tuple, batch: Batch, consolidated: bool) -> None:
         conn = self._conn
         statements, key_moves = self._statements, self._key_moves
         key, before, after = op[2], op[3], op[4]

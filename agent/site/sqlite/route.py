@@ -32,7 +32,7 @@ Rules of this file:
   (:func:`install_apply_triggers`): at the consolidated a row whose foreign
   key names no parent is refused (``NO_PARENT``), at a remote the
   consolidated's DELETE of a parent takes the rows that follow it along,
-  each recorded as it went (a capture row flagged ``WITH_PARENT``).
+  each recorded as it went (a capture row flagged ``FLAG_WITH_PARENT``).
 """
 
 from __future__ import annotations
@@ -42,13 +42,12 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..capture import FLAG_WITH_PARENT, KIND_DELETE
+from ..errors import PublicationError
 from ._db import quote_ident
-from .errors import PublicationError
 
-# What a selection plan names as the SUBSCRIBE BY column of a follow
-# article: no column of SQLite can be called this (names hold no NUL).
-ROUTE = "\x00route"
-# The catalogue's columns read as a plan's (table, publication, columns, subscribe_by).
+# The catalogue's columns read as a plan's (table, publication, columns,
+# subscribe_by): a follow article's subscribe_by is agent.site.capture.ROUTE.
 ARTICLE_ROWS = ("SELECT table_name, publication, columns,"
                 " CASE WHEN follows IS NULL THEN subscribe_by ELSE char(0) || 'route' END FROM fieldsync_article")
 MOVE_PREFIX = "fieldsync_move_"
@@ -245,10 +244,6 @@ def record_follow(conn: sqlite3.Connection, follow: Follow) -> None:
 
 # How a row refused by the consolidated's parent check is recorded, from the start.
 NO_PARENT = "no parent row"
-# The capture-row flag and kind of a remote's record of a row that went with
-# its parent (capture.FLAG_WITH_PARENT, capture.KIND_DELETE).
-WITH_PARENT = 8
-_KIND_DELETE = 3
 APPLY_PREFIX = "fieldsync_follow_"
 
 
@@ -286,7 +281,7 @@ def apply_triggers(conn: sqlite3.Connection, chains: dict[str, Follow]) -> list[
                 targets = ", ".join(f"v{index}" for index in range(len(shape[1])))
                 names = ", ".join(quote_ident(column) for column in shape[1])
                 body.append(f"INSERT INTO fieldsync_capture (shape, kind, flags, {targets}) SELECT {shape[0]},"
-                            f" {_KIND_DELETE}, {WITH_PARENT}, {names} FROM {quote_ident(follow.table)}"
+                            f" {KIND_DELETE}, {FLAG_WITH_PARENT}, {names} FROM {quote_ident(follow.table)}"
                             f" WHERE {under}")
             body.append(f"DELETE FROM {quote_ident(follow.table)} WHERE {under}")
         statements.append(f"CREATE TEMP TRIGGER {quote_ident(f'{APPLY_PREFIX}delete_{parent}')} BEFORE DELETE"

@@ -23,12 +23,13 @@ import sqlite3
 
 from codec.changes import SchemaChange
 
+from ...errors import SchemaConflict
+from ...publication_rules import Article
 from .._db import parse_time, quote_ident
 from ..capture import drop_capture, refresh_changed_tables
 from ..ddl import read_schema
-from ..errors import SchemaConflict
 from ..extract import create_index_where_possible
-from ..publications import Article, add_article_locked, create_publication_locked
+from ..publications import add_article_locked, create_publication_locked
 from .statements import Statements
 
 _ALTERS = ("add_column", "rename_column", "drop_column")

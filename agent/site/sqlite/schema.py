@@ -23,11 +23,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from ._db import connect, format_time, parse_time, translate, utc_now, write_transaction
+from ..clock import utc_now
+from ..errors import AlreadyASite, InvalidSetting, NotASite, SecretInDatabase, UnsupportedSiteVersion
+from ..identity import Role, SiteIdentity, check_name, check_role, check_texts, new_incarnation
+from ._db import connect, format_time, parse_time, translate, write_transaction
 from .capture import APPLYING_TABLE, upgrade_capture, value_column
-from .errors import AlreadyASite, InvalidSetting, NotASite, SecretInDatabase, UnsupportedSiteVersion
-# The identity's values and rules live in identity.py; imported from here too.
-from .identity import Role, SiteIdentity, check_name, check_role, check_texts, new_incarnation
 
 log = logging.getLogger("fieldsync.site")
 
@@ -37,7 +37,7 @@ log = logging.getLogger("fieldsync.site")
 # 4: fieldsync_site without its ``secret`` column (see _drop_secret).
 # 5: fieldsync_remote's log_read, heartbeat and control_sent_at (docs/protocol.md).
 # 6: transport settings stored with the site: fieldsync_site.reply_address,
-#    fieldsync_remote.inbox and fieldsync_transport_option (agent/site/settings.py).
+#    fieldsync_remote.inbox and fieldsync_transport_option (agent/site/sqlite/settings.py).
 # 7: fieldsync_remote.heard_at, when a message of the peer last arrived (docs/protocol.md).
 # 8: fieldsync_remote's confirm_timeout, data_sent_at, peer_confirmed, probes and
 #    confirm_owed: never silent while something is outstanding (docs/protocol.md, rule 3);
@@ -48,7 +48,7 @@ log = logging.getLogger("fieldsync.site")
 #    subscription holds: subscription changes travel through the stream
 #    (docs/site-database.md, "Changing a remote's subscriptions").
 # 10: fieldsync_article.follows, follow_columns, parent_columns and route_sql:
-#    rows that follow their parent (docs/site-database.md, agent/site/route.py).
+#    rows that follow their parent (docs/site-database.md, agent/site/sqlite/route.py).
 # 11: fieldsync_schema_change, the schema changes made or applied here
 #    (docs/site-database.md, "Schema changes").
 # 12: fieldsync_remote.peer_schema_version, the schema version a remote

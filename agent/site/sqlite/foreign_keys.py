@@ -13,7 +13,7 @@ Rules of this file:
   as written.  A kept clause loses its ``DEFERRABLE ...`` part: a remote
   checks each key at the statement that writes it (see the apply path).
 * Pure: text in, text out; which clauses a remote keeps is its caller's
-  choice (agent/site/extract.py).
+  choice (agent/site/sqlite/extract.py).
 """
 
 from __future__ import annotations

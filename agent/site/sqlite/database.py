@@ -25,71 +25,38 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Seque
 
 from codec.ops import Transaction
 
-from ._db import (DEFAULT_BUSY_TIMEOUT, format_time, read_transaction, sqlite_errors, sqlite_home, utc_now,
-                  write_transaction)
+from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
+from ..capture import Shape
+from ..change_rows import SchemaChangeResult
+from ..clock import utc_now
+from ..errors import InvalidSetting, SchemaConflict, SiteError
+from ..extraction import ExtractResult, Extraction
+from ..identity import Role, SiteIdentity
+from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
+from ..reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
+from ..fanout import FANOUT_HOLD
+from ..settings import SITE_SCOPE
+from ._db import DEFAULT_BUSY_TIMEOUT, format_time, read_transaction, sqlite_errors, sqlite_home, write_transaction
 from .agent_runs import count_run_locked
-from .apply import (
-    Applier,
-    ApplyErrorRecord,
-    ApplyResult,
-    ConflictHook,
-    ConflictRecord,
-    Resolution,
-    list_apply_errors,
-    list_conflicts,
-    set_hook,
-    set_policy_locked,
-)
+from .apply import Applier, list_apply_errors, list_conflicts, set_policy_locked
 from .apply.schema import record_conflict
-from .capture import Shape, ShapeCache, all_shapes, declared_type, refresh_changed_tables
-from .changes import SchemaChangeResult, apply_schema_locked, schema_version, send_new_article_locked
-from .errors import InvalidSetting, SchemaConflict, SiteError
-from .extract import Consolidated, ExtractResult, extract_remote
-from .extract_many import Extraction
+from .capture import ShapeCache, all_shapes, declared_type, refresh_changed_tables
+from .changes import apply_schema_locked, schema_version, send_new_article_locked
+from .extract import Consolidated, extract_remote
 from .log import SqliteLog, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
-from .publications import (
-    Article,
-    Publication,
-    Subscription,
-    Value,
-    add_article_locked,
-    create_publication_locked,
-    drop_publication_locked,
-    list_publications,
-    list_subscriptions,
-    missing_tables,
-    remove_article_locked,
-)
-from .reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
-from .resubscribe import SubscriptionChange, change_locked
+from .publications import (add_article_locked, create_publication_locked, drop_publication_locked, list_publications,
+                           list_subscriptions, missing_tables, remove_article_locked)
+from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
+                      count_rows, get_remote, iter_remotes_locked, list_remotes, open_apply_errors,
+                      record_delivered_locked, record_error_locked, record_heard_locked, record_send_locked,
+                      record_stream_stopped_locked, remove_remote_locked, replaced_incarnations, update_remote_locked,
+                      update_remotes_locked)
+from .resubscribe import change_locked
 from .route import ARTICLE_ROWS
-from .fanout import FANOUT_HOLD
-from .selection import SubscriberReader, selection_plan
-from .remotes import (
-    NewRemote,
-    RemoteFilter,
-    RemoteUser,
-    acknowledge_apply_errors_locked,
-    add_remote_locked,
-    add_remotes_locked,
-    get_remote,
-    iter_remotes_locked,
-    list_remotes,
-    open_apply_errors,
-    record_delivered_locked,
-    record_error_locked,
-    record_heard_locked,
-    record_stream_stopped_locked,
-    record_send_locked,
-    all_replaced_incarnations,
-    count_rows,
-    replaced_incarnations,
-    remove_remote_locked,
-    update_remote_locked,
-    update_remotes_locked,
-)
-from .schema import Role, SecretStore, SiteIdentity, init_database, open_database, read_identity
-from .settings import SITE_SCOPE, read_all_options, read_options, set_transport_locked
+from .schema import SecretStore, init_database, open_database, read_identity
+from .selection import SubscriberReader, selection_plan, subscriber_reader, subscriber_readers
+from .settings import read_all_options, read_options, set_transport_locked
 
 
 class SiteDatabase:
@@ -316,8 +283,8 @@ class SiteDatabase:
         DELETEs come bundled in runs (codec.ops.Run, what a packer writes)."""
         reads = list(reads)
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
-            readers = SubscriberReader.many_from_database(self._conn, self._identity, self._shapes,
-                                                          [subscriber for subscriber, _, _ in reads], runs=runs)
+            readers = subscriber_readers(self._conn, self._identity, self._shapes,
+                                         [subscriber for subscriber, _, _ in reads], runs=runs)
             resolved: dict[tuple[int, int | None], int] = {}  # most reads share their range
             ranges = []
             for _, after, until in reads:
@@ -328,7 +295,7 @@ class SiteDatabase:
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):
-            reader = SubscriberReader.from_database(self._conn, self._identity, self._shapes, subscriber)
+            reader = subscriber_reader(self._conn, self._identity, self._shapes, subscriber)
             return reader, resolve_range(self._source, after, until)
 
     # --- batch export (docs/spark.md) ------------------------------------------------
@@ -411,7 +378,7 @@ class SiteDatabase:
         with self._lock, self._write(f"updating remote {name!r}"):
             return update_remote_locked(self._conn, name, changes)
 
-    # --- transport settings stored with the site (agent/site/settings.py) -----------
+    # --- transport settings stored with the site (agent/site/sqlite/settings.py) ----
 
     def transport_options(self, peer: str | None = None) -> dict[str, str]:
         with self._lock, self._read("reading transport options"):
@@ -548,7 +515,7 @@ class SiteDatabase:
     def extract(self, remote: str, path: str | os.PathLike[str], *, keys: Any = None,
                 now: datetime | None = None, options: Mapping[str, str] | None = None):  # type: ignore[no-untyped-def]
         """Create the remote database of ``remote`` at ``path``; see
-        :func:`agent.site.extract.extract_remote`."""
+        :func:`agent.site.sqlite.extract.extract_remote`."""
         consolidated = Consolidated(self._conn, self._lock, self._identity, self.path)
         return extract_remote(consolidated, remote, path, keys=keys, now=now, options=options)
 

@@ -23,16 +23,16 @@ import sqlite3
 from itertools import chain, islice
 from typing import Iterator
 
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape
+from ..identity import Role, SiteIdentity
+from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed
+from ..view import View
 from ._db import quote_ident
-from .capture import (FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape, ShapeCache, refresh_changed_tables,
-                      value_column)
+from .capture import ShapeCache, refresh_changed_tables, value_column
 from .log import cut_locked, log_end
-from .publication_rules import SubscriptionChange, find_subscription, not_subscribed
-from .publications import Value, check_subscription
+from .publications import check_subscription
 from .route import ARTICLE_ROWS, follows
-from .schema import Role, SiteIdentity
 from .selection import plan_from_rows
-from .view import View
 
 # Rows written to the capture table per statement.
 _BATCH = 1000

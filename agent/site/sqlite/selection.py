@@ -1,0 +1,68 @@
+"""The rows a SQLite site's readers are made from (agent.site.selection):
+a subscriber's plan, and its readers, from the catalogue, the subscription
+rows and the shapes.
+
+Rules of this file:
+* Each function reads in the caller's transaction, under the site's lock,
+  once; what it returns selects with no query of its own but one: the
+  columns a row written back to its origin lists (``fieldsync_returned``).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Callable
+
+from ..identity import SiteIdentity
+from ..selection import SelectionPlan, SubscriberReader, check_subscribers, plan_from_rows, value_columns_read
+from .capture import ShapeCache, all_shapes
+from .route import ARTICLE_ROWS
+
+
+def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber: str) -> SelectionPlan:
+    """What ``subscriber`` receives from this site (raises for an unknown remote)."""
+    known = {name for (name,) in conn.execute("SELECT name FROM fieldsync_remote WHERE name = ?", (subscriber,))}
+    check_subscribers(identity, known, [subscriber])
+    articles = conn.execute(ARTICLE_ROWS).fetchall()
+    subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
+                                 " WHERE remote = ?", (subscriber,)).fetchall()
+    return plan_from_rows(subscriber, identity.role, articles, subscriptions)
+
+
+def subscriber_reader(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
+                      subscriber: str) -> SubscriberReader:
+    """The reader of ``subscriber``.  Capture rows are read only as wide as
+    the widest shape of a table it receives (old and new row), not as wide
+    as the capture table."""
+    plan = selection_plan(conn, identity, subscriber)
+    return SubscriberReader(plan, shapes, _returned_columns(conn), value_columns_read(all_shapes(conn), plan))
+
+
+def subscriber_readers(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
+                       subscribers: list[str], *, runs: bool = False) -> list[SubscriberReader]:
+    """:func:`subscriber_reader` for many subscribers, with one query each
+    for the remotes, articles, subscriptions and shapes (a send phase at a
+    consolidated of thousands reads for all of them at once)."""
+    # Only the subscribers' own rows are read (a group of a send phase at a
+    # consolidated of 100,000 is a few thousand of them).
+    wanted = json.dumps(subscribers)
+    check_subscribers(identity, {name for (name,) in conn.execute(
+        "SELECT name FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))", (wanted,))}, subscribers)
+    subscriptions: dict[str, list[tuple]] = {}
+    for remote, publication, value, since, until in conn.execute(
+            "SELECT remote, publication, value, since, until FROM fieldsync_subscription"
+            " WHERE remote IN (SELECT value FROM json_each(?)) ORDER BY rowid", (wanted,)):
+        subscriptions.setdefault(remote, []).append((publication, value, since, until))
+    return SubscriberReader.many_from_rows(identity, shapes, all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(),
+                                           subscriptions, subscribers, _returned_columns(conn), runs=runs)
+
+
+def _returned_columns(conn: sqlite3.Connection) -> Callable[[int], str | None]:
+    """The columns a row written back to its origin lists, by its seq (None: all)."""
+
+    def returned_columns(seq: int) -> str | None:
+        found = conn.execute("SELECT columns FROM fieldsync_returned WHERE seq = ?", (seq,)).fetchone()
+        return None if found is None else found[0]
+
+    return returned_columns
