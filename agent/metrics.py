@@ -40,6 +40,7 @@ from .quarantine import REASON_SUFFIX
 from .queues import QueueDepth, QueueError
 from .site import SiteError, is_uri
 from .site.sqlite.log import HORIZON_SQL, log_end
+from .site.sqlite.schema import SCHEMA_ROWS
 from .site.sqlite.remotes import IN_ERROR_SQL
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ def read_site(database: Path | str) -> _SiteRows:
         conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_conflict GROUP BY peer").fetchall())
         errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync_apply_error GROUP BY peer").fetchall())
         end = log_end(conn)
-        version = conn.execute("SELECT max(commit_offset) FROM fieldsync_schema_change").fetchone()[0]
+        version = conn.execute(f"SELECT max(commit_offset) FROM fieldsync_schema_change WHERE {SCHEMA_ROWS}"
+                               ).fetchone()[0]
         conn.execute("COMMIT")
     except sqlite3.Error as error:
         raise MetricsError(f"{database}: cannot read metrics ({error})") from None

@@ -35,7 +35,10 @@ STEPS: dict[str, tuple[str, ...]] = {
     "create_table": ("sql", "publication", "subscribe_by"),
     "create_index": ("index", "sql"),
     "drop_index": ("index",),
+    # Its table slot holds the subscriber's own site name: no table, no shape.
+    "passthrough": ("sql",),
 }
+PASSTHROUGH = "passthrough"
 _OPTIONAL = {("create_table", 4)}  # (verb, position in the step) that may be nil
 
 
@@ -43,7 +46,8 @@ class SchemaChange(NamedTuple):
     """One schema change as a subscriber receives it.
 
     ``steps``: ``(verb, table, *arguments)`` tuples, in order (see
-    :data:`STEPS`).  ``shapes``: ``(table, columns, key_columns)`` of every
+    :data:`STEPS`; a ``passthrough`` step names the subscriber, not a
+    table).  ``shapes``: ``(table, columns, key_columns)`` of every
     table a step names, as the subscriber holds it after the change."""
 
     steps: tuple[tuple, ...]
@@ -84,7 +88,8 @@ def check_change(value: object, where: str = "schema change") -> SchemaChange:
         for position, argument in enumerate(arguments, 2):
             if not _name(argument) and not (argument is None and (verb, position) in _OPTIONAL):
                 raise InvalidValue(f"{where}: malformed {verb} step on {table}")
-        named.setdefault(table.lower(), table)
+        if verb != PASSTHROUGH:
+            named.setdefault(table.lower(), table)
         checked_steps.append(tuple(step))
     checked_shapes = []
     seen = set()

@@ -25,7 +25,13 @@ def schema() -> None:
 @click.option("--unchecked", is_flag=True,
               help="Also run statements the command does not check (data, views, triggers, pragmas, DROP TABLE "
                    "of an unpublished table) at the consolidated only; see docs/site-database.md for the risks.")
-def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], unchecked: bool) -> None:
+@click.option("--passthrough", is_flag=True,
+              help="Send the data statements (INSERT, UPDATE, DELETE) to the --to remotes only, to run there as "
+                   "their own writes, in order with the data; nothing runs here.")
+@click.option("--to", "remotes", multiple=True, metavar="REMOTE",
+              help="With --passthrough: a remote the statements go to. Repeatable.")
+def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], unchecked: bool, passthrough: bool,
+          remotes: tuple[str, ...]) -> None:
     """Run SQL at the consolidated DATABASE as one schema change, in one
     transaction, and send it to every remote that holds the tables it
     changes, in order with the data.
@@ -35,6 +41,10 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     publication add` to send it with its rows), CREATE INDEX and DROP INDEX.
     It refuses, with nothing changed, dropping or re-keying a published
     table and dropping its key or SUBSCRIBE BY column.
+
+    With --passthrough --to REMOTE, data statements go to the named remotes
+    only and run there as their own writes (SQL Remote's PASSTHROUGH ONLY
+    FOR): a fix of one field site's data that then travels like its own.
 
     Example: agent schema apply hq.db "ALTER TABLE customer ADD COLUMN phone TEXT DEFAULT ''"
     """
@@ -46,12 +56,26 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
             raise AgentError(f"cannot read the SQL file {path}: {error}") from None
     if not any(text.strip() for text in scripts):
         raise UsageError("give the SQL to run, as arguments or with --file")
+    if remotes and not passthrough:
+        raise UsageError("--to names the remotes of --passthrough; a schema change goes to every remote that holds "
+                         "its tables")
+    if passthrough and not remotes:
+        raise UsageError("--passthrough needs the remotes it goes to: --to REMOTE")
+    if passthrough and unchecked:
+        raise UsageError("--passthrough sends data statements only: --unchecked does not apply")
     from ..site.locate import is_uri
 
     if isinstance(database, str) and is_uri(database):
         # Said before the site is opened: nothing is read or changed.
         raise AgentError(f"agent schema apply is not supported on a PostgreSQL consolidated yet: nothing was changed "
                          f"at {database} (docs/postgres.md, \"The site\", says what is not built yet)")
+    if passthrough:
+        with open_site(database) as site:
+            offset = site.passthrough(scripts, remotes)
+        console().print(f"Passthrough SQL at offset {offset}: it runs at {', '.join(dict.fromkeys(remotes))} only, "
+                        "in order with the data, as their own writes, which travel back like theirs.",
+                        soft_wrap=True, markup=False)
+        return
     with open_site(database) as site:
         result = site.apply_schema(scripts, unchecked=unchecked)
         name = site.identity.name

@@ -11,8 +11,9 @@ Rules of this file:
   uses.
 * Pure: a subscriber's change is worked out from that row and its plan
   (the article of each table), as its operations are from other rows: the
-  steps on the tables it receives, as its article publishes them, and the
-  shapes of those tables as it holds them (agent.site.view).
+  steps on the tables it receives, as its article publishes them, the
+  passthrough steps that name it, and the shapes of those tables as it
+  holds them (agent.site.view).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from codec.changes import SchemaChange
+from codec.changes import PASSTHROUGH, SchemaChange
 
 from .capture import Shape
 from .view import View
@@ -59,11 +60,12 @@ def row_value(steps: list[tuple], shapes: dict[str, int], indexes: dict[str, lis
 
 
 def subscriber_change(value: object, article_of: Callable[[str], Article | None],
-                      shape_of: Callable[[int], Shape]) -> SchemaChange | None:
-    """What a subscriber receives of the change whose capture row holds
+                      shape_of: Callable[[int], Shape], subscriber: str | None = None) -> SchemaChange | None:
+    """What ``subscriber`` receives of the change whose capture row holds
     ``value``: ``article_of(lowered table)`` is its article of a table
-    (None: it does not receive the table), ``shape_of(id)`` a shape.  None
-    when nothing of it concerns the subscriber."""
+    (None: it does not receive the table), ``shape_of(id)`` a shape; a
+    passthrough step goes to the subscriber it names alone.  None when
+    nothing of it concerns the subscriber."""
     if type(value) is not str:
         return None
     change = json.loads(value)
@@ -71,6 +73,10 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
     views: dict[str, View] = {}
     for step in change["steps"]:
         verb, table = step[0], step[1]
+        if verb == PASSTHROUGH:
+            if subscriber is not None and table == subscriber:
+                kept.append(tuple(step))
+            continue
         article = article_of(table.lower())
         if article is None:
             continue
@@ -83,6 +89,8 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
         return None
     shapes = []
     for step in kept:
+        if step[0] == PASSTHROUGH:
+            continue
         view = views[step[1].lower()]
         if all(shape[0].lower() != step[1].lower() for shape in shapes):
             key = tuple(view.names[view.positions.index(position)] for position in view.key_positions)

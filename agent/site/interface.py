@@ -117,6 +117,12 @@ class Site(Protocol):
         (docs/site-database.md, "Schema changes"); SchemaRefused, and
         nothing changed, for what it may not do."""
 
+    def passthrough(self, scripts: Iterable[str], remotes: Iterable[str], *, now: datetime | None = None) -> int:
+        """Send the data statements of ``scripts`` to ``remotes`` only, in
+        order with the data, to run there as their own writes
+        (docs/site-database.md, "Passthrough"); their commit offset here.
+        SchemaRefused, and nothing sent, for what passthrough may not do."""
+
     def schema_version(self) -> int | None:
         """The site's schema version (docs/protocol.md, "Schema versions"):
         the commit offset of the last schema change made here (the

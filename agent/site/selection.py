@@ -266,7 +266,8 @@ class SubscriberReader:
 
     def _change(self, row: tuple) -> SchemaChange | None:
         """What of the schema change in capture ``row`` concerns the subscriber."""
-        return subscriber_change(row[4] if len(row) > 4 else None, self._articles.get, self._shapes.get)
+        return subscriber_change(row[4] if len(row) > 4 else None, self._articles.get, self._shapes.get,
+                                 self.subscriber)
 
     def _returned(self, view: View, origin: str, row: tuple) -> Operation | None:
         """A row a conflict resolution sends back to its origin: the old

@@ -160,3 +160,78 @@ def test_a_remote_whose_table_was_changed_by_hand_waits_before_the_change_until_
     world.execute("n1", "ALTER TABLE customer RENAME COLUMN nom TO name")  # mended
     sync(agent, world)
     assert world.rows("n1", "SELECT id, phone FROM customer WHERE id = 1") == [(1, "555")]
+
+
+# -- passthrough SQL (docs/site-database.md, "Passthrough") -------------------------------------------------------
+
+
+def test_passthrough_runs_at_the_named_remote_only_and_its_writes_travel_back(agent: Agent, whole: World) -> None:
+    """The statements run at n1 alone, in order with the data, as n1's own
+    writes: they reach hq like n1's changes, n2 is untouched, and the sites
+    stay converged; both ends record it, and it is no schema version."""
+    world = whole
+    sync(agent, world)
+    world.execute("hq", "UPDATE customer SET note = 'before' WHERE id = 1")  # data before the passthrough
+    sent = agent("schema", "apply", world.hq, "--passthrough", "--to", "n1",
+                 "UPDATE customer SET note = 'mended at n1' WHERE id = 1; "
+                 "INSERT INTO customer VALUES (31, 'n1', 'made at n1', 'passthrough')")
+    assert sent.code == 0, sent.err
+    assert "Passthrough SQL at offset" in sent.out and "runs at n1 only" in sent.out
+    # Nothing ran at hq, and its schema version did not move.
+    assert world.rows("hq", "SELECT note FROM customer WHERE id = 1") == [("before",)]
+    assert world.rows("hq", "SELECT count(*) FROM customer WHERE id = 31") == [(0,)]
+    assert json.loads(agent("status", world.hq, "--json").out)["site"]["schema_version"] is None
+    sync(agent, world)
+    assert world.rows("n1", "SELECT note FROM customer WHERE id = 1") == [("mended at n1",)]
+    # n1's writes came back as its own changes: hq holds them, so does every copy that holds the rows.
+    assert world.rows("hq", "SELECT id, note FROM customer WHERE id IN (1, 31) ORDER BY id") == [
+        (1, "mended at n1"), (31, "passthrough")]
+    for remote in ("n1", "n2"):
+        assert world.rows(remote, "SELECT * FROM customer ORDER BY id") == world.rows(
+            "hq", f"SELECT * FROM customer WHERE region = '{remote}' ORDER BY id"), remote
+    assert world.rows("n2", "SELECT count(*) FROM fieldsync_schema_change WHERE steps LIKE '%passthrough%'") == [(0,)]
+    assert world.rows("n1", "SELECT statements FROM fieldsync_schema_change WHERE steps LIKE '%passthrough%'") == [
+        (json.dumps(["UPDATE customer SET note = 'mended at n1' WHERE id = 1",
+                     "INSERT INTO customer VALUES (31, 'n1', 'made at n1', 'passthrough')"]),)]
+    for site in ("hq", "n1", "n2"):
+        assert world.rows(site, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)], site
+        assert json.loads(agent("status", getattr(world, site), "--json").out)["site"]["schema_version"] is None
+
+
+@pytest.mark.parametrize("arguments, code, problem", [
+    (("--passthrough", "--to", "n1", "ALTER TABLE customer ADD COLUMN phone TEXT"), 1,
+     "passthrough carries data statements only"),
+    (("--passthrough", "--to", "n1", "DELETE FROM fieldsync_remote"), 1, "the application's own tables only"),
+    (("--passthrough", "--to", "n1", "PRAGMA user_version = 3"), 1, "passthrough carries data statements only"),
+    (("--passthrough", "--to", "nobody", "DELETE FROM customer WHERE id = 1"), 1, "no remote named 'nobody'"),
+    (("--to", "n1", "DELETE FROM customer WHERE id = 1"), 2, "--to names the remotes of --passthrough"),
+    (("--passthrough", "DELETE FROM customer WHERE id = 1"), 2, "--passthrough needs the remotes"),
+    (("--passthrough", "--unchecked", "--to", "n1", "DELETE FROM customer"), 2, "--unchecked does not apply"),
+])
+def test_a_passthrough_refusal_is_one_line_and_sends_nothing(agent: Agent, world: World, arguments, code,
+                                                            problem) -> None:
+    end = world.rows("hq", "SELECT max(commit_offset) FROM fieldsync_log")
+    result = agent("schema", "apply", world.hq, *arguments)
+    assert result.code == code and len(result.err_lines) == 1 and problem in result.err, result.err
+    assert world.rows("hq", "SELECT max(commit_offset) FROM fieldsync_log") == end
+    assert world.rows("hq", "SELECT count(*) FROM fieldsync_schema_change") == [(0,)]
+
+
+def test_a_passthrough_that_fails_at_the_remote_stops_its_stream_there_until_mended(agent: Agent,
+                                                                                 whole: World) -> None:
+    world = whole
+    sync(agent, world)
+    world.execute("n1", "CREATE UNIQUE INDEX customer_name_once ON customer (name)")  # made by hand at n1
+    taken = world.rows("n1", "SELECT name FROM customer ORDER BY id LIMIT 1")[0][0]
+    assert agent("schema", "apply", world.hq, "--passthrough", "--to", "n1",
+                 f"INSERT INTO customer VALUES (41, 'n1', '{taken}', NULL)").code == 0
+    world.execute("hq", "UPDATE customer SET note = 'after' WHERE region = 'n1'")  # data behind it waits too
+    assert agent("run", world.hq, "--once").code == 0
+    stopped = agent("run", world.n1, "--once")
+    assert stopped.code == 1 and "the passthrough SQL at" in stopped.err and "UNIQUE" in stopped.err, stopped.err
+    assert world.rows("n1", "SELECT count(*) FROM customer WHERE id = 41 OR note = 'after'") == [(0,)]
+    world.execute("n1", "DROP INDEX customer_name_once")  # mended
+    sync(agent, world)
+    assert world.rows("n1", "SELECT * FROM customer ORDER BY id") == world.rows(
+        "hq", "SELECT * FROM customer WHERE region = 'n1' ORDER BY id")
+    assert world.rows("hq", "SELECT name FROM customer WHERE id = 41") == [(taken,)]

@@ -6,8 +6,9 @@ change gets a new version folder, and the tests keep decoding every old
 one.  Every folder holds the same content; a control message is written in
 version 1 whatever the folder (its bytes did not change in version 2).
 Version 3 adds schema changes: ``--schema`` made ``fixtures/messages/schema/``,
-a stream in which two of them travel between data messages; and a control
-message's schema version: ``--control-schema`` made
+a stream in which two of them travel between data messages; passthrough
+SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; and a
+control message's schema version: ``--control-schema`` made
 ``fixtures/messages/control-schema/``.
 """
 
@@ -255,6 +256,43 @@ def write_schema(force: bool) -> None:
     _write_folder(SCHEMA, build_schema(), expected_schema(), force)
 
 
+# Passthrough SQL to one remote (format version 3): ``python -m
+# tests.codec.golden --write --passthrough`` made fixtures/messages/passthrough/ once.
+PASSTHROUGH = FIXTURES / "passthrough"
+FIX_CITY = SchemaChange(
+    (("passthrough", "field1", "UPDATE customer SET town = 'Braga' WHERE id = 3"),
+     ("passthrough", "field1", "DELETE FROM visit WHERE at < '2026-01-01'")),
+    ())
+
+
+def passthrough_stream() -> list[Transaction]:
+    """Data, passthrough SQL for field1, data."""
+    return [transactions()[0], Transaction(923_400, "hq", (FIX_CITY,)), schema_stream()[2]]
+
+
+def build_passthrough() -> dict[str, bytes]:
+    return {message.name: message.data
+            for message in pack_messages(passthrough_stream(), keys=HQ, recipient="field1", incarnation=INCARNATION,
+                                         resend_count=0, start=923_200, max_size=10_000, end=923_500)}
+
+
+def expected_passthrough() -> dict:
+    stream = passthrough_stream()
+    entries = [{"commit": stream[1].commit, "origin": stream[1].origin, "change": change_json(FIX_CITY)}]
+    return {
+        "incarnation": INCARNATION.hex(),
+        "stream": [
+            {"header": "(0-0000923200-0000923357-0)", "version": 2, "transactions": [transaction_json(stream[0])]},
+            {"header": "(0-0000923357-0000923400-0)", "version": 3, "transactions": entries},
+            {"header": "(0-0000923400-0000923500-0)", "version": 2, "transactions": [transaction_json(stream[2])]},
+        ],
+    }
+
+
+def write_passthrough(force: bool) -> None:
+    _write_folder(PASSTHROUGH, build_passthrough(), expected_passthrough(), force)
+
+
 # A remote's control message carrying its schema version (format version 3):
 # ``python -m tests.codec.golden --write --control-schema`` made
 # fixtures/messages/control-schema/ once.
@@ -287,9 +325,10 @@ if __name__ == "__main__":
     parser.add_argument("--schema", action="store_true", help="a stream with schema changes (version 3)")
     parser.add_argument("--control-schema", action="store_true",
                         help="a control message with a schema version (version 3)")
+    parser.add_argument("--passthrough", action="store_true", help="passthrough SQL to one remote (version 3)")
     arguments = parser.parse_args()
     if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema,
-                               arguments.control_schema].count(True) != 1:
+                               arguments.control_schema, arguments.passthrough].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
@@ -298,5 +337,7 @@ if __name__ == "__main__":
         write_control_schema(arguments.force)
     elif arguments.schema:
         write_schema(arguments.force)
+    elif arguments.passthrough:
+        write_passthrough(arguments.force)
     else:
         write(arguments.version, arguments.force)

@@ -44,10 +44,19 @@ def entry(commit: int, items: list) -> bytes:
     ((ADD.steps, (("customer", ("id", "id"), ("id",)),)), "malformed shape"),
     ((ADD.steps, (("customer", ("id", "name"), ("key",)),)), "malformed shape"),
     ((ADD.steps, (("customer", ("id",), ("id",)), ("CUSTOMER", ("id",), ("id",)))), "two shapes"),
+    (((("passthrough", "field1"),), ()), "malformed passthrough"),
+    (((("passthrough", "field1", ""),), ()), "malformed passthrough"),
+    (((("passthrough", "", "DELETE FROM visit"),), ()), "malformed passthrough"),
+    (((("passthrough", "field1", "DELETE FROM visit"),), ADD.shapes), "exactly the tables"),
 ])
 def test_a_malformed_change_is_refused_naming_the_problem(value, problem):
     with pytest.raises(InvalidValue, match=problem):
         check_change(value)
+
+
+def test_a_passthrough_step_names_a_site_and_no_table_so_it_has_no_shape():
+    change = check_change(((("passthrough", "field1", "UPDATE customer SET name = 'x' WHERE id = 1"),), ()))
+    assert change.steps[0][1] == "field1" and change.tables() == ()
 
 
 def test_a_create_table_may_name_no_subscribe_by_column():

@@ -155,6 +155,20 @@ def test_today_encoder_still_writes_the_schema_change_stream():
     check_rebuilt(golden.SCHEMA, golden.build_schema(), _schema_entry)
 
 
+def test_the_passthrough_stream_decodes_to_the_expected_content_and_is_written_alike_today():
+    """Passthrough SQL (docs/message-format.md, "Schema changes"): steps
+    that name the subscriber, no shape, between data messages."""
+    root = golden.PASSTHROUGH
+    expected = json.loads((root / "expected.json").read_text())
+    assert expected == json.loads(json.dumps(golden.expected_passthrough()))
+    decoded = decode_all(root)
+    assert [{"header": str(m.header), "version": m.version,
+             "transactions": [_schema_entry(t) for t in m.transactions]} for m in decoded.values()] == expected["stream"]
+    change = expected["stream"][1]["transactions"][0]["change"]
+    assert change["shapes"] == [] and {step[0] for step in change["steps"]} == {"passthrough"}
+    check_rebuilt(golden.PASSTHROUGH, golden.build_passthrough(), _schema_entry)
+
+
 def test_a_reader_of_version_2_refuses_only_the_schema_changes(monkeypatch):
     """A site that reads up to version 2 sets the change aside (and asks for
     it again) but reads the data around it: the stream waits at the change

@@ -22,7 +22,7 @@ import json
 import sqlite3
 from typing import Iterable, NamedTuple
 
-from codec.changes import MAX_CHANGE_BYTES, SchemaChange
+from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, SchemaChange
 from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
@@ -35,6 +35,7 @@ from .capture import ShapeCache, drop_capture, drop_moves, refresh_changed_table
 from .ddl import Action, actions, differences, read_schema, split_statements
 from .extract import published_table_sql
 from .log import cut_locked
+from .schema import SCHEMA_ROWS
 from .route import follows
 
 
@@ -66,7 +67,7 @@ def schema_version(conn: sqlite3.Connection) -> int | None:
     At the consolidated every row is one it made, at a remote one it
     applied (or the consolidated's last at its extraction), so the
     largest offset is the version either way."""
-    return conn.execute("SELECT max(commit_offset) FROM fieldsync_schema_change").fetchone()[0]
+    return conn.execute(f"SELECT max(commit_offset) FROM fieldsync_schema_change WHERE {SCHEMA_ROWS}").fetchone()[0]
 
 
 def history(conn: sqlite3.Connection) -> list[list]:
@@ -131,6 +132,55 @@ def apply_schema_locked(conn: sqlite3.Connection, identity: SiteIdentity, script
             raise SchemaRefused(f"the statements re-key or drop the published table {article.table}: refused")
     writer.flush()
     return writer.result(len(statements))
+
+
+def passthrough_locked(conn: sqlite3.Connection, identity: SiteIdentity, scripts: Iterable[str],
+                       remotes: Iterable[str], *, made_at: str) -> int:
+    """Send the data statements of ``scripts`` to ``remotes`` only, to run
+    there as their own writes (docs/site-database.md, "Passthrough"; inside
+    the caller's write transaction): one change of passthrough steps,
+    alone in its log transaction; nothing runs here.  Returns its commit
+    offset; SchemaRefused (nothing logged) for a statement that is no data
+    statement here, or a name that is no remote."""
+    if identity.role is not Role.CONSOLIDATED:
+        raise WrongRole(f"{identity.name} is a remote: passthrough SQL is sent by the consolidated")
+    statements = [statement for script in scripts for statement in split_statements(script)]
+    targets = list(dict.fromkeys(remotes))
+    if not statements:
+        raise InvalidSetting("no SQL statement to send")
+    if not targets:
+        raise InvalidSetting("name the remotes the passthrough SQL goes to (--to REMOTE)")
+    for remote in targets:
+        if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone() is None:
+            raise SchemaRefused(f"no remote named {remote!r} at site {identity.name!r}: nothing was sent")
+    for number, statement in enumerate(statements, 1):
+        where = f"statement {number} ({' '.join(statement.split())[:60]})"
+        try:
+            found = actions(conn, statement)
+        except sqlite3.Error as error:
+            raise SchemaRefused(f"{where}: {error}") from None
+        data_only(found, where)
+    steps = [(PASSTHROUGH, remote, statement) for remote in targets for statement in statements]
+    cut_locked(conn, identity.name)  # everything before it: the change is alone in its log transaction
+    offset, _ = write_change(conn, identity, ShapeCache(conn), steps, {}, {}, steps, statements, made_at)
+    return offset
+
+
+def data_only(found: tuple[Action, ...], where: str) -> None:
+    """Refuse a passthrough statement that does anything but read and write
+    rows of the application's tables in the main database."""
+    for action in found:
+        if action.trigger is not None and action.trigger.lower().startswith("fieldsync_"):
+            continue  # fieldsync's capture, fired by a write
+        names = (action.first, action.second)
+        if action.code not in _WRITES:
+            what = (_HARD.get(action.code) or _NAMES.get(action.code)
+                    or ("a schema change (agent schema apply makes those)" if action.code in _TAKEN
+                        else "this kind of statement"))
+            raise SchemaRefused(f"{where}: passthrough carries data statements only (INSERT, UPDATE, DELETE), "
+                                f"not {what}")
+        if any(map(_own, names)) or action.database not in (None, "main"):
+            raise SchemaRefused(f"{where}: passthrough writes the application's own tables only")
 
 
 _HARD = {sqlite3.SQLITE_TRANSACTION: "BEGIN, COMMIT or ROLLBACK", sqlite3.SQLITE_SAVEPOINT: "a savepoint",
@@ -295,11 +345,16 @@ def write_change(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shape
     fieldsync_schema_change row (``steps``, all of them).  Returns its
     commit offset and the row's value.  SchemaRefused when it could not
     travel in one message."""
-    if published:
-        full = tuple((table, shapes.get(shape).columns, shapes.get(shape).key_columns)
-                     for table, shape in shape_ids.items())
+    # What one subscriber may get must fit a message: the steps on tables,
+    # or the passthrough steps that name it.
+    parts: dict[str | None, list[tuple]] = {}
+    for step in published:
+        parts.setdefault(step[1] if step[0] == PASSTHROUGH else None, []).append(step)
+    for recipient, part in parts.items():
+        full = () if recipient is not None else tuple(
+            (table, shapes.get(shape).columns, shapes.get(shape).key_columns) for table, shape in shape_ids.items())
         size = len(serialize_transaction(Transaction(OFFSET_MAX, identity.name,
-                                                     (SchemaChange(tuple(published), full),)), CHANGE_VERSION))
+                                                     (SchemaChange(tuple(part), full),)), CHANGE_VERSION))
         if size > MAX_CHANGE_BYTES:
             raise SchemaRefused(f"the change is {size} bytes, over the {MAX_CHANGE_BYTES}-byte limit of one change; "
                                 "make it in several")

@@ -42,7 +42,7 @@ from .agent_runs import count_run_locked
 from .apply import Applier, list_apply_errors, list_conflicts, set_policy_locked
 from .apply.schema import record_conflict
 from .capture import ShapeCache, all_shapes, declared_type, refresh_changed_tables
-from .changes import apply_schema_locked, schema_version, send_new_article_locked
+from .changes import apply_schema_locked, passthrough_locked, schema_version, send_new_article_locked
 from .extract import Consolidated, extract_remote
 from .log import SqliteLog, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import (add_article_locked, create_publication_locked, drop_publication_locked, list_publications,
@@ -208,6 +208,15 @@ class SiteDatabase:
         with self._lock, self._write("applying a schema change"):
             return apply_schema_locked(self._conn, self._identity, scripts, unchecked=unchecked,
                                        made_at=format_time(now or utc_now()))
+
+    def passthrough(self, scripts: Iterable[str], remotes: Iterable[str], *, now: datetime | None = None) -> int:
+        """Send the data statements of ``scripts`` to ``remotes`` only, in
+        order with the data, to run there as their own writes
+        (docs/site-database.md, "Passthrough"); their commit offset here.
+        SchemaRefused, and nothing sent, for what passthrough may not do."""
+        with self._lock, self._write("sending passthrough SQL"):
+            return passthrough_locked(self._conn, self._identity, scripts, remotes,
+                                      made_at=format_time(now or utc_now()))
 
     # --- the log ----------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ from .log import cut_locked, truncated_through
 from .publications import create_publication_locked
 from .remotes import get_remote, record_replaced_locked
 from .route import ARTICLE_ROWS, Follow, follows, record_follow
-from .schema import init_database, read_identity
+from .schema import SCHEMA_ROWS, init_database, read_identity
 from .settings import write_options
 
 class ExtractionSource(Protocol):
@@ -387,7 +387,8 @@ def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list
         # with no steps that came with the extraction.
         copy.execute("INSERT INTO main.fieldsync_schema_change (commit_offset, peer, steps, made_at)"
                      " SELECT commit_offset, ?, '[]', made_at FROM source.fieldsync_schema_change"
-                     " WHERE peer IS NULL ORDER BY commit_offset DESC LIMIT 1", (site.identity.name,))
+                     f" WHERE peer IS NULL AND {SCHEMA_ROWS} ORDER BY commit_offset DESC LIMIT 1",
+                     (site.identity.name,))
         counts: dict[str, int] = {}
         for plan in plans:
             counts[plan.info.name] = _copy_rows(copy, plan)

@@ -229,6 +229,13 @@ SCHEMA_CHANGE_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_schema_change (\n"
                        "    made_at       TEXT NOT NULL\n)")
 
 
+# The rows of fieldsync_schema_change that are schema changes: a
+# passthrough (its steps all ``passthrough``: docs/site-database.md,
+# "Passthrough") is recorded there too, but it changes no schema, so it is
+# no schema version.
+SCHEMA_ROWS = "coalesce(json_extract(steps, '$[0][0]'), '') <> 'passthrough'"
+
+
 def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
     text = (_TABLES.replace("{site}", SITE_TABLE).replace("{value_columns}", value_columns)

@@ -49,6 +49,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Iterable
 
+from codec.changes import PASSTHROUGH
 from codec.ops import OpKind, Operation, Run, Transaction, change_of
 
 from ...apply.batch import (ApplyResult, Batch, ConflictHook, KEY_TAKEN, key_after, same_value, send_back, set_aside,
@@ -196,7 +197,9 @@ class Applier:
                 if consolidated:
                     raise ApplyRefused(f"transaction {commit} from {peer!r} is a schema change: a remote makes "
                                        "none; nothing applied")
-                self._schema.apply(peer, commit, change, batch.now)
+                self._schema.apply(peer, commit, change, batch.now, own=identity.name)
+                if change.steps[0][0] == PASSTHROUGH:  # its writes are this site's own changes
+                    end = cut_locked(conn, identity.name, end)
                 applied += 1
                 continue
             self._apply_operations(transaction.ops, batch, consolidated)

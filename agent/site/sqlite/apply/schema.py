@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from codec.changes import SchemaChange
+from codec.changes import PASSTHROUGH, SchemaChange
 
-from ...errors import SchemaConflict
+from ...errors import SchemaConflict, SchemaRefused
 from ...publication_rules import Article
 from .._db import parse_time, quote_ident
 from ..capture import drop_capture, refresh_changed_tables
-from ..ddl import read_schema
+from ..changes import data_only
+from ..ddl import actions, read_schema
 from ..extract import create_index_where_possible
 from ..publications import add_article_locked, create_publication_locked
 from .statements import Statements
@@ -42,10 +43,14 @@ class SchemaSteps:
         self._conn = conn
         self._statements = statements
 
-    def apply(self, peer: str, commit: int, change: SchemaChange, now: str) -> None:
-        """Run ``change`` (from ``peer``, at its ``commit``) here; SchemaConflict when it does not apply."""
+    def apply(self, peer: str, commit: int, change: SchemaChange, now: str, *, own: str) -> None:
+        """Run ``change`` (from ``peer``, at its ``commit``) here, at site
+        ``own``; SchemaConflict when it does not apply."""
         conn = self._conn
         where = f"the schema change at {commit} from {peer}"
+        if any(step[0] == PASSTHROUGH for step in change.steps):
+            self._passthrough(peer, commit, change, now, own)
+            return
         for table in {step[1] for step in change.steps if step[0] in _ALTERS}:
             drop_capture(conn, table)  # SQLite refuses to drop a column a trigger names; made again below
         for step in change.steps:
@@ -67,6 +72,34 @@ class SchemaSteps:
         conn.execute("INSERT OR REPLACE INTO fieldsync_schema_change (commit_offset, peer, steps, made_at)"
                      " VALUES (?, ?, ?, ?)", (commit, peer, json.dumps([list(step) for step in change.steps]), now))
         self._statements.refresh()
+
+    def _passthrough(self, peer: str, commit: int, change: SchemaChange, now: str, own: str) -> None:
+        """Run the passthrough statements of ``change`` as this site's own
+        writes: its capture records them, and they travel back as its own
+        changes (docs/site-database.md, "Passthrough")."""
+        conn = self._conn
+        where = f"the passthrough SQL at {commit} from {peer}"
+        marked = conn.execute("SELECT 1 FROM fieldsync_applying").fetchone() is not None
+        if marked:
+            conn.execute("DELETE FROM fieldsync_applying")  # captured as this site's own
+        try:
+            for number, step in enumerate(change.steps, 1):
+                statement = step[2]
+                if step[0] != PASSTHROUGH or step[1] != own:
+                    raise SchemaConflict(f"{where} does not apply here: its step {number} is for "
+                                         f"{step[1]!r}, not {own!r}, or is no passthrough", commit=commit)
+                try:
+                    data_only(actions(conn, statement), f"statement {number}")
+                    conn.execute(statement).fetchall()
+                except (sqlite3.Error, SchemaRefused) as error:
+                    raise SchemaConflict(f"{where} does not apply here: statement {number} "
+                                         f"({' '.join(statement.split())[:60]}): {error}", commit=commit) from None
+        finally:
+            if marked:
+                conn.execute("INSERT INTO fieldsync_applying (id) VALUES (1)")
+        conn.execute("INSERT OR REPLACE INTO fieldsync_schema_change (commit_offset, peer, steps, statements, made_at)"
+                     " VALUES (?, ?, ?, ?, ?)", (commit, peer, json.dumps([list(step) for step in change.steps]),
+                                                json.dumps([step[2] for step in change.steps]), now))
 
     def _step(self, step: tuple, change: SchemaChange, now: str) -> None:
         conn = self._conn
