@@ -11,8 +11,9 @@ Rules of this file:
   ``customer`` (which its article publishes whole) or to ``product`` (with
   a default), one of those columns renamed or dropped, an index made or
   dropped, and a new table made and then published (``publication add``:
-  its rows reach the remotes without a new extraction).  Names are never
-  given twice: a retired name always means the old column.
+  its rows reach the remotes without a new extraction); and passthrough
+  SQL to one remote, which runs there as its own writes and travels back.
+  Names are never given twice: a retired name always means the old column.
 * A site writes what its own schema has (read before each write): the
   extra customer columns of its own subset, the new tables' rows of its
   own region.  A remote still behind writes the old shape, and its rows
@@ -74,7 +75,7 @@ class SchemaChanges:
         rng = self.rng
         if rng.random() >= CHANGE_RATE:
             return None
-        kinds = ["add customer column", "add product column", "create index", "create table"]
+        kinds = ["add customer column", "add product column", "create index", "create table", "passthrough"]
         if self.extra:
             kinds += ["rename customer column", "drop customer column"]
         if self.indexes:
@@ -102,6 +103,16 @@ class SchemaChanges:
         elif kind == "drop customer column":
             name = self.extra.pop(rng.randrange(len(self.extra)))
             statements = [f"ALTER TABLE customer DROP COLUMN {name}"]
+        elif kind == "passthrough":  # a data fix one remote makes as its own writes
+            remote = rng.choice(self.sites[1:])
+            fix = self._name("fix")
+            with open_site(self.root / "hq.db") as hq:
+                hq.passthrough([f"UPDATE product SET title = '{remote} {fix}' WHERE sku = 'tea'",
+                                f"UPDATE customer SET name = '{fix}' WHERE id = (SELECT min(id) FROM customer"
+                                f" WHERE region = '{remote}')"], [remote])
+            self.applied += 1
+            self.kinds.append(kind)
+            return kind
         else:
             publish = self._name("note")
             statements = [f"CREATE TABLE {publish} (id INTEGER PRIMARY KEY, region TEXT NOT NULL, body TEXT)"]
