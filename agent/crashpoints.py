@@ -23,6 +23,12 @@ POINTS = (
     "flush.after-send",  # a file went out through the transport, not yet removed from the queue
     "restart.pending",  # while re-reading queued inbound messages at start
 )
+# Points the fault suite draws apart, from the stream of the seeds that make
+# schema changes (agent/chaos/schema_changes.py), so the other seeds' draws
+# stay what they were.
+SCHEMA_POINTS = (
+    "apply.in-change",  # a remote ran a schema change or passthrough SQL, inside the apply, not committed
+)
 
 
 class Crash(BaseException):
@@ -36,8 +42,8 @@ _kill = False
 def arm(name: str, skip: int = 0, *, kill: bool = False) -> None:
     """Make the ``skip + 1``-th pass through ``name`` crash."""
     global _kill
-    if name not in POINTS:
-        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS)}")
+    if name not in POINTS + SCHEMA_POINTS:
+        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS + SCHEMA_POINTS)}")
     _armed[name] = skip
     _kill = kill
 

@@ -35,6 +35,9 @@ from ..site import Article, open_site
 CHANGE_RATE = 0.4
 # The chance that a site's transaction of a step writes the new shape.
 WRITE_RATE = 0.6
+# The chance that a remote's run of the fault phase dies inside the apply of
+# a schema change or passthrough, if it applies one.
+CRASH_RATE = 0.1
 # The publication of chaos's world (world.py) and its partitioned table.
 PUBLICATION = "field"
 
@@ -65,6 +68,11 @@ class SchemaChanges:
         self.indexes: list[str] = []
         self.applied = 0  # changes made at the consolidated
         self.kinds: list[str] = []
+
+    def crash_now(self) -> bool:
+        """Whether a remote's next run dies if it applies a schema change
+        (the crash point ``apply.in-change``, inside the apply)."""
+        return self.rng.random() < CRASH_RATE
 
     def _name(self, stem: str) -> str:
         self.number += 1

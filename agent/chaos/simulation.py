@@ -200,6 +200,8 @@ class Simulation:
         armed = faults and self.rng.random() < self.params.crash_rate
         if armed:
             crashpoints.arm(self.rng.choice(crashpoints.POINTS), self.rng.randint(0, 3))
+        elif faults and site != "hq" and self.workload.schema is not None and self.workload.schema.crash_now():
+            crashpoints.arm("apply.in-change")  # dies if this run applies a schema change (the seed's own stream)
         straggler = None
         if faults and self.places.in_postgres(site) and self.stragglers.random() < STRAGGLER_RATE:
             straggler = self.places.begin(site, self.workload.straggler(site, self.stragglers))

@@ -4,11 +4,13 @@ what it refuses, its exit codes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from .conftest import Agent, World, sync
+from .conftest import Agent, World, agent_process, sync
 
 
 def columns(world: World, site: str, table: str = "customer") -> list[str]:
@@ -235,3 +237,36 @@ def test_a_passthrough_that_fails_at_the_remote_stops_its_stream_there_until_men
     assert world.rows("n1", "SELECT * FROM customer ORDER BY id") == world.rows(
         "hq", "SELECT * FROM customer WHERE region = 'n1' ORDER BY id")
     assert world.rows("hq", "SELECT name FROM customer WHERE id = 41") == [(taken,)]
+
+
+@pytest.mark.parametrize("passthrough", [False, True], ids=["schema change", "passthrough"])
+def test_a_remote_killed_while_it_applies_a_change_applies_it_once_at_its_next_run(agent: Agent, whole: World,
+                                                                                  passthrough: bool) -> None:
+    """SIGKILL inside the apply of a change (the crash point
+    apply.in-change, after its statements ran, before the commit): nothing
+    of it stays, and the next run applies it once, in order."""
+    world = whole
+    sync(agent, world)
+    if passthrough:
+        arguments = ("--passthrough", "--to", "n1", "UPDATE customer SET note = 'fixed' WHERE region = 'n1'")
+    else:
+        arguments = ("ALTER TABLE customer ADD COLUMN phone TEXT DEFAULT 'none'",)
+    assert agent("schema", "apply", world.hq, *arguments).code == 0
+    world.execute("hq", "UPDATE customer SET name = 'after the change' WHERE region = 'n1'")
+    assert agent("run", world.hq, "--once").code == 0
+    before = world.rows("n1", "SELECT * FROM customer ORDER BY id")
+    with agent_process("run", world.n1, "--once", env={**os.environ, "FIELDSYNC_CRASH": "apply.in-change"}) as killed:
+        killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    assert world.rows("n1", "SELECT * FROM customer ORDER BY id") == before  # rolled back, all of it
+    assert world.rows("n1", "SELECT count(*) FROM fieldsync_schema_change WHERE peer IS NOT NULL AND steps <> '[]'"
+                      ) == [(0,)]
+    sync(agent, world)
+    for remote in ("n1", "n2"):
+        assert world.rows(remote, "SELECT * FROM customer ORDER BY id") == world.rows(
+            "hq", f"SELECT * FROM customer WHERE region = '{remote}' ORDER BY id"), remote
+    assert world.rows("n1", "SELECT count(*) FROM fieldsync_schema_change WHERE peer IS NOT NULL AND steps <> '[]'"
+                      ) == [(1,)]
+    assert world.rows("n1", "SELECT count(*) FROM customer WHERE name = 'after the change'") != [(0,)]
+    for site in ("hq", "n1", "n2"):
+        assert world.rows(site, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)], site
