@@ -8,9 +8,17 @@ packed into 50,000-byte messages.
   sign) over the whole stream;
 * decode: ``decode_message`` of every file (parse, verify, decompress,
   unpack, check transactions);
-* baseline: for the very same chunks of operations, ``msgpack.packb`` +
-  ``zstandard`` at the codec's level + Ed25519 sign, and Ed25519 verify +
-  decompress + ``msgpack.unpackb`` — no framing, no packing decisions.
+* baseline: for the very same transactions of each message, the least
+  work msgpack + ``zstandard`` (at the codec's level) + Ed25519 can do to
+  take and give what the API takes and gives, on the wire structure the
+  codec writes (format version 2: ``[commit, origin, [run, ...]]`` per
+  transaction; the baseline's payload is checked to be the codec's, byte
+  for byte).  Encode: lay out the transactions' operations in runs (the
+  operations API; the runs API is handed runs), ``msgpack.packb`` once,
+  compress once, sign.  Decode: verify, decompress, ``msgpack.unpackb``,
+  and build what the API gives back: ``Operation`` values out of the runs'
+  rows (operations API) or ``Run`` values (runs API), per transaction.
+  No framing, no packing decisions, no checks of the structure.
 
 Each figure is the best of several alternating rounds, so both sides see
 the same machine noise.  Run: ``python -m benchmarks.codec --json``.
@@ -31,12 +39,13 @@ import zstandard
 from codec.header import Header
 from codec.keys import Keyring, SiteKeys
 from codec.message import ZSTD_LEVEL, decode_message
-from codec.ops import Operation, Run, Transaction, to_runs
+from codec.ops import RUN_ROWS, Operation, OpKind, Run, Transaction, to_runs
 from codec.packing import DEFAULT_MAX_SIZE, pack_messages
 
 FIRST = ["Ana", "Bruno", "Chloé", "Dmitri", "Eun-ji", "Farid", "Greta", "Hiro", "Ines", "Jonas"]
 LAST = ["Silva", "Moreau", "Novak", "Okafor", "Lindqvist", "Tanaka", "García", "Müller"]
 CITIES = ["Lyon", "Tromsø", "Kraków", "Porto", "Nairobi", "Osaka", "Quito", "Hobart"]
+INSERT, UPDATE, DELETE = OpKind.INSERT, OpKind.UPDATE, OpKind.DELETE
 
 
 def make_workload(operations: int, seed: int = 7) -> list[Transaction]:
@@ -81,19 +90,45 @@ def make_workload(operations: int, seed: int = 7) -> list[Transaction]:
     return transactions
 
 
-def _chunks(transactions: list[Transaction], messages: list) -> list[list]:
-    """The operations (or runs) of each message, as the packer cut them."""
+def _chunks(transactions: list[Transaction], messages: list) -> list[list[Transaction]]:
+    """The transactions of each message, as the packer cut them."""
     chunks = []
     by_commit = iter(transactions)
     for message in messages:
         header: Header = message.header
-        chunk: list = []
+        assert not header.is_part, "the workload's transactions each fit one message"
+        chunk: list[Transaction] = []
         for transaction in by_commit:
-            chunk.extend(transaction.ops)
+            chunk.append(transaction)
             if transaction.commit == header.last:
                 break
         chunks.append(chunk)
     return chunks
+
+
+def baseline_runs(ops: tuple[Operation, ...]) -> list[tuple]:
+    """The runs of ``ops`` as the wire lays them out (format version 2):
+    consecutive operations of one table, kind and columns, at most RUN_ROWS
+    rows a run, each row ``key ‖ before values ‖ after values``."""
+    runs: list[tuple] = []
+    head = None
+    rows: list = []
+    for table, kind, key, before, after in ops:
+        if kind == INSERT:
+            mine = (table, kind, len(key), (), (*after,))
+            row = (*key, *after.values())
+        elif kind == UPDATE:
+            mine = (table, kind, len(key), (*before,), (*after,))
+            row = (*key, *before.values(), *after.values())
+        else:
+            mine = (table, kind, len(key), (*before,), ())
+            row = (*key, *before.values())
+        if mine == head and len(rows) < RUN_ROWS:
+            rows.append(row)
+        else:
+            head, rows = mine, [row]
+            runs.append((*mine, rows))
+    return runs
 
 
 def run(operations: int = 200_000, rounds: int = 3) -> dict:
@@ -110,36 +145,75 @@ def run(operations: int = 200_000, rounds: int = 3) -> dict:
 
     messages = encode(transactions)
     assert [m.data for m in encode(as_runs)] == [m.data for m in messages]  # the same files either way
-    # The baselines work on exactly the chunks the packer chose, and take
-    # and give the objects the API does: Operations, or runs.
+    # The baselines work on exactly the transactions the packer put in each
+    # message, and take and give the objects the API does: Operations, or runs.
     op_chunks = _chunks(transactions, messages)
     run_chunks = _chunks(as_runs, messages)
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
     decompressor = zstandard.ZstdDecompressor()
     signer = sender.signer
     verifier = sender.public.verifier()
+    packb, unpackb = msgpack.packb, msgpack.unpackb
 
-    def baseline_encode(chunks: list[list]) -> list:
+    def baseline_encode_ops() -> list:
         out = []
-        for chunk in chunks:
-            compressed = compressor.compress(msgpack.packb(chunk, use_bin_type=True))
+        for chunk in op_chunks:
+            payload = packb([(t.commit, t.origin, baseline_runs(t.ops)) for t in chunk])
+            compressed = compressor.compress(payload)
             out.append((compressed, signer.sign(compressed)))
         return out
 
-    op_files, run_files = baseline_encode(op_chunks), baseline_encode(run_chunks)
+    def baseline_encode_runs() -> list:
+        out = []
+        for chunk in run_chunks:
+            compressed = compressor.compress(packb([(t.commit, t.origin, t.ops) for t in chunk]))
+            out.append((compressed, signer.sign(compressed)))
+        return out
+
+    files = baseline_encode_ops()
+    assert files == baseline_encode_runs()
+    payload_start = 62 + len("hq") + len("field1")  # docs/message-format.md, "File layout"
+    codec_payloads = [decompressor.decompress(message.data[payload_start:-64]) for message in messages]
+    assert [decompressor.decompress(compressed) for compressed, _ in files] == codec_payloads, \
+        "the baseline writes the codec's payloads"
     new = tuple.__new__
 
-    def baseline_decode_ops() -> None:
-        for compressed, signature in op_files:
-            verifier.verify(signature, compressed)
-            [new(Operation, op) for op in msgpack.unpackb(decompressor.decompress(compressed), use_list=False,
-                                                          raw=False)]
+    # Each decode gives one file's transactions and drops them before the
+    # next file, as the API's side does (holding them all would make the
+    # collector walk them again and again).
+    def baseline_decode_ops(compressed: bytes, signature: bytes) -> list:
+        verifier.verify(signature, compressed)
+        out = []
+        for commit, origin, runs in unpackb(decompressor.decompress(compressed), use_list=False):
+            ops = []
+            for table, kind, width, before, after, rows in runs:
+                if kind == INSERT:
+                    ops += [new(Operation, (table, kind, row[:width], None, dict(zip(after, row[width:]))))
+                            for row in rows]
+                elif kind == DELETE:
+                    ops += [new(Operation, (table, kind, row[:width], dict(zip(before, row[width:])), None))
+                            for row in rows]
+                else:
+                    middle = width + len(before)
+                    ops += [new(Operation, (table, kind, row[:width], dict(zip(before, row[width:middle])),
+                                            dict(zip(after, row[middle:])))) for row in rows]
+            out.append((commit, origin, ops))
+        return out
 
-    def baseline_decode_runs() -> None:
-        for compressed, signature in run_files:
-            verifier.verify(signature, compressed)
-            [new(Run, run) for run in msgpack.unpackb(decompressor.decompress(compressed), use_list=False,
-                                                      raw=False)]
+    def baseline_decode_runs(compressed: bytes, signature: bytes) -> list:
+        verifier.verify(signature, compressed)
+        return [(commit, origin, [new(Run, run) for run in runs])
+                for commit, origin, runs in unpackb(decompressor.decompress(compressed), use_list=False)]
+
+    decoded = [t for m in messages for t in decode_message(m.data, source=m.name, keyring=keyring,
+                                                            recipient="field1").transactions]
+    assert [(t.commit, t.origin, list(t.ops)) for t in decoded] == [
+        t for compressed, signature in files for t in baseline_decode_ops(compressed, signature)], \
+        "the baseline gives back the codec's operations"
+
+    def baseline_decode(decode_file) -> None:  # type: ignore[no-untyped-def]
+        for compressed, signature in files:
+            decode_file(compressed, signature)
 
     def decode(runs: bool) -> None:
         for message in messages:
@@ -148,10 +222,11 @@ def run(operations: int = 200_000, rounds: int = 3) -> dict:
     gc.collect()
     gc.freeze()  # the workload itself is long-lived; keep the collector off it
     best: dict[str, float] = {}
-    cases = (("encode", lambda: encode(transactions)), ("baseline_encode", lambda: baseline_encode(op_chunks)),
-             ("decode", lambda: decode(False)), ("baseline_decode", baseline_decode_ops),
-             ("runs_encode", lambda: encode(as_runs)), ("runs_baseline_encode", lambda: baseline_encode(run_chunks)),
-             ("runs_decode", lambda: decode(True)), ("runs_baseline_decode", baseline_decode_runs))
+    cases = (("encode", lambda: encode(transactions)), ("baseline_encode", baseline_encode_ops),
+             ("decode", lambda: decode(False)), ("baseline_decode", lambda: baseline_decode(baseline_decode_ops)),
+             ("runs_encode", lambda: encode(as_runs)), ("runs_baseline_encode", baseline_encode_runs),
+             ("runs_decode", lambda: decode(True)),
+             ("runs_baseline_decode", lambda: baseline_decode(baseline_decode_runs)))
     for _ in range(rounds):
         for name, function in cases:
             started = time.perf_counter()
@@ -164,8 +239,7 @@ def run(operations: int = 200_000, rounds: int = 3) -> dict:
         "benchmark": "codec",
         "operations": total_ops,
         "transactions": len(transactions),
-        "mean_op_bytes": round(sum(len(msgpack.packb(op, use_bin_type=True)) for c in op_chunks for op in c)
-                               / total_ops, 1),
+        "mean_op_bytes": round(sum(len(packb(op)) for t in transactions for op in t.ops) / total_ops, 1),
         "messages": len(messages),
         "max_message_size": DEFAULT_MAX_SIZE,
         "largest_file_bytes": max(sizes),
