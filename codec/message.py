@@ -85,10 +85,11 @@ _LENGTHS = struct.Struct(">II")  # raw payload length, stored payload length
 SEAL_OVERHEAD = 32 + 16  # ephemeral X25519 public key + Poly1305 tag
 _NONCE = bytes(12)  # each sealing key encrypts exactly one payload
 
-# python-zstandard's compressor and decompressor objects are not safe for
-# simultaneous use: each thread (the agent's worker threads, two agents in
-# one process) has its own pair, made at its first use.
+# python-zstandard's compressor and decompressor objects, and msgpack's
+# packer, are not safe for simultaneous use: each thread (the agent's worker
+# threads, two agents in one process) has its own, made at its first use.
 _zstd = threading.local()
+_msgpack = threading.local()
 
 
 def zstd_pair() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
@@ -155,7 +156,15 @@ class EncodedMessage:
 
 # --- encoding ------------------------------------------------------------------
 
-_packer_options = {"use_bin_type": True}
+
+def _packer() -> msgpack.Packer:
+    """This thread's msgpack packer: one for all entries, as
+    ``msgpack.packb`` would make (and allocate a buffer for) one a call.
+    It starts empty after an error too (msgpack resets it)."""
+    packer = getattr(_msgpack, "packer", None)
+    if packer is None:
+        packer = _msgpack.packer = msgpack.Packer(use_bin_type=True)
+    return packer
 
 
 def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION) -> bytes:
@@ -179,7 +188,7 @@ def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA
     try:
         if items is None:
             items = to_runs(ops) if version >= 2 else tuple(operations_of(ops))
-        return msgpack.packb((commit, origin, items), **_packer_options)
+        return _packer().pack((commit, origin, items))
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, NamedTuple, Union
+from operator import itemgetter
+from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence, Union
 
 from .changes import SchemaChange
 from .errors import InvalidValue
@@ -169,6 +170,68 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
     is (never changed); the others' ``rows`` are new lists.  Raises InvalidValue
     for an operation a run cannot carry (an image that is not a dict, or
     one its kind does not have)."""
+    if type(ops) is not tuple and type(ops) is not list:
+        ops = tuple(ops)
+    if ops and type(ops[0]) is Run and _taken_as_they_are(ops):  # type: ignore[arg-type]
+        return list(ops)  # type: ignore[arg-type]
+    return _operation_runs(ops)
+
+
+_ROWS = itemgetter(5)
+_new = tuple.__new__
+
+
+def _operation_runs(ops: Sequence[tuple]) -> list[Run]:
+    """to_runs of operations (the packer's hot loop); given a run among
+    them, :func:`_mixed_runs` starts again."""
+    runs: list[Run] = []
+    signature = None
+    rows: list = []
+    for op in ops:
+        try:
+            table, kind, key, before, after = op
+            if kind == OpKind.INSERT and before is None:
+                mine: tuple = (table, kind, len(key), (), (*after,))
+                row = (*key, *after.values())
+            elif kind == OpKind.UPDATE:
+                mine = (table, kind, len(key), (*before,), (*after,))
+                row = (*key, *before.values(), *after.values())
+            elif kind == OpKind.DELETE and after is None:
+                mine = (table, kind, len(key), (*before,), ())
+                row = (*key, *before.values())
+            else:
+                raise TypeError
+        except (TypeError, ValueError, AttributeError):
+            if type(op) is Run:  # six fields: it came here through the ValueError
+                return _mixed_runs(ops)
+            raise InvalidValue(f"operation {op!r:.80} cannot travel in a run") from None
+        if mine == signature and len(rows) < RUN_ROWS:
+            rows.append(row)
+        else:
+            signature = mine
+            rows = [row]
+            runs.append(_new(Run, (*mine, rows)))
+    return runs
+
+
+def _taken_as_they_are(runs: Sequence[Run]) -> bool:
+    """Whether to_runs of ``runs`` is the runs themselves, as it is of
+    the runs a reader or to_runs made: each a Run of 1..RUN_ROWS rows, and
+    no two in a row of one head (table, kind and columns), which it would
+    merge."""
+    previous = None
+    for run in runs:
+        if type(run) is not Run:
+            return False
+        head = run[:5]
+        if head == previous or not 0 < len(run[5]) <= RUN_ROWS:
+            return False
+        previous = head
+    return True
+
+
+def _mixed_runs(ops: Iterable[tuple]) -> list[Run]:
+    """to_runs of operations and runs mixed, or of runs that merge."""
     runs: list[Run] = []
     signature = None
     rows: list = []
@@ -224,6 +287,12 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
 
 def op_count(ops: Iterable) -> int:
     """How many operations ``ops`` holds, a run counting its rows."""
+    if type(ops) is tuple or type(ops) is list:
+        if not ops or type(ops[0]) is not Run:
+            if Run not in map(type, ops):
+                return len(ops)
+        elif all(map(Run.__instancecheck__, ops)):
+            return sum(map(len, map(_ROWS, ops)))
     return sum(len(op.rows) if type(op) is Run else 1 for op in ops)
 
 

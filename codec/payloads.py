@@ -23,7 +23,7 @@ import msgpack
 from .changes import CHANGE_TAG, check_change
 from .errors import CorruptMessage, InvalidValue, MessageTooLarge
 from .header import Header
-from .ops import INT64_MAX, Run, Transaction, change_of
+from .ops import INT64_MAX, Operation, OpKind, Run, Transaction, change_of
 
 # Largest uncompressed payload a message may carry: the packer never makes
 # more, the decoder refuses more (a decompression bomb is rejected, not expanded).
@@ -193,10 +193,7 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
             raise CorruptMessage(source, str(error)) from None
         return Transaction._trusted(commit, origin, (change,))
     if version >= 2:
-        checked = _runs(ops, commit, source, heads)
-        if not runs:
-            return Transaction._trusted(commit, origin, tuple(op for run in checked for op in run.operations()))
-        return Transaction._trusted(commit, origin, checked)
+        return Transaction._trusted(commit, origin, _runs(ops, commit, source, heads, runs))
     if ops and (set(map(type, ops)) != {tuple} or set(map(len, ops)) != {5}):
         raise CorruptMessage(source, f"transaction {commit} holds a malformed operation")
     return Transaction._trusted(commit, origin, ops)
@@ -204,16 +201,19 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
 
 _NAMES = frozenset({str})
 _new = tuple.__new__
+_INSERT, _DELETE = OpKind.INSERT, OpKind.DELETE
 
 
-def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None) -> tuple[Run, ...]:
+def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
+          runs: bool = True) -> tuple[Run, ...] | tuple[Operation, ...]:
     """Decoded version-2 runs, checked for structure (their values are
-    checked where they are applied).  ``heads`` maps a run's head (table,
-    kind, key width, column names) to its row width once checked: a
-    payload repeats a few heads many times."""
+    checked where they are applied); ``runs`` False: the operations they
+    stand for (as :meth:`Run.operations` makes them), made in the same pass.
+    ``heads`` maps a run's head (table, kind, key width, column names) to
+    its row width once checked: a payload repeats a few heads many times."""
     if heads is None:
         heads = {}
-    checked = []
+    checked: list = []
     for run in ops:
         if type(run) is not tuple or len(run) != 6:
             raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
@@ -230,7 +230,21 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None) -> tu
         for row in rows:
             if type(row) is not tuple or len(row) != width:
                 raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
-        checked.append(_new(Run, run))
+        if runs:
+            checked.append(_new(Run, run))
+            continue
+        # Run.operations, without making the Run (the hot path of a reader of operations).
+        table, kind, key_width, before, after = head
+        if kind == _INSERT:
+            checked += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
+                        for row in rows]
+        elif kind == _DELETE:
+            checked += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None))
+                        for row in rows]
+        else:
+            middle = key_width + len(before)
+            checked += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
+                                         dict(zip(after, row[middle:])))) for row in rows]
     return tuple(checked)
 
 
@@ -250,7 +264,7 @@ def _head_width(head: tuple, commit: int, source: str) -> int:
 
 def _run(run: object, commit: int, source: str) -> Run:
     """One decoded version-2 run, checked for structure."""
-    return _runs((run,), commit, source)[0]
+    return _runs((run,), commit, source)[0]  # type: ignore[return-value]
 
 
 def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") -> Transaction:
