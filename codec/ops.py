@@ -170,14 +170,14 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
     is (never changed); the others' ``rows`` are new lists.  Raises InvalidValue
     for an operation a run cannot carry (an image that is not a dict, or
     one its kind does not have)."""
-    if type(ops) is not tuple and type(ops) is not list:
-        ops = tuple(ops)
-    if ops and type(ops[0]) is Run and _taken_as_they_are(ops):  # type: ignore[arg-type]
-        return list(ops)  # type: ignore[arg-type]
-    return _operation_runs(ops)
+    given: Sequence = ops if type(ops) is tuple or type(ops) is list else tuple(ops)
+    if given and type(given[0]) is Run and _taken_as_they_are(given):
+        return list(given)
+    return _operation_runs(given)
 
 
 _ROWS = itemgetter(5)
+_RUN_ONLY = {Run}
 _new = tuple.__new__
 
 
@@ -291,7 +291,7 @@ def op_count(ops: Iterable) -> int:
         if not ops or type(ops[0]) is not Run:
             if Run not in map(type, ops):
                 return len(ops)
-        elif all(map(Run.__instancecheck__, ops)):
+        elif set(map(type, ops)) == _RUN_ONLY:
             return sum(map(len, map(_ROWS, ops)))
     return sum(len(op.rows) if type(op) is Run else 1 for op in ops)
 

@@ -38,6 +38,27 @@ def test_a_run_holds_at_most_run_rows_rows():
     assert [len(run.rows) for run in to_runs(ops)] == [RUN_ROWS, RUN_ROWS, 5]
 
 
+def test_runs_are_taken_as_they_are_unless_two_in_a_row_share_a_head():
+    """to_runs of runs alone, a run among operations, and runs that merge:
+    the runs of the operations they stand for, each time."""
+    from codec.ops import op_count
+
+    ops = [Operation.insert("t", (i,), {"id": i, "a": str(i)}) for i in range(4)]
+    ops.insert(2, Operation.delete("t", (9,), {"id": 9, "a": "z"}))
+    runs = to_runs(ops)
+    assert len(runs) == 3
+    taken = to_runs(tuple(runs))
+    assert taken == runs and all(a is b for a, b in zip(taken, runs))  # the very runs, never changed
+    first = runs[0]
+    halves = [first._replace(rows=first.rows[:1]), first._replace(rows=first.rows[1:]), *runs[1:]]
+    merged = to_runs(halves)
+    assert merged == runs and merged[0] is not halves[0] and halves[0].rows == first.rows[:1]
+    assert to_runs([ops[0], *runs[1:], ops[-1]]) == to_runs([ops[0], *ops[2:], ops[-1]])
+    assert to_runs([runs[0], ops[2], *ops[3:]]) == runs
+    assert op_count(ops) == op_count(runs) == op_count(halves) == op_count([runs[0], *ops[2:]]) == 5
+    assert op_count(iter(runs)) == 5 and op_count(()) == 0
+
+
 def test_an_operation_no_run_can_carry_is_refused():
     with pytest.raises(InvalidValue, match="cannot travel in a run"):
         to_runs([("t", 1, (1,), {"id": 0}, {"id": 1})])  # an INSERT with a before-image
