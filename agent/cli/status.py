@@ -25,9 +25,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ._common import (DATABASE, MAX_DURATION, console, format_moment, format_seconds, incarnation_text, iso_moment,
-                      key_fingerprint, open_site, parse_duration, schedule_text)
-from ._spool import quarantined, queue_depths, spool_check, spool_summary
+from ._common import (DATABASE, MAX_DURATION, console, error_console, format_moment, format_seconds, incarnation_text,
+                      iso_moment, key_fingerprint, open_site, parse_duration, schedule_text)
+from ._spool import quarantined, spool_figures
 
 FORMAT = "fieldsync.status/1"
 LINES_FORMAT = "fieldsync.status-lines/1"
@@ -73,8 +73,12 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
         log_end = site.log_end()
         counts = site.counts()
         missing = site.missing_tables()
-        spool = spool_check(database)  # read once: it can be a long log at a busy consolidated
-        depths = {depth.peer: depth for depth in queue_depths(database, spool)}
+        # The summary the spool keeps; a full read of its span when that is stale or unreadable.
+        spool = spool_figures(database)
+        if spool is not None and spool.unreadable:
+            error_console().print(f"agent: {spool.reason}; read the spool's log instead (the agent's next "
+                                  "write replaces the summary; `agent spool check` checks the spool)", soft_wrap=True)
+        depths = {depth.peer: depth for depth in spool.depths} if spool is not None else {}
 
         open_errors = site.open_apply_errors()  # few rows: only peers with apply errors not acknowledged
         remotes = site.iter_remotes(which or RemoteFilter())
@@ -123,7 +127,7 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
         tail = {
             "queues": [{"peer": peer, "inbound": depth.inbound, "outbound": depth.outbound}
                        for peer, depth in sorted(depths.items())],
-            "spool": spool_summary(database, spool),
+            "spool": spool.summary if spool is not None else None,
             "quarantine": len(quarantined(database)),
             "conflicts": counts["conflicts"],
             "apply_errors": counts["apply_errors"],
@@ -249,7 +253,10 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
         out.print(f"  spool: {spool['messages']} queued messages, oldest "
                   f"{'-' if age is None else format_seconds(age)}, restart span {spool['restart_span_bytes']} bytes "
                   f"of {spool['log_bytes']}, {spool['in_doubt']} in doubt"
-                  + ("" if spool["ok"] else f" · PROBLEMS: {'; '.join(spool['problems'])}"), soft_wrap=True)
+                  + ("" if spool["ok"] else f" · PROBLEMS: {'; '.join(spool['problems'])}")
+                  # Where the figures came from: the spool's summary, or (stale, missing) its log read in full.
+                  + ("" if spool.get("source") != "check" else f" · read from the log: {spool['summary_problem']}"),
+                  soft_wrap=True)
     rows = status["remotes"]
     if filters:
         out.print(f"  {len(rows)} of {total} remotes: {' '.join(filters)}", soft_wrap=True)

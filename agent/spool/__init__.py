@@ -7,9 +7,11 @@ from ._errors import SpoolCorrupt, SpoolError, SpoolLocked
 from ._format import RelogMode
 from ._recovery import RestartStats
 from ._spool import SpoolQueues
+from ._summary import SpoolSummary, SummaryStale, SummaryUnreadable, read_summary
 from ._values import CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolCounters, SpoolStatus
 
 __all__ = [
     "CheckpointStats", "DequeueToken", "InDoubtDequeue", "RelogMode", "Resolution", "RestartStats", "SpoolCheck",
-    "SpoolCorrupt", "SpoolCounters", "SpoolError", "SpoolLocked", "SpoolQueues", "SpoolStatus", "check_spool",
+    "SpoolCorrupt", "SpoolCounters", "SpoolError", "SpoolLocked", "SpoolQueues", "SpoolStatus", "SpoolSummary",
+    "SummaryStale", "SummaryUnreadable", "check_spool", "read_summary",
 ]

@@ -45,6 +45,8 @@ from ._format import (FRAME_SIZE, CplRecord, Direction, InDoubtEntry, QueueId, R
 from ._recovery import InDoubt, MbState, MessageBlock, QueueBlock
 from ._reopen import lock_spool, read_content, reopen
 from ._span import read_anchor, read_span, write_anchor  # noqa: F401 (read_*: shared with check_spool)
+from ._status import in_doubt_dequeues, queue_depths, spool_status
+from ._summary import SummaryKeeper
 from ._values import CheckpointStats, DequeueToken, InDoubtDequeue, Resolution, SpoolCounters, SpoolStatus
 
 _MAX_NAME_BYTES = 1024
@@ -116,6 +118,7 @@ class SpoolQueues(MessageQueues):
         self._cpl_written = False
         self._lookup: dict[tuple[Direction, str], QueueBlock] = {}  # a cache of self._queues
         self._checkpoints = self._relogged = self._relogged_bytes = self._checkpoint_bytes = self._referenced = 0
+        self._summary = SummaryKeeper()  # the depths for `agent status` (docs/spool-format.md, "summary")
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_spool(self.path)
         try:
@@ -142,8 +145,11 @@ class SpoolQueues(MessageQueues):
         self._last_checkpoint_cost = reopened.last_checkpoint_cost
         self.last_restart = reopened.stats
         self.restart_problems = reopened.problems
+        self._summary.reset(self._queues, read_from=reopened.stats.restart_rba)
+        self._summary.adopt(self.path, self._log.next_rba)  # still current: nothing to write
         if not reopened.checkpointed:
             self.checkpoint()  # the spool's first checkpoint (CB1 in the patent's figures)
+        self._write_summary(force=True)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -183,7 +189,22 @@ class SpoolQueues(MessageQueues):
                 self._log.sync(end)  # the block's records wait in memory: not more than this
         else:
             self._log.sync(end)
+            self._write_summary()
         self._maybe_checkpoint()
+
+    def _write_summary(self, *, force: bool = False) -> None:
+        """Bring the summary file up to date if it is due; it only saves
+        `agent status` a read of the span, so a failure is a warning."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._summary.write_if_due(self.path, self._log, self._queues, checkpoint=self._checkpoint_number,
+                                           in_doubt=len(self._in_doubt), problems=self.restart_problems,
+                                           force=force)
+            except OSError as error:
+                log.warning("%s: the spool summary was not written (%s); `agent status` reads the whole span",
+                            self.path, error)
 
     def _checkpoint_due(self, fraction: int = 1) -> bool:
         """Whether 1/``fraction`` of a checkpoint interval has been logged:
@@ -221,6 +242,7 @@ class SpoolQueues(MessageQueues):
             if depth == 0 and self._local.end:
                 end, self._local.end = self._local.end, 0
                 self._log.sync(end)
+                self._write_summary()
                 self._maybe_checkpoint()
 
     # -- enqueue / dequeue ---------------------------------------------------------------------
@@ -240,7 +262,9 @@ class SpoolQueues(MessageQueues):
                 record = encode_add(ur, queue.queue, name, epoch, enqueued_at, data)
                 irba = self._log.append_many(((RecordType.ADD, record), (RecordType.COMMIT, encode_end(ur))))[0]
                 self._records_since_checkpoint += 2
-                queue.add(MessageBlock(irba, irba, len(data), name, epoch, enqueued_at, FRAME_SIZE + len(record)))
+                block = MessageBlock(irba, irba, len(data), name, epoch, enqueued_at, FRAME_SIZE + len(record))
+                queue.add(block)
+                self._summary.added(queue, block)
             end = self._log.next_rba  # an earlier put of the same name may still be on its way
         self._durable(end)
 
@@ -270,6 +294,7 @@ class SpoolQueues(MessageQueues):
                 queue.remove(block.irba)
                 if block.state is MbState.IN_DOUBT_DELETE:
                     self._detach_in_doubt(block)
+            self._summary.changed(queue.queue)
             end = self._log.next_rba
         self._durable(end)
         return [block.name for block in blocks]
@@ -339,10 +364,7 @@ class SpoolQueues(MessageQueues):
     def depths(self) -> list[QueueDepth]:
         with self._lock:
             self._check_open()
-            counts: dict[str, list[int]] = {}
-            for key, queue in self._queues.items():
-                counts.setdefault(key.peer, [0, 0])[int(key.direction)] = len(queue.messages)
-        return [QueueDepth(peer, inbound, outbound) for peer, (inbound, outbound) in sorted(counts.items())]
+            return queue_depths(self._queues)
 
     # -- in-doubt dequeues ---------------------------------------------------------------------
 
@@ -378,6 +400,7 @@ class SpoolQueues(MessageQueues):
             self._in_doubt[ur] = InDoubt(ur, queue.queue, log_received, {block.irba for block in blocks})
             end = self._log.next_rba
         self._log.sync(end)
+        self._write_summary()
         return DequeueToken(ur, peer, tuple(block.name for block in blocks), log_received)
 
     def commit_dequeue(self, token: DequeueToken, *, wait: bool = False) -> None:
@@ -404,6 +427,7 @@ class SpoolQueues(MessageQueues):
                 self._append(RecordType.COMMIT, encode_end(ur))
                 for block in blocks:
                     queue.remove(block.irba)
+                self._summary.changed(queue.queue)
             else:
                 for block in reversed(blocks):
                     data = self._read_content(block)
@@ -422,12 +446,7 @@ class SpoolQueues(MessageQueues):
     def in_doubt(self) -> tuple[InDoubtDequeue, ...]:
         """Dequeues waiting for :meth:`resolve_in_doubt` (after a restart)."""
         with self._lock:
-            result = []
-            for unit in sorted(self._in_doubt.values(), key=lambda unit: unit.ur):
-                queue = self._queues[unit.queue]
-                names = tuple(sorted(queue.messages[irba].name for irba in unit.irbas if irba in queue.messages))
-                result.append(InDoubtDequeue(unit.ur, unit.queue.peer, unit.last, names))
-            return tuple(result)
+            return in_doubt_dequeues(self._queues, self._in_doubt)
 
     def resolve_in_doubt(self, peer: str, log_received: int) -> Resolution:
         """Settle ``peer``'s in-doubt dequeues with the database's current
@@ -496,6 +515,7 @@ class SpoolQueues(MessageQueues):
         self._checkpoint_end_rba = self._log.next_rba
         self._fault_point("checkpoint.before_anchor")
         write_anchor(self.path, encode_anchor(cpl_rba, position, number), fsync=self.fsync)
+        self._summary.read_from = position  # where a restart reads from, now that the anchor says so
         self._fault_point("checkpoint.before_drop")
         dropped = self._log.drop_before(position, content_segments(self._log, self._queues, position))
         stats = CheckpointStats(number, begin, cpl_rba, position, relogged, relogged_bytes,
@@ -507,6 +527,7 @@ class SpoolQueues(MessageQueues):
         self._relogged_bytes += relogged_bytes
         self._checkpoint_bytes += stats.bytes_written
         self._checkpoint_stats = stats
+        self._write_summary(force=True)
         return stats
 
     @property
@@ -532,28 +553,7 @@ class SpoolQueues(MessageQueues):
     def status(self) -> SpoolStatus:
         with self._lock:
             self._check_open()
-            messages = queued_bytes = 0
-            oldest: tuple[float, str] | None = None
-            for key, queue in self._queues.items():
-                for block in queue.messages.values():
-                    messages += 1
-                    queued_bytes += block.size
-                    if oldest is None or block.enqueued_at < oldest[0]:
-                        oldest = (block.enqueued_at, str(key))
-            end = self._log.next_rba
-            now = self.clock()
-            return SpoolStatus(
-                path=str(self.path), depths=tuple(self.depths()), messages=messages, queued_bytes=queued_bytes,
-                oldest_enqueued_at=oldest[0] if oldest else None,
-                oldest_age_seconds=max(0.0, now - oldest[0]) if oldest else None,
-                oldest_queue=oldest[1] if oldest else None, in_doubt_dequeues=len(self._in_doubt),
-                log_start_rba=self._log.first_rba, restart_rba=self._restart_rba, end_rba=end,
-                restart_span_bytes=end - self._restart_rba, segments=len(self._log.segment_bases()),
-                disk_bytes=self._log.disk_bytes(), checkpoints=self._checkpoint_number,
-                records_since_checkpoint=self._records_since_checkpoint,
-                bytes_since_checkpoint=end - self._checkpoint_end_rba, checkpoint_every=self.checkpoint_every,
-                checkpoint_bytes=self.checkpoint_bytes,
-                cpl_pairs=self.cpl_pairs, relog_mode=self.relog_mode.value)
+            return spool_status(self)
 
     # -- closing -------------------------------------------------------------------------------
 
@@ -574,6 +574,7 @@ class SpoolQueues(MessageQueues):
                         log.warning("%s: no termination checkpoint (%s); the next start reads a longer span",
                                     self.path, error)
                 self._log.sync()
+                self._write_summary(force=True)
             finally:
                 self._closed = True
                 self._log.close()

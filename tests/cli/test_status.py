@@ -465,3 +465,70 @@ def test_the_agents_clock_keys_come_in_iso_8601_too(agent: Agent, world: World) 
     assert rows["n1"]["heard_at"] == 1795239284.75
     assert rows["n1"]["heard_at_iso"] == "2026-11-21T05:34:44.750000+00:00"
     assert rows["n1"]["data_sent_at"] is None and rows["n1"]["data_sent_at_iso"] is None
+
+
+# -- the spool's figures: its summary, or its log read in full ---------------------------------
+
+
+def _spool_folder(database: Path) -> Path:
+    from agent.runner import agent_directory
+
+    return agent_directory(database) / "spool"
+
+
+def _check_figures(database: Path) -> dict:
+    from agent.cli._spool import spool_check, spool_summary
+
+    return spool_summary(database, spool_check(database))
+
+
+def test_status_reads_the_spools_summary_which_says_what_a_full_check_says(agent: Agent, world: World) -> None:
+    sync(agent, world, rounds=1)
+    world.execute("hq", "INSERT INTO customer VALUES (301, 'n1', 'queued for n1', 'x')")
+    shutil.rmtree(world.inbox("n1"))  # the message stays queued at hq
+    agent("run", world.hq, "--once")
+    status = _status(agent, world.hq)
+    spool = status["spool"]
+    assert (spool["source"], spool["summary_problem"]) == ("summary", None)
+    assert spool["messages"] >= 1 and spool["oldest_message_age_s"] is not None
+    check = _check_figures(world.hq)
+    for key in ("ok", "messages", "restart_span_bytes", "log_bytes", "segments", "in_doubt", "problems"):
+        assert spool[key] == check[key], key
+    assert abs(spool["oldest_message_age_s"] - check["oldest_message_age_s"]) < 5
+    assert [entry for entry in status["queues"] if entry["outbound"]] == [{"peer": "n1", "inbound": 0,
+                                                                          "outbound": spool["messages"]}]
+    assert "read from the log" not in agent("status", world.hq).out
+
+
+def test_a_stale_summary_makes_status_read_the_log_and_say_so(agent: Agent, world: World) -> None:
+    """The agent killed after a write to its log, before the summary's: the
+    summary names an end the log has left, and status reads the log."""
+    sync(agent, world, rounds=1)
+    summary = _spool_folder(world.hq) / "summary"
+    old = summary.read_bytes()
+    world.execute("hq", "INSERT INTO customer VALUES (302, 'n1', 'for n1', 'x')")
+    agent("run", world.hq, "--once")
+    summary.write_bytes(old)
+    status = _status(agent, world.hq)
+    assert status["spool"]["source"] == "check" and "stale" in status["spool"]["summary_problem"]
+    assert {key: value for key, value in status["spool"].items() if key not in ("source", "summary_problem")} \
+        == _check_figures(world.hq)
+    result = agent("status", world.hq)
+    assert result.code == 0 and "· read from the log:" in result.out and "stale" in result.out
+    assert result.err == ""  # a summary behind the log is no error
+    agent("run", world.hq, "--once")  # an idle run's open finds it stale and brings it up to date
+    assert _status(agent, world.hq)["spool"]["source"] == "summary"
+
+
+@pytest.mark.parametrize("damage", [b"", b"FSSUMRY1" + b"\xff" * 200])
+def test_a_damaged_summary_gives_one_line_and_status_reads_the_log(agent: Agent, world: World, damage) -> None:
+    sync(agent, world, rounds=1)
+    (_spool_folder(world.hq) / "summary").write_bytes(damage)
+    for options in (("--json",), ()):
+        result = agent("status", world.hq, *options)
+        assert result.code == 0, result.err
+        [line] = result.err.strip().splitlines()
+        assert "unreadable spool summary" in line and "read the spool's log instead" in line
+    status = _status(agent, world.hq)
+    assert status["spool"]["source"] == "check" and status["spool"]["ok"]
+    assert status["spool"]["summary_problem"].endswith(")")
