@@ -9,12 +9,16 @@ Rules of this file:
   and starts a new one on the same files.
 * Armed through the environment (``FIELDSYNC_CRASH=name[:skip]``), the
   process kills itself with SIGKILL at that point, for multi-process tests.
+* The site layer says where it is (agent.site.points.reached); this file
+  installs :func:`crash_point` there, so those points arm alike.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+
+from .site import points as site_points
 
 POINTS = (
     "receive.after-queue",  # a file is durably queued, not yet acknowledged to the transport
@@ -74,4 +78,5 @@ def _from_environment() -> None:
         arm(name, int(skip or 0), kill=True)
 
 
+site_points.set_hook(crash_point)  # the points inside the site's transactions (agent.site.points)
 _from_environment()

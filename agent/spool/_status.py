@@ -8,18 +8,39 @@ Rules of this file:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Callable, Protocol
 
 from ..queue_interface import QueueDepth
 from ._format import QueueId
+from ._log import LogWriter
 from ._recovery import InDoubt, QueueBlock
 from ._values import InDoubtDequeue, SpoolStatus
 
-if TYPE_CHECKING:
-    from ._spool import SpoolQueues
+
+class _Spool(Protocol):
+    """What of a SpoolQueues its status reads (its own structures, under its lock)."""
+
+    path: Path
+    clock: Callable[[], float]
+    checkpoint_every: int
+    checkpoint_bytes: int
+    cpl_pairs: int
+    relog_mode: object
+    _queues: dict[QueueId, QueueBlock]
+    _log: LogWriter
+    _in_doubt: dict[int, InDoubt]
+    _checkpoint_number: int
+    _records_since_checkpoint: int
+    _checkpoint_end_rba: int
+
+    @property
+    def restart_rba(self) -> int: ...
+
+    def depths(self) -> list[QueueDepth]: ...
 
 
-def spool_status(spool: "SpoolQueues") -> SpoolStatus:
+def spool_status(spool: _Spool) -> SpoolStatus:
     messages = queued_bytes = 0
     oldest: tuple[float, str] | None = None
     for key, queue in spool._queues.items():

@@ -23,7 +23,7 @@ import sqlite3
 
 from codec.changes import PASSTHROUGH, SchemaChange
 
-from ....crashpoints import crash_point
+from ... import points
 from ...errors import SchemaConflict, SchemaRefused
 from ...publication_rules import Article
 from .._db import parse_time, quote_ident
@@ -70,7 +70,7 @@ class SchemaSteps:
                                      "schema was changed here; make it the consolidated's, and the stream goes on",
                                      commit=commit, table=table)
         refresh_changed_tables(conn)
-        crash_point("apply.in-change")
+        points.reached("apply.in-change")
         conn.execute("INSERT OR REPLACE INTO fieldsync_schema_change (commit_offset, peer, steps, made_at)"
                      " VALUES (?, ?, ?, ?)", (commit, peer, json.dumps([list(step) for step in change.steps]), now))
         self._statements.refresh()
@@ -99,7 +99,7 @@ class SchemaSteps:
         finally:
             if marked:
                 conn.execute("INSERT INTO fieldsync_applying (id) VALUES (1)")
-        crash_point("apply.in-change")
+        points.reached("apply.in-change")
         conn.execute("INSERT OR REPLACE INTO fieldsync_schema_change (commit_offset, peer, steps, statements, made_at)"
                      " VALUES (?, ?, ?, ?, ?)", (commit, peer, json.dumps([list(step) for step in change.steps]),
                                                 json.dumps([step[2] for step in change.steps]), now))
