@@ -201,25 +201,26 @@ def read_summary(directory: str | os.PathLike[str]) -> SpoolSummary:
     except OSError as error:
         raise SummaryUnreadable(f"{path}: cannot read the spool summary ({error.strerror})") from None
     summary, tail_crc, last_base = decode_summary(data, str(path))
-    problem = _log_moved(directory, summary, tail_crc, last_base)
+    problem = _log_moved(directory, summary.segments, summary.log_start_rba, summary.end_rba, tail_crc, last_base)
     if problem is not None:
         raise SummaryStale(f"{path}: the spool summary is stale: {problem}")
     return summary
 
 
-def _log_moved(directory: Path, summary: SpoolSummary, tail_crc: int, last_base: int) -> str | None:
-    """Why the log is not as ``summary`` describes it (None: it is)."""
+def _log_moved(directory: Path, count: int, log_start: int, end: int, tail_crc: int, last_base: int) -> str | None:
+    """Why the log is not as a summary describes it: ``count`` segments
+    from ``log_start``, the last at ``last_base``, ending at ``end`` after
+    bytes whose CRC-32 is ``tail_crc`` (None: it is)."""
     try:
         segments = list_segments(directory)
     except OSError as error:
         return f"the segment files cannot be listed ({error.strerror})"
     if not segments:
         return "there are no segment files"
-    if (len(segments), segments[0].base, segments[-1].base) != (summary.segments, summary.log_start_rba, last_base):
+    if (len(segments), segments[0].base, segments[-1].base) != (count, log_start, last_base):
         return (f"the log is {len(segments)} segment(s) from RBA {segments[0].base}, the summary names "
-                f"{summary.segments} from RBA {summary.log_start_rba}")
+                f"{count} from RBA {log_start}")
     last = segments[-1]
-    end = summary.end_rba
     if end - last.base > last.size:
         return f"the log ends before RBA {end}"
     tail = tail_length(end, last.base)
@@ -330,14 +331,21 @@ class SummaryKeeper:
 
     def adopt(self, directory: Path, end: int) -> None:
         """After a restart that wrote nothing: keep the file on disk if it
-        is current (so an idle run writes nothing), else write it."""
+        is whole and describes the log ending at ``end`` (so an idle run
+        writes nothing), else write it.  Only its head is read: a run's
+        start does not decode every queue's entry."""
         try:
-            summary = read_summary(directory)
-        except SpoolError:
+            with open(directory / SUMMARY_FILE, "rb") as handle:
+                data = handle.read(MAX_SUMMARY_BYTES + 1)
+        except OSError:
             return
-        if summary.end_rba == end:
+        if (len(data) > MAX_SUMMARY_BYTES or len(data) < _HEAD.size + _CRC.size or data[:8] != SUMMARY_MAGIC
+                or zlib.crc32(data[:-_CRC.size]) != _CRC.unpack_from(data, len(data) - _CRC.size)[0]):
+            return
+        _magic, written, tail_crc, log_start, last_base, segments, *_ = _HEAD.unpack_from(data)
+        if written == end and _log_moved(directory, segments, log_start, end, tail_crc, last_base) is None:
             self.written_end = end
-            self._written_size = (directory / SUMMARY_FILE).stat().st_size
+            self._written_size = len(data)
 
 
 def tail_crc(directory: Path, base: int, end: int) -> int:
