@@ -213,15 +213,21 @@ class QuarantineCounts:
 
 
 def spool_depths(database: Path) -> list[QueueDepth]:
-    """The queue depths of a spool no agent holds, read without taking it."""
-    from .spool import check_spool
+    """The queue depths of a spool no agent holds, read without taking it:
+    from its summary when the log shows it current (as ``agent status``
+    reads them; docs/spool-format.md, "summary"), else from the log."""
+    from .spool import SummaryStale, SummaryUnreadable, check_spool, read_summary
 
     spool = agent_directory(database) / "spool"
     if not spool.is_dir():
         return []
     counts: dict[str, list[int]] = {}
-    for queue in check_spool(spool).queues:
-        counts.setdefault(queue.peer, [0, 0])[queue.direction == "out"] += len(queue.names)
+    try:
+        queues = [(queue.peer, queue.direction, queue.messages) for queue in read_summary(spool).queues]
+    except (SummaryStale, SummaryUnreadable):
+        queues = [(queue.peer, queue.direction, len(queue.names)) for queue in check_spool(spool).queues]
+    for peer, direction, messages in queues:
+        counts.setdefault(peer, [0, 0])[direction == "out"] += messages
     return [QueueDepth(peer, inbound, outbound) for peer, (inbound, outbound) in counts.items()]
 
 

@@ -281,3 +281,31 @@ def test_a_large_fleet_rewrites_the_summary_as_the_log_grows_not_at_every_put(tm
     assert 1 <= writes <= 400 * 200 // size + 2, (writes, size)
     spool.close()  # brings it up to date
     assert read_summary(path).messages == 2400
+
+
+def test_metrics_read_the_depths_from_the_summary_and_from_the_log_when_it_is_not_current(tmp_path, monkeypatch):
+    """A metrics file written after a batch run reads the queue depths as
+    status does: from the summary when it is current, else from the log,
+    with the same figures."""
+    import agent.spool as spool_package
+    from agent.keyfiles import agent_directory
+    from agent.metrics import spool_depths
+
+    database = tmp_path / "hq.db"
+    path = agent_directory(database) / "spool"
+    with SpoolQueues(path) as spool:
+        spool.put_outbound("f1", "a.fsm", b"a", 0)
+        spool.put_outbound("f1", "b.fsm", b"b", 0)
+        spool.put_outbound("f2", "c.fsm", b"c", 0)
+        spool.put_inbound("f2", "d.fsm", b"d")
+    reads = []
+    monkeypatch.setattr(spool_package, "check_spool", lambda *a, **k: reads.append(a) or check_spool(*a, **k))
+
+    def depths():
+        return sorted((depth.peer, depth.inbound, depth.outbound) for depth in spool_depths(database))
+
+    assert depths() == [("f1", 0, 2), ("f2", 1, 1)]
+    assert reads == []  # the summary was current: the log was not read
+    (path / SUMMARY_FILE).write_bytes(b"not a summary")
+    assert depths() == [("f1", 0, 2), ("f2", 1, 1)]
+    assert len(reads) == 1  # unreadable: read from the log
