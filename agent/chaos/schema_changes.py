@@ -66,8 +66,6 @@ class SchemaChanges:
         self.number = 0
         self.extra: list[str] = []  # customer's columns added and not dropped, as hq names them now
         self.indexes: list[str] = []
-        self.applied = 0  # changes made at the consolidated
-        self.kinds: list[str] = []
 
     def crash_now(self) -> bool:
         """Whether a remote's next run dies if it applies a schema change
@@ -89,7 +87,7 @@ class SchemaChanges:
         if self.indexes:
             kinds.append("drop index")
         kind = rng.choice(kinds)
-        publish = None
+        publish = to = None
         if kind == "add customer column":
             name = self._name("x")
             statements = [f"ALTER TABLE customer ADD COLUMN {name} TEXT"]
@@ -112,24 +110,21 @@ class SchemaChanges:
             name = self.extra.pop(rng.randrange(len(self.extra)))
             statements = [f"ALTER TABLE customer DROP COLUMN {name}"]
         elif kind == "passthrough":  # a data fix one remote makes as its own writes
-            remote = rng.choice(self.sites[1:])
+            to = rng.choice(self.sites[1:])
             fix = self._name("fix")
-            with open_site(self.root / "hq.db") as hq:
-                hq.passthrough([f"UPDATE product SET title = '{remote} {fix}' WHERE sku = 'tea'",
-                                f"UPDATE customer SET name = '{fix}' WHERE id = (SELECT min(id) FROM customer"
-                                f" WHERE region = '{remote}')"], [remote])
-            self.applied += 1
-            self.kinds.append(kind)
-            return kind
+            statements = [f"UPDATE product SET title = '{to} {fix}' WHERE sku = 'tea'",
+                          f"UPDATE customer SET name = '{fix}' WHERE id = (SELECT min(id) FROM customer"
+                          f" WHERE region = '{to}')"]
         else:
             publish = self._name("note")
             statements = [f"CREATE TABLE {publish} (id INTEGER PRIMARY KEY, region TEXT NOT NULL, body TEXT)"]
         with open_site(self.root / "hq.db") as hq:
-            hq.apply_schema(statements)
+            if to is not None:
+                hq.passthrough(statements, [to])
+            else:
+                hq.apply_schema(statements)
             if publish is not None:
                 hq.add_article(PUBLICATION, publish, subscribe_by="region")
-        self.applied += 1
-        self.kinds.append(kind)
         return kind
 
     def writes(self, site: str) -> list[tuple[str, tuple]]:
