@@ -340,14 +340,16 @@ def check_pair_update(name: str, row: Mapping[str, int], columns: Mapping[str, A
 READ_COLUMNS = ("log_send", "log_read")
 
 
-def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int
-               ) -> tuple[dict[tuple[tuple[str, int], ...], list[str]], dict[str, Mapping[str, Any]]]:
-    """Split a save of many pairs: the rows whose only changes are
-    :data:`READ_COLUMNS` (a send phase at a fleet moves them for every
-    peer the new range held nothing for), grouped by the new values, each
-    checked here (non-negative ints, ``log_read`` not beyond the log end);
-    and the other changes.  The first are written with one statement per
-    group, without reading their rows."""
+def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int,
+               write: Callable[[tuple[tuple[str, int], ...], list[str]], int]) -> dict[str, Mapping[str, Any]]:
+    """Save the rows of a save of many pairs whose only changes are
+    :data:`READ_COLUMNS` (a send phase at a fleet moves them for every peer
+    the new range held nothing for), each checked here (non-negative ints,
+    ``log_read`` not beyond the log end), with one ``write(columns and
+    values, names)`` per group of values, without reading their rows; the
+    backend's statement returns how many rows it wrote.  Returns the other
+    changes, with a group's rows again when a name in it is no remote (the
+    backend's row-by-row path refuses it)."""
     moves: dict[tuple[tuple[str, int], ...], list[str]] = {}
     rest: dict[str, Mapping[str, Any]] = {}
     for name, columns in changes.items():
@@ -360,7 +362,10 @@ def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int
         if columns.get("log_read", 0) > end:
             raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")
         moves.setdefault(tuple(sorted(columns.items())), []).append(name)
-    return moves, rest
+    for move, names in moves.items():
+        if write(move, names) != len(names):
+            rest.update((name, dict(move)) for name in names)
+    return rest
 
 
 # --- adding a fleet at once -----------------------------------------------------------

@@ -179,13 +179,13 @@ def update_remotes(conn: psycopg.Connection, changes: dict[str, dict[str, Any]])
     run, and a statement per row cost more than the run's other writes);
     any other change goes through update_remote."""
     end = log_end(conn)
-    moves, changes = read_moves(changes, end)
-    for move, names in moves.items():
+
+    def write(move: tuple[tuple[str, int], ...], names: list[str]) -> int:
         assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(column)) for column, _ in move)
-        wrote = conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = ANY(%s)").format(assignments),
-                             (*(value for _, value in move), names)).rowcount
-        if wrote != len(names):  # a name that is no remote: found and refused one by one
-            changes.update((name, dict(move)) for name in names)
+        return conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = ANY(%s)").format(assignments),
+                            (*(value for _, value in move), names)).rowcount
+
+    changes = read_moves(changes, end, write)
     if not changes:
         return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(

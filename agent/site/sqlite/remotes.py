@@ -180,14 +180,13 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
     statement per set of columns; any other change goes through
     update_remote_locked."""
     end = log_end(conn)
-    moves, changes = read_moves(changes, end)
-    for move, names in moves.items():
+
+    def write(move: tuple[tuple[str, int], ...], names: list[str]) -> int:
         assignments = ", ".join(f"{column} = ?" for column, _ in move)
-        wrote = conn.execute(f"UPDATE fieldsync_remote SET {assignments}"
-                             " WHERE name IN (SELECT value FROM json_each(?))",
-                             (*(value for _, value in move), json.dumps(names))).rowcount
-        if wrote != len(names):  # a name that is no remote: found and refused one by one
-            changes.update((name, dict(move)) for name in names)
+        return conn.execute(f"UPDATE fieldsync_remote SET {assignments} WHERE name IN (SELECT value FROM json_each(?))",
+                            (*(value for _, value in move), json.dumps(names))).rowcount
+
+    changes = read_moves(changes, end, write)
     if not changes:
         return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(
