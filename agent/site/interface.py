@@ -155,6 +155,10 @@ class Site(Protocol):
 
     def check_log_range(self, after: int, until: int) -> None: ...
 
+    def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:
+        """The indexes of ``reads`` ``(subscriber, after, until)`` (ranges
+        checked) whose read can yield anything: a superset (agent.site.concern)."""
+
     def read_capture(self, after: int, until: int, *, value_columns: int
                      ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]: ...
 

@@ -18,15 +18,18 @@ Rules of this file:
 from __future__ import annotations
 
 from itertools import islice
-from typing import Generator, Iterator, NamedTuple, Protocol
+from typing import Callable, Generator, Iterator, Mapping, NamedTuple, Protocol
 
 from codec.changes import SchemaChange
 from codec.ops import Operation, PartialTransaction, Transaction, op_count
 
+from .capture import Shape
+from .concern import CONCERN_MIN_SUBSCRIBERS, concerned
 from .folding import FOLD_WINDOW, _Folder, make_transaction
 from .errors import LogOffsetError
 from .fanout import FANOUT_HOLD, Fanout
-from .selection import SubscriberReader
+from .identity import Role, SiteIdentity
+from .selection import Shapes, SubscriberReader
 
 
 class LoggedOperation(NamedTuple):
@@ -55,6 +58,43 @@ class CaptureSource(Protocol):
         travel; log transactions of ``skip_origin`` left out but their rows
         with a flag in ``keep_flag``; at least ``value_columns`` values a row
         (None: all of them)."""
+
+
+class ReaderRows(NamedTuple):
+    """What a backend reads its site for to make many subscribers' readers
+    (SubscriberReader.many_from_rows): every shape, the article rows, the
+    subscribers' subscription rows and how to find a returned row's columns."""
+
+    shapes: list[Shape]
+    articles: list[tuple]
+    subscriptions: Mapping[str, list[tuple]]
+    returned_columns: Callable[[int], str | None]
+
+    def readers(self, identity: SiteIdentity, shapes: Shapes, subscribers: list[str], *, runs: bool = False
+                ) -> list[SubscriberReader]:
+        """A reader for each of ``subscribers``, finding shapes in ``shapes``."""
+        return SubscriberReader.many_from_rows(identity, shapes, self.shapes, self.articles, self.subscriptions,
+                                               subscribers, self.returned_columns, runs=runs)
+
+
+def concerned_indexes(source: CaptureSource, shapes: Shapes, identity: SiteIdentity, rows: ReaderRows,
+                      subscribers: list[str], ranges: list[tuple[int, int]]) -> list[int]:
+    """The indexes of those of ``subscribers`` (with their checked
+    ``ranges``) that their ranges can concern (agent.site.concern): at a
+    consolidated of thousands, a few changed rows concern a few of them,
+    and only those need a reader; the others' reads would yield nothing."""
+    every = list(range(len(subscribers)))
+    if identity.role is not Role.CONSOLIDATED or len(subscribers) < CONCERN_MIN_SUBSCRIBERS:
+        return every
+    after, until = min(start for start, _ in ranges), max(end for _, end in ranges)
+    if until <= after:
+        return []  # every range is empty
+    chunks = source.iter_capture(after, until)
+    try:
+        found = concerned(shapes, rows.articles, rows.subscriptions, subscribers, chunks, after)
+    finally:
+        chunks.close()
+    return every if found is None else [index for index, name in enumerate(subscribers) if name in found]
 
 
 def resolve_range(source: CaptureSource, after: int, until: int | None) -> int:

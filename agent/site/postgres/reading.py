@@ -23,6 +23,7 @@ import psycopg
 
 from ..capture import Shape
 from ..identity import SiteIdentity
+from ..reading import ReaderRows
 from ..selection import Shapes, SubscriberReader, check_subscribers
 from .capture import load_shapes, shown_table
 from .catalogue import table_order
@@ -63,10 +64,16 @@ def readers(conn: psycopg.Connection, identity: SiteIdentity, shapes: Shapes, su
             runs: bool = False) -> list[SubscriberReader]:
     """A reader for each of ``subscribers`` (agent.site.selection's), finding
     shapes in ``shapes``."""
+    rows = reader_rows(conn, identity, subscribers)
+    return SubscriberReader.many_from_rows(identity, shapes, rows.shapes, rows.articles, rows.subscriptions,
+                                           subscribers, rows.returned_columns, runs=runs)
+
+
+def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]) -> ReaderRows:
+    """What readers for ``subscribers`` are made from (agent.site.reading.ReaderRows)."""
     check_remotes(conn, identity, subscribers)
-    return SubscriberReader.many_from_rows(identity, shapes, every_shape(conn), article_rows(conn),
-                                           subscription_rows(conn, subscribers), subscribers,
-                                           returned_columns(conn), runs=runs)
+    return ReaderRows(every_shape(conn), article_rows(conn), subscription_rows(conn, subscribers),
+                      returned_columns(conn))
 
 
 def selection_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]

@@ -31,7 +31,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import psycopg
 
@@ -44,7 +44,8 @@ from ..errors import SiteError
 from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
-from ..reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from ..reading import (LoggedOperation, concerned_indexes, read_fanout, read_operations, read_transactions,
+                       resolve_range)
 from ..fanout import FANOUT_HOLD
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..selection import SubscriberReader
@@ -301,14 +302,25 @@ class PostgresSite:
         (SiteDatabase.read_logs: ``hold``, ``piece`` and ``runs`` alike);
         every range is checked before anything is read."""
         reads = list(reads)
+        names = [name for name, _, _ in reads]
         with self._transaction(f"preparing to read the log for {len(reads)} subscribers", snapshot=True) as conn:
-            readers = reading.readers(conn, self._identity, self._source, [name for name, _, _ in reads], runs=runs)
+            rows = reading.reader_rows(conn, self._identity, names)
             resolved: dict[tuple[int, int | None], int] = {}  # most reads share their range
             for _, after, until in reads:
                 if (after, until) not in resolved:
                     resolved[after, until] = resolve_range(self._source, after, until)
-        return read_fanout(self._source, readers, [(after, resolved[after, until]) for _, after, until in reads],
-                           hold=hold, piece=piece)
+        ranges = [(after, resolved[after, until]) for _, after, until in reads]
+        readers = rows.readers(self._identity, self._source, names, runs=runs)
+        return read_fanout(self._source, readers, ranges, hold=hold, piece=piece)
+
+    def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:
+        """The indexes of ``reads`` ``(subscriber, after, until)``, ranges
+        checked, that can yield anything (SiteDatabase.concerned_reads)."""
+        names = [name for name, _, _ in reads]
+        with self._transaction(f"finding what the log holds for {len(reads)} subscribers", snapshot=True) as conn:
+            rows = reading.reader_rows(conn, self._identity, names)
+        return concerned_indexes(self._source, self._source, self._identity, rows, names,
+                                 [(after, until) for _, after, until in reads])
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._transaction(f"preparing to read the log for {subscriber!r}", snapshot=True) as conn:

@@ -33,7 +33,8 @@ from ..errors import InvalidSetting, SchemaConflict, SiteError
 from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
-from ..reading import LoggedOperation, read_fanout, read_operations, read_transactions, resolve_range
+from ..reading import (LoggedOperation, concerned_indexes, read_fanout, read_operations, read_transactions,
+                       resolve_range)
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..fanout import FANOUT_HOLD
 from ..settings import SITE_SCOPE
@@ -55,7 +56,7 @@ from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_re
 from .resubscribe import change_locked
 from .route import ARTICLE_ROWS
 from .schema import SecretStore, init_database, open_database, read_identity
-from .selection import SubscriberReader, selection_plan, subscriber_reader, subscriber_readers
+from .selection import SubscriberReader, reader_rows, selection_plan, subscriber_reader
 from .settings import read_all_options, read_options, set_transport_locked
 
 
@@ -291,16 +292,28 @@ class SiteDatabase:
         ``Transaction``: docs/message-format.md, "Large transactions").  With ``runs``, INSERTs and
         DELETEs come bundled in runs (codec.ops.Run, what a packer writes)."""
         reads = list(reads)
+        names = [subscriber for subscriber, _, _ in reads]
         with self._lock, self._read(f"preparing to read the log for {len(reads)} subscribers"):
-            readers = subscriber_readers(self._conn, self._identity, self._shapes,
-                                         [subscriber for subscriber, _, _ in reads], runs=runs)
+            rows = reader_rows(self._conn, self._identity, names)
             resolved: dict[tuple[int, int | None], int] = {}  # most reads share their range
             ranges = []
             for _, after, until in reads:
                 if (after, until) not in resolved:
                     resolved[after, until] = resolve_range(self._source, after, until)
                 ranges.append((after, resolved[after, until]))
+        readers = rows.readers(self._identity, self._shapes, names, runs=runs)
         return read_fanout(self._source, readers, ranges, hold=hold, piece=piece)
+
+    def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:
+        """The indexes of ``reads`` ``(subscriber, after, until)``, their
+        ranges checked, whose read can yield anything: a superset, found
+        from one look at the ranges' capture rows (agent.site.concern), so
+        that a send phase makes readers only for those."""
+        names = [name for name, _, _ in reads]
+        with self._lock, self._read(f"finding what the log holds for {len(reads)} subscribers"):
+            rows = reader_rows(self._conn, self._identity, names)
+        return concerned_indexes(self._source, self._shapes, self._identity, rows, names,
+                                 [(after, until) for _, after, until in reads])
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):

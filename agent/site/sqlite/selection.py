@@ -15,6 +15,7 @@ import sqlite3
 from typing import Callable
 
 from ..identity import SiteIdentity
+from ..reading import ReaderRows
 from ..selection import SelectionPlan, SubscriberReader, check_subscribers, plan_from_rows, value_columns_read
 from .capture import ShapeCache, all_shapes
 from .route import ARTICLE_ROWS
@@ -39,11 +40,8 @@ def subscriber_reader(conn: sqlite3.Connection, identity: SiteIdentity, shapes: 
     return SubscriberReader(plan, shapes, _returned_columns(conn), value_columns_read(all_shapes(conn), plan))
 
 
-def subscriber_readers(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
-                       subscribers: list[str], *, runs: bool = False) -> list[SubscriberReader]:
-    """:func:`subscriber_reader` for many subscribers, with one query each
-    for the remotes, articles, subscriptions and shapes (a send phase at a
-    consolidated of thousands reads for all of them at once)."""
+def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]) -> ReaderRows:
+    """What readers for ``subscribers`` are made from (agent.site.reading.ReaderRows)."""
     # Only the subscribers' own rows are read (a group of a send phase at a
     # consolidated of 100,000 is a few thousand of them).
     wanted = json.dumps(subscribers)
@@ -54,8 +52,8 @@ def subscriber_readers(conn: sqlite3.Connection, identity: SiteIdentity, shapes:
             "SELECT remote, publication, value, since, until FROM fieldsync_subscription"
             " WHERE remote IN (SELECT value FROM json_each(?)) ORDER BY rowid", (wanted,)):
         subscriptions.setdefault(remote, []).append((publication, value, since, until))
-    return SubscriberReader.many_from_rows(identity, shapes, all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(),
-                                           subscriptions, subscribers, _returned_columns(conn), runs=runs)
+    return ReaderRows(all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(), subscriptions,
+                      _returned_columns(conn))
 
 
 def _returned_columns(conn: sqlite3.Connection) -> Callable[[int], str | None]:

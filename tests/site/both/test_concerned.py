@@ -1,0 +1,95 @@
+"""Which subscribers a log range can concern (agent.site.concern), on both
+backends: a send phase at a consolidated of thousands makes readers only
+for the subscribers ``Site.concerned_reads`` names, so it must never leave
+out one whose read yields anything, and should leave out the others."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.site import Article
+from agent.site.concern import CONCERN_MIN_SUBSCRIBERS
+
+REGIONS = 18  # r00 ... r17 subscribe to "regions", each by its own value
+WHOLE = ("r18", "r19")  # subscribe to "lines", which takes every row
+
+
+@pytest.fixture
+def hq(backend):
+    site = backend.site
+    site.create_publication("regions", [Article("customer", subscribe_by="region")])
+    site.create_publication("lines", [Article("line")])
+    for number in range(REGIONS):
+        site.add_remote(f"r{number:02}")
+        site.subscribe(f"r{number:02}", "regions", f"g{number}")
+    for name in WHOLE:
+        site.add_remote(name)
+        site.subscribe(name, "lines")
+    return site
+
+
+def names() -> list[str]:
+    return [f"r{number:02}" for number in range(REGIONS)] + list(WHOLE)
+
+
+def concerned(site, after: int, end: int) -> set[str]:
+    reads = [(name, after, end) for name in names()]
+    return {reads[index][0] for index in site.concerned_reads(reads)}
+
+
+def yielding(site, after: int, end: int) -> set[str]:
+    """The subscribers whose own read of ``(after, end]`` yields anything."""
+    return {name for name in names() if list(site.read_log(name, after, end))}
+
+
+def test_a_row_concerns_the_subscribers_of_its_value_alone(backend, hq):
+    app = backend.app()
+    start = hq.scan()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'g3')")
+    end = hq.scan()
+    assert concerned(hq, start, end) == yielding(hq, start, end) == {"r03"}
+    app.execute("UPDATE customer SET region = 'g5' WHERE id = 1")  # leaves r03's subset, enters r05's
+    after, end = end, hq.scan()
+    assert concerned(hq, after, end) == yielding(hq, after, end) == {"r03", "r05"}
+    app.execute("INSERT INTO line VALUES (7, 1, 'SKU', 2)")
+    after, end = end, hq.scan()
+    assert concerned(hq, after, end) == yielding(hq, after, end) == set(WHOLE)
+    assert concerned(hq, end, end) == set()  # nothing in the range
+
+
+def test_few_subscribers_are_all_read_for(backend, hq):
+    app = backend.app()
+    start = hq.scan()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'g3')")
+    end = hq.scan()
+    few = [(name, start, end) for name in names()[:CONCERN_MIN_SUBSCRIBERS - 1]]
+    assert hq.concerned_reads(few) == list(range(len(few)))
+
+
+def test_no_subscriber_a_read_yields_for_is_left_out(backend, hq):
+    """Random work, moves between values included: every subscriber whose
+    read yields anything is named, for ranges that start anywhere."""
+    app = backend.app()
+    chance = random.Random(7)
+    offsets = [hq.scan()]
+    for step in range(40):
+        row_id = chance.randrange(1, 12)
+        region = f"g{chance.randrange(REGIONS + 3)}"  # some values nobody subscribes to
+        choices = [
+            [("DELETE FROM customer WHERE id = %s", (row_id,)),
+             ("INSERT INTO customer (id, name, region) VALUES (%s, %s, %s)", (row_id, f"n{step}", region))],
+            [("UPDATE customer SET region = %s WHERE id = %s", (region, row_id))],
+            [("UPDATE customer SET name = %s WHERE id = %s", (f"m{step}", row_id))],
+            [("DELETE FROM customer WHERE id = %s", (row_id,))],
+        ]
+        app.run(*chance.choice(choices))
+        if chance.random() < 0.2:
+            app.execute("INSERT INTO line VALUES (%s, %s, 'SKU', 1)", (step, row_id))
+        offsets.append(hq.scan())
+    for after in offsets[::5]:
+        for end in offsets[offsets.index(after)::7]:
+            found, needed = concerned(hq, after, end), yielding(hq, after, end)
+            assert needed <= found, (after, end)
+    assert concerned(hq, offsets[-2], offsets[-1]) < set(names())  # one step concerns few
