@@ -22,6 +22,11 @@ class LocalProtocolError(AgentError):
     """Local code drove the protocol in a way it does not allow (a bug)."""
 
 
+_COUNTERS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
+             "rereceive_count", "peer_log_sent", "gap_polls", "request_patience", "log_read", "peer_confirmed",
+             "probes")
+
+
 @dataclass(frozen=True, slots=True)
 class PairState:
     """The remote-user row's protocol columns for one peer."""
@@ -66,11 +71,14 @@ class PairState:
     def __post_init__(self) -> None:
         if not self.confirm_sent <= self.log_sent:
             raise LocalProtocolError(f"confirm_sent {self.confirm_sent} is after log_sent {self.log_sent}")
-        for name in ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received",
-                     "confirm_received", "rereceive_count", "peer_log_sent", "gap_polls", "request_patience",
-                     "log_read", "peer_confirmed", "probes"):
-            if getattr(self, name) < 0:
-                raise LocalProtocolError(f"{name} must be >= 0")
+        # One comparison for all (the core makes a state at every step of
+        # every pair); the names are looked at only to say which one.
+        if min(self.log_send, self.log_sent, self.confirm_sent, self.resend_count, self.log_received,
+               self.confirm_received, self.rereceive_count, self.peer_log_sent, self.gap_polls,
+               self.request_patience, self.log_read, self.peer_confirmed, self.probes) < 0:
+            for name in _COUNTERS:
+                if getattr(self, name) < 0:
+                    raise LocalProtocolError(f"{name} must be >= 0")
         if self.peer_schema_version is not None and self.peer_schema_version < 0:
             raise LocalProtocolError("peer_schema_version must be >= 0")
 

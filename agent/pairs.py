@@ -24,6 +24,7 @@ Rules of this file:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_recei
               "peer_confirmed", "probes", "confirm_owed", "peer_schema_version")
 # Protocol state kept beside the database (agent bookkeeping, not replicated state).
 EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
+_row_values = attrgetter(*ROW_FIELDS)
 # What identifies one stream of a pair: a change starts a new one.
 _STREAM_FIELDS = ("resend_count", "rereceive_count", "peer_incarnation")
 
@@ -114,7 +116,7 @@ class PairStore:
             extras = self.files.extras(remote.name, stream_key(remote), EXTRA_FIELDS)
             superseded = self.files.superseded(remote.name, remote.peer_incarnation,
                                                replaced.get(remote.name, frozenset()))
-            state = PairState(**{name: getattr(remote, name) for name in ROW_FIELDS}, **extras)
+            state = PairState(**dict(zip(ROW_FIELDS, _row_values(remote))), **extras)
             protocol = PairProtocol(remote.name, state, settings, superseded=superseded, log_start=log_start)
             peers[remote.name] = Peer(remote.name, protocol, public, remote.address, remote.transport,
                                       persisted=state, heartbeat=remote.heartbeat,

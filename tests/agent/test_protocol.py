@@ -182,8 +182,12 @@ def protocol(**state) -> PairProtocol:
 def test_state_validation():
     with pytest.raises(LocalProtocolError):
         PairState(log_sent=1, confirm_sent=2)
-    with pytest.raises(LocalProtocolError):
-        PairState(log_received=-1)
+    for name in ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
+                 "rereceive_count", "peer_log_sent", "gap_polls", "request_patience", "log_read", "peer_confirmed",
+                 "probes"):
+        lowest = {"confirm_sent": -1} if name == "log_sent" else {}  # confirm_sent <= log_sent holds
+        with pytest.raises(LocalProtocolError, match=f"^{name} must be >= 0"):
+            PairState(**{name: -1, **lowest})
     with pytest.raises(LocalProtocolError):
         Settings(patience=0)
     with pytest.raises(LocalProtocolError):

@@ -46,13 +46,19 @@ IN_ERROR_SQL = ("(last_error IS NOT NULL OR stream_stopped IS NOT NULL OR EXISTS
                 " e WHERE e.peer = fieldsync.remote.name AND e.acknowledged_at IS NULL))")
 
 
+_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
+_INCARNATION_AT = COLUMNS.index("peer_incarnation")
+
+
 def _row(values: tuple) -> RemoteUser:
-    record = dict(zip(COLUMNS, values))
-    for name in TIME_FIELDS:
-        record[name] = in_utc(record[name])
-    if record["peer_incarnation"] is not None:
-        record["peer_incarnation"] = bytes(record["peer_incarnation"])
-    return RemoteUser(**record)
+    # By position: a fleet's agent reads every row at each run.
+    record = list(values)
+    for index in _TIME_AT:
+        if record[index] is not None:
+            record[index] = in_utc(record[index])
+    if record[_INCARNATION_AT] is not None:
+        record[_INCARNATION_AT] = bytes(record[_INCARNATION_AT])
+    return RemoteUser(*record)
 
 
 def _assignments(columns: Iterable[str]) -> sql.Composed:
@@ -68,7 +74,7 @@ def get_remote(conn: psycopg.Connection, name: str, *, for_update: bool = False)
 
 
 def list_remotes(conn: psycopg.Connection) -> tuple[RemoteUser, ...]:
-    return tuple(_row(row) for row in conn.execute(_SELECT + _BY_NAME))
+    return tuple(map(_row, conn.execute(_SELECT + _BY_NAME).fetchall()))
 
 
 def filter_where(which: RemoteFilter) -> tuple[sql.Composable, tuple]:

@@ -32,14 +32,20 @@ from .log import HORIZON_SQL, log_end
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM fieldsync_remote"
 
 
+_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
+_SEND_AT, _CONFIRM_OWED_AT = COLUMNS.index("send_at"), COLUMNS.index("confirm_owed")
+
+
 def _row(values: tuple) -> RemoteUser:
-    record = dict(zip(COLUMNS, values))
-    for name in TIME_FIELDS:
-        record[name] = parse_time(record[name])
-    if record["send_at"] is not None:
-        record["send_at"] = time.fromisoformat(record["send_at"])
-    record["confirm_owed"] = bool(record["confirm_owed"])
-    return RemoteUser(**record)
+    # By position: a fleet's agent reads every row at each run.
+    record = list(values)
+    for index in _TIME_AT:
+        if record[index] is not None:
+            record[index] = parse_time(record[index])
+    if record[_SEND_AT] is not None:
+        record[_SEND_AT] = time.fromisoformat(record[_SEND_AT])
+    record[_CONFIRM_OWED_AT] = bool(record[_CONFIRM_OWED_AT])
+    return RemoteUser(*record)
 
 
 def _stored(values: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +67,7 @@ def get_remote(conn: sqlite3.Connection, name: str) -> RemoteUser:
 
 
 def list_remotes(conn: sqlite3.Connection) -> tuple[RemoteUser, ...]:
-    return tuple(_row(row) for row in conn.execute(_SELECT + " ORDER BY name"))
+    return tuple(map(_row, conn.execute(_SELECT + " ORDER BY name").fetchall()))
 
 
 #: A remote-user row's peer is in error now: a transport error or a stopped
