@@ -23,7 +23,7 @@ Rules of this file:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ class Peer:
         """The database wrote these columns itself: ``log_received`` with an
         apply, ``log_sent`` with a send (so they are persisted already)."""
         if self.persisted is not None:
-            self.persisted = replace(self.persisted, **columns)
+            self.persisted = self.persisted.evolve(**columns)
 
 
 def stream_key(row: Any) -> list:
@@ -137,7 +137,7 @@ class PairStore:
             return False
         if heard or persisted is None:
             return True
-        return replace(state, heard_at=persisted.heard_at) != persisted
+        return state.evolve(heard_at=persisted.heard_at) != persisted
 
     def save(self, peers: list[Peer]) -> None:
         """Write what changed of the pairs' state: the rows' columns in one

@@ -103,7 +103,7 @@ class PairProtocol:
     def _check_incarnation(self, incarnation: bytes) -> list[Action]:
         known = self._state.peer_incarnation
         if known is None:
-            self._state = replace(self._state, peer_incarnation=incarnation)
+            self._state = self._state.evolve(peer_incarnation=incarnation)
             return []
         if known != incarnation and self._stopped is None:
             self._stopped = StreamStopped(known, incarnation)
@@ -135,7 +135,7 @@ class PairProtocol:
             # 1 deletes it below): the peer sent it again because it lacks
             # the confirmation, so one is owed even though log_received
             # did not move.
-            self._state = replace(self._state, confirm_owed=True)
+            self._state = self._state.evolve(confirm_owed=True)
         sort_key = (header.prev, header.resend_count, header.seq, header.last)
         self._pending[message_id] = _Pending(sort_key, message_id, header)
         bisect.insort(self._by_prev, (sort_key, message_id))
@@ -199,17 +199,17 @@ class PairProtocol:
         state = self._state
         if not self._gap_evident():
             if state.gap_polls:
-                self._state = replace(state, gap_polls=0)
+                self._state = state.evolve(gap_polls=0)
             return actions
         patience = state.request_patience or self.settings.patience
         if state.gap_polls < patience:
             # Rule 4: a gap must still be there after `patience` more polls.
-            self._state = replace(state, gap_polls=state.gap_polls + 1)
+            self._state = state.evolve(gap_polls=state.gap_polls + 1)
             return actions
         # The gap outlived patience: ask for a resend.  The next request needs
         # twice the patience (until progress), so a slow resend is not
         # overtaken by another one: no resend storms.
-        self._state = replace(state, gap_polls=0, rereceive_count=state.rereceive_count + 1,
+        self._state = state.evolve(gap_polls=0, rereceive_count=state.rereceive_count + 1,
                               request_patience=min(patience * 2, self.settings.max_patience))
         self._count(resend_requests_sent=1)
         actions += self._delete_stale()
@@ -224,7 +224,7 @@ class PairProtocol:
         self._applying = None
         for message_id in applying.message_ids:
             self._forget(message_id)
-        self._state = replace(self._state, log_received=log_received, gap_polls=0, request_patience=0)
+        self._state = self._state.evolve(log_received=log_received, gap_polls=0, request_patience=0)
         self._count(applied_messages=len(applying.message_ids))
         return [DeleteInbound(applying.message_ids, "applied")] + self._advance(now)
 
@@ -371,7 +371,7 @@ class PairProtocol:
         if (peer_log_sent, confirmed, peer_confirmed, owed, probes, request_patience, schema_version) != (
                 state.peer_log_sent, state.confirm_sent, state.peer_confirmed, state.confirm_owed, state.probes,
                 state.request_patience, state.peer_schema_version):
-            self._state = replace(state, peer_log_sent=peer_log_sent, confirm_sent=confirmed,
+            self._state = state.evolve(peer_log_sent=peer_log_sent, confirm_sent=confirmed,
                                   peer_confirmed=peer_confirmed, confirm_owed=owed, probes=probes,
                                   request_patience=request_patience, peer_schema_version=schema_version)
         # Rule 7: a resend request, acted on after the urgency delay.
@@ -390,9 +390,9 @@ class PairProtocol:
         """A message of the peer's current copy arrived.  The peer is
         reachable again: the probe backoff (rule 3) starts over."""
         if self._state.heard_at is None or now > self._state.heard_at:
-            self._state = replace(self._state, heard_at=now)
+            self._state = self._state.evolve(heard_at=now)
         if self._state.probes:
-            self._state = replace(self._state, probes=0)
+            self._state = self._state.evolve(probes=0)
 
     def handle_timer(self, now: float) -> list[Action]:
         request = self._resend_request
@@ -406,7 +406,7 @@ class PairProtocol:
         # The peer has all that was sent: what was read for it and held
         # nothing stays read.  Else the log is read again from confirm_sent.
         log_read = state.log_read if confirm_sent >= state.log_sent else confirm_sent
-        self._state = replace(state, resend_count=request.resend_count, confirm_sent=confirm_sent,
+        self._state = state.evolve(resend_count=request.resend_count, confirm_sent=confirm_sent,
                               log_sent=confirm_sent, log_read=log_read,
                               log_send=max(state.log_send, state.read_through))
         self._count(resends_done=1)
@@ -429,7 +429,7 @@ class PairProtocol:
         if reason is None:
             return []
         if reason == "probe":
-            self._state = replace(self._state, probes=self._state.probes + 1)
+            self._state = self._state.evolve(probes=self._state.probes + 1)
             self._count(probes_sent=1)
         return [self._control(reason, now)]
 
@@ -438,7 +438,7 @@ class PairProtocol:
         a confirmation while the stream to the peer is unconfirmed, and
         confirms ``log_received`` (so it pays what was owed)."""
         state = self._state
-        self._state = state = replace(state, confirm_received=state.log_received, control_sent_at=now,
+        self._state = state = state.evolve(confirm_received=state.log_received, control_sent_at=now,
                                       confirm_owed=False)
         self._count(controls_sent=1)
         return SendControl(ControlState(log_received=state.log_received, rereceive_count=state.rereceive_count,
@@ -457,7 +457,7 @@ class PairProtocol:
             return self.handle_timer(now)
         state = self._state
         if log_end > state.log_send:
-            self._state = replace(state, log_send=log_end)
+            self._state = state.evolve(log_send=log_end)
         return self.handle_timer(now) + self._start_send()
 
     def log_truncated(self, log_start: int) -> None:
@@ -497,11 +497,11 @@ class PairProtocol:
         state = self._state
         if sending.resend_count == state.resend_count and sending.start == state.log_sent:
             if empty:
-                self._state = replace(state, log_read=max(state.log_read, log_sent))
+                self._state = state.evolve(log_read=max(state.log_read, log_sent))
             else:
                 # Rule 3: a confirmation goes with the data unless the peer
                 # is known to hold it; the stream changed, so probes start over.
-                self._state = replace(state, log_sent=log_sent, log_read=max(state.log_read, log_sent),
+                self._state = state.evolve(log_sent=log_sent, log_read=max(state.log_read, log_sent),
                                       data_sent_at=now, probes=0,
                                       confirm_owed=state.confirm_owed or state.peer_confirmed < state.log_received)
         return self.handle_timer(now) + self._start_send()

@@ -553,3 +553,14 @@ def test_already_taken_is_what_queueing_would_add_nothing_for():
         assert taken == (not added), (message_id, header, incarnation, before, actions)
 
     check()
+
+
+def test_evolve_is_replace_checked_alike():
+    state = PairState(log_send=9, log_sent=5, confirm_sent=3, heard_at=1.5, peer_incarnation=b"\x01" * 16)
+    changes = {"log_send": 12, "log_read": 7, "heard_at": None, "confirm_owed": True, "peer_schema_version": 4}
+    assert state.evolve(**changes) == replace(state, **changes)
+    assert state.evolve() == state
+    with pytest.raises(LocalProtocolError, match="confirm_sent 6 is after log_sent 5"):
+        state.evolve(confirm_sent=6)
+    with pytest.raises(LocalProtocolError, match="^probes must be >= 0"):
+        state.evolve(probes=-1)
