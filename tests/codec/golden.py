@@ -7,7 +7,8 @@ one.  Every folder holds the same content; a control message is written in
 version 1 whatever the folder (its bytes did not change in version 2).
 Version 3 adds schema changes: ``--schema`` made ``fixtures/messages/schema/``,
 a stream in which two of them travel between data messages; passthrough
-SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; and a
+SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; a table
+renamed: ``--rename-table`` made ``fixtures/messages/rename-table/``; and a
 control message's schema version: ``--control-schema`` made
 ``fixtures/messages/control-schema/``.
 """
@@ -293,6 +294,46 @@ def write_passthrough(force: bool) -> None:
     _write_folder(PASSTHROUGH, build_passthrough(), expected_passthrough(), force)
 
 
+# A published table renamed (format version 3): ``python -m tests.codec.golden
+# --write --rename-table`` made fixtures/messages/rename-table/ once.
+RENAME = FIXTURES / "rename-table"
+RENAME_CUSTOMER = SchemaChange(
+    (("rename_table", "customer", "client"),
+     ("add_column", "client", "phone", "\"phone\" TEXT")),
+    (("client", ("id", "name", "city", "balance", "photo", "note", "phone"), ("id",)),))
+
+
+def rename_stream() -> list[Transaction]:
+    """Data under the old name, the rename, data under the new name."""
+    return [transactions()[0], Transaction(923_400, "hq", (RENAME_CUSTOMER,)),
+            Transaction(923_500, "hq", (Operation.update("client", (1,), {"city": "Porto", "phone": None},
+                                                         {"city": "Braga", "phone": "+351 253 000 000"}),))]
+
+
+def build_rename() -> dict[str, bytes]:
+    return {message.name: message.data
+            for message in pack_messages(rename_stream(), keys=HQ, recipient="field1", incarnation=INCARNATION,
+                                         resend_count=0, start=923_200, max_size=10_000, end=923_500)}
+
+
+def expected_rename() -> dict:
+    stream = rename_stream()
+    return {
+        "incarnation": INCARNATION.hex(),
+        "stream": [
+            {"header": "(0-0000923200-0000923357-0)", "version": 2, "transactions": [transaction_json(stream[0])]},
+            {"header": "(0-0000923357-0000923400-0)", "version": 3,
+             "transactions": [{"commit": stream[1].commit, "origin": stream[1].origin,
+                               "change": change_json(RENAME_CUSTOMER)}]},
+            {"header": "(0-0000923400-0000923500-0)", "version": 2, "transactions": [transaction_json(stream[2])]},
+        ],
+    }
+
+
+def write_rename(force: bool) -> None:
+    _write_folder(RENAME, build_rename(), expected_rename(), force)
+
+
 # A remote's control message carrying its schema version (format version 3):
 # ``python -m tests.codec.golden --write --control-schema`` made
 # fixtures/messages/control-schema/ once.
@@ -326,9 +367,11 @@ if __name__ == "__main__":
     parser.add_argument("--control-schema", action="store_true",
                         help="a control message with a schema version (version 3)")
     parser.add_argument("--passthrough", action="store_true", help="passthrough SQL to one remote (version 3)")
+    parser.add_argument("--rename-table", action="store_true", help="a published table renamed (version 3)")
     arguments = parser.parse_args()
     if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema,
-                               arguments.control_schema, arguments.passthrough].count(True) != 1:
+                               arguments.control_schema, arguments.passthrough,
+                               arguments.rename_table].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
@@ -339,5 +382,7 @@ if __name__ == "__main__":
         write_schema(arguments.force)
     elif arguments.passthrough:
         write_passthrough(arguments.force)
+    elif arguments.rename_table:
+        write_rename(arguments.force)
     else:
         write(arguments.version, arguments.force)

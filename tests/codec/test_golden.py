@@ -169,6 +169,21 @@ def test_the_passthrough_stream_decodes_to_the_expected_content_and_is_written_a
     check_rebuilt(golden.PASSTHROUGH, golden.build_passthrough(), _schema_entry)
 
 
+def test_the_rename_table_stream_decodes_to_the_expected_content_and_is_written_alike_today():
+    """A published table renamed (docs/message-format.md, "Schema changes"):
+    data under the old name, the rename with a step after it on the new
+    name and the table's shape under it, data under the new name."""
+    root = golden.RENAME
+    expected = json.loads((root / "expected.json").read_text())
+    assert expected == json.loads(json.dumps(golden.expected_rename()))
+    decoded = decode_all(root)
+    assert [{"header": str(m.header), "version": m.version,
+             "transactions": [_schema_entry(t) for t in m.transactions]} for m in decoded.values()] == expected["stream"]
+    change = expected["stream"][1]["transactions"][0]["change"]
+    assert change["steps"][0] == ["rename_table", "customer", "client"] and change["shapes"][0][0] == "client"
+    check_rebuilt(golden.RENAME, golden.build_rename(), _schema_entry)
+
+
 def test_a_reader_of_version_2_refuses_only_the_schema_changes(monkeypatch):
     """A site that reads up to version 2 sets the change aside (and asks for
     it again) but reads the data around it: the stream waits at the change
