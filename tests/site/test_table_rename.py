@@ -147,3 +147,26 @@ def test_a_table_of_a_follow_chain_is_not_renamed_yet(pair):
         with pytest.raises(SchemaRefused, match="follow chain is not supported yet"):
             hq.apply_schema([f"ALTER TABLE {table} RENAME TO {table}2"])
     assert rows(hq, "SELECT table_name FROM fieldsync_article ORDER BY 1") == [("customer",), ("item",), ("visit",)]
+
+
+@pytest.mark.parametrize("batches", [1, 2])
+def test_a_remote_keeps_its_pending_values_logged_under_the_old_name(pair, batches):
+    """r1's own change of a row, logged under customer and not yet
+    confirmed, is kept against hq's change of the row under client written
+    without it (docs/site-database.md, "Concurrent changes"), whether the
+    rename comes in the same batch or an earlier one; hq then applies r1's
+    change after its own and both end alike."""
+    hq, r1 = pair
+    r1.connection.execute("UPDATE customer SET name = 'by r1' WHERE id = 1")
+    hq.apply_schema(["ALTER TABLE customer RENAME TO client"])
+    if batches == 2:
+        replicate(hq, r1)
+    app = app_connection(hq)
+    app.execute("UPDATE client SET name = 'by hq', note = 'hq' WHERE id = 1")
+    app.close()
+    replicate(hq, r1)
+    assert rows(r1, "SELECT name, note FROM client WHERE id = 1") == [("by r1", "hq")]
+    replicate(r1, hq)
+    replicate(hq, r1)
+    assert rows(hq, "SELECT * FROM client WHERE id = 1") == rows(r1, "SELECT * FROM client WHERE id = 1")
+    assert rows(hq, "SELECT name, note FROM client WHERE id = 1") == [("by r1", "hq")]
