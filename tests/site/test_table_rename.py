@@ -170,3 +170,22 @@ def test_a_remote_keeps_its_pending_values_logged_under_the_old_name(pair, batch
     replicate(hq, r1)
     assert rows(hq, "SELECT * FROM client WHERE id = 1") == rows(r1, "SELECT * FROM client WHERE id = 1")
     assert rows(hq, "SELECT name, note FROM client WHERE id = 1") == [("by r1", "hq")]
+
+
+def test_the_unconfirmed_rule_finds_the_consolidated_s_changes_logged_under_the_old_name(pair):
+    """hq changed a row under customer, r1 has not confirmed it, then hq
+    renamed the table: r1's change of the row, applied to client, sends the
+    row back to r1 (docs/site-database.md, "Concurrent changes"), as it
+    would with no rename."""
+    hq, r1 = pair
+    app = app_connection(hq)
+    app.execute("UPDATE customer SET note = 'hq' WHERE id = 1")
+    app.close()
+    hq.scan()
+    hq.apply_schema(["ALTER TABLE customer RENAME TO client"])
+    r1.connection.execute("UPDATE customer SET name = 'by r1' WHERE id = 1")
+    assert replicate(r1, hq).errors == 0
+    assert rows(hq, "SELECT count(*) FROM fieldsync_capture WHERE flags & 1") == [(1,)]  # going back to r1
+    replicate(hq, r1)
+    assert rows(r1, "SELECT * FROM client WHERE id = 1") == rows(hq, "SELECT * FROM client WHERE id = 1") == [
+        (1, "north", "by r1", "hq")]
