@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agent.site import Article, SiteDatabase
-from agent.site.errors import SchemaRefused
+from agent.site.errors import PublicationError, SchemaRefused
 from codec.changes import SchemaChange
 from codec.ops import change_of
 
@@ -189,3 +189,14 @@ def test_the_unconfirmed_rule_finds_the_consolidated_s_changes_logged_under_the_
     replicate(hq, r1)
     assert rows(r1, "SELECT * FROM client WHERE id = 1") == rows(hq, "SELECT * FROM client WHERE id = 1") == [
         (1, "north", "by r1", "hq")]
+
+
+def test_a_table_made_by_hand_under_a_retired_name_is_not_published(pair):
+    hq, _r1 = pair
+    hq.apply_schema(["ALTER TABLE customer RENAME TO client"])
+    app = app_connection(hq)
+    app.execute("CREATE TABLE customer (id INTEGER PRIMARY KEY, region TEXT)")  # by hand, outside agent schema apply
+    app.close()
+    with pytest.raises(PublicationError, match="'customer' was the name of a published table"):
+        hq.add_article("sales", "customer")
+    assert rows(hq, "SELECT table_name FROM fieldsync_article ORDER BY 1") == [("client",), ("item",)]
