@@ -4,7 +4,8 @@ version 3 carries for one (docs/message-format.md, "Schema changes").
 Rules of this file:
 * A :class:`SchemaChange` is a plain value: the steps a subscriber runs,
   in order, and the shape (published columns, key columns) each table
-  they name has afterwards, as the subscriber holds it.  It is checked
+  they name has afterwards, as the subscriber holds it (a renamed table
+  by its new name).  It is checked
   where it is made and where it is decoded (:func:`check_change`).
 * A transaction that carries a change carries it alone (its ``ops`` is
   ``(change,)``) and travels alone in its message (codec.packing), in
@@ -32,6 +33,9 @@ STEPS: dict[str, tuple[str, ...]] = {
     "add_column": ("column", "definition"),
     "rename_column": ("old", "new"),
     "drop_column": ("column",),
+    # The table is called ``new`` from this step on: later steps and the
+    # shapes name it so (rows logged before it keep the old name).
+    "rename_table": ("new",),
     "create_table": ("sql", "publication", "subscribe_by"),
     "create_index": ("index", "sql"),
     "drop_index": ("index",),
@@ -39,6 +43,7 @@ STEPS: dict[str, tuple[str, ...]] = {
     "passthrough": ("sql",),
 }
 PASSTHROUGH = "passthrough"
+RENAME_TABLE = "rename_table"
 _OPTIONAL = {("create_table", 4)}  # (verb, position in the step) that may be nil
 
 
@@ -48,7 +53,8 @@ class SchemaChange(NamedTuple):
     ``steps``: ``(verb, table, *arguments)`` tuples, in order (see
     :data:`STEPS`; a ``passthrough`` step names the subscriber, not a
     table).  ``shapes``: ``(table, columns, key_columns)`` of every
-    table a step names, as the subscriber holds it after the change."""
+    table a step names, as the subscriber holds it after the change (a
+    table a ``rename_table`` step renames, by its new name)."""
 
     steps: tuple[tuple, ...]
     shapes: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
@@ -88,7 +94,10 @@ def check_change(value: object, where: str = "schema change") -> SchemaChange:
         for position, argument in enumerate(arguments, 2):
             if not _name(argument) and not (argument is None and (verb, position) in _OPTIONAL):
                 raise InvalidValue(f"{where}: malformed {verb} step on {table}")
-        if verb != PASSTHROUGH:
+        if verb == RENAME_TABLE:  # the table it names after the change is the new one
+            named.pop(table.lower(), None)
+            named[arguments[0].lower()] = arguments[0]
+        elif verb != PASSTHROUGH:
             named.setdefault(table.lower(), table)
         checked_steps.append(tuple(step))
     checked_shapes = []

@@ -10,15 +10,19 @@ Rules of this file:
   change takes, on the tables every remote receives: a column added to
   ``customer`` (which its article publishes whole) or to ``product`` (with
   a default), one of those columns renamed or dropped, an index made or
-  dropped, and a new table made and then published (``publication add``:
-  its rows reach the remotes without a new extraction); and passthrough
+  dropped, a new table made and then published (``publication add``:
+  its rows reach the remotes without a new extraction), such a table
+  renamed (``RENAME TO``, now and then with a column added in the same
+  change: rows logged under the old name still reach every site); and passthrough
   SQL to one remote, which runs there as its own writes and travels back.
-  Names are never given twice: a retired name always means the old column.
+  Names are never given twice: a retired name always means the old column
+  or table.
 * A site writes what its own schema has (read before each write): the
   extra customer columns of its own subset, the new tables' rows of its
-  own region.  A remote still behind writes the old shape, and its rows
-  reach the consolidated after the change, mapped there by the change
-  history (renamed, dropped, given the default).
+  own region.  A remote still behind writes the old shape (and a renamed
+  table's old name), and its rows reach the consolidated after the
+  change, mapped there by the change history (renamed, dropped, given the
+  default).
 * Every written value is new (from the run's counter), as in workload.py.
 """
 
@@ -66,6 +70,7 @@ class SchemaChanges:
         self.number = 0
         self.extra: list[str] = []  # customer's columns added and not dropped, as hq names them now
         self.indexes: list[str] = []
+        self.notes: list[str] = []  # the new tables published, as hq names them now
 
     def crash_now(self) -> bool:
         """Whether a remote's next run dies if it applies a schema change
@@ -86,6 +91,8 @@ class SchemaChanges:
             kinds += ["rename customer column", "drop customer column"]
         if self.indexes:
             kinds.append("drop index")
+        if self.notes:  # twice: a table is there to rename late in a seed, if at all
+            kinds += ["rename table", "rename table"]
         kind = rng.choice(kinds)
         publish = to = None
         if kind == "add customer column":
@@ -106,6 +113,13 @@ class SchemaChanges:
             old, new = self.extra[index], self._name("x")
             statements = [f"ALTER TABLE customer RENAME COLUMN {old} TO {new}"]
             self.extra[index] = new
+        elif kind == "rename table":
+            index = rng.randrange(len(self.notes))
+            old, new = self.notes[index], self._name("note")
+            statements = [f"ALTER TABLE {old} RENAME TO {new}"]
+            if rng.random() < 0.5:  # a column of the table's new name in the same change
+                statements.append(f"ALTER TABLE {new} ADD COLUMN {self._name('n')} TEXT")
+            self.notes[index] = new
         elif kind == "drop customer column":
             name = self.extra.pop(rng.randrange(len(self.extra)))
             statements = [f"ALTER TABLE customer DROP COLUMN {name}"]
@@ -125,6 +139,7 @@ class SchemaChanges:
                 hq.apply_schema(statements)
             if publish is not None:
                 hq.add_article(PUBLICATION, publish, subscribe_by="region")
+                self.notes.append(publish)
         return kind
 
     def writes(self, site: str) -> list[tuple[str, tuple]]:
@@ -158,8 +173,8 @@ class SchemaChanges:
 
 def differences(root: Path, sites: list[str]) -> list[str]:
     """What a remote holds otherwise than the consolidated once at rest: the
-    schema version, the columns of the tables it receives, and the new
-    tables' rows of its region."""
+    schema version, the new tables' names (renamed alike), the columns of
+    the tables it receives, and the new tables' rows of its region."""
     found = []
     hq = root / "hq.db"
     with open_site(hq) as site:
@@ -170,6 +185,8 @@ def differences(root: Path, sites: list[str]) -> list[str]:
         with open_site(path) as site:
             if site.schema_version() != version:
                 found.append(f"{remote}: schema version {site.schema_version()}, hq's is {version}")
+        if tables(path, "note") != notes:
+            found.append(f"{remote}: holds the new tables {tables(path, 'note')}, hq {notes}")
         for table in ("customer", "product", *notes):
             if columns(path, table) != columns(hq, table):
                 found.append(f"{remote}: {table} has columns {columns(path, table)}, hq's {columns(hq, table)}")

@@ -91,7 +91,8 @@ class ConsolidatedUri(click.ParamType):
                    "(default: from the seed, two seeds in three; never with --consolidated).")
 @click.option("--schema-changes/--no-schema-changes", "schema", default=None,
               help="Make schema changes at the consolidated while the faults last (agent schema apply: columns "
-                   "added, renamed and dropped, indexes, a new table published), and write the new shapes, or not "
+                   "added, renamed and dropped, indexes, a new table published and renamed), and write the new "
+                   "shapes, or not "
                    "(default: from the seed, half the seeds; never with --consolidated).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "

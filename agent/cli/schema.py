@@ -37,10 +37,11 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     changes, in order with the data.
 
     It takes ALTER TABLE ... ADD COLUMN, RENAME COLUMN and DROP COLUMN (of a
-    column no article needs), CREATE TABLE (publish it with `agent
-    publication add` to send it with its rows), CREATE INDEX and DROP INDEX.
-    It refuses, with nothing changed, dropping or re-keying a published
-    table and dropping its key or SUBSCRIBE BY column.
+    column no article needs), ALTER TABLE ... RENAME TO (of a table in no
+    follow chain), CREATE TABLE (publish it with `agent publication add` to
+    send it with its rows), CREATE INDEX and DROP INDEX. It refuses, with
+    nothing changed, dropping or re-keying a published table and dropping
+    its key or SUBSCRIBE BY column.
 
     With --passthrough --to REMOTE, data statements go to the named remotes
     only and run there as their own writes (SQL Remote's PASSTHROUGH ONLY
@@ -109,7 +110,8 @@ def breaking_steps(steps: tuple[tuple, ...], published: tuple[str, ...]) -> list
     """The steps of a change that rename or drop something on a table the
     remotes receive (``published``): what their applications must be ready for."""
     travelling = {table.lower() for table in published}
-    return [step for step in steps if step[0] in _BREAKING and step[1].lower() in travelling]
+    return [step for step in steps if step[0] in _BREAKING
+            and (step[2] if step[0] == "rename_table" else step[1]).lower() in travelling]
 
 
 def describe(step: tuple) -> str:

@@ -7,8 +7,8 @@ Rules of this file:
   shape), alone in its log transaction, whose commit offset is the
   change's.  Its first value column holds JSON: the steps on published
   tables (docs/message-format.md, "Schema changes"), the shape each such
-  table has after the change, and the columns each index a step makes
-  uses.
+  table has after the change (by its name after it: a renamed table by
+  its new name), and the columns each index a step makes uses.
 * Pure: a subscriber's change is worked out from that row and its plan
   (the article of each table), as its operations are from other rows: the
   steps on the tables it receives, as its article publishes them, the
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
-from codec.changes import PASSTHROUGH, SchemaChange
+from codec.changes import PASSTHROUGH, RENAME_TABLE, SchemaChange
 
 from .capture import Shape
 from .view import View
@@ -71,31 +71,63 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
     change = json.loads(value)
     kept = []
     views: dict[str, View] = {}
-    for step in change["steps"]:
+    for step, final in zip(change["steps"], names_after(change["steps"])):
         verb, table = step[0], step[1]
         if verb == PASSTHROUGH:
             if subscriber is not None and table == subscriber:
-                kept.append(tuple(step))
+                kept.append((tuple(step), None))
             continue
-        article = article_of(table.lower())
+        article = article_of(final.lower())
         if article is None:
             continue
-        view = views.get(table.lower())
+        view = views.get(final.lower())
         if view is None:
-            view = views[table.lower()] = View(shape_of(change["shapes"][table]), *article)
+            view = views[final.lower()] = View(shape_of(change["shapes"][final]), *article)
         if _publishes(verb, step, article[0], view, change["indexes"]):
-            kept.append(tuple(step))
+            kept.append((tuple(step), final))
     if not kept:
         return None
     shapes = []
-    for step in kept:
-        if step[0] == PASSTHROUGH:
+    for _step, final in kept:
+        if final is None:
             continue
-        view = views[step[1].lower()]
-        if all(shape[0].lower() != step[1].lower() for shape in shapes):
+        view = views[final.lower()]
+        if all(shape[0].lower() != final.lower() for shape in shapes):
             key = tuple(view.names[view.positions.index(position)] for position in view.key_positions)
-            shapes.append((step[1], view.names, key))
-    return SchemaChange(tuple(kept), tuple(shapes))
+            shapes.append((final, view.names, key))
+    return SchemaChange(tuple(step for step, _final in kept), tuple(shapes))
+
+
+def names_after(steps: list) -> list[str]:
+    """For each step, the name its table has once the whole change is made
+    (a ``rename_table`` step later in the change renames it)."""
+    renamed: dict[str, str] = {}
+    finals = []
+    for step in reversed(steps):
+        if step[0] == RENAME_TABLE:
+            finals.append(renamed.get(step[2].lower(), step[2]))
+            renamed[step[1].lower()] = finals[-1]
+        else:
+            finals.append(renamed.get(step[1].lower(), step[1]))
+    return finals[::-1]
+
+
+def table_renames(steps: Iterable[list]) -> dict[str, str]:
+    """From a site's schema-change steps in order, each name a table had
+    before a ``rename_table`` (lowered) and the table's name now: what maps
+    rows logged, or sent by a peer, under an old name to the table's
+    article (docs/site-database.md, "Renaming a published table")."""
+    renames: dict[str, str] = {}
+    for step in steps:
+        if step[0] != RENAME_TABLE:
+            continue
+        old, new = step[1].lower(), step[2]
+        for earlier, current in renames.items():
+            if current.lower() == old:
+                renames[earlier] = new
+        renames[old] = new
+        renames.pop(new.lower(), None)
+    return renames
 
 
 def _publishes(verb: str, step: list, columns: tuple[str, ...] | None, view: View, indexes: dict) -> bool:
@@ -107,4 +139,4 @@ def _publishes(verb: str, step: list, columns: tuple[str, ...] | None, view: Vie
     if verb == "create_index":
         used = indexes.get(step[2], [None])
         return all(column in view.names if column is not None else columns is None for column in used)
-    return True  # create_table; drop_index of an index it may hold (DROP INDEX IF EXISTS)
+    return True  # create_table, rename_table; drop_index of an index it may hold (DROP INDEX IF EXISTS)

@@ -22,6 +22,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_SCHEMA, KIND_UPDATE
@@ -36,11 +37,13 @@ CONCERN_MIN_SUBSCRIBERS = 16
 
 def concerned(shapes: Shapes, articles: Iterable[tuple], subscriptions: Mapping[str, Iterable[tuple]],
               subscribers: Iterable[str], chunks: Iterable[tuple[int, str, list[tuple]]], after: int, *,
-              limit: int = CONCERN_ROWS) -> set[str] | None:
+              renames: Mapping[str, str] = MappingProxyType({}), limit: int = CONCERN_ROWS) -> set[str] | None:
     """Those of ``subscribers`` (their subscription rows in ``subscriptions``:
     ``remote -> [(publication, value, since, until)]``) that the capture rows
     of ``chunks`` (the log transactions after ``after``, ``(commit, origin,
-    rows)`` with every value column) can concern; None: any of them."""
+    rows)`` with every value column) can concern; None: any of them.
+    ``renames`` maps a table's names before a rename to its name now, as a
+    reader finds the article of rows logged under an old name."""
     by_table: dict[str, list[tuple[str, tuple[str, ...] | None, str | None]]] = {}
     for table, publication, columns, subscribe_by in articles:
         by_table.setdefault(table.lower(), []).append((publication, _columns(columns), subscribe_by))
@@ -61,7 +64,8 @@ def concerned(shapes: Shapes, articles: Iterable[tuple], subscriptions: Mapping[
                 origins.add(origin)
                 continue
             shape = shapes.get(row[1])
-            for publication, columns, subscribe_by in by_table.get(shape.table.lower(), ()):
+            table = shape.table.lower()
+            for publication, columns, subscribe_by in by_table.get(renames.get(table, table), ()):
                 if subscribe_by is None:
                     whole.add(publication)
                     continue

@@ -153,6 +153,11 @@ class Site(Protocol):
 
     def selection_rows(self, subscribers: Iterable[str]) -> tuple[list[Shape], list[tuple], list[tuple]]: ...
 
+    def table_renames(self) -> dict[str, str]:
+        """Each name a published table had before a schema change renamed it
+        (lowered) and the table's name now (change_rows.table_renames): what
+        a reader made elsewhere (the Spark job) needs besides selection_rows."""
+
     def check_log_range(self, after: int, until: int) -> None: ...
 
     def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:

@@ -18,6 +18,7 @@ Rules of this file:
 from __future__ import annotations
 
 from itertools import islice
+from types import MappingProxyType
 from typing import Callable, Generator, Iterator, Mapping, NamedTuple, Protocol
 
 from codec.changes import SchemaChange
@@ -69,12 +70,14 @@ class ReaderRows(NamedTuple):
     articles: list[tuple]
     subscriptions: Mapping[str, list[tuple]]
     returned_columns: Callable[[int], str | None]
+    # The site's table renames, old name -> name now (change_rows.table_renames).
+    renames: Mapping[str, str] = MappingProxyType({})
 
     def readers(self, identity: SiteIdentity, shapes: Shapes, subscribers: list[str], *, runs: bool = False
                 ) -> list[SubscriberReader]:
         """A reader for each of ``subscribers``, finding shapes in ``shapes``."""
         return SubscriberReader.many_from_rows(identity, shapes, self.shapes, self.articles, self.subscriptions,
-                                               subscribers, self.returned_columns, runs=runs)
+                                               subscribers, self.returned_columns, runs=runs, renames=self.renames)
 
 
 def concerned_indexes(source: CaptureSource, shapes: Shapes, identity: SiteIdentity, rows: ReaderRows,
@@ -91,7 +94,8 @@ def concerned_indexes(source: CaptureSource, shapes: Shapes, identity: SiteIdent
         return []  # every range is empty
     chunks = source.iter_capture(after, until)
     try:
-        found = concerned(shapes, rows.articles, rows.subscriptions, subscribers, chunks, after)
+        found = concerned(shapes, rows.articles, rows.subscriptions, subscribers, chunks, after,
+                          renames=rows.renames)
     finally:
         chunks.close()
     return every if found is None else [index for index, name in enumerate(subscribers) if name in found]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from itertools import groupby
 from operator import itemgetter
+from types import MappingProxyType
 from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Protocol
 
 from codec.changes import SchemaChange
@@ -54,6 +55,10 @@ class SelectionPlan(NamedTuple):
     # pair before) is read with those articles, one at or after the last
     # ``until`` with ``articles``.
     history: tuple[tuple[int, dict], ...] = ()
+    # Each name a published table had before a rename (lowered) and its
+    # name now (change_rows.table_renames): rows logged under an old name
+    # are read with the table's article, in the name they were logged in.
+    renames: Mapping[str, str] = MappingProxyType({})
 
 def check_subscribers(identity: SiteIdentity, known: Collection[str], subscribers: Iterable[str]) -> None:
     """Raise UnknownRemote for the first of ``subscribers`` that is not
@@ -65,14 +70,14 @@ def check_subscribers(identity: SiteIdentity, known: Collection[str], subscriber
 def _unknown(identity: SiteIdentity, subscriber: str) -> UnknownRemote:
     return UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
 
-def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple]
-                   ) -> SelectionPlan:
+def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple],
+                   renames: Mapping[str, str] = MappingProxyType({})) -> SelectionPlan:
     """The plan from the rows of ``fieldsync_article`` (table, publication,
     columns as JSON or None, subscribe_by) and the subscriber's rows of
     ``fieldsync_subscription``: (publication, value) for subscriptions that
     hold, or (publication, value, since, until) with the commit offsets
     between which each holds (``until`` None: still), which make the plan's
-    ``history``."""
+    ``history``; ``renames``, the plan's (change_rows.table_renames)."""
     articles = list(articles)
     # Only the consolidated writes rows back to an origin; at a remote the
     # subscriber's (the consolidated's) log transactions hold nothing for it.
@@ -80,7 +85,8 @@ def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subsc
     if role is Role.REMOTE:
         # The consolidated gets everything a remote publishes.
         return SelectionPlan(subscriber, {table.lower(): (_columns(columns), None, None)
-                                          for table, _publication, columns, _subscribe_by in articles}, returned_flag)
+                                          for table, _publication, columns, _subscribe_by in articles}, returned_flag,
+                             renames=renames)
     spans = [(row[0], row[1], row[2] if len(row) > 2 else 0, row[3] if len(row) > 3 else None)
              for row in subscriptions]
     current = _articles(articles, [(pub, value) for pub, value, _, until in spans if until is None])
@@ -98,7 +104,7 @@ def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subsc
         start = bound
     while history and history[-1][1] == current:  # the last spans before the change hold the current plan
         history.pop()
-    return SelectionPlan(subscriber, current, returned_flag, tuple(history))
+    return SelectionPlan(subscriber, current, returned_flag, tuple(history), renames)
 
 def _articles(articles: list[tuple], subscriptions: Iterable[tuple]
               ) -> dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]]:
@@ -131,8 +137,10 @@ def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
     for _, articles in plan.history:
         routed.update(table for table, (_, by, _) in articles.items() if by == ROUTE)
     # A follow article's rows carry their routes after the widest image.
-    return max((2 * len(shape.columns) + (2 if shape.table.lower() in routed else 0)
-                for shape in shapes if shape.table.lower() in tables), default=0)
+    renames = plan.renames
+    return max((2 * len(shape.columns) + (2 if renames.get(name, name) in routed else 0)
+                for shape in shapes for name in (shape.table.lower(),) if renames.get(name, name) in tables),
+               default=0)
 
 _SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
 
@@ -165,16 +173,19 @@ class SubscriberReader:
         self._articles = plan.articles
         self._current = plan.articles
         self._history = plan.history
+        self._renames = plan.renames
 
     @classmethod
     def many_from_rows(cls, identity: SiteIdentity, shapes: "Shapes", every_shape: Iterable[Shape],
                        articles: Iterable[tuple], subscriptions: Mapping[str, Iterable[tuple]],
                        subscribers: list[str], returned_columns: Callable[[int], str | None], *,
-                       runs: bool = False) -> list["SubscriberReader"]:
+                       runs: bool = False, renames: Mapping[str, str] = MappingProxyType({})
+                       ) -> list["SubscriberReader"]:
         """A reader for each of ``subscribers`` from a site's rows, whatever
         its backend: the article rows (ARTICLE_ROWS' columns), each
         subscriber's subscription rows ``(publication, value, since,
-        until)``, and every shape (how wide the capture rows are read)."""
+        until)``, every shape (how wide the capture rows are read) and the
+        site's table renames (change_rows.table_renames)."""
         # The article columns are parsed once, and the width is worked out
         # once per kind of plan (which tables, which routed), not per subscriber.
         articles = [(table, publication, None if columns is None else tuple(json.loads(columns)), subscribe_by)
@@ -183,7 +194,7 @@ class SubscriberReader:
         widths: dict[tuple, int] = {}
         readers = []
         for subscriber in subscribers:
-            plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()))
+            plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()), renames)
             kind = (tuple((table, by) for table, (_, by, _) in plan.articles.items()),
                     tuple(tuple((table, by) for table, (_, by, _) in held.items()) for _, held in plan.history))
             width = widths.get(kind)
@@ -219,7 +230,8 @@ class SubscriberReader:
         except KeyError:
             pass
         shape = self._shapes.get(shape_id)
-        article = self._articles.get(shape.table.lower())
+        name = shape.table.lower()
+        article = self._articles.get(self._renames.get(name, name))  # rows logged before a rename: its article
         view = None if article is None else View(shape, *article)
         self._views[shape_id] = view
         return view
@@ -266,7 +278,9 @@ class SubscriberReader:
 
     def _change(self, row: tuple) -> SchemaChange | None:
         """What of the schema change in capture ``row`` concerns the subscriber."""
-        return subscriber_change(row[4] if len(row) > 4 else None, self._articles.get, self._shapes.get,
+        articles, renames = self._articles, self._renames
+        return subscriber_change(row[4] if len(row) > 4 else None,
+                                 lambda table: articles.get(renames.get(table, table)), self._shapes.get,
                                  self.subscriber)
 
     def _returned(self, view: View, origin: str, row: tuple) -> Operation | None:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT = 4
+FORMAT = 5
 OUTPUT_FORMAT = 1
 # The driver fetches the payloads one partition at a time, as many
 # partitions as tasks, more for a large export: one for about this many
@@ -140,7 +140,8 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     articles = [(a["table"], a["publication"], a["columns"], a["subscribe_by"]) for a in job["articles"]]
     returned: dict[int, str] = {}
     readers = [SubscriberReader(plan_from_rows(sends[index]["subscriber"], role, articles,
-                                               job["subscriptions"].get(sends[index]["subscriber"], [])),
+                                               job["subscriptions"].get(sends[index]["subscriber"], []),
+                                               job["renames"]),
                                 shapes, returned.get, job["value_columns"], runs=True)
                for index in members]
     ranges = [(sends[index]["read"], sends[index]["end"]) for index in members]

@@ -50,7 +50,7 @@ async def test_seeds_with_schema_changes_find_no_divergence_double_apply_or_loss
     assert schema["seeds"] == SEEDS and schema["changes"] >= SEEDS, schema
     assert set(schema["kinds"]) == {"add customer column", "add product column", "create index", "drop index",
                                     "rename customer column", "drop customer column", "create table",
-                                    "passthrough"}, schema
+                                    "rename table", "passthrough"}, schema
     assert summary["crashes"] > 0 and summary["faults_total"] > 0
     assert summary["rounds_to_rest"]["stuck"] == 0
 
@@ -73,3 +73,18 @@ async def test_the_schema_check_finds_a_remote_in_another_shape(tmp_path):
                for problem in simulation.result.divergences), simulation.result.divergences
     assert "by_hand" in columns(path, "product")
     assert not simulation.result.ok
+
+
+async def test_the_schema_check_finds_a_remote_whose_new_tables_are_named_otherwise(tmp_path):
+    """At rest every remote holds hq's new tables under hq's names (a
+    renamed one renamed alike): a table of another name is a divergence."""
+    params = ChaosParams.random(3, rates=FaultRates(), schema=True, steps=8, crash_rate=0.0)
+    simulation = Simulation(tmp_path / "seed", params, _Templates(tmp_path / "templates"))
+    result = await simulation.run()
+    assert result.ok, result.summary()
+    with closing(sqlite3.connect(tmp_path / "seed" / "f1.db")) as conn, conn:
+        conn.execute("CREATE TABLE note_by_hand (id INTEGER PRIMARY KEY, region TEXT, body TEXT)")
+    simulation.result = ChaosResult(params)
+    simulation.check()
+    assert any(problem.startswith("f1: holds the new tables") and "note_by_hand" in problem
+               for problem in simulation.result.divergences), simulation.result.divergences

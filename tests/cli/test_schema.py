@@ -270,3 +270,52 @@ def test_a_remote_killed_while_it_applies_a_change_applies_it_once_at_its_next_r
     assert world.rows("n1", "SELECT count(*) FROM customer WHERE name = 'after the change'") != [(0,)]
     for site in ("hq", "n1", "n2"):
         assert world.rows(site, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)], site
+
+
+def test_a_remote_offline_through_a_table_rename_catches_up_exactly(agent: Agent, whole: World) -> None:
+    """hq renames a published table with data logged before and after; n1,
+    offline through it with an update under the old name, catches up: its
+    update reaches hq under the new name, and it writes under the new name."""
+    world = whole
+    world.execute("n1", "UPDATE customer SET name = 'renamed at n1' WHERE id = 1")  # n1 goes offline with it
+    world.execute("hq", "INSERT INTO customer VALUES (21, 'n1', 'before the rename', NULL)")
+    world.execute("hq", "UPDATE customer SET note = 'hq, before' WHERE id = 2")
+    renamed = agent("schema", "apply", world.hq, "ALTER TABLE customer RENAME TO client")
+    assert renamed.code == 0, renamed.err
+    assert "renamed table customer to client" in renamed.out and "hold client" in renamed.out
+    assert "must be ready" in renamed.out
+    world.execute("hq", "INSERT INTO client VALUES (23, 'n1', 'after the rename', NULL)")
+    world.execute("hq", "UPDATE client SET note = 'hq, after' WHERE id = 21")
+    assert world.rows("hq", "SELECT table_name FROM fieldsync_article") == [("client",)]
+    for _ in range(3):  # n1 stays offline through the rename
+        for database in (world.hq, world.n2):
+            assert agent("run", database, "--once").code == 0
+    assert world.rows("n2", "SELECT name FROM sqlite_master WHERE name IN ('customer', 'client')") == [("client",)]
+
+    sync(agent, world)  # n1 back: it sends its update under the old name, then catches up
+    for remote in ("n1", "n2"):
+        assert world.rows(remote, "SELECT * FROM client ORDER BY id") == world.rows(
+            "hq", f"SELECT * FROM client WHERE region = '{remote}' ORDER BY id"), remote
+        assert world.rows(remote, "SELECT count(*) FROM sqlite_master WHERE name = 'customer'") == [(0,)]
+    assert world.rows("hq", "SELECT name FROM client WHERE id IN (1, 21, 23) ORDER BY id") == [
+        ("renamed at n1",), ("before the rename",), ("after the rename",)]
+    assert world.rows("hq", "SELECT note FROM client WHERE id IN (2, 21) ORDER BY id") == [("hq, before",),
+                                                                                         ("hq, after",)]
+    for site in ("hq", "n1", "n2"):
+        assert world.rows(site, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)], site
+
+    world.execute("n1", "UPDATE client SET name = 'n1, after the rename' WHERE id = 23")
+    world.execute("n1", "INSERT INTO client VALUES (25, 'n1', 'made at n1', NULL)")
+    sync(agent, world)
+    assert world.rows("hq", "SELECT id, name FROM client WHERE id IN (23, 25) ORDER BY id") == [
+        (23, "n1, after the rename"), (25, "made at n1")]
+    assert world.rows("n2", "SELECT * FROM client ORDER BY id") == world.rows(
+        "hq", "SELECT * FROM client WHERE region = 'n2' ORDER BY id")
+
+    before = world.rows("hq", "SELECT sql FROM sqlite_master ORDER BY name")
+    for statement, problem in (("ALTER TABLE client RENAME TO customer", "was the name of a published table"),
+                               ("CREATE TABLE customer (id INTEGER PRIMARY KEY)", "was the name of a published table"),
+                               ("DROP TABLE client", "dropping a published table is refused")):
+        refused = agent("schema", "apply", world.hq, statement)
+        assert refused.code == 1 and len(refused.err_lines) == 1 and problem in refused.err, refused.err
+    assert world.rows("hq", "SELECT sql FROM sqlite_master ORDER BY name") == before

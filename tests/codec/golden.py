@@ -7,7 +7,8 @@ one.  Every folder holds the same content; a control message is written in
 version 1 whatever the folder (its bytes did not change in version 2).
 Version 3 adds schema changes: ``--schema`` made ``fixtures/messages/schema/``,
 a stream in which two of them travel between data messages; passthrough
-SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; and a
+SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; a table
+renamed: ``--rename-table`` made ``fixtures/messages/rename-table/``; and a
 control message's schema version: ``--control-schema`` made
 ``fixtures/messages/control-schema/``.
 """
@@ -271,14 +272,23 @@ def passthrough_stream() -> list[Transaction]:
 
 
 def build_passthrough() -> dict[str, bytes]:
-    return {message.name: message.data
-            for message in pack_messages(passthrough_stream(), keys=HQ, recipient="field1", incarnation=INCARNATION,
-                                         resend_count=0, start=923_200, max_size=10_000, end=923_500)}
+    return _build_around_change(passthrough_stream())
 
 
 def expected_passthrough() -> dict:
-    stream = passthrough_stream()
-    entries = [{"commit": stream[1].commit, "origin": stream[1].origin, "change": change_json(FIX_CITY)}]
+    return _expected_around_change(passthrough_stream())
+
+
+def _build_around_change(stream: list[Transaction]) -> dict[str, bytes]:
+    """The files of a stream of data, one change at 923,400, data."""
+    return {message.name: message.data
+            for message in pack_messages(stream, keys=HQ, recipient="field1", incarnation=INCARNATION,
+                                         resend_count=0, start=923_200, max_size=10_000, end=923_500)}
+
+
+def _expected_around_change(stream: list[Transaction]) -> dict:
+    change = stream[1].ops[0]
+    entries = [{"commit": stream[1].commit, "origin": stream[1].origin, "change": change_json(change)}]
     return {
         "incarnation": INCARNATION.hex(),
         "stream": [
@@ -291,6 +301,34 @@ def expected_passthrough() -> dict:
 
 def write_passthrough(force: bool) -> None:
     _write_folder(PASSTHROUGH, build_passthrough(), expected_passthrough(), force)
+
+
+# A published table renamed (format version 3): ``python -m tests.codec.golden
+# --write --rename-table`` made fixtures/messages/rename-table/ once.
+RENAME = FIXTURES / "rename-table"
+RENAME_CUSTOMER = SchemaChange(
+    (("rename_table", "customer", "client"),
+     ("add_column", "client", "phone", "\"phone\" TEXT")),
+    (("client", ("id", "name", "city", "balance", "photo", "note", "phone"), ("id",)),))
+
+
+def rename_stream() -> list[Transaction]:
+    """Data under the old name, the rename, data under the new name."""
+    return [transactions()[0], Transaction(923_400, "hq", (RENAME_CUSTOMER,)),
+            Transaction(923_500, "hq", (Operation.update("client", (1,), {"city": "Porto", "phone": None},
+                                                         {"city": "Braga", "phone": "+351 253 000 000"}),))]
+
+
+def build_rename() -> dict[str, bytes]:
+    return _build_around_change(rename_stream())
+
+
+def expected_rename() -> dict:
+    return _expected_around_change(rename_stream())
+
+
+def write_rename(force: bool) -> None:
+    _write_folder(RENAME, build_rename(), expected_rename(), force)
 
 
 # A remote's control message carrying its schema version (format version 3):
@@ -326,9 +364,11 @@ if __name__ == "__main__":
     parser.add_argument("--control-schema", action="store_true",
                         help="a control message with a schema version (version 3)")
     parser.add_argument("--passthrough", action="store_true", help="passthrough SQL to one remote (version 3)")
+    parser.add_argument("--rename-table", action="store_true", help="a published table renamed (version 3)")
     arguments = parser.parse_args()
     if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema,
-                               arguments.control_schema, arguments.passthrough].count(True) != 1:
+                               arguments.control_schema, arguments.passthrough,
+                               arguments.rename_table].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
@@ -339,5 +379,7 @@ if __name__ == "__main__":
         write_schema(arguments.force)
     elif arguments.passthrough:
         write_passthrough(arguments.force)
+    elif arguments.rename_table:
+        write_rename(arguments.force)
     else:
         write(arguments.version, arguments.force)

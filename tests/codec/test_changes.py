@@ -35,7 +35,9 @@ def entry(commit: int, items: list) -> bytes:
 
 @pytest.mark.parametrize("value, problem", [
     (((), ADD.shapes), "has no step"),
-    (((("rename_table", "customer", "x"),), ADD.shapes), "unknown step"),
+    (((("truncate_table", "customer"),), ADD.shapes), "unknown step"),
+    (((("rename_table", "customer"),), ADD.shapes), "malformed rename_table"),
+    (((("rename_table", "customer", "client"),), ADD.shapes), "exactly the tables"),
     (((("add_column", "customer", "phone"),), ADD.shapes), "malformed add_column"),
     (((("add_column", "customer", "", "x"),), ADD.shapes), "malformed add_column"),
     (((("drop_column", "customer", None),), ADD.shapes), "malformed drop_column"),
@@ -52,6 +54,17 @@ def entry(commit: int, items: list) -> bytes:
 def test_a_malformed_change_is_refused_naming_the_problem(value, problem):
     with pytest.raises(InvalidValue, match=problem):
         check_change(value)
+
+
+def test_a_renamed_table_is_named_by_its_new_name_after_the_step():
+    """A rename_table step's shape, and the steps after it, name the table
+    by its new name; the old name names no shape."""
+    steps = (("add_column", "customer", "phone", '"phone" TEXT'), ("rename_table", "customer", "client"),
+             ("drop_column", "client", "phone"))
+    change = check_change((steps, (("client", ("id", "name"), ("id",)),)))
+    assert change.tables() == ("client",)
+    with pytest.raises(InvalidValue, match="exactly the tables"):
+        check_change((steps, (("customer", ("id", "name"), ("id",)), ("client", ("id", "name"), ("id",)))))
 
 
 def test_a_passthrough_step_names_a_site_and_no_table_so_it_has_no_shape():

@@ -158,15 +158,29 @@ def test_today_encoder_still_writes_the_schema_change_stream():
 def test_the_passthrough_stream_decodes_to_the_expected_content_and_is_written_alike_today():
     """Passthrough SQL (docs/message-format.md, "Schema changes"): steps
     that name the subscriber, no shape, between data messages."""
-    root = golden.PASSTHROUGH
+    change = _check_change_stream(golden.PASSTHROUGH, golden.expected_passthrough(), golden.build_passthrough())
+    assert change["shapes"] == [] and {step[0] for step in change["steps"]} == {"passthrough"}
+
+
+def _check_change_stream(root, content: dict, files: dict[str, bytes]) -> dict:
+    """A folder of data, one change, data: it decodes to ``content``, which
+    the test code still makes, and today's encoder writes ``files`` alike.
+    Returns the change as expected.json holds it."""
     expected = json.loads((root / "expected.json").read_text())
-    assert expected == json.loads(json.dumps(golden.expected_passthrough()))
+    assert expected == json.loads(json.dumps(content))
     decoded = decode_all(root)
     assert [{"header": str(m.header), "version": m.version,
              "transactions": [_schema_entry(t) for t in m.transactions]} for m in decoded.values()] == expected["stream"]
-    change = expected["stream"][1]["transactions"][0]["change"]
-    assert change["shapes"] == [] and {step[0] for step in change["steps"]} == {"passthrough"}
-    check_rebuilt(golden.PASSTHROUGH, golden.build_passthrough(), _schema_entry)
+    check_rebuilt(root, files, _schema_entry)
+    return expected["stream"][1]["transactions"][0]["change"]
+
+
+def test_the_rename_table_stream_decodes_to_the_expected_content_and_is_written_alike_today():
+    """A published table renamed (docs/message-format.md, "Schema changes"):
+    data under the old name, the rename with a step after it on the new
+    name and the table's shape under it, data under the new name."""
+    change = _check_change_stream(golden.RENAME, golden.expected_rename(), golden.build_rename())
+    assert change["steps"][0] == ["rename_table", "customer", "client"] and change["shapes"][0][0] == "client"
 
 
 def test_a_reader_of_version_2_refuses_only_the_schema_changes(monkeypatch):

@@ -59,3 +59,11 @@ def test_only_the_subscribers_asked_about_are_named():
     insert = (1, 1, KIND_INSERT, 0, 7, "s")
     assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, ["north", "gone"], rows(insert), 0) == {"gone"}
     assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, ["nobody"], rows(insert), 0) == set()
+
+
+def test_a_row_logged_under_a_tables_old_name_concerns_its_articles_subscribers():
+    shapes = ShapeTable([Shape(3, "client", ("id", "region"), ("id",))])  # customer's name before a rename
+    insert = (1, 3, KIND_INSERT, 0, 7, "n")
+    assert concerned(shapes, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(insert), 0) == set()
+    assert concerned(shapes, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(insert), 0,
+                     renames={"client": "customer"}) == {"north"}

@@ -109,7 +109,7 @@ REFUSED = [
     ("ALTER TABLE item DROP COLUMN label", "needed by its article"),
     ("ALTER TABLE customer RENAME COLUMN region TO area", "not supported yet"),
     ("ALTER TABLE item RENAME COLUMN label TO title", "not supported yet"),
-    ("ALTER TABLE customer RENAME TO client", "renaming a published table is not supported yet"),
+    ("ALTER TABLE customer RENAME TO fieldsync_client", "fieldsync's and SQLite's own table names: refused"),
     ("UPDATE customer SET name = 'x'", "add --unchecked"),
     ("DROP TABLE item2", "add --unchecked"),
     ("PRAGMA user_version = 7", "add --unchecked"),

@@ -21,6 +21,7 @@ from agent.outbound import BatchSend
 from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
+from codec.ops import Operation
 from codec.packing import pack_messages
 from contrib.spark.job import run_job
 
@@ -151,6 +152,32 @@ def test_a_range_across_a_schema_change_is_byte_identical_to_the_agent(spark, tm
         assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
         versions = {(tmp_path / "out" / "files" / send.subscriber / name).read_bytes()[4] for name in expected}
         assert versions == {2, 3}, send.subscriber
+    site.close()
+
+
+def test_a_range_across_a_table_rename_is_byte_identical_to_the_agent(spark, tmp_path):
+    """Rows logged under a table's old name before a rename are selected by
+    the job with the table's article (export format 5's renames), as the
+    agent selects them, and the data after it under the new name."""
+    site = build_world(tmp_path, 3_000, 4, seed=13)
+    app = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 7 = 0")
+    site.apply_schema(["ALTER TABLE orders RENAME TO sale_order", "ALTER TABLE sale_order DROP COLUMN note"])
+    app.close()
+    app = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    app.execute("UPDATE sale_order SET qty = qty + 1 WHERE id % 5 = 0")
+    end = site.scan()
+    app.close()
+    sends = [BatchSend(name, 0, end, 0) for name in subscriber_names(4)]
+    export_batch(site, sends, tmp_path / "export", max_size=MAX_SIZE)
+    assert json.loads((tmp_path / "export" / "job.json").read_text())["renames"] == {"orders": "sale_order"}
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(site))
+    tables = {op.table for send in sends for transaction in site.read_log(send.subscriber, send.start, send.end)
+              for op in transaction.ops if isinstance(op, Operation)}
+    assert {"orders", "sale_order"} <= tables  # the rows logged under the old name are selected
+    for send in sends:
+        expected = agent_files(site, send)
+        assert job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
     site.close()
 
 

@@ -333,6 +333,10 @@ class PostgresSite:
         with self._transaction("reading publications for a batch export", snapshot=True) as conn:
             return reading.selection_rows(conn, self._identity, list(subscribers))
 
+    def table_renames(self) -> dict[str, str]:
+        """None: a PostgreSQL consolidated takes no schema change yet."""
+        return {}
+
     def check_log_range(self, after: int, until: int) -> None:
         """Raise as :meth:`read_log` would for the range ``(after, until]``."""
         with self._transaction("checking a log range", snapshot=True):

@@ -22,12 +22,13 @@ import json
 import sqlite3
 from typing import Iterable, NamedTuple
 
-from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, SchemaChange
+from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaChange
 from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
 from ..capture import KIND_INSERT, KIND_SCHEMA
-from ..change_rows import SCHEMA_SHAPE, SchemaChangeResult, row_value, subscriber_change
+from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, names_after, row_value, subscriber_change,
+                           table_renames)
 from ..errors import InvalidSetting, SchemaRefused, WrongRole
 from ..identity import Role, SiteIdentity
 from ._db import quote_ident
@@ -77,12 +78,14 @@ def history(conn: sqlite3.Connection) -> list[list]:
 
 
 def retired_names(steps: Iterable[list]) -> dict[str, set[str]]:
-    """By lowered table: the lowered column names its history renamed away
-    or dropped."""
+    """By lowered table (its name now): the lowered column names its
+    history renamed away or dropped, under any name it had."""
     retired: dict[str, set[str]] = {}
     for step in steps:
         if step[0] in ("rename_column", "drop_column"):
             retired.setdefault(step[1].lower(), set()).add(step[2].lower())
+        elif step[0] == RENAME_TABLE and step[1].lower() in retired:
+            retired[step[2].lower()] = retired.pop(step[1].lower())
     return retired
 
 
@@ -99,7 +102,9 @@ def apply_schema_locked(conn: sqlite3.Connection, identity: SiteIdentity, script
     refresh_changed_tables(conn)
     cut_locked(conn, identity.name)  # everything before the change, in the old shape
     catalogue = _catalogue(conn)
-    retired = retired_names(history(conn))
+    steps_before = history(conn)
+    retired = retired_names(steps_before)
+    retired_tables = set(table_renames(steps_before))
     writer = _ChangeWriter(conn, identity, catalogue, made_at)
     for number, statement in enumerate(statements, 1):
         where = f"statement {number} ({' '.join(statement.split())[:60]})"
@@ -119,7 +124,9 @@ def apply_schema_locked(conn: sqlite3.Connection, identity: SiteIdentity, script
             raise SchemaRefused(f"{where}: {error}") from None
         after = read_schema(conn)
         for step in differences(before, after):
-            _check(step, catalogue, retired, where)
+            _check(step, catalogue, retired, retired_tables, where)
+            if step[0] == RENAME_TABLE and step[1].lower() in catalogue:
+                _rename_article(conn, catalogue, retired, retired_tables, step)
             writer.add(step)
         if not writes:
             writer.statements.append(statement)  # the change's record; a data statement's rows are the log's
@@ -236,17 +243,27 @@ def _judge(found: tuple[Action, ...], catalogue: dict[str, _Article], unchecked:
     return altered, writes
 
 
-def _check(step: tuple, catalogue: dict[str, _Article], retired: dict[str, set[str]], where: str) -> None:
+def _check(step: tuple, catalogue: dict[str, _Article], retired: dict[str, set[str]], retired_tables: set[str],
+           where: str) -> None:
     """Refuse a step on a published table that the remotes, or rows still
     on their way, could not follow; note the names it retires."""
     verb, table = step[0], step[1]
+    named = step[2] if verb == RENAME_TABLE else table if verb == "create_table" else None
+    if named is not None and named.lower() in retired_tables:
+        raise SchemaRefused(f"{where}: {named} was the name of a published table before it was renamed: rows "
+                            "logged under that name may still be on their way; choose another")
     article = catalogue.get(table.lower())
     if article is None:
         return
-    if verb == "rename_table":
-        raise SchemaRefused(f"{where}: {table} is published: renaming a published table is not supported yet "
-                            f"(remove its article, rename it, publish it again)")
-    if verb in ("redefine", "drop_table"):
+    if verb == RENAME_TABLE:
+        if article.route:
+            raise SchemaRefused(f"{where}: {table} follows its parent or has rows that follow it: renaming a table "
+                                "of a follow chain is not supported yet")
+        return
+    if verb == "drop_table":  # not DROP TABLE (refused before it ran): a RENAME TO out of the application's names
+        raise SchemaRefused(f"{where}: it renames the published table {table} to one of fieldsync's and SQLite's "
+                            "own table names: refused")
+    if verb == "redefine":
         raise SchemaRefused(f"{where}: it redefines the published table {table} (its key or several columns at "
                             "once): re-keying a published table is refused")
     gone = retired.setdefault(table.lower(), set())
@@ -268,6 +285,20 @@ def _check(step: tuple, catalogue: dict[str, _Article], retired: dict[str, set[s
             raise SchemaRefused(f"{where}: {table}.{step[2]} is needed by its article (the SUBSCRIBE BY column, a "
                                 "listed or a key column, or a column a follow route names): dropping it is refused")
         gone.add(column)
+
+
+def _rename_article(conn: sqlite3.Connection, catalogue: dict[str, _Article], retired: dict[str, set[str]],
+                    retired_tables: set[str], step: tuple) -> None:
+    """A published table renamed: its article, its conflict policy, and the
+    change's own view of the catalogue and of the names retired follow it
+    (its capture is made again, a new shape, with the other tables')."""
+    _, old, new = step
+    conn.execute("UPDATE fieldsync_article SET table_name = ? WHERE table_name = ?", (new, old))
+    conn.execute("UPDATE fieldsync_conflict_policy SET table_name = ? WHERE table_name = ?", (new, old))
+    catalogue[new.lower()] = catalogue.pop(old.lower())._replace(table=new)
+    if old.lower() in retired:
+        retired[new.lower()] = retired.pop(old.lower())
+    retired_tables.add(old.lower())
 
 
 class _ChangeWriter:
@@ -293,15 +324,16 @@ class _ChangeWriter:
             self.statements = []
             return
         conn = self.conn
-        published, indexes = [], {}
-        for step in self.steps:
-            if step[1].lower() not in self.catalogue or step[0] not in _SENT:
+        published, indexes, shape_ids = [], {}, {}
+        # A table renamed in the change is published under its new name.
+        for step, final in zip(self.steps, names_after(self.steps)):
+            if final.lower() not in self.catalogue or step[0] not in _SENT:
                 continue
             if step[0] == "create_index":
                 indexes[step[2]] = list(step[4])
             published.append(_wire(step))
-        shape_ids = {step[1]: conn.execute("SELECT shape FROM fieldsync_article WHERE table_name = ?",
-                                           (step[1],)).fetchone()[0] for step in published}
+            shape_ids[final] = conn.execute("SELECT shape FROM fieldsync_article WHERE table_name = ?",
+                                            (final,)).fetchone()[0]
         offset, value = write_change(conn, self.identity, self.shapes, published, shape_ids, indexes,
                                      self.steps, self.statements, self.made_at)
         catalogue = self.catalogue
@@ -324,7 +356,7 @@ class _ChangeWriter:
 
 
 # The steps a change sends (docs/message-format.md, "Schema changes").
-_SENT = frozenset({"add_column", "rename_column", "drop_column", "create_index", "drop_index"})
+_SENT = frozenset({"add_column", "rename_column", "drop_column", RENAME_TABLE, "create_index", "drop_index"})
 
 
 def _wire(step: tuple) -> tuple:

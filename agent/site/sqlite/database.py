@@ -56,7 +56,7 @@ from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_re
 from .resubscribe import change_locked
 from .route import ARTICLE_ROWS
 from .schema import SecretStore, init_database, open_database, read_identity
-from .selection import SubscriberReader, reader_rows, selection_plan, subscriber_reader
+from .selection import SubscriberReader, reader_rows, renames, selection_plan, subscriber_reader
 from .settings import read_all_options, read_options, set_transport_locked
 
 
@@ -329,6 +329,11 @@ class SiteDatabase:
         with self._lock, self._read("reading publications for a batch export"):
             articles, subscriptions = _export_rows(self._conn, self._identity, list(subscribers))
             return all_shapes(self._conn), articles, subscriptions
+
+    def table_renames(self) -> dict[str, str]:
+        """The changes made here (the consolidated) or applied (a remote), in order."""
+        with self._lock, self._read("reading the table renames"):
+            return renames(self._conn)
 
     def check_log_range(self, after: int, until: int) -> None:
         """Raise as :meth:`read_log` would for the range ``(after, until]``."""

@@ -28,6 +28,7 @@ from ..publication_rules import (Article, Publication, Subscription, Value, as_a
                                  check_subscription_value, published_columns, subscribe_by_column)
 from ._db import format_time, parse_time
 from .capture import drop_capture, install_capture, install_moves, table_info
+from .selection import renames
 from .route import resolve
 
 
@@ -45,6 +46,9 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (publication,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {publication!r}; create it first")
     info = table_info(conn, article.table)
+    if info.name.lower() in renames(conn):  # such rows would be read, and a remote's applied, as the renamed table's
+        raise PublicationError(f"{info.name!r} was the name of a published table before a schema change renamed it; "
+                               "rows logged under that name may still be on their way: give the table another name")
     taken = conn.execute("SELECT publication FROM fieldsync_article WHERE table_name = ?", (info.name,)).fetchone()
     if taken:
         raise PublicationError(f"table {info.name!r} is already published in {taken[0]!r}; a table belongs to "

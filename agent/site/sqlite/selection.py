@@ -14,6 +14,7 @@ import json
 import sqlite3
 from typing import Callable
 
+from ..change_rows import table_renames
 from ..identity import SiteIdentity
 from ..reading import ReaderRows
 from ..selection import SelectionPlan, SubscriberReader, check_subscribers, plan_from_rows, value_columns_read
@@ -28,7 +29,15 @@ def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber:
     articles = conn.execute(ARTICLE_ROWS).fetchall()
     subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
                                  " WHERE remote = ?", (subscriber,)).fetchall()
-    return plan_from_rows(subscriber, identity.role, articles, subscriptions)
+    return plan_from_rows(subscriber, identity.role, articles, subscriptions, renames(conn))
+
+
+def renames(conn: sqlite3.Connection) -> dict[str, str]:
+    """The site's table renames (change_rows.table_renames): the changes it
+    made (the consolidated) or applied (a remote), in order."""
+    return table_renames(step for (steps,) in conn.execute(
+        "SELECT steps FROM fieldsync_schema_change WHERE instr(steps, '\"rename_table\"') ORDER BY commit_offset")
+        for step in json.loads(steps))
 
 
 def subscriber_reader(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache,
@@ -53,7 +62,7 @@ def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: l
             " WHERE remote IN (SELECT value FROM json_each(?)) ORDER BY rowid", (wanted,)):
         subscriptions.setdefault(remote, []).append((publication, value, since, until))
     return ReaderRows(all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(), subscriptions,
-                      _returned_columns(conn))
+                      _returned_columns(conn), renames(conn))
 
 
 def _returned_columns(conn: sqlite3.Connection) -> Callable[[int], str | None]:

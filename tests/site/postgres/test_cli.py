@@ -281,9 +281,10 @@ def test_schema_apply_on_a_postgresql_consolidated_is_one_line_and_changes_nothi
     assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
     with open_site(app_uri) as site:
         end = site.scan()
-    code, out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer ADD COLUMN phone text")
-    assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert "not supported on a PostgreSQL consolidated yet" in err and "Traceback" not in err
+    for statement in ("ALTER TABLE customer ADD COLUMN phone text", "ALTER TABLE customer RENAME TO client"):
+        code, out, err = agent("schema", "apply", app_uri, statement)
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert "not supported on a PostgreSQL consolidated yet" in err and "Traceback" not in err
     with connect(app_uri) as conn:
         columns = [row[0] for row in conn.execute("SELECT column_name FROM information_schema.columns WHERE"
                                                   " table_name = 'customer' ORDER BY ordinal_position")]

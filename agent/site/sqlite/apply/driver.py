@@ -198,11 +198,16 @@ class Applier:
                     raise ApplyRefused(f"transaction {commit} from {peer!r} is a schema change: a remote makes "
                                        "none; nothing applied")
                 self._schema.apply(peer, commit, change, batch.now, own=identity.name)
+                if batch.pending:
+                    self._pending.renamed(batch.pending, change)
                 if change.steps[0][0] == PASSTHROUGH:  # its writes are this site's own changes
                     end = cut_locked(conn, identity.name, end)
                 applied += 1
                 continue
-            self._apply_operations(transaction.ops, batch, consolidated)
+            ops = transaction.ops
+            if consolidated and self._reshape.renames:  # a table renamed since the peer logged them
+                ops = self._reshape.tables(ops)
+            self._apply_operations(ops, batch, consolidated)
             if batch.deferred:
                 self._settle(batch, consolidated)
             if batch.parents_back:

@@ -7,6 +7,8 @@ Rules of this file:
 * Pending rows are read from the remote's own log transactions after what
   the consolidated confirmed, once while nothing new is confirmed
   (:meth:`Pending.own_changes` keeps and extends its result).
+* Pending rows are by table under its name of now: a row this remote
+  logged before it applied a rename of its table is the renamed table's.
 * :class:`Pending` is given the connection, the shapes, the statements and
   the key moves (a remote takes a key the consolidated moves a row onto).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import sqlite3
 from operator import itemgetter
 
+from codec.changes import RENAME_TABLE, SchemaChange
 from codec.ops import OpKind
 
 from ...apply.batch import Batch, KEY_TAKEN, MOVES_FOLLOWED, Own, key_after, set_aside
@@ -24,6 +27,7 @@ from ...capture import (FLAG_CONCURRENT_DELETE, FLAG_PENDING_MOVE, FLAG_WITH_PAR
 from ...values import operation_problem
 from ..capture import ShapeCache, write_capture_row
 from ..route import parent_missing
+from ..selection import renames as table_renames
 from .keymoves import KeyMoves
 from .statements import SqliteTable, Statements, refused_by_key
 
@@ -37,8 +41,8 @@ class Pending:
         self._shapes = shapes
         self._statements = statements
         self._key_moves = key_moves
-        # own_changes' last result: (confirmed, end, pending rows).
-        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]]] | None = None
+        # own_changes' last result: (confirmed, end, pending rows, the table renames they were read with).
+        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]], dict[str, str]] | None = None
 
     def own_changes(self, site: str, confirmed: int, end: int) -> dict[str, dict[tuple, Own]]:
         """The own changes of this remote (``site``) in its log after
@@ -49,14 +53,15 @@ class Pending:
         rolled-back apply cut it once more, changes nothing)."""
         conn = self._conn
         kept = self._own_kept
-        if kept is not None and kept[0] == confirmed and kept[1] <= end:
+        renames = table_renames(conn)
+        if kept is not None and kept[0] == confirmed and kept[1] <= end and kept[3] == renames:
             start, pending = kept[1], kept[2]
         else:
             start, pending = confirmed, {}
         spans = conn.execute("SELECT first_seq, commit_offset FROM fieldsync_log WHERE commit_offset > ?"
                              " AND commit_offset <= ? AND origin = ? ORDER BY commit_offset",
                              (start, end, site)).fetchall()
-        self._own_kept = (confirmed, end, pending)
+        self._own_kept = (confirmed, end, pending, renames)
         captured = [row for first, last in spans for row in conn.execute(
             "SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq", (first, last))]
         # The consolidated's changes of the key of pending rows, as applied here.
@@ -66,7 +71,8 @@ class Pending:
             captured = sorted([*captured, *moves], key=itemgetter(0))
         for row in captured:
             shape = self._shapes.get(row[1])
-            rows = pending.setdefault(shape.table.lower(), {})
+            name = shape.table.lower()
+            rows = pending.setdefault(renames.get(name, name).lower(), {})
             columns = shape.columns
             width = len(columns)
             positions = shape.key_positions
@@ -114,6 +120,13 @@ class Pending:
                     own.seqs.update(dict.fromkeys(changed, row[0]))
                 own.deleted = False
         return pending
+
+    @staticmethod
+    def renamed(pending: dict[str, dict[tuple, Own]], change: SchemaChange) -> None:
+        """A batch's pending rows after ``change`` renamed their table."""
+        for step in change.steps:
+            if step[0] == RENAME_TABLE and step[1].lower() in pending:
+                pending[step[2].lower()] = pending.pop(step[1].lower())
 
     def apply_one(self, table: SqliteTable, op: tuple, own: Own, batch: Batch) -> None:
         """Apply an operation of the consolidated to a row this remote changed

@@ -7,6 +7,10 @@ Rules of this file:
   to the new name; dropped, its value is dropped.  A retired name is never
   given again (agent/site/sqlite/changes.py), so such a name always means the
   old column.
+* A table an operation names that was renamed since is followed through
+  the same history (agent.site.change_rows.table_renames) to its name of
+  now, before anything else looks at the operation; a retired table name
+  is never given again either.
 * A column added since is not named: an INSERT gives it its default, an
   UPDATE leaves it as it is.  An UPDATE left with nothing to write (it
   wrote dropped columns only) changes nothing.
@@ -18,8 +22,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from codec.ops import OpKind
+from codec.changes import RENAME_TABLE
+from codec.ops import OpKind, Run
 
+from ...change_rows import table_renames
 from ..changes import history
 from .statements import SqliteTable
 
@@ -27,12 +33,14 @@ _DROPPED = object()
 
 
 class Reshape:
-    """The consolidated's history of renamed and dropped columns, by table."""
+    """The consolidated's history of renamed tables, and of renamed and
+    dropped columns by table (its name now)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._seen: object = -1
         self._moves: dict[str, list[list]] = {}
+        self.renames: dict[str, str] = {}
 
     def refresh(self) -> None:
         """Read the history again when a change was made since (once per batch)."""
@@ -41,9 +49,29 @@ class Reshape:
         if top != self._seen:
             self._seen = top
             self._moves = {}
-            for step in history(self._conn):
+            steps = history(self._conn)
+            for step in steps:
                 if step[0] in ("rename_column", "drop_column"):
                     self._moves.setdefault(step[1].lower(), []).append(step)
+                elif step[0] == RENAME_TABLE and step[1].lower() in self._moves:
+                    self._moves[step[2].lower()] = self._moves.pop(step[1].lower())
+            self.renames = table_renames(steps)
+
+    def tables(self, ops: tuple) -> tuple:
+        """``ops`` (operations and runs) with each table renamed since under
+        its name of now (the others as they are)."""
+        renames = self.renames
+        renamed = []
+        for op in ops:
+            table = op.table if type(op) is Run else op[0] if isinstance(op, tuple) and op else None
+            name = renames.get(table.lower()) if type(table) is str else None  # a malformed one stays so
+            if name is None:
+                renamed.append(op)
+            elif type(op) is Run:
+                renamed.append(op._replace(table=name))
+            else:
+                renamed.append((name, *op[1:]))
+        return tuple(renamed)
 
     def operations(self, table: SqliteTable, ops: list) -> list | None:
         """``ops`` (of ``table``, naming columns it no longer has) in its

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from codec.changes import PASSTHROUGH, SchemaChange
+from codec.changes import PASSTHROUGH, RENAME_TABLE, SchemaChange
 
 from ... import points
 from ...errors import SchemaConflict, SchemaRefused
@@ -35,6 +35,9 @@ from ..publications import add_article_locked, create_publication_locked
 from .statements import Statements
 
 _ALTERS = ("add_column", "rename_column", "drop_column")
+# Steps whose table's capture triggers go before they run and are made again
+# after (a renamed table's would keep their old names and capture twice).
+_RECAPTURED = (*_ALTERS, RENAME_TABLE)
 
 
 class SchemaSteps:
@@ -52,7 +55,7 @@ class SchemaSteps:
         if any(step[0] == PASSTHROUGH for step in change.steps):
             self._passthrough(peer, commit, change, now, own)
             return
-        for table in {step[1] for step in change.steps if step[0] in _ALTERS}:
+        for table in {step[1] for step in change.steps if step[0] in _RECAPTURED}:
             drop_capture(conn, table)  # SQLite refuses to drop a column a trigger names; made again below
         for step in change.steps:
             try:
@@ -113,6 +116,9 @@ class SchemaSteps:
             conn.execute(f"ALTER TABLE {table} RENAME COLUMN {quote_ident(step[2])} TO {quote_ident(step[3])}")
         elif verb == "drop_column":
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {quote_ident(step[2])}")
+        elif verb == RENAME_TABLE:
+            conn.execute(f"ALTER TABLE {table} RENAME TO {quote_ident(step[2])}")
+            conn.execute("UPDATE fieldsync_article SET table_name = ? WHERE table_name = ?", (step[2], step[1]))
         elif verb == "drop_index":
             conn.execute(f"DROP INDEX IF EXISTS {quote_ident(step[2])}")
         elif verb == "create_index":
@@ -141,7 +147,8 @@ class SchemaSteps:
 def _text(step: tuple) -> str:
     verb, table = step[0], step[1]
     return f"{verb.replace('_', ' ')} {table}" + (f".{step[2]}" if verb in _ALTERS else
-                                                   f" ({step[2]})" if verb.endswith("index") else "")
+                                                   f" ({step[2]})" if verb.endswith("index") else
+                                                   f" to {step[2]}" if verb == RENAME_TABLE else "")
 
 
 def record_conflict(conn: sqlite3.Connection, peer: str, conflict: SchemaConflict, now: str) -> None:

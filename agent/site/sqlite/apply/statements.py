@@ -28,6 +28,7 @@ from ...capture import Shape
 from .._db import quote_ident
 from ..capture import ShapeCache, trigger_names
 from ..route import Follow, NO_PARENT, apply_triggers, follows, install_apply_triggers
+from ..selection import renames
 
 
 def refused_by_key(error: sqlite3.IntegrityError) -> bool:
@@ -137,11 +138,16 @@ class Statements:
         return table
 
     def table_shapes(self, table: SqliteTable) -> tuple[int, ...]:
-        shapes = self._shape_ids.get(table.name.lower())
+        """The shapes of ``table``'s capture rows, those logged under a name
+        it had before a rename included."""
+        lowered = table.name.lower()
+        shapes = self._shape_ids.get(lowered)
         if shapes is None:
+            names = [lowered, *(old for old, new in renames(self._conn).items() if new.lower() == lowered)]
             shapes = tuple(row[0] for row in self._conn.execute(
-                "SELECT id FROM fieldsync_shape WHERE table_name = ? COLLATE NOCASE ORDER BY id", (table.name,)))
-            self._shape_ids[table.name.lower()] = shapes
+                f"SELECT id FROM fieldsync_shape WHERE lower(table_name) IN ({', '.join('?' * len(names))})"
+                " ORDER BY id", names))
+            self._shape_ids[lowered] = shapes
         return shapes
 
     def select(self, table: SqliteTable, key: tuple) -> dict | None:
