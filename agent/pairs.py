@@ -42,9 +42,9 @@ ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_recei
               "peer_confirmed", "probes", "confirm_owed", "peer_schema_version")
 # Protocol state kept beside the database (agent bookkeeping, not replicated state).
 EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
-_row_values = attrgetter(*ROW_FIELDS)
 # What identifies one stream of a pair: a change starts a new one.
 _STREAM_FIELDS = ("resend_count", "rereceive_count", "peer_incarnation")
+_row_values, _file_values = attrgetter(*ROW_FIELDS), attrgetter(*EXTRA_FIELDS, *_STREAM_FIELDS)  # one step a pair
 
 
 @dataclass(slots=True)
@@ -124,8 +124,6 @@ class PairStore:
         self._loaded_at = marker
         return changed
 
-    # -- saving --------------------------------------------------------------------------
-
     @staticmethod
     def dirty(peer: Peer, *, heard: bool = True) -> bool:
         """Whether the pair's state changed since it was last saved;
@@ -155,13 +153,13 @@ class PairStore:
             if state.heard_at is not None and (before is None or before.heard_at != state.heard_at) \
                     and peer.protocol.stopped is None:
                 heard.append(peer.name)
-            changes = {name: getattr(state, name) for name in ROW_FIELDS
-                       if before is None or getattr(before, name) != getattr(state, name)}
+            olds = (None,) * len(ROW_FIELDS) if before is None else _row_values(before)
+            changes = {name: value for name, value, old in zip(ROW_FIELDS, _row_values(state), olds)
+                       if before is None or value != old}
             changes.pop("log_received", None)  # moves only together with applied data
             if changes:
                 rows[peer.name] = changes
-            if before is None or any(getattr(before, name) != getattr(state, name)
-                                     for name in EXTRA_FIELDS + _STREAM_FIELDS):
+            if before is None or _file_values(before) != _file_values(state):
                 extras: dict[str, Any] = {name: getattr(state, name) for name in EXTRA_FIELDS}
                 extras["stream"] = stream_key(state)
                 files.append((peer, extras))
