@@ -216,12 +216,6 @@ def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
             errors[index] = checked[key]  # type: ignore[assignment]
         else:
             chosen.append(index)
-    if chosen:
-        # Most idle peers' new range holds nothing for them: readers are made
-        # and packers run only for the sends it can concern (agent.site.concern).
-        concerned = db.concerned_reads([(sends[index].subscriber, sends[index].read_start, sends[index].end)
-                                        for index in chosen])
-        chosen = [chosen[position] for position in concerned]
 
     def packer_for(group: list[int], position: int) -> MessagePacker:
         send = sends[group[position]]

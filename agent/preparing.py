@@ -50,6 +50,9 @@ class Prepared:
     packed: Packed | None = None
 
 
+_NOTHING = Packed(0, None)  # a range that holds nothing for its peer: no message (rule 5)
+
+
 class Preparer:
     """Makes the files of sends, for one agent's send path."""
 
@@ -63,13 +66,23 @@ class Preparer:
         batch whose files they are, to be closed once recorded."""
         if not sends:
             return {}, False, None
+        # A send whose range holds nothing for its peer (most of a fleet's,
+        # when a few rows changed) is prepared empty, with no reader or packer.
+        chosen = await asyncio.to_thread(self.outbox.db.concerned_reads,
+                                         [(peer.name, send.read_start, send.end) for peer, send in sends])
+        prepared = {peer.name: Prepared(send, packed=_NOTHING) for peer, send in sends}
+        sends = [sends[index] for index in chosen]
+        if not sends:
+            return prepared, False, None
         batch, failed = await self._spark_batch(sends)
         if failed:
             return {}, True, None
         if batch is not None:
-            return {peer.name: Prepared(send, files=batch.files[peer.name]) for peer, send in sends}, False, batch
+            prepared.update((peer.name, Prepared(send, files=batch.files[peer.name])) for peer, send in sends)
+            return prepared, False, batch
         packed = await asyncio.to_thread(self._pack_local, sends)
-        return {peer.name: Prepared(send, packed=outcome) for (peer, send), outcome in zip(sends, packed)}, False, None
+        prepared.update((peer.name, Prepared(send, packed=outcome)) for (peer, send), outcome in zip(sends, packed))
+        return prepared, False, None
 
     def queued(self, peer: Peer, send: SendData, prepared: Prepared | None) -> int | BaseException:
         """Blocking: make sure the files of ``send`` are queued (a Spark

@@ -89,16 +89,26 @@ def concerned_indexes(source: CaptureSource, shapes: Shapes, identity: SiteIdent
     every = list(range(len(subscribers)))
     if identity.role is not Role.CONSOLIDATED or len(subscribers) < CONCERN_MIN_SUBSCRIBERS:
         return every
-    after, until = min(start for start, _ in ranges), max(end for _, end in ranges)
-    if until <= after:
-        return []  # every range is empty
-    chunks = source.iter_capture(after, until)
-    try:
-        found = concerned(shapes, rows.articles, rows.subscriptions, subscribers, chunks, after,
-                          renames=rows.renames)
-    finally:
-        chunks.close()
-    return every if found is None else [index for index, name in enumerate(subscribers) if name in found]
+    # A range the log cannot serve is named, for its read to say so.
+    bad: set[tuple[int, int]] = set()
+    for start, end in set(ranges):
+        try:
+            resolve_range(source, start, end)
+        except LogOffsetError:  # LogTruncated too
+            bad.add((start, end))
+    good = [bounds for bounds in ranges if bounds not in bad]
+    found: set[str] | None = set()
+    if good and max(end for _, end in good) > min(start for start, _ in good):
+        after = min(start for start, _ in good)
+        chunks = source.iter_capture(after, max(end for _, end in good))
+        try:
+            found = concerned(shapes, rows.articles, rows.subscriptions, subscribers, chunks, after,
+                              renames=rows.renames)
+        finally:
+            chunks.close()
+    if found is None:
+        return every
+    return [index for index, name in enumerate(subscribers) if name in found or ranges[index] in bad]
 
 
 def resolve_range(source: CaptureSource, after: int, until: int | None) -> int:

@@ -93,3 +93,13 @@ def test_no_subscriber_a_read_yields_for_is_left_out(backend, hq):
             found, needed = concerned(hq, after, end), yielding(hq, after, end)
             assert needed <= found, (after, end)
     assert concerned(hq, offsets[-2], offsets[-1]) < set(names())  # one step concerns few
+
+
+def test_a_range_the_log_cannot_serve_is_named_for_its_read_to_say_so(backend, hq):
+    app = backend.app()
+    start = hq.scan()
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ana', 'g3')")
+    end = hq.scan()
+    reads = [(name, start, end) for name in names()]
+    reads[7] = (reads[7][0], start, end + 5)  # beyond the log end
+    assert hq.concerned_reads(reads) == [3, 7]
