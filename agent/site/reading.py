@@ -80,15 +80,20 @@ class ReaderRows(NamedTuple):
                                                subscribers, self.returned_columns, runs=runs, renames=self.renames)
 
 
-def concerned_indexes(source: CaptureSource, shapes: Shapes, identity: SiteIdentity, rows: ReaderRows,
-                      subscribers: list[str], ranges: list[tuple[int, int]]) -> list[int]:
-    """The indexes of those of ``subscribers`` (with their checked
-    ``ranges``) that their ranges can concern (agent.site.concern): at a
-    consolidated of thousands, a few changed rows concern a few of them,
-    and only those need a reader; the others' reads would yield nothing."""
+def worth_a_look(identity: SiteIdentity, reads: int) -> bool:
+    """Whether :func:`concerned_indexes` is asked at all: at a consolidated,
+    for many reads (a remote reads for its consolidated alone)."""
+    return identity.role is Role.CONSOLIDATED and reads >= CONCERN_MIN_SUBSCRIBERS
+
+
+def concerned_indexes(source: CaptureSource, shapes: Shapes, rows: ReaderRows, subscribers: list[str],
+                      ranges: list[tuple[int, int]]) -> list[int]:
+    """The indexes of those of ``subscribers`` (with their ``ranges``) that
+    their ranges can concern (agent.site.concern): at a consolidated of
+    thousands, a few changed rows concern a few of them, and only those
+    need a reader; the others' reads would yield nothing.  ``rows`` may
+    hold every remote's subscription rows."""
     every = list(range(len(subscribers)))
-    if identity.role is not Role.CONSOLIDATED or len(subscribers) < CONCERN_MIN_SUBSCRIBERS:
-        return every
     # A range the log cannot serve is named, for its read to say so.
     bad: set[tuple[int, int]] = set()
     for start, end in set(ranges):

@@ -38,14 +38,16 @@ def article_rows(conn: psycopg.Connection) -> list[tuple]:
     return sorted(rows, key=lambda row: table_order(row[0]))
 
 
-def subscription_rows(conn: psycopg.Connection, remotes: Iterable[str]) -> dict[str, list[tuple]]:
-    """The subscriptions of ``remotes``, ended ones included, as ``remote ->
-    [(publication, value, since, until)]`` by publication and age."""
-    found: dict[str, list[tuple]] = {name: [] for name in remotes}
+def subscription_rows(conn: psycopg.Connection, remotes: Iterable[str] | None) -> dict[str, list[tuple]]:
+    """The subscriptions of ``remotes`` (None: of every remote), ended ones
+    included, as ``remote -> [(publication, value, since, until)]`` by
+    publication and age."""
+    found: dict[str, list[tuple]] = {} if remotes is None else {name: [] for name in remotes}
+    where, parameters = ("", ()) if remotes is None else (" WHERE remote = ANY(%s)", (list(found),))
     for remote, publication, *values, since, until in conn.execute(
-            f"SELECT remote, publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription"
-            ' WHERE remote = ANY(%s) ORDER BY remote, publication COLLATE "C", id', (list(found),)):
-        found[remote].append((publication, stored_value(*values), since, until))
+            f"SELECT remote, publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription{where}"
+            ' ORDER BY remote, publication COLLATE "C", id', parameters):
+        found.setdefault(remote, []).append((publication, stored_value(*values), since, until))
     return found
 
 
@@ -69,9 +71,11 @@ def readers(conn: psycopg.Connection, identity: SiteIdentity, shapes: Shapes, su
                                            subscribers, rows.returned_columns, runs=runs)
 
 
-def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]) -> ReaderRows:
-    """What readers for ``subscribers`` are made from (agent.site.reading.ReaderRows)."""
-    check_remotes(conn, identity, subscribers)
+def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str] | None) -> ReaderRows:
+    """What readers for ``subscribers`` are made from (agent.site.reading.ReaderRows);
+    None: every remote's rows, unchecked (a look at which a range concerns)."""
+    if subscribers is not None:
+        check_remotes(conn, identity, subscribers)
     return ReaderRows(every_shape(conn), article_rows(conn), subscription_rows(conn, subscribers),
                       returned_columns(conn))
 

@@ -45,7 +45,7 @@ from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from ..reading import (LoggedOperation, concerned_indexes, read_fanout, read_operations, read_transactions,
-                       resolve_range)
+                       resolve_range, worth_a_look)
 from ..fanout import FANOUT_HOLD
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..selection import SubscriberReader
@@ -314,13 +314,15 @@ class PostgresSite:
         return read_fanout(self._source, readers, ranges, hold=hold, piece=piece)
 
     def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:
-        """The indexes of ``reads`` ``(subscriber, after, until)``, ranges
-        checked, that can yield anything (SiteDatabase.concerned_reads)."""
+        """The indexes of ``reads`` ``(subscriber, after, until)`` that can
+        yield anything, or whose range the log cannot serve
+        (SiteDatabase.concerned_reads)."""
         names = [name for name, _, _ in reads]
+        if not worth_a_look(self._identity, len(names)):
+            return list(range(len(names)))
         with self._transaction(f"finding what the log holds for {len(reads)} subscribers", snapshot=True) as conn:
-            rows = reading.reader_rows(conn, self._identity, names)
-        return concerned_indexes(self._source, self._source, self._identity, rows, names,
-                                 [(after, until) for _, after, until in reads])
+            rows = reading.reader_rows(conn, self._identity, None)
+        return concerned_indexes(self._source, self._source, rows, names, [(after, until) for _, after, until in reads])
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._transaction(f"preparing to read the log for {subscriber!r}", snapshot=True) as conn:

@@ -34,7 +34,7 @@ from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
 from ..publication_rules import Article, Publication, Subscription, SubscriptionChange, Value
 from ..reading import (LoggedOperation, concerned_indexes, read_fanout, read_operations, read_transactions,
-                       resolve_range)
+                       resolve_range, worth_a_look)
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
 from ..fanout import FANOUT_HOLD
 from ..settings import SITE_SCOPE
@@ -305,15 +305,16 @@ class SiteDatabase:
         return read_fanout(self._source, readers, ranges, hold=hold, piece=piece)
 
     def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:
-        """The indexes of ``reads`` ``(subscriber, after, until)``, their
-        ranges checked, whose read can yield anything: a superset, found
-        from one look at the ranges' capture rows (agent.site.concern), so
-        that a send phase makes readers only for those."""
+        """The indexes of ``reads`` ``(subscriber, after, until)`` whose read
+        can yield anything, or whose range the log cannot serve: a superset,
+        found from one look at the ranges' capture rows (agent.site.concern),
+        so that a send phase makes readers only for those."""
         names = [name for name, _, _ in reads]
+        if not worth_a_look(self._identity, len(names)):
+            return list(range(len(names)))
         with self._lock, self._read(f"finding what the log holds for {len(reads)} subscribers"):
-            rows = reader_rows(self._conn, self._identity, names)
-        return concerned_indexes(self._source, self._shapes, self._identity, rows, names,
-                                 [(after, until) for _, after, until in reads])
+            rows = reader_rows(self._conn, self._identity, None)
+        return concerned_indexes(self._source, self._shapes, rows, names, [(after, until) for _, after, until in reads])
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):

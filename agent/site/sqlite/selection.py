@@ -49,17 +49,22 @@ def subscriber_reader(conn: sqlite3.Connection, identity: SiteIdentity, shapes: 
     return SubscriberReader(plan, shapes, _returned_columns(conn), value_columns_read(all_shapes(conn), plan))
 
 
-def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]) -> ReaderRows:
-    """What readers for ``subscribers`` are made from (agent.site.reading.ReaderRows)."""
+def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str] | None) -> ReaderRows:
+    """What readers for ``subscribers`` are made from (agent.site.reading.ReaderRows);
+    None: every remote's rows, unchecked (a look at which a range concerns)."""
     # Only the subscribers' own rows are read (a group of a send phase at a
     # consolidated of 100,000 is a few thousand of them).
-    wanted = json.dumps(subscribers)
-    check_subscribers(identity, {name for (name,) in conn.execute(
-        "SELECT name FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))", (wanted,))}, subscribers)
+    where, parameters = "", ()
+    if subscribers is not None:
+        wanted = json.dumps(subscribers)
+        check_subscribers(identity, {name for (name,) in conn.execute(
+            "SELECT name FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))", (wanted,))},
+            subscribers)
+        where, parameters = " WHERE remote IN (SELECT value FROM json_each(?))", (wanted,)
     subscriptions: dict[str, list[tuple]] = {}
     for remote, publication, value, since, until in conn.execute(
-            "SELECT remote, publication, value, since, until FROM fieldsync_subscription"
-            " WHERE remote IN (SELECT value FROM json_each(?)) ORDER BY rowid", (wanted,)):
+            f"SELECT remote, publication, value, since, until FROM fieldsync_subscription{where} ORDER BY rowid",
+            parameters):
         subscriptions.setdefault(remote, []).append((publication, value, since, until))
     return ReaderRows(all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(), subscriptions,
                       _returned_columns(conn), renames(conn))
