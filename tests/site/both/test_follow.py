@@ -1,0 +1,190 @@
+"""Rows that follow their parent, on a consolidated of either backend
+(docs/site-database.md, "Rows that follow their parent"; docs/postgres.md,
+"Rows that follow their parent"): ``customer@rep``, ``orders@->customer``,
+``order_line@->orders``, two SQLite remotes made by extraction, rounds by
+hand (tests/site/conftest.py's ``replicate``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.site import Article, SiteDatabase
+from agent.site.errors import PublicationError
+from codec.ops import OpKind
+from tests.site.sessions import App
+
+from ..conftest import app_connection, replicate, table_rows
+
+TABLES = (
+    "DROP TABLE customer",
+    "CREATE TABLE customer (id integer PRIMARY KEY, name text, rep integer)",
+    "CREATE TABLE orders (id integer PRIMARY KEY, customer_id integer REFERENCES customer (id), note text)",
+    "CREATE TABLE order_line (id integer PRIMARY KEY, order_id integer REFERENCES orders (id), qty integer)",
+)
+REPS = {"rep1": 1, "rep2": 2}
+ARTICLES = [Article("customer", subscribe_by="rep"), Article("orders", follows="customer"),
+            Article("order_line", follows="orders")]
+
+
+def seed(app: App) -> None:
+    app.run(*[("INSERT INTO customer VALUES (%s, %s, %s)", (number, f"c{number}", 1 + number % 2))
+              for number in range(1, 7)])
+    app.run(*[("INSERT INTO orders VALUES (%s, %s, %s)", (number, 1 + number % 6, f"o{number}"))
+              for number in range(10, 22)])
+    app.run(*[("INSERT INTO order_line VALUES (%s, %s, %s)", (number, 10 + number % 12, number))
+              for number in range(100, 136)])
+
+
+class World:
+    def __init__(self, backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+        self.backend = backend
+        self.hq = backend.site
+        self.app = backend.app()
+        self.app.run(*TABLES)
+        self.hq.create_publication("sales", ARTICLES)
+        seed(self.app)
+        self.remotes: dict[str, SiteDatabase] = {}
+        for name, rep in REPS.items():
+            self.hq.add_remote(name)
+            self.hq.subscribe(name, "sales", rep)
+            self.hq.extract(name, tmp_path / f"{name}.db")
+            self.remotes[name] = SiteDatabase.open(tmp_path / f"{name}.db")
+        self.apps = {name: App(app_connection(remote), True) for name, remote in self.remotes.items()}
+
+    def held(self, name: str) -> dict[str, list[tuple]]:
+        """What remote ``name`` holds of each table."""
+        return {table: table_rows(self.remotes[name], table) for table in ("customer", "orders", "order_line")}
+
+    def owed(self, rep: int) -> dict[str, list[tuple]]:
+        """What the subscriber of ``rep`` must hold: its customers, their
+        orders, and those orders' lines, as the consolidated holds them."""
+        return {
+            "customer": self.backend.rows("customer", "*", f"WHERE rep = {rep}"),
+            "orders": self.backend.rows("orders", "*", "WHERE customer_id IN (SELECT id FROM customer"
+                                                      f" WHERE rep = {rep})"),
+            "order_line": self.backend.rows("order_line", "*", "WHERE order_id IN (SELECT o.id FROM orders o"
+                                                              " JOIN customer c ON c.id = o.customer_id"
+                                                              f" WHERE c.rep = {rep})"),
+        }
+
+    def full_round(self) -> None:
+        """Every remote to the consolidated, then the consolidated to each."""
+        remotes = list(self.remotes.values())
+        for publisher, subscriber in [(remote, self.hq) for remote in remotes] + [(self.hq, r) for r in remotes]:
+            replicate(publisher, subscriber)
+
+    def assert_converged(self) -> None:
+        for name, rep in REPS.items():
+            assert self.held(name) == self.owed(rep), name
+        assert self.hq.apply_errors() == () and all(r.apply_errors() == () for r in self.remotes.values())
+
+    def close(self) -> None:
+        for app in self.apps.values():
+            app.close()
+        for remote in self.remotes.values():
+            remote.close()
+
+
+@pytest.fixture
+def world(backend, tmp_path):
+    made = World(backend, tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_extraction_gives_each_remote_exactly_its_customers_orders_and_lines(world):
+    for name, rep in REPS.items():
+        held = world.held(name)
+        assert held == world.owed(rep) and all(held.values()), name
+    assert [(article.table, article.follows) for article in world.hq.publications()[0].articles] == [
+        ("customer", None), ("order_line", "orders"), ("orders", "customer")]
+
+
+def test_a_moved_customer_takes_its_orders_and_lines_and_new_rows_reach_their_parents_subscribers(world):
+    moved = world.backend.rows("orders", "id", "WHERE customer_id = 2")
+    assert moved and world.held("rep1")["customer"][0][0] == 2  # customer 2 is rep 1's, with orders
+    world.app.run("UPDATE customer SET rep = 2 WHERE id = 2",
+                  ("INSERT INTO order_line VALUES (%s, %s, %s)", (500, moved[0][0], 5)))
+    # At rep 2 (before it hears of the move): an order with a line for its customer 1.
+    world.apps["rep2"].run("INSERT INTO orders VALUES (900, 1, 'from rep2')",
+                           "INSERT INTO order_line VALUES (901, 900, 1)")
+    world.full_round()
+    world.assert_converged()
+    rep1 = world.held("rep1")
+    assert 2 not in [row[0] for row in rep1["customer"]]
+    assert not {row[0] for row in rep1["orders"]} & {row[0] for row in moved}
+    assert 500 not in [row[0] for row in rep1["order_line"]]
+    rep2 = world.held("rep2")
+    assert (500, moved[0][0], 5) in rep2["order_line"] and (900, 1, "from rep2") in rep2["orders"]
+    assert (901, 900, 1) in rep2["order_line"]
+    world.full_round()  # a quiet round changes nothing
+    world.assert_converged()
+
+
+def test_a_move_is_one_log_transaction_children_before_parents(world):
+    end = world.hq.scan()
+    world.app.run("UPDATE customer SET rep = 2 WHERE id = 2")
+    world.hq.scan()
+    [lost] = list(world.hq.read_log("rep1", end))
+    kinds = [(op.table, op.kind) for op in lost.ops]
+    assert {kind for _table, kind in kinds} == {OpKind.DELETE}
+    tables = [table for table, _kind in kinds]
+    assert tables.index("customer") > max(i for i, t in enumerate(tables) if t == "orders") > max(
+        i for i, t in enumerate(tables) if t == "order_line")
+    [gained] = list(world.hq.read_log("rep2", end))
+    assert {op.kind for op in gained.ops} == {OpKind.INSERT}
+    assert sorted({op.table for op in gained.ops}) == ["customer", "order_line", "orders"]
+
+
+def test_an_order_handed_to_another_customer_moves_with_its_lines(world):
+    order = world.backend.rows("orders", "id", "WHERE customer_id = 2")[0][0]  # rep 1's customer
+    world.app.run(f"UPDATE orders SET customer_id = 1 WHERE id = {order}")  # rep 2's
+    world.full_round()
+    world.assert_converged()
+    assert order in [row[0] for row in world.held("rep2")["orders"]]
+    assert order not in [row[0] for row in world.held("rep1")["orders"]]
+
+
+def test_a_remotes_child_of_a_parent_missing_at_the_consolidated_is_an_apply_error_there(world):
+    world.apps["rep1"].run("INSERT INTO orders VALUES (950, 77, 'no such customer')")
+    replicate(world.remotes["rep1"], world.hq)
+    errors = world.hq.apply_errors()
+    assert len(errors) == 1 and errors[0].table == "orders"
+    assert world.backend.rows("orders", "id", "WHERE id = 950") == []
+
+
+def test_a_follow_article_is_refused_without_its_parent_or_key(backend):
+    backend.app().run(*TABLES, "CREATE TABLE note (id integer PRIMARY KEY, body text)")
+    backend.site.create_publication("sales", [Article("customer", subscribe_by="rep")])
+    with pytest.raises(PublicationError, match="not an article of 'sales'"):
+        backend.site.add_article("sales", "order_line", follows="orders")
+    with pytest.raises(PublicationError, match="has no foreign key to 'customer'"):
+        backend.site.add_article("sales", "note", follows="customer")
+    backend.site.add_article("sales", "orders", follows="customer")
+    with pytest.raises(PublicationError, match="follow 'customer': remove them first"):
+        backend.site.remove_article("customer")
+
+
+def test_a_child_a_remote_writes_under_another_reps_parent_leaves_it_for_that_rep(world):
+    """rep 1 writes an order (and a line) for customer 1, rep 2's: the
+    consolidated routes them to rep 2, and sends them back out of rep 1."""
+    world.apps["rep1"].run("INSERT INTO orders VALUES (960, 1, 'for rep 2')",
+                           "INSERT INTO order_line VALUES (961, 960, 4)")
+    world.full_round()
+    world.full_round()
+    world.assert_converged()
+    assert (960, 1, "for rep 2") in world.held("rep2")["orders"]
+    assert 960 not in [row[0] for row in world.held("rep1")["orders"]]
+
+
+def test_a_conflict_on_a_child_goes_back_whole_to_its_origin(world):
+    order = world.backend.rows("orders", "id", "WHERE customer_id = 2")[0][0]  # rep 1's
+    world.app.run(f"UPDATE orders SET note = 'hq' WHERE id = {order}")
+    world.apps["rep1"].run(f"UPDATE orders SET note = 'rep1' WHERE id = {order}")
+    world.full_round()
+    world.full_round()
+    assert len(world.hq.conflicts()) == 1
+    world.assert_converged()
+    assert (order, 2, "rep1") in world.held("rep1")["orders"]
