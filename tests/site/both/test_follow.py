@@ -153,6 +153,20 @@ def test_a_remotes_child_of_a_parent_missing_at_the_consolidated_is_an_apply_err
     errors = world.hq.apply_errors()
     assert len(errors) == 1 and errors[0].table == "orders"
     assert world.backend.rows("orders", "id", "WHERE id = 950") == []
+    replicate(world.hq, world.remotes["rep1"])  # the refused row leaves its origin too
+    assert 950 not in [row[0] for row in world.held("rep1")["orders"]]
+
+
+def test_a_remotes_order_handed_to_a_missing_customer_goes_back_whole(world):
+    order = world.backend.rows("orders", "id", "WHERE customer_id = 2")[0][0]  # rep 1's
+    lines = world.backend.rows("order_line", "*", f"WHERE order_id = {order}")
+    world.apps["rep1"].run(f"UPDATE orders SET customer_id = 77 WHERE id = {order}")  # no customer 77 at hq
+    replicate(world.remotes["rep1"], world.hq)
+    assert [error.table for error in world.hq.apply_errors()] == ["orders"]
+    replicate(world.hq, world.remotes["rep1"])
+    assert [row for row in world.held("rep1")["orders"] if row[0] == order] == world.backend.rows(
+        "orders", "*", f"WHERE id = {order}")
+    assert lines and [row for row in world.held("rep1")["order_line"] if row[1] == order] == lines
 
 
 def test_a_follow_article_is_refused_without_its_parent_or_key(backend):

@@ -65,6 +65,7 @@ from ..capture import set_origin
 from ..errors import ValueNotConvertible
 from ..remotes import get_remote
 from ..uri import PgTarget
+from .followers import PgFollowers
 from .lookups import PeerReader, any_unconfirmed, last_change, rows_of_keys
 from .records import record_conflict, record_error
 from .returns import filters, write_return
@@ -170,6 +171,7 @@ class _Batch:
         skip_through = skip_bound(peer, remote, log_received, messages, peer_incarnation, skip_through)
         self.tables.refresh(conn)
         batch.filters = filters(conn, peer)
+        followers = PgFollowers(conn, self.tables)
         # Every row the batch touches is watched: whether the unconfirmed
         # rule needs them is known only once they are all locked (lookups.any_unconfirmed).
         batch.watched = {}
@@ -183,7 +185,7 @@ class _Batch:
             previous = batch.commit = commit
             self._operations(transaction.ops)
             if batch.deferred:
-                settle(batch, self._operations, self._error)
+                settle(batch, self._operations, followers.refused(batch, self._error))
             applied += 1
         rows = _Rows(conn)
         if batch.watched and any_unconfirmed(conn, peer, remote.confirm_sent):
@@ -192,7 +194,7 @@ class _Batch:
                                                                        remote.confirm_sent, self.identity.name),
                                reader.operation, rows.select)
         rows.prefetch(batch)
-        for shape, kind, values, columns in planned_returns(batch, rows.select):
+        for shape, kind, values, columns in planned_returns(batch, rows.select, followers.under):
             table = self.tables.table(shape.table)
             assert table is not None, "a row goes back only in a table the batch applied to"
             write_return(conn, table, peer, kind, values, columns)
