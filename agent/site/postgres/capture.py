@@ -6,7 +6,9 @@ Rules of this file:
   whole row images: INSERT the new row, DELETE the old row, UPDATE the old
   row then the new row, every column as typemap.py's capture text.  No
   lookup, no branch: deciding what changed and who receives it is left to
-  the readers (agent.site.view, agent.site.selection), as on SQLite.
+  the readers (agent.site.view, agent.site.selection), as on SQLite.  The
+  one look-up is a follow article's route (route.py, ``CaptureRoute``),
+  stored after the widest image.
 * Row triggers, never statement triggers with transition tables: the
   capture rows of one transaction must be in the order its row changes
   happened (an application trigger may change a row its statement just

@@ -202,3 +202,25 @@ def test_a_conflict_on_a_child_goes_back_whole_to_its_origin(world):
     assert len(world.hq.conflicts()) == 1
     world.assert_converged()
     assert (order, 2, "rep1") in world.held("rep1")["orders"]
+
+
+@pytest.mark.parametrize("first", ["hq", "rep1"])
+def test_an_order_written_at_rep1_while_hq_moves_its_customer_ends_at_rep2(world, first):
+    """rep 1 inserts an order (with a line) for customer 2 while hq gives
+    customer 2 to rep 2: whichever change reaches its peer first, the
+    order goes to rep 2 and leaves rep 1 with its customer, and no site
+    records an error."""
+    world.apps["rep1"].run("INSERT INTO orders VALUES (970, 2, 'rep1 at the move')",
+                           "INSERT INTO order_line VALUES (971, 970, 7)")
+    world.app.run("UPDATE customer SET rep = 2 WHERE id = 2")
+    if first == "hq":
+        replicate(world.hq, world.remotes["rep1"])
+        replicate(world.remotes["rep1"], world.hq)
+    else:
+        replicate(world.remotes["rep1"], world.hq)
+        replicate(world.hq, world.remotes["rep1"])
+    world.full_round()
+    world.full_round()
+    world.assert_converged()
+    assert (970, 2, "rep1 at the move") in world.held("rep2")["orders"] and world.held("rep1")["orders"] == [
+        row for row in world.held("rep1")["orders"] if row[1] != 2]
