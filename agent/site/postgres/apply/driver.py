@@ -170,8 +170,8 @@ class _Batch:
         remote = get_remote(conn, peer, for_update=True)  # one apply of a peer at a time
         skip_through = skip_bound(peer, remote, log_received, messages, peer_incarnation, skip_through)
         self.tables.refresh(conn)
-        batch.filters = filters(conn, peer)
         followers = PgFollowers(conn, self.tables)
+        batch.filters = filters(conn, peer, followers.finders)
         # Every row the batch touches is watched: whether the unconfirmed
         # rule needs them is known only once they are all locked (lookups.any_unconfirmed).
         batch.watched = {}
@@ -197,7 +197,7 @@ class _Batch:
         for shape, kind, values, columns in planned_returns(batch, rows.select, followers.under):
             table = self.tables.table(shape.table)
             assert table is not None, "a row goes back only in a table the batch applied to"
-            write_return(conn, table, peer, kind, values, columns)
+            write_return(conn, table, peer, kind, values, columns, followers.finder(table))
         conn.execute("UPDATE fieldsync.remote SET log_received = %s, receive_count = receive_count + %s,"
                      " last_received_at = %s, peer_incarnation = coalesce(peer_incarnation, %s) WHERE name = %s",
                      (log_received, messages, self.now, peer_incarnation, peer))

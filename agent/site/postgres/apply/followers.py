@@ -36,13 +36,20 @@ class PgFollowers:
     def __init__(self, conn: psycopg.Connection, tables: Tables) -> None:
         self._conn = conn
         self._tables = tables
+        followed = route.follows(conn)
+        self.finders = route.finders(conn) if followed else {}  # by (schema, table): how a row finds its route
         # By lower-case child: its foreign key columns; by lower-case parent: its children.
         self._columns: dict[str, tuple[str, ...]] = {}
         self._children: dict[str, list[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {}
-        for (schema, table), (parent, columns, parent_columns) in route.follows(conn).items():
+        for (schema, table), (parent, columns, parent_columns) in followed.items():
             child = shown_table(schema, table)
             self._columns[child.lower()] = columns
             self._children.setdefault(parent.lower(), []).append((child, columns, parent_columns))
+
+    def finder(self, table: PgTable) -> route.RouteFinder | None:
+        """How a row of ``table`` finds its route (None: it follows no parent)."""
+        layout = table.pg_shape.layout
+        return self.finders.get((layout.schema, layout.table))
 
     def refused(self, batch: Batch, error: Callable[[tuple, str], None]) -> Callable[[tuple, str], None]:
         """``error`` (what records an operation still refused at the end of

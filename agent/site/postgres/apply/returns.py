@@ -37,9 +37,11 @@ from .lookups import value_texts
 from .tables import PgTable
 
 
-def filters(conn: psycopg.Connection, peer: str) -> dict[str, Filter]:
+def filters(conn: psycopg.Connection, peer: str, finders: dict[tuple[str, str], route.RouteFinder]
+            ) -> dict[str, Filter]:
     """``peer``'s subset of each table published with a SUBSCRIBE BY column
-    (lower-case table -> Filter): what decides which rows leave it."""
+    or following its parent (lower-case table -> Filter; ``finders``:
+    route.finders): what decides which rows leave it."""
     values: dict[str, set] = {}
     for publication, *value in conn.execute(f"SELECT publication, {VALUE_COLUMNS} FROM fieldsync.subscription"
                                             " WHERE remote = %s AND until IS NULL", (peer,)):
@@ -51,17 +53,18 @@ def filters(conn: psycopg.Connection, peer: str) -> dict[str, Filter]:
              for schema, table, publication, column in conn.execute(
                  "SELECT table_schema, table_name, publication, subscribe_by FROM fieldsync.article"
                  " WHERE subscribe_by IS NOT NULL")}
-    for (schema, table), finder in route.finders(conn).items():  # by the route, looked up here
+    for (schema, table), finder in finders.items():  # by the route, looked up here
         found[shown_table(schema, table).lower()] = Filter(finder.columns, frozenset(values.get(finder.publication,
                                                                                               ())), finder.value)
     return found
 
 
 def write_return(conn: psycopg.Connection, table: PgTable, peer: str, kind: int, values: list,
-                 columns: Iterable[str]) -> None:
+                 columns: Iterable[str], finder: route.RouteFinder | None = None) -> None:
     """Write one capture row of ``table``'s shape for ``peer`` only:
     ``values`` in the shape's columns (twice for an UPDATE: as the peer
-    holds the row, then as it is here)."""
+    holds the row, then as it is here); ``finder``: the table follows its
+    parent, and the row carries its routes."""
     names = table.pg_shape.layout.columns
     images = len(values) // len(names)
     params: list = []
@@ -82,7 +85,6 @@ def write_return(conn: psycopg.Connection, table: PgTable, peer: str, kind: int,
         txid, seq = conn.execute("INSERT INTO fieldsync.capture (shape, kind, flags, v) VALUES (%s, %s, %s, %s)"
                                  " RETURNING txid, seq",
                                  (table.pg_shape.id, kind, FLAG_RETURN_TO_ORIGIN, ordered)).fetchone()
-    finder = route.finders(conn).get((table.pg_shape.layout.schema, table.pg_shape.layout.table))
     if finder is not None:  # its routes after the widest image, as the triggers write them (route.py)
         width = len(names)
         routes = [finder.text([values[image * width + names.index(column)] for column in finder.columns])
