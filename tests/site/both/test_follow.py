@@ -10,6 +10,7 @@ import pytest
 
 from agent.site import Article, SiteDatabase
 from agent.site.errors import PublicationError
+from agent.site.extraction import Extraction
 from codec.ops import OpKind
 from tests.site.sessions import App
 
@@ -99,6 +100,9 @@ def test_extraction_gives_each_remote_exactly_its_customers_orders_and_lines(wor
         held = world.held(name)
         assert held == world.owed(rep) and all(held.values()), name
     assert [(article.table, article.follows) for article in world.hq.publications()[0].articles] == [
+        ("customer", None), ("order_line", "orders"), ("orders", "customer")]
+    # The remote's catalogue records them: there a child lives and dies with its parent.
+    assert sorted((article.table, article.follows) for article in world.remotes["rep1"].publications()[0].articles) == [
         ("customer", None), ("order_line", "orders"), ("orders", "customer")]
 
 
@@ -224,3 +228,19 @@ def test_an_order_written_at_rep1_while_hq_moves_its_customer_ends_at_rep2(world
     world.assert_converged()
     assert (970, 2, "rep1 at the move") in world.held("rep2")["orders"] and world.held("rep1")["orders"] == [
         row for row in world.held("rep1")["orders"] if row[1] != 2]
+
+
+def test_remotes_extracted_together_get_exactly_their_customers_orders_and_lines(world, tmp_path):
+    """extract_many (each table read once for every remote, on PostgreSQL)
+    selects by route as extract does: rep 1's copy made again after its
+    customer 2 moved to rep 2 holds nothing of it."""
+    world.app.run("UPDATE customer SET rep = 2 WHERE id = 2")
+    for remote in world.remotes.values():
+        remote.close()
+    world.remotes.clear()
+    results = list(world.hq.extract_many([Extraction(name, tmp_path / f"again-{name}.db") for name in REPS]))
+    assert [result.remote for result in results] == list(REPS)
+    world.remotes.update({name: SiteDatabase.open(tmp_path / f"again-{name}.db") for name in REPS})
+    for name, rep in REPS.items():
+        assert world.held(name) == world.owed(rep), name
+    assert 2 not in [row[1] for row in world.held("rep1")["orders"]]
