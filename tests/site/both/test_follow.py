@@ -244,3 +244,27 @@ def test_remotes_extracted_together_get_exactly_their_customers_orders_and_lines
     for name, rep in REPS.items():
         assert world.held(name) == world.owed(rep), name
     assert 2 not in [row[1] for row in world.held("rep1")["orders"]]
+
+
+@pytest.mark.parametrize("case", ["a new order", "a changed order"])
+def test_an_order_rep1_wrote_under_a_customer_that_went_away_and_came_back_stays_there(world, case):
+    """rep 1 writes an order of customer 2 while hq moves customer 2 to rep
+    2 and back, and hq applies rep 1's change before rep 1 hears of the
+    moves: at rep 1 the order goes with its customer, and hq sends it back
+    whole (it lies under a parent that left rep 1 and came back, unconfirmed)."""
+    order = world.backend.rows("orders", "id", "WHERE customer_id = 2")[0][0]
+    if case == "a new order":
+        order = 980
+        world.apps["rep1"].run("INSERT INTO orders VALUES (980, 2, 'rep1 wrote')",
+                               "INSERT INTO order_line VALUES (981, 980, 5)")
+    else:
+        world.apps["rep1"].run(f"UPDATE orders SET note = 'rep1 wrote' WHERE id = {order}")
+    world.app.run("UPDATE customer SET rep = 2 WHERE id = 2")
+    world.hq.scan()
+    world.app.run("UPDATE customer SET rep = 1 WHERE id = 2")
+    replicate(world.remotes["rep1"], world.hq)
+    replicate(world.hq, world.remotes["rep1"])
+    world.full_round()
+    world.assert_converged()
+    assert world.backend.rows("orders", "note", f"WHERE id = {order}") == [("rep1 wrote",)]
+    assert (order, 2, "rep1 wrote") in world.held("rep1")["orders"]

@@ -190,9 +190,11 @@ class _Batch:
         rows = _Rows(conn)
         if batch.watched and any_unconfirmed(conn, peer, remote.confirm_sent):
             reader = PeerReader(conn, self.tables, peer)
-            send_back_received(batch, lambda table, keys: rows_of_keys(conn, self.tables, table, keys,
-                                                                       remote.confirm_sent, self.identity.name),
-                               reader.operation, rows.select)
+
+            def changes(table: PgTable, keys: set[tuple]) -> Iterator[tuple]:
+                return rows_of_keys(conn, self.tables, table, keys, remote.confirm_sent, self.identity.name)
+            send_back_received(batch, changes, reader.operation, rows.select,
+                               followers.lost_with_parent(batch, changes, reader.operation, rows.select))
         rows.prefetch(batch)
         for shape, kind, values, columns in planned_returns(batch, rows.select, followers.under):
             table = self.tables.table(shape.table)
