@@ -6,6 +6,8 @@ hand (tests/site/conftest.py's ``replicate``)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from agent.site import Article, SiteDatabase
@@ -88,11 +90,8 @@ class World:
 
 @pytest.fixture
 def world(backend, tmp_path):
-    made = World(backend, tmp_path)
-    try:
+    with contextlib.closing(World(backend, tmp_path)) as made:
         yield made
-    finally:
-        made.close()
 
 
 def test_extraction_gives_each_remote_exactly_its_customers_orders_and_lines(world):

@@ -9,6 +9,10 @@ Rules of this file:
   holding what this site holds: a refused INSERT goes back to it as a
   DELETE (it may have given the row another parent since), a refused
   UPDATE of its foreign key, of a row this site keeps, goes back whole.
+  Here, unlike at a SQLite consolidated (its keys off), the keys also
+  refuse a remote's DELETE of a parent under which this site holds rows
+  the remote did not know of (it gave the parent a child meanwhile): the
+  parent goes back whole, with the rows under it.
 * A row that goes back whole to the origin takes the rows under it, at any
   depth, parents first (conflicts.planned_returns' ``under``): the origin
   lost them with it, or never had them under it.
@@ -61,7 +65,14 @@ class PgFollowers:
         its transaction), noting first what goes back to the origin."""
         def record(op: tuple, problem: str) -> None:
             table = self._tables.table(op[0])
-            if table is not None and table.name.lower() in self._columns and type(op[4]) is dict:
+            if table is not None and op[1] == OpKind.DELETE and table.name.lower() in self._children:
+                # The origin deleted a parent this site keeps, with rows under it
+                # that the origin did not know of: it comes back whole, with them.
+                found = table.lock(self._conn, op[2])
+                if found is not None:
+                    send_back(batch, table, op[2], dict(found[0]), set(table.columns))
+                    batch.entered.add((table.name, op[2]))
+            elif table is not None and table.name.lower() in self._columns and type(op[4]) is dict:
                 if op[1] == OpKind.INSERT:
                     batch.stranded[(table.name, op[2])] = (table, {**op[4], **dict(zip(table.key_columns, op[2]))})
                 elif op[1] == OpKind.UPDATE and any(column in op[4] for column in self._columns[table.name.lower()]):
