@@ -224,6 +224,10 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 def capture_route(chain: Chain) -> CaptureRoute:
     """What a follow article's capture triggers run to find a row's routes."""
     old_declarations, old = _lookups(chain, "OLD", "")
@@ -282,25 +286,29 @@ def _install_move(conn: psycopg.Connection, article: tuple, children: dict[str, 
         _parent, child_columns, keys = followed[child]
         row_of = f"ROW({', '.join('fieldsync_c.' + _quote(c) for c in child_columns)})"
         level.append((child, f"({row_of} = ROW({', '.join('OLD.' + _quote(k) for k in keys)}) OR {row_of} ="
-                             f" ROW({', '.join('NEW.' + _quote(k) for k in keys)}))"))
+                             f" ROW({', '.join('NEW.' + _quote(k) for k in keys)}))", []))
     articles = _articles(conn)
     levels: list[list[str]] = []
     while level:
         deeper = []
         levels.append([])
-        for (child_schema, child_table), under in level:
+        for (child_schema, child_table), under, above in level:
             child_sql = f"{_quote(child_schema)}.{_quote(child_table)}"
             shape = shapes[articles[(child_schema, child_table)][7]]
             images = [KINDS[kind].capture.format(f"fieldsync_c.{_quote(column)}")
                       for column, kind in zip(shape.layout.columns, shape.layout.kinds)]
-            levels[-1].append(f"INSERT INTO {SCHEMA}.capture (shape, kind, v) SELECT {shape.id}, 2,"
+            # Only while the tables it reads are there: an application may drop
+            # a followed table, and its parent's writes must not fail for it.
+            present = " AND ".join(f"pg_catalog.to_regclass({_literal(name)}) IS NOT NULL"
+                                   for name in [*above, child_sql])
+            levels[-1].append(f"IF {present} THEN INSERT INTO {SCHEMA}.capture (shape, kind, v) SELECT {shape.id}, 2,"
                               f" ARRAY[{', '.join(images + images)}, fieldsync_route_old, fieldsync_route_new]"
-                              f" FROM {child_sql} AS fieldsync_c WHERE {under};")
+                              f" FROM {child_sql} AS fieldsync_c WHERE {under}; END IF;")
             for grand in children.get(shown_table(child_schema, child_table), []):
                 _parent, grand_columns, keys = followed[grand]
                 deeper.append((grand, f"ROW({', '.join('fieldsync_c.' + _quote(c) for c in grand_columns)}) IN"
                                       f" (SELECT {', '.join('fieldsync_c.' + _quote(k) for k in keys)}"
-                                      f" FROM {child_sql} AS fieldsync_c WHERE {under})"))
+                                      f" FROM {child_sql} AS fieldsync_c WHERE {under})", [*above, child_sql]))
         level = deeper
     # The deepest rows first: a remote that loses them deletes each row
     # before its parent (docs/site-database.md, "Rows that follow their parent").

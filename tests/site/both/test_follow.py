@@ -267,3 +267,4 @@ def test_an_order_rep1_wrote_under_a_customer_that_went_away_and_came_back_stays
     world.assert_converged()
     assert world.backend.rows("orders", "note", f"WHERE id = {order}") == [("rep1 wrote",)]
     assert (order, 2, "rep1 wrote") in world.held("rep1")["orders"]
+

@@ -1,9 +1,11 @@
-"""Rows that follow their parent under concurrency at a PostgreSQL
-consolidated (docs/postgres.md, "Rows that follow their parent"): a
-child written while another session moves its parent ends where the
-parent is, whichever commits first, and subscribers reading the log while
-writers move customers and hand orders about each end with exactly their
-customers' orders and lines."""
+"""Rows that follow their parent at a PostgreSQL consolidated, where it
+differs from a SQLite one (agent/site/postgres/route.py; docs/postgres.md,
+"Rows that follow their parent"; what both do alike is
+tests/site/both/test_follow.py): a child written while another session
+moves its parent ends where the parent is, whichever commits first;
+subscribers reading the log while writers move customers and hand orders
+about each end with exactly their customers' orders and lines; a
+followed table an application drops does not stop its parent's moves."""
 
 from __future__ import annotations
 
@@ -200,3 +202,14 @@ def test_subscribers_hold_their_customers_orders_and_lines_while_writers_move_th
         assert copies[name].problems == [], (name, copies[name].problems[:5])
         assert _held(copies[name]) == _owed(setup, rep), name
     setup.close()
+
+
+def test_a_followed_table_an_application_dropped_does_not_stop_its_parents_moves(hq, target):
+    with connect(target) as app:
+        app.execute("INSERT INTO customer VALUES (1, 'c1', 1)")
+        app.execute("INSERT INTO orders VALUES (10, 1, 'a')")
+        app.execute("INSERT INTO order_line VALUES (100, 10, 1)")
+        app.execute("DROP TABLE order_line")
+        end = hq.scan()
+        app.execute("UPDATE customer SET rep = 2 WHERE id = 1")
+    assert sorted(_ops(hq, "rep2", end)) == [("customer", OpKind.INSERT, (1,)), ("orders", OpKind.INSERT, (10,))]
