@@ -220,12 +220,14 @@ def _lookups(chain: Chain, image: str, shapes_of: str) -> tuple[list[str], list[
     return declarations, statements
 
 
+# The trigger functions' bodies are PL/pgSQL text: names and literals in
+# them are quoted by psycopg's own rules.
 def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    return sql.Identifier(name).as_string(None)
 
 
 def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    return sql.Literal(text).as_string(None)
 
 
 def capture_route(chain: Chain) -> CaptureRoute:
@@ -264,8 +266,8 @@ def _install_move(conn: psycopg.Connection, article: tuple, children: dict[str, 
     schema, table, _publication, subscribe_by, parent, columns, parent_columns, _shape, oid = article
     table_sql = f"{_quote(schema)}.{_quote(table)}"
     if parent is None:
-        kind = shapes[article[7]].layout
-        capture = KINDS[kind.kinds[kind.columns.index(subscribe_by)]].capture
+        layout = shapes[article[7]].layout
+        capture = KINDS[layout.kinds[layout.columns.index(subscribe_by)]].capture
         declarations: list[str] = []
         routes = [f"fieldsync_route_old := {capture.format('OLD.' + _quote(subscribe_by))};",
                   f"fieldsync_route_new := {capture.format('NEW.' + _quote(subscribe_by))};"]
