@@ -2,7 +2,8 @@
 hands at two sites at once (docs/site-database.md, "Rows that follow their
 parent"), on a consolidated of either backend: cases the fault suite's
 follow chain found, each with the sites applying each other's changes in
-either order.  A rep's customers, their orders and the orders' lines:
+either order, and children a remote writes reaching their parent's
+subscribers, or refused for a parent the consolidated deleted.  A rep's customers, their orders and the orders' lines:
 customers 1 and 3 are rep 1's (rep1 and rep3 hold them), 2 and 4 rep 2's;
 the remotes apply with their foreign keys on (a remote extracted from
 PostgreSQL has none: docs/postgres.md, "Extraction")."""
@@ -314,3 +315,29 @@ def test_a_line_written_under_an_order_that_left_the_remote_and_comes_back_later
     world.check()
     assert rep1.connection.execute("SELECT id FROM order_line WHERE order_id = 10 ORDER BY id").fetchall() == [
         (100,), (120,)]
+
+
+def test_a_child_changed_at_a_remote_reaches_every_subscriber_of_its_parent(world: World) -> None:
+    world.app("rep1", "UPDATE orders SET note = 'changed at rep1' WHERE id = 10",
+              "DELETE FROM order_line WHERE id = 100", "INSERT INTO order_line VALUES (102, 11, 7)",
+              "INSERT INTO orders VALUES (12, 3, 'new at rep1')")
+    world.sync()
+    world.check()
+    assert world.remotes["rep3"].connection.execute("SELECT note FROM orders WHERE id IN (10, 12) ORDER BY id"
+                                                    ).fetchall() == [("changed at rep1",), ("new at rep1",)]
+    assert world.remotes["rep3"].connection.execute("SELECT id FROM order_line WHERE order_id IN (10, 11)"
+                                                    " ORDER BY id").fetchall() == [(101,), (102,)]
+    assert world.errors() == {}
+
+
+def test_a_child_written_at_a_remote_for_a_parent_the_consolidated_deleted(world: World) -> None:
+    hq, rep1 = world.hq, world.remotes["rep1"]
+    world.app("rep1", "INSERT INTO orders VALUES (31, 3, 'late')")
+    world.app("hq", "DELETE FROM order_line WHERE order_id = 30", "DELETE FROM orders WHERE customer_id = 3",
+              "DELETE FROM customer WHERE id = 3")
+    replicate(rep1, hq)
+    world.sync()
+    world.check()
+    assert [(error.table, error.key) for error in hq.apply_errors()] == [("orders", (31,))]
+    assert world.errors().keys() == {"hq"}
+    assert rep1.connection.execute("SELECT count(*) FROM orders WHERE id = 31").fetchone() == (0,)
