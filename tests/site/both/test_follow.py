@@ -268,3 +268,41 @@ def test_an_order_rep1_wrote_under_a_customer_that_went_away_and_came_back_stays
     assert world.backend.rows("orders", "note", f"WHERE id = {order}") == [("rep1 wrote",)]
     assert (order, 2, "rep1 wrote") in world.held("rep1")["orders"]
 
+
+
+def test_a_composite_key_chain_routes_each_row_and_a_null_key_goes_nowhere(backend):
+    """A chain through a composite foreign key (line -> orders (id, shop)
+    -> shop), on either backend; a line whose key is NULL goes to nobody;
+    a shop moved to another region takes its orders and their lines."""
+    backend.app().run(
+        "DROP TABLE line",
+        "CREATE TABLE shop (id integer PRIMARY KEY, region text)",
+        "CREATE TABLE orders (id integer NOT NULL, shop integer NOT NULL REFERENCES shop (id), note text,"
+        " PRIMARY KEY (id, shop))",
+        "CREATE TABLE line (id integer PRIMARY KEY, order_id integer, order_shop integer, qty integer,"
+        " FOREIGN KEY (order_id, order_shop) REFERENCES orders (id, shop))")
+    hq = backend.site
+    hq.create_publication("sales", [Article("shop", subscribe_by="region"), Article("orders", follows="shop"),
+                                    Article("line", follows="orders", follow_columns=("order_id", "order_shop"))])
+    for name, region in (("north", "n"), ("south", "s")):
+        hq.add_remote(name)
+        hq.subscribe(name, "sales", region)
+    start = hq.scan()
+    backend.app().run("INSERT INTO shop VALUES (1, 'n'), (2, 's')",
+                      "INSERT INTO orders VALUES (10, 1, 'a'), (10, 2, 'b')",
+                      "INSERT INTO line VALUES (100, 10, 1, 1), (101, 10, 2, 2), (102, NULL, NULL, 3)")
+
+    def keys(remote: str, after: int) -> list[tuple]:
+        end = hq.scan()
+        return sorted((op.table, op.kind, op.key) for transaction in hq.read_log(remote, after, end)
+                      for op in transaction.ops)
+    assert keys("north", start) == [("line", OpKind.INSERT, (100,)), ("orders", OpKind.INSERT, (10, 1)),
+                                    ("shop", OpKind.INSERT, (1,))]
+    assert keys("south", start) == [("line", OpKind.INSERT, (101,)), ("orders", OpKind.INSERT, (10, 2)),
+                                    ("shop", OpKind.INSERT, (2,))]
+    end = hq.scan()
+    backend.app().run("UPDATE shop SET region = 's' WHERE id = 1")
+    assert keys("north", end) == [("line", OpKind.DELETE, (100,)), ("orders", OpKind.DELETE, (10, 1)),
+                                  ("shop", OpKind.DELETE, (1,))]
+    assert keys("south", end) == [("line", OpKind.INSERT, (100,)), ("orders", OpKind.INSERT, (10, 1)),
+                                  ("shop", OpKind.INSERT, (1,))]
