@@ -173,12 +173,20 @@ def test_a_remotes_order_handed_to_a_missing_customer_goes_back_whole(world):
 
 
 def test_a_follow_article_is_refused_without_its_parent_or_key(backend):
-    backend.app().run(*TABLES, "CREATE TABLE note (id integer PRIMARY KEY, body text)")
+    backend.app().run(*TABLES, "CREATE TABLE note (id integer PRIMARY KEY, body text)",
+                      "CREATE TABLE visit (id integer PRIMARY KEY, host integer REFERENCES customer (id),"
+                      " guest integer REFERENCES customer (id))")
     backend.site.create_publication("sales", [Article("customer", subscribe_by="rep")])
     with pytest.raises(PublicationError, match="not an article of 'sales'"):
         backend.site.add_article("sales", "order_line", follows="orders")
     with pytest.raises(PublicationError, match="has no foreign key to 'customer'"):
         backend.site.add_article("sales", "note", follows="customer")
+    with pytest.raises(PublicationError, match="has 2 foreign keys to 'customer'; name the one to follow"):
+        backend.site.add_article("sales", "visit", follows="customer")
+    with pytest.raises(PublicationError, match=r"has no foreign key \(id\) to 'customer'"):
+        backend.site.add_article("sales", "visit", follows="customer", follow_columns=["id"])
+    assert backend.site.add_article("sales", "visit", follows="customer", follow_columns=["guest"]).follow_columns == (
+        "guest",)
     backend.site.add_article("sales", "orders", follows="customer")
     with pytest.raises(PublicationError, match="follow 'customer': remove them first"):
         backend.site.remove_article("customer")
