@@ -314,3 +314,12 @@ def test_a_composite_key_chain_routes_each_row_and_a_null_key_goes_nowhere(backe
                                   ("shop", OpKind.DELETE, (1,))]
     assert keys("south", end) == [("line", OpKind.INSERT, (100,)), ("orders", OpKind.INSERT, (10, 1)),
                                   ("shop", OpKind.INSERT, (1,))]
+
+
+def test_a_child_no_longer_published_no_longer_moves_with_its_parent(world):
+    world.hq.remove_article("order_line")
+    end = world.hq.scan()
+    world.app.run("UPDATE customer SET rep = 2 WHERE id = 2")
+    world.hq.scan()
+    assert sorted({op.table for transaction in world.hq.read_log("rep2", end) for op in transaction.ops}) == [
+        "customer", "orders"]
