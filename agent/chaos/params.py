@@ -87,8 +87,8 @@ class ChaosParams:
 
     def __post_init__(self) -> None:
         if self.chain and self.consolidated is not None:
-            raise ValueError("the follow chain needs a SQLite consolidated: a PostgreSQL one has no articles "
-                             "that follow their parent yet")
+            raise ValueError("the follow chain needs a SQLite consolidated: its tables and checks are not built "
+                             "for a PostgreSQL one yet")
         if self.schema and self.consolidated is not None:
             raise ValueError("schema changes need a SQLite consolidated: a PostgreSQL one makes none yet")
         if not 0 < self.confirm_timeout <= self.heartbeat:
@@ -114,7 +114,7 @@ class ChaosParams:
         values.update(schema=rng.random() < 1 / 2)
         values.update(overrides)
         if values.get("consolidated") is not None and "chain" not in overrides:
-            values["chain"] = False  # the follow chain needs a SQLite consolidated (follow articles)
+            values["chain"] = False  # the follow chain needs a SQLite consolidated (chain.py)
         if values.get("consolidated") is not None and "schema" not in overrides:
             values["schema"] = False  # schema changes need a SQLite consolidated (agent schema apply)
         if "confirm_timeout" not in overrides:

@@ -147,8 +147,8 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
         if value is not None:
             overrides[name] = value
     if chain and consolidated is not None:
-        raise click.UsageError("--follow-chain needs a SQLite consolidated: a PostgreSQL one has no articles that "
-                               "follow their parent yet (leave out --consolidated or --follow-chain)")
+        raise click.UsageError("--follow-chain needs a SQLite consolidated: the chain's tables and checks are not "
+                               "built for a PostgreSQL one yet (leave out --consolidated or --follow-chain)")
     if schema and consolidated is not None:
         raise click.UsageError("--schema-changes needs a SQLite consolidated: a PostgreSQL one makes no schema "
                                "changes yet (leave out --consolidated or --schema-changes)")

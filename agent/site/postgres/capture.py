@@ -6,7 +6,9 @@ Rules of this file:
   whole row images: INSERT the new row, DELETE the old row, UPDATE the old
   row then the new row, every column as typemap.py's capture text.  No
   lookup, no branch: deciding what changed and who receives it is left to
-  the readers (agent.site.view, agent.site.selection), as on SQLite.
+  the readers (agent.site.view, agent.site.selection), as on SQLite.  The
+  one look-up is a follow article's route (route.py, ``CaptureRoute``),
+  stored after the widest image.
 * Row triggers, never statement triggers with transition tables: the
   capture rows of one transaction must be in the order its row changes
   happened (an application trigger may change a row its statement just
@@ -26,7 +28,7 @@ Rules of this file:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Callable
 
@@ -100,11 +102,16 @@ class Layout:
     key_columns: tuple[str, ...]
     kinds: tuple[str, ...]
     declared: tuple[str, ...]
+    # A follow article's: the kind of the route its capture rows carry after
+    # the widest image (route.py); None for every other table.
+    route_kind: str | None = None
 
     def __post_init__(self) -> None:
         shown = shown_table(self.schema, self.table)
         if not (len(self.columns) == len(self.kinds) == len(self.declared)):
             raise ValueError(f"layout of {shown}: columns, kinds and declared types differ in number")
+        if self.route_kind is not None and self.route_kind not in KINDS:
+            raise ValueError(f"layout of {shown}: unknown route kind {self.route_kind!r}")
         if not self.key_columns or not set(self.key_columns) <= set(self.columns):
             raise ValueError(f"layout of {shown}: key columns {self.key_columns} are not among its columns")
         unknown = set(self.kinds) - set(KINDS)
@@ -144,7 +151,19 @@ class PgShape:
     @cached_property
     def load(self) -> Callable[[list], tuple]:
         """Capture texts (one image, or an UPDATE's two) to travelling values."""
-        return loader(tuple(KINDS[kind] for kind in self.layout.kinds))
+        images = loader(tuple(KINDS[kind] for kind in self.layout.kinds))
+        if self.layout.route_kind is None:
+            return images
+        # A follow article's rows: the routes after the widest image (the
+        # old one, then an UPDATE's new one), each as its root column travels.
+        width, route = 2 * len(self.layout.columns), KINDS[self.layout.route_kind].load
+
+        def load(texts: list) -> tuple:
+            if len(texts) <= width:
+                return images(texts)
+            routes = texts[width:width + 2]
+            return images(texts[:width]) + tuple(None if text is None else route(text) for text in routes)
+        return load
 
 
 def describe_table(conn: psycopg.Connection, table: str) -> TableDescription:
@@ -181,11 +200,11 @@ def describe_table(conn: psycopg.Connection, table: str) -> TableDescription:
 
 
 def _shape_from_row(row: tuple) -> PgShape:
-    shape_id, schema, table, *lists = row
-    return PgShape(shape_id, Layout(schema, table, *map(tuple, lists)))
+    shape_id, schema, table, *lists, route_kind = row
+    return PgShape(shape_id, Layout(schema, table, *map(tuple, lists), route_kind))
 
 
-_SHAPE_COLUMNS = "id, table_schema, table_name, columns, key_columns, kinds, declared"
+_SHAPE_COLUMNS = "id, table_schema, table_name, columns, key_columns, kinds, declared, route_kind"
 
 
 def load_shapes(conn: psycopg.Connection) -> dict[int, PgShape]:
@@ -203,28 +222,59 @@ def _shape_for(conn: psycopg.Connection, table: TableDescription) -> PgShape:
     if found is not None and _shape_from_row(found).layout == layout:
         return _shape_from_row(found)
     made = conn.execute(
-        f"INSERT INTO fieldsync.shape (table_schema, table_name, columns, key_columns, kinds, declared)"
-        f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_SHAPE_COLUMNS}",
+        f"INSERT INTO fieldsync.shape (table_schema, table_name, columns, key_columns, kinds, declared, route_kind)"
+        f" VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {_SHAPE_COLUMNS}",
         (layout.schema, layout.table, *(json.dumps(values) for values in (
-            layout.columns, layout.key_columns, layout.kinds, layout.declared)))).fetchone()
+            layout.columns, layout.key_columns, layout.kinds, layout.declared)), layout.route_kind)).fetchone()
     assert made is not None
     shape = _shape_from_row(made)
     conn.execute(shape_indexes(shape.id, len(layout.columns), shape.shape.key_positions))
     return shape
 
 
+@dataclass(frozen=True, slots=True)
+class CaptureRoute:
+    """How a follow article's capture triggers find a row's routes
+    (route.py makes it): the route's kind (a row of the types table),
+    PL/pgSQL declarations, the statements that set ``fieldsync_route_old``
+    from OLD and ``fieldsync_route_new`` from NEW (as capture text), and
+    the condition under which an UPDATE's two are one (its foreign key
+    unchanged)."""
+
+    kind: str
+    declarations: str
+    old: str
+    new: str
+    same: str
+
+
 def _function_name(shape: PgShape, suffix: str) -> sql.Identifier:
     return sql.Identifier(SCHEMA, f"capture_{shape.id}_{suffix}")
 
 
-def _function(conn: psycopg.Connection, shape: PgShape, kind: int, suffix: str, images: tuple[str, ...]
-              ) -> sql.Composed:
-    """The trigger function of one event: one INSERT of the row images."""
+def _function(conn: psycopg.Connection, shape: PgShape, kind: int, suffix: str, images: tuple[str, ...],
+              route: CaptureRoute | None = None) -> sql.Composed:
+    """The trigger function of one event: one INSERT of the row images
+    (for a follow article, after the look-up of their routes)."""
     values = sql.SQL(", ").join(
         sql.SQL(KINDS[column_kind].capture).format(sql.SQL("{}.{}").format(sql.SQL(image), sql.Identifier(column)))
         for image in images for column, column_kind in zip(shape.layout.columns, shape.layout.kinds))
     body = sql.SQL("BEGIN\n    INSERT INTO fieldsync.capture (shape, kind, v) VALUES ({}, {}, ARRAY[{}]);\n"
                    "    RETURN NULL;\nEND").format(sql.Literal(shape.id), sql.Literal(kind), values)
+    if route is not None:
+        # The routes after the widest image (an INSERT's or a DELETE's second
+        # image is NULL): the old one, then an UPDATE's new one.
+        padding = [sql.SQL("NULL")] * (len(shape.layout.columns) * (2 - len(images)))
+        lookups = {KIND_INSERT: route.new, KIND_DELETE: route.old,
+                   KIND_UPDATE: f"{route.new}\n    IF {route.same} THEN\n        fieldsync_route_old :="
+                                f" fieldsync_route_new;\n    ELSE\n    {route.old}\n    END IF;"}[kind]
+        routes = {KIND_INSERT: "fieldsync_route_new", KIND_DELETE: "fieldsync_route_old",
+                  KIND_UPDATE: "fieldsync_route_old, fieldsync_route_new"}[kind]
+        body = sql.SQL("DECLARE\n    fieldsync_route_old text;\n    fieldsync_route_new text;\n    {}\nBEGIN\n    {}\n"
+                       "    INSERT INTO fieldsync.capture (shape, kind, v) VALUES ({}, {}, ARRAY[{}, {}]);\n"
+                       "    RETURN NULL;\nEND").format(
+            sql.SQL(route.declarations), sql.SQL(lookups), sql.Literal(shape.id), sql.Literal(kind),
+            sql.SQL(", ").join([values, *padding]), sql.SQL(routes))
     return sql.SQL("CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS {}").format(
         _function_name(shape, suffix), sql.Literal(body.as_string(conn)))
 
@@ -236,17 +286,21 @@ def _drop_triggers(conn: psycopg.Connection, oid: int, identifier: sql.Identifie
         conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(name), identifier))
 
 
-def install_capture(conn: psycopg.Connection, target: PgTarget, table: str) -> PgShape:
+def install_capture(conn: psycopg.Connection, target: PgTarget, table: str, route: CaptureRoute | None = None
+                    ) -> PgShape:
     """Capture ``table``'s changes from now on (its current shape); refuse
     TRUNCATE of it.  Safe to call again: the triggers are made anew, with a
-    new shape if the table's definition changed."""
+    new shape if the table's definition changed.  ``route``: the table
+    follows its parent, and its rows carry their routes (route.py)."""
     try:
         with conn.transaction():
             description = describe_table(conn, table)
+            if route is not None:
+                description = TableDescription(description.oid, replace(description.layout, route_kind=route.kind))
             shape = _shape_for(conn, description)
             _drop_triggers(conn, description.oid, description.identifier)
             for kind, event, suffix, images in _EVENTS:
-                conn.execute(_function(conn, shape, kind, suffix, images))
+                conn.execute(_function(conn, shape, kind, suffix, images, route))
                 conn.execute(sql.SQL("CREATE TRIGGER {} AFTER {} ON {} FOR EACH ROW EXECUTE FUNCTION {}()").format(
                     sql.Identifier(TRIGGER_PREFIX + suffix), sql.SQL(event), description.identifier,
                     _function_name(shape, suffix)))

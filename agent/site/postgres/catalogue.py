@@ -15,8 +15,10 @@ Rules of this file:
   which refuses unpublishable tables and column types); no longer
   publishing it removes them, found by the table's oid, so a table renamed
   since (or missing: missing_tables) loses them too.
-* Articles that follow their parent (``follows=``) are not yet on
-  PostgreSQL: refused with one line.
+* An article may follow its parent (``follows=``): route.py resolves its
+  foreign key and makes its capture carry routes; every change of the
+  articles makes the move triggers again (route.install_moves).  A parent
+  with children is not unpublished before them.
 * Functions here run inside the caller's transaction.
 """
 
@@ -32,6 +34,7 @@ from ..clock import in_utc
 from ..errors import PublicationError, UnknownPublication
 from ..publication_rules import (Article, Publication, as_article, check_publication_name, published_columns,
                                  subscribe_by_column)
+from . import route
 from .capture import describe_table, drop_capture_of, install_capture, shown_table
 from .errors import NotYetOnPostgres
 from .uri import PgTarget
@@ -84,14 +87,22 @@ def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, ar
     find = _finder(layout.columns)
     columns = published_columns(layout.shown, layout.columns, layout.key_columns, article.columns, find)
     subscribe_by = subscribe_by_column(layout.shown, article.subscribe_by, find)
+    follow = None
     if article.follows is not None:
-        raise NotYetOnPostgres(f"{layout.shown!r} follows {article.follows!r}: articles that follow their parent are "
-                               "not yet on PostgreSQL; give it a SUBSCRIBE BY column or publish it whole")
-    shape = install_capture(conn, target, article.table)
+        follow = route.resolve(conn, publication, layout.schema, layout.table, description.oid, article.follows,
+                               article.follow_columns, find)
+    shape = install_capture(conn, target, article.table, None if follow is None else route.capture_route(
+        route.chain_of(conn, *follow)))
     conn.execute("INSERT INTO fieldsync.article (table_schema, table_name, table_oid, publication, columns,"
-                 " subscribe_by, shape) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                 " subscribe_by, shape, follows, follow_columns, parent_columns)"
+                 " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                  (layout.schema, layout.table, description.oid, publication,
-                  None if columns is None else Jsonb(list(columns)), subscribe_by, shape.id))
+                  None if columns is None else Jsonb(list(columns)), subscribe_by, shape.id,
+                  *((None, None, None) if follow is None else (follow[0], Jsonb(list(follow[1])),
+                                                                Jsonb(list(follow[2]))))))
+    route.install_moves(conn)
+    if follow is not None:
+        return Article(layout.shown, columns, None, follow[0], follow[1])
     return Article(layout.shown, columns, subscribe_by)
 
 
@@ -113,8 +124,15 @@ def remove_article(conn: psycopg.Connection, target: PgTarget, table: str) -> No
     for schema, name, oid in conn.execute("SELECT table_schema, table_name, table_oid FROM fieldsync.article"
                                           " ORDER BY table_schema, table_name").fetchall():
         if resolved == (schema, name) or shown_table(schema, name) == table:
+            followers = [shown_table(*found) for found in conn.execute(
+                "SELECT table_schema, table_name FROM fieldsync.article WHERE follows = %s ORDER BY 1, 2",
+                (shown_table(schema, name),))]
+            if followers:
+                raise PublicationError(f"{', '.join(followers)} follow {shown_table(schema, name)!r}: remove them "
+                                       "first")
             drop_capture_of(conn, target, oid)
             conn.execute("DELETE FROM fieldsync.article WHERE table_schema = %s AND table_name = %s", (schema, name))
+            route.install_moves(conn)
             return
     raise PublicationError(f"table {table!r} is not published")
 
@@ -125,6 +143,7 @@ def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> N
     for (oid,) in conn.execute("SELECT table_oid FROM fieldsync.article WHERE publication = %s", (name,)).fetchall():
         drop_capture_of(conn, target, oid)
     conn.execute("DELETE FROM fieldsync.article WHERE publication = %s", (name,))
+    route.install_moves(conn)
     conn.execute("DELETE FROM fieldsync.subscription WHERE publication = %s", (name,))
     conn.execute("DELETE FROM fieldsync.publication WHERE name = %s", (name,))
 
@@ -141,10 +160,12 @@ def missing_tables(conn: psycopg.Connection) -> tuple[str, ...]:
 def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
     articles: dict[str, list[Article]] = {name: [] for (name,) in conn.execute(
         'SELECT name FROM fieldsync.publication ORDER BY name COLLATE "C"')}
-    for schema, name, publication, columns, subscribe_by in conn.execute(
-            "SELECT table_schema, table_name, publication, columns, subscribe_by FROM fieldsync.article"):
+    for schema, name, publication, columns, subscribe_by, follows, follow_columns in conn.execute(
+            "SELECT table_schema, table_name, publication, columns, subscribe_by, follows, follow_columns"
+            " FROM fieldsync.article"):
         articles[publication].append(Article(shown_table(schema, name), None if columns is None else tuple(columns),
-                                             subscribe_by))
+                                             subscribe_by, follows,
+                                             None if follow_columns is None else tuple(follow_columns)))
     return tuple(Publication(name, tuple(sorted(items, key=lambda item: table_order(item.table))))
                  for name, items in articles.items())
 

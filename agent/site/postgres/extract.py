@@ -22,7 +22,8 @@ Rules of this file:
   text and its load (typemap.py), so a value of the copy equals the value
   a later change of that row carries; a row is the remote's when its
   SUBSCRIBE BY value, so read, is one of its values in Python's terms, as
-  the log's readers select (agent.site.selection).
+  the log's readers select (agent.site.selection); a row that follows
+  its parent by its route, looked up in the same snapshot (route.py).
 * Functions here open their own transactions on the site's connection,
   under the site's lock; PostgreSQL's errors leave as the site's.
 """
@@ -38,13 +39,15 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from ..capture import ROUTE
 from ..extraction import COPY_CHUNK, PREFILTER_VALUES, SwitchOver
 from ..identity import SiteIdentity
 from ..remote_rules import RemoteUser
 from ..sqlite._db import quote_ident, write_transaction
 from ..sqlite.capture import TableInfo
-from ..sqlite.extract import TablePlan
+from ..sqlite.extract import Follow, TablePlan
 from . import remotes as remote_rows
+from . import route
 from .capture import PgShape, load_shapes, shown_table
 from .catalogue import table_order
 from .connect import connect, translate
@@ -98,8 +101,15 @@ class PgConsolidated:
             shapes = load_shapes(conn)
             articles = sorted(conn.execute(_ARTICLES, (remote,)).fetchall(),
                               key=lambda found: table_order(shown_table(found[0], found[1])))
+            # What the remote's catalogue records of each follow (no route
+            # template: a remote routes nothing; agent.site.sqlite.route.record_follow).
+            follows = {table: Follow(shown_table(*table), parent, columns, parent_columns, "")
+                       for table, (parent, columns, parent_columns) in route.follows(conn).items()}
         plans, statements = [], []
-        for _schema, _table, publication, columns, subscribe_by, shape_id in articles:
+        for schema, table, publication, columns, subscribe_by, shape_id in articles:
+            follow = follows.get((schema, table))
+            if follow is not None:
+                subscribe_by = ROUTE  # the rows follow their parent: selected by their route (route.py)
             shape = shapes[shape_id]
             layout = shape.layout
             published = layout.columns if columns is None else tuple(
@@ -108,7 +118,7 @@ class PgConsolidated:
             plans.append(TablePlan(TableInfo(layout.shown, layout.columns, layout.key_columns, create, False),
                                    publication, published, subscribe_by,
                                    frozenset(values[publication]) if subscribe_by else None,
-                                   published != layout.columns))
+                                   published != layout.columns, follow))
             statements.append((create, []))
             self.shapes[layout.shown] = shape
         return row, plans, statements
@@ -206,9 +216,19 @@ def read_rows(reader: psycopg.Connection, plan: TablePlan, shape: PgShape, value
     layout = shape.layout
     kinds = dict(zip(layout.columns, layout.kinds))
     selected = list(plan.columns)
-    if values is not None:
+    texts: list[sql.Composable] = [sql.SQL(KINDS[kinds[column]].capture).format(sql.Identifier(column))
+                                   for column in selected]
+    if values is not None and plan.subscribe_by == ROUTE:  # the row's route, looked up in the same snapshot
+        follow = plan.follow
+        assert follow is not None
+        chain = route.chain_of(reader, follow.parent, follow.columns, follow.parent_columns)
+        kinds[ROUTE] = chain.kind
+        selected.append(ROUTE)
+        texts.append(route.route_expression(chain, [sql.Identifier(layout.schema, layout.table, column)
+                                                    for column in follow.columns]))
+    elif values is not None:
         selected.append(plan.subscribe_by)  # type: ignore[arg-type]  (read alongside, even when published)
-    texts = [sql.SQL(KINDS[kinds[column]].capture).format(sql.Identifier(column)) for column in selected]
+        texts.append(sql.SQL(KINDS[kinds[selected[-1]]].capture).format(sql.Identifier(selected[-1])))
     query = sql.SQL("SELECT ARRAY[{}] FROM {}").format(sql.SQL(", ").join(texts),
                                                        sql.Identifier(layout.schema, layout.table))
     parameters: tuple = ()

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 import psycopg
 
-from ..capture import Shape
+from ..capture import ROUTE, Shape
 from ..identity import SiteIdentity
 from ..reading import ReaderRows
 from ..selection import Shapes, SubscriberReader, check_subscribers
@@ -31,10 +31,13 @@ from .subscriptions import VALUE_COLUMNS, stored_value
 
 
 def article_rows(conn: psycopg.Connection) -> list[tuple]:
-    """Every article as ``(table, publication, columns JSON, subscribe_by)``, by table."""
-    rows = [(shown_table(schema, name), publication, columns, subscribe_by)
-            for schema, name, publication, columns, subscribe_by in conn.execute(
-                "SELECT table_schema, table_name, publication, columns::text, subscribe_by FROM fieldsync.article")]
+    """Every article as ``(table, publication, columns JSON, subscribe_by)``,
+    by table; a follow article's ``subscribe_by`` is capture.ROUTE (its rows
+    carry their routes: route.py)."""
+    rows = [(shown_table(schema, name), publication, columns, subscribe_by if follows is None else ROUTE)
+            for schema, name, publication, columns, subscribe_by, follows in conn.execute(
+                "SELECT table_schema, table_name, publication, columns::text, subscribe_by, follows"
+                " FROM fieldsync.article")]
     return sorted(rows, key=lambda row: table_order(row[0]))
 
 

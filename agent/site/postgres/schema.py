@@ -20,7 +20,7 @@ Rules of this file:
   ``article``, ``subscription``, ``remote``, ``transport_option``,
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
-  layout 5: ``returned`` without a foreign key) has the columns of a SQLite site's
+  layout 5: ``returned`` without a foreign key; layout 6: follows) has the columns of a SQLite site's
   tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
@@ -57,7 +57,10 @@ SCHEMA = "fieldsync"
 #    truncation deletes them itself (log.truncate_log), where the key's
 #    cascade ran one trigger per capture row deleted, most of the time of
 #    truncating a large log.
-SCHEMA_VERSION = 5
+# 6: articles that follow their parent: ``article.follows``,
+#    ``follow_columns``, ``parent_columns``; ``shape.route_kind``, the types
+#    table row of the route a follow article's capture rows carry.
+SCHEMA_VERSION = 6
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -273,6 +276,13 @@ CREATE TABLE fieldsync.apply_error (
 CREATE INDEX apply_error_open ON fieldsync.apply_error (peer) WHERE acknowledged_at IS NULL;
 """
 
+# Layout 6: articles that follow their parent (route.py).
+_FOLLOWS = """
+ALTER TABLE fieldsync.article ADD COLUMN IF NOT EXISTS follows text,
+    ADD COLUMN IF NOT EXISTS follow_columns jsonb, ADD COLUMN IF NOT EXISTS parent_columns jsonb;
+ALTER TABLE fieldsync.shape ADD COLUMN IF NOT EXISTS route_kind text;
+"""
+
 # Layout 3: what an apply needs (agent/site/postgres/apply).
 _APPLY = """
 -- A table's conflict policy at this consolidated (none: incoming wins).
@@ -331,7 +341,7 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     1: _BOOKKEEPING, 2: _upgrade_to_3,
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
-    4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey"}
+    4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -349,6 +359,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             conn.execute(_TABLES)
             conn.execute(_BOOKKEEPING)
             conn.execute(_APPLY)
+            conn.execute(_FOLLOWS)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.

@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 
 from ..capture import FLAG_WITH_PARENT, KIND_DELETE
 from ..errors import PublicationError
+from ..follow_rules import chosen_key
 from ._db import quote_ident
 
 # The catalogue's columns read as a plan's (table, publication, columns,
@@ -110,19 +111,8 @@ def resolve(conn: sqlite3.Connection, publication: str, table: str, parent: str,
     for row in conn.execute(f"PRAGMA foreign_key_list({quote_ident(table)})"):
         if row[2].lower() == parent.lower():
             keys.setdefault(row[0], []).append((row[3], row[4]))
-    candidates = [tuple(pair for pair in pairs) for _, pairs in sorted(keys.items())]
-    if named is not None:
-        wanted = tuple(column.lower() for column in named)
-        candidates = [pairs for pairs in candidates if tuple(child.lower() for child, _ in pairs) == wanted]
-        if not candidates:
-            raise PublicationError(f"{table!r} has no foreign key ({', '.join(named)}) to {parent!r}")
-    if not candidates:
-        raise PublicationError(f"{table!r} has no foreign key to {parent!r}; declare one (FOREIGN KEY ... "
-                               f"REFERENCES {parent}) to publish it as {table}@->{parent}")
-    if len(candidates) > 1:
-        raise PublicationError(f"{table!r} has {len(candidates)} foreign keys to {parent!r}; name the one to "
-                               f"follow: {table}@COLUMN->{parent}, or {table}@(COL1,COL2)->{parent} for a composite key")
-    pairs = candidates[0]
+    pairs = chosen_key(table, parent, [(tuple(child for child, _ in pairs), tuple(pairs))
+                                       for _, pairs in sorted(keys.items())], named, str.lower)
     columns = tuple(child for child, _ in pairs)
     parent_columns = tuple(to for _, to in pairs)
     if any(to is None for to in parent_columns):  # REFERENCES parent: its primary key

@@ -104,7 +104,7 @@ def test_bad_definitions_are_refused(sales, app):
         sales.add_article("p2", "t")
     with pytest.raises(UnpublishableTable, match="does not exist"):
         sales.add_article("p2", "nowhere")
-    with pytest.raises(NotYetOnPostgres, match="follow their parent are not yet on PostgreSQL"):
+    with pytest.raises(PublicationError, match="'plain' follows 'customer', which is not an article of 'p2'"):
         sales.add_article("p2", "plain", follows="customer")
     with pytest.raises(PublicationError, match="exists already"):
         sales.create_publication("p2")

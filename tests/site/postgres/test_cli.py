@@ -226,6 +226,37 @@ def test_run_once_both_ways_between_postgresql_and_a_field_site(agent, app_uri, 
     assert [peer["name"] for peer in status["remotes"]] == ["north"]
 
 
+def test_orders_follow_their_customer_from_the_command_line(agent, app_uri, tmp_path) -> None:
+    """`customer@region orders@->customer` at PostgreSQL, as the agent's
+    own role (no superuser): an order goes with its customer to north, and
+    leaves it when the customer moves south."""
+    with connect(app_uri) as conn:
+        conn.execute("CREATE TABLE orders (id integer PRIMARY KEY, customer_id integer REFERENCES customer (id),"
+                     " note text)")
+        conn.execute("INSERT INTO orders VALUES (10, 1, 'Ann''s')")
+    inbox = {name: tmp_path / "inbox" / name for name in ("hq", "north")}
+    for folder in inbox.values():
+        folder.mkdir(parents=True)
+    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", inbox["hq"],
+                 "--home", tmp_path / "home")[0] == 0
+    code, out, err = agent("publication", "create", app_uri, "sales", "customer@region", "orders@->customer")
+    assert (code, err) == (0, ""), err
+    assert agent("remote", "add", app_uri, "north", "--address", inbox["north"], "--subscribe",
+                 "sales=north")[0] == 0
+    north = tmp_path / "north.db"
+    assert agent("extract", app_uri, "north", north)[0] == 0
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, customer_id FROM orders").fetchall() == [(10, 1)]
+    with connect(app_uri) as conn:
+        conn.execute("UPDATE customer SET region = 'south' WHERE id = 1")
+    for site in (app_uri, north):
+        code, out, err = agent("run", site, "--once", "-O", "min_age=0")
+        assert (code, err) == (0, ""), err
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+        assert remote.connection.execute("SELECT count(*) FROM customer").fetchone()[0] == 0
+
+
 def test_a_wrong_password_is_one_line_and_changes_nothing(agent, app_uri, postgres, tmp_path, monkeypatch) -> None:
     role = app_uri.split("//")[1].split("@")[0]
     database = app_uri.rsplit("/", 1)[1]

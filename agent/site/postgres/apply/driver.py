@@ -65,6 +65,7 @@ from ..capture import set_origin
 from ..errors import ValueNotConvertible
 from ..remotes import get_remote
 from ..uri import PgTarget
+from .followers import PgFollowers
 from .lookups import PeerReader, any_unconfirmed, last_change, rows_of_keys
 from .records import record_conflict, record_error
 from .returns import filters, write_return
@@ -169,7 +170,8 @@ class _Batch:
         remote = get_remote(conn, peer, for_update=True)  # one apply of a peer at a time
         skip_through = skip_bound(peer, remote, log_received, messages, peer_incarnation, skip_through)
         self.tables.refresh(conn)
-        batch.filters = filters(conn, peer)
+        followers = PgFollowers(conn, self.tables)
+        batch.filters = filters(conn, peer, followers.finders)
         # Every row the batch touches is watched: whether the unconfirmed
         # rule needs them is known only once they are all locked (lookups.any_unconfirmed).
         batch.watched = {}
@@ -183,19 +185,21 @@ class _Batch:
             previous = batch.commit = commit
             self._operations(transaction.ops)
             if batch.deferred:
-                settle(batch, self._operations, self._error)
+                settle(batch, self._operations, followers.refused(batch, self._error))
             applied += 1
         rows = _Rows(conn)
         if batch.watched and any_unconfirmed(conn, peer, remote.confirm_sent):
             reader = PeerReader(conn, self.tables, peer)
-            send_back_received(batch, lambda table, keys: rows_of_keys(conn, self.tables, table, keys,
-                                                                       remote.confirm_sent, self.identity.name),
-                               reader.operation, rows.select)
+
+            def changes(table: PgTable, keys: set[tuple]) -> Iterator[tuple]:
+                return rows_of_keys(conn, self.tables, table, keys, remote.confirm_sent, self.identity.name)
+            send_back_received(batch, changes, reader.operation, rows.select,
+                               followers.lost_with_parent(batch, changes, reader.operation, rows.select))
         rows.prefetch(batch)
-        for shape, kind, values, columns in planned_returns(batch, rows.select):
+        for shape, kind, values, columns in planned_returns(batch, rows.select, followers.under):
             table = self.tables.table(shape.table)
             assert table is not None, "a row goes back only in a table the batch applied to"
-            write_return(conn, table, peer, kind, values, columns)
+            write_return(conn, table, peer, kind, values, columns, followers.finder(table))
         conn.execute("UPDATE fieldsync.remote SET log_received = %s, receive_count = receive_count + %s,"
                      " last_received_at = %s, peer_incarnation = coalesce(peer_incarnation, %s) WHERE name = %s",
                      (log_received, messages, self.now, peer_incarnation, peer))

@@ -34,8 +34,9 @@ from codec.ops import Operation
 from ...capture import FLAG_RETURN_TO_ORIGIN, KIND_UPDATE, Shape
 from ...identity import Role
 from ...selection import SubscriberReader, plan_from_rows, value_columns_read
-from ..capture import load_shapes, shown_table
+from ..capture import load_shapes
 from ..errors import ValueNotConvertible
+from ..reading import article_rows
 from ..subscriptions import VALUE_COLUMNS, stored_value
 from .tables import PgTable, Tables
 
@@ -43,8 +44,6 @@ from .tables import PgTable, Tables
 _PROBE_CHUNK = 200
 # A change no cut has taken yet is read with the subscriptions of now.
 _NOT_CUT = 1 << 62
-
-_ARTICLES = ("SELECT table_schema, table_name, publication, columns::text, subscribe_by FROM fieldsync.article")
 
 
 def key_texts(conn: psycopg.Connection, table: PgTable, keys: list[tuple]) -> list[tuple | None]:
@@ -216,8 +215,7 @@ class PeerReader:
     reader (agent.site.selection) over the peer's subscriptions."""
 
     def __init__(self, conn: psycopg.Connection, tables: Tables, peer: str) -> None:
-        articles = [(shown_table(schema, name), publication, columns, subscribe_by)
-                    for schema, name, publication, columns, subscribe_by in conn.execute(_ARTICLES)]
+        articles = article_rows(conn)
         subscriptions = [(publication, stored_value(*values), since, until)
                          for publication, *values, since, until in conn.execute(
                              f"SELECT publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription"

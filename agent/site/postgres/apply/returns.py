@@ -5,7 +5,8 @@ Rules of this file:
 * What goes back is decided as on SQLite (agent.site.apply.conflicts
   .planned_returns: conflicts, INSERTs of a held key, key moves, rows that
   leave or enter the origin's subset, the unconfirmed rule); this file
-  writes it.
+  writes it.  A row that follows its parent is in the subset by its
+  route, and a row written back carries its routes (route.py).
 * A row written back is a capture row of the apply's own transaction,
   flagged FLAG_RETURN_TO_ORIGIN, with the origin's name as its origin
   (the session's ``fieldsync.origin``): it lands in the origin's log
@@ -28,6 +29,7 @@ import psycopg
 
 from ...apply.batch import Filter
 from ...capture import FLAG_RETURN_TO_ORIGIN
+from .. import route
 from ..capture import shown_table
 from ..subscriptions import VALUE_COLUMNS, stored_value
 from ..errors import ValueNotConvertible
@@ -35,9 +37,11 @@ from .lookups import value_texts
 from .tables import PgTable
 
 
-def filters(conn: psycopg.Connection, peer: str) -> dict[str, Filter]:
+def filters(conn: psycopg.Connection, peer: str, finders: dict[tuple[str, str], route.RouteFinder]
+            ) -> dict[str, Filter]:
     """``peer``'s subset of each table published with a SUBSCRIBE BY column
-    (lower-case table -> Filter): what decides which rows leave it."""
+    or following its parent (lower-case table -> Filter; ``finders``:
+    route.finders): what decides which rows leave it."""
     values: dict[str, set] = {}
     for publication, *value in conn.execute(f"SELECT publication, {VALUE_COLUMNS} FROM fieldsync.subscription"
                                             " WHERE remote = %s AND until IS NULL", (peer,)):
@@ -45,17 +49,22 @@ def filters(conn: psycopg.Connection, peer: str) -> dict[str, Filter]:
         held = stored_value(*value)
         if held is not None:
             bucket.add(held)
-    return {shown_table(schema, table).lower(): Filter((column,), frozenset(values.get(publication, ())))
-            for schema, table, publication, column in conn.execute(
-                "SELECT table_schema, table_name, publication, subscribe_by FROM fieldsync.article"
-                " WHERE subscribe_by IS NOT NULL")}
+    found = {shown_table(schema, table).lower(): Filter((column,), frozenset(values.get(publication, ())))
+             for schema, table, publication, column in conn.execute(
+                 "SELECT table_schema, table_name, publication, subscribe_by FROM fieldsync.article"
+                 " WHERE subscribe_by IS NOT NULL")}
+    for (schema, table), finder in finders.items():  # by the route, looked up here
+        found[shown_table(schema, table).lower()] = Filter(finder.columns, frozenset(values.get(finder.publication,
+                                                                                              ())), finder.value)
+    return found
 
 
 def write_return(conn: psycopg.Connection, table: PgTable, peer: str, kind: int, values: list,
-                 columns: Iterable[str]) -> None:
+                 columns: Iterable[str], finder: route.RouteFinder | None = None) -> None:
     """Write one capture row of ``table``'s shape for ``peer`` only:
     ``values`` in the shape's columns (twice for an UPDATE: as the peer
-    holds the row, then as it is here)."""
+    holds the row, then as it is here); ``finder``: the table follows its
+    parent, and the row carries its routes."""
     names = table.pg_shape.layout.columns
     images = len(values) // len(names)
     params: list = []
@@ -76,5 +85,12 @@ def write_return(conn: psycopg.Connection, table: PgTable, peer: str, kind: int,
         txid, seq = conn.execute("INSERT INTO fieldsync.capture (shape, kind, flags, v) VALUES (%s, %s, %s, %s)"
                                  " RETURNING txid, seq",
                                  (table.pg_shape.id, kind, FLAG_RETURN_TO_ORIGIN, ordered)).fetchone()
+    if finder is not None:  # its routes after the widest image, as the triggers write them (route.py)
+        width = len(names)
+        routes = [finder.text([values[image * width + names.index(column)] for column in finder.columns])
+                  for image in range(images)]
+        conn.execute("UPDATE fieldsync.capture SET v = v || pg_catalog.array_fill(NULL::pg_catalog.text,"
+                     " ARRAY[%s]) || %s::pg_catalog.text[] WHERE txid = %s AND seq = %s",
+                     (width * (2 - images), routes, txid, seq))
     conn.execute("INSERT INTO fieldsync.returned (seq, txid, peer, columns) VALUES (%s, %s, %s, %s)",
                  (seq, txid, peer, json.dumps(sorted(columns))))
