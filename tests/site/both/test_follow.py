@@ -323,3 +323,33 @@ def test_a_child_no_longer_published_no_longer_moves_with_its_parent(world):
     world.hq.scan()
     assert sorted({op.table for transaction in world.hq.read_log("rep2", end) for op in transaction.ops}) == [
         "customer", "orders"]
+
+
+def test_a_send_phase_reads_only_for_the_reps_a_range_concerns(world):
+    """Site.concerned_reads (agent.site.concern) with rows that follow their
+    parent, among many more reps: a line added under a rep 2 customer's
+    order names rep 2's subscriber alone; a customer's move, which carries
+    its orders and lines, names its old and new rep; nobody whose own read
+    yields anything is left out."""
+    hq = world.hq
+    others = [f"rep{number}" for number in range(10, 30)]
+    for number, name in enumerate(others, start=10):
+        hq.add_remote(name)
+        hq.subscribe(name, "sales", number)
+    everyone = [*REPS, *others]
+
+    def concerned(after: int, end: int) -> set[str]:
+        reads = [(name, after, end) for name in everyone]
+        return {reads[index][0] for index in hq.concerned_reads(reads)}
+
+    def yielding(after: int, end: int) -> set[str]:
+        return {name for name in everyone if list(hq.read_log(name, after, end))}
+
+    start = hq.scan()
+    world.app.execute("INSERT INTO order_line VALUES (200, 11, 9)")  # order 11 is customer 6's, rep 1's
+    added = hq.scan()
+    assert concerned(start, added) == yielding(start, added) == {"rep1"}
+    world.app.execute("UPDATE customer SET rep = 12 WHERE id = 6")
+    end = hq.scan()
+    assert concerned(added, end) == yielding(added, end) == {"rep1", "rep12"}
+    assert yielding(start, end) <= concerned(start, end)
