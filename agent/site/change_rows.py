@@ -82,7 +82,7 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
             continue
         view = views.get(table.lower())
         if view is None:
-            view = views[table.lower()] = View(shape_of(change["shapes"][table]), *article)
+            view = views[table.lower()] = View(shape_of(change["shapes"][table]), article[0], None, None)
         if _publishes(verb, step, article[0], view, change["indexes"]):
             kept.append(tuple(step))
     if not kept:
