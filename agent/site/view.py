@@ -34,7 +34,8 @@ class View:
     """
 
     __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
-                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row", "alike")
+                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row",
+                 "alike")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:

@@ -77,6 +77,21 @@ def test_changes_at_hq_and_at_a_remote_reach_each_subscriber_once(world):
         assert site.connection.execute("SELECT count(*) FROM fieldsync_apply_error").fetchone()[0] == 0
 
 
+def test_a_row_a_remote_takes_out_of_one_subset_stays_while_another_keeps_it(world):
+    hq, r1, r2 = world
+    remote = app_connection(r1)
+    remote.execute("UPDATE customer SET region = 'south' WHERE id = 1")  # leaves regions; reps keeps it
+    remote.execute("UPDATE customer SET rep = 'carl' WHERE id = 2")  # regions keeps it
+    remote.execute("UPDATE customer SET rep = 'bob' WHERE id = 3")  # south and bob: none of r1's keeps it
+    replicate(r1, hq)
+    for site in (r2, r1):
+        replicate(hq, site)
+    assert table_rows(hq, "customer", "WHERE id <= 3") == [
+        (1, "a", "south", "ann", 1.0), (2, "b", "north", "carl", 2.0), (3, "c", "south", "bob", 3.0)]
+    assert [row[0] for row in table_rows(r1, "customer")] == [1, 2]  # row 3 went back as a DELETE
+    assert table_rows(r2, "customer") == [(1, "a", "south"), (3, "c", "south"), (4, "d", "south")]
+
+
 def test_leaving_one_publication_removes_only_the_rows_no_other_subscription_keeps(world):
     hq, r1, _ = world
     ended = hq.unsubscribe("r1", "reps", "ann")
@@ -114,6 +129,13 @@ def test_a_table_follows_a_parent_in_one_publication_and_is_published_plainly_in
     assert table_rows(north, "shop") == []
     assert table_rows(north, "orders") == [(10, None, "x"), (20, None, "z")]
     assert north.connection.execute("SELECT count(*) FROM fieldsync_apply_error").fetchone()[0] == 0
+    # Without its follow, orders is captured with no route: its parent may go.
+    hq.remove_article("orders", "sales")
+    hq.drop_publication("sales")
+    app.execute("DROP TABLE shop")
+    app.execute("UPDATE orders SET note = 'w' WHERE id = 10")
+    replicate(hq, north)
+    assert table_rows(north, "orders") == [(10, None, "w"), (20, None, "z")]
     hq.close()
     north.close()
 

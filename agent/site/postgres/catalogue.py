@@ -118,7 +118,8 @@ def remove_article(conn: psycopg.Connection, target: PgTarget, table: str, publi
             drop_capture_of(conn, target, oid)
             conn.execute("DELETE FROM fieldsync.article WHERE table_schema = %s AND table_name = %s", (schema, name))
             return
-    raise PublicationError(f"table {table!r} is not published" + ("" if publication is None else f" in {publication!r}"))
+    raise PublicationError(f"table {table!r} is not published"
+                           + ("" if publication is None else f" in {publication!r}"))
 
 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> None:

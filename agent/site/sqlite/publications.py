@@ -120,21 +120,34 @@ def remove_article_locked(conn: sqlite3.Connection, table: str, publication: str
         if any(held == other for _, other in rows)]
     if followers:
         raise PublicationError(f"{', '.join(followers)} follow {name!r}: remove them first")
+    routed = any(conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ? AND publication = ?"
+                              " AND follows IS NOT NULL", (name, other)).fetchone() for _, other in rows)
     for _, other in rows:
         conn.execute("DELETE FROM fieldsync_article WHERE table_name = ? AND publication = ?", (name, other))
-    if conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ?", (name,)).fetchone() is None:
-        drop_capture(conn, name)
+    _after_removal(conn, name, routed)
     install_moves(conn)
+
+
+def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
+    """The capture of ``table`` once some of its articles are gone: none
+    when no publication holds it any more; made again without routes when
+    the article that followed a parent went (its triggers look the route
+    up in the parent's table)."""
+    if conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ?", (table,)).fetchone() is None:
+        drop_capture(conn, table)
+    elif routed and conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                                 (table,)).fetchone():
+        shape = install_capture(conn, table_info(conn, table))
+        conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
 
 def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {name!r}")
-    tables = [table for (table,) in conn.execute("SELECT table_name FROM fieldsync_article WHERE publication = ?",
-                                                 (name,)).fetchall()]
+    tables = conn.execute("SELECT table_name, follows IS NOT NULL FROM fieldsync_article WHERE publication = ?",
+                          (name,)).fetchall()
     conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
-    for table in tables:
-        if conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ?", (table,)).fetchone() is None:
-            drop_capture(conn, table)  # no other publication holds it
+    for table, routed in tables:
+        _after_removal(conn, table, bool(routed))
     install_moves(conn)
     conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (name,))
     conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))
