@@ -5,6 +5,7 @@ to both, n2 to territory."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,20 @@ def test_two_publications_of_one_table_reach_their_subscribers_once_each_and_one
     assert rows(n1) == [(3, "n1", "c3", None), (5, "n1", "c5", None)]
     for path in sites.values():
         assert rows(path, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)]
+
+
+def test_remove_with_a_publication_stops_publishing_the_table_there_alone(
+        sites: dict[str, Path], agent: Agent) -> None:
+    hq = sites["hq"]
+    refused = agent("publication", "remove", hq, "customer", "--publication", "nosuch")
+    assert refused.code == 1 and refused.err_lines == [
+        f"agent: not published in 'nosuch' of {hq}: 'customer'; nothing was changed (`agent publication list` shows "
+        "what is)"]
+    removed = agent("publication", "remove", hq, "customer", "--publication", "desk")
+    assert removed.code == 0 and "Stopped publishing: customer in desk" in removed.out
+    document = json.loads(agent("publication", "list", hq, "--json").out)
+    assert {item["name"]: [article["table"] for article in item["articles"]]
+            for item in document["publications"]} == {"desk": [], "territory": ["customer"]}
+    write(hq, "UPDATE customer SET name = 'c3 again' WHERE id = 3")  # still captured for territory
+    sync(agent, sites)
+    assert rows(sites["n1"], "SELECT name FROM customer WHERE id = 3") == [("c3 again",)]
