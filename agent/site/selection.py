@@ -290,15 +290,17 @@ class SubscriberReader:
             # NULL in a column the row is not published with (agent.site.union).
             return {names[i]: values[i] if i in kept else None for i in view.positions}
 
+        # A DELETE's old row as the origin holds it (a row no article keeps: its key).
+        gone = view.positions_for(row) or view.key_positions
         if row[2] == KIND_DELETE:
-            return _operation(view.table, OpKind.DELETE, view.key(old), image(old, view.positions), None)
+            return _operation(view.table, OpKind.DELETE, view.key(old), image(old, gone), None)
         if row[2] == KIND_INSERT:
             if not view.holds(row):
                 return None
             return _operation(view.table, OpKind.INSERT, view.key(old), None, image(old, view.positions_for(row)))
         new = row[4 + width:4 + 2 * width]
         if not view.holds(row, new=True):
-            return _operation(view.table, OpKind.DELETE, view.key(old), image(old, view.positions), None)
+            return _operation(view.table, OpKind.DELETE, view.key(old), image(old, gone), None)
         if not view.holds(row):
             return _operation(view.table, OpKind.INSERT, view.key(new), None,
                               image(new, view.positions_for(row, new=True)))
