@@ -139,21 +139,27 @@ def add(database: Path, name: str, articles: tuple) -> None:
 @publication.command("remove")
 @click.argument("database", type=DATABASE)
 @click.argument("tables", nargs=-1, required=True)
-def remove(database: Path, tables: tuple[str, ...]) -> None:
-    """Stop publishing TABLES (each in whichever publication holds it).
+@click.option("--publication", "-p", "name", type=PublicationName(), default=None,
+              help="Stop publishing them in this publication only (default: in every publication that holds them).")
+def remove(database: Path, tables: tuple[str, ...], name: str | None) -> None:
+    """Stop publishing TABLES (in every publication that holds them, or
+    in the one --publication names).
 
-    Their changes are no longer captured; remotes keep their copies of the
-    tables and the rows in them.
+    A table no publication holds any more is no longer captured; remotes
+    keep their copies of the tables and the rows in them.
     """
     with open_site(database) as site:
-        published = {article.table for item in site.publications() for article in item.articles}
+        published = {article.table for item in site.publications() if name in (None, item.name)
+                     for article in item.articles}
         unknown = [table for table in dict.fromkeys(tables) if table not in published]
         if unknown:  # all or nothing
-            raise click.ClickException(f"not published in {database}: {', '.join(map(repr, unknown))}; nothing "
+            where = database if name is None else f"{name!r} of {database}"
+            raise click.ClickException(f"not published in {where}: {', '.join(map(repr, unknown))}; nothing "
                                        "was changed (`agent publication list` shows what is)")
         for table in dict.fromkeys(tables):
-            site.remove_article(table)
-    console().print(f"Stopped publishing: {', '.join(dict.fromkeys(tables))}", soft_wrap=True)
+            site.remove_article(table, name)
+    console().print(f"Stopped publishing: {', '.join(dict.fromkeys(tables))}"
+                    + ("" if name is None else f" in {name}"), soft_wrap=True)
 
 
 @publication.command("drop")

@@ -82,7 +82,7 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
             continue
         view = views.get(final.lower())
         if view is None:
-            view = views[final.lower()] = View(shape_of(change["shapes"][final]), *article)
+            view = views[final.lower()] = View(shape_of(change["shapes"][final]), article[0], None, None)
         if _publishes(verb, step, article[0], view, change["indexes"]):
             kept.append((tuple(step), final))
     if not kept:

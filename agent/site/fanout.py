@@ -29,27 +29,34 @@ class _Route(NamedTuple):
     ``classes`` groups the readers that see the shape alike (same columns,
     same SUBSCRIBE BY column and values): a row becomes the same operation
     for each reader of a class, so it is converted once per class.
-    ``every`` are the classes that receive every row; ``by_value`` maps a
-    SUBSCRIBE BY value to the classes whose subset holds it, the value at
-    ``old_at`` (and, for an UPDATE, ``new_at``) of a capture row.
+    ``every`` are the classes offered every row (those that receive every
+    row, and those that see the table through several articles, which
+    decide themselves: agent.site.union); ``filters`` holds, for each
+    SUBSCRIBE BY column (or route) of the table's articles, ``(old_at,
+    new_at, by_value)``: ``by_value`` maps a value to the classes whose
+    subset holds it, the value at ``old_at`` (and, for an UPDATE,
+    ``new_at``) of a capture row.  A table in one publication has one.
     """
 
     classes: tuple[tuple["View", tuple[int, ...]], ...]
     every: tuple[int, ...]
-    old_at: int | None
-    new_at: int | None
-    by_value: dict[object, tuple[int, ...]]
+    filters: tuple[tuple[int, int, dict[object, tuple[int, ...]]], ...]
+
+    @property
+    def old_at(self) -> int | None:
+        """Where the filter value sits, when some class filters (None: no class does)."""
+        return self.filters[0][0] if self.filters else None
 
     def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
         """The classes an ordinary capture ``row`` of this shape can concern."""
-        if self.old_at is None:
-            return self.every
-        old = row[self.old_at]
-        numbers = (*self.every, *self.by_value.get(old, ()))
-        if kind == KIND_UPDATE and row[self.new_at] != old:  # moved: its new subset's classes too
-            moved_to = self.by_value.get(row[self.new_at], ())
-            if moved_to:
-                numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
+        numbers = self.every
+        for old_at, new_at, by_value in self.filters:  # each class sits at one place at most
+            old = row[old_at]
+            numbers = (*numbers, *by_value.get(old, ()))
+            if kind == KIND_UPDATE and row[new_at] != old:  # moved: its new subset's classes too
+                moved_to = by_value.get(row[new_at], ())
+                if moved_to:
+                    numbers = tuple(dict.fromkeys((*numbers, *moved_to)))
         return numbers
 
 class Router:
@@ -81,25 +88,23 @@ class Router:
             return route
         members: dict[tuple, list[int]] = {}
         views: dict[tuple, View] = {}
-        old_at = new_at = None
         for index, reader in enumerate(self.readers):
             view = reader.view(shape_id)
             if view is None:
                 continue
-            alike = (view.positions, view.filter_position, view.values)
-            members.setdefault(alike, []).append(index)
-            views.setdefault(alike, view)
-            if view.old_filter is not None:  # the same column for every reader of this table
-                old_at, new_at = view.old_filter, view.new_filter
+            members.setdefault(view.alike, []).append(index)
+            views.setdefault(view.alike, view)
         classes = tuple((views[alike], tuple(indexes)) for alike, indexes in members.items())
         every = tuple(number for number, (view, _) in enumerate(classes) if view.values is None)
-        by_value: dict[object, list[int]] = {}
+        by_place: dict[tuple[int, int], dict[object, list[int]]] = {}
         for number, (view, _) in enumerate(classes):
             if view.values is not None and view.old_filter is not None:
+                by_value = by_place.setdefault((view.old_filter, view.new_filter), {})
                 for value in view.values:
                     by_value.setdefault(value, []).append(number)
-        route = self._routes[shape_id] = _Route(
-            classes, every, old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
+        route = self._routes[shape_id] = _Route(classes, every, tuple(
+            (old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
+            for (old_at, new_at), by_value in by_place.items()))
         return route
 
     def candidates(self, origin: str, row: tuple) -> frozenset[int]:

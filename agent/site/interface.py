@@ -81,8 +81,10 @@ class Site(Protocol):
         that subscribe to it get the table and its rows through their
         streams (docs/site-database.md, "Schema changes")."""
 
-    def remove_article(self, table: str) -> None:
-        """Stop publishing ``table`` (its capture triggers are dropped)."""
+    def remove_article(self, table: str, publication: str | None = None) -> None:
+        """Stop publishing ``table`` in ``publication`` (None: in every
+        publication that holds it); its capture triggers are dropped with
+        its last article."""
 
     def drop_publication(self, name: str) -> None: ...
 

@@ -4,8 +4,9 @@ making them, whatever database holds them.
 Rules of this file:
 * A publication is a set of *articles*; an article is one table, optionally
   restricted to some columns (the key columns are always included) and
-  optionally with a ``SUBSCRIBE BY`` column.  A table belongs to at most one
-  publication.
+  optionally with a ``SUBSCRIBE BY`` column.  A table may be an article of
+  several publications (agent.site.union; a PostgreSQL site keeps it to
+  one).
 * A subscription value is a SQLite value (None, an integer, a float, text
   or bytes), never NaN; two values are the same when equal and of one type
   (agent.site.values.same_value): subscribing twice with the same value is

@@ -29,18 +29,20 @@ from typing import Callable, Collection, Iterable, Mapping, NamedTuple, Protocol
 from codec.changes import SchemaChange
 from codec.ops import OpKind, Operation
 
-from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE, ROUTE, Shape
+from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE, Shape
 from .change_rows import subscriber_change
 from .errors import UnknownRemote
 from .folding import _operation
 from .identity import Role, SiteIdentity
+from .union import UnionView, make_view, merge, routed as is_routed
 from .view import View
 
 
 class SelectionPlan(NamedTuple):
     """Everything that decides what one subscriber receives, as plain data:
     ``articles`` maps a lowered table name to ``(columns, subscribe_by,
-    values)`` (``values`` None: every row), ``returned_flag`` is the capture
+    values)`` (``values`` None: every row; for a table received through
+    several articles, agent.site.union's entry), ``returned_flag`` is the capture
     flag of rows written back to their origin (0 at a remote).  It is what
     a backend reads from its site (agent.site.sqlite.selection) and what a batch
     export writes out, so a reader built anywhere selects alike."""
@@ -84,8 +86,10 @@ def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subsc
     returned_flag = FLAG_RETURN_TO_ORIGIN if role is Role.CONSOLIDATED else 0
     if role is Role.REMOTE:
         # The consolidated gets everything a remote publishes.
-        return SelectionPlan(subscriber, {table.lower(): (_columns(columns), None, None)
-                                          for table, _publication, columns, _subscribe_by in articles}, returned_flag,
+        found: dict[str, list[tuple]] = {}
+        for table, _publication, columns, _subscribe_by in articles:
+            found.setdefault(table.lower(), []).append((_columns(columns), None, None))
+        return SelectionPlan(subscriber, {table: merge(entries) for table, entries in found.items()}, returned_flag,
                              renames=renames)
     spans = [(row[0], row[1], row[2] if len(row) > 2 else 0, row[3] if len(row) > 3 else None)
              for row in subscriptions]
@@ -115,13 +119,15 @@ def _articles(articles: list[tuple], subscriptions: Iterable[tuple]
         bucket = values.setdefault(publication, set())
         if value is not None:
             bucket.add(value)
-    plan: dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]] = {}
+    found: dict[str, list[tuple]] = {}
     for table, publication, columns, subscribe_by in articles:
         if publication not in values:
             continue
-        plan[table.lower()] = (_columns(columns), subscribe_by,
-                               frozenset(values[publication]) if subscribe_by else None)
-    return plan
+        found.setdefault(table.lower(), []).append(
+            (_columns(columns), subscribe_by, frozenset(values[publication]) if subscribe_by else None))
+    # A table in several of the subscriber's publications: each row once,
+    # with the columns of the articles that keep it (agent.site.union).
+    return {table: entries[0] if len(entries) == 1 else merge(entries) for table, entries in found.items()}
 
 def _columns(columns: str | tuple | None) -> tuple[str, ...] | None:
     """An article's column list: JSON from an article row, or parsed already (None: every column)."""
@@ -132,10 +138,10 @@ def _columns(columns: str | tuple | None) -> tuple[str, ...] | None:
 def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
     """How many capture value columns a reader of ``plan`` needs: the widest
     shape of a table it receives, old and new row."""
-    routed = {table for table, (_, by, _) in plan.articles.items() if by == ROUTE}
+    routed = {table for table, entry in plan.articles.items() if is_routed(entry)}
     tables = set(plan.articles).union(*(set(articles) for _, articles in plan.history))
     for _, articles in plan.history:
-        routed.update(table for table, (_, by, _) in articles.items() if by == ROUTE)
+        routed.update(table for table, entry in articles.items() if is_routed(entry))
     # A follow article's rows carry their routes after the widest image.
     renames = plan.renames
     return max((2 * len(shape.columns) + (2 if renames.get(name, name) in routed else 0)
@@ -169,7 +175,7 @@ class SubscriberReader:
         self.value_columns = value_columns
         self.returned_columns = returned_columns
         self._shapes = shapes
-        self._views: dict[int, View | None] = {}
+        self._views: dict[int, View | UnionView | None] = {}
         self._articles = plan.articles
         self._current = plan.articles
         self._history = plan.history
@@ -195,8 +201,9 @@ class SubscriberReader:
         readers = []
         for subscriber in subscribers:
             plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()), renames)
-            kind = (tuple((table, by) for table, (_, by, _) in plan.articles.items()),
-                    tuple(tuple((table, by) for table, (_, by, _) in held.items()) for _, held in plan.history))
+            kind = (tuple((table, is_routed(entry)) for table, entry in plan.articles.items()),
+                    tuple(tuple((table, is_routed(entry)) for table, entry in held.items())
+                          for _, held in plan.history))
             width = widths.get(kind)
             if width is None:
                 width = widths[kind] = value_columns_read(every_shape, plan)
@@ -220,11 +227,11 @@ class SubscriberReader:
         self._views = {}
         return True
 
-    def view(self, shape_id: int) -> "View | None":
+    def view(self, shape_id: int) -> "View | UnionView | None":
         """How the subscriber sees rows of this shape (None: not at all)."""
         return self._view(shape_id)
 
-    def _view(self, shape_id: int) -> View | None:
+    def _view(self, shape_id: int) -> "View | UnionView | None":
         try:
             return self._views[shape_id]
         except KeyError:
@@ -232,7 +239,7 @@ class SubscriberReader:
         shape = self._shapes.get(shape_id)
         name = shape.table.lower()
         article = self._articles.get(self._renames.get(name, name))  # rows logged before a rename: its article
-        view = None if article is None else View(shape, *article)
+        view = None if article is None else make_view(shape, article)
         self._views[shape_id] = view
         return view
 
@@ -283,7 +290,7 @@ class SubscriberReader:
                                  lambda table: articles.get(renames.get(table, table)), self._shapes.get,
                                  self.subscriber)
 
-    def _returned(self, view: View, origin: str, row: tuple) -> Operation | None:
+    def _returned(self, view: "View | UnionView", origin: str, row: tuple) -> Operation | None:
         """A row a conflict resolution sends back to its origin: the old
         image is the row as the origin holds it, the new image the result.
         The origin gets the listed columns of the result, the whole row if
@@ -291,22 +298,32 @@ class SubscriberReader:
         row (the origin no longer holds the row) carries the result alone."""
         width = view.width
         old = row[4:4 + width]
+        names = self._shapes.get(row[1]).columns
+
+        def image(values: tuple, kept: tuple[int, ...]) -> dict:
+            # NULL in a column the row is not published with (agent.site.union).
+            return {names[i]: values[i] if i in kept else None for i in view.positions}
+
+        # A DELETE's old row as the origin holds it (a row no article keeps: its key).
+        gone = view.positions_for(row) or view.key_positions
         if row[2] == KIND_DELETE:
-            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+            return _operation(view.table, OpKind.DELETE, view.key(old), image(old, gone), None)
         if row[2] == KIND_INSERT:
             if not view.holds(row):
                 return None
-            return _operation(view.table, OpKind.INSERT, view.key(old), None, view.image(old))
+            return _operation(view.table, OpKind.INSERT, view.key(old), None, image(old, view.positions_for(row)))
         new = row[4 + width:4 + 2 * width]
         if not view.holds(row, new=True):
-            return _operation(view.table, OpKind.DELETE, view.key(old), view.image(old), None)
+            return _operation(view.table, OpKind.DELETE, view.key(old), image(old, gone), None)
         if not view.holds(row):
-            return _operation(view.table, OpKind.INSERT, view.key(new), None, view.image(new))
+            return _operation(view.table, OpKind.INSERT, view.key(new), None,
+                              image(new, view.positions_for(row, new=True)))
         found = self.returned_columns(row[0])
-        listed = set(json.loads(found)) if found is not None else set(view.names)
-        names = self._shapes.get(row[1]).columns
-        chosen = [i for i in view.positions if names[i] in listed]
+        held, kept = view.positions_for(row), view.positions_for(row, new=True)
+        listed = set(json.loads(found)) if found is not None else {names[i] for i in kept}
+        chosen = [i for i in view.positions if (i in held or i in kept) and names[i] in listed]
         if not chosen:
             return None
-        return _operation(view.table, OpKind.UPDATE, view.key(old), {names[i]: old[i] for i in chosen},
-                          {names[i]: new[i] for i in chosen})
+        before, after = image(old, held), image(new, kept)
+        return _operation(view.table, OpKind.UPDATE, view.key(old), {names[i]: before[names[i]] for i in chosen},
+                          {names[i]: after[names[i]] for i in chosen})

@@ -34,7 +34,8 @@ class View:
     """
 
     __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
-                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row")
+                 "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row",
+                 "alike")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
@@ -52,6 +53,8 @@ class View:
         else:
             self.filter_position, self.old_filter, self.new_filter = place
             self.values = values
+        # Views alike turn a row into the same operation (agent.site.fanout).
+        self.alike = (self.positions, self.filter_position, self.values)
 
     def contains(self, row: tuple) -> bool:
         """Whether an image (a slice of the shape's columns, and for a row
@@ -66,6 +69,15 @@ class View:
         if at is None:
             return self.values is None
         return row[at] in self.values  # type: ignore[operator]
+
+    def published(self, image: tuple) -> tuple[int, ...]:
+        """The columns an image (as :meth:`contains` takes it) is published
+        with: none when it lies outside the subset."""
+        return self.positions if self.contains(image) else ()
+
+    def positions_for(self, row: tuple, new: bool = False) -> tuple[int, ...]:
+        """The columns a capture row's image is published with."""
+        return self.positions
 
     def image(self, row: tuple) -> dict:
         return {name: row[i] for name, i in zip(self.names, self.positions)}

@@ -194,3 +194,25 @@ def test_one_pass_checks_every_range_before_reading(hq):
     with pytest.raises(UnknownRemote):
         hq.read_logs([("north1", 0, offsets[-1]), ("ghost", 0, offsets[-1])])
     assert list(hq.read_logs([])) == []
+
+
+def test_a_table_in_several_publications_is_one_plan_entry():
+    """A subscriber's articles of one table make one entry: joined when they
+    select alike, the whole table when one article gives every row and
+    column, else a union the reader resolves row by row (agent.site.union)."""
+    from agent.site.identity import Role
+    from agent.site.selection import plan_from_rows
+    from agent.site.union import UNION
+
+    articles = [("t", "a", '["id", "x"]', "region"), ("t", "b", '["id", "x"]', "region"),
+                ("t", "c", '["id", "y"]', None), ("t", "d", None, None)]
+
+    def entry(*subscriptions: tuple) -> tuple:
+        return plan_from_rows("r", Role.CONSOLIDATED, articles, subscriptions).articles["t"]
+
+    assert entry(("a", "n"), ("b", "s")) == (("id", "x"), "region", frozenset({"n", "s"}))
+    assert entry(("a", "n"), ("d", None)) == (None, None, None)
+    assert entry(("a", "n"), ("c", None)) == (("id", "x", "y"), UNION, (
+        (("id", "x"), "region", frozenset({"n"})), (("id", "y"), None, None)))
+    # At a remote the consolidated gets every row, with every column any article publishes.
+    assert plan_from_rows("hq", Role.REMOTE, articles[:3], ()).articles == {"t": (("id", "x", "y"), None, None)}

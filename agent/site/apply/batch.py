@@ -132,6 +132,10 @@ class Filter:
             routes[key] = self.route(key)
         return routes[key]
 
+    def holds(self, row: Mapping[str, Any], routes: dict | None = None) -> bool:
+        """Whether ``row`` lies in the subset."""
+        return self.value(row, routes) in self.values
+
     def moves(self, before: Sequence[str], after: Sequence[str]) -> bool:
         """Whether an UPDATE with these before and after columns can move its
         row into the subset (it carries the old and new values of them all)."""
@@ -142,6 +146,27 @@ class Filter:
         subset from outside it."""
         return (self.moves(before, after) and self.value(before) not in self.values
                 and self.value(after) in self.values)
+
+
+class AnyFilter:
+    """The subset of a table the batch's origin gets through several
+    articles (the table is in several of its publications): the rows any
+    of their filters holds (docs/site-database.md, "A table in several
+    publications")."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: Sequence[Filter]) -> None:
+        self.parts = tuple(parts)
+
+    def holds(self, row: Mapping[str, Any], routes: dict | None = None) -> bool:
+        return any(part.holds(row, routes) for part in self.parts)
+
+    def moves(self, before: Sequence[str], after: Sequence[str]) -> bool:
+        return all(part.moves(before, after) for part in self.parts)
+
+    def entered(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+        return self.moves(before, after) and not self.holds(before) and self.holds(after)
 
 
 class Batch:
@@ -159,7 +184,7 @@ class Batch:
         self.returns: dict[tuple[str, tuple], Return] = {}
         # The peer's subset of its filtered tables (lower-case table ->
         # Filter), and the keys of those tables the batch touched.
-        self.filters: dict[str, Filter] = {}
+        self.filters: dict[str, Filter | AnyFilter] = {}
         self.touched: dict[tuple[str, tuple], Table] = {}
         # Rows that go back whole, as an INSERT: the peer moved them into its
         # subset from outside it (it may have been sent a DELETE of them that

@@ -85,8 +85,7 @@ def resolved(batch: Batch, table: Table, op: tuple, local: dict, written: dict, 
         # columns the conflict was about (and any the resolution wrote).
         send_back(batch, table, final_key, {**local, **op[4]}, set(op[4]) | set(written))
         subset = batch.filters.get(table.name.lower())
-        if subset is not None and subset.value(local) not in subset.values \
-                and subset.value(result) in subset.values:
+        if subset is not None and not subset.holds(local) and subset.holds(result):
             # Our row was outside the origin's subset (a DELETE of it went
             # or goes there) and the change brings it in: it goes back whole.
             batch.entered.add((table.name, final_key))
@@ -159,7 +158,7 @@ def planned_returns(batch: Batch, select: Callable[[Table, tuple], dict | None],
                 yield shape, KIND_DELETE, [image.get(column) for column in shape.columns], set()
             continue  # otherwise the origin deleted it too, or an operation on its way does
         subset = batch.filters.get(table.name.lower())
-        if subset is not None and subset.value(result, routes.setdefault(shape.table, {})) not in subset.values:
+        if subset is not None and not subset.holds(result, routes.setdefault(shape.table, {})):
             if not deleted_there and (pending is not None or name_key in batch.touched):
                 yield shape, KIND_DELETE, [result.get(column) for column in shape.columns], set()
             continue

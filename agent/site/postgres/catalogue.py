@@ -117,13 +117,15 @@ def _resolve(conn: psycopg.Connection, table: str) -> tuple[str, str] | None:
     return None if found is None else (found[0], found[1])
 
 
-def remove_article(conn: psycopg.Connection, target: PgTarget, table: str) -> None:
+def remove_article(conn: psycopg.Connection, target: PgTarget, table: str, publication: str | None = None) -> None:
     """Stop publishing ``table`` (named as it is now, or as its article
-    shows it when it is missing) and remove its capture triggers."""
+    shows it when it is missing; in ``publication``, when named) and
+    remove its capture triggers."""
     resolved = _resolve(conn, table)
-    for schema, name, oid in conn.execute("SELECT table_schema, table_name, table_oid FROM fieldsync.article"
-                                          " ORDER BY table_schema, table_name").fetchall():
-        if resolved == (schema, name) or shown_table(schema, name) == table:
+    for schema, name, oid, held in conn.execute(
+            "SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
+            " ORDER BY table_schema, table_name").fetchall():
+        if (resolved == (schema, name) or shown_table(schema, name) == table) and publication in (None, held):
             followers = [shown_table(*found) for found in conn.execute(
                 "SELECT table_schema, table_name FROM fieldsync.article WHERE follows = %s ORDER BY 1, 2",
                 (shown_table(schema, name),))]
@@ -134,7 +136,8 @@ def remove_article(conn: psycopg.Connection, target: PgTarget, table: str) -> No
             conn.execute("DELETE FROM fieldsync.article WHERE table_schema = %s AND table_name = %s", (schema, name))
             route.install_moves(conn)
             return
-    raise PublicationError(f"table {table!r} is not published")
+    raise PublicationError(f"table {table!r} is not published"
+                           + ("" if publication is None else f" in {publication!r}"))
 
 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> None:

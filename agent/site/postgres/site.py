@@ -204,10 +204,11 @@ class PostgresSite:
             catalogue.refuse_sending_tables(conn, publication, table)
             return catalogue.add_article(conn, self.target, publication, article)
 
-    def remove_article(self, table: str) -> None:
-        """Stop publishing ``table`` (its capture triggers are dropped)."""
+    def remove_article(self, table: str, publication: str | None = None) -> None:
+        """Stop publishing ``table`` (its capture triggers are dropped); a
+        table is in one publication here, which ``publication`` must name."""
         with self._transaction(f"unpublishing table {table!r}") as conn:
-            catalogue.remove_article(conn, self.target, table)
+            catalogue.remove_article(conn, self.target, table, publication)
 
     def drop_publication(self, name: str) -> None:
         with self._transaction(f"dropping publication {name!r}") as conn:

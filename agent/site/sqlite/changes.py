@@ -26,7 +26,7 @@ from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaCha
 from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
-from ..capture import KIND_INSERT, KIND_SCHEMA
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_INSERT, KIND_SCHEMA
 from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, names_after, row_value, subscriber_change,
                            table_renames)
 from ..errors import InvalidSetting, SchemaRefused, WrongRole
@@ -35,17 +35,20 @@ from ._db import quote_ident
 from .capture import ShapeCache, drop_capture, drop_moves, refresh_changed_tables, table_info, value_column
 from .ddl import Action, actions, differences, read_schema, split_statements
 from .extract import published_table_sql
-from .log import cut_locked
+from .log import cut_locked, log_end
 from .schema import SCHEMA_ROWS
 from .route import follows
 
 
 class _Article(NamedTuple):
+    """A published table's articles, in every publication that holds it."""
+
     table: str
-    columns: tuple[str, ...] | None  # a column subset (its key included), None: every column
-    subscribe_by: str | None
+    columns: tuple[str, ...] | None  # a column subset (its key included), None: every column (some article's)
+    subscribe_by: frozenset[str]  # lowered SUBSCRIBE BY columns
     route: frozenset[str]  # lowered columns a route names: its foreign key, and the key its children follow
     key: tuple[str, ...]  # the table's key columns when the change began
+    listed: frozenset[str] = frozenset()  # lowered columns an article with a column subset lists
 
 
 def _catalogue(conn: sqlite3.Connection) -> dict[str, _Article]:
@@ -57,10 +60,22 @@ def _catalogue(conn: sqlite3.Connection) -> dict[str, _Article]:
             named.setdefault(table.lower(), set()).update(c.lower() for c in json.loads(follow_columns))
             named.setdefault(follows.lower(), set()).update(c.lower() for c in json.loads(parent_columns))
     tables = read_schema(conn).tables
-    return {table.lower(): _Article(table, None if columns is None else tuple(json.loads(columns)), by,
-                                    frozenset(named.get(table.lower(), ())),
-                                    tables[table.lower()].key if table.lower() in tables else ())
-            for table, columns, by, *_ in rows}
+    found: dict[str, _Article] = {}
+    for table, columns, by, *_ in rows:
+        listed = None if columns is None else tuple(json.loads(columns))
+        held = found.get(table.lower())
+        if held is not None:  # the table is in several publications: what all its articles need
+            published = None if held.columns is None or listed is None else tuple(
+                dict.fromkeys((*held.columns, *listed)))
+            found[table.lower()] = held._replace(
+                columns=published, subscribe_by=held.subscribe_by | ({by.lower()} if by else set()),
+                listed=held.listed | {column.lower() for column in listed or ()})
+            continue
+        found[table.lower()] = _Article(table, listed, frozenset({by.lower()} if by else ()),
+                                        frozenset(named.get(table.lower(), ())),
+                                        tables[table.lower()].key if table.lower() in tables else (),
+                                        frozenset(column.lower() for column in listed or ()))
+    return found
 
 
 def schema_version(conn: sqlite3.Connection) -> int | None:
@@ -267,20 +282,20 @@ def _check(step: tuple, catalogue: dict[str, _Article], retired: dict[str, set[s
         raise SchemaRefused(f"{where}: it redefines the published table {table} (its key or several columns at "
                             "once): re-keying a published table is refused")
     gone = retired.setdefault(table.lower(), set())
-    listed = {column.lower() for column in article.columns or ()}
+    listed = article.listed
     given = step[2] if verb == "add_column" else step[3] if verb == "rename_column" else None
     if given is not None and given.lower() in gone:
         raise SchemaRefused(f"{where}: {table}.{given} was a column of the published table before (renamed "
                             "or dropped): rows in the old shape may still carry that name; choose another")
     if verb == "rename_column":
         old = step[2].lower()
-        if old == (article.subscribe_by or "").lower() or old in listed or old in article.route:
+        if old in article.subscribe_by or old in listed or old in article.route:
             raise SchemaRefused(f"{where}: {table}.{step[2]} is the SUBSCRIBE BY column, a column the article "
                                 "lists or a column a follow route names: renaming it is not supported yet")
         gone.add(old)
     elif verb == "drop_column":
         column = step[2].lower()
-        if (column == (article.subscribe_by or "").lower() or column in listed or column in article.route
+        if (column in article.subscribe_by or column in listed or column in article.route
                 or column in {key.lower() for key in article.key}):
             raise SchemaRefused(f"{where}: {table}.{step[2]} is needed by its article (the SUBSCRIBE BY column, a "
                                 "listed or a key column, or a column a follow route names): dropping it is refused")
@@ -418,7 +433,7 @@ def send_new_article_locked(conn: sqlite3.Connection, identity: SiteIdentity, pu
     info = table_info(conn, table)
     shape_id, columns, subscribe_by = conn.execute(
         "SELECT shape, columns, CASE WHEN follows IS NULL THEN subscribe_by END FROM fieldsync_article"
-        " WHERE table_name = ?", (info.name,)).fetchone()
+        " WHERE table_name = ? AND publication = ?", (info.name, publication)).fetchone()
     published = info.columns if columns is None else tuple(json.loads(columns))
     steps: list[tuple] = [("create_table", info.name, published_table_sql(conn, info, published), publication,
                            subscribe_by)]
@@ -437,7 +452,26 @@ def send_new_article_locked(conn: sqlite3.Connection, identity: SiteIdentity, pu
     if follow is not None:  # its route after the widest image (agent/site/sqlite/route.py)
         names.append(follow.route([f"{quote_ident(info.name)}.{quote_ident(c)}" for c in follow.columns]))
         values.append(value_column(2 * len(shape.columns)))
-    conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, {', '.join(values)}) SELECT {shape_id}, {KIND_INSERT},"
-                 f" {', '.join(names)} FROM {quote_ident(info.name)}")
-    rows = cut_locked(conn, identity.name)
-    return (change,) if rows == change else (change, rows)
+    select = f"{', '.join(names)} FROM {quote_ident(info.name)}"
+    if conn.execute("SELECT count(*) FROM fieldsync_article WHERE table_name = ?", (info.name,)).fetchone()[0] == 1:
+        conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, {', '.join(values)}) SELECT {shape_id},"
+                     f" {KIND_INSERT}, {select}")
+        rows = cut_locked(conn, identity.name)
+        return (change,) if rows == change else (change, rows)
+    # The table is in other publications too: its rows go to each extracted
+    # subscriber of this one alone (written back to it, as a subscription
+    # change writes them), not again to those that get it through another.
+    offsets = [change]
+    for (remote,) in conn.execute(
+            "SELECT DISTINCT s.remote FROM fieldsync_subscription s JOIN fieldsync_remote r ON r.name = s.remote"
+            " WHERE s.publication = ? AND s.until IS NULL AND r.peer_incarnation IS NOT NULL ORDER BY s.remote",
+            (publication,)).fetchall():
+        end = log_end(conn)
+        conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, flags, {', '.join(values)}) SELECT {shape_id},"
+                     f" {KIND_INSERT}, {FLAG_RETURN_TO_ORIGIN}, {select}")
+        conn.execute("INSERT INTO fieldsync_returned (seq, columns) SELECT seq, '[]' FROM fieldsync_capture"
+                     " WHERE seq > ?", (end,))
+        offset = cut_locked(conn, remote, end)
+        if offset != offsets[-1]:
+            offsets.append(offset)
+    return tuple(offsets)

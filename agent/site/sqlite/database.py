@@ -159,9 +159,9 @@ class SiteDatabase:
             send_new_article_locked(self._conn, self._identity, publication, added.table, format_time(now or utc_now()))
             return added
 
-    def remove_article(self, table: str) -> None:
+    def remove_article(self, table: str, publication: str | None = None) -> None:
         with self._lock, self._write(f"unpublishing table {table!r}"):
-            remove_article_locked(self._conn, table)
+            remove_article_locked(self._conn, table, publication)
 
     def drop_publication(self, name: str) -> None:
         with self._lock, self._write(f"dropping publication {name!r}"):

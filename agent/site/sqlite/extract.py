@@ -57,6 +57,7 @@ from .foreign_keys import ForeignKey, foreign_keys, remote_definition
 from .log import cut_locked, truncated_through
 from .publications import create_publication_locked
 from .remotes import get_remote, record_replaced_locked
+from .extract_union import copy_union_rows, optional_columns, union_plan
 from .route import ARTICLE_ROWS, Follow, follows, record_follow
 from .schema import SCHEMA_ROWS, init_database, read_identity
 from .settings import write_options
@@ -126,6 +127,9 @@ class TablePlan:
     values: frozenset | None            # None: every row
     subset: bool                        # a column subset of the table
     follow: Follow | None = None        # the rows follow their parent (subscribe_by is ROUTE)
+    # The table's articles, when the remote gets it through several (the
+    # plan's columns are then all of theirs: agent/site/sqlite/extract_union.py).
+    parts: tuple["TablePlan", ...] = ()
 
 
 def _resolve_keys(keys: KeySource, remote: str) -> RemoteKeys:
@@ -145,7 +149,7 @@ def _plans(conn: sqlite3.Connection, remote: str) -> list[TablePlan]:
         bucket = values.setdefault(publication, set())
         if value is not None:
             bucket.add(value)
-    plans = []
+    plans: dict[str, list[TablePlan]] = {}
     chains = follows(conn)
     for table, publication, columns, subscribe_by in conn.execute(
             ARTICLE_ROWS + " ORDER BY rowid").fetchall():
@@ -154,23 +158,26 @@ def _plans(conn: sqlite3.Connection, remote: str) -> list[TablePlan]:
         info = table_info(conn, table)
         published = info.columns if columns is None else tuple(
             column for column in info.columns if column in set(json.loads(columns)) | set(info.key_columns))
-        plans.append(TablePlan(info, publication, published, subscribe_by,
-                           frozenset(values[publication]) if subscribe_by else None, published != info.columns,
-                           chains.get(info.name.lower())))
-    return plans
+        plans.setdefault(info.name.lower(), []).append(TablePlan(
+            info, publication, published, subscribe_by, frozenset(values[publication]) if subscribe_by else None,
+            published != info.columns, chains.get(info.name.lower()) if subscribe_by == ROUTE else None))
+    return [found[0] if len(found) == 1 else union_plan(found) for found in plans.values()]
 
 
 def _table_sql(conn: sqlite3.Connection, plan: TablePlan, plans: list[TablePlan]) -> str:
-    return published_table_sql(conn, plan.info, plan.columns, _kept_keys(conn, plan, plans))
+    return published_table_sql(conn, plan.info, plan.columns, _kept_keys(conn, plan, plans), optional_columns(plan))
 
 
 def published_table_sql(conn: sqlite3.Connection, info: TableInfo, columns: tuple[str, ...],
-                        keep: Callable[[ForeignKey], bool] = lambda key: False) -> str:
+                        keep: Callable[[ForeignKey], bool] = lambda key: False,
+                        optional: frozenset[str] = frozenset()) -> str:
     """The CREATE TABLE of ``info``'s table as a remote holds it: its own
     text when every column is published, else rebuilt from ``columns``;
     with the foreign keys ``keep`` keeps (by default none: a table sent
-    later by ``publication add`` names no parent the remote may lack)."""
-    if columns == info.columns:
+    later by ``publication add`` names no parent the remote may lack).
+    The ``optional`` columns, which some of the remote's rows are not
+    published with, lose their NOT NULL."""
+    if columns == info.columns and not optional:
         return remote_definition(info.sql, keep)
     # Rebuild the definition from the published columns; table constraints
     # other than the key and the foreign keys kept (CHECK, UNIQUE) are not carried.
@@ -180,7 +187,7 @@ def published_table_sql(conn: sqlite3.Connection, info: TableInfo, columns: tupl
         if hidden or name not in columns:
             continue
         text = quote_ident(name) + (f" {declared}" if declared else "")
-        if notnull:
+        if notnull and name not in optional:
             text += " NOT NULL"
         if default is not None:
             text += f" DEFAULT ({default})"
@@ -391,7 +398,7 @@ def _copy(site: Consolidated, copy: sqlite3.Connection, remote: str, plans: list
                      (site.identity.name,))
         counts: dict[str, int] = {}
         for plan in plans:
-            counts[plan.info.name] = _copy_rows(copy, plan)
+            counts[plan.info.name] = copy_union_rows(copy, plan) if plan.parts else _copy_rows(copy, plan)
         copy.execute("COMMIT")
     except BaseException:
         # Interrupted (Ctrl-C) or failed mid-copy: the copy is thrown away,
@@ -507,8 +514,9 @@ def _finish_remote(copy: sqlite3.Connection, consolidated, row, plans: list[Tabl
                 _create_index(copy, plan, statement)
         articles: dict[str, list[Article]] = {}
         for plan in plans:
-            subscribe_by = plan.subscribe_by if plan.subscribe_by in plan.columns else None
-            articles.setdefault(plan.publication, []).append(Article(plan.info.name, None, subscribe_by))
+            for part in plan.parts or (plan,):
+                subscribe_by = part.subscribe_by if part.subscribe_by in part.columns else None
+                articles.setdefault(part.publication, []).append(Article(plan.info.name, None, subscribe_by))
         for publication, items in articles.items():
             create_publication_locked(copy, publication, items, None)
         # The remote's rows that follow a parent live and die with it there

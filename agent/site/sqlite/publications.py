@@ -4,8 +4,13 @@ receives (what it is then sent: agent.site.selection, agent.site.reading).
 Rules of this file:
 * A publication is a set of *articles*; an article is one table, optionally
   restricted to some columns (the key columns are always included) and
-  optionally with a ``SUBSCRIBE BY`` column.  A table belongs to at most one
-  publication, so each subscriber sees each table through one article.
+  optionally with a ``SUBSCRIBE BY`` column.  A table may be an article of
+  several publications, each with its own columns and subset; it is
+  captured once (its shape holds every column), and a subscriber of
+  several of them gets each row once, with the columns of the articles
+  that keep it (agent.site.union).  A table follows a parent in one
+  publication at most, and is a followed parent in one at most: its
+  capture rows hold one route.
 * At the consolidated, a remote subscribes to a publication with a value
   (several values make several subscriptions); it receives the rows whose
   SUBSCRIBE BY column equals one of its values (``NULL`` never matches;
@@ -49,10 +54,7 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
     if info.name.lower() in renames(conn):  # such rows would be read, and a remote's applied, as the renamed table's
         raise PublicationError(f"{info.name!r} was the name of a published table before a schema change renamed it; "
                                "rows logged under that name may still be on their way: give the table another name")
-    taken = conn.execute("SELECT publication FROM fieldsync_article WHERE table_name = ?", (info.name,)).fetchone()
-    if taken:
-        raise PublicationError(f"table {info.name!r} is already published in {taken[0]!r}; a table belongs to "
-                               "one publication")
+    check_other_articles(conn, publication, info.name, article.follows)
     known = {column.lower(): column for column in info.columns}
 
     def find(column: str) -> str | None:  # SQLite's column names ignore case
@@ -64,6 +66,8 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
     if article.follows is not None:
         follow = resolve(conn, publication, info.name, article.follows, article.follow_columns)
     shape = install_capture(conn, info, follow)
+    # One capture per table: its other articles read the new shape too.
+    conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, info.name))
     conn.execute("INSERT INTO fieldsync_article (table_name, publication, columns, subscribe_by, shape, follows,"
                  " follow_columns, parent_columns, route_sql) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                  (info.name, publication, None if columns is None else json.dumps(columns), subscribe_by, shape,
@@ -75,25 +79,79 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
         return Article(info.name, columns, None, follow.parent, follow.columns)
     return Article(info.name, columns, subscribe_by)
 
-def remove_article_locked(conn: sqlite3.Connection, table: str) -> None:
-    row = conn.execute("SELECT table_name FROM fieldsync_article WHERE table_name = ?", (table,)).fetchone()
-    if row is None:
-        raise PublicationError(f"table {table!r} is not published")
-    followers = [name for (name,) in conn.execute("SELECT table_name FROM fieldsync_article WHERE follows = ?"
-                                                  " COLLATE NOCASE", (row[0],))]
+def check_other_articles(conn: sqlite3.Connection, publication: str, table: str, follows: str | None) -> None:
+    """Raise unless ``table`` may become an article of ``publication``
+    (following ``follows``) beside its articles in other publications."""
+    held = conn.execute("SELECT publication, follows FROM fieldsync_article WHERE table_name = ?",
+                        (table,)).fetchall()
+    if any(other == publication for other, _ in held):
+        raise PublicationError(f"table {table!r} is already published in {publication!r}; remove it first to "
+                               "publish it there another way")
+    following = [other for other, parent in held if parent is not None]
+    if follows is not None and following:
+        raise PublicationError(f"table {table!r} follows its parent in {following[0]!r} already; a table follows "
+                               "a parent in one publication (its changes carry one route)")
+    if follows is not None:
+        parents = [other for (other,) in conn.execute(
+            "SELECT DISTINCT publication FROM fieldsync_article WHERE follows = ? COLLATE NOCASE AND publication != ?",
+            (follows, publication))]
+        if parents:
+            raise PublicationError(f"rows follow {follows!r} in {parents[0]!r} already; a table is followed in one "
+                                   "publication (its moves carry one route)")
+    extracted = conn.execute(
+        "SELECT s.remote, a.publication FROM fieldsync_subscription s JOIN fieldsync_subscription t"
+        " ON t.remote = s.remote AND t.until IS NULL JOIN fieldsync_article a ON a.publication = t.publication"
+        " JOIN fieldsync_remote r ON r.name = s.remote WHERE s.publication = ? AND s.until IS NULL"
+        " AND a.table_name = ? AND r.peer_incarnation IS NOT NULL", (publication, table)).fetchone()
+    if extracted:
+        raise PublicationError(f"{extracted[0]!r} subscribes to {publication!r} and gets {table!r} through "
+                               f"{extracted[1]!r} already; publish {table!r} in {publication!r} before extracting "
+                               "such a remote")
+
+
+def remove_article_locked(conn: sqlite3.Connection, table: str, publication: str | None = None) -> None:
+    """Stop publishing ``table`` in ``publication`` (None: in every
+    publication that holds it); its capture goes with its last article."""
+    rows = conn.execute("SELECT table_name, publication FROM fieldsync_article WHERE table_name = ?"
+                        + ("" if publication is None else " AND publication = ?"),
+                        (table,) if publication is None else (table, publication)).fetchall()
+    if not rows:
+        raise PublicationError(f"table {table!r} is not published"
+                               + ("" if publication is None else f" in {publication!r}"))
+    name = rows[0][0]
+    followers = [child for child, held in conn.execute(
+        "SELECT table_name, publication FROM fieldsync_article WHERE follows = ? COLLATE NOCASE", (name,))
+        if any(held == other for _, other in rows)]
     if followers:
-        raise PublicationError(f"{', '.join(followers)} follow {row[0]!r}: remove them first")
-    drop_capture(conn, row[0])
-    conn.execute("DELETE FROM fieldsync_article WHERE table_name = ?", (row[0],))
+        raise PublicationError(f"{', '.join(followers)} follow {name!r}: remove them first")
+    routed = any(conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ? AND publication = ?"
+                              " AND follows IS NOT NULL", (name, other)).fetchone() for _, other in rows)
+    for _, other in rows:
+        conn.execute("DELETE FROM fieldsync_article WHERE table_name = ? AND publication = ?", (name, other))
+    _after_removal(conn, name, routed)
     install_moves(conn)
+
+
+def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
+    """The capture of ``table`` once some of its articles are gone: none
+    when no publication holds it any more; made again without routes when
+    the article that followed a parent went (its triggers look the route
+    up in the parent's table)."""
+    if conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ?", (table,)).fetchone() is None:
+        drop_capture(conn, table)
+    elif routed and conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ? COLLATE NOCASE",
+                                 (table,)).fetchone():
+        shape = install_capture(conn, table_info(conn, table))
+        conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
 
 def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {name!r}")
-    for (table,) in conn.execute("SELECT table_name FROM fieldsync_article WHERE publication = ?",
-                                 (name,)).fetchall():
-        drop_capture(conn, table)
+    tables = conn.execute("SELECT table_name, follows IS NOT NULL FROM fieldsync_article WHERE publication = ?",
+                          (name,)).fetchall()
     conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
+    for table, routed in tables:
+        _after_removal(conn, table, bool(routed))
     install_moves(conn)
     conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (name,))
     conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))

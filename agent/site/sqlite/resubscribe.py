@@ -19,13 +19,15 @@ Rules of this file:
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from itertools import chain, islice
 from typing import Iterator
 
-from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, Shape
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape
 from ..identity import Role, SiteIdentity
 from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed
+from ..union import UnionView, make_view
 from ..view import View
 from ._db import quote_ident
 from .capture import ShapeCache, refresh_changed_tables, value_column
@@ -66,17 +68,21 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
     before = [(pub, held) for _, pub, held in current]
     after = before + [(publication, value)] if subscribe else [
         (pub, held) for rowid, pub, held in current if rowid != found]
-    articles = conn.execute(ARTICLE_ROWS + " WHERE publication = ?", (publication,)).fetchall()
+    # The publication's tables, with their articles in every publication:
+    # a row another subscription of the remote keeps stays (agent.site.union).
+    articles = conn.execute(ARTICLE_ROWS + " WHERE table_name IN (SELECT table_name FROM fieldsync_article"
+                            " WHERE publication = ?)", (publication,)).fetchall()
     old = plan_from_rows(remote, identity.role, articles, before).articles
     new = plan_from_rows(remote, identity.role, articles, after).articles
     shape_of = dict(conn.execute("SELECT table_name, shape FROM fieldsync_article WHERE publication = ?",
                                  (publication,)).fetchall())
-    tables = _parents_first(conn, [table for table, *_ in articles])
+    tables = _parents_first(conn, list(shape_of))
     views = {}
     for table in tables:
         shape = shapes.get(shape_of[table])
         was, will = old.get(table.lower()), new.get(table.lower())
-        views[table] = (shape, None if was is None else View(shape, *was), None if will is None else View(shape, *will))
+        views[table] = (shape, None if was is None else make_view(shape, was),
+                        None if will is None else make_view(shape, will))
     # Two passes over each table, so memory holds one batch of rows
     # whatever the subset's size: DELETEs, children before parents; then
     # INSERTs, parents before children.
@@ -88,6 +94,10 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
     if deletes or inserts:
         conn.execute("INSERT INTO fieldsync_returned (seq, columns) SELECT seq, '[]' FROM fieldsync_capture"
                      " WHERE seq > ?", (end,))
+    # Rows the remote keeps, through another subscription, whose columns
+    # the change alters: an UPDATE of those columns.
+    reshaped = sum(_reshape(conn, *views[table], value) for table in tables)
+    if deletes or inserts or reshaped:
         offset = cut_locked(conn, remote, end)
     # The change holds from its own log transaction on; an ended
     # subscription holds through it, so its DELETEs are read with the
@@ -103,7 +113,8 @@ def change_locked(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shap
                               offset=offset, matching=matching, streamed=True)
 
 
-def _moving(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None, value: Value, *,
+def _moving(conn: sqlite3.Connection, shape: Shape, was: View | UnionView | None, will: View | UnionView | None,
+            value: Value, *,
             leaving: bool) -> Iterator[tuple]:
     """The rows of ``shape``'s table, as shape-ordered tuples, that leave
     the subset (in ``was``, not in ``will``), or with ``leaving`` False
@@ -116,16 +127,54 @@ def _moving(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View
             yield row
 
 
-def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | None, will: View | None,
-                value: Value) -> Iterator[tuple]:
+def _reshape(conn: sqlite3.Connection, shape: Shape, was: View | UnionView | None,
+             will: View | UnionView | None, value: Value) -> int:
+    """Capture, for the remote alone, an UPDATE of each row it keeps before
+    and after the change whose published columns the change alters (the
+    table is in several of its publications: agent.site.union): the
+    columns it gains get their values, those it loses become NULL.  The
+    old row is the row as it is, the new one the same with NULL in the
+    columns lost, and ``fieldsync_returned`` lists the columns (the reader
+    sends them as an UPDATE of those columns)."""
+    if was is None or will is None:
+        return 0
+    if not isinstance(was, UnionView) and not isinstance(will, UnionView) and was.positions == will.positions:
+        return 0  # every row it keeps is published with the same columns
+    width = len(shape.columns)
+    # The columns the articles select by: a row whose subset NULL would
+    # leave keeps their values (it stays the remote's).
+    selecting = {part.filter_position for part in (was.parts if isinstance(was, UnionView) else (was,))}
+    written = 0
+    for row in _candidates(conn, shape, was, will, value):
+        before, after = set(was.published(row)), set(will.published(row))
+        if not before or not after or before == after:
+            continue
+        routes = list(row[width:])
+        lost = before - after
+        new = [None if index in lost else row[index] for index in range(width)]
+        if not (was.contains((*new, *routes)) and will.contains((*new, *routes))):
+            lost -= selecting
+            new = [None if index in lost else row[index] for index in range(width)]
+        positions = list(range(2 * width)) + ([2 * width, 2 * width + 1] if routes else [])
+        names = ", ".join(value_column(index) for index in positions)
+        cursor = conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, flags, {names}) VALUES "
+                              f"({shape.id}, {KIND_UPDATE}, {FLAG_RETURN_TO_ORIGIN}, "
+                              f"{', '.join('?' * len(positions))})", list(row[:width]) + new + routes + routes)
+        conn.execute("INSERT INTO fieldsync_returned (seq, columns) VALUES (?, ?)",
+                     (cursor.lastrowid, json.dumps([shape.columns[i] for i in sorted((after - before) | lost)])))
+        written += 1
+    return written
+
+
+def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | UnionView | None,
+                will: View | UnionView | None, value: Value) -> Iterator[tuple]:
     """The rows that may enter or leave: where only the value's rows can
     (both views filter by the same column), those SQL finds equal to it (a
     superset of Python's equality: affinity makes ``'7' = 7`` true), else
     every row."""
     columns = ", ".join(quote_ident(column) for column in shape.columns)
     follow = follows(conn).get(shape.table.lower())
-    if follow is not None and any(view is not None and view.filter_position == len(shape.columns)
-                                  for view in (was, will)):
+    if follow is not None and any(view is not None and _routed(view, len(shape.columns)) for view in (was, will)):
         # The rows follow their parent: their route after them, as the view reads it.
         columns += ", " + follow.route([f"{quote_ident(shape.table)}.{quote_ident(c)}" for c in follow.columns])
     sql = f"SELECT {columns} FROM {quote_ident(shape.table)}"
@@ -137,6 +186,12 @@ def _candidates(conn: sqlite3.Connection, shape: Shape, was: View | None, will: 
     cursor = conn.execute(sql, params)
     while rows := cursor.fetchmany(_BATCH):
         yield from rows
+
+
+def _routed(view: View | UnionView, width: int) -> bool:
+    """Whether the view selects by the route after a row's values."""
+    parts = view.parts if isinstance(view, UnionView) else (view,)
+    return any(part.filter_position == width for part in parts)
 
 
 def _write(conn: sqlite3.Connection, shape: Shape, kind: int, rows: Iterator[tuple]) -> int:

@@ -88,8 +88,8 @@ def resolve(conn: sqlite3.Connection, publication: str, table: str, parent: str,
     declared foreign key (``named``: the child's columns of that key, when
     it has several); PublicationError naming what is wrong."""
     article = conn.execute("SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article"
-                           " WHERE table_name = ?", (parent,)).fetchone()
-    if article is None or article[1] != publication:
+                           " WHERE table_name = ? AND publication = ?", (parent, publication)).fetchone()
+    if article is None:
         raise PublicationError(f"{table!r} follows {parent!r}, which is not an article of {publication!r}; "
                                f"publish {parent!r} in {publication!r} first (a parent comes before its children)")
     parent = article[0]
@@ -103,7 +103,7 @@ def resolve(conn: sqlite3.Connection, publication: str, table: str, parent: str,
             raise PublicationError(f"the follow chain of {table!r} comes back to {step[3]!r}: a table may "
                                    "appear in a chain once")
         step = conn.execute("SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article"
-                            " WHERE table_name = ?", (step[3],)).fetchone()
+                            " WHERE table_name = ? AND publication = ?", (step[3], publication)).fetchone()
     if step[2] is None:
         raise PublicationError(f"the chain of {table!r} starts at {step[0]!r}, which has no SUBSCRIBE BY column: "
                                f"its rows go to every subscriber; publish {table!r} without ->")
@@ -121,20 +121,21 @@ def resolve(conn: sqlite3.Connection, publication: str, table: str, parent: str,
             key=lambda row: row[5]))
     if len(parent_columns) != len(columns):
         raise PublicationError(f"the foreign key of {table!r} to {parent!r} does not match {parent!r}'s key")
-    return Follow(table, parent, columns, parent_columns, _template(conn, parent, parent_columns, 0))
+    return Follow(table, parent, columns, parent_columns, _template(conn, publication, parent, parent_columns, 0))
 
 
-def _template(conn: sqlite3.Connection, table: str, match: tuple[str, ...], depth: int) -> str:
-    """The route template of the row of ``table`` whose ``match`` columns
-    equal ``{0}``, ``{1}``, ... (at ``depth`` of nesting, for aliases)."""
+def _template(conn: sqlite3.Connection, publication: str, table: str, match: tuple[str, ...], depth: int) -> str:
+    """The route template of the row of ``table`` (its article in
+    ``publication``) whose ``match`` columns equal ``{0}``, ``{1}``, ...
+    (at ``depth`` of nesting, for aliases)."""
     alias = f"fieldsync_r{depth}"
     article = conn.execute("SELECT subscribe_by, follows, follow_columns, parent_columns FROM fieldsync_article"
-                           " WHERE table_name = ?", (table,)).fetchone()
+                           " WHERE table_name = ? AND publication = ?", (table, publication)).fetchone()
     where = " AND ".join(f"{alias}.{_brace(quote_ident(column))} = {{{index}}}" for index, column in enumerate(match))
     source = f"{{schema}}{_brace(quote_ident(table))} AS {alias}"
     if article[1] is None:
         return f"(SELECT {alias}.{_brace(quote_ident(article[0]))} FROM {source} WHERE {where})"
-    inner = _template(conn, article[1], tuple(json.loads(article[3])), depth + 1)
+    inner = _template(conn, publication, article[1], tuple(json.loads(article[3])), depth + 1)
     columns = [f"{alias}.{_brace(quote_ident(column))}" for column in json.loads(article[2])]
     # The inner template's {0}, {1}, ... become this row's key columns; its {schema} stays.
     inner = inner.format(*(_brace(column) for column in columns), schema="{schema}")
@@ -159,8 +160,14 @@ def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]
     children: dict[str, list[Follow]] = {}
     for follow in chains.values():
         children.setdefault(follow.parent.lower(), []).append(follow)
-    articles = {table.lower(): (table, by, shape) for table, by, shape in conn.execute(
-        "SELECT table_name, subscribe_by, shape FROM fieldsync_article")}
+    # A followed table is followed in one publication: its article there
+    # says where its rows go (its articles elsewhere may have other subsets).
+    chain_of = {table.lower(): publication for table, publication in conn.execute(
+        "SELECT table_name, publication FROM fieldsync_article WHERE follows IS NOT NULL")}
+    chain_of.update((follow.parent.lower(), chain_of[table]) for table, follow in chains.items())
+    articles = {table.lower(): (table, by, shape) for table, publication, by, shape in conn.execute(
+        "SELECT table_name, publication, subscribe_by, shape FROM fieldsync_article ORDER BY rowid")
+        if chain_of.get(table.lower(), publication) == publication}
     shape_columns = {shape: json.loads(columns) for shape, columns in conn.execute(
         "SELECT id, columns FROM fieldsync_shape")}
     statements = []

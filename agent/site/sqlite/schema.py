@@ -53,7 +53,10 @@ log = logging.getLogger("fieldsync.site")
 #    (docs/site-database.md, "Schema changes").
 # 12: fieldsync_remote.peer_schema_version, the schema version a remote
 #    reported (docs/protocol.md, "Schema versions").
-SCHEMA_VERSION = 12
+# 13: fieldsync_article keyed by table and publication: a table may be an
+#    article of several publications (docs/site-database.md, "A table in
+#    several publications").
+SCHEMA_VERSION = 13
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -110,7 +113,7 @@ CREATE TABLE fieldsync_publication (
     created_at TEXT NOT NULL
 );
 CREATE TABLE fieldsync_article (
-    table_name   TEXT PRIMARY KEY COLLATE NOCASE,
+    table_name   TEXT NOT NULL COLLATE NOCASE,
     publication  TEXT NOT NULL REFERENCES fieldsync_publication (name),
     columns      TEXT,
     subscribe_by TEXT,
@@ -118,7 +121,8 @@ CREATE TABLE fieldsync_article (
     follows        TEXT,
     follow_columns TEXT,
     parent_columns TEXT,
-    route_sql      TEXT
+    route_sql      TEXT,
+    PRIMARY KEY (table_name, publication)
 );
 CREATE TABLE fieldsync_subscription (
     remote      TEXT NOT NULL,
@@ -446,10 +450,24 @@ def _add_peer_schema_version(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE fieldsync_remote ADD COLUMN peer_schema_version INTEGER")
 
 
+def _key_articles_by_publication(conn: sqlite3.Connection) -> None:
+    """Layout 13: an article is keyed by its table and its publication (a
+    table was in one publication before: every row keeps its place, and
+    its rowid, which orders extraction's tables)."""
+    conn.execute("ALTER TABLE fieldsync_article RENAME TO fieldsync_article_12")
+    conn.execute(next(statement for statement in _TABLES.split(";")
+                      if "CREATE TABLE fieldsync_article (" in statement))
+    conn.execute("INSERT INTO fieldsync_article (rowid, table_name, publication, columns, subscribe_by, shape, follows,"
+                 " follow_columns, parent_columns, route_sql) SELECT rowid, table_name, publication, columns,"
+                 " subscribe_by, shape, follows, follow_columns, parent_columns, route_sql FROM fieldsync_article_12")
+    conn.execute("DROP TABLE fieldsync_article_12")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
              5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
-             9: _add_follows, 10: _add_schema_changes, 11: _add_peer_schema_version}
+             9: _add_follows, 10: _add_schema_changes, 11: _add_peer_schema_version,
+             12: _key_articles_by_publication}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

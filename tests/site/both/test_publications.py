@@ -120,10 +120,44 @@ def test_a_remote_that_moves_a_row_out_gets_a_delete(backend, hq):
         Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "south"})]
 
 
-def test_a_table_belongs_to_one_publication(hq):
-    hq.create_publication("other")
+@pytest.mark.sqlite_only("several_publications")
+def test_a_table_in_two_publications_reaches_a_subscriber_of_both_once_with_the_columns_that_keep_each_row(
+        backend, hq):
+    hq.create_publication("ledger", [Article("customer", columns=["balance"])])  # every row, its balance
+    assert [article.columns for item in hq.publications() for article in item.articles if article.table == "customer"] \
+        == [("id", "balance"), ("id", "name", "region")]
+    hq.subscribe("north1", "ledger")
+    app = backend.app()
+    start = hq.scan()
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (1, 'Ana', 'north', 10.0)")
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (2, 'Bo', 'south', 20.0)")
+    assert backend.read_ops("north1", start) == [
+        Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "north", "balance": 10.0}),
+        Operation.insert("customer", (2,), {"id": 2, "name": None, "region": None, "balance": 20.0})]
+    assert backend.read_ops("south1", start) == [
+        Operation.insert("customer", (2,), {"id": 2, "name": "Bo", "region": "south"})]
+    start = hq.scan()
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 1")  # leaves sales for north1; ledger keeps it
+    app.execute("UPDATE customer SET region = 'north' WHERE id = 2")  # enters sales for north1, which holds it
+    app.execute("UPDATE customer SET balance = 11.0 WHERE id = 1")
+    assert backend.read_ops("north1", start) == [
+        Operation.update("customer", (1,), {"name": "Ana", "region": "north"}, {"name": None, "region": None}),
+        Operation.update("customer", (2,), {"name": None, "region": None}, {"name": "Bo", "region": "north"}),
+        Operation.update("customer", (1,), {"balance": 10.0}, {"balance": 11.0})]
+    assert backend.read_ops("south1", start) == [
+        Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "south"}),
+        Operation.delete("customer", (2,), {"id": 2, "name": "Bo", "region": "south"})]
+    # One pass for both reads for each what it reads alone.
+    end = hq.scan()
+    fanned: dict[int, list] = {0: [], 1: []}
+    for index, transaction in hq.read_logs([("north1", 0, end), ("south1", 0, end)]):
+        fanned[index] += transaction.ops
+    assert fanned == {0: backend.read_ops("north1"), 1: backend.read_ops("south1")}
+
+
+def test_a_table_is_published_once_in_a_publication(backend, hq):
     with pytest.raises(PublicationError, match="already published in 'sales'"):
-        hq.add_article("other", "customer")
+        hq.add_article("sales", "customer")
 
 
 def test_bad_definitions_are_refused(backend, hq):

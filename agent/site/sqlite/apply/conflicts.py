@@ -19,7 +19,7 @@ import sqlite3
 from datetime import datetime
 from typing import Callable, Iterable, Sequence
 
-from ...apply.batch import Batch, ConflictHook, Filter, key_after
+from ...apply.batch import AnyFilter, Batch, ConflictHook, Filter, key_after
 from ...apply.conflicts import (ConflictRecord, check_policy, conflict_record, decide, planned_returns, resolution_name,
                                 resolved)
 from ...capture import FLAG_RETURN_TO_ORIGIN, Shape
@@ -58,7 +58,7 @@ class Conflicts:
              resolution_name(decision), None if result is None else pack(result)))
         resolved(batch, table, op, local, written, final_key, result)
 
-    def filters(self, peer: str) -> dict[str, Filter]:
+    def filters(self, peer: str) -> dict[str, Filter | AnyFilter]:
         """``peer``'s subset of each filtered table (lower-case table ->
         Filter): by SUBSCRIBE BY column, or for a table that follows its
         parent by the route of its foreign key (agent/site/sqlite/route.py); what
@@ -69,16 +69,26 @@ class Conflicts:
             bucket = values.setdefault(publication, set())
             if value is not None:
                 bucket.add(value)
-        found = {}
-        for table, publication, column in self._conn.execute(
-                "SELECT table_name, publication, subscribe_by FROM fieldsync_article"
-                " WHERE subscribe_by IS NOT NULL OR follows IS NOT NULL"):
+        filtered: dict[str, list[tuple[bool, Filter]]] = {}
+        whole = set()  # tables the peer gets every row of, through an article without a subset
+        for table, publication, column, follows in self._conn.execute(
+                "SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article ORDER BY rowid"):
+            if column is None and follows is None:
+                if publication in values:
+                    whole.add(table.lower())
+                continue
             subset = frozenset(values.get(publication, ()))
-            follow = self._statements.follows.get(table.lower())
-            if follow is None:
-                found[table.lower()] = Filter((column,), subset)
-            else:
-                found[table.lower()] = Filter(follow.columns, subset, self._route_of(follow))
+            follow = self._statements.follows.get(table.lower()) if follows is not None else None
+            part = Filter((column,), subset) if follow is None else Filter(follow.columns, subset,
+                                                                            self._route_of(follow))
+            filtered.setdefault(table.lower(), []).append((publication in values, part))
+        found: dict[str, Filter | AnyFilter] = {}
+        for table, parts in filtered.items():
+            if table in whole:
+                continue
+            # A table in several of the peer's publications: the rows any of them keeps.
+            held = [part for subscribed, part in parts if subscribed] or [parts[0][1]]
+            found[table] = held[0] if len(held) == 1 else AnyFilter(held)
         return found
 
     def _route_of(self, follow: Follow) -> Callable[[Sequence], object]:
