@@ -62,6 +62,9 @@ GROUP BY txid, origin
 ORDER BY last
 """
 
+# A capture row's values, at most ``width`` of them: the array itself when
+# it is no wider (a slice would copy every row's array for nothing).
+_VALUES = "CASE WHEN cardinality(c.v) <= %(width)s THEN c.v ELSE c.v[1:%(width)s] END"
 # Reading pages by the key (commit_offset, position, seq): log
 # transactions in offset order, their writing transactions in replay
 # order, each one's rows in seq order.  A page is one statement: the next
@@ -82,14 +85,14 @@ SELECT t.commit_offset, t.position, l.origin, c.seq, c.shape, c.kind, c.flags, c
          LIMIT %(members)s) AS t
   JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
   LEFT JOIN LATERAL (
-       SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s] AS v FROM fieldsync.capture c
+       SELECT c.seq, c.shape, c.kind, c.flags, {values} AS v FROM fieldsync.capture c
         WHERE c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
           AND (l.origin IS DISTINCT FROM %(skip)s OR c.flags & %(keep)s <> 0)
         ORDER BY c.seq
         LIMIT %(limit)s) AS c ON true
  ORDER BY t.commit_offset, t.position, c.seq
  LIMIT %(limit)s
-"""
+""".format(values=_VALUES)
 _MEMBER_KEY = itemgetter(0, 1)  # (commit_offset, position) of a page's row
 _MEMBER = "SELECT txid::text, origin FROM fieldsync.log_txn WHERE commit_offset = %s AND position = %s"
 # The rest of a writing transaction: applications' rows (no origin) and
@@ -98,14 +101,14 @@ _MEMBER = "SELECT txid::text, origin FROM fieldsync.log_txn WHERE commit_offset 
 # parameter would look like one row to it: a scan of the whole table and
 # a sort, a page at a time).
 _MEMBER_ROWS = """
-SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s] FROM fieldsync.capture c
+SELECT c.seq, c.shape, c.kind, c.flags, {values} FROM fieldsync.capture c
  WHERE c.txid = %(txid)s::xid8 AND {origin} AND c.seq > %(seq)s
    AND (NOT %(skipped)s OR c.flags & %(keep)s <> 0)
  ORDER BY c.seq
  LIMIT %(limit)s
 """
-_APPLICATION_ROWS = _MEMBER_ROWS.format(origin="c.origin IS NULL")
-_ORIGIN_ROWS = _MEMBER_ROWS.format(origin="c.origin = %(origin)s")
+_APPLICATION_ROWS = _MEMBER_ROWS.format(values=_VALUES, origin="c.origin IS NULL")
+_ORIGIN_ROWS = _MEMBER_ROWS.format(values=_VALUES, origin="c.origin = %(origin)s")
 # Past every position (integer): the log transaction ``after`` is done with.
 _PAST = 2**31 - 1
 # As wide as any capture row (PostgreSQL's array slices stop at the end).
