@@ -27,8 +27,12 @@ Rules of this file:
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import chain
+from operator import itemgetter
 from typing import Callable, ContextManager, Generator, Iterator, Mapping
 
 import psycopg
@@ -37,6 +41,7 @@ from ..capture import Shape
 from ..errors import LogOffsetError, LogTruncated
 from .capture import PgShape, load_shapes
 from .connect import translate
+from .typemap import KINDS, converter
 from .uri import PgTarget
 
 READ_CHUNK = 1000
@@ -57,46 +62,53 @@ GROUP BY txid, origin
 ORDER BY last
 """
 
+# A capture row's values, at most ``width`` of them: the array itself when
+# it is no wider (a slice would copy every row's array for nothing).
+_VALUES = "CASE WHEN cardinality(c.v) <= %(width)s THEN c.v ELSE c.v[1:%(width)s] END"
 # Reading pages by the key (commit_offset, position, seq): log
 # transactions in offset order, their writing transactions in replay
-# order, each one's rows in seq order.  A page takes the next writing
-# transactions after a key (_MEMBERS: an index range of log_txn, bounded),
-# then their rows (_ROWS: each one's from capture's (txid, seq) index, at
-# most a page of them, so the sort is bounded too); the rest of a writing
-# transaction larger than a page comes by its own index range
-# (_MEMBER_ROWS), with no sort.
-_MEMBERS = """
-SELECT t.commit_offset, t.position
-  FROM fieldsync.log_txn t JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
- WHERE (t.commit_offset, t.position) > (%(commit)s, %(position)s) AND t.commit_offset <= %(until)s
-   AND (l.origin IS DISTINCT FROM %(skip)s OR %(keep)s <> 0)
- ORDER BY t.commit_offset, t.position
- LIMIT %(members)s
-"""
-_ROWS = """
+# order, each one's rows in seq order.  A page is one statement: the next
+# writing transactions after a key (an index range of log_txn, bounded),
+# each with its rows (from capture's (txid, seq) index, at most a page of
+# them, so the sort is bounded too; a writing transaction none of whose
+# rows is taken still comes, as one row without a seq, so the key moves
+# past it).  A page asks for one row more than it gives: that row says
+# whether the last writing transaction goes on, and the rest of it then
+# comes by its own index range (_MEMBER_ROWS, below), with no sort.
+_PAGE = """
 SELECT t.commit_offset, t.position, l.origin, c.seq, c.shape, c.kind, c.flags, c.v
-  FROM fieldsync.log_txn t
+  FROM (SELECT t.commit_offset, t.position, t.txid, t.origin
+          FROM fieldsync.log_txn t JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
+         WHERE (t.commit_offset, t.position) > (%(commit)s, %(position)s) AND t.commit_offset <= %(until)s
+           AND (l.origin IS DISTINCT FROM %(skip)s OR %(keep)s <> 0)
+         ORDER BY t.commit_offset, t.position
+         LIMIT %(members)s) AS t
   JOIN fieldsync.log l ON l.commit_offset = t.commit_offset
- CROSS JOIN LATERAL (
-       SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s] AS v FROM fieldsync.capture c
+  LEFT JOIN LATERAL (
+       SELECT c.seq, c.shape, c.kind, c.flags, {values} AS v FROM fieldsync.capture c
         WHERE c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin
           AND (l.origin IS DISTINCT FROM %(skip)s OR c.flags & %(keep)s <> 0)
         ORDER BY c.seq
-        LIMIT %(limit)s) AS c
- WHERE (t.commit_offset, t.position) > (%(commit)s, %(position)s)
-   AND (t.commit_offset, t.position) <= (%(last_commit)s, %(last_position)s)
-   AND (l.origin IS DISTINCT FROM %(skip)s OR %(keep)s <> 0)
+        LIMIT %(limit)s) AS c ON true
  ORDER BY t.commit_offset, t.position, c.seq
  LIMIT %(limit)s
-"""
+""".format(values=_VALUES)
+_MEMBER_KEY = itemgetter(0, 1)  # (commit_offset, position) of a page's row
 _MEMBER = "SELECT txid::text, origin FROM fieldsync.log_txn WHERE commit_offset = %s AND position = %s"
+# The rest of a writing transaction: applications' rows (no origin) and
+# an origin's each have their statement, so that the planner sees which
+# rows it reads and takes the index range (IS NOT DISTINCT FROM a
+# parameter would look like one row to it: a scan of the whole table and
+# a sort, a page at a time).
 _MEMBER_ROWS = """
-SELECT c.seq, c.shape, c.kind, c.flags, c.v[1:%(width)s] FROM fieldsync.capture c
- WHERE c.txid = %(txid)s::xid8 AND c.origin IS NOT DISTINCT FROM %(origin)s AND c.seq > %(seq)s
+SELECT c.seq, c.shape, c.kind, c.flags, {values} FROM fieldsync.capture c
+ WHERE c.txid = %(txid)s::xid8 AND {origin} AND c.seq > %(seq)s
    AND (NOT %(skipped)s OR c.flags & %(keep)s <> 0)
  ORDER BY c.seq
  LIMIT %(limit)s
 """
+_APPLICATION_ROWS = _MEMBER_ROWS.format(values=_VALUES, origin="c.origin IS NULL")
+_ORIGIN_ROWS = _MEMBER_ROWS.format(values=_VALUES, origin="c.origin = %(origin)s")
 # Past every position (integer): the log transaction ``after`` is done with.
 _PAST = 2**31 - 1
 # As wide as any capture row (PostgreSQL's array slices stop at the end).
@@ -206,90 +218,141 @@ def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Ma
 
     Log transactions whose origin is ``skip_origin`` are left out, but
     their rows with a flag in ``keep_flag`` (agent.site.sqlite.log.iter_capture's
-    rule).  Each chunk is one statement (under ``lock``, the lock of every
+    rule).  Each page is one statement (under ``lock``, the lock of every
     use of ``conn``), paged by key: no transaction stays open between
-    chunks, and offsets up to ``until`` never change, so nothing is missed
-    or read twice.  A writing transaction larger than a chunk is read on
+    pages, and offsets up to ``until`` never change, so nothing is missed
+    or read twice.  A writing transaction larger than a page is read on
     by its own key range.  ``shapes``: the shapes known (a dict is given
     the new ones met)."""
     chunk = READ_CHUNK if chunk is None else chunk
     guard: ContextManager = lock if lock is not None else nullcontext()
     known: dict[int, PgShape] = shapes if isinstance(shapes, dict) else dict(shapes or {})
     width = _WHOLE if value_columns is None else value_columns
-    keyed = {"until": until, "width": width, "skip": skip_origin, "keep": keep_flag, "limit": chunk}
+    made = _Rows(known, value_columns)
+    # One row more than a page gives: it shows whether the page's last writing transaction goes on.
+    keyed = {"until": until, "width": width, "skip": skip_origin, "keep": keep_flag, "limit": chunk + 1}
     commit, position = after, _PAST  # the key read so far: every writing transaction up to it
-    members = chunk  # how many writing transactions a page takes: fewer while they are large
+    members = 1  # how many writing transactions a page takes: as many as should fill it (below)
     held: list[tuple] = []
     held_commit, held_origin = 0, ""
     while True:
         with guard:
-            taken = conn.execute(_MEMBERS, {**keyed, "commit": commit, "position": position,
-                                            "members": members}).fetchall()
-            if not taken:
-                break
-            (last_commit, last_position) = taken[-1]
-            found = conn.execute(_ROWS, {**keyed, "commit": commit, "position": position,
-                                         "last_commit": last_commit, "last_position": last_position}).fetchall()
-            loads = _loads(conn, known, {capture[4] for capture in found})
-            if value_columns is None:
-                rows = [(offset, place, origin, (seq, shape_id, kind, flags, *loads[shape_id](texts)))
-                        for offset, place, origin, seq, shape_id, kind, flags, texts in found]
-            else:
-                rows = [(offset, place, origin, _row(loads, seq, shape_id, kind, flags, texts, value_columns))
-                        for offset, place, origin, seq, shape_id, kind, flags, texts in found]
-        if len(found) == chunk:  # the page is full: its last writing transaction may go on
-            last_commit, last_position, last_origin, last_row = rows[-1]
-            rows += [(last_commit, last_position, last_origin, row) for row in _rest_of_member(
-                conn, guard, known, {**keyed, "seq": last_row[0], "skipped": last_origin == skip_origin},
-                (last_commit, last_position), value_columns)]
-            members = max(1, min(chunk, 2 * len({(row[0], row[1]) for row in rows})))
-        else:
-            members = min(chunk, 2 * members)
-        commit, position = last_commit, last_position
-        for offset, _place, origin, row in rows:
-            if held and (offset != held_commit or len(held) >= chunk):
+            found = conn.execute(_PAGE, {**keyed, "commit": commit, "position": position, "members": members},
+                                 binary=True).fetchall()
+            made.know(conn, {row[4] for row in found})
+        if not found:
+            break
+        full = len(found) > chunk
+        going_on = full and found[chunk][:2] == found[chunk - 1][:2]
+        del found[chunk:]
+        last = found[-1]
+        taken = len(set(map(_MEMBER_KEY, found)))  # every one comes, with a row without a seq if need be
+        # Every writing transaction up to the key is read once the page is
+        # given out; it ends the read when the range had fewer left than asked.
+        commit, position = last[0], last[1]
+        exhausted = not full and taken < members
+        # As many as would fill the next page, at this page's rows per writing transaction.
+        members = max(1, min(chunk, chunk * taken // len(found)))
+        pieces = made.pieces(found)
+        if going_on:  # the rest of the page's last writing transaction, a page at a time
+            pieces = chain(pieces, ((commit, last[2], rows) for rows in _rest_of_member(
+                conn, guard, made, {**keyed, "seq": last[3], "skipped": last[2] == skip_origin}, (commit, position),
+                chunk)))
+        for offset, origin, rows in pieces:
+            if held and offset != held_commit:
                 yield held_commit, held_origin, held
                 held = []
             held_commit, held_origin = offset, origin
-            held.append(row)
+            held += rows
+            if len(held) >= chunk:
+                yield offset, origin, held[:chunk]
+                held = held[chunk:]
+        if exhausted:
+            break
     if held:
         yield held_commit, held_origin, held
 
 
-def _rest_of_member(conn: psycopg.Connection, guard: ContextManager, known: dict[int, PgShape], keyed: dict,
-                    member: tuple[int, int], value_columns: int | None) -> Iterator[tuple]:
+def _rest_of_member(conn: psycopg.Connection, guard: ContextManager, made: "_Rows", keyed: dict,
+                    member: tuple[int, int], chunk: int) -> Iterator[list[tuple]]:
     """The rows of the writing transaction at ``member`` (its key in
     log_txn) after ``keyed["seq"]``, a page a statement."""
     with guard:
         txid, origin = conn.execute(_MEMBER, member).fetchone()
     keyed = {**keyed, "txid": txid, "origin": origin}
+    statement = _APPLICATION_ROWS if origin is None else _ORIGIN_ROWS
     while True:
         with guard:
-            found = conn.execute(_MEMBER_ROWS, keyed).fetchall()
-            loads = _loads(conn, known, {capture[1] for capture in found})
-            rows = [_row(loads, *capture, value_columns) for capture in found]
-        yield from rows
-        if len(found) < keyed["limit"]:
+            found = conn.execute(statement, keyed, binary=True).fetchall()
+            made.know(conn, {capture[1] for capture in found})
+        more = len(found) > chunk
+        del found[chunk:]
+        if found:
+            yield made.rows(found)
+        if not more:
             return
-        keyed = {**keyed, "seq": rows[-1][0]}
+        keyed = {**keyed, "seq": found[-1][0]}
 
 
-def _loads(conn: psycopg.Connection, known: dict[int, PgShape], shape_ids: set[int]
-           ) -> dict[int, Callable[[list], tuple]]:
-    """The loaders of the shapes of a page of capture rows, by shape id
-    (shapes never change: a new one is loaded once)."""
-    if not shape_ids <= known.keys():
-        known.update(load_shapes(conn))
-    return {shape_id: known[shape_id].load for shape_id in shape_ids}
+class _Rows:
+    """Capture rows as a SQLite site's, ``(seq, shape, kind, flags,
+    *values)``, from the rows a page fetched: the texts converted in the
+    lists psycopg made for them (typemap.converter) and, with
+    ``value_columns``, exactly that many values.  The log reader's hot
+    path: one tuple made per row."""
+
+    def __init__(self, known: dict[int, PgShape], value_columns: int | None) -> None:
+        self.known = known
+        self.converts: dict[int, Callable[[list], list]] = {}
+        # What fills a row of n values to value_columns (the statements cut the longer ones).
+        self.padding: dict[int, tuple] = (defaultdict(tuple) if value_columns is None else
+                                          {count: (None,) * (value_columns - count)
+                                           for count in range(value_columns + 1)})
+
+    def know(self, conn: psycopg.Connection, shape_ids: set[int]) -> None:
+        """Have the converters of ``shape_ids`` (shapes never change: a new
+        one is loaded once; None, a writing transaction with no row taken,
+        is none).  Under the connection's lock."""
+        shape_ids.discard(None)
+        if shape_ids <= self.converts.keys():
+            return
+        if not shape_ids <= self.known.keys():
+            self.known.update(load_shapes(conn))
+        for shape_id in shape_ids - self.converts.keys():
+            self.converts[shape_id] = _converter(self.known[shape_id].layout.kinds)
+
+    def rows(self, found: list[tuple]) -> list[tuple]:
+        """Rows fetched as ``(seq, shape, kind, flags, texts)``."""
+        converts, padding = self.converts, self.padding
+        rows: list[tuple] = []
+        for seq, shape_id, kind, flags, texts in found:
+            values = converts[shape_id](texts)
+            rows.append((seq, shape_id, kind, flags, *values, *padding[len(values)]))
+        return rows
+
+    def pieces(self, found: list[tuple]) -> list[tuple[int, str, list[tuple]]]:
+        """A page's rows, fetched as ``(commit_offset, position, origin,
+        seq, shape, kind, flags, texts)`` (no seq: a writing transaction
+        with no row taken), as ``(commit_offset, origin, rows)`` per log
+        transaction."""
+        converts, padding = self.converts, self.padding
+        pieces: list[tuple[int, str, list[tuple]]] = []
+        commit: int | None = None
+        rows: list[tuple] = []
+        for offset, _place, origin, seq, shape_id, kind, flags, texts in found:
+            if seq is None:
+                continue
+            if offset != commit:
+                commit, rows = offset, []
+                pieces.append((offset, origin, rows))
+            values = converts[shape_id](texts)
+            rows.append((seq, shape_id, kind, flags, *values, *padding[len(values)]))
+        return pieces
 
 
-def _row(loads: dict[int, Callable[[list], tuple]], seq: int, shape_id: int, kind: int, flags: int,
-         texts: list, value_columns: int | None) -> tuple:
-    """A capture row as a SQLite site's: ``(seq, shape, kind, flags, *values)``."""
-    values = loads[shape_id](texts)
-    if value_columns is not None and len(values) < value_columns:
-        values += (None,) * (value_columns - len(values))
-    return (seq, shape_id, kind, flags, *values)
+@lru_cache(maxsize=None)
+def _converter(kinds: tuple[str, ...]) -> Callable[[list], list]:
+    return converter(tuple(KINDS[kind] for kind in kinds))
 
 
 @dataclass(frozen=True, slots=True)

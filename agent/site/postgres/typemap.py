@@ -307,25 +307,40 @@ def column_kind(table: str, column: str, base: BaseType) -> Kind:
     return KINDS[name]
 
 
-def loader(kinds: tuple[Kind, ...]) -> Callable[[list], tuple]:
-    """A function from a capture row's texts (one image, or an UPDATE's old
-    and new images one after the other) to the values that travel.  Text
-    kinds travel as they are read: only the others are converted (the log
-    reader's hot path)."""
+def converter(kinds: tuple[Kind, ...]) -> Callable[[list], list]:
+    """A function that turns a capture row's texts (one image, or an
+    UPDATE's old and new images one after the other; perhaps cut short by a
+    reader that takes fewer values) into the values that travel, in the
+    list it is given, which it returns; values past two images are dropped.
+    Text kinds travel as they are read: only the others are converted (the
+    log reader's hot path, which owns the lists it converts)."""
     width = len(kinds)
     one = tuple((index, kind.load) for index, kind in enumerate(kinds) if kind.load is not str)
     two = one + tuple((index + width, load) for index, load in one)
 
-    def load(texts: list) -> tuple:
-        values = list(texts)
-        if len(values) > 2 * width:  # at most two images
+    def convert(values: list) -> list:
+        count = len(values)
+        if count == width:
+            conversions = one
+        elif count == 2 * width:
+            conversions = two
+        else:  # cut short, or more than two images
             del values[2 * width:]
-        for index, convert in (one if len(values) <= width else two):
-            text = values[index] if index < len(values) else None
+            conversions = tuple(conversion for conversion in (one if count <= width else two)
+                                if conversion[0] < count)
+        for index, load in conversions:
+            text = values[index]
             if text is not None:
-                values[index] = convert(text)
-        return tuple(values)
-    return load
+                values[index] = load(text)
+        return values
+    return convert
+
+
+def loader(kinds: tuple[Kind, ...]) -> Callable[[list], tuple]:
+    """:func:`converter` for texts the caller keeps: a function from a
+    capture row's texts to the values that travel, as a tuple."""
+    convert = converter(kinds)
+    return lambda texts: tuple(convert(list(texts)))
 
 
 def dump(kind: Kind, column: str, value: Value) -> object:

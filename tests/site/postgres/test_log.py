@@ -11,6 +11,7 @@ import pytest
 from agent.site.errors import LogOffsetError, LogTruncated
 from agent.site.postgres.capture import install_capture, load_shapes, set_origin
 from agent.site.postgres.connect import connect
+from agent.site.postgres import log
 from agent.site.postgres.log import check_boundary, cut, iter_capture, log_end, truncate_log, truncated_through
 
 from .replay import Copy, operations
@@ -208,6 +209,90 @@ def test_reading_in_chunks_of_any_size_gives_every_row_once_in_replay_order(acco
         assert [(commit, row[0]) for commit, _, rows in read for row in rows] == expected, chunk
         assert [(commit, row[0]) for commit, _, rows in iter_capture(account, 1, 3, chunk=chunk)
                 for row in rows] == [entry for entry in expected if 1 < entry[0] <= 3]
+
+
+class _Counting:
+    """A connection that counts the statements run through it."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn, self.statements = conn, 0
+
+    def execute(self, *arguments, **options):  # type: ignore[no-untyped-def]
+        self.statements += 1
+        return self.conn.execute(*arguments, **options)
+
+
+def test_a_large_writing_transaction_comes_a_chunk_at_a_time_as_it_is_read(account, target):
+    """Its first chunk is handed out after one statement, not once the whole
+    transaction is read; then a statement per chunk (and one to find it)."""
+    account.execute("INSERT INTO account SELECT n, 'bulk', n FROM generate_series(1, 95) AS n")
+    account.execute("INSERT INTO account VALUES (100, 'after', 100)")
+    end = cut(account, target, "hq").log_end
+    counting = _Counting(account)
+    chunks = iter_capture(counting, 0, end, chunk=10)
+    first = next(chunks)
+    assert [row[4] for row in first[2]] == list(range(1, 11)) and counting.statements <= 2  # the shapes, a page
+    rest = list(chunks)
+    assert [len(rows) for _, _, rows in rest] == [10] * 8 + [6]  # one log transaction
+    assert [row[4] for _, _, rows in [first, *rest] for row in rows] == [*range(1, 96), 100]
+    # The shapes, the first page, the member found, its 9 pages, the page of
+    # the second writing transaction, and the empty page after it.
+    assert counting.statements <= 14
+
+
+def _plan_nodes(plan: dict) -> list[tuple[str, str | None]]:
+    """``(node type, index name)`` of every node of an EXPLAIN (FORMAT JSON) plan."""
+    return [(plan["Node Type"], plan.get("Index Name")),
+            *(node for child in plan.get("Plans", []) for node in _plan_nodes(child))]
+
+
+@pytest.mark.parametrize("origin", [None, "north1"])
+def test_the_rest_of_a_large_writing_transaction_is_read_by_its_index_range(account, target, origin):
+    """Once the statistics know one transaction holds most capture rows,
+    its rest is still read by capture's (txid, seq) index, a page at a
+    time, not by a scan of the whole table and a sort for every page."""
+    with account.transaction():
+        if origin is not None:
+            set_origin(account, origin)
+        account.execute("INSERT INTO account SELECT n, 'bulk', n FROM generate_series(1, 5000) AS n")
+    account.execute("ANALYZE fieldsync.capture")
+    cut(account, target, "hq")
+    txid, stored_origin = account.execute(log._MEMBER, (1, 0)).fetchone()
+    statement = log._APPLICATION_ROWS if stored_origin is None else log._ORIGIN_ROWS
+    [explained] = account.execute("EXPLAIN (FORMAT JSON) " + statement, {
+        "width": 6, "txid": txid, "origin": stored_origin, "seq": 2500, "skipped": False, "keep": 0,
+        "limit": 1001}).fetchone()
+    nodes = _plan_nodes(explained[0]["Plan"])
+    assert ("Index Scan", "capture_pkey") in nodes and "Sort" not in {node for node, _ in nodes}, nodes
+
+
+def test_pages_are_as_full_as_the_writing_transactions_allow(account, target):
+    """Twenty writing transactions of five rows, read ten rows at a time:
+    about one statement per ten rows, never a page per writing transaction."""
+    for n in range(20):
+        account.execute(f"INSERT INTO account SELECT n, 'batch', n FROM generate_series({5 * n}, {5 * n + 4}) AS n")
+    end = cut(account, target, "hq").log_end
+    counting = _Counting(account)
+    assert sum(len(rows) for _, _, rows in iter_capture(counting, 0, end, chunk=10)) == 100
+    assert counting.statements <= 1 + 11  # the shapes, 5 rows, then 10 a page
+
+
+def test_writing_transactions_with_no_row_for_the_reader_are_passed_over(account, target):
+    """A subscriber's own writing transactions whose rows it does not get
+    back, between others, at every chunk size."""
+    account.execute("INSERT INTO account VALUES (1, 'hq', 1)")
+    for n in (2, 3):
+        with account.transaction():
+            set_origin(account, "north1")
+            account.execute(f"INSERT INTO account VALUES ({n}, 'from north1', {n})")
+    account.execute("INSERT INTO account VALUES (4, 'hq', 4)")
+    with account.transaction():
+        set_origin(account, "north1")
+        account.execute("INSERT INTO account VALUES (5, 'from north1', 5)")
+    end = cut(account, target, "hq").log_end
+    for chunk in (1, 2, 1000):
+        read = list(iter_capture(account, 0, end, chunk=chunk, skip_origin="north1", keep_flag=1))
+        assert [(origin, row[4]) for _, origin, rows in read for row in rows] == [("hq", 1), ("hq", 4)], chunk
 
 
 def test_a_reader_leaves_out_a_subscriber_s_own_log_transactions_but_rows_written_back_to_it(account, target):

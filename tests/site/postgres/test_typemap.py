@@ -22,7 +22,7 @@ from agent.site.postgres.connect import connect
 from agent.site.postgres.errors import UnsupportedColumnType, ValueNotConvertible
 from agent.site.postgres.log import cut, iter_capture, log_end
 from agent.site.postgres.schema import install_schema
-from agent.site.postgres.typemap import KINDS, BaseType, _civil, _load_float4, column_kind, dump
+from agent.site.postgres.typemap import KINDS, BaseType, _civil, _load_float4, column_kind, converter, dump, loader
 from agent.site.postgres.uri import parse_uri
 
 NAN = "NaN"
@@ -137,6 +137,41 @@ def test_each_row_of_the_types_table_round_trips(types_site, case):
                               f" IS NOT DISTINCT FROM ({literal})::{pg_type}::text").fetchall()
     assert equal or stored is not SAME, f"{held!r} came back to PostgreSQL as another value"
     assert _same(_captured_value(conn, target), held)
+
+
+def test_an_update_s_old_and_new_images_travel_converted_cut_or_filled(types_site):
+    """Both images of an UPDATE are converted, a NULL stays NULL, and a
+    reader that asks for fewer or more values gets them cut or filled."""
+    conn, target = types_site
+    conn.execute("CREATE TABLE images (id bigint PRIMARY KEY, label text, amount double precision, day date,"
+                 " flag boolean, data bytea, price numeric)")
+    install_capture(conn, target, "images")
+    conn.execute("INSERT INTO images VALUES (1, 'one', 0.5, '2024-02-29', true, '\\x00ff', 12.50)")
+    conn.execute("UPDATE images SET id = 2, label = NULL, amount = -1e300, day = 'infinity', flag = false,"
+                 " data = NULL, price = 'NaN'")
+    before = log_end(conn)
+    old = (1, "one", 0.5, "2024-02-29", 1, b"\x00\xff", "12.50")
+    new = (2, None, -1e300, "infinity", 0, None, "NaN")
+    end = cut(conn, target, "hq").log_end
+    [(_, _, rows)] = iter_capture(conn, before, end)
+    assert [row[4:] for row in rows] == [old, old + new]
+    assert [type(value) for value in rows[1][4:]] == [type(value) for value in old + new]
+    [(_, _, cut_short)] = iter_capture(conn, before, end, value_columns=9)
+    assert [row[4:] for row in cut_short] == [old + (None, None), old + new[:2]]
+    [(_, _, filled)] = iter_capture(conn, before, end, value_columns=16)
+    assert [row[4:] for row in filled] == [old + (None,) * 9, old + new + (None, None)]
+
+
+def test_conversion_changes_the_list_it_is_given_and_the_loader_a_copy():
+    kinds = (KINDS["integer"], KINDS["text"], KINDS["double"])
+    half = struct.pack(">d", 0.5).hex()
+    texts = ["7", "7", half, "8", None, None]
+    assert loader(kinds)(texts) == (7, "7", 0.5, 8, None, None)
+    assert texts == ["7", "7", half, "8", None, None]
+    convert = converter(kinds)
+    assert convert(texts) is texts and texts == [7, "7", 0.5, 8, None, None]
+    assert convert(["7", "7"]) == [7, "7"]  # cut short: what is there
+    assert convert(["1", "a", half, "2", "b", half, "extra"]) == [1, "a", 0.5, 2, "b", 0.5]  # two images at most
 
 
 def test_every_row_of_the_types_table_has_cases():
