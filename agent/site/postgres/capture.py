@@ -151,19 +151,10 @@ class PgShape:
     @cached_property
     def load(self) -> Callable[[list], tuple]:
         """Capture texts (one image, or an UPDATE's two) to travelling values."""
-        images = loader(tuple(KINDS[kind] for kind in self.layout.kinds))
-        if self.layout.route_kind is None:
-            return images
-        # A follow article's rows: the routes after the widest image (the
-        # old one, then an UPDATE's new one), each as its root column travels.
-        width, route = 2 * len(self.layout.columns), KINDS[self.layout.route_kind].load
-
-        def load(texts: list) -> tuple:
-            if len(texts) <= width:
-                return images(texts)
-            routes = texts[width:width + 2]
-            return images(texts[:width]) + tuple(None if text is None else route(text) for text in routes)
-        return load
+        route = None if self.layout.route_kind is None else KINDS[self.layout.route_kind]
+        # A follow article's rows carry their routes after the widest image
+        # (the old one, then an UPDATE's new one), each as its root column travels.
+        return loader(tuple(KINDS[kind] for kind in self.layout.kinds), route)
 
 
 def describe_table(conn: psycopg.Connection, table: str) -> TableDescription:

@@ -319,7 +319,8 @@ class _Rows:
         if not shape_ids <= self.known.keys():
             self.known.update(load_shapes(conn))
         for shape_id in shape_ids - self.converts.keys():
-            self.converts[shape_id] = _converter(self.known[shape_id].layout.kinds)
+            layout = self.known[shape_id].layout
+            self.converts[shape_id] = _converter(layout.kinds, layout.route_kind)
 
     def rows(self, found: list[tuple]) -> list[tuple]:
         """Rows fetched as ``(seq, shape, kind, flags, texts)``."""
@@ -351,8 +352,8 @@ class _Rows:
 
 
 @lru_cache(maxsize=None)
-def _converter(kinds: tuple[str, ...]) -> Callable[[list], list]:
-    return converter(tuple(KINDS[kind] for kind in kinds))
+def _converter(kinds: tuple[str, ...], route: str | None) -> Callable[[list], list]:
+    return converter(tuple(KINDS[kind] for kind in kinds), None if route is None else KINDS[route])
 
 
 @dataclass(frozen=True, slots=True)

@@ -307,16 +307,23 @@ def column_kind(table: str, column: str, base: BaseType) -> Kind:
     return KINDS[name]
 
 
-def converter(kinds: tuple[Kind, ...]) -> Callable[[list], list]:
+def converter(kinds: tuple[Kind, ...], route: Kind | None = None) -> Callable[[list], list]:
     """A function that turns a capture row's texts (one image, or an
     UPDATE's old and new images one after the other; perhaps cut short by a
     reader that takes fewer values) into the values that travel, in the
-    list it is given, which it returns; values past two images are dropped.
-    Text kinds travel as they are read: only the others are converted (the
-    log reader's hot path, which owns the lists it converts)."""
+    list it is given, which it returns; values past two images are dropped,
+    but for a follow article's (``route``: the kind of its routes) the two
+    routes after them.  Text kinds travel as they are read: only the others
+    are converted (the log reader's hot path, which owns the lists it
+    converts)."""
     width = len(kinds)
     one = tuple((index, kind.load) for index, kind in enumerate(kinds) if kind.load is not str)
     two = one + tuple((index + width, load) for index, load in one)
+    kept, routed = 2 * width, two
+    if route is not None:
+        kept += 2
+        if route.load is not str:
+            routed = two + ((2 * width, route.load), (2 * width + 1, route.load))
 
     def convert(values: list) -> list:
         count = len(values)
@@ -325,8 +332,8 @@ def converter(kinds: tuple[Kind, ...]) -> Callable[[list], list]:
         elif count == 2 * width:
             conversions = two
         else:  # cut short, or more than two images
-            del values[2 * width:]
-            conversions = tuple(conversion for conversion in (one if count <= width else two)
+            del values[kept:]
+            conversions = tuple(conversion for conversion in (one if count <= width else routed)
                                 if conversion[0] < count)
         for index, load in conversions:
             text = values[index]
@@ -336,10 +343,10 @@ def converter(kinds: tuple[Kind, ...]) -> Callable[[list], list]:
     return convert
 
 
-def loader(kinds: tuple[Kind, ...]) -> Callable[[list], tuple]:
+def loader(kinds: tuple[Kind, ...], route: Kind | None = None) -> Callable[[list], tuple]:
     """:func:`converter` for texts the caller keeps: a function from a
     capture row's texts to the values that travel, as a tuple."""
-    convert = converter(kinds)
+    convert = converter(kinds, route)
     return lambda texts: tuple(convert(list(texts)))
 
 
