@@ -145,6 +145,30 @@ def subscribe_by_column(table: str, requested: str | None, find: Callable[[str],
     return found
 
 
+def check_table_articles(table: str, publication: str, follows: str | None,
+                         held: Iterable[tuple[str, str | None]]) -> None:
+    """Raise unless ``table`` may become an article of ``publication``
+    (following ``follows``) beside its articles ``held``, as ``(publication,
+    parent or None)``: once in a publication, and following a parent in
+    one publication at most (its changes carry one route)."""
+    held = list(held)
+    if any(other == publication for other, _ in held):
+        raise PublicationError(f"table {table!r} is already published in {publication!r}; remove it first to "
+                               "publish it there another way")
+    following = [other for other, parent in held if parent is not None]
+    if follows is not None and following:
+        raise PublicationError(f"table {table!r} follows its parent in {following[0]!r} already; a table follows "
+                               "a parent in one publication (its changes carry one route)")
+
+
+def check_followed_once(parent: str, publications: Sequence[str]) -> None:
+    """Raise when rows follow ``parent`` in other ``publications`` already
+    (its moves carry one route)."""
+    if publications:
+        raise PublicationError(f"rows follow {parent!r} in {publications[0]!r} already; a table is followed in one "
+                               "publication (its moves carry one route)")
+
+
 def find_subscription(held: Iterable[tuple[object, str, Value]], publication: str, value: Value) -> object | None:
     """The id of the subscription among ``held`` (``(id, publication,
     value)``, one remote's) to ``publication`` with the same value, or None."""

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from operator import itemgetter
 from enum import Enum
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Container, Iterable, Mapping, Protocol, Sequence
 
 from codec.ops import OpKind, Operation, Run
 
@@ -167,6 +167,30 @@ class AnyFilter:
 
     def entered(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
         return self.moves(before, after) and not self.holds(before) and self.holds(after)
+
+
+def peer_filters(articles: Iterable[tuple[str, str, Filter | None]], subscribed: Container[str]
+                 ) -> dict[str, Filter | AnyFilter]:
+    """A peer's subset of each filtered table (lower-case table -> Filter),
+    from every article ``(table, publication, its filter for the peer, or
+    None: every row)`` and the publications the peer subscribes to: none
+    for a table one of them publishes whole; for a table in several of
+    them, the rows any of them keeps."""
+    filtered: dict[str, list[tuple[bool, Filter]]] = {}
+    whole = set()
+    for table, publication, part in articles:
+        if part is None:
+            if publication in subscribed:
+                whole.add(table.lower())
+            continue
+        filtered.setdefault(table.lower(), []).append((publication in subscribed, part))
+    found: dict[str, Filter | AnyFilter] = {}
+    for table, parts in filtered.items():
+        if table in whole:
+            continue
+        held = [part for kept, part in parts if kept] or [parts[0][1]]
+        found[table] = held[0] if len(held) == 1 else AnyFilter(held)
+    return found
 
 
 class Batch:

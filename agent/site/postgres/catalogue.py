@@ -2,10 +2,16 @@
 the capture triggers that follow from it.
 
 Rules of this file:
-* The rules are a SQLite site's (agent.site.publication_rules): a table
-  belongs to at most one publication; an article publishes some columns
-  (its key always among them) or all of them, and may name a SUBSCRIBE BY
-  column; the same refusals with the same lines.
+* The rules are a SQLite site's (agent.site.publication_rules,
+  agent.site.sqlite.publications): a table may be an article of several
+  publications, once in each, each with its own columns and SUBSCRIBE BY
+  column (its key always among the columns); it follows a parent in one
+  publication at most, and is followed in one at most; the same refusals
+  with the same lines.
+* A table has one capture whatever its articles (its shape holds every
+  column; its rows carry a route when one of its articles follows a
+  parent): every article of the table names that shape, and it goes with
+  the table's last article.
 * A table is named as PostgreSQL resolves it (``customer`` on the
   ``search_path``, or ``sales.customer``); an article is shown as
   ``capture.shown_table`` shows it (plain in ``public``).  A column is
@@ -32,8 +38,8 @@ from psycopg.types.json import Jsonb
 
 from ..clock import in_utc
 from ..errors import PublicationError, UnknownPublication
-from ..publication_rules import (Article, Publication, as_article, check_publication_name, published_columns,
-                                 subscribe_by_column)
+from ..publication_rules import (Article, Publication, as_article, check_followed_once, check_publication_name,
+                                 check_table_articles, published_columns, subscribe_by_column)
 from . import route
 from .capture import describe_table, drop_capture_of, install_capture, shown_table
 from .errors import NotYetOnPostgres
@@ -79,11 +85,11 @@ def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, ar
         raise UnknownPublication(f"no publication named {publication!r}; create it first")
     description = describe_table(conn, article.table)
     layout = description.layout
-    taken = conn.execute("SELECT publication FROM fieldsync.article WHERE (table_schema = %s AND table_name = %s)"
-                         " OR table_oid = %s", (layout.schema, layout.table, description.oid)).fetchone()
-    if taken:
-        raise PublicationError(f"table {layout.shown!r} is already published in {taken[0]!r}; a table belongs to "
-                               "one publication")
+    held = conn.execute("SELECT publication, follows FROM fieldsync.article WHERE (table_schema = %s AND"
+                        " table_name = %s) OR table_oid = %s",
+                        (layout.schema, layout.table, description.oid)).fetchall()
+    # (A remote extracted with the publication was refused before: refuse_sending_tables.)
+    check_table_articles(layout.shown, publication, article.follows, held)
     find = _finder(layout.columns)
     columns = published_columns(layout.shown, layout.columns, layout.key_columns, article.columns, find)
     subscribe_by = subscribe_by_column(layout.shown, article.subscribe_by, find)
@@ -91,8 +97,17 @@ def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, ar
     if article.follows is not None:
         follow = route.resolve(conn, publication, layout.schema, layout.table, description.oid, article.follows,
                                article.follow_columns, find)
-    shape = install_capture(conn, target, article.table, None if follow is None else route.capture_route(
-        route.chain_of(conn, *follow)))
+        check_followed_once(follow[0], [other for (other,) in conn.execute(
+            "SELECT DISTINCT publication FROM fieldsync.article WHERE follows = %s AND publication <> %s",
+            (follow[0], publication))])
+    # The table's one capture: with the route of the article that follows a
+    # parent, this one or one of another publication.
+    routed = (follow[0], follow[1], follow[2], publication) if follow is not None else \
+        route.follows(conn).get((layout.schema, layout.table))
+    shape = install_capture(conn, target, article.table, None if routed is None else route.capture_route(
+        route.chain_of(conn, *routed)))
+    conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
+                 (shape.id, layout.schema, layout.table))
     conn.execute("INSERT INTO fieldsync.article (table_schema, table_name, table_oid, publication, columns,"
                  " subscribe_by, shape, follows, follow_columns, parent_columns)"
                  " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
@@ -119,33 +134,54 @@ def _resolve(conn: psycopg.Connection, table: str) -> tuple[str, str] | None:
 
 def remove_article(conn: psycopg.Connection, target: PgTarget, table: str, publication: str | None = None) -> None:
     """Stop publishing ``table`` (named as it is now, or as its article
-    shows it when it is missing; in ``publication``, when named) and
-    remove its capture triggers."""
+    shows it when it is missing) in ``publication`` (None: in every
+    publication that holds it); its capture goes with its last article."""
     resolved = _resolve(conn, table)
-    for schema, name, oid, held in conn.execute(
+    rows = [(schema, name, oid, held) for schema, name, oid, held in conn.execute(
             "SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
-            " ORDER BY table_schema, table_name").fetchall():
-        if (resolved == (schema, name) or shown_table(schema, name) == table) and publication in (None, held):
-            followers = [shown_table(*found) for found in conn.execute(
-                "SELECT table_schema, table_name FROM fieldsync.article WHERE follows = %s ORDER BY 1, 2",
-                (shown_table(schema, name),))]
-            if followers:
-                raise PublicationError(f"{', '.join(followers)} follow {shown_table(schema, name)!r}: remove them "
-                                       "first")
-            drop_capture_of(conn, target, oid)
-            conn.execute("DELETE FROM fieldsync.article WHERE table_schema = %s AND table_name = %s", (schema, name))
-            route.install_moves(conn)
-            return
-    raise PublicationError(f"table {table!r} is not published"
-                           + ("" if publication is None else f" in {publication!r}"))
+            " ORDER BY table_schema, table_name, publication").fetchall()
+            if (resolved == (schema, name) or shown_table(schema, name) == table) and publication in (None, held)]
+    if not rows:
+        raise PublicationError(f"table {table!r} is not published"
+                               + ("" if publication is None else f" in {publication!r}"))
+    schema, name = rows[0][0], rows[0][1]
+    rows = [row for row in rows if (row[0], row[1]) == (schema, name)]
+    shown = shown_table(schema, name)
+    followers = [shown_table(*found) for found in conn.execute(
+        "SELECT table_schema, table_name FROM fieldsync.article WHERE follows = %s AND publication = ANY(%s)"
+        " ORDER BY 1, 2", (shown, [row[3] for row in rows]))]
+    if followers:
+        raise PublicationError(f"{', '.join(followers)} follow {shown!r}: remove them first")
+    for row in rows:
+        _remove(conn, target, *row)
+    route.install_moves(conn)
+
+
+def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, oid: int, publication: str) -> None:
+    """Delete the article of ``schema.name`` in ``publication``; then drop
+    the table's capture when no article is left, or make it again without
+    routes when the one that followed a parent went (its triggers look
+    the route up)."""
+    (routed,) = conn.execute("DELETE FROM fieldsync.article WHERE table_schema = %s AND table_name = %s"
+                             " AND publication = %s RETURNING follows IS NOT NULL", (schema, name, publication)
+                             ).fetchone()
+    if conn.execute("SELECT 1 FROM fieldsync.article WHERE table_schema = %s AND table_name = %s",
+                    (schema, name)).fetchone() is None:
+        drop_capture_of(conn, target, oid)
+    elif routed and (found := conn.execute("SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
+                                           " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+                                           (oid,)).fetchone()):
+        shape = install_capture(conn, target, found[0])
+        conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
+                     (shape.id, schema, name))
 
 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> None:
     if not _publication_exists(conn, name):
         raise UnknownPublication(f"no publication named {name!r}")
-    for (oid,) in conn.execute("SELECT table_oid FROM fieldsync.article WHERE publication = %s", (name,)).fetchall():
-        drop_capture_of(conn, target, oid)
-    conn.execute("DELETE FROM fieldsync.article WHERE publication = %s", (name,))
+    for row in conn.execute("SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
+                            " WHERE publication = %s ORDER BY follows IS NULL", (name,)).fetchall():
+        _remove(conn, target, *row)  # the articles that follow first: their parents' routes go with them
     route.install_moves(conn)
     conn.execute("DELETE FROM fieldsync.subscription WHERE publication = %s", (name,))
     conn.execute("DELETE FROM fieldsync.publication WHERE name = %s", (name,))
@@ -156,7 +192,7 @@ def missing_tables(conn: psycopg.Connection) -> tuple[str, ...]:
     (renamed or dropped by an application): their article stays until it
     is removed."""
     return tuple(sorted((shown_table(schema, name) for schema, name in conn.execute(
-        "SELECT table_schema, table_name FROM fieldsync.article"
+        "SELECT DISTINCT table_schema, table_name FROM fieldsync.article"
         " WHERE to_regclass(format('%I.%I', table_schema, table_name)) IS NULL")), key=table_order))
 
 
@@ -165,7 +201,7 @@ def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
         'SELECT name FROM fieldsync.publication ORDER BY name COLLATE "C"')}
     for schema, name, publication, columns, subscribe_by, follows, follow_columns in conn.execute(
             "SELECT table_schema, table_name, publication, columns, subscribe_by, follows, follow_columns"
-            " FROM fieldsync.article"):
+            " FROM fieldsync.article ORDER BY publication"):
         articles[publication].append(Article(shown_table(schema, name), None if columns is None else tuple(columns),
                                              subscribe_by, follows,
                                              None if follow_columns is None else tuple(follow_columns)))

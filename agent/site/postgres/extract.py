@@ -24,12 +24,17 @@ Rules of this file:
   SUBSCRIBE BY value, so read, is one of its values in Python's terms, as
   the log's readers select (agent.site.selection); a row that follows
   its parent by its route, looked up in the same snapshot (route.py).
+* A table the remote gets through several articles (in several of its
+  publications) is one table with the columns of them all; a row is
+  copied once when any of them keeps it, with their columns and NULL in
+  the others (union_rows; agent/site/sqlite/extract_union.py's rules).
 * Functions here open their own transactions on the site's connection,
   under the site's lock; PostgreSQL's errors leave as the site's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +51,7 @@ from ..remote_rules import RemoteUser
 from ..sqlite._db import quote_ident, write_transaction
 from ..sqlite.capture import TableInfo
 from ..sqlite.extract import Follow, TablePlan
+from ..sqlite.extract_union import union_plan
 from . import remotes as remote_rows
 from . import route
 from .capture import PgShape, load_shapes, shown_table
@@ -57,7 +63,7 @@ from .typemap import KINDS, loader
 from .uri import PgTarget
 
 _ARTICLES = """
-SELECT a.table_schema, a.table_name, a.publication, a.columns, a.subscribe_by, a.shape
+SELECT a.table_schema, a.table_name, a.publication, a.columns, a.subscribe_by, a.shape, a.follows IS NOT NULL
   FROM fieldsync.article a
  WHERE a.publication IN (SELECT publication FROM fieldsync.subscription WHERE remote = %s AND until IS NULL)
 """
@@ -105,22 +111,28 @@ class PgConsolidated:
             # template: a remote routes nothing; agent.site.sqlite.route.record_follow).
             follows = {table: Follow(shown_table(*table), parent, columns, parent_columns, "")
                        for table, (parent, columns, parent_columns) in route.follows(conn).items()}
-        plans, statements = [], []
-        for schema, table, publication, columns, subscribe_by, shape_id in articles:
-            follow = follows.get((schema, table))
+        found: dict[tuple[str, str], list[TablePlan]] = {}
+        for schema, table, publication, columns, subscribe_by, shape_id, following in articles:
+            follow = follows.get((schema, table)) if following else None
             if follow is not None:
                 subscribe_by = ROUTE  # the rows follow their parent: selected by their route (route.py)
             shape = shapes[shape_id]
             layout = shape.layout
             published = layout.columns if columns is None else tuple(
                 column for column in layout.columns if column in set(columns) | set(layout.key_columns))
-            create = remote_table_sql(shape, published)
-            plans.append(TablePlan(TableInfo(layout.shown, layout.columns, layout.key_columns, create, False),
-                                   publication, published, subscribe_by,
-                                   frozenset(values[publication]) if subscribe_by else None,
-                                   published != layout.columns, follow))
-            statements.append((create, []))
+            found.setdefault((schema, table), []).append(TablePlan(
+                TableInfo(layout.shown, layout.columns, layout.key_columns, "", False), publication, published,
+                subscribe_by, frozenset(values[publication]) if subscribe_by else None, published != layout.columns,
+                follow))
             self.shapes[layout.shown] = shape
+        plans, statements = [], []
+        for parts in found.values():
+            # A table in several of the remote's publications: one table with
+            # the columns of all its articles (agent/site/sqlite/extract_union.py).
+            plan = parts[0] if len(parts) == 1 else union_plan(parts)
+            create = remote_table_sql(self.shapes[plan.info.name], plan.columns)
+            plans.append(dataclasses.replace(plan, info=dataclasses.replace(plan.info, sql=create)))
+            statements.append((create, []))
         return row, plans, statements
 
     def copy_rows(self, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]
@@ -197,7 +209,7 @@ def _copy_rows(reader: psycopg.Connection, copy: sqlite3.Connection, plan: Table
     insert = (f"INSERT INTO main.{quote_ident(plan.info.name)} ({', '.join(map(quote_ident, plan.columns))})"
               f" VALUES ({', '.join('?' * width)})")
     total = 0
-    for rows in read_rows(reader, plan, shape, values):
+    for rows in union_rows(reader, plan, shape) if plan.parts else read_rows(reader, plan, shape, values):
         if values is not None:
             # The log readers' test (Python equality): the copy and the
             # stream agree on which rows are the remote's.
@@ -207,37 +219,64 @@ def _copy_rows(reader: psycopg.Connection, copy: sqlite3.Connection, plan: Table
     return total
 
 
+def union_rows(reader: psycopg.Connection, plan: TablePlan, shape: PgShape) -> Iterator[list[tuple]]:
+    """The rows of a table the remote gets through the articles of
+    ``plan.parts``, chunk by chunk: each row any of them keeps, once, with
+    the columns of those that keep it and NULL in the others (the test
+    each article's reader applies: agent/site/sqlite/extract_union.py)."""
+    width = len(plan.columns)
+    index = {column: position for position, column in enumerate(plan.columns)}
+    filtered = [part for part in plan.parts if part.values is not None]
+    tests = [(tuple(index[column] for column in part.columns),
+              None if part.values is None else width + filtered.index(part), part.values) for part in plan.parts]
+    for rows in _read(reader, plan, shape, filtered, None):
+        copied = []
+        for row in rows:
+            kept = set().union(*(positions for positions, at, values in tests if at is None or row[at] in values))
+            if kept:
+                copied.append(tuple(row[i] if i in kept else None for i in range(width)))
+        yield copied
+
+
 def read_rows(reader: psycopg.Connection, plan: TablePlan, shape: PgShape, values: frozenset | None
               ) -> Iterator[list[tuple]]:
     """``plan``'s table read once in ``reader``'s snapshot, chunk by chunk,
     each row as the log carries it: its published columns, then (when
     ``values`` is given) its SUBSCRIBE BY value; with few ``values``, only
     the rows that may hold one of them (the caller keeps those that do)."""
+    return _read(reader, plan, shape, [] if values is None else [plan], values)
+
+
+def _read(reader: psycopg.Connection, plan: TablePlan, shape: PgShape, filtered: list[TablePlan],
+          values: frozenset | None) -> Iterator[list[tuple]]:
+    """``plan``'s columns, then what selects the rows of each of
+    ``filtered`` (its route or its SUBSCRIBE BY value), each as the log
+    carries it; prefiltered by ``values`` (the last one's) when few."""
     layout = shape.layout
     kinds = dict(zip(layout.columns, layout.kinds))
-    selected = list(plan.columns)
+    read = [kinds[column] for column in plan.columns]
     texts: list[sql.Composable] = [sql.SQL(KINDS[kinds[column]].capture).format(sql.Identifier(column))
-                                   for column in selected]
-    if values is not None and plan.subscribe_by == ROUTE:  # the row's route, looked up in the same snapshot
-        follow = plan.follow
-        assert follow is not None
-        chain = route.chain_of(reader, follow.parent, follow.columns, follow.parent_columns)
-        kinds[ROUTE] = chain.kind
-        selected.append(ROUTE)
-        texts.append(route.route_expression(chain, [sql.Identifier(layout.schema, layout.table, column)
-                                                    for column in follow.columns]))
-    elif values is not None:
-        selected.append(plan.subscribe_by)  # type: ignore[arg-type]  (read alongside, even when published)
-        texts.append(sql.SQL(KINDS[kinds[selected[-1]]].capture).format(sql.Identifier(selected[-1])))
+                                   for column in plan.columns]
+    for part in filtered:
+        if part.subscribe_by == ROUTE:  # the row's route, looked up in the same snapshot
+            follow = part.follow
+            assert follow is not None
+            chain = route.chain_of(reader, follow.parent, follow.columns, follow.parent_columns)
+            read.append(chain.kind)
+            texts.append(route.route_expression(chain, [sql.Identifier(layout.schema, layout.table, column)
+                                                        for column in follow.columns]))
+        else:  # read alongside, even when published
+            read.append(kinds[part.subscribe_by])  # type: ignore[index]
+            texts.append(sql.SQL(KINDS[read[-1]].capture).format(sql.Identifier(part.subscribe_by)))
     query = sql.SQL("SELECT ARRAY[{}] FROM {}").format(sql.SQL(", ").join(texts),
                                                        sql.Identifier(layout.schema, layout.table))
     parameters: tuple = ()
     if values is not None and len(values) <= PREFILTER_VALUES:
-        wanted = candidate_texts(KINDS[kinds[selected[-1]]], values)
+        wanted = candidate_texts(KINDS[read[-1]], values)
         if wanted is not None:  # the rows that may hold a value
             query += sql.SQL(" WHERE {} = ANY(%s)").format(texts[-1])
             parameters = (wanted,)
-    load = loader(tuple(KINDS[kinds[column]] for column in selected))
+    load = loader(tuple(KINDS[kind] for kind in read))
     with reader.cursor(name="fieldsync_extract") as cursor:
         cursor.itersize = COPY_CHUNK
         cursor.execute(query, parameters)

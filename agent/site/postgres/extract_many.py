@@ -14,7 +14,9 @@ Rules of this file:
   the remotes subscribe to (a row whose value no remote has is left out).
   A value's number is found by Python's equality, the test the log's
   readers and the single extraction make, so every remote gets what
-  ``extract`` alone would give it.
+  ``extract`` alone would give it.  A table a remote gets through several
+  articles is staged as that remote's union keeps it (extract.union_rows),
+  once for the remotes whose articles and values are the same.
 * A remote's copy takes its rows from the staging file (``INSERT ...
   SELECT`` through the numbers of its values); the staging file is a
   scratch file (no journal, no fsync) removed when the context ends.
@@ -38,13 +40,16 @@ from ..remote_rules import RemoteUser
 from ..sqlite._db import quote_ident, write_transaction
 from ..sqlite.extract import TablePlan
 from .connect import connect, translate
-from .extract import PgConsolidated, read_rows
+from .extract import PgConsolidated, read_rows, union_rows
 
-_Key = tuple[str, tuple[str, ...], str | None]  # a table as remotes get it: name, published columns, SUBSCRIBE BY
+# A table as remotes get it: name, published columns, SUBSCRIBE BY, and
+# when a remote gets it through several articles, what each keeps.
+_Key = tuple[str, tuple[str, ...], str | None, tuple]
 
 
 def _key(plan: TablePlan) -> _Key:
-    return plan.info.name, plan.columns, plan.subscribe_by
+    return (plan.info.name, plan.columns, plan.subscribe_by,
+            tuple((part.publication, part.columns, part.subscribe_by, part.values) for part in plan.parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +152,11 @@ def _stage(reader: psycopg.Connection, staging: sqlite3.Connection, source: PgCo
     insert = f"INSERT INTO {name} VALUES ({', '.join('?' * (width + 1))})"
     numbers = None if values is None else {value: index for index, value in enumerate(values)}
     staging.execute("BEGIN")
-    for rows in read_rows(reader, plan, source.shapes[plan.info.name], None if values is None else frozenset(values)):
+    shape = source.shapes[plan.info.name]
+    # A table a remote gets through several articles: its rows as that
+    # remote's union keeps them (staged for the remotes of the same union).
+    for rows in (union_rows(reader, plan, shape) if plan.parts
+                 else read_rows(reader, plan, shape, None if values is None else frozenset(values))):
         if numbers is None:
             staging.executemany(insert, [(None, *row) for row in rows])
         else:

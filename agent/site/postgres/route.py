@@ -79,12 +79,26 @@ class Chain:
         return kind
 
 
+def _rows(conn: psycopg.Connection) -> list[tuple]:
+    """Every article (a table in each publication that holds it)."""
+    return conn.execute(_ARTICLE + " ORDER BY a.table_schema, a.table_name, a.publication").fetchall()
+
+
 def _articles(conn: psycopg.Connection) -> dict[tuple[str, str], tuple]:
-    return {(row[0], row[1]): row for row in conn.execute(_ARTICLE)}
+    """An article of each published table, by (schema, table): the one that
+    follows its parent when there is one (a table follows in one
+    publication at most); the articles of a table share its shape."""
+    return {(row[0], row[1]): row for row in sorted(_rows(conn), key=lambda row: row[4] is not None)}
 
 
-def _parent_article(articles: dict[tuple[str, str], tuple], shown: str) -> tuple | None:
-    return next((row for row in articles.values() if shown_table(row[0], row[1]) == shown), None)
+def _parent_article(rows: list[tuple], shown: str, publication: str) -> tuple | None:
+    """The article of ``shown`` in ``publication`` (a chain lies in one publication)."""
+    return next((row for row in rows if shown_table(row[0], row[1]) == shown and row[2] == publication), None)
+
+
+def _followed_in(rows: list[tuple], parent: str) -> str:
+    """The publication in which rows follow ``parent`` (one at most)."""
+    return next(row[2] for row in rows if row[4] == parent)
 
 
 def resolve(conn: psycopg.Connection, publication: str, schema: str, table: str, oid: int, parent: str,
@@ -97,15 +111,15 @@ def resolve(conn: psycopg.Connection, publication: str, schema: str, table: str,
     parent's columns they reference.  PublicationError naming what is
     wrong."""
     shown = shown_table(schema, table)
-    articles = _articles(conn)
+    rows = _rows(conn)
     try:
         with conn.transaction():  # a savepoint: a malformed name leaves the caller's transaction usable
             found = conn.execute("SELECT n.nspname, c.relname, c.oid FROM pg_class c JOIN pg_namespace n"
                                  " ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)", (parent,)).fetchone()
     except psycopg.Error:
         found = None
-    article = None if found is None else articles.get((found[0], found[1]))
-    if article is None or article[2] != publication:
+    article = None if found is None else _parent_article(rows, shown_table(found[0], found[1]), publication)
+    if article is None:
         raise PublicationError(f"{shown!r} follows {parent!r}, which is not an article of {publication!r}; "
                                f"publish {parent!r} in {publication!r} first (a parent comes before its children)")
     assert found is not None
@@ -119,7 +133,7 @@ def resolve(conn: psycopg.Connection, publication: str, schema: str, table: str,
         if step[4] in chain:
             raise PublicationError(f"the follow chain of {shown!r} comes back to {step[4]!r}: a table may "
                                    "appear in a chain once")
-        step = _parent_article(articles, step[4])
+        step = _parent_article(rows, step[4], publication)
         assert step is not None
     if step[3] is None:
         raise PublicationError(f"the chain of {shown!r} starts at {shown_table(step[0], step[1])!r}, which has no "
@@ -138,13 +152,15 @@ def resolve(conn: psycopg.Connection, publication: str, schema: str, table: str,
 
 
 def chain_of(conn: psycopg.Connection, parent: str, columns: tuple[str, ...],
-             parent_columns: tuple[str, ...]) -> Chain:
+             parent_columns: tuple[str, ...], publication: str | None = None) -> Chain:
     """How a row whose ``columns`` reference ``parent``'s ``parent_columns``
-    finds its route (the parent, and its own chain, published)."""
-    articles = _articles(conn)
+    finds its route (the parent, and its own chain, published in
+    ``publication``; None: where rows follow ``parent`` already)."""
+    rows = _rows(conn)
+    publication = publication or _followed_in(rows, parent)
     shapes = load_shapes(conn)
     levels = []
-    match, step = parent_columns, _parent_article(articles, parent)
+    match, step = parent_columns, _parent_article(rows, parent, publication)
     while step is not None:
         schema, table, _publication, subscribe_by, follows, follow_columns, next_columns, shape_id, _oid = step
         if follows is None:
@@ -153,7 +169,7 @@ def chain_of(conn: psycopg.Connection, parent: str, columns: tuple[str, ...],
             levels.append(Level(schema, table, tuple(match), (subscribe_by,), kind))
             break
         levels.append(Level(schema, table, tuple(match), tuple(follow_columns), None))
-        match, step = tuple(next_columns), _parent_article(articles, follows)
+        match, step = tuple(next_columns), _parent_article(rows, follows, publication)
     return Chain(columns, tuple(levels))
 
 
@@ -243,7 +259,7 @@ def install_moves(conn: psycopg.Connection) -> None:
     """(Re)make the move trigger of every followed table (and drop those of
     tables no longer followed): after any article is added or removed,
     since a move names its descendants' shapes."""
-    articles = _articles(conn)
+    rows = _rows(conn)
     for (oid,) in conn.execute("SELECT tgrelid FROM pg_trigger WHERE tgname = %s", (MOVE_TRIGGER,)).fetchall():
         found = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n"
                              " ON n.oid = c.relnamespace WHERE c.oid = %s", (oid,)).fetchone()
@@ -255,9 +271,9 @@ def install_moves(conn: psycopg.Connection) -> None:
     children: dict[str, list[tuple[str, str]]] = {}
     for table, (parent, _columns, _parent_columns) in followed.items():
         children.setdefault(parent, []).append(table)
-    for row in articles.values():
-        shown = shown_table(row[0], row[1])
-        if shown in children:
+    for parent in children:  # its article where rows follow it
+        row = _parent_article(rows, parent, _followed_in(rows, parent))
+        if row is not None:
             _install_move(conn, row, children, followed, shapes)
 
 
@@ -273,7 +289,7 @@ def _install_move(conn: psycopg.Connection, article: tuple, children: dict[str, 
                   f"fieldsync_route_new := {capture.format('NEW.' + _quote(subscribe_by))};"]
         when = f"OLD.{_quote(subscribe_by)} IS DISTINCT FROM NEW.{_quote(subscribe_by)}"
     else:
-        chain = chain_of(conn, parent, tuple(columns), tuple(parent_columns))
+        chain = chain_of(conn, parent, tuple(columns), tuple(parent_columns), article[2])
         old_declarations, old = _lookups(chain, "OLD", "m")
         new_declarations, new = _lookups(chain, "NEW", "m")
         declarations, routes = old_declarations + new_declarations, old + new

@@ -60,7 +60,10 @@ SCHEMA = "fieldsync"
 # 6: articles that follow their parent: ``article.follows``,
 #    ``follow_columns``, ``parent_columns``; ``shape.route_kind``, the types
 #    table row of the route a follow article's capture rows carry.
-SCHEMA_VERSION = 6
+# 7: ``article`` keyed by table and publication: a table may be an article
+#    of several publications (docs/site-database.md, "A table in several
+#    publications").
+SCHEMA_VERSION = 7
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -158,8 +161,9 @@ CREATE TABLE fieldsync.publication (
     created_at timestamptz NOT NULL
 );
 
--- One row per published table; ``table_oid`` finds it again (its capture
--- triggers) when it was renamed; ``columns`` NULL: every column.
+-- One row per article: a table in each publication that holds it;
+-- ``table_oid`` finds it again (its capture triggers) when it was
+-- renamed; ``columns`` NULL: every column.
 CREATE TABLE fieldsync.article (
     table_schema text NOT NULL,
     table_name text NOT NULL,
@@ -168,7 +172,7 @@ CREATE TABLE fieldsync.article (
     columns jsonb,
     subscribe_by text,
     shape integer NOT NULL REFERENCES fieldsync.shape (id),
-    PRIMARY KEY (table_schema, table_name)
+    PRIMARY KEY (table_schema, table_name, publication)
 );
 
 -- A value is a SQLite value: NULL, or exactly one of the typed columns.
@@ -283,6 +287,13 @@ ALTER TABLE fieldsync.article ADD COLUMN IF NOT EXISTS follows text,
 ALTER TABLE fieldsync.shape ADD COLUMN IF NOT EXISTS route_kind text;
 """
 
+# Layout 7: an article is keyed by its table and its publication (a table
+# was in one publication before: every row keeps its place).
+_ARTICLE_BY_PUBLICATION = """
+ALTER TABLE fieldsync.article DROP CONSTRAINT IF EXISTS article_pkey;
+ALTER TABLE fieldsync.article ADD PRIMARY KEY (table_schema, table_name, publication);
+"""
+
 # Layout 3: what an apply needs (agent/site/postgres/apply).
 _APPLY = """
 -- A table's conflict policy at this consolidated (none: incoming wins).
@@ -341,7 +352,8 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     1: _BOOKKEEPING, 2: _upgrade_to_3,
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
-    4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS}
+    4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS,
+    6: _ARTICLE_BY_PUBLICATION}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:

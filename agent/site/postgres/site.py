@@ -205,8 +205,7 @@ class PostgresSite:
             return catalogue.add_article(conn, self.target, publication, article)
 
     def remove_article(self, table: str, publication: str | None = None) -> None:
-        """Stop publishing ``table`` (its capture triggers are dropped); a
-        table is in one publication here, which ``publication`` must name."""
+        """Stop publishing ``table`` in ``publication`` (None: in every one); its capture goes with its last."""
         with self._transaction(f"unpublishing table {table!r}") as conn:
             catalogue.remove_article(conn, self.target, table, publication)
 

@@ -29,8 +29,9 @@ from typing import Iterable
 
 from ..clock import utc_now
 from ..errors import PublicationError, UnknownPublication, UnknownRemote
-from ..publication_rules import (Article, Publication, Subscription, Value, as_article, check_publication_name,
-                                 check_subscription_value, published_columns, subscribe_by_column)
+from ..publication_rules import (Article, Publication, Subscription, Value, as_article, check_followed_once,
+                                 check_publication_name, check_subscription_value, check_table_articles,
+                                 published_columns, subscribe_by_column)
 from ._db import format_time, parse_time
 from .capture import drop_capture, install_capture, install_moves, table_info
 from .selection import renames
@@ -82,22 +83,12 @@ def add_article_locked(conn: sqlite3.Connection, publication: str, article: Arti
 def check_other_articles(conn: sqlite3.Connection, publication: str, table: str, follows: str | None) -> None:
     """Raise unless ``table`` may become an article of ``publication``
     (following ``follows``) beside its articles in other publications."""
-    held = conn.execute("SELECT publication, follows FROM fieldsync_article WHERE table_name = ?",
-                        (table,)).fetchall()
-    if any(other == publication for other, _ in held):
-        raise PublicationError(f"table {table!r} is already published in {publication!r}; remove it first to "
-                               "publish it there another way")
-    following = [other for other, parent in held if parent is not None]
-    if follows is not None and following:
-        raise PublicationError(f"table {table!r} follows its parent in {following[0]!r} already; a table follows "
-                               "a parent in one publication (its changes carry one route)")
+    check_table_articles(table, publication, follows, conn.execute(
+        "SELECT publication, follows FROM fieldsync_article WHERE table_name = ?", (table,)).fetchall())
     if follows is not None:
-        parents = [other for (other,) in conn.execute(
+        check_followed_once(follows, [other for (other,) in conn.execute(
             "SELECT DISTINCT publication FROM fieldsync_article WHERE follows = ? COLLATE NOCASE AND publication != ?",
-            (follows, publication))]
-        if parents:
-            raise PublicationError(f"rows follow {follows!r} in {parents[0]!r} already; a table is followed in one "
-                                   "publication (its moves carry one route)")
+            (follows, publication))])
     extracted = conn.execute(
         "SELECT s.remote, a.publication FROM fieldsync_subscription s JOIN fieldsync_subscription t"
         " ON t.remote = s.remote AND t.until IS NULL JOIN fieldsync_article a ON a.publication = t.publication"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -36,20 +35,12 @@ def _apply_schema_missing() -> bool:
     return not hasattr(PostgresSite, "apply_schema")
 
 
-def _one_publication_a_table() -> bool:
-    from agent.site.postgres import catalogue
-
-    return "a table belongs to \"" in Path(catalogue.__file__).read_text(encoding="utf-8")  # its refusal
-
-
 # What the PostgreSQL consolidated does not do yet (docs/postgres.md, "The
 # site"): the reason a marked test does not run there, and the check that it
 # still holds.
 NOT_ON_POSTGRESQL: dict[str, tuple[str, Callable[[], bool]]] = {
     "apply_schema": ("schema changes (Site.apply_schema, `agent schema apply`) are not built for a PostgreSQL "
                      "consolidated (tests/site/test_interface.py NOT_YET)", _apply_schema_missing),
-    "several_publications": ("a table is in one publication at most on a PostgreSQL consolidated "
-                             "(tests/site/postgres/test_catalogue.py)", _one_publication_a_table),
 }
 
 SQLITE_TABLES = (

@@ -5,10 +5,14 @@ key moves, a remote's own changes not echoed."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
+
 import pytest
 
 from agent.site import Article, InvalidSetting, PublicationError, UnknownPublication, UnknownRemote
-from codec.ops import Operation, Transaction
+from agent.site.extraction import Extraction
+from codec.ops import OpKind, Operation, Transaction
 
 
 @pytest.fixture
@@ -120,7 +124,6 @@ def test_a_remote_that_moves_a_row_out_gets_a_delete(backend, hq):
         Operation.insert("customer", (1,), {"id": 1, "name": "Ana", "region": "south"})]
 
 
-@pytest.mark.sqlite_only("several_publications")
 def test_a_table_in_two_publications_reaches_a_subscriber_of_both_once_with_the_columns_that_keep_each_row(
         backend, hq):
     hq.create_publication("ledger", [Article("customer", columns=["balance"])])  # every row, its balance
@@ -153,6 +156,45 @@ def test_a_table_in_two_publications_reaches_a_subscriber_of_both_once_with_the_
     for index, transaction in hq.read_logs([("north1", 0, end), ("south1", 0, end)]):
         fanned[index] += transaction.ops
     assert fanned == {0: backend.read_ops("north1"), 1: backend.read_ops("south1")}
+
+
+def test_a_row_a_remote_takes_out_of_one_subset_stays_while_another_keeps_it(backend, hq):
+    hq.create_publication("ledger", [Article("customer", columns=["balance"], subscribe_by="balance")])
+    hq.subscribe("north1", "ledger", 20.0)
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (1, 'Ana', 'north', 20.0)")
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (3, 'Cy', 'south', 20.0)")
+    start = hq.scan()
+    hq.apply("north1", [Transaction(3, "north1", (
+        Operation.update("customer", (1,), {"balance": 20.0}, {"balance": 10.0}),  # leaves ledger; sales keeps it
+        Operation.update("customer", (3,), {"balance": 20.0}, {"balance": 10.0})))], log_received=3)  # kept by none
+    assert backend.rows("customer", "id, balance") == [(1, 10.0), (3, 10.0)]
+    assert [(op.kind, op.key) for op in backend.read_ops("north1", start) if op.kind != OpKind.UPDATE] == [
+        (OpKind.DELETE, (3,))]
+
+
+def test_a_remote_of_two_publications_of_a_table_is_extracted_with_each_row_once(backend, hq, tmp_path):
+    """The copy holds what the stream would have sent: each row any of its
+    articles keeps, once, with the columns of those that keep it (NULL in
+    the others); alone and with others at one point."""
+    hq.create_publication("ledger", [Article("customer", columns=["balance"], subscribe_by="balance")])
+    hq.subscribe("north1", "ledger", 20.0)
+    app = backend.app()
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (1, 'Ana', 'north', 10.0)")
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (2, 'Bo', 'south', 20.0)")
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (3, 'Cy', 'north', 20.0)")
+    app.execute("INSERT INTO customer (id, name, region, balance) VALUES (4, 'Di', 'south', 30.0)")
+    owed = [(1, "Ana", "north", None), (2, None, None, 20.0), (3, "Cy", "north", 20.0)]
+    single = hq.extract("north1", tmp_path / "north1.db")
+    many = {result.remote: result for result in hq.extract_many(
+        [Extraction("north1", tmp_path / "again-north1.db"), Extraction("south1", tmp_path / "south1.db")])}
+    for result in (single, many["north1"]):
+        with closing(sqlite3.connect(result.path)) as copy:
+            assert copy.execute("SELECT id, name, region, balance FROM customer ORDER BY id").fetchall() == owed
+            assert copy.execute("SELECT publication, table_name FROM fieldsync_article WHERE table_name = 'customer'"
+                                " ORDER BY publication").fetchall() == [("ledger", "customer"), ("sales", "customer")]
+    with closing(sqlite3.connect(many["south1"].path)) as copy:
+        assert copy.execute("SELECT * FROM customer ORDER BY id").fetchall() == [(2, "Bo", "south"), (4, "Di", "south")]
 
 
 def test_a_table_is_published_once_in_a_publication(backend, hq):

@@ -82,12 +82,48 @@ def test_create_publication_returns_it_and_adds_its_articles_in_one_transaction(
     assert made == Publication("sales", (Article("line"),))
 
 
-def test_a_table_belongs_to_one_publication(sales):
-    sales.create_publication("other")
+def _shapes(conn, table: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """The shapes the articles of ``table`` name, one per article."""
+    return [shape for (shape,) in conn.execute("SELECT shape FROM fieldsync.article WHERE table_name = %s"
+                                               " ORDER BY publication", (table,))]
+
+
+def test_a_table_is_published_once_in_a_publication(sales):
+    with pytest.raises(PublicationError, match="'customer' is already published in 'sales'; remove it first"):
+        sales.add_article("sales", "customer")
     with pytest.raises(PublicationError, match="'customer' is already published in 'sales'"):
-        sales.add_article("other", "customer")
-    with pytest.raises(PublicationError, match="'customer' is already published in 'sales'"):
-        sales.add_article("other", "public.customer")
+        sales.add_article("sales", "public.customer")
+
+
+def test_a_table_in_two_publications_has_one_capture_that_goes_with_its_last_article(sales, app):
+    sales.create_publication("ledger", [Article("public.customer", columns=["balance"])])
+    assert [(item.name, article) for item in sales.publications() for article in item.articles
+            if article.table == "customer"] == [("ledger", Article("customer", ("id", "balance"))),
+                                                ("sales", Article("customer", ("id", "name", "region"), "region"))]
+    first, second = _shapes(sales.connection, "customer")
+    assert first == second
+    triggers = _triggers(sales.connection, "customer")
+    app.execute("INSERT INTO customer (name, region, balance) VALUES ('a', 'north', 1)")
+    assert _captured(sales.connection) == 1  # captured once
+    sales.remove_article("customer", "sales")
+    assert _triggers(sales.connection, "customer") == triggers
+    assert [item.name for item in sales.publications() if any(a.table == "customer" for a in item.articles)] == [
+        "ledger"]
+    with pytest.raises(PublicationError, match="'customer' is not published in 'sales'"):
+        sales.remove_article("customer", "sales")
+    sales.add_article("sales", "customer", subscribe_by="region")
+    sales.drop_publication("ledger")  # the sales article keeps the capture
+    assert _triggers(sales.connection, "customer") == triggers
+    sales.remove_article("customer")
+    assert _triggers(sales.connection, "customer") == []
+
+
+def test_removing_a_table_without_naming_a_publication_removes_every_article_of_it(sales):
+    sales.create_publication("ledger", ["customer"])
+    sales.remove_article("customer")
+    assert [article.table for item in sales.publications() for article in item.articles] == ["line"]
+    assert _triggers(sales.connection, "customer") == []
+    assert sales.missing_tables() == ()
 
 
 def test_bad_definitions_are_refused(sales, app):

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from agent.site import Article
+from agent.site import Article, PublicationError
 from agent.site.postgres.connect import connect
 from agent.site.postgres.site import PostgresSite
 from codec.ops import OpKind, operations_of
@@ -213,3 +213,50 @@ def test_a_followed_table_an_application_dropped_does_not_stop_its_parents_moves
         end = hq.scan()
         app.execute("UPDATE customer SET rep = 2 WHERE id = 1")
     assert sorted(_ops(hq, "rep2", end)) == [("customer", OpKind.INSERT, (1,)), ("orders", OpKind.INSERT, (10,))]
+
+
+def _shape_routes(site: PostgresSite, table: str) -> list:
+    """The route kind of the shape each article of ``table`` names."""
+    return [kind for (kind,) in site.connection.execute(
+        "SELECT s.route_kind FROM fieldsync.article a JOIN fieldsync.shape s ON s.id = a.shape"
+        " WHERE a.table_name = %s ORDER BY a.publication", (table,))]
+
+
+def test_a_table_that_follows_in_one_publication_is_published_plainly_in_another(hq, target):
+    """A table follows a parent in one publication, and a parent is followed
+    in one; published plainly elsewhere as well, its rows keep their
+    route, and its subscribers of both get each row once."""
+    app = connect(target)
+    try:
+        app.execute("CREATE TABLE visit (id integer PRIMARY KEY, customer_id integer REFERENCES customer (id))")
+        app.execute("INSERT INTO customer VALUES (1, 'c1', 1), (2, 'c2', 2)")
+        app.execute("INSERT INTO orders VALUES (10, 1, 'x'), (20, 2, 'y')")
+        hq.create_publication("notes", [Article("orders", columns=["note"])])  # every order's note
+        assert _shape_routes(hq, "orders") == ["integer", "integer"]  # one capture, with the route
+        with pytest.raises(PublicationError, match="'orders' follows its parent in 'sales' already"):
+            hq.create_publication("other", [Article("customer", subscribe_by="rep"),
+                                            Article("orders", follows="customer")])
+        with pytest.raises(PublicationError, match="rows follow 'customer' in 'sales' already"):
+            hq.create_publication("other", [Article("customer", subscribe_by="rep"),
+                                            Article("visit", follows="customer")])
+        assert [item.name for item in hq.publications()] == ["notes", "sales"]
+        hq.subscribe("rep1", "notes")
+        app.execute("UPDATE customer SET rep = 2 WHERE id = 1")  # order 10 leaves sales for rep1; notes keeps it
+        app.execute("UPDATE orders SET note = 'z' WHERE id = 20")
+        copy = Copy()
+        copy.apply(op for transaction in hq.read_log("rep1", 0, hq.scan()) for op in operations_of(transaction.ops))
+        assert copy.problems == []
+        assert copy.tables["orders"] == {(10,): {"id": 10, "customer_id": None, "note": "x"},
+                                         (20,): {"id": 20, "customer_id": None, "note": "z"}}
+        # Without its follow, orders is captured with no route: its parent may go.
+        hq.remove_article("order_line")
+        hq.remove_article("orders", "sales")
+        assert _shape_routes(hq, "orders") == [None]
+        hq.drop_publication("sales")
+        app.execute("ALTER TABLE orders DROP CONSTRAINT orders_customer_id_fkey")
+        app.execute("DROP TABLE customer CASCADE")  # and visit's key
+        start = hq.scan()
+        app.execute("UPDATE orders SET note = 'w' WHERE id = 10")
+        assert _ops(hq, "rep1", start) == [("orders", OpKind.UPDATE, (10,))]
+    finally:
+        app.close()

@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 6
+        assert layout == SCHEMA_VERSION == 7
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -197,16 +197,25 @@ def test_open_upgrades_layout_2_with_the_key_indexes_of_every_shape(hq, target):
         assert site.conflicts() == () and site.apply_errors() == ()
 
 
+def _back_to_layout(site, target, layout: int, *statements: str) -> None:  # type: ignore[no-untyped-def]
+    """Close ``site`` and make its database one of ``layout`` again by ``statements``."""
+    site.close()
+    with connect(target) as old:
+        for statement in statements:
+            old.execute(statement)
+        old.execute("UPDATE fieldsync.site SET schema_version = %s", (layout,))
+
+
+def _layout(site) -> int:  # type: ignore[no-untyped-def]
+    return site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
+
+
 def test_open_upgrades_layout_3_with_the_peers_schema_versions(hq, target):
     """Layout 4 adds the schema version each remote reported (none yet)."""
     hq.add_remote("r1")
-    hq.close()
-    old = connect(target)
-    old.execute("ALTER TABLE fieldsync.remote DROP COLUMN peer_schema_version")
-    old.execute("UPDATE fieldsync.site SET schema_version = 3")
-    old.close()
+    _back_to_layout(hq, target, 3, "ALTER TABLE fieldsync.remote DROP COLUMN peer_schema_version")
     with PostgresSite.open(target) as site:
-        assert site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == SCHEMA_VERSION
+        assert _layout(site) == SCHEMA_VERSION
         assert site.remote("r1").peer_schema_version is None and site.schema_version() is None
         site.update_remotes({"r1": {"peer_schema_version": 2741}})
         assert site.remote("r1").peer_schema_version == 2741
@@ -215,17 +224,28 @@ def test_open_upgrades_layout_3_with_the_peers_schema_versions(hq, target):
 def test_open_upgrades_layout_4_dropping_the_foreign_key_of_the_rows_written_back(hq, target):
     """Layout 5: ``fieldsync.returned`` keeps no foreign key to the capture
     table (truncation deletes its rows itself: test_apply.py)."""
-    hq.close()
-    old = connect(target)
-    old.execute("ALTER TABLE fieldsync.returned ADD FOREIGN KEY (txid, seq) REFERENCES fieldsync.capture (txid, seq)"
-                " ON DELETE CASCADE")
-    old.execute("UPDATE fieldsync.site SET schema_version = 4")
-    old.close()
+    _back_to_layout(hq, target, 4, "ALTER TABLE fieldsync.returned ADD FOREIGN KEY (txid, seq) REFERENCES"
+                    " fieldsync.capture (txid, seq) ON DELETE CASCADE")
     with PostgresSite.open(target) as site:
         conn = site.connection
-        assert conn.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0] == SCHEMA_VERSION
+        assert _layout(site) == SCHEMA_VERSION
         assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'fieldsync.returned'::regclass"
                             " AND contype = 'f'").fetchone()[0] == 0
+
+
+def test_open_upgrades_layout_6_keying_articles_by_table_and_publication(hq, target):
+    """Layout 7: an article is keyed by its table and its publication (a
+    table may be in several); the articles of layout 6 stay as they were."""
+    _back_to_layout(hq, target, 6, "ALTER TABLE fieldsync.article DROP CONSTRAINT article_pkey",
+                    "ALTER TABLE fieldsync.article ADD PRIMARY KEY (table_schema, table_name)")
+    with PostgresSite.open(target) as site:
+        conn = site.connection
+        assert _layout(site) == SCHEMA_VERSION
+        assert conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'article_pkey'"
+                            ).fetchone()[0] == "PRIMARY KEY (table_schema, table_name, publication)"
+        site.create_publication("ledger", ["customer"])
+        assert [(item.name, [article.table for article in item.articles]) for item in site.publications()] == [
+            ("ledger", ["customer"]), ("p", ["customer"])]
 
 
 # --- the object's life ---------------------------------------------------------------

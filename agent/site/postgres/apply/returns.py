@@ -27,7 +27,7 @@ from typing import Iterable
 
 import psycopg
 
-from ...apply.batch import Filter
+from ...apply.batch import AnyFilter, Filter, peer_filters
 from ...capture import FLAG_RETURN_TO_ORIGIN
 from .. import route
 from ..capture import shown_table
@@ -38,10 +38,12 @@ from .tables import PgTable
 
 
 def filters(conn: psycopg.Connection, peer: str, finders: dict[tuple[str, str], route.RouteFinder]
-            ) -> dict[str, Filter]:
+            ) -> dict[str, Filter | AnyFilter]:
     """``peer``'s subset of each table published with a SUBSCRIBE BY column
     or following its parent (lower-case table -> Filter; ``finders``:
-    route.finders): what decides which rows leave it."""
+    route.finders): what decides which rows leave it.  A table in several
+    of the peer's publications: the rows any of them keeps (AnyFilter);
+    none, when one of them keeps every row."""
     values: dict[str, set] = {}
     for publication, *value in conn.execute(f"SELECT publication, {VALUE_COLUMNS} FROM fieldsync.subscription"
                                             " WHERE remote = %s AND until IS NULL", (peer,)):
@@ -49,14 +51,20 @@ def filters(conn: psycopg.Connection, peer: str, finders: dict[tuple[str, str], 
         held = stored_value(*value)
         if held is not None:
             bucket.add(held)
-    found = {shown_table(schema, table).lower(): Filter((column,), frozenset(values.get(publication, ())))
-             for schema, table, publication, column in conn.execute(
-                 "SELECT table_schema, table_name, publication, subscribe_by FROM fieldsync.article"
-                 " WHERE subscribe_by IS NOT NULL")}
-    for (schema, table), finder in finders.items():  # by the route, looked up here
-        found[shown_table(schema, table).lower()] = Filter(finder.columns, frozenset(values.get(finder.publication,
-                                                                                              ())), finder.value)
-    return found
+
+    def parts() -> Iterable[tuple[str, str, Filter | None]]:
+        for schema, table, publication, column, follows in conn.execute(
+                "SELECT table_schema, table_name, publication, subscribe_by, follows FROM fieldsync.article"
+                " ORDER BY table_schema, table_name, publication").fetchall():
+            subset = frozenset(values.get(publication, ()))
+            shown = shown_table(schema, table)
+            if follows is not None:
+                finder = finders.get((schema, table))
+                if finder is not None:  # none: a missing table (catalogue.missing_tables), nothing of it applied
+                    yield shown, publication, Filter(finder.columns, subset, finder.value)
+            else:
+                yield shown, publication, None if column is None else Filter((column,), subset)
+    return peer_filters(parts(), values)
 
 
 def write_return(conn: psycopg.Connection, table: PgTable, peer: str, kind: int, values: list,

@@ -19,7 +19,7 @@ import sqlite3
 from datetime import datetime
 from typing import Callable, Iterable, Sequence
 
-from ...apply.batch import AnyFilter, Batch, ConflictHook, Filter, key_after
+from ...apply.batch import AnyFilter, Batch, ConflictHook, Filter, key_after, peer_filters
 from ...apply.conflicts import (ConflictRecord, check_policy, conflict_record, decide, planned_returns, resolution_name,
                                 resolved)
 from ...capture import FLAG_RETURN_TO_ORIGIN, Shape
@@ -69,27 +69,20 @@ class Conflicts:
             bucket = values.setdefault(publication, set())
             if value is not None:
                 bucket.add(value)
-        filtered: dict[str, list[tuple[bool, Filter]]] = {}
-        whole = set()  # tables the peer gets every row of, through an article without a subset
-        for table, publication, column, follows in self._conn.execute(
-                "SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article ORDER BY rowid"):
-            if column is None and follows is None:
-                if publication in values:
-                    whole.add(table.lower())
-                continue
-            subset = frozenset(values.get(publication, ()))
-            follow = self._statements.follows.get(table.lower()) if follows is not None else None
-            part = Filter((column,), subset) if follow is None else Filter(follow.columns, subset,
-                                                                            self._route_of(follow))
-            filtered.setdefault(table.lower(), []).append((publication in values, part))
-        found: dict[str, Filter | AnyFilter] = {}
-        for table, parts in filtered.items():
-            if table in whole:
-                continue
-            # A table in several of the peer's publications: the rows any of them keeps.
-            held = [part for subscribed, part in parts if subscribed] or [parts[0][1]]
-            found[table] = held[0] if len(held) == 1 else AnyFilter(held)
-        return found
+
+        def parts() -> Iterable[tuple[str, str, Filter | None]]:
+            for table, publication, column, follows in self._conn.execute(
+                    "SELECT table_name, publication, subscribe_by, follows FROM fieldsync_article ORDER BY rowid"
+                    ).fetchall():
+                subset = frozenset(values.get(publication, ()))
+                follow = self._statements.follows.get(table.lower()) if follows is not None else None
+                if column is None and follows is None:
+                    yield table, publication, None  # every row
+                elif follow is None:
+                    yield table, publication, Filter((column,), subset)
+                else:
+                    yield table, publication, Filter(follow.columns, subset, self._route_of(follow))
+        return peer_filters(parts(), values)
 
     def _route_of(self, follow: Follow) -> Callable[[Sequence], object]:
         """The route of a row of ``follow.table`` from its foreign key values."""
