@@ -9,7 +9,8 @@ Rules of this file:
   new entries, so a second apply of one is an error row, and each entry
   made is remembered in ``ledger`` for the loss check.
 * Every written value is new (names and keys from the run's counter,
-  balances only grow), so no change can pass for another.
+  product titles from a counter of their own, balances only grow), so no
+  change can pass for another.
 * Sites change the same customers at once (the consolidated and the
   remote whose subset holds them): an UPDATE of a row another site deleted
   fails by design, and the sites still converge.
@@ -47,6 +48,7 @@ class Workload:
         self.rng = rng
         self.ledger: set[str] = set()  # every entry made anywhere, less those lost with a replaced remote
         self.next_id = 1
+        self.product_writes = 0  # the titles' own counter (_product_write)
         self.chain = ChainWriter(rng, sites[1:], self._new_key) if chain else None
         self.schema = (None if schema_seed is None
                        else SchemaChanges(places.root, sites, schema_seed, self._new_key))
@@ -75,8 +77,7 @@ class Workload:
                 continue
             statements = self._entries(site, rng.randint(1, 3), rng)
             if rng.random() < 0.4:
-                statements.append(("UPDATE product SET price = ?, title = ? WHERE sku = ?",
-                                   (round(rng.uniform(1, 9), 2), f"{site} price", rng.choice(PRODUCTS))))
+                statements.append(self._product_write(site, rng))
             if site != "hq" and rng.random() < 0.6:
                 statements += self._remote_customer_writes(site)
             if site == "hq":
@@ -104,6 +105,16 @@ class Workload:
             if self.schema is not None:
                 statements += self.schema.writes(site)
             self._write(site, statements)
+
+    def _product_write(self, site: str, rng: random.Random) -> tuple[str, tuple]:
+        """A new price and title of a shared product.  The title is new every
+        time (numbered by a counter of its own, which moves no key or name):
+        an UPDATE that changes only the title (a passthrough's fix) carries
+        nothing else to show what it was written without, and a title
+        written twice could pass for the older write."""
+        self.product_writes += 1
+        return ("UPDATE product SET price = ?, title = ? WHERE sku = ?",
+                (round(rng.uniform(1, 9), 2), f"{site} price {self.product_writes}", rng.choice(PRODUCTS)))
 
     def _entries(self, site: str, count: int, rng: random.Random) -> list[tuple[str, tuple]]:
         """``count`` new ledger entries of ``site``, numbered in the order they are written."""

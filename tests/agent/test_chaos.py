@@ -5,6 +5,7 @@ safety rule is off, or when repairs need more than the settle bound."""
 import dataclasses
 import json
 import os
+import random
 import sqlite3
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from agent.chaos import (CONFIRM_TIMEOUTS, DEFAULT_HEARTBEAT, SETTLE_ROUNDS, ChaosParams, ChaosResult, Simulation,
                          run_seed, run_seeds, summarize)
 from agent.chaos import Templates as _Templates
+from agent.chaos.sites import Sites
+from agent.chaos.workload import Workload
 from agent.protocol import PairProtocol
 from transports.faults import FaultRates
 
@@ -97,6 +100,37 @@ def test_most_seeds_draw_the_follow_chain_and_a_replay_names_a_choice_of_its_own
     assert ChaosParams.random(plain.seed, chain=True).command() == f"agent chaos --seed {plain.seed} --follow-chain"
     # The chain is drawn after everything else: a seed's other draws are what they were.
     assert dataclasses.replace(ChaosParams.random(plain.seed, chain=True), chain=False) == plain
+
+
+class _RecordedSites(Sites):
+    """A seed's sites that also keep what the workload writes."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.written = []
+
+    def write(self, site, statements):
+        statements = list(statements)
+        self.written += statements
+        super().write(site, statements)
+
+
+def test_every_product_title_the_workload_writes_is_new(tmp_path):
+    """Every site writes the prices and titles of the shared products, and
+    a passthrough's fix changes only a title: a title written twice could
+    pass at a remote for the one an UPDATE on its way was written on, with
+    nothing else in the UPDATE to show otherwise (the value coincidence
+    tests/site/test_concurrent.py shows), and the suite would report it as
+    a divergence.  So, as for names and keys, no title is written twice."""
+    (tmp_path / "seed").mkdir()
+    _Templates(tmp_path / "templates").copy(2, tmp_path / "seed")
+    places = _RecordedSites(tmp_path / "seed")
+    workload = Workload(places, ["hq", "f1", "f2"], random.Random("run:585"))
+    for _ in range(40):
+        workload.step()
+    titles = [values[1] for sql, values in places.written if sql.startswith("UPDATE product")]
+    assert len(titles) >= 20
+    assert sorted(titles) == sorted(set(titles))
 
 
 async def test_the_chain_check_finds_a_remote_holding_other_rows_than_routed_to_it(tmp_path):

@@ -211,6 +211,44 @@ def test_a_remote_writes_a_column_back_to_the_value_a_delete_on_its_way_shows(si
     assert_converged(hq, remotes)
 
 
+@pytest.mark.parametrize("again", [False, True], ids=["a new value", "a value written before"])
+def test_an_update_of_one_column_written_on_a_value_the_remote_writes_again(sites, again):
+    """hq changed the note of a row while r1's change of it was on its way,
+    and r1 then wrote the note again: an UPDATE of that one column, its
+    before-image the note r1 wrote at first.  With a new value r1 keeps
+    it (the UPDATE was written without it) and the sites converge.  Written
+    a second time, the value is the one the UPDATE was written on, and no
+    other column shows otherwise: r1 takes the UPDATE, then the conflict's
+    result (r1's earlier change), and hq applies r1's last change on that:
+    the value coincidence docs/site-database.md leaves ("What is left",
+    under "Concurrent changes"), which is why every value the fault suite
+    writes is new."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(r1, "UPDATE orders SET note = 'a' WHERE id = 3")
+    settle(hq, remotes)
+    write(r1, "UPDATE orders SET note = 'b' WHERE id = 3")
+    r1_change = send(r1, hq)
+    write(hq, "UPDATE orders SET note = 'hq' WHERE id = 3")
+    hq_update = send(hq, r1)
+    deliver(hq, r1, r1_change)
+    assert len(hq.conflicts()) == 1  # incoming wins: hq holds 'b', and sends it back
+    last = "a" if again else "c"
+    write(r1, f"UPDATE orders SET note = '{last}' WHERE id = 3")
+    deliver(r1, hq, hq_update)
+    deliver(r1, hq, send(hq, r1))
+    confirm(hq, r1)
+    deliver(hq, r1, send(r1, hq))
+    settle(hq, remotes)
+    if again:
+        assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 1, "b")]
+        assert table_rows(hq, "orders", "WHERE id = 3") == [(3, "north", 1, "a")]
+    else:
+        assert table_rows(r1, "orders", "WHERE id = 3") == table_rows(hq, "orders", "WHERE id = 3") == [
+            (3, "north", 1, "c")]
+        assert_converged(hq, remotes)
+
+
 @pytest.mark.parametrize("how", ["re-created", "moved out and back"])
 def test_the_consolidated_recreates_the_row_while_a_remote_change_is_on_its_way(sites, how):
     """hq deletes and re-creates the row (or moves it out of r1's subset and
