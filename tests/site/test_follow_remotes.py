@@ -228,33 +228,3 @@ def test_a_followed_table_an_application_dropped_makes_no_trigger_that_would_fai
     assert [name for (name,) in rep1.connection.execute("SELECT name FROM sqlite_temp_master WHERE type = 'trigger'"
                                                          " ORDER BY name")] == ["fieldsync_follow_delete_customer"]
     assert result.errors == 1  # the DELETE of line 300, in a table rep1 no longer has
-
-
-def test_a_send_phase_reads_only_for_the_reps_a_range_concerns(world: World) -> None:
-    """Site.concerned_reads (agent.site.concern) with rows that follow their
-    parent: with many more reps, every one whose read of a range yields
-    anything is named, a customer's move names its old and new rep, and a
-    line added under rep 2's order names rep 2's subscribers alone."""
-    hq = world.hq
-    others = [f"rep{number}" for number in range(10, 30)]
-    for number, name in enumerate(others, start=10):
-        hq.add_remote(name)
-        hq.subscribe(name, "sales", number)
-    everyone = [*REPS, *others]
-
-    def concerned(after: int, end: int) -> set[str]:
-        reads = [(name, after, end) for name in everyone]
-        return {reads[index][0] for index in hq.concerned_reads(reads)}
-
-    def yielding(after: int, end: int) -> set[str]:
-        return {name for name in everyone if list(hq.read_log(name, after, end))}
-
-    start = hq.scan()
-    app(hq, "INSERT INTO order_line VALUES (201, 20, 9)")
-    moved = hq.scan()
-    assert concerned(start, moved) == yielding(start, moved) == {name for name in REPS if REPS[name] == 2}
-    app(hq, "UPDATE customer SET rep = 12 WHERE id = 3")  # its order and line go with it
-    end = hq.scan()
-    assert yielding(moved, end) <= concerned(moved, end) <= {*(name for name in REPS if REPS[name] == 1), "rep12"}
-    assert "rep12" in yielding(moved, end)
-    assert yielding(start, end) <= concerned(start, end)
