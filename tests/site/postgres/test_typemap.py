@@ -16,13 +16,16 @@ import sqlite3
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.site.postgres.capture import install_capture
 from agent.site.postgres.connect import connect
 from agent.site.postgres.errors import UnsupportedColumnType, ValueNotConvertible
 from agent.site.postgres.log import cut, iter_capture, log_end
 from agent.site.postgres.schema import install_schema
-from agent.site.postgres.typemap import KINDS, BaseType, _civil, _load_float4, column_kind, converter, dump, loader
+from agent.site.postgres.typemap import (KINDS, BaseType, _civil, _load_float4, column_kind, converter, dump,
+                                         dump_column, loader)
 from agent.site.postgres.uri import parse_uri
 
 NAN = "NaN"
@@ -262,3 +265,38 @@ def test_numeric_never_goes_through_a_float(types_site):
     install_capture(conn, target, "money_t")
     conn.execute("INSERT INTO money_t VALUES (1, 0.1 + 0.2), (2, 1e-40), (3, 9007199254740993)")
     assert [row[5] for row in _captured_rows(conn, target)] == ["0.3", "0.0000000000000000000000000000000000000001", "9007199254740993"]
+
+
+_SQLITE_VALUES = st.one_of(
+    st.none(), st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1), st.floats(allow_nan=True),
+    st.text(max_size=8), st.binary(max_size=8), st.sampled_from([0, 1, -0.0, "NaN", "Infinity", "2024-01-02"]))
+
+
+def _dumped_one_by_one(kind, values):
+    try:
+        return [None if value is None else kind.dump(value) for value in values]
+    except ValueNotConvertible as error:
+        return type(error)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+@given(values=st.one_of(
+    st.lists(_SQLITE_VALUES, min_size=1, max_size=6),
+    # A column of one type, the case dump_column takes without a call per value.
+    st.sampled_from([st.integers(min_value=-2 ** 63, max_value=2 ** 63 - 1), st.floats(), st.text(max_size=8),
+                     st.binary(max_size=8)]).flatmap(lambda values: st.lists(values, min_size=1, max_size=6))))
+@settings(max_examples=150, deadline=None)
+def test_a_column_dumped_at_once_is_each_value_dumped(name, values):
+    # The apply's fast path dumps a run's columns at once (dump_column):
+    # the same parameters as its values one by one, the same refusal.
+    kind = KINDS[name]
+    expected = _dumped_one_by_one(kind, values)
+    try:
+        found = dump_column(kind, tuple(values))
+    except ValueNotConvertible as error:
+        found = type(error)
+    if isinstance(expected, list) and isinstance(found, list):
+        # -0.0 == 0.0 and NaN != NaN: compare what a statement is given, its text or bytes.
+        assert list(map(repr, found)) == list(map(repr, expected))
+    else:
+        assert found == expected

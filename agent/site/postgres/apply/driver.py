@@ -42,14 +42,12 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime
-from itertools import chain
-from operator import itemgetter
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from codec.ops import INT64_MAX, INT64_MIN, OpKind, Run, Transaction
+from codec.ops import OpKind, Run, Transaction
 
 from ...apply.batch import (ApplyResult, Batch, ConflictHook, key_after, send_back, set_aside, settle, strand, touch,
                             watch)
@@ -65,6 +63,7 @@ from ..capture import set_origin
 from ..errors import ValueNotConvertible
 from ..remotes import get_remote
 from ..uri import PgTarget
+from .ahead import Ready, read_ahead, ready_run
 from .followers import PgFollowers
 from .lookups import PeerReader, any_unconfirmed, last_change, rows_of_keys
 from .records import record_conflict, record_error
@@ -93,8 +92,6 @@ _JOINS_BACK = ("SELECT pg_catalog.set_config('enable_hashjoin', %s, true),"
 _RETRIED = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 # What PostgreSQL says of one operation it refuses (the others abort the batch).
 _REFUSED = (psycopg.IntegrityError, psycopg.DataError, pg_errors.RaiseException)
-# The types of SQLite's values (an int also within 64 bits: agent.site.values).
-_VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 
 
 class PgApplier:
@@ -177,13 +174,13 @@ class _Batch:
         batch.watched = {}
         applied = skipped = 0
         previous = skip_through
-        for transaction in transactions:
+        for transaction, ready in read_ahead(transactions, self.tables, _CHUNK):
             commit = transaction.commit
             if not applies(peer, commit, previous, skip_through, log_received):
                 skipped += 1  # applied before (a confirmation was lost)
                 continue
             previous = batch.commit = commit
-            self._operations(transaction.ops)
+            self._operations(transaction.ops, ready)
             if batch.deferred:
                 settle(batch, self._operations, followers.refused(batch, self._error))
             applied += 1
@@ -207,21 +204,24 @@ class _Batch:
 
     # --- runs of operations -----------------------------------------------------------
 
-    def _operations(self, ops: Iterable) -> None:
+    def _operations(self, ops: Iterable, ready: tuple[Ready | None, ...] | None = None) -> None:
         """Apply operations in their order: consecutive ones of one table,
         kind and column list as one run (:meth:`_flush`); a malformed one,
         or one this site cannot take, is recorded in its place.  A decoded
         run (codec.ops.Run) goes as it is where it can (:meth:`_run`), else
-        as the operations it stands for."""
+        as the operations it stands for; ``ready``: the runs among ``ops``
+        made ready ahead (ahead.read_ahead), else each is made here."""
         run: list = []
         params: list = []
         signature: tuple | None = None
         table: PgTable | None = None
-        for item in ops:
+        for index, item in enumerate(ops):
             if type(item) is Run:
                 self._flush(table, run, params)
                 run, params, signature = [], [], None
-                if self._run(item):
+                made = ready[index] if ready is not None else ready_run(self.tables, item, _CHUNK)
+                if made is not None:
+                    self._flush(made.table, made.ops, made.params, made.chunks)
                     continue
                 each: Iterable = item.operations()
             else:
@@ -241,41 +241,6 @@ class _Batch:
                 run.append(op)
                 params.append(values)
         self._flush(table, run, params)
-
-    def _run(self, run: Run) -> bool:
-        """Apply a decoded run whose rows all pass :meth:`_checked`'s checks
-        as a whole: its table published, its key as wide as the table's,
-        its columns the table's and every value a SQLite value.  The
-        parameters come from the rows by position, with no operation
-        checked one by one; the operations the run stands for are still
-        made for the batch's bookkeeping (batch.watch).  False, with
-        nothing done, for any other run: its operations go one by one
-        through :meth:`_checked`, which records what is wrong with each."""
-        table = self.tables.table(run.table)
-        kind, width, before, after = run.kind, run.key_width, run.before, run.after
-        if table is None or width != len(table.key_columns) or not _plain_values(run.rows):
-            return False
-        if kind != OpKind.DELETE and (not after or not table.column_set.issuperset(after + before)):
-            return False
-        # A row is key, before, after; the statement takes after, key, before (_checked).
-        middle = width + len(before)
-        if kind == OpKind.INSERT:
-            columns, positions = after, range(width, middle + len(after))
-        elif kind == OpKind.DELETE:
-            columns, positions = table.key_columns, range(width)
-        else:
-            columns = after + table.key_columns + before
-            positions = [*range(middle, middle + len(after)), *range(width), *range(width, middle)]
-        dumps = [table.kinds[column].dump for column in columns]
-        try:
-            # typemap.dump without its naming of the column: a value that
-            # does not convert sends the run the general way, which names it.
-            rows = [[None if value is None else convert(value) for convert, value in zip(dumps, picked)]
-                    for picked in map(_picker(positions), run.rows)]
-        except ValueNotConvertible:
-            return False
-        self._flush(table, run.operations(), rows)
-        return True
 
     def _checked(self, op: Any) -> tuple[PgTable, list] | None:
         """The table of ``op`` and its statement's parameters, or None when
@@ -310,10 +275,11 @@ class _Batch:
             self._error(op, unconvertible(error))
             return None
 
-    def _flush(self, table: PgTable | None, run: list, params: list) -> None:
+    def _flush(self, table: PgTable | None, run: list, params: list, chunks: tuple[str, ...] = ()) -> None:
         """Apply a run of one statement, ``_CHUNK`` operations per savepoint;
         a chunk that does not go as planned is rolled back and its
-        operations applied one at a time with every check."""
+        operations applied one at a time with every check.  ``chunks``:
+        the JSON parameters of the run's chunks, when made ahead."""
         if not run or table is None:
             return
         batch = self.batch
@@ -339,38 +305,41 @@ class _Batch:
                 continue
             ready.append(op)
             ready_params.append(values)
-        self._chunks(table, statement, ready, ready_params)
+        self._chunks(table, statement, ready, ready_params, chunks if len(ready) == len(run) else ())
 
-    def _chunks(self, table: PgTable, statement: _Statement, run: list, params: list) -> None:
+    def _chunks(self, table: PgTable, statement: _Statement, run: list, params: list,
+                chunks: tuple[str, ...] = ()) -> None:
         batch = self.batch
-        for start in range(0, len(run), _CHUNK):
+        for number, start in enumerate(range(0, len(run), _CHUNK)):
             chunk = run[start:start + _CHUNK]
             # A row going back to the peer takes each later change of the
             # peer's one by one (origin_changes).
             if not (batch.returns and any((table.name, op[2]) in batch.returns for op in chunk)) \
-                    and self._fast(statement, params[start:start + _CHUNK]):
+                    and self._fast(statement, params[start:start + _CHUNK], chunks[number] if chunks else None):
                 batch.applied += len(chunk)
                 continue
             for op in chunk:
                 self._one(table, op)
 
-    def _fast(self, statement: _Statement, params: list) -> bool:
+    def _fast(self, statement: _Statement, params: list, given: str | None = None) -> bool:
         """Apply a chunk as planned, in a savepoint: by one set-based
         statement (tables.PgTable.many_sql), or, when that wrote its rows
         all but in another order than theirs, one statement per operation
         (pipelined); False, with nothing done, when an operation did not
         write its row (a held key, a missing row, a before-image that
-        differs) or PostgreSQL refused one."""
+        differs) or PostgreSQL refused one.  ``given``: the chunk's JSON
+        parameter, when made ahead."""
         count = len(params)
+        text = many_params(params) if given is None else given
         try:
             with self.conn.transaction(), self.conn.cursor() as cursor:
                 if statement.kind == OpKind.INSERT:  # its rows come in their order (a sorted SELECT)
-                    cursor.execute(statement.many, (many_params(params),))
+                    cursor.execute(statement.many, (text,))
                     if cursor.rowcount != count:
                         raise _Replay(False)
                     return True
                 cursor.execute(_NESTED_LOOP)
-                cursor.execute(statement.many, (many_params(params),))
+                cursor.execute(statement.many, (text,))
                 positions = [row[0] for row in cursor.fetchall()]
                 written = len(positions) == count and len(set(positions)) == count
                 if not written or positions != sorted(positions):
@@ -571,23 +540,3 @@ def _tables_of(batch: Batch) -> Iterator[tuple[tuple[str, tuple], Any]]:
     for name_key in (*batch.entered, *batch.received):
         if name_key in watched:
             yield name_key, watched[name_key][0]
-
-
-def _picker(positions: Sequence[int]) -> Callable[[tuple], tuple]:
-    """A function from a run's row to its values at ``positions``, in that order."""
-    if len(positions) == 1:
-        position = positions[0]
-        return lambda row: (row[position],)
-    return itemgetter(*positions)
-
-
-def _plain_values(rows: tuple) -> bool:
-    """Whether every value of ``rows`` is a SQLite value (agent.site.values):
-    the types at once, then the integers' range."""
-    types = set(map(type, chain.from_iterable(rows)))
-    if not _VALUE_TYPES.issuperset(types):
-        return False
-    if int not in types:
-        return True
-    integers = [value for value in chain.from_iterable(rows) if type(value) is int]
-    return INT64_MIN <= min(integers) and max(integers) <= INT64_MAX
