@@ -401,7 +401,7 @@ def open_site(path: Path | str) -> Iterator["Site"]:  # noqa: F821 - imported la
 
 
 def remote_names(site: "Site") -> list[str]:  # noqa: F821
-    return [remote.name for remote in site.remotes()]
+    return list(site.remote_names())
 
 
 def require_remote(site: "Site", name: str) -> None:  # noqa: F821

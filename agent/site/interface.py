@@ -199,6 +199,9 @@ class Site(Protocol):
     def remotes(self) -> tuple[RemoteUser, ...]:
         """Every row of the remote-user table (for ``agent status``)."""
 
+    def remote_names(self) -> tuple[str, ...]:
+        """The remotes' names, in order (a fleet's names without reading its rows)."""
+
     def remote_transports(self) -> tuple[str | None, ...]:
         """The distinct transports named in the remote-user table (None:
         a remote that names none)."""

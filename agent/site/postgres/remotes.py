@@ -77,6 +77,16 @@ def list_remotes(conn: psycopg.Connection) -> tuple[RemoteUser, ...]:
     return tuple(map(_row, conn.execute(_SELECT + _BY_NAME).fetchall()))
 
 
+def list_remote_names(conn: psycopg.Connection) -> tuple[str, ...]:
+    return tuple(name for (name,) in conn.execute(sql.SQL("SELECT name FROM fieldsync.remote") + _BY_NAME))
+
+
+def list_transports(conn: psycopg.Connection) -> tuple[str | None, ...]:
+    """The distinct transports named (None: a remote that names none), in a SQLite site's order."""
+    return tuple(name for (name,) in conn.execute(
+        'SELECT DISTINCT transport COLLATE "C" FROM fieldsync.remote ORDER BY 1 NULLS FIRST'))
+
+
 def filter_where(which: RemoteFilter) -> tuple[sql.Composable, tuple]:
     """The SQL condition of ``which`` but its ``lagging`` (the horizon rule
     is applied in Python: :func:`iter_remotes`), and its parameters."""

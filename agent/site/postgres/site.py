@@ -405,16 +405,18 @@ class PostgresSite:
             return remote_rows.get_remote(conn, name)
 
     def remotes(self) -> tuple[RemoteUser, ...]:
-        """Every row of the remote-user table."""
         with self._transaction("listing remotes") as conn:
             return remote_rows.list_remotes(conn)
+
+    def remote_names(self) -> tuple[str, ...]:
+        with self._transaction("listing the remotes' names") as conn:
+            return remote_rows.list_remote_names(conn)
 
     def remote_transports(self) -> tuple[str | None, ...]:
         """The distinct transports named in the remote-user table (None: a
         remote that names none), in a SQLite site's order."""
         with self._transaction("listing the remotes' transports") as conn:
-            return tuple(name for (name,) in conn.execute(
-                'SELECT DISTINCT transport COLLATE "C" FROM fieldsync.remote ORDER BY 1 NULLS FIRST'))
+            return remote_rows.list_transports(conn)
 
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
         """The rows of the remote-user table that ``which`` selects, by name,

@@ -49,7 +49,7 @@ from .log import SqliteLog, cut_locked, iter_capture_returned, log_end, truncate
 from .publications import (add_article_locked, create_publication_locked, drop_publication_locked, list_publications,
                            list_subscriptions, missing_tables, remove_article_locked)
 from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
-                      count_rows, get_remote, iter_remotes_locked, list_remotes, open_apply_errors,
+                      count_rows, get_remote, iter_remotes_locked, list_remote_names, list_remotes, open_apply_errors,
                       record_delivered_locked, record_error_locked, record_heard_locked, record_send_locked,
                       record_stream_stopped_locked, remove_remote_locked, replaced_incarnations, update_remote_locked,
                       update_remotes_locked)
@@ -380,6 +380,10 @@ class SiteDatabase:
     def remotes(self) -> tuple[RemoteUser, ...]:
         with self._lock, self._read("listing remotes"):
             return list_remotes(self._conn)
+
+    def remote_names(self) -> tuple[str, ...]:
+        with self._lock, self._read("listing the remotes' names"):
+            return list_remote_names(self._conn)
 
     def remote_transports(self) -> tuple[str | None, ...]:
         with self._lock, self._read("listing the remotes' transports"):

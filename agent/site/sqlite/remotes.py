@@ -70,6 +70,10 @@ def list_remotes(conn: sqlite3.Connection) -> tuple[RemoteUser, ...]:
     return tuple(map(_row, conn.execute(_SELECT + " ORDER BY name").fetchall()))
 
 
+def list_remote_names(conn: sqlite3.Connection) -> tuple[str, ...]:
+    return tuple(name for (name,) in conn.execute("SELECT name FROM fieldsync_remote ORDER BY name"))
+
+
 #: A remote-user row's peer is in error now: a transport error or a stopped
 #: stream in force, or apply errors not yet acknowledged (one lookup in the
 #: partial index fieldsync_apply_error_open).

@@ -39,6 +39,14 @@ def _missing_row(peer: str, commit: int) -> list[Transaction]:
     return [Transaction(commit, peer, (Operation.update("customer", (999,), {"name": "x"}, {"name": "y"}),))]
 
 
+def test_the_remotes_names_are_the_rows_names_in_order_without_reading_the_rows(hq):
+    hq.add_remote("a-last-added", address="inbox/a")
+    assert hq.remote_names() == tuple(remote.name for remote in hq.remotes()) == (
+        "a-last-added", "north1", "north2", "south1")
+    hq.remove_remote("north2")
+    assert hq.remote_names() == ("a-last-added", "north1", "south1")
+
+
 def test_apply_errors_count_until_acknowledged_and_stay_as_history(hq):
     hq.apply("north1", _missing_row("north1", 3) + _missing_row("north1", 4), log_received=4)
     hq.apply("south1", _missing_row("south1", 2), log_received=2)
