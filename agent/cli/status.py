@@ -61,7 +61,9 @@ def _row_maker(fields: tuple[dataclasses.Field, ...]) -> Callable[[Any], dict[st
     def make(remote: Any) -> dict[str, Any]:
         row = dict(zip(names, read(remote)))
         for name in converted:
-            row[name] = _json_value(row[name])
+            value = row[name]
+            if value is not None:  # most of them, in a fleet that has not run yet
+                row[name] = _json_value(value)
         return row
 
     return make
