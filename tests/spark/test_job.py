@@ -154,7 +154,7 @@ def test_a_range_across_a_schema_change_is_byte_identical_to_the_agent(spark, tm
         expected = agent_files(site, send)
         assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
         versions = {(tmp_path / "out" / "files" / send.subscriber / name).read_bytes()[4] for name in expected}
-        assert versions == {2, 3}, send.subscriber
+        assert {2, 3} <= versions <= {2, 3, 4}, send.subscriber  # 4: rows written back (with applied)
     site.close()
 
 
