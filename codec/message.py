@@ -1,4 +1,4 @@
-"""Message files, format versions 1 to 3 (docs/message-format.md is the specification).
+"""Message files, format versions 1 to 4 (docs/message-format.md is the specification).
 
 Rules of this file:
 * Encoding is a pure function of (content, header, names, incarnation, keys):
@@ -10,9 +10,11 @@ Rules of this file:
   codec.ops.Run), control messages as version 1, and a message that
   carries a schema change (codec.changes), or a control message that
   carries the sender's schema version, as version 3, the one version that
-  can; all three are read.  A decoded transaction holds the
+  can; a message that holds a transaction with ``applied`` (rows written
+  back to their origin) as version 4, the one version that carries it;
+  all four are read.  A decoded transaction holds the
   operations (5-tuples) of any version, or, for the apply path that asks
-  with ``runs=True``, a version-2 or 3 message's runs; a schema change
+  with ``runs=True``, a version-2 to 4 message's runs; a schema change
   alone.
 """
 
@@ -47,19 +49,20 @@ from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
 from .changes import SchemaChange
 from .ops import Transaction, change_of, operations_of, to_runs
-from .payloads import (MAX_PAYLOAD, SCHEMA_VERSION_CONTROL, ControlState, control_payload, control_state,
-                       transactions_of)
+from .payloads import (APPLIED_VERSION, MAX_PAYLOAD, SCHEMA_VERSION_CONTROL, ControlState, control_payload,
+                       control_state, transactions_of)
 
 MAGIC = b"FSMF"
 # Format versions: data messages are written in DATA_VERSION, control
 # messages (unchanged since version 1) in CONTROL_VERSION, a message that
 # carries a schema change in CHANGE_VERSION (version 2 with schema changes
 # added), a control message with a schema version in SCHEMA_VERSION_CONTROL
-# (the same version 3); all are read.
+# (the same version 3), a message holding a transaction with ``applied``
+# in APPLIED_VERSION (version 3 with it added); all are read.
 DATA_VERSION = 2
 CONTROL_VERSION = 1
 CHANGE_VERSION = 3
-VERSIONS = (1, 2, 3)
+VERSIONS = (1, 2, 3, APPLIED_VERSION)
 ZSTD_LEVEL = 3
 SIGNATURE_SIZE = 64
 INCARNATION_SIZE = 16
@@ -168,26 +171,44 @@ def _packer() -> msgpack.Packer:
 
 
 def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION) -> bytes:
-    """The payload bytes of one transaction (a msgpack array element)."""
-    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version)
+    """The payload bytes of one transaction (a msgpack array element), with
+    its ``applied`` when ``version`` is :data:`APPLIED_VERSION`."""
+    applied = transaction.applied if version >= APPLIED_VERSION else None
+    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version, applied)
 
 
-def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION) -> bytes:
+def entry_version(version: int, applied: int | None) -> int:
+    """The format version of an entry of a stream written in ``version``:
+    :data:`APPLIED_VERSION` for a transaction with ``applied`` (but in
+    version 1, which writes it without: docs/message-format.md)."""
+    return APPLIED_VERSION if applied is not None and version >= 2 else version
+
+
+def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION,
+                    applied: int | None = None) -> bytes:
     """The payload bytes of one entry: a transaction, or a piece of a large
-    one, in format ``version`` (2 and 3: its operations in runs; 1: one by
+    one, in format ``version`` (2 to 4: its operations in runs; 1: one by
     one, whether they came as operations or runs).  A schema change
-    (``ops`` is ``(change,)``) is written in version 3 only."""
+    (``ops`` is ``(change,)``) is written in version 3 only; ``applied``
+    (not None) in version 4 only, before the runs."""
     check_version(version)
     if len(ops) == 1 and type(ops[0]) is SchemaChange:
         if version < CHANGE_VERSION:
             raise InvalidValue(f"transaction {commit} carries a schema change, which only format version "
                                f"{CHANGE_VERSION} can carry")
+        if applied is not None:
+            raise InvalidValue(f"transaction {commit} carries a schema change, which carries no applied offset")
         items: tuple | list | None = (ops[0].wire(),)
     else:
         items = None
+    if applied is not None and version < APPLIED_VERSION:
+        raise InvalidValue(f"transaction {commit} carries an applied offset, which only format version "
+                           f"{APPLIED_VERSION} can carry")
     try:
         if items is None:
             items = to_runs(ops) if version >= 2 else tuple(operations_of(ops))
+        if applied is not None:
+            return _packer().pack((commit, origin, applied, items))
         return _packer().pack((commit, origin, items))
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None
@@ -264,6 +285,8 @@ def encode_data_message(transactions: Sequence[Transaction], header: Header, *, 
         if not previous < transaction.commit <= header.last:
             raise InvalidValue(f"transaction {transaction.commit} is outside {header} or out of order")
         previous = transaction.commit
+    # A message holding a transaction with ``applied`` is version 4 (codec.packing does the same).
+    version = max((entry_version(version, transaction.applied) for transaction in transactions), default=version)
     payload = array_header(len(transactions)) + b"".join(
         serialize_transaction(transaction, version) for transaction in transactions)
     data = frame(Kind.DATA, header, keys=keys, recipient=recipient, incarnation=incarnation,

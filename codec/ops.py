@@ -343,17 +343,25 @@ class Transaction:
     decoded message it holds the equal plain tuples (see
     :func:`check_operation`).  A transaction that carries a schema change
     holds it alone: ``ops`` is ``(SchemaChange,)`` (:func:`change_of`).
+    ``applied``, for a transaction whose origin is its recipient (rows
+    written back to it), is the recipient's log offset through which the
+    sender had applied the recipient's stream when it wrote the
+    transaction; None: not known (docs/message-format.md, version 4).
     """
 
     commit: int
     origin: str
     ops: tuple[Operation, ...]
+    applied: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.commit) is not int or not 0 < self.commit <= OFFSET_MAX:
             raise InvalidValue(f"transaction commit offset must be an int in 1..{OFFSET_MAX}, got {self.commit!r}")
         if type(self.origin) is not str or not self.origin:
             raise InvalidValue(f"transaction {self.commit}: origin must be a non-empty site name")
+        if self.applied is not None and (type(self.applied) is not int or not 0 < self.applied <= OFFSET_MAX):
+            raise InvalidValue(f"transaction {self.commit}: applied must be an int in 1..{OFFSET_MAX}, "
+                               f"got {self.applied!r}")
         if type(self.ops) is not tuple:
             object.__setattr__(self, "ops", tuple(self.ops))
         if not set(map(type, self.ops)) <= {Operation}:
@@ -365,13 +373,22 @@ class Transaction:
                                        f"got {type(op).__name__}")
 
     @classmethod
-    def _trusted(cls, commit: int, origin: str, ops: tuple[Operation, ...]) -> "Transaction":
+    def _trusted(cls, commit: int, origin: str, ops: tuple[Operation, ...],
+                 applied: int | None = None) -> "Transaction":
         """Build without validation (the decoder has checked the structure)."""
         transaction = object.__new__(cls)
         object.__setattr__(transaction, "commit", commit)
         object.__setattr__(transaction, "origin", origin)
         object.__setattr__(transaction, "ops", ops)
+        object.__setattr__(transaction, "applied", applied)
         return transaction
+
+    def with_applied(self, applied: int | None) -> "Transaction":
+        """This transaction (of its own class: a piece stays a piece) with ``applied``."""
+        if applied is not None and (type(applied) is not int or not 0 < applied <= OFFSET_MAX):
+            raise InvalidValue(f"transaction {self.commit}: applied must be an int in 1..{OFFSET_MAX}, "
+                               f"got {applied!r}")
+        return type(self)._trusted(self.commit, self.origin, self.ops, applied)
 
 
 def change_of(transaction: Transaction) -> SchemaChange | None:
@@ -399,7 +416,8 @@ def values_identical(left: object, right: object) -> bool:
     check that for floats.
     """
     if isinstance(left, Transaction) and isinstance(right, Transaction):
-        return (left.commit, left.origin) == (right.commit, right.origin) and values_identical(left.ops, right.ops)
+        return ((left.commit, left.origin, left.applied) == (right.commit, right.origin, right.applied)
+                and values_identical(left.ops, right.ops))
     if isinstance(left, tuple) and isinstance(right, tuple):  # Operation vs decoded tuple
         return len(left) == len(right) and all(values_identical(a, b) for a, b in zip(left, right))
     if type(left) is not type(right):

@@ -25,6 +25,10 @@ Rules of this file:
 * A transaction that carries a schema change (codec.changes) travels alone
   in its message, written in format version 3 whatever the stream's
   version: the message before it ends before it, the next starts after.
+* A message (or group of parts) that holds a transaction with ``applied``
+  is written in format version 4 (codec.message.entry_version; in a
+  version-1 stream the transaction goes without it); the cut points do not
+  depend on it.
 * Cutting and compressing need no secret: :class:`PayloadPacker` makes the
   compressed payloads with their headers (:class:`Payload`), knowing only
   the sender's name and whether the files are sealed; :meth:`Payload.frame`
@@ -43,6 +47,7 @@ from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .changes import MAX_CHANGE_BYTES
 from .message import (
+    APPLIED_VERSION,
     CHANGE_VERSION,
     DATA_VERSION,
     LARGE_TRANSACTION_OPS,
@@ -51,6 +56,7 @@ from .message import (
     array_header,
     check_version,
     compress,
+    entry_version,
     frame,
     frame_overhead,
     max_raw_length,
@@ -254,19 +260,27 @@ class _Alone(bytes):
     message (a schema change), in format version 3."""
 
 
+class _Applied(bytes):
+    """The serialized entry of a transaction with ``applied``, in format
+    version 4: the message that holds it is written in that version."""
+
+
 class _Large:
     """A transaction of more than LARGE_TRANSACTION_OPS operations being
     split: the operations handed over and not yet serialized, whether more
-    pieces follow, and the serialized entries not yet put into parts."""
+    pieces follow, and the serialized entries not yet put into parts (each
+    with ``applied`` when its format ``version`` carries it)."""
 
-    __slots__ = ("commit", "origin", "ops", "more", "data")
+    __slots__ = ("commit", "origin", "ops", "more", "data", "applied", "version")
 
-    def __init__(self, commit: int, origin: str, ops: list, more: bool) -> None:
+    def __init__(self, commit: int, origin: str, ops: list, more: bool, applied: int | None, version: int) -> None:
         self.commit = commit
         self.origin = origin
         self.ops = ops
         self.more = more
         self.data = bytearray()
+        self.applied = applied if version >= APPLIED_VERSION else None
+        self.version = version
 
     @property
     def done(self) -> bool:
@@ -315,6 +329,7 @@ class _Packer:
             return True
         more = type(transaction) is PartialTransaction
         count = op_count(transaction.ops)  # a run counts its rows
+        version = entry_version(self.version, transaction.applied)  # of its pieces, the first's
         if more or count > LARGE_TRANSACTION_OPS:
             ops = list(transaction.ops)
             while more and count <= LARGE_TRANSACTION_OPS:
@@ -323,11 +338,14 @@ class _Packer:
                 count += op_count(piece.ops)
                 more = type(piece) is PartialTransaction
             if count > LARGE_TRANSACTION_OPS:
-                self.large = _Large(transaction.commit, transaction.origin, ops, more)
+                self.large = _Large(transaction.commit, transaction.origin, ops, more, transaction.applied, version)
                 self.queue.append((transaction.commit, self.large))
                 return True
-            transaction = Transaction._trusted(transaction.commit, transaction.origin, tuple(ops))
-        serialized = serialize_transaction(transaction, self.version)
+            transaction = Transaction._trusted(transaction.commit, transaction.origin, tuple(ops),
+                                               transaction.applied)
+        serialized = serialize_transaction(transaction, version)
+        if version != self.version:
+            serialized = _Applied(serialized)
         if len(serialized) > MAX_GROUP_PAYLOAD:
             raise InvalidValue(f"transaction {transaction.commit} is {len(serialized)} bytes, over the "
                                f"{MAX_GROUP_PAYLOAD}-byte limit of one transaction (docs/message-format.md, "
@@ -354,7 +372,7 @@ class _Packer:
                 large.ops.extend(piece.ops)
                 large.more = type(piece) is PartialTransaction
             head, large.ops = split_ops(large.ops, LARGE_TRANSACTION_OPS)
-            entry = serialize_entry(large.commit, large.origin, head, self.version)
+            entry = serialize_entry(large.commit, large.origin, head, large.version, large.applied)
             if len(entry) > MAX_GROUP_PAYLOAD:
                 raise InvalidValue(f"transaction {large.commit} holds an entry of {len(entry)} bytes, over the "
                                    f"{MAX_GROUP_PAYLOAD}-byte limit (docs/message-format.md, \"Limits\")")
@@ -414,7 +432,7 @@ class _Packer:
                     if pending is not None:
                         yield self._finish(pending, None)
                     header = Header(self.resend_count, prev, commit if final else prev, seq)
-                    pending = (self.version, header, chunk_raw, chunk, True)
+                    pending = (large.version, header, chunk_raw, chunk, True)  # type: ignore[union-attr]
                     seq += 1
                     if final:
                         break
@@ -430,15 +448,21 @@ class _Packer:
             if candidate is None:
                 # The first queued transaction does not fit alone: split it.
                 commit, serialized = self.queue.pop(0)
+                version = APPLIED_VERSION if type(serialized) is _Applied else self.version
                 for seq, chunk_raw, chunk, final in self._split(serialized):
                     if pending is not None:
                         yield self._finish(pending, None)
                     header = Header(self.resend_count, prev, commit if final else prev, seq)
-                    pending = (self.version, header, chunk_raw, chunk, True)
+                    pending = (version, header, chunk_raw, chunk, True)
                 prev = commit
                 continue
             last = self.queue[candidate.count - 1][0]
-            version = CHANGE_VERSION if type(self.queue[0][1]) is _Alone else self.version
+            if type(self.queue[0][1]) is _Alone:
+                version = CHANGE_VERSION
+            elif any(type(entry) is _Applied for _, entry in islice(self.queue, candidate.count)):
+                version = APPLIED_VERSION
+            else:
+                version = self.version
             del self.queue[:candidate.count]
             if pending is not None:
                 yield self._finish(pending, None)

@@ -1,8 +1,9 @@
 """The msgpack payloads of message files (docs/message-format.md,
 "Payloads"): the limits a reader decodes them under, a data payload's
 transactions (version 1: operations; version 2: runs of rows; version 3:
-runs, or one schema change alone), a control payload's counters, and a
-group of parts read part by part.
+runs, or one schema change alone; version 4: and a transaction's
+``applied``), a control payload's counters, and a group of parts read part
+by part.
 
 Rules of this file:
 * Everything here is behind the frame's checks (codec.message): the bytes
@@ -33,6 +34,8 @@ MAX_PAYLOAD = 16 * 1024 * 1024
 MAX_GROUP_PAYLOAD = 256 * 1024 * 1024
 # Counters of the protocol's epochs travel in the header's 32-bit field.
 COUNTER_MAX = 2**32 - 1
+# The format version whose transactions may carry ``applied`` (codec.message.APPLIED_VERSION).
+APPLIED_VERSION = 4
 
 
 class Message(Protocol):
@@ -177,15 +180,19 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
     # msgpack made (see codec.ops): their values are checked where they are
     # applied, which touches each value anyway; checking them here would
     # cost more than decoding.
+    applied = None
     try:
         commit, origin, ops = entry  # type: ignore[misc]
     except (TypeError, ValueError):
-        raise CorruptMessage(source, "payload holds a malformed transaction") from None
+        if version < APPLIED_VERSION or type(entry) is not tuple or len(entry) != 4:
+            raise CorruptMessage(source, "payload holds a malformed transaction") from None
+        commit, origin, applied, ops = entry
+        _check_applied(applied, commit, source)
     if (type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str
             or not origin or type(ops) is not tuple):
         raise CorruptMessage(source, "payload holds a malformed transaction")
-    if version == 3 and len(ops) >= 1 and type(ops[0]) is tuple and ops[0] and type(ops[0][0]) is int:
-        if len(ops) != 1 or len(ops[0]) != 3 or ops[0][0] != CHANGE_TAG:
+    if version >= 3 and len(ops) >= 1 and type(ops[0]) is tuple and ops[0] and type(ops[0][0]) is int:
+        if len(ops) != 1 or len(ops[0]) != 3 or ops[0][0] != CHANGE_TAG or applied is not None:
             raise CorruptMessage(source, f"transaction {commit} holds a malformed schema change")
         try:
             change = check_change(ops[0][1:], f"transaction {commit}'s schema change")
@@ -193,10 +200,16 @@ def _transaction(entry: object, source: str, version: int = 1, runs: bool = Fals
             raise CorruptMessage(source, str(error)) from None
         return Transaction._trusted(commit, origin, (change,))
     if version >= 2:
-        return Transaction._trusted(commit, origin, _runs(ops, commit, source, heads, runs))
+        return Transaction._trusted(commit, origin, _runs(ops, commit, source, heads, runs), applied)
     if ops and (set(map(type, ops)) != {tuple} or set(map(len, ops)) != {5}):
         raise CorruptMessage(source, f"transaction {commit} holds a malformed operation")
     return Transaction._trusted(commit, origin, ops)
+
+
+def _check_applied(applied: object, commit: int, source: str) -> None:
+    if type(applied) is not int or not 0 < applied <= INT64_MAX:
+        raise CorruptMessage(source, f"transaction {commit} holds a malformed applied offset (an int in "
+                                     f"1..{INT64_MAX}), got {applied!r:.40}")
 
 
 _NAMES = frozenset({str})
@@ -277,7 +290,7 @@ def reassemble(parts: Sequence[Message], *, source: str = "multi-part group") ->
         raise MessageTooLarge(source, f"the group's parts hold {total} bytes, over the {MAX_GROUP_PAYLOAD}-byte "
                                       "limit of one transaction")
     transaction = read_group(iter(parts), source=source)
-    return Transaction._trusted(transaction.commit, transaction.origin, tuple(transaction.ops))
+    return Transaction._trusted(transaction.commit, transaction.origin, tuple(transaction.ops), transaction.applied)
 
 
 def read_group(parts: Iterator[Message], *, source: str = "multi-part group", runs: bool = False) -> Transaction:
@@ -294,8 +307,9 @@ def read_group(parts: Iterator[Message], *, source: str = "multi-part group", ru
     ``runs`` as for :func:`decode_message`: a version-2 group's ``ops``
     yields its runs."""
     group = _GroupReader(parts, source, runs)
-    commit, origin = group.entry_start()
-    return Transaction._trusted(commit, origin, group.operations(commit, origin))  # type: ignore[arg-type]
+    commit, origin, applied = group.entry_start()
+    return Transaction._trusted(commit, origin, group.operations(commit, origin, applied),  # type: ignore[arg-type]
+                                applied)
 
 
 class _GroupReader:
@@ -366,17 +380,23 @@ class _GroupReader:
                 return True
         return False
 
-    def entry_start(self) -> tuple[int, str]:
-        """Read the head of the next entry: its commit and origin."""
-        if self._read(self._start().read_array_header) != 3:
+    def entry_start(self) -> tuple[int, str, int | None]:
+        """Read the head of the next entry: its commit, origin and applied
+        offset (version 4: None when the entry has none)."""
+        size = self._read(self._start().read_array_header)
+        if size != 3 and (size != 4 or self.version < APPLIED_VERSION):
             raise CorruptMessage(self.source, "payload holds a malformed transaction")
         commit = self._read(self.unpacker.unpack)
         origin = self._read(self.unpacker.unpack)
         if type(commit) is not int or not 0 < commit <= INT64_MAX or type(origin) is not str or not origin:
             raise CorruptMessage(self.source, "payload holds a malformed transaction")
-        return commit, origin
+        applied = None
+        if size == 4:
+            applied = self._read(self.unpacker.unpack)
+            _check_applied(applied, commit, self.source)
+        return commit, origin, applied
 
-    def operations(self, commit: int, origin: str) -> Iterator[tuple]:
+    def operations(self, commit: int, origin: str, applied: int | None = None) -> Iterator[tuple]:
         while True:
             count = self._read(self.unpacker.read_array_header)
             for _ in range(count):
@@ -393,7 +413,7 @@ class _GroupReader:
                 yield op
             if self._at_end():
                 break
-            if self.entry_start() != (commit, origin):
+            if self.entry_start() != (commit, origin, applied):
                 raise CorruptMessage(self.source, f"an entry of transaction {commit} holds another transaction")
         first, last = self.first, self.last
         assert first is not None and last is not None

@@ -12,7 +12,7 @@ Rules of this file:
 from __future__ import annotations
 
 from itertools import groupby, islice
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from codec.ops import Operation, Transaction, op_count
 
@@ -282,3 +282,20 @@ class Fanout:
         if router is None:
             router = self._routers[active] = Router([self.readers[index] for index in active])
         return router
+
+
+def with_applied(pairs: Iterable[tuple[int, Transaction]], subscribers: Sequence[str],
+                 applied_of: Callable[[int], int | None]) -> Iterator[tuple[int, Transaction]]:
+    """``pairs`` (index into ``subscribers``, transaction), a transaction
+    whose origin is its subscriber (rows written back to it) with its
+    ``applied`` (``applied_of(commit)``: what the apply that wrote them
+    had applied of that subscriber, docs/message-format.md, version 4).
+    Every other transaction, and every other subscriber's, goes as it is."""
+    known: tuple[int, int | None] = (0, None)  # the last commit looked up (the pieces of one share it)
+    for index, transaction in pairs:
+        if transaction.origin == subscribers[index]:
+            if known[0] != transaction.commit:
+                known = (transaction.commit, applied_of(transaction.commit))
+            if known[1] is not None:
+                transaction = transaction.with_applied(known[1])
+        yield index, transaction

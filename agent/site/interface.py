@@ -169,6 +169,11 @@ class Site(Protocol):
     def read_capture(self, after: int, until: int, *, value_columns: int
                      ) -> Iterator[tuple[int, str, list[tuple], dict[int, str]]]: ...
 
+    def log_applied(self, commit: int) -> int | None:
+        """For the log transaction ``commit`` of rows an apply wrote back to
+        its origin, the origin's log offset the apply had reached (None: any
+        other log transaction): what its origin's reader adds to it."""
+
     def truncate_log(self) -> int:
         """Delete log entries at or below the smallest confirm_sent of all
         peers; return the truncation point."""

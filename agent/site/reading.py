@@ -28,7 +28,7 @@ from .capture import Shape
 from .concern import CONCERN_MIN_SUBSCRIBERS, concerned
 from .folding import FOLD_WINDOW, _Folder, make_transaction
 from .errors import LogOffsetError
-from .fanout import FANOUT_HOLD, Fanout
+from .fanout import FANOUT_HOLD, Fanout, with_applied
 from .identity import Role, SiteIdentity
 from .selection import Shapes, SubscriberReader
 
@@ -59,6 +59,11 @@ class CaptureSource(Protocol):
         travel; log transactions of ``skip_origin`` left out but their rows
         with a flag in ``keep_flag``; at least ``value_columns`` values a row
         (None: all of them)."""
+
+    def applied(self, commit: int) -> int | None:
+        """For the log transaction ``commit`` of rows an apply wrote back to
+        its origin, the origin's log offset the apply had reached (None:
+        any other log transaction)."""
 
 
 class ReaderRows(NamedTuple):
@@ -147,7 +152,15 @@ def read_transactions(source: CaptureSource, reader: SubscriberReader, after: in
     with nothing for the subscriber yields nothing.  With ``piece``, a log
     transaction that selects more operations comes in pieces of about that
     many (``PartialTransaction`` values and a last plain ``Transaction``,
-    codec.packing), so none is held whole."""
+    codec.packing), so none is held whole.  A transaction of the
+    subscriber's own origin (rows written back to it) carries ``applied``
+    (fanout.with_applied)."""
+    pairs = ((0, transaction) for transaction in _read_transactions(source, reader, after, until, piece))
+    return (transaction for _, transaction in with_applied(pairs, [reader.subscriber], source.applied))
+
+
+def _read_transactions(source: CaptureSource, reader: SubscriberReader, after: int, until: int,
+                       piece: int | None) -> Iterator[Transaction]:
     ops: list[Operation] = []
     held = 0  # operations in ops (a run counts its rows)
     folder: _Folder | None = None
@@ -205,9 +218,10 @@ def read_fanout(source: CaptureSource, readers: list[SubscriberReader], ranges: 
         return iter(())
     if len(readers) == 1:
         after, until = ranges[0]
-        return ((0, transaction)
-                for transaction in read_transactions(source, readers[0], after, until, piece=piece))
-    return _read_fanout(source, Fanout(readers, ranges), hold, piece)
+        pairs = ((0, transaction) for transaction in _read_transactions(source, readers[0], after, until, piece))
+    else:
+        pairs = _read_fanout(source, Fanout(readers, ranges), hold, piece)
+    return with_applied(pairs, [reader.subscriber for reader in readers], source.applied)
 
 def _read_fanout(source: CaptureSource, fanout: Fanout, hold: int, piece: int | None
                  ) -> Iterator[tuple[int, Transaction]]:
@@ -230,7 +244,7 @@ def _read_fanout(source: CaptureSource, fanout: Fanout, hold: int, piece: int | 
         commit, active = dropped
         for index in active:
             # (commit - 1, commit] holds that one log transaction (rules above).
-            for transaction in read_transactions(source, readers[index], commit - 1, commit, piece=piece):
+            for transaction in _read_transactions(source, readers[index], commit - 1, commit, piece):
                 yield index, transaction
                 # Not held while the next subscriber's copy is built: one at a time.
                 del transaction

@@ -34,7 +34,7 @@ from ..site import Site
 from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
-FORMAT = 5
+FORMAT = 6
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
 _VALUES = itemgetter(slice(4, None))  # a capture row's value columns
@@ -54,7 +54,7 @@ def _schema():  # type: ignore[no-untyped-def]
 
     return pa.schema([("commit", pa.int64()), ("origin", pa.string()), ("seq", pa.int64()),
                       ("shape", pa.int64()), ("kind", pa.int8()), ("flags", pa.int64()),
-                      ("returned", pa.string()), ("values", pa.binary())])
+                      ("returned", pa.string()), ("applied", pa.int64()), ("values", pa.binary())])
 
 
 def export_batch(db: Site, sends: Iterable[BatchSend], directory: str | os.PathLike[str],
@@ -131,7 +131,7 @@ def _write_log(db: Site, folder: Path, token: str, low: int, high: int, width: i
     folder.mkdir()
     schema = _schema()
     pack = msgpack.Packer(use_bin_type=True).pack
-    columns: list[list] = [[] for _ in range(8)]
+    columns: list[list] = [[] for _ in range(9)]
     writer: pq.ParquetWriter | None = None
     total = in_file = 0
     names: list[str] = []
@@ -149,8 +149,12 @@ def _write_log(db: Site, folder: Path, token: str, low: int, high: int, width: i
             column.clear()
         check_stop()
 
-    commits, origins, seqs, shape_ids, kinds, flags, returned_column, values = columns
+    commits, origins, seqs, shape_ids, kinds, flags, returned_column, applied_column, values = columns
+    known: tuple[int, int | None] = (0, None)  # the last log transaction's applied (a large one comes in chunks)
     for commit, origin, chunk, returned in db.read_capture(low, high, value_columns=width):
+        # Only a log transaction with rows written back carries one, on those rows.
+        if returned and known[0] != commit:
+            known = (commit, db.log_applied(commit))
         # A chunk at a time, column by column (the per-row work is the
         # values' encoding), cut where a row group or a file is full.
         done = 0
@@ -167,6 +171,8 @@ def _write_log(db: Site, folder: Path, token: str, low: int, high: int, width: i
             kinds.extend(chunk_kinds)
             flags.extend(chunk_flags)
             returned_column.extend(map(returned.get, chunk_seqs) if returned else repeat(None, count))
+            applied_column.extend([known[1] if seq in returned else None for seq in chunk_seqs] if returned
+                                  else repeat(None, count))
             values.extend(map(pack, map(_VALUES, rows)))
             in_file += count
             if len(seqs) >= rows_per_group or in_file >= rows_per_file:

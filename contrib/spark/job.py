@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT = 5
+FORMAT = 6
 OUTPUT_FORMAT = 1
 # The driver fetches the payloads one partition at a time, as many
 # partitions as tasks, more for a large export: one for about this many
@@ -77,12 +77,13 @@ def load_export(export: str | os.PathLike[str]) -> dict:
 # --- on the executors: select and pack a group of subscribers ---------------------------
 
 
-def _capture_chunks(paths: list[str], low: int, high: int, returned: dict[int, str]
-                    ) -> Iterator[tuple[int, str, list[tuple]]]:
+def _capture_chunks(paths: list[str], low: int, high: int, returned: dict[int, str],
+                    applied: dict[int, int]) -> Iterator[tuple[int, str, list[tuple]]]:
     """The capture rows of ``(low, high]`` as ``iter_capture`` gives them:
     ``(commit, origin, rows)``, rows ``(seq, shape, kind, flags, *values)``.
     ``returned`` holds the written-back columns of the rows of the current
-    batch."""
+    batch; ``applied`` is given the ``applied`` of each log transaction of
+    rows written back, by commit offset, as its rows are read."""
     from functools import partial
 
     import msgpack
@@ -101,6 +102,9 @@ def _capture_chunks(paths: list[str], low: int, high: int, returned: dict[int, s
             returned.clear()
             if batch.column("returned").null_count < len(commits):
                 returned.update((seq, columns) for seq, columns in zip(seqs, returned_column) if columns is not None)
+            if batch.column("applied").null_count < len(commits):
+                applied.update((commit, value) for commit, value in zip(commits, batch.column("applied").to_pylist())
+                               if value is not None)
             # Column by column, then one tuple per row: the per-row work is
             # the values' decoding.
             rows = list(map(tuple.__add__, zip(seqs, shapes, kinds, flags), map(unpack, values)))
@@ -125,7 +129,7 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
 
     from agent.outbound import PackingPass
     from agent.site.capture import Shape, ShapeTable
-    from agent.site.fanout import Fanout
+    from agent.site.fanout import Fanout, with_applied
     from agent.site.selection import SubscriberReader, plan_from_rows
     from agent.site.identity import Role
     from codec.packing import Payload, PayloadPacker
@@ -156,15 +160,19 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     low, high = min(start for start, _ in ranges), max(end for _, end in ranges)
     paths = [SparkFiles.get(name) for name in files]
 
+    applied: dict[int, int] = {}  # a few: the log transactions of rows written back
+
     def selected() -> Iterator[tuple[int, Any]]:
-        for commit, origin, rows in _capture_chunks(paths, low, high, returned):
+        for commit, origin, rows in _capture_chunks(paths, low, high, returned, applied):
             yield from fanout.add(commit, origin, rows)
         yield from fanout.finish()
+
+    subscribers = [sends[index]["subscriber"] for index in members]
 
     # The agent's packing loop; no error is isolated here: any fails the task.
     packing: PackingPass[Payload] = PackingPass(len(members), packer_for)
     made = 0
-    for position, payload in packing.run(selected()):
+    for position, payload in packing.run(with_applied(selected(), subscribers, applied.get)):
         if fail_after is not None and made >= fail_after:
             raise RuntimeError(f"injected failure after {made} files (--fail-after-files)")
         made += 1

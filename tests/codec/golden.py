@@ -10,7 +10,8 @@ a stream in which two of them travel between data messages; passthrough
 SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; a table
 renamed: ``--rename-table`` made ``fixtures/messages/rename-table/``; and a
 control message's schema version: ``--control-schema`` made
-``fixtures/messages/control-schema/``.
+``fixtures/messages/control-schema/``.  Version 4 adds a transaction's
+``applied``: ``--written-back`` made ``fixtures/messages/written-back/``.
 """
 
 from __future__ import annotations
@@ -354,6 +355,54 @@ def write_control_schema(force: bool) -> None:
     _write_control_folder(CONTROL_SCHEMA, build_control_schema(), expected_control_schema(), FIELD, force)
 
 
+# Rows written back to their origin with ``applied`` (format version 4):
+# ``python -m tests.codec.golden --write --written-back`` made
+# fixtures/messages/written-back/ once.
+WRITTEN_BACK = FIXTURES / "written-back"
+
+
+def written_back_transactions() -> list[Transaction]:
+    """A transaction of hq's and one of field1's rows written back to it."""
+    return [transactions()[0],
+            Transaction(923_400, "field1", (
+                Operation.update("customer", (1,), {"city": "Braga"}, {"city": "Porto"}),
+                Operation.insert("customer", (4,), {"id": 4, "name": "Rui", "city": "Faro", "balance": 0.0,
+                                                    "photo": None, "note": None}),
+                Operation.delete("order_line", (9, "B"), {"order_id": 9, "line": "B", "qty": 1, "price": 2.5}),
+            ), applied=923_300)]
+
+
+def big_written_back() -> Transaction:
+    big = big_transaction()
+    return Transaction(1_119_170, "field1", big.ops, applied=923_400)
+
+
+def build_written_back() -> dict[str, bytes]:
+    single = encode_data_message(written_back_transactions(), Header(0, 923_200, 923_400), keys=HQ,
+                                 recipient="field1", incarnation=INCARNATION)
+    files = {single.name: single.data}
+    for part in pack_messages([big_written_back()], keys=HQ, recipient="field1", incarnation=INCARNATION,
+                              resend_count=0, start=942_712, max_size=10_000):
+        files[part.name] = part.data
+    return files
+
+
+def written_back_json(transaction: Transaction) -> dict:
+    return {**transaction_json(transaction), "applied": transaction.applied}
+
+
+def expected_written_back() -> dict:
+    return {"incarnation": INCARNATION.hex(), "version": 4,
+            "single": {"header": "(0-0000923200-0000923400-0)",
+                       "transactions": [written_back_json(t) for t in written_back_transactions()]},
+            "multi_part": {"headers_first_last": ["(0-0000942712-0000942712-0)", "(0-0000942712-0001119170-"],
+                           "transaction": written_back_json(big_written_back())}}
+
+
+def write_written_back(force: bool) -> None:
+    _write_folder(WRITTEN_BACK, build_written_back(), expected_written_back(), force)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true")
@@ -365,10 +414,12 @@ if __name__ == "__main__":
                         help="a control message with a schema version (version 3)")
     parser.add_argument("--passthrough", action="store_true", help="passthrough SQL to one remote (version 3)")
     parser.add_argument("--rename-table", action="store_true", help="a published table renamed (version 3)")
+    parser.add_argument("--written-back", action="store_true",
+                        help="rows written back to their origin, with applied (version 4)")
     arguments = parser.parse_args()
     if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema,
                                arguments.control_schema, arguments.passthrough,
-                               arguments.rename_table].count(True) != 1:
+                               arguments.rename_table, arguments.written_back].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
@@ -381,5 +432,7 @@ if __name__ == "__main__":
         write_passthrough(arguments.force)
     elif arguments.rename_table:
         write_rename(arguments.force)
+    elif arguments.written_back:
+        write_written_back(arguments.force)
     else:
         write(arguments.version, arguments.force)

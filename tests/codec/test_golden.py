@@ -241,3 +241,36 @@ def test_a_reader_of_version_2_refuses_the_control_file_with_a_schema_version(mo
     [path] = root.glob("*.fsm")
     with pytest.raises(UnsupportedVersion):
         decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient="hq")
+
+
+def test_the_written_back_files_decode_with_applied_and_are_written_alike_today():
+    """Rows written back to their origin (docs/message-format.md, version 4):
+    a whole message with one transaction carrying ``applied``, and a group
+    of parts of one, every part version 4."""
+    root = golden.WRITTEN_BACK
+    expected = json.loads((root / "expected.json").read_text())
+    assert expected == json.loads(json.dumps(golden.expected_written_back()))
+    decoded = decode_all(root)
+    assert {message.version for message in decoded.values()} == {expected["version"]} == {4}
+    [single] = [message for message in decoded.values() if not message.is_part]
+    assert str(single.header) == expected["single"]["header"]
+    assert [golden.written_back_json(t) for t in single.transactions] == expected["single"]["transactions"]
+    parts = sorted((message for message in decoded.values() if message.is_part), key=lambda m: m.header)
+    first, last_prefix = expected["multi_part"]["headers_first_last"]
+    assert str(parts[0].header) == first and str(parts[-1].header).startswith(last_prefix)
+    assert golden.written_back_json(reassemble(parts)) == expected["multi_part"]["transaction"]
+    check_rebuilt(root, golden.build_written_back(), golden.written_back_json)
+
+
+def test_a_reader_of_versions_1_to_3_refuses_the_written_back_files_whole(monkeypatch):
+    """The compatibility rule (docs/message-format.md, version 4): a release
+    that reads up to version 3 sets each file aside instead of misreading it."""
+    from codec import message as wire
+    from codec.errors import UnsupportedVersion
+
+    monkeypatch.setattr(wire, "VERSIONS", (1, 2, 3))
+    keyring, field = load_keys(golden.WRITTEN_BACK)
+    for path in sorted(golden.WRITTEN_BACK.glob("*.fsm")):
+        with pytest.raises(UnsupportedVersion):
+            decode_message(path.read_bytes(), source=path.name, keyring=keyring, recipient="field1",
+                           recipient_keys=field)

@@ -117,7 +117,7 @@ def test_transactions_must_lie_in_the_header_range():
     (lambda: b"", CorruptMessage, "truncated"),
     (lambda: b"FSM", CorruptMessage, "truncated"),
     (lambda: b"PK\x03\x04" + bytes(200), CorruptMessage, "bad magic"),
-    (lambda: craft(version=4), UnsupportedVersion, "version 4"),
+    (lambda: craft(version=5), UnsupportedVersion, "version 5"),
     (lambda: craft(kind=ord("X")), CorruptMessage, "kind"),
     (lambda: craft(flags=0x80), CorruptMessage, "flags"),
     (lambda: craft(sender="stranger"), UnknownSender, "stranger"),

@@ -113,7 +113,7 @@ def decoded(transaction: Transaction) -> Transaction:
             ops[-1] = last._replace(rows=last.rows + tuple(run.rows))
         else:
             ops.append(run._replace(rows=tuple(run.rows)))
-    return Transaction._trusted(transaction.commit, transaction.origin, tuple(ops))
+    return Transaction._trusted(transaction.commit, transaction.origin, tuple(ops), transaction.applied)
 
 
 def replicate(publisher: SiteDatabase, subscriber: SiteDatabase):

@@ -374,6 +374,36 @@ def test_the_remote_truncated_its_own_change_before_the_older_operation_arrived(
     assert_converged(hq, remotes)
 
 
+def test_a_row_back_whole_after_the_consolidated_applied_the_change_whose_confirmation_comes_late(sites):
+    """hq moves row 3 out of r1's subset (r1 gets a DELETE) while r1 changes
+    its note and writes a row for another region; hq applies the change
+    (the other region's row goes back to r1 as a DELETE, written with r1's
+    change applied), then changes the note itself and moves row 3 back (r1
+    gets it whole).  r1 gets all of it before the confirmation of its
+    change: the row written back says that hq had applied it, so r1 takes
+    row 3 as hq holds it instead of putting its own note, which the DELETE
+    was written without, back into it (docs/protocol.md, "What a data
+    message says of the recipient's own changes")."""
+    hq, remotes = sites
+    r1 = remotes["r1"]
+    write(hq, "UPDATE orders SET region = 'east' WHERE id = 3")
+    on_its_way = send(hq, r1)
+    write(r1, "UPDATE orders SET note = 'r1' WHERE id = 3", "INSERT INTO orders VALUES (100, 'east', 1, 'r1')")
+    change = send(r1, hq)
+    deliver(r1, hq, on_its_way)  # a DELETE written without r1's note: r1 marks it
+    deliver(hq, r1, change)
+    applied = r1.remote("hq").log_sent
+    written_back = [t for t in hq.read_log("r1", hq.remote("r1").log_sent) if t.origin == "r1"]
+    assert [(t.applied, [(op.kind, op.key) for op in t.ops]) for t in written_back] == [(applied, [(3, (100,))])]
+    write(hq, "UPDATE orders SET note = 'hq', region = 'north' WHERE id = 3")
+    deliver(r1, hq, send(hq, r1))  # before the confirmation of r1's change
+    assert table_rows(r1, "orders", "WHERE id = 3") == [(3, "north", 1, "hq")]
+    confirm(hq, r1)
+    settle(hq, remotes)
+    assert table_rows(hq, "orders", "WHERE id = 3") == [(3, "north", 1, "hq")]
+    assert_converged(hq, remotes)
+
+
 def test_no_row_goes_back_when_the_remote_has_confirmed_everything(sites):
     """The rule costs nothing in the common case: a remote that has
     confirmed the consolidated's log gets none of its own changes back."""

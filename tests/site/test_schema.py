@@ -359,3 +359,18 @@ def test_a_site_of_layout_11_gains_the_peers_schema_versions_when_opened(tmp_pat
     with contextlib.closing(sqlite3.connect(path)) as upgraded, contextlib.closing(sqlite3.connect(fresh)) as new:
         assert (upgraded.execute("PRAGMA table_info(fieldsync_remote)").fetchall()
                 == new.execute("PRAGMA table_info(fieldsync_remote)").fetchall())
+
+
+def test_a_site_of_layout_13_gains_what_its_applies_wrote_back_when_opened(tmp_path):
+    """Layout 14: fieldsync_log.applied, unknown (NULL) for the log
+    transactions written before; the upgraded table is a new site's."""
+    path, fresh = tmp_path / "hq.db", tmp_path / "fresh.db"
+    SiteDatabase.init(path, name="hq", role="consolidated").close()
+    SiteDatabase.init(fresh, name="hq", role="consolidated").close()
+    back_to_layout(path, 13, "ALTER TABLE fieldsync_log DROP COLUMN applied")
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
+    with contextlib.closing(sqlite3.connect(path)) as upgraded, contextlib.closing(sqlite3.connect(fresh)) as new:
+        assert (upgraded.execute("PRAGMA table_info(fieldsync_log)").fetchall()
+                == new.execute("PRAGMA table_info(fieldsync_log)").fetchall())
+        assert [row[1] for row in new.execute("PRAGMA table_info(fieldsync_log)")][-1] == "applied"

@@ -118,7 +118,7 @@ def _reads(offsets):
 def expanded(transaction):
     """A transaction read with runs, with the operations its runs stand for."""
     return type(transaction)._trusted(transaction.commit, transaction.origin,
-                                      tuple(operations_of(transaction.ops)))
+                                      tuple(operations_of(transaction.ops)), transaction.applied)
 
 
 @pytest.mark.parametrize("runs", [False, True])
@@ -167,22 +167,27 @@ def test_one_pass_reads_each_capture_row_once(hq):
 
 def test_the_router_leaves_each_reader_its_own_transactions(hq):
     """Fanout alone: fed the capture rows of the whole log, each reader gets
-    exactly the transactions of its range, as read_transactions makes them."""
-    from agent.site.fanout import Fanout
+    exactly the transactions of its range, as read_transactions makes them
+    (with what with_applied adds to the rows written back to a reader, as
+    the Spark job adds it too)."""
+    from agent.site.fanout import Fanout, with_applied
     from agent.site.sqlite.selection import subscriber_reader
 
     reads = _reads(_busy_log(hq))[:4]
     readers = [subscriber_reader(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]
     fanout = Fanout(readers, [(after, until) for _, after, until in reads])
-    got: dict[int, list] = {index: [] for index in range(len(reads))}
+    given: list = []
     low, high = min(read[1] for read in reads), max(read[2] for read in reads)
     for commit, origin, rows, _returned in hq.read_capture(low, high, value_columns=12):
         for index, transaction in fanout.add(commit, origin, rows):
             assert transaction.commit < commit  # given out once its log transaction is complete
-            got[index].append(transaction)
-    for index, transaction in fanout.finish():
+            given.append((index, transaction))
+    given += fanout.finish()
+    got: dict[int, list] = {index: [] for index in range(len(reads))}
+    for index, transaction in with_applied(given, [name for name, _, _ in reads], hq.log_applied):
         got[index].append(transaction)
     assert got == {index: list(hq.read_log(*read)) for index, read in enumerate(reads)}
+    assert [t.applied for t in got[0] if t.origin == "north1"] == [5]
 
 
 def test_one_pass_checks_every_range_before_reading(hq):

@@ -204,6 +204,17 @@ def check_boundary(conn: psycopg.Connection, offset: int, what: str) -> None:
         raise LogOffsetError(f"{what} {offset} is not a commit offset of this log")
 
 
+def applied_of(conn: psycopg.Connection, commit: int) -> int | None:
+    """For the log transaction ``commit`` of rows applies wrote back to its
+    origin, the least of the origin's offsets those applies had reached
+    (consecutive writing transactions of one origin make one log
+    transaction: what each wrote was written with at least that much);
+    None for any other."""
+    found = conn.execute("SELECT min(a.applied) FROM fieldsync.log_txn t JOIN fieldsync.applied a ON a.txid = t.txid"
+                         " WHERE t.commit_offset = %s", (commit,)).fetchone()
+    return None if found is None else found[0]
+
+
 def iter_capture(conn: psycopg.Connection, after: int, until: int, *, shapes: Mapping[int, PgShape] | None = None,
                  chunk: int | None = None, lock: threading.RLock | None = None, skip_origin: str | None = None,
                  keep_flag: int = 0, value_columns: int | None = None
@@ -394,6 +405,10 @@ class PgLog:
             yield from iter_capture(self.conn, after, until, shapes=self.shapes, lock=self.lock,
                                     skip_origin=skip_origin, keep_flag=keep_flag, value_columns=value_columns)
 
+    def applied(self, commit: int) -> int | None:
+        with self.lock, self._errors("reading the log"):
+            return applied_of(self.conn, commit)
+
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
         try:
@@ -413,6 +428,8 @@ def truncate_log(conn: psycopg.Connection, target: PgTarget, through: int) -> in
             if through > end:
                 raise LogOffsetError(f"cannot truncate through {through}: the log ends at {end}")
             # The rows written back go first, found from their own (few) rows.
+            conn.execute("DELETE FROM fieldsync.applied a USING fieldsync.log_txn t WHERE t.commit_offset <= %s"
+                         " AND a.txid = t.txid", (through,))
             conn.execute("DELETE FROM fieldsync.returned r USING fieldsync.capture c, fieldsync.log_txn t"
                          " WHERE t.commit_offset <= %s AND c.txid = t.txid AND c.origin IS NOT DISTINCT FROM t.origin"
                          " AND r.txid = c.txid AND r.seq = c.seq", (through,))

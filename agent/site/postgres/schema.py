@@ -20,7 +20,8 @@ Rules of this file:
   ``article``, ``subscription``, ``remote``, ``transport_option``,
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
-  layout 5: ``returned`` without a foreign key; layout 6: follows) has the columns of a SQLite site's
+  layout 5: ``returned`` without a foreign key; layout 6: follows; layout 8:
+  ``applied``) has the columns of a SQLite site's
   tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
@@ -63,7 +64,10 @@ SCHEMA = "fieldsync"
 # 7: ``article`` keyed by table and publication: a table may be an article
 #    of several publications (docs/site-database.md, "A table in several
 #    publications").
-SCHEMA_VERSION = 7
+# 8: ``applied``: for the writing transaction of an apply that wrote rows
+#    back to its peer, the peer's offset the apply reached (docs/protocol.md,
+#    "What a data message says of the recipient's own changes").
+SCHEMA_VERSION = 8
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -294,6 +298,15 @@ ALTER TABLE fieldsync.article DROP CONSTRAINT IF EXISTS article_pkey;
 ALTER TABLE fieldsync.article ADD PRIMARY KEY (table_schema, table_name, publication);
 """
 
+# Layout 8: what an apply that wrote rows back to its peer had applied of
+# it, by writing transaction (it goes with its log transaction at truncation).
+_APPLIED = """
+CREATE TABLE IF NOT EXISTS fieldsync.applied (
+    txid    xid8 PRIMARY KEY,
+    applied bigint NOT NULL CHECK (applied > 0)
+);
+"""
+
 # Layout 3: what an apply needs (agent/site/postgres/apply).
 _APPLY = """
 -- A table's conflict policy at this consolidated (none: incoming wins).
@@ -353,7 +366,7 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
     4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS,
-    6: _ARTICLE_BY_PUBLICATION}
+    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -372,6 +385,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             conn.execute(_BOOKKEEPING)
             conn.execute(_APPLY)
             conn.execute(_FOLLOWS)
+            conn.execute(_APPLIED)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.

@@ -330,8 +330,7 @@ class PostgresSite:
             return reader, resolve_range(self._source, after, until)
 
     def selection_rows(self, subscribers: Iterable[str]) -> tuple[list[Shape], list[tuple], list[tuple]]:
-        """What a batch export carries to select for ``subscribers``
-        (SiteDatabase.selection_rows).  Raises for an unknown remote."""
+        """A batch export's selection rows (SiteDatabase.selection_rows); raises for an unknown remote."""
         with self._transaction("reading publications for a batch export", snapshot=True) as conn:
             return reading.selection_rows(conn, self._identity, list(subscribers))
 
@@ -357,6 +356,9 @@ class PostgresSite:
                     returned = dict(conn.execute("SELECT seq, columns::text FROM fieldsync.returned"
                                                  " WHERE seq = ANY(%s)", (flagged,)).fetchall())
             yield commit, origin, rows, returned
+
+    def log_applied(self, commit: int) -> int | None:
+        return self._source.applied(commit)
 
     def truncate_log(self) -> int:
         """Delete the log entries every remote is past (the smallest horizon,

@@ -45,7 +45,7 @@ from .apply.schema import record_conflict
 from .capture import ShapeCache, all_shapes, declared_type, refresh_changed_tables
 from .changes import apply_schema_locked, passthrough_locked, schema_version, send_new_article_locked
 from .extract import Consolidated, extract_remote
-from .log import SqliteLog, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
+from .log import SqliteLog, applied_of, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import (add_article_locked, create_publication_locked, drop_publication_locked, list_publications,
                            list_subscriptions, missing_tables, remove_article_locked)
 from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
@@ -348,6 +348,13 @@ class SiteDatabase:
         ``value_columns`` value columns), ``returned`` the listed columns of the chunk's rows written back
         to their origin.  Both bounds must be commit boundaries (:meth:`check_log_range`)."""
         return iter_capture_returned(self._conn, after, until, value_columns=value_columns, lock=self._lock)
+
+    def log_applied(self, commit: int) -> int | None:
+        """For the log transaction ``commit`` of rows an apply wrote back to
+        its origin, the origin's log offset the apply had reached (None: any
+        other); a batch export carries it (docs/spark.md)."""
+        with self._lock:
+            return applied_of(self._conn, commit)
 
     def truncate_log(self) -> int:
         with self._lock, self._write("truncating the log"):

@@ -76,18 +76,28 @@ def top_seq(conn: sqlite3.Connection) -> int:
     return conn.execute("SELECT max(seq) FROM fieldsync_capture").fetchone()[0] or 0
 
 
-def cut_locked(conn: sqlite3.Connection, origin: str, end: int | None = None) -> int:
+def cut_locked(conn: sqlite3.Connection, origin: str, end: int | None = None, *, applied: int | None = None) -> int:
     """Group every capture row after the log end into one log transaction
     with ``origin``; return the log end afterwards.  Caller holds the write
-    lock.  ``end`` may pass the current log end when the caller knows it."""
+    lock.  ``end`` may pass the current log end when the caller knows it.
+    ``applied``: the rows are an apply's written back to ``origin``, which
+    had applied ``origin``'s log through that offset (:func:`applied_of`)."""
     if end is None:
         end = log_end(conn)
     top = top_seq(conn)
     if top <= end:
         return end
-    conn.execute("INSERT INTO fieldsync_log (commit_offset, origin, first_seq) VALUES (?, ?, ?)",
-                 (top, origin, end + 1))
+    conn.execute("INSERT INTO fieldsync_log (commit_offset, origin, first_seq, applied) VALUES (?, ?, ?, ?)",
+                 (top, origin, end + 1, applied))
     return top
+
+
+def applied_of(conn: sqlite3.Connection, commit: int) -> int | None:
+    """For the log transaction ``commit`` of rows an apply wrote back to its
+    origin, the origin's log offset that apply had reached (None: another
+    log transaction, or one logged before layout 14)."""
+    found = conn.execute("SELECT applied FROM fieldsync_log WHERE commit_offset = ?", (commit,)).fetchone()
+    return None if found is None else found[0]
 
 
 def check_boundary(conn: sqlite3.Connection, offset: int, what: str) -> None:
@@ -226,6 +236,10 @@ class SqliteLog:
                      value_columns: int | None = None) -> Generator[tuple[int, str, list[tuple]], None, None]:
         return iter_capture(self.conn, after, until, lock=self.lock, skip_origin=skip_origin, keep_flag=keep_flag,
                             value_columns=value_columns)
+
+    def applied(self, commit: int) -> int | None:
+        with self.lock:
+            return applied_of(self.conn, commit)
 
 
 #: The horizon of a remote-user row (agent.site.remote_rules.horizon, rule 8

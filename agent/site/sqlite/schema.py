@@ -56,7 +56,10 @@ log = logging.getLogger("fieldsync.site")
 # 13: fieldsync_article keyed by table and publication: a table may be an
 #    article of several publications (docs/site-database.md, "A table in
 #    several publications").
-SCHEMA_VERSION = 13
+# 14: fieldsync_log.applied, for the log transaction of an apply that wrote
+#    rows back to the peer: the peer's offset the apply reached (docs/protocol.md,
+#    "What a data message says of the recipient's own changes").
+SCHEMA_VERSION = 14
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -91,10 +94,13 @@ CREATE TABLE fieldsync_capture (
 );
 -- One row per log transaction: it holds the capture rows with seq in
 -- [first_seq, commit_offset].  The commit offset is the seq of its last row.
+-- applied: of an apply's rows written back to their origin, the origin's
+-- log offset the apply reached (its log_received), else NULL.
 CREATE TABLE fieldsync_log (
     commit_offset INTEGER PRIMARY KEY,
     origin        TEXT NOT NULL,
-    first_seq     INTEGER NOT NULL
+    first_seq     INTEGER NOT NULL,
+    applied       INTEGER
 );
 -- The columns a RETURN_TO_ORIGIN capture row sends back (see capture.py).
 CREATE TABLE fieldsync_returned (
@@ -463,11 +469,18 @@ def _key_articles_by_publication(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE fieldsync_article_12")
 
 
+def _add_log_applied(conn: sqlite3.Connection) -> None:
+    """Layout 14: what an apply that wrote rows back had applied of its
+    peer (unknown for the log transactions written before)."""
+    if "applied" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_log)")}:
+        conn.execute("ALTER TABLE fieldsync_log ADD COLUMN applied INTEGER")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
              5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
              9: _add_follows, 10: _add_schema_changes, 11: _add_peer_schema_version,
-             12: _key_articles_by_publication}
+             12: _key_articles_by_publication, 13: _add_log_applied}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

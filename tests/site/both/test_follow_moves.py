@@ -213,21 +213,15 @@ def test_an_order_the_consolidated_hands_to_a_customer_a_remote_deleted_leaves_t
     # no customer, routed to nobody, and rep1 does not keep it under customer
     # 1.  A PostgreSQL consolidated keeps its keys: they refuse the DELETE of
     # customer 3, which order 10 references there (an apply error), and
-    # customer 3 goes back to rep1 whole, with the order and its line.
+    # customer 3 goes back to rep1 whole, with the order and its line.  When
+    # rep1 gets them before the confirmation of its DELETE ("hq,
+    # unconfirmed"), the rows written back say that hq had applied the
+    # DELETE: rep1 takes customer 3 instead of keeping it deleted.
     world.app("hq", "UPDATE orders SET customer_id = 3 WHERE id = 10")
     world.app("rep1", "DELETE FROM order_line WHERE order_id = 30", "DELETE FROM orders WHERE id = 30",
               "DELETE FROM customer WHERE id = 3")
     exchange(world, first)
     kept = world.backend.name == "postgresql"
-    if kept and first == "hq, unconfirmed":
-        # A known limit (docs/postgres.md, "Rows that follow their parent"):
-        # rep1 applies hq's customer 3, sent back whole, while its own DELETE
-        # of it is unconfirmed, and keeps the row deleted (the consolidated
-        # applies that DELETE after, as it would without its keys): rep1
-        # stays without customer 3 and its order.
-        with pytest.raises(AssertionError, match="rep1"):
-            world.check()
-        return
     world.check()
     for name in ("rep1", "rep3"):
         remote = world.remotes[name]

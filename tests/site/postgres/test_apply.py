@@ -215,6 +215,9 @@ def test_a_conflict_is_recorded_resolved_incoming_by_default_and_goes_back_to_th
                                             upd(1, {"name": "r1 edit"}, {"name": "r1 edit"})]
     # Everyone else gets the result once, as an ordinary update.
     assert received(sales, "r2", start)[-1] == upd(1, {"name": "hq edit"}, {"name": "r1 edit"})
+    # What goes back to r1 says what hq had applied of r1 (through 5); no one else's says anything.
+    assert [(t.origin, t.applied) for t in sales.read_log("r1", start)] == [("hq", None), ("r1", 5)]
+    assert {t.applied for t in sales.read_log("r2", start)} == {None}
 
 
 def test_rows_written_back_go_with_their_capture_rows_at_truncation(sales, app):
@@ -224,8 +227,10 @@ def test_rows_written_back_go_with_their_capture_rows_at_truncation(sales, app):
     assert app.execute("SELECT peer, columns FROM fieldsync.returned").fetchall() == [("r1", ["name"])]
     for remote in ("r1", "r2"):
         sales.update_remote(remote, log_sent=end, confirm_sent=end)
+    assert app.execute("SELECT applied FROM fieldsync.applied").fetchall() == [(5,)]
     assert sales.truncate_log() == end
     assert app.execute("SELECT count(*) FROM fieldsync.returned").fetchone()[0] == 0
+    assert app.execute("SELECT count(*) FROM fieldsync.applied").fetchone()[0] == 0
 
 
 def test_the_local_policy_keeps_the_row_and_sends_it_back(sales, app):

@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 7
+        assert layout == SCHEMA_VERSION == 8
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -246,6 +246,16 @@ def test_open_upgrades_layout_6_keying_articles_by_table_and_publication(hq, tar
         site.create_publication("ledger", ["customer"])
         assert [(item.name, [article.table for article in item.articles]) for item in site.publications()] == [
             ("ledger", ["customer"]), ("p", ["customer"])]
+
+
+def test_open_upgrades_layout_7_with_what_applies_wrote_back(hq, target):
+    """Layout 8: ``fieldsync.applied``, what an apply that wrote rows back
+    had applied of its peer (none before)."""
+    _back_to_layout(hq, target, 7, "DROP TABLE fieldsync.applied")
+    with PostgresSite.open(target) as site:
+        assert _layout(site) == SCHEMA_VERSION
+        assert site.connection.execute("SELECT count(*) FROM fieldsync.applied").fetchone() == (0,)
+        assert site.log_applied(site.scan()) is None
 
 
 # --- the object's life ---------------------------------------------------------------

@@ -193,10 +193,15 @@ class _Batch:
             send_back_received(batch, changes, reader.operation, rows.select,
                                followers.lost_with_parent(batch, changes, reader.operation, rows.select))
         rows.prefetch(batch)
+        wrote_back = False
         for shape, kind, values, columns in planned_returns(batch, rows.select, followers.under):
             table = self.tables.table(shape.table)
             assert table is not None, "a row goes back only in a table the batch applied to"
             write_return(conn, table, peer, kind, values, columns, followers.finder(table))
+            wrote_back = True
+        if wrote_back:  # what this apply reached goes with them (log.applied_of)
+            conn.execute("INSERT INTO fieldsync.applied (txid, applied) VALUES (pg_current_xact_id(), %s)",
+                         (log_received,))
         conn.execute("UPDATE fieldsync.remote SET log_received = %s, receive_count = receive_count + %s,"
                      " last_received_at = %s, peer_incarnation = coalesce(peer_incarnation, %s) WHERE name = %s",
                      (log_received, messages, self.now, peer_incarnation, peer))

@@ -185,6 +185,7 @@ class Applier:
         applied = skipped = 0
         previous = skip_through
         commits: list[int] = []
+        pending_after = confirmed  # what the pending rows are read after (Pending.confirmed_for)
         for transaction in transactions:
             commit = transaction.commit
             if not applies(peer, commit, previous, skip_through, log_received):
@@ -192,6 +193,11 @@ class Applier:
                 continue
             previous = commit
             batch.commit = commit
+            if not consolidated and transaction.applied is not None:
+                after = Pending.confirmed_for(transaction, identity.name, pending_after, remote.log_sent)
+                if after > pending_after:
+                    pending_after = after
+                    batch.pending = dict(self._pending.own_changes(identity.name, after, end))
             change = change_of(transaction)
             if change is not None:
                 if consolidated:
@@ -223,7 +229,10 @@ class Applier:
             self._unconfirmed.send_back(identity, batch, confirmed, unconfirmed_end)
         if batch.returns or batch.touched or batch.received or batch.stranded:
             self._conflicts.write_returns(batch)
-            cut = cut_locked(conn, peer, end)
+            # The peer's offset this apply reached goes with the rows written
+            # back to it (docs/protocol.md, "What a data message says of the
+            # recipient's own changes").
+            cut = cut_locked(conn, peer, end, applied=log_received if consolidated else None)
             if cut > end:
                 commits.append(cut)
         if marked:

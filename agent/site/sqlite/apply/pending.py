@@ -6,7 +6,11 @@ Rules of this file:
   there it keeps its own values against operations written without them.
 * Pending rows are read from the remote's own log transactions after what
   the consolidated confirmed, once while nothing new is confirmed
-  (:meth:`Pending.own_changes` keeps and extends its result).
+  (:meth:`Pending.own_changes` keeps and extends its result).  A
+  transaction of rows written back to the remote says what the
+  consolidated had applied of it when it wrote them: from that
+  transaction on, the batch's pending rows are read after that offset
+  (:meth:`Pending.confirmed_for`), which confirms nothing else.
 * Pending rows are by table under its name of now: a row this remote
   logged before it applied a rename of its table is the renamed table's.
 * :class:`Pending` is given the connection, the shapes, the statements and
@@ -19,7 +23,7 @@ import sqlite3
 from operator import itemgetter
 
 from codec.changes import RENAME_TABLE, SchemaChange
-from codec.ops import OpKind
+from codec.ops import OpKind, Transaction
 
 from ...apply.batch import Batch, KEY_TAKEN, MOVES_FOLLOWED, Own, key_after, set_aside
 from ...capture import (FLAG_CONCURRENT_DELETE, FLAG_PENDING_MOVE, FLAG_WITH_PARENT, KIND_DELETE, KIND_INSERT,
@@ -120,6 +124,21 @@ class Pending:
                     own.seqs.update(dict.fromkeys(changed, row[0]))
                 own.deleted = False
         return pending
+
+    @staticmethod
+    def confirmed_for(transaction: Transaction, site: str, confirmed: int, log_sent: int) -> int:
+        """What the consolidated had applied of this remote (``site``) when
+        it wrote ``transaction`` and every later one of its stream: the
+        ``applied`` of a transaction of rows written back to this site, no
+        more than the remote sent (``log_sent``), else ``confirmed``.  The
+        operations from there on were written with the remote's changes up
+        to it (docs/protocol.md, "What a data message says of the
+        recipient's own changes"); the protocol's confirmation still comes
+        by control message."""
+        applied = transaction.applied
+        if transaction.origin != site or type(applied) is not int:
+            return confirmed
+        return max(confirmed, min(applied, log_sent))
 
     @staticmethod
     def renamed(pending: dict[str, dict[tuple, Own]], change: SchemaChange) -> None:
