@@ -415,8 +415,6 @@ class PostgresSite:
             return remote_rows.list_remote_names(conn)
 
     def remote_transports(self) -> tuple[str | None, ...]:
-        """The distinct transports named in the remote-user table (None: a
-        remote that names none), in a SQLite site's order."""
         with self._transaction("listing the remotes' transports") as conn:
             return remote_rows.list_transports(conn)
 
