@@ -19,8 +19,7 @@ Rules of this file:
 * Apply (apply/): a peer's message and its ``log_received`` in one
   transaction on the site's connection, with SQLite's rules; conflict
   hooks live in this object, as in SiteDatabase.
-* The agent holds its lock (lock.py) through :meth:`PostgresSite.agent_lock` while it runs.
-"""
+* The agent holds its lock (lock.py) through :meth:`PostgresSite.agent_lock` while it runs."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import psycopg
 
@@ -40,6 +39,7 @@ from codec.ops import Transaction
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..capture import Shape
 from ..clock import utc_now
+from ..due import DueQuery, PairsDue
 from ..errors import SiteError
 from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
@@ -404,10 +404,13 @@ class PostgresSite:
         with self._transaction(f"reading remote {name!r}") as conn:
             return remote_rows.get_remote(conn, name)
 
-    def remotes(self) -> tuple[RemoteUser, ...]:
-        """Every row of the remote-user table."""
+    def remotes(self, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
         with self._transaction("listing remotes") as conn:
-            return remote_rows.list_remotes(conn)
+            return remote_rows.list_remotes(conn, names)
+
+    def pairs_due(self, query: DueQuery) -> PairsDue:
+        with self._transaction("finding the pairs with something due") as conn:
+            return remote_rows.pairs_due(conn, query)
 
     def remote_transports(self) -> tuple[str | None, ...]:
         """The distinct transports named in the remote-user table (None: a
@@ -591,8 +594,7 @@ class PostgresSite:
 
     def acknowledge_apply_errors(self, peer: str, *, through: int | None = None,
                                  now: datetime | None = None) -> int:
-        """Acknowledge the apply errors of ``peer``'s messages (up to the id
-        ``through``, when given): they stop counting as an error in force
-        and stay in the table as history.  Returns how many were stamped."""
+        """Acknowledge the apply errors of ``peer``'s messages (up to the id ``through``, when given): they
+        stop counting as an error in force and stay in the table as history.  Returns how many were stamped."""
         with self._transaction(f"acknowledging the apply errors of {peer!r}") as conn:
             return records.acknowledge_apply_errors(conn, peer, now or utc_now(), through)
