@@ -59,6 +59,9 @@ class Inbox:
     report: RunReport
     clock: Callable[[], float]
     keep: bool = False
+    # Blocking: build the pair of a peer not built yet (a batch run builds
+    # only the pairs with work, agent.working_set); None: no such peer.
+    load_peer: Callable[[str], Peer | None] = lambda name: None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,13 @@ class PairState:
         return horizon(self.log_read, self.log_sent, self.confirm_sent)
 
     @property
+    def awaits_poll(self) -> bool:
+        """A receive poll may do something for the pair though nothing of the
+        peer is queued (rule 4): the peer said it sent beyond what arrived,
+        or a gap's patience is being counted out."""
+        return self.peer_log_sent > self.log_received or self.gap_polls > 0
+
+    @property
     def unconfirmed(self) -> bool:
         """The peer has not confirmed all that was sent to it (rule 3: its
         control messages ask for a confirmation, and probes go)."""

@@ -23,54 +23,20 @@ Rules of this file:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from codec.errors import InvalidValue
-from codec.keys import Keyring, PublicKeys
+from codec.keys import Keyring
 
-from .errors import AgentError
 from .pair_files import PairFiles
-from .protocol import PairProtocol, PairState, Settings
+from .peers import EXTRA_FIELDS, ROW_FIELDS, STREAM_FIELDS, Peer, build_peer, row_values, stream_key
+from .protocol import Settings
 from .site import Site
 
-# Columns of the remote-user row the protocol owns.
-ROW_FIELDS = ("log_send", "log_sent", "confirm_sent", "resend_count", "log_received", "confirm_received",
-              "rereceive_count", "peer_incarnation", "log_read", "control_sent_at", "heard_at", "data_sent_at",
-              "peer_confirmed", "probes", "confirm_owed", "peer_schema_version")
-# Protocol state kept beside the database (agent bookkeeping, not replicated state).
-EXTRA_FIELDS = ("peer_log_sent", "gap_polls", "request_patience")
-# What identifies one stream of a pair: a change starts a new one.
-_STREAM_FIELDS = ("resend_count", "rereceive_count", "peer_incarnation")
-_row_values, _file_values = attrgetter(*ROW_FIELDS), attrgetter(*EXTRA_FIELDS, *_STREAM_FIELDS)  # one step a pair
-
-
-@dataclass(slots=True)
-class Peer:
-    """One peer of this site: its protocol, keys and where to send to."""
-
-    name: str
-    protocol: PairProtocol
-    public: PublicKeys | None
-    address: str | None
-    transport: str | None
-    persisted: PairState | None = None
-    heartbeat: int | None = None  # seconds; None: the run's --heartbeat
-    confirm_timeout: int | None = None  # seconds; None: the run's --confirm-timeout
-
-    def recorded(self, **columns: int) -> None:
-        """The database wrote these columns itself: ``log_received`` with an
-        apply, ``log_sent`` with a send (so they are persisted already)."""
-        if self.persisted is not None:
-            self.persisted = self.persisted.evolve(**columns)
-
-
-def stream_key(row: Any) -> list:
-    """What identifies one stream of a pair: its epochs and the peer's incarnation."""
-    incarnation = row.peer_incarnation.hex() if row.peer_incarnation else None
-    return [row.resend_count, row.rereceive_count, incarnation]
+__all__ = ["PairStore", "Peer", "ROW_FIELDS"]
+_file_values = attrgetter(*EXTRA_FIELDS, *STREAM_FIELDS)  # one step a pair
 
 
 class PairStore:
@@ -81,6 +47,8 @@ class PairStore:
         self.files = PairFiles(state_directory)
         self.keyring = keyring
         self._loaded_at: tuple[int, int] | None = None
+        self.polling: set[str] = set()  # the pairs with a PEER.poll file (PairState.awaits_poll when saved)
+        self.loads = 0  # pairs built, ever (a batch run builds only those with work)
 
     def load(self, peers: dict[str, Peer], settings: Settings) -> bool:
         """(Re)build in ``peers`` each peer's protocol from its remote-user row
@@ -91,46 +59,55 @@ class PairStore:
         if marker == self._loaded_at:
             return False
         rows = {remote.name: remote for remote in self.db.remotes()}
-        log_start = self.db.log_start()  # a resend acted on before the next send_due must not read below it
         # One query and one listing for every peer, not one each.
-        replaced = self.db.all_replaced_incarnations()
         self.files.list()
+        self.polling = {name for name in self.files.polling() if name in rows}
         gone = [name for name in peers if name not in rows]
         for name in gone:
             del peers[name]
         changed = bool(gone)
-        for remote in rows.values():
+        for remote in list(rows.values()):
             peer = peers.get(remote.name)
             if peer is not None and peer.persisted is not None and all(
-                    getattr(peer.persisted, field) == getattr(remote, field) for field in _STREAM_FIELDS):
+                    getattr(peer.persisted, field) == getattr(remote, field) for field in STREAM_FIELDS):
                 peer.heartbeat, peer.confirm_timeout = remote.heartbeat, remote.confirm_timeout
-                continue
-            changed = True
-            public = None
-            if remote.public_key:
-                try:
-                    public = PublicKeys.from_line(remote.public_key)
-                    self.keyring.add(public, replace=True)
-                except InvalidValue as error:
-                    raise AgentError(f"remote {remote.name}: bad public key ({error})") from None
-            extras = self.files.extras(remote.name, stream_key(remote), EXTRA_FIELDS)
-            superseded = self.files.superseded(remote.name, remote.peer_incarnation,
-                                               replaced.get(remote.name, frozenset()))
-            state = PairState(**dict(zip(ROW_FIELDS, _row_values(remote))), **extras)
-            protocol = PairProtocol(remote.name, state, settings, superseded=superseded, log_start=log_start)
-            peers[remote.name] = Peer(remote.name, protocol, public, remote.address, remote.transport,
-                                      persisted=state, heartbeat=remote.heartbeat,
-                                      confirm_timeout=remote.confirm_timeout)
+                del rows[remote.name]
+        changed = self._build(peers, rows.values(), settings) or changed
         self._loaded_at = marker
         return changed
 
-    @staticmethod
-    def dirty(peer: Peer, *, heard: bool = True) -> bool:
+    def load_named(self, peers: dict[str, Peer], names: Collection[str], settings: Settings) -> list[str]:
+        """Build in ``peers`` the peers named that are not there yet (a batch
+        run's pairs with work, agent.working_set), reading their rows and
+        files alone; return the names built (a name that is no remote: none)."""
+        wanted = [name for name in dict.fromkeys(names) if name not in peers]
+        if not wanted:
+            return []
+        self.files.unlist()
+        rows = self.db.remotes(wanted)
+        self._build(peers, rows, settings)
+        return [remote.name for remote in rows]
+
+    def _build(self, peers: dict[str, Peer], rows: Collection[Any], settings: Settings) -> bool:
+        if not rows:
+            return False
+        log_start = self.db.log_start()  # a resend acted on before the next send_due must not read below it
+        replaced = self.db.all_replaced_incarnations()
+        for remote in rows:
+            peers[remote.name] = build_peer(remote, settings, log_start=log_start,
+                                            replaced=replaced.get(remote.name, frozenset()), files=self.files,
+                                            keyring=self.keyring)
+        self.loads += len(rows)
+        return True
+
+    def dirty(self, peer: Peer, *, heard: bool = True) -> bool:
         """Whether the pair's state changed since it was last saved;
         ``heard=False``: other than when the peer was last heard of
         (``heard_at`` tells an operator, the protocol does not read it, so
         a phase saves it once, at its end, not with every file)."""
         state, persisted = peer.protocol.state, peer.persisted
+        if state.awaits_poll != (peer.name in self.polling):
+            return True
         if state == persisted:
             return False
         if heard or persisted is None:
@@ -146,6 +123,9 @@ class PairStore:
         # A message of the peer arrived while its stream runs: its errors in
         # force (a transport error, a stopped stream) are over (docs/cli.md).
         heard: list[str] = []
+        polls = {peer.name: peer.protocol.state.awaits_poll for peer in peers
+                 if peer.protocol.state.awaits_poll != (peer.name in self.polling)}
+        self._mark_polls(polls, True)  # made before the state that needs it, removed after
         for peer in peers:
             state, before = peer.protocol.state, peer.persisted
             if state == before:
@@ -153,8 +133,8 @@ class PairStore:
             if state.heard_at is not None and (before is None or before.heard_at != state.heard_at) \
                     and peer.protocol.stopped is None:
                 heard.append(peer.name)
-            olds = (None,) * len(ROW_FIELDS) if before is None else _row_values(before)
-            changes = {name: value for name, value, old in zip(ROW_FIELDS, _row_values(state), olds)
+            olds = (None,) * len(ROW_FIELDS) if before is None else row_values(before)
+            changes = {name: value for name, value, old in zip(ROW_FIELDS, row_values(state), olds)
                        if before is None or value != old}
             changes.pop("log_received", None)  # moves only together with applied data
             if changes:
@@ -166,5 +146,12 @@ class PairStore:
         self.db.update_remotes(rows, heard=heard)
         for peer, extras in files:
             self.files.save_extras(peer.name, extras)
+        self._mark_polls(polls, False)
         for peer in peers:
             peer.persisted = peer.protocol.state
+
+    def _mark_polls(self, polls: dict[str, bool], on: bool) -> None:
+        for name, polling in polls.items():
+            if polling == on:
+                self.files.set_polling(name, polling)
+                (self.polling.add if polling else self.polling.discard)(name)

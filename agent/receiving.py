@@ -123,7 +123,7 @@ class Receiver:
             if not self.wanted(name_text):
                 return None  # a transport that reads what it was told to leave: left all the same
             name = self._names.pop(name_text)
-        peer = inbox.peers.get(name.sender)
+        peer = inbox.peers.get(name.sender) or await asyncio.to_thread(inbox.load_peer, name.sender)
         if peer is None:
             await self.set_aside(transport, incoming, None, f"from {name.sender}, which is not a peer of {inbox.site}")
             return None

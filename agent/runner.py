@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 from codec.keys import Keyring
 from transports import Transport
 
-from . import applying
+from . import applying, working_set
 from .contexts import Applier, Inbox, Outbox, Step, stamp
 from .delivering import Deliverer
 from .errors import AgentError
@@ -82,6 +82,7 @@ class Agent:
             options = replace(options, spark=replace(options.spark, cancel=threading.Event()))
         self.options = options
         self.batch = batch
+        self.settings = options.settings(batch)  # the pairs' protocol settings
         self.clock = clock
         self.directory = agent_directory(self.path)
         self._queues = queues
@@ -139,11 +140,14 @@ class Agent:
                                                f"{self.db.identity.incarnation.hex()[:8]})")
         self.keyring = Keyring()
         self.pairs = PairStore(self.db, self.directory / "state", self.keyring)
-        self.pairs.load(self.peers, self.options.settings(self.batch))
+        if self.batch:  # only the pairs with work (agent.working_set)
+            working_set.load_at_start(self.pairs, self.peers, self.settings, self._queues)
+        else:
+            self.pairs.load(self.peers, self.settings)
         # Each hop is given what it uses, and nothing of the agent itself.
         queues, report, clock = self._queues, self.report, self.clock
         inbox = Inbox(self.name, self.keys, self.keyring, self.peers, queues, self.left, self.aside, report, clock,
-                      keep=self.options.keep)
+                      keep=self.options.keep, load_peer=self._load_peer)
         self.receiver, self.resumer = Receiver(inbox), Resumer(inbox)
         self.applier = Applier(self.name, self.keys, self.keyring, queues, self.db, report, clock)
         outbox = Outbox(self.db, self.keys, self.peers, queues, self._pool, self.options, report, self.directory,
@@ -187,12 +191,18 @@ class Agent:
     # -- running ------------------------------------------------------------------------
 
     async def _refresh(self) -> None:
-        """Pick up remotes added, removed or extracted again; at the first
-        call, and after such a change, tell the protocols what is queued."""
-        settings = self.options.settings(self.batch)
-        if await asyncio.to_thread(self.pairs.load, self.peers, settings):
+        """Pick up remotes added, removed or extracted again (a batch run: the pairs with queued
+        messages); at the first call, and after such a change, tell the protocols what is queued."""
+        if self.batch:
+            await asyncio.to_thread(working_set.load_at_start, self.pairs, self.peers, self.settings, self.queues)
+        elif await asyncio.to_thread(self.pairs.load, self.peers, self.settings):
             self._told_queued = False
         await self._tell_queued()
+
+    def _load_peer(self, name: str) -> Peer | None:
+        """Blocking: the peer ``name``, built if it is not yet (a file of it arrived)."""
+        self.pairs.load_named(self.peers, [name], self.settings)
+        return self.peers.get(name)
 
     async def _tell_queued(self) -> None:
         """Once (again after a change of remotes): tell the protocols what earlier runs queued (agent.resuming)."""
@@ -242,8 +252,7 @@ class Agent:
         tell the protocols where the log starts now; return the horizon."""
         horizon = min((peer.protocol.state.horizon for peer in self.peers.values()), default=None)
         now = self.clock()
-        if self._truncation.due(now, horizon, run_ends=run_ends):
-            assert horizon is not None
+        if self._truncation.due(now, horizon, run_ends=run_ends):  # the database finds the horizon of every row
             log_start = await asyncio.to_thread(self.db.truncate_log)
             for peer in self.peers.values():
                 peer.protocol.log_truncated(log_start)
@@ -274,6 +283,9 @@ class Agent:
         every pair for its send, make and record the sends, then queue the
         control messages due once the pairs are saved."""
         now = self.clock()
+        if self.batch or force_controls:  # build the pairs with work (every pair: all are confirmed)
+            await asyncio.to_thread(working_set.load_for_sends, self.pairs, self.peers, self.settings, self.options,
+                                    now=now, everyone=force_controls)
         due = await self.sender.due(now)
         sends = [(item.peer, item.send) for item in due if item.send is not None]
         try:

@@ -21,7 +21,8 @@ below it, never one above (docs/protocol.md, "Layers"):
    ``agent.delivering``) and the narrow contexts the runner gives them
    (``agent.contexts``): no hop imports the runner;
 5. what the runner drives: a pair's persisted state (``agent.pairs``,
-   ``agent.pair_files``), the queues it opens (``agent.queues``), its
+   ``agent.peers``, ``agent.pair_files``) and which pairs a batch run
+   builds (``agent.working_set``), the queues it opens (``agent.queues``), its
    transports, options, schedules, quarantine, restore marker, left
    files, administration and crash points;
 6. the engines behind them: the recovery-log spool (``agent.spool``) and
@@ -63,7 +64,7 @@ LAYERS = (
     Layer("the runner", ("agent.runner",)),
     Layer("the hops and their contexts", ("agent.receiving", "agent.resuming", "agent.applying", "agent.sending",
                                           "agent.preparing", "agent.delivering", "agent.contexts")),
-    Layer("what the runner drives", ("agent.pairs", "agent.pair_files", "agent.queues", "agent.run_options",
+    Layer("what the runner drives", ("agent.pairs", "agent.peers", "agent.pair_files", "agent.working_set", "agent.queues", "agent.run_options",
                                      "agent.transport_options", "agent.transport_pool", "agent.schedule", "agent.quarantine", "agent.restore",
                                      "agent.left_files", "agent.admin", "agent.crashpoints", "agent.signals")),
     Layer("the engines", ("agent.spool", "agent.spark", "contrib.spark")),

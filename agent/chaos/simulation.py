@@ -140,6 +140,9 @@ class Simulation:
 
     def _settings_patch(self, agent: Agent) -> None:
         if self.params.unsafe_without_stale_rule or self.params.unsafe_without_duplicate_rule:
+            agent.settings = dataclasses.replace(
+                agent.settings, unsafe_without_stale_rule=self.params.unsafe_without_stale_rule,
+                unsafe_without_duplicate_rule=self.params.unsafe_without_duplicate_rule)  # pairs built later
             for peer in agent.peers.values():
                 peer.protocol.settings = dataclasses.replace(
                     peer.protocol.settings, unsafe_without_stale_rule=self.params.unsafe_without_stale_rule,

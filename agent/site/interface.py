@@ -28,6 +28,7 @@ from codec.ops import Transaction
 
 from .apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution
 from .capture import Shape
+from .due import DueQuery, PairsDue
 from .change_rows import SchemaChangeResult
 from .extraction import ExtractResult, Extraction
 from .identity import SiteIdentity
@@ -201,8 +202,14 @@ class Site(Protocol):
 
     def remote(self, name: str) -> RemoteUser: ...
 
-    def remotes(self) -> tuple[RemoteUser, ...]:
-        """Every row of the remote-user table (for ``agent status``)."""
+    def remotes(self, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
+        """Every row of the remote-user table (for ``agent status``); with
+        ``names``, the rows of those remotes (a name that is none: no row)."""
+
+    def pairs_due(self, query: DueQuery) -> PairsDue:
+        """The pairs that may have something due at a batch run (agent.site.due):
+        a superset of those the agent's core finds owe a control message, and
+        every pair with a read due, with its read positions."""
 
     def remote_names(self) -> tuple[str, ...]:
         """The remotes' names, in order (a fleet's names without reading its rows)."""

@@ -27,6 +27,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..clock import in_utc
+from ..due import MARGIN, DueQuery, PairsDue, ReadDue
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import SiteIdentity
 from ..publication_rules import distinct_subscriptions
@@ -73,8 +74,34 @@ def get_remote(conn: psycopg.Connection, name: str, *, for_update: bool = False)
     return _row(row)
 
 
-def list_remotes(conn: psycopg.Connection) -> tuple[RemoteUser, ...]:
-    return tuple(map(_row, conn.execute(_SELECT + _BY_NAME).fetchall()))
+def list_remotes(conn: psycopg.Connection, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
+    if names is None:
+        return tuple(map(_row, conn.execute(_SELECT + _BY_NAME).fetchall()))
+    return tuple(map(_row, conn.execute(_SELECT + sql.SQL(" WHERE name = ANY(%s)") + _BY_NAME,
+                                        (list(names),)).fetchall()))
+
+
+# agent.site.due.control_might_be_due over the row's columns (a row's own
+# heartbeat and confirm timeout win; 0 counts as none, as in agent.controls).
+_BEAT = "COALESCE(NULLIF(heartbeat, 0), %(heartbeat)s)"
+_CONTROLS_DUE_SQL = (
+    "SELECT name FROM fieldsync.remote WHERE confirm_received <> log_received OR confirm_owed"
+    " OR control_sent_at IS NULL"
+    f" OR control_sent_at <= %(now)s - {_BEAT} * %(share)s * %(margin)s"
+    " OR (confirm_sent < log_sent AND GREATEST(control_sent_at, data_sent_at) <= %(now)s"
+    f" - LEAST(LEAST(COALESCE(NULLIF(confirm_timeout, 0), %(timeout)s), {_BEAT})"
+    f" * (1 << LEAST(probes, %(doublings)s)::integer), {_BEAT} * %(share)s) * %(margin)s)")
+_READS_DUE_SQL = ("SELECT name, log_send, log_sent, log_read FROM fieldsync.remote"
+                  " WHERE GREATEST(log_send, %(end)s) > GREATEST(log_read, log_sent)")
+
+
+def pairs_due(conn: psycopg.Connection, query: DueQuery) -> PairsDue:
+    """agent.site.due: the pairs that may owe a control message, and those with a read due."""
+    parameters = {"now": query.now, "heartbeat": query.heartbeat, "share": query.heartbeat_share, "margin": MARGIN,
+                  "timeout": query.confirm_timeout, "doublings": query.max_doublings}
+    controls = frozenset(name for (name,) in conn.execute(_CONTROLS_DUE_SQL, parameters))
+    reads = tuple(ReadDue(*row) for row in conn.execute(_READS_DUE_SQL, {"end": query.log_end}))
+    return PairsDue(controls, reads)
 
 
 def list_remote_names(conn: psycopg.Connection) -> tuple[str, ...]:

@@ -19,8 +19,7 @@ Rules of this file:
 * Apply (apply/): a peer's message and its ``log_received`` in one
   transaction on the site's connection, with SQLite's rules; conflict
   hooks live in this object, as in SiteDatabase.
-* The agent holds its lock (lock.py) through :meth:`PostgresSite.agent_lock` while it runs.
-"""
+* The agent holds its lock (lock.py) through :meth:`PostgresSite.agent_lock` while it runs."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import psycopg
 
@@ -40,6 +39,7 @@ from codec.ops import Transaction
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..capture import Shape
 from ..clock import utc_now
+from ..due import DueQuery, PairsDue
 from ..errors import SiteError
 from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
@@ -406,9 +406,13 @@ class PostgresSite:
         with self._transaction(f"reading remote {name!r}") as conn:
             return remote_rows.get_remote(conn, name)
 
-    def remotes(self) -> tuple[RemoteUser, ...]:
+    def remotes(self, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
         with self._transaction("listing remotes") as conn:
-            return remote_rows.list_remotes(conn)
+            return remote_rows.list_remotes(conn, names)
+
+    def pairs_due(self, query: DueQuery) -> PairsDue:
+        with self._transaction("finding the pairs with something due") as conn:
+            return remote_rows.pairs_due(conn, query)
 
     def remote_names(self) -> tuple[str, ...]:
         with self._transaction("listing the remotes' names") as conn:
@@ -531,10 +535,7 @@ class PostgresSite:
     def set_transport(self, *, address: str | None = None, reply_address: str | None = None,
                       transport: str | None = None, options: Mapping[str, str | None] | None = None,
                       peer: str | None = None, inbox: str | None = None) -> None:
-        """Change the site's own inbox, reply address, transport and options
-        (``peer=None``), or a peer's stored options and own inbox; in one
-        transaction.  An option given as None is removed; ``""`` for
-        ``reply_address`` or ``inbox`` clears it."""
+        """As the interface says (agent/site/interface.py), in one transaction."""
         with self._transaction("storing transport settings") as conn:
             if peer is None:
                 set_site_transport(conn, address=address, reply_address=reply_address, transport=transport)
@@ -593,8 +594,7 @@ class PostgresSite:
 
     def acknowledge_apply_errors(self, peer: str, *, through: int | None = None,
                                  now: datetime | None = None) -> int:
-        """Acknowledge the apply errors of ``peer``'s messages (up to the id
-        ``through``, when given): they stop counting as an error in force
-        and stay in the table as history.  Returns how many were stamped."""
+        """Acknowledge the apply errors of ``peer``'s messages (up to the id ``through``, when given): they
+        stop counting as an error in force and stay in the table as history.  Returns how many were stamped."""
         with self._transaction(f"acknowledging the apply errors of {peer!r}") as conn:
             return records.acknowledge_apply_errors(conn, peer, now or utc_now(), through)

@@ -29,6 +29,7 @@ from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord,
 from ..capture import Shape
 from ..change_rows import SchemaChangeResult
 from ..clock import utc_now
+from ..due import DueQuery, PairsDue
 from ..errors import InvalidSetting, SchemaConflict, SiteError
 from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
@@ -50,6 +51,7 @@ from .publications import (add_article_locked, create_publication_locked, drop_p
                            list_subscriptions, missing_tables, remove_article_locked)
 from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
                       count_rows, get_remote, iter_remotes_locked, list_remote_names, list_remotes, open_apply_errors,
+                      pairs_due,
                       record_delivered_locked, record_error_locked, record_heard_locked, record_send_locked,
                       record_stream_stopped_locked, remove_remote_locked, replaced_incarnations, update_remote_locked,
                       update_remotes_locked)
@@ -384,9 +386,13 @@ class SiteDatabase:
         with self._lock, self._read(f"reading remote {name!r}"):
             return get_remote(self._conn, name)
 
-    def remotes(self) -> tuple[RemoteUser, ...]:
+    def remotes(self, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
         with self._lock, self._read("listing remotes"):
-            return list_remotes(self._conn)
+            return list_remotes(self._conn, names)
+
+    def pairs_due(self, query: DueQuery) -> PairsDue:
+        with self._lock, self._read("finding the pairs with something due"):
+            return pairs_due(self._conn, query)
 
     def remote_names(self) -> tuple[str, ...]:
         with self._lock, self._read("listing the remotes' names"):

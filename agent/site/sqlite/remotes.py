@@ -19,6 +19,7 @@ from datetime import datetime, time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..clock import utc_now
+from ..due import MARGIN, DueQuery, PairsDue, ReadDue
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import Role, SiteIdentity
 from ..publication_rules import distinct_subscriptions
@@ -66,8 +67,34 @@ def get_remote(conn: sqlite3.Connection, name: str) -> RemoteUser:
     return _row(row)
 
 
-def list_remotes(conn: sqlite3.Connection) -> tuple[RemoteUser, ...]:
-    return tuple(map(_row, conn.execute(_SELECT + " ORDER BY name").fetchall()))
+def list_remotes(conn: sqlite3.Connection, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
+    if names is None:
+        return tuple(map(_row, conn.execute(_SELECT + " ORDER BY name").fetchall()))
+    return tuple(map(_row, conn.execute(_SELECT + " WHERE name IN (SELECT value FROM json_each(?)) ORDER BY name",
+                                        (json.dumps(list(names)),)).fetchall()))
+
+
+# agent.site.due.control_might_be_due over the row's columns (a row's own
+# heartbeat and confirm timeout win; 0 counts as none, as in agent.controls).
+_BEAT = "COALESCE(NULLIF(heartbeat, 0), :heartbeat)"
+_CONTROLS_DUE_SQL = (
+    "SELECT name FROM fieldsync_remote WHERE confirm_received != log_received OR confirm_owed != 0"
+    " OR control_sent_at IS NULL"
+    f" OR control_sent_at <= :now - {_BEAT} * :share * :margin"
+    " OR (confirm_sent < log_sent AND max(control_sent_at, COALESCE(data_sent_at, control_sent_at)) <= :now"
+    f" - min(min(COALESCE(NULLIF(confirm_timeout, 0), :timeout), {_BEAT}) * (1 << min(probes, :doublings)),"
+    f" {_BEAT} * :share) * :margin)")
+_READS_DUE_SQL = ("SELECT name, log_send, log_sent, log_read FROM fieldsync_remote"
+                  " WHERE max(log_send, :end) > max(log_read, log_sent)")
+
+
+def pairs_due(conn: sqlite3.Connection, query: DueQuery) -> PairsDue:
+    """agent.site.due: the pairs that may owe a control message, and those with a read due."""
+    parameters = {"now": query.now, "heartbeat": query.heartbeat, "share": query.heartbeat_share, "margin": MARGIN,
+                  "timeout": query.confirm_timeout, "doublings": query.max_doublings}
+    controls = frozenset(name for (name,) in conn.execute(_CONTROLS_DUE_SQL, parameters))
+    reads = tuple(ReadDue(*row) for row in conn.execute(_READS_DUE_SQL, {"end": query.log_end}))
+    return PairsDue(controls, reads)
 
 
 def list_remote_names(conn: sqlite3.Connection) -> tuple[str, ...]:
@@ -185,7 +212,7 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
     """:func:`update_remote_locked` for many rows: rows changing only where
     the log was read (remote_rules.read_moves) are written with one
     statement per new value, unread; the others are read in one
-    query and the log end once; rows changing only the pair columns are
+    query (those rows alone) and the log end once; rows changing only the pair columns are
     checked by remote_rules.check_pair_update and written with one
     statement per set of columns; any other change goes through
     update_remote_locked."""
@@ -200,7 +227,8 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
     if not changes:
         return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(
-        f"SELECT name, {', '.join(PAIR_CHECKED)} FROM fieldsync_remote")}
+        f"SELECT name, {', '.join(PAIR_CHECKED)} FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))",
+        (json.dumps(list(changes)),))}
     plain: dict[tuple[str, ...], list[tuple]] = {}
     for name, columns in changes.items():
         row = current.get(name)

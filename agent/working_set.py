@@ -1,0 +1,88 @@
+"""Which pairs a batch run loads: those with work (issue 35, a fleet of a
+hundred thousand remotes), not every pair.
+
+A pair is built into a :class:`~agent.protocol.PairProtocol` and stepped
+only when something may be due for it; the core then decides what is:
+
+* at the start (:func:`load_at_start`): a pair with messages in its
+  inbound queue (or a dequeue in doubt) or its outbound queue, and one
+  whose receive poll may do something though nothing is queued (a
+  ``PEER.poll`` file, agent.pair_files: a gap waited out, rule 4);
+* while receiving: a pair a file arrives from (agent.receiving asks the
+  runner's loader for its sender);
+* at the send phase (:func:`load_for_sends`): a pair that may owe a
+  control message (a confirmation, a probe, a heartbeat, rule 3) and one
+  whose new log range may hold something for it (rule 5), both found by
+  the database (``Site.pairs_due``, agent.site.due; ``concerned_reads``).
+  The pairs a new range holds nothing for are not built: their
+  ``log_send`` and ``log_read`` move in one statement per value
+  (``Site.update_remotes``), as each pair's empty send would move them.
+
+A pair built stays built for the agent's life.  Continuous runs build
+every pair (agent.pairs.PairStore.load).
+
+Rules of this file:
+* Blocking: the runner calls these functions in a worker thread.
+* What the database names is a superset of the pairs with work; a pair
+  left out is one the core would have found nothing for (a read the
+  range holds nothing for is the one thing decided here, with the rule
+  of ``PairProtocol.send_due``, ``_start_send`` and ``send_done``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .controls import HEARTBEAT_SPREAD, MAX_PROBE_DOUBLINGS
+from .pairs import PairStore, Peer
+from .protocol import Settings
+from .queue_interface import MessageQueues
+from .run_options import RunOptions
+from .site.due import DueQuery, ReadDue
+
+
+def load_at_start(store: PairStore, peers: dict[str, Peer], settings: Settings, queues: MessageQueues) -> None:
+    """Build the pairs with queued messages or a poll that may do something."""
+    store.polling = store.files.polling()
+    queued = {depth.peer for depth in queues.depths() if depth.inbound or depth.outbound}
+    store.load_named(peers, sorted(queued | store.polling), settings)
+
+
+def load_for_sends(store: PairStore, peers: dict[str, Peer], settings: Settings, options: RunOptions, *,
+                   now: float, everyone: bool = False) -> int:
+    """Before a send phase: build the pairs that may owe a control message or
+    whose new range may hold something for them; move the read positions of
+    those it holds nothing for.  Returns how many read positions moved.
+    ``everyone``: build every pair (each is sent a confirmation)."""
+    db = store.db
+    if everyone:
+        store.load_named(peers, [remote.name for remote in db.remotes()], settings)
+        return 0
+    log_end, log_start = db.scan(), db.log_start()
+    due = db.pairs_due(DueQuery(now=now, log_end=log_end, heartbeat=options.heartbeat,
+                                confirm_timeout=options.probe_after, heartbeat_share=1 - HEARTBEAT_SPREAD,
+                                max_doublings=MAX_PROBE_DOUBLINGS))
+    reads = [(read, *read_range(read, log_end, log_start)) for read in due.reads if read.name not in peers]
+    ranges = [(read.name, start, end) for read, start, end in reads if end > start]
+    concerned = {ranges[index][0] for index in db.concerned_reads(ranges)} if ranges else set()
+    store.load_named(peers, sorted(due.controls | concerned), settings)
+    moves: dict[str, dict[str, Any]] = {}
+    for read, start, end in reads:
+        if read.name in peers:
+            continue
+        move = {"log_send": end} if end > read.log_send else {}
+        if end > start:  # the range holds nothing for the peer: read through it (an empty send)
+            move["log_read"] = max(read.log_read, end)
+        if move:
+            moves[read.name] = move
+    if moves:
+        db.update_remotes(moves)
+    return len(moves)
+
+
+def read_range(read: ReadDue, log_end: int, log_start: int) -> tuple[int, int]:
+    """Where the pair's send would read from and to (rule 5 and 8: the
+    protocol's ``send_due`` and ``_start_send``): ``log_send`` moves to the
+    log end; what the log truncated held nothing for the peer."""
+    end = max(read.log_send, log_end)
+    return max(read.log_read, read.log_sent, min(log_start, end)), end

@@ -1,0 +1,155 @@
+"""A batch run builds and steps only the pairs with work (agent.working_set):
+each pair with something due is built (a heartbeat, a probe, a file of the
+peer, a resend request, a gap waited out), and a pair with nothing due is
+neither built nor saved, while the rules go on as before.
+
+On real SQLite files and folder inboxes (tests/agent/world.py), with a
+24 h heartbeat and a 1 h confirm timeout; hq's runs are made here so that
+the agent's pairs can be looked at."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.keyfiles import agent_directory
+from agent.runner import Agent, RunOptions
+
+from .world import World, data_files, random_rows
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    # Which subscribers a range concerns is looked up from the first one on
+    # (a site of fewer than 16 reads for every subscriber without looking).
+    monkeypatch.setattr("agent.site.reading.CONCERN_MIN_SUBSCRIBERS", 1)
+    world = World(tmp_path / "world", remotes=("f1", "f2", "f3"),
+                  options=RunOptions(heartbeat=DAY, confirm_timeout=HOUR))
+    world.extract_all()
+    return world
+
+
+async def run(world: World, site: str = "hq") -> tuple[list[str], list[str]]:
+    """One batch run of ``site``: the pairs it built, and those it saved."""
+    world.clock += 60.0
+    saved: list[str] = []
+    async with Agent(world.db(site), world.run_options(site), clock=lambda: world.clock) as agent:
+        save = agent.pairs.save
+
+        def counting(peers):
+            saved.extend(peer.name for peer in peers)
+            save(peers)
+
+        agent.pairs.save = counting  # type: ignore[method-assign]
+        await agent.run_once()
+        built = sorted(agent.peers)
+    world.check_invariants()
+    return built, sorted(set(saved))
+
+
+async def quiet(world: World) -> None:
+    """Every stream confirmed, and the last answers taken in: nothing is due."""
+    await world.settle()
+    for _ in range(2):
+        await world.round()
+    assert not any(world.inbox_files(site) for site in ("hq", *world.remotes))
+
+
+def controls(world: World, site: str):
+    return [path for path in world.inbox_files(site) if ".c." in path.name]
+
+
+def log_end(world: World) -> int:
+    with world.connect("hq") as conn:
+        return conn.execute("SELECT max(commit_offset) FROM fieldsync_log").fetchone()[0]
+
+
+async def test_a_quiet_fleet_builds_no_pair_and_saves_none(world):
+    await quiet(world)
+    before, _ = world.remote_rows("hq")
+    assert await run(world) == ([], [])
+    after, _ = world.remote_rows("hq")
+    assert after == before and not any(world.inbox_files(site) for site in ("f1", "f2", "f3"))
+
+
+async def test_a_change_for_one_remote_builds_that_pair_alone_and_moves_the_others_reads(world):
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(5), 3, ("f1",), start=5000))
+    built, saved = await run(world)
+    assert built == saved == ["f1"]
+    assert data_files(world, "f1") and not world.inbox_files("f2") and not world.inbox_files("f3")
+    rows, _ = world.remote_rows("hq")
+    end = log_end(world)
+    for name in ("f2", "f3"):  # read through in one statement: the range held nothing for them
+        assert (rows[name].log_send, rows[name].log_read) == (end, end) and rows[name].log_sent < end
+    await world.settle()
+    world.check_converged()
+
+
+async def test_every_pair_whose_heartbeat_is_due_is_built_and_sent_one(world):
+    await quiet(world)
+    world.clock += DAY
+    built, _ = await run(world)
+    assert built == ["f1", "f2", "f3"]
+    assert all(len(controls(world, name)) == 1 for name in ("f1", "f2", "f3"))
+
+
+async def test_a_pair_whose_probe_is_due_is_built_and_probed(world):
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(9), 2, ("f2",), start=3000))
+    assert (await run(world))[0] == ["f2"]
+    sent_at = world.clock
+    await world.run("f2")  # applies and confirms; the confirmation is lost
+    for path in controls(world, "hq"):
+        path.unlink()
+    assert (await run(world))[0] == []  # before the confirm timeout: nothing due
+    world.clock = sent_at + HOUR
+    assert (await run(world))[0] == ["f2"]
+    [probe] = controls(world, "f2")
+    await world.run("f2")
+    await run(world)
+    rows, _ = world.remote_rows("hq")
+    assert rows["f2"].confirm_sent == rows["f2"].log_sent
+
+
+async def test_a_pair_a_file_arrives_from_is_built(world):
+    await quiet(world)
+    world.write("f3", *random_rows(random.Random(3), 1, ("f3",), start=7000))
+    await world.run("f3")
+    built, _ = await run(world)
+    assert built == ["f3"]
+    assert world.rows("hq", "customer", "WHERE id = 7000")
+
+
+async def test_a_gap_waited_out_is_polled_again_with_nothing_queued_and_a_resend_is_asked_for(world):
+    """f1 learns from a probe that hq sent beyond what arrived (the data was
+    lost): its next run, with nothing in its inbox and nothing queued,
+    still builds the pair (its PEER.poll file), asks for a resend, and hq
+    builds the pair the request comes from and resends."""
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(11), 4, ("f1",), start=4000))
+    await run(world)
+    sent_at = world.clock
+    for path in world.inbox_files("f1"):
+        path.unlink()  # the data is lost
+    world.clock = sent_at + HOUR
+    await run(world)  # the probe, carrying hq's log_sent
+    assert controls(world, "f1")
+    await world.run("f1")  # a gap: patience (1) starts
+    assert (agent_directory(world.db("f1")) / "state" / "hq.poll").exists()
+    assert not world.inbox_files("f1")
+    built, _ = await run(world, "f1")
+    assert built == ["hq"]
+    [request] = controls(world, "hq")  # a resend request (its rereceive_count grew)
+    built, _ = await run(world)
+    assert "f1" in built
+    rows, _ = world.remote_rows("hq")
+    assert rows["f1"].resend_count >= 1
+    await world.settle()
+    assert len(world.rows("f1", "customer", "WHERE id >= 4000")) == 4
+    assert not (agent_directory(world.db("f1")) / "state" / "hq.poll").exists()
+    world.check_converged()
