@@ -46,7 +46,7 @@ from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
 from .changes import SchemaChange
-from .ops import Transaction, change_of, operations_of, to_runs
+from .ops import Run, Transaction, change_of, operations_of, runs_counted, to_runs
 from .payloads import (MAX_PAYLOAD, SCHEMA_VERSION_CONTROL, ControlState, control_payload, control_state,
                        transactions_of)
 
@@ -167,16 +167,30 @@ def _packer() -> msgpack.Packer:
     return packer
 
 
-def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION) -> bytes:
-    """The payload bytes of one transaction (a msgpack array element)."""
-    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version)
+def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION,
+                          runs: list[Run] | None = None) -> bytes:
+    """The payload bytes of one transaction (a msgpack array element);
+    ``runs``: to_runs of its operations, when the caller made them."""
+    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version, runs)
 
 
-def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION) -> bytes:
+def transaction_runs(transaction: Transaction) -> tuple[list[Run], int]:
+    """to_runs of a transaction's operations and how many they are
+    (codec.ops.runs_counted), for :func:`serialize_transaction`; an
+    operation no run can carry is refused as serializing it would be."""
+    try:
+        return runs_counted(transaction.ops)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidValue(f"transaction {transaction.commit} cannot be serialized: {error}") from None
+
+
+def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION,
+                    runs: list[Run] | None = None) -> bytes:
     """The payload bytes of one entry: a transaction, or a piece of a large
-    one, in format ``version`` (2 and 3: its operations in runs; 1: one by
-    one, whether they came as operations or runs).  A schema change
-    (``ops`` is ``(change,)``) is written in version 3 only."""
+    one, in format ``version`` (2 and 3: its operations in runs, ``runs``
+    when the caller made them with codec.ops.to_runs; 1: one by one,
+    whether they came as operations or runs).  A schema change (``ops`` is
+    ``(change,)``) is written in version 3 only."""
     check_version(version)
     if len(ops) == 1 and type(ops[0]) is SchemaChange:
         if version < CHANGE_VERSION:
@@ -187,7 +201,10 @@ def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA
         items = None
     try:
         if items is None:
-            items = to_runs(ops) if version >= 2 else tuple(operations_of(ops))
+            if version < 2:
+                items = tuple(operations_of(ops))
+            else:
+                items = to_runs(ops) if runs is None else runs
         return _packer().pack((commit, origin, items))
     except (TypeError, ValueError, OverflowError) as error:
         raise InvalidValue(f"transaction {commit} cannot be serialized: {error}") from None

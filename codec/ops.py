@@ -170,10 +170,19 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
     is (never changed); the others' ``rows`` are new lists.  Raises InvalidValue
     for an operation a run cannot carry (an image that is not a dict, or
     one its kind does not have)."""
+    return runs_counted(ops)[0]
+
+
+def runs_counted(ops: Iterable[tuple]) -> tuple[list[Run], int]:
+    """:func:`to_runs` of ``ops``, and how many operations they hold
+    (:func:`op_count`): runs taken as they are are counted in the pass
+    that checks them."""
     given: Sequence = ops if type(ops) is tuple or type(ops) is list else tuple(ops)
-    if given and type(given[0]) is Run and _taken_as_they_are(given):
-        return list(given)
-    return _operation_runs(given)
+    if given and type(given[0]) is Run:
+        count = _rows_taken_as_they_are(given)
+        if count:
+            return list(given), count
+    return _operation_runs(given), op_count(given)
 
 
 _ROWS = itemgetter(5)
@@ -214,20 +223,23 @@ def _operation_runs(ops: Sequence[tuple]) -> list[Run]:
     return runs
 
 
-def _taken_as_they_are(runs: Sequence[Run]) -> bool:
-    """Whether to_runs of ``runs`` is the runs themselves, as it is of
-    the runs a reader or to_runs made: each a Run of 1..RUN_ROWS rows, and
-    no two in a row of one head (table, kind and columns), which it would
-    merge."""
+def _rows_taken_as_they_are(runs: Sequence[Run]) -> int:
+    """The rows of ``runs`` when to_runs of them is the runs themselves,
+    as it is of the runs a reader or to_runs made (each a Run of
+    1..RUN_ROWS rows, and no two in a row of one head: table, kind and
+    columns, which it would merge); else 0."""
     previous = None
+    count = 0
     for run in runs:
         if type(run) is not Run:
-            return False
+            return 0
         head = run[:5]
-        if head == previous or not 0 < len(run[5]) <= RUN_ROWS:
-            return False
+        rows = len(run[5])
+        if head == previous or not 0 < rows <= RUN_ROWS:
+            return 0
         previous = head
-    return True
+        count += rows
+    return count
 
 
 def _mixed_runs(ops: Iterable[tuple]) -> list[Run]:

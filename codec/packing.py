@@ -56,6 +56,7 @@ from .message import (
     max_raw_length,
     serialize_entry,
     serialize_transaction,
+    transaction_runs,
 )
 from .names import Kind, MessageName, check_site_name
 from .ops import PartialTransaction, Transaction, change_of, op_count, split_ops
@@ -314,7 +315,11 @@ class _Packer:
             self.queue.append((transaction.commit, alone))
             return True
         more = type(transaction) is PartialTransaction
-        count = op_count(transaction.ops)  # a run counts its rows
+        runs = None  # to_runs of its operations, counted in the same pass (a run counts its rows)
+        if self.version >= 2 and not more and len(transaction.ops) <= LARGE_TRANSACTION_OPS:
+            runs, count = transaction_runs(transaction)
+        else:
+            count = op_count(transaction.ops)
         if more or count > LARGE_TRANSACTION_OPS:
             ops = list(transaction.ops)
             while more and count <= LARGE_TRANSACTION_OPS:
@@ -327,7 +332,8 @@ class _Packer:
                 self.queue.append((transaction.commit, self.large))
                 return True
             transaction = Transaction._trusted(transaction.commit, transaction.origin, tuple(ops))
-        serialized = serialize_transaction(transaction, self.version)
+            runs = None
+        serialized = serialize_transaction(transaction, self.version, runs)
         if len(serialized) > MAX_GROUP_PAYLOAD:
             raise InvalidValue(f"transaction {transaction.commit} is {len(serialized)} bytes, over the "
                                f"{MAX_GROUP_PAYLOAD}-byte limit of one transaction (docs/message-format.md, "
