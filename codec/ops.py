@@ -228,18 +228,25 @@ def _rows_taken_as_they_are(runs: Sequence[Run]) -> int:
     as it is of the runs a reader or to_runs made (each a Run of
     1..RUN_ROWS rows, and no two in a row of one head: table, kind and
     columns, which it would merge); else 0."""
-    previous = None
+    previous = _NO_RUN
     count = 0
     for run in runs:
         if type(run) is not Run:
             return 0
-        head = run[:5]
         rows = len(run[5])
-        if head == previous or not 0 < rows <= RUN_ROWS:
+        # The head compared field by field, kind first: most neighbours
+        # differ there, and no head is sliced out.
+        if not 0 < rows <= RUN_ROWS or (run[1] == previous[1] and run[0] == previous[0] and run[2] == previous[2]
+                                         and run[3] == previous[3] and run[4] == previous[4]):
             return 0
-        previous = head
+        previous = run
         count += rows
     return count
+
+
+# What the first run is compared with: only a head of nils equals it, and
+# then the runs go the long way, which is never wrong (0 only costs time).
+_NO_RUN = (None,) * 6
 
 
 def _mixed_runs(ops: Iterable[tuple]) -> list[Run]:
