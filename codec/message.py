@@ -48,7 +48,7 @@ from .header import Header
 from .keys import PublicKeys, SiteKeys
 from .names import Kind, MessageName, check_site_name
 from .changes import SchemaChange
-from .ops import Transaction, change_of, operations_of, to_runs
+from .ops import Run, Transaction, change_of, operations_of, runs_counted, to_runs
 from .payloads import (APPLIED_VERSION, MAX_PAYLOAD, SCHEMA_VERSION_CONTROL, ControlState, control_payload,
                        control_state, transactions_of)
 
@@ -170,11 +170,23 @@ def _packer() -> msgpack.Packer:
     return packer
 
 
-def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION) -> bytes:
+def serialize_transaction(transaction: Transaction, version: int = DATA_VERSION,
+                          runs: list[Run] | None = None) -> bytes:
     """The payload bytes of one transaction (a msgpack array element), with
-    its ``applied`` when ``version`` is :data:`APPLIED_VERSION`."""
+    its ``applied`` when ``version`` is :data:`APPLIED_VERSION`; ``runs``:
+    to_runs of its operations, when the caller made them."""
     applied = transaction.applied if version >= APPLIED_VERSION else None
-    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version, applied)
+    return serialize_entry(transaction.commit, transaction.origin, transaction.ops, version, applied, runs)
+
+
+def transaction_runs(transaction: Transaction) -> tuple[list[Run], int]:
+    """to_runs of a transaction's operations and how many they are
+    (codec.ops.runs_counted), for :func:`serialize_transaction`; an
+    operation no run can carry is refused as serializing it would be."""
+    try:
+        return runs_counted(transaction.ops)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidValue(f"transaction {transaction.commit} cannot be serialized: {error}") from None
 
 
 def entry_version(version: int, applied: int | None) -> int:
@@ -185,12 +197,13 @@ def entry_version(version: int, applied: int | None) -> int:
 
 
 def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA_VERSION,
-                    applied: int | None = None) -> bytes:
+                    applied: int | None = None, runs: list[Run] | None = None) -> bytes:
     """The payload bytes of one entry: a transaction, or a piece of a large
-    one, in format ``version`` (2 to 4: its operations in runs; 1: one by
-    one, whether they came as operations or runs).  A schema change
-    (``ops`` is ``(change,)``) is written in version 3 only; ``applied``
-    (not None) in version 4 only, before the runs."""
+    one, in format ``version`` (2 to 4: its operations in runs, ``runs``
+    when the caller made them with codec.ops.to_runs; 1: one by one,
+    whether they came as operations or runs).  A schema change (``ops`` is
+    ``(change,)``) is written in version 3 only; ``applied`` (not None) in
+    version 4 only, before the runs."""
     check_version(version)
     if len(ops) == 1 and type(ops[0]) is SchemaChange:
         if version < CHANGE_VERSION:
@@ -206,7 +219,10 @@ def serialize_entry(commit: int, origin: str, ops: Sequence, version: int = DATA
                            f"{APPLIED_VERSION} can carry")
     try:
         if items is None:
-            items = to_runs(ops) if version >= 2 else tuple(operations_of(ops))
+            if version < 2:
+                items = tuple(operations_of(ops))
+            else:
+                items = to_runs(ops) if runs is None else runs
         if applied is not None:
             return _packer().pack((commit, origin, applied, items))
         return _packer().pack((commit, origin, items))

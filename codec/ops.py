@@ -170,10 +170,19 @@ def to_runs(ops: Iterable[tuple]) -> list[Run]:
     is (never changed); the others' ``rows`` are new lists.  Raises InvalidValue
     for an operation a run cannot carry (an image that is not a dict, or
     one its kind does not have)."""
+    return runs_counted(ops)[0]
+
+
+def runs_counted(ops: Iterable[tuple]) -> tuple[list[Run], int]:
+    """:func:`to_runs` of ``ops``, and how many operations they hold
+    (:func:`op_count`): runs taken as they are are counted in the pass
+    that checks them."""
     given: Sequence = ops if type(ops) is tuple or type(ops) is list else tuple(ops)
-    if given and type(given[0]) is Run and _taken_as_they_are(given):
-        return list(given)
-    return _operation_runs(given)
+    if given and type(given[0]) is Run:
+        count = _rows_taken_as_they_are(given)
+        if count:
+            return list(given), count
+    return _operation_runs(given), op_count(given)
 
 
 _ROWS = itemgetter(5)
@@ -214,20 +223,30 @@ def _operation_runs(ops: Sequence[tuple]) -> list[Run]:
     return runs
 
 
-def _taken_as_they_are(runs: Sequence[Run]) -> bool:
-    """Whether to_runs of ``runs`` is the runs themselves, as it is of
-    the runs a reader or to_runs made: each a Run of 1..RUN_ROWS rows, and
-    no two in a row of one head (table, kind and columns), which it would
-    merge."""
-    previous = None
+def _rows_taken_as_they_are(runs: Sequence[Run]) -> int:
+    """The rows of ``runs`` when to_runs of them is the runs themselves,
+    as it is of the runs a reader or to_runs made (each a Run of
+    1..RUN_ROWS rows, and no two in a row of one head: table, kind and
+    columns, which it would merge); else 0."""
+    previous = _NO_RUN
+    count = 0
     for run in runs:
         if type(run) is not Run:
-            return False
-        head = run[:5]
-        if head == previous or not 0 < len(run[5]) <= RUN_ROWS:
-            return False
-        previous = head
-    return True
+            return 0
+        rows = len(run[5])
+        # The head compared field by field, kind first: most neighbours
+        # differ there, and no head is sliced out.
+        if not 0 < rows <= RUN_ROWS or (run[1] == previous[1] and run[0] == previous[0] and run[2] == previous[2]
+                                         and run[3] == previous[3] and run[4] == previous[4]):
+            return 0
+        previous = run
+        count += rows
+    return count
+
+
+# What the first run is compared with: only a head of nils equals it, and
+# then the runs go the long way, which is never wrong (0 only costs time).
+_NO_RUN = (None,) * 6
 
 
 def _mixed_runs(ops: Iterable[tuple]) -> list[Run]:

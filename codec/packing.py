@@ -62,6 +62,7 @@ from .message import (
     max_raw_length,
     serialize_entry,
     serialize_transaction,
+    transaction_runs,
 )
 from .names import Kind, MessageName, check_site_name
 from .ops import PartialTransaction, Transaction, change_of, op_count, split_ops
@@ -328,8 +329,12 @@ class _Packer:
             self.queue.append((transaction.commit, alone))
             return True
         more = type(transaction) is PartialTransaction
-        count = op_count(transaction.ops)  # a run counts its rows
         version = entry_version(self.version, transaction.applied)  # of its pieces, the first's
+        runs = None  # to_runs of its operations, counted in the same pass (a run counts its rows)
+        if self.version >= 2 and not more and len(transaction.ops) <= LARGE_TRANSACTION_OPS:
+            runs, count = transaction_runs(transaction)
+        else:
+            count = op_count(transaction.ops)
         if more or count > LARGE_TRANSACTION_OPS:
             ops = list(transaction.ops)
             while more and count <= LARGE_TRANSACTION_OPS:
@@ -343,7 +348,8 @@ class _Packer:
                 return True
             transaction = Transaction._trusted(transaction.commit, transaction.origin, tuple(ops),
                                                transaction.applied)
-        serialized = serialize_transaction(transaction, version)
+            runs = None
+        serialized = serialize_transaction(transaction, version, runs)
         if version != self.version:
             serialized = _Applied(serialized)
         if len(serialized) > MAX_GROUP_PAYLOAD:

@@ -160,16 +160,18 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
     entries = _unpack(payload, source, version)
     if type(entries) is not tuple:
         raise CorruptMessage(source, "payload must be an array of transactions")
-    previous = header.prev
+    previous, last = header.prev, header.last
     result = []
     heads: dict = {}  # the run heads this payload holds, each checked once
     for entry in entries:
         transaction = _transaction(entry, source, version, runs, heads)
-        if not previous < transaction.commit <= header.last:
-            raise CorruptMessage(source, f"transaction {transaction.commit} is outside {header} or out of order")
-        previous = transaction.commit
+        commit = transaction.commit
+        if not previous < commit <= last:
+            raise CorruptMessage(source, f"transaction {commit} is outside {header} or out of order")
+        previous = commit
         result.append(transaction)
-    if len(result) > 1 and any(change_of(transaction) is not None for transaction in result):
+    # Only versions 3 and after carry schema changes (in version 2 one is a malformed run).
+    if version >= 3 and len(result) > 1 and any(change_of(transaction) is not None for transaction in result):
         raise CorruptMessage(source, "a schema change travels alone in its message")
     return tuple(result)
 
@@ -227,27 +229,30 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
     if heads is None:
         heads = {}
     checked: list = []
+    append = checked.append
     for run in ops:
-        if type(run) is not tuple or len(run) != 6:
-            raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
-        head = run[:5]
+        try:
+            table, kind, key_width, before, after, rows = run
+        except (TypeError, ValueError):  # not an array of six (a string of six is refused by its head)
+            raise CorruptMessage(source, f"transaction {commit} holds a malformed run") from None
+        head = (table, kind, key_width, before, after)
         try:
             width = heads.get(head)
         except TypeError:  # a list or map where a name belongs
             width = None
         if width is None:
             width = heads[head] = _head_width(head, commit, source)
-        rows = run[5]
-        if type(rows) is not tuple or not rows:
+        # true and 1.0 are equal to 1: a head equal to a checked one may
+        # hold them where its ints are.
+        if type(kind) is not int or type(key_width) is not int or type(rows) is not tuple or not rows:
             raise CorruptMessage(source, f"transaction {commit} holds a malformed run")
         for row in rows:
             if type(row) is not tuple or len(row) != width:
                 raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
         if runs:
-            checked.append(_new(Run, run))
+            append(_new(Run, run))
             continue
         # Run.operations, without making the Run (the hot path of a reader of operations).
-        table, kind, key_width, before, after = head
         if kind == _INSERT:
             checked += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
                         for row in rows]

@@ -147,6 +147,16 @@ def test_out_of_order_commits_are_refused():
         pack([a], start=a.commit)
 
 
+@pytest.mark.parametrize("ops", [
+    (("t", 1, (1,), {"id": 0}, {"id": 1}),),     # an INSERT with a before-image
+    (("t", 2, (1,), {"id": 0}, None),),          # an UPDATE without its after-image
+])
+def test_an_operation_no_run_can_carry_is_refused_naming_its_transaction(ops):
+    with pytest.raises(InvalidValue, match=r"transaction 5 cannot be serialized: operation .* cannot travel in a run"):
+        list(pack_messages([Transaction._trusted(5, "hq", ops)], keys=HQ, recipient="field1",
+                           incarnation=INCARNATION, resend_count=0, start=0))
+
+
 def test_memory_stays_bounded_by_the_message_size_whatever_the_backlog():
     consumed = 0
 

@@ -57,6 +57,11 @@ def test_runs_are_taken_as_they_are_unless_two_in_a_row_share_a_head():
     assert to_runs([runs[0], ops[2], *ops[3:]]) == runs
     assert op_count(ops) == op_count(runs) == op_count(halves) == op_count([runs[0], *ops[2:]]) == 5
     assert op_count(iter(runs)) == 5 and op_count(()) == 0
+    from codec.ops import runs_counted
+    for given in (ops, tuple(runs), halves, [ops[0], *runs[1:], ops[-1]], [runs[0], *ops[2:]], ()):
+        assert runs_counted(given) == (to_runs(given), op_count(given))
+    wide = [*runs, runs[0]._replace(rows=[(i, i, str(i)) for i in range(RUN_ROWS + 1)])]  # too many rows: cut
+    assert runs_counted(wide) == (to_runs(wide), RUN_ROWS + 6) and [len(run.rows) for run in to_runs(wide)][-2:] == [RUN_ROWS, 3]
 
 
 def test_an_operation_no_run_can_carry_is_refused():
@@ -103,10 +108,36 @@ def entry_payload(*runs, commit=5):
     (["t", 1, 1, [], ["id", "a"], [[1, 1, 1], [2, 2]]], "malformed row"),  # a row too short
     (["t", 1, 1, [], ["id"], [[1, 1], 7]], "malformed row"),               # a row not an array
 ])
-def test_a_malformed_run_makes_the_message_corrupt(run, problem):
+@pytest.mark.parametrize("runs", [False, True])
+def test_a_malformed_run_makes_the_message_corrupt(run, problem, runs):
     data = craft(version=2, header=Header(0, 0, 9), payload=entry_payload(run))
     with pytest.raises(CorruptMessage, match=problem):
-        decode(data)
+        decode(data, runs=runs)
+
+
+@pytest.mark.parametrize("kind, width", [(True, 1), (1, True), (1.0, 1), (1, 1.0)])
+@pytest.mark.parametrize("runs", [False, True])
+def test_a_head_equal_to_a_checked_one_with_no_int_for_an_int_is_malformed(kind, width, runs):
+    """true and 1.0 are equal to 1 (one lookup of checked heads finds
+    them): the second run is refused all the same."""
+    checked = ["t", 1, 1, [], ["id"], [[1, 1]]]
+    data = craft(version=2, header=Header(0, 0, 9),
+                 payload=entry_payload(checked, ["t", 2, 1, ["id"], ["id"], [[1, 1, 2]]],
+                                       ["t", kind, width, [], ["id"], [[2, 2]]]))
+    with pytest.raises(CorruptMessage, match="malformed run"):
+        decode(data, runs=runs)
+
+
+def test_a_wide_key_of_a_checked_head_is_read_again():
+    """Ints above 256 are new objects each time: a repeated head with a
+    key of 300 columns is read as the first was."""
+    names = [f"c{i}" for i in range(300)]
+    run = ["t", 3, 300, names, [], [list(range(600))]]
+    data = craft(version=2, header=Header(0, 0, 9), payload=entry_payload(run, ["t", 1, 1, [], ["id"], [[1, 1]]],
+                                                                            run))
+    for runs in (False, True):
+        ops = decode(data, runs=runs).transactions[0].ops
+        assert len(ops) == 3 and ops[0] == ops[2]
 
 
 def test_a_version_2_payload_holds_no_maps():
