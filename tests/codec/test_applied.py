@@ -14,6 +14,7 @@ from codec.ops import Operation, PartialTransaction, Transaction, values_identic
 from codec.packing import pack_messages
 from codec.payloads import read_group, reassemble
 
+from .golden import ADD_PHONE
 from .helpers import FIELD, HQ, INCARNATION, KEYRING, craft, sample_transactions
 
 
@@ -157,3 +158,11 @@ def test_a_transaction_s_applied_is_checked_where_it_is_built():
     assert written_back(5) != written_back(5, applied=78)
     with pytest.raises(InvalidValue, match="only format version 4"):
         serialize_entry(5, "field1", rows(1), 2, 7)
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_a_schema_change_travels_alone_in_its_message_in_version_4_too(version):
+    data = craft(version=version, payload=payload([110, "hq", [list(ADD_PHONE.wire())]], [120, "hq", [RUN]]),
+                 header=Header(0, 100, 130))
+    with pytest.raises(CorruptMessage, match="a schema change travels alone in its message"):
+        decode(data)
