@@ -63,7 +63,7 @@ from ..capture import set_origin
 from ..errors import ValueNotConvertible
 from ..remotes import get_remote
 from ..uri import PgTarget
-from .ahead import Ready, read_ahead, ready_run
+from .runs import ready_run
 from .followers import PgFollowers
 from .lookups import PeerReader, any_unconfirmed, last_change, rows_of_keys
 from .records import record_conflict, record_error
@@ -174,13 +174,13 @@ class _Batch:
         batch.watched = {}
         applied = skipped = 0
         previous = skip_through
-        for transaction, ready in read_ahead(transactions, self.tables, _CHUNK):
+        for transaction in transactions:
             commit = transaction.commit
             if not applies(peer, commit, previous, skip_through, log_received):
                 skipped += 1  # applied before (a confirmation was lost)
                 continue
             previous = batch.commit = commit
-            self._operations(transaction.ops, ready)
+            self._operations(transaction.ops)
             if batch.deferred:
                 settle(batch, self._operations, followers.refused(batch, self._error))
             applied += 1
@@ -209,22 +209,21 @@ class _Batch:
 
     # --- runs of operations -----------------------------------------------------------
 
-    def _operations(self, ops: Iterable, ready: tuple[Ready | None, ...] | None = None) -> None:
+    def _operations(self, ops: Iterable) -> None:
         """Apply operations in their order: consecutive ones of one table,
         kind and column list as one run (:meth:`_flush`); a malformed one,
         or one this site cannot take, is recorded in its place.  A decoded
         run (codec.ops.Run) goes as it is where it can (:meth:`_run`), else
-        as the operations it stands for; ``ready``: the runs among ``ops``
-        made ready ahead (ahead.read_ahead), else each is made here."""
+        as the operations it stands for."""
         run: list = []
         params: list = []
         signature: tuple | None = None
         table: PgTable | None = None
-        for index, item in enumerate(ops):
+        for item in ops:
             if type(item) is Run:
                 self._flush(table, run, params)
                 run, params, signature = [], [], None
-                made = ready[index] if ready is not None else ready_run(self.tables, item, _CHUNK)
+                made = ready_run(self.tables, item, _CHUNK)
                 if made is not None:
                     self._flush(made.table, made.ops, made.params, made.chunks)
                     continue
@@ -284,7 +283,7 @@ class _Batch:
         """Apply a run of one statement, ``_CHUNK`` operations per savepoint;
         a chunk that does not go as planned is rolled back and its
         operations applied one at a time with every check.  ``chunks``:
-        the JSON parameters of the run's chunks, when made ahead."""
+        the JSON parameters of the run's chunks, when made already."""
         if not run or table is None:
             return
         batch = self.batch
@@ -333,7 +332,7 @@ class _Batch:
         (pipelined); False, with nothing done, when an operation did not
         write its row (a held key, a missing row, a before-image that
         differs) or PostgreSQL refused one.  ``given``: the chunk's JSON
-        parameter, when made ahead."""
+        parameter, when made already."""
         count = len(params)
         text = many_params(params) if given is None else given
         try:

@@ -1,44 +1,31 @@
-"""Runs made ready for the fast path ahead of the statements that apply
-them, on a thread of their own.
+"""A decoded run (codec.ops.Run) made ready for the apply's fast path.
 
 Rules of this file:
-* What a decoded run (codec.ops.Run) needs from Python before its
-  set-based statements can go (its table, its rows as the statement's
-  parameters, the operations it stands for, each chunk's JSON parameter)
-  depends on the run and the published tables only, never on what the
-  database answered.  So one thread makes it while the batch's thread
-  waits for PostgreSQL to run the statements before it: the client's work
-  and the server's overlap, as they do under psycopg's ``executemany``,
-  instead of taking turns.
-* It reads ahead at most ``AHEAD`` transactions, each held whole in memory
-  already (a list or tuple of operations): a transaction whose operations
-  are read once as they are applied (a group of parts from the spool) is
-  not read ahead, and the ones after it wait for it.
-* The batch's thread alone touches the batch and the connection: a
-  :class:`Ready` is values only, and a run that cannot go as one (a table
+* What a run needs from Python before its set-based statements can go
+  (its table, its rows as the statement's parameters, the operations it
+  stands for, each chunk's JSON parameter) depends on the run and the
+  published tables only, never on what the database answered.
+* A :class:`Ready` is values only; a run that cannot go as one (a table
   not published, a key of another width, a column this site lacks, a
   value that is not a SQLite value or that its column's type cannot take)
-  is None here and goes operation by operation there, where what is wrong
-  is recorded.
+  is None here and goes operation by operation in the driver, where what
+  is wrong is recorded.
+* A column is dumped at once (typemap.dump_column), not value by value.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Sequence
 
-from codec.ops import INT64_MAX, INT64_MIN, OpKind, Run, Transaction
+from codec.ops import INT64_MAX, INT64_MIN, OpKind, Run
 
 from ..errors import ValueNotConvertible
 from ..typemap import dump_column
 from .tables import PgTable, Tables, many_params
 
-# Transactions made ready ahead of the one being applied.
-AHEAD = 2
 # The types of SQLite's values (an int also within 64 bits: agent.site.values).
 _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 
@@ -83,41 +70,6 @@ def ready_run(tables: Tables, run: Run, chunk: int) -> Ready | None:
     params = list(zip(*dumped))
     chunks = tuple(many_params(params[start:start + chunk]) for start in range(0, len(params), chunk))
     return Ready(table, run.operations(), params, chunk, chunks)
-
-
-def ready_runs(tables: Tables, ops: Sequence, chunk: int) -> tuple[Ready | None, ...]:
-    """:func:`ready_run` of each run among a transaction's ``ops`` (None
-    for an operation that is not a run)."""
-    return tuple(ready_run(tables, item, chunk) if type(item) is Run else None for item in ops)
-
-
-def read_ahead(transactions: Iterable[Transaction], tables: Tables,
-               chunk: int) -> Iterator[tuple[Transaction, tuple[Ready | None, ...] | None]]:
-    """Each transaction with its runs made ready (:func:`ready_runs`), made
-    on one thread up to ``AHEAD`` transactions ahead; None for a
-    transaction whose operations are read once."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="fieldsync-apply-ahead") as pool:
-        window: deque[tuple[Transaction, Future | None]] = deque()
-        each = iter(transactions)
-
-        def fill() -> None:
-            # Not past a transaction read once: the ones after it wait until it is applied.
-            while len(window) < AHEAD and (not window or window[-1][1] is not None):
-                transaction = next(each, None)
-                if transaction is None:
-                    return
-                ops = transaction.ops
-                made = pool.submit(ready_runs, tables, ops, chunk) if isinstance(ops, (list, tuple)) else None
-                window.append((transaction, made))
-
-        fill()
-        while window:
-            transaction, made = window.popleft()
-            if made is not None:
-                fill()
-            yield transaction, None if made is None else made.result()
-            if made is None:
-                fill()
 
 
 def _picker(positions: Sequence[int]) -> Callable[[tuple], tuple]:
