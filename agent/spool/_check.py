@@ -179,6 +179,8 @@ def check_spool(path: str | Path) -> SpoolCheck:
     queues = []
     for key in sorted(restart.queues, key=lambda key: (key.direction, key.peer)):
         blocks = restart.queues[key].in_order()
+        if not blocks:
+            continue  # an empty queue is not listed (a checkpoint forgets it)
         names = [block.name for block in blocks]
         if key.direction is Direction.INBOUND:
             names.sort()

@@ -94,7 +94,8 @@ def relog_queues(log: LogWriter, queues: dict[QueueId, QueueBlock], in_doubt: di
                  read_content: Callable[[MessageBlock], bytes], moved: list[Moved]) -> Relogged:
     """Relog every queue's messages whose newest copy is at or before
     ``threshold`` (and, by reference, those in a segment to ``reclaim``),
-    then a QUEUE_CHECKPOINT record per queue."""
+    then a QUEUE_CHECKPOINT record per queue that holds messages (one left
+    empty is forgotten at the checkpoint: SpoolQueues._forget_empty)."""
     bases = log.segment_bases()
     reclaim_end = max(reclaim.values(), default=0)
 
@@ -136,9 +137,22 @@ def relog_queues(log: LogWriter, queues: dict[QueueId, QueueBlock], in_doubt: di
             for block, _entry in chunk:
                 block.lrba = rba
         referenced += len(refs)
-        log.append(RecordType.QUEUE_CHECKPOINT, encode_queue_checkpoint(
-            key, len(blocks), content, blocks[0].irba if blocks else 0))
+        if blocks:
+            log.append(RecordType.QUEUE_CHECKPOINT, encode_queue_checkpoint(key, len(blocks), content,
+                                                                            blocks[0].irba))
     return Relogged(oldest_not_logged, relogged, relogged_bytes, referenced)
+
+
+def forget_empty(queues: dict[QueueId, QueueBlock], in_doubt: dict[int, InDoubt]) -> list[QueueId]:
+    """Drop from ``queues`` those left empty (and no in-doubt dequeue's),
+    as a checkpoint records none of them, so that a restart from it and
+    the running spool know the same queues: a fleet's queues, each used
+    once, cost nothing at each start.  Returns the queues dropped."""
+    held = {unit.queue for unit in in_doubt.values()}
+    empty = [key for key, queue in queues.items() if not queue.messages and key not in held]
+    for key in empty:
+        del queues[key]
+    return empty
 
 
 def restart_position(aged: list[tuple[int, int]],

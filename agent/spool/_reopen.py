@@ -26,6 +26,7 @@ from typing import Callable
 
 from codec.fsutil import fsync_directory
 
+from ._checkpoint import forget_empty
 from ._errors import SpoolCorrupt, SpoolLocked
 from ._format import SEGMENT_HEADER_SIZE, QueueId, RecordType, encode_end, encode_undo_add, encode_undo_delete
 from ._log import LogWriter, SegmentFile
@@ -139,6 +140,7 @@ def reopen(path: Path, *, cpl_pairs: int, segment_bytes: int, fsync: bool,
             log.append(RecordType.COMMIT, encode_end(ur))
         log.sync()
         cpl = restart.cleanup(restart.cpl(span.start))
+        forget_empty(restart.queues, restart.in_doubt)  # as the running spool does at a checkpoint
     except BaseException:
         log.close(clean=False)  # the unwritten buffer dies, as with a crash
         raise

@@ -36,7 +36,7 @@ from codec.errors import BadFileName
 from codec.names import Kind, MessageName, check_site_name
 
 from ..queue_interface import MessageQueues, QueueDepth, QueueError
-from ._checkpoint import (Moved, content_segments, relog_queues, relog_threshold, restart_position,
+from ._checkpoint import (Moved, content_segments, forget_empty, relog_queues, relog_threshold, restart_position,
                           segments_to_reclaim)
 from ._errors import SpoolError
 from ._format import (FRAME_SIZE, CplRecord, Direction, InDoubtEntry, QueueId, RecordType, RelogMode, encode_add,
@@ -193,8 +193,7 @@ class SpoolQueues(MessageQueues):
         self._maybe_checkpoint()
 
     def _write_summary(self, *, force: bool = False) -> None:
-        """Bring the summary file up to date if it is due; it only saves
-        `agent status` a read of the span, so a failure is a warning."""
+        """Update the summary file if due (only a saving for `agent status`: a failure is a warning)."""
         with self._lock:
             if self._closed:
                 return
@@ -516,6 +515,9 @@ class SpoolQueues(MessageQueues):
         self._fault_point("checkpoint.before_anchor")
         write_anchor(self.path, encode_anchor(cpl_rba, position, number), fsync=self.fsync)
         self._summary.read_from = position  # where a restart reads from, now that the anchor says so
+        for key in forget_empty(self._queues, self._in_doubt):  # as the checkpoint did
+            self._lookup.pop((key.direction, key.peer), None)
+            self._summary.changed(key)
         self._fault_point("checkpoint.before_drop")
         dropped = self._log.drop_before(position, content_segments(self._log, self._queues, position))
         stats = CheckpointStats(number, begin, cpl_rba, position, relogged, relogged_bytes,

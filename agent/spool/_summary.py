@@ -292,8 +292,9 @@ class SummaryKeeper:
     def entries(self, queues: dict[QueueId, QueueBlock]) -> list[bytes]:
         for key in self._changed:
             queue = queues.get(key)
-            if queue is None:
+            if queue is None or not queue.messages:  # an empty queue is not listed
                 self._entries.pop(key, None)
+                self._heaps.pop(key, None)
                 continue
             self._entries[key] = _queue_entry(key, len(queue.messages), self._oldest(queue))
         self._changed.clear()

@@ -190,3 +190,33 @@ def test_segments_removed_behind_the_anchor_are_refused_not_started_afresh(tmp_p
     assert not list((tmp_path / "spool").glob("*.seg"))  # nothing was started in their place
     report = check_spool(tmp_path / "spool")
     assert not report.ok and "an anchor names a checkpoint" in report.problems[0]
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_checkpoint_forgets_the_queues_left_empty_and_a_restart_builds_none_of_them(tmp_path, kept):
+    # A consolidated's first run queues a heartbeat for each of its peers
+    # and sends it: every queue is used once and left empty.  After a
+    # checkpoint neither the spool nor a restart holds them, and a restart
+    # from it reads no record of them once every queue is empty.
+    spool = SpoolQueues(tmp_path / "spool", checkpoint_every=10**9)
+    for number in range(300):
+        peer = f"r{number:03d}"
+        spool.put_outbound(peer, f"{peer}.fsm", b"heartbeat", 0)
+        spool.delete_outbound(peer, f"{peer}.fsm")
+    if kept:
+        spool.put_outbound("r007", "kept.fsm", b"data", 0)
+    assert len(spool.depths()) == 300  # each used, none forgotten yet
+    spool.checkpoint()
+    expected = [QueueDepth("r007", 0, 1)] if kept else []
+    assert spool.depths() == expected
+    spool.close()
+    check = check_spool(tmp_path / "spool")
+    assert [queue.queue for queue in check.queues] == ["out/r007"] * kept and check.ok
+    with SpoolQueues(tmp_path / "spool") as reopened:
+        assert reopened.depths() == expected
+        if kept:
+            assert reopened.read_outbound("r007", "kept.fsm") == b"data"
+        else:  # the restart read the checkpoint alone, not a record per queue ever used
+            assert reopened.last_restart.records_read < 10
+        reopened.put_outbound("r001", "again.fsm", b"more", 0)  # a forgotten queue is made again on use
+        assert reopened.outbound("r001") == ["again.fsm"]
