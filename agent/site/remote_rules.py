@@ -340,6 +340,22 @@ def check_pair_update(name: str, row: Mapping[str, int], columns: Mapping[str, A
 READ_COLUMNS = ("log_send", "log_read")
 
 
+_UNSEEN = object()
+
+
+def _read_move(name: str, columns: Mapping[str, Any], end: int) -> tuple[tuple[str, int], ...] | None:
+    """The group of a change that moves only :data:`READ_COLUMNS` (checked),
+    or None for any other change."""
+    if not columns or not all(column in READ_COLUMNS for column in columns):
+        return None
+    for column, value in columns.items():
+        if type(value) is not int or value < 0:
+            raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")
+    if columns.get("log_read", 0) > end:
+        raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")
+    return tuple(sorted(columns.items()))
+
+
 def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int,
                write: Callable[[tuple[tuple[str, int], ...], list[str]], int]) -> dict[str, Mapping[str, Any]]:
     """Save the rows of a save of many pairs whose only changes are
@@ -352,16 +368,18 @@ def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int,
     backend's row-by-row path refuses it)."""
     moves: dict[tuple[tuple[str, int], ...], list[str]] = {}
     rest: dict[str, Mapping[str, Any]] = {}
+    # A change checked once for all the pairs given the same one (its items
+    # and their types): its group, or None when it is not a move of reads.
+    checked: dict[tuple, tuple[tuple[str, int], ...] | None] = {}
     for name, columns in changes.items():
-        if not columns or not all(column in READ_COLUMNS for column in columns):
+        probe = (tuple(columns.items()), tuple(map(type, columns.values())))
+        group = checked.get(probe, _UNSEEN)
+        if group is _UNSEEN:
+            group = checked[probe] = _read_move(name, columns, end)
+        if group is None:
             rest[name] = columns
-            continue
-        for column, value in columns.items():
-            if type(value) is not int or value < 0:
-                raise InvalidSetting(f"{column} must be a non-negative integer, got {value!r}")
-        if columns.get("log_read", 0) > end:
-            raise InvariantViolation(f"log_sent or log_read of {name!r} would lie beyond the log end ({end})")
-        moves.setdefault(tuple(sorted(columns.items())), []).append(name)
+        else:
+            moves.setdefault(group, []).append(name)
     for move, names in moves.items():
         if write(move, names) != len(names):
             rest.update((name, dict(move)) for name in names)

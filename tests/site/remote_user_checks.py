@@ -284,6 +284,9 @@ class RemoteUserChecks:
             site.update_remotes({"r4": {"log_read": end}, "r3": {"log_send": -1}})
         with pytest.raises(InvariantViolation, match="log_read"):
             site.update_remotes({"r4": {"log_read": end}, "r3": {"log_send": end, "log_read": end + 1}})
+        # A change is checked once for all given it, by value and type: True is no 1.
+        with pytest.raises(InvalidSetting, match="log_read"):
+            site.update_remotes({"r4": {"log_read": 1}, "r3": {"log_read": True}})
         assert (site.remote("r4").log_read, site.remote("r3").log_send) == (0, 0)
 
     # --- a fleet at once (add_remotes) -----------------------------------------------
