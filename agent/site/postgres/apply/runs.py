@@ -33,13 +33,12 @@ _VALUE_TYPES = frozenset({type(None), int, float, str, bytes})
 @dataclass(frozen=True, slots=True)
 class Ready:
     """A run made ready: its table, its operations, each one's statement
-    parameters, and the JSON parameter of each ``chunk`` of them in turn
-    (tables.many_params)."""
+    parameters, and the JSON parameter (tables.many_params) of each chunk
+    of them in turn, ``chunk`` operations a chunk (ready_run)."""
 
     table: PgTable
     ops: list
     params: list
-    chunk: int
     chunks: tuple[str, ...]
 
 
@@ -69,7 +68,7 @@ def ready_run(tables: Tables, run: Run, chunk: int) -> Ready | None:
         return None
     params = list(zip(*dumped))
     chunks = tuple(many_params(params[start:start + chunk]) for start in range(0, len(params), chunk))
-    return Ready(table, run.operations(), params, chunk, chunks)
+    return Ready(table, run.operations(), params, chunks)
 
 
 def _picker(positions: Sequence[int]) -> Callable[[tuple], tuple]:
