@@ -29,7 +29,7 @@ Rules of this file:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 # Times compared in SQL and in Python round differently: the bounds are
 # lowered by this share, so that a pair the core finds due is never missed.
@@ -72,6 +72,18 @@ class PairsDue:
 
     controls: frozenset[str]
     reads: tuple[ReadDue, ...]
+
+
+def find_pairs_due(execute: Callable[..., Iterable[tuple]], controls_sql: Any, reads_sql: Any,
+                   query: DueQuery) -> PairsDue:
+    """Both backends' ``pairs_due``: ``controls_sql`` (the names of the
+    pairs :func:`control_might_be_due` selects) and ``reads_sql`` (the rows
+    of :class:`ReadDue`) run by ``execute`` with the query's parameters."""
+    parameters = {"now": query.now, "heartbeat": query.heartbeat, "share": query.heartbeat_share, "margin": MARGIN,
+                  "timeout": query.confirm_timeout, "doublings": query.max_doublings}
+    controls = frozenset(name for (name,) in execute(controls_sql, parameters))
+    reads = tuple(ReadDue(*row) for row in execute(reads_sql, {"end": query.log_end}))
+    return PairsDue(controls, reads)
 
 
 def control_might_be_due(row: Any, query: DueQuery) -> bool:

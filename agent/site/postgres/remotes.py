@@ -27,7 +27,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..clock import in_utc
-from ..due import MARGIN, DueQuery, PairsDue, ReadDue
+from ..due import DueQuery, PairsDue, find_pairs_due
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import SiteIdentity
 from ..publication_rules import distinct_subscriptions
@@ -97,11 +97,7 @@ _READS_DUE_SQL = ("SELECT name, log_send, log_sent, log_read FROM fieldsync.remo
 
 def pairs_due(conn: psycopg.Connection, query: DueQuery) -> PairsDue:
     """agent.site.due: the pairs that may owe a control message, and those with a read due."""
-    parameters = {"now": query.now, "heartbeat": query.heartbeat, "share": query.heartbeat_share, "margin": MARGIN,
-                  "timeout": query.confirm_timeout, "doublings": query.max_doublings}
-    controls = frozenset(name for (name,) in conn.execute(_CONTROLS_DUE_SQL, parameters))
-    reads = tuple(ReadDue(*row) for row in conn.execute(_READS_DUE_SQL, {"end": query.log_end}))
-    return PairsDue(controls, reads)
+    return find_pairs_due(conn.execute, _CONTROLS_DUE_SQL, _READS_DUE_SQL, query)
 
 
 def list_remote_names(conn: psycopg.Connection) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from datetime import datetime, time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..clock import utc_now
-from ..due import MARGIN, DueQuery, PairsDue, ReadDue
+from ..due import DueQuery, PairsDue, find_pairs_due
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import Role, SiteIdentity
 from ..publication_rules import distinct_subscriptions
@@ -90,11 +90,7 @@ _READS_DUE_SQL = ("SELECT name, log_send, log_sent, log_read FROM fieldsync_remo
 
 def pairs_due(conn: sqlite3.Connection, query: DueQuery) -> PairsDue:
     """agent.site.due: the pairs that may owe a control message, and those with a read due."""
-    parameters = {"now": query.now, "heartbeat": query.heartbeat, "share": query.heartbeat_share, "margin": MARGIN,
-                  "timeout": query.confirm_timeout, "doublings": query.max_doublings}
-    controls = frozenset(name for (name,) in conn.execute(_CONTROLS_DUE_SQL, parameters))
-    reads = tuple(ReadDue(*row) for row in conn.execute(_READS_DUE_SQL, {"end": query.log_end}))
-    return PairsDue(controls, reads)
+    return find_pairs_due(conn.execute, _CONTROLS_DUE_SQL, _READS_DUE_SQL, query)
 
 
 def list_remote_names(conn: sqlite3.Connection) -> tuple[str, ...]:
