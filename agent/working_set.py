@@ -1,5 +1,5 @@
-"""Which pairs a batch run loads: those with work (issue 35, a fleet of a
-hundred thousand remotes), not every pair.
+"""Which pairs a batch run loads: those with work, not every pair (a
+consolidated may serve a hundred thousand remotes).
 
 A pair is built into a :class:`~agent.protocol.PairProtocol` and stepped
 only when something may be due for it; the core then decides what is:
