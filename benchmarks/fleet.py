@@ -23,6 +23,11 @@ timed, not the interpreter's start).
   ``*_files`` figures count the files that appeared in the remotes' inbox
   folders during that run (the remotes never run, so nothing is taken
   away).
+* ``process_idle_s``: ``agent run hq.db --once`` with nothing changed as
+  a process of its own (``python -m agent.cli``), interpreter start and
+  imports included: what a systemd timer pays each time it fires;
+  ``process_idle_rss_mb`` is that process's peak resident memory.  The
+  median of ``--repeat`` such runs.
 * ``baseline_write_n_files_s``: N times write a small file, fsync it and
   ``os.replace`` it into a folder, the least a run that writes one file
   per remote costs; ``all_change_vs_baseline`` is ``all_change_s`` over it.
@@ -41,6 +46,8 @@ import os
 import shutil
 import sqlite3
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,6 +118,23 @@ def baseline_write_files(folder: Path, count: int) -> float:
     return time.perf_counter() - started
 
 
+def process_run(hq: Path) -> tuple[float, float]:
+    """``agent run HQ --once`` as a process of its own: its seconds, start
+    included, and its peak resident memory in MB."""
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(hq), "--once"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    elapsed = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    error = child.stderr.read().decode(errors="replace").strip() if child.stderr else ""
+    if child.stderr:
+        child.stderr.close()
+    if child.returncode != 0:
+        raise SystemExit(f"agent run {hq} --once: exit {child.returncode}: {error}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
 def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="fieldsync-fleet-"))
     try:
@@ -138,6 +162,11 @@ def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
         for kind, measured in runs.items():
             result.update(run_figures(kind, measured))
         result["all_change_ms_per_remote"] = round(result["all_change_s"] * 1000 / count, 3)
+        timed_run(root, hq)  # what the last change left is sent: the process runs below are idle
+        processes = [process_run(hq) for _ in range(repeats)]
+        result["process_idle_s"] = round(statistics.median(seconds for seconds, _ in processes), 3)
+        result["process_idle_runs_s"] = [round(seconds, 3) for seconds, _ in processes]
+        result["process_idle_rss_mb"] = round(max(memory for _, memory in processes), 1)
         result["status_after_runs_s"] = round(agent_command("status", hq, "--json"), 3)
         baseline = statistics.median(baseline_write_files(workdir / f"baseline{repeat}", count)
                                      for repeat in range(repeats))
