@@ -62,19 +62,19 @@ def load_for_sends(store: PairStore, peers: dict[str, Peer], settings: Settings,
     due = db.pairs_due(DueQuery(now=now, log_end=log_end, heartbeat=options.heartbeat,
                                 confirm_timeout=options.probe_after, heartbeat_share=1 - HEARTBEAT_SPREAD,
                                 max_doublings=MAX_PROBE_DOUBLINGS))
-    reads = [(read, *read_range(read, log_end, log_start)) for read in due.reads if read.name not in peers]
-    ranges = [(read.name, start, end) for read, start, end in reads if end > start]
-    concerned = {ranges[index][0] for index in db.concerned_reads(ranges)} if ranges else set()
+    # Each group of pairs at the same read positions reads the same range.
+    reads = [(read, *read_range(read, log_end, log_start), [name for name in read.names if name not in peers])
+             for read in due.reads]
+    asked = [(name, start, end) for _, start, end, names in reads if end > start for name in names]
+    concerned = {asked[index][0] for index in db.concerned_reads(asked)} if asked else set()
     store.load_named(peers, sorted(due.controls | concerned), settings)
     moves: dict[str, dict[str, Any]] = {}
-    for read, start, end in reads:
-        if read.name in peers:
-            continue
+    for read, start, end, names in reads:
         move = {"log_send": end} if end > read.log_send else {}
         if end > start:  # the range holds nothing for the peer: read through it (an empty send)
             move["log_read"] = max(read.log_read, end)
-        if move:
-            moves[read.name] = move
+        if move:  # one change for the group, shared (Site.update_remotes checks it once)
+            moves.update(dict.fromkeys([name for name in names if name not in peers], move))
     if moves:
         db.update_remotes(moves)
     return len(moves)

@@ -22,6 +22,8 @@ Rules of this file:
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
@@ -35,15 +37,51 @@ CONCERN_ROWS = 2000
 CONCERN_MIN_SUBSCRIBERS = 16
 
 
-def concerned(shapes: Shapes, articles: Iterable[tuple], subscriptions: Mapping[str, Iterable[tuple]],
-              subscribers: Iterable[str], chunks: Iterable[tuple[int, str, list[tuple]]], after: int, *,
-              renames: Mapping[str, str] = MappingProxyType({}), limit: int = CONCERN_ROWS) -> set[str] | None:
-    """Those of ``subscribers`` (their subscription rows in ``subscriptions``:
-    ``remote -> [(publication, value, since, until)]``) that the capture rows
-    of ``chunks`` (the log transactions after ``after``, ``(commit, origin,
-    rows)`` with every value column) can concern; None: any of them.
-    ``renames`` maps a table's names before a rename to its name now, as a
-    reader finds the article of rows logged under an old name."""
+@dataclass(frozen=True, slots=True)
+class Concern:
+    """What the capture rows of a range can concern: every subscriber of the
+    ``whole`` publications, those of a publication in ``values`` whose
+    SUBSCRIBE BY value is one of the values held there, and the ``origins``
+    of rows written back to them."""
+
+    whole: frozenset[str]
+    values: Mapping[str, frozenset]
+    origins: frozenset[str]
+
+    def wanted(self) -> tuple[list[str], list[list]]:
+        """What a backend asks its subscription rows for, a superset of the
+        rows :func:`concerned_by` can match: the publications all of whose
+        rows are wanted (those of ``whole``, and those holding a value a
+        JSON query cannot carry exactly), and ``[publication, value]`` pairs."""
+        publications = set(self.whole)
+        pairs: list[list] = []
+        for publication, held in self.values.items():
+            if publication in publications:
+                continue
+            if all(_exact_in_json(value) for value in held):
+                pairs.extend([publication, value] for value in held)
+            else:
+                publications.add(publication)
+        return sorted(publications), pairs
+
+
+def _exact_in_json(value: object) -> bool:
+    """Whether ``value`` keeps its type and value through JSON and an SQL comparison."""
+    if isinstance(value, str):
+        return True
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return -(1 << 63) <= value < (1 << 63)
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def concern(shapes: Shapes, articles: Iterable[tuple], chunks: Iterable[tuple[int, str, list[tuple]]], *,
+            renames: Mapping[str, str] = MappingProxyType({}), limit: int = CONCERN_ROWS) -> Concern | None:
+    """What the capture rows of ``chunks`` (``(commit, origin, rows)`` with
+    every value column) can concern; None: anyone.  ``renames`` maps a
+    table's names before a rename to its name now, as a reader finds the
+    article of rows logged under an old name."""
     by_table: dict[str, list[tuple[str, tuple[str, ...] | None, str | None]]] = {}
     for table, publication, columns, subscribe_by in articles:
         by_table.setdefault(table.lower(), []).append((publication, _columns(columns), subscribe_by))
@@ -79,17 +117,38 @@ def concerned(shapes: Shapes, articles: Iterable[tuple], subscriptions: Mapping[
                     held.add(row[view.old_filter])
                     if kind == KIND_UPDATE:
                         held.add(row[view.new_filter])
-    found = set()
-    for subscriber in subscribers:
-        if subscriber in origins:
-            found.add(subscriber)
+    return Concern(frozenset(whole), MappingProxyType({publication: frozenset(held) for publication, held
+                                                        in values.items()}), frozenset(origins))
+
+
+def concerned_by(found: Concern, subscriptions: Mapping[str, Iterable[tuple]], subscribers: Iterable[str],
+                 after: int) -> set[str]:
+    """Those of ``subscribers`` (their subscription rows in ``subscriptions``:
+    ``remote -> [(publication, value, since, until)]``; the rows
+    :meth:`Concern.wanted` names are enough) that ``found`` concerns, for a
+    range after ``after``."""
+    asked = subscribers if isinstance(subscribers, (set, frozenset)) else set(subscribers)
+    result = {origin for origin in found.origins if origin in asked}
+    for subscriber, spans in subscriptions.items():
+        if subscriber in result or subscriber not in asked:
             continue
-        for span in subscriptions.get(subscriber, ()):
+        for span in spans:
             publication, value = span[0], span[1]
             until = span[3] if len(span) > 3 else None
             if until is not None and until <= after:
                 continue  # ended before the range: no log transaction of it is read with it
-            if publication in whole or value in values.get(publication, ()):
-                found.add(subscriber)
+            if publication in found.whole or value in found.values.get(publication, ()):
+                result.add(subscriber)
                 break
-    return found
+    return result
+
+
+def concerned(shapes: Shapes, articles: Iterable[tuple], subscriptions: Mapping[str, Iterable[tuple]],
+              subscribers: Iterable[str], chunks: Iterable[tuple[int, str, list[tuple]]], after: int, *,
+              renames: Mapping[str, str] = MappingProxyType({}), limit: int = CONCERN_ROWS) -> set[str] | None:
+    """Those of ``subscribers`` (their subscription rows in ``subscriptions``:
+    ``remote -> [(publication, value, since, until)]``) that the capture rows
+    of ``chunks`` (the log transactions after ``after``) can concern
+    (:func:`concern`, :func:`concerned_by`); None: any of them."""
+    found = concern(shapes, articles, chunks, renames=renames, limit=limit)
+    return None if found is None else concerned_by(found, subscriptions, subscribers, after)

@@ -14,7 +14,9 @@ pairs may owe something:
   least probe wait (the confirm timeout doubled per probe, capped at that
   share of the heartbeat);
 * a read (rule 5): the log end is past ``max(log_read, log_sent)``, or
-  ``log_send`` is (a send that did not finish).
+  ``log_send`` is (a send that did not finish); given by group of pairs
+  at the same read positions, so that what is decided for a range is
+  decided once for all the pairs it is the same for.
 
 Rules of this file:
 * Pure: no database, no clock (``now`` is the agent's).  Each backend
@@ -58,12 +60,13 @@ class DueQuery:
 
 @dataclass(frozen=True, slots=True)
 class ReadDue:
-    """A pair the log holds a range for that was not read for it yet."""
+    """The pairs the log holds a range for that was not read for them yet,
+    grouped by their read positions (at a fleet, most pairs share them)."""
 
-    name: str
     log_send: int
     log_sent: int
     log_read: int
+    names: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,10 @@ class PairsDue:
 
     controls: frozenset[str]
     reads: tuple[ReadDue, ...]
+
+    def read_names(self) -> set[str]:
+        """Every pair with a read due."""
+        return {name for read in self.reads for name in read.names}
 
 
 def find_pairs_due(execute: Callable[..., Iterable[tuple]], controls_sql: Any, reads_sql: Any,
@@ -82,8 +89,14 @@ def find_pairs_due(execute: Callable[..., Iterable[tuple]], controls_sql: Any, r
     parameters = {"now": query.now, "heartbeat": query.heartbeat, "share": query.heartbeat_share, "margin": MARGIN,
                   "timeout": query.confirm_timeout, "doublings": query.max_doublings}
     controls = frozenset(name for (name,) in execute(controls_sql, parameters))
-    reads = tuple(ReadDue(*row) for row in execute(reads_sql, {"end": query.log_end}))
-    return PairsDue(controls, reads)
+    groups: dict[tuple, list[str]] = {}
+    for row in execute(reads_sql, {"end": query.log_end}):  # (name, log_send, log_sent, log_read)
+        positions = row[1:]
+        names = groups.get(positions)
+        if names is None:
+            names = groups[positions] = []
+        names.append(row[0])
+    return PairsDue(controls, tuple(ReadDue(*positions, tuple(names)) for positions, names in groups.items()))
 
 
 def control_might_be_due(row: Any, query: DueQuery) -> bool:

@@ -25,7 +25,7 @@ from codec.changes import SchemaChange
 from codec.ops import Operation, PartialTransaction, Transaction, op_count
 
 from .capture import Shape
-from .concern import CONCERN_MIN_SUBSCRIBERS, concerned
+from .concern import CONCERN_MIN_SUBSCRIBERS, Concern, concern, concerned_by
 from .folding import FOLD_WINDOW, _Folder, make_transaction
 from .errors import LogOffsetError
 from .fanout import FANOUT_HOLD, Fanout, with_applied
@@ -91,13 +91,23 @@ def worth_a_look(identity: SiteIdentity, reads: int) -> bool:
     return identity.role is Role.CONSOLIDATED and reads >= CONCERN_MIN_SUBSCRIBERS
 
 
-def concerned_indexes(source: CaptureSource, shapes: Shapes, rows: ReaderRows, subscribers: list[str],
+class ConcernRows(NamedTuple):
+    """What a backend reads its site for to find which subscribers a range
+    concerns (:func:`concerned_indexes`): the article rows, the table
+    renames, and a query of the subscription rows a :class:`Concern` can
+    match (:meth:`Concern.wanted`: those rows alone, not the fleet's)."""
+
+    articles: list[tuple]
+    renames: Mapping[str, str]
+    subscriptions: Callable[[Concern], Mapping[str, list[tuple]]]
+
+
+def concerned_indexes(source: CaptureSource, shapes: Shapes, rows: ConcernRows, subscribers: list[str],
                       ranges: list[tuple[int, int]]) -> list[int]:
     """The indexes of those of ``subscribers`` (with their ``ranges``) that
     their ranges can concern (agent.site.concern): at a consolidated of
     thousands, a few changed rows concern a few of them, and only those
-    need a reader; the others' reads would yield nothing.  ``rows`` may
-    hold every remote's subscription rows."""
+    need a reader; the others' reads would yield nothing."""
     every = list(range(len(subscribers)))
     # A range the log cannot serve is named, for its read to say so.
     bad: set[tuple[int, int]] = set()
@@ -106,18 +116,20 @@ def concerned_indexes(source: CaptureSource, shapes: Shapes, rows: ReaderRows, s
             resolve_range(source, start, end)
         except LogOffsetError:  # LogTruncated too
             bad.add((start, end))
-    good = [bounds for bounds in ranges if bounds not in bad]
+    good = [bounds for bounds in set(ranges) if bounds not in bad]
     found: set[str] | None = set()
     if good and max(end for _, end in good) > min(start for start, _ in good):
         after = min(start for start, _ in good)
         chunks = source.iter_capture(after, max(end for _, end in good))
         try:
-            found = concerned(shapes, rows.articles, rows.subscriptions, subscribers, chunks, after,
-                              renames=rows.renames)
+            what = concern(shapes, rows.articles, chunks, renames=rows.renames)
         finally:
             chunks.close()
+        found = None if what is None else concerned_by(what, rows.subscriptions(what), subscribers, after)
     if found is None:
         return every
+    if not bad:
+        return [index for index, name in enumerate(subscribers) if name in found]
     return [index for index, name in enumerate(subscribers) if name in found or ranges[index] in bad]
 
 

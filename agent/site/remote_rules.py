@@ -371,11 +371,16 @@ def read_moves(changes: Mapping[str, Mapping[str, Any]], end: int,
     # A change checked once for all the pairs given the same one (its items
     # and their types): its group, or None when it is not a move of reads.
     checked: dict[tuple, tuple[tuple[str, int], ...] | None] = {}
+    # Pairs given one change object (a send phase's group) are checked once.
+    by_object: dict[int, tuple[tuple[str, int], ...] | None] = {}
     for name, columns in changes.items():
-        probe = (tuple(columns.items()), tuple(map(type, columns.values())))
-        group = checked.get(probe, _UNSEEN)
+        group = by_object.get(id(columns), _UNSEEN)
         if group is _UNSEEN:
-            group = checked[probe] = _read_move(name, columns, end)
+            probe = (tuple(columns.items()), tuple(map(type, columns.values())))
+            group = checked.get(probe, _UNSEEN)
+            if group is _UNSEEN:
+                group = checked[probe] = _read_move(name, columns, end)
+            by_object[id(columns)] = group
         if group is None:
             rest[name] = columns
         else:

@@ -15,6 +15,9 @@ def test_fleet_benchmark_counts_the_files_each_kind_of_run_writes(capsys) -> Non
     assert figures["one_change_files"] == 1  # the one remote whose row changed
     assert figures["all_change_files"] == 12
     assert figures["bulk_extract_n"] == 3 and len(figures["idle_runs_s"]) == 2
+    assert len(figures["process_idle_runs_s"]) == 2
+    # A process pays the interpreter's start and imports the in-process runs do not.
+    assert figures["process_idle_s"] > figures["idle_s"]
     for key in ("idle_s", "one_change_s", "all_change_s", "all_change_ms_per_remote", "status_s", "bulk_add_s",
-                "bulk_extract_s", "baseline_write_n_files_s"):
+                "bulk_extract_s", "baseline_write_n_files_s", "process_idle_s", "process_idle_rss_mb"):
         assert figures[key] > 0, key

@@ -23,7 +23,7 @@ import psycopg
 
 from ..capture import ROUTE, Shape
 from ..identity import SiteIdentity
-from ..reading import ReaderRows
+from ..reading import ConcernRows, ReaderRows
 from ..selection import Shapes, SubscriberReader, check_subscribers
 from .capture import load_shapes, shown_table
 from .catalogue import table_order
@@ -81,6 +81,14 @@ def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: l
         check_remotes(conn, identity, subscribers)
     return ReaderRows(every_shape(conn), article_rows(conn), subscription_rows(conn, subscribers),
                       returned_columns(conn))
+
+
+def concern_rows(conn: psycopg.Connection) -> ConcernRows:
+    """What finding the subscribers a range concerns reads
+    (agent.site.reading.concerned_indexes), every subscription row read at
+    once inside the caller's snapshot."""
+    subscriptions = subscription_rows(conn, None)
+    return ConcernRows(article_rows(conn), {}, lambda found: subscriptions)
 
 
 def selection_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]

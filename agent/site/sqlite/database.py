@@ -58,7 +58,7 @@ from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_re
 from .resubscribe import change_locked
 from .route import ARTICLE_ROWS
 from .schema import SecretStore, init_database, open_database, read_identity
-from .selection import SubscriberReader, reader_rows, renames, selection_plan, subscriber_reader
+from .selection import SubscriberReader, concern_rows, reader_rows, renames, selection_plan, subscriber_reader
 from .settings import read_all_options, read_options, set_transport_locked
 
 
@@ -315,8 +315,8 @@ class SiteDatabase:
         if not worth_a_look(self._identity, len(names)):
             return list(range(len(names)))
         with self._lock, self._read(f"finding what the log holds for {len(reads)} subscribers"):
-            rows = reader_rows(self._conn, self._identity, None)
-        return concerned_indexes(self._source, self._shapes, rows, names, [(after, until) for _, after, until in reads])
+            return concerned_indexes(self._source, self._shapes, concern_rows(self._conn), names,
+                                     [(after, until) for _, after, until in reads])
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._lock, self._read(f"preparing to read the log for {subscriber!r}"):

@@ -16,7 +16,8 @@ from typing import Callable
 
 from ..change_rows import table_renames
 from ..identity import SiteIdentity
-from ..reading import ReaderRows
+from ..concern import Concern
+from ..reading import ConcernRows, ReaderRows
 from ..selection import SelectionPlan, SubscriberReader, check_subscribers, plan_from_rows, value_columns_read
 from .capture import ShapeCache, all_shapes
 from .route import ARTICLE_ROWS
@@ -78,3 +79,24 @@ def _returned_columns(conn: sqlite3.Connection) -> Callable[[int], str | None]:
         return None if found is None else found[0]
 
     return returned_columns
+
+
+def concern_rows(conn: sqlite3.Connection) -> ConcernRows:
+    """What finding the subscribers a range concerns reads
+    (agent.site.reading.concerned_indexes): the subscription rows are asked
+    for once the range's rows are known, and only those that can match."""
+
+    def subscriptions(found: Concern) -> dict[str, list[tuple]]:
+        publications, pairs = found.wanted()
+        rows: dict[str, list[tuple]] = {}
+        if not publications and not pairs:
+            return rows
+        for remote, publication, value, since, until in conn.execute(
+                "SELECT remote, publication, value, since, until FROM fieldsync_subscription"
+                " WHERE publication IN (SELECT value FROM json_each(?)) OR (publication, value) IN"
+                " (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))"
+                " ORDER BY rowid", (json.dumps(publications), json.dumps(pairs))):
+            rows.setdefault(remote, []).append((publication, value, since, until))
+        return rows
+
+    return ConcernRows(conn.execute(ARTICLE_ROWS).fetchall(), renames(conn), subscriptions)

@@ -93,11 +93,14 @@ def test_reads_due_are_the_rows_behind_the_log_end(backend, hq):
     end = hq.log_end()
     for log_end in (0, end // 2, end):
         due = hq.pairs_due(query(log_end))
-        assert {read.name for read in due.reads} == {name for name, row in rows.items()
-                                                       if read_might_be_due(row, log_end)}
+        assert due.read_names() == {name for name, row in rows.items() if read_might_be_due(row, log_end)}
+        assert sum(len(read.names) for read in due.reads) == len(due.read_names())
+        positions = [(read.log_send, read.log_sent, read.log_read) for read in due.reads]
+        assert len(set(positions)) == len(positions)  # one group for each
         for read in due.reads:
-            row = rows[read.name]
-            assert (read.log_send, read.log_sent, read.log_read) == (row.log_send, row.log_sent, row.log_read)
+            for name in read.names:
+                row = rows[name]
+                assert (read.log_send, read.log_sent, read.log_read) == (row.log_send, row.log_sent, row.log_read)
 
 
 def test_a_quiet_confirmed_fleet_owes_nothing_until_its_heartbeat(backend, hq):
@@ -109,7 +112,8 @@ def test_a_quiet_confirmed_fleet_owes_nothing_until_its_heartbeat(backend, hq):
     assert hq.pairs_due(query(end, NOW + 60)).controls == set()
     assert hq.pairs_due(query(end, NOW + 60)).reads == ()
     assert hq.pairs_due(query(end, NOW + HEARTBEAT)).controls == {f"q{number}" for number in range(5)}
-    assert [read.name for read in hq.pairs_due(query(end + 1)).reads] == [f"q{number}" for number in range(5)]
+    [read] = hq.pairs_due(query(end + 1)).reads
+    assert sorted(read.names) == [f"q{number}" for number in range(5)] and read.log_read == end
 
 
 def test_remotes_by_name(backend, hq):
