@@ -153,3 +153,25 @@ async def test_a_gap_waited_out_is_polled_again_with_nothing_queued_and_a_resend
     assert len(world.rows("f1", "customer", "WHERE id >= 4000")) == 4
     assert not (agent_directory(world.db("f1")) / "state" / "hq.poll").exists()
     world.check_converged()
+
+
+async def test_pairs_at_different_read_positions_are_each_read_through_the_range(world):
+    """The database gives the reads due by group of equal positions: every
+    group the range holds nothing for is moved, each from its own place."""
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(6), 3, ("f2",), start=6000))
+    await run(world)  # f2 is sent its rows; f3's read moves past them, with nothing sent
+    await quiet(world)
+    rows, _ = world.remote_rows("hq")
+    positions = {name: (rows[name].log_send, rows[name].log_sent, rows[name].log_read) for name in ("f2", "f3")}
+    assert positions["f2"] != positions["f3"] and rows["f2"].log_read == rows["f3"].log_read
+    world.write("hq", *random_rows(random.Random(7), 3, ("f1",), start=7000))
+    built, _ = await run(world)
+    assert built == ["f1"]
+    rows, _ = world.remote_rows("hq")
+    end = log_end(world)
+    for name in ("f2", "f3"):
+        assert (rows[name].log_send, rows[name].log_read) == (end, end), name
+        assert rows[name].log_sent == positions[name][1]  # nothing sent
+    await world.settle()
+    world.check_converged()
