@@ -471,16 +471,29 @@ def _decompress(stored: bytes, raw_length: int, source: str) -> bytes:
         raise CorruptMessage(source, "payload is not a zstd frame") from None
     if declared != raw_length:
         raise CorruptMessage(source, f"zstd frame declares {declared} bytes, header says {raw_length}")
+    # One call for the good file: one frame, whole, with nothing after it
+    # (the declared length is checked above, so the one buffer it fills is
+    # bounded); a file it refuses is read again as a stream to say why.
+    try:
+        payload = zstd_pair()[1].decompress(stored, allow_extra_data=False)
+    except zstandard.ZstdError:
+        _decompress_stream(stored, source)
+        raise CorruptMessage(source, "payload does not decompress as one zstd frame") from None
+    if len(payload) != raw_length:
+        raise CorruptMessage(source, f"payload decompressed to {len(payload)} bytes, expected {raw_length}")
+    return payload
+
+
+def _decompress_stream(stored: bytes, source: str) -> None:
+    """Decompress ``stored`` as a stream: raise the CorruptMessage that
+    says what is wrong with its frame."""
     try:
         stream = zstd_pair()[1].decompressobj()
-        payload = stream.decompress(stored)
+        stream.decompress(stored)
     except zstandard.ZstdError as error:
         raise CorruptMessage(source, f"payload does not decompress ({error})") from None
     if not stream.eof or stream.unused_data:
         raise CorruptMessage(source, "payload has bytes after its zstd frame, or its frame is cut short")
-    if len(payload) != raw_length:
-        raise CorruptMessage(source, f"payload decompressed to {len(payload)} bytes, expected {raw_length}")
-    return payload
 
 
 # What msgpack raises on bad input: its own errors, and builtins for bad

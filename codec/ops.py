@@ -396,10 +396,10 @@ class Transaction:
                  applied: int | None = None) -> "Transaction":
         """Build without validation (the decoder has checked the structure)."""
         transaction = object.__new__(cls)
-        object.__setattr__(transaction, "commit", commit)
-        object.__setattr__(transaction, "origin", origin)
-        object.__setattr__(transaction, "ops", ops)
-        object.__setattr__(transaction, "applied", applied)
+        _set_commit(transaction, commit)
+        _set_origin(transaction, origin)
+        _set_ops(transaction, ops)
+        _set_applied(transaction, applied)
         return transaction
 
     def with_applied(self, applied: int | None) -> "Transaction":
@@ -408,6 +408,12 @@ class Transaction:
             raise InvalidValue(f"transaction {self.commit}: applied must be an int in 1..{OFFSET_MAX}, "
                                f"got {applied!r}")
         return type(self)._trusted(self.commit, self.origin, self.ops, applied)
+
+
+# The slots' own setters: what object.__setattr__ calls, without looking
+# each name up (a decoder builds a transaction per entry).
+_set_commit, _set_origin, _set_ops, _set_applied = (Transaction.__dict__[field].__set__
+                                                    for field in ("commit", "origin", "ops", "applied"))
 
 
 def change_of(transaction: Transaction) -> SchemaChange | None:

@@ -17,6 +17,7 @@ Rules of this file:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Iterator, Protocol, Sequence
 
 import msgpack
@@ -229,7 +230,6 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
     if heads is None:
         heads = {}
     checked: list = []
-    append = checked.append
     for run in ops:
         try:
             table, kind, key_width, before, after, rows = run
@@ -250,8 +250,7 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
             if type(row) is not tuple or len(row) != width:
                 raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
         if runs:
-            append(_new(Run, run))
-            continue
+            continue  # made below, all at once
         # Run.operations, without making the Run (the hot path of a reader of operations).
         if kind == _INSERT:
             checked += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
@@ -263,6 +262,8 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
             middle = key_width + len(before)
             checked += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
                                          dict(zip(after, row[middle:])))) for row in rows]
+    if runs:
+        return tuple(map(_new, repeat(Run), ops))
     return tuple(checked)
 
 

@@ -125,6 +125,18 @@ def test_bytes_after_the_zstd_frame_are_refused() -> None:
         decode(framed(payload, compress(payload) + compress(b"")))  # a second frame
 
 
+def test_a_zstd_frame_cut_short_or_garbled_is_refused() -> None:
+    """The decoder takes a good frame in one call and reads a refused one
+    again as a stream to say why: every fault is still a CorruptMessage."""
+    payload = msgpack.packb([[1, "hq", []]] * 50)
+    whole = compress(payload)
+    with pytest.raises(CorruptMessage, match="cut short"):
+        decode(framed(payload, whole[:-4]))
+    garbled = whole[:6] + bytes(byte ^ 0xFF for byte in whole[6:])
+    with pytest.raises(CorruptMessage):
+        decode(framed(payload, garbled))
+
+
 def test_an_array_longer_than_its_payload_allows_is_refused_before_it_is_built() -> None:
     payload = empty_maps(900_000)  # within the expansion floor, so it reaches the decoder
     assert len(payload) <= EXPANSION_FLOOR
