@@ -225,6 +225,15 @@ class Site(Protocol):
         and this object's lock are held until the iterator is exhausted or
         closed."""
 
+    def iter_remote_values(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000
+                           ) -> Iterator[tuple[str | int | float | None, ...]]:
+        """The rows :meth:`iter_remotes` reads, each a tuple of plain values
+        (text, numbers, None) in the order of remote_rules.COLUMNS, as
+        remote_rules.plain_values makes them: times as ISO 8601 text in UTC,
+        incarnation ids in UUID form, flags as 0 or 1.  For a reader that
+        prints every row rather than acting on it (``agent status --json``
+        at 100,000 peers): no RemoteUser is made, no time parsed."""
+
     def counts(self) -> dict[str, int]:
         """Rows of the remote-user, conflict and apply-error tables, counted
         (not read) in one snapshot: ``remotes``, ``conflicts``,

@@ -17,8 +17,9 @@ Rules of this file:
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, fields
-from datetime import datetime, time
+from datetime import datetime, time, timezone
 from typing import Any, Callable, Mapping, Sequence
 
 from .clock import in_utc
@@ -37,6 +38,12 @@ def horizon(log_read: int, log_sent: int, confirm_sent: int) -> int:
     site's HORIZON_SQL (agent.site.sqlite.log) is the same rule over
     fieldsync_remote's columns (a test holds them equal)."""
     return max(log_read, log_sent) if confirm_sent >= log_sent else confirm_sent
+
+
+def sending_due(log_send: int, log_read: int, log_sent: int) -> bool:
+    """The schedule raised ``log_send`` past how far the log was read for
+    the peer (``max(log_read, log_sent)``): the next send phase reads it."""
+    return log_send > max(log_read, log_sent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +98,7 @@ class RemoteUser:
 
     @property
     def sending_due(self) -> bool:
-        return self.log_send > self.read_through
+        return sending_due(self.log_send, self.log_read, self.log_sent)
 
     @property
     def read_through(self) -> int:
@@ -120,6 +127,29 @@ UPDATABLE = frozenset(COLUMNS) - {"name", "created_at"}
 # Moments on the agent's clock (seconds), kept as numbers.
 CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at", "data_sent_at"})
 _TEXT_FIELDS = ("transport", "address", "public_key", "last_error", "inbox", "stream_stopped")
+
+
+def plain_value(value: object) -> str | int | float | None:
+    """A remote-user value as Site.iter_remote_values gives it: a time as
+    ISO 8601 text in UTC, a time of day as ``time.isoformat`` writes it, an
+    incarnation id in UUID form, a flag as 0 or 1; text and numbers as
+    they are."""
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return str(uuid.UUID(bytes=value))
+    if isinstance(value, bool):
+        return int(value)
+    return value  # type: ignore[return-value]
+
+
+def plain_values(remote: RemoteUser) -> tuple[str | int | float | None, ...]:
+    """``remote``'s values in the order of :data:`COLUMNS`, each as
+    :func:`plain_value` makes it: what Site.iter_remote_values gives for
+    its row."""
+    return tuple(plain_value(getattr(remote, column)) for column in COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)
