@@ -161,14 +161,14 @@ def test_json_is_the_documented_document_written_a_remote_at_a_time(agent: Agent
     assert lonely.out == json.dumps(json.loads(lonely.out), indent=2, ensure_ascii=False) + "\n"
 
 
-def _parts(rows: Iterator[dict]) -> status_module.StatusParts:
+def _parts(rows: Iterator[list]) -> status_module.StatusParts:
     return status_module.StatusParts({"format": status_module.FORMAT, "log_end": 7}, rows,
-                                     {"queues": [], "quarantine": 0}, total=3)
+                                     {"queues": [], "quarantine": 0}, total=3, keys=("name",))
 
 
-def _rows_then_failure() -> Iterator[dict]:
-    yield {"name": "n1"}
-    yield {"name": "n2"}
+def _rows_then_failure() -> Iterator[list]:
+    yield ["n1"]
+    yield ["n2"]
     raise RuntimeError("the third row could not be read")
 
 
@@ -179,6 +179,35 @@ def test_each_remote_is_written_as_soon_as_it_is_read(writer) -> None:  # type: 
         writer(written.append, _parts(_rows_then_failure()))
     text = "".join(written)
     assert '"n1"' in text and '"n2"' in text  # out before the third row was asked for
+
+
+def test_rows_are_written_as_json_dumps_writes_them_whatever_their_values() -> None:
+    """Each row is written from a template of its keys filled with its
+    values' JSON texts: byte for byte what json.dumps writes, for text with
+    line breaks, quotes, braces and ``%``, keys that need quoting or are not
+    ASCII, and values json writes over several lines (lists, objects)."""
+    keys = ("name", "100%", "naïve \"key\"", "note", "flag", "number", "nested")
+    rows = [["n1", 1.5, None, 'line\nbreak "quoted" %s %(x)s },\n{\u2028\x01', True, float("inf"), "}\n    {"],
+            ["n2", -0.0, 10**20, "ü", False, float("nan"), [1, [2, "a\nb"]]],
+            ["n3", 0, "%", "\\", None, 1e-7, ""],
+            ["n4", 1, 2, "", None, 3, {"a": None}],
+            ["n5", 1, 2, "", None, 3, []]]
+    tail = {"queues": [{"peer": "n1", "inbound": 1, "outbound": 0}], "quarantine": 0}
+
+    def parts() -> status_module.StatusParts:
+        return status_module.StatusParts({"format": status_module.FORMAT, "log_end": 7}, iter(rows), tail,
+                                          total=5, keys=keys)
+
+    written: list[str] = []
+    assert status_module.write_document(written.append, parts()) == 5
+    document = {"format": status_module.FORMAT, "log_end": 7, "remotes": [dict(zip(keys, row)) for row in rows],
+                **tail}
+    assert "".join(written) == json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    written.clear()
+    assert status_module.write_lines(written.append, parts()) == 5
+    lines = "".join(written).split("\n")  # (not splitlines: U+2028 ends no line of JSON Lines)
+    assert lines[1:-2] == [json.dumps({"kind": "remote", **dict(zip(keys, row))}, ensure_ascii=False,
+                                      separators=(",", ":")) for row in rows]
 
 
 def test_json_lines(agent: Agent, world: World) -> None:
