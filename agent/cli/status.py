@@ -162,13 +162,18 @@ def collect_status(database: Path) -> dict[str, Any]:
 # back into each one's text.  Encoding each key again for every row cost more
 # than the values.
 _VALUES = json.JSONEncoder(ensure_ascii=False, separators=("\n", ": "))
+# The C encoder _VALUES.encode makes at each call, made once (None without
+# the C accelerator): the same arguments, but no check for cycles, which a
+# list of scalars cannot hold.
+_C_VALUES = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _VALUES.default, json.encoder.encode_basestring, None, ": ", "\n", False, False, True)
 
 
 def _value_texts(values: list[Any]) -> list[str] | None:
     """The JSON text of each of ``values``, or None when one is a list or an
     object (or there are none): json.dumps(indent=2) writes those over
     several lines."""
-    text = _VALUES.encode(values)
+    text = _VALUES.encode(values) if _C_VALUES is None else "".join(_C_VALUES(values, 0))
     if not values or text[1] in "[{" or "\n[" in text or "\n{" in text:
         return None
     return text[1:-1].split("\n")
@@ -185,19 +190,26 @@ def _template(keys: tuple[str, ...], indented: bool) -> str:
     return "{" + ",".join(f"{name}:%s" for name in names) + "}"
 
 
-def _object_text(keys: tuple[str, ...], values: list[Any], indented: bool) -> str:
-    """The object of ``keys`` and ``values``, as :func:`_template` lays it out."""
-    texts = _value_texts(values)
-    if texts is not None:
-        return _template(keys, indented) % tuple(texts)
-    if indented:
-        return "    " + json.dumps(dict(zip(keys, values)), indent=2, ensure_ascii=False).replace("\n", "\n    ")
-    return json.dumps(dict(zip(keys, values)), ensure_ascii=False, separators=(",", ":"))
+def _object_writer(keys: tuple[str, ...], indented: bool) -> Callable[[list[Any]], str]:
+    """A function writing the object of ``keys`` and its values as
+    :func:`_template` lays it out (json.dumps', for a value json writes
+    over several lines)."""
+    template = _template(keys, indented)
+
+    def text(values: list[Any]) -> str:
+        texts = _value_texts(values)
+        if texts is not None:
+            return template % tuple(texts)
+        if indented:
+            return "    " + json.dumps(dict(zip(keys, values)), indent=2, ensure_ascii=False).replace("\n", "\n    ")
+        return json.dumps(dict(zip(keys, values)), ensure_ascii=False, separators=(",", ":"))
+
+    return text
 
 
 def _indented_row(row: dict[str, Any]) -> str:
     """``row`` as the ``remotes`` item of an ``indent=2`` document writes it."""
-    return _object_text(tuple(row), list(row.values()), True)
+    return _object_writer(tuple(row), True)(list(row.values()))
 
 
 def _indented_tail(tail: dict[str, Any]) -> str:
@@ -221,9 +233,10 @@ def write_document(write: Callable[[str], object], parts: StatusParts) -> int:
         return json.dumps(value, indent=2, ensure_ascii=False)
 
     write(dump(parts.head)[:-2] + ',\n  "remotes": [')
+    item = _object_writer(parts.keys, True)
     count = 0
     for values in parts.remotes:
-        write(("," if count else "") + "\n" + _object_text(parts.keys, values, True))
+        write(("," if count else "") + "\n" + item(values))
         count += 1
     if parts.tail:
         write(("\n  ],\n" if count else "],\n") + _indented_tail(parts.tail) + "\n}\n")
@@ -243,10 +256,10 @@ def write_lines(write: Callable[[str], object], parts: StatusParts) -> int:
 
     tail = {key: value for key, value in parts.tail.items() if key != "queues"}
     write(dump({"kind": "site", **parts.head, "format": LINES_FORMAT, **tail}))
-    keys = ("kind", *parts.keys)
+    line = _object_writer(("kind", *parts.keys), False)
     count = 0
     for values in parts.remotes:
-        write(_object_text(keys, ["remote", *values], False) + "\n")
+        write(line(["remote", *values]) + "\n")
         count += 1
     write(dump({"kind": "end", "remotes": count, "of": parts.total}))
     return count

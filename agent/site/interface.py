@@ -220,10 +220,9 @@ class Site(Protocol):
 
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
         """The rows of the remote-user table that ``which`` selects, by name,
-        read ``chunk`` at a time from one snapshot (for ``agent status`` at
-        ten thousand peers: rows are not all held at once).  The snapshot
-        and this object's lock are held until the iterator is exhausted or
-        closed."""
+        read ``chunk`` at a time from one snapshot (a fleet of ten thousand
+        peers: rows are not all held at once).  The snapshot and this
+        object's lock are held until the iterator is exhausted or closed."""
 
     def iter_remote_values(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000
                            ) -> Iterator[tuple[str | int | float | None, ...]]:

@@ -181,11 +181,15 @@ def test_each_remote_is_written_as_soon_as_it_is_read(writer) -> None:  # type: 
     assert '"n1"' in text and '"n2"' in text  # out before the third row was asked for
 
 
-def test_rows_are_written_as_json_dumps_writes_them_whatever_their_values() -> None:
+@pytest.mark.parametrize("c_encoder", [True, False], ids=["C encoder", "JSONEncoder.encode"])
+def test_rows_are_written_as_json_dumps_writes_them_whatever_their_values(c_encoder, monkeypatch) -> None:
     """Each row is written from a template of its keys filled with its
     values' JSON texts: byte for byte what json.dumps writes, for text with
     line breaks, quotes, braces and ``%``, keys that need quoting or are not
     ASCII, and values json writes over several lines (lists, objects)."""
+    assert status_module._C_VALUES is not None  # CPython's
+    if not c_encoder:
+        monkeypatch.setattr(status_module, "_C_VALUES", None)
     keys = ("name", "100%", "naïve \"key\"", "note", "flag", "number", "nested")
     rows = [["n1", 1.5, None, 'line\nbreak "quoted" %s %(x)s },\n{\u2028\x01', True, float("inf"), "}\n    {"],
             ["n2", -0.0, 10**20, "ü", False, float("nan"), [1, [2, "a\nb"]]],
