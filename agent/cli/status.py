@@ -92,12 +92,20 @@ def status_parts(database: Path, which: RemoteFilter | None = None) -> Iterator[
 
         def rows() -> Iterator[list[Any]]:
             depth_of, open_of, utc, moment = depths.get, open_errors.get, timezone.utc, datetime.fromtimestamp
+            clock_texts: dict[float, str] = {}  # a run stamps many peers with one moment (control_sent_at)
 
             def clock_iso(seconds: float | None) -> str | None:
                 # The agent's clock keeps these as Unix seconds; every other
                 # *_at is ISO 8601, so each comes in that form too (the
                 # number stays: fieldsync.status/1 never changes a key's type).
-                return None if seconds is None else moment(seconds, utc).isoformat()  # UTC: iso_moment's form
+                if seconds is None:
+                    return None
+                text = clock_texts.get(seconds)
+                if text is None:
+                    if len(clock_texts) >= 4096:
+                        clock_texts.clear()
+                    text = clock_texts[seconds] = moment(seconds, utc).isoformat()  # UTC: iso_moment's form
+                return text
 
             control, heard, data = _CLOCK_AT
             for values in remotes:

@@ -494,10 +494,19 @@ def test_a_fleet_gets_a_summary_and_the_peers_that_need_attention(agent: Agent, 
 def test_the_agents_clock_keys_come_in_iso_8601_too(agent: Agent, world: World) -> None:
     with SiteDatabase.open(world.hq) as site:
         site.update_remote("n1", heard_at=1795239284.75)
+        # One moment stamped on several peers (a run's), and moments of their own.
+        site.update_remote("n2", heard_at=1795239284.75, control_sent_at=1795239284.0000005,
+                           data_sent_at=-0.5)
+        site.update_remote("n1", control_sent_at=1795239284.0000015)
     rows = {row["name"]: row for row in _status(agent, world.hq)["remotes"]}
     assert rows["n1"]["heard_at"] == 1795239284.75
-    assert rows["n1"]["heard_at_iso"] == "2026-11-21T05:34:44.750000+00:00"
+    assert rows["n1"]["heard_at_iso"] == rows["n2"]["heard_at_iso"] == "2026-11-21T05:34:44.750000+00:00"
     assert rows["n1"]["data_sent_at"] is None and rows["n1"]["data_sent_at_iso"] is None
+    assert rows["n2"]["data_sent_at_iso"] == "1969-12-31T23:59:59.500000+00:00"
+    for row in rows.values():
+        for key in status_module.CLOCK_KEYS:
+            assert row[f"{key}_iso"] == (None if row[key] is None else datetime.fromtimestamp(
+                row[key], timezone.utc).isoformat()), (row["name"], key)
 
 
 # -- the spool's figures: its summary, or its log read in full ---------------------------------
