@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, fields
 from datetime import datetime, time, timezone
+from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from .clock import in_utc
@@ -129,27 +130,27 @@ CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at", "data_sent_at"})
 _TEXT_FIELDS = ("transport", "address", "public_key", "last_error", "inbox", "stream_stopped")
 
 
-def plain_value(value: object) -> str | int | float | None:
-    """A remote-user value as Site.iter_remote_values gives it: a time as
-    ISO 8601 text in UTC, a time of day as ``time.isoformat`` writes it, an
-    incarnation id in UUID form, a flag as 0 or 1; text and numbers as
-    they are."""
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat()
-    if isinstance(value, time):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return str(uuid.UUID(bytes=value))
-    if isinstance(value, bool):
-        return int(value)
-    return value  # type: ignore[return-value]
+# Where plain_values finds the columns it turns into plain values.
+_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
+_SEND_AT, _INCARNATION_AT, _CONFIRM_OWED_AT = map(COLUMNS.index, ("send_at", "peer_incarnation", "confirm_owed"))
+_READ_COLUMNS = attrgetter(*COLUMNS)
 
 
 def plain_values(remote: RemoteUser) -> tuple[str | int | float | None, ...]:
-    """``remote``'s values in the order of :data:`COLUMNS`, each as
-    :func:`plain_value` makes it: what Site.iter_remote_values gives for
-    its row."""
-    return tuple(plain_value(getattr(remote, column)) for column in COLUMNS)
+    """``remote``'s values in the order of :data:`COLUMNS`, as
+    Site.iter_remote_values gives its row: times as ISO 8601 text in UTC,
+    ``send_at`` as ``time.isoformat`` writes it, the peer's incarnation id
+    in UUID form, ``confirm_owed`` as 0 or 1; text and numbers as they are."""
+    values = list(_READ_COLUMNS(remote))
+    for index in _TIME_AT:
+        if values[index] is not None:
+            values[index] = values[index].astimezone(timezone.utc).isoformat()
+    if values[_SEND_AT] is not None:
+        values[_SEND_AT] = values[_SEND_AT].isoformat()
+    if values[_INCARNATION_AT] is not None:
+        values[_INCARNATION_AT] = str(uuid.UUID(bytes=values[_INCARNATION_AT]))
+    values[_CONFIRM_OWED_AT] = int(values[_CONFIRM_OWED_AT])
+    return tuple(values)
 
 
 @dataclass(frozen=True, slots=True)
