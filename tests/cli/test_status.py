@@ -328,6 +328,24 @@ def test_json_of_ten_thousand_remotes_within_two_seconds(tmp_path: Path, agent: 
         assert elapsed < 6, (option, cpu, elapsed)
 
 
+def test_json_makes_no_remote_user_of_a_row(agent: Agent, world: World, monkeypatch) -> None:
+    """At a hundred thousand remotes a RemoteUser made per row was most of
+    what status cost: its rows come as plain values, straight from SQLite."""
+    import agent.site.sqlite.remotes as sqlite_remotes
+
+    sync(agent, world, rounds=1)
+    expected = agent("status", world.hq, "--json").out
+
+    def refused(values: tuple) -> RemoteUser:
+        raise AssertionError("a RemoteUser was made of a row")
+
+    monkeypatch.setattr(sqlite_remotes, "_row", refused)
+    for option in ("--json", "--json-lines"):
+        result = agent("status", world.hq, option)
+        assert result.code == 0, result.err
+    assert agent("status", world.hq, "--json").out == expected
+
+
 # -- --errors: the peers in error now ----------------------------------------------------------
 
 
