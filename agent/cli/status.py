@@ -200,8 +200,8 @@ def _template(keys: tuple[str, ...], indented: bool) -> str:
 
 def _object_writer(keys: tuple[str, ...], indented: bool) -> Callable[[list[Any]], str]:
     """A function writing the object of ``keys`` and its values as
-    :func:`_template` lays it out (json.dumps', for a value json writes
-    over several lines)."""
+    :func:`_template` lays it out; one with a list or an object among its
+    values as json.dumps writes it."""
     template = _template(keys, indented)
 
     def text(values: list[Any]) -> str:
