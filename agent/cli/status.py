@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
-import operator
 import os
 import re
 import sys
@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..site.remote_rules import COLUMNS, RemoteFilter, horizon, sending_due
 from ._common import (DATABASE, MAX_DURATION, console, error_console, format_moment, format_seconds, incarnation_text,
                       iso_moment, key_fingerprint, open_site, parse_duration, schedule_text)
 from ._spool import quarantined, spool_figures
@@ -34,66 +35,44 @@ FORMAT = "fieldsync.status/1"
 LINES_FORMAT = "fieldsync.status-lines/1"
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return iso_moment(value)
-    if isinstance(value, time):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return incarnation_text(value) if len(value) == 16 else value.hex()
-    return value
-
-
-# Column types a JSON document holds as they are; a column of any other type
-# (datetime, time, bytes) goes through _json_value.
-_PLAIN_TYPES = frozenset({"int", "str", "float", "bool", "int | None", "str | None", "float | None", "bool | None"})
-
-
-def _row_maker(fields: tuple[dataclasses.Field, ...]) -> Callable[[Any], dict[str, Any]]:
-    """A function making a remote's row of plain JSON values: one C call
-    reads every column, and only the columns whose type needs it are
-    converted (ten thousand rows at a large consolidated)."""
-    names = tuple(field.name for field in fields)
-    converted = tuple(field.name for field in fields
-                      if not (isinstance(field.type, str) and field.type in _PLAIN_TYPES))
-    read = operator.attrgetter(*names)
-
-    def make(remote: Any) -> dict[str, Any]:
-        row = dict(zip(names, read(remote)))
-        for name in converted:
-            value = row[name]
-            if value is not None:  # most of them, in a fleet that has not run yet
-                row[name] = _json_value(value)
-        return row
-
-    return make
+# Moments of a remote-user row on the agent's clock (Unix seconds).
+CLOCK_KEYS = ("control_sent_at", "heard_at", "data_sent_at")
+#: A ``remotes`` item's keys, in order: every column of the remote-user row,
+#: then what status adds to it.
+REMOTE_KEYS = (*COLUMNS, "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag",
+               *(f"{key}_iso" for key in CLOCK_KEYS), "apply_errors_open", "in_error")
+# Where rows() finds the columns it reads.
+(_NAME, _LOG_SEND, _LOG_SENT, _CONFIRM_SENT, _LOG_READ, _PUBLIC_KEY, _LAST_ERROR, _STREAM_STOPPED,
+ _CONFIRM_OWED) = map(COLUMNS.index, ("name", "log_send", "log_sent", "confirm_sent", "log_read", "public_key",
+                                       "last_error", "stream_stopped", "confirm_owed"))
+_CLOCK_AT = tuple(map(COLUMNS.index, CLOCK_KEYS))
 
 
 @dataclasses.dataclass(frozen=True)
 class StatusParts:
-    """``agent status`` in three parts, so that the remotes (ten thousand
-    of them at a large consolidated) are written as they are read:
+    """``agent status`` in three parts, so that the remotes (a hundred
+    thousand of them at a large consolidated) are written as they are read:
     ``head`` (the keys before ``remotes`` in fieldsync.status/1), the
-    ``remotes`` rows as an iterator, ``tail`` (the keys after it), and
-    ``total``, the number of remotes before any filter."""
+    ``remotes`` as an iterator of their values (lists, in the order of
+    ``keys``), ``tail`` (the keys after it), and ``total``, the number of
+    remotes before any filter."""
 
     head: dict[str, Any]
-    remotes: Iterator[dict[str, Any]]
+    remotes: Iterator[list[Any]]
     tail: dict[str, Any]
     total: int
+    keys: tuple[str, ...] = REMOTE_KEYS
 
-
-# Moments of a remote-user row on the agent's clock (Unix seconds).
-CLOCK_KEYS = ("control_sent_at", "heard_at", "data_sent_at")
+    def remote_items(self) -> Iterator[dict[str, Any]]:
+        """The ``remotes`` items, each a dictionary."""
+        keys = self.keys
+        return (dict(zip(keys, values)) for values in self.remotes)
 
 
 @contextlib.contextmanager
-def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterator[StatusParts]:  # noqa: F821
+def status_parts(database: Path, which: RemoteFilter | None = None) -> Iterator[StatusParts]:
     """Everything ``agent status`` shows, as plain JSON values; the site
     stays open (and its rows' snapshot) while ``remotes`` is read."""
-    from ..site.remote_rules import RemoteFilter, RemoteUser
-
-    make_row = _row_maker(dataclasses.fields(RemoteUser))
     with open_site(database) as site:
         identity = site.identity
         log_end = site.log_end()
@@ -107,28 +86,40 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
         depths = {depth.peer: depth for depth in spool.depths} if spool is not None else {}
 
         open_errors = site.open_apply_errors()  # few rows: only peers with apply errors not acknowledged
-        remotes = site.iter_remotes(which or RemoteFilter())
+        # Each row's values straight from the database (no RemoteUser made):
+        # its columns' JSON values, but confirm_owed (0 or 1).
+        remotes = site.iter_remote_values(which or RemoteFilter())
 
-        def rows() -> Iterator[dict[str, Any]]:
-            for remote in remotes:
-                row = make_row(remote)
-                depth = depths.get(remote.name)
-                row["fingerprint"] = key_fingerprint(remote.public_key)
-                row["sending_due"] = remote.sending_due
-                row["inbound_queue"] = depth.inbound if depth else 0
-                row["outbound_queue"] = depth.outbound if depth else 0
-                row["lag"] = max(log_end - remote.horizon, 0)
+        def rows() -> Iterator[list[Any]]:
+            depth_of, open_of, utc, moment = depths.get, open_errors.get, timezone.utc, datetime.fromtimestamp
+            clock_texts: dict[float, str] = {}  # a run stamps many peers with one moment (control_sent_at)
+
+            def clock_iso(seconds: float | None) -> str | None:
                 # The agent's clock keeps these as Unix seconds; every other
                 # *_at is ISO 8601, so each comes in that form too (the
                 # number stays: fieldsync.status/1 never changes a key's type).
-                for clock_key in CLOCK_KEYS:
-                    seconds = getattr(remote, clock_key)
-                    row[f"{clock_key}_iso"] = None if seconds is None else datetime.fromtimestamp(
-                        seconds, timezone.utc).isoformat()  # (in UTC already: iso_moment's form)
-                row["apply_errors_open"] = open_errors.get(remote.name, 0)
-                # What --errors selects (RemoteFilter.with_errors): an error in force now.
-                row["in_error"] = bool(remote.last_error is not None or remote.stream_stopped is not None
-                                       or row["apply_errors_open"])
+                if seconds is None:
+                    return None
+                text = clock_texts.get(seconds)
+                if text is None:
+                    if len(clock_texts) >= 4096:
+                        clock_texts.clear()
+                    text = clock_texts[seconds] = moment(seconds, utc).isoformat()  # UTC: iso_moment's form
+                return text
+
+            control, heard, data = _CLOCK_AT
+            for values in remotes:
+                name, log_read, log_sent = values[_NAME], values[_LOG_READ], values[_LOG_SENT]
+                depth = depth_of(name)
+                errors = open_of(name, 0)
+                row = [*values, key_fingerprint(values[_PUBLIC_KEY]),
+                       sending_due(values[_LOG_SEND], log_read, log_sent),
+                       depth.inbound if depth else 0, depth.outbound if depth else 0,
+                       max(log_end - horizon(log_read, log_sent, values[_CONFIRM_SENT]), 0),
+                       clock_iso(values[control]), clock_iso(values[heard]), clock_iso(values[data]), errors,
+                       # What --errors selects (RemoteFilter.with_errors): an error in force now.
+                       values[_LAST_ERROR] is not None or values[_STREAM_STOPPED] is not None or errors > 0]
+                row[_CONFIRM_OWED] = bool(row[_CONFIRM_OWED])
                 yield row
 
         head = {
@@ -169,24 +160,64 @@ def status_parts(database: Path, which: "RemoteFilter | None" = None) -> Iterato
 def collect_status(database: Path) -> dict[str, Any]:
     """Everything ``agent status`` shows, as one dictionary (all remotes)."""
     with status_parts(database) as parts:
-        return {**parts.head, "remotes": list(parts.remotes), **parts.tail}
+        return {**parts.head, "remotes": list(parts.remote_items()), **parts.tail}
 
 
-# A remote's row is flat: its items written with the C encoder, one a line,
-# are what json.dumps(indent=2) writes at that depth, at a fraction of the
-# cost (ten thousand rows).
-_ROW_ITEMS = json.JSONEncoder(ensure_ascii=False, separators=(",\n      ", ": "))
+# A flat object (a remote: a hundred thousand of them) is written by filling
+# a template of its keys with its values' JSON texts, all made by one call of
+# the C encoder: a scalar's JSON text never holds a line break (json escapes
+# it), so the values encoded as one list with a line break between them split
+# back into each one's text.  Encoding each key again for every row cost more
+# than the values.
+_VALUES = json.JSONEncoder(ensure_ascii=False, separators=("\n", ": "))
+# The C encoder _VALUES.encode makes at each call, made once (None without
+# the C accelerator): the same arguments, but no check for cycles, which a
+# list of scalars cannot hold.
+_C_VALUES = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+    None, _VALUES.default, json.encoder.encode_basestring, None, ": ", "\n", False, False, True)
 
 
-_NESTED = frozenset({dict, list, tuple})
+def _value_texts(values: list[Any]) -> list[str] | None:
+    """The JSON text of each of ``values``, or None when one is a list or an
+    object (or there are none): json.dumps(indent=2) writes those over
+    several lines."""
+    text = _VALUES.encode(values) if _C_VALUES is None else "".join(_C_VALUES(values, 0))
+    if not values or text[1] in "[{" or "\n[" in text or "\n{" in text:
+        return None
+    return text[1:-1].split("\n")
+
+
+@functools.lru_cache(maxsize=16)
+def _template(keys: tuple[str, ...], indented: bool) -> str:
+    """A flat object of ``keys`` for ``%`` to fill with its values' JSON
+    texts: as json.dumps(indent=2) writes it at the depth of a ``remotes``
+    item, or (not ``indented``) with the separators ``,`` and ``:``."""
+    names = [json.dumps(key, ensure_ascii=False).replace("%", "%%") for key in keys]
+    if indented:
+        return "    {\n" + ",\n".join(f"      {name}: %s" for name in names) + "\n    }"
+    return "{" + ",".join(f"{name}:%s" for name in names) + "}"
+
+
+def _object_writer(keys: tuple[str, ...], indented: bool) -> Callable[[list[Any]], str]:
+    """A function writing the object of ``keys`` and its values as
+    :func:`_template` lays it out; one with a list or an object among its
+    values as json.dumps writes it."""
+    template = _template(keys, indented)
+
+    def text(values: list[Any]) -> str:
+        texts = _value_texts(values)
+        if texts is not None:
+            return template % tuple(texts)
+        if indented:
+            return "    " + json.dumps(dict(zip(keys, values)), indent=2, ensure_ascii=False).replace("\n", "\n    ")
+        return json.dumps(dict(zip(keys, values)), ensure_ascii=False, separators=(",", ":"))
+
+    return text
 
 
 def _indented_row(row: dict[str, Any]) -> str:
     """``row`` as the ``remotes`` item of an ``indent=2`` document writes it."""
-    if not row or not _NESTED.isdisjoint(map(type, row.values())):
-        text = json.dumps(row, indent=2, ensure_ascii=False)
-        return "    " + text.replace("\n", "\n    ")
-    return "    {\n      " + _ROW_ITEMS.encode(row)[1:-1] + "\n    }"
+    return _object_writer(tuple(row), True)(list(row.values()))
 
 
 def _indented_tail(tail: dict[str, Any]) -> str:
@@ -210,9 +241,10 @@ def write_document(write: Callable[[str], object], parts: StatusParts) -> int:
         return json.dumps(value, indent=2, ensure_ascii=False)
 
     write(dump(parts.head)[:-2] + ',\n  "remotes": [')
+    item = _object_writer(parts.keys, True)
     count = 0
-    for row in parts.remotes:
-        write(("," if count else "") + "\n" + _indented_row(row))
+    for values in parts.remotes:
+        write(("," if count else "") + "\n" + item(values))
         count += 1
     if parts.tail:
         write(("\n  ],\n" if count else "],\n") + _indented_tail(parts.tail) + "\n}\n")
@@ -232,9 +264,10 @@ def write_lines(write: Callable[[str], object], parts: StatusParts) -> int:
 
     tail = {key: value for key, value in parts.tail.items() if key != "queues"}
     write(dump({"kind": "site", **parts.head, "format": LINES_FORMAT, **tail}))
+    line = _object_writer(("kind", *parts.keys), False)
     count = 0
-    for row in parts.remotes:
-        write(dump({"kind": "remote", **row}))
+    for values in parts.remotes:
+        write(line(["remote", *values]) + "\n")
         count += 1
     write(dump({"kind": "end", "remotes": count, "of": parts.total}))
     return count
@@ -421,8 +454,6 @@ def status(database: Path, lagging: bool, silent_for: float | None, with_errors:
 
     Example: agent status hq.db --lagging --silent-for 3d --json-lines
     """
-    from ..site.remote_rules import RemoteFilter
-
     if as_json and as_lines:
         raise click.UsageError("--json and --json-lines exclude each other: one document, or one object a line")
     silent_since = None
@@ -438,7 +469,7 @@ def status(database: Path, lagging: bool, silent_for: float | None, with_errors:
                 # The reader stopped reading (`| head`): what it read is what it wanted.
                 _quiet_stdout()
             return
-        data = {**parts.head, "remotes": list(parts.remotes), **parts.tail}
+        data = {**parts.head, "remotes": list(parts.remote_items()), **parts.tail}
     filters = [text for text, given in (("--lagging", lagging), (f"--silent-for {_silent_text(silent_for)}",
                                                                    silent_for is not None),
                                         ("--errors", with_errors)) if given]

@@ -220,10 +220,18 @@ class Site(Protocol):
 
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
         """The rows of the remote-user table that ``which`` selects, by name,
-        read ``chunk`` at a time from one snapshot (for ``agent status`` at
-        ten thousand peers: rows are not all held at once).  The snapshot
-        and this object's lock are held until the iterator is exhausted or
-        closed."""
+        read ``chunk`` at a time from one snapshot (a fleet of ten thousand
+        peers: rows are not all held at once).  The snapshot and this
+        object's lock are held until the iterator is exhausted or closed."""
+
+    def iter_remote_values(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000
+                           ) -> Iterator[tuple[str | int | float | None, ...]]:
+        """The rows :meth:`iter_remotes` reads, each a tuple of plain values
+        (text, numbers, None) in the order of remote_rules.COLUMNS, as
+        remote_rules.plain_values makes them: times as ISO 8601 text in UTC,
+        incarnation ids in UUID form, flags as 0 or 1.  For a reader that
+        prints every row rather than acting on it (``agent status --json``
+        at 100,000 peers): no RemoteUser is made, no time parsed."""
 
     def counts(self) -> dict[str, int]:
         """Rows of the remote-user, conflict and apply-error tables, counted

@@ -17,8 +17,10 @@ Rules of this file:
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, fields
-from datetime import datetime, time
+from datetime import datetime, time, timezone
+from operator import attrgetter
 from typing import Any, Callable, Mapping, Sequence
 
 from .clock import in_utc
@@ -37,6 +39,12 @@ def horizon(log_read: int, log_sent: int, confirm_sent: int) -> int:
     site's HORIZON_SQL (agent.site.sqlite.log) is the same rule over
     fieldsync_remote's columns (a test holds them equal)."""
     return max(log_read, log_sent) if confirm_sent >= log_sent else confirm_sent
+
+
+def sending_due(log_send: int, log_read: int, log_sent: int) -> bool:
+    """The schedule raised ``log_send`` past how far the log was read for
+    the peer (``max(log_read, log_sent)``): the next send phase reads it."""
+    return log_send > max(log_read, log_sent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +99,7 @@ class RemoteUser:
 
     @property
     def sending_due(self) -> bool:
-        return self.log_send > self.read_through
+        return sending_due(self.log_send, self.log_read, self.log_sent)
 
     @property
     def read_through(self) -> int:
@@ -120,6 +128,29 @@ UPDATABLE = frozenset(COLUMNS) - {"name", "created_at"}
 # Moments on the agent's clock (seconds), kept as numbers.
 CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at", "data_sent_at"})
 _TEXT_FIELDS = ("transport", "address", "public_key", "last_error", "inbox", "stream_stopped")
+
+
+# Where plain_values finds the columns it turns into plain values.
+_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
+_SEND_AT, _INCARNATION_AT, _CONFIRM_OWED_AT = map(COLUMNS.index, ("send_at", "peer_incarnation", "confirm_owed"))
+_READ_COLUMNS = attrgetter(*COLUMNS)
+
+
+def plain_values(remote: RemoteUser) -> tuple[str | int | float | None, ...]:
+    """``remote``'s values in the order of :data:`COLUMNS`, as
+    Site.iter_remote_values gives its row: times as ISO 8601 text in UTC,
+    ``send_at`` as ``time.isoformat`` writes it, the peer's incarnation id
+    in UUID form, ``confirm_owed`` as 0 or 1; text and numbers as they are."""
+    values = list(_READ_COLUMNS(remote))
+    for index in _TIME_AT:
+        if values[index] is not None:
+            values[index] = values[index].astimezone(timezone.utc).isoformat()
+    if values[_SEND_AT] is not None:
+        values[_SEND_AT] = values[_SEND_AT].isoformat()
+    if values[_INCARNATION_AT] is not None:
+        values[_INCARNATION_AT] = str(uuid.UUID(bytes=values[_INCARNATION_AT]))
+    values[_CONFIRM_OWED_AT] = int(values[_CONFIRM_OWED_AT])
+    return tuple(values)
 
 
 @dataclass(frozen=True, slots=True)

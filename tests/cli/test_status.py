@@ -161,14 +161,14 @@ def test_json_is_the_documented_document_written_a_remote_at_a_time(agent: Agent
     assert lonely.out == json.dumps(json.loads(lonely.out), indent=2, ensure_ascii=False) + "\n"
 
 
-def _parts(rows: Iterator[dict]) -> status_module.StatusParts:
+def _parts(rows: Iterator[list]) -> status_module.StatusParts:
     return status_module.StatusParts({"format": status_module.FORMAT, "log_end": 7}, rows,
-                                     {"queues": [], "quarantine": 0}, total=3)
+                                     {"queues": [], "quarantine": 0}, total=3, keys=("name",))
 
 
-def _rows_then_failure() -> Iterator[dict]:
-    yield {"name": "n1"}
-    yield {"name": "n2"}
+def _rows_then_failure() -> Iterator[list]:
+    yield ["n1"]
+    yield ["n2"]
     raise RuntimeError("the third row could not be read")
 
 
@@ -179,6 +179,39 @@ def test_each_remote_is_written_as_soon_as_it_is_read(writer) -> None:  # type: 
         writer(written.append, _parts(_rows_then_failure()))
     text = "".join(written)
     assert '"n1"' in text and '"n2"' in text  # out before the third row was asked for
+
+
+@pytest.mark.parametrize("c_encoder", [True, False], ids=["C encoder", "JSONEncoder.encode"])
+def test_rows_are_written_as_json_dumps_writes_them_whatever_their_values(c_encoder, monkeypatch) -> None:
+    """Each row is written from a template of its keys filled with its
+    values' JSON texts: byte for byte what json.dumps writes, for text with
+    line breaks, quotes, braces and ``%``, keys that need quoting or are not
+    ASCII, and values json writes over several lines (lists, objects)."""
+    assert status_module._C_VALUES is not None  # CPython's
+    if not c_encoder:
+        monkeypatch.setattr(status_module, "_C_VALUES", None)
+    keys = ("name", "100%", "naïve \"key\"", "note", "flag", "number", "nested")
+    rows = [["n1", 1.5, None, 'line\nbreak "quoted" %s %(x)s },\n{\u2028\x01', True, float("inf"), "}\n    {"],
+            ["n2", -0.0, 10**20, "ü", False, float("nan"), [1, [2, "a\nb"]]],
+            ["n3", 0, "%", "\\", None, 1e-7, ""],
+            ["n4", 1, 2, "", None, 3, {"a": None}],
+            ["n5", 1, 2, "", None, 3, []]]
+    tail = {"queues": [{"peer": "n1", "inbound": 1, "outbound": 0}], "quarantine": 0}
+
+    def parts() -> status_module.StatusParts:
+        return status_module.StatusParts({"format": status_module.FORMAT, "log_end": 7}, iter(rows), tail,
+                                          total=5, keys=keys)
+
+    written: list[str] = []
+    assert status_module.write_document(written.append, parts()) == 5
+    document = {"format": status_module.FORMAT, "log_end": 7, "remotes": [dict(zip(keys, row)) for row in rows],
+                **tail}
+    assert "".join(written) == json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    written.clear()
+    assert status_module.write_lines(written.append, parts()) == 5
+    lines = "".join(written).split("\n")  # (not splitlines: U+2028 ends no line of JSON Lines)
+    assert lines[1:-2] == [json.dumps({"kind": "remote", **dict(zip(keys, row))}, ensure_ascii=False,
+                                      separators=(",", ":")) for row in rows]
 
 
 def test_json_lines(agent: Agent, world: World) -> None:
@@ -293,6 +326,24 @@ def test_json_of_ten_thousand_remotes_within_two_seconds(tmp_path: Path, agent: 
         assert result.code == 0 and result.out.count('"name": "site') + result.out.count('"name":"site') == 10000
         assert cpu < 2, (option, cpu, elapsed)
         assert elapsed < 6, (option, cpu, elapsed)
+
+
+def test_json_makes_no_remote_user_of_a_row(agent: Agent, world: World, monkeypatch) -> None:
+    """At a hundred thousand remotes a RemoteUser made per row was most of
+    what status cost: its rows come as plain values, straight from SQLite."""
+    import agent.site.sqlite.remotes as sqlite_remotes
+
+    sync(agent, world, rounds=1)
+    expected = agent("status", world.hq, "--json").out
+
+    def refused(values: tuple) -> RemoteUser:
+        raise AssertionError("a RemoteUser was made of a row")
+
+    monkeypatch.setattr(sqlite_remotes, "_row", refused)
+    for option in ("--json", "--json-lines"):
+        result = agent("status", world.hq, option)
+        assert result.code == 0, result.err
+    assert agent("status", world.hq, "--json").out == expected
 
 
 # -- --errors: the peers in error now ----------------------------------------------------------
@@ -461,10 +512,19 @@ def test_a_fleet_gets_a_summary_and_the_peers_that_need_attention(agent: Agent, 
 def test_the_agents_clock_keys_come_in_iso_8601_too(agent: Agent, world: World) -> None:
     with SiteDatabase.open(world.hq) as site:
         site.update_remote("n1", heard_at=1795239284.75)
+        # One moment stamped on several peers (a run's), and moments of their own.
+        site.update_remote("n2", heard_at=1795239284.75, control_sent_at=1795239284.0000005,
+                           data_sent_at=-0.5)
+        site.update_remote("n1", control_sent_at=1795239284.0000015)
     rows = {row["name"]: row for row in _status(agent, world.hq)["remotes"]}
     assert rows["n1"]["heard_at"] == 1795239284.75
-    assert rows["n1"]["heard_at_iso"] == "2026-11-21T05:34:44.750000+00:00"
+    assert rows["n1"]["heard_at_iso"] == rows["n2"]["heard_at_iso"] == "2026-11-21T05:34:44.750000+00:00"
     assert rows["n1"]["data_sent_at"] is None and rows["n1"]["data_sent_at_iso"] is None
+    assert rows["n2"]["data_sent_at_iso"] == "1969-12-31T23:59:59.500000+00:00"
+    for row in rows.values():
+        for key in status_module.CLOCK_KEYS:
+            assert row[f"{key}_iso"] == (None if row[key] is None else datetime.fromtimestamp(
+                row[key], timezone.utc).isoformat()), (row["name"], key)
 
 
 # -- the spool's figures: its summary, or its log read in full ---------------------------------

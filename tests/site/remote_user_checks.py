@@ -20,12 +20,12 @@ whose table customer is published in publication p) and
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, time, timezone
+from datetime import datetime, time, timedelta, timezone
 
 import pytest
 
 from agent.site import InvalidSetting, InvariantViolation, RemoteExists, RemoteUser, UnknownPublication, UnknownRemote
-from agent.site.remote_rules import NewRemote, RemoteFilter
+from agent.site.remote_rules import COLUMNS, NewRemote, RemoteFilter, plain_values
 from agent.site.errors import RemoteRejected
 
 DESIGN_COLUMNS = {
@@ -349,6 +349,37 @@ class RemoteUserChecks:
         assert next(rows).name == "r00000"
         assert [row.name for row in rows] == [f"r{number:05d}" for number in range(1, 25)]
         assert tuple(site.iter_remotes()) == site.remotes()
+
+    def test_iter_remote_values_are_the_rows_plain_values(self, world) -> None:
+        """The rows iter_remotes reads, as remote_rules.plain_values makes
+        them, whatever wrote their columns: times in UTC, a time of day, an
+        incarnation id, a flag, the agent's clock, errors."""
+        site = world.site
+        site.add_remotes(fleet(3, send_at="18:30"), now=NOW)
+        site.add_remote("east", address="east@example.org", transport="email", public_key="fieldsync-public e A B",
+                        send_every=3600, peer_incarnation=bytes(range(16)), now=NOW)
+        site.add_remote("west", send_at=time(6, 15, 30, 250), peer_incarnation=b"\xff" * 16,
+                        now=datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))))
+        end = world.grow_log()
+        site.record_send("east", log_sent=end, now=LATER)
+        site.update_remote("east", last_received_at=LATER.replace(microsecond=0), heard_at=1795239284.75,
+                           control_sent_at=1795239284.0, confirm_owed=True, heartbeat=600, peer_schema_version=3)
+        site.record_transport_error("r00001", "no route to host", now=NOW)
+        site.record_stream_stopped("r00002", "the peer's copy changed", now=LATER)
+        rows = site.remotes()
+        values = tuple(site.iter_remote_values(chunk=2))
+        assert values == tuple(map(plain_values, rows))
+        assert {type(value) for row in values for value in row} == {str, int, float, type(None)}
+        east = dict(zip(COLUMNS, values[0]))
+        assert (east["name"], east["peer_incarnation"], east["confirm_owed"]) == (
+            "east", "00010203-0405-0607-0809-0a0b0c0d0e0f", 1)
+        assert east["last_sent_at"] == LATER.isoformat() and east["send_at"] is None
+        west = dict(zip(COLUMNS, values[-1]))
+        assert (west["send_at"], west["created_at"]) == ("06:15:30.000250", "2026-03-01T12:00:00+00:00")
+        assert dict(zip(COLUMNS, values[1]))["send_at"] == "18:30:00"
+        for which in ({"with_errors": True}, {"lagging": True}, {"silent_since": LATER}):
+            assert [row[0] for row in site.iter_remote_values(RemoteFilter(**which))] == [
+                row.name for row in site.iter_remotes(RemoteFilter(**which))], which
 
     def test_remote_filters(self, world) -> None:
         site = world.site

@@ -47,7 +47,7 @@ from ..publication_rules import Article, Publication, Subscription, Subscription
 from ..reading import (LoggedOperation, concerned_indexes, read_fanout, read_operations, read_transactions,
                        resolve_range, worth_a_look)
 from ..fanout import FANOUT_HOLD
-from ..remote_rules import NewRemote, RemoteFilter, RemoteUser
+from ..remote_rules import NewRemote, RemoteFilter, RemoteUser, plain_values
 from ..selection import SubscriberReader
 from ..settings import SITE_SCOPE
 from ..sqlite.extract import extract_remote
@@ -276,8 +276,7 @@ class PostgresSite:
             return xmax, running
 
     def schema_version(self) -> int | None:
-        """None: a PostgreSQL consolidated makes no schema change yet
-        (``apply_schema`` is SQLite's only)."""
+        """None: a PostgreSQL consolidated makes no schema change yet (``apply_schema`` is SQLite's only)."""
         return None
 
     def log_start(self) -> int:
@@ -423,11 +422,12 @@ class PostgresSite:
             return remote_rows.list_transports(conn)
 
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
-        """The rows of the remote-user table that ``which`` selects, by name,
-        read ``chunk`` at a time from one snapshot.  The snapshot and this
-        object's lock are held until the iterator is exhausted or closed."""
         with self._transaction("listing remotes", snapshot=True) as conn:
             yield from remote_rows.iter_remotes(conn, which, chunk=chunk)
+
+    def iter_remote_values(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[tuple]:
+        with self._transaction("listing remotes", snapshot=True) as conn:
+            yield from map(plain_values, remote_rows.iter_remotes(conn, which, chunk=chunk))
 
     def counts(self) -> dict[str, int]:
         """Rows of the remote-user, conflict and apply-error tables, counted

@@ -50,8 +50,8 @@ from .log import SqliteLog, applied_of, cut_locked, iter_capture_returned, log_e
 from .publications import (add_article_locked, create_publication_locked, drop_publication_locked, list_publications,
                            list_subscriptions, missing_tables, remove_article_locked)
 from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
-                      count_rows, get_remote, iter_remotes_locked, list_remote_names, list_remotes, open_apply_errors,
-                      pairs_due,
+                      count_rows, get_remote, iter_remote_values_locked, iter_remotes_locked, list_remote_names,
+                      list_remotes, open_apply_errors, pairs_due,
                       record_delivered_locked, record_error_locked, record_heard_locked, record_send_locked,
                       record_stream_stopped_locked, remove_remote_locked, replaced_incarnations, update_remote_locked,
                       update_remotes_locked)
@@ -406,6 +406,10 @@ class SiteDatabase:
     def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
         with self._lock, self._read("listing remotes"):
             yield from iter_remotes_locked(self._conn, which, chunk=chunk)
+
+    def iter_remote_values(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[tuple]:
+        with self._lock, self._read("listing remotes"):
+            yield from iter_remote_values_locked(self._conn, which, chunk=chunk)
 
     def counts(self) -> dict[str, int]:
         with self._lock, self._read("counting remotes, conflicts and apply errors"):

@@ -31,6 +31,16 @@ from ._db import format_time, parse_time
 from .log import HORIZON_SQL, log_end
 
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM fieldsync_remote"
+# The row's plain values (remote_rules.plain_values) as SQLite has them:
+# times are stored as ISO 8601 text in UTC and send_at as time.isoformat
+# writes it, confirm_owed as 0 or 1; an incarnation id (16 bytes, the
+# table's CHECK) is written here in UUID form, 8-4-4-4-12 hex digits.
+_UUID_SQL = ("lower(substr(hex(peer_incarnation), 1, 8) || '-' || substr(hex(peer_incarnation), 9, 4) || '-' ||"
+             " substr(hex(peer_incarnation), 13, 4) || '-' || substr(hex(peer_incarnation), 17, 4) || '-' ||"
+             " substr(hex(peer_incarnation), 21))")
+_PLAIN_SELECT = "SELECT " + ", ".join(
+    f"CASE WHEN peer_incarnation IS NULL THEN NULL ELSE {_UUID_SQL} END" if column == "peer_incarnation" else column
+    for column in COLUMNS) + " FROM fieldsync_remote"
 
 
 _TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
@@ -122,18 +132,27 @@ def filter_where(which: RemoteFilter, end: int) -> tuple[str, tuple]:
     return (" WHERE " + " AND ".join(conditions) if conditions else ""), tuple(parameters)
 
 
+def _chunks(conn: sqlite3.Connection, select: str, which: RemoteFilter, chunk: int) -> Iterator[list[tuple]]:
+    """The rows ``which`` selects with ``select``, by name, fetched ``chunk``
+    at a time (inside the caller's read transaction: one snapshot)."""
+    where, parameters = filter_where(which, log_end(conn))
+    cursor = conn.execute(select + where + " ORDER BY name", parameters)
+    return iter(lambda: cursor.fetchmany(chunk), [])
+
+
 def iter_remotes_locked(conn: sqlite3.Connection, which: RemoteFilter, *, chunk: int = 1000
                         ) -> Iterator[RemoteUser]:
-    """The rows ``which`` selects, by name, fetched ``chunk`` at a time
-    (inside the caller's read transaction: one snapshot)."""
-    where, parameters = filter_where(which, log_end(conn))
-    cursor = conn.execute(_SELECT + where + " ORDER BY name", parameters)
-    while True:
-        rows = cursor.fetchmany(chunk)
-        if not rows:
-            return
-        for row in rows:
-            yield _row(row)
+    """The rows ``which`` selects, by name, fetched ``chunk`` at a time."""
+    for rows in _chunks(conn, _SELECT, which, chunk):
+        yield from map(_row, rows)
+
+
+def iter_remote_values_locked(conn: sqlite3.Connection, which: RemoteFilter, *, chunk: int = 1000
+                              ) -> Iterator[tuple]:
+    """:func:`iter_remotes_locked`'s rows as plain values (remote_rules.plain_values),
+    straight from the database: no RemoteUser made, no time parsed."""
+    for rows in _chunks(conn, _PLAIN_SELECT, which, chunk):
+        yield from rows
 
 
 def add_remote_locked(conn: sqlite3.Connection, identity: SiteIdentity, name: str, *, address: str | None = None,
