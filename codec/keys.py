@@ -52,6 +52,31 @@ def _unb64(text: str, what: str) -> bytes:
     return data
 
 
+def _parse_line(line: str) -> tuple[str, bytes, bytes]:
+    """The site name and raw keys of a public key line, its form checked."""
+    parts = line.strip().split()
+    if len(parts) != 5 or " ".join(parts[:2]) != PUBLIC_MAGIC:
+        raise InvalidValue(f"not a fieldsync public key line: {line.strip()[:60]!r}")
+    site = parts[2]
+    return check_site_name(site), _unb64(parts[3], f"sign key of {site}"), _unb64(parts[4], f"seal key of {site}")
+
+
+def _fingerprint(sign: bytes, seal: bytes) -> str:
+    digest = hashlib.sha256(sign + seal).digest()
+    text = base64.b32encode(digest[:10]).decode("ascii")
+    return "-".join(text[i:i + 4] for i in range(0, 16, 4))
+
+
+def line_fingerprint(line: str) -> str:
+    """The fingerprint of a public key line, the line's form checked as
+    :meth:`PublicKeys.from_line` checks it, but not whether its seal key
+    is a usable X25519 point: that check is an exchange (tens of
+    microseconds a key), a listing of a fleet's stored keys (``agent
+    status``) need not pay it, and every use of a key checks it."""
+    _, sign, seal = _parse_line(line)
+    return _fingerprint(sign, seal)
+
+
 @dataclass(frozen=True, slots=True)
 class PublicKeys:
     """A site's public keys: ``sign`` (Ed25519) and ``seal`` (X25519), raw bytes."""
@@ -76,21 +101,14 @@ class PublicKeys:
 
     @property
     def fingerprint(self) -> str:
-        digest = hashlib.sha256(self.sign + self.seal).digest()
-        text = base64.b32encode(digest[:10]).decode("ascii")
-        return "-".join(text[i:i + 4] for i in range(0, 16, 4))
+        return _fingerprint(self.sign, self.seal)
 
     def to_line(self) -> str:
         return f"{PUBLIC_MAGIC} {self.site} {_b64(self.sign)} {_b64(self.seal)}"
 
     @classmethod
     def from_line(cls, line: str) -> "PublicKeys":
-        parts = line.strip().split()
-        if len(parts) != 5 or " ".join(parts[:2]) != PUBLIC_MAGIC:
-            raise InvalidValue(f"not a fieldsync public key line: {line.strip()[:60]!r}")
-        site = parts[2]
-        return cls(check_site_name(site), _unb64(parts[3], f"sign key of {site}"),
-                   _unb64(parts[4], f"seal key of {site}"))
+        return cls(*_parse_line(line))
 
     def verifier(self) -> Ed25519PublicKey:
         return Ed25519PublicKey.from_public_bytes(self.sign)

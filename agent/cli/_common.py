@@ -507,10 +507,10 @@ def key_fingerprint(line: str | None) -> str | None:
     if not line:
         return None
     from codec.errors import CodecError
-    from codec.keys import PublicKeys
+    from codec.keys import line_fingerprint
 
     try:
-        return PublicKeys.from_line(line).fingerprint
+        return line_fingerprint(line)
     except CodecError:
         return "(unreadable key)"
 

@@ -5,7 +5,7 @@ import stat
 import pytest
 
 from codec.errors import InvalidValue, KeyFileError
-from codec.keys import PUBLIC_MAGIC, Keyring, PublicKeys, SiteKeys
+from codec.keys import PUBLIC_MAGIC, Keyring, PublicKeys, SiteKeys, line_fingerprint
 
 
 def test_generate_save_load_round_trip(tmp_path):
@@ -110,6 +110,19 @@ def test_a_low_order_seal_key_is_refused_where_it_is_read(seal):
     line = f"{PUBLIC_MAGIC} field-7 {base64.b64encode(public.sign).decode()} {base64.b64encode(seal).decode()}"
     with pytest.raises(InvalidValue, match="^seal public key of field-7 is a low-order X25519 point, not a usable key$"):
         PublicKeys.from_line(line)
+    # A listing of stored keys shows its fingerprint; using it refuses it (above).
+    assert len(line_fingerprint(line)) == 19
+
+
+def test_a_line_fingerprint_is_the_keys_and_its_line_is_checked_as_from_line_checks_it():
+    for seed in range(5):
+        public = SiteKeys.from_seeds(f"r{seed}", bytes([seed]) * 32, bytes([seed + 1]) * 32).public
+        assert line_fingerprint(public.to_line()) == public.fingerprint
+    public = SiteKeys.generate("field-7").public
+    for line in ("", "fieldsync-public-key v1 hq", "ssh-ed25519 AAAA hq",
+                 public.to_line().replace("field-7", "a/b"), public.to_line()[:-8]):
+        with pytest.raises(InvalidValue):
+            line_fingerprint(line)
 
 
 def test_keyring_refuses_silent_key_change(tmp_path):
