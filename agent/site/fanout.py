@@ -14,13 +14,15 @@ from __future__ import annotations
 from itertools import groupby, islice
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from codec.ops import Operation, Transaction, op_count
+from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
 from .errors import InvalidSetting
 from .folding import make_transaction
 from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
 from .view import View
+
+_new = tuple.__new__
 
 
 class _Route(NamedTuple):
@@ -137,6 +139,7 @@ class Router:
         A row is converted once for each class of readers it concerns."""
         origin_index = self._index.get(origin)
         added = 0
+        owned: dict[int, list] = {}  # a member's joined run's rows (_hand_runs)
         for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
             if flags and flags & FLAG_RETURN_TO_ORIGIN:
                 if origin_index is not None:  # written back to its origin: for that reader alone
@@ -188,10 +191,48 @@ class Router:
                 else:
                     selected = view.rows(kind, bucket)
                 if selected:
-                    for index in members:
-                        ops[index].extend(selected)
+                    if self.runs:
+                        _hand_runs(selected, members, ops, owned)
+                    else:
+                        for index in members:
+                            ops[index].extend(selected)
                     added += op_count(selected) * len(members)
         return added
+
+
+def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operation]],
+               owned: dict[int, list]) -> None:
+    """Append the runs one class selected to each member's operations, the
+    first joined to the run a member's operations end with when both have
+    the same head (table, kind and columns) and fit in one run: each
+    subscriber's runs are then those codec.ops.to_runs makes of its
+    operations, which its packer takes as they are.  The runs of a class are
+    shared by its members; a member's joined run is its own (its rows in
+    ``owned``), filled further by the next run of that head."""
+    first = selected[0]
+    if type(first) is not Run:
+        for index in members:
+            ops[index].extend(selected)
+        return
+    table, kind, width, before, after, rows = first
+    size = RUN_ROWS - len(rows)
+    rest = selected[1:] if len(selected) > 1 else None
+    for index in members:
+        mine = ops[index]
+        if mine:
+            last = mine[-1]
+            if (type(last) is Run and last[1] == kind and last[0] == table and last[4] == after
+                    and last[3] == before and last[2] == width and len(last[5]) <= size):
+                joined = owned.get(index)
+                if joined is not None and last[5] is joined:
+                    joined.extend(rows)
+                else:
+                    joined = owned[index] = [*last[5], *rows]
+                    mine[-1] = _new(Run, (table, kind, width, before, after, joined))
+                if rest is not None:
+                    mine.extend(rest)
+                continue
+        mine.extend(selected)
 
 # A pass over the log for several subscribers holds at most this many
 # selected operations of one log transaction (all subscribers together)

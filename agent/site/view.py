@@ -153,23 +153,35 @@ class View:
             return [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
         return [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
 
-    def update_runs(self, rows: Iterable[tuple]) -> list:
-        """:meth:`update` of consecutive UPDATE capture rows, the UPDATEs of
-        the same changed columns bundled in runs (codec.ops.Run; a move
-        into or out of the subset stays an operation)."""
+    def update_runs(self, rows: Iterable[tuple]) -> list[Run]:
+        """:meth:`update` of consecutive UPDATE capture rows in runs
+        (codec.ops.Run): the UPDATEs of the same changed columns bundled,
+        and the DELETEs and INSERTs of rows moved out of or into the subset
+        too; consecutive runs never share their head (the runs codec.ops.to_runs
+        makes of the same operations)."""
         if self.old_filter is None and self.values is not None:
             return []  # filtered by a column these rows do not have: nothing matches
         made: list = []
         bundle: list = []
-        last = None
+        last: object = None  # what the run being filled holds: its changed columns, or a move's kind
         table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
                                                        self.old_filter, self.new_filter, self.values)
         for row in rows:
             if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
-                op = self.update(row)  # moved into or out of the subset, or neither
-                if op is not None:
-                    made.append(op)
-                    last = None
+                # Moved out of the subset (a DELETE of the old row), into it
+                # (an INSERT of the new one), or neither (nothing).
+                if row[old_at] in values:  # type: ignore[operator]
+                    kind, made_row = OpKind.DELETE, (*self.old_key(row), *self.old_image(row))
+                elif row[new_at] in values:  # type: ignore[operator]
+                    kind, made_row = OpKind.INSERT, (*self.new_key(row), *self.new_image(row))
+                else:
+                    continue
+                if kind != last or len(bundle) >= RUN_ROWS:
+                    bundle = []
+                    made.append(Run(table, kind, width, names if kind == OpKind.DELETE else (),  # type: ignore[arg-type]
+                                    () if kind == OpKind.DELETE else names, bundle))
+                    last = kind
+                bundle.append(made_row)
                 continue
             old = self.old_image(row)
             new = self.new_image(row)
