@@ -174,7 +174,7 @@ class Router:
                             buckets[number] = [row]
                         else:
                             bucket.append(row)
-            for number in sorted(buckets):
+            for number in sorted(buckets) if len(buckets) > 1 else buckets:
                 view, members = route.classes[number]
                 if origin_index in members:  # no echo
                     members = tuple(index for index in members if index != origin_index)
@@ -187,7 +187,9 @@ class Router:
                     update_op = view.update
                     selected = [op for op in map(update_op, bucket) if op is not None]
                 elif self.runs:
-                    selected = view.runs(kind, bucket)
+                    # A bucket holds the rows of the class's subset (routed by
+                    # their value) or every row (no subset): none to leave out.
+                    selected = view.subset_runs(kind, bucket) if type(view) is View else view.runs(kind, bucket)
                 else:
                     selected = view.rows(kind, bucket)
                 if selected:
@@ -196,7 +198,10 @@ class Router:
                     else:
                         for index in members:
                             ops[index].extend(selected)
-                    added += op_count(selected) * len(members)
+                    if len(selected) == 1 and type(selected[0]) is Run:
+                        added += len(selected[0][5]) * len(members)
+                    else:
+                        added += op_count(selected) * len(members)
         return added
 
 

@@ -103,7 +103,11 @@ class _Folder:
         deleted, last_change = self.deleted, self.last_change
         for entry in ops:
             if type(entry) is Run:
-                self._add_run(entry)
+                if entry[1] == OpKind.UPDATE:  # no row of it folds
+                    last_change[entry[0]] = self.base + len(held) + len(entry[5]) - 1
+                    _place(held, entry)
+                else:
+                    self._add_run(entry)
                 continue
             index = self.base + len(held)
             previous = last_change.get(entry.table)
@@ -130,8 +134,7 @@ class _Folder:
         table, kind, width, before, after, rows = run
         start = self.base + len(held)
         end = start + len(rows) - 1
-        if kind == OpKind.UPDATE or (kind == OpKind.INSERT and not (
-                self.deleted and any((table, row[:width]) in self.deleted for row in rows))):
+        if kind == OpKind.INSERT and not (self.deleted and any((table, row[:width]) in self.deleted for row in rows)):
             last_change[table] = end  # no row of it folds
             _place(held, run)
             return

@@ -35,7 +35,7 @@ class View:
 
     __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
                  "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row",
-                 "alike")
+                 "alike", "run_heads")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
@@ -55,6 +55,10 @@ class View:
             self.values = values
         # Views alike turn a row into the same operation (agent.site.fanout).
         self.alike = (self.positions, self.filter_position, self.values)
+        # The heads of the runs of INSERTs and DELETEs (codec.ops.Run but the rows).
+        width = len(self.key_positions)
+        self.run_heads = {KIND_INSERT: (self.table, KIND_INSERT, width, (), self.names),
+                          OpKind.DELETE: (self.table, OpKind.DELETE, width, self.names, ())}
 
     def contains(self, row: tuple) -> bool:
         """Whether an image (a slice of the shape's columns, and for a row
@@ -117,6 +121,16 @@ class View:
         before, after = ((), self.names) if kind == KIND_INSERT else (self.names, ())
         return [Run(self.table, kind, width, before, after, made[start:start + RUN_ROWS])
                 for start in range(0, len(made), RUN_ROWS)]
+
+    def subset_runs(self, kind: int, rows: list[tuple]) -> list[Run]:
+        """:meth:`runs` of INSERT or DELETE capture ``rows`` known to be in
+        the subset (routed by their value, agent.site.fanout): none is
+        looked at again."""
+        head, old_row = self.run_heads[kind], self.old_row
+        if len(rows) == 1:
+            return [_new(Run, (*head, [old_row(rows[0])]))]
+        made = list(map(old_row, rows))
+        return [_new(Run, (*head, made[start:start + RUN_ROWS])) for start in range(0, len(made), RUN_ROWS)]
 
     def update(self, row: tuple) -> Operation | None:
         """The operation an UPDATE capture row becomes: an UPDATE of the
@@ -224,6 +238,9 @@ def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | N
             # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
             itemgetter(*(4 + i for i in (*key_positions, *positions))),
             _getter([4 + width + i for i in key_positions]), place)
+
+
+_new = tuple.__new__
 
 
 def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
