@@ -219,23 +219,21 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
         for index in members:
             ops[index].extend(selected)
         return
-    table, kind, width, before, after, rows = first
-    size = RUN_ROWS - len(rows)
-    rest = selected[1:] if len(selected) > 1 else None
+    head, rows = first[:5], first[5]
+    room = RUN_ROWS - len(rows)
     for index in members:
         mine = ops[index]
         if mine:
             last = mine[-1]
-            if (type(last) is Run and last[1] == kind and last[0] == table and last[4] == after
-                    and last[3] == before and last[2] == width and len(last[5]) <= size):
+            if type(last) is Run and last[:5] == head and len(last[5]) <= room:
                 joined = owned.get(index)
                 if joined is not None and last[5] is joined:
                     joined.extend(rows)
                 else:
                     joined = owned[index] = [*last[5], *rows]
-                    mine[-1] = _new(Run, (table, kind, width, before, after, joined))
-                if rest is not None:
-                    mine.extend(rest)
+                    mine[-1] = _new(Run, (*head, joined))
+                if len(selected) > 1:
+                    mine.extend(islice(selected, 1, None))
                 continue
         mine.extend(selected)
 

@@ -180,6 +180,7 @@ class View:
         last: object = None  # what the run being filled holds: its changed columns, or a move's kind
         table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
                                                        self.old_filter, self.new_filter, self.values)
+        old_image, new_image, old_key, indexes = self.old_image, self.new_image, self.old_key, self.indexes
         for row in rows:
             if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
                 # Moved out of the subset (a DELETE of the old row), into it
@@ -197,17 +198,20 @@ class View:
                     last = kind
                 bundle.append(made_row)
                 continue
-            old = self.old_image(row)
-            new = self.new_image(row)
-            changed = self._changed(old, new)
+            old = old_image(row)
+            new = new_image(row)
+            if 0.0 in old:  # as _changed
+                changed = [index for index, a, b in zip(indexes, old, new) if not _same(a, b)]
+            else:
+                changed = [index for index, a, b in zip(indexes, old, new) if a != b or type(a) is not type(b)]
             if not changed:
                 continue
             if changed != last or len(bundle) >= RUN_ROWS:
                 columns = tuple(names[i] for i in changed)
                 bundle = []
-                made.append(Run(table, OpKind.UPDATE, width, columns, columns, bundle))  # type: ignore[arg-type]
+                made.append(_new(Run, (table, OpKind.UPDATE, width, columns, columns, bundle)))
                 last = changed
-            bundle.append((*self.old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
+            bundle.append((*old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
         return made
 
 @lru_cache(maxsize=4096)
