@@ -161,7 +161,7 @@ class Router:
             if not route.classes:
                 continue
             buckets: dict[int, list[tuple]]
-            if route.old_at is None:
+            if not route.filters:
                 run = list(group)
                 buckets = {number: run for number in route.every}
             else:
@@ -176,7 +176,7 @@ class Router:
                             bucket.append(row)
             for number in sorted(buckets) if len(buckets) > 1 else buckets:
                 view, members = route.classes[number]
-                if origin_index in members:  # no echo
+                if origin_index is not None and origin_index in members:  # no echo
                     members = tuple(index for index in members if index != origin_index)
                     if not members:
                         continue
