@@ -17,6 +17,7 @@ Rules of this file:
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 from codec.ops import OpKind, Operation, Run, Transaction
 
@@ -25,6 +26,8 @@ from codec.ops import OpKind, Operation, Run, Transaction
 # subscriber's operations) are not folded, so that a transaction read in
 # pieces folds exactly as a whole one (docs/site-database.md, "Folding").
 FOLD_WINDOW = 1_000
+# The kind of an operation, and of a run.
+_KIND = itemgetter(1)
 
 def make_transaction(commit: int, origin: str, ops: list[Operation]) -> Transaction | None:
     """The transaction a subscriber receives from the operations selected
@@ -51,7 +54,7 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     after the parent's DELETE would find the row gone where the INSERT
     puts it back.  And only within FOLD_WINDOW operations (see
     :class:`_Folder`)."""
-    if not any(op[1] == OpKind.DELETE for op in ops) or not _reinserted(ops):  # a run's kind is op[1] too
+    if OpKind.DELETE not in map(_KIND, ops) or not _reinserted(ops):  # a run's kind is op[1] too
         return ops  # nothing can fold: runs stay runs
     folder = _Folder()
     folder.add(ops)
@@ -96,7 +99,7 @@ class _Folder:
 
     def add(self, ops: list) -> None:
         held = self.ops
-        if not self.deleted and not any(op[1] == OpKind.DELETE for op in ops):
+        if not self.deleted and OpKind.DELETE not in map(_KIND, ops):
             for op in ops:  # nothing to fold: the indexes of later DELETEs are what counts
                 _place(held, op)
             return
