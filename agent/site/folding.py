@@ -54,11 +54,18 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     after the parent's DELETE would find the row gone where the INSERT
     puts it back.  And only within FOLD_WINDOW operations (see
     :class:`_Folder`)."""
-    if OpKind.DELETE not in map(_KIND, ops) or not _reinserted(ops):  # a run's kind is op[1] too
+    kinds = list(map(_KIND, ops))  # a run's kind is op[1] too
+    if OpKind.DELETE not in kinds:
         return ops  # nothing can fold: runs stay runs
+    # What comes before the first DELETE folds into nothing and changes no
+    # decision (each compares places from that DELETE on, and distances).
+    first = kinds.index(OpKind.DELETE)
+    rest = ops[first:]
+    if not _reinserted(rest):
+        return ops
     folder = _Folder()
-    folder.add(ops)
-    return folder.take(0)
+    folder.add(rest)
+    return [*ops[:first], *folder.take(0)] if first else folder.take(0)
 
 def _reinserted(ops: list) -> bool:
     """Whether a row deleted in ``ops`` is inserted again after its DELETE

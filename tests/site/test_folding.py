@@ -122,6 +122,10 @@ def test_runs_fold_as_the_operations_they_stand_for(seed):
         bundled += to_runs(ops[start:stop])
         start = stop
     expected = _fold_reinserts(list(ops))
+    # What comes before the first DELETE is left out of the folding: the same.
+    whole = _Folder()
+    whole.add(list(ops))
+    assert expected == whole.take(0)
     folded = _fold_reinserts(bundled)
     assert list(operations_of(folded)) == expected
     # Folded on the runs' rows: what folds becomes a run of one UPDATE, the
