@@ -57,33 +57,35 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     kinds = list(map(_KIND, ops))  # a run's kind is op[1] too
     if OpKind.DELETE not in kinds:
         return ops  # nothing can fold: runs stay runs
-    # What comes before the first DELETE folds into nothing and changes no
-    # decision (each compares places from that DELETE on, and distances).
+    # What comes before the first DELETE, and after the last INSERT of a
+    # row deleted before it, folds into nothing and changes no decision
+    # (each compares places from that DELETE on, and distances).
     first = kinds.index(OpKind.DELETE)
-    rest = ops[first:]
-    if not _reinserted(rest):
+    end = first + _reinserted(ops[first:])
+    if end == first:
         return ops
     folder = _Folder()
-    folder.add(rest)
-    return [*ops[:first], *folder.take(0)] if first else folder.take(0)
+    folder.add(ops[first:end])
+    return [*ops[:first], *folder.take(0), *ops[end:]]
 
-def _reinserted(ops: list) -> bool:
-    """Whether a row deleted in ``ops`` is inserted again after its DELETE
-    (else nothing folds, and the operations are what they are)."""
+def _reinserted(ops: list) -> int:
+    """How many of ``ops`` hold every INSERT of a row deleted in ``ops``
+    before it (0: none, nothing folds, and the operations are what they are)."""
     deleted: set[tuple[str, tuple]] = set()
-    for op in ops:
+    end = 0
+    for position, op in enumerate(ops, 1):
         kind = op[1]
         if type(op) is Run:
             width, table = op.key_width, op.table
             if kind == OpKind.DELETE:
                 deleted.update((table, row[:width]) for row in op.rows)
             elif kind == OpKind.INSERT and deleted and any((table, row[:width]) in deleted for row in op.rows):
-                return True
+                end = position
         elif kind == OpKind.DELETE:
             deleted.add((op[0], op[2]))
         elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
-            return True
-    return False
+            end = position
+    return end
 
 
 class _Folder:
