@@ -14,13 +14,15 @@ from __future__ import annotations
 from itertools import groupby, islice
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from codec.ops import Operation, Transaction, op_count
+from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
 from .errors import InvalidSetting
 from .folding import make_transaction
 from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
 from .view import View
+
+_new = tuple.__new__
 
 
 class _Route(NamedTuple):
@@ -137,6 +139,7 @@ class Router:
         A row is converted once for each class of readers it concerns."""
         origin_index = self._index.get(origin)
         added = 0
+        owned: dict[int, list] = {}  # a member's joined run's rows (_hand_runs)
         for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
             if flags and flags & FLAG_RETURN_TO_ORIGIN:
                 if origin_index is not None:  # written back to its origin: for that reader alone
@@ -158,7 +161,7 @@ class Router:
             if not route.classes:
                 continue
             buckets: dict[int, list[tuple]]
-            if route.old_at is None:
+            if not route.filters:
                 run = list(group)
                 buckets = {number: run for number in route.every}
             else:
@@ -171,9 +174,9 @@ class Router:
                             buckets[number] = [row]
                         else:
                             bucket.append(row)
-            for number in sorted(buckets):
+            for number in sorted(buckets) if len(buckets) > 1 else buckets:
                 view, members = route.classes[number]
-                if origin_index in members:  # no echo
+                if origin_index is not None and origin_index in members:  # no echo
                     members = tuple(index for index in members if index != origin_index)
                     if not members:
                         continue
@@ -184,14 +187,55 @@ class Router:
                     update_op = view.update
                     selected = [op for op in map(update_op, bucket) if op is not None]
                 elif self.runs:
-                    selected = view.runs(kind, bucket)
+                    # A bucket holds the rows of the class's subset (routed by
+                    # their value) or every row (no subset): none to leave out.
+                    selected = view.subset_runs(kind, bucket) if type(view) is View else view.runs(kind, bucket)
                 else:
                     selected = view.rows(kind, bucket)
                 if selected:
-                    for index in members:
-                        ops[index].extend(selected)
-                    added += op_count(selected) * len(members)
+                    if self.runs:
+                        _hand_runs(selected, members, ops, owned)
+                    else:
+                        for index in members:
+                            ops[index].extend(selected)
+                    if len(selected) == 1 and type(selected[0]) is Run:
+                        added += len(selected[0][5]) * len(members)
+                    else:
+                        added += op_count(selected) * len(members)
         return added
+
+
+def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operation]],
+               owned: dict[int, list]) -> None:
+    """Append the runs one class selected to each member's operations, the
+    first joined to the run a member's operations end with when both have
+    the same head (table, kind and columns) and fit in one run: each
+    subscriber's runs are then those codec.ops.to_runs makes of its
+    operations, which its packer takes as they are.  The runs of a class are
+    shared by its members; a member's joined run is its own (its rows in
+    ``owned``), filled further by the next run of that head."""
+    first = selected[0]
+    if type(first) is not Run:
+        for index in members:
+            ops[index].extend(selected)
+        return
+    head, rows = first[:5], first[5]
+    room = RUN_ROWS - len(rows)
+    for index in members:
+        mine = ops[index]
+        if mine:
+            last = mine[-1]
+            if type(last) is Run and last[:5] == head and len(last[5]) <= room:
+                joined = owned.get(index)
+                if joined is not None and last[5] is joined:
+                    joined.extend(rows)
+                else:
+                    joined = owned[index] = [*last[5], *rows]
+                    mine[-1] = _new(Run, (*head, joined))
+                if len(selected) > 1:
+                    mine.extend(islice(selected, 1, None))
+                continue
+        mine.extend(selected)
 
 # A pass over the log for several subscribers holds at most this many
 # selected operations of one log transaction (all subscribers together)

@@ -9,14 +9,15 @@ Rules of this file:
 * Pure: operations in, operations out; a transaction read in pieces
   (:class:`_Folder`) folds exactly as a whole one.  Operations may come
   bundled in runs (codec.ops.Run, from agent.site.selection): a run counts
-  as its rows; in a transaction that deletes a row and inserts it again,
-  runs of INSERTs and DELETEs are taken apart into the operations they
-  stand for, runs of UPDATEs keep their places.
+  as its rows and is folded on its rows, never taken apart into the
+  operations it stands for: a row that folds becomes a run of one UPDATE
+  (or nothing), the run it was in is cut around it.
 """
 
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 from codec.ops import OpKind, Operation, Run, Transaction
 
@@ -25,6 +26,8 @@ from codec.ops import OpKind, Operation, Run, Transaction
 # subscriber's operations) are not folded, so that a transaction read in
 # pieces folds exactly as a whole one (docs/site-database.md, "Folding").
 FOLD_WINDOW = 1_000
+# The kind of an operation, and of a run.
+_KIND = itemgetter(1)
 
 def make_transaction(commit: int, origin: str, ops: list[Operation]) -> Transaction | None:
     """The transaction a subscriber receives from the operations selected
@@ -51,29 +54,38 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     after the parent's DELETE would find the row gone where the INSERT
     puts it back.  And only within FOLD_WINDOW operations (see
     :class:`_Folder`)."""
-    if not any(op[1] == OpKind.DELETE for op in ops) or not _reinserted(ops):  # a run's kind is op[1] too
+    kinds = list(map(_KIND, ops))  # a run's kind is op[1] too
+    if OpKind.DELETE not in kinds:
         return ops  # nothing can fold: runs stay runs
+    # What comes before the first DELETE, and after the last INSERT of a
+    # row deleted before it, folds into nothing and changes no decision
+    # (each compares places from that DELETE on, and distances).
+    first = kinds.index(OpKind.DELETE)
+    end = first + _reinserted(ops[first:])
+    if end == first:
+        return ops
     folder = _Folder()
-    folder.add(ops)
-    return folder.take(0)
+    folder.add(ops[first:end])
+    return [*ops[:first], *folder.take(0), *ops[end:]]
 
-def _reinserted(ops: list) -> bool:
-    """Whether a row deleted in ``ops`` is inserted again after its DELETE
-    (else nothing folds, and the operations are what they are)."""
+def _reinserted(ops: list) -> int:
+    """How many of ``ops`` hold every INSERT of a row deleted in ``ops``
+    before it (0: none, nothing folds, and the operations are what they are)."""
     deleted: set[tuple[str, tuple]] = set()
-    for op in ops:
+    end = 0
+    for position, op in enumerate(ops, 1):
         kind = op[1]
         if type(op) is Run:
             width, table = op.key_width, op.table
             if kind == OpKind.DELETE:
                 deleted.update((table, row[:width]) for row in op.rows)
             elif kind == OpKind.INSERT and deleted and any((table, row[:width]) in deleted for row in op.rows):
-                return True
+                end = position
         elif kind == OpKind.DELETE:
             deleted.add((op[0], op[2]))
         elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
-            return True
-    return False
+            end = position
+    return end
 
 
 class _Folder:
@@ -86,8 +98,8 @@ class _Folder:
     def __init__(self) -> None:
         # One place per operation, in order: an operation, None where one
         # was folded away, or a run in its first place and _MORE in the
-        # places of its other rows (a run of UPDATEs is never taken apart:
-        # only INSERTs and DELETEs fold).
+        # places of its other rows (a DELETE folded away is cut out of its
+        # run: the rows before and after it are placed as runs of their own).
         self.ops: list = []
         self.base = 0  # the index in the transaction of ops[0]
         self.deleted: dict[tuple[str, tuple], int] = {}
@@ -96,36 +108,107 @@ class _Folder:
 
     def add(self, ops: list) -> None:
         held = self.ops
-        if not self.deleted and not any(op[1] == OpKind.DELETE for op in ops):
+        if not self.deleted and OpKind.DELETE not in map(_KIND, ops):
             for op in ops:  # nothing to fold: the indexes of later DELETEs are what counts
                 _place(held, op)
             return
         deleted, last_change = self.deleted, self.last_change
         for entry in ops:
-            if type(entry) is Run and entry.kind == OpKind.UPDATE:
-                last_change[entry.table] = self.base + len(held) + len(entry.rows) - 1
-                _place(held, entry)
+            if type(entry) is Run:
+                if entry[1] == OpKind.UPDATE:  # no row of it folds: placed as _place places it
+                    size = len(entry[5])
+                    last_change[entry[0]] = self.base + len(held) + size - 1
+                    held.append(entry)
+                    if size > 1:
+                        held.extend([_MORE] * (size - 1))
+                else:
+                    self._add_run(entry)
                 continue
-            for op in (entry.operations() if type(entry) is Run else (entry,)):
-                index = self.base + len(held)
-                previous = last_change.get(op.table)
-                last_change[op.table] = index
-                if op.kind == OpKind.DELETE:
-                    deleted[(op.table, op.key)] = index
-                    self.last_delete = index
-                elif op.kind == OpKind.INSERT:
-                    position = deleted.pop((op.table, op.key), None)
-                    if (position is not None and previous == position and self.last_delete == position
-                            and index - position <= FOLD_WINDOW and position >= self.base):
-                        old = held[position - self.base].before
-                        new = op.after
-                        changed = [column for column in new
-                                   if not (column in old and _same(old[column], new[column]))]
-                        held[position - self.base] = None
-                        held.append(_operation(op.table, OpKind.UPDATE, op.key, {c: old.get(c) for c in changed},
-                                               {c: new[c] for c in changed}) if changed else None)
-                        continue
-                held.append(op)
+            index = self.base + len(held)
+            previous = last_change.get(entry.table)
+            last_change[entry.table] = index
+            if entry.kind == OpKind.DELETE:
+                deleted[(entry.table, entry.key)] = index
+                self.last_delete = index
+            elif entry.kind == OpKind.INSERT:
+                position = deleted.pop((entry.table, entry.key), None)
+                if position is not None and self._folds(position, previous, index):
+                    old = self._unplace(position)
+                    new = entry.after
+                    changed = [column for column in new if not (column in old and _same(old[column], new[column]))]
+                    held.append(_operation(entry.table, OpKind.UPDATE, entry.key, {c: old.get(c) for c in changed},
+                                           {c: new[c] for c in changed}) if changed else None)
+                    continue
+            held.append(entry)
+
+    def _add_run(self, run: Run) -> None:
+        """:meth:`add` of one run, on its rows: a run is placed whole, or in
+        the pieces between the rows of it that fold (each an UPDATE run of
+        one row, or nothing)."""
+        held, last_change = self.ops, self.last_change
+        table, kind, width, before, after, rows = run
+        start = self.base + len(held)
+        end = start + len(rows) - 1
+        if kind == OpKind.INSERT and not (self.deleted and any((table, row[:width]) in self.deleted for row in rows)):
+            last_change[table] = end  # no row of it folds
+            _place(held, run)
+            return
+        if kind == OpKind.DELETE:
+            deleted = self.deleted
+            for index, row in enumerate(rows, start):
+                deleted[(table, row[:width])] = index
+            last_change[table] = self.last_delete = end
+            _place(held, run)
+            return
+        taken = 0  # rows placed
+        for index, row in enumerate(rows, start):
+            previous = last_change.get(table)
+            last_change[table] = index
+            key = row[:width]
+            position = self.deleted.pop((table, key), None)
+            if position is None or not self._folds(position, previous, index):
+                continue
+            if index - start > taken:
+                _place(held, _new(Run, (table, kind, width, before, after, rows[taken:index - start])))
+            taken = index - start + 1
+            old = self._unplace(position)
+            new = dict(zip(after, row[width:]))
+            changed = tuple(column for column in new if not (column in old and _same(old[column], new[column])))
+            held.append(_new(Run, (table, OpKind.UPDATE, width, changed, changed,
+                                   [(*key, *[old.get(c) for c in changed], *[new[c] for c in changed])]))
+                        if changed else None)
+        if taken == 0:
+            _place(held, run)
+        elif taken < len(rows):
+            _place(held, _new(Run, (table, kind, width, before, after, rows[taken:])))
+
+    def _folds(self, position: int, previous: int | None, index: int) -> bool:
+        """Whether the INSERT at ``index`` folds into the DELETE of its row
+        at ``position``, ``previous`` the index of its table's operation before it."""
+        return (previous == position and self.last_delete == position and index - position <= FOLD_WINDOW
+                and position >= self.base)
+
+    def _unplace(self, position: int) -> dict:
+        """Take the DELETE at ``position`` out of its place (a run is cut
+        around its row); return its old row."""
+        held = self.ops
+        at = position - self.base
+        op = held[at]
+        if type(op) is not Run and op is not _MORE:
+            held[at] = None
+            return op.before
+        first = at
+        while held[first] is _MORE:
+            first -= 1
+        run = held[first]
+        table, kind, width, before, after, rows = run
+        cut = at - first
+        row = rows[cut]
+        held[first] = _new(Run, (table, kind, width, before, after, rows[:cut])) if cut else None
+        held[at] = None
+        if cut + 1 < len(rows):
+            held[at + 1] = _new(Run, (table, kind, width, before, after, rows[cut + 1:]))
+        return dict(zip(before, row[width:]))
 
     def take(self, keep: int) -> list:
         """The operations but the last ``keep``, folded, in order (a run the
@@ -158,6 +241,9 @@ def _place(held: list, op: object) -> None:
     held.append(op)
     if type(op) is Run and len(op.rows) > 1:
         held.extend([_MORE] * (len(op.rows) - 1))
+
+_new = tuple.__new__
+
 
 def _same(left: object, right: object) -> bool:
     if type(left) is not type(right):

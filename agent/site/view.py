@@ -35,7 +35,7 @@ class View:
 
     __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
                  "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row",
-                 "alike")
+                 "alike", "run_heads")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
@@ -55,6 +55,10 @@ class View:
             self.values = values
         # Views alike turn a row into the same operation (agent.site.fanout).
         self.alike = (self.positions, self.filter_position, self.values)
+        # The heads of the runs of INSERTs and DELETEs (codec.ops.Run but the rows).
+        width = len(self.key_positions)
+        self.run_heads = {KIND_INSERT: (self.table, KIND_INSERT, width, (), self.names),
+                          OpKind.DELETE: (self.table, OpKind.DELETE, width, self.names, ())}
 
     def contains(self, row: tuple) -> bool:
         """Whether an image (a slice of the shape's columns, and for a row
@@ -118,6 +122,16 @@ class View:
         return [Run(self.table, kind, width, before, after, made[start:start + RUN_ROWS])
                 for start in range(0, len(made), RUN_ROWS)]
 
+    def subset_runs(self, kind: int, rows: list[tuple]) -> list[Run]:
+        """:meth:`runs` of INSERT or DELETE capture ``rows`` known to be in
+        the subset (routed by their value, agent.site.fanout): none is
+        looked at again."""
+        head, old_row = self.run_heads[kind], self.old_row
+        if len(rows) == 1:
+            return [_new(Run, (*head, [old_row(rows[0])]))]
+        made = list(map(old_row, rows))
+        return [_new(Run, (*head, made[start:start + RUN_ROWS])) for start in range(0, len(made), RUN_ROWS)]
+
     def update(self, row: tuple) -> Operation | None:
         """The operation an UPDATE capture row becomes: an UPDATE of the
         published columns that changed, a DELETE or INSERT when it moves the
@@ -153,35 +167,51 @@ class View:
             return [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
         return [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
 
-    def update_runs(self, rows: Iterable[tuple]) -> list:
-        """:meth:`update` of consecutive UPDATE capture rows, the UPDATEs of
-        the same changed columns bundled in runs (codec.ops.Run; a move
-        into or out of the subset stays an operation)."""
+    def update_runs(self, rows: Iterable[tuple]) -> list[Run]:
+        """:meth:`update` of consecutive UPDATE capture rows in runs
+        (codec.ops.Run): the UPDATEs of the same changed columns bundled,
+        and the DELETEs and INSERTs of rows moved out of or into the subset
+        too; consecutive runs never share their head (the runs codec.ops.to_runs
+        makes of the same operations)."""
         if self.old_filter is None and self.values is not None:
             return []  # filtered by a column these rows do not have: nothing matches
         made: list = []
         bundle: list = []
-        last = None
+        last: object = None  # what the run being filled holds: its changed columns, or a move's kind
         table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
                                                        self.old_filter, self.new_filter, self.values)
+        old_image, new_image, old_key, indexes = self.old_image, self.new_image, self.old_key, self.indexes
         for row in rows:
             if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
-                op = self.update(row)  # moved into or out of the subset, or neither
-                if op is not None:
-                    made.append(op)
-                    last = None
+                # Moved out of the subset (a DELETE of the old row), into it
+                # (an INSERT of the new one), or neither (nothing).
+                if row[old_at] in values:  # type: ignore[operator]
+                    kind, made_row = OpKind.DELETE, (*self.old_key(row), *self.old_image(row))
+                elif row[new_at] in values:  # type: ignore[operator]
+                    kind, made_row = OpKind.INSERT, (*self.new_key(row), *self.new_image(row))
+                else:
+                    continue
+                if kind != last or len(bundle) >= RUN_ROWS:
+                    bundle = []
+                    made.append(Run(table, kind, width, names if kind == OpKind.DELETE else (),  # type: ignore[arg-type]
+                                    () if kind == OpKind.DELETE else names, bundle))
+                    last = kind
+                bundle.append(made_row)
                 continue
-            old = self.old_image(row)
-            new = self.new_image(row)
-            changed = self._changed(old, new)
+            old = old_image(row)
+            new = new_image(row)
+            if 0.0 in old:  # as _changed
+                changed = [index for index, a, b in zip(indexes, old, new) if not _same(a, b)]
+            else:
+                changed = [index for index, a, b in zip(indexes, old, new) if a != b or type(a) is not type(b)]
             if not changed:
                 continue
             if changed != last or len(bundle) >= RUN_ROWS:
                 columns = tuple(names[i] for i in changed)
                 bundle = []
-                made.append(Run(table, OpKind.UPDATE, width, columns, columns, bundle))  # type: ignore[arg-type]
+                made.append(_new(Run, (table, OpKind.UPDATE, width, columns, columns, bundle)))
                 last = changed
-            bundle.append((*self.old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
+            bundle.append((*old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
         return made
 
 @lru_cache(maxsize=4096)
@@ -212,6 +242,9 @@ def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | N
             # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
             itemgetter(*(4 + i for i in (*key_positions, *positions))),
             _getter([4 + width + i for i in key_positions]), place)
+
+
+_new = tuple.__new__
 
 
 def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:

@@ -122,7 +122,15 @@ def test_runs_fold_as_the_operations_they_stand_for(seed):
         bundled += to_runs(ops[start:stop])
         start = stop
     expected = _fold_reinserts(list(ops))
-    assert list(operations_of(_fold_reinserts(bundled))) == expected
+    # What comes before the first DELETE is left out of the folding: the same.
+    whole = _Folder()
+    whole.add(list(ops))
+    assert expected == whole.take(0)
+    folded = _fold_reinserts(bundled)
+    assert list(operations_of(folded)) == expected
+    # Folded on the runs' rows: what folds becomes a run of one UPDATE, the
+    # rest stays in runs (cut around a row folded away), none taken apart.
+    assert all(type(op) is Run for op in folded)
     for piece in (1, 7, 50):
         # In pieces: the same adds and takes (in operations) give the same,
         # a run cut in two where a take falls inside it.
@@ -137,6 +145,7 @@ def test_runs_fold_as_the_operations_they_stand_for(seed):
         taken += with_runs.take(0)
         expected_taken += one_by_one.take(0)
         assert list(operations_of(taken)) == expected_taken, piece
+        assert all(type(op) is Run for op in taken)
 
 
 def test_a_reinsert_with_a_delete_of_another_table_between_is_not_folded():

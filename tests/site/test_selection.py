@@ -145,6 +145,39 @@ def test_one_pass_reads_for_each_subscriber_what_it_reads_alone(hq, hold, runs):
         assert all(start < commit <= end for commit in commits)
 
 
+def test_one_pass_hands_each_subscriber_the_runs_its_packer_takes_as_they_are(hq):
+    """Rows every subscriber receives (line) between rows of one subset
+    (customer) reach each subscriber joined into the runs codec.ops.to_runs
+    makes of its operations, moves into and out of a subset too: the packer
+    takes them as they are, and they stand for what each reads alone."""
+    from codec.ops import runs_counted
+
+    start = hq.scan()
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south')")
+    hq.scan()
+    app.execute("BEGIN")
+    for number in range(1, 40):
+        app.execute("INSERT INTO line VALUES (?, 1, 'A', 1)", (number,))
+        app.execute("INSERT INTO customer (id, name, region) VALUES (?, 'c', ?)",
+                    (100 + number, ["north", "south", "east"][number % 3]))
+        app.execute("UPDATE line SET qty = ? WHERE order_id = ?", (number, number))
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 1")  # north1: DELETE, south1: INSERT
+    app.execute("UPDATE customer SET region = 'north' WHERE id = 2")
+    app.execute("UPDATE customer SET region = 'east' WHERE id = 101")
+    app.execute("COMMIT")
+    end = hq.scan()
+    reads = [("north1", start, end), ("south1", start, end), ("idle", start, end)]
+    together: dict[int, list] = {index: [] for index in range(len(reads))}
+    for index, transaction in hq.read_logs(reads, runs=True):
+        assert all(type(op) is Run for op in transaction.ops)
+        runs, _count = runs_counted(transaction.ops)
+        assert len(runs) == len(transaction.ops) and all(a is b for a, b in zip(runs, transaction.ops))
+        together[index].append(expanded(transaction))
+    assert together == {index: list(hq.read_log(*read)) for index, read in enumerate(reads)}
+    assert max(len(transaction.ops) for transaction in together[0]) > 40
+
+
 def test_one_pass_reads_each_capture_row_once(hq):
     reads = _reads(_busy_log(hq))[:4]
     statements: list[str] = []
