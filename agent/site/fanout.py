@@ -44,11 +44,6 @@ class _Route(NamedTuple):
     every: tuple[int, ...]
     filters: tuple[tuple[int, int, dict[object, tuple[int, ...]]], ...]
 
-    @property
-    def old_at(self) -> int | None:
-        """Where the filter value sits, when some class filters (None: no class does)."""
-        return self.filters[0][0] if self.filters else None
-
     def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
         """The classes an ordinary capture ``row`` of this shape can concern."""
         numbers = self.every
