@@ -429,9 +429,10 @@ class Applier:
 
     def _run(self, table: SqliteTable, kind: int, sql: str, run: list, params: list, batch: Batch,
              consolidated: bool) -> None:
-        # A savepoint journals every existing page a statement changes; past
-        # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
-        # file, which halves UPDATE speed.  Small chunks stay in memory.
+        # A savepoint journals every existing page a statement changes (in
+        # memory: _db.connect sets temp_store); a chunk that fails is
+        # replayed one operation at a time, so a chunk of UPDATEs or DELETEs,
+        # which conflicts and missing rows send down that path, stays small.
         step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
         returns = batch.returns
         for start in range(0, len(run), step):
