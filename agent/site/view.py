@@ -13,7 +13,7 @@ Rules of this file:
 from __future__ import annotations
 
 from functools import lru_cache
-from operator import itemgetter
+from operator import itemgetter, ne
 from typing import Callable, Iterable
 
 from codec.ops import RUN_ROWS, OpKind, Operation, Run
@@ -35,7 +35,7 @@ class View:
 
     __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
                  "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row",
-                 "alike")
+                 "alike", "picks")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
@@ -43,7 +43,8 @@ class View:
         # shared by every subscriber's view of it (a fleet of thousands
         # sees one table alike, each with its own SUBSCRIBE BY values).
         (self.table, self.width, self.positions, self.names, self.key_positions, self.indexes, self.old_image,
-         self.new_image, self.old_key, self.old_row, self.new_key, place) = _layout(shape, columns, subscribe_by)
+         self.new_image, self.old_key, self.old_row, self.new_key, place, self.picks) = _layout(shape, columns,
+                                                                                                 subscribe_by)
         if place is None or values is None:
             self.filter_position = self.old_filter = self.new_filter = None
             self.values = None
@@ -156,14 +157,22 @@ class View:
     def update_runs(self, rows: Iterable[tuple]) -> list:
         """:meth:`update` of consecutive UPDATE capture rows, the UPDATEs of
         the same changed columns bundled in runs (codec.ops.Run; a move
-        into or out of the subset stays an operation)."""
+        into or out of the subset stays an operation).
+
+        The columns that changed come as a flag per published column,
+        compared in C; a row holding a zero or a value whose type changed
+        is compared exactly (:meth:`_changed`).  Each set of flags has its
+        run's column names and a getter that picks the run's row (key, old
+        values, new values) out of the capture row in one step
+        (:meth:`_pick`)."""
         if self.old_filter is None and self.values is not None:
             return []  # filtered by a column these rows do not have: nothing matches
         made: list = []
         bundle: list = []
         last = None
-        table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
-                                                       self.old_filter, self.new_filter, self.values)
+        table, width, old_at, new_at, values = (self.table, len(self.key_positions), self.old_filter,
+                                                self.new_filter, self.values)
+        old_image, new_image, picks = self.old_image, self.new_image, self.picks
         for row in rows:
             if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
                 op = self.update(row)  # moved into or out of the subset, or neither
@@ -171,18 +180,48 @@ class View:
                     made.append(op)
                     last = None
                 continue
-            old = self.old_image(row)
-            new = self.new_image(row)
-            changed = self._changed(old, new)
-            if not changed:
-                continue
-            if changed != last or len(bundle) >= RUN_ROWS:
-                columns = tuple(names[i] for i in changed)
+            old = old_image(row)
+            new = new_image(row)
+            if 0.0 in old or tuple(map(type, old)) != tuple(map(type, new)):
+                changed = self._changed(old, new)
+                flags = tuple(index in changed for index in self.indexes)
+            else:
+                flags = tuple(map(ne, old, new))
+            found = picks.get(flags)
+            if found is None:
+                found = self._pick(flags)
+            columns, pick = found
+            if pick is None:
+                continue  # no published column changed
+            if columns != last or len(bundle) >= RUN_ROWS:
                 bundle = []
                 made.append(Run(table, OpKind.UPDATE, width, columns, columns, bundle))  # type: ignore[arg-type]
-                last = changed
-            bundle.append((*self.old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
+                last = columns
+            bundle.append(pick(row))
         return made
+
+    def _pick(self, flags: tuple[bool, ...]) -> tuple:
+        """The run's columns and the getter of a run's row for UPDATE
+        capture rows whose published columns changed where ``flags`` say;
+        kept with the layout, shared by the views alike."""
+        changed = [index for index, flag in zip(self.indexes, flags) if flag]
+        if not changed:
+            found: tuple = (None, None)
+        else:
+            at = [self.positions[index] for index in changed]
+            found = (tuple(self.names[index] for index in changed),
+                     itemgetter(*(4 + i for i in self.key_positions), *(4 + i for i in at),
+                                *(4 + self.width + i for i in at)))
+        if len(self.picks) >= _PICKS_KEPT:
+            self.picks.clear()
+        self.picks[flags] = found
+        return found
+
+
+# Sets of changed columns a layout keeps the getters of (a wide table
+# updated every which way makes many; each is cheap to make again).
+_PICKS_KEPT = 1024
+
 
 @lru_cache(maxsize=4096)
 def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None) -> tuple:
@@ -211,7 +250,7 @@ def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | N
             _getter([4 + i for i in key_positions]),
             # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
             itemgetter(*(4 + i for i in (*key_positions, *positions))),
-            _getter([4 + width + i for i in key_positions]), place)
+            _getter([4 + width + i for i in key_positions]), place, {})
 
 
 def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
