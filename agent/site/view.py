@@ -13,7 +13,7 @@ Rules of this file:
 from __future__ import annotations
 
 from functools import lru_cache
-from operator import itemgetter
+from operator import itemgetter, ne
 from typing import Callable, Iterable
 
 from codec.ops import RUN_ROWS, OpKind, Operation, Run
@@ -35,7 +35,7 @@ class View:
 
     __slots__ = ("table", "width", "names", "positions", "key_positions", "filter_position", "values",
                  "indexes", "old_image", "new_image", "old_key", "new_key", "old_filter", "new_filter", "old_row",
-                 "alike", "run_heads")
+                 "alike", "run_heads", "picks")
 
     def __init__(self, shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None,
                  values: frozenset | None) -> None:
@@ -43,7 +43,8 @@ class View:
         # shared by every subscriber's view of it (a fleet of thousands
         # sees one table alike, each with its own SUBSCRIBE BY values).
         (self.table, self.width, self.positions, self.names, self.key_positions, self.indexes, self.old_image,
-         self.new_image, self.old_key, self.old_row, self.new_key, place) = _layout(shape, columns, subscribe_by)
+         self.new_image, self.old_key, self.old_row, self.new_key, place, self.picks) = _layout(shape, columns,
+                                                                                                 subscribe_by)
         if place is None or values is None:
             self.filter_position = self.old_filter = self.new_filter = None
             self.values = None
@@ -172,7 +173,14 @@ class View:
         (codec.ops.Run): the UPDATEs of the same changed columns bundled,
         and the DELETEs and INSERTs of rows moved out of or into the subset
         too; consecutive runs never share their head (the runs codec.ops.to_runs
-        makes of the same operations)."""
+        makes of the same operations).
+
+        The columns that changed come as a flag per published column,
+        compared in C; a row holding a zero or a value whose type changed
+        is compared exactly (:meth:`_changed`).  Each set of flags has its
+        run's column names and a getter that picks the run's row (key, old
+        values, new values) out of the capture row in one step
+        (:meth:`_pick`)."""
         if self.old_filter is None and self.values is not None:
             return []  # filtered by a column these rows do not have: nothing matches
         made: list = []
@@ -180,7 +188,7 @@ class View:
         last: object = None  # what the run being filled holds: its changed columns, or a move's kind
         table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
                                                        self.old_filter, self.new_filter, self.values)
-        old_image, new_image, old_key, indexes = self.old_image, self.new_image, self.old_key, self.indexes
+        old_image, new_image, picks = self.old_image, self.new_image, self.picks
         for row in rows:
             if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
                 # Moved out of the subset (a DELETE of the old row), into it
@@ -200,19 +208,46 @@ class View:
                 continue
             old = old_image(row)
             new = new_image(row)
-            if 0.0 in old:  # as _changed
-                changed = [index for index, a, b in zip(indexes, old, new) if not _same(a, b)]
+            if 0.0 in old or tuple(map(type, old)) != tuple(map(type, new)):
+                changed = self._changed(old, new)
+                flags = tuple(index in changed for index in self.indexes)
             else:
-                changed = [index for index, a, b in zip(indexes, old, new) if a != b or type(a) is not type(b)]
-            if not changed:
-                continue
-            if changed != last or len(bundle) >= RUN_ROWS:
-                columns = tuple(names[i] for i in changed)
+                flags = tuple(map(ne, old, new))
+            found = picks.get(flags)
+            if found is None:
+                found = self._pick(flags)
+            columns, pick = found
+            if pick is None:
+                continue  # no published column changed
+            if columns != last or len(bundle) >= RUN_ROWS:
                 bundle = []
                 made.append(_new(Run, (table, OpKind.UPDATE, width, columns, columns, bundle)))
-                last = changed
-            bundle.append((*old_key(row), *map(old.__getitem__, changed), *map(new.__getitem__, changed)))
+                last = columns
+            bundle.append(pick(row))
         return made
+
+    def _pick(self, flags: tuple[bool, ...]) -> tuple:
+        """The run's columns and the getter of a run's row for UPDATE
+        capture rows whose published columns changed where ``flags`` say;
+        kept with the layout, shared by the views alike."""
+        changed = [index for index, flag in zip(self.indexes, flags) if flag]
+        if not changed:
+            found: tuple = (None, None)
+        else:
+            at = [self.positions[index] for index in changed]
+            found = (tuple(self.names[index] for index in changed),
+                     itemgetter(*(4 + i for i in self.key_positions), *(4 + i for i in at),
+                                *(4 + self.width + i for i in at)))
+        if len(self.picks) >= _PICKS_KEPT:
+            self.picks.clear()
+        self.picks[flags] = found
+        return found
+
+
+# Sets of changed columns a layout keeps the getters of (a wide table
+# updated every which way makes many; each is cheap to make again).
+_PICKS_KEPT = 1024
+
 
 @lru_cache(maxsize=4096)
 def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | None) -> tuple:
@@ -241,10 +276,7 @@ def _layout(shape: Shape, columns: tuple[str, ...] | None, subscribe_by: str | N
             _getter([4 + i for i in key_positions]),
             # key ‖ image of the old (or inserted) row: a run's row (codec.ops.Run)
             itemgetter(*(4 + i for i in (*key_positions, *positions))),
-            _getter([4 + width + i for i in key_positions]), place)
-
-
-_new = tuple.__new__
+            _getter([4 + width + i for i in key_positions]), place, {})
 
 
 def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
@@ -253,3 +285,6 @@ def _getter(indexes: list[int]) -> Callable[[tuple], tuple]:
         index = indexes[0]
         return lambda row: (row[index],)
     return itemgetter(*indexes)
+
+
+_new = tuple.__new__

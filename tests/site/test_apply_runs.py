@@ -4,6 +4,8 @@ path with the operations they stand for."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from codec.ops import Operation, Run, Transaction, to_runs
 
 from .applying import hq, remote  # noqa: F401  (fixtures)
@@ -90,3 +92,35 @@ def test_a_failing_chunk_of_a_run_is_replayed_one_by_one(hq):
     assert (result.operations_applied, result.errors) == (299, 1)
     assert hq.apply_errors()[0].operation == ("customer", 1, (150,), None, {"id": 150, "name": "n150"})
     assert table_rows(hq, "customer", "WHERE id = 150")[0][1] == "already here"
+
+
+def test_inserts_go_many_rows_a_statement_and_the_rest_one_by_one(hq):
+    """The fast path writes an INSERT run's rows many at a time in one
+    statement (driver._insert_rows; as many as SQLite binds), the rest one
+    by one, with the same result."""
+    statements = []
+    hq.connection.set_trace_callback(statements.append)
+    hq.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 31)  # 10 rows of key, id and name
+    ops = [Operation.insert("customer", (i,), {"id": i, "name": f"n{i}"}) for i in range(1, 26)]
+    plain = [Operation.insert("customer", (i,), {"id": i, "name": f"p{i}"}) for i in range(26, 42)]
+    result = hq.apply("r1", [runs_of(3, *ops), Transaction(4, "r1", tuple(plain))], log_received=4)
+    hq.connection.set_trace_callback(None)
+    assert (result.operations_applied, result.errors) == (41, 0)
+    many = {s for s in statements if s.startswith('INSERT OR IGNORE INTO "customer"') and "), (" in s}
+    assert len(many) == 3  # two of the run's 10 rows, one of the operations' (15 rows of 2 values)
+    assert [row[:2] for row in table_rows(hq, "customer")] == [(i, f"n{i}") for i in range(1, 26)] + [
+        (i, f"p{i}") for i in range(26, 42)]
+
+
+def test_rows_of_a_run_made_by_hand_not_all_of_its_width_are_never_bound_together(hq):
+    """A short row and a long one hold as many values as two good rows: in
+    one statement of many rows they would shift values from row to row
+    (here into rows 2 and 30).  They go one by one, as the operations they
+    stand for."""
+    rows = [(i, i, 10 * i) for i in range(1, 11)]
+    rows[1], rows[2] = (2, 2), (3, 3, 30, 99)
+    run = Run("customer", 1, 1, (), ("id", "extra"), tuple(rows))
+    hq.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 31)  # 10 rows of 3 values a statement
+    hq.apply("r1", [Transaction._trusted(3, "r1", (run,))], log_received=3)
+    assert [(row[0], row[-1]) for row in table_rows(hq, "customer")] == [
+        (1, 10), (2, None), *((i, 10 * i) for i in range(3, 11))]

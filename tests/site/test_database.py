@@ -70,3 +70,15 @@ def test_a_lock_held_too_long_is_a_site_busy_error(tmp_path):
         blocker.execute("ROLLBACK")
     assert site.scan() == 0
     site.close()
+
+
+def test_the_connection_commits_durably_and_keeps_its_temporary_files_in_memory(tmp_path):
+    """synchronous=FULL (an apply is confirmed once it commits); temp_store
+    MEMORY (the fast path's savepoint journals, _db.connect), which changes
+    nothing a crash needs."""
+    site = make_site(tmp_path, "hq", "consolidated", CUSTOMER)
+    conn = site.connection
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    site.close()

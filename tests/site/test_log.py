@@ -84,6 +84,43 @@ def test_truncation_follows_log_read_of_a_peer_that_confirmed_all_it_was_sent(si
         site.update_remote("r1", log_read=offsets[4] + 1)
 
 
+def test_truncating_the_whole_log_keeps_the_last_capture_row_as_it_was(site):
+    """Every peer confirmed everything: the capture table is emptied whole
+    (log._clear_capture) but for its last row, kept value for value, a
+    TEXT that is not UTF-8 included; the next change gets the next seq.
+    With a capture row the peers have not confirmed, rows go up to the
+    bound only."""
+    app = app_connection(site)
+    insert(app, 1, 2)
+    first = site.scan()
+    app.execute("INSERT INTO customer (id, name, balance, photo, extra) VALUES (3, CAST(X'FF61' AS TEXT), -0.5,"
+                " X'00FF', 7)")
+    end = site.scan()
+    conn = site.connection
+    last = conn.execute("SELECT seq, shape, kind, flags, typeof(v1), hex(v1), v3, hex(v4), v5, v6"
+                        " FROM fieldsync_capture ORDER BY seq DESC LIMIT 1").fetchone()
+    site.update_remote("r1", log_sent=first, confirm_sent=first)
+    assert site.truncate_log() == first
+    assert [row[0] for row in conn.execute("SELECT seq FROM fieldsync_capture ORDER BY seq")] == [end]
+    insert(app, 4)
+    later = site.scan()
+    site.update_remote("r1", log_sent=end, confirm_sent=end)
+    assert site.truncate_log() == end  # the row of id 4 is not confirmed: a range
+    assert [row[0] for row in conn.execute("SELECT seq FROM fieldsync_capture")] == [later]
+    site.update_remote("r1", log_sent=later, confirm_sent=later)
+    conn.execute("UPDATE fieldsync_capture SET v1 = CAST(X'FF61' AS TEXT), v3 = -0.5, v4 = X'00FF', v5 = 7"
+                 " WHERE seq = ?", (later,))
+    kept = conn.execute("SELECT seq, shape, kind, flags, typeof(v1), hex(v1), v3, hex(v4), v5, v6"
+                        " FROM fieldsync_capture").fetchall()
+    assert site.truncate_log() == later  # the whole log
+    assert conn.execute("SELECT seq, shape, kind, flags, typeof(v1), hex(v1), v3, hex(v4), v5, v6"
+                        " FROM fieldsync_capture").fetchall() == kept
+    assert kept[0][4:6] == last[4:6] == ("text", "FF61")
+    assert conn.execute("SELECT name FROM sqlite_temp_master").fetchall() == []
+    insert(app, 5)
+    assert site.scan() == later + 1
+    assert [[op.key for op in t.ops] for t in site.read_log("r1", later)] == [[(5,)]]
+
 def test_no_peers_means_no_truncation(tmp_path):
     site = make_site(tmp_path, "solo", "consolidated", CUSTOMER)
     site.create_publication("p", ["customer"])

@@ -254,3 +254,28 @@ def test_a_table_in_several_publications_is_one_plan_entry():
         (("id", "x"), "region", frozenset({"n"})), (("id", "y"), None, None)))
     # At a remote the consolidated gets every row, with every column any article publishes.
     assert plan_from_rows("hq", Role.REMOTE, articles[:3], ()).articles == {"t": (("id", "x", "y"), None, None)}
+
+
+@pytest.mark.parametrize("columns, subscribe_by", [(None, None), (("id", "b", "c"), None), (None, "a")])
+def test_update_runs_stand_for_the_operations_update_makes_of_each_row(columns, subscribe_by):
+    """View.update_runs compares the columns of most rows in C and picks
+    each run's row in one step (view._pick); a zero, -0.0, or a value of
+    another type that compares equal, changes exactly as View.update says."""
+    import random
+
+    from agent.site.capture import Shape
+    from agent.site.view import View
+
+    shape = Shape(1, "t", ("id", "a", "b", "c"), ("id",))
+    view = View(shape, columns, subscribe_by, None if subscribe_by is None else frozenset({0, 1.0, "x", None}))
+    values = [0, 0.0, -0.0, 1, 1.0, None, "", "x", b"", b"x", 2.5]
+    rng = random.Random(7)
+    rows = []
+    for seq in range(1, 3001):
+        old = [seq, *(rng.choice(values) for _ in range(3))]
+        new = [seq, *(value if rng.random() < 0.5 else rng.choice(values) for value in old[1:])]
+        rows.append((seq, 1, 2, None, *old, *new))
+    expected = [op for op in map(view.update, rows) if op is not None]
+    made = list(operations_of(view.update_runs(rows)))
+    assert made == expected
+    assert repr(made) == repr(expected)  # -0.0 and 0.0, 1 and 1.0 included

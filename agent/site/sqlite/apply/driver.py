@@ -338,7 +338,7 @@ class Applier:
             width = run.key_width
             rows = [row[:width] for row in rows]
         self._run(table, kind, self._statements.run_sql(table, run, consolidated), _Operations(run), rows, batch,
-                  consolidated)
+                  consolidated, (table, run.after, run.key_width) if kind == OpKind.INSERT else None)
 
     def _flush(self, run: list, params: list, batch: Batch, consolidated: bool) -> None:
         """Apply a run; first check, in C, that every value of it is a
@@ -425,13 +425,15 @@ class Applier:
                 else:
                     self._pending.apply_one(table, op, own, batch)
             run, params = fast_run, fast_params
-        self._run(table, kind, sql, run, params, batch, consolidated)
+        self._run(table, kind, sql, run, params, batch, consolidated,
+                  (table, tuple(first[4]), 0) if kind == OpKind.INSERT else None)
 
     def _run(self, table: SqliteTable, kind: int, sql: str, run: list, params: list, batch: Batch,
-             consolidated: bool) -> None:
-        # A savepoint journals every existing page a statement changes; past
-        # SQLite's in-memory spill size (64 KiB) that journal goes to a temp
-        # file, which halves UPDATE speed.  Small chunks stay in memory.
+             consolidated: bool, insert: tuple | None = None) -> None:
+        # A savepoint journals every existing page a statement changes (in
+        # memory: _db.connect sets temp_store); a chunk that fails is
+        # replayed one operation at a time, so a chunk of UPDATEs or DELETEs,
+        # which conflicts and missing rows send down that path, stays small.
         step = _INSERT_CHUNK if kind == OpKind.INSERT else _CHANGE_CHUNK
         returns = batch.returns
         for start in range(0, len(run), step):
@@ -440,17 +442,18 @@ class Applier:
             # of the peer's one by one (_one: keymoves.origin_changes).  The
             # operations are taken only then (a run's rows make them).
             if not (returns and any((table.name, op[2]) in returns for op in run[start:start + step])) \
-                    and self._fast(sql, chunk):
+                    and self._fast(sql, chunk, insert):
                 batch.applied += len(chunk)
                 continue
             for op in run[start:start + step]:
                 self._one(table, op, batch, consolidated)
 
-    def _fast(self, sql: str, params: list) -> bool:
+    def _fast(self, sql: str, params: list, insert: tuple | None = None) -> bool:
         conn = self._conn
         conn.execute("SAVEPOINT fieldsync_run")
         try:
-            done = conn.executemany(sql, params).rowcount == len(params)
+            done = (self._insert_rows(sql, params, *insert) if insert else conn.executemany(sql, params).rowcount
+                    ) == len(params)
         except (sqlite3.IntegrityError, OverflowError, sqlite3.ProgrammingError):
             # ProgrammingError: a row bound the wrong number of values.
             done = False
@@ -458,6 +461,24 @@ class Applier:
             conn.execute("ROLLBACK TO fieldsync_run")
         conn.execute("RELEASE fieldsync_run")
         return done
+
+    def _insert_rows(self, sql: str, params: list, table: SqliteTable, columns: tuple[str, ...], skip: int) -> int:
+        """``executemany(sql, params)`` of an INSERT, most rows written by
+        statements of many rows (statements.insert_rows_sql: a step of
+        SQLite and of the binding loop per statement, not per row); the
+        rows inserted, as SQLite counts them.  Rows not all of one width
+        (a run made by hand) go one by one, where a wrong one is refused."""
+        width = skip + len(columns)
+        block = self._statements.rows_per_insert(width)
+        full = len(params) - len(params) % block if block > 1 and set(map(len, params)) == {width} else 0
+        count = 0
+        if full:
+            many = self._statements.insert_rows_sql(table, columns, skip, block)
+            for start in range(0, full, block):
+                count += self._conn.execute(many, tuple(chain.from_iterable(params[start:start + block]))).rowcount
+        if full < len(params):
+            count += self._conn.executemany(sql, params[full:]).rowcount
+        return count
 
     def _one(self, table: SqliteTable, op: tuple, batch: Batch, consolidated: bool) -> None:
         problem = operation_problem(op)

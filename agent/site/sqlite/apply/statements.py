@@ -39,6 +39,10 @@ def refused_by_key(error: sqlite3.IntegrityError) -> bool:
             or str(error).startswith(NO_PARENT))
 
 
+# Rows one INSERT statement of the fast path writes at most (driver._insert_rows).
+MANY_ROWS = 100
+
+
 class SqliteTable:
     """What the apply path needs to know about a local table (the shared
     rules read it as agent.site.apply.batch.Table)."""
@@ -178,6 +182,27 @@ class Statements:
                    + (" ON CONFLICT DO NOTHING" if ignore and not table.or_ignore else ""))
             self._sql[cache_key] = sql
         return sql
+
+    def insert_rows_sql(self, table: SqliteTable, columns: tuple[str, ...], skip: int, rows: int) -> str:
+        """The fast path's INSERT (as :meth:`insert_sql` with ``ignore``) of
+        ``rows`` rows in one statement: each row binds ``skip`` values first
+        that the statement does not use (a run's key), then one a column."""
+        cache_key = ("insert rows", table.name, columns, skip, rows)
+        sql = self._sql.get(cache_key)
+        if sql is None:
+            names = ", ".join(quote_ident(column) for column in columns)
+            width = skip + len(columns)
+            values = ", ".join("(" + ", ".join(f"?{row * width + skip + index}" for index in range(1, len(columns) + 1))
+                               + ")" for row in range(rows))
+            sql = (f"INSERT{' OR IGNORE' if table.or_ignore else ''} INTO {table.quoted} ({names}) VALUES {values}"
+                   + ("" if table.or_ignore else " ON CONFLICT DO NOTHING"))
+            self._sql[cache_key] = sql
+        return sql
+
+    def rows_per_insert(self, width: int) -> int:
+        """Rows of ``width`` bound values one INSERT of :meth:`insert_rows_sql`
+        takes: :data:`MANY_ROWS`, fewer where SQLite binds fewer values."""
+        return min(MANY_ROWS, self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // max(width, 1))
 
     def update_sql(self, table: SqliteTable, after: tuple[str, ...], before: tuple[str, ...],
                     ignore: bool = False) -> str:
