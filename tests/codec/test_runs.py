@@ -206,3 +206,22 @@ def test_version_1_is_written_from_runs_too():
                               start=0, version=1)
     decoded = decode(message.data)
     assert decoded.version == 1 and values_identical(decoded.transactions[0].ops, tuple(ops))
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 8, 9, 30])
+def test_a_few_runs_and_many_are_taken_as_they_are_alike(count):
+    """Runs are taken as they are, however many, unless one is empty or
+    two neighbours share a head."""
+    from codec.ops import _rows_taken_as_they_are
+
+    ops = [Operation.insert("t", (i,), {"id": i}) if i % 2 else Operation.delete("t", (i,), {"id": i})
+           for i in range(count)]
+    runs = to_runs(ops)
+    assert len(runs) == count and all(a is b for a, b in zip(to_runs(tuple(runs)), runs))
+    assert _rows_taken_as_they_are(runs) == count
+    for at in range(count):
+        halves = [*runs[:at], runs[at]._replace(rows=[]), *runs[at:]]  # an empty run: not taken
+        assert _rows_taken_as_they_are(halves) == 0
+        twice = [*runs[:at + 1], runs[at], *runs[at + 1:]]  # two neighbours of one head: merged
+        assert _rows_taken_as_they_are(twice) == 0
+        assert to_runs(twice) == to_runs([*ops[:at + 1], ops[at], *ops[at + 1:]])
