@@ -24,9 +24,11 @@ timed, not the interpreter's start).
   folders during that run (the remotes never run, so nothing is taken
   away).
 * ``process_idle_s``: ``agent run hq.db --once`` with nothing changed as
-  a process of its own (``python -m agent.cli``), interpreter start and
-  imports included: what a systemd timer pays each time it fires;
-  ``process_idle_rss_mb`` is that process's peak resident memory.  The
+  a process of its own (``agent.cli.main`` as ``python -m agent.cli``
+  runs it), interpreter start and imports included: what a systemd timer
+  pays each time it fires; ``process_idle_rss_mb`` is that process's peak
+  resident memory (its own VmHWM: a child's rusage would count this
+  benchmark's memory from before the exec).  The
   median of ``--repeat`` such runs.
 * ``baseline_write_n_files_s``: N times write a small file, fsync it and
   ``os.replace`` it into a folder, the least a run that writes one file
@@ -118,21 +120,25 @@ def baseline_write_files(folder: Path, count: int) -> float:
     return time.perf_counter() - started
 
 
+# The child: ``agent`` as ``python -m agent.cli`` runs it, then its own peak
+# resident memory (VmHWM of its own address space: the rusage of a child
+# counts the parent's memory from before its exec).
+_CHILD = ("import sys\nfrom agent.cli import main\ntry:\n    code = main(sys.argv[1:])\nfinally:\n"
+          "    peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')]\n"
+          "    print('vmhwm-kib', *peak, file=sys.stderr)\nsys.exit(code)\n")
+
+
 def process_run(hq: Path) -> tuple[float, float]:
     """``agent run HQ --once`` as a process of its own: its seconds, start
     included, and its peak resident memory in MB."""
     started = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", str(hq), "--once"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
+    completed = subprocess.run([sys.executable, "-c", _CHILD, "run", str(hq), "--once"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     elapsed = time.perf_counter() - started
-    child.returncode = os.waitstatus_to_exitcode(status)
-    error = child.stderr.read().decode(errors="replace").strip() if child.stderr else ""
-    if child.stderr:
-        child.stderr.close()
-    if child.returncode != 0:
-        raise SystemExit(f"agent run {hq} --once: exit {child.returncode}: {error}")
-    return elapsed, usage.ru_maxrss / 1024
+    *lines, last = completed.stderr.strip().splitlines() or [""]
+    if completed.returncode != 0 or not last.startswith("vmhwm-kib "):
+        raise SystemExit(f"agent run {hq} --once: exit {completed.returncode}: {completed.stderr.strip()}")
+    return elapsed, int(last.split()[1]) / 1024
 
 
 def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
