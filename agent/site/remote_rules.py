@@ -130,8 +130,9 @@ CLOCK_FIELDS = frozenset({"control_sent_at", "heard_at", "data_sent_at"})
 _TEXT_FIELDS = ("transport", "address", "public_key", "last_error", "inbox", "stream_stopped")
 
 
-# Where plain_values finds the columns it turns into plain values.
-_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
+#: Where the times of TIME_FIELDS sit in a row of COLUMNS.
+TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
+# Where plain_values finds the other columns it turns into plain values.
 _SEND_AT, _INCARNATION_AT, _CONFIRM_OWED_AT = map(COLUMNS.index, ("send_at", "peer_incarnation", "confirm_owed"))
 _READ_COLUMNS = attrgetter(*COLUMNS)
 
@@ -142,7 +143,7 @@ def plain_values(remote: RemoteUser) -> tuple[str | int | float | None, ...]:
     ``send_at`` as ``time.isoformat`` writes it, the peer's incarnation id
     in UUID form, ``confirm_owed`` as 0 or 1; text and numbers as they are."""
     values = list(_READ_COLUMNS(remote))
-    for index in _TIME_AT:
+    for index in TIME_AT:
         if values[index] is not None:
             values[index] = values[index].astimezone(timezone.utc).isoformat()
     if values[_SEND_AT] is not None:

@@ -31,7 +31,7 @@ from ..due import DueQuery, PairsDue, find_pairs_due
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import SiteIdentity
 from ..publication_rules import distinct_subscriptions
-from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, RemoteFilter, RemoteUser, TIME_FIELDS,
+from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, RemoteFilter, RemoteUser, TIME_AT,
                             check_count, check_new_remote, check_new_remotes, check_pair_update, check_start,
                             check_text, check_updatable, checked_update, horizon, is_pair_update, read_moves,
                             remote_exists)
@@ -47,14 +47,13 @@ IN_ERROR_SQL = ("(last_error IS NOT NULL OR stream_stopped IS NOT NULL OR EXISTS
                 " e WHERE e.peer = fieldsync.remote.name AND e.acknowledged_at IS NULL))")
 
 
-_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
 _INCARNATION_AT = COLUMNS.index("peer_incarnation")
 
 
 def _row(values: tuple) -> RemoteUser:
     # By position: a fleet's agent reads every row at each run.
     record = list(values)
-    for index in _TIME_AT:
+    for index in TIME_AT:
         if record[index] is not None:
             record[index] = in_utc(record[index])
     if record[_INCARNATION_AT] is not None:

@@ -23,10 +23,10 @@ from ..due import DueQuery, PairsDue, find_pairs_due
 from ..errors import InvalidSetting, UnknownRemote
 from ..identity import Role, SiteIdentity
 from ..publication_rules import distinct_subscriptions
-from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, RemoteFilter, RemoteUser, TIME_FIELDS,
-                            check_count, check_new_remote, check_new_remotes, check_pair_update, check_start,
-                            check_text, check_updatable, checked_update, is_pair_update, one_consolidated,
-                            read_moves, remote_exists)
+from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, RemoteFilter, RemoteUser, TIME_AT,
+                            TIME_FIELDS, check_count, check_new_remote, check_new_remotes, check_pair_update,
+                            check_start, check_text, check_updatable, checked_update, is_pair_update,
+                            one_consolidated, read_moves, remote_exists)
 from ._db import format_time, parse_time
 from .log import HORIZON_SQL, log_end
 
@@ -43,14 +43,13 @@ _PLAIN_SELECT = "SELECT " + ", ".join(
     for column in COLUMNS) + " FROM fieldsync_remote"
 
 
-_TIME_AT = tuple(index for index, name in enumerate(COLUMNS) if name in TIME_FIELDS)
 _SEND_AT, _CONFIRM_OWED_AT = COLUMNS.index("send_at"), COLUMNS.index("confirm_owed")
 
 
 def _row(values: tuple) -> RemoteUser:
     # By position: a fleet's agent reads every row at each run.
     record = list(values)
-    for index in _TIME_AT:
+    for index in TIME_AT:
         if record[index] is not None:
             record[index] = parse_time(record[index])
     if record[_SEND_AT] is not None:
