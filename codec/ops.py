@@ -312,6 +312,8 @@ def op_count(ops: Iterable) -> int:
         if not ops or type(ops[0]) is not Run:
             if Run not in map(type, ops):
                 return len(ops)
+        elif len(ops) == 1:  # one run: a fan-out's class hands one over most often
+            return len(ops[0][5])
         elif set(map(type, ops)) == _RUN_ONLY:
             return sum(map(len, map(_ROWS, ops)))
     return sum(len(op.rows) if type(op) is Run else 1 for op in ops)

@@ -193,10 +193,7 @@ class Router:
                     else:
                         for index in members:
                             ops[index].extend(selected)
-                    if len(selected) == 1 and type(selected[0]) is Run:
-                        added += len(selected[0][5]) * len(members)
-                    else:
-                        added += op_count(selected) * len(members)
+                    added += op_count(selected) * len(members)
         return added
 
 

@@ -110,13 +110,14 @@ def concerned_indexes(source: CaptureSource, shapes: Shapes, rows: ConcernRows, 
     need a reader; the others' reads would yield nothing."""
     every = list(range(len(subscribers)))
     # A range the log cannot serve is named, for its read to say so.
+    distinct = set(ranges)  # most reads share their range
     bad: set[tuple[int, int]] = set()
-    for start, end in set(ranges):
+    for start, end in distinct:
         try:
             resolve_range(source, start, end)
         except LogOffsetError:  # LogTruncated too
             bad.add((start, end))
-    good = [bounds for bounds in set(ranges) if bounds not in bad]
+    good = [bounds for bounds in distinct if bounds not in bad]
     found: set[str] | None = set()
     if good and max(end for _, end in good) > min(start for start, _ in good):
         after = min(start for start, _ in good)

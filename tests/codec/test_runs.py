@@ -57,6 +57,7 @@ def test_runs_are_taken_as_they_are_unless_two_in_a_row_share_a_head():
     assert to_runs([runs[0], ops[2], *ops[3:]]) == runs
     assert op_count(ops) == op_count(runs) == op_count(halves) == op_count([runs[0], *ops[2:]]) == 5
     assert op_count(iter(runs)) == 5 and op_count(()) == 0
+    assert op_count([runs[0]]) == len(runs[0].rows) == 2 and op_count((ops[0],)) == 1
     from codec.ops import runs_counted
     for given in (ops, tuple(runs), halves, [ops[0], *runs[1:], ops[-1]], [runs[0], *ops[2:]], ()):
         assert runs_counted(given) == (to_runs(given), op_count(given))
