@@ -43,6 +43,15 @@ def refused_by_key(error: sqlite3.IntegrityError) -> bool:
 MANY_ROWS = 100
 
 
+def _insert_text(table: "SqliteTable", columns: tuple[str, ...], values: str, ignore: bool) -> str:
+    """``INSERT INTO table (columns) VALUES values``, a row already there
+    left as it is when ``ignore``: OR IGNORE where the table allows it
+    (:attr:`SqliteTable.or_ignore`), else ON CONFLICT DO NOTHING."""
+    names = ", ".join(quote_ident(column) for column in columns)
+    return (f"INSERT{' OR IGNORE' if ignore and table.or_ignore else ''} INTO {table.quoted} ({names})"
+            f" VALUES {values}" + (" ON CONFLICT DO NOTHING" if ignore and not table.or_ignore else ""))
+
+
 class SqliteTable:
     """What the apply path needs to know about a local table (the shared
     rules read it as agent.site.apply.batch.Table)."""
@@ -176,11 +185,7 @@ class Statements:
         cache_key = ("insert", table.name, columns, ignore)
         sql = self._sql.get(cache_key)
         if sql is None:
-            names = ", ".join(quote_ident(column) for column in columns)
-            sql = (f"INSERT{' OR IGNORE' if ignore and table.or_ignore else ''} INTO {table.quoted} ({names})"
-                   f" VALUES ({', '.join('?' * len(columns))})"
-                   + (" ON CONFLICT DO NOTHING" if ignore and not table.or_ignore else ""))
-            self._sql[cache_key] = sql
+            sql = self._sql[cache_key] = _insert_text(table, columns, f"({', '.join('?' * len(columns))})", ignore)
         return sql
 
     def insert_rows_sql(self, table: SqliteTable, columns: tuple[str, ...], skip: int, rows: int) -> str:
@@ -190,13 +195,10 @@ class Statements:
         cache_key = ("insert rows", table.name, columns, skip, rows)
         sql = self._sql.get(cache_key)
         if sql is None:
-            names = ", ".join(quote_ident(column) for column in columns)
             width = skip + len(columns)
             values = ", ".join("(" + ", ".join(f"?{row * width + skip + index}" for index in range(1, len(columns) + 1))
                                + ")" for row in range(rows))
-            sql = (f"INSERT{' OR IGNORE' if table.or_ignore else ''} INTO {table.quoted} ({names}) VALUES {values}"
-                   + ("" if table.or_ignore else " ON CONFLICT DO NOTHING"))
-            self._sql[cache_key] = sql
+            sql = self._sql[cache_key] = _insert_text(table, columns, values, True)
         return sql
 
     def rows_per_insert(self, width: int) -> int:
