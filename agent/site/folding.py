@@ -115,12 +115,9 @@ class _Folder:
         deleted, last_change = self.deleted, self.last_change
         for entry in ops:
             if type(entry) is Run:
-                if entry[1] == OpKind.UPDATE:  # no row of it folds: placed as _place places it
-                    size = len(entry[5])
-                    last_change[entry[0]] = self.base + len(held) + size - 1
-                    held.append(entry)
-                    if size > 1:
-                        held.extend([_MORE] * (size - 1))
+                if entry[1] == OpKind.UPDATE:  # no row of it folds
+                    last_change[entry[0]] = self.base + len(held) + len(entry[5]) - 1
+                    _place(held, entry)
                 else:
                     self._add_run(entry)
                 continue
