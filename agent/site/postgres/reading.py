@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 import psycopg
 
 from ..capture import ROUTE, Shape
+from ..concern import Concern
 from ..identity import SiteIdentity
 from ..reading import ConcernRows, ReaderRows
 from ..selection import Shapes, SubscriberReader, check_subscribers
@@ -85,10 +86,42 @@ def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: l
 
 def concern_rows(conn: psycopg.Connection) -> ConcernRows:
     """What finding the subscribers a range concerns reads
-    (agent.site.reading.concerned_indexes), every subscription row read at
-    once inside the caller's snapshot."""
-    subscriptions = subscription_rows(conn, None)
-    return ConcernRows(article_rows(conn), {}, lambda found: subscriptions)
+    (agent.site.reading.concerned_indexes), inside the caller's snapshot:
+    the subscription rows are asked for once the range's rows are known,
+    and only those that can match (agent.site.concern.Concern.wanted)."""
+    return ConcernRows(article_rows(conn), {}, lambda found: _concerned_subscriptions(conn, found))
+
+
+def _concerned_subscriptions(conn: psycopg.Connection, found: Concern) -> dict[str, list[tuple]]:
+    """The subscription rows ``found`` can match, a superset of those whose
+    value equals (as Python compares) one it holds: a number is looked for
+    in both numeric columns, as an int where it is a whole one."""
+    publications, pairs = found.wanted()
+    rows: dict[str, list[tuple]] = {}
+    if not publications and not pairs:
+        return rows
+    texts, integers, reals = [], [], []
+    for publication, value in pairs:
+        if type(value) is str:
+            texts.append((publication, value))
+            continue
+        reals.append((publication, float(value)))
+        if value == int(value) and -(1 << 63) <= int(value) < (1 << 63):
+            integers.append((publication, int(value)))
+    for remote, publication, *values, since, until in conn.execute(
+            f"SELECT remote, publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription"
+            " WHERE publication = ANY(%s)"
+            " OR (publication, value_text) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+            " OR (publication, value_integer) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))"
+            " OR (publication, value_real) IN (SELECT * FROM unnest(%s::text[], %s::float8[]))"
+            ' ORDER BY remote, publication COLLATE "C", id',
+            (publications, *_columns(texts), *_columns(integers), *_columns(reals))):
+        rows.setdefault(remote, []).append((publication, stored_value(*values), since, until))
+    return rows
+
+
+def _columns(pairs: list[tuple]) -> tuple[list, list]:
+    return [publication for publication, _ in pairs], [value for _, value in pairs]
 
 
 def selection_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str]

@@ -320,8 +320,8 @@ class PostgresSite:
         if not worth_a_look(self._identity, len(names)):
             return list(range(len(names)))
         with self._transaction(f"finding what the log holds for {len(reads)} subscribers", snapshot=True) as conn:
-            rows = reading.concern_rows(conn)
-        return concerned_indexes(self._source, self._source, rows, names, [(after, until) for _, after, until in reads])
+            return concerned_indexes(self._source, self._source, reading.concern_rows(conn), names,
+                                     [(after, until) for _, after, until in reads])
 
     def _reader(self, subscriber: str, after: int, until: int | None) -> tuple[SubscriberReader, int]:
         with self._transaction(f"preparing to read the log for {subscriber!r}", snapshot=True) as conn:

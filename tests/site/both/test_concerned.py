@@ -10,7 +10,7 @@ import random
 import pytest
 
 from agent.site import Article
-from agent.site.concern import CONCERN_MIN_SUBSCRIBERS
+from agent.site.concern import CONCERN_MIN_SUBSCRIBERS, Concern
 
 REGIONS = 18  # r00 ... r17 subscribe to "regions", each by its own value
 WHOLE = ("r18", "r19")  # subscribe to "lines", which takes every row
@@ -103,3 +103,44 @@ def test_a_range_the_log_cannot_serve_is_named_for_its_read_to_say_so(backend, h
     reads = [(name, start, end) for name in names()]
     reads[7] = (reads[7][0], start, end + 5)  # beyond the log end
     assert hq.concerned_reads(reads) == [3, 7]
+
+
+# SUBSCRIBE BY values of every numeric and text kind, and a fleet beside
+# them subscribed to values no row holds.
+AMOUNTS = {"int5": 5, "real5": 5.0, "half": 2.5, "text5": "5", "big": 1 << 62}
+FLEET = [f"f{number:02}" for number in range(20)]
+
+
+def subscriptions_read(backend, found: Concern) -> dict:
+    """The subscription rows the backend asks for, for ``found``."""
+    if backend.name == "sqlite":
+        from agent.site.sqlite.selection import concern_rows
+
+        return concern_rows(backend.site.connection).subscriptions(found)
+    from agent.site.postgres.reading import concern_rows as pg_concern_rows
+
+    with backend.site._transaction("reading subscriptions", snapshot=True) as conn:
+        return pg_concern_rows(conn).subscriptions(found)
+
+
+def test_a_number_concerns_the_subscribers_of_an_equal_value_and_only_their_rows_are_read(backend):
+    site = backend.site
+    site.create_publication("amounts", [Article("customer", subscribe_by="balance")])
+    for name, value in [*AMOUNTS.items(), *((name, 100.5 + number) for number, name in enumerate(FLEET))]:
+        site.add_remote(name)
+        site.subscribe(name, "amounts", value)
+    everyone = [*AMOUNTS, *FLEET]
+    app = backend.app()
+    for number, balance in enumerate([5.0, 2.5, 7.0, float(1 << 62), 5.5]):
+        start = site.scan()
+        app.execute("INSERT INTO customer (id, name, balance) VALUES (%s, 'n', %s)", (number, balance))
+        end = site.scan()
+        reads = [(name, start, end) for name in everyone]
+        found = {reads[index][0] for index in site.concerned_reads(reads)}
+        needed = {name for name in everyone if list(site.read_log(name, start, end))}
+        assert found == needed, (balance, found, needed)
+    assert {name for name in everyone if list(site.read_log(name, 0, site.scan()))} == {"int5", "real5", "half", "big"}
+    read = subscriptions_read(backend, Concern(frozenset(), {"amounts": frozenset({5.0, 2.5})}, frozenset()))
+    assert {"int5", "real5", "half"} <= set(read) and not set(read) & set(FLEET)
+    assert subscriptions_read(backend, Concern(frozenset(), {}, frozenset({"f01"}))) == {}
+    assert set(subscriptions_read(backend, Concern(frozenset({"amounts"}), {}, frozenset()))) == set(everyone)
