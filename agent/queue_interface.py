@@ -118,6 +118,11 @@ class MessageQueues(Protocol):
     def group_commit(self) -> ContextManager[None]:
         """A block whose puts are made durable together, at its end."""
 
+    def at_rest(self) -> None:
+        """The agent is about to wait (a poll ended): bring up to date what
+        readers of the queues use, such as the spool's summary for ``agent
+        status``.  Nothing to do for queues that keep no such thing."""
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release resources.  Idempotent."""

@@ -239,6 +239,7 @@ class Agent:
             await self._timers()
             await self.flush_outbound()
             horizon = await self._truncate_when_due()
+            await asyncio.to_thread(self.queues.at_rest)  # `agent status` reads a current spool summary meanwhile
             deadline = phases.deadline(self._truncation.deadline(horizon),
                                        *(peer.protocol.get_timer() for peer in self.peers.values()))
             address = self.address if options.receive else None  # None: wait without the transport

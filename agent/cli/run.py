@@ -125,6 +125,9 @@ class _ProgressQueues(MessageQueues):
     def group_commit(self) -> ContextManager[None]:
         return self.inner.group_commit()
 
+    def at_rest(self) -> None:
+        self.inner.at_rest()
+
     def close(self) -> None:
         self.inner.close()
 

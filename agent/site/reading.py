@@ -52,13 +52,15 @@ class CaptureSource(Protocol):
         truncation point or a commit offset; ``what`` names it in the line."""
 
     def iter_capture(self, after: int, until: int, *, skip_origin: str | None = None, keep_flag: int = 0,
-                     value_columns: int | None = None) -> Generator[tuple[int, str, list[tuple]], None, None]:
+                     value_columns: int | None = None, image_columns: int | None = None
+                     ) -> Generator[tuple[int, str, list[tuple]], None, None]:
         """``(commit, origin, rows)`` for the log transactions in ``(after,
         until]`` in log order, a chunk of one log transaction at a time, rows
         ``(seq, shape, kind, flags, v0, ...)`` with the values as they
         travel; log transactions of ``skip_origin`` left out but their rows
         with a flag in ``keep_flag``; at least ``value_columns`` values a row
-        (None: all of them)."""
+        (None: all of them), or ``image_columns`` for an INSERT or DELETE
+        row (one image, where the reader's tables have no routes), if given."""
 
     def applied(self, commit: int) -> int | None:
         """For the log transaction ``commit`` of rows an apply wrote back to
@@ -180,7 +182,8 @@ def _read_transactions(source: CaptureSource, reader: SubscriberReader, after: i
     commit, origin = 0, ""
     for logged_commit, logged_origin, rows in source.iter_capture(after, until, skip_origin=reader.subscriber,
                                                                   keep_flag=reader.returned_flag,
-                                                                  value_columns=reader.value_columns):
+                                                                  value_columns=reader.value_columns,
+                                                                  image_columns=reader.image_columns):
         if logged_commit != commit:
             if folder is not None:
                 yield _last_piece(commit, origin, folder, ops)

@@ -173,6 +173,11 @@ class SubscriberReader:
         self.runs = runs
         self.returned_flag = plan.returned_flag
         self.value_columns = value_columns
+        # An INSERT or DELETE capture row holds one image, and a route after
+        # the widest image only in a routed table (value_columns_read).
+        routed = any(map(is_routed, plan.articles.values())) or any(
+            is_routed(entry) for _, articles in plan.history for entry in articles.values())
+        self.image_columns = None if routed else (value_columns + 1) // 2
         self.returned_columns = returned_columns
         self._shapes = shapes
         self._views: dict[int, View | UnionView | None] = {}

@@ -78,15 +78,14 @@ class SpoolQueues(MessageQueues):
     ``checkpoint_every`` / ``checkpoint_bytes``: a checkpoint runs after that
     many log records or bytes, whichever comes first; a clean close takes
     one when a quarter of either has been logged since the last (the
-    patent's termination checkpoint).  ``cpl_pairs``:
-    checkpoints a message's newest copy may age before it is relogged (the
-    CPL's n).  ``relog``: ``"selective"`` (the patent), ``"all"`` (relog every
-    queued message at every checkpoint) or ``"off"``.  ``relog_by_reference``:
-    relog a message whose content stays on disk by a REFS entry, and space
+    patent's termination checkpoint).  ``cpl_pairs``: checkpoints a
+    message's newest copy may age before it is relogged (the CPL's n).
+    ``relog``: ``"selective"`` (the patent), ``"all"`` (relog every queued
+    message at every checkpoint) or ``"off"``.  ``relog_by_reference``: relog
+    a message whose content stays on disk by a REFS entry, and space
     checkpoints by their cost; ``False`` copies every relogged message
-    (format version 1's behaviour).  ``fsync=False`` keeps
-    the format but gives up durability (benchmark set-up only).
-    """
+    (format version 1's behaviour).  ``fsync=False`` keeps the format but
+    gives up durability (benchmark set-up only)."""
 
     def __init__(self, path: str | os.PathLike[str], *, checkpoint_every: int = 10_000,
                  checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES, cpl_pairs: int = 3,
@@ -175,9 +174,8 @@ class SpoolQueues(MessageQueues):
         return block
 
     def _new_ur(self) -> int:
-        ur = self._next_ur
         self._next_ur += 1
-        return ur
+        return self._next_ur - 1
 
     def _read_content(self, block: MessageBlock) -> bytes:
         return read_content(self._log, block)
@@ -455,8 +453,7 @@ class SpoolQueues(MessageQueues):
         dequeued: list[str] = []
         requeued: list[str] = []
         with self._lock:
-            units = [unit.ur for unit in self._in_doubt.values()
-                     if unit.queue == QueueId(Direction.INBOUND, peer)]
+            units = [unit.ur for unit in self._in_doubt.values() if unit.queue == QueueId(Direction.INBOUND, peer)]
         for ur in sorted(units):
             unit = self._in_doubt.get(ur)
             if unit is None:
@@ -560,11 +557,9 @@ class SpoolQueues(MessageQueues):
     # -- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the spool.  When a quarter of a checkpoint interval has been
-        logged since the last checkpoint, a termination checkpoint is taken
-        first, so the next start reads little and old segments go now.  It
-        is only a saving: if it fails, the close goes on and the next start
-        reads a longer span."""
+        """Close the spool.  When a quarter of a checkpoint interval has been logged since the last
+        checkpoint, a termination checkpoint is taken first, so the next start reads little and old
+        segments go now; only a saving: if it fails, the close goes on and the next start reads more."""
         with self._lock:
             if self._closed:
                 return
@@ -575,13 +570,18 @@ class SpoolQueues(MessageQueues):
                     except (OSError, SpoolError) as error:
                         log.warning("%s: no termination checkpoint (%s); the next start reads a longer span",
                                     self.path, error)
-                self._log.sync()
-                self._write_summary(force=True)
+                self.at_rest()
             finally:
                 self._closed = True
                 self._log.close()
                 os.close(self._lock_fd)
                 self._lock_fd = -1
+
+    def at_rest(self) -> None:
+        """The agent waits now: what waits for a group commit is made durable, the summary current."""
+        if not self._closed:
+            self._log.sync()
+            self._write_summary(force=True)
 
     def _abandon(self) -> None:
         """Drop everything not yet written, as a crash would (tests)."""

@@ -1,6 +1,7 @@
 """Continuous mode: agents polling on their own, schedules, clean shutdown."""
 
 import asyncio
+import contextlib
 import logging
 import random
 import signal
@@ -11,10 +12,12 @@ import time
 
 import pytest
 
+from agent.keyfiles import agent_directory
 from agent.runner import Agent, Problems, RunOptions
 from agent.schedule import TruncationSchedule
 from agent.site import SiteDatabase
 from agent.site.sqlite.log import HORIZON_SQL
+from agent.spool._summary import SummaryStale, read_summary
 
 from .world import World, random_rows
 
@@ -181,3 +184,28 @@ def _stale_entries(world: World) -> int:
                             f"(SELECT min({HORIZON_SQL}) FROM fieldsync_remote)").fetchone()[0]
     finally:
         conn.close()
+
+
+async def test_a_waiting_agent_leaves_its_spool_summary_current(tmp_path):
+    """Between polls `agent status` reads the spool's summary, not its log:
+    a continuous f1 that applied hq's messages has, while it waits, a
+    summary of its spool as it is (nothing queued, no dequeue in doubt)."""
+    world = World(tmp_path / "w", remotes=("f1",), options=FAST)
+    world.extract_all()
+    world.write("hq", *random_rows(random.Random(6), 20, ("f1",), start=3000))
+    async with Agent(world.db("hq"), FAST) as hq:
+        await hq.run_once()
+    stop = asyncio.Event()
+    summary = None
+    async with Agent(world.db("f1"), FAST, batch=False) as f1:
+        task = asyncio.create_task(f1.run_forever(stop))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and summary is None:
+            await asyncio.sleep(0.02)
+            if world.rows("f1", "customer") == world.rows("hq", "customer"):
+                with contextlib.suppress(SummaryStale):  # read in the middle of a poll
+                    summary = read_summary(agent_directory(world.db("f1")) / "spool")
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert summary is not None, "the summary was never current while f1 waited"
+    assert (summary.messages, summary.in_doubt) == (0, 0)

@@ -54,15 +54,40 @@ def test_reading_a_huge_backlog_is_chunked(site, monkeypatch):
     reader = site.read_log("r1", 0, end)
     first = next(reader)
     capture_queries = [s for s in statements if "FROM fieldsync_capture WHERE seq" in s]
-    assert len(capture_queries) == 1 and "LIMIT 50" in capture_queries[0]
+    # One chunk: its INSERT and DELETE rows, and the others (read wider).
+    assert len(capture_queries) == 2 and all("seq > 0 AND seq <= 50 " in query for query in capture_queries)
     assert [op.key for op in first.ops] == [(1,), (2,), (3,)]
     rest = list(reader)
     site.connection.set_trace_callback(None)
     assert len(rest) == 999
     capture_queries = [s for s in statements if "FROM fieldsync_capture WHERE seq" in s]
-    assert len(capture_queries) == 3000 // 50  # full chunks only: the reader knows where the log ends
+    assert len(capture_queries) == 2 * 3000 // 50  # full chunks only: the reader knows where the log ends
     ops = [op.key[0] for t in [first, *rest] for op in t.ops]
     assert ops == list(range(1, 3001))
+
+
+def test_insert_and_delete_rows_are_read_with_one_image(site):
+    """A reader with no route columns reads an INSERT or DELETE capture row
+    with its one image, an UPDATE row with both, in seq order within one log
+    transaction, across chunks and over seqs that are missing."""
+    app = app_connection(site)
+    app.execute("BEGIN")
+    for row_id in range(1, 9):
+        app.execute("INSERT INTO customer (id, name) VALUES (?, ?)", (row_id, f"n{row_id}"))
+        app.execute("UPDATE customer SET name = ? WHERE id = ?", (f"m{row_id}", row_id))
+        if row_id % 2:
+            app.execute("DELETE FROM customer WHERE id = ?", (row_id,))
+    app.execute("COMMIT")
+    end = site.scan()
+    site.connection.execute("DELETE FROM fieldsync_capture WHERE seq BETWEEN 5 AND 12")  # seqs missing
+    conn = site.connection
+    width = conn.execute("SELECT count(*) FROM pragma_table_info('fieldsync_capture')").fetchone()[0] - 4
+    whole = [row for _, _, rows in site_log.iter_capture(conn, 0, end, value_columns=width) for row in rows]
+    read = [row for _, _, rows in site_log.iter_capture(conn, 0, end, chunk=3, value_columns=width,
+                                                        image_columns=width // 2) for row in rows]
+    assert [row[0] for row in read] == [row[0] for row in whole] and len(read) == 12
+    for row, full in zip(read, whole):
+        assert row == (full if full[2] == 2 else full[:4 + width // 2])
 
 
 def test_truncation_follows_log_read_of_a_peer_that_confirmed_all_it_was_sent(site):

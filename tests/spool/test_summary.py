@@ -1,6 +1,8 @@
 """The spool's summary file (docs/spool-format.md, "summary"): what it says
-matches a full check after every kind of write, a summary the log moved
-past is stale, a damaged one is unreadable, and an idle open writes none."""
+matches a full check after every kind of write (made current by
+``at_rest``), it is rewritten as the log grows and not at every put, a
+summary the log moved past is stale, a damaged one is unreadable, and an
+idle open writes none."""
 
 import math
 import os
@@ -12,7 +14,8 @@ import zlib
 import pytest
 
 from agent.spool import SpoolQueues, check_spool
-from agent.spool._summary import (SUMMARY_FILE, SummaryStale, SummaryUnreadable, encode_summary, read_summary)
+from agent.spool._summary import (SUMMARY_FILE, SUMMARY_GROWTH, SummaryStale, SummaryUnreadable, encode_summary,
+                                  read_summary)
 
 from .helpers import copy_spool, cut_log, payload, record_rbas, record_workload
 
@@ -79,6 +82,7 @@ def test_the_summary_matches_a_full_check_after_every_write(tmp_path):
             if queued:
                 last += 10
                 token = spool.begin_dequeue(peer, queued[:2], last)
+                spool.at_rest()
                 mine, theirs = figures(path)  # durable on return, in doubt
                 assert mine == theirs and mine["in_doubt"] == 1
                 if rng.random() < 0.6:
@@ -92,6 +96,7 @@ def test_the_summary_matches_a_full_check_after_every_write(tmp_path):
                     spool.put_outbound(peer, name, payload("out", peer, name), 0)
         else:
             spool.checkpoint()
+        spool.at_rest()
         mine, theirs = figures(path)
         assert mine == theirs, step
         compared += 1
@@ -102,14 +107,18 @@ def test_the_summary_matches_a_full_check_after_every_write(tmp_path):
     assert mine == theirs and compared == 400
 
 
-def test_a_lost_commit_of_a_dequeue_leaves_the_summary_stale_until_the_next_write(tmp_path):
+def test_a_lost_commit_of_a_dequeue_leaves_the_summary_in_doubt_until_at_rest(tmp_path):
     path = tmp_path / "spool"
     spool = SpoolQueues(path)
     spool.put_inbound("hq", "a.fsm", b"a")
     token = spool.begin_dequeue("hq", ["a.fsm"], 5)
+    spool.at_rest()
     spool.commit_dequeue(token)  # rides on the next group commit
     assert read_summary(path).in_doubt == 1  # the disk still says in doubt, and so does the summary
     spool.put_inbound("hq", "b.fsm", b"b")
+    with pytest.raises(SummaryStale):  # a small put does not rewrite it
+        read_summary(path)
+    spool.at_rest()
     summary = read_summary(path)
     assert (summary.in_doubt, summary.messages) == (0, 1)
     spool.close()
@@ -129,11 +138,13 @@ def test_the_summary_follows_a_large_queue_drained_oldest_first(tmp_path):
     for name in sorted(expected, key=expected.get)[:250]:
         spool.delete_inbound("hq", [name])
         del expected[name]
+        spool.at_rest()
         summary = read_summary(path)
         assert summary.queues[0].oldest_enqueued_at == min(expected.values())
     spool.close()
     spool = SpoolQueues(path, clock=clock)
     spool.put_inbound("hq", "late.fsm", b"y")
+    spool.at_rest()
     assert read_summary(path).queues[0].oldest_enqueued_at == min(expected.values())
     assert read_summary(path).messages == 51
     spool.close()
@@ -165,6 +176,7 @@ def test_a_summary_the_log_moved_past_is_stale(tmp_path):
     spool.put_outbound("f1", "a.fsm", b"a", 0)
     old = (path / SUMMARY_FILE).read_bytes()
     spool.put_outbound("f1", "b.fsm", b"b", 0)
+    spool.at_rest()
     assert read_summary(path).messages == 2
     (path / SUMMARY_FILE).write_bytes(old)
     with pytest.raises(SummaryStale, match="written after"):
@@ -265,20 +277,51 @@ def test_an_idle_open_and_close_writes_no_summary(tmp_path):
                                                               SUMMARY_FILE]
 
 
+def _identity(path):
+    status = os.stat(path / SUMMARY_FILE)
+    return status.st_mtime_ns, status.st_ino
+
+
+def test_a_small_spool_rewrites_the_summary_as_the_log_grows_and_at_rest(tmp_path):
+    """Not at every group commit (a remote rewrote it at each put and each
+    dequeue): once the log grew by SUMMARY_GROWTH, and when the agent is
+    about to wait (at_rest), which writes nothing when nothing moved."""
+    path = tmp_path / "spool"
+    spool = SpoolQueues(path)
+    writes = 0
+    for number in range(200):
+        before = _identity(path)
+        spool.put_inbound("hq", f"m{number:04d}.fsm", b"y" * 20_000)
+        token = spool.begin_dequeue("hq", [f"m{number:04d}.fsm"], number + 1)
+        spool.commit_dequeue(token)
+        writes += _identity(path) != before
+    assert 2 <= writes <= 200 * 20_000 // SUMMARY_GROWTH + 1, writes
+    with pytest.raises(SummaryStale):
+        read_summary(path)
+    spool.at_rest()
+    summary = read_summary(path)
+    assert (summary.messages, summary.in_doubt) == (0, 0)
+    before = _identity(path)
+    spool.at_rest()
+    assert _identity(path) == before
+    spool.close()
+
+
 def test_a_large_fleet_rewrites_the_summary_as_the_log_grows_not_at_every_put(tmp_path):
     path = tmp_path / "spool"
     spool = SpoolQueues(path)
     with spool.group_commit():
         for number in range(2000):
             spool.put_outbound(f"site{number:04d}", "x.fsm", b"x", 0)
+    spool.at_rest()
     size = (path / SUMMARY_FILE).stat().st_size
     assert size > 4096
     writes = 0
     for number in range(400):
-        inode = os.stat(path / SUMMARY_FILE).st_mtime_ns, os.stat(path / SUMMARY_FILE).st_ino
-        spool.put_inbound(f"site{number % 2000:04d}", f"in{number}.fsm", b"y" * 100)
-        writes += (os.stat(path / SUMMARY_FILE).st_mtime_ns, os.stat(path / SUMMARY_FILE).st_ino) != inode
-    assert 1 <= writes <= 400 * 200 // size + 2, (writes, size)
+        before = _identity(path)
+        spool.put_inbound(f"site{number % 2000:04d}", f"in{number}.fsm", b"y" * 10_000)
+        writes += _identity(path) != before
+    assert 1 <= writes <= 400 * 10_100 // max(size, SUMMARY_GROWTH) + 2, (writes, size)
     spool.close()  # brings it up to date
     assert read_summary(path).messages == 2400
 

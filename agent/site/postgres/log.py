@@ -400,7 +400,9 @@ class PgLog:
             check_boundary(self.conn, offset, what)
 
     def iter_capture(self, after: int, until: int, *, skip_origin: str | None = None, keep_flag: int = 0,
-                     value_columns: int | None = None) -> Generator[tuple[int, str, list[tuple]], None, None]:
+                     value_columns: int | None = None, image_columns: int | None = None
+                     ) -> Generator[tuple[int, str, list[tuple]], None, None]:
+        # image_columns: every row comes value_columns wide (a row type of its own makes no saving here).
         with self._errors("reading the log"):
             yield from iter_capture(self.conn, after, until, shapes=self.shapes, lock=self.lock,
                                     skip_origin=skip_origin, keep_flag=keep_flag, value_columns=value_columns)
