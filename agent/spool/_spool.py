@@ -557,9 +557,8 @@ class SpoolQueues(MessageQueues):
     # -- closing -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the spool.  When a quarter of a checkpoint interval has been logged since the last
-        checkpoint, a termination checkpoint is taken first, so the next start reads little and old
-        segments go now; only a saving: if it fails, the close goes on and the next start reads more."""
+        """Close the spool, after a termination checkpoint when a quarter of a checkpoint interval was logged
+        since the last (a saving only, so the next start reads little: if it fails, the close goes on)."""
         with self._lock:
             if self._closed:
                 return
@@ -579,9 +578,10 @@ class SpoolQueues(MessageQueues):
 
     def at_rest(self) -> None:
         """The agent waits now: what waits for a group commit is made durable, the summary current."""
-        if not self._closed:
-            self._log.sync()
-            self._write_summary(force=True)
+        with self._lock:
+            if not self._closed:
+                self._log.sync()
+                self._write_summary(force=True)
 
     def _abandon(self) -> None:
         """Drop everything not yet written, as a crash would (tests)."""
