@@ -43,6 +43,7 @@ class _Route(NamedTuple):
     classes: tuple[tuple["View", tuple[int, ...]], ...]
     every: tuple[int, ...]
     filters: tuple[tuple[int, int, dict[object, tuple[int, ...]]], ...]
+    plain: bool  # every class's view is a View (not a union of articles)
 
     def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
         """The classes an ordinary capture ``row`` of this shape can concern."""
@@ -101,7 +102,7 @@ class Router:
                     by_value.setdefault(value, []).append(number)
         route = self._routes[shape_id] = _Route(classes, every, tuple(
             (old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
-            for (old_at, new_at), by_value in by_place.items()))
+            for (old_at, new_at), by_value in by_place.items()), all(type(view) is View for view, _ in classes))
         return route
 
     def candidates(self, origin: str, row: tuple) -> frozenset[int]:
@@ -155,6 +156,9 @@ class Router:
             route = self.route(shape_id)
             if not route.classes:
                 continue
+            if self.runs and route.filters and route.plain:
+                added += self._hand_rows(kind, group, route, origin_index, ops, owned)
+                continue
             buckets: dict[int, list[tuple]]
             if not route.filters:
                 run = list(group)
@@ -196,6 +200,45 @@ class Router:
                     added += op_count(selected) * len(members)
         return added
 
+    def _hand_rows(self, kind: int, rows: Iterable[tuple], route: _Route, origin_index: int | None,
+                   ops: list[list[Operation]], owned: dict[int, list]) -> int:
+        """:meth:`select` of capture ``rows`` of one kind of a shape whose
+        rows are routed by their values to classes of plain views, in runs:
+        row by row, each row's run row made once for each class it concerns
+        (an INSERT's or DELETE's is in the class's subset: it is not looked
+        at again) and joined to each member's runs."""
+        added = 0
+        numbers_of, classes = route.numbers, route.classes
+        update = kind == KIND_UPDATE
+        # One SUBSCRIBE BY column and no class offered every row (the common
+        # case): a row's classes are those of its value, or of its old and
+        # new ones where an UPDATE moved it.
+        old_at, new_at, by_value = route.filters[0] if len(route.filters) == 1 and not route.every else (0, 0, None)
+        for row in rows:
+            if by_value is None or (update and row[new_at] != row[old_at]):
+                numbers = numbers_of(kind, row)
+            else:
+                numbers = by_value.get(row[old_at], ())
+            for number in numbers:
+                view, members = classes[number]
+                if origin_index is not None and origin_index in members:  # no echo
+                    members = tuple(index for index in members if index != origin_index)
+                    if not members:
+                        continue
+                if update:
+                    found = view.update_row(row)
+                    if found is None:
+                        continue
+                    head, made = found
+                else:
+                    head, made = view.run_heads[kind], view.old_row(row)
+                if len(members) == 1:
+                    _hand_row(head, made, members[0], ops[members[0]], owned)
+                else:
+                    _hand_runs([_new(Run, (*head, [made]))], members, ops, owned)
+                added += len(members)
+        return added
+
 
 def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operation]],
                owned: dict[int, list]) -> None:
@@ -204,30 +247,62 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
     the same head (table, kind and columns) and fit in one run: each
     subscriber's runs are then those codec.ops.to_runs makes of its
     operations, which its packer takes as they are.  The runs of a class are
-    shared by its members; a member's joined run is its own (its rows in
-    ``owned``), filled further by the next run of that head."""
+    shared by its members, and so is a joined run: the members whose
+    operations end with the same run get one joined run, made once (most
+    members of a class end with the run the class handed them last); a
+    member's joined run that is its own (its rows in ``owned``) is filled
+    further in place."""
     first = selected[0]
     if type(first) is not Run:
         for index in members:
             ops[index].extend(selected)
         return
-    head, rows = first[:5], first[5]
+    table, kind, width, before, after, rows = first
     room = RUN_ROWS - len(rows)
+    rest = selected[1:] if len(selected) > 1 else None
+    shared_last = shared_joined = None  # the last run joined for a member, and what it became
     for index in members:
         mine = ops[index]
         if mine:
             last = mine[-1]
-            if type(last) is Run and last[:5] == head and len(last[5]) <= room:
+            if last is shared_last:
+                mine[-1] = shared_joined
+                if rest:
+                    mine.extend(rest)
+                continue
+            if (last[1] == kind and type(last) is Run and last[0] == table and last[2] == width
+                    and last[3] == before and last[4] == after and len(last[5]) <= room):
                 joined = owned.get(index)
                 if joined is not None and last[5] is joined:
                     joined.extend(rows)
                 else:
-                    joined = owned[index] = [*last[5], *rows]
-                    mine[-1] = _new(Run, (*head, joined))
-                if len(selected) > 1:
-                    mine.extend(islice(selected, 1, None))
+                    shared_last = last
+                    shared_joined = mine[-1] = _new(Run, (table, kind, width, before, after, [*last[5], *rows]))
+                if rest:
+                    mine.extend(rest)
                 continue
         mine.extend(selected)
+
+
+def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int, list]) -> None:
+    """:func:`_hand_runs` of the run of one row ``made`` of ``head`` (a
+    run's table, kind and columns) to one member (``index``, its
+    operations ``mine``): a run of that head its operations end with is
+    filled in place where it is the member's own."""
+    if mine:
+        last = mine[-1]
+        if last[1] == head[1] and type(last) is Run and last[0] == head[0] and last[2:5] == head[2:]:
+            rows = last[5]
+            if owned.get(index) is rows:
+                if len(rows) < RUN_ROWS:
+                    rows.append(made)
+                    return
+            elif len(rows) < RUN_ROWS:
+                rows = owned[index] = [*rows, made]
+                mine[-1] = _new(Run, (*head, rows))
+                return
+    rows = owned[index] = [made]
+    mine.append(_new(Run, (*head, rows)))
 
 # A pass over the log for several subscribers holds at most this many
 # selected operations of one log transaction (all subscribers together)

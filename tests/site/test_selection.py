@@ -178,6 +178,50 @@ def test_one_pass_hands_each_subscriber_the_runs_its_packer_takes_as_they_are(hq
     assert max(len(transaction.ops) for transaction in together[0]) > 40
 
 
+def test_one_pass_shares_a_class_run_until_its_members_part(hq):
+    """UPDATEs every subscriber receives (line) join into one run shared by
+    the subscribers whose operations end with it, until a row of one's
+    subset (customer: changed, moved in and out) comes between: each still
+    gets the runs codec.ops.to_runs makes of what it reads alone, and no
+    run handed to one changes another's."""
+    from codec.ops import runs_counted
+
+    app = app_connection(hq)
+    regions = ["north", "south", "east"]
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south')")
+    app.executemany("INSERT INTO customer (id, name, region) VALUES (?, 'm', ?)",
+                    [(10 + number, regions[number % 3]) for number in range(5)])
+    app.executemany("INSERT INTO line VALUES (?, 1, 'A', 0)", [(number,) for number in range(1, 30)])
+    start = hq.scan()
+    app.execute("BEGIN")
+    for number in range(1, 30):
+        app.execute("UPDATE line SET qty = ? WHERE order_id = ?", (number, number))
+        if number % 4 == 0:
+            app.execute("UPDATE customer SET name = ? WHERE id = 1", (f"n{number}",))
+        if number % 6 == 0:  # out of one subset, into another (each row once: nothing folds)
+            moved = number // 6 - 1
+            app.execute("UPDATE customer SET region = ? WHERE id = ?", (regions[(moved + 1) % 3], 10 + moved))
+        if number % 9 == 0:
+            app.execute("UPDATE line SET sku = 'B' WHERE order_id = ?", (number,))  # another head
+    app.execute("COMMIT")
+    end = hq.scan()
+    hq.add_remote("all")
+    hq.subscribe("all", "sales", "east")
+    reads = [("north1", start, end), ("south1", start, end), ("all", start, end)]
+    handed: dict[int, list] = {}
+    for index, transaction in hq.read_logs(reads, runs=True):
+        runs, _count = runs_counted(transaction.ops)
+        assert len(runs) == len(transaction.ops) and all(a is b for a, b in zip(runs, transaction.ops))
+        handed[index] = [transaction.ops, expanded(transaction)]
+    # Each subscriber's operations, looked at once all were handed over.
+    for index, read in enumerate(reads):
+        alone = list(hq.read_log(*read))
+        assert [handed[index][1]] == alone
+        assert [expanded(type(alone[0])._trusted(alone[0].commit, alone[0].origin, handed[index][0]))] == alone
+    shared = {id(run) for run in handed[0][0]} & {id(run) for run in handed[1][0]}
+    assert shared  # the runs of line both received with nothing of their own between
+
+
 def test_one_pass_reads_each_capture_row_once(hq):
     reads = _reads(_busy_log(hq))[:4]
     statements: list[str] = []
@@ -279,3 +323,7 @@ def test_update_runs_stand_for_the_operations_update_makes_of_each_row(columns, 
     made = list(operations_of(view.update_runs(rows)))
     assert made == expected
     assert repr(made) == repr(expected)  # -0.0 and 0.0, 1 and 1.0 included
+    # Row by row (what one pass over the log for many subscribers makes of
+    # the rows of a subset): the same operations.
+    one_by_one = [Run(*head, [made_row]) for head, made_row in filter(None, map(view.update_row, rows))]
+    assert repr(list(operations_of(one_by_one))) == repr(expected)
