@@ -61,30 +61,38 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     # row deleted before it, folds into nothing and changes no decision
     # (each compares places from that DELETE on, and distances).
     first = kinds.index(OpKind.DELETE)
-    end = first + _reinserted(ops[first:])
+    end = _reinserted(ops, kinds, first)
     if end == first:
         return ops
     folder = _Folder()
     folder.add(ops[first:end])
     return [*ops[:first], *folder.take(0), *ops[end:]]
 
-def _reinserted(ops: list) -> int:
-    """How many of ``ops`` hold every INSERT of a row deleted in ``ops``
-    before it (0: none, nothing folds, and the operations are what they are)."""
+def _reinserted(ops: list, kinds: list[int], first: int) -> int:
+    """Where the operations from ``first`` (a DELETE) on that hold every
+    INSERT of a row deleted before it end (``first``: none, nothing folds,
+    and the operations are what they are); ``kinds`` are theirs."""
     deleted: set[tuple[str, tuple]] = set()
-    end = 0
-    for position, op in enumerate(ops, 1):
-        kind = op[1]
+    end = first
+    for position in range(first, len(ops)):
+        kind = kinds[position]
+        if kind == OpKind.UPDATE:
+            continue
+        op = ops[position]
         if type(op) is Run:
-            width, table = op.key_width, op.table
+            table, width, rows = op[0], op[2], op[5]
             if kind == OpKind.DELETE:
-                deleted.update((table, row[:width]) for row in op.rows)
-            elif kind == OpKind.INSERT and deleted and any((table, row[:width]) in deleted for row in op.rows):
-                end = position
+                if len(rows) == 1:
+                    deleted.add((table, rows[0][:width]))
+                else:
+                    deleted.update([(table, row[:width]) for row in rows])
+            elif deleted and ((table, rows[0][:width]) in deleted if len(rows) == 1 else
+                              any((table, row[:width]) in deleted for row in rows)):
+                end = position + 1
         elif kind == OpKind.DELETE:
             deleted.add((op[0], op[2]))
         elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
-            end = position
+            end = position + 1
     return end
 
 
@@ -146,14 +154,18 @@ class _Folder:
         table, kind, width, before, after, rows = run
         start = self.base + len(held)
         end = start + len(rows) - 1
-        if kind == OpKind.INSERT and not (self.deleted and any((table, row[:width]) in self.deleted for row in rows)):
+        deleted = self.deleted
+        if kind == OpKind.INSERT and not (deleted and ((table, rows[0][:width]) in deleted if len(rows) == 1 else
+                                                       any((table, row[:width]) in deleted for row in rows))):
             last_change[table] = end  # no row of it folds
             _place(held, run)
             return
         if kind == OpKind.DELETE:
-            deleted = self.deleted
-            for index, row in enumerate(rows, start):
-                deleted[(table, row[:width])] = index
+            if len(rows) == 1:
+                deleted[(table, rows[0][:width])] = start
+            else:
+                for index, row in enumerate(rows, start):
+                    deleted[(table, row[:width])] = index
             last_change[table] = self.last_delete = end
             _place(held, run)
             return
@@ -236,8 +248,8 @@ _MORE = object()
 
 def _place(held: list, op: object) -> None:
     held.append(op)
-    if type(op) is Run and len(op.rows) > 1:
-        held.extend([_MORE] * (len(op.rows) - 1))
+    if type(op) is Run and len(op[5]) > 1:
+        held.extend([_MORE] * (len(op[5]) - 1))
 
 _new = tuple.__new__
 
