@@ -18,7 +18,7 @@ from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
 from .errors import InvalidSetting
-from .folding import make_transaction
+from .folding import folded_row, make_transaction
 from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
 from .view import View
 
@@ -288,7 +288,9 @@ def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int,
     """:func:`_hand_runs` of the run of one row ``made`` of ``head`` (a
     run's table, kind and columns) to one member (``index``, its
     operations ``mine``): a run of that head its operations end with is
-    filled in place where it is the member's own."""
+    filled in place where it is the member's own.  An INSERT of the row
+    whose DELETE the member's operations end with folds into it here
+    (agent.site.folding), as it would once the transaction is complete."""
     if mine:
         last = mine[-1]
         if last[1] == head[1] and type(last) is Run and last[0] == head[0] and last[2:5] == head[2:]:
@@ -301,8 +303,30 @@ def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int,
                 rows = owned[index] = [*rows, made]
                 mine[-1] = _new(Run, (*head, rows))
                 return
+        elif (head[1] == KIND_INSERT and last[1] == KIND_DELETE and type(last) is Run and last[0] == head[0]
+              and last[2] == head[2] and last[5][-1][:head[2]] == made[:head[2]]):
+            _fold_last(last, head, made, index, mine, owned)
+            return
     rows = owned[index] = [made]
     mine.append(_new(Run, (*head, rows)))
+
+
+def _fold_last(last: Run, head: tuple, made: tuple, index: int, mine: list, owned: dict[int, list]) -> None:
+    """Fold the INSERT ``made`` (of ``head``) into the DELETE of its row
+    that ends the member's operations (``last``, a run of DELETEs)."""
+    table, _kind, width, before, _after, rows = last
+    deleted = rows[-1]
+    if len(rows) == 1:
+        mine.pop()
+    elif owned.get(index) is rows:
+        rows.pop()
+    else:
+        rows = owned[index] = rows[:-1]
+        mine[-1] = _new(Run, (*last[:5], rows))
+    folded = folded_row(table, width, dict(zip(before, deleted[width:])), head[4], made)
+    if folded is not None:
+        _hand_row(folded[:5], folded[5][0], index, mine, owned)
+
 
 # A pass over the log for several subscribers holds at most this many
 # selected operations of one log transaction (all subscribers together)

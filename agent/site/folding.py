@@ -12,6 +12,10 @@ Rules of this file:
   as its rows and is folded on its rows, never taken apart into the
   operations it stands for: a row that folds becomes a run of one UPDATE
   (or nothing), the run it was in is cut around it.
+* A DELETE and the INSERT right after it (the subscriber's operations hold
+  nothing between) always fold: the fan-out folds them as it hands them
+  over (agent.site.fanout, :func:`folded_row`), and what it hands over
+  then folds here as the operations it stood for would.
 """
 
 from __future__ import annotations
@@ -94,6 +98,18 @@ def _reinserted(ops: list, kinds: list[int], first: int) -> int:
         elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
             end = position + 1
     return end
+
+
+def folded_row(table: str, width: int, old: dict, after: tuple[str, ...], row: tuple) -> Run | None:
+    """What the DELETE of a row (``old``: its columns and values) and an
+    INSERT of it (``row``: key ‖ values of ``after``) fold into: a run of
+    one UPDATE of the columns that differ, or None."""
+    new = dict(zip(after, row[width:]))
+    changed = tuple(column for column in new if not (column in old and _same(old[column], new[column])))
+    if not changed:
+        return None
+    return _new(Run, (table, OpKind.UPDATE, width, changed, changed,
+                      [(*row[:width], *[old.get(c) for c in changed], *[new[c] for c in changed])]))
 
 
 class _Folder:
@@ -180,12 +196,7 @@ class _Folder:
             if index - start > taken:
                 _place(held, _new(Run, (table, kind, width, before, after, rows[taken:index - start])))
             taken = index - start + 1
-            old = self._unplace(position)
-            new = dict(zip(after, row[width:]))
-            changed = tuple(column for column in new if not (column in old and _same(old[column], new[column])))
-            held.append(_new(Run, (table, OpKind.UPDATE, width, changed, changed,
-                                   [(*key, *[old.get(c) for c in changed], *[new[c] for c in changed])]))
-                        if changed else None)
+            held.append(folded_row(table, width, self._unplace(position), after, row))
         if taken == 0:
             _place(held, run)
         elif taken < len(rows):

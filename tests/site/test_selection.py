@@ -222,6 +222,59 @@ def test_one_pass_shares_a_class_run_until_its_members_part(hq):
     assert shared  # the runs of line both received with nothing of their own between
 
 
+def test_one_pass_folds_a_delete_and_the_insert_right_after_it_as_it_hands_them_over(hq):
+    """A row deleted and inserted again with nothing for its subscriber
+    between folds as the fan-out hands the INSERT over (into nothing, or an
+    UPDATE of what changed; the DELETE taken off the end of its run):
+    each subscriber gets what it reads alone."""
+    app = app_connection(hq)
+    app.executemany("INSERT INTO customer (id, name, region) VALUES (?, ?, ?)",
+                    [(number, f"c{number}", ["north", "south"][number % 2]) for number in range(1, 9)])
+    app.execute("INSERT INTO line VALUES (1, 1, 'A', 0)")
+    start = hq.scan()
+    app.execute("BEGIN")
+    for number, name in ((2, "c2"), (1, "renamed")):  # the same row again: nothing; a new name: an UPDATE
+        app.execute("DELETE FROM customer WHERE id = ?", (number,))
+        app.execute("INSERT INTO customer (id, name, region) VALUES (?, ?, ?)",
+                    (number, name, ["north", "south"][number % 2]))
+    app.execute("UPDATE line SET qty = 1")
+    app.execute("DELETE FROM customer WHERE id IN (4, 6)")  # one run of two DELETEs; 6 comes back
+    app.execute("INSERT INTO customer (id, name, region) VALUES (6, 'c6 again', 'north')")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 8")  # north1: DELETE; then back: INSERT
+    app.execute("UPDATE customer SET region = 'north' WHERE id = 8")
+    app.execute("UPDATE line SET qty = 2")
+    app.execute("COMMIT")
+    end = hq.scan()
+    reads = [("north1", start, end), ("south1", start, end)]
+    handed: dict[int, list] = {0: [], 1: []}
+    for index, transaction in hq.read_logs(reads, runs=True):
+        handed[index].append(transaction)
+    for index, read in enumerate(reads):
+        assert [expanded(transaction) for transaction in handed[index]] == list(hq.read_log(*read))
+    # north1: 2 and 8 (out of north and back) as they were, 4 deleted, 6 renamed.
+    north = [op[1:3] for op in operations_of(handed[0][0].ops) if op[0] == "customer"]
+    assert north == [(3, (4,)), (2, (6,))]
+    # south1: 1 renamed, 8 in and out again (an INSERT then a DELETE do not fold).
+    south = [op[1:3] for op in operations_of(handed[1][0].ops) if op[0] == "customer"]
+    assert south == [(2, (1,)), (1, (8,)), (3, (8,))]
+    # Fed one capture row at a time (an INSERT in another chunk than its
+    # DELETE), the fan-out hands over the same.
+    from agent.site.fanout import Fanout
+    from agent.site.sqlite.selection import subscriber_reader
+
+    readers = [subscriber_reader(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]
+    for reader in readers:
+        reader.runs = True
+    fanout = Fanout(readers, [(after, until) for _, after, until in reads])
+    given = []
+    for commit, origin, rows, _returned in hq.read_capture(start, end, value_columns=12):
+        for row in rows:
+            given += fanout.add(commit, origin, [row])
+    given += fanout.finish()
+    assert sorted((index, expanded(transaction)) for index, transaction in given) == \
+        [(index, expanded(transaction)) for index in (0, 1) for transaction in handed[index]]
+
+
 def test_one_pass_reads_each_capture_row_once(hq):
     reads = _reads(_busy_log(hq))[:4]
     statements: list[str] = []
