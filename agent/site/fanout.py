@@ -136,6 +136,7 @@ class Router:
         origin_index = self._index.get(origin)
         added = 0
         owned: dict[int, list] = {}  # a member's joined run's rows (_hand_runs)
+        routes = self._routes
         for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
             if flags and flags & FLAG_RETURN_TO_ORIGIN:
                 if origin_index is not None:  # written back to its origin: for that reader alone
@@ -153,7 +154,9 @@ class Router:
                 continue
             if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
                 continue
-            route = self.route(shape_id)
+            route = routes.get(shape_id)
+            if route is None:
+                route = self.route(shape_id)
             if not route.classes:
                 continue
             if self.runs and route.filters and route.plain:
