@@ -273,7 +273,7 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
                 if rest:
                     mine.extend(rest)
                 continue
-            if (last[1] == kind and type(last) is Run and last[0] == table and last[2] == width
+            if (type(last) is Run and last[1] == kind and last[0] == table and last[2] == width
                     and last[3] == before and last[4] == after and len(last[5]) <= room):
                 joined = owned.get(index)
                 if joined is not None and last[5] is joined:
@@ -294,9 +294,9 @@ def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int,
     filled in place where it is the member's own.  An INSERT of the row
     whose DELETE the member's operations end with folds into it here
     (agent.site.folding), as it would once the transaction is complete."""
-    if mine:
-        last = mine[-1]
-        if last[1] == head[1] and type(last) is Run and last[0] == head[0] and last[2:5] == head[2:]:
+    last = mine[-1] if mine else None
+    if type(last) is Run:  # not an operation (a row written back) or a schema change
+        if last[1] == head[1] and last[0] == head[0] and last[2:5] == head[2:]:
             rows = last[5]
             if owned.get(index) is rows:
                 if len(rows) < RUN_ROWS:
@@ -306,8 +306,8 @@ def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int,
                 rows = owned[index] = [*rows, made]
                 mine[-1] = _new(Run, (*head, rows))
                 return
-        elif (head[1] == KIND_INSERT and last[1] == KIND_DELETE and type(last) is Run and last[0] == head[0]
-              and last[2] == head[2] and last[5][-1][:head[2]] == made[:head[2]]):
+        elif (head[1] == KIND_INSERT and last[1] == KIND_DELETE and last[0] == head[0] and last[2] == head[2]
+              and last[5][-1][:head[2]] == made[:head[2]]):
             _fold_last(last, head, made, index, mine, owned)
             return
     rows = owned[index] = [made]
