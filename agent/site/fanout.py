@@ -18,7 +18,7 @@ from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
 from .errors import InvalidSetting
-from .folding import make_transaction
+from .folding import folded_row, make_transaction
 from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
 from .view import View
 
@@ -43,6 +43,7 @@ class _Route(NamedTuple):
     classes: tuple[tuple["View", tuple[int, ...]], ...]
     every: tuple[int, ...]
     filters: tuple[tuple[int, int, dict[object, tuple[int, ...]]], ...]
+    plain: bool  # every class's view is a View (not a union of articles)
 
     def numbers(self, kind: int, row: tuple) -> tuple[int, ...]:
         """The classes an ordinary capture ``row`` of this shape can concern."""
@@ -101,7 +102,7 @@ class Router:
                     by_value.setdefault(value, []).append(number)
         route = self._routes[shape_id] = _Route(classes, every, tuple(
             (old_at, new_at, {value: tuple(numbers) for value, numbers in by_value.items()})
-            for (old_at, new_at), by_value in by_place.items()))
+            for (old_at, new_at), by_value in by_place.items()), all(type(view) is View for view, _ in classes))
         return route
 
     def candidates(self, origin: str, row: tuple) -> frozenset[int]:
@@ -135,6 +136,7 @@ class Router:
         origin_index = self._index.get(origin)
         added = 0
         owned: dict[int, list] = {}  # a member's joined run's rows (_hand_runs)
+        routes = self._routes
         for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
             if flags and flags & FLAG_RETURN_TO_ORIGIN:
                 if origin_index is not None:  # written back to its origin: for that reader alone
@@ -152,8 +154,13 @@ class Router:
                 continue
             if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
                 continue
-            route = self.route(shape_id)
+            route = routes.get(shape_id)
+            if route is None:
+                route = self.route(shape_id)
             if not route.classes:
+                continue
+            if self.runs and route.filters and route.plain:
+                added += self._hand_rows(kind, group, route, origin_index, ops, owned)
                 continue
             buckets: dict[int, list[tuple]]
             if not route.filters:
@@ -196,6 +203,45 @@ class Router:
                     added += op_count(selected) * len(members)
         return added
 
+    def _hand_rows(self, kind: int, rows: Iterable[tuple], route: _Route, origin_index: int | None,
+                   ops: list[list[Operation]], owned: dict[int, list]) -> int:
+        """:meth:`select` of capture ``rows`` of one kind of a shape whose
+        rows are routed by their values to classes of plain views, in runs:
+        row by row, each row's run row made once for each class it concerns
+        (an INSERT's or DELETE's is in the class's subset: it is not looked
+        at again) and joined to each member's runs."""
+        added = 0
+        numbers_of, classes = route.numbers, route.classes
+        update = kind == KIND_UPDATE
+        # One SUBSCRIBE BY column and no class offered every row (the common
+        # case): a row's classes are those of its value, or of its old and
+        # new ones where an UPDATE moved it.
+        old_at, new_at, by_value = route.filters[0] if len(route.filters) == 1 and not route.every else (0, 0, None)
+        for row in rows:
+            if by_value is None or (update and row[new_at] != row[old_at]):
+                numbers = numbers_of(kind, row)
+            else:
+                numbers = by_value.get(row[old_at], ())
+            for number in numbers:
+                view, members = classes[number]
+                if origin_index is not None and origin_index in members:  # no echo
+                    members = tuple(index for index in members if index != origin_index)
+                    if not members:
+                        continue
+                if update:
+                    found = view.update_row(row)
+                    if found is None:
+                        continue
+                    head, made = found
+                else:
+                    head, made = view.run_heads[kind], view.old_row(row)
+                if len(members) == 1:
+                    _hand_row(head, made, members[0], ops[members[0]], owned)
+                else:
+                    _hand_runs([_new(Run, (*head, [made]))], members, ops, owned)
+                added += len(members)
+        return added
+
 
 def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operation]],
                owned: dict[int, list]) -> None:
@@ -204,30 +250,86 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
     the same head (table, kind and columns) and fit in one run: each
     subscriber's runs are then those codec.ops.to_runs makes of its
     operations, which its packer takes as they are.  The runs of a class are
-    shared by its members; a member's joined run is its own (its rows in
-    ``owned``), filled further by the next run of that head."""
+    shared by its members, and so is a joined run: the members whose
+    operations end with the same run get one joined run, made once (most
+    members of a class end with the run the class handed them last); a
+    member's joined run that is its own (its rows in ``owned``) is filled
+    further in place."""
     first = selected[0]
     if type(first) is not Run:
         for index in members:
             ops[index].extend(selected)
         return
-    head, rows = first[:5], first[5]
+    table, kind, width, before, after, rows = first
     room = RUN_ROWS - len(rows)
+    rest = selected[1:] if len(selected) > 1 else None
+    shared_last = shared_joined = None  # the last run joined for a member, and what it became
     for index in members:
         mine = ops[index]
         if mine:
             last = mine[-1]
-            if type(last) is Run and last[:5] == head and len(last[5]) <= room:
+            if last is shared_last:
+                mine[-1] = shared_joined
+                if rest:
+                    mine.extend(rest)
+                continue
+            if (type(last) is Run and last[1] == kind and last[0] == table and last[2] == width
+                    and last[3] == before and last[4] == after and len(last[5]) <= room):
                 joined = owned.get(index)
                 if joined is not None and last[5] is joined:
                     joined.extend(rows)
                 else:
-                    joined = owned[index] = [*last[5], *rows]
-                    mine[-1] = _new(Run, (*head, joined))
-                if len(selected) > 1:
-                    mine.extend(islice(selected, 1, None))
+                    shared_last = last
+                    shared_joined = mine[-1] = _new(Run, (table, kind, width, before, after, [*last[5], *rows]))
+                if rest:
+                    mine.extend(rest)
                 continue
         mine.extend(selected)
+
+
+def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int, list]) -> None:
+    """:func:`_hand_runs` of the run of one row ``made`` of ``head`` (a
+    run's table, kind and columns) to one member (``index``, its
+    operations ``mine``): a run of that head its operations end with is
+    filled in place where it is the member's own.  An INSERT of the row
+    whose DELETE the member's operations end with folds into it here
+    (agent.site.folding), as it would once the transaction is complete."""
+    last = mine[-1] if mine else None
+    if type(last) is Run:  # not an operation (a row written back) or a schema change
+        if last[1] == head[1] and last[0] == head[0] and last[2:5] == head[2:]:
+            rows = last[5]
+            if owned.get(index) is rows:
+                if len(rows) < RUN_ROWS:
+                    rows.append(made)
+                    return
+            elif len(rows) < RUN_ROWS:
+                rows = owned[index] = [*rows, made]
+                mine[-1] = _new(Run, (*head, rows))
+                return
+        elif (head[1] == KIND_INSERT and last[1] == KIND_DELETE and last[0] == head[0] and last[2] == head[2]
+              and last[5][-1][:head[2]] == made[:head[2]]):
+            _fold_last(last, head, made, index, mine, owned)
+            return
+    rows = owned[index] = [made]
+    mine.append(_new(Run, (*head, rows)))
+
+
+def _fold_last(last: Run, head: tuple, made: tuple, index: int, mine: list, owned: dict[int, list]) -> None:
+    """Fold the INSERT ``made`` (of ``head``) into the DELETE of its row
+    that ends the member's operations (``last``, a run of DELETEs)."""
+    table, _kind, width, before, _after, rows = last
+    deleted = rows[-1]
+    if len(rows) == 1:
+        mine.pop()
+    elif owned.get(index) is rows:
+        rows.pop()
+    else:
+        rows = owned[index] = rows[:-1]
+        mine[-1] = _new(Run, (*last[:5], rows))
+    folded = folded_row(table, width, dict(zip(before, deleted[width:])), head[4], made)
+    if folded is not None:
+        _hand_row(folded[:5], folded[5][0], index, mine, owned)
+
 
 # A pass over the log for several subscribers holds at most this many
 # selected operations of one log transaction (all subscribers together)

@@ -12,6 +12,10 @@ Rules of this file:
   as its rows and is folded on its rows, never taken apart into the
   operations it stands for: a row that folds becomes a run of one UPDATE
   (or nothing), the run it was in is cut around it.
+* A DELETE and the INSERT right after it (the subscriber's operations hold
+  nothing between) always fold: the fan-out folds them as it hands them
+  over (agent.site.fanout, :func:`folded_row`), and what it hands over
+  then folds here as the operations it stood for would.
 """
 
 from __future__ import annotations
@@ -61,31 +65,51 @@ def _fold_reinserts(ops: list[Operation]) -> list[Operation]:
     # row deleted before it, folds into nothing and changes no decision
     # (each compares places from that DELETE on, and distances).
     first = kinds.index(OpKind.DELETE)
-    end = first + _reinserted(ops[first:])
+    end = _reinserted(ops, kinds, first)
     if end == first:
         return ops
     folder = _Folder()
     folder.add(ops[first:end])
     return [*ops[:first], *folder.take(0), *ops[end:]]
 
-def _reinserted(ops: list) -> int:
-    """How many of ``ops`` hold every INSERT of a row deleted in ``ops``
-    before it (0: none, nothing folds, and the operations are what they are)."""
+def _reinserted(ops: list, kinds: list[int], first: int) -> int:
+    """Where the operations from ``first`` (a DELETE) on that hold every
+    INSERT of a row deleted before it end (``first``: none, nothing folds,
+    and the operations are what they are); ``kinds`` are theirs."""
     deleted: set[tuple[str, tuple]] = set()
-    end = 0
-    for position, op in enumerate(ops, 1):
-        kind = op[1]
+    end = first
+    for position in range(first, len(ops)):
+        kind = kinds[position]
+        if kind == OpKind.UPDATE:
+            continue
+        op = ops[position]
         if type(op) is Run:
-            width, table = op.key_width, op.table
+            table, width, rows = op[0], op[2], op[5]
             if kind == OpKind.DELETE:
-                deleted.update((table, row[:width]) for row in op.rows)
-            elif kind == OpKind.INSERT and deleted and any((table, row[:width]) in deleted for row in op.rows):
-                end = position
+                if len(rows) == 1:
+                    deleted.add((table, rows[0][:width]))
+                else:
+                    deleted.update([(table, row[:width]) for row in rows])
+            elif deleted and ((table, rows[0][:width]) in deleted if len(rows) == 1 else
+                              any((table, row[:width]) in deleted for row in rows)):
+                end = position + 1
         elif kind == OpKind.DELETE:
             deleted.add((op[0], op[2]))
         elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
-            end = position
+            end = position + 1
     return end
+
+
+def folded_row(table: str, width: int, old: dict, after: tuple[str, ...], row: tuple) -> Run | None:
+    """What the DELETE of a row (``old``: its columns and values) and an
+    INSERT of it (``row``: key ‖ values of ``after``) fold into: a run of
+    one UPDATE of the columns that differ, or None."""
+    new = dict(zip(after, row[width:]))
+    changed = tuple(column for column in new if not (column in old and _same(old[column], new[column])))
+    if not changed:
+        return None
+    return _new(Run, (table, OpKind.UPDATE, width, changed, changed,
+                      [(*row[:width], *[old.get(c) for c in changed], *[new[c] for c in changed])]))
 
 
 class _Folder:
@@ -146,14 +170,18 @@ class _Folder:
         table, kind, width, before, after, rows = run
         start = self.base + len(held)
         end = start + len(rows) - 1
-        if kind == OpKind.INSERT and not (self.deleted and any((table, row[:width]) in self.deleted for row in rows)):
+        deleted = self.deleted
+        if kind == OpKind.INSERT and not (deleted and ((table, rows[0][:width]) in deleted if len(rows) == 1 else
+                                                       any((table, row[:width]) in deleted for row in rows))):
             last_change[table] = end  # no row of it folds
             _place(held, run)
             return
         if kind == OpKind.DELETE:
-            deleted = self.deleted
-            for index, row in enumerate(rows, start):
-                deleted[(table, row[:width])] = index
+            if len(rows) == 1:
+                deleted[(table, rows[0][:width])] = start
+            else:
+                for index, row in enumerate(rows, start):
+                    deleted[(table, row[:width])] = index
             last_change[table] = self.last_delete = end
             _place(held, run)
             return
@@ -168,12 +196,7 @@ class _Folder:
             if index - start > taken:
                 _place(held, _new(Run, (table, kind, width, before, after, rows[taken:index - start])))
             taken = index - start + 1
-            old = self._unplace(position)
-            new = dict(zip(after, row[width:]))
-            changed = tuple(column for column in new if not (column in old and _same(old[column], new[column])))
-            held.append(_new(Run, (table, OpKind.UPDATE, width, changed, changed,
-                                   [(*key, *[old.get(c) for c in changed], *[new[c] for c in changed])]))
-                        if changed else None)
+            held.append(folded_row(table, width, self._unplace(position), after, row))
         if taken == 0:
             _place(held, run)
         elif taken < len(rows):
@@ -236,8 +259,8 @@ _MORE = object()
 
 def _place(held: list, op: object) -> None:
     held.append(op)
-    if type(op) is Run and len(op.rows) > 1:
-        held.extend([_MORE] * (len(op.rows) - 1))
+    if type(op) is Run and len(op[5]) > 1:
+        held.extend([_MORE] * (len(op[5]) - 1))
 
 _new = tuple.__new__
 

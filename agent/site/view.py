@@ -170,72 +170,77 @@ class View:
 
     def update_runs(self, rows: Iterable[tuple]) -> list[Run]:
         """:meth:`update` of consecutive UPDATE capture rows in runs
-        (codec.ops.Run): the UPDATEs of the same changed columns bundled,
-        and the DELETEs and INSERTs of rows moved out of or into the subset
-        too; consecutive runs never share their head (the runs codec.ops.to_runs
-        makes of the same operations).
+        (codec.ops.Run): the rows :meth:`update_row` makes, those of one
+        head bundled; consecutive runs never share their head (the runs
+        codec.ops.to_runs makes of the same operations)."""
+        made: list = []
+        bundle: list = []
+        last: object = None  # the head of the run being filled
+        update_row = self.update_row
+        for row in rows:
+            found = update_row(row)
+            if found is None:
+                continue
+            head, made_row = found
+            if (head is not last and head != last) or len(bundle) >= RUN_ROWS:
+                bundle = []
+                made.append(_new(Run, (*head, bundle)))
+                last = head
+            bundle.append(made_row)
+        return made
+
+    def update_row(self, row: tuple) -> tuple[tuple, tuple] | None:
+        """What an UPDATE capture row becomes, as :meth:`update` makes it,
+        for a run: ``(head, run row)``, the head a run's table, kind and
+        columns (the same object for the same columns), or None.
 
         The columns that changed come as a flag per published column,
         compared in C; a row holding a zero or a value whose type changed
         is compared exactly (:meth:`_changed`).  Each set of flags has its
-        run's column names and a getter that picks the run's row (key, old
-        values, new values) out of the capture row in one step
-        (:meth:`_pick`)."""
-        if self.old_filter is None and self.values is not None:
-            return []  # filtered by a column these rows do not have: nothing matches
-        made: list = []
-        bundle: list = []
-        last: object = None  # what the run being filled holds: its changed columns, or a move's kind
-        table, names, width, old_at, new_at, values = (self.table, self.names, len(self.key_positions),
-                                                       self.old_filter, self.new_filter, self.values)
-        old_image, new_image, picks = self.old_image, self.new_image, self.picks
-        for row in rows:
-            if old_at is not None and not (row[old_at] in values and row[new_at] in values):  # type: ignore[operator]
+        run's head and a getter that picks the run's row (key, old values,
+        new values) out of the capture row in one step (:meth:`_pick`)."""
+        old_at = self.old_filter
+        if old_at is None:
+            if self.values is not None:
+                return None  # filtered by a column these rows do not have: nothing matches
+        else:
+            values = self.values
+            was_in = row[old_at] in values  # type: ignore[operator]
+            is_in = row[self.new_filter] in values  # type: ignore[operator]
+            if not (was_in and is_in):
                 # Moved out of the subset (a DELETE of the old row), into it
                 # (an INSERT of the new one), or neither (nothing).
-                if row[old_at] in values:  # type: ignore[operator]
-                    kind, made_row = OpKind.DELETE, (*self.old_key(row), *self.old_image(row))
-                elif row[new_at] in values:  # type: ignore[operator]
-                    kind, made_row = OpKind.INSERT, (*self.new_key(row), *self.new_image(row))
-                else:
-                    continue
-                if kind != last or len(bundle) >= RUN_ROWS:
-                    bundle = []
-                    made.append(Run(table, kind, width, names if kind == OpKind.DELETE else (),  # type: ignore[arg-type]
-                                    () if kind == OpKind.DELETE else names, bundle))
-                    last = kind
-                bundle.append(made_row)
-                continue
-            old = old_image(row)
-            new = new_image(row)
-            if 0.0 in old or tuple(map(type, old)) != tuple(map(type, new)):
-                changed = self._changed(old, new)
-                flags = tuple(index in changed for index in self.indexes)
-            else:
-                flags = tuple(map(ne, old, new))
-            found = picks.get(flags)
-            if found is None:
-                found = self._pick(flags)
-            columns, pick = found
-            if pick is None:
-                continue  # no published column changed
-            if columns != last or len(bundle) >= RUN_ROWS:
-                bundle = []
-                made.append(_new(Run, (table, OpKind.UPDATE, width, columns, columns, bundle)))
-                last = columns
-            bundle.append(pick(row))
-        return made
+                if was_in:
+                    return self.run_heads[OpKind.DELETE], (*self.old_key(row), *self.old_image(row))
+                if is_in:
+                    return self.run_heads[KIND_INSERT], (*self.new_key(row), *self.new_image(row))
+                return None
+        old = self.old_image(row)
+        new = self.new_image(row)
+        if 0.0 in old or tuple(map(type, old)) != tuple(map(type, new)):
+            changed = self._changed(old, new)
+            flags = tuple(index in changed for index in self.indexes)
+        else:
+            flags = tuple(map(ne, old, new))
+        found = self.picks.get(flags)
+        if found is None:
+            found = self._pick(flags)
+        head, pick = found
+        if pick is None:
+            return None  # no published column changed
+        return head, pick(row)
 
     def _pick(self, flags: tuple[bool, ...]) -> tuple:
-        """The run's columns and the getter of a run's row for UPDATE
-        capture rows whose published columns changed where ``flags`` say;
-        kept with the layout, shared by the views alike."""
+        """The run's head and the getter of a run's row for UPDATE capture
+        rows whose published columns changed where ``flags`` say; kept with
+        the layout, shared by the views alike."""
         changed = [index for index, flag in zip(self.indexes, flags) if flag]
         if not changed:
             found: tuple = (None, None)
         else:
             at = [self.positions[index] for index in changed]
-            found = (tuple(self.names[index] for index in changed),
+            columns = tuple(self.names[index] for index in changed)
+            found = ((self.table, OpKind.UPDATE, len(self.key_positions), columns, columns),
                      itemgetter(*(4 + i for i in self.key_positions), *(4 + i for i in at),
                                 *(4 + self.width + i for i in at)))
         if len(self.picks) >= _PICKS_KEPT:

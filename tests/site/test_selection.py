@@ -178,6 +178,103 @@ def test_one_pass_hands_each_subscriber_the_runs_its_packer_takes_as_they_are(hq
     assert max(len(transaction.ops) for transaction in together[0]) > 40
 
 
+def test_one_pass_shares_a_class_run_until_its_members_part(hq):
+    """UPDATEs every subscriber receives (line) join into one run shared by
+    the subscribers whose operations end with it, until a row of one's
+    subset (customer: changed, moved in and out) comes between: each still
+    gets the runs codec.ops.to_runs makes of what it reads alone, and no
+    run handed to one changes another's."""
+    from codec.ops import runs_counted
+
+    app = app_connection(hq)
+    regions = ["north", "south", "east"]
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south')")
+    app.executemany("INSERT INTO customer (id, name, region) VALUES (?, 'm', ?)",
+                    [(10 + number, regions[number % 3]) for number in range(5)])
+    app.executemany("INSERT INTO line VALUES (?, 1, 'A', 0)", [(number,) for number in range(1, 30)])
+    start = hq.scan()
+    app.execute("BEGIN")
+    for number in range(1, 30):
+        app.execute("UPDATE line SET qty = ? WHERE order_id = ?", (number, number))
+        if number % 4 == 0:
+            app.execute("UPDATE customer SET name = ? WHERE id = 1", (f"n{number}",))
+        if number % 6 == 0:  # out of one subset, into another (each row once: nothing folds)
+            moved = number // 6 - 1
+            app.execute("UPDATE customer SET region = ? WHERE id = ?", (regions[(moved + 1) % 3], 10 + moved))
+        if number % 9 == 0:
+            app.execute("UPDATE line SET sku = 'B' WHERE order_id = ?", (number,))  # another head
+    app.execute("COMMIT")
+    end = hq.scan()
+    hq.add_remote("all")
+    hq.subscribe("all", "sales", "east")
+    reads = [("north1", start, end), ("south1", start, end), ("all", start, end)]
+    handed: dict[int, list] = {}
+    for index, transaction in hq.read_logs(reads, runs=True):
+        runs, _count = runs_counted(transaction.ops)
+        assert len(runs) == len(transaction.ops) and all(a is b for a, b in zip(runs, transaction.ops))
+        handed[index] = [transaction.ops, expanded(transaction)]
+    # Each subscriber's operations, looked at once all were handed over.
+    for index, read in enumerate(reads):
+        alone = list(hq.read_log(*read))
+        assert [handed[index][1]] == alone
+        assert [expanded(type(alone[0])._trusted(alone[0].commit, alone[0].origin, handed[index][0]))] == alone
+    shared = {id(run) for run in handed[0][0]} & {id(run) for run in handed[1][0]}
+    assert shared  # the runs of line both received with nothing of their own between
+
+
+def test_one_pass_folds_a_delete_and_the_insert_right_after_it_as_it_hands_them_over(hq):
+    """A row deleted and inserted again with nothing for its subscriber
+    between folds as the fan-out hands the INSERT over (into nothing, or an
+    UPDATE of what changed; the DELETE taken off the end of its run):
+    each subscriber gets what it reads alone."""
+    app = app_connection(hq)
+    app.executemany("INSERT INTO customer (id, name, region) VALUES (?, ?, ?)",
+                    [(number, f"c{number}", ["north", "south"][number % 2]) for number in range(1, 9)])
+    app.execute("INSERT INTO line VALUES (1, 1, 'A', 0)")
+    start = hq.scan()
+    app.execute("BEGIN")
+    for number, name in ((2, "c2"), (1, "renamed")):  # the same row again: nothing; a new name: an UPDATE
+        app.execute("DELETE FROM customer WHERE id = ?", (number,))
+        app.execute("INSERT INTO customer (id, name, region) VALUES (?, ?, ?)",
+                    (number, name, ["north", "south"][number % 2]))
+    app.execute("UPDATE line SET qty = 1")
+    app.execute("DELETE FROM customer WHERE id IN (4, 6)")  # one run of two DELETEs; 6 comes back
+    app.execute("INSERT INTO customer (id, name, region) VALUES (6, 'c6 again', 'north')")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 8")  # north1: DELETE; then back: INSERT
+    app.execute("UPDATE customer SET region = 'north' WHERE id = 8")
+    app.execute("UPDATE line SET qty = 2")
+    app.execute("COMMIT")
+    end = hq.scan()
+    reads = [("north1", start, end), ("south1", start, end)]
+    handed: dict[int, list] = {0: [], 1: []}
+    for index, transaction in hq.read_logs(reads, runs=True):
+        handed[index].append(transaction)
+    for index, read in enumerate(reads):
+        assert [expanded(transaction) for transaction in handed[index]] == list(hq.read_log(*read))
+    # north1: 2 and 8 (out of north and back) as they were, 4 deleted, 6 renamed.
+    north = [op[1:3] for op in operations_of(handed[0][0].ops) if op[0] == "customer"]
+    assert north == [(3, (4,)), (2, (6,))]
+    # south1: 1 renamed, 8 in and out again (an INSERT then a DELETE do not fold).
+    south = [op[1:3] for op in operations_of(handed[1][0].ops) if op[0] == "customer"]
+    assert south == [(2, (1,)), (1, (8,)), (3, (8,))]
+    # Fed one capture row at a time (an INSERT in another chunk than its
+    # DELETE), the fan-out hands over the same.
+    from agent.site.fanout import Fanout
+    from agent.site.sqlite.selection import subscriber_reader
+
+    readers = [subscriber_reader(hq.connection, hq.identity, hq._shapes, name) for name, _, _ in reads]
+    for reader in readers:
+        reader.runs = True
+    fanout = Fanout(readers, [(after, until) for _, after, until in reads])
+    given = []
+    for commit, origin, rows, _returned in hq.read_capture(start, end, value_columns=12):
+        for row in rows:
+            given += fanout.add(commit, origin, [row])
+    given += fanout.finish()
+    assert sorted((index, expanded(transaction)) for index, transaction in given) == \
+        [(index, expanded(transaction)) for index in (0, 1) for transaction in handed[index]]
+
+
 def test_one_pass_reads_each_capture_row_once(hq):
     reads = _reads(_busy_log(hq))[:4]
     statements: list[str] = []
@@ -279,3 +376,7 @@ def test_update_runs_stand_for_the_operations_update_makes_of_each_row(columns, 
     made = list(operations_of(view.update_runs(rows)))
     assert made == expected
     assert repr(made) == repr(expected)  # -0.0 and 0.0, 1 and 1.0 included
+    # Row by row (what one pass over the log for many subscribers makes of
+    # the rows of a subset): the same operations.
+    one_by_one = [Run(*head, [made_row]) for head, made_row in filter(None, map(view.update_row, rows))]
+    assert repr(list(operations_of(one_by_one))) == repr(expected)
