@@ -18,7 +18,7 @@ from typing import Callable, Iterable
 
 from codec.ops import RUN_ROWS, OpKind, Operation, Run
 
-from .capture import KIND_INSERT, ROUTE, Shape
+from .capture import KIND_DELETE, KIND_INSERT, ROUTE, Shape
 from .folding import _same
 
 
@@ -58,8 +58,8 @@ class View:
         self.alike = (self.positions, self.filter_position, self.values)
         # The heads of the runs of INSERTs and DELETEs (codec.ops.Run but the rows).
         width = len(self.key_positions)
-        self.run_heads = {KIND_INSERT: (self.table, KIND_INSERT, width, (), self.names),
-                          OpKind.DELETE: (self.table, OpKind.DELETE, width, self.names, ())}
+        self.run_heads = {KIND_INSERT: (self.table, OpKind.INSERT, width, (), self.names),
+                          KIND_DELETE: (self.table, OpKind.DELETE, width, self.names, ())}
 
     def contains(self, row: tuple) -> bool:
         """Whether an image (a slice of the shape's columns, and for a row
@@ -211,7 +211,7 @@ class View:
                 # Moved out of the subset (a DELETE of the old row), into it
                 # (an INSERT of the new one), or neither (nothing).
                 if was_in:
-                    return self.run_heads[OpKind.DELETE], (*self.old_key(row), *self.old_image(row))
+                    return self.run_heads[KIND_DELETE], (*self.old_key(row), *self.old_image(row))
                 if is_in:
                     return self.run_heads[KIND_INSERT], (*self.new_key(row), *self.new_image(row))
                 return None
