@@ -51,10 +51,11 @@ def test_benchmark_prints_one_json_object(tmp_path):
     assert figures["agent_us_per_op"] == pytest.approx(agent_us[-1], rel=1e-2)
     core_us = (largest["spark_export_s"] + 2 * largest["spark_job_s"]) / figures["operations"] * 1e6
     assert figures["spark_core_us_per_op"] == pytest.approx(core_us, rel=1e-2)
-    assert figures["efficiency"] == pytest.approx(figures["agent_us_per_op"] / core_us, rel=1e-2)
+    # Efficiencies are rounded to 3 decimals: at the small sizes here (0.05) a step is 2%, so within one step too.
+    assert figures["efficiency"] == pytest.approx(figures["agent_us_per_op"] / core_us, rel=1e-2, abs=1e-3)
     assert figures["efficiency_by_size"] == pytest.approx(
         [points[end]["agent_s"] / (points[end]["spark_export_s"] + 2 * points[end]["spark_job_s"]) for end in sizes],
-        rel=1e-2)
+        rel=1e-2, abs=1e-3)
     assert 0 < figures["master_job_s"] <= largest["spark_job_s"]
     assert figures["local_scaling"] == pytest.approx(figures["local_1_job_s"] / figures["master_job_s"], rel=1e-2)
     assert len(figures["load_average"]) == 3
