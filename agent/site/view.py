@@ -115,13 +115,7 @@ class View:
         else:
             at, values = self.old_filter, self.values
             chosen = [row for row in rows if row[at] in values]  # type: ignore[operator]
-        if not chosen:
-            return []
-        made = list(map(self.old_row, chosen))
-        width = len(self.key_positions)
-        before, after = ((), self.names) if kind == KIND_INSERT else (self.names, ())
-        return [Run(self.table, kind, width, before, after, made[start:start + RUN_ROWS])
-                for start in range(0, len(made), RUN_ROWS)]
+        return self.subset_runs(kind, chosen) if chosen else []
 
     def subset_runs(self, kind: int, rows: list[tuple]) -> list[Run]:
         """:meth:`runs` of INSERT or DELETE capture ``rows`` known to be in
