@@ -21,6 +21,7 @@ Rules of this file:
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from operator import itemgetter
 
 from codec.ops import OpKind, Operation, Run, Transaction
@@ -90,14 +91,20 @@ def _reinserted(ops: list, kinds: list[int], first: int) -> int:
                     deleted.add((table, rows[0][:width]))
                 else:
                     deleted.update([(table, row[:width]) for row in rows])
-            elif deleted and ((table, rows[0][:width]) in deleted if len(rows) == 1 else
-                              any((table, row[:width]) in deleted for row in rows)):
+            elif deleted and _holds_deleted(deleted, table, width, rows):
                 end = position + 1
         elif kind == OpKind.DELETE:
             deleted.add((op[0], op[2]))
         elif kind == OpKind.INSERT and (op[0], op[2]) in deleted:
             end = position + 1
     return end
+
+
+def _holds_deleted(deleted: Collection[tuple[str, tuple]], table: str, width: int, rows: list) -> bool:
+    """Whether the key of one of a run's ``rows`` is in ``deleted``."""
+    if len(rows) == 1:
+        return (table, rows[0][:width]) in deleted
+    return any((table, row[:width]) in deleted for row in rows)
 
 
 def folded_row(table: str, width: int, old: dict, after: tuple[str, ...], row: tuple) -> Run | None:
@@ -171,8 +178,7 @@ class _Folder:
         start = self.base + len(held)
         end = start + len(rows) - 1
         deleted = self.deleted
-        if kind == OpKind.INSERT and not (deleted and ((table, rows[0][:width]) in deleted if len(rows) == 1 else
-                                                       any((table, row[:width]) in deleted for row in rows))):
+        if kind == OpKind.INSERT and not (deleted and _holds_deleted(deleted, table, width, rows)):
             last_change[table] = end  # no row of it folds
             _place(held, run)
             return
