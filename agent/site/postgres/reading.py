@@ -48,6 +48,12 @@ def subscription_rows(conn: psycopg.Connection, remotes: Iterable[str] | None) -
     publication and age."""
     found: dict[str, list[tuple]] = {} if remotes is None else {name: [] for name in remotes}
     where, parameters = ("", ()) if remotes is None else (" WHERE remote = ANY(%s)", (list(found),))
+    return _by_remote(conn, where, parameters, found)
+
+
+def _by_remote(conn: psycopg.Connection, where: str, parameters: tuple, found: dict[str, list[tuple]]
+               ) -> dict[str, list[tuple]]:
+    """The subscription rows ``where`` picks, added to ``found`` by remote, by publication and age."""
     for remote, publication, *values, since, until in conn.execute(
             f"SELECT remote, publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription{where}"
             ' ORDER BY remote, publication COLLATE "C", id', parameters):
@@ -97,9 +103,8 @@ def _concerned_subscriptions(conn: psycopg.Connection, found: Concern) -> dict[s
     value equals (as Python compares) one it holds: a number is looked for
     in both numeric columns, as an int where it is a whole one."""
     publications, pairs = found.wanted()
-    rows: dict[str, list[tuple]] = {}
     if not publications and not pairs:
-        return rows
+        return {}
     texts, integers, reals = [], [], []
     for publication, value in pairs:
         if type(value) is str:
@@ -108,16 +113,11 @@ def _concerned_subscriptions(conn: psycopg.Connection, found: Concern) -> dict[s
         reals.append((publication, float(value)))
         if value == int(value) and -(1 << 63) <= int(value) < (1 << 63):
             integers.append((publication, int(value)))
-    for remote, publication, *values, since, until in conn.execute(
-            f"SELECT remote, publication, {VALUE_COLUMNS}, since, until FROM fieldsync.subscription"
-            " WHERE publication = ANY(%s)"
-            " OR (publication, value_text) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
-            " OR (publication, value_integer) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))"
-            " OR (publication, value_real) IN (SELECT * FROM unnest(%s::text[], %s::float8[]))"
-            ' ORDER BY remote, publication COLLATE "C", id',
-            (publications, *_columns(texts), *_columns(integers), *_columns(reals))):
-        rows.setdefault(remote, []).append((publication, stored_value(*values), since, until))
-    return rows
+    return _by_remote(conn, " WHERE publication = ANY(%s)"
+                      " OR (publication, value_text) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+                      " OR (publication, value_integer) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))"
+                      " OR (publication, value_real) IN (SELECT * FROM unnest(%s::text[], %s::float8[]))",
+                      (publications, *_columns(texts), *_columns(integers), *_columns(reals)), {})
 
 
 def _columns(pairs: list[tuple]) -> tuple[list, list]:
