@@ -36,6 +36,7 @@ from codec.message import DATA_VERSION, EncodedMessage
 from codec.ops import PartialTransaction, Transaction
 from codec.packing import MessagePacker
 
+from .collector import collector_paused
 from .errors import AgentError
 from .site import Site
 from .site.errors import SiteError
@@ -227,14 +228,15 @@ def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
         packing: PackingPass[EncodedMessage] = PackingPass(len(group), partial(packer_for, group),
                                                            isolate=SEND_ERRORS)
-        for position, message in packing.run(db.read_logs(reads, piece=READ_PIECE, runs=True)):
-            index = group[position]
-            try:
-                put(index, message)
-            except SEND_ERRORS as error:
-                packing.fail(position, error)
-            else:
-                counts[index] += 1
+        with collector_paused():  # agent.collector
+            for position, message in packing.run(db.read_logs(reads, piece=READ_PIECE, runs=True)):
+                index = group[position]
+                try:
+                    put(index, message)
+                except SEND_ERRORS as error:
+                    packing.fail(position, error)
+                else:
+                    counts[index] += 1
         errors.update((group[position], error) for position, error in packing.failed.items())
     return [Packed(counts[index], errors.get(index)) for index in range(len(sends))]
 

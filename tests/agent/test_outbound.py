@@ -244,6 +244,22 @@ def test_pack_sends_makes_each_sends_files_in_order(site: Path) -> None:
     assert made == {send.subscriber: reference.files[send.subscriber] for send in sends}
 
 
+def test_pack_sends_pauses_the_cyclic_collector_while_it_packs(site: Path) -> None:
+    """agent.collector: off while messages are made and put, on again after."""
+    import gc
+
+    reference = expected(site)
+    enabled: list[bool] = []
+    with SiteDatabase.open(site) as db:
+        sends = [BatchSend(remote.name, remote.log_sent, reference.end, remote.resend_count)
+                 for remote in db.remotes() if remote.log_sent < reference.end]
+        assert gc.isenabled()
+        pack_sends(db, site_keys(db), sends, lambda index, message: enabled.append(gc.isenabled()),
+                   max_size=MAX_SIZE)
+        assert gc.isenabled()
+    assert enabled and not any(enabled)
+
+
 def test_a_peer_whose_messages_cannot_be_sealed_fails_alone(site: Path) -> None:
     # field003's row holds another site's public key: sealing to it is refused.
     with SiteDatabase.open(site) as db:
