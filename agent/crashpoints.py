@@ -34,6 +34,12 @@ SCHEMA_POINTS = (
     "apply.in-change",  # a remote ran a schema change or passthrough SQL, inside the apply, not committed
 )
 
+# Points of the tools beside the agent, for their own tests (the fault suite
+# draws none of them).
+TOOL_POINTS = (
+    "extract.copy-made",  # a remote's copy is made under its temporary name, the consolidated not yet switched over
+)
+
 
 class Crash(BaseException):
     """The agent 'died' at a crash point (in-process simulation)."""
@@ -46,8 +52,9 @@ _kill = False
 def arm(name: str, skip: int = 0, *, kill: bool = False) -> None:
     """Make the ``skip + 1``-th pass through ``name`` crash."""
     global _kill
-    if name not in POINTS + SCHEMA_POINTS:
-        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(POINTS + SCHEMA_POINTS)}")
+    known = POINTS + SCHEMA_POINTS + TOOL_POINTS
+    if name not in known:
+        raise ValueError(f"unknown crash point {name!r}; known: {', '.join(known)}")
     _armed[name] = skip
     _kill = kill
 

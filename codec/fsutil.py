@@ -14,6 +14,11 @@ Rules of this file:
   whether a rename that cannot be flushed is good enough is the caller's
   decision, never this module's.
 * No clock, no shared state.
+* A temporary file that takes long to write (an extracted database) is
+  claimed (:func:`claim_temporary`): held with an exclusive ``flock`` for
+  as long as its writer lives, so that the next writer of the same name
+  can tell one that a killed writer left (no one holds it) from one being
+  written, and removes the first.
 """
 
 from __future__ import annotations
@@ -23,11 +28,17 @@ import os
 import re
 import secrets
 
-__all__ = ["DirectoryFlushUnsupported", "TEMPORARY_SUFFIXES", "fsync_directory", "is_temporary", "link_new",
-           "temporary_name", "temporary_target"]
+try:
+    import fcntl
+except ImportError:  # Windows: nothing is claimed, nothing left behind is removed
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["DirectoryFlushUnsupported", "TEMPORARY_SUFFIXES", "claim_temporary", "fsync_directory", "is_temporary",
+           "link_new", "temporary_name", "temporary_target"]
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # What fsync answers on a directory of a file system that cannot flush one
 # (CIFS and other network shares, some FUSE file systems): the operation is
 # missing, not failed.  An I/O error (EIO) is never among them.
@@ -67,6 +78,66 @@ def temporary_name(name: str) -> str:
     directory: a dot-name (hidden, skipped by every reader) that no other
     writer picks, and from which :func:`temporary_target` reads ``name``."""
     return f".{name}.{secrets.token_hex(8)}.tmp"
+
+
+def claim_temporary(target: str | os.PathLike[str], mode: int = 0o600) -> tuple[str, list[str], int]:
+    """A new, empty temporary file for ``target`` (:func:`temporary_name`,
+    beside it), claimed: an open descriptor holding an exclusive ``flock``,
+    which the system lets go when the process ends, however it ends.
+
+    First the temporary files of ``target`` that no process holds are
+    removed, with the journals SQLite keeps beside them (``-wal``, ``-shm``,
+    ``-journal``): their writer was killed before it renamed or removed
+    them.  One held by a live writer, or one whose lock cannot be tested
+    (a file system without ``flock``), is left.  Returns the path, the
+    names of the files removed, and the descriptor, which the caller
+    closes once the file is renamed or removed; for a database, after
+    SQLite closed it (closing any descriptor of a file lets go of the
+    process's POSIX locks on it, SQLite's too)."""
+    directory, name = os.path.split(os.fspath(target))
+    removed = _remove_abandoned(directory or os.curdir, name)
+    path = os.path.join(directory, temporary_name(name))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode)
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass  # no flock here: left unclaimed, and the next writer leaves it too
+    return path, removed, fd
+
+
+# What SQLite keeps beside a database file while it writes it.
+_SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def _remove_abandoned(directory: str, name: str) -> list[str]:
+    """Remove the temporary files of ``name`` in ``directory`` that no
+    process holds (:func:`claim_temporary`); return their names."""
+    if fcntl is None:
+        return []
+    removed = []
+    with os.scandir(directory) as entries:
+        left = [entry.name for entry in entries if temporary_target(entry.name) == name]
+    for temporary in left:
+        path = os.path.join(directory, temporary)
+        try:
+            fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile, or not a file we may read: not ours to judge
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held by a live writer, or no flock on this file system
+            for suffix in ("", *_SQLITE_SIDECARS):
+                try:
+                    os.unlink(path + suffix)
+                except FileNotFoundError:
+                    pass
+            removed.append(temporary)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def temporary_target(name: str) -> str | None:

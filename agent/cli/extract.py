@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
+from .. import crashpoints  # noqa: F401  (FIELDSYNC_CRASH arms the extraction's points, as the agent's)
 from ..errors import AgentError
 from ._common import (DATABASE, SITE_NAME, TransportOption, check_parent_directory, check_transport_settings, console,
                       incarnation_text, key_fingerprint, open_site, remote_names, require_remote, sender_options,
@@ -158,6 +159,7 @@ def _extract_one(database: Path, remote: str, target: Path, given: dict[str, str
             result = extract_site(site, remote, target, options=settings)
         elapsed = time.monotonic() - started
         remote_row = site.remote(remote)
+    _say_removed(out, result.removed, target.parent)
     out.print(f"Extracted {remote} to {target}:", soft_wrap=True)
     table = Table()
     table.add_column("table")
@@ -231,6 +233,7 @@ def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, sk
                                      f"{len(targets)} remotes were extracted before it (each whole); extract the "
                                      "rest with the same command and --skip-existing") from error
                 done += 1
+                _say_removed(progress.console, result.removed, into)
                 total = sum(result.rows.values())
                 rows += total
                 progress.console.print(f"{name}: {target}, {total} rows, consistent at log offset {result.offset}",
@@ -243,6 +246,14 @@ def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, sk
         out.print(f"Left out {len(skipped)} remotes whose database exists already in {into}.", soft_wrap=True)
     out.print(f"Extracted {done} remotes into {into} ({rows} rows) in {elapsed:.1f}s. Move each REMOTE.db with its "
               "folder REMOTE.db.agent (its secret key) to its field site.", soft_wrap=True, markup=False)
+
+
+def _say_removed(out: Console, removed: tuple[str, ...], folder: Path) -> None:
+    """One line for each file an extraction that did not finish (killed) had
+    left in ``folder``, which this one removed."""
+    for name in removed:
+        out.print(f"Removed {folder / name}, left by an extraction that did not finish.", soft_wrap=True,
+                  markup=False, highlight=False)
 
 
 def _progress(out: Console) -> Progress:

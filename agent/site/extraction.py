@@ -91,6 +91,9 @@ class ExtractResult:
     offset: int                 # the consolidated's log offset the remote holds everything up to
     incarnation: bytes          # the new remote's incarnation id
     rows: Mapping[str, int]     # rows copied per table
+    # Temporary files that extractions which did not finish (killed) left in
+    # the target's folder, removed before this one (codec.fsutil.claim_temporary).
+    removed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,6 @@ def set_hook(hook: Callable[[str], None] | None) -> None:
 
 
 def reached(name: str) -> None:
-    """The site reached the point ``name`` (agent.crashpoints.SCHEMA_POINTS)."""
+    """The site reached the point ``name`` (agent.crashpoints.SCHEMA_POINTS, TOOL_POINTS)."""
     if _hook is not None:
         _hook(name)

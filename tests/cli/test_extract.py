@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ import agent.cli.extract as extract_module
 from agent.site import SiteDatabase
 from tests.sqlfiles import connected
 
-from .conftest import Agent, World
+from .conftest import AGENT_COMMAND, Agent, World
 
 
 def test_extract_copies_the_subscribed_rows_and_columns(world: World) -> None:
@@ -34,6 +37,32 @@ def test_extract_reports_rows_per_table(tmp_path: Path, agent: Agent, world: Wor
     assert f"{tmp_path / 'n3.db.agent' / 'keys' / 'site.key'} holds n3's secret key" in result.out
     assert (tmp_path / "n3.db.agent" / "keys" / "site.key").stat().st_mode & 0o777 == 0o600
     assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db")) == []
+
+
+def test_a_copy_a_killed_extraction_left_is_removed_by_the_next(tmp_path: Path, agent: Agent,
+                                                                world: World) -> None:
+    """Killed once its copy is made under the temporary name, before the
+    consolidated switched over: the hidden copy stays behind, and so does
+    the key folder (never written over: docs/cli.md), which the user moves
+    aside as the next extraction's error says.  That extraction of the same
+    target removes the copy (no live process holds it), says so, and
+    makes the copy."""
+    agent("remote", "add", world.hq, "n3", "--address", tmp_path, "--subscribe", "territory=n1")
+    killed = subprocess.run([*AGENT_COMMAND, "extract", str(world.hq), "n3", str(tmp_path / "n3.db")],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FIELDSYNC_CRASH": "extract.copy-made"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    [left] = [path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db.")]
+    assert left.endswith(".tmp") and not (tmp_path / "n3.db").exists()
+    result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
+    assert result.code == 1 and "move the folder" in result.err
+    (tmp_path / "n3.db.agent").rename(tmp_path / "aside")
+    result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
+    assert result.code == 0, result.err
+    assert f"Removed {tmp_path / left}, left by an extraction that did not finish." in result.out
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db")] == []
+    with connected(tmp_path / "n3.db") as n3:
+        assert len(n3.execute("SELECT * FROM customer").fetchall()) == 10
 
 
 def test_extract_with_a_progress_bar(tmp_path: Path, agent: Agent, world: World,

@@ -12,6 +12,7 @@ import pytest
 
 from codec.fsutil import (
     DirectoryFlushUnsupported,
+    claim_temporary,
     fsync_directory,
     is_temporary,
     link_new,
@@ -154,3 +155,59 @@ def test_link_new_reports_a_missing_source(tmp_path: Path, file_system) -> None:
     with pytest.raises(FileNotFoundError):
         link_new(tmp_path / "gone", tmp_path / "a")
     assert not os.path.lexists(tmp_path / "a")
+
+
+# -- claim_temporary ---------------------------------------------------------------
+
+
+def _held(path: Path | str) -> bool:
+    """Whether another open file holds ``path``'s flock (a flock is held by
+    an open file, so a second opening in this process meets it too)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_claimed_temporary_is_new_empty_and_held_until_closed(tmp_path: Path) -> None:
+    path, removed, fd = claim_temporary(tmp_path / "n1.db", 0o640)
+    try:
+        assert removed == []
+        assert temporary_target(os.path.basename(path)) == "n1.db" and os.path.dirname(path) == str(tmp_path)
+        assert os.path.getsize(path) == 0
+        assert _held(path)
+    finally:
+        os.close(fd)
+    assert not _held(path)  # the claim ends with its descriptor (and with the process, however it ends)
+
+
+def test_what_a_killed_writer_left_is_removed_and_a_held_one_is_not(tmp_path: Path) -> None:
+    """A temporary of the same target that no one holds, with SQLite's
+    journals beside it, goes; one another writer holds, and the
+    temporaries of other targets, stay."""
+    import fcntl
+
+    left = tmp_path / temporary_name("n1.db")
+    left.write_bytes(b"SQLite format 3\0 half a copy")
+    for suffix in ("-wal", "-shm", "-journal"):
+        Path(f"{left}{suffix}").write_bytes(b"x")
+    other = tmp_path / temporary_name("n2.db")
+    other.write_bytes(b"")
+    held = tmp_path / temporary_name("n1.db")
+    held.write_bytes(b"")
+    holder = os.open(held, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        path, removed, fd = claim_temporary(tmp_path / "n1.db")
+        os.close(fd)
+    finally:
+        os.close(holder)
+    assert removed == [left.name]
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted([held.name, other.name,
+                                                                        os.path.basename(path)])

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import psycopg
 
-from codec.fsutil import temporary_name
+from codec.fsutil import claim_temporary
 
+from ..errors import ExtractionError
 from ..remote_rules import RemoteUser
 from ..sqlite._db import quote_ident, write_transaction
 from ..sqlite.extract import TablePlan
@@ -66,6 +67,7 @@ class PgStagedRows:
     offset: int
     rows_before: Mapping[str, RemoteUser]
     tables: Mapping[_Key, StagedTable]
+    removed: tuple[str, ...] = ()  # staging files extractions that did not finish left (claim_temporary)
 
     def before(self, remote: str) -> RemoteUser:
         return self.rows_before[remote]
@@ -114,7 +116,13 @@ def stage_rows(source: PgConsolidated, wanted: Sequence[tuple[str, list[TablePla
             _plan, values = tables.setdefault(_key(plan), (plan, None if plan.values is None else set()))
             if values is not None and plan.values is not None:
                 values |= plan.values
-    path = folder / temporary_name("fieldsync-staging.db")
+    # Claimed while it lives, so that one a killed extraction left is
+    # removed by the next (codec.fsutil.claim_temporary).
+    try:
+        name, removed, claim = claim_temporary(folder / "fieldsync-staging.db")
+    except OSError as error:
+        raise ExtractionError(f"cannot create a staging file in {folder} ({error.strerror or error})") from None
+    path = Path(name)
     doing = f"reading the rows of {len(wanted)} remotes"
     try:
         staging = sqlite3.connect(path, isolation_level=None)
@@ -134,11 +142,12 @@ def stage_rows(source: PgConsolidated, wanted: Sequence[tuple[str, list[TablePla
                 reader.close()
         finally:
             staging.close()
-        yield PgStagedRows(path, offset, before, staged)
+        yield PgStagedRows(path, offset, before, staged, tuple(removed))
     finally:
         for suffix in ("", "-journal", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{path}{suffix}")
+        os.close(claim)  # after SQLite closed the file
 
 
 def _stage(reader: psycopg.Connection, staging: sqlite3.Connection, source: PgConsolidated, number: int,

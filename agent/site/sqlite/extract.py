@@ -41,8 +41,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Protocol
 
-from codec.fsutil import DirectoryFlushUnsupported, fsync_directory, link_new, temporary_name
+from codec.fsutil import DirectoryFlushUnsupported, claim_temporary, fsync_directory, link_new
 
+from .. import points
 from ..capture import ROUTE
 from ..clock import utc_now
 from ..errors import ExtractionError, InvalidSetting, WrongRole
@@ -317,53 +318,60 @@ def build_copy(site: ExtractionSource, remote: str, target: Path, planned: Plann
     row, plans, table_sql = planned
     material = _resolve_keys(keys, remote)
     stamp = format_time(now or utc_now())
-    temporary = target.with_name(temporary_name(target.name))
     try:
         # Made empty first (SQLite takes an empty file as a new database): a
         # folder the agent cannot write in is named, not the temporary file.
         # The mode is the one SQLite gives a database it creates (0644 less
         # the umask), as for `agent init`: the copy holds no secret, and the
-        # remote's applications must be able to open it.
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        # remote's applications must be able to open it.  Claimed while it
+        # is made, so that a copy a killed extraction left is removed by the
+        # next extraction of the same target (codec.fsutil.claim_temporary).
+        path, removed, claim = claim_temporary(target, 0o644)
     except OSError as error:
         raise ExtractionError(f"cannot create {target}: the folder {target.parent} takes no new file "
                               f"({error.strerror or error})") from None
+    temporary = Path(path)
     try:
-        copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.inbox or row.address,
-                             transport=row.transport, public_key=material.public_key or row.public_key, now=now)
         try:
-            # Where the remote reads (its inbox) and where hq sends to it
-            # (its reply address) differ on email; options are its own.
-            copy.execute("UPDATE fieldsync_site SET reply_address = ? WHERE id = 1",
-                         (row.address if row.inbox else None,))
-            write_options(copy, SITE_SCOPE, dict(options or {}))
-            incarnation = read_identity(copy).incarnation
-            with write_transaction(copy, f"creating the tables of {remote!r}"):
-                for create_table, _indexes in table_sql:
-                    copy.execute(create_table)
-            offset, counts, before = copy_rows(copy)
-            epochs = (before.resend_count + 1, before.rereceive_count + 1)
-            _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
-            copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            copy.close()
-        if Path(f"{temporary}-wal").exists() and Path(f"{temporary}-wal").stat().st_size:
-            raise ExtractionError(f"{temporary}: SQLite left an unmerged WAL file; the copy is incomplete")
-        descriptor = os.open(temporary, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        _remove_sidecars(temporary)
-        _switch_over(site, SwitchOver(identity.name, remote, before, offset, incarnation, material.public_key),
-                     temporary, target)
-    except sqlite3.Error as error:
-        _remove(temporary)
-        raise ExtractionError(f"extracting {remote!r} to {target} failed: {translate(error, 'copying')}") from error
-    except BaseException:
-        _remove(temporary)
-        raise
-    return ExtractResult(remote, str(target), offset, incarnation, counts)
+            copy = init_database(temporary, name=remote, role=Role.REMOTE, address=row.inbox or row.address,
+                                 transport=row.transport, public_key=material.public_key or row.public_key, now=now)
+            try:
+                # Where the remote reads (its inbox) and where hq sends to it
+                # (its reply address) differ on email; options are its own.
+                copy.execute("UPDATE fieldsync_site SET reply_address = ? WHERE id = 1",
+                             (row.address if row.inbox else None,))
+                write_options(copy, SITE_SCOPE, dict(options or {}))
+                incarnation = read_identity(copy).incarnation
+                with write_transaction(copy, f"creating the tables of {remote!r}"):
+                    for create_table, _indexes in table_sql:
+                        copy.execute(create_table)
+                offset, counts, before = copy_rows(copy)
+                epochs = (before.resend_count + 1, before.rereceive_count + 1)
+                _finish_remote(copy, identity, row, plans, table_sql, offset, epochs, stamp)
+                copy.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                copy.close()
+            if Path(f"{temporary}-wal").exists() and Path(f"{temporary}-wal").stat().st_size:
+                raise ExtractionError(f"{temporary}: SQLite left an unmerged WAL file; the copy is incomplete")
+            descriptor = os.open(temporary, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            _remove_sidecars(temporary)
+            points.reached("extract.copy-made")
+            _switch_over(site, SwitchOver(identity.name, remote, before, offset, incarnation, material.public_key),
+                         temporary, target)
+        except sqlite3.Error as error:
+            _remove(temporary)
+            raise ExtractionError(f"extracting {remote!r} to {target} failed: {translate(error, 'copying')}"
+                                  ) from error
+        except BaseException:
+            _remove(temporary)
+            raise
+        return ExtractResult(remote, str(target), offset, incarnation, counts, tuple(removed))
+    finally:
+        os.close(claim)  # after SQLite closed the file (the copy is renamed or removed)
 
 
 def _remove_sidecars(path: Path) -> None:

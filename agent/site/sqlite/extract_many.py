@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import ContextManager, Protocol
@@ -37,6 +38,11 @@ class StagedRows(Protocol):
     @property
     def offset(self) -> int:
         """The extraction point E: every remote holds the log up to it."""
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        """Staging files that extractions which did not finish left, removed
+        before this one's was made (codec.fsutil.claim_temporary)."""
 
     def before(self, remote: str) -> RemoteUser:
         """``remote``'s row as it was at E."""
@@ -65,6 +71,7 @@ def extract_remotes(site: StagingSource, extractions: Sequence[Extraction], *,
     planned = [site.plan(extraction.remote) for extraction in extractions]
     wanted = [(extraction.remote, plans) for extraction, (_row, plans, _sql) in zip(extractions, planned)]
     with site.stage_rows(wanted, targets[0].parent) as staged:
+        left = staged.removed  # said once, with the first result
         for extraction, target, planning in zip(extractions, targets, planned):
             remote, plans = extraction.remote, planning[1]
 
@@ -72,5 +79,8 @@ def extract_remotes(site: StagingSource, extractions: Sequence[Extraction], *,
                           ) -> tuple[int, dict[str, int], RemoteUser]:
                 return staged.offset, staged.copy_into(copy, remote, plans), staged.before(remote)
 
-            yield build_copy(site, remote, target, planning, copy_rows, keys=extraction.keys, now=now,
-                             options=extraction.options)
+            result = build_copy(site, remote, target, planning, copy_rows, keys=extraction.keys, now=now,
+                                options=extraction.options)
+            if left:
+                result, left = replace(result, removed=left + result.removed), ()
+            yield result

@@ -14,6 +14,7 @@ import pytest
 from agent.cli import main
 from agent.site import open_site
 from agent.site.postgres.connect import connect
+from codec.fsutil import temporary_name
 from tests.pgserver import write_pgpass
 
 
@@ -359,8 +360,13 @@ def test_extract_into_a_folder_reads_each_table_once_for_every_remote(agent, app
     start = postgres.log.stat().st_size
     fleet = tmp_path / "fleet"
     fleet.mkdir()
+    # A staging file a killed extraction left (no process holds it): removed, and said.
+    left = fleet / temporary_name("fieldsync-staging.db")
+    left.write_bytes(b"half a staging file")
+    Path(f"{left}-journal").write_bytes(b"x")
     code, out, err = agent("extract", app_uri, "--all", "--into", fleet)
     assert (code, err) == (0, ""), err
+    assert f"Removed {left}, left by an extraction that did not finish." in out
     assert len(_statements_reading(postgres.log, start, "customer")) == 1
     assert len(_statements_reading(postgres.log, start, "product")) == 1
     assert sorted(path.name for path in fleet.iterdir()) == sorted(
