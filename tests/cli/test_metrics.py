@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.site import SiteDatabase
 from codec.header import Header
 from codec.names import Kind, MessageName
+from tests.transports.servers import free_port
 
 from .conftest import Agent, World, agent_process
 
@@ -39,12 +40,6 @@ def samples(text: str) -> Samples:
 
 def value(found: Samples, name: str, **labels: str) -> float:
     return found[(name, tuple(sorted(labels.items())))]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def scrape(url: str, process: subprocess.Popen[str], seconds: float = 30) -> str:

@@ -56,10 +56,38 @@ class ServerFailed(RuntimeError):
     """A test server could not be started (the message carries its log tail)."""
 
 
+# Ports for the test servers: below the kernel's ephemeral range (32768 and
+# up on Linux), which hands out bind(0) ports and the source ports of
+# outgoing connections, so a port found free is not given to a client
+# before its server binds it; each pytest-xdist worker draws from a stripe
+# of its own, so two workers never pick the same one.
+PORTS_BELOW = 32768
+PORT_STRIPE = 3000
+_PORTS_FROM = PORTS_BELOW - 4 * PORT_STRIPE
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port of 127.0.0.1 nothing listens on, from this worker's stripe
+    (see above), never the same twice in one process."""
+    if not _next_port:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        number = int(worker[2:]) if worker[2:].isdigit() else 0
+        start = _PORTS_FROM + (number % 4) * PORT_STRIPE
+        # A random place in the stripe: another test session on the machine
+        # starts elsewhere, and the bind below skips what it holds.
+        _next_port.extend((start, int.from_bytes(os.urandom(2), "big") % PORT_STRIPE))
+    start, offset = _next_port
+    for step in range(PORT_STRIPE):
+        port = start + (offset + step) % PORT_STRIPE
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _next_port[1] = offset + step + 1
+        return port
+    raise ServerFailed(f"no free port in 127.0.0.1:{start}..{start + PORT_STRIPE - 1}")
 
 
 def _tail(path: Path, lines: int = 25) -> str:
