@@ -31,6 +31,9 @@ def main(spool_path: str, journal_path: str, seed: int, round_number: int) -> No
     def note(*words: object) -> None:
         os.write(journal, (" ".join(str(word) for word in words) + "\n").encode())
 
+    # The journal is there: the parent's kill may come from now on (its
+    # interpreter's start-up, slow on a loaded machine, is not counted).
+    print("started", flush=True)
     spool = SpoolQueues(spool_path, **OPTIONS)
     note("open", round_number)
 

@@ -7,6 +7,7 @@ order, with its content."""
 
 import os
 import random
+import select
 import subprocess
 import sys
 import time
@@ -102,12 +103,20 @@ def test_kill_9_at_random_moments_under_load(tmp_path):
     for round_number in range(1, KILLS + 1):
         child = subprocess.Popen([sys.executable, "-m", "tests.spool.kill_child", str(spool_path), str(journal),
                                   str(rng.randrange(10**6)), str(round_number)],
-                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # Killed at a random moment after it opened its journal (the restart
+        # of the spool included), however long the interpreter took to start.
+        ready, _, _ = select.select([child.stdout], [], [], 120)
+        if not ready or child.stdout.readline() != b"started\n":
+            child.kill()
+            child.wait()
+            pytest.fail(f"the child did not start: {child.stderr.read().decode()[-3000:]}")
         time.sleep(rng.uniform(0.1, 0.6))
         if child.poll() is not None:
             pytest.fail(f"the child stopped by itself: {child.stderr.read().decode()[-3000:]}")
         child.kill()
         child.wait()
+        child.stdout.close()
         child.stderr.close()
         queued, status = verify(spool_path, journal)
         checkpoints = status.checkpoints
