@@ -43,18 +43,22 @@ TRANSACTIONS = 70
 SHARED = 40  # rows every writer updates and moves between regions
 
 
-def write_rows(app: App, number: int, stop: threading.Event, transactions: int = TRANSACTIONS) -> None:
+def write_rows(app: App, number: int, stop: threading.Event, transactions: int = TRANSACTIONS,
+               before_last: Callable[[], object] | None = None) -> None:
     """One writer's transactions (an application's): its own rows
     inserted, changed, moved and deleted, and the shared rows 1 to SHARED
     (made by the test) changed and moved by every writer, one a
-    transaction (no deadlock); ``stop`` ends it early."""
+    transaction (no deadlock); ``stop`` ends it early.  ``before_last`` is
+    called before the last transaction (a test waits there for a reader)."""
     rng = random.Random(number)
     mine: list[int] = []
     next_id = number * 100_000
     regions = ("north", "south", "east")
-    for _ in range(transactions):
+    for left in range(transactions, 0, -1):
         if stop.is_set():
             return
+        if left == 1 and before_last is not None:
+            before_last()
         choice = rng.random()
         shared = rng.randrange(1, SHARED + 1)
         if choice < 0.3 or not mine:

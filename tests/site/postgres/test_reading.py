@@ -42,20 +42,27 @@ def test_each_subscriber_reads_exactly_its_rows_in_commit_order_while_applicatio
     copies = {name: Copy() for name in REGIONS}
     ends = [0]
     stop = threading.Event()
+    # Each writer waits before its last transaction until the log was read
+    # after one of them got there: a read in the middle of the writing.
+    waiting, read_midway = threading.Event(), threading.Event()
     failures: list[BaseException] = []
 
     def writer(number: int) -> None:
         try:
-            write_rows(consolidated.app(), number, stop)
+            write_rows(consolidated.app(), number, stop,
+                       before_last=lambda: (waiting.set(), read_midway.wait(120)))
         except BaseException as error:  # noqa: BLE001  (reported below)
             failures.append(error)
             stop.set()
 
     def read_step() -> None:
+        midway = waiting.is_set()
         end = site.scan()
         for name in REGIONS:
             _apply(copies[name], site.read_log(name, ends[-1], end))
         ends.append(end)
+        if midway:
+            read_midway.set()
 
     threads = [threading.Thread(target=writer, args=(number,)) for number in range(1, WRITERS + 1)]
     for thread in threads:
@@ -68,7 +75,8 @@ def test_each_subscriber_reads_exactly_its_rows_in_commit_order_while_applicatio
         thread.join()
     read_step()
     assert not failures, failures
-    assert read_while_writing >= 3  # the log was read in steps while the writers wrote
+    # The log was read in steps while the writers wrote.
+    assert read_midway.is_set() and read_while_writing >= 2
     for name, region in REGIONS.items():
         assert copies[name].problems == []
         assert _rows(copies[name]) == _subset(setup, region)
