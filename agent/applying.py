@@ -1,7 +1,8 @@
 """The apply path: queued inbound messages into the site database.
 
-The protocol hands out an :class:`~agent.protocol.Apply` (one message, or a
-complete group of parts, docs/protocol.md rule 2); this module carries it
+The protocol hands out an :class:`~agent.protocol.Apply` (one message,
+consecutive messages, or a complete group of parts, docs/protocol.md rule
+2); this module carries it
 out as one unit (I4): the spool's dequeue is begun (durable), the database
 applies the transactions and sets ``log_received`` in one transaction, then
 the dequeue commits.  A crash in between leaves the dequeue in doubt, and
@@ -16,7 +17,10 @@ Rules of this file:
   before the dequeue begins, the others one at a time from the spool
   while the database applies the operations before them
   (docs/message-format.md, "Large transactions"); a part that fails then
-  rolls the whole apply back and is set aside as above.
+  rolls the whole apply back and is set aside as above.  Consecutive
+  messages are read the same way, each after the first as the apply
+  reaches it; one that fails rolls the apply back and is set aside alone
+  (the protocol's ``culprit``).
 * A database that refuses the apply keeps the messages queued; the next
   poll tries again.
 * A cancelled apply is finished first, then the cancellation goes on (the
@@ -27,15 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from itertools import chain
 
 from codec.errors import MessageError
-from codec.message import Message, decode_message
-from codec.payloads import read_group
 
 from .contexts import Applier, stamp
 from .crashpoints import crash_point
 from .errors import AgentError
+from .inbound import load_transactions
 from .pairs import Peer
 from .protocol import Action, Apply
 from .site.errors import SiteError
@@ -50,10 +52,12 @@ async def apply(applier: Applier, peer: Peer, action: Apply) -> list[Action]:
     now = applier.clock()
     queues = applier.queues
     try:
-        transactions = await asyncio.to_thread(_load_transactions, applier, peer.name, action.message_ids)
+        following = tuple((message_id, peer.protocol.pending_header(message_id).last)
+                          for message_id in action.message_ids[1:])
+        transactions = await asyncio.to_thread(load_transactions, applier, peer.name, action.message_ids, following)
     except MessageError as error:
-        log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
-        return peer.protocol.apply_aborted(now, quarantine=str(error))
+        log.warning("cannot apply %s from %s: %s", error.source, peer.name, error)
+        return peer.protocol.apply_aborted(now, quarantine=str(error), culprit=error.source)
     # The dequeue is in doubt until the database has committed the apply.
     token = await asyncio.to_thread(queues.begin_dequeue, peer.name, action.message_ids, action.log_received)
     try:
@@ -61,10 +65,10 @@ async def apply(applier: Applier, peer: Peer, action: Apply) -> list[Action]:
                                 messages=len(action.message_ids), skip_through=action.skip_through,
                                 peer_incarnation=peer.protocol.state.peer_incarnation,
                                 now=stamp(now))
-    except MessageError as error:  # a part of a group read during the apply: rolled back
-        log.warning("cannot apply %s from %s: %s", action.message_ids[0], peer.name, error)
+    except MessageError as error:  # read during the apply (a part, a message after the first): rolled back
+        log.warning("cannot apply %s from %s: %s", error.source, peer.name, error)
         await asyncio.to_thread(queues.abort_dequeue, token)
-        return peer.protocol.apply_aborted(now, quarantine=str(error))
+        return peer.protocol.apply_aborted(now, quarantine=str(error), culprit=error.source)
     except (SiteError, AgentError) as error:  # refused, or the spool failed: keep the messages, retry at the next poll
         log.error("applying %s from %s failed: %s", action.message_ids[0], peer.name, error)
         applier.report.local_errors.append(f"applying from {peer.name}: {error}")
@@ -75,21 +79,3 @@ async def apply(applier: Applier, peer: Peer, action: Apply) -> list[Action]:
     applier.report.applied_messages += len(action.message_ids)
     peer.recorded(log_received=action.log_received)
     return peer.protocol.apply_done(now, action.log_received)
-
-
-def _load_transactions(applier: Applier, peer: str, message_ids: tuple[str, ...]) -> list:
-    """Blocking: the transactions of the messages, decoded (their signatures
-    were checked on receipt: agent.receiving), a version-2 message's with
-    its runs as they are (the apply path binds their rows).  A group's one
-    transaction reads its parts as its operations are taken
-    (codec.payloads.read_group)."""
-    def decoded(message_id: str) -> Message:
-        return decode_message(applier.queues.read_inbound(peer, message_id), source=message_id,
-                              keyring=applier.keyring, recipient=applier.site, recipient_keys=applier.keys,
-                              verified=True, runs=True)
-
-    first = decoded(message_ids[0])
-    if first.is_part:
-        parts = chain((first,), map(decoded, message_ids[1:]))
-        return [read_group(parts, source=message_ids[0], runs=True)]
-    return list(first.transactions or ())

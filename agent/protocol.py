@@ -38,6 +38,13 @@ class _Pending:
     sort_key: tuple[int, int, int, int]
     message_id: str
     header: Header
+    size: int = 0  # the file's bytes (0: not told)
+
+
+# Rule 2: consecutive messages applied in one database transaction, at most
+# this many and this many bytes of files (the first whatever its size).
+CHAIN_MESSAGES = 64
+CHAIN_BYTES = 2 * 2**20
 
 
 @dataclass(slots=True)
@@ -65,6 +72,7 @@ class PairProtocol:
         self._pending: dict[str, _Pending] = {}
         self._by_prev: list[tuple[tuple[int, int, int, int], str]] = []
         self._applying: Apply | None = None
+        self._singles = 0  # applies left that take one message (after an apply that did not commit)
         self._sending: SendData | None = None
         self._stopped: StreamStopped | None = None
         self._resend_request: _ResendRequest | None = None
@@ -111,12 +119,16 @@ class PairProtocol:
         return []
 
     def message_queued(self, now: float, message_id: str, header: Header, incarnation: bytes, *,
-                       queued_earlier: bool = False) -> list[Action]:
+                       queued_earlier: bool = False, size: int = 0, apply: bool = True) -> list[Action]:
         """A data message from the peer is durably in the inbound queue;
         ``queued_earlier``: it was queued before this core was told of it,
         by an earlier run or before the remotes changed (the caller tells
         the core what is queued when it starts), so it did not arrive now:
-        the peer is not heard from, and it asks for no answer."""
+        the peer is not heard from, and it asks for no answer.  ``size``:
+        its file's bytes (rule 2 bounds an apply of several by them);
+        ``apply`` False: what it makes applicable waits for
+        :meth:`take_applicable` or the next poll (a receive poll queues
+        the files waiting first, so consecutive ones go together)."""
         superseded = incarnation in self.superseded
         actions: list[Action] = []
         if not superseded:  # late mail of a replaced copy does not stop the stream
@@ -137,9 +149,14 @@ class PairProtocol:
             # did not move.
             self._state = self._state.evolve(confirm_owed=True)
         sort_key = (header.prev, header.resend_count, header.seq, header.last)
-        self._pending[message_id] = _Pending(sort_key, message_id, header)
+        self._pending[message_id] = _Pending(sort_key, message_id, header, size)
         bisect.insort(self._by_prev, (sort_key, message_id))
-        return actions + self._advance(now)
+        return actions + self._advance(now) if apply else actions
+
+    def take_applicable(self, now: float) -> list[Action]:
+        """Rules 1-2 now, without counting a poll: what the messages queued
+        with ``apply=False`` made applicable."""
+        return self._advance(now)
 
     def already_taken(self, message_id: str, header: Header, incarnation: bytes) -> bool:
         """Whether queueing this data message now would add nothing: it is
@@ -222,29 +239,42 @@ class PairProtocol:
         if applying is None or log_received != applying.log_received:
             raise LocalProtocolError(f"apply_done({log_received}) without a matching Apply")
         self._applying = None
+        if self._singles:
+            self._singles -= 1
         for message_id in applying.message_ids:
             self._forget(message_id)
         self._state = self._state.evolve(log_received=log_received, gap_polls=0, request_patience=0)
         self._count(applied_messages=len(applying.message_ids))
         return [DeleteInbound(applying.message_ids, "applied")] + self._advance(now)
 
-    def apply_aborted(self, now: float, quarantine: str | None = None) -> list[Action]:
+    def apply_aborted(self, now: float, quarantine: str | None = None, *, culprit: str | None = None
+                      ) -> list[Action]:
         """The last :class:`Apply` did not commit.  With ``quarantine`` (the
         messages cannot ever be applied, e.g. a malformed payload from a faulty
-        peer) they are set aside and count as missing; otherwise they stay
-        queued and are tried again at the next poll."""
+        peer) they are set aside and count as missing, and what is applicable
+        without them starts (a receive poll queues every file first: each
+        one that fails must not hold the rest back to a poll of its own);
+        otherwise they stay queued and are tried again at the next poll.
+        ``culprit``: of consecutive messages applied together (rule 2), the
+        one that cannot be applied: only it is set aside.  The next applies
+        after one of several messages take one message each, as many as it
+        held."""
         applying = self._applying
         if applying is None:
             raise LocalProtocolError("apply_aborted without an Apply")
         self._applying = None
+        first = self._pending.get(applying.message_ids[0])
+        chained = len(applying.message_ids) > 1 and first is not None and not first.header.is_part
+        if chained:
+            self._singles = max(self._singles, len(applying.message_ids))
         if quarantine is None:
             return []
         actions: list[Action] = []
-        for message_id in applying.message_ids:
+        for message_id in (culprit,) if chained and culprit in applying.message_ids else applying.message_ids:
             self._forget(message_id)
             self._count(rejected=1)
             actions.append(Quarantine(message_id, quarantine))
-        return actions
+        return actions + self._advance(now)
 
     def _forget(self, message_id: str) -> None:
         pending = self._pending.pop(message_id)
@@ -297,8 +327,35 @@ class PairProtocol:
 
     def _applicable(self) -> Apply | None:
         """Rule 2: a message or complete group with prev <= log_received < last,
-        the newest epoch first."""
-        log_received = self._state.log_received
+        the newest epoch first, and the messages that continue a message
+        exactly after it (:meth:`_chained`)."""
+        best = self._applicable_at(self._state.log_received)
+        if best is None or self._singles or self._pending[best.message_ids[0]].header.is_part:
+            return best
+        return self._chained(best)
+
+    def _chained(self, first: Apply) -> Apply:
+        """``first`` (one message, not a part) and the pending messages rule
+        2 would apply after it, each not a part and starting where the one
+        before ends, within CHAIN_MESSAGES and CHAIN_BYTES."""
+        ids = [first.message_ids[0]]
+        size = self._pending[ids[0]].size
+        last = first.log_received
+        while len(ids) < CHAIN_MESSAGES:
+            following = self._applicable_at(last)
+            if following is None:
+                break
+            pending = self._pending[following.message_ids[0]]
+            header = pending.header
+            if header.is_part or header.prev != last or size + pending.size > CHAIN_BYTES:
+                break
+            ids.append(pending.message_id)
+            size += pending.size
+            last = header.last
+        return first if len(ids) == 1 else Apply(tuple(ids), first.skip_through, last)
+
+    def _applicable_at(self, log_received: int) -> Apply | None:
+        """Rule 2 with ``log_received`` where it is or where an apply would take it."""
         end = bisect.bisect_right(self._by_prev, ((log_received, 2**63, 2**63, 2**63), ""))
         best: Apply | None = None
         best_epoch = -1

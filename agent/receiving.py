@@ -12,6 +12,9 @@ Rules of this file:
 * It takes what it uses (:class:`~agent.contexts.Inbox`) and yields, file
   by file, the protocol's actions; the runner carries them out before the
   next file is taken.
+* A data file is applied once the files waiting are queued (every
+  RECEIVE_BLOCK files, and at the poll after the receive): consecutive
+  messages go in one database transaction (docs/protocol.md, rule 2).
 * A file is acknowledged to the transport only once it is durably queued
   (or set aside: the quarantine is evidence, not state).
 * A file that is not this site's (not a message name, another recipient)
@@ -44,6 +47,7 @@ log = logging.getLogger("fieldsync.agent")
 # Parsed names kept between a transport's question and the file's turn; a
 # transport that asks and then refuses many files (too large) costs no more.
 _NAMES_KEPT = 1024
+RECEIVE_BLOCK = 256  # data files queued (in the spool, on disk) before what they made applicable is applied
 
 
 class _Mismatch(MessageError):
@@ -57,6 +61,7 @@ class Receiver:
     def __init__(self, inbox: Inbox) -> None:
         self.inbox = inbox
         self._names: dict[str, MessageName] = {}
+        self._files = 0  # data files queued (RECEIVE_BLOCK)
 
     async def receive(self, transport: Transport, address: str) -> AsyncIterator[Step]:
         """Take in every file waiting at ``address``, setting aside what fails;
@@ -64,6 +69,7 @@ class Receiver:
         that is carried out: what it says lives in the pair's state)."""
         inbox = self.inbox
         await asyncio.to_thread(inbox.left.load)
+        queued: dict[str, Peer] = {}  # the pairs that queued data files since the last block
         try:
             async for incoming in transport.receive(address, wanted=self.wanted, refused=self.refused):
                 taken = await self.receive_file(transport, incoming)
@@ -72,6 +78,13 @@ class Receiver:
                     yield peer, actions
                     if control:
                         await self._ack(transport, incoming)
+                        continue
+                    queued[peer.name] = peer
+                    self._files += 1
+                    if self._files % RECEIVE_BLOCK == 0:  # apply what a block of files made applicable
+                        for peer in queued.values():
+                            yield peer, peer.protocol.take_applicable(inbox.clock())
+                        queued.clear()
         except TransportError as error:
             inbox.report.transport_errors.append(f"receiving at {address}: {error}")
             log.warning("receiving at %s failed: %s", address, error, extra=IN_SUMMARY)
@@ -151,7 +164,8 @@ class Receiver:
         await asyncio.to_thread(inbox.queues.put_inbound, peer.name, name_text, data)
         crash_point("receive.after-queue")
         await self._ack(transport, incoming)
-        return peer, peer.protocol.message_queued(now, name_text, message.header, message.incarnation), False
+        return peer, peer.protocol.message_queued(now, name_text, message.header, message.incarnation,
+                                                  size=len(data), apply=False), False
 
     async def _ack(self, transport: Transport, incoming: Incoming) -> None:
         """Let the transport remove a file that is durably stored or set aside,

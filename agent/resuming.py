@@ -49,10 +49,12 @@ class Resumer:
                 log.info("after an unclean stop, %d message(s) from %s were in doubt: %d had been applied "
                          "(now dequeued), %d had not (queued again)", len(settled.dequeued) + len(settled.requeued),
                          peer.name, len(settled.dequeued), len(settled.requeued))
-            for name, message in queued:
+            for name, message, size in queued:
                 crash_point("restart.pending")
                 yield peer, peer.protocol.message_queued(inbox.clock(), name, message.header, message.incarnation,
-                                                         queued_earlier=True)
+                                                         queued_earlier=True, size=size, apply=False)
+            if queued:  # all told: consecutive ones are applied together (rule 2)
+                yield peer, peer.protocol.take_applicable(inbox.clock())
 
     def quarantine(self, peer: str, action: Quarantine) -> None:
         """Blocking: carry out a :class:`Quarantine` (a message that can never
@@ -69,7 +71,7 @@ class Resumer:
         inbox.report.quarantine_dropped = inbox.aside.store.dropped
         inbox.queues.delete_inbound(peer, [name])
 
-    def _settle_and_read(self, peers: list[Peer]) -> list[tuple[Peer, Any, list[tuple[str, Any]]]]:
+    def _settle_and_read(self, peers: list[Peer]) -> list[tuple[Peer, Any, list[tuple[str, Any, int]]]]:
         """Blocking: settle each peer's dequeues in doubt, then read the
         headers of what is queued."""
         found = []
@@ -80,15 +82,16 @@ class Resumer:
                 found.append((peer, settled, queued))
         return found
 
-    def _queued_headers(self, peer: Peer) -> list[tuple[str, Any]]:
-        """Blocking: the checked headers of ``peer``'s queued messages; one
-        that no longer passes is set aside."""
+    def _queued_headers(self, peer: Peer) -> list[tuple[str, Any, int]]:
+        """Blocking: the checked headers of ``peer``'s queued messages, with
+        their sizes; one that no longer passes is set aside."""
         inbox = self.inbox
         found = []
         for name in inbox.queues.inbound(peer.name):
             data = inbox.queues.read_inbound(peer.name, name)
             try:
-                found.append((name, check_message(data, source=name, keyring=inbox.keyring, recipient=inbox.site)))
+                found.append((name, check_message(data, source=name, keyring=inbox.keyring, recipient=inbox.site),
+                              len(data)))
             except MessageError as error:
                 self._set_aside(peer.name, name, data, str(error))
         return found

@@ -17,7 +17,7 @@ below it, never one above (docs/protocol.md, "Layers"):
 3. the runner (``agent.runner``), which alone carries out what the hops
    hand back;
 4. the hops (``agent.receiving`` with ``agent.resuming``,
-   ``agent.applying``, ``agent.sending`` with ``agent.preparing``,
+   ``agent.applying`` with ``agent.inbound``, ``agent.sending`` with ``agent.preparing``,
    ``agent.delivering``) and the narrow contexts the runner gives them
    (``agent.contexts``): no hop imports the runner;
 5. what the runner drives: a pair's persisted state (``agent.pairs``,
@@ -63,8 +63,8 @@ LAYERS = (
     Layer("the command line", ("agent.cli",)),
     Layer("tools over whole agents", ("agent.chaos", "agent.metrics")),
     Layer("the runner", ("agent.runner",)),
-    Layer("the hops and their contexts", ("agent.receiving", "agent.resuming", "agent.applying", "agent.sending",
-                                          "agent.preparing", "agent.delivering", "agent.contexts")),
+    Layer("the hops and their contexts", ("agent.receiving", "agent.resuming", "agent.applying", "agent.inbound",
+                                          "agent.sending", "agent.preparing", "agent.delivering", "agent.contexts")),
     Layer("what the runner drives", ("agent.pairs", "agent.peers", "agent.pair_files", "agent.working_set", "agent.queues", "agent.run_options",
                                      "agent.transport_options", "agent.transport_pool", "agent.schedule", "agent.quarantine", "agent.restore",
                                      "agent.left_files", "agent.admin", "agent.crashpoints", "agent.signals")),

@@ -10,7 +10,7 @@ backends keep are this package's own modules.  See
 ``docs/site-database.md``, "Code layout".
 """
 
-from .apply import ApplyErrorRecord, ApplyResult, Conflict, ConflictHook, ConflictRecord, Resolution
+from .apply import ApplyErrorRecord, ApplyResult, Conflict, ConflictHook, ConflictRecord, MessageChain, Resolution
 from .change_rows import SchemaChangeResult
 from .errors import (AlreadyASite, ApplyRefused, ConflictHookFailed, ExtractionError, IncarnationMismatch,
                      InvalidSetting, InvariantViolation, LogOffsetError, LogTruncated, NotASite, PublicationError,
@@ -28,7 +28,8 @@ from .sqlite.database import SiteDatabase
 
 __all__ = [
     "Site", "SiteDatabase", "open_site", "init_site", "is_uri", "SiteIdentity", "Role", "Article", "Publication", "Subscription", "LoggedOperation",
-    "RemoteUser", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "ApplyErrorRecord", "Resolution",
+    "RemoteUser", "ApplyResult", "Conflict", "ConflictHook", "ConflictRecord", "ApplyErrorRecord", "MessageChain",
+    "Resolution",
     "ExtractResult", "RemoteKeys", "SchemaChangeResult",
     "SiteError", "AlreadyASite", "ApplyRefused", "ConflictHookFailed", "ExtractionError", "IncarnationMismatch",
     "InvalidSetting", "InvariantViolation", "LogOffsetError", "LogTruncated", "NotASite", "PublicationError",

@@ -310,7 +310,10 @@ class Site(Protocol):
               peer_incarnation: bytes | None = None, now: datetime | None = None,
               skip_through: int | None = None) -> ApplyResult:
         """Apply ``transactions`` and set ``peer``'s log_received in one
-        database transaction: all of it, or nothing."""
+        database transaction: all of it, or nothing.  A
+        :class:`~agent.site.apply.MessageChain` in their place: its
+        messages, each as an apply of its own, in one transaction
+        (``log_received`` is the last one's, ``messages`` not used)."""
 
     def set_conflict_policy(self, table: str, policy: Resolution | str | None) -> None: ...
 

@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from agent import protocol as protocol_module
 from agent.admin import extract_site, site_keys
 from agent.runner import agent_directory
 from agent.site import SiteDatabase
@@ -410,6 +411,7 @@ async def test_a_receive_phase_cancelled_during_an_apply_finishes_that_apply_fir
         return apply(self, *args, **kwargs)
 
     monkeypatch.setattr(SiteDatabase, "apply", held_apply)
+    monkeypatch.setattr(protocol_module, "CHAIN_MESSAGES", 1)  # one message an apply (rule 2 would take all three)
     async with Agent(world.db("f1"), dataclasses.replace(world.run_options("f1"), send=False)) as agent:
         task = asyncio.create_task(agent.receive_phase())
         await asyncio.to_thread(entered.wait, 30)

@@ -21,11 +21,13 @@ import sqlite3
 import threading
 from pathlib import Path
 from datetime import datetime, time
+from functools import partial
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from codec.ops import Transaction
 
-from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
+from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, MessageChain, Resolution, set_hook
+from ..apply.chain import apply_chain
 from ..capture import Shape
 from ..change_rows import SchemaChangeResult
 from ..clock import utc_now
@@ -517,6 +519,9 @@ class SiteDatabase:
         try:
             with self._lock, self._write(f"applying transactions from {peer!r}"):
                 self._refresh_capture()
+                if isinstance(transactions, MessageChain):
+                    return apply_chain(partial(self._applier.apply_locked, self._identity, peer), transactions,
+                                       skip_through=skip_through, peer_incarnation=peer_incarnation, now=now)
                 return self._applier.apply_locked(self._identity, peer, transactions, log_received,
                                                   messages=messages, peer_incarnation=peer_incarnation, now=now,
                                                   skip_through=skip_through)

@@ -51,6 +51,7 @@ from codec.ops import OpKind, Run, Transaction
 
 from ...apply.batch import (ApplyResult, Batch, ConflictHook, key_after, send_back, set_aside, settle, strand, touch,
                             watch)
+from ...apply.chain import MessageChain, apply_chain
 from ...apply.checks import applies, skip_bound
 from ...apply.conflicts import decide, kept_local_row, planned_returns, resolution_name, resolved
 from ...apply.keymoves import follow_moves, origin_changes, readdressed, refused_move
@@ -107,14 +108,26 @@ class PgApplier:
               transactions: Iterable[Transaction], *, log_received: int, messages: int,
               peer_incarnation: bytes | None, now: datetime | None, skip_through: int | None) -> ApplyResult:
         """Apply ``transactions`` from ``peer`` (see SiteDatabase.apply) in
-        one transaction on ``conn``, tried again after a deadlock."""
-        listed = transactions if isinstance(transactions, (list, tuple)) else list(transactions)
-        replayable = all(isinstance(transaction.ops, (list, tuple)) for transaction in listed)
+        one transaction on ``conn``, tried again after a deadlock; the
+        messages of a MessageChain each as a batch of its own, read in full
+        first (to be tried again)."""
+        if isinstance(transactions, MessageChain):
+            messages_read = [(list(message), last) for message, last in transactions.messages]
+            replayable = all(isinstance(transaction.ops, (list, tuple))
+                             for listed, _last in messages_read for transaction in listed)
+        else:
+            listed = transactions if isinstance(transactions, (list, tuple)) else list(transactions)
+            replayable = all(isinstance(transaction.ops, (list, tuple)) for transaction in listed)
         moment = in_utc(now or utc_now())
         assert moment is not None
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 with conn.transaction():
+                    if isinstance(transactions, MessageChain):
+                        return apply_chain(lambda listed, last, **options: _Batch(
+                            conn, self._tables, self.hooks, identity, peer, moment).apply(listed, last, **options),
+                            MessageChain(messages_read), skip_through=skip_through,
+                            peer_incarnation=peer_incarnation)
                     batch = _Batch(conn, self._tables, self.hooks, identity, peer, moment)
                     return batch.apply(listed, log_received, messages, peer_incarnation, skip_through)
             except _RETRIED as error:
