@@ -38,7 +38,7 @@ class RunOptions:
     # The format version of the data messages written (docs/message-format.md):
     # 1 while some peer still runs a version that reads only version 1.
     message_format: int = DATA_VERSION
-    group: int = 20  # [-g] accepted for compatibility: each message applies in one transaction
+    group: int = 20  # [-g] accepted for compatibility: consecutive messages apply in one transaction (rule 2)
     receive: bool = True  # False: --send-only [-s]
     send: bool = True  # False: --receive-only [-r]
     patience: int = 1  # [-rp]

@@ -332,7 +332,7 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
               help="Format version of the data messages written (docs/message-format.md): 1 while a peer "
                    "still runs a version of fieldsync that reads only version 1.")
 @click.option("-g", "--group", type=Whole(min=1), default=20, show_default=True, metavar="N",
-              help="Accepted for dbremote compatibility; no effect: each message applies in one transaction.")
+              help="Accepted for dbremote compatibility; no effect: consecutive messages apply in one transaction.")
 @click.option("--receive-only", "-r", is_flag=True, help="Only receive and apply (dbremote -r).")
 @click.option("--send-only", "-s", is_flag=True, help="Only scan the log, send and confirm (dbremote -s).")
 @click.option("--keep", "-p", is_flag=True,
