@@ -34,7 +34,7 @@ except ImportError:  # Windows: nothing is claimed, nothing left behind is remov
     fcntl = None  # type: ignore[assignment]
 
 __all__ = ["DirectoryFlushUnsupported", "TEMPORARY_SUFFIXES", "claim_temporary", "fsync_directory", "is_temporary",
-           "link_new", "temporary_name", "temporary_target"]
+           "link_new", "remove_database_file", "temporary_name", "temporary_target"]
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -110,6 +110,17 @@ def claim_temporary(target: str | os.PathLike[str], mode: int = 0o600) -> tuple[
 _SQLITE_SIDECARS = ("-wal", "-shm", "-journal")
 
 
+def remove_database_file(path: str | os.PathLike[str]) -> None:
+    """Remove the SQLite database file ``path`` and the journals SQLite
+    keeps beside it (``-wal``, ``-shm``, ``-journal``); those missing are
+    no error."""
+    for suffix in ("", *_SQLITE_SIDECARS):
+        try:
+            os.unlink(f"{os.fspath(path)}{suffix}")
+        except FileNotFoundError:
+            pass
+
+
 def _remove_abandoned(directory: str, name: str) -> list[str]:
     """Remove the temporary files of ``name`` in ``directory`` that no
     process holds (:func:`claim_temporary`); return their names."""
@@ -129,11 +140,7 @@ def _remove_abandoned(directory: str, name: str) -> list[str]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # held by a live writer, or no flock on this file system
-            for suffix in ("", *_SQLITE_SIDECARS):
-                try:
-                    os.unlink(path + suffix)
-                except FileNotFoundError:
-                    pass
+            remove_database_file(path)
             removed.append(temporary)
         finally:
             os.close(fd)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psycopg
 
-from codec.fsutil import claim_temporary
+from codec.fsutil import claim_temporary, remove_database_file
 
 from ..errors import ExtractionError
 from ..remote_rules import RemoteUser
@@ -144,9 +144,7 @@ def stage_rows(source: PgConsolidated, wanted: Sequence[tuple[str, list[TablePla
             staging.close()
         yield PgStagedRows(path, offset, before, staged, tuple(removed))
     finally:
-        for suffix in ("", "-journal", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(f"{path}{suffix}")
+        remove_database_file(path)
         os.close(claim)  # after SQLite closed the file
 
 

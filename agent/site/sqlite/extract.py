@@ -41,7 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, ContextManager, Mapping, Protocol
 
-from codec.fsutil import DirectoryFlushUnsupported, claim_temporary, fsync_directory, link_new
+from codec.fsutil import DirectoryFlushUnsupported, claim_temporary, fsync_directory, link_new, remove_database_file
 
 from .. import points
 from ..capture import ROUTE
@@ -243,14 +243,6 @@ def _index_sql(conn: sqlite3.Connection, plan: TablePlan) -> list[str]:
     return statements
 
 
-def _remove(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        try:
-            os.remove(f"{path}{suffix}")
-        except FileNotFoundError:
-            pass
-
-
 def _publish(temporary: Path, target: Path) -> None:
     """Give the finished file its name, never replacing a file that
     appeared there meanwhile."""
@@ -363,11 +355,11 @@ def build_copy(site: ExtractionSource, remote: str, target: Path, planned: Plann
             _switch_over(site, SwitchOver(identity.name, remote, before, offset, incarnation, material.public_key),
                          temporary, target)
         except sqlite3.Error as error:
-            _remove(temporary)
+            remove_database_file(temporary)
             raise ExtractionError(f"extracting {remote!r} to {target} failed: {translate(error, 'copying')}"
                                   ) from error
         except BaseException:
-            _remove(temporary)
+            remove_database_file(temporary)
             raise
         return ExtractResult(remote, str(target), offset, incarnation, counts, tuple(removed))
     finally:
@@ -439,7 +431,7 @@ def _switch_over(site: ExtractionSource, change: SwitchOver, temporary: Path, ta
         site.switch_over(change, name_copy)
     except BaseException:
         if published:  # named, but the row could not be switched over to it
-            _remove(target)
+            remove_database_file(target)
         raise
 
 
