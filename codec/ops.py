@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Iterable, Iterator, Mapping, NamedTuple, Sequence, Union
+from typing import TYPE_CHECKING, Annotated, Iterable, Iterator, Mapping, NamedTuple, Sequence, Union
+
+from msgspec import Meta
 
 from .changes import SchemaChange
 from .errors import InvalidValue
@@ -135,14 +137,23 @@ class Run(NamedTuple):
     width and image columns (docs/message-format.md, version 2).  Each row
     is ``key ‖ before values ‖ after values``; an INSERT has no before
     columns, a DELETE no after columns.  Decoded runs were checked for
-    structure (codec.message), not their values."""
+    structure (codec.message), not their values.
 
-    table: str
-    kind: int
-    key_width: int
-    before: tuple[str, ...]
-    after: tuple[str, ...]
-    rows: tuple[tuple, ...]
+    The annotations are also the shape msgspec reads a version-2 payload's
+    runs in (codec.payloads): each ``Meta`` is a check made there, in C.
+    At run time ``rows`` holds msgpack's scalars other than bin only:
+    msgspec takes one of str and bytes in a union, so a payload with a
+    blob in it is read the other way, which checks it in Python."""
+
+    table: Annotated[str, Meta(min_length=1)]
+    kind: Annotated[int, Meta(ge=1, le=3)]
+    key_width: Annotated[int, Meta(ge=1)]
+    before: tuple[Annotated[str, Meta(min_length=1)], ...]
+    after: tuple[Annotated[str, Meta(min_length=1)], ...]
+    if TYPE_CHECKING:
+        rows: tuple[tuple, ...]
+    else:
+        rows: Annotated[tuple[tuple[Union[None, bool, int, float, str], ...], ...], Meta(min_length=1)]
 
     def operations(self) -> list[Operation]:
         """The operations this run stands for (their values unchecked)."""

@@ -16,11 +16,14 @@ Rules of this file:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from itertools import repeat
-from typing import Iterator, Protocol, Sequence
+from itertools import chain, repeat
+from operator import itemgetter
+from typing import Annotated, Iterator, Protocol, Sequence
 
 import msgpack
+import msgspec
 
 from .changes import CHANGE_TAG, check_change
 from .errors import CorruptMessage, InvalidValue, MessageTooLarge
@@ -157,7 +160,28 @@ def control_state(payload: bytes, source: str, header: Header | None = None, ver
 
 
 def transactions_of(payload: bytes, header: Header, source: str, version: int,
-                  runs: bool) -> tuple[Transaction, ...]:
+                    runs: bool) -> tuple[Transaction, ...]:
+    """The transactions of a data payload in format ``version`` (``runs``:
+    a version-2 to 4 payload's runs instead of the operations they stand
+    for), checked; CorruptMessage names ``source``.  Version 2, the one
+    data messages are written in, is read the quick way first."""
+    if version == 2:
+        checked = version2_runs(payload, header, distinct=runs)
+        if checked is not None and runs:
+            return tuple(Transaction._trusted(commit, origin, entry_runs) for commit, origin, entry_runs in checked)
+        if checked is not None:
+            made = [(commit, origin, _operations(entry_runs, distinct=True)) for commit, origin, entry_runs in checked]
+            if all(made_ops is not None for _, _, made_ops in made):
+                return tuple(Transaction._trusted(commit, origin, made_ops) for commit, origin, made_ops in made)
+    # Not one the quick reading vouches for: the careful one says why, or reads it.
+    return careful_transactions(payload, header, source, version, runs)
+
+
+def careful_transactions(payload: bytes, header: Header, source: str, version: int,
+                         runs: bool) -> tuple[Transaction, ...]:
+    """:func:`transactions_of` of a payload of any version, read and checked
+    in Python: what the quick reading of version 2 (:func:`version2_runs`)
+    hands over, and the error it does not give."""
     entries = _unpack(payload, source, version)
     if type(entries) is not tuple:
         raise CorruptMessage(source, "payload must be an array of transactions")
@@ -175,6 +199,52 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
     if version >= 3 and len(result) > 1 and any(change_of(transaction) is not None for transaction in result):
         raise CorruptMessage(source, "a schema change travels alone in its message")
     return tuple(result)
+
+
+# The quick reading of a version-2 payload: msgspec decodes it in the
+# shape Run's annotations give (arrays of the right lengths, ints and
+# strings in their ranges, scalar values), in C, into Run values; what a
+# type cannot say is checked below over the whole payload.
+_version2 = threading.local()
+VERSION2_SHAPE = tuple[tuple[Annotated[int, msgspec.Meta(ge=1)], Annotated[str, msgspec.Meta(min_length=1)],
+                             tuple[Run, ...]], ...]
+_RUNS, _COLUMNS = itemgetter(2), itemgetter(3, 4)
+_INSERT, _DELETE = OpKind.INSERT, OpKind.DELETE
+
+
+def version2_runs(payload: bytes, header: Header,
+                  distinct: bool = True) -> tuple[tuple[int, str, tuple[Run, ...]], ...] | None:
+    """The entries of a version-2 payload, checked as the careful reading
+    (:func:`_transaction`) checks them, or more (values are scalars);
+    None when any of it does not hold, or the payload holds a blob: the
+    careful reading then says what is wrong, or reads it.  ``distinct``
+    False: a run's column names are left for the caller to find distinct
+    (the operations' images do: ``_operations(..., distinct=True)``)."""
+    decoder = getattr(_version2, "decoder", None)
+    if decoder is None:
+        decoder = _version2.decoder = msgspec.msgpack.Decoder(VERSION2_SHAPE)
+    try:
+        entries = decoder.decode(payload)
+    except (ValueError, TypeError, RecursionError):  # msgspec's DecodeError and UnicodeDecodeError are ValueErrors
+        return None
+    previous, last = header.prev, header.last
+    for commit, _, _ in entries:
+        if not previous < commit <= last:
+            return None
+        previous = commit
+    runs = tuple(chain.from_iterable(map(_RUNS, entries)))
+    # A payload repeats a few column lists many times: each is checked once.
+    for before, after in set(map(_COLUMNS, runs)) if distinct else ():
+        if len(set(before)) != len(before) or len(set(after)) != len(after):
+            return None
+    for _, kind, key_width, before, after, rows in runs:
+        if (kind == _INSERT and before) or (kind == _DELETE and after):
+            return None
+        width = key_width + len(before) + len(after)
+        for row in rows:
+            if len(row) != width:
+                return None
+    return entries
 
 
 def _transaction(entry: object, source: str, version: int = 1, runs: bool = False,
@@ -217,19 +287,17 @@ def _check_applied(applied: object, commit: int, source: str) -> None:
 
 _NAMES = frozenset({str})
 _new = tuple.__new__
-_INSERT, _DELETE = OpKind.INSERT, OpKind.DELETE
 
 
 def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
           runs: bool = True) -> tuple[Run, ...] | tuple[Operation, ...]:
     """Decoded version-2 runs, checked for structure (their values are
     checked where they are applied); ``runs`` False: the operations they
-    stand for (as :meth:`Run.operations` makes them), made in the same pass.
+    stand for (as :meth:`Run.operations` makes them), made once all are checked.
     ``heads`` maps a run's head (table, kind, key width, column names) to
     its row width once checked: a payload repeats a few heads many times."""
     if heads is None:
         heads = {}
-    checked: list = []
     for run in ops:
         try:
             table, kind, key_width, before, after, rows = run
@@ -249,22 +317,35 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
         for row in rows:
             if type(row) is not tuple or len(row) != width:
                 raise CorruptMessage(source, f"transaction {commit} holds a run with a malformed row")
-        if runs:
-            continue  # made below, all at once
-        # Run.operations, without making the Run (the hot path of a reader of operations).
-        if kind == _INSERT:
-            checked += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
-                        for row in rows]
-        elif kind == _DELETE:
-            checked += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None))
-                        for row in rows]
-        else:
-            middle = key_width + len(before)
-            checked += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
-                                         dict(zip(after, row[middle:])))) for row in rows]
     if runs:
         return tuple(map(_new, repeat(Run), ops))
-    return tuple(checked)
+    return _operations(ops)
+
+
+def _operations(runs: Sequence[tuple], distinct: bool = False) -> tuple[Operation, ...] | None:
+    """The operations checked runs stand for: Run.operations of each,
+    without making the Runs (the hot path of a reader of operations).
+    ``distinct``: None when a run's column names are not distinct, which
+    the images of its operations show (a name twice is one key of each).
+    Runs of no rows make none (the readers refuse them before)."""
+    made: list = []
+    for table, kind, key_width, before, after, rows in runs:
+        if kind == _INSERT:
+            made += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
+                     for row in rows]
+        elif kind == _DELETE:
+            made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None))
+                     for row in rows]
+        else:
+            middle = key_width + len(before)
+            made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
+                                      dict(zip(after, row[middle:])))) for row in rows]
+        if distinct and rows:
+            last = made[-1]
+            if (last[3] is not None and len(last[3]) != len(before)) or (
+                    last[4] is not None and len(last[4]) != len(after)):
+                return None
+    return tuple(made)
 
 
 def _head_width(head: tuple, commit: int, source: str) -> int:

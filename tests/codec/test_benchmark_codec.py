@@ -1,5 +1,6 @@
 """benchmarks.codec runs and prints one JSON object with the four ratios
-(operations and runs, encode and decode) beside their figures."""
+(operations and runs, encode and decode) beside their figures, and the
+runs' against msgspec, the codec's own library."""
 
 import json
 import subprocess
@@ -17,4 +18,7 @@ def test_benchmark_prints_the_four_ratios_with_their_baselines():
             baseline = result[f"{prefix}baseline_{step}_ops_per_s"]
             assert measured > 0 and baseline > 0
             assert abs(result[f"{prefix}{step}_ratio"] - measured / baseline) < 0.01
+    for step in ("encode", "decode"):  # the same against the codec's own msgpack library
+        measured, baseline = result[f"runs_{step}_ops_per_s"], result[f"msgspec_runs_baseline_{step}_ops_per_s"]
+        assert baseline > 0 and abs(result[f"msgspec_runs_{step}_ratio"] - measured / baseline) < 0.01
     assert result["target_ratio"] == 0.9
