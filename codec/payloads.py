@@ -166,11 +166,11 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
     for), checked; CorruptMessage names ``source``.  Version 2, the one
     data messages are written in, is read the quick way first."""
     if version == 2:
-        checked = version2_runs(payload, header, distinct=runs)
+        checked = version2_runs(payload, header, runs)
         if checked is not None and runs:
             return tuple(Transaction._trusted(commit, origin, entry_runs) for commit, origin, entry_runs in checked)
         if checked is not None:
-            made = [(commit, origin, _operations(entry_runs, distinct=True)) for commit, origin, entry_runs in checked]
+            made = [(commit, origin, _operations(entry_runs, check=True)) for commit, origin, entry_runs in checked]
             if all(made_ops is not None for _, _, made_ops in made):
                 return tuple(Transaction._trusted(commit, origin, made_ops) for commit, origin, made_ops in made)
     # Not one the quick reading vouches for: the careful one says why, or reads it.
@@ -213,13 +213,14 @@ _INSERT, _DELETE = OpKind.INSERT, OpKind.DELETE
 
 
 def version2_runs(payload: bytes, header: Header,
-                  distinct: bool = True) -> tuple[tuple[int, str, tuple[Run, ...]], ...] | None:
+                  runs: bool = True) -> tuple[tuple[int, str, tuple[Run, ...]], ...] | None:
     """The entries of a version-2 payload, checked as the careful reading
     (:func:`_transaction`) checks them, or more (values are scalars);
     None when any of it does not hold, or the payload holds a blob: the
-    careful reading then says what is wrong, or reads it.  ``distinct``
-    False: a run's column names are left for the caller to find distinct
-    (the operations' images do: ``_operations(..., distinct=True)``)."""
+    careful reading then says what is wrong, or reads it.  ``runs`` False:
+    what each run holds (its names distinct, its kind's column lists, its
+    rows' lengths) is left to the caller, which makes the operations they
+    stand for and checks it as it goes (``_operations(..., check=True)``)."""
     decoder = getattr(_version2, "decoder", None)
     if decoder is None:
         decoder = _version2.decoder = msgspec.msgpack.Decoder(VERSION2_SHAPE)
@@ -232,12 +233,14 @@ def version2_runs(payload: bytes, header: Header,
         if not previous < commit <= last:
             return None
         previous = commit
-    runs = tuple(chain.from_iterable(map(_RUNS, entries)))
+    if not runs:
+        return entries
+    every_run = tuple(chain.from_iterable(map(_RUNS, entries)))
     # A payload repeats a few column lists many times: each is checked once.
-    for before, after in set(map(_COLUMNS, runs)) if distinct else ():
+    for before, after in set(map(_COLUMNS, every_run)):
         if len(set(before)) != len(before) or len(set(after)) != len(after):
             return None
-    for _, kind, key_width, before, after, rows in runs:
+    for _, kind, key_width, before, after, rows in every_run:
         if (kind == _INSERT and before) or (kind == _DELETE and after):
             return None
         width = key_width + len(before) + len(after)
@@ -322,25 +325,33 @@ def _runs(ops: tuple, commit: int, source: str, heads: dict | None = None,
     return _operations(ops)
 
 
-def _operations(runs: Sequence[tuple], distinct: bool = False) -> tuple[Operation, ...] | None:
-    """The operations checked runs stand for: Run.operations of each,
-    without making the Runs (the hot path of a reader of operations).
-    ``distinct``: None when a run's column names are not distinct, which
-    the images of its operations show (a name twice is one key of each).
-    Runs of no rows make none (the readers refuse them before)."""
+def _operations(runs: Sequence[tuple], check: bool = False) -> tuple[Operation, ...] | None:
+    """The operations runs stand for: Run.operations of each, without
+    making the Runs (the hot path of a reader of operations).  ``check``:
+    None unless each run holds what the careful reading checks (its
+    kind's column lists, rows of its width, names the images of its last
+    operation hold as many of: a name twice would be one key), checked as
+    the operations are made (a row of another width makes none)."""
     made: list = []
     for table, kind, key_width, before, after, rows in runs:
+        width = key_width + len(before) + len(after)
+        if check:
+            if (kind == _INSERT and before) or (kind == _DELETE and after):
+                return None
+            start = len(made)
         if kind == _INSERT:
             made += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
-                     for row in rows]
+                     for row in rows if len(row) == width]
         elif kind == _DELETE:
             made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None))
-                     for row in rows]
+                     for row in rows if len(row) == width]
         else:
             middle = key_width + len(before)
             made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
-                                      dict(zip(after, row[middle:])))) for row in rows]
-        if distinct and rows:
+                                      dict(zip(after, row[middle:])))) for row in rows if len(row) == width]
+        if check:
+            if len(made) - start != len(rows):
+                return None
             last = made[-1]
             if (last[3] is not None and len(last[3]) != len(before)) or (
                     last[4] is not None and len(last[4]) != len(after)):

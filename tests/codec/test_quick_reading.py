@@ -33,7 +33,16 @@ def careful(data: bytes, runs: bool = True):
 
 
 def assert_no_more_lenient(data: bytes) -> None:
-    """What the quick reading accepts, the careful one reads alike."""
+    """What the quick reading accepts, the careful one reads alike; and a
+    reader of operations (whose quick reading leaves what runs hold to the
+    operations it makes) gets what the careful reading gives, or its error."""
+    try:
+        as_operations = transactions_of(data, HEADER, "test", 2, False)
+    except CorruptMessage:
+        as_operations = None
+    careful_operations = careful(data, runs=False)
+    assert (None if as_operations is None else [(t.commit, t.origin, t.ops) for t in as_operations]) == (
+        None if careful_operations is None else [(t.commit, t.origin, t.ops) for t in careful_operations])
     quick = version2_runs(data, HEADER)
     if quick is None:
         return
@@ -87,7 +96,7 @@ GOOD_RUN = ["t", 2, 1, ["a"], ["a", "b"], [[1, 2, 3, 4]]]
 @pytest.mark.parametrize("field, bad", [
     (0, ""), (0, 5), (1, 0), (1, 4), (1, True), (1, 2.0), (2, 0), (2, True), (2, -1),
     (3, ["a", "a"]), (3, [""]), (3, [5]), (4, ["b", "b"]), (4, "ab"), (5, []), (5, [[1, 2, 3]]),
-    (5, [[1, 2, 3, 4, 5]]), (5, [7]), (5, [[1, 2, 3, {"m": 1}]]),
+    (5, [[1, 2, 3, 4, 5]]), (5, [[1, 2, 3, 4], [1, 2, 3, 4, 5]]), (5, [7]), (5, [[1, 2, 3, {"m": 1}]]),
 ])
 def test_a_malformed_run_is_left_to_the_careful_reading_which_refuses_it(field, bad):
     run = list(GOOD_RUN)
