@@ -12,6 +12,10 @@ Rules of this file:
   :class:`~codec.errors.MessageTooLarge`, naming the file or group.
 * Lengths are bounded before a container is built; a group is never
   joined: a reader holds one part and one operation (version 2: one run).
+* A whole version-2 payload is read the quick way first (msgspec, typed
+  by codec.ops.Run; an array is never longer than the bytes left), which
+  accepts nothing the careful way refuses and gives what it gives; any
+  payload it does not take is read the careful way, which decides.
 """
 
 from __future__ import annotations
