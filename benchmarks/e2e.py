@@ -347,7 +347,7 @@ def run(inserts: int, updates: int, backlog: int) -> dict:
             "ops_per_s": round(operations / total),
             "raw_ops_per_s": round(operations / raw_seconds),
             "ratio": round(raw_seconds / total, 3),
-            "target_ratio": 0.4,
+            "target_ratio": 0.5,  # end to end at half the speed of raw SQLite or better
             "floor_ratio": round(floor_seconds / total, 3),
             "seconds": {"scan": round(scanning, 3), **{k: round(v, 3) for k, v in times.items()},
                         "raw": round(raw_seconds, 3), "floor": round(floor_seconds, 3)},

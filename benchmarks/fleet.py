@@ -14,7 +14,9 @@ timed, not the interpreter's start).
   ``--extract``, 100 by default: extraction writes a database, a key file
   and their fsyncs per remote, so all of 10,000 would dominate the run);
   ``bulk_extract_ms_per_remote`` is its time per remote.
-* ``status_s``: ``agent status hq.db --json`` (to /dev/null).
+* ``status_s``: ``agent status hq.db --json`` (to /dev/null), the median
+  of ``--repeat`` calls (``status_runs_s`` each); ``status_after_runs_s``
+  the same after the runs below filled the spool's history.
 * The runs, ``agent run hq.db --once``, after one warm-up run (the first
   run of a new fleet sends each remote its first message): ``idle_s``
   with nothing changed; ``one_change_s`` after one row of one remote's
@@ -103,6 +105,13 @@ def change(hq: Path, where: str) -> None:
         conn.close()
 
 
+def status_figures(kind: str, hq: Path, repeats: int) -> dict:
+    """``agent status HQ --json`` ``repeats`` times: the median as
+    ``{kind}_s``, every call as ``{kind}_runs_s``."""
+    seconds = [round(agent_command("status", hq, "--json"), 3) for _ in range(repeats)]
+    return {f"{kind}_s": statistics.median(seconds), f"{kind}_runs_s": seconds}
+
+
 def baseline_write_files(folder: Path, count: int) -> float:
     """``count`` small files each written, fsynced and renamed into place."""
     folder.mkdir()
@@ -156,7 +165,7 @@ def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
         seconds = agent_command("extract", hq, "--from", subset, "--into", root / "extracted")
         result.update({"bulk_extract_s": round(seconds, 3), "bulk_extract_n": extracted,
                        "bulk_extract_ms_per_remote": round(seconds * 1000 / extracted, 2)})
-        result["status_s"] = round(agent_command("status", hq, "--json"), 3)
+        result.update(status_figures("status", hq, repeats))
         timed_run(root, hq)  # warm-up: each remote's first message (a heartbeat: first contact)
         runs: dict[str, list[tuple[float, int]]] = {"idle": [], "one_change": [], "all_change": []}
         for repeat in range(repeats):
@@ -173,7 +182,7 @@ def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
         result["process_idle_s"] = round(statistics.median(seconds for seconds, _ in processes), 3)
         result["process_idle_runs_s"] = [round(seconds, 3) for seconds, _ in processes]
         result["process_idle_rss_mb"] = round(max(memory for _, memory in processes), 1)
-        result["status_after_runs_s"] = round(agent_command("status", hq, "--json"), 3)
+        result.update(status_figures("status_after_runs", hq, repeats))
         baseline = statistics.median(baseline_write_files(workdir / f"baseline{repeat}", count)
                                      for repeat in range(repeats))
         result["baseline_write_n_files_s"] = round(baseline, 3)

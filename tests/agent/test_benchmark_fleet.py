@@ -16,6 +16,9 @@ def test_fleet_benchmark_counts_the_files_each_kind_of_run_writes(capsys) -> Non
     assert figures["all_change_files"] == 12
     assert figures["bulk_extract_n"] == 3 and len(figures["idle_runs_s"]) == 2
     assert len(figures["process_idle_runs_s"]) == 2
+    for kind in ("status", "status_after_runs"):  # the median of as many calls
+        calls = figures[f"{kind}_runs_s"]
+        assert len(calls) == 2 and figures[f"{kind}_s"] == sum(calls) / 2
     # A process pays the interpreter's start and imports the in-process runs do not.
     assert figures["process_idle_s"] > figures["idle_s"]
     for key in ("idle_s", "one_change_s", "all_change_s", "all_change_ms_per_remote", "status_s", "bulk_add_s",
