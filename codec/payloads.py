@@ -335,27 +335,44 @@ def _operations(runs: Sequence[tuple], check: bool = False) -> tuple[Operation, 
     None unless each run holds what the careful reading checks (its
     kind's column lists, rows of its width, names the images of its last
     operation hold as many of: a name twice would be one key), checked as
-    the operations are made (a row of another width makes none)."""
+    the operations are made (a row of another width makes none).  A run
+    of one row (most of them) is made without a comprehension, which
+    costs a call of its own."""
     made: list = []
+    append = made.append
     for table, kind, key_width, before, after, rows in runs:
         width = key_width + len(before) + len(after)
-        if check:
-            if (kind == _INSERT and before) or (kind == _DELETE and after):
-                return None
-            start = len(made)
-        if kind == _INSERT:
-            made += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
-                     for row in rows if len(row) == width]
-        elif kind == _DELETE:
-            made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None))
-                     for row in rows if len(row) == width]
+        if check and ((kind == _INSERT and before) or (kind == _DELETE and after)):
+            return None
+        if len(rows) == 1:
+            row = rows[0]
+            if len(row) != width:
+                if check:
+                    return None
+                continue
+            if kind == _INSERT:
+                append(_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:])))))
+            elif kind == _DELETE:
+                append(_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None)))
+            else:
+                middle = key_width + len(before)
+                append(_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
+                                        dict(zip(after, row[middle:])))))
         else:
-            middle = key_width + len(before)
-            made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
-                                      dict(zip(after, row[middle:])))) for row in rows if len(row) == width]
-        if check:
-            if len(made) - start != len(rows):
+            start = len(made)
+            if kind == _INSERT:
+                made += [_new(Operation, (table, kind, row[:key_width], None, dict(zip(after, row[key_width:]))))
+                         for row in rows if len(row) == width]
+            elif kind == _DELETE:
+                made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:])), None))
+                         for row in rows if len(row) == width]
+            else:
+                middle = key_width + len(before)
+                made += [_new(Operation, (table, kind, row[:key_width], dict(zip(before, row[key_width:middle])),
+                                          dict(zip(after, row[middle:])))) for row in rows if len(row) == width]
+            if check and len(made) - start != len(rows):
                 return None
+        if check:
             last = made[-1]
             if (last[3] is not None and len(last[3]) != len(before)) or (
                     last[4] is not None and len(last[4]) != len(after)):
