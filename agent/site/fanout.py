@@ -251,10 +251,12 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
     subscriber's runs are then those codec.ops.to_runs makes of its
     operations, which its packer takes as they are.  The runs of a class are
     shared by its members, and so is a joined run: the members whose
-    operations end with the same run get one joined run, made once (most
-    members of a class end with the run the class handed them last); a
-    member's joined run that is its own (its rows in ``owned``) is filled
-    further in place."""
+    operations end with the same run get one joined run, made once.  Most
+    members of a class end with a run the class handed them, but not all
+    the same one (a member that received a row of its own since took the
+    class's next run as it was): each such run is joined once, whatever
+    order its members come in.  A member's joined run that is its own (its
+    rows in ``owned``) is filled further in place."""
     first = selected[0]
     if type(first) is not Run:
         for index in members:
@@ -264,26 +266,34 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
     room = RUN_ROWS - len(rows)
     rest = selected[1:] if len(selected) > 1 else None
     shared_last = shared_joined = None  # the last run joined for a member, and what it became
+    # Every run joined so far: id -> (the run, kept alive so its id is not reused, what it became).
+    joined_of: dict[int, tuple[Run, Run]] = {}
     for index in members:
         mine = ops[index]
         if mine:
             last = mine[-1]
-            if last is shared_last:
-                mine[-1] = shared_joined
-                if rest:
-                    mine.extend(rest)
-                continue
-            if (type(last) is Run and last[1] == kind and last[0] == table and last[2] == width
-                    and last[3] == before and last[4] == after and len(last[5]) <= room):
-                joined = owned.get(index)
-                if joined is not None and last[5] is joined:
-                    joined.extend(rows)
-                else:
+            if last is not shared_last:
+                known = joined_of.get(id(last))
+                if known is not None and known[0] is last:
+                    shared_last, shared_joined = known
+                elif (type(last) is Run and last[1] == kind and last[0] == table and last[2] == width
+                        and last[3] == before and last[4] == after and len(last[5]) <= room):
+                    joined = owned.get(index)
+                    if joined is not None and last[5] is joined:
+                        joined.extend(rows)
+                        if rest:
+                            mine.extend(rest)
+                        continue
                     shared_last = last
-                    shared_joined = mine[-1] = _new(Run, (table, kind, width, before, after, [*last[5], *rows]))
-                if rest:
-                    mine.extend(rest)
-                continue
+                    shared_joined = _new(Run, (table, kind, width, before, after, [*last[5], *rows]))
+                    joined_of[id(last)] = (last, shared_joined)
+                else:
+                    mine.extend(selected)
+                    continue
+            mine[-1] = shared_joined
+            if rest:
+                mine.extend(rest)
+            continue
         mine.extend(selected)
 
 

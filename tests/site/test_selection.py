@@ -222,6 +222,27 @@ def test_one_pass_shares_a_class_run_until_its_members_part(hq):
     assert shared  # the runs of line both received with nothing of their own between
 
 
+def test_a_class_run_is_joined_once_for_the_members_that_end_with_it_whatever_their_order():
+    """Members of a class that end with one run (a, c: the class's last;
+    b, d: an earlier one, taken as it was after a row of their own) get one
+    joined run per run they end with, not one each, though the two kinds
+    of members alternate; a member's own run ends in a run of its own, and
+    no run handed before changes."""
+    from agent.site.fanout import _hand_runs
+
+    head = ("line", 2, 1, ("qty",), ("qty",))
+    last = Run(*head, [(1, 0, 1)])
+    earlier = Run(*head, [(2, 0, 2)])
+    own = Run("customer", 1, 1, (), ("id", "name"), [(7, 7, "c")])
+    ops = [[last], [earlier], [last], [earlier], [own]]
+    handed = Run(*head, [(3, 0, 3)])
+    _hand_runs([handed], (0, 1, 2, 3, 4), ops, {})
+    assert ops[0][-1] is ops[2][-1] and ops[1][-1] is ops[3][-1] and ops[0][-1] is not ops[1][-1]
+    assert ops[0] == [Run(*head, [(1, 0, 1), (3, 0, 3)])] and ops[1] == [Run(*head, [(2, 0, 2), (3, 0, 3)])]
+    assert ops[4] == [own, handed] and ops[4][-1] is handed
+    assert last.rows == [(1, 0, 1)] and earlier.rows == [(2, 0, 2)] and handed.rows == [(3, 0, 3)]
+
+
 def test_one_pass_folds_a_delete_and_the_insert_right_after_it_as_it_hands_them_over(hq):
     """A row deleted and inserted again with nothing for its subscriber
     between folds as the fan-out hands the INSERT over (into nothing, or an
