@@ -77,6 +77,12 @@ def line_fingerprint(line: str) -> str:
     return _fingerprint(sign, seal)
 
 
+# Parsed signature keys by their bytes (PublicKeys.verifier): at most this
+# many are kept, then all are dropped and parsed again as they are used.
+VERIFIERS_KEPT = 4096
+_VERIFIERS: dict[bytes, Ed25519PublicKey] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class PublicKeys:
     """A site's public keys: ``sign`` (Ed25519) and ``seal`` (X25519), raw bytes."""
@@ -111,7 +117,15 @@ class PublicKeys:
         return cls(*_parse_line(line))
 
     def verifier(self) -> Ed25519PublicKey:
-        return Ed25519PublicKey.from_public_bytes(self.sign)
+        """The key that checks this site's signatures, parsed once (a
+        receiver checks many messages of a few senders, and parsing a key
+        costs about what checking a small message does)."""
+        verifier = _VERIFIERS.get(self.sign)
+        if verifier is None:
+            if len(_VERIFIERS) >= VERIFIERS_KEPT:
+                _VERIFIERS.clear()
+            verifier = _VERIFIERS[self.sign] = Ed25519PublicKey.from_public_bytes(self.sign)
+        return verifier
 
     def seal_key(self) -> X25519PublicKey:
         return X25519PublicKey.from_public_bytes(self.seal)

@@ -3,6 +3,7 @@ import os
 import stat
 
 import pytest
+from cryptography.exceptions import InvalidSignature
 
 from codec.errors import InvalidValue, KeyFileError
 from codec.keys import PUBLIC_MAGIC, Keyring, PublicKeys, SiteKeys, line_fingerprint
@@ -18,6 +19,27 @@ def test_generate_save_load_round_trip(tmp_path):
     keys.public.verifier().verify(signature, b"data")
     assert "sign" not in repr(loaded) and keys.public.fingerprint in repr(loaded)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_verifier_is_parsed_once_per_key_and_the_kept_ones_are_bounded(monkeypatch):
+    import codec.keys
+
+    monkeypatch.setattr(codec.keys, "_VERIFIERS", {})
+    monkeypatch.setattr(codec.keys, "VERIFIERS_KEPT", 3)
+    keys = [SiteKeys.generate(f"s{index}") for index in range(4)]
+    first = keys[0].public.verifier()
+    assert keys[0].public.verifier() is first
+    assert PublicKeys.from_line(keys[0].public.to_line()).verifier() is first  # the same key, another value
+    assert keys[1].public.verifier() is not first
+    keys[1].public.verifier().verify(keys[1].signer.sign(b"m"), b"m")
+    with pytest.raises(InvalidSignature):
+        keys[1].public.verifier().verify(keys[0].signer.sign(b"m"), b"m")
+    keys[2].public.verifier()
+    assert len(codec.keys._VERIFIERS) == 3
+    keys[3].public.verifier()
+    assert list(codec.keys._VERIFIERS) == [keys[3].public.sign]
+    assert keys[0].public.verifier() is not first  # dropped with the rest, parsed again
+    keys[0].public.verifier().verify(keys[0].signer.sign(b"m"), b"m")
 
 
 def test_load_refuses_a_key_others_can_read(tmp_path):
