@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 
+import pytest
+
 from agent.site import Article, SiteDatabase
 from agent.site.capture import KIND_UPDATE
-from agent.site.sqlite.capture import ShapeCache, write_capture_row
+from agent.site.sqlite.capture import ShapeCache, _moves_out_of_date, write_capture_row
 from agent.site.sqlite.schema import SCHEMA_VERSION
 from codec.ops import OpKind
 
@@ -71,6 +73,56 @@ def test_a_changed_child_table_keeps_its_moves(tmp_path):
     app.execute("UPDATE shop SET region = 's' WHERE id = 1")
     hq.scan()
     assert [(op.table, op.key) for op in next(hq.read_log("south", end)).ops if op.table == "line"] == [("line", (100,))]
+    hq.close()
+
+
+def test_a_dropped_child_table_leaves_the_moves_of_the_tables_above_it(tmp_path):
+    """An application drops a table that follows its parent (line): an
+    UPDATE of a table above it fails until the next scan (SQLite looks a
+    trigger's tables up as it prepares a statement that fires it), which
+    makes the move triggers again without it; then a shop's move takes its
+    orders along, and the dropped table is reported missing."""
+    hq = world(tmp_path)
+    app = app_connection(hq)
+    app.execute("INSERT INTO shop VALUES (1, 'n')")
+    app.execute("INSERT INTO orders VALUES (10, 1, 'a')")
+    app.execute("INSERT INTO line VALUES (100, 10, 1, 1)")
+    assert not _moves_out_of_date(hq.connection)  # a scan makes them again only when they are out of date
+    app.execute("DROP TABLE line")
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        app.execute("UPDATE shop SET region = 's' WHERE id = 1")
+    end = hq.scan()
+    app.execute("SELECT count(*) FROM shop").fetchall()  # reads the schema the scan changed
+    app.execute("UPDATE shop SET region = 's' WHERE id = 1")
+    app.execute("UPDATE orders SET note = 'b' WHERE id = 10")
+    hq.scan()
+    assert keys(hq, "south", end) == [("orders", OpKind.INSERT, (10, 1)), ("shop", OpKind.INSERT, (1,)),
+                                      ("orders", OpKind.UPDATE, (10, 1))]
+    assert keys(hq, "north", end) == [("orders", OpKind.DELETE, (10, 1)), ("shop", OpKind.DELETE, (1,))]
+    assert hq.missing_tables() == ("line",)
+    triggers = [sql for (sql,) in hq.connection.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger'")]
+    assert not [sql for sql in triggers if '"line"' in sql]
+    hq.close()
+
+
+def test_a_dropped_table_in_the_middle_of_a_chain_leaves_no_trigger_naming_it(tmp_path):
+    """Dropped in the middle of a chain (orders), a table leaves the moves
+    of the table above it, and a scan that makes the move triggers again
+    (another table altered) neither names it nor fails on it."""
+    hq = world(tmp_path)
+    app = app_connection(hq)
+    app.execute("INSERT INTO shop VALUES (1, 'n')")
+    hq.scan()
+    app.execute("DROP TABLE orders")
+    app.execute("ALTER TABLE shop ADD COLUMN phone TEXT")
+    hq.scan()
+    app.execute("SELECT count(*) FROM shop").fetchall()
+    app.execute("UPDATE shop SET region = 's', phone = '1' WHERE id = 1")
+    end = hq.scan()
+    assert end > 0 and hq.missing_tables() == ("orders",)
+    moves = [sql for (sql,) in hq.connection.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger'"
+                                                     " AND name LIKE 'fieldsync_move_%'")]
+    assert moves == []
     hq.close()
 
 

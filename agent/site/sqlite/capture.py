@@ -312,6 +312,16 @@ def refresh_changed_tables(conn: sqlite3.Connection) -> list[str]:
         shape = install_capture(conn, info)
         conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
         refreshed.append(info.name)
-    if refreshed:
-        install_moves(conn)  # they name the descendants' shapes
+    if refreshed or _moves_out_of_date(conn):
+        install_moves(conn)  # they name the descendants' shapes, and leave out dropped tables
     return refreshed
+
+
+def _moves_out_of_date(conn: sqlite3.Connection) -> bool:
+    """Whether the move triggers differ from those the catalogue and the
+    tables present call for: a table of a chain was dropped (or renamed)
+    since they were made, and a trigger naming it would make every UPDATE
+    of the table it is on fail."""
+    made = {sql for (sql,) in conn.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name LIKE ?",
+                                           (MOVE_PREFIX + "%",))}
+    return made != set(move_statements(conn, value_column))

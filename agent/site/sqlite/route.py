@@ -170,8 +170,11 @@ def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]
         if chain_of.get(table.lower(), publication) == publication}
     shape_columns = {shape: json.loads(columns) for shape, columns in conn.execute(
         "SELECT id, columns FROM fieldsync_shape")}
+    gone = _below_missing(conn, chains)
     statements = []
     for parent in children:
+        if parent in gone:
+            continue  # a dropped table has no trigger; one whose route reads through it, none that works
         table, subscribe_by, _ = articles[parent]
         own = chains.get(parent)
         if own is None:
@@ -182,7 +185,9 @@ def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]
         # Every descendant, level by level, with the condition that picks its
         # rows under the changed row (row values: composite keys too).
         level = [(follow, f"{_row(follow.columns)} = {_row(follow.parent_columns, 'NEW.')}")
-                 for follow in children[parent]]
+                 for follow in children[parent] if follow.table.lower() not in gone]
+        if not level:
+            continue
         while level:
             deeper = []
             levels.append([])
@@ -193,6 +198,8 @@ def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]
                 levels[-1].append(f"INSERT INTO fieldsync_capture (shape, kind, {targets}) SELECT {shape}, 2, "
                                   f"{names}, {names}, {old}, {new} FROM {quote_ident(child)} WHERE {under}")
                 for grand in children.get(follow.table.lower(), []):
+                    if grand.table.lower() in gone:
+                        continue
                     deeper.append((grand, f"{_row(grand.columns)} IN (SELECT "
                                           f"{', '.join(quote_ident(c) for c in grand.parent_columns)} FROM "
                                           f"{quote_ident(child)} WHERE {under})"))
@@ -206,6 +213,23 @@ def move_statements(conn: sqlite3.Connection, value_column: Callable[[int], str]
         statements.append(f"CREATE TRIGGER {quote_ident(MOVE_PREFIX + table)} AFTER UPDATE ON {quote_ident(table)}"
                           f" FOR EACH ROW WHEN ({old}) IS NOT ({new}) BEGIN {'; '.join(body)}; END")
     return statements
+
+
+def _below_missing(conn: sqlite3.Connection, chains: dict[str, Follow]) -> set[str]:
+    """The tables of follow chains (lowered) that the database no longer
+    has (an application dropped or renamed them: missing_tables), and
+    those that follow one of them: no trigger may name them, or every
+    UPDATE of the table it is on would fail (SQLite looks a trigger's
+    tables up when a statement that fires it is prepared)."""
+    present = {name.lower() for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables = {*chains, *(follow.parent.lower() for follow in chains.values())}
+    gone = {table for table in tables if table not in present}
+    grew = bool(gone)
+    while grew:  # down the chains, a level at a time (a chain never comes back to a table)
+        below = {table for table, follow in chains.items() if follow.parent.lower() in gone} - gone
+        gone |= below
+        grew = bool(below)
+    return gone
 
 
 def _row(columns: Sequence[str], prefix: str = "") -> str:
