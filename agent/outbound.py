@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
 
+from codec.collector import collector_paused
 from codec.errors import CodecError
 from codec.keys import PublicKeys, SiteKeys
 from codec.message import DATA_VERSION, EncodedMessage
 from codec.ops import PartialTransaction, Transaction
 from codec.packing import MessagePacker
 
-from .collector import collector_paused
 from .errors import AgentError
 from .site import Site
 from .site.errors import SiteError
@@ -228,7 +228,7 @@ def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
         packing: PackingPass[EncodedMessage] = PackingPass(len(group), partial(packer_for, group),
                                                            isolate=SEND_ERRORS)
-        with collector_paused():  # agent.collector
+        with collector_paused():  # codec.collector
             for position, message in packing.run(db.read_logs(reads, piece=READ_PIECE, runs=True)):
                 index = group[position]
                 try:

@@ -29,15 +29,15 @@ below it, never one above (docs/protocol.md, "Layers"):
    the Spark batch path (``agent.spark``, and the job in ``contrib``);
 7. the agent's core: the sans-I/O protocol (``agent.protocol``,
    ``agent.controls``, ``agent.pair_values``), packing sends
-   (``agent.outbound``, with the collector's pause, ``agent.collector``),
-   key files, and the queue interface (``agent.queue_interface``) that the
+   (``agent.outbound``), key files, and the queue interface (``agent.queue_interface``) that the
    spool implements;
 8. the agent's error tree (``agent.errors``), which words every package's
    errors;
 9. the site database (``agent.site``) and the transports (``transports``),
    which do not import each other;
-10. the codec (``codec``): messages, names, keys, and the file-system rules
-    every layer shares (``codec.fsutil``);
+10. the codec (``codec``): messages, names, keys, the file-system rules
+    every layer shares (``codec.fsutil``) and the cyclic collector's pause
+    for the passes that make millions of objects (``codec.collector``);
 11. the package roots ``agent`` and ``contrib`` themselves (a version
     string), which import nothing.
 """
@@ -70,7 +70,7 @@ LAYERS = (
                                      "agent.left_files", "agent.admin", "agent.crashpoints", "agent.signals")),
     Layer("the engines", ("agent.spool", "agent.spark", "contrib.spark")),
     Layer("the agent's core", ("agent.protocol", "agent.controls", "agent.pair_values", "agent.outbound",
-                               "agent.collector", "agent.keyfiles", "agent.queue_interface")),
+                               "agent.keyfiles", "agent.queue_interface")),
     Layer("the error tree", ("agent.errors",)),
     Layer("the site database and the transports", ("agent.site", "transports"), independent=True),
     Layer("the codec", ("codec",)),

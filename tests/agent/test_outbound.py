@@ -245,7 +245,7 @@ def test_pack_sends_makes_each_sends_files_in_order(site: Path) -> None:
 
 
 def test_pack_sends_pauses_the_cyclic_collector_while_it_packs(site: Path) -> None:
-    """agent.collector: off while messages are made and put, on again after."""
+    """codec.collector: off while messages are made and put, on again after."""
     import gc
 
     reference = expected(site)

@@ -1,4 +1,4 @@
-"""The cyclic collector paused for the big passes (agent.collector): off
+"""The cyclic collector paused for the big passes (codec.collector): off
 inside a pause, back on after the last one ends, whatever thread or
 exception ends it, and left off when the process had switched it off."""
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from agent.collector import collector_paused
+from codec.collector import collector_paused
 
 
 @pytest.fixture(autouse=True)
@@ -71,3 +71,30 @@ def test_a_collector_the_process_switched_off_stays_off() -> None:
     with collector_paused():
         assert not gc.isenabled()
     assert not gc.isenabled()
+
+
+def test_a_payload_read_into_operations_is_read_with_the_collector_paused_and_its_runs_are_not(monkeypatch) -> None:
+    """codec.payloads.transactions_of: the runs a payload is read into are
+    dropped as its operations are made, so the collector is paused; runs
+    handed back live on, and it is not."""
+    import codec.payloads as payloads
+    from codec.header import Header
+    from codec.message import serialize_transaction
+    from codec.ops import Operation, Run, Transaction
+
+    transaction = Transaction(5, "hq", (Operation.insert("t", (1,), {"id": 1, "v": "x"}),))
+    payload = b"\x91" + serialize_transaction(transaction, 2)
+    seen: list[bool] = []
+    read = payloads._transactions_of
+
+    def watched(*args):
+        seen.append(gc.isenabled())
+        return read(*args)
+
+    monkeypatch.setattr(payloads, "_transactions_of", watched)
+    as_operations = payloads.transactions_of(payload, Header(0, 0, 5, 0), "f", 2, runs=False)
+    as_runs = payloads.transactions_of(payload, Header(0, 0, 5, 0), "f", 2, runs=True)
+    assert seen == [False, True]
+    assert gc.isenabled()
+    assert as_operations[0].ops == transaction.ops
+    assert type(as_runs[0].ops[0]) is Run

@@ -1,14 +1,15 @@
 """The cyclic garbage collector paused for the passes that make millions of
-short-lived objects: the pass over the log that packs the due sends
-(agent.outbound) and an apply (agent.applying).
+short-lived objects: reading a data payload (codec.payloads) and the pass
+over the log that packs the due sends (agent.outbound).
 
 Rules of this file:
 * What such a pass makes (capture rows, runs, operations, encoded
   messages) holds no reference cycle: reference counting frees it.  The
   collector would only walk what the pass holds (the runs being packed
-  for every subscriber, the rows of a message being applied) again and
-  again as it ages through the generations: about 6% of the fan-out's time
-  (docs/spark.md, "Measured").
+  for every subscriber, the runs a payload is read into) again and again
+  as it ages through the generations: about 6% of the fan-out's time
+  (docs/spark.md, "Measured") and a quarter of reading a payload's runs
+  (docs/testing.md, "Codec throughput").
 * Pauses nest and may come from several threads: the collector runs again
   when the last pause ends, and only if it ran when the first began (a
   process that switched it off keeps it off).  What a pause leaves behind
