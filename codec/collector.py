@@ -8,8 +8,11 @@ Rules of this file:
   collector would only walk what the pass holds (the runs being packed
   for every subscriber, the runs a payload is read into) again and again
   as it ages through the generations: about 6% of the fan-out's time
-  (docs/spark.md, "Measured") and a quarter of reading a payload's runs
-  (docs/testing.md, "Codec throughput").
+  (docs/spark.md, "Measured") and a quarter of reading a payload into
+  operations (docs/testing.md, the codec benchmark).  What outlives the
+  pause it was made in is walked all at once when the collector runs
+  again, which costs more than walking it as it was made: a reader of
+  runs, which hands them back, does not pause it.
 * Pauses nest and may come from several threads: the collector runs again
   when the last pause ends, and only if it ran when the first began (a
   process that switched it off keeps it off).  What a pause leaves behind

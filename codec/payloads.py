@@ -169,9 +169,9 @@ def transactions_of(payload: bytes, header: Header, source: str, version: int,
     """The transactions of a data payload in format ``version`` (``runs``:
     a version-2 to 4 payload's runs instead of the operations they stand
     for), checked; CorruptMessage names ``source``.  Version 2, the one
-    data messages are written in, is read the quick way first.  The
-    Made into operations, the runs read are dropped as they go: the
-    cyclic collector is paused meanwhile (codec.collector).  Runs handed
+    data messages are written in, is read the quick way first.  Made
+    into operations, the runs read are dropped as they go: the cyclic
+    collector is paused meanwhile (codec.collector).  Runs handed
     back live on, and the collector would walk them all at once when it
     runs again, costing more than the passes it made as they were read."""
     if runs:
