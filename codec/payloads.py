@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from itertools import chain, repeat
-from operator import itemgetter
+from itertools import repeat
 from typing import Annotated, Iterator, Protocol, Sequence
 
 import msgpack
@@ -185,7 +184,7 @@ def _transactions_of(payload: bytes, header: Header, source: str, version: int,
     if version == 2:
         checked = version2_runs(payload, header, runs)
         if checked is not None and runs:
-            return tuple(Transaction._trusted(commit, origin, entry_runs) for commit, origin, entry_runs in checked)
+            return tuple([Transaction._trusted(commit, origin, entry_runs) for commit, origin, entry_runs in checked])
         if checked is not None:
             made = [(commit, origin, _operations(entry_runs, check=True)) for commit, origin, entry_runs in checked]
             if all(made_ops is not None for _, _, made_ops in made):
@@ -225,8 +224,11 @@ def careful_transactions(payload: bytes, header: Header, source: str, version: i
 _version2 = threading.local()
 VERSION2_SHAPE = tuple[tuple[Annotated[int, msgspec.Meta(ge=1)], Annotated[str, msgspec.Meta(min_length=1)],
                              tuple[Run, ...]], ...]
-_RUNS, _COLUMNS = itemgetter(2), itemgetter(3, 4)
 _INSERT, _DELETE = OpKind.INSERT, OpKind.DELETE
+# Column lists a quick reading remembers as checked, per side (before,
+# after), the empty one included: a payload's runs use a few, and a run's
+# list is compared with this many at most before its names are checked.
+SEEN_COLUMN_LISTS = 8
 
 
 def version2_runs(payload: bytes, header: Header,
@@ -252,19 +254,38 @@ def version2_runs(payload: bytes, header: Header,
         previous = commit
     if not runs:
         return entries
-    every_run = tuple(chain.from_iterable(map(_RUNS, entries)))
-    # A payload repeats a few column lists many times: each is checked once.
-    for before, after in set(map(_COLUMNS, every_run)):
-        if len(set(before)) != len(before) or len(set(after)) != len(after):
-            return None
-    for _, kind, key_width, before, after, rows in every_run:
-        if (kind == _INSERT and before) or (kind == _DELETE and after):
-            return None
-        width = key_width + len(before) + len(after)
-        for row in rows:
-            if len(row) != width:
+    # A payload repeats a few column lists many times: those checked are
+    # remembered (_checked) and a run's lists are compared with them, as
+    # equal strings compare without being hashed.
+    seen_before: list[tuple[str, ...]] = [()]
+    seen_after: list[tuple[str, ...]] = [()]
+    for _, _, entry_runs in entries:
+        for _, kind, key_width, before, after, rows in entry_runs:
+            if kind == _INSERT:  # no before columns
+                if before or (after not in seen_after and not _checked(after, seen_after)):
+                    return None
+            elif kind == _DELETE:  # no after columns
+                if after or (before not in seen_before and not _checked(before, seen_before)):
+                    return None
+            elif ((before not in seen_before and not _checked(before, seen_before))
+                  or (after not in seen_after and not _checked(after, seen_after))):
                 return None
+            width = key_width + len(before) + len(after)
+            for row in rows:
+                if len(row) != width:
+                    return None
     return entries
+
+
+def _checked(names: tuple[str, ...], seen: list[tuple[str, ...]]) -> bool:
+    """Whether a column list's names are distinct; one that is goes into
+    ``seen`` while it holds fewer than SEEN_COLUMN_LISTS (a list beyond
+    them is checked again each time it comes)."""
+    if len(set(names)) != len(names):
+        return False
+    if len(seen) < SEEN_COLUMN_LISTS:
+        seen.append(names)
+    return True
 
 
 def _transaction(entry: object, source: str, version: int = 1, runs: bool = False,

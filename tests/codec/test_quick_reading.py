@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from codec.errors import CorruptMessage
 from codec.header import Header
 from codec.ops import Operation, Run, to_runs
-from codec.payloads import careful_transactions, transactions_of, version2_runs
+from codec.payloads import SEEN_COLUMN_LISTS, careful_transactions, transactions_of, version2_runs
 
 HEADER = Header(0, 0, 10_000)
 
@@ -143,3 +143,25 @@ def test_no_mutation_of_a_payload_is_accepted_the_quick_way_and_refused_or_read_
         accepted += version2_runs(data, HEADER) is not None
         assert_no_more_lenient(data)
     assert accepted > 100, "mutated values are still read the quick way"
+
+
+@pytest.mark.parametrize("side", [3, 4])
+def test_column_lists_beyond_those_remembered_are_each_checked_whenever_they_come(side):
+    """version2_runs remembers SEEN_COLUMN_LISTS checked column lists a
+    side; in a payload of more distinct lists than that, every run's lists
+    are still checked: good ones read, and a list with a name twice is
+    refused after the remembered ones are full, however many came before."""
+    kind = 3 if side == 3 else 1  # a DELETE has before columns, an INSERT after columns
+
+    def run(columns: list[str]) -> list:
+        lists = [columns, []] if side == 3 else [[], columns]
+        return ["t", kind, 1, *lists, [[1, *range(len(columns))]]]
+
+    distinct = [run([f"c{number}", "x"]) for number in range(SEEN_COLUMN_LISTS + 4)]
+    good = payload((5, "hq", distinct + distinct))
+    assert version2_runs(good, HEADER) is not None
+    assert_no_more_lenient(good)
+    twice = run(["y", "y"])
+    for bad in (payload((5, "hq", [*distinct, twice])), payload((5, "hq", [*distinct, *distinct, twice]))):
+        assert version2_runs(bad, HEADER) is None
+        assert careful(bad) is None
