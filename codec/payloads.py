@@ -224,10 +224,10 @@ def careful_transactions(payload: bytes, header: Header, source: str, version: i
 _version2 = threading.local()
 VERSION2_SHAPE = tuple[tuple[Annotated[int, msgspec.Meta(ge=1)], Annotated[str, msgspec.Meta(min_length=1)],
                              tuple[Run, ...]], ...]
-_INSERT, _DELETE = OpKind.INSERT, OpKind.DELETE
-# Column lists a quick reading remembers as checked, per side (before,
-# after), the empty one included: a payload's runs use a few, and a run's
-# list is compared with this many at most before its names are checked.
+_INSERT, _UPDATE, _DELETE = OpKind.INSERT, OpKind.UPDATE, OpKind.DELETE
+# Column lists a quick reading remembers as checked, for each kind's
+# before and after lists: a payload's runs use a few, and a run's list is
+# compared with this many at most before its names are checked.
 SEEN_COLUMN_LISTS = 8
 
 
@@ -255,20 +255,22 @@ def version2_runs(payload: bytes, header: Header,
     if not runs:
         return entries
     # A payload repeats a few column lists many times: those checked are
-    # remembered (_checked) and a run's lists are compared with them, as
-    # equal strings compare without being hashed.
-    seen_before: list[tuple[str, ...]] = [()]
-    seen_after: list[tuple[str, ...]] = [()]
+    # remembered (_checked), by kind and side, and a run's lists are
+    # compared with them, as equal strings compare without being hashed.
+    insert_after: list[tuple[str, ...]] = []
+    update_before: list[tuple[str, ...]] = []
+    update_after: list[tuple[str, ...]] = []
+    delete_before: list[tuple[str, ...]] = []
     for _, _, entry_runs in entries:
         for _, kind, key_width, before, after, rows in entry_runs:
             if kind == _INSERT:  # no before columns
-                if before or (after not in seen_after and not _checked(after, seen_after)):
+                if before or (after not in insert_after and not _checked(after, insert_after)):
                     return None
-            elif kind == _DELETE:  # no after columns
-                if after or (before not in seen_before and not _checked(before, seen_before)):
+            elif kind == _UPDATE:
+                if ((before not in update_before and not _checked(before, update_before))
+                        or (after not in update_after and not _checked(after, update_after))):
                     return None
-            elif ((before not in seen_before and not _checked(before, seen_before))
-                  or (after not in seen_after and not _checked(after, seen_after))):
+            elif after or (before not in delete_before and not _checked(before, delete_before)):  # a DELETE
                 return None
             width = key_width + len(before) + len(after)
             for row in rows:

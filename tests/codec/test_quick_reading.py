@@ -145,17 +145,18 @@ def test_no_mutation_of_a_payload_is_accepted_the_quick_way_and_refused_or_read_
     assert accepted > 100, "mutated values are still read the quick way"
 
 
-@pytest.mark.parametrize("side", [3, 4])
-def test_column_lists_beyond_those_remembered_are_each_checked_whenever_they_come(side):
-    """version2_runs remembers SEEN_COLUMN_LISTS checked column lists a
-    side; in a payload of more distinct lists than that, every run's lists
-    are still checked: good ones read, and a list with a name twice is
-    refused after the remembered ones are full, however many came before."""
-    kind = 3 if side == 3 else 1  # a DELETE has before columns, an INSERT after columns
+@pytest.mark.parametrize("kind, side", [(1, 4), (2, 3), (2, 4), (3, 3)])
+def test_column_lists_beyond_those_remembered_are_each_checked_whenever_they_come(kind, side):
+    """version2_runs remembers SEEN_COLUMN_LISTS checked column lists for
+    each kind's before (field 3) and after (field 4) lists; in a payload of
+    more distinct lists than that, every run's lists are still checked:
+    good ones read, and a list with a name twice is refused after the
+    remembered ones are full, however many came before."""
+    other = [] if kind != 2 else ["v"]  # an INSERT has no before columns, a DELETE no after columns
 
     def run(columns: list[str]) -> list:
-        lists = [columns, []] if side == 3 else [[], columns]
-        return ["t", kind, 1, *lists, [[1, *range(len(columns))]]]
+        lists = [columns, other] if side == 3 else [other, columns]
+        return ["t", kind, 1, *lists, [[1, *range(len(columns) + len(other))]]]
 
     distinct = [run([f"c{number}", "x"]) for number in range(SEEN_COLUMN_LISTS + 4)]
     good = payload((5, "hq", distinct + distinct))
