@@ -18,7 +18,7 @@ from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
 from .errors import InvalidSetting
-from .folding import folded_row, make_transaction
+from .folding import folded_alike, folded_row, make_transaction
 from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
 from .view import View
 
@@ -79,6 +79,7 @@ class Router:
         self.runs = bool(readers) and readers[0].runs  # a pass serves readers of one form
         self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
         self._routes: dict[int, _Route] = {}
+        self._plans: dict[tuple, _Plan] = {}  # (shape, kind, flags) -> how its rows go (_hand_rows)
 
     def route(self, shape_id: int) -> _Route:
         route = self._routes.get(shape_id)
@@ -136,111 +137,151 @@ class Router:
         origin_index = self._index.get(origin)
         added = 0
         owned: dict[int, list] = {}  # a member's joined run's rows (_hand_runs)
-        routes = self._routes
-        for (shape_id, kind, flags), group in groupby(rows, _SHAPE_KIND_FLAGS):
-            if flags and flags & FLAG_RETURN_TO_ORIGIN:
-                if origin_index is not None:  # written back to its origin: for that reader alone
-                    before = len(ops[origin_index])
-                    self.readers[origin_index].extend(origin, group, ops[origin_index])
-                    added += op_count(islice(ops[origin_index], before, None))
-                continue
-            if kind == KIND_SCHEMA:  # each reader takes what concerns it (rare: no class, no route)
-                rows_of_change = list(group)
-                for index, reader in enumerate(self.readers):
-                    if index != origin_index:
-                        before = len(ops[index])
-                        reader.extend(origin, rows_of_change, ops[index])
-                        added += len(ops[index]) - before
-                continue
-            if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
-                continue
-            route = routes.get(shape_id)
-            if route is None:
-                route = self.route(shape_id)
-            if not route.classes:
-                continue
-            if self.runs and route.filters and route.plain:
-                added += self._hand_rows(kind, group, route, origin_index, ops, owned)
-                continue
-            buckets: dict[int, list[tuple]]
-            if not route.filters:
-                run = list(group)
-                buckets = {number: run for number in route.every}
-            else:
-                buckets = {}
-                numbers_of = route.numbers
-                for row in group:
-                    for number in numbers_of(kind, row):
-                        bucket = buckets.get(number)
-                        if bucket is None:
-                            buckets[number] = [row]
-                        else:
-                            bucket.append(row)
-            for number in sorted(buckets) if len(buckets) > 1 else buckets:
-                view, members = route.classes[number]
-                if origin_index is not None and origin_index in members:  # no echo
-                    members = tuple(index for index in members if index != origin_index)
-                    if not members:
-                        continue
-                bucket = buckets[number]
-                if kind == KIND_UPDATE and self.runs:
-                    selected = view.update_runs(bucket)
-                elif kind == KIND_UPDATE:
-                    update_op = view.update
-                    selected = [op for op in map(update_op, bucket) if op is not None]
-                elif self.runs:
-                    # A bucket holds the rows of the class's subset (routed by
-                    # their value) or every row (no subset): none to leave out.
-                    selected = view.subset_runs(kind, bucket) if type(view) is View else view.runs(kind, bucket)
-                else:
-                    selected = view.rows(kind, bucket)
-                if selected:
-                    if self.runs:
-                        _hand_runs(selected, members, ops, owned)
-                    else:
-                        for index in members:
-                            ops[index].extend(selected)
-                    added += op_count(selected) * len(members)
+        plans = self._plans
+        for key, group in groupby(rows, _SHAPE_KIND_FLAGS):
+            plan = plans.get(key)
+            if plan is None:
+                added += self._select_group(key, list(group), origin, origin_index, ops, owned)
+            else:  # the common case: rows routed one by one
+                added += _hand_rows(plan, group, origin_index, ops, owned)
         return added
 
-    def _hand_rows(self, kind: int, rows: Iterable[tuple], route: _Route, origin_index: int | None,
-                   ops: list[list[Operation]], owned: dict[int, list]) -> int:
-        """:meth:`select` of capture ``rows`` of one kind of a shape whose
-        rows are routed by their values to classes of plain views, in runs:
-        row by row, each row's run row made once for each class it concerns
-        (an INSERT's or DELETE's is in the class's subset: it is not looked
-        at again) and joined to each member's runs."""
+    def _select_group(self, key: tuple, group: list[tuple], origin: str, origin_index: int | None,
+                      ops: list[list[Operation]], owned: dict[int, list]) -> int:
+        """:meth:`select` of consecutive capture rows of one shape, kind and
+        flags (``key``) that have no plan; makes one where they should."""
         added = 0
-        numbers_of, classes = route.numbers, route.classes
-        update = kind == KIND_UPDATE
-        # One SUBSCRIBE BY column and no class offered every row (the common
-        # case): a row's classes are those of its value, or of its old and
-        # new ones where an UPDATE moved it.
-        old_at, new_at, by_value = route.filters[0] if len(route.filters) == 1 and not route.every else (0, 0, None)
-        for row in rows:
-            if by_value is None or (update and row[new_at] != row[old_at]):
-                numbers = numbers_of(kind, row)
+        shape_id, kind, flags = key
+        if flags and flags & FLAG_RETURN_TO_ORIGIN:
+            if origin_index is not None:  # written back to its origin: for that reader alone
+                before = len(ops[origin_index])
+                self.readers[origin_index].extend(origin, group, ops[origin_index])
+                added += op_count(islice(ops[origin_index], before, None))
+            return added
+        if kind == KIND_SCHEMA:  # each reader takes what concerns it (rare: no class, no route)
+            for index, reader in enumerate(self.readers):
+                if index != origin_index:
+                    before = len(ops[index])
+                    reader.extend(origin, group, ops[index])
+                    added += len(ops[index]) - before
+            return added
+        if kind != KIND_UPDATE and kind != KIND_INSERT and kind != KIND_DELETE:
+            return added
+        route = self.route(shape_id)
+        if not route.classes:
+            return added
+        if self.runs and route.filters and route.plain:
+            self._plans[key] = _plan(route, kind)
+            return _hand_rows(self._plans[key], group, origin_index, ops, owned)
+        buckets: dict[int, list[tuple]]
+        if not route.filters:
+            buckets = {number: group for number in route.every}
+        else:
+            buckets = {}
+            numbers_of = route.numbers
+            for row in group:
+                for number in numbers_of(kind, row):
+                    bucket = buckets.get(number)
+                    if bucket is None:
+                        buckets[number] = [row]
+                    else:
+                        bucket.append(row)
+        for number in sorted(buckets) if len(buckets) > 1 else buckets:
+            view, members = route.classes[number]
+            if origin_index is not None and origin_index in members:  # no echo
+                members = tuple(index for index in members if index != origin_index)
+                if not members:
+                    continue
+            bucket = buckets[number]
+            if kind == KIND_UPDATE and self.runs:
+                selected = view.update_runs(bucket)
+            elif kind == KIND_UPDATE:
+                update_op = view.update
+                selected = [op for op in map(update_op, bucket) if op is not None]
+            elif self.runs:
+                # A bucket holds the rows of the class's subset (routed by
+                # their value) or every row (no subset): none to leave out.
+                selected = view.subset_runs(kind, bucket) if type(view) is View else view.runs(kind, bucket)
             else:
-                numbers = by_value.get(row[old_at], ())
-            for number in numbers:
-                view, members = classes[number]
-                if origin_index is not None and origin_index in members:  # no echo
-                    members = tuple(index for index in members if index != origin_index)
-                    if not members:
-                        continue
-                if update:
-                    found = view.update_row(row)
-                    if found is None:
-                        continue
-                    head, made = found
+                selected = view.rows(kind, bucket)
+            if selected:
+                if self.runs:
+                    _hand_runs(selected, members, ops, owned)
                 else:
-                    head, made = view.run_heads[kind], view.old_row(row)
-                if len(members) == 1:
-                    _hand_row(head, made, members[0], ops[members[0]], owned)
-                else:
-                    _hand_runs([_new(Run, (*head, [made]))], members, ops, owned)
-                added += len(members)
+                    for index in members:
+                        ops[index].extend(selected)
+                added += op_count(selected) * len(members)
         return added
+
+
+class _Plan(NamedTuple):
+    """How :func:`_hand_rows` hands over the capture rows of one shape, kind
+    and flags whose route sends them to classes of plain views by their
+    values (in runs): made once per router, as its route is."""
+
+    kind: int
+    update: bool
+    # One SUBSCRIBE BY column and no class offered every row (the common
+    # case): a row's classes are those of its value (``by_value`` of the
+    # value at ``old_at``), or of its old and new ones where an UPDATE moved
+    # it (``numbers``, the route's); None: ``numbers`` for every row.
+    by_value: dict[object, tuple[int, ...]] | None
+    old_at: int
+    new_at: int
+    numbers: Callable[[int, tuple], tuple[int, ...]]
+    # For each class: what makes a row's run row (an UPDATE's: its head
+    # too, View.update_row), what makes an UPDATE's that its value kept in
+    # the subset (View.kept_row), the head of an INSERT's or DELETE's run,
+    # the members, and the one member of a class of one (-1: several).
+    classes: tuple[tuple[Callable, Callable | None, tuple | None, tuple[int, ...], int], ...]
+
+
+def _plan(route: _Route, kind: int) -> _Plan:
+    update = kind == KIND_UPDATE
+    old_at, new_at, by_value = route.filters[0] if len(route.filters) == 1 and not route.every else (0, 0, None)
+    classes = tuple((view.update_row if update else view.old_row, view.kept_row if update else None,
+                     None if update else view.run_heads[kind], members, members[0] if len(members) == 1 else -1)
+                    for view, members in route.classes)
+    return _Plan(kind, update, by_value, old_at, new_at, route.numbers, classes)
+
+
+def _hand_rows(plan: _Plan, rows: Iterable[tuple], origin_index: int | None, ops: list[list[Operation]],
+               owned: dict[int, list]) -> int:
+    """:meth:`Router.select` of capture ``rows`` of one shape, kind and
+    flags whose route sends them to classes of plain views by their values,
+    in runs (``plan``): row by row, each row's run row made once for each
+    class it concerns (an INSERT's or DELETE's is in the class's subset: it
+    is not looked at again) and joined to each member's runs."""
+    added = 0
+    kind, update, by_value, old_at, new_at, numbers_of, classes = plan
+    for row in rows:
+        if by_value is None or (update and row[new_at] != row[old_at]):
+            numbers = numbers_of(kind, row)
+            kept = False
+        else:  # its value, unchanged, is in the subset of each class it has
+            numbers = by_value.get(row[old_at], ())
+            kept = True
+        for number in numbers:
+            make, make_kept, head, members, single = classes[number]
+            if single == origin_index:
+                continue  # no echo
+            if single < 0 and origin_index is not None and origin_index in members:
+                members = tuple(index for index in members if index != origin_index)
+                single = members[0] if len(members) == 1 else -1
+            if update:
+                found = make_kept(row) if kept else make(row)
+                if found is None:
+                    continue
+                head, made = found
+            else:
+                made = make(row)
+            if single >= 0:
+                _hand_row(head, made, single, ops[single], owned)
+                added += 1
+            else:
+                _hand_runs([_new(Run, (*head, [made]))], members, ops, owned)
+                added += len(members)
+    return added
 
 
 def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operation]],
@@ -270,31 +311,33 @@ def _hand_runs(selected: list, members: tuple[int, ...], ops: list[list[Operatio
     joined_of: dict[int, tuple[Run, Run]] = {}
     for index in members:
         mine = ops[index]
-        if mine:
-            last = mine[-1]
-            if last is not shared_last:
-                known = joined_of.get(id(last))
-                if known is not None and known[0] is last:
-                    shared_last, shared_joined = known
-                elif (type(last) is Run and last[1] == kind and last[0] == table and last[2] == width
-                        and last[3] == before and last[4] == after and len(last[5]) <= room):
-                    joined = owned.get(index)
-                    if joined is not None and last[5] is joined:
-                        joined.extend(rows)
-                        if rest:
-                            mine.extend(rest)
-                        continue
-                    shared_last = last
-                    shared_joined = _new(Run, (table, kind, width, before, after, [*last[5], *rows]))
-                    joined_of[id(last)] = (last, shared_joined)
-                else:
-                    mine.extend(selected)
-                    continue
-            mine[-1] = shared_joined
-            if rest:
-                mine.extend(rest)
+        if not mine:
+            mine.extend(selected)
             continue
-        mine.extend(selected)
+        last = mine[-1]
+        if last is not shared_last:
+            # Most members end with a run of another head: table first, as
+            # a class's runs are mostly of another table than a member's own.
+            if not (type(last) is Run and last[0] == table and last[1] == kind and last[2] == width
+                    and last[3] == before and last[4] == after and len(last[5]) <= room):
+                mine.extend(selected)
+                continue
+            known = joined_of.get(id(last))
+            if known is not None and known[0] is last:
+                shared_last, shared_joined = known
+            else:
+                joined = owned.get(index)
+                if joined is not None and last[5] is joined:
+                    joined.extend(rows)
+                    if rest:
+                        mine.extend(rest)
+                    continue
+                shared_last = last
+                shared_joined = _new(Run, (table, kind, width, before, after, [*last[5], *rows]))
+                joined_of[id(last)] = (last, shared_joined)
+        mine[-1] = shared_joined
+        if rest:
+            mine.extend(rest)
 
 
 def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int, list]) -> None:
@@ -306,7 +349,8 @@ def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int,
     (agent.site.folding), as it would once the transaction is complete."""
     last = mine[-1] if mine else None
     if type(last) is Run:  # not an operation (a row written back) or a schema change
-        if last[1] == head[1] and last[0] == head[0] and last[2:5] == head[2:]:
+        if (last[1] == head[1] and last[0] == head[0] and last[3] == head[3] and last[4] == head[4]
+                and last[2] == head[2]):
             rows = last[5]
             if owned.get(index) is rows:
                 if len(rows) < RUN_ROWS:
@@ -321,7 +365,7 @@ def _hand_row(head: tuple, made: tuple, index: int, mine: list, owned: dict[int,
             _fold_last(last, head, made, index, mine, owned)
             return
     rows = owned[index] = [made]
-    mine.append(_new(Run, (*head, rows)))
+    mine.append(_new(Run, head + (rows,)))
 
 
 def _fold_last(last: Run, head: tuple, made: tuple, index: int, mine: list, owned: dict[int, list]) -> None:
@@ -336,7 +380,10 @@ def _fold_last(last: Run, head: tuple, made: tuple, index: int, mine: list, owne
     else:
         rows = owned[index] = rows[:-1]
         mine[-1] = _new(Run, (*last[:5], rows))
-    folded = folded_row(table, width, dict(zip(before, deleted[width:])), head[4], made)
+    if before == head[4]:  # the same columns (the fan-out's own runs): compared place by place
+        folded = folded_alike(table, width, before, deleted, made)
+    else:
+        folded = folded_row(table, width, dict(zip(before, deleted[width:])), head[4], made)
     if folded is not None:
         _hand_row(folded[:5], folded[5][0], index, mine, owned)
 

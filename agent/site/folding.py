@@ -119,6 +119,23 @@ def folded_row(table: str, width: int, old: dict, after: tuple[str, ...], row: t
                       [(*row[:width], *[old.get(c) for c in changed], *[new[c] for c in changed])]))
 
 
+def folded_alike(table: str, width: int, columns: tuple[str, ...], deleted: tuple, row: tuple) -> Run | None:
+    """:func:`folded_row` of a DELETE's run row ``deleted`` and an INSERT's
+    ``row`` of the same ``columns`` (each key ‖ values), compared place by
+    place: in C, but where a zero (0, 0.0 and -0.0 are not the same value)
+    or a type that changed asks for :func:`_same`."""
+    old, new = deleted[width:], row[width:]
+    if 0.0 in old:
+        at = [place for place, (a, b) in enumerate(zip(old, new)) if not _same(a, b)]
+    else:
+        at = [place for place, (a, b) in enumerate(zip(old, new)) if a != b or type(a) is not type(b)]
+    if not at:
+        return None
+    changed = tuple([columns[place] for place in at])
+    return _new(Run, (table, OpKind.UPDATE, width, changed, changed,
+                      [(*row[:width], *[old[place] for place in at], *[new[place] for place in at])]))
+
+
 class _Folder:
     """:func:`_fold_reinserts` for operations handed over a few at a time:
     an operation is given back (:meth:`take`) once FOLD_WINDOW operations

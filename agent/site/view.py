@@ -209,6 +209,12 @@ class View:
                 if is_in:
                     return self.run_heads[KIND_INSERT], (*self.new_key(row), *self.new_image(row))
                 return None
+        return self.kept_row(row)
+
+    def kept_row(self, row: tuple) -> tuple[tuple, tuple] | None:
+        """:meth:`update_row` of an UPDATE capture row that the subset holds
+        before and after (or of a view without one): the caller knows, as
+        the fan-out does of a row routed by a value it did not change."""
         old = self.old_image(row)
         new = self.new_image(row)
         if 0.0 in old or tuple(map(type, old)) != tuple(map(type, new)):

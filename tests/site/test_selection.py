@@ -222,6 +222,33 @@ def test_one_pass_shares_a_class_run_until_its_members_part(hq):
     assert shared  # the runs of line both received with nothing of their own between
 
 
+def test_a_class_of_two_hands_a_row_its_other_member_sent_to_the_one_left(hq):
+    """Two subscribers of one subset are one class; the rows one of them
+    sent (applied here, then forwarded) go to the other alone, joined into
+    its runs as they come, and never back to the sender (no echo)."""
+    hq.add_remote("north2")
+    hq.subscribe("north2", "sales", "north")
+    app = app_connection(hq)
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'n', 'north'), (2, 's', 'south')")
+    start = hq.scan()
+    hq.apply("north1", [Transaction(5, "north1", (
+        Operation.insert("customer", (7,), {"id": 7, "name": "from north", "region": "north"}),
+        Operation.insert("customer", (8,), {"id": 8, "name": "also", "region": "north"}),
+        Operation.update("customer", (1,), {"name": "n"}, {"name": "n2"}),
+    ))], log_received=5)
+    end = hq.scan()
+    reads = [("north1", start, end), ("north2", start, end), ("south1", start, end)]
+    handed: dict[int, list] = {0: [], 1: [], 2: []}
+    for index, transaction in hq.read_logs(reads, runs=True):
+        handed[index].append(transaction)
+    for index, read in enumerate(reads):
+        assert [expanded(transaction) for transaction in handed[index]] == list(hq.read_log(*read))
+    # north1 is sent back only what it wrote and the consolidated returns to it.
+    assert not [op for t in handed[0] for op in operations_of(t.ops) if op.key != (1,)] and handed[2] == []
+    (transaction,) = handed[1]
+    assert [(run.kind, len(run.rows)) for run in transaction.ops] == [(1, 2), (2, 1)]
+
+
 def test_a_class_run_is_joined_once_for_the_members_that_end_with_it_whatever_their_order():
     """Members of a class that end with one run (a, c: the class's last;
     b, d: an earlier one, taken as it was after a row of their own) get one
