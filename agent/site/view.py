@@ -217,11 +217,12 @@ class View:
         the fan-out does of a row routed by a value it did not change."""
         old = self.old_image(row)
         new = self.new_image(row)
-        if 0.0 in old or tuple(map(type, old)) != tuple(map(type, new)):
+        # (Lists of the types: building a tuple by calling tuple() costs more.)
+        if 0.0 in old or [*map(type, old)] != [*map(type, new)]:
             changed = self._changed(old, new)
             flags = tuple(index in changed for index in self.indexes)
         else:
-            flags = tuple(map(ne, old, new))
+            flags = (*map(ne, old, new),)
         found = self.picks.get(flags)
         if found is None:
             found = self._pick(flags)
