@@ -149,7 +149,10 @@ class Router:
     def _select_group(self, key: tuple, group: list[tuple], origin: str, origin_index: int | None,
                       ops: list[list[Operation]], owned: dict[int, list]) -> int:
         """:meth:`select` of consecutive capture rows of one shape, kind and
-        flags (``key``) that have no plan; makes one where they should."""
+        flags (``key``) that have no plan yet: rows written back to their
+        origin, a schema change, and rows routed to every class or to
+        union views go their own ways; for rows that :func:`_hand_rows`
+        serves, the plan is made here, once."""
         added = 0
         shape_id, kind, flags = key
         if flags and flags & FLAG_RETURN_TO_ORIGIN:
