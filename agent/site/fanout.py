@@ -174,8 +174,8 @@ class Router:
         if not route.classes:
             return added
         if self.runs and route.filters and route.plain:
-            self._plans[key] = _plan(route, kind)
-            return _hand_rows(self._plans[key], group, origin_index, ops, owned)
+            plan = self._plans[key] = _plan(route, kind)
+            return _hand_rows(plan, group, origin_index, ops, owned)
         buckets: dict[int, list[tuple]]
         if not route.filters:
             buckets = {number: group for number in route.every}

@@ -21,7 +21,7 @@ Rules of this file:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from operator import itemgetter
 
 from codec.ops import OpKind, Operation, Run, Transaction
@@ -125,10 +125,7 @@ def folded_alike(table: str, width: int, columns: tuple[str, ...], deleted: tupl
     place: in C, but where a zero (0, 0.0 and -0.0 are not the same value)
     or a type that changed asks for :func:`_same`."""
     old, new = deleted[width:], row[width:]
-    if 0.0 in old:
-        at = [place for place, (a, b) in enumerate(zip(old, new)) if not _same(a, b)]
-    else:
-        at = [place for place, (a, b) in enumerate(zip(old, new)) if a != b or type(a) is not type(b)]
+    at = changed_at(range(len(old)), old, new)
     if not at:
         return None
     changed = tuple([columns[place] for place in at])
@@ -286,6 +283,15 @@ def _place(held: list, op: object) -> None:
         held.extend([_MORE] * (len(op[5]) - 1))
 
 _new = tuple.__new__
+
+
+def changed_at(places: Iterable[int], old: Sequence, new: Sequence) -> list[int]:
+    """The ``places`` (one for each value of ``old`` and ``new``) where
+    the values differ, exactly: compared in C, but with :func:`_same` where
+    ``old`` holds a zero (0, 0.0 and -0.0 are equal by ``==``, not the same)."""
+    if 0.0 in old:
+        return [place for place, a, b in zip(places, old, new) if not _same(a, b)]
+    return [place for place, a, b in zip(places, old, new) if a != b or type(a) is not type(b)]
 
 
 def _same(left: object, right: object) -> bool:

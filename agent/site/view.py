@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 from codec.ops import RUN_ROWS, OpKind, Operation, Run
 
 from .capture import KIND_DELETE, KIND_INSERT, ROUTE, Shape
-from .folding import _same
+from .folding import changed_at
 
 
 class View:
@@ -158,9 +158,7 @@ class View:
     def _changed(self, old: tuple, new: tuple) -> list[int]:
         """Where the published values differ, exactly (0, 0.0 and -0.0 are
         not the same value)."""
-        if 0.0 in old:  # a zero (or -0.0) compares equal to 0 and to -0.0: compare exactly
-            return [index for index, a, b in zip(self.indexes, old, new) if not _same(a, b)]
-        return [index for index, a, b in zip(self.indexes, old, new) if a != b or type(a) is not type(b)]
+        return changed_at(self.indexes, old, new)
 
     def update_runs(self, rows: Iterable[tuple]) -> list[Run]:
         """:meth:`update` of consecutive UPDATE capture rows in runs
