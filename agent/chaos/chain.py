@@ -20,7 +20,12 @@ Rules of this file:
   another client: the moves the route must follow.
 * The expected subset of a remote is computed from the consolidated's
   final state only, by following each row's foreign keys up to its
-  client's rep (:func:`expected`).
+  client's rep (:func:`routed`).
+* The consolidated is a SQLite file or a PostgreSQL database
+  (``agent chaos --consolidated``): its rows are read through a
+  ``rows(table, columns)`` of the caller's (agent.chaos.sites), as they
+  travel, so one check serves both.  The PostgreSQL tables are
+  ``PG_SCHEMA``, the same keys and actions in its types.
 """
 
 from __future__ import annotations
@@ -41,27 +46,23 @@ SCHEMA = [
     " order_id INTEGER NOT NULL REFERENCES orders (id) ON DELETE CASCADE, qty INTEGER NOT NULL)",
     "CREATE INDEX order_line_order ON order_line (order_id)",
 ]
+PG_SCHEMA = [
+    "CREATE TABLE client (id bigint PRIMARY KEY, rep text NOT NULL, name text)",
+    "CREATE TABLE orders (id bigint PRIMARY KEY, client_id bigint NOT NULL REFERENCES client (id), note text)",
+    "CREATE INDEX orders_client ON orders (client_id)",
+    "CREATE TABLE order_line (id bigint PRIMARY KEY,"
+    " order_id bigint NOT NULL REFERENCES orders (id) ON DELETE CASCADE, qty bigint NOT NULL)",
+    "CREATE INDEX order_line_order ON order_line (order_id)",
+]
 ARTICLES = [Article("client", subscribe_by="rep"), Article("orders", follows="client"),
             Article("order_line", follows="orders")]
 TABLES = ("client", "orders", "order_line")
-# Rows at a site, whole, in a stable order.
-HELD = {
-    "client": "SELECT id, rep, name FROM client",
-    "orders": "SELECT id, client_id, note FROM orders",
-    "order_line": "SELECT id, order_id, qty FROM order_line",
-}
-# The consolidated's rows of one rep, through the foreign keys.
-SUBSET = {
-    "client": "SELECT id, rep, name FROM client WHERE rep = ?",
-    "orders": "SELECT o.id, o.client_id, o.note FROM orders o JOIN client c ON c.id = o.client_id WHERE c.rep = ?",
-    "order_line": "SELECT l.id, l.order_id, l.qty FROM order_line l JOIN orders o ON o.id = l.order_id"
-                  " JOIN client c ON c.id = o.client_id WHERE c.rep = ?",
-}
-# Rows of the consolidated whose chain reaches no client: they go to nobody.
-ROOTLESS = ("SELECT (SELECT count(*) FROM orders o WHERE NOT EXISTS (SELECT 1 FROM client c WHERE c.id = o.client_id))"
-            " + (SELECT count(*) FROM order_line l WHERE NOT EXISTS (SELECT 1 FROM orders o JOIN client c"
-            " ON c.id = o.client_id WHERE o.id = l.order_id))")
+# Each table's columns, whole: a row is (key, what it hangs from, a value).
+COLUMNS = {"client": ("id", "rep", "name"), "orders": ("id", "client_id", "note"),
+           "order_line": ("id", "order_id", "qty")}
 UNSUBSCRIBED = "hq"
+# A site's rows of a table (``columns``), as they travel: agent.chaos.sites.Sites.rows of one site.
+Rows = Callable[[str, tuple[str, ...]], list[tuple]]
 
 
 def reps(remotes: list[str]) -> list[str]:
@@ -69,17 +70,20 @@ def reps(remotes: list[str]) -> list[str]:
     return [*remotes, UNSUBSCRIBED]
 
 
-def populate(conn: sqlite3.Connection, remotes: list[str]) -> None:
-    """Rows the remotes get at extraction: two clients per rep, with orders and lines."""
+def populate(remotes: list[str]) -> list[tuple[str, tuple]]:
+    """The statements (``?`` placeholders) of the rows the remotes get at
+    extraction: two clients per rep, with orders and lines."""
+    statements: list[tuple[str, tuple]] = []
     number = 0
     for rep in reps(remotes):
         for _ in range(2):
             number += 1
             client = -number  # negative: never a key the run's counter gives
-            conn.execute("INSERT INTO client VALUES (?, ?, ?)", (client, rep, f"client {client}"))
-            conn.execute("INSERT INTO orders VALUES (?, ?, ?)", (client * 10, client, f"order {client * 10}"))
-            conn.executemany("INSERT INTO order_line VALUES (?, ?, ?)",
-                             [(client * 100 - line, client * 10, line) for line in range(2)])
+            statements.append(("INSERT INTO client VALUES (?, ?, ?)", (client, rep, f"client {client}")))
+            statements.append(("INSERT INTO orders VALUES (?, ?, ?)", (client * 10, client, f"order {client * 10}")))
+            statements += [("INSERT INTO order_line VALUES (?, ?, ?)", (client * 100 - line, client * 10, line))
+                           for line in range(2)]
+    return statements
 
 
 @dataclass(slots=True)
@@ -91,16 +95,11 @@ class Held:
     lines: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: Path, rep: str | None) -> "Held":
-        """What the site at ``path`` holds; ``rep``: only that rep's clients
-        and the rows under them (a remote writes only there)."""
-        conn = sqlite3.connect(path)
-        try:
-            held = cls(dict(conn.execute("SELECT id, rep FROM client")),
-                       dict(conn.execute("SELECT id, client_id FROM orders")),
-                       dict(conn.execute("SELECT id, order_id FROM order_line")))
-        finally:
-            conn.close()
+    def read(cls, rows: Rows, rep: str | None) -> "Held":
+        """What a site holds (``rows``: its rows of a table); ``rep``: only
+        that rep's clients and the rows under them (a remote writes only there)."""
+        held = cls(dict(rows("client", ("id", "rep"))), dict(rows("orders", ("id", "client_id"))),
+                   dict(rows("order_line", ("id", "order_id"))))
         if rep is not None:
             held.clients = {key: value for key, value in held.clients.items() if value == rep}
             held.orders = {key: value for key, value in held.orders.items() if value in held.clients}
@@ -127,11 +126,12 @@ class ChainWriter:
         self.new_key = new_key
         self.counts = ChainCounts()
 
-    def writes(self, site: str, path: Path) -> list[tuple[str, tuple]]:
-        """One transaction's statements at ``site`` (the consolidated: ``hq``)."""
+    def writes(self, site: str, rows: Rows) -> list[tuple[str, tuple]]:
+        """One transaction's statements at ``site`` (the consolidated:
+        ``hq``), whose rows of a table ``rows`` gives."""
         rng = self.rng
         at_hq = site == "hq"
-        held = Held.read(path, None if at_hq else site)
+        held = Held.read(rows, None if at_hq else site)
         statements: list[tuple[str, tuple]] = []
         for _ in range(rng.randint(1, 4)):
             roll = rng.random()
@@ -232,25 +232,48 @@ class ChainWriter:
         return statements
 
 
-def expected(conn: sqlite3.Connection, rep: str) -> dict[str, list[tuple]]:
-    """The consolidated's rows of the chain that route to ``rep``."""
-    return {table: sorted(conn.execute(SUBSET[table], (rep,)).fetchall()) for table in TABLES}
+def routed(hq: Rows) -> tuple[dict[str, dict[str, list[tuple]]], int]:
+    """The consolidated's rows of the chain by the rep they route to, each
+    table's sorted, found by following each row's foreign keys up to its
+    client; and how many orders and lines reach no client (they go to nobody)."""
+    found = {table: hq(table, COLUMNS[table]) for table in TABLES}
+    rep_of = {client: rep for client, rep, _ in found["client"]}
+    client_of = {order: client for order, client, _ in found["orders"]}
+    by_rep: dict[str, dict[str, list[tuple]]] = {}
+    rootless = 0
+    for table in TABLES:
+        for row in found[table]:
+            if table == "client":
+                rep = row[1]
+            elif table == "orders":
+                rep = rep_of.get(row[1])
+            else:
+                rep = rep_of.get(client_of.get(row[1]))  # type: ignore[arg-type]
+            if rep is None:
+                rootless += 1
+                continue
+            by_rep.setdefault(rep, {name: [] for name in TABLES})[table].append(row)
+    for tables in by_rep.values():
+        for rows in tables.values():
+            rows.sort()
+    return by_rep, rootless
 
 
 def held(conn: sqlite3.Connection) -> dict[str, list[tuple]]:
-    return {table: sorted(conn.execute(HELD[table]).fetchall()) for table in TABLES}
+    return {table: sorted(conn.execute(f"SELECT {', '.join(COLUMNS[table])} FROM {table}").fetchall())
+            for table in TABLES}
 
 
-def differences(root: Path, remote: str) -> list[str]:
-    """How ``remote``'s chain differs from the consolidated's rows that route to it."""
-    hq = sqlite3.connect(root / "hq.db")
-    site = sqlite3.connect(root / f"{remote}.db")
+def differences(wanted: dict[str, list[tuple]], path: Path, remote: str) -> list[str]:
+    """How the chain of ``remote`` (its SQLite file ``path``) differs from
+    ``wanted``, the consolidated's rows that route to it (:func:`routed`)."""
+    site = sqlite3.connect(path)
     try:
-        wanted, found = expected(hq, remote), held(site)
+        found = held(site)
         problems = []
         for table in TABLES:
-            extra = set(found[table]) - set(wanted[table])
-            missing = set(wanted[table]) - set(found[table])
+            extra = set(found[table]) - set(wanted.get(table, ()))
+            missing = set(wanted.get(table, ())) - set(found[table])
             if extra or missing:
                 problems.append(f"{remote}: {table} differs from hq's rows routed to it "
                                 f"(missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
@@ -259,14 +282,4 @@ def differences(root: Path, remote: str) -> list[str]:
             problems.append(f"{remote}: rows whose foreign key names no row: {broken[:3]}")
         return problems
     finally:
-        hq.close()
         site.close()
-
-
-def rootless(root: Path) -> int:
-    """Orders and lines at the consolidated whose chain reaches no client."""
-    conn = sqlite3.connect(root / "hq.db")
-    try:
-        return conn.execute(ROOTLESS).fetchone()[0]
-    finally:
-        conn.close()

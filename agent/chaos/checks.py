@@ -23,6 +23,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from ..site import open_site
@@ -100,12 +101,13 @@ def check(places: Sites, sites: list[str], ledger: set[str], result: ChaosResult
                 result.divergences.append(f"{site}: products differ from hq")
 
 
-def check_chain(root: Path, sites: list[str], result: ChaosResult) -> None:
+def check_chain(places: Sites, sites: list[str], result: ChaosResult) -> None:
     """Every remote's chain is the consolidated's rows that route to it
-    (a SQLite consolidated: the chain is drawn only there)."""
+    (the consolidated's read as they travel, whatever its backend)."""
+    wanted, rootless = chain.routed(partial(places.rows, sites[0]))
     for site in sites[1:]:
-        result.divergences += chain.differences(root, site)
-    result.chain_rootless = chain.rootless(root)
+        result.divergences += chain.differences(wanted.get(site, {}), Path(places.location(site)), site)
+    result.chain_rootless = rootless
 
 
 def check_arrival_order(places: Sites, site: str, result: ChaosResult) -> None:

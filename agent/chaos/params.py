@@ -86,9 +86,6 @@ class ChaosParams:
     consolidated: str | None = None
 
     def __post_init__(self) -> None:
-        if self.chain and self.consolidated is not None:
-            raise ValueError("the follow chain needs a SQLite consolidated: its tables and checks are not built "
-                             "for a PostgreSQL one yet")
         if self.schema and self.consolidated is not None:
             raise ValueError("schema changes need a SQLite consolidated: a PostgreSQL one makes none yet")
         if not 0 < self.confirm_timeout <= self.heartbeat:
@@ -113,8 +110,6 @@ class ChaosParams:
         values.update(chain=rng.random() < 2 / 3)
         values.update(schema=rng.random() < 1 / 2)
         values.update(overrides)
-        if values.get("consolidated") is not None and "chain" not in overrides:
-            values["chain"] = False  # the follow chain needs a SQLite consolidated (chain.py)
         if values.get("consolidated") is not None and "schema" not in overrides:
             values["schema"] = False  # schema changes need a SQLite consolidated (agent schema apply)
         if "confirm_timeout" not in overrides:

@@ -10,7 +10,8 @@ Rules of this file:
   view or sequence outside PostgreSQL's own schemas is refused before
   anything is dropped: the suite never empties a database it did not fill.
 * The workload's tables are those of the SQLite world in PostgreSQL's
-  types (``bigint``, ``text``, ``double precision``, ``bytea``); each
+  types (``bigint``, ``text``, ``double precision``, ``bytea``), the
+  follow chain's with the same keys and actions (chain.py); each
   travels as the types table says (agent/site/postgres/typemap.py), and a
   remote's copy declares what that table declares.
 * Reads are what the checks compare with the remotes' SQLite rows: each
@@ -33,7 +34,8 @@ from ..site.postgres.capture import describe_table
 from ..site.postgres.connect import connect
 from ..site.postgres.typemap import KINDS, loader
 from ..site.postgres.uri import parse_uri, redact
-from .world import PRODUCTS, ChaosWorldError, publish_and_extract
+from . import chain as follow_chain
+from .world import PRODUCTS, ChaosWorldError, publish_and_extract, site_names
 
 TABLES = ("customer", "product", "ledger")
 PG_SCHEMA = [
@@ -51,7 +53,7 @@ PG_ARRIVALS = [
     "CREATE TRIGGER chaos_arrival_journal AFTER INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION chaos_arrival_journal()",
 ]
 # What the suite makes in the database (relations outside PostgreSQL's schemas).
-_OURS = {*(("public", table) for table in (*TABLES, "chaos_arrival", "chaos_arrival_n_seq"))}
+_OURS = {*(("public", table) for table in (*TABLES, *follow_chain.TABLES, "chaos_arrival", "chaos_arrival_n_seq"))}
 _FOREIGN = """
 SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'v', 'm', 'S', 'f', 'p')
@@ -75,28 +77,31 @@ def empty_database(uri: str) -> None:
                     f"agent chaos empties the database {redact(uri)} for every seed, but it holds {shown}, which "
                     "the suite did not make: give --consolidated a database of its own (CREATE DATABASE chaos)")
             conn.execute("DROP SCHEMA IF EXISTS fieldsync CASCADE")
-            conn.execute("DROP TABLE IF EXISTS customer, product, ledger, chaos_arrival CASCADE")
+            conn.execute("DROP TABLE IF EXISTS customer, product, ledger, client, orders, order_line, chaos_arrival"
+                         " CASCADE")
             conn.execute("DROP FUNCTION IF EXISTS chaos_arrival_journal()")
     finally:
         conn.close()
 
 
-def make_pg_sites(uri: str, root: Path, remotes: int) -> None:
+def make_pg_sites(uri: str, root: Path, remotes: int, *, chain: bool = False) -> None:
     """The seed's consolidated ``hq`` in ``uri``'s database (its agent's
-    folder ``root/hq.agent``) and its remotes extracted from it as SQLite
-    files in ``root``."""
+    folder ``root/hq.agent``; ``chain``: with the follow chain, its rows
+    made) and its remotes extracted from it as SQLite files in ``root``."""
     empty_database(uri)
     conn = connect(uri)
     try:
         with conn.transaction():
-            for statement in (*PG_SCHEMA, *PG_ARRIVALS):
+            for statement in (*PG_SCHEMA, *PG_ARRIVALS, *(follow_chain.PG_SCHEMA if chain else ())):
                 conn.execute(statement)
             conn.cursor().executemany("INSERT INTO product VALUES (%s, %s, 1.0)", [(sku, sku) for sku in PRODUCTS])
+            for statement, values in follow_chain.populate(site_names(remotes)) if chain else ():
+                conn.execute(statement.replace("?", "%s"), values)
     finally:
         conn.close()
     with init_site(uri, name="hq", role="consolidated", address="inbox/hq", transport="folder",
                    home=root / "hq.agent") as hq:
-        publish_and_extract(hq, root, remotes)
+        publish_and_extract(hq, root, remotes, chain=chain)
 
 
 def pg_rows(uri: str, table: str, columns: Iterable[str] | None = None, where: str | None = None,

@@ -90,7 +90,7 @@ class Simulation:
                                  schema_seed=params.seed if params.schema else None)
         self.root.mkdir(parents=True, exist_ok=True)
         if params.consolidated is not None:  # made afresh: a database cannot be copied as a file
-            make_pg_sites(params.consolidated, root, params.remotes)
+            make_pg_sites(params.consolidated, root, params.remotes, chain=params.chain)
         else:
             templates.copy(params.remotes, root, own_identities=not self.fresh_inboxes, chain=params.chain)
         for site in self.sites:
@@ -379,7 +379,7 @@ class Simulation:
     def check(self) -> None:
         checks.check(self.places, self.sites, self.workload.ledger, self.result)
         if self.workload.chain is not None:
-            checks.check_chain(self.root, self.sites, self.result)
+            checks.check_chain(self.places, self.sites, self.result)
             self.result.chain_moves = self.workload.chain.counts.moves
             self.result.chain_handovers = self.workload.chain.counts.handovers
         if self.workload.schema is not None:

@@ -26,6 +26,7 @@ Rules of this file:
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Iterable
 
 from .chain import ChainWriter
@@ -101,7 +102,7 @@ class Workload:
                                            (self.next_id, rng.choice(remotes), rng.randbytes(3000))))
                         self.next_id += 1
             if self.chain is not None and rng.random() < 0.7:
-                statements += self.chain.writes(site, self.root / f"{site}.db")
+                statements += self.chain.writes(site, partial(self.places.rows, site))
             if self.schema is not None:
                 statements += self.schema.writes(site)
             self._write(site, statements)

@@ -93,7 +93,8 @@ def make_sites(root: Path, remotes: int, *, chain: bool = False) -> None:
         hq.connection.execute(statement)
     hq.connection.executemany("INSERT INTO product VALUES (?, ?, 1.0)", [(sku, sku) for sku in PRODUCTS])
     if chain:
-        follow_chain.populate(hq.connection, site_names(remotes))
+        for statement, values in follow_chain.populate(site_names(remotes)):
+            hq.connection.execute(statement, values)
     publish_and_extract(hq, root, remotes, chain=chain)
     hq.close()
     add_arrival_journal(root / "hq.db")

@@ -88,7 +88,7 @@ class ConsolidatedUri(click.ParamType):
                    "heartbeat).")
 @click.option("--follow-chain/--no-follow-chain", "chain", default=None,
               help="Publish and write the follow chain (clients, their orders, the orders' lines), or not "
-                   "(default: from the seed, two seeds in three; never with --consolidated).")
+                   "(default: from the seed, two seeds in three).")
 @click.option("--schema-changes/--no-schema-changes", "schema", default=None,
               help="Make schema changes at the consolidated while the faults last (agent schema apply: columns "
                    "added, renamed and dropped, indexes, a new table published and renamed), and write the new "
@@ -146,9 +146,6 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                         ("schema", schema)):
         if value is not None:
             overrides[name] = value
-    if chain and consolidated is not None:
-        raise click.UsageError("--follow-chain needs a SQLite consolidated: the chain's tables and checks are not "
-                               "built for a PostgreSQL one yet (leave out --consolidated or --follow-chain)")
     if schema and consolidated is not None:
         raise click.UsageError("--schema-changes needs a SQLite consolidated: a PostgreSQL one makes no schema "
                                "changes yet (leave out --consolidated or --schema-changes)")

@@ -91,6 +91,32 @@ def test_remotes_apply_with_foreign_keys_on_and_the_consolidated_with_them_off(w
     world.check()
 
 
+def test_a_copy_without_the_foreign_key_checks_the_parent_itself_when_it_applies(world: World) -> None:
+    """A copy extracted from a PostgreSQL consolidated before extraction
+    carried foreign keys declares none.  The apply then checks a row's
+    parent itself, as the key would (route.apply_triggers): a line hq sent
+    under an order rep 1 has deleted meanwhile is refused there, not kept
+    without its order; a line whose order rep 1 holds goes in."""
+    rep1 = world.remotes["rep1"]
+    conn = rep1.connection
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET sql = replace(sql, 'REFERENCES orders (id)', '')"
+                 " WHERE type = 'table' AND name = 'order_line'")
+    conn.execute("PRAGMA writable_schema = RESET")
+    assert conn.execute("PRAGMA foreign_key_list(order_line)").fetchall() == []
+    app(rep1, "DELETE FROM order_line WHERE order_id = 11", "DELETE FROM orders WHERE id = 11")
+    log_received = rep1.remote("hq").log_received
+    ops = (Operation("order_line", OpKind.INSERT, (777,), None, {"id": 777, "order_id": 11, "qty": 7}),
+           Operation("order_line", OpKind.INSERT, (778,), None, {"id": 778, "order_id": 10, "qty": 8}))
+    result = rep1.apply("hq", [decoded(Transaction(log_received + 1, "hq", ops))], log_received=log_received + 1)
+    assert conn.execute("SELECT id FROM order_line WHERE id > 700").fetchall() == [(778,)]
+    assert result.errors == 1
+    [error] = rep1.apply_errors()
+    assert (error.table, error.key, error.problem) == (
+        "order_line", (777,), "constraint failed: no parent row: no orders row has the key this order_line row names"
+        " (it follows orders)")
+
+
 def test_a_moved_parent_reaches_a_remote_whose_foreign_keys_want_it_before_its_children(world: World) -> None:
     world.hq.scan()
     app(world.hq, "UPDATE customer SET rep = 2 WHERE id = 1")

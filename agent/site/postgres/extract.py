@@ -57,6 +57,7 @@ from . import route
 from .capture import PgShape, load_shapes, shown_table
 from .catalogue import table_order
 from .connect import connect, translate
+from .foreign_keys import ACTIONS, PgForeignKey, foreign_keys, kept_keys
 from .log import begin_cut, cut_in, truncated_through
 from .subscriptions import VALUE_COLUMNS, candidate_texts, stored_value
 from .typemap import KINDS, loader
@@ -69,15 +70,19 @@ SELECT a.table_schema, a.table_name, a.publication, a.columns, a.subscribe_by, a
 """
 
 
-def remote_table_sql(shape: PgShape, columns: tuple[str, ...]) -> str:
+def remote_table_sql(shape: PgShape, columns: tuple[str, ...], keys: Sequence[PgForeignKey] = ()) -> str:
     """The CREATE TABLE of ``shape``'s table at a SQLite remote: the
     published ``columns`` (shape order), each declared as the types table
-    says, and the key."""
+    says, the key, and the foreign keys ``keys`` (foreign_keys.kept_keys), with
+    their actions."""
     layout = shape.layout
     kinds = dict(zip(layout.columns, layout.kinds))
     definitions = [f"{quote_ident(column)} {KINDS[kinds[column]].sqlite_type}"
                    + (" NOT NULL" if column in layout.key_columns else "") for column in columns]
     definitions.append(f"PRIMARY KEY ({', '.join(quote_ident(column) for column in layout.key_columns)})")
+    definitions += [f"FOREIGN KEY ({', '.join(map(quote_ident, key.columns))}) REFERENCES {quote_ident(key.parent)}"
+                    f" ({', '.join(map(quote_ident, key.parent_columns))}) ON DELETE {ACTIONS[key.on_delete]}"
+                    f" ON UPDATE {ACTIONS[key.on_update]}" for key in keys]
     return f"CREATE TABLE {quote_ident(layout.shown)} ({', '.join(definitions)})"
 
 
@@ -111,6 +116,7 @@ class PgConsolidated:
             # template: a remote routes nothing; agent.site.sqlite.route.record_follow).
             follows = {table: Follow(shown_table(*table), parent, columns, parent_columns, "")
                        for table, (parent, columns, parent_columns) in route.follows(conn).items()}
+            keys = foreign_keys(conn)
         found: dict[tuple[str, str], list[TablePlan]] = {}
         for schema, table, publication, columns, subscribe_by, shape_id, following in articles:
             follow = follows.get((schema, table)) if following else None
@@ -126,11 +132,13 @@ class PgConsolidated:
                 follow))
             self.shapes[layout.shown] = shape
         plans, statements = [], []
-        for parts in found.values():
-            # A table in several of the remote's publications: one table with
-            # the columns of all its articles (agent/site/sqlite/extract_union.py).
-            plan = parts[0] if len(parts) == 1 else union_plan(parts)
-            create = remote_table_sql(self.shapes[plan.info.name], plan.columns)
+        # A table in several of the remote's publications: one table with
+        # the columns of all its articles (agent/site/sqlite/extract_union.py).
+        merged = [parts[0] if len(parts) == 1 else union_plan(parts) for parts in found.values()]
+        parents = {plan.info.name: plan.info.key_columns for plan in merged}
+        for plan in merged:
+            create = remote_table_sql(self.shapes[plan.info.name], plan.columns,
+                                      kept_keys(keys.get(plan.info.name, ()), plan.columns, parents))
             plans.append(dataclasses.replace(plan, info=dataclasses.replace(plan.info, sql=create)))
             statements.append((create, []))
         return row, plans, statements

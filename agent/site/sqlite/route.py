@@ -276,7 +276,11 @@ def apply_triggers(conn: sqlite3.Connection, chains: dict[str, Follow]) -> list[
     parent first deletes the rows that follow it (it left the remote's
     subset, or is gone, and they with it: the consolidated routes them by
     it); the remote's capture triggers skip those writes, as every write of
-    the apply path."""
+    the apply path.  A remote's table that carries no foreign key to its
+    parent (a copy extracted from PostgreSQL) gets the consolidated's
+    parent check too, refusing what the key would: a row the consolidated
+    sent before it applied the remote's DELETE of its parent must not stay
+    there without it."""
     # Only tables and columns this site has (an application may have dropped
     # or renamed one since it was published): a trigger naming another
     # would fail every write of its table.
@@ -292,7 +296,8 @@ def apply_triggers(conn: sqlite3.Connection, chains: dict[str, Follow]) -> list[
         children.setdefault(follow.parent, []).append(follow)
     shapes = {table.lower(): (shape, json.loads(columns)) for table, shape, columns in conn.execute(
         "SELECT a.table_name, a.shape, s.columns FROM fieldsync_article a JOIN fieldsync_shape s ON s.id = a.shape")}
-    statements = []
+    statements = [statement for follow in chains.values() if not _keyed(conn, follow)
+                  for statement in _parent_checks(follow)]
     for parent, followers in children.items():
         body = []
         for follow in followers:
@@ -323,6 +328,23 @@ def _parent_checks(follow: Follow) -> list[str]:
     return [f"CREATE TEMP TRIGGER {quote_ident(f'{APPLY_PREFIX}{event.lower()}_{follow.table}')} BEFORE {event}{of}"
             f" ON main.{quote_ident(follow.table)} WHEN {when} BEGIN {raised}; END"
             for event, of in (("INSERT", ""), ("UPDATE", f" OF {columns}"))]
+
+
+def _keyed(conn: sqlite3.Connection, follow: Follow) -> bool:
+    """Whether ``follow.table`` declares the foreign key it follows its parent by here."""
+    keys: dict[int, list[tuple[str, str, str]]] = {}
+    primary: list[str] | None = None  # the parent's key, which a REFERENCES without columns names
+    for key_id, seq, parent, column, referenced, *_ in conn.execute(
+            f"PRAGMA foreign_key_list({quote_ident(follow.table)})"):
+        if referenced is None:
+            if primary is None:
+                primary = [name for _, name in sorted((row[5], row[1]) for row in conn.execute(
+                    f"PRAGMA table_info({quote_ident(parent)})") if row[5])]
+            referenced = primary[seq] if seq < len(primary) else ""
+        keys.setdefault(key_id, []).append((parent.lower(), column.lower(), referenced.lower()))
+    wanted = sorted((follow.parent.lower(), column.lower(), referenced.lower())
+                    for column, referenced in zip(follow.columns, follow.parent_columns))
+    return any(sorted(columns) == wanted for columns in keys.values())
 
 
 def _has_columns(conn: sqlite3.Connection, table: str, columns: Sequence[str]) -> bool:

@@ -39,11 +39,11 @@ def seed(app: App) -> None:
 
 
 class World:
-    def __init__(self, backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, backend, tmp_path, tables: tuple[str, ...] = TABLES) -> None:  # type: ignore[no-untyped-def]
         self.backend = backend
         self.hq = backend.site
         self.app = backend.app()
-        self.app.run(*TABLES)
+        self.app.run(*tables)
         self.hq.create_publication("sales", ARTICLES)
         seed(self.app)
         self.remotes: dict[str, SiteDatabase] = {}
@@ -92,6 +92,33 @@ class World:
 def world(backend, tmp_path):
     with contextlib.closing(World(backend, tmp_path)) as made:
         yield made
+
+
+def test_a_line_added_at_hq_under_an_order_its_remote_deletes_meanwhile_is_held_by_neither(backend, tmp_path):
+    """hq adds a line to an order of rep 1 while rep 1, which has not
+    heard of it, deletes the order and the lines it knows; the lines
+    follow their order ON DELETE CASCADE.  The consolidated applies the
+    DELETE (PostgreSQL's key cascades the line away there, as rep 1's
+    change; SQLite's apply runs with its keys off and keeps it, reaching
+    nobody), and the line reaches rep 1 after its order went there: rep 1
+    refuses it as its key would (a copy extracted from PostgreSQL carries
+    no foreign key, so the apply checks the parent itself), instead of
+    holding a line whose order it lacks."""
+    cascading = (*TABLES[:3], TABLES[3].replace("REFERENCES orders (id)", "REFERENCES orders (id) ON DELETE CASCADE"))
+    assert cascading != TABLES
+    with contextlib.closing(World(backend, tmp_path, cascading)) as world:
+        lines = [row[0] for row in world.held("rep1")["order_line"] if row[1] == 11]  # order 11: customer 2, rep 1
+        assert lines
+        world.app.run(("INSERT INTO order_line VALUES (%s, %s, %s)", (777, 11, 7)))
+        world.apps["rep1"].run(("DELETE FROM order_line WHERE order_id = %s", (11,)),
+                               ("DELETE FROM orders WHERE id = %s", (11,)))
+        world.full_round()
+        world.full_round()
+        for name, rep in REPS.items():
+            assert world.held(name) == world.owed(rep), name
+        assert 777 not in [row[0] for row in world.held("rep1")["order_line"]]
+        assert [(error.table, error.key) for error in world.remotes["rep1"].apply_errors()] == [("order_line", (777,))]
+        assert world.remotes["rep1"].connection.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
 def test_extraction_gives_each_remote_exactly_its_customers_orders_and_lines(world):

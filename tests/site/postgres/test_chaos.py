@@ -1,8 +1,9 @@
 """The fault-injection suite with a PostgreSQL consolidated (``agent chaos
 --consolidated URI``): seeds with the drawn timers, faults, crashes and
 re-extractions against a real PostgreSQL 15, every seed clean; and proof
-that its checks see a PostgreSQL row that differs from a remote's, an
-arrival out of order there, and the damage a safety rule turned off does."""
+that its checks see a PostgreSQL row that differs from a remote's (the
+follow chain's too), an arrival out of order there, and the damage a
+safety rule turned off does."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def test_seeds_with_a_postgresql_consolidated_are_clean(own_database, capsys):
     assert summary["timers"]["heartbeat"].get("24h", 0) > 0, summary["timers"]
     rest = summary["rounds_to_rest"]
     assert rest["stuck"] == 0 and 1 <= rest["max"] <= rest["bound"], rest
+    # Most seeds publish the follow chain at PostgreSQL too, and move clients and orders.
+    chain = summary["chain"]
+    assert chain["seeds"] >= SEEDS // 3 and chain["moves"] > 0 and chain["handovers"] > 0, chain
 
 
 def test_crashes_of_the_consolidated_and_reextractions_from_it(postgres, capsys):
@@ -91,6 +95,33 @@ async def test_the_checks_compare_postgresql_rows_with_the_remotes(postgres, tmp
     assert all(f"f{n}: products differ from hq" in found.divergences for n in range(1, params.remotes + 1))
     assert found.out_of_order and found.out_of_order[0].startswith(f"I2: hq applied {first} after f1-")
     assert not found.ok
+
+
+async def test_the_chain_check_follows_the_postgresql_rows_foreign_keys(postgres, tmp_path):
+    """A seed with the follow chain at rest, then, behind the agents' back,
+    one of f1's clients given to no remote at PostgreSQL and one order there
+    changed: f1 then holds a client, its orders and lines that no longer
+    route to it, and an order that differs; both are reported."""
+    uri = postgres.uri(postgres.create_database())
+    params = ChaosParams.random(5, rates=FaultRates(), consolidated=uri, chain=True)
+    simulation = Simulation(tmp_path / "seed", params, Templates(tmp_path / "templates"))
+    result = await simulation.run()
+    assert result.ok, result.summary()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        (client,) = conn.execute("SELECT min(id) FROM client WHERE rep = 'f1' AND"
+                                 " EXISTS (SELECT 1 FROM orders WHERE client_id = client.id)").fetchone()
+        conn.execute("UPDATE client SET rep = 'hq' WHERE id = %s", (client,))
+        (order, owner) = conn.execute("SELECT o.id, o.client_id FROM orders o JOIN client c ON c.id = o.client_id"
+                                      " WHERE c.rep = 'f1' ORDER BY o.id LIMIT 1").fetchone()
+        conn.execute("UPDATE orders SET note = 'changed at hq' WHERE id = %s", (order,))
+    simulation.result = ChaosResult(params)
+    simulation.check()
+    found = simulation.result.divergences
+    assert any(problem.startswith("f1: client differs from hq's rows routed to it (missing [], extra [(" + str(client))
+               for problem in found), found
+    assert any(problem.startswith("f1: orders differs from hq's rows routed to it (missing [(" + str(order)
+                                  + f", {owner}, 'changed at hq')") for problem in found), found
+    assert not simulation.result.ok
 
 
 async def test_without_the_stale_rule_the_suite_finds_a_double_apply_at_postgresql(postgres):
@@ -137,6 +168,12 @@ def test_a_consolidated_that_is_not_a_uri_without_password_is_a_usage_error(caps
     assert message in err and "secret" not in err
 
 
-def test_the_replay_command_names_the_database():
-    params = ChaosParams.random(3, consolidated="postgresql://app@db.example:5432/chaos")
-    assert params.command() == "agent chaos --seed 3 --consolidated postgresql://app@db.example:5432/chaos"
+def test_the_replay_command_names_the_database_and_a_choice_of_the_chain_of_its_own():
+    uri = "postgresql://app@db.example:5432/chaos"
+    params = ChaosParams.random(3, consolidated=uri)
+    assert params.command() == f"agent chaos --seed 3 --consolidated {uri}"
+    # A PostgreSQL consolidated draws the follow chain as a SQLite one does (seed 3 does not, 5 does).
+    assert [ChaosParams.random(seed, consolidated=uri).chain for seed in (3, 5)] == [False, True]
+    assert ChaosParams.random(3, consolidated=uri, chain=True).command() == f"{params.command()} --follow-chain"
+    assert (ChaosParams.random(5, consolidated=uri, chain=False).command()
+            == f"agent chaos --seed 5 --consolidated {uri} --no-follow-chain")

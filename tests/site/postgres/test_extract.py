@@ -125,6 +125,39 @@ def test_the_remote_s_tables_come_from_the_types_table_and_its_values_as_the_log
         "field.reading", ("a", 1), {"amount": "12.50", "note": "hello"}, {"amount": "13.00", "note": "changed"})
 
 
+def test_the_remote_s_tables_keep_the_foreign_keys_it_can_check_with_their_actions(target, tmp_path):
+    """A key whose columns, parent and parent key the remote gets is kept
+    with its actions (a line goes with its order there as at hq); one to a
+    table the remote does not get, to columns that are not the parent's key
+    there, or with SET DEFAULT (the copy has no defaults) is not."""
+    with connect(target) as app:
+        app.execute("CREATE TABLE region (code text PRIMARY KEY, name text UNIQUE)")
+        app.execute("CREATE TABLE orders (id bigint PRIMARY KEY, region text REFERENCES region (code),"
+                    " region_name text REFERENCES region (name), note text)")
+        app.execute("CREATE TABLE unpublished (id bigint PRIMARY KEY)")
+        app.execute("CREATE TABLE line (id bigint PRIMARY KEY,"
+                    " order_id bigint NOT NULL REFERENCES orders (id) ON DELETE CASCADE ON UPDATE SET NULL,"
+                    " other bigint REFERENCES unpublished (id),"
+                    " fallback bigint DEFAULT 1 REFERENCES orders (id) ON DELETE SET DEFAULT DEFERRABLE)")
+        app.execute("INSERT INTO region VALUES ('n', 'north')")
+        app.execute("INSERT INTO orders VALUES (1, 'n', 'north', 'a')")
+        app.execute("INSERT INTO line VALUES (10, 1, NULL, NULL), (11, 1, NULL, NULL)")
+        with PostgresSite.init(target, name="hq", role="consolidated", home=tmp_path / "home") as site:
+            site.create_publication("p", ["region", "orders", "line"])
+            site.add_remote("r1")
+            site.subscribe("r1", "p")
+            result = site.extract("r1", tmp_path / "r1.db")
+    with sqlite3.connect(result.path) as remote:
+        keys = {table: [(row[2], row[3], row[4], row[5], row[6]) for row in remote.execute(
+            f"PRAGMA foreign_key_list({table})")] for table in ("region", "orders", "line")}
+        remote.execute("PRAGMA foreign_keys = ON")
+        remote.execute("DELETE FROM orders WHERE id = 1")
+        left = remote.execute("SELECT count(*) FROM line").fetchone()[0]
+    assert keys == {"region": [], "orders": [("region", "region", "code", "NO ACTION", "NO ACTION")],
+                    "line": [("orders", "order_id", "id", "SET NULL", "CASCADE")]}
+    assert left == 0
+
+
 def test_extracting_again_replaces_the_stream_and_remembers_the_copy_it_replaced(hq, app, tmp_path):
     hq.add_remote("r1", address="inbox/r1", public_key="key-one")
     hq.subscribe("r1", "p")
