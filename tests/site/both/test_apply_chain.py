@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agent.site import ApplyRefused, Article, MessageChain
+from codec.ops import operations_of
 
 from ..applying import ins, txn, upd
 
@@ -64,3 +65,48 @@ def test_a_chain_whose_last_message_is_refused_applies_nothing(backend, hq):
         hq.apply("r1", MessageChain(broken), log_received=30)
     assert backend.rows("customer", CUSTOMER) == []
     assert (hq.remote("r1").log_received, hq.remote("r1").receive_count) == (0, 0)
+
+
+def _name_r1_takes(hq, start: int, end: int) -> str:
+    """Customer 1's name once r1 has taken hq's log in ``(start, end]`` in order ("a" before)."""
+    taken = "a"
+    for transaction in hq.read_log("r1", start, end):
+        for op in operations_of(transaction.ops):
+            if op.table == "customer" and op.key == (1,) and op.after is not None and "name" in op.after:
+                taken = op.after["name"]
+    return taken
+
+
+def _conflicting_chain() -> MessageChain:
+    """Two messages of r1 that change customer 1 ("a" to "a2", then to
+    "a3"), the first written without hq's change of it: a conflict."""
+    return MessageChain([([txn(20, upd(1, {"name": "a"}, {"name": "a2"}))], 25),
+                         ([txn(30, upd(1, {"name": "a2"}, {"name": "a3"}))], 30)])
+
+
+@pytest.mark.parametrize("hq_change", ["unconfirmed by r1", "confirmed by r1"])
+def test_a_row_written_back_by_one_message_and_changed_by_the_next_goes_back_as_it_ends(backend, hq, hq_change):
+    """A chain of two messages of r1 that change customer 1, the first
+    written without hq's change of it (a conflict, whose result goes back to
+    r1), the second after the first.  Each message then writes the row back
+    as it leaves it (the unconfirmed rule: the second finds the first's row
+    written back, which r1 has not confirmed, and hq's own change when r1 has
+    not confirmed it either), and r1, which takes hq's log in order, ends
+    with hq's row.  In one database transaction the second message must see
+    the first's row written back all the same (on PostgreSQL it is in no log
+    transaction yet), and two messages that write rows back record what the
+    apply had applied once (the first's, the least)."""
+    app = backend.app()
+    app.run("INSERT INTO customer (id, name, region) VALUES (1, 'a', 'north')")
+    hq.scan()
+    app.run("UPDATE customer SET name = 'changed at hq' WHERE id = 1")
+    start = hq.remote("r1").log_sent
+    if hq_change == "confirmed by r1":  # r1 took hq's change already: only the first message's row is unconfirmed
+        start = hq.scan()
+        hq.update_remote("r1", log_sent=start, confirm_sent=start)
+    result = hq.apply("r1", _conflicting_chain(), log_received=30)
+    assert result.conflicts == 1
+    end = hq.scan()
+    [(name,)] = backend.rows("customer", "name")
+    assert name == "a3"
+    assert _name_r1_takes(hq, start, end) == name

@@ -202,7 +202,7 @@ class _Batch:
             reader = PeerReader(conn, self.tables, peer)
 
             def changes(table: PgTable, keys: set[tuple]) -> Iterator[tuple]:
-                return rows_of_keys(conn, self.tables, table, keys, remote.confirm_sent, self.identity.name)
+                return rows_of_keys(conn, self.tables, table, keys, remote.confirm_sent, self.identity.name, peer)
             send_back_received(batch, changes, reader.operation, rows.select,
                                followers.lost_with_parent(batch, changes, reader.operation, rows.select))
         rows.prefetch(batch)
@@ -213,8 +213,10 @@ class _Batch:
             write_return(conn, table, peer, kind, values, columns, followers.finder(table))
             wrote_back = True
         if wrote_back:  # what this apply reached goes with them (log.applied_of)
-            conn.execute("INSERT INTO fieldsync.applied (txid, applied) VALUES (pg_current_xact_id(), %s)",
-                         (log_received,))
+            # In a chain the transaction's first message that wrote rows
+            # back says it: the least, which holds for every row written back.
+            conn.execute("INSERT INTO fieldsync.applied (txid, applied) VALUES (pg_current_xact_id(), %s)"
+                         " ON CONFLICT (txid) DO NOTHING", (log_received,))
         conn.execute("UPDATE fieldsync.remote SET log_received = %s, receive_count = receive_count + %s,"
                      " last_received_at = %s, peer_incarnation = coalesce(peer_incarnation, %s) WHERE name = %s",
                      (log_received, messages, self.now, peer_incarnation, peer))

@@ -123,14 +123,16 @@ def last_change(conn: psycopg.Connection, tables: Tables, table: PgTable, key: t
 def any_unconfirmed(conn: psycopg.Connection, peer: str, confirmed: int) -> bool:
     """Whether this site holds changes ``peer`` may receive and has not
     confirmed (above its ``confirm_sent``): of another origin than the
-    peer, or written back to it.  Asked at the end of the peer's batch,
-    when every row the batch touched is locked by it: any other write of
-    them is committed and seen."""
+    peer, or written back to it (those an earlier message of a chain wrote
+    back in this transaction included: its rows go back before this
+    message's, as an apply of its own would have logged them).  Asked at
+    the end of the peer's batch, when every row the batch touched is
+    locked by it: any other write of them is committed and seen."""
     snapshot, end = conn.execute("SELECT snapshot::text, log_end FROM fieldsync.cut WHERE id = 1").fetchone()
     found = conn.execute("""
 SELECT EXISTS (SELECT 1 FROM fieldsync.log WHERE commit_offset > %(confirmed)s AND commit_offset <= %(end)s
                   AND origin <> %(peer)s)
-    OR EXISTS (SELECT 1 FROM fieldsync.returned r WHERE r.peer = %(peer)s AND r.txid <> pg_current_xact_id()
+    OR EXISTS (SELECT 1 FROM fieldsync.returned r WHERE r.peer = %(peer)s
                   AND NOT EXISTS (SELECT 1 FROM fieldsync.log_txn t WHERE t.txid = r.txid
                                      AND t.commit_offset <= %(confirmed)s))
     OR EXISTS (SELECT 1 FROM fieldsync.capture
@@ -146,8 +148,8 @@ SELECT EXISTS (SELECT 1 FROM fieldsync.log WHERE commit_offset > %(confirmed)s A
 
 
 def rows_of_keys(conn: psycopg.Connection, tables: Tables, table: PgTable, keys: set[tuple], confirmed: int,
-                 site: str) -> Iterator[tuple[int, tuple, tuple, tuple]]:
-    """The changes of ``table`` the peer has not confirmed (above
+                 site: str, peer: str) -> Iterator[tuple[int, tuple, tuple, tuple]]:
+    """The changes of ``table`` the ``peer`` has not confirmed (above
     ``confirmed``) whose old key or, for an UPDATE, new key is one of
     ``keys``, in the order they were made: ``(seq, old key, new key,
     (row, commit, origin))``, the row as a reader takes it (``(seq, shape,
@@ -164,7 +166,7 @@ def rows_of_keys(conn: psycopg.Connection, tables: Tables, table: PgTable, keys:
             if not texts:
                 continue
             for row in conn.execute(_probe_sql(shape_id, width, positions, len(texts)),
-                                    [*(part for text in texts for part in text), confirmed]):
+                                    [*(part for text in texts for part in text), confirmed, peer]):
                 seq, kind, flags, values, commit, origin = row
                 loaded = shape.load(values)
                 old_key = tuple(loaded[position] for position in positions)
@@ -177,8 +179,11 @@ def rows_of_keys(conn: psycopg.Connection, tables: Tables, table: PgTable, keys:
 
 def _probe_sql(shape_id: int, width: int, positions: tuple[int, ...], count: int) -> sql.Composed:
     """Capture rows of one shape under one of ``count`` keys (capture texts,
-    bound first; then the peer's confirm_sent), old key or an UPDATE's new
-    key, not in a log transaction the peer confirmed, not this apply's."""
+    bound first; then the peer's confirm_sent, then the peer), old key or
+    an UPDATE's new key, not in a log transaction the peer confirmed; of
+    this transaction, only rows an earlier message of a chain wrote back to
+    the peer (this message's own changes are the peer's, and its rows go
+    back after it)."""
     names = sql.SQL(", ").join(sql.Identifier(f"k{index}") for index in range(len(positions)))
     row = sql.SQL("({})").format(sql.SQL(", ").join([sql.Placeholder()] * len(positions)))
     values = sql.SQL(", ").join([row] * count)
@@ -195,7 +200,9 @@ def _probe_sql(shape_id: int, width: int, positions: tuple[int, ...], count: int
         " SELECT c.seq, c.kind, c.flags, c.v, t.commit_offset, c.origin FROM hits"
         " JOIN fieldsync.capture c ON c.txid = hits.txid AND c.seq = hits.seq"
         " LEFT JOIN fieldsync.log_txn t ON t.txid = c.txid AND t.origin IS NOT DISTINCT FROM c.origin"
-        " WHERE c.txid <> pg_current_xact_id() AND (t.commit_offset IS NULL OR t.commit_offset > %s)").format(
+        " WHERE CASE WHEN c.txid <> pg_current_xact_id() THEN t.commit_offset IS NULL OR t.commit_offset > %s"
+        " ELSE EXISTS (SELECT 1 FROM fieldsync.returned r WHERE r.txid = c.txid AND r.seq = c.seq AND r.peer = %s)"
+        " END").format(
         names, values, branch(0, ""), branch(width, " AND c.kind = 2"))
 
 
