@@ -61,6 +61,20 @@ def test_seeds_with_a_postgresql_consolidated_are_clean(own_database, capsys):
     assert chain["seeds"] >= SEEDS // 3 and chain["moves"] > 0 and chain["handovers"] > 0, chain
 
 
+def test_seed_98_whose_chain_of_messages_writes_a_row_back_twice_is_clean(postgres, capsys):
+    """Seed 98 applies two messages of f2 in one transaction at the
+    consolidated, the first a conflict on a product whose result goes back
+    to f2, the second a newer change of f2's to it: the row must go back
+    again as the second leaves it (docs/postgres.md, "Apply").  It diverged
+    ("f2: products differ from hq") while the second message did not count
+    the first's row written back in the same transaction."""
+    uri = postgres.uri(postgres.create_database())
+    assert main(["chaos", "--consolidated", uri, "--seed", "98", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["seeds"] == 1 and summary["faults_total"] > 0
+    _clean(summary)
+
+
 def test_crashes_of_the_consolidated_and_reextractions_from_it(postgres, capsys):
     """Crash points in the PostgreSQL consolidated's agent, and remotes
     extracted again from it while their mail is in flight."""
