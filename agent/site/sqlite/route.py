@@ -277,7 +277,8 @@ def apply_triggers(conn: sqlite3.Connection, chains: dict[str, Follow]) -> list[
     subset, or is gone, and they with it: the consolidated routes them by
     it); the remote's capture triggers skip those writes, as every write of
     the apply path.  A remote's table that carries no foreign key to its
-    parent (a copy extracted from PostgreSQL) gets the consolidated's
+    parent (a copy extracted from PostgreSQL before extraction carried
+    them, docs/postgres.md) gets the consolidated's
     parent check too, refusing what the key would: a row the consolidated
     sent before it applied the remote's DELETE of its parent must not stay
     there without it."""
@@ -333,14 +334,14 @@ def _parent_checks(follow: Follow) -> list[str]:
 def _keyed(conn: sqlite3.Connection, follow: Follow) -> bool:
     """Whether ``follow.table`` declares the foreign key it follows its parent by here."""
     keys: dict[int, list[tuple[str, str, str]]] = {}
-    primary: list[str] | None = None  # the parent's key, which a REFERENCES without columns names
+    primary: dict[str, list[str]] = {}  # a parent's key, which a REFERENCES without columns names
     for key_id, seq, parent, column, referenced, *_ in conn.execute(
             f"PRAGMA foreign_key_list({quote_ident(follow.table)})"):
         if referenced is None:
-            if primary is None:
-                primary = [name for _, name in sorted((row[5], row[1]) for row in conn.execute(
+            if parent not in primary:
+                primary[parent] = [name for _, name in sorted((row[5], row[1]) for row in conn.execute(
                     f"PRAGMA table_info({quote_ident(parent)})") if row[5])]
-            referenced = primary[seq] if seq < len(primary) else ""
+            referenced = primary[parent][seq] if seq < len(primary[parent]) else ""
         keys.setdefault(key_id, []).append((parent.lower(), column.lower(), referenced.lower()))
     wanted = sorted((follow.parent.lower(), column.lower(), referenced.lower())
                     for column, referenced in zip(follow.columns, follow.parent_columns))
