@@ -76,6 +76,7 @@ class ProcessSimulation(Simulation):
             else:
                 await process.wait()
                 self.result.crashes += 1
+                self.result.consolidated_crashes += site == self.sites[0]
                 return
         stderr = (await process.stderr.read()).decode(errors="replace") if process.stderr else ""
         if process.returncode not in (0, 1) or "internal error" in stderr:

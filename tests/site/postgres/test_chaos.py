@@ -86,6 +86,29 @@ def test_crashes_of_the_consolidated_and_reextractions_from_it(postgres, capsys)
     assert summary["consolidated_crashes"] > 0 and summary["reextractions"] > 0, summary
 
 
+@pytest.mark.slow
+async def test_real_agent_processes_killed_at_random_with_a_postgresql_consolidated(postgres):
+    """`agent run URI --once` processes for the consolidated (its agent's
+    folder recorded in the database) and `agent run FILE --once` for the
+    remotes, over the faults-wrapped folder transport, each killed with
+    SIGKILL at random moments while the faults last
+    (agent/chaos/processes.py): every seed clean, the consolidated's
+    process among those killed."""
+    from agent.chaos import run_process_seed
+
+    uri = postgres.uri(postgres.create_database())
+    failures, faults, kills, consolidated_kills = [], 0, 0, 0
+    for seed in range(1000, 1005):
+        result = await run_process_seed(ChaosParams.random(seed, steps=3, consolidated=uri))
+        faults += sum(result.faults.values())
+        kills += result.crashes
+        consolidated_kills += result.consolidated_crashes
+        if not result.ok:
+            failures.append(f"{result.params.command()}: {result.summary()}")
+    assert not failures, failures
+    assert faults > 0 and kills > 0 and consolidated_kills > 0, (faults, kills, consolidated_kills)
+
+
 async def test_the_checks_compare_postgresql_rows_with_the_remotes(postgres, tmp_path):
     """A seed at rest, then one PostgreSQL value changed behind the agents'
     back (a balance off by a quarter, a row's bytes) and one arrival
