@@ -53,7 +53,8 @@ PG_ARRIVALS = [
     "CREATE TRIGGER chaos_arrival_journal AFTER INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION chaos_arrival_journal()",
 ]
 # What the suite makes in the database (relations outside PostgreSQL's schemas).
-_OURS = {*(("public", table) for table in (*TABLES, *follow_chain.TABLES, "chaos_arrival", "chaos_arrival_n_seq"))}
+_MADE = (*TABLES, *follow_chain.TABLES, "chaos_arrival")  # the tables a seed makes
+_OURS = {*(("public", table) for table in (*_MADE, "chaos_arrival_n_seq"))}
 _FOREIGN = """
 SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'v', 'm', 'S', 'f', 'p')
@@ -77,8 +78,8 @@ def empty_database(uri: str) -> None:
                     f"agent chaos empties the database {redact(uri)} for every seed, but it holds {shown}, which "
                     "the suite did not make: give --consolidated a database of its own (CREATE DATABASE chaos)")
             conn.execute("DROP SCHEMA IF EXISTS fieldsync CASCADE")
-            conn.execute("DROP TABLE IF EXISTS customer, product, ledger, client, orders, order_line, chaos_arrival"
-                         " CASCADE")
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
+                sql.SQL(", ").join(map(sql.Identifier, _MADE))))
             conn.execute("DROP FUNCTION IF EXISTS chaos_arrival_journal()")
     finally:
         conn.close()
