@@ -19,8 +19,11 @@ BACKEND_ONLY = {"init", "open", "connection"}  # made by locate.py; the connecti
 
 
 def _members(cls: type) -> dict[str, object]:
-    return {name: value for name, value in vars(cls).items()
-            if not name.startswith("_") or name in ("__enter__", "__exit__")}
+    """The members ``cls`` and the bases it takes them from in this
+    project define (a backend may keep a group of methods in a base class
+    of its own)."""
+    return {name: value for klass in reversed(cls.__mro__) if klass.__module__.startswith("agent.")
+            for name, value in vars(klass).items() if not name.startswith("_") or name in ("__enter__", "__exit__")}
 
 
 def _signature(member: object) -> inspect.Signature | str:

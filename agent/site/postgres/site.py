@@ -9,7 +9,8 @@ Rules of this file:
   calls (identity.py, catalogue.py, subscriptions.py, remotes.py,
   settings.py, log.py, reading.py, extract.py, apply/), each over
   agent.site's pure rules, and reading is agent.site.reading's over
-  log.PgLog.
+  log.PgLog.  The remote-user table's methods are in its base class
+  (remote_users.py).
 * One connection, in autocommit mode; every method is one explicit
   transaction (or one statement), under this object's lock, so handing it
   to several threads is safe.  PostgreSQL's errors leave as the site's
@@ -26,11 +27,11 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, time
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 
@@ -39,7 +40,6 @@ from codec.ops import Transaction
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..capture import Shape
 from ..clock import utc_now
-from ..due import DueQuery, PairsDue
 from ..errors import SiteError
 from ..extraction import ExtractResult, Extraction
 from ..identity import Role, SiteIdentity
@@ -47,7 +47,6 @@ from ..publication_rules import Article, Publication, Subscription, Subscription
 from ..reading import (LoggedOperation, concerned_indexes, read_fanout, read_operations, read_transactions,
                        resolve_range, worth_a_look)
 from ..fanout import FANOUT_HOLD
-from ..remote_rules import NewRemote, RemoteFilter, RemoteUser, plain_values
 from ..selection import SubscriberReader
 from ..settings import SITE_SCOPE
 from ..sqlite.extract import extract_remote
@@ -61,6 +60,7 @@ from .extract import PgConsolidated
 from .extract_many import PgFleetSource
 from .identity import init_identity, read_identity, set_site_transport
 from .lock import AgentLock
+from .remote_users import RemoteUsers
 from .log import PgLog, cut, log_end, truncate_log, truncated_through
 from .schema import check_layout
 from .typemap import KINDS
@@ -77,7 +77,7 @@ def _target(target: PgTarget | str) -> PgTarget:
     return target if isinstance(target, PgTarget) else parse_uri(target)
 
 
-class PostgresSite:
+class PostgresSite(RemoteUsers):
     """An open PostgreSQL site.  Make one with :meth:`init` or :meth:`open`."""
 
     def __init__(self, conn: psycopg.Connection, target: PgTarget) -> None:
@@ -372,136 +372,6 @@ class PostgresSite:
             through = truncate_log(conn, self.target, bound)
             subscription_rows.forget_before(conn, through)
             return through
-
-    # --- remote users ---------------------------------------------------------------
-
-    def add_remote(self, name: str, *, address: str | None = None, transport: str | None = None,
-                   public_key: str | None = None, send_every: int | None = None,
-                   send_at: time | str | None = None, start: int | None = None,
-                   peer_incarnation: bytes | None = None, now: datetime | None = None) -> RemoteUser:
-        """Add a peer.  Its stream starts at ``start`` (default: the log end):
-        it is assumed to hold everything up to there."""
-        with self._transaction(f"adding remote {name!r}") as conn:
-            return remote_rows.add_remote(conn, self._identity, name, address=address, transport=transport,
-                                      public_key=public_key, send_every=send_every, send_at=send_at, start=start,
-                                      peer_incarnation=peer_incarnation, now=now or utc_now())
-
-    def add_remotes(self, remotes: Sequence[NewRemote], *, now: datetime | None = None,
-                    progress: Callable[[int], None] | None = None) -> int:
-        """Add a fleet of peers with their subscriptions in one transaction:
-        all of them, or none when one is refused (RemoteRejected names its
-        index).  Each stream starts at the log end.  Returns the number of
-        subscriptions stored; ``progress(n)`` is called as chunks of ``n``
-        rows are written."""
-        with self._transaction(f"adding {len(remotes)} remotes") as conn:
-            return remote_rows.add_remotes(conn, self._identity, remotes, now=now or utc_now(), progress=progress)
-
-    def remove_remote(self, name: str) -> None:
-        """Remove a peer, its subscriptions and its transport options."""
-        with self._transaction(f"removing remote {name!r}") as conn:
-            remote_rows.remove_remote(conn, name)
-
-    def remote(self, name: str) -> RemoteUser:
-        with self._transaction(f"reading remote {name!r}") as conn:
-            return remote_rows.get_remote(conn, name)
-
-    def remotes(self, names: Iterable[str] | None = None) -> tuple[RemoteUser, ...]:
-        with self._transaction("listing remotes") as conn:
-            return remote_rows.list_remotes(conn, names)
-
-    def pairs_due(self, query: DueQuery) -> PairsDue:
-        with self._transaction("finding the pairs with something due") as conn:
-            return remote_rows.pairs_due(conn, query)
-
-    def remote_names(self) -> tuple[str, ...]:
-        with self._transaction("listing the remotes' names") as conn:
-            return remote_rows.list_remote_names(conn)
-
-    def remote_transports(self) -> tuple[str | None, ...]:
-        with self._transaction("listing the remotes' transports") as conn:
-            return remote_rows.list_transports(conn)
-
-    def iter_remotes(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[RemoteUser]:
-        with self._transaction("listing remotes", snapshot=True) as conn:
-            yield from remote_rows.iter_remotes(conn, which, chunk=chunk)
-
-    def iter_remote_values(self, which: RemoteFilter = RemoteFilter(), *, chunk: int = 1000) -> Iterator[tuple]:
-        with self._transaction("listing remotes", snapshot=True) as conn:
-            yield from map(plain_values, remote_rows.iter_remotes(conn, which, chunk=chunk))
-
-    def counts(self) -> dict[str, int]:
-        """Rows of the remote-user, conflict and apply-error tables, counted
-        (not read) in one snapshot: ``remotes``, ``conflicts``, ``apply_errors``."""
-        with self._transaction("counting remotes, conflicts and apply errors") as conn:
-            return remote_rows.counts(conn)
-
-    def all_replaced_incarnations(self) -> dict[str, frozenset[bytes]]:
-        """:meth:`replaced_incarnations` of every remote that has any, in one query."""
-        with self._transaction("reading the replaced copies") as conn:
-            return remote_rows.all_replaced_incarnations(conn)
-
-    def replaced_incarnations(self, name: str) -> frozenset[bytes]:
-        """Incarnation ids of ``name``'s copies that a new extraction replaced."""
-        with self._transaction(f"reading the replaced copies of {name!r}") as conn:
-            return remote_rows.replaced_incarnations(conn, name)
-
-    def update_remote(self, name: str, /, **changes: Any) -> RemoteUser:
-        """Change columns of one remote-user row in a short transaction,
-        e.g. ``update_remote("r1", log_sent=120, resend_count=2)``."""
-        with self._transaction(f"updating remote {name!r}") as conn:
-            return remote_rows.update_remote(conn, name, changes)
-
-    def update_remotes(self, changes: dict[str, dict[str, Any]], *, heard: Collection[str] = ()) -> None:
-        """:meth:`update_remote` for several rows, in one transaction, and
-        :meth:`record_heard` for ``heard`` in the same one."""
-        if not changes and not heard:
-            return
-        with self._transaction(f"updating {len(changes)} remotes") as conn:
-            remote_rows.update_remotes(conn, changes)
-            remote_rows.record_heard(conn, heard)
-
-    def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
-        """:meth:`record_send` for several ``(name, log_sent, messages)``, in one transaction."""
-        if not sends:
-            return
-        with self._transaction(f"recording {len(sends)} sends") as conn:
-            for name, log_sent, messages in sends:
-                remote_rows.record_send(conn, name, log_sent, messages, now or utc_now())
-
-    def record_send(self, name: str, *, log_sent: int, messages: int = 1, now: datetime | None = None) -> RemoteUser:
-        """Set log_sent after messages went to the outbound queue, counting them."""
-        with self._transaction(f"recording a send to {name!r}") as conn:
-            return remote_rows.record_send(conn, name, log_sent, messages, now or utc_now())
-
-    def record_delivered(self, counts: Mapping[str, int], *, now: datetime | None = None) -> None:
-        """Count the messages each peer's transport accepted (``send_count``,
-        ``last_sent_at``), in one transaction."""
-        if not counts:
-            return
-        with self._transaction(f"counting messages sent to {len(counts)} peers") as conn:
-            for name, messages in counts.items():
-                remote_rows.record_delivered(conn, name, messages, now or utc_now())
-
-    def record_transport_error(self, name: str, message: str | None, *, now: datetime | None = None) -> RemoteUser:
-        """Remember a transport error with ``name``, in force until a send to
-        or a receive from it succeeds, and count it (None clears the one in
-        force; the count stays)."""
-        with self._transaction(f"recording an error for {name!r}") as conn:
-            return remote_rows.record_error(conn, name, message, now or utc_now())
-
-    def record_stream_stopped(self, name: str, message: str, *, now: datetime | None = None) -> RemoteUser:
-        """Remember that the stream with ``name`` stopped, in force until a
-        message of the peer arrives while its stream runs again; counted as
-        an error."""
-        with self._transaction(f"recording the stopped stream of {name!r}") as conn:
-            return remote_rows.record_stream_stopped(conn, name, message, now or utc_now())
-
-    def record_heard(self, names: Collection[str]) -> None:
-        """A message of each peer of ``names`` arrived while its stream runs:
-        its transport error and stopped stream in force are over."""
-        if names:
-            with self._transaction(f"clearing the errors of {len(names)} peers") as conn:
-                remote_rows.record_heard(conn, names)
 
     # --- extraction ------------------------------------------------------------------
 
