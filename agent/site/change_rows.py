@@ -22,9 +22,12 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from codec.changes import PASSTHROUGH, RENAME_TABLE, SchemaChange
+from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaChange
+from codec.message import CHANGE_VERSION, serialize_transaction
+from codec.ops import OFFSET_MAX, Transaction
 
 from .capture import Shape
+from .errors import SchemaRefused
 from .view import View
 
 # The shape id a schema change's capture row names: no shape has it.
@@ -57,6 +60,23 @@ def row_value(steps: list[tuple], shapes: dict[str, int], indexes: dict[str, lis
     of each index a step makes (by index name; None for an expression)."""
     return json.dumps({"steps": [list(step) for step in steps], "shapes": shapes, "indexes": indexes},
                       separators=(",", ":"))
+
+
+def check_fits(site: str, published: list[tuple], shapes: Iterable[tuple[str, Shape]]) -> None:
+    """SchemaRefused unless what one subscriber may get of a change fits
+    one message: the ``published`` steps on tables, with the ``shapes``
+    ``(table, shape)`` of those tables, or the passthrough steps that name
+    it."""
+    parts: dict[str | None, list[tuple]] = {}
+    for step in published:
+        parts.setdefault(step[1] if step[0] == PASSTHROUGH else None, []).append(step)
+    full = tuple((table, shape.columns, shape.key_columns) for table, shape in shapes)
+    for recipient, part in parts.items():
+        size = len(serialize_transaction(Transaction(OFFSET_MAX, site, (SchemaChange(
+            tuple(part), () if recipient is not None else full),)), CHANGE_VERSION))
+        if size > MAX_CHANGE_BYTES:
+            raise SchemaRefused(f"the change is {size} bytes, over the {MAX_CHANGE_BYTES}-byte limit of one change; "
+                                "make it in several")
 
 
 def subscriber_change(value: object, article_of: Callable[[str], Article | None],

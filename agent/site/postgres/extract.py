@@ -35,6 +35,7 @@ Rules of this file:
 from __future__ import annotations
 
 import dataclasses
+import math
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -48,7 +49,7 @@ from ..capture import ROUTE
 from ..extraction import COPY_CHUNK, PREFILTER_VALUES, SwitchOver
 from ..identity import SiteIdentity
 from ..remote_rules import RemoteUser
-from ..sqlite._db import quote_ident, write_transaction
+from ..sqlite._db import format_time, quote_ident, write_transaction
 from ..sqlite.capture import TableInfo
 from ..sqlite.extract import Follow, TablePlan
 from ..sqlite.extract_union import union_plan
@@ -84,6 +85,44 @@ def remote_table_sql(shape: PgShape, columns: tuple[str, ...], keys: Sequence[Pg
                     f" ({', '.join(map(quote_ident, key.parent_columns))}) ON DELETE {ACTIONS[key.on_delete]}"
                     f" ON UPDATE {ACTIONS[key.on_update]}" for key in keys]
     return f"CREATE TABLE {quote_ident(layout.shown)} ({', '.join(definitions)})"
+
+
+def added_column_sql(column: str, kind: str, default: object = None) -> str:
+    """The definition a SQLite remote adds a column of the types table's
+    ``kind`` with (``ALTER TABLE ... ADD COLUMN``, changes.py): declared as
+    extraction declares it, with ``default`` (a value as the log carries
+    it; None: none) as its DEFAULT, so the rows the remote holds get the
+    value the consolidated's rows got."""
+    definition = f"{quote_ident(column)} {KINDS[kind].sqlite_type}"
+    return definition if default is None else f"{definition} DEFAULT {_sqlite_literal(default)}"
+
+
+def _sqlite_literal(value: object) -> str:
+    if type(value) is int:
+        return str(value)
+    if type(value) is float:
+        return repr(value) if math.isfinite(value) else ("9e999" if value > 0 else "-9e999")
+    if type(value) is bytes:
+        return f"X'{value.hex()}'"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def schema_version_row(conn: psycopg.Connection) -> tuple[int, str] | None:
+    """The offset of the last schema change a cut has taken (changes.py)
+    and the time it was made (ISO 8601 text); None: none."""
+    found = conn.execute("SELECT commit_offset, made_at FROM fieldsync.schema_change WHERE commit_offset IS NOT NULL"
+                         " ORDER BY commit_offset DESC LIMIT 1").fetchone()
+    return None if found is None else (found[0], format_time(found[1]) or "")
+
+
+def record_schema_version(copy: sqlite3.Connection, version: tuple[int, str] | None, consolidated: str) -> None:
+    """Give a copy the consolidated's schema version at its extraction point
+    (``version``: the offset and time of the last change, changes.py; None:
+    none): a change with no steps, which came with the extraction (its
+    tables were copied in that shape), as a SQLite consolidated's copy has."""
+    if version is not None:
+        copy.execute("INSERT INTO main.fieldsync_schema_change (commit_offset, peer, steps, made_at)"
+                     " VALUES (?, ?, '[]', ?)", (version[0], consolidated, version[1]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +191,10 @@ class PgConsolidated:
         try:
             with reader.transaction():
                 reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                offset, rows = self.cut_and_share(reader, [remote])
+                offset, rows, version = self.cut_and_share(reader, [remote])
                 before = rows[remote]
                 with write_transaction(copy, f"copying the rows of {remote!r}"):
+                    record_schema_version(copy, version, self.identity.name)
                     counts = {plan.info.name: _copy_rows(reader, copy, plan, self.shapes[plan.info.name])
                               for plan in plans}
             return offset, counts, before
@@ -163,10 +203,13 @@ class PgConsolidated:
         finally:
             reader.close()
 
-    def cut_and_share(self, reader: psycopg.Connection, remotes: Sequence[str]) -> tuple[int, dict[str, RemoteUser]]:
+    def cut_and_share(self, reader: psycopg.Connection, remotes: Sequence[str]
+                      ) -> tuple[int, dict[str, RemoteUser], tuple[int, str] | None]:
         """Cut the log and hand the cut's snapshot to ``reader`` (its
         transaction begun, nothing read yet) before the cut commits; return
-        the log end and the rows of ``remotes`` at that point."""
+        the log end, the rows of ``remotes`` and the schema version
+        (:func:`schema_version_row`: the cut gives a change its offset, which
+        the shared snapshot does not show yet) at that point."""
         with self.lock:
             try:
                 with self.conn.transaction():
@@ -177,12 +220,13 @@ class PgConsolidated:
                     else:
                         every = {row.name: row for row in remote_rows.list_remotes(self.conn)}
                         rows = {name: every.get(name) or remote_rows.get_remote(self.conn, name) for name in remotes}
+                    version = schema_version_row(self.conn)
                     [(snapshot,)] = self.conn.execute("SELECT pg_catalog.pg_export_snapshot()").fetchall()
                     reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
             except psycopg.Error as error:
                 raise translate(error, self.target, "fixing the extraction point of "
                                 + (repr(remotes[0]) if len(remotes) == 1 else f"{len(remotes)} remotes")) from None
-        return made.log_end, rows
+        return made.log_end, rows, version
 
     def switch_over(self, change: SwitchOver, name_copy: Callable[[], None]) -> None:
         with self._transaction(f"switching {change.remote!r} over to its new copy") as conn:

@@ -41,7 +41,7 @@ from ..remote_rules import RemoteUser
 from ..sqlite._db import quote_ident, write_transaction
 from ..sqlite.extract import TablePlan
 from .connect import connect, translate
-from .extract import PgConsolidated, read_rows, union_rows
+from .extract import PgConsolidated, read_rows, record_schema_version, union_rows
 
 # A table as remotes get it: name, published columns, SUBSCRIBE BY, and
 # when a remote gets it through several articles, what each keeps.
@@ -68,6 +68,8 @@ class PgStagedRows:
     rows_before: Mapping[str, RemoteUser]
     tables: Mapping[_Key, StagedTable]
     removed: tuple[str, ...] = ()  # staging files extractions that did not finish left (claim_temporary)
+    version: tuple[int, str] | None = None  # the consolidated's schema version at offset
+    consolidated: str = ""
 
     def before(self, remote: str) -> RemoteUser:
         return self.rows_before[remote]
@@ -77,6 +79,7 @@ class PgStagedRows:
         try:
             counts = {}
             with write_transaction(copy, f"copying the rows of {remote!r}"):
+                record_schema_version(copy, self.version, self.consolidated)
                 for plan in plans:
                     staged = self.tables[_key(plan)]
                     names = ", ".join(map(quote_ident, plan.columns))
@@ -133,7 +136,7 @@ def stage_rows(source: PgConsolidated, wanted: Sequence[tuple[str, list[TablePla
             try:
                 with reader.transaction():
                     reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                    offset, before = source.cut_and_share(reader, [remote for remote, _plans in wanted])
+                    offset, before, version = source.cut_and_share(reader, [remote for remote, _plans in wanted])
                     staged = {key: _stage(reader, staging, source, number, plan, values)
                               for number, (key, (plan, values)) in enumerate(tables.items())}
             except psycopg.Error as error:
@@ -142,7 +145,7 @@ def stage_rows(source: PgConsolidated, wanted: Sequence[tuple[str, list[TablePla
                 reader.close()
         finally:
             staging.close()
-        yield PgStagedRows(path, offset, before, staged, tuple(removed))
+        yield PgStagedRows(path, offset, before, staged, tuple(removed), version, source.identity.name)
     finally:
         remove_database_file(path)
         os.close(claim)  # after SQLite closed the file

@@ -13,7 +13,9 @@ Rules of this file:
 * Within one cut, transactions are ordered by their last ``seq``: if one
   wrote a row after another had written it, it waited for that one's
   commit, so its last ``seq`` is larger.  Consecutive transactions of one
-  origin make one log transaction; a log transaction never mixes origins.
+  origin make one log transaction; a log transaction never mixes origins,
+  and a transaction that made a schema change (changes.py) is one alone,
+  whose offset the cut records as the change's.
 * The cut runs in one REPEATABLE READ transaction whose first statement
   takes its snapshot, after ``LOCK ... fieldsync.cut``: cuts are one at a
   time, and the snapshot they record is the one they read with.
@@ -38,6 +40,7 @@ from typing import Callable, ContextManager, Generator, Iterator, Mapping
 import psycopg
 
 from ..capture import Shape
+from ..change_rows import SCHEMA_SHAPE
 from ..errors import LogOffsetError, LogTruncated
 from .capture import PgShape, load_shapes
 from .connect import translate
@@ -48,13 +51,14 @@ READ_CHUNK = 1000
 
 # The transactions that finished between the previous cut's snapshot and
 # this one's: those running then (its xip list) and those that started
-# after it (txid >= its xmax), that are visible now.  Two index scans.
+# after it (txid >= its xmax), that are visible now, and whether each made
+# a schema change (changes.py: a row of kind 4).  Two index scans.
 _FINISHED = """
-SELECT txid::text, origin, max(seq) AS last FROM (
-    SELECT txid, origin, seq FROM fieldsync.capture
+SELECT txid::text, origin, max(seq) AS last, bool_or(kind = 4) AS change FROM (
+    SELECT txid, origin, seq, kind FROM fieldsync.capture
      WHERE txid = ANY (ARRAY(SELECT pg_snapshot_xip(%(previous)s::pg_snapshot)))
     UNION ALL
-    SELECT txid, origin, seq FROM fieldsync.capture
+    SELECT txid, origin, seq, kind FROM fieldsync.capture
      WHERE txid >= pg_snapshot_xmax(%(previous)s::pg_snapshot) AND txid < pg_snapshot_xmax(%(now)s::pg_snapshot)
 ) AS batch
 WHERE pg_visible_in_snapshot(txid, %(now)s::pg_snapshot)
@@ -158,13 +162,17 @@ def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
     member_rows: list[tuple[int, int, str, str | None]] = []
     last_origin: object = object()  # no writer's origin: the first transaction starts a log transaction
     position = 0
-    for txid, writer_origin, _last in finished:
-        if writer_origin != last_origin:
+    changes: list[tuple[int, str]] = []
+    for txid, writer_origin, _last, change in finished:
+        if writer_origin != last_origin or change:
             end += 1
             log_rows.append((end, writer_origin or origin))
             last_origin, position = writer_origin, 0
         member_rows.append((end, position, txid, writer_origin))
         position += 1
+        if change:  # a schema change is a log transaction of its own, whatever comes next
+            changes.append((end, txid))
+            last_origin = object()
     with conn.cursor() as cursor:
         if log_rows:
             with cursor.copy("COPY fieldsync.log (commit_offset, origin) FROM STDIN") as copy:
@@ -174,6 +182,9 @@ def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
                              " FROM STDIN") as copy:
                 for member in member_rows:
                     copy.write_row(member)
+        for offset, txid in changes:
+            cursor.execute("UPDATE fieldsync.schema_change SET commit_offset = %s WHERE txid = %s::xid8",
+                           (offset, txid))
         cursor.execute("UPDATE fieldsync.cut SET snapshot = %s::pg_snapshot, log_end = %s, cut_at = now()"
                        " WHERE id = 1", (now, end))
     return Cut(end, len(member_rows), len(log_rows))
@@ -327,6 +338,9 @@ class _Rows:
         shape_ids.discard(None)
         if shape_ids <= self.converts.keys():
             return
+        if SCHEMA_SHAPE in shape_ids:  # a schema change's row: its JSON as it is (agent.site.change_rows)
+            self.converts[SCHEMA_SHAPE] = list
+            shape_ids.discard(SCHEMA_SHAPE)
         if not shape_ids <= self.known.keys():
             self.known.update(load_shapes(conn))
         for shape_id in shape_ids - self.converts.keys():

@@ -21,7 +21,7 @@ Rules of this file:
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
   layout 5: ``returned`` without a foreign key; layout 6: follows; layout 8:
-  ``applied``) has the columns of a SQLite site's
+  ``applied``; layout 9: ``schema_change``) has the columns of a SQLite site's
   tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
@@ -67,7 +67,10 @@ SCHEMA = "fieldsync"
 # 8: ``applied``: for the writing transaction of an apply that wrote rows
 #    back to its peer, the peer's offset the apply reached (docs/protocol.md,
 #    "What a data message says of the recipient's own changes").
-SCHEMA_VERSION = 8
+# 9: schema changes (changes.py): the capture table takes a change's row
+#    (kind 4, shape 0), and ``schema_change`` keeps each change by its
+#    writing transaction, with its commit offset once a cut gave it one.
+SCHEMA_VERSION = 9
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -307,6 +310,21 @@ CREATE TABLE IF NOT EXISTS fieldsync.applied (
 );
 """
 
+# Layout 9: schema changes (changes.py).  A change's commit offset is the
+# cut's to give (log.cut_in), so a change is found by its writing
+# transaction until then.
+_SCHEMA_CHANGES = """
+ALTER TABLE fieldsync.capture DROP CONSTRAINT IF EXISTS capture_kind_check;
+ALTER TABLE fieldsync.capture ADD CONSTRAINT capture_kind_check CHECK (kind IN (1, 2, 3, 4));
+CREATE TABLE IF NOT EXISTS fieldsync.schema_change (
+    txid          xid8 PRIMARY KEY,
+    commit_offset bigint UNIQUE CHECK (commit_offset > 0),
+    steps         jsonb NOT NULL,
+    statements    jsonb NOT NULL,
+    made_at       timestamptz NOT NULL
+);
+"""
+
 # Layout 3: what an apply needs (agent/site/postgres/apply).
 _APPLY = """
 -- A table's conflict policy at this consolidated (none: incoming wins).
@@ -366,7 +384,7 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
     4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS,
-    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED}
+    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED, 8: _SCHEMA_CHANGES}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -386,6 +404,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             conn.execute(_APPLY)
             conn.execute(_FOLLOWS)
             conn.execute(_APPLIED)
+            conn.execute(_SCHEMA_CHANGES)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.

@@ -25,6 +25,7 @@ Rules of this file:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -39,6 +40,7 @@ from codec.ops import Transaction
 
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..capture import Shape
+from ..change_rows import SchemaChangeResult
 from ..clock import utc_now
 from ..errors import SiteError
 from ..extraction import ExtractResult, Extraction
@@ -55,6 +57,7 @@ from . import catalogue, reading, remotes as remote_rows, settings, subscription
 from .agent_runs import count_run
 from .apply import PgApplier, records
 from .capture import describe_table
+from .changes import apply_schema_in, change_offset, schema_version
 from .connect import connect, translate
 from .extract import PgConsolidated
 from .extract_many import PgFleetSource
@@ -252,6 +255,31 @@ class PostgresSite(RemoteUsers):
         with self._transaction("listing subscriptions") as conn:
             return subscription_rows.list_subscriptions(conn, remote)
 
+    # --- schema changes ---------------------------------------------------------------
+
+    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False,
+                     now: datetime | None = None) -> SchemaChangeResult:
+        """Run the SQL of ``scripts`` as one schema change that reaches the
+        remotes holding its tables in order with the data (changes.py:
+        adding columns to published tables); SchemaRefused, and nothing
+        changed, for what it may not do.  The log is cut right after, so
+        the change has its offset."""
+        with self._lock:
+            with self._transaction("applying a schema change") as conn:
+                result, txid = apply_schema_in(conn, self.target, self._identity.name, scripts, unchecked=unchecked,
+                                               made_at=now or utc_now())
+            if txid is None:
+                return result
+            self.scan()
+            with self._transaction("reading the schema change's offset") as conn:
+                offset = change_offset(conn, txid)
+        return dataclasses.replace(result, offsets=() if offset is None else (offset,))
+
+    def schema_version(self) -> int | None:
+        """The offset of the last schema change made here (None: none)."""
+        with self._transaction("reading the site's schema version") as conn:
+            return schema_version(conn)
+
     # --- the log ----------------------------------------------------------------------
 
     def scan(self) -> int:
@@ -274,10 +302,6 @@ class PostgresSite(RemoteUsers):
         with self._transaction("reading the database's change marker") as conn:
             xmax, running = conn.execute(_MARKER).fetchone()
             return xmax, running
-
-    def schema_version(self) -> int | None:
-        """None: a PostgreSQL consolidated makes no schema change yet (``apply_schema`` is SQLite's only)."""
-        return None
 
     def log_start(self) -> int:
         """The truncation point: the log holds the entries after it."""

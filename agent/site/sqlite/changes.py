@@ -22,12 +22,10 @@ import json
 import sqlite3
 from typing import Iterable, NamedTuple
 
-from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaChange
-from codec.message import CHANGE_VERSION, serialize_transaction
-from codec.ops import OFFSET_MAX, Transaction
+from codec.changes import PASSTHROUGH, RENAME_TABLE
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_INSERT, KIND_SCHEMA
-from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, names_after, row_value, subscriber_change,
+from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, check_fits, names_after, row_value, subscriber_change,
                            table_renames)
 from ..errors import InvalidSetting, SchemaRefused, WrongRole
 from ..identity import Role, SiteIdentity
@@ -392,19 +390,7 @@ def write_change(conn: sqlite3.Connection, identity: SiteIdentity, shapes: Shape
     fieldsync_schema_change row (``steps``, all of them).  Returns its
     commit offset and the row's value.  SchemaRefused when it could not
     travel in one message."""
-    # What one subscriber may get must fit a message: the steps on tables,
-    # or the passthrough steps that name it.
-    parts: dict[str | None, list[tuple]] = {}
-    for step in published:
-        parts.setdefault(step[1] if step[0] == PASSTHROUGH else None, []).append(step)
-    for recipient, part in parts.items():
-        full = () if recipient is not None else tuple(
-            (table, shapes.get(shape).columns, shapes.get(shape).key_columns) for table, shape in shape_ids.items())
-        size = len(serialize_transaction(Transaction(OFFSET_MAX, identity.name,
-                                                     (SchemaChange(tuple(part), full),)), CHANGE_VERSION))
-        if size > MAX_CHANGE_BYTES:
-            raise SchemaRefused(f"the change is {size} bytes, over the {MAX_CHANGE_BYTES}-byte limit of one change; "
-                                "make it in several")
+    check_fits(identity.name, published, ((table, shapes.get(shape)) for table, shape in shape_ids.items()))
     value = row_value(published, shape_ids, indexes)
     conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, v0) VALUES ({SCHEMA_SHAPE}, {KIND_SCHEMA}, ?)",
                  (value,))

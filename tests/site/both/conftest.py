@@ -11,7 +11,7 @@ written with ``%s`` placeholders.  The PostgreSQL side runs on the
 session's one cluster (tests/site/conftest.py), a new database a test.
 
 What one backend does not do is said in one place, NOT_ON_POSTGRESQL:
-a test marked ``@pytest.mark.sqlite_only("apply_schema")`` runs on SQLite,
+a test marked ``@pytest.mark.sqlite_only("passthrough")`` runs on SQLite,
 and on PostgreSQL first checks that the reason still holds (so the list
 stays exact) and is then reported as skipped with that reason.
 """
@@ -29,19 +29,10 @@ from codec.ops import Operation
 from tests.site.sessions import App
 
 
-def _apply_schema_missing() -> bool:
-    from agent.site.postgres.site import PostgresSite
-
-    return not hasattr(PostgresSite, "apply_schema")
-
-
 # What the PostgreSQL consolidated does not do yet (docs/postgres.md, "The
 # site"): the reason a marked test does not run there, and the check that it
-# still holds.
-NOT_ON_POSTGRESQL: dict[str, tuple[str, Callable[[], bool]]] = {
-    "apply_schema": ("schema changes (Site.apply_schema, `agent schema apply`) are not built for a PostgreSQL "
-                     "consolidated (tests/site/test_interface.py NOT_YET)", _apply_schema_missing),
-}
+# still holds.  Empty: every test here runs on both.
+NOT_ON_POSTGRESQL: dict[str, tuple[str, Callable[[], bool]]] = {}
 
 SQLITE_TABLES = (
     "CREATE TABLE customer (id INTEGER PRIMARY KEY, name TEXT, region TEXT, balance REAL, photo BLOB)",

@@ -124,7 +124,6 @@ def test_many_remotes_are_extracted_at_one_point_each_with_its_subset(backend, h
         assert len({result.offset for result in results}) == 1
 
 
-@pytest.mark.sqlite_only("apply_schema")
 def test_a_schema_change_is_logged_for_the_remotes_holding_the_table(backend, hq, tmp_path):
     backend.app().execute("CREATE TABLE note (id integer PRIMARY KEY, body text)")
     hq.add_article("sales", "note")

@@ -11,37 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
 from agent.site import open_site
 from agent.site.postgres.connect import connect
 from codec.fsutil import temporary_name
 from tests.pgserver import write_pgpass
-
-
-@pytest.fixture
-def agent(capsys):
-    def run(*arguments: object) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main([str(argument) for argument in arguments])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
-
-
-@pytest.fixture
-def app_uri(postgres, tmp_path, monkeypatch) -> str:
-    """A database owned by a plain role (no superuser) that logs in with a
-    password from the pgpass file PGPASSFILE names, holding table customer."""
-    role, password = postgres.create_role(password="s3cret-pw"), "s3cret-pw"
-    database = postgres.create_database(owner=role)
-    monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "pgpass",
-                                                      [("127.0.0.1", postgres.port, database, role, password)])))
-    uri = f"postgresql://{role}@127.0.0.1:{postgres.port}/{database}"
-    with connect(uri) as conn:
-        conn.execute("CREATE TABLE customer (id integer PRIMARY KEY, name text, region text)")
-        conn.execute("INSERT INTO customer VALUES (1, 'Ann', 'north')")
-    return uri
 
 
 def test_init_with_home_makes_the_site_its_folder_and_its_key_file(agent, app_uri, tmp_path) -> None:
@@ -307,22 +280,17 @@ def test_a_second_agent_run_on_the_database_is_one_line_and_exit_1(agent, app_ur
     assert agent("run", app_uri, "--once")[0] == 0  # once the first has stopped
 
 
-def test_schema_apply_on_a_postgresql_consolidated_is_one_line_and_changes_nothing(agent, app_uri, tmp_path) -> None:
-    assert agent("init", app_uri, "--name", "hq", "--role", "consolidated", "--address", tmp_path / "inbox",
-                 "--home", tmp_path / "home")[0] == 0
-    assert agent("publication", "create", app_uri, "sales", "customer@region")[0] == 0
+def test_passthrough_on_a_postgresql_consolidated_is_one_line_and_sends_nothing(agent, app_uri, tmp_path) -> None:
+    north = consolidated_with_north(agent, app_uri, tmp_path)
     with open_site(app_uri) as site:
         end = site.scan()
-    for statement in ("ALTER TABLE customer ADD COLUMN phone text", "ALTER TABLE customer RENAME TO client"):
-        code, out, err = agent("schema", "apply", app_uri, statement)
-        assert code == 1 and len(err.strip().splitlines()) == 1, err
-        assert "not supported on a PostgreSQL consolidated yet" in err and "Traceback" not in err
-    with connect(app_uri) as conn:
-        columns = [row[0] for row in conn.execute("SELECT column_name FROM information_schema.columns WHERE"
-                                                  " table_name = 'customer' ORDER BY ordinal_position")]
-    assert columns == ["id", "name", "region"]
+    code, out, err = agent("schema", "apply", app_uri, "--passthrough", "--to", "north",
+                           "UPDATE customer SET name = 'x' WHERE id = 1")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "--passthrough is not supported on a PostgreSQL consolidated yet" in err and "Traceback" not in err
     with open_site(app_uri) as site:
         assert site.scan() == end
+    assert north.exists()
 
 
 def _statements_reading(log: Path, start: int, table: str) -> list[str]:

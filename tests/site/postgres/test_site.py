@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 8
+        assert layout == SCHEMA_VERSION == 9
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -367,3 +367,16 @@ def test_truncation_forgets_subscription_offsets_below_it(hq, app):
     assert [item.value for item in hq.subscriptions("r1")] == ["south", "east"]
 
 # The methods are held to the Site interface's, with SiteDatabase's, by tests/site/test_interface.py.
+
+
+def test_open_upgrades_layout_8_with_schema_changes(hq, target):
+    """Layout 9: the capture table takes a schema change's row (kind 4) and
+    ``fieldsync.schema_change`` keeps the changes (none before)."""
+    _back_to_layout(hq, target, 8, "DROP TABLE fieldsync.schema_change",
+                    "ALTER TABLE fieldsync.capture DROP CONSTRAINT capture_kind_check",
+                    "ALTER TABLE fieldsync.capture ADD CONSTRAINT capture_kind_check CHECK (kind IN (1, 2, 3))")
+    with PostgresSite.open(target) as site:
+        assert _layout(site) == SCHEMA_VERSION
+        assert site.schema_version() is None
+        result = site.apply_schema(["ALTER TABLE customer ADD COLUMN note text"])
+        assert site.schema_version() == result.offsets[0]

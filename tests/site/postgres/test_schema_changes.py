@@ -1,0 +1,167 @@
+"""Schema changes at a PostgreSQL consolidated (agent/site/postgres/changes.py,
+docs/postgres.md, "Schema changes"): `agent schema apply URI` adds a
+column to a published table, which reaches an extracted SQLite remote in
+order with the data, with the value the table's rows got; what it cannot
+carry yet is refused in one line, with nothing changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.site import open_site
+from agent.site.postgres.connect import connect
+from codec.changes import SchemaChange
+
+from .test_cli import consolidated_with_north
+
+
+def _columns(conn, table: str = "customer") -> list[str]:  # type: ignore[no-untyped-def]
+    return [row[0] for row in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = %s"
+                                           " ORDER BY ordinal_position", (table,))]
+
+
+def _exchange(agent, *sites: object, rounds: int = 3) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(rounds):
+        for site in sites:
+            code, _out, err = agent("run", site, "--once", "-O", "min_age=0")
+            assert (code, err) == (0, ""), err
+
+
+def test_a_column_added_at_postgresql_reaches_the_remote_in_order_with_the_data(agent, app_uri, tmp_path) -> None:
+    """north's row written before it applied the change reaches hq in the
+    old shape and gets the column's default there; hq's row written after
+    the change carries the column; both sites end with the same rows, and
+    north reports the schema version hq made."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    with open_site(north) as remote:
+        remote.connection.execute("INSERT INTO customer VALUES (7, 'Flo', 'north')")
+    with connect(app_uri) as conn:
+        conn.execute("UPDATE customer SET name = 'Ann B.' WHERE id = 1")  # logged before the change, old shape
+    code, out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer ADD COLUMN phone text DEFAULT 'none'")
+    assert (code, err) == (0, ""), err
+    with open_site(app_uri) as site:
+        offset = site.schema_version()
+    assert offset is not None
+    assert out.splitlines() == [f"Schema change at offset {offset}: added column customer.phone",
+                                "It reaches 1 remote(s) that hold customer, in order with the data: north"]
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (8, 'Gus', 'north', '555')")
+    _exchange(agent, north, app_uri)
+    expected = [(1, "Ann B.", "north", "none"), (7, "Flo", "north", "none"), (8, "Gus", "north", "555")]
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT id, name, region, phone FROM customer ORDER BY id").fetchall() == expected
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, name, region, phone FROM customer ORDER BY id").fetchall() \
+            == expected
+        assert remote.schema_version() == offset
+        remote.connection.execute("UPDATE customer SET phone = '777' WHERE id = 7")  # captured in the new shape
+    _exchange(agent, north, app_uri)
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT phone FROM customer WHERE id = 7").fetchone() == ("777",)
+    with open_site(app_uri) as site:
+        assert site.remote("north").peer_schema_version == offset
+        assert site.apply_errors() == () and site.conflicts() == ()
+    code, out, err = agent("status", app_uri, "--json")
+    assert json.loads(out)["site"]["schema_version"] == offset
+
+
+def test_a_remote_extracted_after_the_change_has_the_column_and_the_schema_version(agent, app_uri, tmp_path) -> None:
+    consolidated_with_north(agent, app_uri, tmp_path)
+    assert agent("schema", "apply", app_uri, "ALTER TABLE customer ADD COLUMN score integer DEFAULT 3")[0] == 0
+    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / "north", "--subscribe",
+                 "sales=north")[0] == 0
+    west = tmp_path / "field" / "west.db"
+    assert agent("extract", app_uri, "west", west)[0] == 0
+    with open_site(app_uri) as site:
+        offset = site.schema_version()
+    with open_site(west) as remote:
+        assert remote.connection.execute("SELECT id, score FROM customer").fetchall() == [(1, 3)]
+        assert remote.schema_version() == offset
+
+
+def test_the_change_is_a_log_transaction_of_its_own_between_the_applications_writes(hq, app, tmp_path) -> None:
+    """The cut gives the change's writing transaction a log transaction of
+    its own, between the application's transactions before and after it
+    (which make one log transaction each side when nothing divides them),
+    and records the change's offset."""
+    hq.add_remote("r1", address="inbox/r1")
+    hq.subscribe("r1", "p")
+    hq.extract("r1", tmp_path / "r1.db")
+    start = hq.scan()
+    app.execute("INSERT INTO customer (id, name) VALUES (10, 'a')")
+    app.execute("INSERT INTO customer (id, name) VALUES (11, 'b')")
+    result = hq.apply_schema(["ALTER TABLE customer ADD COLUMN city text"])
+    app.execute("INSERT INTO customer (id, name, city) VALUES (12, 'c', 'Lyon')")
+    app.execute("INSERT INTO customer (id, name, city) VALUES (13, 'd', 'Oslo')")
+    end = hq.scan()
+    transactions = list(hq.read_log("r1", start, end))
+    assert [len(transaction.ops) for transaction in transactions] == [2, 1, 2]
+    [change] = transactions[1].ops
+    assert isinstance(change, SchemaChange) and result.offsets == (transactions[1].commit,)
+    assert change.steps == (("add_column", "customer", "city", '"city" TEXT'),)
+    assert [op.after["city"] for op in transactions[2].ops] == ["Lyon", "Oslo"]
+    assert "city" not in transactions[0].ops[0].after
+    assert result.published == ("customer",) and result.subscribers == ("r1",)
+    assert hq.schema_version() == transactions[1].commit
+
+
+def test_a_constant_default_reaches_the_remote_as_the_value_of_its_rows(hq, app, tmp_path) -> None:
+    """Each type's default as the log carries the type's values."""
+    result = hq.apply_schema(["ALTER TABLE customer ADD COLUMN a integer DEFAULT -4, ADD COLUMN b text DEFAULT"
+                              " 'it''s', ADD COLUMN c bytea DEFAULT '\\x0aff', ADD COLUMN d double precision DEFAULT"
+                              " 2.5, ADD COLUMN e boolean DEFAULT true, ADD COLUMN f date DEFAULT '2026-11-28',"
+                              " ADD COLUMN g numeric(6, 2) DEFAULT 12.5, ADD COLUMN h text"])
+    definitions = {step[2]: step[3] for step in result.steps}
+    assert definitions == {"a": '"a" INTEGER DEFAULT -4', "b": "\"b\" TEXT DEFAULT 'it''s'",
+                           "c": "\"c\" BLOB DEFAULT X'0aff'", "d": '"d" REAL DEFAULT 2.5',
+                           "e": '"e" INTEGER DEFAULT 1', "f": "\"f\" TEXT DEFAULT '2026-11-28'",
+                           "g": "\"g\" TEXT DEFAULT '12.50'", "h": '"h" TEXT'}
+    assert hq.remote_names() == () and result.subscribers == ()
+
+
+@pytest.mark.parametrize("statement, said", [
+    ("ALTER TABLE customer DROP COLUMN name", "dropping column customer.name of a published table is not "
+                                               "supported on a PostgreSQL consolidated yet"),
+    ("ALTER TABLE customer RENAME COLUMN name TO label", "renaming column customer.name"),
+    ("ALTER TABLE customer ALTER COLUMN name TYPE varchar(40)", "changing the type of column customer.name"),
+    ("ALTER TABLE customer RENAME TO client", "renaming a published table is not supported"),
+    ("DROP TABLE customer", "dropping a published table is refused"),
+    ("ALTER TABLE customer ADD COLUMN tag double precision DEFAULT random()", "gives each row its own value"),
+    ("INSERT INTO customer (id, name) VALUES (99, 'x')", "it writes rows of a published table"),
+    ("ALTER TABLE customer ADD COLUMN n integer; COMMIT", "EXECUTE of transaction commands is not implemented"),
+    ("ALTER TABLE fieldsync.log ADD COLUMN x integer", "fieldsync's own tables"),
+    ('DROP TRIGGER "0fieldsync_ins" ON customer', "the capture triggers of the published tables are fieldsync's"),
+    ("CREATE TABLE notes (id integer PRIMARY KEY); INSERT INTO notes VALUES (1)", "add --unchecked"),
+    ("ALTER TABLE customer ADD COLUMN", "syntax error"),
+])
+def test_what_it_cannot_carry_is_one_line_and_changes_nothing(agent, app_uri, tmp_path, statement, said) -> None:
+    consolidated_with_north(agent, app_uri, tmp_path)
+    with open_site(app_uri) as site:
+        end = site.scan()
+    code, out, err = agent("schema", "apply", app_uri, statement)
+    assert code == 1 and len(err.strip().splitlines()) == 1 and said in err, err
+    with connect(app_uri) as conn:
+        assert _columns(conn) == ["id", "name", "region"]
+        assert conn.execute("SELECT to_regclass('notes') IS NULL, (SELECT count(*) FROM customer)").fetchone() \
+            == (True, 1)
+    with open_site(app_uri) as site:
+        assert site.scan() == end and site.schema_version() is None
+
+
+def test_unchecked_statements_run_at_the_consolidated_only(hq, app, tmp_path) -> None:
+    """A table of no article, written and dropped under --unchecked: the
+    change records its steps; no remote receives any of it."""
+    hq.add_remote("r1", address="inbox/r1")
+    hq.subscribe("r1", "p")
+    hq.extract("r1", tmp_path / "r1.db")
+    start = hq.scan()
+    result = hq.apply_schema(["CREATE TABLE scratch (id integer PRIMARY KEY, v text)",
+                              "INSERT INTO scratch VALUES (1, 'x'); ALTER TABLE scratch ADD COLUMN w text",
+                              "CREATE INDEX scratch_v ON scratch (v)"], unchecked=True)
+    assert result.steps == (("create_table", "scratch"), ("add_column", "scratch", "w", None),
+                            ("create_index", "scratch", "scratch_v"))
+    assert result.published == () and result.subscribers == () and len(result.offsets) == 1
+    assert [op for transaction in hq.read_log("r1", start, hq.scan()) for op in transaction.ops] == []
+    assert app.execute("SELECT * FROM scratch").fetchall() == [(1, "x", None)]
