@@ -86,8 +86,6 @@ class ChaosParams:
     consolidated: str | None = None
 
     def __post_init__(self) -> None:
-        if self.schema and self.consolidated is not None:
-            raise ValueError("schema changes need a SQLite consolidated: a PostgreSQL one makes none yet")
         if not 0 < self.confirm_timeout <= self.heartbeat:
             raise ValueError(f"the confirm timeout ({duration_text(self.confirm_timeout)}) must be positive and "
                              f"not above the heartbeat ({duration_text(self.heartbeat)})")
@@ -110,8 +108,6 @@ class ChaosParams:
         values.update(chain=rng.random() < 2 / 3)
         values.update(schema=rng.random() < 1 / 2)
         values.update(overrides)
-        if values.get("consolidated") is not None and "schema" not in overrides:
-            values["schema"] = False  # schema changes need a SQLite consolidated (agent schema apply)
         if "confirm_timeout" not in overrides:
             values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
         return cls(**values)  # type: ignore[arg-type]

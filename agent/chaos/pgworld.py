@@ -165,3 +165,15 @@ def pg_arrivals(uri: str) -> list[str]:
         return [entry for (entry,) in conn.execute("SELECT entry FROM chaos_arrival ORDER BY n")]
     finally:
         conn.close()
+
+
+def pg_columns(uri: str, table: str) -> tuple[str, ...]:
+    """``table``'s columns in the database at ``uri``, in order (none: no such table)."""
+    conn = connect(uri)
+    try:
+        return tuple(name for (name,) in conn.execute(
+            "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = pg_catalog.to_regclass(%s)"
+            " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (table,)))
+    finally:
+        conn.close()
+

@@ -24,16 +24,17 @@ Rules of this file:
   change, mapped there by the change history (renamed, dropped, given the
   default).
 * Every written value is new (from the run's counter), as in workload.py.
+* With a PostgreSQL consolidated (``--consolidated URI``), the changes are
+  those it takes (docs/postgres.md, "Schema changes"): a column added to
+  ``customer`` or to ``product``.
 """
 
 from __future__ import annotations
 
 import random
-import sqlite3
-from contextlib import closing
-from pathlib import Path
 
-from ..site import Article, open_site
+from ..site import open_site
+from .sites import Sites
 
 # The chance that the consolidated makes a schema change at a step.
 CHANGE_RATE = 0.4
@@ -46,24 +47,11 @@ CRASH_RATE = 0.1
 PUBLICATION = "field"
 
 
-def columns(path: Path, table: str) -> tuple[str, ...]:
-    """``table``'s columns in the SQLite site at ``path``, in order (none: no such table)."""
-    with closing(sqlite3.connect(path)) as conn:
-        return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
-
-
-def tables(path: Path, prefix: str) -> list[str]:
-    """The tables of the SQLite site at ``path`` whose name starts with ``prefix``."""
-    with closing(sqlite3.connect(path)) as conn:
-        return [name for (name,) in conn.execute(
-            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE ? ORDER BY name", (f"{prefix}%",))]
-
-
 class SchemaChanges:
     """The schema changes of one seed and the writes of the new shapes."""
 
-    def __init__(self, root: Path, sites: list[str], seed: int, new_key) -> None:  # type: ignore[no-untyped-def]
-        self.root = root
+    def __init__(self, places: Sites, sites: list[str], seed: int, new_key) -> None:  # type: ignore[no-untyped-def]
+        self.places = places
         self.sites = sites
         self.rng = random.Random(f"schema:{seed}")
         self._new_key = new_key
@@ -86,13 +74,15 @@ class SchemaChanges:
         rng = self.rng
         if rng.random() >= CHANGE_RATE:
             return None
-        kinds = ["add customer column", "add product column", "create index", "create table", "passthrough"]
-        if self.extra:
-            kinds += ["rename customer column", "drop customer column"]
-        if self.indexes:
-            kinds.append("drop index")
-        if self.notes:  # twice: a table is there to rename late in a seed, if at all
-            kinds += ["rename table", "rename table"]
+        kinds = ["add customer column", "add product column"]
+        if self.places.consolidated is None:  # what a SQLite consolidated takes besides
+            kinds += ["create index", "create table", "passthrough"]
+            if self.extra:
+                kinds += ["rename customer column", "drop customer column"]
+            if self.indexes:
+                kinds.append("drop index")
+            if self.notes:  # twice: a table is there to rename late in a seed, if at all
+                kinds += ["rename table", "rename table"]
         kind = rng.choice(kinds)
         publish = to = None
         if kind == "add customer column":
@@ -132,7 +122,7 @@ class SchemaChanges:
         else:
             publish = self._name("note")
             statements = [f"CREATE TABLE {publish} (id INTEGER PRIMARY KEY, region TEXT NOT NULL, body TEXT)"]
-        with open_site(self.root / "hq.db") as hq:
+        with open_site(self.places.location("hq")) as hq:
             if to is not None:
                 hq.passthrough(statements, [to])
             else:
@@ -148,19 +138,17 @@ class SchemaChanges:
         rng = self.rng
         if rng.random() >= WRITE_RATE:
             return []
-        path = self.root / f"{site}.db"
+        places = self.places
         statements: list[tuple[str, tuple]] = []
-        extra = [name for name in columns(path, "customer") if name.startswith("x")]
+        extra = [name for name in places.columns(site, "customer") if name.startswith("x")]
         if extra:
-            with closing(sqlite3.connect(path)) as conn:
-                where = "" if site == "hq" else " WHERE region = ?"
-                ids = [row_id for (row_id,) in conn.execute(
-                    f"SELECT id FROM customer{where} ORDER BY id", () if site == "hq" else (site,))]
+            ids = sorted(row_id for (row_id,) in places.rows(site, "customer", ("id",), None if site == "hq"
+                                                             else "region = ?", () if site == "hq" else (site,)))
             if ids:
                 column = rng.choice(extra)
                 statements.append((f"UPDATE customer SET {column} = ? WHERE id = ?",
                                    (f"{site}:{column}:{self._new_key()}", rng.choice(ids))))
-        for table in tables(path, "note"):
+        for table in places.tables(site, "note"):
             region = rng.choice(self.sites[1:]) if site == "hq" else site
             statements.append((f"INSERT INTO {table} (id, region, body) VALUES (?, ?, ?)",
                                (self._new_key(), region, f"{site} wrote")))
@@ -171,30 +159,25 @@ class SchemaChanges:
         return statements
 
 
-def differences(root: Path, sites: list[str]) -> list[str]:
+def differences(places: Sites, sites: list[str]) -> list[str]:
     """What a remote holds otherwise than the consolidated once at rest: the
     schema version, the new tables' names (renamed alike), the columns of
     the tables it receives, and the new tables' rows of its region."""
     found = []
-    hq = root / "hq.db"
-    with open_site(hq) as site:
+    with open_site(places.location("hq")) as site:
         version = site.schema_version()
-    notes = tables(hq, "note")
+    notes = places.tables("hq", "note")
     for remote in sites[1:]:
-        path = root / f"{remote}.db"
-        with open_site(path) as site:
+        with open_site(places.location(remote)) as site:
             if site.schema_version() != version:
                 found.append(f"{remote}: schema version {site.schema_version()}, hq's is {version}")
-        if tables(path, "note") != notes:
-            found.append(f"{remote}: holds the new tables {tables(path, 'note')}, hq {notes}")
+        if places.tables(remote, "note") != notes:
+            found.append(f"{remote}: holds the new tables {places.tables(remote, 'note')}, hq {notes}")
         for table in ("customer", "product", *notes):
-            if columns(path, table) != columns(hq, table):
-                found.append(f"{remote}: {table} has columns {columns(path, table)}, hq's {columns(hq, table)}")
+            held, made = places.columns(remote, table), places.columns("hq", table)
+            if held != made:
+                found.append(f"{remote}: {table} has columns {held}, hq's {made}")
         for table in notes:
-            with closing(sqlite3.connect(path)) as conn:
-                held = sorted(conn.execute(f"SELECT * FROM {table}").fetchall())
-            with closing(sqlite3.connect(hq)) as conn:
-                subset = sorted(conn.execute(f"SELECT * FROM {table} WHERE region = ?", (remote,)).fetchall())
-            if held != subset:
+            if places.rows(remote, table) != places.rows("hq", table, where="region = ?", values=(remote,)):
                 found.append(f"{remote}: {table} differs from hq's subset")
     return found

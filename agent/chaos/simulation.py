@@ -383,7 +383,7 @@ class Simulation:
             self.result.chain_moves = self.workload.chain.counts.moves
             self.result.chain_handovers = self.workload.chain.counts.handovers
         if self.workload.schema is not None:
-            self.result.divergences += schema_changes.differences(self.root, self.sites)
+            self.result.divergences += schema_changes.differences(self.places, self.sites)
 
 
 def inner_transport(transport: str, options: dict) -> Transport:

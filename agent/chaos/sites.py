@@ -58,6 +58,20 @@ class Sites:
         assert self.in_postgres(site) and self.consolidated is not None
         return pgworld.OpenTransaction(self.consolidated, statements)
 
+    def columns(self, site: str, table: str) -> tuple[str, ...]:
+        """``table``'s columns at ``site``, in order (none: no such table)."""
+        if self.in_postgres(site):
+            assert self.consolidated is not None
+            return pgworld.pg_columns(self.consolidated, table)
+        return world.columns(self.root / f"{site}.db", table)
+
+    def tables(self, site: str, prefix: str) -> list[str]:
+        """``site``'s tables whose name starts with ``prefix`` (a PostgreSQL
+        consolidated makes none of the schema changes' new tables)."""
+        if self.in_postgres(site):
+            return []
+        return world.tables(self.root / f"{site}.db", prefix)
+
     def arrivals(self, site: str) -> list[str]:
         """``site``'s arrival journal, in arrival order."""
         if self.in_postgres(site):

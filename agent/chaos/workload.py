@@ -52,7 +52,7 @@ class Workload:
         self.product_writes = 0  # the titles' own counter (_product_write)
         self.chain = ChainWriter(rng, sites[1:], self._new_key) if chain else None
         self.schema = (None if schema_seed is None
-                       else SchemaChanges(places.root, sites, schema_seed, self._new_key))
+                       else SchemaChanges(places, sites, schema_seed, self._new_key))
 
     def _new_key(self) -> int:
         self.next_id += 1

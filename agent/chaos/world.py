@@ -166,3 +166,23 @@ def remote_rows(locations: dict[str, str | Path]) -> dict[str, tuple[dict, int]]
         with open_site(location) as db:
             found[site] = ({row.name: row for row in db.remotes()}, db.log_end())
     return found
+
+
+def columns(path: Path, table: str) -> tuple[str, ...]:
+    """``table``'s columns in the SQLite site at ``path``, in order (none: no such table)."""
+    conn = sqlite3.connect(path)
+    try:
+        return tuple(row[1] for row in conn.execute(f"PRAGMA table_info({table})"))
+    finally:
+        conn.close()
+
+
+def tables(path: Path, prefix: str) -> list[str]:
+    """The tables of the SQLite site at ``path`` whose name starts with ``prefix``."""
+    conn = sqlite3.connect(path)
+    try:
+        return [name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE ? ORDER BY name", (f"{prefix}%",))]
+    finally:
+        conn.close()
+

@@ -91,9 +91,8 @@ class ConsolidatedUri(click.ParamType):
                    "(default: from the seed, two seeds in three).")
 @click.option("--schema-changes/--no-schema-changes", "schema", default=None,
               help="Make schema changes at the consolidated while the faults last (agent schema apply: columns "
-                   "added, renamed and dropped, indexes, a new table published and renamed), and write the new "
-                   "shapes, or not "
-                   "(default: from the seed, half the seeds; never with --consolidated).")
+                   "added, renamed and dropped, indexes, a new table published and renamed; with --consolidated, "
+                   "columns added), and write the new shapes, or not (default: from the seed, half the seeds).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
                    "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
@@ -146,9 +145,6 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                         ("schema", schema)):
         if value is not None:
             overrides[name] = value
-    if schema and consolidated is not None:
-        raise click.UsageError("--schema-changes needs a SQLite consolidated: a PostgreSQL one makes no schema "
-                               "changes yet (leave out --consolidated or --schema-changes)")
     if heartbeat is not None and confirm_timeout is not None and confirm_timeout > heartbeat:
         raise click.UsageError(f"the confirm timeout ({duration_text(confirm_timeout)}) is above the heartbeat "
                                f"({duration_text(heartbeat)}): lower --confirm-timeout or raise --heartbeat")

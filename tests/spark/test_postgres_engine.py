@@ -18,6 +18,7 @@ from psycopg import sql
 from agent.site import Article, open_site
 from agent.site.postgres.connect import connect
 from agent.site.postgres.site import PostgresSite
+from codec.changes import SchemaChange
 from tests.pgserver import PostgresServer, ServerFailed
 
 from .test_agent_engine import assert_same, local, on_spark, send_phase
@@ -38,7 +39,7 @@ def postgres():
 def consolidated(postgres, folder: Path) -> str:
     """A PostgreSQL consolidated with three remotes (one per region, one of
     them also on a second publication) and a log of a few hundred
-    transactions; returns its URI."""
+    transactions, a column added to orders half-way; returns its URI."""
     name = postgres.create_database()
     uri = postgres.uri(name)
     with connect(uri) as app:
@@ -66,6 +67,8 @@ def consolidated(postgres, folder: Path) -> str:
                     app.execute("UPDATE orders SET qty = qty + 1, region = 'north' WHERE id %% 11 = %s", (batch % 11,))
                     app.execute("INSERT INTO product VALUES (%s, %s, %s)", (f"sku{batch}", f"product {batch}", 1.5))
                 site.scan()
+                if batch == 30:  # a schema change half-way: the job carries it as the agent does
+                    site.apply_schema(["ALTER TABLE orders ADD COLUMN label text DEFAULT 'none'"])
     finally:
         site.close()
     return uri
@@ -100,3 +103,7 @@ def test_a_spark_batch_of_a_postgresql_consolidated_is_the_agents_own_files(post
     assert all(files for files in spark.outbound.values())
     with open_site(copy) as site:
         assert all(remote.log_sent == site.log_end() > 0 for remote in site.remotes())
+        # The range sent holds the schema change (its own log transaction, in the files of both).
+        changes = [op.steps for transaction in site.read_log("field0", 0, site.log_end()) for op in transaction.ops
+                   if isinstance(op, SchemaChange)]
+        assert changes == [(("add_column", "orders", "label", "\"label\" TEXT DEFAULT 'none'"),)]

@@ -264,7 +264,8 @@ def _capture_again(conn: psycopg.Connection, target: PgTarget, table: _Table) ->
         shape = install_capture(conn, target, table.shown, None if routed is None else route.capture_route(
             route.chain_of(conn, *routed)))
     except UnpublishableTable as error:  # a column of a type outside the types table
-        raise SchemaRefused(str(error)) from None
+        said = str(error).removeprefix(f"cannot publish table {table.shown}: ")
+        raise SchemaRefused(f"{table.shown} is published, and a column added to it cannot travel: {said}") from None
     conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
                  (shape.id, table.schema, table.name))
     return shape

@@ -135,6 +135,8 @@ def test_a_constant_default_reaches_the_remote_as_the_value_of_its_rows(hq, app,
     ('DROP TRIGGER "0fieldsync_ins" ON customer', "the capture triggers of the published tables are fieldsync's"),
     ("CREATE TABLE notes (id integer PRIMARY KEY); INSERT INTO notes VALUES (1)", "add --unchecked"),
     ("ALTER TABLE customer ADD COLUMN", "syntax error"),
+    ("ALTER TABLE customer ADD COLUMN spot point", "customer is published, and a column added to it cannot travel:"
+                                                   " column spot has type point"),
 ])
 def test_what_it_cannot_carry_is_one_line_and_changes_nothing(agent, app_uri, tmp_path, statement, said) -> None:
     consolidated_with_north(agent, app_uri, tmp_path)
