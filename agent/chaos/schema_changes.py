@@ -26,7 +26,7 @@ Rules of this file:
 * Every written value is new (from the run's counter), as in workload.py.
 * With a PostgreSQL consolidated (``--consolidated URI``), the changes are
   those it takes (docs/postgres.md, "Schema changes"): a column added to
-  ``customer`` or to ``product``.
+  ``customer`` or to ``product``, one of customer's renamed or dropped.
 """
 
 from __future__ import annotations
@@ -77,12 +77,12 @@ class SchemaChanges:
         kinds = ["add customer column", "add product column"]
         if self.places.consolidated is None:  # what a SQLite consolidated takes besides
             kinds += ["create index", "create table", "passthrough"]
-            if self.extra:
-                kinds += ["rename customer column", "drop customer column"]
-            if self.indexes:
-                kinds.append("drop index")
-            if self.notes:  # twice: a table is there to rename late in a seed, if at all
-                kinds += ["rename table", "rename table"]
+        if self.extra:
+            kinds += ["rename customer column", "drop customer column"]
+        if self.indexes:
+            kinds.append("drop index")
+        if self.notes:  # twice: a table is there to rename late in a seed, if at all
+            kinds += ["rename table", "rename table"]
         kind = rng.choice(kinds)
         publish = to = None
         if kind == "add customer column":

@@ -43,9 +43,9 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     nothing changed, dropping or re-keying a published table and dropping
     its key or SUBSCRIBE BY column.
 
-    At a PostgreSQL consolidated (a URI), the published tables take
-    ADD COLUMN only so far, and --passthrough is not built yet
-    (docs/postgres.md, "Schema changes").
+    At a PostgreSQL consolidated (a URI), the published tables take ADD,
+    RENAME and DROP COLUMN only so far, and --passthrough is not built
+    yet (docs/postgres.md, "Schema changes").
 
     With --passthrough --to REMOTE, data statements go to the named remotes
     only and run there as their own writes (SQL Remote's PASSTHROUGH ONLY

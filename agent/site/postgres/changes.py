@@ -13,13 +13,19 @@ Rules of this file:
   of a DO block (PL/pgSQL ``EXECUTE``): it may hold several statements,
   and PostgreSQL itself refuses transaction control in it and what cannot
   run inside a transaction (``VACUUM``, ``... CONCURRENTLY``).
-* What reaches the remotes: a column added to a published table, with the
-  value the table's rows got.  Every other change of a published table's
-  columns, name or key is refused (not built on PostgreSQL yet), and so
-  is writing its rows (data goes through the applications) or touching
-  fieldsync's own tables and capture triggers.  Writing other rows and
-  dropping a table need ``unchecked``; everything else (other tables,
-  indexes, views, functions) runs at the consolidated only.
+* What reaches the remotes: the columns of a published table added (with
+  the value the table's rows got), renamed and dropped, with SQLite's
+  checks (agent/site/sqlite/changes.py: what its article needs stays, a
+  retired name is never given again).  Retyping a published column,
+  renaming, re-keying or dropping a published table are refused (not
+  built on PostgreSQL yet), and so is writing its rows (data goes through
+  the applications) or touching fieldsync's own tables and capture
+  triggers.  Writing other rows and dropping a table need ``unchecked``;
+  everything else (other tables, indexes, views, functions) runs at the
+  consolidated only.
+* ``fieldsync.schema_change`` keeps every change's steps: the history that
+  maps a remote's rows in an old shape (agent.site.apply.reshape) and keeps
+  a retired name from being given again.
 * The change's capture row (agent.site.change_rows) is the only one of
   its writing transaction; a cut makes that a log transaction of its own
   and records its offset in ``fieldsync.schema_change`` (log.cut_in).
@@ -34,11 +40,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from ..apply.reshape import column_moves
 from ..change_rows import SCHEMA_SHAPE, SchemaChangeResult, check_fits, row_value
 from ..capture import KIND_SCHEMA
 from ..errors import InvalidSetting, SchemaRefused, UnpublishableTable
 from . import route
-from .capture import TRIGGER_PREFIX, PgShape, install_capture, load_shapes, shown_table
+from .capture import TRIGGER_PREFIX, PgShape, describe_table, install_capture, load_shapes, shown_table
 from .extract import added_column_sql
 from .schema import SCHEMA
 from .typemap import KINDS
@@ -67,7 +74,6 @@ SELECT i.indexrelid, ci.relname, i.indrelid FROM pg_catalog.pg_index i
  WHERE n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'
 """
 _TRIGGERS = "SELECT tgrelid, tgname, tgfoid FROM pg_catalog.pg_trigger WHERE NOT tgisinternal AND tgname LIKE %s"
-_ARTICLES = "SELECT DISTINCT table_oid, table_schema, table_name, columns IS NULL FROM fieldsync.article"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +115,8 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
     scripts = [script for script in scripts if script.strip()]
     if not scripts:
         raise InvalidSetting("no SQL statement to run")
-    rows = conn.execute(_ARTICLES).fetchall()
-    articles = {oid for oid, _schema, _name, _whole in rows}
-    whole_tables = {oid for oid, _schema, _name, whole in rows if whole}  # an article publishes every column
+    change = _Change(conn, _articles(conn), column_moves(history(conn)), unchecked)
     catalog = _Catalog.read(conn)
-    steps: list[tuple] = []
-    added: dict[int, list[int]] = {}  # published table oid -> the column numbers added to it
     for number, script in enumerate(scripts, 1):
         where = f"statement {number} ({' '.join(script.split())[:60]})"
         try:
@@ -125,44 +127,34 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
         except psycopg.Error as error:
             raise SchemaRefused(f"{where}: {_first_line(error)}") from None
         after = _Catalog.read(conn)
-        steps += _judge(catalog, after, articles, added, unchecked, where)
+        change.judge(catalog, after, where)
         catalog = after
-    if not steps:
+    if not change.steps:
         return SchemaChangeResult((), (), (), (), len(scripts)), None
-    published, shapes, tables = [], {}, []
-    for oid, numbers in added.items():
+    shapes: dict[str, int] = {}
+    for oid in change.altered:
         table = catalog.tables[oid]
-        shape = _capture_again(conn, target, table)
-        shapes[table.shown] = shape.id
-        kinds = dict(zip(shape.layout.columns, shape.layout.kinds))
-        for column in (table.columns[attnum][0] for attnum in sorted(numbers)):
-            if column in kinds:  # not a generated column: it travels
-                published.append(("add_column", table.shown, column,
-                                  added_column_sql(column, kinds[column], _default(conn, oid, column, kinds[column],
-                                                                                    table.shown))))
-        if oid in whole_tables:
-            tables.append(table)
-    if added:
+        shapes[table.shown] = _capture_again(conn, target, table).id
+    if change.altered:
         route.install_moves(conn)
-    travelling = {step[1:3]: step for step in published}
-    steps = [travelling.get(step[1:3], step) if step[0] == "add_column" else step for step in steps]
     known = load_shapes(conn)
-    check_fits(site, published, ((table, known[shape_id].shape) for table, shape_id in shapes.items()))
+    check_fits(site, change.published, ((table, known[shape_id].shape) for table, shape_id in shapes.items()))
     conn.execute(sql.SQL("INSERT INTO {}.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
         sql.Identifier(SCHEMA), sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)),
-        (row_value(published, shapes, {}),))
+        (row_value(change.published, shapes, {}),))
     (txid,) = conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
                            " VALUES (pg_catalog.pg_current_xact_id(), %s, %s, %s) RETURNING txid::text",
-                           (Jsonb([list(step) for step in steps]), Jsonb(scripts), made_at)).fetchone()
-    sent = sorted({table.shown for table in tables} & {step[1] for step in published})
+                           (Jsonb([list(step) for step in change.steps]), Jsonb(scripts), made_at)).fetchone()
+    sent = [catalog.tables[oid] for oid in sorted(change.altered, key=lambda oid: catalog.tables[oid].shown)
+            if change.articles[oid].whole]
     subscribers = [name for (name,) in conn.execute(
         "SELECT DISTINCT s.remote FROM fieldsync.subscription s JOIN fieldsync.article a"
         " ON a.publication = s.publication JOIN fieldsync.remote r ON r.name = s.remote"
         " WHERE s.until IS NULL AND r.peer_incarnation IS NOT NULL AND a.columns IS NULL"
         " AND (a.table_schema, a.table_name) IN (SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY s.remote",
-        ([table.schema for table in tables if table.shown in sent], [table.name for table in tables
-                                                                      if table.shown in sent]))]
-    return SchemaChangeResult((), tuple(steps), tuple(sent), tuple(subscribers), len(scripts)), txid
+        ([table.schema for table in sent], [table.name for table in sent]))]
+    return SchemaChangeResult((), tuple(change.steps), tuple(table.shown for table in sent), tuple(subscribers),
+                              len(scripts)), txid
 
 
 def change_offset(conn: psycopg.Connection, txid: str) -> int | None:
@@ -178,79 +170,174 @@ def schema_version(conn: psycopg.Connection) -> int | None:
     return conn.execute("SELECT max(commit_offset) FROM fieldsync.schema_change").fetchone()[0]
 
 
-def _judge(before: _Catalog, after: _Catalog, articles: set[int], added: dict[int, list[int]],
-           unchecked: bool, where: str) -> list[tuple]:
-    """The steps one piece of SQL made (``before`` and ``after`` it), as
-    agent.site.sqlite.ddl.differences names them; SchemaRefused for what it
-    may not do.  The columns it added to published tables go to ``added``."""
-    steps: list[tuple] = []
-    other = None
-    for oid, old in before.tables.items():
-        new = after.tables.get(oid)
-        published = oid in articles
-        if old.schema == SCHEMA or (new is not None and new.schema == SCHEMA):
-            if new is None or (new.schema, new.name, new.columns, new.key) != (old.schema, old.name, old.columns,
-                                                                                 old.key):
-                raise SchemaRefused(f"{where}: fieldsync's own tables are not the application's to change")
+def history(conn: psycopg.Connection) -> list[list]:
+    """Every step of the changes made at this site, in order (what maps a
+    remote's row in an old shape: agent.site.apply.reshape)."""
+    return [step for (steps,) in conn.execute("SELECT steps FROM fieldsync.schema_change"
+                                              " ORDER BY commit_offset NULLS LAST, txid::text") for step in steps]
+
+
+@dataclass(frozen=True, slots=True)
+class _Article:
+    """What the articles of one published table need of its columns (lowered names)."""
+
+    whole: bool  # some article publishes every column (the others list theirs)
+    subscribe_by: frozenset[str]
+    listed: frozenset[str]  # the columns an article with a column subset lists
+    route: frozenset[str]  # its follow key, and the parent columns the tables that follow it reference
+
+
+def _articles(conn: psycopg.Connection) -> dict[int, _Article]:
+    rows = conn.execute("SELECT table_oid, table_schema, table_name, columns, subscribe_by, follows, follow_columns,"
+                        " parent_columns FROM fieldsync.article").fetchall()
+    followed: dict[str, set[str]] = {}
+    for *_, follows, _columns, parent_columns in rows:
+        if follows is not None:
+            followed.setdefault(follows.lower(), set()).update(column.lower() for column in parent_columns or ())
+    found: dict[int, _Article] = {}
+    for oid, schema, name, columns, subscribe_by, _follows, follow_columns, _parent in rows:
+        known = found.get(oid, _Article(False, frozenset(), frozenset(),
+                                        frozenset(followed.get(shown_table(schema, name).lower(), ()))))
+        found[oid] = _Article(known.whole or columns is None,
+                              known.subscribe_by | ({subscribe_by.lower()} if subscribe_by else set()),
+                              known.listed | {column.lower() for column in columns or ()},
+                              known.route | {column.lower() for column in follow_columns or ()})
+    return found
+
+
+class _Change:
+    """The steps of the change being made, judged piece by piece."""
+
+    def __init__(self, conn: psycopg.Connection, articles: dict[int, _Article], moves: dict[str, list[list]],
+                 unchecked: bool) -> None:
+        self.conn, self.articles, self.unchecked = conn, articles, unchecked
+        # By lowered table: the lowered column names renamed away or dropped (never given again).
+        self.retired = {table: {step[2].lower() for step in steps} for table, steps in moves.items()}
+        self.steps: list[tuple] = []  # every step, as agent.site.sqlite.ddl.differences names them
+        self.published: list[tuple] = []  # the steps on published tables, as they travel
+        self.altered: set[int] = set()  # the published tables whose columns changed
+
+    def judge(self, before: _Catalog, after: _Catalog, where: str) -> None:
+        """The steps one piece of SQL made (``before`` and ``after`` it);
+        SchemaRefused for what it may not do."""
+        other = None
+        for oid, old in before.tables.items():
+            new = after.tables.get(oid)
+            published = oid in self.articles
+            if old.schema == SCHEMA or (new is not None and new.schema == SCHEMA):
+                if new is None or (new.schema, new.name, new.columns, new.key) != (old.schema, old.name,
+                                                                                     old.columns, old.key):
+                    raise SchemaRefused(f"{where}: fieldsync's own tables are not the application's to change")
+                if new.written != old.written:
+                    raise SchemaRefused(f"{where}: it writes rows of a published table (or of fieldsync's own "
+                                        "tables): agent schema apply on PostgreSQL changes the schema only; let the "
+                                        "applications write the rows, before or after it")
+                continue
+            if new is None:
+                if published:
+                    raise SchemaRefused(f"{where}: {old.shown} is published: dropping a published table is refused "
+                                        f"(remove its article first: agent publication remove DB {old.shown})")
+                self.steps.append(("drop_table", old.shown))
+                other = other or "DROP TABLE"
+                continue
             if new.written != old.written:
-                raise SchemaRefused(f"{where}: it writes rows of a published table (or of fieldsync's own tables): "
-                                    "agent schema apply on PostgreSQL changes the schema only; let the "
-                                    "applications write the rows, before or after it")
-            continue
-        if new is None:
+                other = other or "a data statement"
+            if (new.schema, new.name) != (old.schema, old.name):
+                if published:
+                    raise SchemaRefused(f"{where}: it renames the published table {old.shown}: renaming a "
+                                        "published table is not supported on a PostgreSQL consolidated yet")
+                self.steps.append(("rename_table", old.shown, new.shown))
             if published:
-                raise SchemaRefused(f"{where}: {old.shown} is published: dropping a published table is refused "
-                                    f"(remove its article first: agent publication remove DB {old.shown})")
-            steps.append(("drop_table", old.shown))
-            other = other or "DROP TABLE"
-            continue
-        if new.written != old.written:
+                if new.key != old.key:
+                    raise SchemaRefused(f"{where}: it re-keys the published table {new.shown}: refused")
+                self._published_columns(oid, old, new, where)
+            else:
+                self.steps += _columns(old, new)
+        if {trigger for trigger in before.triggers if trigger[0] in after.tables} != after.triggers:
+            raise SchemaRefused(f"{where}: the capture triggers of the published tables are fieldsync's; they are "
+                                "not the application's to change")
+        made = [table for oid, table in after.tables.items() if oid not in before.tables]
+        self.steps += [("create_table", table.shown) for table in made]
+        if any(table.written for table in made):
             other = other or "a data statement"
-        if (new.schema, new.name) != (old.schema, old.name):
-            if published:
-                raise SchemaRefused(f"{where}: it renames the published table {old.shown}: renaming a published "
-                                    "table is not supported on a PostgreSQL consolidated yet")
-            steps.append(("rename_table", old.shown, new.shown))
-        steps += _columns(old, new, published, where)
-        if published:
-            if new.key != old.key:
-                raise SchemaRefused(f"{where}: it re-keys the published table {new.shown}: refused")
-            added.setdefault(oid, []).extend(number for number in new.columns if number not in old.columns)
-    if {trigger for trigger in before.triggers if trigger[0] in after.tables} != after.triggers:
-        raise SchemaRefused(f"{where}: the capture triggers of the published tables are fieldsync's; they are not "
-                            "the application's to change")
-    made = [table for oid, table in after.tables.items() if oid not in before.tables]
-    steps += [("create_table", table.shown) for table in made]
-    if any(table.written for table in made):
-        other = other or "a data statement"
-    steps += [("create_index", after.tables[table].shown, name) for oid, (name, table) in after.indexes.items()
-              if oid not in before.indexes and table in before.tables]
-    steps += [("drop_index", before.tables[table].shown, name) for oid, (name, table) in before.indexes.items()
-              if oid not in after.indexes and table in after.tables]
-    if other is not None and not unchecked:
-        raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add --unchecked "
-                            "to run it at the consolidated only (docs/postgres.md, \"Schema changes\")")
-    return steps
+        self.steps += [("create_index", after.tables[table].shown, name) for oid, (name, table)
+                       in after.indexes.items() if oid not in before.indexes and table in before.tables]
+        self.steps += [("drop_index", before.tables[table].shown, name) for oid, (name, table)
+                       in before.indexes.items() if oid not in after.indexes and table in after.tables]
+        if other is not None and not self.unchecked:
+            raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add "
+                                "--unchecked to run it at the consolidated only (docs/postgres.md, \"Schema "
+                                "changes\")")
+
+    def _published_columns(self, oid: int, old: _Table, new: _Table, where: str) -> None:
+        """The column steps of a published table, as the remotes that hold it
+        can follow them (docs/site-database.md, "Schema changes"): its
+        SUBSCRIBE BY column, a column an article lists and a follow key
+        column are neither dropped nor renamed, nor is a key column dropped;
+        a retired name is not given again; a column is not retyped."""
+        article, table = self.articles[oid], new.shown
+        gone = self.retired.setdefault(table.lower(), set())
+        keys = {old.columns[number][0].lower() for number in old.key}
+        steps = []
+        for number, (name, type_oid, modifier) in old.columns.items():
+            now, lowered = new.columns.get(number), name.lower()
+            if now is None:
+                if lowered in article.subscribe_by | article.listed | article.route | keys:
+                    raise SchemaRefused(f"{where}: {table}.{name} is needed by its article (the SUBSCRIBE BY "
+                                        "column, a listed or a key column, or a column a follow route names): "
+                                        "dropping it is refused")
+                gone.add(lowered)
+                steps.append(("drop_column", table, name))
+            elif now[0] != name:
+                if lowered in article.subscribe_by | article.listed | article.route:
+                    raise SchemaRefused(f"{where}: {table}.{name} is the SUBSCRIBE BY column, a column the article "
+                                        "lists or a column a follow route names: renaming it is not supported yet")
+                if now[0].lower() in gone:
+                    raise SchemaRefused(f"{where}: {table}.{now[0]} was a column of the published table before "
+                                        "(renamed or dropped): rows in the old shape may still carry that name; "
+                                        "choose another")
+                gone.add(lowered)
+                steps.append(("rename_column", table, name, now[0]))
+            elif now[1:] != (type_oid, modifier):
+                raise SchemaRefused(f"{where}: changing the type of column {table}.{name} of a published table is "
+                                    "refused (the remotes' rows keep the old type's values)")
+        added = [name for number, (name, _type, _modifier) in new.columns.items() if number not in old.columns]
+        if added:
+            kinds = self._kinds(new)
+            for name in added:
+                if name.lower() in gone:
+                    raise SchemaRefused(f"{where}: {table}.{name} was a column of the published table before "
+                                        "(renamed or dropped): rows in the old shape may still carry that name; "
+                                        "choose another")
+                steps.append(("add_column", table, name,
+                              added_column_sql(name, kinds[name], _default(self.conn, oid, name, kinds[name], table))))
+        if steps:
+            self.steps += steps
+            self.published += steps
+            self.altered.add(oid)
+
+    def _kinds(self, table: _Table) -> dict[str, str]:
+        """Each column's row of the types table, as capture will read it."""
+        try:
+            layout = describe_table(self.conn, table.shown).layout
+        except UnpublishableTable as error:  # a column of a type outside the types table
+            said = str(error).removeprefix(f"cannot publish table {table.shown}: ")
+            raise SchemaRefused(f"{table.shown} is published, and a column added to it cannot travel: {said}"
+                                ) from None
+        return dict(zip(layout.columns, layout.kinds))
 
 
-def _columns(old: _Table, new: _Table, published: bool, where: str) -> list[tuple]:
-    """The column steps between two states of one table; on a published one,
-    only added columns (the rest is refused)."""
+def _columns(old: _Table, new: _Table) -> list[tuple]:
+    """The column steps between two states of a table no article holds."""
     steps: list[tuple] = []
     for number, (name, type_oid, modifier) in old.columns.items():
         now = new.columns.get(number)
         if now is None:
-            verb, step = "dropping", ("drop_column", new.shown, name)
+            steps.append(("drop_column", new.shown, name))
         elif now[0] != name:
-            verb, step = "renaming", ("rename_column", new.shown, name, now[0])
+            steps.append(("rename_column", new.shown, name, now[0]))
         elif now[1:] != (type_oid, modifier):
-            verb, step = "changing the type of", ("redefine", new.shown)
-        else:
-            continue
-        if published:
-            raise SchemaRefused(f"{where}: {verb} column {new.shown}.{name} of a published table is not supported on "
-                                "a PostgreSQL consolidated yet (adding a column is)")
-        steps.append(step)
+            steps.append(("redefine", new.shown))
     steps += [("add_column", new.shown, column, None) for number, (column, _type, _modifier) in new.columns.items()
               if number not in old.columns]
     return steps
@@ -260,12 +347,8 @@ def _capture_again(conn: psycopg.Connection, target: PgTarget, table: _Table) ->
     """Capture ``table`` in its new shape (with its route when it follows
     its parent) and point its articles at the shape."""
     routed = route.follows(conn).get((table.schema, table.name))
-    try:
-        shape = install_capture(conn, target, table.shown, None if routed is None else route.capture_route(
-            route.chain_of(conn, *routed)))
-    except UnpublishableTable as error:  # a column of a type outside the types table
-        said = str(error).removeprefix(f"cannot publish table {table.shown}: ")
-        raise SchemaRefused(f"{table.shown} is published, and a column added to it cannot travel: {said}") from None
+    shape = install_capture(conn, target, table.shown, None if routed is None else route.capture_route(
+        route.chain_of(conn, *routed)))
     conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
                  (shape.id, table.schema, table.name))
     return shape

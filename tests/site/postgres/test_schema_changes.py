@@ -122,10 +122,11 @@ def test_a_constant_default_reaches_the_remote_as_the_value_of_its_rows(hq, app,
 
 
 @pytest.mark.parametrize("statement, said", [
-    ("ALTER TABLE customer DROP COLUMN name", "dropping column customer.name of a published table is not "
-                                               "supported on a PostgreSQL consolidated yet"),
-    ("ALTER TABLE customer RENAME COLUMN name TO label", "renaming column customer.name"),
-    ("ALTER TABLE customer ALTER COLUMN name TYPE varchar(40)", "changing the type of column customer.name"),
+    ("ALTER TABLE customer DROP COLUMN region", "customer.region is needed by its article"),
+    ("ALTER TABLE customer RENAME COLUMN region TO area", "customer.region is the SUBSCRIBE BY column"),
+    ("ALTER TABLE customer DROP COLUMN id", "it re-keys the published table customer"),
+    ("ALTER TABLE customer ALTER COLUMN name TYPE varchar(40)", "changing the type of column customer.name of a "
+                                                                 "published table is refused"),
     ("ALTER TABLE customer RENAME TO client", "renaming a published table is not supported"),
     ("DROP TABLE customer", "dropping a published table is refused"),
     ("ALTER TABLE customer ADD COLUMN tag double precision DEFAULT random()", "gives each row its own value"),
@@ -150,6 +151,43 @@ def test_what_it_cannot_carry_is_one_line_and_changes_nothing(agent, app_uri, tm
             == (True, 1)
     with open_site(app_uri) as site:
         assert site.scan() == end and site.schema_version() is None
+
+
+def test_columns_renamed_and_dropped_at_postgresql_reach_the_remote_and_its_rows_in_the_old_shape_follow(
+        agent, app_uri, tmp_path) -> None:
+    """north's rows written in the shape before the change reach hq after
+    it, mapped through hq's history: the renamed column's value goes to its
+    new name, the dropped column's is dropped (an UPDATE of it alone writes
+    nothing); a retired name is not given again."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    assert agent("schema", "apply", app_uri, "ALTER TABLE customer ADD COLUMN phone text")[0] == 0
+    _exchange(agent, north, app_uri)
+    with open_site(north) as remote:
+        remote.connection.execute("INSERT INTO customer (id, name, region, phone) VALUES (7, 'Flo', 'north', '1')")
+        remote.connection.execute("UPDATE customer SET phone = '2' WHERE id = 1")
+        remote.connection.execute("UPDATE customer SET name = 'Ann B.' WHERE id = 1")
+    code, out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer RENAME COLUMN name TO label",
+                           "ALTER TABLE customer DROP COLUMN phone")
+    assert (code, err) == (0, ""), err
+    with open_site(app_uri) as site:
+        offset = site.schema_version()
+    assert out.splitlines()[0] == (f"Schema change at offset {offset}: renamed column customer.name to label; "
+                                   "dropped column customer.phone")
+    _exchange(agent, north, app_uri)
+    expected = [(1, "Ann B.", "north"), (7, "Flo", "north")]
+    with connect(app_uri) as conn:
+        assert _columns(conn) == ["id", "label", "region"]
+        assert conn.execute("SELECT id, label, region FROM customer ORDER BY id").fetchall() == expected
+    with open_site(north) as remote:
+        assert [row[1] for row in remote.connection.execute("PRAGMA table_info(customer)")] == ["id", "label",
+                                                                                               "region"]
+        assert remote.connection.execute("SELECT id, label, region FROM customer ORDER BY id").fetchall() == expected
+        assert remote.schema_version() == offset
+    with open_site(app_uri) as site:
+        assert site.apply_errors() == () and site.conflicts() == ()
+    for statement in ("ALTER TABLE customer ADD COLUMN phone text", "ALTER TABLE customer RENAME COLUMN label TO name"):
+        code, out, err = agent("schema", "apply", app_uri, statement)
+        assert code == 1 and "was a column of the published table before" in err, err
 
 
 def test_unchecked_statements_run_at_the_consolidated_only(hq, app, tmp_path) -> None:

@@ -55,6 +55,7 @@ from ...apply.chain import MessageChain, apply_chain
 from ...apply.checks import applies, skip_bound
 from ...apply.conflicts import decide, kept_local_row, planned_returns, resolution_name, resolved
 from ...apply.keymoves import follow_moves, origin_changes, readdressed, refused_move
+from ...apply.reshape import reshaped
 from ...apply.unconfirmed import send_back_received
 from ...clock import in_utc, utc_now
 from ...errors import ConflictHookFailed, SiteBusy
@@ -251,7 +252,7 @@ class _Batch:
                     self._flush(table, run, params)
                     run, params, signature = [], [], None
                     continue
-                op_table, values = found
+                op_table, values, op = found
                 mine = (op_table.name, op[1], tuple(op[4] or ()),
                         tuple(op[3] or ()) if op[1] == OpKind.UPDATE else ())
                 if mine != signature:
@@ -261,9 +262,12 @@ class _Batch:
                 params.append(values)
         self._flush(table, run, params)
 
-    def _checked(self, op: Any) -> tuple[PgTable, list] | None:
-        """The table of ``op`` and its statement's parameters, or None when
-        it is recorded as an apply error instead."""
+    def _checked(self, op: Any) -> tuple[PgTable, list, Any] | None:
+        """The table of ``op``, its statement's parameters and the operation
+        in the table's shape of now (a remote's row captured before a
+        schema change renamed or dropped its columns: agent.site.apply.reshape),
+        or None when it is recorded as an apply error instead (or writes
+        nothing now)."""
         problem = operation_problem(op)
         if problem is not None:
             self._error(op, f"malformed operation: {problem}")
@@ -281,15 +285,22 @@ class _Batch:
             return None
         missing = [column for column in (*(after or ()), *(before or ())) if column not in table.column_set]
         if kind != OpKind.DELETE and missing:
-            self._error(op, f"{table.name} has no column {missing[0]!r} at this site")
-            return None
+            moves = self.tables.moves(table)
+            found = reshaped(moves, table.columns, table.column_set, (op,)) if moves else None
+            if found is None:
+                self._error(op, f"{table.name} has no column {missing[0]!r} at this site")
+                return None
+            if not found:
+                return None  # an UPDATE of columns dropped since: nothing to write
+            op = found[0]
+            before, after = op[3], op[4]
         try:
             if kind == OpKind.INSERT:
-                return table, table.params(after, after.values())
+                return table, table.params(after, after.values()), op
             keyed = table.params(table.key_columns, key)
             if kind == OpKind.DELETE:
-                return table, keyed
-            return table, [*table.params(after, after.values()), *keyed, *table.params(before, before.values())]
+                return table, keyed, op
+            return table, [*table.params(after, after.values()), *keyed, *table.params(before, before.values())], op
         except ValueNotConvertible as error:
             self._error(op, unconvertible(error))
             return None

@@ -40,6 +40,7 @@ from psycopg import sql
 from codec.ops import OpKind
 
 from ...apply.batch import Resolution
+from ...apply.reshape import column_moves
 from ...capture import Shape
 from ..capture import PgShape, load_shapes, shown_table
 from ..errors import ValueNotConvertible
@@ -270,6 +271,8 @@ class Tables:
         self._shapes: dict[int, PgShape] = {}
         self._tables: dict[str, PgTable] = {}
         self._seen: dict[str, tuple] = {}
+        self._changes = 0  # schema changes read into _moves
+        self._moves: dict[str, list[list]] = {}
 
     @property
     def shapes(self) -> dict[int, PgShape]:
@@ -308,6 +311,16 @@ class Tables:
                                                 Resolution(policy or Resolution.INCOMING.value))
             seen[shown.lower()] = signature
         self._tables, self._seen = tables, seen
+        (changes,) = conn.execute("SELECT count(*) FROM fieldsync.schema_change").fetchone()
+        if changes != self._changes:  # changes are only ever added
+            self._changes, self._moves = changes, column_moves(
+                step for (steps,) in conn.execute("SELECT steps FROM fieldsync.schema_change"
+                                                  " ORDER BY commit_offset NULLS LAST, txid::text") for step in steps)
+
+    def moves(self, table: PgTable) -> list[list]:
+        """The columns of ``table`` renamed and dropped by schema changes, in
+        order (agent.site.apply.reshape)."""
+        return self._moves.get(table.name.lower(), [])
 
     def table(self, name: object) -> PgTable | None:
         """The published table ``name`` names (any case), or None."""

@@ -3,10 +3,11 @@ the table's shape of now (docs/site-database.md, "Schema changes").
 
 Rules of this file:
 * A column an operation names that its table no longer has is followed
-  through the consolidated's history of changes: renamed, its value goes
-  to the new name; dropped, its value is dropped.  A retired name is never
-  given again (agent/site/sqlite/changes.py), so such a name always means the
-  old column.
+  through the consolidated's history of changes (agent.site.apply.reshape,
+  the rule both backends apply): renamed, its value goes to the new name;
+  dropped, its value is dropped.  A retired name is never given again
+  (agent/site/sqlite/changes.py), so such a name always means the old
+  column.
 * A table an operation names that was renamed since is followed through
   the same history (agent.site.change_rows.table_renames) to its name of
   now, before anything else looks at the operation; a retired table name
@@ -22,14 +23,12 @@ from __future__ import annotations
 
 import sqlite3
 
-from codec.changes import RENAME_TABLE
-from codec.ops import OpKind, Run
+from codec.ops import Run
 
+from ...apply.reshape import column_moves, reshaped
 from ...change_rows import table_renames
 from ..changes import history
 from .statements import SqliteTable
-
-_DROPPED = object()
 
 
 class Reshape:
@@ -48,13 +47,8 @@ class Reshape:
                                  ).fetchone()[0]
         if top != self._seen:
             self._seen = top
-            self._moves = {}
             steps = history(self._conn)
-            for step in steps:
-                if step[0] in ("rename_column", "drop_column"):
-                    self._moves.setdefault(step[1].lower(), []).append(step)
-                elif step[0] == RENAME_TABLE and step[1].lower() in self._moves:
-                    self._moves[step[2].lower()] = self._moves.pop(step[1].lower())
+            self._moves = column_moves(steps)
             self.renames = table_renames(steps)
 
     def tables(self, ops: tuple) -> tuple:
@@ -79,40 +73,4 @@ class Reshape:
         moves = self._moves.get(table.name.lower())
         if not moves:
             return None
-        names: dict[str, object] = {}
-        for op in ops:
-            for image in (op[3], op[4]):
-                for column in image or ():
-                    if column not in table.column_set and column not in names:
-                        names[column] = _follow(column, moves, table)
-                        if names[column] is None:
-                            return None
-        reshaped = []
-        for table_name, kind, key, before, after in ops:
-            before, after = _image(before, names), _image(after, names)
-            if kind == OpKind.UPDATE and not after:
-                continue  # it wrote only columns dropped since
-            reshaped.append((table_name, kind, key, before, after))
-        return reshaped
-
-
-def _follow(column: str, moves: list[list], table: SqliteTable) -> object:
-    """Where ``column`` went: a column of ``table`` now, _DROPPED, or None."""
-    current = column.lower()
-    for step in moves:
-        if step[2].lower() == current:
-            if step[0] == "drop_column":
-                return _DROPPED
-            current = step[3].lower()
-    return next((name for name in table.columns if name.lower() == current), None)
-
-
-def _image(image: dict | None, names: dict[str, object]) -> dict | None:
-    if image is None:
-        return None
-    result = {}
-    for column, value in image.items():
-        name = names.get(column, column)
-        if name is not _DROPPED:
-            result[name] = value  # type: ignore[index]
-    return result
+        return reshaped(moves, table.columns, table.column_set, ops)
