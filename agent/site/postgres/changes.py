@@ -132,7 +132,7 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
     if not change.steps:
         return SchemaChangeResult((), (), (), (), len(scripts)), None
     shapes: dict[str, int] = {}
-    for oid in change.altered:
+    for oid in sorted(change.altered):
         table = catalog.tables[oid]
         shapes[table.shown] = _capture_again(conn, target, table).id
     if change.altered:
@@ -174,7 +174,7 @@ def history(conn: psycopg.Connection) -> list[list]:
     """Every step of the changes made at this site, in order (what maps a
     remote's row in an old shape: agent.site.apply.reshape)."""
     return [step for (steps,) in conn.execute("SELECT steps FROM fieldsync.schema_change"
-                                              " ORDER BY commit_offset NULLS LAST, txid::text") for step in steps]
+                                              " ORDER BY commit_offset NULLS LAST, txid") for step in steps]
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,17 @@ def test_a_remote_extracted_after_the_change_has_the_column_and_the_schema_versi
     with open_site(west) as remote:
         assert remote.connection.execute("SELECT id, score FROM customer").fetchall() == [(1, 3)]
         assert remote.schema_version() == offset
+    # Many at one point (extract --into: each table read once for all of them), the same.
+    for name in ("east", "south"):
+        assert agent("remote", "add", app_uri, name, "--address", tmp_path / "inbox" / "north", "--subscribe",
+                     "sales=north")[0] == 0
+    (tmp_path / "fleet").mkdir()
+    code, out, err = agent("extract", app_uri, "east", "south", "--into", tmp_path / "fleet")
+    assert (code, err) == (0, ""), err
+    for name in ("east", "south"):
+        with open_site(tmp_path / "fleet" / f"{name}.db") as remote:
+            assert remote.connection.execute("SELECT id, score FROM customer").fetchall() == [(1, 3)]
+            assert remote.schema_version() == offset
 
 
 def test_the_change_is_a_log_transaction_of_its_own_between_the_applications_writes(hq, app, tmp_path) -> None:

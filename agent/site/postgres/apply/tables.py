@@ -315,7 +315,7 @@ class Tables:
         if changes != self._changes:  # changes are only ever added
             self._changes, self._moves = changes, column_moves(
                 step for (steps,) in conn.execute("SELECT steps FROM fieldsync.schema_change"
-                                                  " ORDER BY commit_offset NULLS LAST, txid::text") for step in steps)
+                                                  " ORDER BY commit_offset NULLS LAST, txid") for step in steps)
 
     def moves(self, table: PgTable) -> list[list]:
         """The columns of ``table`` renamed and dropped by schema changes, in
