@@ -176,4 +176,3 @@ def pg_columns(uri: str, table: str) -> tuple[str, ...]:
             " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (table,)))
     finally:
         conn.close()
-

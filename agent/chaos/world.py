@@ -185,4 +185,3 @@ def tables(path: Path, prefix: str) -> list[str]:
             "SELECT name FROM sqlite_schema WHERE type = 'table' AND name LIKE ? ORDER BY name", (f"{prefix}%",))]
     finally:
         conn.close()
-
