@@ -122,7 +122,7 @@ class _SiteRows:
     remotes: list[tuple]
     conflicts: dict[str, int]
     apply_errors: dict[str, int]
-    schema_version: int | None = None  # a PostgreSQL site makes no schema change yet
+    schema_version: int | None = None  # the site's (docs/protocol.md, "Schema versions"); None: none
 
 
 def read_site(database: Path | str) -> _SiteRows:

@@ -5,8 +5,8 @@ Rules of this file:
   SQLite site file (agent/metrics.py, ``read_site``): the site's name, the
   log end, per remote ``(name, log_sent, confirm_sent, log_received,
   created_at, last_received_at, last_sent_at, horizon, heard_at,
-  in_error, peer_schema_version)`` with times as ISO 8601 text, and conflicts and apply errors
-  counted by peer.
+  in_error, peer_schema_version)`` with times as ISO 8601 text, conflicts and apply errors
+  counted by peer, and the site's schema version (changes.py).
 * A connection of its own, read only, one REPEATABLE READ transaction: the
   agent's connection is never used, and nothing is written.
 """
@@ -18,6 +18,7 @@ from datetime import datetime
 import psycopg
 
 from ..clock import in_utc
+from .changes import schema_version
 from .connect import connect, translate
 from .log import log_end
 from .remotes import IN_ERROR_SQL
@@ -36,8 +37,9 @@ def _text(moment: datetime | None) -> str | None:
     return None if utc is None else utc.isoformat()
 
 
-def read_metrics_rows(location: str | PgTarget) -> tuple[str, int, list[tuple], dict[str, int], dict[str, int]]:
-    """``(site, log_end, remotes, conflicts, apply_errors)`` of the site at ``location``."""
+def read_metrics_rows(location: str | PgTarget
+                      ) -> tuple[str, int, list[tuple], dict[str, int], dict[str, int], int | None]:
+    """``(site, log_end, remotes, conflicts, apply_errors, schema_version)`` of the site at ``location``."""
     target = location if isinstance(location, PgTarget) else parse_uri(location)
     conn = connect(target)
     try:
@@ -49,8 +51,9 @@ def read_metrics_rows(location: str | PgTarget) -> tuple[str, int, list[tuple], 
             conflicts = dict(conn.execute("SELECT peer, count(*) FROM fieldsync.conflict GROUP BY peer").fetchall())
             errors = dict(conn.execute("SELECT peer, count(*) FROM fieldsync.apply_error GROUP BY peer").fetchall())
             end = log_end(conn)
+            version = schema_version(conn)
     except psycopg.Error as error:
         raise translate(error, target, "reading metrics") from None
     finally:
         conn.close()
-    return site, end, remotes, conflicts, errors
+    return site, end, remotes, conflicts, errors, version

@@ -45,3 +45,13 @@ def test_a_metrics_file_of_a_postgresql_site_names_its_remotes(hq) -> None:
     hq.add_remote("r1", address="inbox/r1", now=MOMENT)
     text = generate_latest(SiteMetrics(hq.path, "batch").registry()).decode()
     assert 'fieldsync_peer_log_sent_offset{peer="r1",site="hq"} 0.0' in text
+
+
+def test_the_schema_version_metric_is_the_last_change_s_offset(hq) -> None:
+    text = generate_latest(SiteMetrics(hq.path, "batch").registry()).decode()
+    assert "fieldsync_schema_version{" not in text  # absent while there is none
+    [offset] = hq.apply_schema(["ALTER TABLE customer ADD COLUMN note text"]).offsets
+    assert read_site(hq.path).schema_version == offset
+    text = generate_latest(SiteMetrics(hq.path, "batch").registry()).decode()
+    assert f'fieldsync_schema_version{{site="hq"}} {float(offset)}' in text
+
