@@ -358,7 +358,7 @@ class PostgresSite(RemoteUsers):
             return reading.selection_rows(conn, self._identity, list(subscribers))
 
     def table_renames(self) -> dict[str, str]:
-        """None: a PostgreSQL consolidated takes no schema change yet."""
+        """None: a PostgreSQL consolidated renames no published table yet (changes.py)."""
         return {}
 
     def check_log_range(self, after: int, until: int) -> None:
