@@ -130,5 +130,7 @@ def describe(step: tuple) -> str:
         "rename_table": lambda: f"renamed table {table} to {step[2]}",
         "create_index": lambda: f"created index {step[2]} on {table}",
         "drop_index": lambda: f"dropped index {step[2]} of {table}",
+        "retype_column": lambda: f"changed the type of {table}.{step[2]} (at the consolidated only: it travels as "
+                                 "before)",
     }
     return texts.get(verb, lambda: f"redefined table {table}")()

@@ -16,7 +16,8 @@ Rules of this file:
 * What reaches the remotes: the columns of a published table added (with
   the value the table's rows got), renamed and dropped, with SQLite's
   checks (agent/site/sqlite/changes.py: what its article needs stays, a
-  retired name is never given again).  Retyping a published column,
+  retired name is never given again); a column retyped to a type that
+  travels as before stays here.  Other retypes of a published column,
   renaming, re-keying or dropping a published table are refused (not
   built on PostgreSQL yet), and so is writing its rows (data goes through
   the applications) or touching fieldsync's own tables and capture
@@ -92,7 +93,7 @@ class _Table:
 @dataclass(frozen=True, slots=True)
 class _Catalog:
     tables: dict[int, _Table]
-    indexes: dict[int, tuple[str, int]]  # index oid -> (name, table oid)
+    indexes: frozenset[tuple[int, str]]  # (table oid, index name): an index rebuilt under its name is the same
     triggers: frozenset[tuple]
 
     @classmethod
@@ -101,7 +102,7 @@ class _Catalog:
                                              for number, column, type_oid, modifier in columns},
                               tuple(key or ()), written)
                   for oid, schema, name, columns, key, written in conn.execute(_TABLES)}
-        indexes = {oid: (name, table) for oid, name, table in conn.execute(_INDEXES)}
+        indexes = frozenset((table, name) for _oid, name, table in conn.execute(_INDEXES))
         triggers = frozenset(conn.execute(_TRIGGERS, (TRIGGER_PREFIX + "%",)).fetchall())
         return cls(tables, indexes, triggers)
 
@@ -145,7 +146,7 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
     (txid,) = conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
                            " VALUES (pg_catalog.pg_current_xact_id(), %s, %s, %s) RETURNING txid::text",
                            (Jsonb([list(step) for step in change.steps]), Jsonb(scripts), made_at)).fetchone()
-    sent = [catalog.tables[oid] for oid in sorted(change.altered, key=lambda oid: catalog.tables[oid].shown)
+    sent = [catalog.tables[oid] for oid in sorted(change.sent, key=lambda oid: catalog.tables[oid].shown)
             if change.articles[oid].whole]
     subscribers = [name for (name,) in conn.execute(
         "SELECT DISTINCT s.remote FROM fieldsync.subscription s JOIN fieldsync.article a"
@@ -216,6 +217,7 @@ class _Change:
         self.steps: list[tuple] = []  # every step, as agent.site.sqlite.ddl.differences names them
         self.published: list[tuple] = []  # the steps on published tables, as they travel
         self.altered: set[int] = set()  # the published tables whose columns changed
+        self.sent: set[int] = set()  # those of them with steps that travel
 
     def judge(self, before: _Catalog, after: _Catalog, where: str) -> None:
         """The steps one piece of SQL made (``before`` and ``after`` it);
@@ -260,10 +262,10 @@ class _Change:
         self.steps += [("create_table", table.shown) for table in made]
         if any(table.written for table in made):
             other = other or "a data statement"
-        self.steps += [("create_index", after.tables[table].shown, name) for oid, (name, table)
-                       in after.indexes.items() if oid not in before.indexes and table in before.tables]
-        self.steps += [("drop_index", before.tables[table].shown, name) for oid, (name, table)
-                       in before.indexes.items() if oid not in after.indexes and table in after.tables]
+        self.steps += [("create_index", after.tables[table].shown, name) for table, name
+                       in sorted(after.indexes - before.indexes) if table in before.tables]
+        self.steps += [("drop_index", before.tables[table].shown, name) for table, name
+                       in sorted(before.indexes - after.indexes) if table in after.tables]
         if other is not None and not self.unchecked:
             raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add "
                                 "--unchecked to run it at the consolidated only (docs/postgres.md, \"Schema "
@@ -274,11 +276,14 @@ class _Change:
         can follow them (docs/site-database.md, "Schema changes"): its
         SUBSCRIBE BY column, a column an article lists and a follow key
         column are neither dropped nor renamed, nor is a key column dropped;
-        a retired name is not given again; a column is not retyped."""
+        a retired name is not given again.  A column takes a new type only
+        when it travels as before (its row of the types table: varchar(20)
+        to varchar(40), integer to bigint): the remotes then change nothing,
+        and the step is the consolidated's only."""
         article, table = self.articles[oid], new.shown
         gone = self.retired.setdefault(table.lower(), set())
         keys = {old.columns[number][0].lower() for number in old.key}
-        steps = []
+        steps, retyped, recorded = [], [], []
         for number, (name, type_oid, modifier) in old.columns.items():
             now, lowered = new.columns.get(number), name.lower()
             if now is None:
@@ -298,12 +303,21 @@ class _Change:
                                         "choose another")
                 gone.add(lowered)
                 steps.append(("rename_column", table, name, now[0]))
-            elif now[1:] != (type_oid, modifier):
-                raise SchemaRefused(f"{where}: changing the type of column {table}.{name} of a published table is "
-                                    "refused (the remotes' rows keep the old type's values)")
+            if now is not None and now[1:] != (type_oid, modifier):
+                retyped.append((name, now[0]))
         added = [name for number, (name, _type, _modifier) in new.columns.items() if number not in old.columns]
+        kinds = self._kinds(new) if added or retyped else {}
+        if retyped:
+            travelled = self._travelling(oid)
+            for name, now_named in retyped:
+                if travelled.get(name) != kinds[now_named]:
+                    raise SchemaRefused(f"{where}: changing the type of column {table}.{now_named} of a published "
+                                        f"table is refused: it travels as {travelled.get(name, 'a new column')} and "
+                                        f"would travel as {kinds[now_named]} (a type that travels as before is "
+                                        "taken: varchar(20) to varchar(40), integer to bigint)")
+                recorded.append(("retype_column", table, now_named))
+            self.altered.add(oid)  # captured in a new shape: its declared type changed
         if added:
-            kinds = self._kinds(new)
             for name in added:
                 if name.lower() in gone:
                     raise SchemaRefused(f"{where}: {table}.{name} was a column of the published table before "
@@ -315,6 +329,15 @@ class _Change:
             self.steps += steps
             self.published += steps
             self.altered.add(oid)
+            self.sent.add(oid)
+        self.steps += recorded
+
+    def _travelling(self, oid: int) -> dict[str, str]:
+        """Each column's row of the types table in the shape the table is
+        captured in now (before this change)."""
+        found = self.conn.execute("SELECT s.columns, s.kinds FROM fieldsync.article a JOIN fieldsync.shape s"
+                                  " ON s.id = a.shape WHERE a.table_oid = %s LIMIT 1", (oid,)).fetchone()
+        return {} if found is None else dict(zip(found[0], found[1]))
 
     def _kinds(self, table: _Table) -> dict[str, str]:
         """Each column's row of the types table, as capture will read it."""

@@ -136,8 +136,11 @@ def test_a_constant_default_reaches_the_remote_as_the_value_of_its_rows(hq, app,
     ("ALTER TABLE customer DROP COLUMN region", "customer.region is needed by its article"),
     ("ALTER TABLE customer RENAME COLUMN region TO area", "customer.region is the SUBSCRIBE BY column"),
     ("ALTER TABLE customer DROP COLUMN id", "it re-keys the published table customer"),
-    ("ALTER TABLE customer ALTER COLUMN name TYPE varchar(40)", "changing the type of column customer.name of a "
-                                                                 "published table is refused"),
+    ("ALTER TABLE customer ALTER COLUMN id TYPE numeric", "changing the type of column customer.id of a published "
+                                                          "table is refused: it travels as integer and would "
+                                                          "travel as numeric"),
+    ("ALTER TABLE customer RENAME COLUMN name TO label; ALTER TABLE customer ALTER COLUMN label TYPE date USING NULL",
+     "changing the type of column customer.label of a published table is refused: it travels as text"),
     ("ALTER TABLE customer RENAME TO client", "renaming a published table is not supported"),
     ("DROP TABLE customer", "dropping a published table is refused"),
     ("ALTER TABLE customer ADD COLUMN tag double precision DEFAULT random()", "gives each row its own value"),
@@ -199,6 +202,33 @@ def test_columns_renamed_and_dropped_at_postgresql_reach_the_remote_and_its_rows
     for statement in ("ALTER TABLE customer ADD COLUMN phone text", "ALTER TABLE customer RENAME COLUMN label TO name"):
         code, out, err = agent("schema", "apply", app_uri, statement)
         assert code == 1 and "was a column of the published table before" in err, err
+
+
+def test_a_column_retyped_to_a_type_that_travels_as_before_changes_nothing_at_the_remotes(
+        agent, app_uri, tmp_path) -> None:
+    """varchar(20) to varchar(40), integer to bigint: the values travel as
+    before, so the change is the consolidated's only (recorded, captured in
+    a new shape) and the remotes keep taking and sending the rows."""
+    with connect(app_uri) as conn:
+        conn.execute("ALTER TABLE customer ALTER COLUMN name TYPE varchar(20)")  # before it is published
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    code, out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer ALTER COLUMN name TYPE varchar(40)",
+                           "ALTER TABLE customer ALTER COLUMN id TYPE bigint")
+    assert (code, err) == (0, ""), err
+    assert "changed the type of customer.name (at the consolidated only: it travels as before)" in out
+    assert "It changes nothing a remote receives: it stays at hq." in out
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (5000000000, 'a name longer than twenty', 'north')")
+    with open_site(north) as remote:
+        remote.connection.execute("UPDATE customer SET name = 'Ann, renamed at north' WHERE id = 1")
+    _exchange(agent, north, app_uri)
+    expected = [(1, "Ann, renamed at north", "north"), (5000000000, "a name longer than twenty", "north")]
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == expected
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == expected
+    with open_site(app_uri) as site:
+        assert site.apply_errors() == ()
 
 
 def test_unchecked_statements_run_at_the_consolidated_only(hq, app, tmp_path) -> None:
