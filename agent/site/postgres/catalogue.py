@@ -42,7 +42,6 @@ from ..publication_rules import (Article, Publication, as_article, check_followe
                                  check_table_articles, published_columns, subscribe_by_column)
 from . import route
 from .capture import describe_table, drop_capture_of, install_capture, shown_table
-from .errors import NotYetOnPostgres
 from .uri import PgTarget
 
 # The schema and name a text names, as PostgreSQL resolves it (none: no such relation).
@@ -88,7 +87,6 @@ def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, ar
     held = conn.execute("SELECT publication, follows FROM fieldsync.article WHERE (table_schema = %s AND"
                         " table_name = %s) OR table_oid = %s",
                         (layout.schema, layout.table, description.oid)).fetchall()
-    # (A remote extracted with the publication was refused before: refuse_sending_tables.)
     check_table_articles(layout.shown, publication, article.follows, held)
     find = _finder(layout.columns)
     columns = published_columns(layout.shown, layout.columns, layout.key_columns, article.columns, find)
@@ -207,17 +205,3 @@ def list_publications(conn: psycopg.Connection) -> tuple[Publication, ...]:
                                              None if follow_columns is None else tuple(follow_columns)))
     return tuple(Publication(name, tuple(sorted(items, key=lambda item: table_order(item.table))))
                  for name, items in articles.items())
-
-
-def refuse_sending_tables(conn: psycopg.Connection, publication: str, table: str) -> None:
-    """A table published where a remote already extracted subscribes would
-    have to reach it through its stream (the SQLite consolidated sends the
-    table and its rows: docs/site-database.md, "Schema changes"); not yet
-    on PostgreSQL, so refused in one line with nothing changed."""
-    found = conn.execute("SELECT s.remote FROM fieldsync.subscription s JOIN fieldsync.remote r ON r.name = s.remote"
-                         " WHERE s.publication = %s AND s.until IS NULL AND r.peer_incarnation IS NOT NULL"
-                         " ORDER BY s.remote LIMIT 1", (publication,)).fetchone()
-    if found is not None:
-        raise NotYetOnPostgres(f"cannot publish {table!r} in {publication!r}: remote {found[0]!r} subscribes to it "
-                               "and was extracted, and sending a new table through the stream is not yet built on "
-                               "PostgreSQL; publish it before extracting, or extract the remotes again")

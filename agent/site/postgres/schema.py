@@ -21,7 +21,7 @@ Rules of this file:
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
   layout 5: ``returned`` without a foreign key; layout 6: follows; layout 8:
-  ``applied``; layout 9: ``schema_change``) has the columns of a SQLite site's
+  ``applied``; layout 9: ``schema_change``, ``table_send``) has the columns of a SQLite site's
   tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
@@ -69,7 +69,8 @@ SCHEMA = "fieldsync"
 #    "What a data message says of the recipient's own changes").
 # 9: schema changes (changes.py): the capture table takes a change's row
 #    (kind 4, shape 0), and ``schema_change`` keeps each change by its
-#    writing transaction, with its commit offset once a cut gave it one.
+#    writing transaction, with its commit offset once a cut gave it one;
+#    ``table_send``, a new table's rows still to be sent (new_tables.py).
 SCHEMA_VERSION = 9
 
 _TABLES = """
@@ -322,6 +323,11 @@ CREATE TABLE IF NOT EXISTS fieldsync.schema_change (
     steps         jsonb NOT NULL,
     statements    jsonb NOT NULL,
     made_at       timestamptz NOT NULL
+);
+-- A table published where extracted remotes subscribe, whose rows are
+-- still to be sent after the change that creates it (new_tables.py).
+CREATE TABLE IF NOT EXISTS fieldsync.table_send (
+    table_oid oid PRIMARY KEY
 );
 """
 

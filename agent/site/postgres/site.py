@@ -58,6 +58,7 @@ from .agent_runs import count_run
 from .apply import PgApplier, records
 from .capture import describe_table
 from .changes import apply_schema_in, change_offset, schema_version
+from .new_tables import finish_sends, send_new_table_in
 from .connect import connect, translate
 from .extract import PgConsolidated
 from .extract_many import PgFleetSource
@@ -203,9 +204,15 @@ class PostgresSite(RemoteUsers):
                     follow_columns: Iterable[str] | None = None, now: datetime | None = None) -> Article:
         article = Article(table, None if columns is None else tuple(columns), subscribe_by, follows,
                           None if follow_columns is None else tuple(follow_columns))
-        with self._transaction(f"publishing table {table!r}") as conn:
-            catalogue.refuse_sending_tables(conn, publication, table)
-            return catalogue.add_article(conn, self.target, publication, article)
+        with self._lock:
+            with self._transaction(f"publishing table {table!r}") as conn:
+                made = catalogue.add_article(conn, self.target, publication, article)
+                layout = describe_table(conn, made.table).layout
+                sent = send_new_table_in(conn, self._identity.name, publication, layout.schema, layout.table,
+                                         now or utc_now())
+            if sent:
+                self._finish_sends()
+            return made
 
     def remove_article(self, table: str, publication: str | None = None) -> None:
         """Stop publishing ``table`` in ``publication`` (None: in every one); its capture goes with its last."""
@@ -265,6 +272,7 @@ class PostgresSite(RemoteUsers):
         changed, for what it may not do.  The log is cut right after, so
         the change has its offset."""
         with self._lock:
+            self._finish_sends()  # a table published since extraction has its rows sent before it changes
             with self._transaction("applying a schema change") as conn:
                 result, txid = apply_schema_in(conn, self.target, self._identity.name, scripts, unchecked=unchecked,
                                                made_at=now or utc_now())
@@ -287,7 +295,15 @@ class PostgresSite(RemoteUsers):
         last scan (log.cut: in commit order, origin this site for the
         applications' writes); return the log end."""
         with self._lock:
+            self._finish_sends()
             return cut(self._live(), self.target, self._identity.name).log_end
+
+    def _finish_sends(self) -> None:
+        """The rows of the tables published since their remotes' extraction (new_tables.py)."""
+        try:
+            finish_sends(self._live())
+        except psycopg.Error as error:
+            raise translate(error, self.target, "sending the rows of a table published since extraction") from None
 
     def log_end(self) -> int:
         """The commit offset of the last log transaction (0 when empty)."""

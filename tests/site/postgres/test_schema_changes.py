@@ -231,6 +231,63 @@ def test_a_column_retyped_to_a_type_that_travels_as_before_changes_nothing_at_th
         assert site.apply_errors() == ()
 
 
+def test_a_new_table_published_reaches_the_extracted_remote_with_its_rows(agent, app_uri, tmp_path) -> None:
+    """CREATE TABLE through agent schema apply, then `publication add`: the
+    remote gets the table (published in its publication, so it captures
+    its own writes) and the rows of its subset, with no new extraction."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    assert agent("schema", "apply", app_uri, "CREATE TABLE visit (id integer PRIMARY KEY, region text NOT NULL,"
+                 " note text)")[0] == 0
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO visit VALUES (1, 'north', 'a'), (2, 'south', 'b'), (3, 'north', 'c')")
+    code, out, err = agent("publication", "add", app_uri, "sales", "visit@region")
+    assert (code, err) == (0, ""), err
+    with connect(app_uri) as conn:
+        conn.execute("UPDATE visit SET note = 'c2' WHERE id = 3")
+    with open_site(north) as remote:
+        remote.connection.execute("INSERT INTO customer VALUES (7, 'Flo', 'north')")  # its stream goes on
+    _exchange(agent, north, app_uri)
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT * FROM visit ORDER BY id").fetchall() == [(1, "north", "a"),
+                                                                                         (3, "north", "c2")]
+        remote.connection.execute("INSERT INTO visit VALUES (4, 'north', 'from north')")
+    _exchange(agent, north, app_uri)
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT note FROM visit WHERE id = 4").fetchone() == ("from north",)
+    with open_site(app_uri) as site:
+        assert site.apply_errors() == () and site.remote("north").peer_schema_version == site.schema_version()
+
+
+def test_a_new_table_s_rows_are_sent_by_the_next_run_when_the_process_died_before(
+        agent, app_uri, tmp_path, monkeypatch) -> None:
+    """The process that published the table died after the change that
+    creates it and before its rows were sent: the table's capture stays
+    off (a write meanwhile is not captured), and the next run sends the
+    rows as they are then, so the remote misses nothing."""
+    import agent.site.postgres.site as site_module
+
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    with connect(app_uri) as conn:
+        conn.execute("CREATE TABLE visit (id integer PRIMARY KEY, region text NOT NULL, note text)")
+        conn.execute("INSERT INTO visit VALUES (1, 'north', 'a')")
+    with monkeypatch.context() as patched:
+        patched.setattr(site_module, "finish_sends", lambda conn: 0)  # died before the second transaction
+        assert agent("publication", "add", app_uri, "sales", "visit@region")[0] == 0
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO visit VALUES (2, 'north', 'meanwhile')")
+        assert conn.execute("SELECT count(*) FROM fieldsync.table_send").fetchone() == (1,)
+    _exchange(agent, app_uri, north)
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT * FROM visit ORDER BY id").fetchall() == [
+            (1, "north", "a"), (2, "north", "meanwhile")]
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT count(*) FROM fieldsync.table_send").fetchone() == (0,)
+        conn.execute("UPDATE visit SET note = 'after' WHERE id = 2")  # captured again
+    _exchange(agent, app_uri, north)
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT note FROM visit WHERE id = 2").fetchone() == ("after",)
+
+
 def test_unchecked_statements_run_at_the_consolidated_only(hq, app, tmp_path) -> None:
     """A table of no article, written and dropped under --unchecked: the
     change records its steps; no remote receives any of it."""

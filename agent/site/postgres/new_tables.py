@@ -1,0 +1,109 @@
+"""A table published where extracted remotes subscribe: sent to them
+through their streams, with no new extraction (docs/postgres.md, "Schema
+changes"; a SQLite consolidated's send_new_article_locked).
+
+Rules of this file:
+* Two transactions, because a schema change is a log transaction of its
+  own (log.cut_in) and the table's rows must come after it in the log:
+  the first (:func:`send_new_table_in`, inside the one that publishes the
+  table) writes the change that creates the table at the remotes and
+  leaves the table's row capture off; the second (:func:`finish_sends`)
+  locks the table against writers, writes every row it holds as an
+  INSERT capture row (as the capture triggers would), and turns its
+  capture on.  A write between the two is not captured, and need not be:
+  the second reads the table after it, so its rows hold it.
+* ``fieldsync.table_send`` holds the tables whose rows are still to be
+  sent (their row capture off): :func:`finish_sends` runs after the first
+  transaction and before every cut (``PostgresSite.scan``), so a process
+  that died between the two is finished by the next agent run.
+* Not yet: a table that follows its parent, or one published in another
+  publication already; both refused in one line, with nothing changed.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from ..capture import KIND_INSERT, KIND_SCHEMA
+from ..change_rows import SCHEMA_SHAPE, check_fits, row_value
+from .capture import TRIGGER_PREFIX, load_shapes, shown_table
+from .errors import NotYetOnPostgres
+from .extract import remote_table_sql
+from .typemap import KINDS
+
+# The row triggers of a table's capture (capture._EVENTS' suffixes).
+_ROW_TRIGGERS = tuple(TRIGGER_PREFIX + suffix for suffix in ("ins", "upd", "del"))
+# The tables whose rows are still to be sent, as they are named now.
+_WAITING = """
+SELECT w.table_oid, n.nspname, c.relname FROM fieldsync.table_send w
+  JOIN pg_catalog.pg_class c ON c.oid = w.table_oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+"""
+
+
+def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, schema: str, table: str,
+                      made_at: object) -> bool:
+    """Inside the transaction that published ``schema.table`` in
+    ``publication``: when an extracted remote subscribes to it, write the
+    change that creates the table at the remotes and turn the table's row
+    capture off until :func:`finish_sends` sends its rows.  False: no such
+    remote, nothing done."""
+    if conn.execute("SELECT 1 FROM fieldsync.subscription s JOIN fieldsync.remote r ON r.name = s.remote"
+                    " WHERE s.publication = %s AND s.until IS NULL AND r.peer_incarnation IS NOT NULL LIMIT 1",
+                    (publication,)).fetchone() is None:
+        return False
+    shown = shown_table(schema, table)
+    rows = conn.execute("SELECT publication, shape, columns, subscribe_by, follows FROM fieldsync.article"
+                        " WHERE table_schema = %s AND table_name = %s", (schema, table)).fetchall()
+    if len(rows) > 1 or rows[0][4] is not None:
+        raise NotYetOnPostgres(f"cannot publish {shown!r} in {publication!r} where extracted remotes subscribe: "
+                               "sending a table that follows its parent, or one published in another publication "
+                               "already, through the stream is not yet built on PostgreSQL; publish it before "
+                               "extracting, or extract the remotes again")
+    _publication, shape_id, columns, subscribe_by, _follows = rows[0]
+    shape = load_shapes(conn)[shape_id]
+    published = shape.layout.columns if columns is None else tuple(columns)
+    step = ("create_table", shown, remote_table_sql(shape, published), publication, subscribe_by)
+    check_fits(site, [step], [(shown, shape.shape)])
+    conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
+        sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)), (row_value([step], {shown: shape_id}, {}),))
+    conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
+                 " VALUES (pg_catalog.pg_current_xact_id(), %s, '[]', %s)", (Jsonb([list(step)]), made_at))
+    (oid,) = conn.execute("SELECT %s::regclass::oid", (sql.Identifier(schema, table).as_string(conn),)).fetchone()
+    conn.execute("INSERT INTO fieldsync.table_send (table_oid) VALUES (%s)", (oid,))
+    _switch(conn, schema, table, "DISABLE")
+    return True
+
+
+def finish_sends(conn: psycopg.Connection) -> int:
+    """Send the rows of every table whose rows are still to be sent (see the
+    rules above), one transaction each; return how many tables.  The
+    connection is in autocommit mode, with no transaction open."""
+    waiting = conn.execute(_WAITING).fetchall()
+    for oid, schema, table in waiting:
+        with conn.transaction():
+            identifier = sql.Identifier(schema, table)
+            conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(identifier))
+            if conn.execute("DELETE FROM fieldsync.table_send WHERE table_oid = %s", (oid,)).rowcount == 0:
+                continue  # sent meanwhile (by another session)
+            found = conn.execute("SELECT shape FROM fieldsync.article WHERE table_oid = %s LIMIT 1", (oid,)).fetchone()
+            if found is None:
+                continue  # no longer published: nothing to send
+            shape_id = found[0]
+            layout = load_shapes(conn)[shape_id].layout
+            values = sql.SQL(", ").join(sql.SQL(KINDS[kind].capture).format(sql.Identifier(column))
+                                        for column, kind in zip(layout.columns, layout.kinds))
+            conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, v) SELECT {}, {}, ARRAY[{}] FROM {}"
+                                 " ORDER BY {}").format(
+                sql.Literal(shape_id), sql.Literal(KIND_INSERT), values, identifier,
+                sql.SQL(", ").join(map(sql.Identifier, layout.key_columns))))
+            _switch(conn, schema, table, "ENABLE")
+    return len(waiting)
+
+
+def _switch(conn: psycopg.Connection, schema: str, table: str, how: str) -> None:
+    for trigger in _ROW_TRIGGERS:
+        conn.execute(sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(sql.Identifier(schema, table), sql.SQL(how),
+                                                                   sql.Identifier(trigger)))
+
