@@ -52,6 +52,8 @@ PG_ARRIVALS = [
     " $$BEGIN INSERT INTO chaos_arrival (entry) VALUES (NEW.entry); RETURN NULL; END$$",
     "CREATE TRIGGER chaos_arrival_journal AFTER INSERT ON ledger FOR EACH ROW EXECUTE FUNCTION chaos_arrival_journal()",
 ]
+# The tables a seed's schema changes make (schema_changes.py): note1, note2, ...
+NOTES = "note"
 # What the suite makes in the database (relations outside PostgreSQL's schemas).
 _MADE = (*TABLES, *follow_chain.TABLES, "chaos_arrival")  # the tables a seed makes
 _OURS = {*(("public", table) for table in (*_MADE, "chaos_arrival_n_seq"))}
@@ -70,8 +72,10 @@ def empty_database(uri: str) -> None:
     conn = connect(target)
     try:
         with conn.transaction():
-            foreign = [f"{schema}.{name}" for schema, name in conn.execute(_FOREIGN)
-                       if (schema, name) not in _OURS]
+            found = conn.execute(_FOREIGN).fetchall()
+            notes = [name for schema, name in found if schema == "public" and name.startswith(NOTES)]
+            foreign = [f"{schema}.{name}" for schema, name in found
+                       if (schema, name) not in _OURS and name not in notes]
             if foreign:
                 shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
                 raise ChaosWorldError(
@@ -79,7 +83,7 @@ def empty_database(uri: str) -> None:
                     "the suite did not make: give --consolidated a database of its own (CREATE DATABASE chaos)")
             conn.execute("DROP SCHEMA IF EXISTS fieldsync CASCADE")
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
-                sql.SQL(", ").join(map(sql.Identifier, _MADE))))
+                sql.SQL(", ").join(map(sql.Identifier, (*_MADE, *notes)))))
             conn.execute("DROP FUNCTION IF EXISTS chaos_arrival_journal()")
     finally:
         conn.close()
@@ -174,5 +178,16 @@ def pg_columns(uri: str, table: str) -> tuple[str, ...]:
         return tuple(name for (name,) in conn.execute(
             "SELECT a.attname FROM pg_catalog.pg_attribute a WHERE a.attrelid = pg_catalog.to_regclass(%s)"
             " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (table,)))
+    finally:
+        conn.close()
+
+
+def pg_tables(uri: str, prefix: str) -> list[str]:
+    """The tables of ``uri``'s database (schema ``public``) whose name starts with ``prefix``."""
+    conn = connect(uri)
+    try:
+        return [name for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'public' AND c.relkind = 'r' AND starts_with(c.relname, %s) ORDER BY 1", (prefix,))]
     finally:
         conn.close()

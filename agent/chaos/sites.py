@@ -66,10 +66,10 @@ class Sites:
         return world.columns(self.root / f"{site}.db", table)
 
     def tables(self, site: str, prefix: str) -> list[str]:
-        """``site``'s tables whose name starts with ``prefix`` (a PostgreSQL
-        consolidated makes none of the schema changes' new tables)."""
+        """``site``'s tables whose name starts with ``prefix``."""
         if self.in_postgres(site):
-            return []
+            assert self.consolidated is not None
+            return pgworld.pg_tables(self.consolidated, prefix)
         return world.tables(self.root / f"{site}.db", prefix)
 
     def arrivals(self, site: str) -> list[str]:
