@@ -60,15 +60,24 @@ def reshaped(moves: list[list], columns: tuple[str, ...], column_set: frozenset[
     return result
 
 
+def column_now(column: str, moves: list[list]) -> str | None:
+    """The name ``column`` has after the table's ``moves`` (itself when
+    none concerns it); None: dropped."""
+    current = column
+    for step in moves:
+        if step[2].lower() == current.lower():
+            if step[0] == "drop_column":
+                return None
+            current = step[3]
+    return current
+
+
 def _follow(column: str, moves: list[list], columns: tuple[str, ...]) -> object:
     """Where ``column`` went: a column of the table now, _DROPPED, or None."""
-    current = column.lower()
-    for step in moves:
-        if step[2].lower() == current:
-            if step[0] == "drop_column":
-                return _DROPPED
-            current = step[3].lower()
-    return next((name for name in columns if name.lower() == current), None)
+    current = column_now(column, moves)
+    if current is None:
+        return _DROPPED
+    return next((name for name in columns if name.lower() == current.lower()), None)
 
 
 def _image(image: dict | None, names: dict[str, object]) -> dict | None:

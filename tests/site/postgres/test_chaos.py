@@ -81,6 +81,20 @@ def test_seed_98_whose_chain_of_messages_writes_a_row_back_twice_is_clean(postgr
     _clean(summary)
 
 
+def test_seed_221_whose_remote_changed_a_column_hq_renamed_meanwhile_is_clean(postgres, capsys):
+    """Seed 221: f1 writes customer.x1 twice while hq renames x1 to x3; hq
+    applies the first write (mapped to x3) against its own unconfirmed
+    change and writes the row back to f1, which applies the rename first.
+    f1's second write is pending there, logged under x1: the pending rule
+    must know x1 as x3 and keep it.  It diverged ("f1: customers differ
+    from hq's subset") while the pending rule compared the old name."""
+    uri = postgres.uri(postgres.create_database())
+    assert main(["chaos", "--consolidated", uri, "--seed", "221", "--schema-changes", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["schema"]["kinds"].get("rename customer column") == 1
+    _clean(summary)
+
+
 def test_crashes_of_the_consolidated_and_reextractions_from_it(postgres, capsys):
     """Crash points in the PostgreSQL consolidated's agent, and remotes
     extracted again from it while their mail is in flight."""

@@ -11,14 +11,20 @@ Rules of this file:
   consolidated had applied of it when it wrote them: from that
   transaction on, the batch's pending rows are read after that offset
   (:meth:`Pending.confirmed_for`), which confirms nothing else.
-* Pending rows are by table under its name of now: a row this remote
-  logged before it applied a rename of its table is the renamed table's.
+* Pending rows are by table under its name of now, and their columns
+  under their names of now: a row this remote logged before it applied a
+  rename of its table is the renamed table's, and a value it wrote to a
+  column renamed since is the renamed column's (one dropped since is no
+  longer its own), through the changes this site applied
+  (agent.site.apply.reshape.column_moves; a retired name is never given
+  again, so an old name always means the old column).
 * :class:`Pending` is given the connection, the shapes, the statements and
   the key moves (a remote takes a key the consolidated moves a row onto).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from operator import itemgetter
 
@@ -26,6 +32,7 @@ from codec.changes import RENAME_TABLE, SchemaChange
 from codec.ops import OpKind, Transaction
 
 from ...apply.batch import Batch, KEY_TAKEN, MOVES_FOLLOWED, Own, key_after, set_aside
+from ...apply.reshape import column_moves, column_now
 from ...capture import (FLAG_CONCURRENT_DELETE, FLAG_PENDING_MOVE, FLAG_WITH_PARENT, KIND_DELETE, KIND_INSERT,
                         KIND_UPDATE, Shape)
 from ...values import operation_problem
@@ -45,8 +52,8 @@ class Pending:
         self._shapes = shapes
         self._statements = statements
         self._key_moves = key_moves
-        # own_changes' last result: (confirmed, end, pending rows, the table renames they were read with).
-        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]], dict[str, str]] | None = None
+        # own_changes' last result: (confirmed, end, pending rows, the schema changes they were read with).
+        self._own_kept: tuple[int, int, dict[str, dict[tuple, Own]], tuple] | None = None
 
     def own_changes(self, site: str, confirmed: int, end: int) -> dict[str, dict[tuple, Own]]:
         """The own changes of this remote (``site``) in its log after
@@ -57,17 +64,22 @@ class Pending:
         rolled-back apply cut it once more, changes nothing)."""
         conn = self._conn
         kept = self._own_kept
-        renames = table_renames(conn)
-        if kept is not None and kept[0] == confirmed and kept[1] <= end and kept[3] == renames:
+        changes = conn.execute("SELECT count(*), max(commit_offset) FROM fieldsync_schema_change").fetchone()
+        if kept is not None and kept[0] == confirmed and kept[1] <= end and kept[3] == changes:
             start, pending = kept[1], kept[2]
         else:
             start, pending = confirmed, {}
         spans = conn.execute("SELECT first_seq, commit_offset FROM fieldsync_log WHERE commit_offset > ?"
                              " AND commit_offset <= ? AND origin = ? ORDER BY commit_offset",
                              (start, end, site)).fetchall()
-        self._own_kept = (confirmed, end, pending, renames)
+        self._own_kept = (confirmed, end, pending, changes)
         captured = [row for first, last in spans for row in conn.execute(
             "SELECT * FROM fieldsync_capture WHERE seq >= ? AND seq <= ? ORDER BY seq", (first, last))]
+        renames = table_renames(conn) if captured else {}
+        retired = column_moves(step for (steps,) in conn.execute(
+            "SELECT steps FROM fieldsync_schema_change ORDER BY commit_offset") for step in json.loads(steps)) \
+            if captured and changes[0] else {}
+        names_now: dict[int, tuple[str | None, ...]] = {}  # by shape: each column's name now (None: dropped)
         # The consolidated's changes of the key of pending rows, as applied here.
         moves = conn.execute("SELECT * FROM fieldsync_capture WHERE seq > ? AND seq <= ? AND flags & ? ORDER BY seq",
                              (start, end, FLAG_PENDING_MOVE)).fetchall()
@@ -76,8 +88,12 @@ class Pending:
         for row in captured:
             shape = self._shapes.get(row[1])
             name = shape.table.lower()
-            rows = pending.setdefault(renames.get(name, name).lower(), {})
-            columns = shape.columns
+            table = renames.get(name, name).lower()
+            rows = pending.setdefault(table, {})
+            columns = names_now.get(row[1])
+            if columns is None:
+                columns = names_now[row[1]] = tuple(column_now(column, retired.get(table, []))
+                                                    for column in shape.columns)
             width = len(columns)
             positions = shape.key_positions
             old = row[4:4 + width]
@@ -88,8 +104,8 @@ class Pending:
                 _rekey(rows, old_key, tuple(new[i] for i in positions))
             elif kind == KIND_INSERT:
                 own = _own_entry(rows, old_key, row[0])
-                own.values = dict(zip(columns, old))
-                own.seqs = dict.fromkeys(columns, row[0])
+                own.values = {column: value for column, value in zip(columns, old) if column is not None}
+                own.seqs = dict.fromkeys(own.values, row[0])
                 own.deleted = False
                 own.moved_to = None
             elif kind == KIND_DELETE:
@@ -102,7 +118,7 @@ class Pending:
                 new = row[4 + width:4 + 2 * width]
                 new_key = tuple(new[i] for i in positions)
                 changed = {column: after for column, before, after in zip(columns, old, new)
-                           if not (type(before) is type(after) and before == after)}
+                           if column is not None and not (type(before) is type(after) and before == after)}
                 if new_key != old_key:
                     # Its values go with it; they are its own where it wrote them.
                     gone = _own_entry(rows, old_key, row[0])
@@ -142,10 +158,15 @@ class Pending:
 
     @staticmethod
     def renamed(pending: dict[str, dict[tuple, Own]], change: SchemaChange) -> None:
-        """A batch's pending rows after ``change`` renamed their table."""
+        """A batch's pending rows after ``change`` renamed their table, or
+        renamed or dropped their columns (the rows are copied: the kept
+        result stays as it was read, in case the batch is rolled back)."""
         for step in change.steps:
             if step[0] == RENAME_TABLE and step[1].lower() in pending:
                 pending[step[2].lower()] = pending.pop(step[1].lower())
+            elif step[0] in ("rename_column", "drop_column") and step[1].lower() in pending:
+                moves = [list(step)]
+                pending[step[1].lower()] = {key: _moved(own, moves) for key, own in pending[step[1].lower()].items()}
 
     def apply_one(self, table: SqliteTable, op: tuple, own: Own, batch: Batch) -> None:
         """Apply an operation of the consolidated to a row this remote changed
@@ -373,6 +394,19 @@ def _holds_own(own: Own, local: dict, before: dict | None, column: str) -> bool:
         return False
     value = local[column]
     return sqlite_equal(value, own.values[column]) and not sqlite_equal(before[column], value)
+
+
+def _moved(own: Own, moves: list[list]) -> Own:
+    """A copy of ``own`` with its columns under their names after ``moves``."""
+    copy = Own(own.seq)
+    copy.deleted, copy.moved_to = own.deleted, own.moved_to
+    for column, value in own.values.items():
+        now = column_now(column, moves)
+        if now is not None:
+            copy.values[now] = value
+            if column in own.seqs:
+                copy.seqs[now] = own.seqs[column]
+    return copy
 
 
 def sqlite_equal(left: object, right: object) -> bool:
