@@ -44,8 +44,9 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     its key or SUBSCRIBE BY column.
 
     At a PostgreSQL consolidated (a URI), the published tables take ADD,
-    RENAME and DROP COLUMN only so far, and --passthrough is not built
-    yet (docs/postgres.md, "Schema changes").
+    RENAME and DROP COLUMN and a type that travels as before only so far,
+    and --passthrough is not built yet (docs/postgres.md, "Schema
+    changes").
 
     With --passthrough --to REMOTE, data statements go to the named remotes
     only and run there as their own writes (SQL Remote's PASSTHROUGH ONLY
