@@ -138,14 +138,7 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
         shapes[table.shown] = _capture_again(conn, target, table).id
     if change.altered:
         route.install_moves(conn)
-    known = load_shapes(conn)
-    check_fits(site, change.published, ((table, known[shape_id].shape) for table, shape_id in shapes.items()))
-    conn.execute(sql.SQL("INSERT INTO {}.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
-        sql.Identifier(SCHEMA), sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)),
-        (row_value(change.published, shapes, {}),))
-    (txid,) = conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
-                           " VALUES (pg_catalog.pg_current_xact_id(), %s, %s, %s) RETURNING txid::text",
-                           (Jsonb([list(step) for step in change.steps]), Jsonb(scripts), made_at)).fetchone()
+    txid = write_change(conn, site, change.published, shapes, change.steps, scripts, made_at)
     sent = [catalog.tables[oid] for oid in sorted(change.sent, key=lambda oid: catalog.tables[oid].shown)
             if change.articles[oid].whole]
     subscribers = [name for (name,) in conn.execute(
@@ -156,6 +149,25 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
         ([table.schema for table in sent], [table.name for table in sent]))]
     return SchemaChangeResult((), tuple(change.steps), tuple(table.shown for table in sent), tuple(subscribers),
                               len(scripts)), txid
+
+
+def write_change(conn: psycopg.Connection, site: str, published: list[tuple], shapes: dict[str, int],
+                 steps: list[tuple], statements: list[str], made_at: object) -> str:
+    """Log a change in the caller's transaction: its capture row
+    (agent.site.change_rows; ``published`` the steps that travel, ``shapes``
+    each of their tables' shape id now) and its ``fieldsync.schema_change``
+    row (``steps``, all of them).  Returns the writing transaction's id,
+    which the cut gives the change's offset by.  SchemaRefused when it
+    could not travel in one message."""
+    known = load_shapes(conn)
+    check_fits(site, published, ((table, known[shape_id].shape) for table, shape_id in shapes.items()))
+    conn.execute(sql.SQL("INSERT INTO {}.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
+        sql.Identifier(SCHEMA), sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)),
+        (row_value(published, shapes, {}),))
+    (txid,) = conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
+                           " VALUES (pg_catalog.pg_current_xact_id(), %s, %s, %s) RETURNING txid::text",
+                           (Jsonb([list(step) for step in steps]), Jsonb(statements), made_at)).fetchone()
+    return txid
 
 
 def change_offset(conn: psycopg.Connection, txid: str) -> int | None:

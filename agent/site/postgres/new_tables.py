@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from ..capture import KIND_INSERT, KIND_SCHEMA
-from ..change_rows import SCHEMA_SHAPE, check_fits, row_value
+from ..capture import KIND_INSERT
 from .capture import TRIGGER_PREFIX, load_shapes, shown_table
+from .changes import write_change
 from .errors import NotYetOnPostgres
 from .extract import remote_table_sql
 from .typemap import KINDS
@@ -65,11 +64,7 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     shape = load_shapes(conn)[shape_id]
     published = shape.layout.columns if columns is None else tuple(columns)
     step = ("create_table", shown, remote_table_sql(shape, published), publication, subscribe_by)
-    check_fits(site, [step], [(shown, shape.shape)])
-    conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
-        sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)), (row_value([step], {shown: shape_id}, {}),))
-    conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
-                 " VALUES (pg_catalog.pg_current_xact_id(), %s, '[]', %s)", (Jsonb([list(step)]), made_at))
+    write_change(conn, site, [step], {shown: shape_id}, [step], [], made_at)
     (oid,) = conn.execute("SELECT %s::regclass::oid", (sql.Identifier(schema, table).as_string(conn),)).fetchone()
     conn.execute("INSERT INTO fieldsync.table_send (table_oid) VALUES (%s)", (oid,))
     _switch(conn, schema, table, "DISABLE")

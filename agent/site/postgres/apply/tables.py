@@ -43,6 +43,7 @@ from ...apply.batch import Resolution
 from ...apply.reshape import column_moves
 from ...capture import Shape
 from ..capture import PgShape, load_shapes, shown_table
+from ..changes import history
 from ..errors import ValueNotConvertible
 from ..typemap import KINDS, Kind, dump
 
@@ -313,9 +314,7 @@ class Tables:
         self._tables, self._seen = tables, seen
         (changes,) = conn.execute("SELECT count(*) FROM fieldsync.schema_change").fetchone()
         if changes != self._changes:  # changes are only ever added
-            self._changes, self._moves = changes, column_moves(
-                step for (steps,) in conn.execute("SELECT steps FROM fieldsync.schema_change"
-                                                  " ORDER BY commit_offset NULLS LAST, txid") for step in steps)
+            self._changes, self._moves = changes, column_moves(history(conn))
 
     def moves(self, table: PgTable) -> list[list]:
         """The columns of ``table`` renamed and dropped by schema changes, in
