@@ -11,7 +11,12 @@ Rules of this file:
   holds the keys of the database beside it.  Each refusal is one line
   naming the file and the fix.
 * A key file is deleted only by the step that made it, when making its site
-  failed and no database names its public key.
+  failed and no database names its public key, or by a later step making a
+  site at the same SQLite file when the step that made it was killed before
+  its database was there: the maker holds a claim beside the key file
+  (``site.key.making``, codec.fsutil.claim) from before it writes the key
+  until its site is made, and a claim no process holds, with no database
+  naming the key, was left by a killed step.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from codec.errors import InvalidValue, KeyFileError
+from codec.fsutil import abandoned, claim
 from codec.keys import PublicKeys, SiteKeys
 
 from .errors import AgentError
@@ -34,6 +40,8 @@ log = logging.getLogger("fieldsync.agent")
 
 KEY_FOLDER = "keys"
 KEY_FILE = "site.key"
+# Beside the key file while its site is being made (the rules above).
+CLAIM_FILE = "site.key.making"
 
 
 class SiteKeyError(AgentError):
@@ -88,6 +96,11 @@ def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
     """Write ``keys`` as the key file of the site in ``database`` (in
     ``home`` when given: a PostgreSQL site being made), never over an
     existing one; return its path."""
+    return _write(_key_folder(database, home), keys)
+
+
+def _key_folder(database: str | os.PathLike[str], home: str | os.PathLike[str] | None) -> Path:
+    """The key file's path, its folder made (0700) if need be."""
     path = key_path(database) if home is None else key_file_in(home)
     folder = path.parent
     try:
@@ -102,18 +115,64 @@ def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
         raise SiteKeyError(f"cannot write the key file of {database}: the folder {existing} takes no new file "
                            f"({error.strerror or error})") from None
     os.chmod(folder, 0o700)  # a folder made before, by hand or wider, is closed again
+    return path
+
+
+def _write(path: Path, keys: SiteKeys) -> Path:
     try:
         return keys.save(path, replace=False)
     except FileExistsError:
         raise _in_the_way(path) from None
 
 
-def check_no_key_file(database: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> None:
+def check_no_key_file(database: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None) -> list[Path]:
     """Refuse, before making a site at ``database`` (with its folder
-    ``home``), a key file in its way."""
+    ``home``), a key file in its way; one that a killed step left (the
+    rules above) is removed first.  Returns what was removed."""
+    removed = remove_abandoned_key(database, home=home)
     path = key_path(database) if home is None else key_file_in(home)
     if os.path.lexists(path):
         raise _in_the_way(path)
+    return removed
+
+
+def remove_abandoned_key(database: str | os.PathLike[str], *, home: str | os.PathLike[str] | None = None
+                         ) -> list[Path]:
+    """Remove the key file (and its claim) that a step making a site at
+    ``database`` left when it was killed before the site was made: its
+    claim is held by no process, and no database names the key.  The key
+    of a PostgreSQL site (``home``, or a URI) is kept: whether its database
+    names it cannot be told from here.  Returns the files removed."""
+    path = key_path(database) if home is None else key_file_in(home)
+    claim_path = path.with_name(CLAIM_FILE)
+    if not abandoned(claim_path):
+        return []
+    removed = []
+    if os.path.lexists(path):
+        if home is not None or is_uri(database) or _key_named_by(database, path):
+            return []
+        os.remove(path)
+        removed.append(path)
+    os.remove(claim_path)
+    removed.append(claim_path)
+    if home is None:
+        _remove_empty_folders(path)
+    return removed
+
+
+def _key_named_by(database: str | os.PathLike[str], path: Path) -> bool:
+    """Whether the file at ``database`` names the keys in ``path`` (True
+    when they cannot be read: keep a key in doubt)."""
+    try:
+        return _named_by(database, SiteKeys.load(path).public)
+    except KeyFileError:
+        return True
+
+
+def _remove_empty_folders(path: Path) -> None:
+    for folder in (path.parent, path.parent.parent):  # made for it, unless something else is in them
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def migrate_secret(database: str, secret: bytes) -> None:
@@ -141,19 +200,34 @@ def new_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
                   home: str | os.PathLike[str] | None = None) -> Iterator[Path]:
     """The key file of a site about to be made at ``database`` (in ``home``
     when given), written before the site exists (a site without its key
-    could not run).  When making the site fails, the key file is deleted
-    again, unless a database there names its public key after all."""
-    path = save_site_keys(database, keys, home=home)
+    could not run), claimed until the site is made (the rules above).
+    When making the site fails, the key file is deleted again, unless a
+    database there names its public key after all."""
+    for left in remove_abandoned_key(database, home=home):
+        log.info("removed %s, left by an init or extract that did not finish", left)
+    path = _key_folder(database, home)
+    claim_path = path.with_name(CLAIM_FILE)
+    if os.path.lexists(path):
+        raise _in_the_way(path)
     try:
-        yield path
-    except BaseException:
-        if is_uri(database) or not _named_by(database, keys.public):
-            with contextlib.suppress(OSError):
-                os.remove(path)
-            for folder in (path.parent, path.parent.parent):  # made for it, unless something else is in them
+        held = claim(claim_path)
+    except FileExistsError:
+        raise SiteKeyError(f"{claim_path}: another process is making a site with this key folder; let it finish, "
+                           f"or move the folder {path.parent.parent} aside") from None
+    try:
+        try:
+            _write(path, keys)
+            yield path
+        except BaseException:
+            if is_uri(database) or not _named_by(database, keys.public):
                 with contextlib.suppress(OSError):
-                    folder.rmdir()
-        raise
+                    os.remove(path)
+            os.remove(claim_path)
+            _remove_empty_folders(path)
+            raise
+        os.remove(claim_path)  # the site is made: its key is its own
+    finally:
+        os.close(held)
 
 
 def copy_site_keys(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:

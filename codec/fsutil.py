@@ -18,7 +18,9 @@ Rules of this file:
   claimed (:func:`claim_temporary`): held with an exclusive ``flock`` for
   as long as its writer lives, so that the next writer of the same name
   can tell one that a killed writer left (no one holds it) from one being
-  written, and removes the first.
+  written, and removes the first.  Any file a step makes and must take
+  back if it is killed (a new site's key file) is claimed the same way
+  (:func:`claim`, :func:`abandoned`).
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ try:
 except ImportError:  # Windows: nothing is claimed, nothing left behind is removed
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["DirectoryFlushUnsupported", "TEMPORARY_SUFFIXES", "claim_temporary", "fsync_directory", "is_temporary",
-           "link_new", "remove_database_file", "temporary_name", "temporary_target"]
+__all__ = ["DirectoryFlushUnsupported", "TEMPORARY_SUFFIXES", "abandoned", "claim", "claim_temporary",
+           "fsync_directory", "is_temporary", "link_new", "remove_database_file", "temporary_name", "temporary_target"]
 
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -97,13 +99,42 @@ def claim_temporary(target: str | os.PathLike[str], mode: int = 0o600) -> tuple[
     directory, name = os.path.split(os.fspath(target))
     removed = _remove_abandoned(directory or os.curdir, name)
     path = os.path.join(directory, temporary_name(name))
+    return path, removed, claim(path, mode)
+
+
+def claim(path: str | os.PathLike[str], mode: int = 0o600) -> int:
+    """Create the empty file ``path`` (never over an existing one:
+    ``FileExistsError``) and claim it: return an open descriptor holding an
+    exclusive ``flock``, which the system lets go when the process ends,
+    however it ends (:func:`abandoned` tells).  On a file system without
+    ``flock`` the file is left unclaimed, and never judged abandoned."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode)
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            pass  # no flock here: left unclaimed, and the next writer leaves it too
-    return path, removed, fd
+            pass  # no flock here: left unclaimed, and abandoned() says False of it too
+    return fd
+
+
+def abandoned(path: str | os.PathLike[str]) -> bool:
+    """Whether the file ``path`` is a claim (:func:`claim`) that no process
+    holds: its maker ended, killed, before it removed it.  False when it is
+    held by a live process, gone, not a file this process may read, or its
+    lock cannot be tested (a file system without ``flock``)."""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 # What SQLite keeps beside a database file while it writes it.
@@ -126,24 +157,14 @@ def _remove_abandoned(directory: str, name: str) -> list[str]:
     process holds (:func:`claim_temporary`); return their names."""
     if fcntl is None:
         return []
-    removed = []
     with os.scandir(directory) as entries:
         left = [entry.name for entry in entries if temporary_target(entry.name) == name]
+    removed = []
     for temporary in left:
         path = os.path.join(directory, temporary)
-        try:
-            fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
-        except OSError:
-            continue  # gone meanwhile, or not a file we may read: not ours to judge
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                continue  # held by a live writer, or no flock on this file system
+        if abandoned(path):  # its name is new each time: no writer takes it meanwhile
             remove_database_file(path)
             removed.append(temporary)
-        finally:
-            os.close(fd)
     return removed
 
 

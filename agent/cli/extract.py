@@ -110,13 +110,18 @@ def _names_from_file(path: Path, file_format: str | None) -> list[str]:
     return wanted
 
 
-def _check_target(target: Path) -> None:
+def _check_target(target: Path, out: Console) -> None:
+    """Refuse a target in the way, before the copy starts; the key file an
+    extraction that was killed left for it is removed, and said."""
     from ..keyfiles import check_no_key_file
 
     if os.path.lexists(target):  # a dangling symbolic link too: the copy would not go where it points
         raise AgentError(f"{target} exists already; remove it or choose another path")
     check_parent_directory(target)
-    check_no_key_file(target)  # checked again when it is written; said here before the copy starts
+    # Checked again when it is written; said here before the copy starts.
+    for left in check_no_key_file(target):
+        out.print(f"Removed {left}, left by an extraction that did not finish.", soft_wrap=True, markup=False,
+                  highlight=False)
 
 
 def remote_settings(site: "Site", remote: str, given: dict[str, str | None]) -> dict[str, str]:  # noqa: F821
@@ -143,8 +148,8 @@ def _extract_one(database: Path, remote: str, target: Path, given: dict[str, str
     from ..admin import extract_site
     from ..keyfiles import agent_directory, key_path
 
-    _check_target(target)
     out = console()
+    _check_target(target, out)
     with open_site(database) as site:
         require_remote(site, remote)
         settings = remote_settings(site, remote, given)
@@ -211,7 +216,7 @@ def _extract_many(database: Path, wanted: list[str], every: bool, into: Path, sk
             skipped = []
         for _name, target in targets:
             try:
-                _check_target(target)
+                _check_target(target, out)
             except AgentError as error:
                 hint = "; --skip-existing leaves out the remotes extracted already" if os.path.lexists(target) else ""
                 raise AgentError(f"{error}{hint}") from None

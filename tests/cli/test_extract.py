@@ -42,11 +42,10 @@ def test_extract_reports_rows_per_table(tmp_path: Path, agent: Agent, world: Wor
 def test_a_copy_a_killed_extraction_left_is_removed_by_the_next(tmp_path: Path, agent: Agent,
                                                                 world: World) -> None:
     """Killed once its copy is made under the temporary name, before the
-    consolidated switched over: the hidden copy stays behind, and so does
-    the key folder (never written over: docs/cli.md), which the user moves
-    aside as the next extraction's error says.  That extraction of the same
-    target removes the copy (no live process holds it), says so, and
-    makes the copy."""
+    consolidated switched over: the hidden copy stays behind, and so do the
+    key file and its claim, which no process holds any more.  The next
+    extraction of the same target removes all three, says so, and makes
+    the copy with a key file of its own."""
     agent("remote", "add", world.hq, "n3", "--address", tmp_path, "--subscribe", "territory=n1")
     killed = subprocess.run([*AGENT_COMMAND, "extract", str(world.hq), "n3", str(tmp_path / "n3.db")],
                             capture_output=True, text=True, timeout=120,
@@ -54,15 +53,34 @@ def test_a_copy_a_killed_extraction_left_is_removed_by_the_next(tmp_path: Path, 
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     [left] = [path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db.")]
     assert left.endswith(".tmp") and not (tmp_path / "n3.db").exists()
-    result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
-    assert result.code == 1 and "move the folder" in result.err
-    (tmp_path / "n3.db.agent").rename(tmp_path / "aside")
+    keys = tmp_path / "n3.db.agent" / "keys"
+    assert sorted(path.name for path in keys.iterdir()) == ["site.key", "site.key.making"]
+    abandoned_key = (keys / "site.key").read_bytes()
     result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
     assert result.code == 0, result.err
     assert f"Removed {tmp_path / left}, left by an extraction that did not finish." in result.out
+    assert f"Removed {keys / 'site.key'}, left by an extraction that did not finish." in result.out
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".n3.db")] == []
+    assert sorted(path.name for path in keys.iterdir()) == ["site.key"]
+    assert (keys / "site.key").read_bytes() != abandoned_key
     with connected(tmp_path / "n3.db") as n3:
         assert len(n3.execute("SELECT * FROM customer").fetchall()) == 10
+    with SiteDatabase.open(tmp_path / "n3.db") as n3_site, SiteDatabase.open(world.hq) as hq:
+        assert hq.remote("n3").public_key == n3_site.identity.public_key
+    assert agent("run", tmp_path / "n3.db", "--once").code == 0
+
+
+def test_a_key_file_no_killed_extraction_left_stays_in_the_way(tmp_path: Path, agent: Agent,
+                                                               world: World) -> None:
+    """A key file with no claim beside it (a site's, whose database was
+    moved away alone) is never removed: one line names the folder."""
+    agent("remote", "add", world.hq, "n3", "--address", tmp_path, "--subscribe", "territory=n1")
+    assert agent("extract", world.hq, "n3", tmp_path / "n3.db").code == 0
+    key = (tmp_path / "n3.db.agent" / "keys" / "site.key").read_bytes()
+    (tmp_path / "n3.db").rename(tmp_path / "moved.db")
+    result = agent("extract", world.hq, "n3", tmp_path / "n3.db")
+    assert result.code == 1 and "move the folder" in result.err and len(result.err_lines) == 1
+    assert (tmp_path / "n3.db.agent" / "keys" / "site.key").read_bytes() == key
 
 
 def test_extract_with_a_progress_bar(tmp_path: Path, agent: Agent, world: World,
@@ -207,6 +225,30 @@ def test_a_failure_stops_the_run_and_says_what_was_done(tmp_path: Path, agent: A
     result = agent("extract", world.hq, "m0", "m1", "m2", "--into", into, "--skip-existing")
     assert result.code == 0, result.err
     assert sorted(path.name for path in into.glob("*.db")) == ["m0.db", "m1.db", "m2.db"]
+
+
+def test_a_killed_run_into_a_folder_is_finished_by_the_same_command(tmp_path: Path, agent: Agent,
+                                                                     world: World) -> None:
+    """Every key file is written before the first copy: a run killed in its
+    first copy leaves all of them, each with its claim.  The same command
+    with --skip-existing removes them, says so, and extracts every remote."""
+    _add_fleet(agent, world, tmp_path, "m0", "m1", "m2")
+    into = tmp_path / "fleet"
+    into.mkdir()
+    command = [*AGENT_COMMAND, "extract", str(world.hq), "m0", "m1", "m2", "--into", str(into)]
+    killed = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FIELDSYNC_CRASH": "extract.copy-made"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert sorted(path.name for path in into.glob("*.agent/keys/*")) == ["site.key"] * 3 + ["site.key.making"] * 3
+    result = agent("extract", world.hq, "m0", "m1", "m2", "--into", into, "--skip-existing")
+    assert result.code == 0, result.err
+    for name in ("m0", "m1", "m2"):
+        assert f"Removed {into / f'{name}.db.agent' / 'keys' / 'site.key'}, left by an extraction" in result.out
+    assert sorted(path.name for path in into.iterdir()) == ["m0.db", "m0.db.agent", "m1.db", "m1.db.agent",
+                                                           "m2.db", "m2.db.agent"]
+    assert sorted(path.name for path in into.glob("*.agent/keys/*")) == ["site.key"] * 3
+    with SiteDatabase.open(into / "m2.db") as m2, SiteDatabase.open(world.hq) as hq:
+        assert hq.remote("m2").public_key == m2.identity.public_key
 
 
 @pytest.mark.parametrize("arguments, says", [

@@ -24,7 +24,8 @@ from typing import Iterator
 import pytest
 
 from agent.admin import extract_site
-from agent.keyfiles import agent_directory, key_path, load_site_keys, open_site_database, save_site_keys
+from agent.keyfiles import (SiteKeyError, agent_directory, check_no_key_file, key_path, load_site_keys, new_site_keys,
+                            open_site_database, save_site_keys)
 from agent.site import SiteDatabase
 from agent.site.sqlite.schema import SCHEMA_VERSION
 from codec.keys import SiteKeys
@@ -302,3 +303,78 @@ def test_a_key_file_with_other_keys_than_the_database_is_refused(world: World, a
     key.unlink()
     with open_site_database(world.n1) as site:
         assert load_site_keys(site).to_text() == keys.to_text()
+
+
+# -- a key file a killed init or extract left ------------------------------------------
+
+
+def _left_by_a_killed_step(database: Path, keys: SiteKeys, *, home: Path | None = None) -> Path:
+    """The key file and claim a step making a site at ``database`` leaves
+    when it is killed before the site is made (its claim's lock ends with
+    its process: here, with the descriptor)."""
+    with pytest.raises(KeyboardInterrupt), new_site_keys(database, keys, home=home) as path:
+        made = sorted(entry.name for entry in path.parent.iterdir())
+        assert made == ["site.key", "site.key.making"]
+        saved = path.read_bytes()
+        raise KeyboardInterrupt
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # what the kill would have left
+    path.write_bytes(saved)
+    path.chmod(0o600)
+    path.with_name("site.key.making").write_bytes(b"")
+    return path
+
+
+def test_only_a_key_file_whose_claim_no_process_holds_and_no_database_names_is_removed(tmp_path: Path) -> None:
+    import fcntl
+
+    keys = SiteKeys.generate("n3")
+    database = tmp_path / "n3.db"
+    path = _left_by_a_killed_step(database, keys)
+    claim = path.with_name("site.key.making")
+    holder = os.open(claim, os.O_RDONLY)  # a live maker holds it: kept, and making another is refused
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(SiteKeyError, match="exists already"):
+            check_no_key_file(database)
+        with pytest.raises(SiteKeyError, match="exists already"):
+            new_site_keys(database, SiteKeys.generate("n3")).__enter__()
+    finally:
+        os.close(holder)
+    assert SiteKeys.load(path).to_text() == keys.to_text()
+    # A database that names the key (killed after the site was made, before
+    # the claim went): kept.
+    with sqlite3.connect(database) as conn:
+        conn.execute("CREATE TABLE fieldsync_site (id INTEGER PRIMARY KEY, public_key TEXT)")
+        conn.execute("INSERT INTO fieldsync_site VALUES (1, ?)", (keys.public.to_line(),))
+    conn.close()
+    with pytest.raises(SiteKeyError, match="exists already"):
+        check_no_key_file(database)
+    assert SiteKeys.load(path).to_text() == keys.to_text()
+    database.unlink()  # no database: it was never a site's
+    assert check_no_key_file(database) == [path, claim]
+    assert not agent_directory(database).exists()
+
+
+def test_a_postgresql_sites_abandoned_key_file_is_kept(tmp_path: Path) -> None:
+    """Whether a PostgreSQL database names the key cannot be told from the
+    folder: the key stays in the way, as before claims."""
+    keys = SiteKeys.generate("hq")
+    home = tmp_path / "home"
+    path = _left_by_a_killed_step("postgresql://nowhere/hq", keys, home=home)
+    with pytest.raises(SiteKeyError, match="exists already"):
+        check_no_key_file("postgresql://nowhere/hq", home=home)
+    assert SiteKeys.load(path).to_text() == keys.to_text()
+    path.unlink()  # killed before it wrote the key: the claim alone goes
+    with new_site_keys("postgresql://nowhere/hq", keys, home=home) as made:
+        assert made == path
+    assert sorted(entry.name for entry in path.parent.iterdir()) == ["site.key"]
+
+
+def test_a_killed_init_is_made_again_by_the_next(tmp_path: Path, agent) -> None:
+    database = tmp_path / "n3.db"
+    _left_by_a_killed_step(database, SiteKeys.generate("n3"))
+    result = agent("init", database, "--name", "n3", "--role", "remote", "--address", tmp_path)
+    assert result.code == 0, result.err
+    with SiteDatabase.open(database) as site:
+        assert load_site_keys(site).public.to_line() == site.identity.public_key
+    assert sorted(entry.name for entry in key_path(database).parent.iterdir()) == ["site.key"]
