@@ -26,8 +26,10 @@ Rules of this file:
 * Every written value is new (from the run's counter), as in workload.py.
 * With a PostgreSQL consolidated (``--consolidated URI``), the changes are
   those it takes (docs/postgres.md, "Schema changes"): a column added to
-  ``customer`` or to ``product``, one of customer's renamed or dropped, a
-  new table made and published (no rename of it, no index, no passthrough).
+  ``customer`` or to ``product``, one of customer's renamed or dropped, an
+  index made (on customer's name or on one of its added columns, which
+  then goes with the column) or dropped, a new table made and published
+  (no rename of it, no passthrough).
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class SchemaChanges:
         self._new_key = new_key
         self.number = 0
         self.extra: list[str] = []  # customer's columns added and not dropped, as hq names them now
-        self.indexes: list[str] = []
+        self.indexes: list[tuple[str, str]] = []  # (index, the customer column it is on), as hq names them now
+        self.index_rng = random.Random(f"schema-index:{seed}")  # _pg_index's own draws
+        self.index_number = 0
         self.notes: list[str] = []  # the new tables published, as hq names them now
 
     def crash_now(self) -> bool:
@@ -70,8 +74,9 @@ class SchemaChanges:
         self.number += 1
         return f"{stem}{self.number}"
 
-    def change(self) -> str | None:
-        """Maybe one schema change at the consolidated; what it was."""
+    def change(self) -> tuple[str, ...] | None:
+        """Maybe one schema change at the consolidated; the kinds of what
+        it made (one, or with an index made or dropped beside it)."""
         rng = self.rng
         if rng.random() >= CHANGE_RATE:
             return None
@@ -80,7 +85,7 @@ class SchemaChanges:
         kinds += ["create index", "create table", "passthrough"] if sqlite else ["create table"]
         if self.extra:
             kinds += ["rename customer column", "drop customer column"]
-        if self.indexes:
+        if self.indexes and sqlite:
             kinds.append("drop index")
         if self.notes and sqlite:  # twice: a table is there to rename late in a seed, if at all
             kinds += ["rename table", "rename table"]
@@ -95,15 +100,16 @@ class SchemaChanges:
         elif kind == "create index":
             name = self._name("customer_name_")
             statements = [f"CREATE INDEX {name} ON customer (name)"]
-            self.indexes.append(name)
+            self.indexes.append((name, "name"))
         elif kind == "drop index":
-            name = self.indexes.pop(rng.randrange(len(self.indexes)))
+            name = self.indexes.pop(rng.randrange(len(self.indexes)))[0]
             statements = [f"DROP INDEX {name}"]
         elif kind == "rename customer column":
             index = rng.randrange(len(self.extra))
             old, new = self.extra[index], self._name("x")
             statements = [f"ALTER TABLE customer RENAME COLUMN {old} TO {new}"]
             self.extra[index] = new
+            self.indexes = [(index_name, new if column == old else column) for index_name, column in self.indexes]
         elif kind == "rename table":
             index = rng.randrange(len(self.notes))
             old, new = self.notes[index], self._name("note")
@@ -114,6 +120,7 @@ class SchemaChanges:
         elif kind == "drop customer column":
             name = self.extra.pop(rng.randrange(len(self.extra)))
             statements = [f"ALTER TABLE customer DROP COLUMN {name}"]
+            self.indexes = [(index_name, column) for index_name, column in self.indexes if column != name]
         elif kind == "passthrough":  # a data fix one remote makes as its own writes
             to = rng.choice(self.sites[1:])
             fix = self._name("fix")
@@ -123,6 +130,8 @@ class SchemaChanges:
         else:
             publish = self._name("note")
             statements = [f"CREATE TABLE {publish} (id INTEGER PRIMARY KEY, region TEXT NOT NULL, body TEXT)"]
+        also = () if sqlite else self._pg_index()
+        statements += [statement for statement, _kind in also]
         with open_site(self.places.location("hq")) as hq:
             if to is not None:
                 hq.passthrough(statements, [to])
@@ -131,7 +140,24 @@ class SchemaChanges:
             if publish is not None:
                 hq.add_article(PUBLICATION, publish, subscribe_by="region")
                 self.notes.append(publish)
-        return kind
+        return (kind, *(index_kind for _statement, index_kind in also))
+
+    def _pg_index(self) -> list[tuple[str, str]]:
+        """With a PostgreSQL consolidated, now and then an index of customer
+        made or dropped in the same change, drawn apart so that the seed's
+        other draws stay as they were: on its name or on a column added,
+        which takes the index with it when it is dropped (the remotes then
+        drop the index before the column)."""
+        rng = self.index_rng
+        roll = rng.random()
+        if roll < 0.3:
+            self.index_number += 1
+            name, column = f"customer_i{self.index_number}", rng.choice(["name", *self.extra])
+            self.indexes.append((name, column))
+            return [(f"CREATE INDEX {name} ON customer ({column})", "create index")]
+        if roll < 0.4 and self.indexes:
+            return [(f"DROP INDEX {self.indexes.pop(rng.randrange(len(self.indexes)))[0]}", "drop index")]
+        return []
 
     def writes(self, site: str) -> list[tuple[str, tuple]]:
         """Writes of the new shapes at ``site``, as its own schema has them

@@ -299,10 +299,10 @@ class Simulation:
                 await self._empty_inboxes()
             for _ in range(self.params.steps):
                 self.workload.step()
-                kind = None if self.workload.schema is None else self.workload.schema.change()
-                if kind is not None:
+                kinds = None if self.workload.schema is None else self.workload.schema.change()
+                if kinds is not None:
                     self.result.schema_changes += 1
-                    self.result.schema_kinds[kind] += 1
+                    self.result.schema_kinds.update(kinds)
                 if self.params.reextract_rate and self.rng.random() < self.params.reextract_rate:
                     await self.reextract(self.rng.choice(self.sites[1:]))
                 await self.fault_round()

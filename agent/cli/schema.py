@@ -44,7 +44,8 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     its key or SUBSCRIBE BY column.
 
     At a PostgreSQL consolidated (a URI), the published tables take ADD,
-    RENAME and DROP COLUMN and a type that travels as before only so far,
+    RENAME and DROP COLUMN, a type that travels as before, and CREATE and
+    DROP INDEX (those SQLite can make alike reach the remotes) only so far,
     and --passthrough is not built yet (docs/postgres.md, "Schema
     changes").
 

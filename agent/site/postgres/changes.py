@@ -48,6 +48,7 @@ from ..errors import InvalidSetting, SchemaRefused, UnpublishableTable
 from . import route
 from .capture import TRIGGER_PREFIX, PgShape, describe_table, install_capture, load_shapes, shown_table
 from .extract import added_column_sql
+from .indexes import indexes, remote_name
 from .schema import SCHEMA
 from .typemap import KINDS
 from .uri import PgTarget
@@ -95,6 +96,7 @@ class _Catalog:
     tables: dict[int, _Table]
     indexes: frozenset[tuple[int, str]]  # (table oid, index name): an index rebuilt under its name is the same
     triggers: frozenset[tuple]
+    index_oids: dict[tuple[int, str], int]  # the oid of each of ``indexes``
 
     @classmethod
     def read(cls, conn: psycopg.Connection) -> "_Catalog":
@@ -102,9 +104,9 @@ class _Catalog:
                                              for number, column, type_oid, modifier in columns},
                               tuple(key or ()), written)
                   for oid, schema, name, columns, key, written in conn.execute(_TABLES)}
-        indexes = frozenset((table, name) for _oid, name, table in conn.execute(_INDEXES))
+        index_oids = {(table, name): oid for oid, name, table in conn.execute(_INDEXES)}
         triggers = frozenset(conn.execute(_TRIGGERS, (TRIGGER_PREFIX + "%",)).fetchall())
-        return cls(tables, indexes, triggers)
+        return cls(tables, frozenset(index_oids), triggers, index_oids)
 
 
 def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scripts: Iterable[str], *,
@@ -136,9 +138,13 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
     for oid in sorted(change.altered):
         table = catalog.tables[oid]
         shapes[table.shown] = _capture_again(conn, target, table).id
+    for oid in change.sent - change.altered:  # an index made or dropped: the shape it has
+        shapes[catalog.tables[oid].shown] = conn.execute("SELECT shape FROM fieldsync.article WHERE table_oid = %s"
+                                                         " LIMIT 1", (oid,)).fetchone()[0]
     if change.altered:
         route.install_moves(conn)
-    txid = write_change(conn, site, change.published, shapes, change.steps, scripts, made_at)
+    txid = write_change(conn, site, change.published, shapes, change.steps, scripts, made_at,
+                        indexes=change.index_columns)
     sent = [catalog.tables[oid] for oid in sorted(change.sent, key=lambda oid: catalog.tables[oid].shown)
             if change.articles[oid].whole]
     subscribers = [name for (name,) in conn.execute(
@@ -152,10 +158,12 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
 
 
 def write_change(conn: psycopg.Connection, site: str, published: list[tuple], shapes: dict[str, int],
-                 steps: list[tuple], statements: list[str], made_at: object) -> str:
+                 steps: list[tuple], statements: list[str], made_at: object, *,
+                 indexes: dict[str, list[str]] | None = None) -> str:
     """Log a change in the caller's transaction: its capture row
     (agent.site.change_rows; ``published`` the steps that travel, ``shapes``
-    each of their tables' shape id now) and its ``fieldsync.schema_change``
+    each of their tables' shape id now, ``indexes`` the columns of each
+    index a step makes) and its ``fieldsync.schema_change``
     row (``steps``, all of them).  Returns the writing transaction's id,
     which the cut gives the change's offset by.  SchemaRefused when it
     could not travel in one message."""
@@ -163,7 +171,7 @@ def write_change(conn: psycopg.Connection, site: str, published: list[tuple], sh
     check_fits(site, published, ((table, known[shape_id].shape) for table, shape_id in shapes.items()))
     conn.execute(sql.SQL("INSERT INTO {}.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
         sql.Identifier(SCHEMA), sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)),
-        (row_value(published, shapes, {}),))
+        (row_value(published, shapes, indexes or {}),))
     (txid,) = conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
                            " VALUES (pg_catalog.pg_current_xact_id(), %s, %s, %s) RETURNING txid::text",
                            (Jsonb([list(step) for step in steps]), Jsonb(statements), made_at)).fetchone()
@@ -230,11 +238,20 @@ class _Change:
         self.published: list[tuple] = []  # the steps on published tables, as they travel
         self.altered: set[int] = set()  # the published tables whose columns changed
         self.sent: set[int] = set()  # those of them with steps that travel
+        self.index_columns: dict[str, list[str]] = {}  # the columns of each index a step makes, by its remote name
 
     def judge(self, before: _Catalog, after: _Catalog, where: str) -> None:
         """The steps one piece of SQL made (``before`` and ``after`` it);
         SchemaRefused for what it may not do."""
         other = None
+        # The published tables' indexes that went (by hand, or with a column
+        # dropped): gone at the remotes before any column step, as SQLite
+        # drops no column an index uses.
+        for table, name in sorted(before.indexes - after.indexes):
+            remote = remote_name(before.tables[table].schema, name) if table in before.tables else None
+            if table in self.articles and table in after.tables and remote is not None:
+                self.published.append(("drop_index", after.tables[table].shown, remote))
+                self.sent.add(table)
         for oid, old in before.tables.items():
             new = after.tables.get(oid)
             published = oid in self.articles
@@ -278,6 +295,13 @@ class _Change:
                        in sorted(after.indexes - before.indexes) if table in before.tables]
         self.steps += [("drop_index", before.tables[table].shown, name) for table, name
                        in sorted(before.indexes - after.indexes) if table in after.tables]
+        for table, name in sorted(after.indexes - before.indexes):  # those the remotes can have go to them
+            if table in self.articles and table in before.tables:
+                for index in (found for carried in indexes(self.conn, index=after.index_oids[(table, name)]).values()
+                              for found in carried):
+                    self.published.append(("create_index", index.table, index.name, index.sql()))
+                    self.index_columns[index.name] = list(index.columns)
+                    self.sent.add(table)
         if other is not None and not self.unchecked:
             raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add "
                                 "--unchecked to run it at the consolidated only (docs/postgres.md, \"Schema "

@@ -16,8 +16,9 @@ Rules of this file:
   docs/postgres.md, "Extraction".
 * The remote's tables come from the articles' shapes, the layout the log
   carries: each column declared as the types table says (typemap.KINDS'
-  ``sqlite_type``), the key as the primary key (NOT NULL).  Other
-  constraints, indexes and foreign keys stay at the consolidated.
+  ``sqlite_type``), the key as the primary key (NOT NULL), the foreign
+  keys and indexes SQLite can keep alike (foreign_keys.py, indexes.py).
+  Other constraints stay at the consolidated.
 * Rows are read as the log carries them: each column through its capture
   text and its load (typemap.py), so a value of the copy equals the value
   a later change of that row carries; a row is the remote's when its
@@ -59,6 +60,7 @@ from .capture import PgShape, load_shapes, shown_table
 from .catalogue import table_order
 from .connect import connect, translate
 from .foreign_keys import ACTIONS, PgForeignKey, foreign_keys, kept_keys
+from .indexes import indexes, kept_indexes
 from .log import begin_cut, cut_in, truncated_through
 from .subscriptions import VALUE_COLUMNS, candidate_texts, stored_value
 from .typemap import KINDS, loader
@@ -156,6 +158,7 @@ class PgConsolidated:
             follows = {table: Follow(shown_table(*table), parent, columns, parent_columns, "")
                        for table, (parent, columns, parent_columns) in route.follows(conn).items()}
             keys = foreign_keys(conn)
+            table_indexes = indexes(conn)
         found: dict[tuple[str, str], list[TablePlan]] = {}
         for schema, table, publication, columns, subscribe_by, shape_id, following in articles:
             follow = follows.get((schema, table)) if following else None
@@ -179,7 +182,7 @@ class PgConsolidated:
             create = remote_table_sql(self.shapes[plan.info.name], plan.columns,
                                       kept_keys(keys.get(plan.info.name, ()), plan.columns, parents))
             plans.append(dataclasses.replace(plan, info=dataclasses.replace(plan.info, sql=create)))
-            statements.append((create, []))
+            statements.append((create, kept_indexes(table_indexes.get(plan.info.name, ()), plan.columns)))
         return row, plans, statements
 
     def copy_rows(self, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]

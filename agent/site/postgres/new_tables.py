@@ -30,6 +30,7 @@ from .capture import TRIGGER_PREFIX, load_shapes, shown_table
 from .changes import write_change
 from .errors import NotYetOnPostgres
 from .extract import remote_table_sql
+from .indexes import indexes
 from .typemap import KINDS
 
 # The row triggers of a table's capture (capture._EVENTS' suffixes).
@@ -63,9 +64,13 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     _publication, shape_id, columns, subscribe_by, _follows = rows[0]
     shape = load_shapes(conn)[shape_id]
     published = shape.layout.columns if columns is None else tuple(columns)
-    step = ("create_table", shown, remote_table_sql(shape, published), publication, subscribe_by)
-    write_change(conn, site, [step], {shown: shape_id}, [step], [], made_at)
+    steps: list[tuple] = [("create_table", shown, remote_table_sql(shape, published), publication, subscribe_by)]
     (oid,) = conn.execute("SELECT %s::regclass::oid", (sql.Identifier(schema, table).as_string(conn),)).fetchone()
+    # Its indexes the remotes can have, as extraction makes them (indexes.py).
+    carried = [index for index in indexes(conn, table=oid).get(shown, ()) if set(index.columns) <= set(published)]
+    steps += [("create_index", shown, index.name, index.sql()) for index in carried]
+    write_change(conn, site, steps, {shown: shape_id}, steps, [], made_at,
+                 indexes={index.name: list(index.columns) for index in carried})
     conn.execute("INSERT INTO fieldsync.table_send (table_oid) VALUES (%s)", (oid,))
     _switch(conn, schema, table, "DISABLE")
     return True

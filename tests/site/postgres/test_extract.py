@@ -158,6 +158,44 @@ def test_the_remote_s_tables_keep_the_foreign_keys_it_can_check_with_their_actio
     assert left == 0
 
 
+def test_the_remote_s_tables_get_the_indexes_sqlite_can_make_alike(target, tmp_path):
+    """B-tree indexes on published plain columns go to the copy, UNIQUE and
+    DESC with them, named as at hq (schema-qualified outside public); an
+    index on a column the remote does not get, on an expression, with a
+    WHERE, of another access method, of a DEFERRABLE constraint, or NULLS
+    NOT DISTINCT does not.  The unique index holds at the remote."""
+    with connect(target) as app:
+        app.execute("CREATE SCHEMA sales")
+        app.execute("CREATE TABLE orders (id bigint PRIMARY KEY, region text, code text, placed date, secret text,"
+                    " tags text, CONSTRAINT orders_code_later UNIQUE (placed) DEFERRABLE)")
+        app.execute("CREATE INDEX orders_region_placed ON orders (region, placed DESC) INCLUDE (secret)")
+        app.execute("CREATE UNIQUE INDEX orders_code ON orders (code)")
+        app.execute("CREATE INDEX orders_secret ON orders (secret)")
+        app.execute("CREATE INDEX orders_lower ON orders (lower(code))")
+        app.execute("CREATE INDEX orders_open ON orders (region) WHERE placed IS NULL")
+        app.execute("CREATE INDEX orders_hash ON orders USING hash (tags)")
+        app.execute("CREATE UNIQUE INDEX orders_tags ON orders (tags) NULLS NOT DISTINCT")
+        app.execute("CREATE TABLE sales.item (id bigint PRIMARY KEY, name text)")
+        app.execute("CREATE INDEX item_name ON sales.item (name)")
+        app.execute("INSERT INTO orders VALUES (1, 'north', 'A1', NULL, 's', NULL), (2, 'south', 'A2', NULL, 's', 't')")
+        with PostgresSite.init(target, name="hq", role="consolidated", home=tmp_path / "home") as site:
+            site.create_publication("p", [Article("orders", columns=("region", "code", "placed", "tags"),
+                                                  subscribe_by="region"), "sales.item"])
+            site.add_remote("r1")
+            site.subscribe("r1", "p", "north")
+            result = site.extract("r1", tmp_path / "r1.db")
+    with sqlite3.connect(result.path) as remote:
+        made = sorted(remote.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index'"
+                                     " AND sql IS NOT NULL AND name NOT LIKE 'fieldsync%'").fetchall())
+        assert remote.execute("SELECT id, code FROM orders").fetchall() == [(1, "A1")]
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            remote.execute("INSERT INTO orders (id, region, code) VALUES (3, 'north', 'A1')")
+    assert made == [
+        ("orders_code", "orders", 'CREATE UNIQUE INDEX "orders_code" ON "orders" ("code")'),
+        ("orders_region_placed", "orders", 'CREATE INDEX "orders_region_placed" ON "orders" ("region", "placed" DESC)'),
+        ("sales.item_name", "sales.item", 'CREATE INDEX "sales.item_name" ON "sales.item" ("name")')]
+
+
 def test_extracting_again_replaces_the_stream_and_remembers_the_copy_it_replaced(hq, app, tmp_path):
     hq.add_remote("r1", address="inbox/r1", public_key="key-one")
     hq.subscribe("r1", "p")

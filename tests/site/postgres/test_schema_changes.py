@@ -231,13 +231,50 @@ def test_a_column_retyped_to_a_type_that_travels_as_before_changes_nothing_at_th
         assert site.apply_errors() == ()
 
 
+def _indexes(path) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    with open_site(path) as remote:
+        return dict(remote.connection.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"
+                                              " AND sql IS NOT NULL AND name NOT LIKE 'fieldsync%'").fetchall())
+
+
+def test_indexes_made_and_dropped_at_postgresql_reach_the_remote(agent, app_uri, tmp_path) -> None:
+    """An index SQLite can make alike reaches the remote as extraction
+    makes one, another (on an expression) stays at hq; an index that goes,
+    by hand or with the column it used, goes at the remote first, so the
+    remote's SQLite drops the column (which it refuses while an index
+    uses it)."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    code, _out, err = agent("schema", "apply", app_uri, "CREATE INDEX customer_name ON customer (name DESC)",
+                            "CREATE INDEX customer_lower ON customer (lower(name))",
+                            "ALTER TABLE customer ADD COLUMN phone text",
+                            "CREATE UNIQUE INDEX customer_phone ON customer (phone)")
+    assert (code, err) == (0, ""), err
+    _exchange(agent, app_uri, north)
+    assert _indexes(north) == {
+        "customer_name": 'CREATE INDEX "customer_name" ON "customer" ("name" DESC)',
+        "customer_phone": 'CREATE UNIQUE INDEX "customer_phone" ON "customer" ("phone")'}
+    code, _out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer DROP COLUMN phone",
+                            "DROP INDEX customer_name")
+    assert (code, err) == (0, ""), err
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (8, 'Gus', 'north')")
+    _exchange(agent, app_uri, north)
+    assert _indexes(north) == {}
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT * FROM customer ORDER BY id").fetchall() == [
+            (1, "Ann", "north"), (8, "Gus", "north")]
+        assert remote.apply_errors() == ()
+    with open_site(app_uri) as site:
+        assert site.remote("north").peer_schema_version == site.schema_version()
+
+
 def test_a_new_table_published_reaches_the_extracted_remote_with_its_rows(agent, app_uri, tmp_path) -> None:
     """CREATE TABLE through agent schema apply, then `publication add`: the
     remote gets the table (published in its publication, so it captures
     its own writes) and the rows of its subset, with no new extraction."""
     north = consolidated_with_north(agent, app_uri, tmp_path)
     assert agent("schema", "apply", app_uri, "CREATE TABLE visit (id integer PRIMARY KEY, region text NOT NULL,"
-                 " note text)")[0] == 0
+                 " note text)", "CREATE INDEX visit_note ON visit (note)")[0] == 0
     with connect(app_uri) as conn:
         conn.execute("INSERT INTO visit VALUES (1, 'north', 'a'), (2, 'south', 'b'), (3, 'north', 'c')")
     code, out, err = agent("publication", "add", app_uri, "sales", "visit@region")
@@ -250,6 +287,8 @@ def test_a_new_table_published_reaches_the_extracted_remote_with_its_rows(agent,
     with open_site(north) as remote:
         assert remote.connection.execute("SELECT * FROM visit ORDER BY id").fetchall() == [(1, "north", "a"),
                                                                                          (3, "north", "c2")]
+    assert _indexes(north) == {"visit_note": 'CREATE INDEX "visit_note" ON "visit" ("note")'}  # as extraction's
+    with open_site(north) as remote:
         remote.connection.execute("INSERT INTO visit VALUES (4, 'north', 'from north')")
     _exchange(agent, north, app_uri)
     with connect(app_uri) as conn:
