@@ -30,8 +30,12 @@ def schema() -> None:
                    "their own writes, in order with the data; nothing runs here.")
 @click.option("--to", "remotes", multiple=True, metavar="REMOTE",
               help="With --passthrough: a remote the statements go to. Repeatable.")
+@click.option("--lock-timeout", type=click.FloatRange(min=0, max=86_400), default=None, metavar="SECONDS",
+              help="PostgreSQL: how long a statement waits for its table's lock before the change gives up, with "
+                   "nothing changed (default 10; 0: no limit). The table's other users queue behind a statement "
+                   "that waits.")
 def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], unchecked: bool, passthrough: bool,
-          remotes: tuple[str, ...]) -> None:
+          remotes: tuple[str, ...], lock_timeout: float | None) -> None:
     """Run SQL at the consolidated DATABASE as one schema change, in one
     transaction, and send it to every remote that holds the tables it
     changes, in order with the data.
@@ -72,6 +76,10 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
         raise UsageError("--passthrough sends data statements only: --unchecked does not apply")
     from ..site.locate import is_uri
 
+    if lock_timeout is not None and not (isinstance(database, str) and is_uri(database)):
+        raise UsageError("--lock-timeout is for a PostgreSQL consolidated (a URI): a SQLite one waits for its "
+                         "write lock as every writer of the site does")
+
     if passthrough and isinstance(database, str) and is_uri(database):
         # Said before the site is opened: nothing is read or changed.
         raise AgentError(f"agent schema apply --passthrough is not supported on a PostgreSQL consolidated yet: nothing "
@@ -84,7 +92,7 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
                         soft_wrap=True, markup=False)
         return
     with open_site(database) as site:
-        result = site.apply_schema(scripts, unchecked=unchecked)
+        result = site.apply_schema(scripts, unchecked=unchecked, lock_timeout=lock_timeout)
         name = site.identity.name
     out = console()
     if not result.offsets:

@@ -113,12 +113,14 @@ class Site(Protocol):
 
     def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]: ...
 
-    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False,
-                     now: datetime | None = None) -> SchemaChangeResult:
+    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False, now: datetime | None = None,
+                     lock_timeout: float | None = None) -> SchemaChangeResult:
         """Run the SQL of ``scripts`` at the consolidated as one schema change
         that reaches the remotes holding its tables in order with the data
         (docs/site-database.md, "Schema changes"); SchemaRefused, and
-        nothing changed, for what it may not do."""
+        nothing changed, for what it may not do, or when a lock it needs is
+        not granted within ``lock_timeout`` seconds (None: the backend's
+        default, LOCK_TIMEOUT; 0: no limit)."""
 
     def passthrough(self, scripts: Iterable[str], remotes: Iterable[str], *, now: datetime | None = None) -> int:
         """Send the data statements of ``scripts`` to ``remotes`` only, in

@@ -34,11 +34,12 @@ Rules of this file:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psycopg
-from psycopg import sql
+from psycopg import errors as pg_errors, sql
 from psycopg.types.json import Jsonb
 
 from ..apply.reshape import column_moves
@@ -109,24 +110,43 @@ class _Catalog:
         return cls(tables, frozenset(index_oids), triggers, index_oids)
 
 
+# How long a statement of a change waits for a lock by default, in seconds.
+# A statement waiting for its table's lock holds up every later user of
+# the table (PostgreSQL queues them behind it): it gives up instead, and
+# nothing changes.
+LOCK_TIMEOUT = 10.0
+
+
 def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scripts: Iterable[str], *,
-                    unchecked: bool, made_at: object) -> tuple[SchemaChangeResult, str | None]:
+                    unchecked: bool, made_at: object, lock_timeout: float | None = None
+                    ) -> tuple[SchemaChangeResult, str | None]:
     """Run ``scripts`` as one schema change inside the caller's transaction;
     return what it did (its offset still to come: the cut gives it) and
     the writing transaction of its row (None: it changed no table, and
-    nothing was logged)."""
+    nothing was logged).  Each statement waits ``lock_timeout`` seconds at
+    most for a lock (None: LOCK_TIMEOUT; 0: no limit)."""
     scripts = [script for script in scripts if script.strip()]
     if not scripts:
         raise InvalidSetting("no SQL statement to run")
+    seconds = LOCK_TIMEOUT if lock_timeout is None else lock_timeout
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise InvalidSetting(f"the lock timeout must be a number of seconds, 0 or more; got {seconds}")
     change = _Change(conn, _articles(conn), column_moves(history(conn)), unchecked)
     catalog = _Catalog.read(conn)
     for number, script in enumerate(scripts, 1):
         where = f"statement {number} ({' '.join(script.split())[:60]})"
         try:
             with conn.transaction():  # a savepoint: PostgreSQL's refusal is the statement's line
-                conn.execute("SELECT pg_catalog.set_config('fieldsync.script', %s, true)", (script,))
+                conn.execute("SELECT pg_catalog.set_config('fieldsync.script', %s, true),"
+                             " pg_catalog.set_config('lock_timeout', %s, true)", (script, f"{round(seconds * 1000)}ms"))
                 conn.execute("DO $fieldsync$ BEGIN EXECUTE pg_catalog.current_setting('fieldsync.script'); END"
                              " $fieldsync$")
+                conn.execute("SELECT pg_catalog.set_config('lock_timeout', '0', true)")  # fieldsync's own steps wait
+        except pg_errors.LockNotAvailable:
+            raise SchemaRefused(f"{where}: a lock it needs was not granted within {seconds:g} s (an open transaction "
+                                "holds its table; while it waited, the table's other users queued behind it); nothing "
+                                "changed: run it again when the table is less busy, or give --lock-timeout"
+                                ) from None
         except psycopg.Error as error:
             raise SchemaRefused(f"{where}: {_first_line(error)}") from None
         after = _Catalog.read(conn)

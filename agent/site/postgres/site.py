@@ -264,8 +264,8 @@ class PostgresSite(RemoteUsers):
 
     # --- schema changes ---------------------------------------------------------------
 
-    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False,
-                     now: datetime | None = None) -> SchemaChangeResult:
+    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False, now: datetime | None = None,
+                     lock_timeout: float | None = None) -> SchemaChangeResult:
         """Run the SQL of ``scripts`` as one schema change that reaches the
         remotes holding its tables in order with the data (changes.py:
         adding columns to published tables); SchemaRefused, and nothing
@@ -275,7 +275,7 @@ class PostgresSite(RemoteUsers):
             self._finish_sends()  # a table published since extraction has its rows sent before it changes
             with self._transaction("applying a schema change") as conn:
                 result, txid = apply_schema_in(conn, self.target, self._identity.name, scripts, unchecked=unchecked,
-                                               made_at=now or utc_now())
+                                               made_at=now or utc_now(), lock_timeout=lock_timeout)
             if txid is None:
                 return result
             self.scan()

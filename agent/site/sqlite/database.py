@@ -205,11 +205,14 @@ class SiteDatabase:
         with self._lock, self._read("listing subscriptions"):
             return list_subscriptions(self._conn, remote)
 
-    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False,
-                     now: datetime | None = None) -> SchemaChangeResult:
+    def apply_schema(self, scripts: Iterable[str], *, unchecked: bool = False, now: datetime | None = None,
+                     lock_timeout: float | None = None) -> SchemaChangeResult:
         """Run the SQL of ``scripts`` at the consolidated as one schema change that reaches the remotes
         holding its tables in order with the data (docs/site-database.md, "Schema changes");
-        SchemaRefused, and nothing changed, for what it may not do."""
+        SchemaRefused, and nothing changed, for what it may not do.  It waits
+        for the database's write lock as every writer of the site does (its
+        busy timeout); ``lock_timeout`` is PostgreSQL's (changes.py there):
+        SQLite's readers never queue behind a writer that waits."""
         with self._lock, self._write("applying a schema change"):
             return apply_schema_locked(self._conn, self._identity, scripts, unchecked=unchecked,
                                        made_at=format_time(now or utc_now()))

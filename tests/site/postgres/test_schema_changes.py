@@ -7,6 +7,7 @@ carry yet is refused in one line, with nothing changed."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -165,6 +166,35 @@ def test_what_it_cannot_carry_is_one_line_and_changes_nothing(agent, app_uri, tm
             == (True, 1)
     with open_site(app_uri) as site:
         assert site.scan() == end and site.schema_version() is None
+
+
+def test_a_statement_that_waits_for_a_busy_table_gives_up_and_changes_nothing(agent, app_uri, tmp_path) -> None:
+    """An application's open transaction holds customer: the ALTER waits
+    --lock-timeout seconds for its lock, then the change is refused in one
+    line with nothing changed (while it waits, the table's other users
+    queue behind it); once the transaction ends, the same command runs.
+    On a SQLite consolidated the option is a usage error."""
+    consolidated_with_north(agent, app_uri, tmp_path)
+    with connect(app_uri) as holder:
+        holder.autocommit = False
+        holder.execute("SELECT count(*) FROM customer")  # an open transaction that read it: ACCESS SHARE
+        started = time.monotonic()
+        code, _out, err = agent("schema", "apply", app_uri, "--lock-timeout", "0.5",
+                                "ALTER TABLE customer ADD COLUMN phone text")
+        waited = time.monotonic() - started
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert "a lock it needs was not granted within 0.5 s" in err and "nothing changed" in err
+        assert 0.5 <= waited < 30
+        holder.rollback()
+    with connect(app_uri) as conn:
+        assert _columns(conn) == ["id", "name", "region"]
+    with open_site(app_uri) as site:
+        assert site.schema_version() is None
+    code, _out, err = agent("schema", "apply", app_uri, "--lock-timeout", "0.5",
+                            "ALTER TABLE customer ADD COLUMN phone text")
+    assert (code, err) == (0, ""), err
+    code, _out, err = agent("schema", "apply", tmp_path / "hq.db", "--lock-timeout", "1", "SELECT 1")
+    assert code == 2 and "--lock-timeout is for a PostgreSQL consolidated" in err
 
 
 def test_columns_renamed_and_dropped_at_postgresql_reach_the_remote_and_its_rows_in_the_old_shape_follow(
