@@ -41,6 +41,7 @@ from .queues import QueueDepth, QueueError
 from .site import SiteError, is_uri
 from .site.sqlite.log import HORIZON_SQL, log_end
 from .site.sqlite.schema import SCHEMA_ROWS
+from .site.remote_rules import schema_current
 from .site.sqlite.remotes import IN_ERROR_SQL
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class PeerSample:
     apply_errors: int
     in_error: bool = False           # an error in force now (agent status --errors selects the peer)
     schema_version: int | None = None  # the largest the peer reported (docs/protocol.md, "Schema versions")
+    schema_current: bool | None = None  # it runs the consolidated's schema of now (cli.status.schema_current)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,7 @@ class _SiteRows:
     conflicts: dict[str, int]
     apply_errors: dict[str, int]
     schema_version: int | None = None  # the site's (docs/protocol.md, "Schema versions"); None: none
+    consolidated: bool = True  # the site's role (a PostgreSQL site is always the consolidated)
 
 
 def read_site(database: Path | str) -> _SiteRows:
@@ -142,7 +145,7 @@ def read_site(database: Path | str) -> _SiteRows:
         raise MetricsError(f"{database}: cannot open for reading metrics ({error})") from None
     try:
         conn.execute("BEGIN")
-        site = conn.execute("SELECT name FROM fieldsync_site WHERE id = 1").fetchone()[0]
+        site, role = conn.execute("SELECT name, role FROM fieldsync_site WHERE id = 1").fetchone()
         remotes = conn.execute("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at,"
                                f" last_sent_at, {HORIZON_SQL}, heard_at, {IN_ERROR_SQL}, peer_schema_version"
                                " FROM fieldsync_remote").fetchall()
@@ -156,7 +159,7 @@ def read_site(database: Path | str) -> _SiteRows:
         raise MetricsError(f"{database}: cannot read metrics ({error})") from None
     finally:
         conn.close()
-    return _SiteRows(site, end, remotes, conflicts, errors, version)
+    return _SiteRows(site, end, remotes, conflicts, errors, version, role == "consolidated")
 
 
 def _seconds(text: str | None) -> float | None:
@@ -290,7 +293,9 @@ class SiteMetrics(Collector):
                 inbound=depth.inbound if depth else 0, outbound=depth.outbound if depth else 0,
                 quarantined=quarantined.get(name, 0), conflicts=rows.conflicts.get(name, 0),
                 apply_errors=rows.apply_errors.get(name, 0), in_error=bool(in_error),
-                schema_version=schema_version))
+                schema_version=schema_version, schema_current=schema_current(rows.schema_version, horizon,
+                                                                             schema_version)
+                if rows.consolidated else None))
         return Snapshot(site=rows.site, log_end=rows.log_end, peers=tuple(peers),
                         quarantine_files=quarantine_files, conflicts=sum(rows.conflicts.values()),
                         apply_errors=sum(rows.apply_errors.values()), run=self._run(),
@@ -388,6 +393,11 @@ _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], 
      "The schema version the peer reported in its control messages: the offset in the consolidated's log of the "
      "last schema change applied there; absent until the peer reports one.",
      lambda peer, end: peer.schema_version),
+    ("fieldsync_peer_schema_current",
+     "1 when the peer (a remote) runs the consolidated's schema of now: it reported the consolidated's schema "
+     "version, or confirmed all it was sent of the log through it (a change that does not reach it leaves its own version behind); "
+     "0 when not; absent at a remote, and while the consolidated has made no schema change.",
+     lambda peer, end: None if peer.schema_current is None else int(peer.schema_current)),
 )
 
 # (suffix, field of a RunSample, help with {when}: "in the last batch run" or "since the agent started")

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..site.remote_rules import COLUMNS, RemoteFilter, horizon, sending_due
+from ..site.remote_rules import COLUMNS, RemoteFilter, horizon, schema_current, sending_due
 from ._common import (DATABASE, MAX_DURATION, console, error_console, format_moment, format_seconds, incarnation_text,
                       iso_moment, key_fingerprint, open_site, parse_duration, schedule_text)
 from ._spool import quarantined, spool_figures
@@ -40,11 +40,13 @@ CLOCK_KEYS = ("control_sent_at", "heard_at", "data_sent_at")
 #: A ``remotes`` item's keys, in order: every column of the remote-user row,
 #: then what status adds to it.
 REMOTE_KEYS = (*COLUMNS, "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag",
-               *(f"{key}_iso" for key in CLOCK_KEYS), "apply_errors_open", "in_error")
+               *(f"{key}_iso" for key in CLOCK_KEYS), "apply_errors_open", "in_error", "schema_current")
 # Where rows() finds the columns it reads.
 (_NAME, _LOG_SEND, _LOG_SENT, _CONFIRM_SENT, _LOG_READ, _PUBLIC_KEY, _LAST_ERROR, _STREAM_STOPPED,
- _CONFIRM_OWED) = map(COLUMNS.index, ("name", "log_send", "log_sent", "confirm_sent", "log_read", "public_key",
-                                       "last_error", "stream_stopped", "confirm_owed"))
+ _CONFIRM_OWED, _PEER_SCHEMA) = map(COLUMNS.index, ("name", "log_send", "log_sent", "confirm_sent", "log_read",
+                                                    "public_key", "last_error", "stream_stopped", "confirm_owed",
+                                                    "peer_schema_version"))
+
 _CLOCK_AT = tuple(map(COLUMNS.index, CLOCK_KEYS))
 
 
@@ -86,6 +88,8 @@ def status_parts(database: Path, which: RemoteFilter | None = None) -> Iterator[
         depths = {depth.peer: depth for depth in spool.depths} if spool is not None else {}
 
         open_errors = site.open_apply_errors()  # few rows: only peers with apply errors not acknowledged
+        version = site.schema_version()
+        consolidated = identity.role.value == "consolidated"
         # Each row's values straight from the database (no RemoteUser made):
         # its columns' JSON values, but confirm_owed (0 or 1).
         remotes = site.iter_remote_values(which or RemoteFilter())
@@ -112,13 +116,15 @@ def status_parts(database: Path, which: RemoteFilter | None = None) -> Iterator[
                 name, log_read, log_sent = values[_NAME], values[_LOG_READ], values[_LOG_SENT]
                 depth = depth_of(name)
                 errors = open_of(name, 0)
+                peer_horizon = horizon(log_read, log_sent, values[_CONFIRM_SENT])
                 row = [*values, key_fingerprint(values[_PUBLIC_KEY]),
                        sending_due(values[_LOG_SEND], log_read, log_sent),
                        depth.inbound if depth else 0, depth.outbound if depth else 0,
-                       max(log_end - horizon(log_read, log_sent, values[_CONFIRM_SENT]), 0),
+                       max(log_end - peer_horizon, 0),
                        clock_iso(values[control]), clock_iso(values[heard]), clock_iso(values[data]), errors,
                        # What --errors selects (RemoteFilter.with_errors): an error in force now.
-                       values[_LAST_ERROR] is not None or values[_STREAM_STOPPED] is not None or errors > 0]
+                       values[_LAST_ERROR] is not None or values[_STREAM_STOPPED] is not None or errors > 0,
+                       schema_current(version, peer_horizon, values[_PEER_SCHEMA]) if consolidated else None]
                 row[_CONFIRM_OWED] = bool(row[_CONFIRM_OWED])
                 yield row
 
@@ -137,7 +143,7 @@ def status_parts(database: Path, which: RemoteFilter | None = None) -> Iterator[
                 "created_at": iso_moment(identity.created_at),
                 # docs/protocol.md, "Schema versions": the offset of the last
                 # schema change made or applied here; None: none.
-                "schema_version": site.schema_version(),
+                "schema_version": version,
             },
             "log_end": log_end,
         }
@@ -371,7 +377,8 @@ def render_status(out: Console, status: dict[str, Any], *, total: int | None = N
                         str(row["resend_count"]), str(row["send_count"]), _moment(row["last_sent_at"]))
         receiving.add_row(row["name"], str(row["log_received"]), str(row["confirm_received"]),
                           str(row["rereceive_count"]), str(row["receive_count"]), _moment(row["last_received_at"]),
-                          "-" if row.get("peer_schema_version") is None else str(row["peer_schema_version"]))
+                          ("-" if row.get("peer_schema_version") is None else str(row["peer_schema_version"]))
+                          + (" behind" if row.get("schema_current") is False else ""))
         error = _errors_text(row)
         link.add_row(row["name"], row["transport"] or "-", row["address"] or "-", _schedule(row),
                      f"{row['inbound_queue']}/{row['outbound_queue']}", row["fingerprint"] or "none",

@@ -482,3 +482,16 @@ def check_new_remotes(identity: SiteIdentity, remotes: Sequence[NewRemote], *, t
         for publication, _value in remote.subscriptions:
             if publication not in publications:
                 raise RemoteRejected(index, UnknownPublication(f"no publication named {publication!r}"))
+
+
+def schema_current(version: int | None, peer_horizon: int, peer_version: int | None) -> bool | None:
+    """Whether a remote runs the consolidated's schema of now (docs/protocol.md,
+    "Schema versions"): it reported the consolidated's ``version``, or its
+    :func:`horizon` is at or past it (it confirmed all it was sent of the
+    log through it), so it applied every change up to it that reaches it
+    (a change that does not reach it, an index of a table it does not
+    hold, leaves its own version behind, and it is current all the same).
+    None: the consolidated has made no change."""
+    if version is None:
+        return None
+    return peer_horizon >= version or (peer_version is not None and peer_version >= version)

@@ -122,3 +122,35 @@ def test_a_hostile_schema_version_is_set_aside_with_one_line(agent: Agent, whole
     assert all(reason.startswith("n1.hq.c.") and "schema_version must be an integer in 0..9223372036854775807"
                in reason for reason in reasons), reasons
     assert reported(agent, world) == {"n1": None, "n2": None}
+
+
+def test_a_change_that_reaches_no_remote_leaves_them_current_once_they_confirmed_it(agent: Agent, whole: World,
+                                                                                     tmp_path: Path) -> None:
+    """A table no remote receives: the consolidated's version moves, the
+    remotes' do not (nothing reached them), yet once they confirmed the log
+    through the change they run hq's schema of now: `schema_current` and
+    its gauge say so; before, they say behind."""
+    world = whole
+    assert status(agent, world.hq)["remotes"][0]["schema_current"] is None  # no change yet
+    changed = agent("schema", "apply", world.hq, "CREATE TABLE visit_log (id INTEGER PRIMARY KEY, note TEXT)",
+                    "CREATE INDEX visit_note ON visit_log (note)")
+    assert "It changes nothing a remote receives" in changed.out, changed.err
+    offset = status(agent, world.hq)["site"]["schema_version"]
+    assert offset is not None
+    before = {row["name"]: row["schema_current"] for row in status(agent, world.hq)["remotes"]}
+    assert before == {"n1": False, "n2": False}
+    assert "behind" in agent("status", world.hq).out
+    sync(agent, world)
+    remotes = {row["name"]: row for row in status(agent, world.hq)["remotes"]}
+    assert {name: (row["peer_schema_version"], row["schema_current"]) for name, row in remotes.items()} == {
+        "n1": (None, True), "n2": (None, True)}
+    # Nothing was sent them: they confirmed all they were sent, and the log was read for them through the change.
+    assert all(row["confirm_sent"] < offset <= row["log_read"] for row in remotes.values())
+    assert "behind" not in agent("status", world.hq).out
+    metrics = tmp_path / "hq.prom"
+    assert agent("run", world.hq, "--once", "--metrics-file", metrics).code == 0
+    current = {sample.labels["peer"]: sample.value for family in text_string_to_metric_families(metrics.read_text())
+               for sample in family.samples if sample.name == "fieldsync_peer_schema_current"}
+    assert current == {"n1": 1.0, "n2": 1.0}
+    # At a remote the key is null and the gauge absent: its peer is the consolidated.
+    assert [row["schema_current"] for row in status(agent, world.n1)["remotes"]] == [None]

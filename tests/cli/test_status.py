@@ -23,7 +23,7 @@ from .conftest import Agent, World, sync
 
 REMOTE_KEYS = [field.name for field in dataclasses.fields(RemoteUser)] + [
     "fingerprint", "sending_due", "inbound_queue", "outbound_queue", "lag", "control_sent_at_iso", "heard_at_iso",
-    "data_sent_at_iso", "apply_errors_open", "in_error"]
+    "data_sent_at_iso", "apply_errors_open", "in_error", "schema_current"]
 
 
 def _status(agent: Agent, database: Path) -> dict:
