@@ -395,8 +395,8 @@ _PEER_GAUGES: tuple[tuple[str, str, Callable[[PeerSample, int], float | None]], 
      lambda peer, end: peer.schema_version),
     ("fieldsync_peer_schema_current",
      "1 when the peer (a remote) runs the consolidated's schema of now: it reported the consolidated's schema "
-     "version, or confirmed all it was sent of the log through it (a change that does not reach it leaves its own version behind); "
-     "0 when not; absent at a remote, and while the consolidated has made no schema change.",
+     "version, or confirmed all it was sent of the log through it (a change that does not reach it leaves its "
+     "own version behind); 0 when not; absent at a remote, and while the consolidated has made no schema change.",
      lambda peer, end: None if peer.schema_current is None else int(peer.schema_current)),
 )
 
