@@ -222,7 +222,8 @@ def new_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
             if is_uri(database) or not _named_by(database, keys.public):
                 with contextlib.suppress(OSError):
                     os.remove(path)
-            os.remove(claim_path)
+            with contextlib.suppress(OSError):
+                os.remove(claim_path)
             _remove_empty_folders(path)
             raise
         os.remove(claim_path)  # the site is made: its key is its own

@@ -138,7 +138,8 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
         try:
             with conn.transaction():  # a savepoint: PostgreSQL's refusal is the statement's line
                 conn.execute("SELECT pg_catalog.set_config('fieldsync.script', %s, true),"
-                             " pg_catalog.set_config('lock_timeout', %s, true)", (script, f"{round(seconds * 1000)}ms"))
+                             " pg_catalog.set_config('lock_timeout', %s, true)",
+                             (script, f"{max(1, round(seconds * 1000)) if seconds else 0}ms"))
                 conn.execute("DO $fieldsync$ BEGIN EXECUTE pg_catalog.current_setting('fieldsync.script'); END"
                              " $fieldsync$")
                 conn.execute("SELECT pg_catalog.set_config('lock_timeout', '0', true)")  # fieldsync's own steps wait
@@ -165,14 +166,18 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
         route.install_moves(conn)
     txid = write_change(conn, site, change.published, shapes, change.steps, scripts, made_at,
                         indexes=change.index_columns)
+    # A column step reaches the articles of every column, an index those that hold its columns.
     sent = [catalog.tables[oid] for oid in sorted(change.sent, key=lambda oid: catalog.tables[oid].shown)
-            if change.articles[oid].whole]
+            if change.articles[oid].whole or oid in change.indexed]
+    indexed = [catalog.tables[oid] for oid in change.indexed]
     subscribers = [name for (name,) in conn.execute(
         "SELECT DISTINCT s.remote FROM fieldsync.subscription s JOIN fieldsync.article a"
         " ON a.publication = s.publication JOIN fieldsync.remote r ON r.name = s.remote"
-        " WHERE s.until IS NULL AND r.peer_incarnation IS NOT NULL AND a.columns IS NULL"
-        " AND (a.table_schema, a.table_name) IN (SELECT * FROM unnest(%s::text[], %s::text[])) ORDER BY s.remote",
-        ([table.schema for table in sent], [table.name for table in sent]))]
+        " WHERE s.until IS NULL AND r.peer_incarnation IS NOT NULL"
+        " AND (a.columns IS NULL AND (a.table_schema, a.table_name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+        " OR (a.table_schema, a.table_name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))) ORDER BY s.remote",
+        ([table.schema for table in sent], [table.name for table in sent],
+         [table.schema for table in indexed], [table.name for table in indexed]))]
     return SchemaChangeResult((), tuple(change.steps), tuple(table.shown for table in sent), tuple(subscribers),
                               len(scripts)), txid
 
@@ -259,6 +264,7 @@ class _Change:
         self.altered: set[int] = set()  # the published tables whose columns changed
         self.sent: set[int] = set()  # those of them with steps that travel
         self.index_columns: dict[str, list[str]] = {}  # the columns of each index a step makes, by its remote name
+        self.indexed: set[int] = set()  # the published tables with index steps that travel
 
     def judge(self, before: _Catalog, after: _Catalog, where: str) -> None:
         """The steps one piece of SQL made (``before`` and ``after`` it);
@@ -272,6 +278,7 @@ class _Change:
             if table in self.articles and table in after.tables and remote is not None:
                 self.published.append(("drop_index", after.tables[table].shown, remote))
                 self.sent.add(table)
+                self.indexed.add(table)
         for oid, old in before.tables.items():
             new = after.tables.get(oid)
             published = oid in self.articles
@@ -322,6 +329,7 @@ class _Change:
                     self.published.append(("create_index", index.table, index.name, index.sql()))
                     self.index_columns[index.name] = list(index.columns)
                     self.sent.add(table)
+                    self.indexed.add(table)
         if other is not None and not self.unchecked:
             raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add "
                                 "--unchecked to run it at the consolidated only (docs/postgres.md, \"Schema "
