@@ -49,8 +49,8 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
 
     At a PostgreSQL consolidated (a URI), the published tables take ADD,
     RENAME and DROP COLUMN, a type that travels as before, and CREATE and
-    DROP INDEX (those SQLite can make alike reach the remotes) only so far,
-    and --passthrough is not built yet (docs/postgres.md, "Schema
+    DROP INDEX (those SQLite can make alike reach the remotes) only so far;
+    --passthrough works as on SQLite (docs/postgres.md, "Schema
     changes").
 
     With --passthrough --to REMOTE, data statements go to the named remotes
@@ -80,10 +80,6 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
         raise UsageError("--lock-timeout is for a PostgreSQL consolidated (a URI): a SQLite one waits for its "
                          "write lock as every writer of the site does")
 
-    if passthrough and isinstance(database, str) and is_uri(database):
-        # Said before the site is opened: nothing is read or changed.
-        raise AgentError(f"agent schema apply --passthrough is not supported on a PostgreSQL consolidated yet: nothing "
-                         f"was sent from {database} (docs/postgres.md, \"The site\", says what is not built yet)")
     if passthrough:
         with open_site(database) as site:
             offset = site.passthrough(scripts, remotes)

@@ -50,7 +50,7 @@ from . import route
 from .capture import TRIGGER_PREFIX, PgShape, describe_table, install_capture, load_shapes, shown_table
 from .extract import added_column_sql
 from .indexes import indexes, remote_name
-from .schema import SCHEMA
+from .schema import CHANGE_ROWS, SCHEMA
 from .typemap import KINDS
 from .uri import PgTarget
 
@@ -213,7 +213,7 @@ def change_offset(conn: psycopg.Connection, txid: str) -> int | None:
 
 def schema_version(conn: psycopg.Connection) -> int | None:
     """The offset of the last change a cut has taken (None: none)."""
-    return conn.execute("SELECT max(commit_offset) FROM fieldsync.schema_change").fetchone()[0]
+    return conn.execute(f"SELECT max(commit_offset) FROM fieldsync.schema_change WHERE {CHANGE_ROWS}").fetchone()[0]
 
 
 def history(conn: psycopg.Connection) -> list[list]:

@@ -62,6 +62,7 @@ from .connect import connect, translate
 from .foreign_keys import ACTIONS, PgForeignKey, foreign_keys, kept_keys
 from .indexes import indexes, kept_indexes
 from .log import begin_cut, cut_in, truncated_through
+from .schema import CHANGE_ROWS
 from .subscriptions import VALUE_COLUMNS, candidate_texts, stored_value
 from .typemap import KINDS, loader
 from .uri import PgTarget
@@ -113,7 +114,7 @@ def schema_version_row(conn: psycopg.Connection) -> tuple[int, str] | None:
     """The offset of the last schema change a cut has taken (changes.py)
     and the time it was made (ISO 8601 text); None: none."""
     found = conn.execute("SELECT commit_offset, made_at FROM fieldsync.schema_change WHERE commit_offset IS NOT NULL"
-                         " ORDER BY commit_offset DESC LIMIT 1").fetchone()
+                         f" AND {CHANGE_ROWS} ORDER BY commit_offset DESC LIMIT 1").fetchone()
     return None if found is None else (found[0], format_time(found[1]) or "")
 
 

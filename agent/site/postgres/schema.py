@@ -45,6 +45,9 @@ from .connect import translate
 from .uri import PgTarget
 
 SCHEMA = "fieldsync"
+# The rows of fieldsync.schema_change that are schema changes: passthrough
+# travels as one (passthrough.py) but moves no schema version.
+CHANGE_ROWS = "coalesce(steps -> 0 ->> 0, '') <> 'passthrough'"
 # 1: capture, shapes and the log (the foundation).
 # 2: the site's identity (with the agent's home folder), publications,
 #    articles, subscriptions, the remote-user table, transport options,

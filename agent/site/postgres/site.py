@@ -59,6 +59,7 @@ from .apply import PgApplier, records
 from .capture import describe_table
 from .changes import apply_schema_in, change_offset, schema_version
 from .new_tables import finish_sends, send_new_table_in
+from .passthrough import passthrough_in
 from .connect import connect, translate
 from .extract import PgConsolidated
 from .extract_many import PgFleetSource
@@ -282,6 +283,21 @@ class PostgresSite(RemoteUsers):
             with self._transaction("reading the schema change's offset") as conn:
                 offset = change_offset(conn, txid)
         return dataclasses.replace(result, offsets=() if offset is None else (offset,))
+
+    def passthrough(self, scripts: Iterable[str], remotes: Iterable[str], *, now: datetime | None = None) -> int:
+        """Send the data statements of ``scripts`` to ``remotes`` only, in
+        order with the data, to run there as their own writes
+        (passthrough.py); their commit offset here.  SchemaRefused, and
+        nothing sent, for what passthrough may not do.  The log is cut right
+        after, so the change has its offset."""
+        with self._lock:
+            with self._transaction("sending passthrough SQL") as conn:
+                txid = passthrough_in(conn, self._identity.name, scripts, remotes, made_at=now or utc_now())
+            self.scan()
+            with self._transaction("reading the passthrough's offset") as conn:
+                offset = change_offset(conn, txid)
+        assert offset is not None, "the cut after a passthrough gives it its offset"
+        return offset
 
     def schema_version(self) -> int | None:
         """The offset of the last schema change made here (None: none)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from codec.changes import PASSTHROUGH, RENAME_TABLE
 
@@ -164,6 +164,21 @@ def passthrough_locked(conn: sqlite3.Connection, identity: SiteIdentity, scripts
     statement here, or a name that is no remote."""
     if identity.role is not Role.CONSOLIDATED:
         raise WrongRole(f"{identity.name} is a remote: passthrough SQL is sent by the consolidated")
+    steps, statements = passthrough_steps(
+        conn, scripts, remotes, identity.name,
+        lambda remote: conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone() is not None)
+    cut_locked(conn, identity.name)  # everything before it: the change is alone in its log transaction
+    offset, _ = write_change(conn, identity, ShapeCache(conn), steps, {}, {}, steps, statements, made_at)
+    return offset
+
+
+def passthrough_steps(check: sqlite3.Connection, scripts: Iterable[str], remotes: Iterable[str], site: str,
+                      is_remote: Callable[[str], bool], hint: str = "") -> tuple[list[tuple], list[str]]:
+    """The steps of passthrough ``scripts`` to ``remotes`` and its
+    statements, each checked by preparing it on ``check`` (nothing runs;
+    ``hint`` ends the line of one that does not prepare).  SchemaRefused
+    for a statement that is no data statement or a name that is no remote
+    (``is_remote``) of ``site``."""
     statements = [statement for script in scripts for statement in split_statements(script)]
     targets = list(dict.fromkeys(remotes))
     if not statements:
@@ -171,19 +186,16 @@ def passthrough_locked(conn: sqlite3.Connection, identity: SiteIdentity, scripts
     if not targets:
         raise InvalidSetting("name the remotes the passthrough SQL goes to (--to REMOTE)")
     for remote in targets:
-        if conn.execute("SELECT 1 FROM fieldsync_remote WHERE name = ?", (remote,)).fetchone() is None:
-            raise SchemaRefused(f"no remote named {remote!r} at site {identity.name!r}: nothing was sent")
+        if not is_remote(remote):
+            raise SchemaRefused(f"no remote named {remote!r} at site {site!r}: nothing was sent")
     for number, statement in enumerate(statements, 1):
         where = f"statement {number} ({' '.join(statement.split())[:60]})"
         try:
-            found = actions(conn, statement)
+            found = actions(check, statement)
         except sqlite3.Error as error:
-            raise SchemaRefused(f"{where}: {error}") from None
+            raise SchemaRefused(f"{where}: {error}{hint}") from None
         data_only(found, where)
-    steps = [(PASSTHROUGH, remote, statement) for remote in targets for statement in statements]
-    cut_locked(conn, identity.name)  # everything before it: the change is alone in its log transaction
-    offset, _ = write_change(conn, identity, ShapeCache(conn), steps, {}, {}, steps, statements, made_at)
-    return offset
+    return [(PASSTHROUGH, remote, statement) for remote in targets for statement in statements], statements
 
 
 def data_only(found: tuple[Action, ...], where: str) -> None:

@@ -280,19 +280,6 @@ def test_a_second_agent_run_on_the_database_is_one_line_and_exit_1(agent, app_ur
     assert agent("run", app_uri, "--once")[0] == 0  # once the first has stopped
 
 
-def test_passthrough_on_a_postgresql_consolidated_is_one_line_and_sends_nothing(agent, app_uri, tmp_path) -> None:
-    north = consolidated_with_north(agent, app_uri, tmp_path)
-    with open_site(app_uri) as site:
-        end = site.scan()
-    code, out, err = agent("schema", "apply", app_uri, "--passthrough", "--to", "north",
-                           "UPDATE customer SET name = 'x' WHERE id = 1")
-    assert code == 1 and len(err.strip().splitlines()) == 1, err
-    assert "--passthrough is not supported on a PostgreSQL consolidated yet" in err and "Traceback" not in err
-    with open_site(app_uri) as site:
-        assert site.scan() == end
-    assert north.exists()
-
-
 def _statements_reading(log: Path, start: int, table: str) -> list[str]:
     """The statements the server logged after byte ``start`` of its log
     that read ``table`` (log_statement = all)."""

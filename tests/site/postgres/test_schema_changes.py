@@ -374,3 +374,46 @@ def test_unchecked_statements_run_at_the_consolidated_only(hq, app, tmp_path) ->
     assert result.published == () and result.subscribers == () and len(result.offsets) == 1
     assert [op for transaction in hq.read_log("r1", start, hq.scan()) for op in transaction.ops] == []
     assert app.execute("SELECT * FROM scratch").fetchall() == [(1, "x", None)]
+
+
+def test_passthrough_runs_at_the_named_remote_only_and_travels_back_as_its_write(agent, app_uri, tmp_path) -> None:
+    """`--passthrough --to north` from PostgreSQL: nothing runs at hq, the
+    schema version does not move, north runs the statement as its own
+    write, which comes back to hq like its others; west, which holds the
+    same rows, gets nothing.  What passthrough may not carry is one line,
+    with nothing sent."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    (tmp_path / "inbox" / "west").mkdir()
+    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / "west", "--subscribe",
+                 "sales=north")[0] == 0
+    west = tmp_path / "field" / "west.db"
+    assert agent("extract", app_uri, "west", west)[0] == 0
+    with open_site(app_uri) as site:
+        end = site.scan()
+    for statement, said in [("CREATE TABLE x (id INTEGER PRIMARY KEY)", "passthrough carries data statements only"),
+                            ("UPDATE nowhere SET a = 1", "no such table: nowhere"),
+                            ("UPDATE customer SET name = 'x'; DELETE FROM fieldsync_log", "statement 2 (DELETE FROM "
+                             "fieldsync_log): no such table")]:
+        code, _out, err = agent("schema", "apply", app_uri, "--passthrough", "--to", "north", statement)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and said in err, err
+    code, _out, err = agent("schema", "apply", app_uri, "--passthrough", "--to", "ghost", "DELETE FROM customer")
+    assert code == 1 and "no remote named 'ghost'" in err
+    with open_site(app_uri) as site:
+        assert site.scan() == end  # nothing was logged
+    code, out, err = agent("schema", "apply", app_uri, "--passthrough", "--to", "north",
+                           "UPDATE customer SET name = 'fixed at north' WHERE id = 1")
+    assert (code, err) == (0, ""), err
+    assert "it runs at north only" in out
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT name FROM customer WHERE id = 1").fetchone() == ("Ann",)
+    with open_site(app_uri) as site:
+        assert site.schema_version() is None
+    _exchange(agent, app_uri, north, west, app_uri, west)
+    for path, name in ((north, "fixed at north"), (west, "fixed at north")):
+        with open_site(path) as remote:
+            assert remote.connection.execute("SELECT name FROM customer WHERE id = 1").fetchone() == (name,)
+            assert remote.schema_version() is None
+    with connect(app_uri) as conn:  # north's own write came back, and went on to west
+        assert conn.execute("SELECT name FROM customer WHERE id = 1").fetchone() == ("fixed at north",)
+    with open_site(app_uri) as site:
+        assert site.apply_errors() == () and site.conflicts() == ()
