@@ -92,6 +92,15 @@ def uid_set(uids: Sequence[int]) -> str:
     return ",".join(ranges)
 
 
+class _RetrievedTasks(set):
+    """aioimaplib's set of its own tasks, each one's outcome retrieved when
+    it ends (:func:`_retrieve`)."""
+
+    def add(self, task: asyncio.Future) -> None:  # type: ignore[override]
+        task.add_done_callback(_retrieve)
+        super().add(task)
+
+
 def _retrieve(task: asyncio.Future) -> None:
     """Take a finished task's outcome, so that a failure nobody waits for is not reported as unretrieved."""
     if not task.cancelled():
@@ -201,6 +210,11 @@ class ImapSession:
 
         client = aioimaplib.IMAP4(host=host, port=port, timeout=timeout, conn_lost_cb=connection_lost,
                                   ssl_context=context if tls == "tls" else None)
+        # aioimaplib answers the greeting in a task of its own (CAPABILITY),
+        # whose failure nobody waits for: a connection lost then was reported
+        # as "Task exception was never retrieved".  Each is retrieved when it
+        # ends; the session sees the lost connection itself (below).
+        client.protocol.tasks = _RetrievedTasks(client.protocol.tasks)
         session = cls(client, host, timeout)
         holder.append(session)
         try:

@@ -48,8 +48,9 @@ def apply(database: Path, sql: tuple[str, ...], files: tuple[Path, ...], uncheck
     its key or SUBSCRIBE BY column.
 
     At a PostgreSQL consolidated (a URI), the published tables take ADD,
-    RENAME and DROP COLUMN, a type that travels as before, and CREATE and
-    DROP INDEX (those SQLite can make alike reach the remotes) only so far;
+    RENAME and DROP COLUMN, RENAME TO (of a table in no follow chain), a
+    type that travels as before, and CREATE and DROP INDEX (those SQLite
+    can make alike reach the remotes) only so far;
     --passthrough works as on SQLite (docs/postgres.md, "Schema
     changes").
 

@@ -758,6 +758,35 @@ async def test_stopping_while_idle_starts_leaves_no_unretrieved_task(transport, 
         assert await transport.wait_incoming(inbox, 30) is True
 
 
+async def test_a_connection_lost_as_the_greeting_is_answered_is_a_lost_connection(transport, dovecot, user,
+                                                                                   monkeypatch) -> None:
+    """Dovecot's greeting arrives and the link drops as aioimaplib answers
+    it (its CAPABILITY, sent from a task of its own): the session is lost,
+    as on any dropped link, so the receive connects again and goes
+    through; it was taken for a server that offers no STARTTLS (a
+    refusal, which stops the receive for an operator to fix), and asyncio
+    reported the task's failure that nobody retrieved (the email soak's
+    agents under load: "Task exception was never retrieved")."""
+    import gc
+
+    proxy = TcpProxy(dovecot.imap_port)
+    inbox = f"imap://{user}@127.0.0.1:{proxy.port}/INBOX"
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict] = []
+    monkeypatch.setattr(loop, "call_exception_handler", unretrieved.append)
+    try:
+        proxy.cut_after(upload=4)  # the first bytes the client sends: the greeting's CAPABILITY
+        dovecot.deliver(user, build_email(message_name(1), b"x", SENDER, f"{user}@{MAIL_DOMAIN}"))
+        [incoming] = await receive_all(transport, inbox)
+        assert incoming.data == b"x" and (proxy.cuts, proxy.connections) == (1, 2)
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            gc.collect()
+        assert unretrieved == []
+    finally:
+        proxy.close()
+
+
 async def test_without_idle_wait_incoming_polls(dovecot, smtpd, user) -> None:
     inbox = dovecot.url(user)
     async with transport_for(dovecot, smtpd, idle=False) as transport:

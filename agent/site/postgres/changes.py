@@ -14,16 +14,17 @@ Rules of this file:
   and PostgreSQL itself refuses transaction control in it and what cannot
   run inside a transaction (``VACUUM``, ``... CONCURRENTLY``).
 * What reaches the remotes: the columns of a published table added (with
-  the value the table's rows got), renamed and dropped, with SQLite's
-  checks (agent/site/sqlite/changes.py: what its article needs stays, a
-  retired name is never given again); a column retyped to a type that
-  travels as before stays here.  Other retypes of a published column,
-  renaming, re-keying or dropping a published table are refused (not
-  built on PostgreSQL yet), and so is writing its rows (data goes through
-  the applications) or touching fieldsync's own tables and capture
-  triggers.  Writing other rows and dropping a table need ``unchecked``;
-  everything else (other tables, indexes, views, functions) runs at the
-  consolidated only.
+  the value the table's rows got), renamed and dropped, and the table
+  renamed (not one of a follow chain), with SQLite's checks
+  (agent/site/sqlite/changes.py: what its article needs stays, a retired
+  name, of a column or a table, is never given again); its indexes SQLite
+  can make alike, made and dropped (indexes.py); a column retyped to a
+  type that travels as before stays here.  Other retypes of a published
+  column, re-keying or dropping a published table are refused (not built
+  on PostgreSQL yet), and so is writing its rows (data goes through the
+  applications) or touching fieldsync's own tables and capture triggers.
+  Writing other rows and dropping a table need ``unchecked``; everything
+  else (other tables, views, functions) runs at the consolidated only.
 * ``fieldsync.schema_change`` keeps every change's steps: the history that
   maps a remote's rows in an old shape (agent.site.apply.reshape) and keeps
   a retired name from being given again.
@@ -42,8 +43,10 @@ import psycopg
 from psycopg import errors as pg_errors, sql
 from psycopg.types.json import Jsonb
 
+from codec.changes import RENAME_TABLE
+
 from ..apply.reshape import column_moves
-from ..change_rows import SCHEMA_SHAPE, SchemaChangeResult, check_fits, row_value
+from ..change_rows import SCHEMA_SHAPE, SchemaChangeResult, check_fits, row_value, table_renames
 from ..capture import KIND_SCHEMA
 from ..errors import InvalidSetting, SchemaRefused, UnpublishableTable
 from . import route
@@ -131,7 +134,8 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
     seconds = LOCK_TIMEOUT if lock_timeout is None else lock_timeout
     if not (seconds >= 0 and math.isfinite(seconds)):
         raise InvalidSetting(f"the lock timeout must be a number of seconds, 0 or more; got {seconds}")
-    change = _Change(conn, _articles(conn), column_moves(history(conn)), unchecked)
+    steps_before = history(conn)
+    change = _Change(conn, _articles(conn), column_moves(steps_before), set(table_renames(steps_before)), unchecked)
     catalog = _Catalog.read(conn)
     for number, script in enumerate(scripts, 1):
         where = f"statement {number} ({' '.join(script.split())[:60]})"
@@ -152,7 +156,10 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
             raise SchemaRefused(f"{where}: {_first_line(error)}") from None
         after = _Catalog.read(conn)
         change.judge(catalog, after, where)
-        catalog = after
+        # What the judge wrote of fieldsync's own rows (a renamed table's
+        # article) is no statement's: the next one is judged from here.
+        catalog = _Catalog.read(conn) if change.wrote else after
+        change.wrote = False
     if not change.steps:
         return SchemaChangeResult((), (), (), (), len(scripts)), None
     shapes: dict[str, int] = {}
@@ -255,10 +262,12 @@ class _Change:
     """The steps of the change being made, judged piece by piece."""
 
     def __init__(self, conn: psycopg.Connection, articles: dict[int, _Article], moves: dict[str, list[list]],
-                 unchecked: bool) -> None:
+                 retired_tables: set[str], unchecked: bool) -> None:
         self.conn, self.articles, self.unchecked = conn, articles, unchecked
         # By lowered table: the lowered column names renamed away or dropped (never given again).
         self.retired = {table: {step[2].lower() for step in steps} for table, steps in moves.items()}
+        self.retired_tables = retired_tables  # the names published tables had before a rename (lowered)
+        self.wrote = False  # the last judge wrote fieldsync's own rows
         self.steps: list[tuple] = []  # every step, as agent.site.sqlite.ddl.differences names them
         self.published: list[tuple] = []  # the steps on published tables, as they travel
         self.altered: set[int] = set()  # the published tables whose columns changed
@@ -302,9 +311,9 @@ class _Change:
                 other = other or "a data statement"
             if (new.schema, new.name) != (old.schema, old.name):
                 if published:
-                    raise SchemaRefused(f"{where}: it renames the published table {old.shown}: renaming a "
-                                        "published table is not supported on a PostgreSQL consolidated yet")
-                self.steps.append(("rename_table", old.shown, new.shown))
+                    self._rename(oid, old, new, where)
+                else:
+                    self.steps.append((RENAME_TABLE, old.shown, new.shown))
             if published:
                 if new.key != old.key:
                     raise SchemaRefused(f"{where}: it re-keys the published table {new.shown}: refused")
@@ -334,6 +343,37 @@ class _Change:
             raise SchemaRefused(f"{where}: {other} is not a change agent schema apply checks and sends; add "
                                 "--unchecked to run it at the consolidated only (docs/postgres.md, \"Schema "
                                 "changes\")")
+
+    def _rename(self, oid: int, old: _Table, new: _Table, where: str) -> None:
+        """A published table renamed (docs/site-database.md, "Renaming a
+        published table"): a step that travels first among the table's,
+        and its articles and conflict policy follow it; its capture is made
+        again under the new name, a new shape, with the other tables'.
+        Refused for a table of a follow chain (its route names tables) and
+        for a name a published table had before (rows logged under it may
+        still be on their way)."""
+        if self.articles[oid].route:
+            raise SchemaRefused(f"{where}: {old.shown} follows its parent or has rows that follow it: renaming a "
+                                "table of a follow chain is not supported yet")
+        if new.shown.lower().startswith(("fieldsync", "sqlite_")):
+            raise SchemaRefused(f"{where}: it renames the published table {old.shown} to {new.shown}, a name of "
+                                "fieldsync's and SQLite's own tables at the remotes: refused")
+        if new.shown.lower() in self.retired_tables:
+            raise SchemaRefused(f"{where}: {new.shown} was the name of a published table before it was renamed: "
+                                "rows logged under that name may still be on their way; choose another")
+        step = (RENAME_TABLE, old.shown, new.shown)
+        self.steps.append(step)
+        self.published.append(step)
+        for table in ("article", "conflict_policy"):
+            self.conn.execute(sql.SQL("UPDATE fieldsync.{} SET table_schema = %s, table_name = %s"
+                                      " WHERE table_schema = %s AND table_name = %s").format(sql.Identifier(table)),
+                              (new.schema, new.name, old.schema, old.name))
+        self.wrote = True
+        self.retired_tables.add(old.shown.lower())
+        if old.shown.lower() in self.retired:
+            self.retired[new.shown.lower()] = self.retired.pop(old.shown.lower())
+        self.altered.add(oid)
+        self.sent.add(oid)
 
     def _published_columns(self, oid: int, old: _Table, new: _Table, where: str) -> None:
         """The column steps of a published table, as the remotes that hold it

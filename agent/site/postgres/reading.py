@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 import psycopg
 
 from ..capture import ROUTE, Shape
+from ..change_rows import table_renames as renames_of
 from ..concern import Concern
 from ..identity import SiteIdentity
 from ..reading import ConcernRows, ReaderRows
@@ -61,6 +62,14 @@ def _by_remote(conn: psycopg.Connection, where: str, parameters: tuple, found: d
     return found
 
 
+def table_renames(conn: psycopg.Connection) -> dict[str, str]:
+    """The site's table renames (change_rows.table_renames), from the
+    changes that renamed a published table (changes.py)."""
+    return renames_of(step for (steps,) in conn.execute(
+        "SELECT steps FROM fieldsync.schema_change WHERE steps::text LIKE '%\"rename_table\"%'"
+        " ORDER BY commit_offset NULLS LAST, txid") for step in steps)
+
+
 def every_shape(conn: psycopg.Connection) -> list[Shape]:
     return [shape.shape for shape in load_shapes(conn).values()]
 
@@ -77,8 +86,7 @@ def readers(conn: psycopg.Connection, identity: SiteIdentity, shapes: Shapes, su
     """A reader for each of ``subscribers`` (agent.site.selection's), finding
     shapes in ``shapes``."""
     rows = reader_rows(conn, identity, subscribers)
-    return SubscriberReader.many_from_rows(identity, shapes, rows.shapes, rows.articles, rows.subscriptions,
-                                           subscribers, rows.returned_columns, runs=runs)
+    return rows.readers(identity, shapes, subscribers, runs=runs)
 
 
 def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: list[str] | None) -> ReaderRows:
@@ -87,7 +95,7 @@ def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: l
     if subscribers is not None:
         check_remotes(conn, identity, subscribers)
     return ReaderRows(every_shape(conn), article_rows(conn), subscription_rows(conn, subscribers),
-                      returned_columns(conn))
+                      returned_columns(conn), table_renames(conn))
 
 
 def concern_rows(conn: psycopg.Connection) -> ConcernRows:
@@ -95,7 +103,7 @@ def concern_rows(conn: psycopg.Connection) -> ConcernRows:
     (agent.site.reading.concerned_indexes), inside the caller's snapshot:
     the subscription rows are asked for once the range's rows are known,
     and only those that can match (agent.site.concern.Concern.wanted)."""
-    return ConcernRows(article_rows(conn), {}, lambda found: _concerned_subscriptions(conn, found))
+    return ConcernRows(article_rows(conn), table_renames(conn), lambda found: _concerned_subscriptions(conn, found))
 
 
 def _concerned_subscriptions(conn: psycopg.Connection, found: Concern) -> dict[str, list[tuple]]:

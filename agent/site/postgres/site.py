@@ -390,8 +390,10 @@ class PostgresSite(RemoteUsers):
             return reading.selection_rows(conn, self._identity, list(subscribers))
 
     def table_renames(self) -> dict[str, str]:
-        """None: a PostgreSQL consolidated renames no published table yet (changes.py)."""
-        return {}
+        """Each name a published table had before a rename (lowered) and its
+        name now (change_rows.table_renames)."""
+        with self._transaction("reading the table renames") as conn:
+            return reading.table_renames(conn)
 
     def check_log_range(self, after: int, until: int) -> None:
         """Raise as :meth:`read_log` would for the range ``(after, until]``."""

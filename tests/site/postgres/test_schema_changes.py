@@ -142,7 +142,7 @@ def test_a_constant_default_reaches_the_remote_as_the_value_of_its_rows(hq, app,
                                                           "travel as numeric"),
     ("ALTER TABLE customer RENAME COLUMN name TO label; ALTER TABLE customer ALTER COLUMN label TYPE date USING NULL",
      "changing the type of column customer.label of a published table is refused: it travels as text"),
-    ("ALTER TABLE customer RENAME TO client", "renaming a published table is not supported"),
+    ("ALTER TABLE customer RENAME TO fieldsync_log", "a name of fieldsync's and SQLite's own tables at the remotes"),
     ("DROP TABLE customer", "dropping a published table is refused"),
     ("ALTER TABLE customer ADD COLUMN tag double precision DEFAULT random()", "gives each row its own value"),
     ("INSERT INTO customer (id, name) VALUES (99, 'x')", "it writes rows of a published table"),
@@ -417,3 +417,50 @@ def test_passthrough_runs_at_the_named_remote_only_and_travels_back_as_its_write
         assert conn.execute("SELECT name FROM customer WHERE id = 1").fetchone() == ("fixed at north",)
     with open_site(app_uri) as site:
         assert site.apply_errors() == () and site.conflicts() == ()
+
+
+def test_a_published_table_renamed_at_postgresql_reaches_the_remote_and_rows_under_its_old_name_follow(
+        agent, app_uri, tmp_path) -> None:
+    """RENAME TO of a published table, with a column added to it in the
+    same change: north applies both in order with the data; its row
+    logged under the old name before it applied them reaches hq's renamed
+    table, and hq's row logged before the rename reaches north's; both
+    sites end alike, and write on under the new name.  The old name is
+    never given again; a remote extracted after has the table by its new
+    name."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    with open_site(north) as remote:
+        remote.connection.execute("INSERT INTO customer VALUES (7, 'Flo', 'north')")
+    with connect(app_uri) as conn:
+        conn.execute("UPDATE customer SET name = 'Ann B.' WHERE id = 1")
+    code, out, err = agent("schema", "apply", app_uri, "ALTER TABLE customer RENAME TO client",
+                           "ALTER TABLE client ADD COLUMN phone text")
+    assert (code, err) == (0, ""), err
+    assert "renamed table customer to client" in out and "It reaches 1 remote(s) that hold client" in out, out
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO client VALUES (8, 'Gus', 'north', '555')")
+    _exchange(agent, north, app_uri)
+    expected = [(1, "Ann B.", "north", None), (7, "Flo", "north", None), (8, "Gus", "north", "555")]
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT id, name, region, phone FROM client ORDER BY id").fetchall() == expected
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, name, region, phone FROM client ORDER BY id").fetchall() \
+            == expected
+        assert [publication.articles[0].table for publication in remote.publications()] == ["client"]
+        remote.connection.execute("UPDATE client SET phone = '777' WHERE id = 7")
+    _exchange(agent, north, app_uri)
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT phone FROM client WHERE id = 7").fetchone() == ("777",)
+    with open_site(app_uri) as site:
+        assert site.apply_errors() == () and site.conflicts() == ()
+        assert site.remote("north").peer_schema_version == site.schema_version()
+        assert site.table_renames() == {"customer": "client"}
+    code, _out, err = agent("schema", "apply", app_uri, "ALTER TABLE client RENAME TO customer")
+    assert code == 1 and "customer was the name of a published table before it was renamed" in err, err
+    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / "north", "--subscribe",
+                 "sales=north")[0] == 0
+    west = tmp_path / "field" / "west.db"
+    assert agent("extract", app_uri, "west", west)[0] == 0
+    with open_site(west) as remote:
+        assert remote.connection.execute("SELECT id, phone FROM client ORDER BY id").fetchall() == [
+            (1, None), (7, "777"), (8, "555")]

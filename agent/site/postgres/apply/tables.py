@@ -42,6 +42,7 @@ from codec.ops import OpKind
 from ...apply.batch import Resolution
 from ...apply.reshape import column_moves
 from ...capture import Shape
+from ...change_rows import table_renames
 from ..capture import PgShape, load_shapes, shown_table
 from ..changes import history
 from ..errors import ValueNotConvertible
@@ -274,6 +275,7 @@ class Tables:
         self._seen: dict[str, tuple] = {}
         self._changes = 0  # schema changes read into _moves
         self._moves: dict[str, list[list]] = {}
+        self._renames: dict[str, str] = {}  # old name (lowered) -> name now (change_rows.table_renames)
 
     @property
     def shapes(self) -> dict[int, PgShape]:
@@ -314,7 +316,8 @@ class Tables:
         self._tables, self._seen = tables, seen
         (changes,) = conn.execute("SELECT count(*) FROM fieldsync.schema_change").fetchone()
         if changes != self._changes:  # changes are only ever added
-            self._changes, self._moves = changes, column_moves(history(conn))
+            steps = history(conn)
+            self._changes, self._moves, self._renames = changes, column_moves(steps), table_renames(steps)
 
     def moves(self, table: PgTable) -> list[list]:
         """The columns of ``table`` renamed and dropped by schema changes, in
@@ -322,8 +325,16 @@ class Tables:
         return self._moves.get(table.name.lower(), [])
 
     def table(self, name: object) -> PgTable | None:
-        """The published table ``name`` names (any case), or None."""
-        return self._tables.get(name.lower()) if type(name) is str else None
+        """The published table ``name`` names (any case; a name it had before
+        a rename too: rows a remote logged before it applied the rename), or
+        None."""
+        if type(name) is not str:
+            return None
+        found = self._tables.get(name.lower())
+        if found is None and self._renames:
+            now = self._renames.get(name.lower())
+            found = None if now is None else self._tables.get(now.lower())
+        return found
 
     def published(self) -> Iterable[PgTable]:
         return self._tables.values()
