@@ -29,7 +29,7 @@ Rules of this file:
   ``customer`` or to ``product``, one of customer's renamed or dropped, an
   index made (on customer's name or on one of its added columns, which
   then goes with the column) or dropped, a new table made and published
-  (no rename of it, no passthrough).
+  and renamed (no passthrough).
 """
 
 from __future__ import annotations
@@ -144,10 +144,11 @@ class SchemaChanges:
 
     def _pg_index(self) -> list[tuple[str, str]]:
         """With a PostgreSQL consolidated, now and then an index of customer
-        made or dropped in the same change, drawn apart so that the seed's
-        other draws stay as they were: on its name or on a column added,
-        which takes the index with it when it is dropped (the remotes then
-        drop the index before the column)."""
+        made or dropped, or a new table renamed, in the same change, drawn
+        apart so that the seed's other draws stay as they were: an index on
+        customer's name or on a column added, which takes the index with it
+        when it is dropped (the remotes then drop the index before the
+        column)."""
         rng = self.index_rng
         roll = rng.random()
         if roll < 0.3:
@@ -157,6 +158,12 @@ class SchemaChanges:
             return [(f"CREATE INDEX {name} ON customer ({column})", "create index")]
         if roll < 0.4 and self.indexes:
             return [(f"DROP INDEX {self.indexes.pop(rng.randrange(len(self.indexes)))[0]}", "drop index")]
+        if roll < 0.5 and self.notes:  # a published table renamed (its rows' old name mapped at hq)
+            index = rng.randrange(len(self.notes))
+            self.index_number += 1
+            old, new = self.notes[index], f"note_r{self.index_number}"  # still a new table by its name (pgworld)
+            self.notes[index] = new
+            return [(f"ALTER TABLE {old} RENAME TO {new}", "rename table")]
         return []
 
     def writes(self, site: str) -> list[tuple[str, tuple]]:
