@@ -324,6 +324,10 @@ class _Change:
             raise SchemaRefused(f"{where}: the capture triggers of the published tables are fieldsync's; they are "
                                 "not the application's to change")
         made = [table for oid, table in after.tables.items() if oid not in before.tables]
+        for table in made:
+            if table.shown.lower() in self.retired_tables:
+                raise SchemaRefused(f"{where}: {table.shown} was the name of a published table before it was "
+                                    "renamed: rows logged under that name may still be on their way; choose another")
         self.steps += [("create_table", table.shown) for table in made]
         if any(table.written for table in made):
             other = other or "a data statement"
