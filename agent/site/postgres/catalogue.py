@@ -41,7 +41,7 @@ from ..errors import PublicationError, UnknownPublication
 from ..publication_rules import (Article, Publication, as_article, check_followed_once, check_publication_name,
                                  check_table_articles, published_columns, subscribe_by_column)
 from . import route
-from .capture import describe_table, drop_capture_of, install_capture, shown_table
+from .capture import PgShape, describe_table, drop_capture_of, install_capture, shown_table
 from .uri import PgTarget
 
 # The schema and name a text names, as PostgreSQL resolves it (none: no such relation).
@@ -102,10 +102,7 @@ def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, ar
     # parent, this one or one of another publication.
     routed = (follow[0], follow[1], follow[2], publication) if follow is not None else \
         route.follows(conn).get((layout.schema, layout.table))
-    shape = install_capture(conn, target, article.table, None if routed is None else route.capture_route(
-        route.chain_of(conn, *routed)))
-    conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
-                 (shape.id, layout.schema, layout.table))
+    shape = capture_again(conn, target, layout.schema, layout.table, article.table, routed)
     conn.execute("INSERT INTO fieldsync.article (table_schema, table_name, table_oid, publication, columns,"
                  " subscribe_by, shape, follows, follow_columns, parent_columns)"
                  " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
@@ -117,6 +114,19 @@ def add_article(conn: psycopg.Connection, target: PgTarget, publication: str, ar
     if follow is not None:
         return Article(layout.shown, columns, None, follow[0], follow[1])
     return Article(layout.shown, columns, subscribe_by)
+
+
+def capture_again(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, table: str,
+                  routed: tuple | None) -> PgShape:
+    """Make the capture of ``schema.name`` (``table``: a text that names it)
+    again, in its shape of now, with the route of ``routed`` (the parent it
+    follows, as route.follows gives it; None: no route), and point its
+    articles at the shape."""
+    shape = install_capture(conn, target, table, None if routed is None else route.capture_route(
+        route.chain_of(conn, *routed)))
+    conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
+                 (shape.id, schema, name))
+    return shape
 
 
 def _resolve(conn: psycopg.Connection, table: str) -> tuple[str, str] | None:
@@ -169,9 +179,7 @@ def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, 
     elif routed and (found := conn.execute("SELECT format('%%I.%%I', n.nspname, c.relname) FROM pg_class c"
                                            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
                                            (oid,)).fetchone()):
-        shape = install_capture(conn, target, found[0])
-        conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
-                     (shape.id, schema, name))
+        capture_again(conn, target, schema, name, found[0], None)
 
 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> None:

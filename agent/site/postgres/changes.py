@@ -50,10 +50,11 @@ from ..change_rows import SCHEMA_SHAPE, SchemaChangeResult, check_fits, row_valu
 from ..capture import KIND_SCHEMA
 from ..errors import InvalidSetting, SchemaRefused, UnpublishableTable
 from . import route
-from .capture import TRIGGER_PREFIX, PgShape, describe_table, install_capture, load_shapes, shown_table
-from .extract import added_column_sql
+from .capture import TRIGGER_PREFIX, describe_table, load_shapes, shown_table
+from .catalogue import capture_again
+from .extract import added_column_sql, schema_version_row
 from .indexes import indexes, remote_name
-from .schema import CHANGE_ROWS, SCHEMA
+from .schema import SCHEMA
 from .typemap import KINDS
 from .uri import PgTarget
 
@@ -165,7 +166,8 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
     shapes: dict[str, int] = {}
     for oid in sorted(change.altered):
         table = catalog.tables[oid]
-        shapes[table.shown] = _capture_again(conn, target, table).id
+        shapes[table.shown] = capture_again(conn, target, table.schema, table.name, table.shown,
+                                            route.follows(conn).get((table.schema, table.name))).id
     for oid in change.sent - change.altered:  # an index made or dropped: the shape it has
         shapes[catalog.tables[oid].shown] = conn.execute("SELECT shape FROM fieldsync.article WHERE table_oid = %s"
                                                          " LIMIT 1", (oid,)).fetchone()[0]
@@ -220,7 +222,8 @@ def change_offset(conn: psycopg.Connection, txid: str) -> int | None:
 
 def schema_version(conn: psycopg.Connection) -> int | None:
     """The offset of the last change a cut has taken (None: none)."""
-    return conn.execute(f"SELECT max(commit_offset) FROM fieldsync.schema_change WHERE {CHANGE_ROWS}").fetchone()[0]
+    found = schema_version_row(conn)
+    return None if found is None else found[0]
 
 
 def history(conn: psycopg.Connection) -> list[list]:
@@ -472,17 +475,6 @@ def _columns(old: _Table, new: _Table) -> list[tuple]:
     steps += [("add_column", new.shown, column, None) for number, (column, _type, _modifier) in new.columns.items()
               if number not in old.columns]
     return steps
-
-
-def _capture_again(conn: psycopg.Connection, target: PgTarget, table: _Table) -> PgShape:
-    """Capture ``table`` in its new shape (with its route when it follows
-    its parent) and point its articles at the shape."""
-    routed = route.follows(conn).get((table.schema, table.name))
-    shape = install_capture(conn, target, table.shown, None if routed is None else route.capture_route(
-        route.chain_of(conn, *routed)))
-    conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
-                 (shape.id, table.schema, table.name))
-    return shape
 
 
 def _default(conn: psycopg.Connection, oid: int, column: str, kind: str, shown: str) -> object:
