@@ -30,19 +30,23 @@ Rules of this file:
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Callable, Iterable
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from ..clock import in_utc
-from ..errors import PublicationError, UnknownPublication
+from ..errors import PublicationError, SiteError, UnknownPublication
 from ..publication_rules import (Article, Publication, as_article, check_followed_once, check_publication_name,
                                  check_table_articles, published_columns, subscribe_by_column)
 from . import route
 from .capture import PgShape, describe_table, drop_capture_of, install_capture, shown_table
 from .uri import PgTarget
+
+log = logging.getLogger("fieldsync.site")
 
 # The schema and name a text names, as PostgreSQL resolves it (none: no such relation).
 _RESOLVE = ("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
@@ -127,6 +131,53 @@ def capture_again(conn: psycopg.Connection, target: PgTarget, schema: str, name:
     conn.execute("UPDATE fieldsync.article SET shape = %s WHERE table_schema = %s AND table_name = %s",
                  (shape.id, schema, name))
     return shape
+
+
+# Each published table as it is now against its capture's shape: its
+# columns in table order (generated ones are never captured).
+_LIVE = """
+SELECT DISTINCT a.table_schema, a.table_name, s.columns, s.key_columns,
+       ARRAY(SELECT t.attname::text FROM pg_catalog.pg_attribute t WHERE t.attrelid = c.oid AND t.attnum > 0
+               AND NOT t.attisdropped AND t.attgenerated = '' ORDER BY t.attnum)
+  FROM fieldsync.article a JOIN fieldsync.shape s ON s.id = a.shape
+  JOIN pg_catalog.pg_namespace n ON n.nspname = a.table_schema
+  JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = a.table_name
+ ORDER BY a.table_schema, a.table_name
+"""
+
+
+def recapture_altered(conn: psycopg.Connection, target: PgTarget) -> list[str]:
+    """Make the capture of each published table altered outside ``agent
+    schema apply`` (its columns are not its shape's) again, in its shape of
+    now, one transaction each, as a SQLite site's scan does: its capture
+    triggers named the columns it had, so a column dropped by hand failed
+    every write to the table, and one added was not captured.  The change
+    reaches no remote (docs/postgres.md, "Schema changes").  A table whose
+    key changed, or that cannot be captured now, is left as it is, said in
+    one warning.  Returns the tables captured again.  The connection is in
+    autocommit mode, with no transaction open."""
+    done = []
+    for schema, name, columns, key_columns, live in conn.execute(_LIVE).fetchall():
+        if list(live) == list(columns):
+            continue
+        shown = shown_table(schema, name)
+        text = sql.Identifier(schema, name).as_string(conn)
+        try:
+            with conn.transaction():
+                if list(describe_table(conn, text).layout.key_columns) != list(key_columns):
+                    log.warning("published table %s was re-keyed outside agent schema apply: its capture is left as "
+                                "it was; give it back its key, or remove its article", shown)
+                    continue
+                capture_again(conn, target, schema, name, text, route.follows(conn).get((schema, name)))
+                route.install_moves(conn)
+        except (SiteError, psycopg.Error) as error:
+            log.warning("published table %s was altered outside agent schema apply and its capture cannot be made "
+                        "again (%s); give it back what its articles need, or remove them", shown, error)
+            continue
+        log.warning("published table %s was altered outside agent schema apply: its capture is made again in its "
+                    "new shape, which reaches no remote (make schema changes with agent schema apply)", shown)
+        done.append(shown)
+    return done
 
 
 def _resolve(conn: psycopg.Connection, table: str) -> tuple[str, str] | None:

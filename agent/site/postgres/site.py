@@ -312,7 +312,15 @@ class PostgresSite(RemoteUsers):
         applications' writes); return the log end."""
         with self._lock:
             self._finish_sends()
+            self._recapture()
             return cut(self._live(), self.target, self._identity.name).log_end
+
+    def _recapture(self) -> None:
+        """The capture of published tables altered by hand, made again (catalogue.recapture_altered)."""
+        try:
+            catalogue.recapture_altered(self._live(), self.target)
+        except psycopg.Error as error:
+            raise translate(error, self.target, "checking the published tables against their capture") from None
 
     def _finish_sends(self) -> None:
         """The rows of the tables published since their remotes' extraction (new_tables.py)."""

@@ -465,3 +465,27 @@ def test_a_published_table_renamed_at_postgresql_reaches_the_remote_and_rows_und
     with open_site(west) as remote:
         assert remote.connection.execute("SELECT id, phone FROM client ORDER BY id").fetchall() == [
             (1, None), (7, "777"), (8, "555")]
+
+
+def test_a_column_dropped_by_hand_fails_writes_only_until_the_agent_runs(agent, app_uri, tmp_path) -> None:
+    """ALTER TABLE by hand, outside agent schema apply: the capture
+    triggers still name the column dropped, so every write to the table
+    fails (PostgreSQL's own error) until the agent's next scan, which makes
+    the capture again in the new shape with one warning.  The change
+    reaches no remote: north keeps its column, and the next row reaches it
+    without a value there."""
+    import psycopg
+
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    with connect(app_uri) as conn:
+        conn.execute("ALTER TABLE customer DROP COLUMN name")
+    with pytest.raises(psycopg.Error, match="name"), connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer (id, region) VALUES (9, 'north')")
+    code, _out, err = agent("run", app_uri, "--once", "-O", "min_age=0")
+    assert code == 0 and "customer was altered outside agent schema apply" in err, err
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer (id, region) VALUES (9, 'north')")
+    _exchange(agent, app_uri, north)
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id, name, region FROM customer ORDER BY id").fetchall() == [
+            (1, "Ann", "north"), (9, None, "north")]
