@@ -46,7 +46,6 @@ REMOTE_KEYS = (*COLUMNS, "fingerprint", "sending_due", "inbound_queue", "outboun
  _CONFIRM_OWED, _PEER_SCHEMA) = map(COLUMNS.index, ("name", "log_send", "log_sent", "confirm_sent", "log_read",
                                                     "public_key", "last_error", "stream_stopped", "confirm_owed",
                                                     "peer_schema_version"))
-
 _CLOCK_AT = tuple(map(COLUMNS.index, CLOCK_KEYS))
 
 
