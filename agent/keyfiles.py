@@ -88,6 +88,12 @@ def load_site_keys(site: Site) -> SiteKeys:
         raise SiteKeyError(f"{path} holds other keys ({keys.public.fingerprint}) than {site.path} records "
                            f"({_fingerprint(recorded)}): it belongs to another copy of site {name}; put back "
                            "the key file that came with this database")
+    claim_path = path.with_name(CLAIM_FILE)
+    if recorded is not None and abandoned(claim_path):
+        # Its maker was killed after the site was made, before it let go of
+        # the claim: the key is this site's, never one to take back.
+        with contextlib.suppress(OSError):
+            os.remove(claim_path)
     return keys
 
 

@@ -378,3 +378,23 @@ def test_a_killed_init_is_made_again_by_the_next(tmp_path: Path, agent) -> None:
     with SiteDatabase.open(database) as site:
         assert load_site_keys(site).public.to_line() == site.identity.public_key
     assert sorted(entry.name for entry in key_path(database).parent.iterdir()) == ["site.key"]
+
+
+def test_a_claim_left_beside_a_made_site_goes_at_its_first_load(world: World, agent, tmp_path: Path) -> None:
+    """Killed after the site was made and before it let go of its claim:
+    the claim stays beside a key a database names.  The site's first load
+    (any run) removes it, so a later extraction to the same path, once the
+    database was moved away alone, finds a key in its way, never one to
+    take back."""
+    assert agent("remote", "add", world.hq, "n3", "--address", world.root).code == 0
+    assert agent("extract", world.hq, "n3", world.root / "n3.db").code == 0
+    key = key_path(world.root / "n3.db")
+    claim = key.with_name("site.key.making")
+    claim.write_bytes(b"")  # what the kill left: a claim no process holds
+    assert agent("run", world.root / "n3.db", "--once").code == 0
+    assert not claim.exists()
+    saved = key.read_bytes()
+    (world.root / "n3.db").rename(tmp_path / "moved.db")
+    result = agent("extract", world.hq, "n3", world.root / "n3.db")
+    assert result.code == 1 and "exists already" in result.err
+    assert key.read_bytes() == saved
