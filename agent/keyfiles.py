@@ -105,9 +105,14 @@ def save_site_keys(database: str | os.PathLike[str], keys: SiteKeys, *,
     return _write(_key_folder(database, home), keys)
 
 
+def _key_file(database: str | os.PathLike[str], home: str | os.PathLike[str] | None) -> Path:
+    """The key file of the site at ``database``, or in ``home`` when given."""
+    return key_path(database) if home is None else key_file_in(home)
+
+
 def _key_folder(database: str | os.PathLike[str], home: str | os.PathLike[str] | None) -> Path:
     """The key file's path, its folder made (0700) if need be."""
-    path = key_path(database) if home is None else key_file_in(home)
+    path = _key_file(database, home)
     folder = path.parent
     try:
         if home is not None:  # the agent's own folder of a PostgreSQL site: its files only
@@ -136,7 +141,7 @@ def check_no_key_file(database: str | os.PathLike[str], *, home: str | os.PathLi
     ``home``), a key file in its way; one that a killed step left (the
     rules above) is removed first.  Returns what was removed."""
     removed = remove_abandoned_key(database, home=home)
-    path = key_path(database) if home is None else key_file_in(home)
+    path = _key_file(database, home)
     if os.path.lexists(path):
         raise _in_the_way(path)
     return removed
@@ -149,7 +154,7 @@ def remove_abandoned_key(database: str | os.PathLike[str], *, home: str | os.Pat
     claim is held by no process, and no database names the key.  The key
     of a PostgreSQL site (``home``, or a URI) is kept: whether its database
     names it cannot be told from here.  Returns the files removed."""
-    path = key_path(database) if home is None else key_file_in(home)
+    path = _key_file(database, home)
     claim_path = path.with_name(CLAIM_FILE)
     if not abandoned(claim_path):
         return []

@@ -157,13 +157,11 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
             raise SchemaRefused(f"{where}: {_first_line(error)}") from None
         after = _Catalog.read(conn)
         change.judge(catalog, after, where)
-        # What the judge wrote of fieldsync's own rows (a renamed table's
-        # article) is no statement's: the next one is judged from here.
-        catalog = _Catalog.read(conn) if change.wrote else after
-        change.wrote = False
+        catalog = after
     if not change.steps:
         return SchemaChangeResult((), (), (), (), len(scripts)), None
     shapes: dict[str, int] = {}
+    change.rename_articles()
     for oid in sorted(change.altered):
         table = catalog.tables[oid]
         shapes[table.shown] = capture_again(conn, target, table.schema, table.name, table.shown,
@@ -270,7 +268,7 @@ class _Change:
         # By lowered table: the lowered column names renamed away or dropped (never given again).
         self.retired = {table: {step[2].lower() for step in steps} for table, steps in moves.items()}
         self.retired_tables = retired_tables  # the names published tables had before a rename (lowered)
-        self.wrote = False  # the last judge wrote fieldsync's own rows
+        self.renamed: list[tuple[_Table, _Table]] = []  # published tables renamed, in order: their articles follow
         self.steps: list[tuple] = []  # every step, as agent.site.sqlite.ddl.differences names them
         self.published: list[tuple] = []  # the steps on published tables, as they travel
         self.altered: set[int] = set()  # the published tables whose columns changed
@@ -328,9 +326,7 @@ class _Change:
                                 "not the application's to change")
         made = [table for oid, table in after.tables.items() if oid not in before.tables]
         for table in made:
-            if table.shown.lower() in self.retired_tables:
-                raise SchemaRefused(f"{where}: {table.shown} was the name of a published table before it was "
-                                    "renamed: rows logged under that name may still be on their way; choose another")
+            self._check_not_retired(table.shown, where)
         self.steps += [("create_table", table.shown) for table in made]
         if any(table.written for table in made):
             other = other or "a data statement"
@@ -351,11 +347,28 @@ class _Change:
                                 "--unchecked to run it at the consolidated only (docs/postgres.md, \"Schema "
                                 "changes\")")
 
+    def _check_not_retired(self, table: str, where: str) -> None:
+        """Refuse giving ``table`` a name a published table had before it was renamed."""
+        if table.lower() in self.retired_tables:
+            raise SchemaRefused(f"{where}: {table} was the name of a published table before it was renamed: rows "
+                                "logged under that name may still be on their way; choose another")
+
+    def rename_articles(self) -> None:
+        """The articles and conflict policies of the published tables renamed
+        follow them, once every statement was judged (so that no statement
+        is judged with fieldsync's own writes in it)."""
+        for old, new in self.renamed:
+            for table in ("article", "conflict_policy"):
+                self.conn.execute(sql.SQL("UPDATE fieldsync.{} SET table_schema = %s, table_name = %s"
+                                          " WHERE table_schema = %s AND table_name = %s").format(sql.Identifier(table)),
+                                  (new.schema, new.name, old.schema, old.name))
+
     def _rename(self, oid: int, old: _Table, new: _Table, where: str) -> None:
         """A published table renamed (docs/site-database.md, "Renaming a
-        published table"): a step that travels first among the table's,
-        and its articles and conflict policy follow it; its capture is made
-        again under the new name, a new shape, with the other tables'.
+        published table"): a step that travels first among the table's;
+        its articles and conflict policy follow it (:meth:`rename_articles`),
+        and its capture is made again under the new name, a new shape, with
+        the other tables'.
         Refused for a table of a follow chain (its route names tables) and
         for a name a published table had before (rows logged under it may
         still be on their way)."""
@@ -365,17 +378,11 @@ class _Change:
         if new.shown.lower().startswith(("fieldsync", "sqlite_")):
             raise SchemaRefused(f"{where}: it renames the published table {old.shown} to {new.shown}, a name of "
                                 "fieldsync's and SQLite's own tables at the remotes: refused")
-        if new.shown.lower() in self.retired_tables:
-            raise SchemaRefused(f"{where}: {new.shown} was the name of a published table before it was renamed: "
-                                "rows logged under that name may still be on their way; choose another")
+        self._check_not_retired(new.shown, where)
         step = (RENAME_TABLE, old.shown, new.shown)
         self.steps.append(step)
         self.published.append(step)
-        for table in ("article", "conflict_policy"):
-            self.conn.execute(sql.SQL("UPDATE fieldsync.{} SET table_schema = %s, table_name = %s"
-                                      " WHERE table_schema = %s AND table_name = %s").format(sql.Identifier(table)),
-                              (new.schema, new.name, old.schema, old.name))
-        self.wrote = True
+        self.renamed.append((old, new))
         self.retired_tables.add(old.shown.lower())
         if old.shown.lower() in self.retired:
             self.retired[new.shown.lower()] = self.retired.pop(old.shown.lower())

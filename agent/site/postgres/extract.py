@@ -183,7 +183,8 @@ class PgConsolidated:
             create = remote_table_sql(self.shapes[plan.info.name], plan.columns,
                                       kept_keys(keys.get(plan.info.name, ()), plan.columns, parents))
             plans.append(dataclasses.replace(plan, info=dataclasses.replace(plan.info, sql=create)))
-            statements.append((create, kept_indexes(table_indexes.get(plan.info.name, ()), plan.columns)))
+            statements.append((create, [index.sql() for index in kept_indexes(table_indexes.get(plan.info.name, ()),
+                                                                              plan.columns)]))
         return row, plans, statements
 
     def copy_rows(self, copy: sqlite3.Connection, remote: str, plans: list[TablePlan]

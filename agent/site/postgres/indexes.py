@@ -106,8 +106,8 @@ def remote_name(schema: str, name: str) -> str | None:
     return None if shown.lower().startswith(_KEPT_NAMES) else shown
 
 
-def kept_indexes(found: Sequence[PgIndex], columns: Sequence[str]) -> list[str]:
-    """The CREATE INDEX statements of those of ``found`` (one table's) a
-    remote's copy of the table, published with ``columns``, gets."""
+def kept_indexes(found: Sequence[PgIndex], columns: Sequence[str]) -> list[PgIndex]:
+    """Those of ``found`` (one table's) a remote's copy of the table,
+    published with ``columns``, gets."""
     published = set(columns)
-    return [index.sql() for index in found if set(index.columns) <= published]
+    return [index for index in found if set(index.columns) <= published]

@@ -30,7 +30,7 @@ from .capture import TRIGGER_PREFIX, load_shapes, shown_table
 from .changes import write_change
 from .errors import NotYetOnPostgres
 from .extract import remote_table_sql
-from .indexes import indexes
+from .indexes import indexes, kept_indexes
 from .typemap import KINDS
 
 # The row triggers of a table's capture (capture._EVENTS' suffixes).
@@ -67,7 +67,7 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     steps: list[tuple] = [("create_table", shown, remote_table_sql(shape, published), publication, subscribe_by)]
     (oid,) = conn.execute("SELECT %s::regclass::oid", (sql.Identifier(schema, table).as_string(conn),)).fetchone()
     # Its indexes the remotes can have, as extraction makes them (indexes.py).
-    carried = [index for index in indexes(conn, table=oid).get(shown, ()) if set(index.columns) <= set(published)]
+    carried = kept_indexes(indexes(conn, table=oid).get(shown, ()), published)
     steps += [("create_index", shown, index.name, index.sql()) for index in carried]
     write_change(conn, site, steps, {shown: shape_id}, steps, [], made_at,
                  indexes={index.name: list(index.columns) for index in carried})

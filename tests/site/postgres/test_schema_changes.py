@@ -30,6 +30,17 @@ def _exchange(agent, *sites: object, rounds: int = 3) -> None:  # type: ignore[n
             assert (code, err) == (0, ""), err
 
 
+def _extract_west(agent, app_uri: str, tmp_path, *, inbox: str = "north"):  # type: ignore[no-untyped-def]
+    """Remote west, subscribed as north is, added and extracted to field/west.db
+    (its inbox: ``inbox``'s folder); returns its file."""
+    (tmp_path / "inbox" / inbox).mkdir(exist_ok=True)
+    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / inbox, "--subscribe",
+                 "sales=north")[0] == 0
+    west = tmp_path / "field" / "west.db"
+    assert agent("extract", app_uri, "west", west)[0] == 0
+    return west
+
+
 def test_a_column_added_at_postgresql_reaches_the_remote_in_order_with_the_data(agent, app_uri, tmp_path) -> None:
     """north's row written before it applied the change reaches hq in the
     old shape and gets the column's default there; hq's row written after
@@ -71,10 +82,7 @@ def test_a_column_added_at_postgresql_reaches_the_remote_in_order_with_the_data(
 def test_a_remote_extracted_after_the_change_has_the_column_and_the_schema_version(agent, app_uri, tmp_path) -> None:
     consolidated_with_north(agent, app_uri, tmp_path)
     assert agent("schema", "apply", app_uri, "ALTER TABLE customer ADD COLUMN score integer DEFAULT 3")[0] == 0
-    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / "north", "--subscribe",
-                 "sales=north")[0] == 0
-    west = tmp_path / "field" / "west.db"
-    assert agent("extract", app_uri, "west", west)[0] == 0
+    west = _extract_west(agent, app_uri, tmp_path)
     with open_site(app_uri) as site:
         offset = site.schema_version()
     with open_site(west) as remote:
@@ -383,11 +391,7 @@ def test_passthrough_runs_at_the_named_remote_only_and_travels_back_as_its_write
     same rows, gets nothing.  What passthrough may not carry is one line,
     with nothing sent."""
     north = consolidated_with_north(agent, app_uri, tmp_path)
-    (tmp_path / "inbox" / "west").mkdir()
-    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / "west", "--subscribe",
-                 "sales=north")[0] == 0
-    west = tmp_path / "field" / "west.db"
-    assert agent("extract", app_uri, "west", west)[0] == 0
+    west = _extract_west(agent, app_uri, tmp_path, inbox="west")
     with open_site(app_uri) as site:
         end = site.scan()
     for statement, said in [("CREATE TABLE x (id INTEGER PRIMARY KEY)", "passthrough carries data statements only"),
@@ -458,10 +462,7 @@ def test_a_published_table_renamed_at_postgresql_reaches_the_remote_and_rows_und
     for statement in ("ALTER TABLE client RENAME TO customer", "CREATE TABLE customer (id integer PRIMARY KEY)"):
         code, _out, err = agent("schema", "apply", app_uri, statement)
         assert code == 1 and "customer was the name of a published table before it was renamed" in err, err
-    assert agent("remote", "add", app_uri, "west", "--address", tmp_path / "inbox" / "north", "--subscribe",
-                 "sales=north")[0] == 0
-    west = tmp_path / "field" / "west.db"
-    assert agent("extract", app_uri, "west", west)[0] == 0
+    west = _extract_west(agent, app_uri, tmp_path)
     with open_site(west) as remote:
         assert remote.connection.execute("SELECT id, phone FROM client ORDER BY id").fetchall() == [
             (1, None), (7, "777"), (8, "555")]
