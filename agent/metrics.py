@@ -81,7 +81,7 @@ class PeerSample:
     apply_errors: int
     in_error: bool = False           # an error in force now (agent status --errors selects the peer)
     schema_version: int | None = None  # the largest the peer reported (docs/protocol.md, "Schema versions")
-    schema_current: bool | None = None  # it runs the consolidated's schema of now (cli.status.schema_current)
+    schema_current: bool | None = None  # it runs the consolidated's schema of now (remote_rules.schema_current)
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,7 +213,7 @@ class ImapSession:
         # aioimaplib answers the greeting in a task of its own (CAPABILITY),
         # whose failure nobody waits for: a connection lost then was reported
         # as "Task exception was never retrieved".  Each is retrieved when it
-        # ends; the session sees the lost connection itself (below).
+        # ends; the session learns of the lost connection by its own callback.
         client.protocol.tasks = _RetrievedTasks(client.protocol.tasks)
         session = cls(client, host, timeout)
         holder.append(session)
