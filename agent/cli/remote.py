@@ -290,7 +290,8 @@ def _change(database: Path, name: str, subscriptions: tuple[str, ...], *, subscr
         else:
             rows = change.inserts if subscribe else change.deletes
             kind = "INSERTs" if subscribe else "DELETEs"
-            follow = (f": {rows} row{'' if rows == 1 else 's'} go to it as {kind} with its next send" if rows
+            count = "1 row goes" if rows == 1 else f"{rows} rows go"
+            follow = (f": {count} to it as {kind} with its next send" if rows
                       else ": no row moves")
         out.print(f"{verb} {what}{follow}", soft_wrap=True)
         if subscribe:

@@ -71,7 +71,7 @@ def test_a_value_that_matches_no_row_is_taken_with_a_warning_and_undone_by_unsub
     sync(agent, world)
     assert world.rows("n1") == subset(world, "n1", "nl")
     undone = agent("remote", "unsubscribe", world.hq, "n1", "territory=nl")
-    assert undone.code == 0 and "1 row go to it as DELETEs" in undone.out
+    assert undone.code == 0 and "1 row goes to it as DELETEs" in undone.out
     sync(agent, world)
     assert world.rows("n1") == subset(world, "n1")
 

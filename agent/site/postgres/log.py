@@ -15,7 +15,9 @@ Rules of this file:
   commit, so its last ``seq`` is larger.  Consecutive transactions of one
   origin make one log transaction; a log transaction never mixes origins,
   and a transaction that made a schema change (changes.py) is one alone,
-  whose offset the cut records as the change's.
+  whose offset the cut records as the change's; so is one that ended a
+  remote's subscription with DELETEs (resubscribe.py), which then holds
+  through it.
 * The cut runs in one REPEATABLE READ transaction whose first statement
   takes its snapshot, after ``LOCK ... fieldsync.cut``: cuts are one at a
   time, and the snapshot they record is the one they read with.
@@ -158,20 +160,25 @@ def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
     assert found is not None, "fieldsync.cut has its row from install_schema on"
     now, previous, end = found
     finished = conn.execute(_FINISHED, {"previous": previous, "now": now}).fetchall()
+    # Subscriptions ended through a remote's stream whose DELETEs wait for
+    # their log transaction (resubscribe.py): almost always none.
+    ending = {txid for (txid,) in conn.execute("SELECT txid::text FROM fieldsync.subscription_change")}
     log_rows: list[tuple[int, str]] = []
     member_rows: list[tuple[int, int, str, str | None]] = []
     last_origin: object = object()  # no writer's origin: the first transaction starts a log transaction
     position = 0
     changes: list[tuple[int, str]] = []
+    ended: list[tuple[int, str]] = []
     for txid, writer_origin, _last, change in finished:
-        if writer_origin != last_origin or change:
+        alone = change or txid in ending
+        if writer_origin != last_origin or alone:
             end += 1
             log_rows.append((end, writer_origin or origin))
             last_origin, position = writer_origin, 0
         member_rows.append((end, position, txid, writer_origin))
         position += 1
-        if change:  # a schema change is a log transaction of its own, whatever comes next
-            changes.append((end, txid))
+        if alone:  # a log transaction of its own, whatever comes next
+            (changes if change else ended).append((end, txid))
             last_origin = object()
     with conn.cursor() as cursor:
         if log_rows:
@@ -185,6 +192,10 @@ def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
         for offset, txid in changes:
             cursor.execute("UPDATE fieldsync.schema_change SET commit_offset = %s WHERE txid = %s::xid8",
                            (offset, txid))
+        for offset, txid in ended:  # the subscription holds through its DELETEs' log transaction
+            cursor.execute("UPDATE fieldsync.subscription s SET until = %s FROM fieldsync.subscription_change c"
+                           " WHERE c.txid = %s::xid8 AND s.id = c.ends", (offset + 1, txid))
+            cursor.execute("DELETE FROM fieldsync.subscription_change WHERE txid = %s::xid8", (txid,))
         cursor.execute("UPDATE fieldsync.cut SET snapshot = %s::pg_snapshot, log_end = %s, cut_at = now()"
                        " WHERE id = 1", (now, end))
     return Cut(end, len(member_rows), len(log_rows))

@@ -21,7 +21,8 @@ Rules of this file:
   ``replaced_copy``, ``conflict``, ``apply_error``; layout 3:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
   layout 5: ``returned`` without a foreign key; layout 6: follows; layout 8:
-  ``applied``; layout 9: ``schema_change``, ``table_send``) has the columns of a SQLite site's
+  ``applied``; layout 9: ``schema_change``, ``table_send``; layout 10:
+  ``subscription_change``) has the columns of a SQLite site's
   tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
   ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
@@ -74,7 +75,10 @@ CHANGE_ROWS = "coalesce(steps -> 0 ->> 0, '') <> 'passthrough'"
 #    (kind 4, shape 0), and ``schema_change`` keeps each change by its
 #    writing transaction, with its commit offset once a cut gave it one;
 #    ``table_send``, a new table's rows still to be sent (new_tables.py).
-SCHEMA_VERSION = 9
+# 10: ``subscription_change``, a subscription ended through a remote's
+#    stream whose DELETEs no cut has given a log transaction yet
+#    (resubscribe.py).
+SCHEMA_VERSION = 10
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -382,6 +386,17 @@ def _shapes_indexed(conn: psycopg.Connection) -> None:
         conn.execute(shape_indexes(shape_id, len(columns), tuple(columns.index(column) for column in key_columns)))
 
 
+# Layout 10: the writing transaction of a subscription change through a
+# remote's stream that ended subscription ``ends`` with DELETEs; the cut
+# that gives it its log transaction sets ``until`` and deletes the row.
+_SUBSCRIPTION_CHANGES = """
+CREATE TABLE IF NOT EXISTS fieldsync.subscription_change (
+    txid xid8 PRIMARY KEY DEFAULT pg_catalog.pg_current_xact_id(),
+    ends bigint NOT NULL
+);
+"""
+
+
 def _upgrade_to_3(conn: psycopg.Connection) -> None:
     conn.execute(_APPLY)
     _shapes_indexed(conn)
@@ -393,7 +408,7 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
     4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS,
-    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED, 8: _SCHEMA_CHANGES}
+    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED, 8: _SCHEMA_CHANGES, 9: _SUBSCRIPTION_CHANGES}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -414,6 +429,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             conn.execute(_FOLLOWS)
             conn.execute(_APPLIED)
             conn.execute(_SCHEMA_CHANGES)
+            conn.execute(_SUBSCRIPTION_CHANGES)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.

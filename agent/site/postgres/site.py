@@ -53,7 +53,7 @@ from ..selection import SubscriberReader
 from ..settings import SITE_SCOPE
 from ..sqlite.extract import extract_remote
 from ..sqlite.extract_many import extract_remotes
-from . import catalogue, reading, remotes as remote_rows, settings, subscriptions as subscription_rows
+from . import catalogue, reading, remotes as remote_rows, resubscribe, settings, subscriptions as subscription_rows
 from .agent_runs import count_run
 from .apply import PgApplier, records
 from .capture import describe_table
@@ -244,8 +244,8 @@ class PostgresSite(RemoteUsers):
 
     def subscribe(self, remote: str, publication: str, value: Value = None, *,
                   now: datetime | None = None) -> SubscriptionChange:
-        """Subscribe ``remote`` to ``publication`` with ``value`` (before the
-        remote is extracted: through its stream is not yet on PostgreSQL)."""
+        """Subscribe ``remote`` to ``publication`` with ``value`` (once the
+        remote is extracted, its new rows go through its stream: resubscribe.py)."""
         return self._subscription(remote, publication, value, True, now)
 
     def unsubscribe(self, remote: str, publication: str, value: Value = None, *,
@@ -255,9 +255,23 @@ class PostgresSite(RemoteUsers):
 
     def _subscription(self, remote: str, publication: str, value: Value, subscribe: bool,
                       now: datetime | None) -> SubscriptionChange:
-        with self._transaction(f"changing the subscriptions of {remote!r} to {publication!r}") as conn:
-            return subscription_rows.change_subscription(conn, self._identity, remote, publication, value,
-                                                     subscribe=subscribe, now=now or utc_now())
+        doing = f"changing the subscriptions of {remote!r} to {publication!r}"
+        with self._lock:
+            with self._transaction(doing) as conn:
+                change = subscription_rows.change_subscription(conn, self._identity, remote, publication, value,
+                                                               subscribe=subscribe, now=now or utc_now())
+                if change is not None:
+                    return change
+                tables = resubscribe.publication_tables(conn, publication)
+            # Extracted: the rows that enter or leave its subset go through its stream.
+            with self._transaction(doing) as conn:
+                change, txid = resubscribe.change_in(conn, self._identity, remote, publication, value,
+                                                     subscribe=subscribe, now=now or utc_now(), tables=tables)
+            if txid is None:
+                return change
+            self.scan()  # the rows' log transaction, and the end of a subscription they end
+            with self._transaction("reading the subscription change's offset") as conn:
+                return dataclasses.replace(change, offset=resubscribe.offset_of(conn, txid))
 
     def subscriptions(self, remote: str | None = None) -> tuple[Subscription, ...]:
         with self._transaction("listing subscriptions") as conn:

@@ -11,11 +11,10 @@ Rules of this file:
   ``value_blob``), at most one of them set; all NULL is the value NULL.
   So ``7``, ``7.0`` and ``'7'`` stay three values, as on SQLite.
 * ``since`` and ``until`` are the commit offsets between which a
-  subscription holds (layout 9 of a SQLite site).  Changes through a
-  remote's stream (a remote that was extracted: it has a peer
-  incarnation) are not on PostgreSQL yet and are refused with one line;
-  before extraction a subscription holds from the start (``since`` 0) and
-  ending it deletes it, as on SQLite.
+  subscription holds (layout 9 of a SQLite site).  A remote that was
+  extracted (it has a peer incarnation) changes them through its stream
+  (resubscribe.py); before extraction a subscription holds from the start
+  (``since`` 0) and ending it deletes it, as on SQLite.
 * ``matching`` counts the rows that hold the value as readers select: the
   SUBSCRIBE BY column as it travels (typemap.py) equal to the value in
   Python's terms.
@@ -35,7 +34,6 @@ from ..errors import UnknownPublication, UnknownRemote
 from ..identity import SiteIdentity
 from ..publication_rules import (Subscription, SubscriptionChange, Value, check_subscription_value,
                                  find_subscription, not_subscribed)
-from .errors import NotYetOnPostgres
 from .typemap import KINDS, Kind
 
 VALUE_COLUMNS = "value_integer, value_real, value_text, value_blob"
@@ -65,35 +63,44 @@ def check_subscription(conn: psycopg.Connection, remote: str, publication: str, 
     check_subscription_value(value)
 
 
-def insert_subscriptions(conn: psycopg.Connection, rows: Iterable[tuple[str, str, Value, datetime]]) -> int:
-    """Store ``(remote, publication, value, created_at)`` rows; return how many."""
-    params = [(remote, publication, *value_columns(value), in_utc(created))
+def insert_subscriptions(conn: psycopg.Connection, rows: Iterable[tuple[str, str, Value, datetime]], *,
+                         since: int = 0) -> int:
+    """Store ``(remote, publication, value, created_at)`` rows, holding from
+    ``since``; return how many."""
+    params = [(remote, publication, *value_columns(value), in_utc(created), since)
               for remote, publication, value, created in rows]
     if params:
         with conn.cursor() as cursor:
             cursor.executemany(f"INSERT INTO fieldsync.subscription (remote, publication, {VALUE_COLUMNS},"
-                               " created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)", params)
+                               " created_at, since) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)", params)
     return len(params)
 
 
+def current_subscriptions(conn: psycopg.Connection, remote: str) -> list[tuple[int, str, Value]]:
+    """``(id, publication, value)`` of each subscription of ``remote`` that
+    holds, one whose end waits for its cut (resubscribe.py) left out."""
+    return [(key, pub, stored_value(*values)) for key, pub, *values in conn.execute(
+        f"SELECT id, publication, {VALUE_COLUMNS} FROM fieldsync.subscription WHERE remote = %s AND until IS NULL"
+        " AND id NOT IN (SELECT ends FROM fieldsync.subscription_change) ORDER BY id", (remote,))]
+
+
 def change_subscription(conn: psycopg.Connection, identity: SiteIdentity, remote: str, publication: str,
-                        value: Value, *, subscribe: bool, now: datetime) -> SubscriptionChange:
-    """Subscribe ``remote`` to (or unsubscribe it from) ``publication`` with ``value``."""
+                        value: Value, *, subscribe: bool, now: datetime) -> SubscriptionChange | None:
+    """Subscribe ``remote`` to (or unsubscribe it from) ``publication`` with
+    ``value``; None, with nothing done, when the remote was extracted: the
+    change then goes through its stream (resubscribe.py)."""
     check_subscription(conn, remote, publication, value)
     # The remote's row, locked: its subscription changes are one at a time.
     [streamed] = conn.execute("SELECT peer_incarnation IS NOT NULL FROM fieldsync.remote WHERE name = %s"
                               " FOR UPDATE", (remote,)).fetchone()
-    current = [(key, pub, stored_value(*values)) for key, pub, *values in conn.execute(
-        f"SELECT id, publication, {VALUE_COLUMNS} FROM fieldsync.subscription WHERE remote = %s AND until IS NULL"
-        " ORDER BY id", (remote,))]
+    if streamed:
+        return None
+    current = current_subscriptions(conn, remote)
     found = find_subscription(current, publication, value)
     if subscribe and found is not None:
         return SubscriptionChange(remote, publication, value, subscribe, changed=False)
     if not subscribe and found is None:
         raise not_subscribed(remote, publication, value, current)
-    if streamed:
-        raise NotYetOnPostgres(f"{remote!r} was extracted: changing its subscriptions through its stream is not yet "
-                               "on PostgreSQL; extract it again after the change")
     if subscribe:
         insert_subscriptions(conn, [(remote, publication, value, now)])
     else:

@@ -245,15 +245,19 @@ def test_a_change_counts_the_rows_that_hold_the_value_as_readers_select(sales, a
     assert sales.subscribe("idle", "whole", 7).matching is None  # no SUBSCRIBE BY article
 
 
-def test_an_extracted_remote_s_subscriptions_cannot_change_yet(sales):
+def test_an_extracted_remote_s_subscriptions_change_through_its_stream(sales, app):
+    """Its new rows as INSERTs with the article's columns, nothing for the
+    table it receives whole already (tests/site/postgres/test_resubscribe.py
+    has the rest)."""
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ann', 'east'), (2, 'Bo', 'north')")
     sales.update_remote("north1", peer_incarnation=b"\x02" * 16)
-    with pytest.raises(NotYetOnPostgres, match="'north1' was extracted: changing its subscriptions through its "
-                                               "stream is not yet on PostgreSQL"):
-        sales.subscribe("north1", "sales", "east")
-    with pytest.raises(NotYetOnPostgres):
-        sales.unsubscribe("north1", "sales", "north")
+    start = sales.scan()
+    added = sales.subscribe("north1", "sales", "east")
+    assert (added.streamed, added.inserts, added.deletes) == (True, 1, 0)
+    [transaction] = sales.read_log("north1", start)
+    assert [(op.key, op.after) for op in transaction.ops] == [((1,), {"id": 1, "name": "Ann", "region": "east"})]
     assert not sales.subscribe("north1", "sales", "north").changed  # held already: nothing to change
-    assert [item.value for item in sales.subscriptions("north1")] == ["north"]
+    assert [item.value for item in sales.subscriptions("north1")] == ["north", "east"]
 
 
 def test_a_table_published_where_an_extracted_remote_subscribes_is_sent_through_the_stream(hq, app) -> None:
@@ -261,7 +265,6 @@ def test_a_table_published_where_an_extracted_remote_subscribes_is_sent_through_
     rows as INSERTs, then the writes after it (new_tables.py); a
     table published in another publication already is refused for now,
     with nothing changed."""
-    from agent.site.postgres.errors import NotYetOnPostgres
     from codec.changes import SchemaChange
 
     app.execute("CREATE TABLE visit (id integer PRIMARY KEY, note text)")

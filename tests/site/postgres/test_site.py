@@ -42,7 +42,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 9
+        assert layout == SCHEMA_VERSION == 10
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -380,3 +380,13 @@ def test_open_upgrades_layout_8_with_schema_changes(hq, target):
         assert site.schema_version() is None
         result = site.apply_schema(["ALTER TABLE customer ADD COLUMN note text"])
         assert site.schema_version() == result.offsets[0]
+
+
+def test_open_upgrades_layout_9_with_the_subscription_ends_waiting_for_their_cut(hq, target):
+    """Layout 10: ``fieldsync.subscription_change`` (none waits before), which
+    every cut reads."""
+    _back_to_layout(hq, target, 9, "DROP TABLE fieldsync.subscription_change")
+    with PostgresSite.open(target) as site:
+        assert _layout(site) == SCHEMA_VERSION
+        assert site.connection.execute("SELECT count(*) FROM fieldsync.subscription_change").fetchone() == (0,)
+        site.scan()
