@@ -16,8 +16,14 @@ Rules of this file:
   sent (their row capture off): :func:`finish_sends` runs after the first
   transaction and before every cut (``PostgresSite.scan``), so a process
   that died between the two is finished by the next agent run.
-* Not yet: a table that follows its parent, or one published in another
-  publication already; both refused in one line, with nothing changed.
+* A table that follows its parent goes as extraction makes it: with its
+  foreign keys to the publication's tables, each row with the route it
+  has when it is sent (route.py), so it reaches the subscribers of its
+  parent.  Its parents' move triggers leave it out until then
+  (route.install_moves), so a parent moved between the two transactions
+  writes nothing for its rows, which go with their route of then.
+* Not yet: a table published in another publication already; refused in
+  one line, with nothing changed.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from .capture import TRIGGER_PREFIX, load_shapes, shown_table
 from .changes import write_change
 from .errors import NotYetOnPostgres
 from .extract import remote_table_sql
+from .foreign_keys import foreign_keys, kept_keys
 from .indexes import indexes, kept_indexes
+from .route import chains, install_moves, route_expression
 from .typemap import KINDS
 
 # The row triggers of a table's capture (capture._EVENTS' suffixes).
@@ -56,15 +64,25 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     shown = shown_table(schema, table)
     rows = conn.execute("SELECT publication, shape, columns, subscribe_by, follows FROM fieldsync.article"
                         " WHERE table_schema = %s AND table_name = %s", (schema, table)).fetchall()
-    if len(rows) > 1 or rows[0][4] is not None:
+    if len(rows) > 1:
         raise NotYetOnPostgres(f"cannot publish {shown!r} in {publication!r} where extracted remotes subscribe: "
-                               "sending a table that follows its parent, or one published in another publication "
-                               "already, through the stream is not yet built on PostgreSQL; publish it before "
-                               "extracting, or extract the remotes again")
-    _publication, shape_id, columns, subscribe_by, _follows = rows[0]
-    shape = load_shapes(conn)[shape_id]
+                               "sending a table published in another publication already through the stream is "
+                               "not yet built on PostgreSQL; publish it before extracting, or extract the remotes "
+                               "again")
+    _publication, shape_id, columns, subscribe_by, follows = rows[0]
+    shapes = load_shapes(conn)
+    shape = shapes[shape_id]
     published = shape.layout.columns if columns is None else tuple(columns)
-    steps: list[tuple] = [("create_table", shown, remote_table_sql(shape, published), publication, subscribe_by)]
+    keys: list = []
+    if follows is not None:  # the foreign keys to the publication's tables, as extraction makes them
+        parents = {shown_table(parent_schema, parent): shapes[parent_shape].layout.key_columns
+                   for parent_schema, parent, parent_shape in conn.execute(
+                       "SELECT table_schema, table_name, shape FROM fieldsync.article WHERE publication = %s",
+                       (publication,))}
+        keys = kept_keys(foreign_keys(conn).get(shown, ()), published, parents)
+        subscribe_by = None  # its rows go by their routes
+    steps: list[tuple] = [("create_table", shown, remote_table_sql(shape, published, keys), publication,
+                           subscribe_by)]
     (oid,) = conn.execute("SELECT %s::regclass::oid", (sql.Identifier(schema, table).as_string(conn),)).fetchone()
     # Its indexes the remotes can have, as extraction makes them (indexes.py).
     carried = kept_indexes(indexes(conn, table=oid).get(shown, ()), published)
@@ -73,6 +91,8 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
                  indexes={index.name: list(index.columns) for index in carried})
     conn.execute("INSERT INTO fieldsync.table_send (table_oid) VALUES (%s)", (oid,))
     _switch(conn, schema, table, "DISABLE")
+    if follows is not None:
+        install_moves(conn)  # its parents' moves leave it alone until its rows are sent
     return True
 
 
@@ -94,11 +114,19 @@ def finish_sends(conn: psycopg.Connection) -> int:
             layout = load_shapes(conn)[shape_id].layout
             values = sql.SQL(", ").join(sql.SQL(KINDS[kind].capture).format(sql.Identifier(column))
                                         for column, kind in zip(layout.columns, layout.kinds))
-            conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, v) SELECT {}, {}, ARRAY[{}] FROM {}"
+            row = sql.SQL("ARRAY[{}]").format(values)
+            chain = chains(conn).get((schema, table))
+            if chain is not None:  # its route after the widest image, as the capture triggers write it (route.py)
+                route = route_expression(chain, [sql.Identifier(schema, table, column) for column in chain.columns])
+                row = sql.SQL("{} || pg_catalog.array_fill(NULL::pg_catalog.text, ARRAY[{}]) || ARRAY[{}]").format(
+                    row, sql.Literal(len(layout.columns)), route)
+            conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, v) SELECT {}, {}, {} FROM {}"
                                  " ORDER BY {}").format(
-                sql.Literal(shape_id), sql.Literal(KIND_INSERT), values, identifier,
+                sql.Literal(shape_id), sql.Literal(KIND_INSERT), row, identifier,
                 sql.SQL(", ").join(map(sql.Identifier, layout.key_columns))))
             _switch(conn, schema, table, "ENABLE")
+            if chain is not None:
+                install_moves(conn)  # its parents' moves carry its rows from now on
     return len(waiting)
 
 

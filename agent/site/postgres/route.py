@@ -258,13 +258,19 @@ def capture_route(chain: Chain) -> CaptureRoute:
 def install_moves(conn: psycopg.Connection) -> None:
     """(Re)make the move trigger of every followed table (and drop those of
     tables no longer followed): after any article is added or removed,
-    since a move names its descendants' shapes."""
+    since a move names its descendants' shapes; a table whose rows wait to
+    be sent (new_tables.py) is left out until they are."""
     rows = _rows(conn)
     for (oid,) in conn.execute("SELECT tgrelid FROM pg_trigger WHERE tgname = %s", (MOVE_TRIGGER,)).fetchall():
         found = conn.execute("SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n"
                              " ON n.oid = c.relnamespace WHERE c.oid = %s", (oid,)).fetchone()
         conn.execute(sql.SQL("DROP TRIGGER {} ON {}").format(sql.Identifier(MOVE_TRIGGER), sql.Identifier(*found)))
-    followed = follows(conn)
+    # A table whose rows wait to be sent (new_tables.py) is no descendant
+    # yet: its rows go with the route they have when they are sent.
+    waiting = set(conn.execute("SELECT n.nspname, c.relname FROM fieldsync.table_send w JOIN pg_catalog.pg_class c"
+                               " ON c.oid = w.table_oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                               ).fetchall())
+    followed = {table: follow for table, follow in follows(conn).items() if table not in waiting}
     if not followed:
         return
     shapes = load_shapes(conn)

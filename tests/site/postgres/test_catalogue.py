@@ -12,6 +12,7 @@ import pytest
 from agent.site import (Article, InvalidSetting, Publication, PublicationError, UnknownPublication, UnknownRemote,
                         UnpublishableTable)
 from agent.site.postgres.errors import NotYetOnPostgres, UnsupportedColumnType
+from codec.ops import OpKind
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 # Key order (line_no, order_id) differs from column order on purpose.
@@ -291,6 +292,38 @@ def test_a_table_published_where_an_extracted_remote_subscribes_is_sent_through_
     hq.subscribe("r2", "q")
     hq.update_remote("r2", peer_incarnation=bytes(range(1, 17)))
     end = hq.scan()
-    with pytest.raises(NotYetOnPostgres, match="or one published in another publication already"):
+    with pytest.raises(NotYetOnPostgres, match="sending a table published in another publication already"):
         hq.add_article("q", "visit")
     assert [item.name for item in hq.publications() if item.articles] == ["p"] and hq.scan() == end
+
+
+def test_a_table_that_follows_its_parent_published_where_extracted_remotes_subscribe_goes_by_its_routes(
+        sales, app, monkeypatch) -> None:
+    """Its change carries its foreign key, its rows reach the subscribers of
+    their parents, and a parent moved before its rows are sent (a process
+    that died between the two transactions) sends each row once, with the
+    route it has then (new_tables.py)."""
+    from codec.changes import SchemaChange
+
+    app.execute("INSERT INTO customer (id, name, region) VALUES (1, 'Ann', 'north'), (2, 'Bo', 'south')")
+    app.execute("CREATE TABLE visit (id integer PRIMARY KEY, customer_id integer REFERENCES customer (id), note text)")
+    app.execute("INSERT INTO visit VALUES (10, 1, 'a'), (20, 2, 'b'), (30, NULL, 'c')")
+    for number, remote in enumerate(("north1", "south1")):
+        sales.update_remote(remote, peer_incarnation=bytes([number + 1]) * 16)
+    start = sales.scan()
+    with monkeypatch.context() as patched:
+        patched.setattr(sales, "_finish_sends", lambda: None)  # dies before the rows are sent
+        sales.add_article("sales", "visit", follows="customer")
+    app.execute("UPDATE customer SET region = 'south' WHERE id = 1")  # customer 1 and its visit move to south1
+    end = sales.scan()  # the next run sends the rows
+    north = list(sales.read_log("north1", start, end))
+    [change] = north[0].ops
+    assert isinstance(change, SchemaChange)
+    (step,) = [step for step in change.steps if step[0] == "create_table"]
+    assert step[4] is None and 'FOREIGN KEY ("customer_id") REFERENCES "customer" ("id")' in step[2]
+    assert [(op.table, op.kind) for transaction in north[1:] for op in transaction.ops] == [
+        ("customer", OpKind.DELETE)]
+    south = [(op.table, op.kind, op.key) for transaction in sales.read_log("south1", start, end)
+             for op in transaction.ops if not isinstance(op, SchemaChange)]
+    assert south == [("customer", OpKind.INSERT, (1,)), ("visit", OpKind.INSERT, (10,)),
+                     ("visit", OpKind.INSERT, (20,))]
