@@ -25,12 +25,15 @@ Rules of this file:
 * A row that follows its parent moves with the route it has in the
   change's snapshot (the route is read as extraction reads it), and is
   written with it, as the capture triggers write it.
-* Not yet: a publication with a table in another publication too
-  (refused in one line, nothing changed).
+* A row the remote keeps through another subscription (its table is in
+  several publications: agent.site.union) whose published columns the
+  change alters goes to it as an UPDATE of those columns, listed in
+  ``fieldsync.returned``, as a SQLite site's change sends it.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from itertools import islice
 from typing import Iterator
@@ -38,15 +41,14 @@ from typing import Iterator
 import psycopg
 from psycopg import sql
 
-from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE
 from ..errors import SiteBusy
 from ..identity import Role, SiteIdentity
 from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed
 from ..selection import plan_from_rows
-from ..union import make_view
+from ..union import UnionView, make_view
 from ..view import View
 from .capture import PgShape, load_shapes, set_origin, shown_table
-from .errors import NotYetOnPostgres
 from .foreign_keys import foreign_keys
 from .log import cut_in
 from .reading import article_rows
@@ -92,7 +94,6 @@ def change_in(conn: psycopg.Connection, identity: SiteIdentity, remote: str, pub
         raise not_subscribed(remote, publication, value, current)
     shown = [shown_table(schema, table) for schema, table in tables]
     articles = [row for row in article_rows(conn) if row[0] in shown]
-    _check_alone(publication, articles)
     before = [(pub, held) for _, pub, held in current]
     after = before + [(publication, value)] if subscribe else [(pub, held) for key, pub, held in current
                                                                if key != found]
@@ -114,14 +115,18 @@ def change_in(conn: psycopg.Connection, identity: SiteIdentity, remote: str, pub
                   for shape, was, will in reversed(moving))
     inserts = sum(_write(conn, shape, KIND_INSERT, _moving(conn, shape, was, will, value, routes, leaving=False))
                   for shape, was, will in moving)
-    txid = None
     if deletes or inserts:
         conn.execute("INSERT INTO fieldsync.returned (seq, txid, peer, columns) SELECT seq, txid, %s, '[]'"
                      " FROM fieldsync.capture WHERE txid = pg_catalog.pg_current_xact_id()", (remote,))
+    # Rows the remote keeps, through another subscription, whose columns
+    # the change alters: an UPDATE of those columns.
+    reshaped = sum(_reshape(conn, remote, shape, was, will, value, routes) for shape, was, will in moving)
+    txid = None
+    if deletes or inserts or reshaped:
         txid = conn.execute("SELECT pg_catalog.pg_current_xact_id()::text").fetchone()[0]
     if subscribe:
         insert_subscriptions(conn, [(remote, publication, value, now)], since=end + 1)
-    elif deletes or inserts:
+    elif txid is not None:
         conn.execute("INSERT INTO fieldsync.subscription_change (ends) VALUES (%s)", (found,))
     else:
         conn.execute("UPDATE fieldsync.subscription SET until = %s WHERE id = %s", (end + 1, found))
@@ -134,16 +139,6 @@ def offset_of(conn: psycopg.Connection, txid: str) -> int | None:
     (None: no cut took it yet)."""
     found = conn.execute("SELECT commit_offset FROM fieldsync.log_txn WHERE txid = %s::xid8", (txid,)).fetchone()
     return found[0] if found else None
-
-
-def _check_alone(publication: str, articles: list[tuple]) -> None:
-    """Refuse a publication with a table in another publication too (the
-    columns a remote keeps of a row may change: not yet here)."""
-    several = sorted({table for table, pub, *_ in articles if pub != publication})
-    if several:
-        raise NotYetOnPostgres(f"changing an extracted remote's subscriptions to {publication!r} is not yet on "
-                               f"PostgreSQL where {several[0]!r} is published in another publication too; extract "
-                               "the remote again after the change")
 
 
 def _parents_first(conn: psycopg.Connection, moving: list[tuple]) -> list[tuple]:
@@ -160,17 +155,16 @@ def _parents_first(conn: psycopg.Connection, moving: list[tuple]) -> list[tuple]
     return [moving[names.index(name)] for name in ordered]
 
 
-def _moving(conn: psycopg.Connection, shape: PgShape, was: View | None, will: View | None, value: Value,
-            routes: dict[tuple[str, str], Chain], *, leaving: bool) -> Iterator[list[str | None]]:
-    """The rows of ``shape``'s table, as capture rows' texts, that leave
-    the subset (in ``was``, not in ``will``), or with ``leaving`` False
-    those that enter it; a row that follows its parent with its route
-    after the widest image, as the capture triggers write it (route.py),
-    found in the change's snapshot."""
-    if was is None and will is None:
-        return
+def _candidates(conn: psycopg.Connection, shape: PgShape, was: View | UnionView | None,
+                will: View | UnionView | None, value: Value, routes: dict[tuple[str, str], Chain]
+                ) -> Iterator[tuple[list[str | None], tuple]]:
+    """The rows of ``shape``'s table that may enter or leave, in key order,
+    each as its capture texts and the values a view tests (its image, and
+    for a row that follows its parent its route after it, read in the
+    change's snapshot as extraction reads it): where only the value's rows
+    can (both views filter by the same column), those that may hold it,
+    else every row."""
     layout = shape.layout
-    width = len(layout.columns)
     texts = [sql.SQL(KINDS[kind].capture).format(sql.Identifier(column))
              for column, kind in zip(layout.columns, layout.kinds)]
     read = tuple(KINDS[kind] for kind in layout.kinds)
@@ -195,11 +189,75 @@ def _moving(conn: psycopg.Connection, shape: PgShape, was: View | None, will: Vi
         cursor.execute(query, parameters)
         while found := cursor.fetchmany(_BATCH):
             for (captured,) in found:
-                row = load(captured)  # the image, and a route after it, as a view tests it
-                inside, outside = was is not None and was.contains(row), will is not None and will.contains(row)
-                if (inside and not outside) if leaving else (outside and not inside):
-                    yield captured if len(captured) == width else [*captured[:width], *[None] * width,
-                                                                    captured[width]]
+                yield captured, load(captured)
+
+
+def _moving(conn: psycopg.Connection, shape: PgShape, was: View | UnionView | None, will: View | UnionView | None,
+            value: Value, routes: dict[tuple[str, str], Chain], *, leaving: bool) -> Iterator[list[str | None]]:
+    """The rows that leave the subset (in ``was``, not in ``will``), or
+    with ``leaving`` False those that enter it, as capture rows' texts: a
+    row that follows its parent with its route after the widest image, as
+    the capture triggers write it (route.py)."""
+    if was is None and will is None:
+        return
+    width = len(shape.layout.columns)
+    for captured, row in _candidates(conn, shape, was, will, value, routes):
+        inside, outside = was is not None and was.contains(row), will is not None and will.contains(row)
+        if (inside and not outside) if leaving else (outside and not inside):
+            yield captured if len(captured) == width else [*captured[:width], *[None] * width, captured[width]]
+
+
+def _reshape(conn: psycopg.Connection, remote: str, shape: PgShape, was: View | UnionView | None,
+             will: View | UnionView | None, value: Value, routes: dict[tuple[str, str], Chain]) -> int:
+    """Capture, for the remote alone, an UPDATE of each row it keeps before
+    and after the change whose published columns the change alters (the
+    table is in several of its publications: agent.site.union), as a
+    SQLite site's change does: the columns it gains get their values,
+    those it loses become NULL (but the columns its articles select by, where
+    NULL would take the row out of the subset), and ``fieldsync.returned``
+    lists the columns, which the reader sends as an UPDATE of those."""
+    if was is None or will is None:
+        return 0
+    if not isinstance(was, UnionView) and not isinstance(will, UnionView) and was.positions == will.positions:
+        return 0  # every row it keeps is published with the same columns
+    layout = shape.layout
+    width = len(layout.columns)
+    selecting = {part.filter_position for part in (was.parts if isinstance(was, UnionView) else (was,))}
+    written = 0
+    batch: list[tuple[list[str | None], str]] = []
+
+    def flush() -> None:
+        last = conn.execute("SELECT coalesce(max(seq), 0) FROM fieldsync.capture"
+                            " WHERE txid = pg_catalog.pg_current_xact_id()").fetchone()[0]
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO fieldsync.capture (shape, kind, flags, v) VALUES (%s, %s, %s, %s)",
+                               [(shape.id, KIND_UPDATE, FLAG_RETURN_TO_ORIGIN, texts) for texts, _ in batch])
+        seqs = [seq for (seq,) in conn.execute("SELECT seq FROM fieldsync.capture WHERE txid ="
+                                               " pg_catalog.pg_current_xact_id() AND seq > %s ORDER BY seq", (last,))]
+        with conn.cursor() as cursor:
+            cursor.executemany("INSERT INTO fieldsync.returned (seq, txid, peer, columns)"
+                               " VALUES (%s, pg_catalog.pg_current_xact_id(), %s, %s)",
+                               [(seq, remote, columns) for seq, (_, columns) in zip(seqs, batch)])
+        batch.clear()
+
+    for captured, row in _candidates(conn, shape, was, will, value, routes):
+        before, after = set(was.published(row)), set(will.published(row))
+        if not before or not after or before == after:
+            continue
+        route = list(captured[width:])
+        lost = before - after
+        new = (*(None if index in lost else row[index] for index in range(width)), *row[width:])
+        if not (was.contains(new) and will.contains(new)):
+            lost -= selecting
+        texts = [*captured[:width], *(None if index in lost else captured[index] for index in range(width)),
+                 *route, *route]
+        batch.append((texts, json.dumps([layout.columns[index] for index in sorted((after - before) | lost)])))
+        written += 1
+        if len(batch) >= _BATCH:
+            flush()
+    if batch:
+        flush()
+    return written
 
 
 def _write(conn: psycopg.Connection, shape: PgShape, kind: int, rows: Iterator[list[str | None]]) -> int:
