@@ -6,15 +6,16 @@ Rules of this file:
   no data message waits in a folder inbox (other transports are asked by
   the simulation).
 * Then the invariants: every remote holds exactly the consolidated's
-  subscribed rows (I5); every ledger entry made anywhere is everywhere
-  exactly once (no loss, no double apply: a second apply of a ledger
+  rows of the values it subscribes to when the seed ends (I5); every
+  ledger entry made anywhere is everywhere exactly once (no loss, no double apply: a second apply of a ledger
   INSERT is an error row); I1 holds on every remote-user row.  Apply
   errors on customers and the chain come from concurrent changes and are
   only counted.
 * The follow chain (a seed that draws it): every remote holds exactly the
   consolidated's clients, orders and lines that route to it, found by
   following each row's foreign keys up to its client's rep in the
-  consolidated's final state, and no row whose foreign key names no row.
+  consolidated's final state (a rep it subscribes to), and no row whose
+  foreign key names no row.
 * Order (I2): entry numbers grow in commit order at their origin, so at
   every site each origin's entries must have arrived in increasing order.
 * A check only reads the sites' files and adds what it finds to the
@@ -29,6 +30,7 @@ from pathlib import Path
 from ..site import open_site
 from . import chain
 from .report import ChaosResult
+from .resubscribe import region_rows, subscribed
 from .sites import Sites
 
 
@@ -83,6 +85,7 @@ def check(places: Sites, sites: list[str], ledger: set[str], result: ChaosResult
                     result.apply_errors += 1
     hq_ledger = places.rows("hq", "ledger", ("entry", "site", "amount"))
     hq_products = places.rows("hq", "product")
+    values = subscribed(places, sites[1:])
     for site in sites:
         entries = [row[0] for row in places.rows(site, "ledger", ("entry",))]
         missing = ledger - set(entries)
@@ -94,8 +97,7 @@ def check(places: Sites, sites: list[str], ledger: set[str], result: ChaosResult
         if site != "hq":
             if places.rows(site, "ledger", ("entry", "site", "amount")) != hq_ledger:
                 result.divergences.append(f"{site}: ledger differs from hq")
-            subset = places.rows("hq", "customer", where="region = ?", values=(site,))
-            if places.rows(site, "customer") != subset:
+            if places.rows(site, "customer") != region_rows(places, "customer", values[site]):
                 result.divergences.append(f"{site}: customers differ from hq's subset")
             if places.rows(site, "product") != hq_products:
                 result.divergences.append(f"{site}: products differ from hq")
@@ -104,9 +106,11 @@ def check(places: Sites, sites: list[str], ledger: set[str], result: ChaosResult
 def check_chain(places: Sites, sites: list[str], result: ChaosResult) -> None:
     """Every remote's chain is the consolidated's rows that route to it
     (the consolidated's read as they travel, whatever its backend)."""
-    wanted, rootless = chain.routed(partial(places.rows, sites[0]))
-    for site in sites[1:]:
-        result.divergences += chain.differences(wanted.get(site, {}), Path(places.location(site)), site)
+    by_rep, rootless = chain.routed(partial(places.rows, sites[0]))
+    for site, reps in subscribed(places, sites[1:]).items():
+        wanted = {table: sorted(row for rep in reps for row in by_rep.get(rep, {}).get(table, ()))
+                  for table in chain.TABLES}
+        result.divergences += chain.differences(wanted, Path(places.location(site)), site)
     result.chain_rootless = rootless
 
 

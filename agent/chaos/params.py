@@ -11,7 +11,9 @@ Rules of this file:
 * Two seeds in three publish a follow chain (clients, their orders and the
   orders' lines, chain.py) and write to it; drawn after the rest.
 * Half the seeds make schema changes at the consolidated while the faults
-  last (schema_changes.py); drawn last of all.
+  last (schema_changes.py); drawn after the rest.
+* Half the seeds change remotes' subscriptions while the faults last
+  (resubscribe.py); drawn last of all.
 * ``command()`` gives back exactly what differs from the seed's draws, so
   that ``agent chaos --seed N ...`` replays the run.
 """
@@ -79,6 +81,7 @@ class ChaosParams:
     confirm_timeout: float = DEFAULT_CONFIRM_TIMEOUT  # seconds: every agent's --confirm-timeout
     chain: bool = False  # the follow chain is published and written (chain.py)
     schema: bool = False  # the consolidated makes schema changes (schema_changes.py)
+    resubscribe: bool = False  # the consolidated changes remotes' subscriptions (resubscribe.py)
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
     # The consolidated: a PostgreSQL database (libpq URI, no password),
@@ -93,8 +96,8 @@ class ChaosParams:
     @classmethod
     def random(cls, seed: int, **overrides: object) -> "ChaosParams":
         """Parameters drawn from the seed: k remotes, rates, workload size,
-        timers, the follow chain, schema changes.  A heartbeat given without a confirm timeout lowers the
-        drawn one to it."""
+        timers, the follow chain, schema changes, subscription changes.  A
+        heartbeat given without a confirm timeout lowers the drawn one to it."""
         rng = random.Random(f"params:{seed}")
         scale = rng.choice((0.0, 0.03, 0.08, 0.15))
         rates = FaultRates(drop=scale, corrupt=scale / 2, duplicate=scale, reorder=scale, delay=scale / 2,
@@ -107,6 +110,7 @@ class ChaosParams:
         values.update(heartbeat=heartbeat, confirm_timeout=min(rng.choice(CONFIRM_TIMEOUTS), heartbeat))
         values.update(chain=rng.random() < 2 / 3)
         values.update(schema=rng.random() < 1 / 2)
+        values.update(resubscribe=rng.random() < 1 / 2)
         values.update(overrides)
         if "confirm_timeout" not in overrides:
             values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
@@ -149,6 +153,8 @@ class ChaosParams:
             parts.append("--follow-chain" if self.chain else "--no-follow-chain")
         if self.schema != drawn.schema:
             parts.append("--schema-changes" if self.schema else "--no-schema-changes")
+        if self.resubscribe != drawn.resubscribe:
+            parts.append("--resubscribe" if self.resubscribe else "--no-resubscribe")
         if self.rates != drawn.rates:
             default = FaultRates()
             changed = [name for name in FaultRates.__dataclass_fields__

@@ -61,6 +61,10 @@ class ChaosResult:
     # that draw them, schema_changes.py).
     schema_changes: int = 0
     schema_kinds: Counter = field(default_factory=Counter)
+    # Remotes' subscriptions changed while the faults lasted (seeds that
+    # draw them, resubscribe.py), and the rows that entered or left a subset.
+    subscription_changes: int = 0
+    subscription_rows: int = 0
 
     @property
     def ok(self) -> bool:
@@ -120,6 +124,9 @@ def summarize(results: list[ChaosResult]) -> dict:
         "schema": {"seeds": sum(1 for r in results if r.params.schema),
                    "changes": sum(r.schema_changes for r in results),
                    "kinds": dict(sum((r.schema_kinds for r in results), Counter()))},
+        "resubscribe": {"seeds": sum(1 for r in results if r.params.resubscribe),
+                        "changes": sum(r.subscription_changes for r in results),
+                        "rows": sum(r.subscription_rows for r in results)},
         "rounds_to_rest": rest_figures(results),
         "timers": {
             "heartbeat": _counts(duration_text(r.params.heartbeat) for r in results),

@@ -6,8 +6,8 @@ Rules of this file:
   the ``TMPDIR`` the user set, else ``/dev/shm`` (memory: many small
   synchronous writes), else the system's temporary folder.
 * Shrinking only ever keeps a candidate that still fails: fewer steps,
-  then no crashes, then no follow chain, then no schema changes, then
-  fewer fault kinds.
+  then no crashes, then no follow chain, then no schema changes, then no
+  subscription changes, then fewer fault kinds.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, progress=N
 
 def shrink(params: ChaosParams) -> ChaosParams:
     """A smaller failing case, where one exists: fewer steps, then no crashes,
-    then no follow chain, then no schema changes, then fewer fault kinds."""
+    then no follow chain, then no schema changes, then no subscription
+    changes, then fewer fault kinds."""
     def fails(candidate: ChaosParams) -> bool:
         return not asyncio.run(run_seed(candidate)).ok
 
@@ -77,6 +78,8 @@ def shrink(params: ChaosParams) -> ChaosParams:
         best = dataclasses.replace(best, chain=False)
     if best.schema and fails(dataclasses.replace(best, schema=False)):
         best = dataclasses.replace(best, schema=False)
+    if best.resubscribe and fails(dataclasses.replace(best, resubscribe=False)):
+        best = dataclasses.replace(best, resubscribe=False)
     for kind in ("partition", "delay", "reorder", "duplicate", "corrupt", "drop"):
         if getattr(best.rates, kind):
             candidate = dataclasses.replace(best, rates=dataclasses.replace(best.rates, **{kind: 0.0}))

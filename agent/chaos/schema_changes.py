@@ -37,6 +37,7 @@ from __future__ import annotations
 import random
 
 from ..site import open_site
+from .resubscribe import region_rows, subscribed
 from .sites import Sites
 
 # The chance that the consolidated makes a schema change at a step.
@@ -196,11 +197,14 @@ class SchemaChanges:
 def differences(places: Sites, sites: list[str]) -> list[str]:
     """What a remote holds otherwise than the consolidated once at rest: the
     schema version, the new tables' names (renamed alike), the columns of
-    the tables it receives, and the new tables' rows of its region."""
+    the tables it receives, and the new tables' rows of the regions it
+    subscribes to (its own, and those a subscription change gave it:
+    resubscribe.py)."""
     found = []
     with open_site(places.location("hq")) as site:
         version = site.schema_version()
     notes = places.tables("hq", "note")
+    values = subscribed(places, sites[1:])
     for remote in sites[1:]:
         with open_site(places.location(remote)) as site:
             if site.schema_version() != version:
@@ -212,6 +216,6 @@ def differences(places: Sites, sites: list[str]) -> list[str]:
             if held != made:
                 found.append(f"{remote}: {table} has columns {held}, hq's {made}")
         for table in notes:
-            if places.rows(remote, table) != places.rows("hq", table, where="region = ?", values=(remote,)):
+            if places.rows(remote, table) != region_rows(places, table, values[remote]):
                 found.append(f"{remote}: {table} differs from hq's subset")
     return found

@@ -47,6 +47,7 @@ from ..keyfiles import load_site_keys
 from ..runner import Agent, RunOptions
 from ..site import open_site
 from . import checks, schema_changes
+from .resubscribe import Resubscriptions
 from .params import SETTLE_ROUNDS, ChaosParams, duration_text
 from .pgworld import make_pg_sites
 from .report import ChaosResult
@@ -88,6 +89,7 @@ class Simulation:
         self.places = Sites(root, params.consolidated)
         self.workload = Workload(self.places, self.sites, self.rng, chain=params.chain,
                                  schema_seed=params.seed if params.schema else None)
+        self.resubscriptions = Resubscriptions(self.places, self.sites, params.seed) if params.resubscribe else None
         self.root.mkdir(parents=True, exist_ok=True)
         if params.consolidated is not None:  # made afresh: a database cannot be copied as a file
             make_pg_sites(params.consolidated, root, params.remotes, chain=params.chain)
@@ -303,6 +305,8 @@ class Simulation:
                 if kinds is not None:
                     self.result.schema_changes += 1
                     self.result.schema_kinds.update(kinds)
+                if self.resubscriptions is not None and self.resubscriptions.change() is not None:
+                    self.result.subscription_changes += 1
                 if self.params.reextract_rate and self.rng.random() < self.params.reextract_rate:
                     await self.reextract(self.rng.choice(self.sites[1:]))
                 await self.fault_round()
@@ -377,6 +381,8 @@ class Simulation:
         return checks.describe(self.places, self.sites)
 
     def check(self) -> None:
+        if self.resubscriptions is not None:
+            self.result.subscription_rows = self.resubscriptions.rows
         checks.check(self.places, self.sites, self.workload.ledger, self.result)
         if self.workload.chain is not None:
             checks.check_chain(self.places, self.sites, self.result)
