@@ -9,8 +9,9 @@ Rules of this file:
   capture.shown_table shows it), subscription rows ``(publication, value,
   since, until)`` with the value as it was subscribed, and every shape as
   agent.site.capture.Shape.
-* Rows written back to their origin do not exist at a PostgreSQL site yet
-  (no apply): a reader finds no listed columns for any row.
+* Rows written back to their origin (an apply's, a subscription
+  change's) list the columns they send in ``fieldsync.returned``, which a
+  reader reads by seq (:func:`returned_columns`).
 * Functions here run inside the caller's transaction (REPEATABLE READ:
   the catalogue of one snapshot).
 """

@@ -14,14 +14,15 @@ Rules of this file:
   that enter it as INSERTs, marked *return to origin* with the remote as
   their origin (so that remote alone gets them), DELETEs children first,
   INSERTs parents first, each table's in key order, each row listed in
-  ``fieldsync.returned`` as an apply's rows written back are.  Membership is the reader's own test
-  (View.contains), on the row as the log carries it.
+  ``fieldsync.returned`` as an apply's rows written back are.
+  Membership is the reader's own test (View.contains), on the row as the
+  log carries it.
 * A new subscription holds from ``E + 1``.  An ended one holds through
-  the log transaction of its DELETEs, whose offset only the next cut
-  gives: ``fieldsync.subscription_change`` keeps it until then, and that
-  cut makes the writing transaction a log transaction of its own and sets
-  ``until`` one past it (log.cut_in).  One that deletes nothing
-  ends at ``E + 1``.
+  the log transaction of its rows, whose offset only the next cut gives:
+  ``fieldsync.subscription_change`` keeps it until then, and that cut
+  makes the writing transaction a log transaction of its own and sets
+  ``until`` one past it (log.cut_in).  One that moves no row ends at
+  ``E + 1``.
 * A row that follows its parent moves with the route it has in the
   change's snapshot (the route is read as extraction reads it), and is
   written with it, as the capture triggers write it.
