@@ -38,6 +38,7 @@ SCHEMA_POINTS = (
 # draws none of them).
 TOOL_POINTS = (
     "extract.copy-made",  # a remote's copy is made under its temporary name, the consolidated not yet switched over
+    "resubscribe.before-cut",  # a PostgreSQL subscription change committed its rows, no cut has taken them yet
 )
 
 

@@ -9,6 +9,7 @@ import click
 from click.core import ParameterSource
 from rich.table import Table
 
+from .. import crashpoints  # noqa: F401  (FIELDSYNC_CRASH arms a subscription change's point)
 from ..errors import AgentError
 from ._remote_values import public_key_line, refuse_own_inbox, split_subscription, subscription_value
 from ._common import (ADDRESS, DATABASE, SHARED_INBOX_HELP, SITE_NAME, TRANSPORT, Duration, TimeOfDay,

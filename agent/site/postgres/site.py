@@ -41,6 +41,7 @@ from codec.ops import Transaction
 from ..apply import ApplyErrorRecord, ApplyResult, ConflictHook, ConflictRecord, Resolution, set_hook
 from ..capture import Shape
 from ..change_rows import SchemaChangeResult
+from .. import points
 from ..clock import utc_now
 from ..errors import SiteError
 from ..extraction import ExtractResult, Extraction
@@ -269,6 +270,7 @@ class PostgresSite(RemoteUsers):
                                                      subscribe=subscribe, now=now or utc_now(), tables=tables)
             if txid is None:
                 return change
+            points.reached("resubscribe.before-cut")
             self.scan()  # the rows' log transaction, and the end of a subscription they end
             with self._transaction("reading the subscription change's offset") as conn:
                 return dataclasses.replace(change, offset=resubscribe.offset_of(conn, txid))

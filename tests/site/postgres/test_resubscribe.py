@@ -319,3 +319,44 @@ def test_a_table_in_two_publications_keeps_the_rows_another_subscription_holds_w
             for op in transaction.ops] == [
         (OpKind.INSERT, (4,), {"id": 4, "name": "d", "region": None, "rep": "bob", "price": 4.0}),
         (OpKind.UPDATE, (2,), {"rep": "bob", "price": 2.0})]
+
+
+def test_an_unsubscribe_killed_before_its_cut_is_finished_by_the_next_run(agent, app_uri, tmp_path):
+    """`agent remote unsubscribe` killed (SIGKILL) once its rows are
+    committed and before the cut that gives them their offset: the
+    subscription is still held and listed; the next `agent run` cuts the
+    log, which ends it, and the remote loses its rows once."""
+    import os
+    import signal
+    import subprocess
+
+    from agent.site import open_site
+
+    from tests.cli.conftest import AGENT_COMMAND
+
+    from .test_cli import consolidated_with_north
+    from .test_schema_changes import _exchange
+
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    with connect(app_uri) as conn:
+        conn.execute("INSERT INTO customer VALUES (4, 'Di', 'south'), (5, 'Ed', 'south')")
+    assert agent("remote", "subscribe", app_uri, "north", "sales=south")[0] == 0
+    _exchange(agent, app_uri, north)
+    with open_site(north) as remote:
+        assert len(remote.connection.execute("SELECT id FROM customer").fetchall()) > 2  # north's and south's
+    killed = subprocess.run([*AGENT_COMMAND, "remote", "unsubscribe", app_uri, "north", "sales=north"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "FIELDSYNC_CRASH": "resubscribe.before-cut"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with open_site(app_uri) as site:
+        assert sorted(item.value for item in site.subscriptions("north")) == ["north", "south"]
+        assert site.connection.execute("SELECT count(*) FROM fieldsync.subscription_change").fetchone() == (1,)
+    _exchange(agent, app_uri, north)
+    with open_site(app_uri) as site:
+        assert [item.value for item in site.subscriptions("north")] == ["south"]
+        assert site.connection.execute("SELECT count(*) FROM fieldsync.subscription_change").fetchone() == (0,)
+        south = site.connection.execute("SELECT id FROM customer WHERE region = 'south' ORDER BY id").fetchall()
+        assert south and site.apply_errors() == ()
+    with open_site(north) as remote:
+        assert remote.connection.execute("SELECT id FROM customer ORDER BY id").fetchall() == south
+        assert remote.apply_errors() == ()
