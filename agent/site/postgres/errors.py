@@ -56,12 +56,6 @@ class ValueNotConvertible(PostgresSiteError, ValueError):
     meant for (an apply records it as an apply error)."""
 
 
-class NotYetOnPostgres(PostgresSiteError):
-    """A SQLite site's feature a PostgreSQL site does not have yet (articles
-    that follow their parent, subscription changes through a remote's
-    stream)."""
-
-
 class PostgresDatabaseError(PostgresSiteError, SiteDatabaseError):
     """PostgreSQL reported an error fieldsync does not expect; the original
     error is the ``__cause__``."""

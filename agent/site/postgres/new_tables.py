@@ -22,8 +22,13 @@ Rules of this file:
   parent.  Its parents' move triggers leave it out until then
   (route.install_moves), so a parent moved between the two transactions
   writes nothing for its rows, which go with their route of then.
-* Not yet: a table published in another publication already; refused in
-  one line, with nothing changed.
+* A table published in other publications already keeps its capture (their
+  subscribers need it): the transaction that publishes it writes the
+  change and then, for each extracted subscriber of the new publication
+  alone, every row as an INSERT written back to that remote
+  (:func:`_send_to_each`), as a SQLite site does.  A remote of the new
+  publication that gets the table through another already is refused, as
+  there.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from ..capture import KIND_INSERT
-from .capture import TRIGGER_PREFIX, load_shapes, shown_table
+from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_INSERT
+from ..errors import PublicationError
+from .capture import TRIGGER_PREFIX, load_shapes, set_origin, shown_table
 from .changes import write_change
-from .errors import NotYetOnPostgres
 from .extract import remote_table_sql
 from .foreign_keys import foreign_keys, kept_keys
 from .indexes import indexes, kept_indexes
@@ -64,12 +69,10 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     shown = shown_table(schema, table)
     rows = conn.execute("SELECT publication, shape, columns, subscribe_by, follows FROM fieldsync.article"
                         " WHERE table_schema = %s AND table_name = %s", (schema, table)).fetchall()
-    if len(rows) > 1:
-        raise NotYetOnPostgres(f"cannot publish {shown!r} in {publication!r} where extracted remotes subscribe: "
-                               "sending a table published in another publication already through the stream is "
-                               "not yet built on PostgreSQL; publish it before extracting, or extract the remotes "
-                               "again")
-    _publication, shape_id, columns, subscribe_by, follows = rows[0]
+    [(_publication, shape_id, columns, subscribe_by, follows)] = [row for row in rows if row[0] == publication]
+    elsewhere = len(rows) > 1
+    if elsewhere:
+        _check_not_held(conn, publication, schema, table)
     shapes = load_shapes(conn)
     shape = shapes[shape_id]
     published = shape.layout.columns if columns is None else tuple(columns)
@@ -89,6 +92,9 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     steps += [("create_index", shown, index.name, index.sql()) for index in carried]
     write_change(conn, site, steps, {shown: shape_id}, steps, [], made_at,
                  indexes={index.name: list(index.columns) for index in carried})
+    if elsewhere:
+        _send_to_each(conn, publication, schema, table, shape_id)
+        return True
     conn.execute("INSERT INTO fieldsync.table_send (table_oid) VALUES (%s)", (oid,))
     _switch(conn, schema, table, "DISABLE")
     if follows is not None:
@@ -110,24 +116,72 @@ def finish_sends(conn: psycopg.Connection) -> int:
             found = conn.execute("SELECT shape FROM fieldsync.article WHERE table_oid = %s LIMIT 1", (oid,)).fetchone()
             if found is None:
                 continue  # no longer published: nothing to send
-            shape_id = found[0]
-            layout = load_shapes(conn)[shape_id].layout
-            values = sql.SQL(", ").join(sql.SQL(KINDS[kind].capture).format(sql.Identifier(column))
-                                        for column, kind in zip(layout.columns, layout.kinds))
-            row = sql.SQL("ARRAY[{}]").format(values)
-            chain = chains(conn).get((schema, table))
-            if chain is not None:  # its route after the widest image, as the capture triggers write it (route.py)
-                route = route_expression(chain, [sql.Identifier(schema, table, column) for column in chain.columns])
-                row = sql.SQL("{} || pg_catalog.array_fill(NULL::pg_catalog.text, ARRAY[{}]) || ARRAY[{}]").format(
-                    row, sql.Literal(len(layout.columns)), route)
-            conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, v) SELECT {}, {}, {} FROM {}"
-                                 " ORDER BY {}").format(
-                sql.Literal(shape_id), sql.Literal(KIND_INSERT), row, identifier,
-                sql.SQL(", ").join(map(sql.Identifier, layout.key_columns))))
+            routed = _capture_rows(conn, schema, table, found[0], 0)
             _switch(conn, schema, table, "ENABLE")
-            if chain is not None:
+            if routed:
                 install_moves(conn)  # its parents' moves carry its rows from now on
     return len(waiting)
+
+
+def _capture_rows(conn: psycopg.Connection, schema: str, table: str, shape_id: int, flags: int) -> bool:
+    """Write every row of the table as an INSERT capture row with
+    ``flags``, in key order, as the capture triggers write one (a row that
+    follows its parent with its route after the widest image, route.py);
+    whether the rows carry routes."""
+    layout = load_shapes(conn)[shape_id].layout
+    values = sql.SQL(", ").join(sql.SQL(KINDS[kind].capture).format(sql.Identifier(column))
+                                for column, kind in zip(layout.columns, layout.kinds))
+    row = sql.SQL("ARRAY[{}]").format(values)
+    chain = chains(conn).get((schema, table))
+    if chain is not None:
+        route = route_expression(chain, [sql.Identifier(schema, table, column) for column in chain.columns])
+        row = sql.SQL("{} || pg_catalog.array_fill(NULL::pg_catalog.text, ARRAY[{}]) || ARRAY[{}]").format(
+            row, sql.Literal(len(layout.columns)), route)
+    conn.execute(sql.SQL("INSERT INTO fieldsync.capture (shape, kind, flags, v) SELECT {}, {}, {}, {} FROM {}"
+                         " ORDER BY {}").format(
+        sql.Literal(shape_id), sql.Literal(KIND_INSERT), sql.Literal(flags), row, sql.Identifier(schema, table),
+        sql.SQL(", ").join(map(sql.Identifier, layout.key_columns))))
+    return chain is not None
+
+
+def _check_not_held(conn: psycopg.Connection, publication: str, schema: str, table: str) -> None:
+    """Refuse, as a SQLite site does, when an extracted remote of
+    ``publication`` gets the table through another publication already."""
+    found = conn.execute(
+        "SELECT s.remote, a.publication FROM fieldsync.subscription s JOIN fieldsync.subscription t"
+        " ON t.remote = s.remote AND t.until IS NULL JOIN fieldsync.article a ON a.publication = t.publication"
+        " JOIN fieldsync.remote r ON r.name = s.remote WHERE s.publication = %s AND s.until IS NULL"
+        " AND a.table_schema = %s AND a.table_name = %s AND a.publication <> %s AND r.peer_incarnation IS NOT NULL"
+        " ORDER BY s.remote LIMIT 1", (publication, schema, table, publication)).fetchone()
+    if found is not None:
+        shown = shown_table(schema, table)
+        raise PublicationError(f"{found[0]!r} subscribes to {publication!r} and gets {shown!r} through "
+                               f"{found[1]!r} already; publish {shown!r} in {publication!r} before extracting "
+                               "such a remote")
+
+
+def _send_to_each(conn: psycopg.Connection, publication: str, schema: str, table: str, shape_id: int) -> None:
+    """The rows of a table published in other publications already (its
+    capture runs on for their subscribers), in the transaction that
+    publishes it in ``publication``: for each extracted subscriber of it
+    alone, every row as an INSERT written back to that remote, with it as
+    the rows' origin, so that no other remote gets them again.  A writing
+    transaction's rows of each origin are a log transaction of their own
+    (log.cut_in), after the change; the table is locked against writers
+    first, so a write before reaches no such remote and a write after
+    comes after the rows."""
+    conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(sql.Identifier(schema, table)))
+    remotes = [remote for (remote,) in conn.execute(
+        "SELECT DISTINCT s.remote FROM fieldsync.subscription s JOIN fieldsync.remote r ON r.name = s.remote"
+        " WHERE s.publication = %s AND s.until IS NULL AND r.peer_incarnation IS NOT NULL ORDER BY s.remote",
+        (publication,))]
+    for remote in remotes:
+        set_origin(conn, remote)
+        _capture_rows(conn, schema, table, shape_id, FLAG_RETURN_TO_ORIGIN)
+        conn.execute("INSERT INTO fieldsync.returned (seq, txid, peer, columns) SELECT seq, txid, %s, '[]'"
+                     " FROM fieldsync.capture WHERE txid = pg_catalog.pg_current_xact_id() AND origin = %s",
+                     (remote, remote))
+    set_origin(conn, None)
 
 
 def _switch(conn: psycopg.Connection, schema: str, table: str, how: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from agent.site import (Article, InvalidSetting, Publication, PublicationError, UnknownPublication, UnknownRemote,
                         UnpublishableTable)
-from agent.site.postgres.errors import NotYetOnPostgres, UnsupportedColumnType
+from agent.site.postgres.errors import UnsupportedColumnType
 from codec.ops import OpKind
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -263,9 +263,8 @@ def test_an_extracted_remote_s_subscriptions_change_through_its_stream(sales, ap
 
 def test_a_table_published_where_an_extracted_remote_subscribes_is_sent_through_the_stream(hq, app) -> None:
     """The change that creates it, a log transaction of its own, then its
-    rows as INSERTs, then the writes after it (new_tables.py); a
-    table published in another publication already is refused for now,
-    with nothing changed."""
+    rows as INSERTs, then the writes after it (new_tables.py); published in
+    a second publication, its rows go to that publication's remote alone."""
     from codec.changes import SchemaChange
 
     app.execute("CREATE TABLE visit (id integer PRIMARY KEY, note text)")
@@ -292,9 +291,11 @@ def test_a_table_published_where_an_extracted_remote_subscribes_is_sent_through_
     hq.subscribe("r2", "q")
     hq.update_remote("r2", peer_incarnation=bytes(range(1, 17)))
     end = hq.scan()
-    with pytest.raises(NotYetOnPostgres, match="sending a table published in another publication already"):
-        hq.add_article("q", "visit")
-    assert [item.name for item in hq.publications() if item.articles] == ["p"] and hq.scan() == end
+    hq.add_article("q", "visit")  # in a second publication: its rows go to r2 alone (the next test)
+    assert [op.key for transaction in hq.read_log("r2", end, hq.scan()) for op in transaction.ops
+            if not isinstance(op, SchemaChange)] == [(1,), (2,), (3,)]
+    assert [type(op).__name__ for transaction in hq.read_log("r1", end) for op in transaction.ops] == [
+        "SchemaChange"]
 
 
 def test_a_table_that_follows_its_parent_published_where_extracted_remotes_subscribe_goes_by_its_routes(
@@ -327,3 +328,43 @@ def test_a_table_that_follows_its_parent_published_where_extracted_remotes_subsc
              for op in transaction.ops if not isinstance(op, SchemaChange)]
     assert south == [("customer", OpKind.INSERT, (1,)), ("visit", OpKind.INSERT, (10,)),
                      ("visit", OpKind.INSERT, (20,))]
+
+
+def test_a_table_added_to_a_second_publication_reaches_its_extracted_subscribers_alone(hq, app) -> None:
+    """member is in regions already (captured for r1); published in reps
+    too, its rows go to reps' extracted subscriber r3 alone, written back
+    to it after the change, in the transaction that publishes it; r1, which
+    holds the table, gets the change only.  A remote of the new publication
+    that gets the table through another already is refused (new_tables.py)."""
+    from codec.changes import SchemaChange
+
+    app.execute("CREATE TABLE member (id integer PRIMARY KEY, name text, region text, rep text,"
+                " price double precision NOT NULL)")
+    app.execute("INSERT INTO member VALUES (1, 'a', 'north', 'ann', 1.0), (2, 'b', 'north', 'bob', 2.0),"
+                " (3, 'c', 'south', 'ann', 3.0), (4, 'd', 'south', 'bob', 4.0)")
+    hq.create_publication("regions", [Article("member", columns=["name", "region"], subscribe_by="region")])
+    hq.create_publication("reps")
+    for number, (remote, publication, value) in enumerate((("r1", "regions", "north"), ("r3", "reps", "ann"))):
+        hq.add_remote(remote, address=f"inbox/{remote}")
+        hq.subscribe(remote, publication, value)
+        hq.update_remote(remote, peer_incarnation=bytes([number + 1]) * 16)
+    start = hq.scan()
+    hq.add_article("reps", "member", columns=["price"], subscribe_by="rep")
+    app.execute("UPDATE member SET price = 5.0 WHERE id = 3")  # after the rows: r3 gets it after them
+    end = hq.scan()
+    assert [type(op).__name__ for transaction in hq.read_log("r1", start, end) for op in transaction.ops] == [
+        "SchemaChange"]
+    r3 = [op for transaction in hq.read_log("r3", start, end) for op in transaction.ops]
+    assert isinstance(r3[0], SchemaChange)
+    assert [(op.kind, op.key, op.after) for op in r3[1:]] == [
+        (OpKind.INSERT, (1,), {"id": 1, "price": 1.0}), (OpKind.INSERT, (3,), {"id": 3, "price": 3.0}),
+        (OpKind.UPDATE, (3,), {"price": 5.0})]
+    hq.subscribe("r1", "reps", "bob")
+    hq.create_publication("more")
+    hq.subscribe("r1", "more")
+    before = hq.scan()
+    with pytest.raises(PublicationError, match="'r1' subscribes to 'more' and gets 'member' through 'regions' "
+                                               "already"):
+        hq.add_article("more", "member")
+    assert hq.scan() == before
+    assert [item.name for item in hq.publications() if item.articles] == ["p", "regions", "reps"]

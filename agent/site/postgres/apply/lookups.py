@@ -133,7 +133,7 @@ def any_unconfirmed(conn: psycopg.Connection, peer: str, confirmed: int) -> bool
 SELECT EXISTS (SELECT 1 FROM fieldsync.log WHERE commit_offset > %(confirmed)s AND commit_offset <= %(end)s
                   AND origin <> %(peer)s)
     OR EXISTS (SELECT 1 FROM fieldsync.returned r WHERE r.peer = %(peer)s
-                  AND NOT EXISTS (SELECT 1 FROM fieldsync.log_txn t WHERE t.txid = r.txid
+                  AND NOT EXISTS (SELECT 1 FROM fieldsync.log_txn t WHERE t.txid = r.txid AND t.origin = r.peer
                                      AND t.commit_offset <= %(confirmed)s))
     OR EXISTS (SELECT 1 FROM fieldsync.capture
                 WHERE txid = ANY (ARRAY(SELECT pg_snapshot_xip(%(snapshot)s::pg_snapshot)))
