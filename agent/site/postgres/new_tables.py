@@ -60,8 +60,9 @@ def send_new_table_in(conn: psycopg.Connection, site: str, publication: str, sch
     """Inside the transaction that published ``schema.table`` in
     ``publication``: when an extracted remote subscribes to it, write the
     change that creates the table at the remotes and turn the table's row
-    capture off until :func:`finish_sends` sends its rows.  False: no such
-    remote, nothing done."""
+    capture off until :func:`finish_sends` sends its rows (a table
+    published elsewhere already: its rows go in this transaction,
+    :func:`_send_to_each`).  False: no such remote, nothing done."""
     if conn.execute("SELECT 1 FROM fieldsync.subscription s JOIN fieldsync.remote r ON r.name = s.remote"
                     " WHERE s.publication = %s AND s.until IS NULL AND r.peer_incarnation IS NOT NULL LIMIT 1",
                     (publication,)).fetchone() is None:
