@@ -5,9 +5,10 @@ remote's subscriptions".
 
 Rules of this file:
 * One change is one REPEATABLE READ transaction (:func:`change_in`) that
-  takes, before its snapshot, a SHARE lock on every table of the
-  publication (each writer of them has finished, and the next waits for
-  the change's commit) and the cut lock, then cuts the log (log.cut_in):
+  takes, before its snapshot, the cut lock and a SHARE lock on every
+  table of the publication (each writer of them has finished, and the
+  next waits for the change's commit; a table not free within
+  LOCK_TIMEOUT gives the change up, nothing changed), then cuts the log (log.cut_in):
   what it reads of the tables is the log up to the new log end ``E``, and
   no log transaction between ``E`` and the change's own touches them.
 * It writes the rows that leave the remote's subset as DELETEs and those
@@ -40,7 +41,7 @@ from itertools import islice
 from typing import Iterator
 
 import psycopg
-from psycopg import sql
+from psycopg import errors as pg_errors, sql
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE
 from ..errors import SiteBusy
@@ -59,6 +60,8 @@ from .typemap import KINDS, loader
 
 # Rows read from a table, and written to the capture table, at a time.
 _BATCH = 1000
+# Seconds the change waits for each table's lock (changes.LOCK_TIMEOUT's reason).
+LOCK_TIMEOUT = 10.0
 
 
 def publication_tables(conn: psycopg.Connection, publication: str) -> list[tuple[str, str]]:
@@ -79,9 +82,22 @@ def change_in(conn: psycopg.Connection, identity: SiteIdentity, remote: str, pub
     the transaction to be locked before its snapshot; SiteBusy when they
     changed since."""
     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    for schema, table in tables:
-        conn.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.Identifier(schema, table)))
+    # The cut lock first: waiting for it (behind a cut or an extraction)
+    # holds up no application.  Then the tables, each for LOCK_TIMEOUT at
+    # most: a lock request waiting behind an open transaction queues every
+    # later writer of the table behind it.  Neither statement takes the
+    # snapshot, which the cut's first query does.
     conn.execute("LOCK TABLE fieldsync.cut IN EXCLUSIVE MODE")
+    conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(f"{round(LOCK_TIMEOUT * 1000)}ms")))
+    for schema, table in tables:
+        try:
+            conn.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.Identifier(schema, table)))
+        except pg_errors.LockNotAvailable:
+            raise SiteBusy(f"changing {remote!r}'s subscriptions to {publication!r}: table "
+                           f"{shown_table(schema, table)!r} was not free of writers within {LOCK_TIMEOUT:g} s (an "
+                           "open transaction wrote it; while the change waited, its other writers queued behind "
+                           "it); nothing changed: run it again when the table is less busy") from None
+    conn.execute("SET LOCAL lock_timeout = 0")
     end = cut_in(conn, identity.name).log_end
     if publication_tables(conn, publication) != tables:
         raise SiteBusy(f"the tables of publication {publication!r} changed while {remote!r}'s subscriptions "

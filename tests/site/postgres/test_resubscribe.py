@@ -103,6 +103,32 @@ def test_a_write_running_when_the_change_starts_is_waited_for_and_read_in_the_ro
     assert {transaction.commit for transaction in transactions} == {added.offset}
 
 
+def test_a_table_an_open_transaction_holds_gives_the_change_up_with_nothing_changed(orders, target, monkeypatch):
+    """Waiting for the table's lock behind an open transaction would queue
+    every later writer of the table behind the change: after LOCK_TIMEOUT
+    it gives up in one line, and the writers go on."""
+    from agent.site.errors import SiteBusy
+    from agent.site.postgres import resubscribe
+
+    hq = orders
+    end = hq.scan()
+    monkeypatch.setattr(resubscribe, "LOCK_TIMEOUT", 0.3)
+    writer = connect(target, autocommit=False)
+    writer.execute("UPDATE orders SET qty = 99 WHERE id = 3")
+    try:
+        with pytest.raises(SiteBusy, match=r"table 'orders' was not free of writers within 0.3 s .* nothing "
+                                           "changed: run it again when the table is less busy"):
+            hq.subscribe("r1", "sales", "east")
+        with connect(target) as other:  # another writer is not held up
+            other.execute("UPDATE orders SET qty = 7 WHERE id = 1")
+    finally:
+        writer.rollback()
+        writer.close()
+    assert [item.value for item in hq.subscriptions("r1")] == ["north"]
+    assert [op[1:] for op in ops(hq.read_log("r1", end, hq.scan()))] == [(OpKind.UPDATE, (1,))]
+    assert hq.subscribe("r1", "sales", "east").inserts == 10
+
+
 def test_a_change_that_moves_no_row_holds_from_the_next_log_transaction(orders, app):
     hq = orders
     end = hq.scan()
