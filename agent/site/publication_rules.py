@@ -5,8 +5,7 @@ Rules of this file:
 * A publication is a set of *articles*; an article is one table, optionally
   restricted to some columns (the key columns are always included) and
   optionally with a ``SUBSCRIBE BY`` column.  A table may be an article of
-  several publications (agent.site.union; a PostgreSQL site keeps it to
-  one).
+  several publications (agent.site.union), on both backends.
 * A subscription value is a SQLite value (None, an integer, a float, text
   or bytes), never NaN; two values are the same when equal and of one type
   (agent.site.values.same_value): subscribing twice with the same value is
@@ -192,3 +191,22 @@ def distinct_subscriptions(subscriptions: Iterable[tuple[str, Value]]) -> list[t
         if not any(other == publication and same_value(held, value) for other, held in kept):
             kept.append((publication, value))
     return kept
+
+
+def parents_first(tables: Sequence[str], parents: Callable[[str], Iterable[str]],
+                  fold: Callable[[str], str]) -> list[str]:
+    """``tables`` ordered so that a table comes after those its foreign keys
+    reference among them (``parents(table)``: the tables it references,
+    names compared through ``fold``: SQLite's are case-blind, PostgreSQL's
+    shown names exact); tables in a cycle keep their order.  A subscription
+    change moves rows in this order (INSERTs) and its reverse (DELETEs), on
+    both backends."""
+    names = {fold(table): table for table in tables}
+    above = {name: {fold(parent) for parent in parents(table)} & set(names) - {name}
+             for name, table in names.items()}
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        placed = set(ordered)
+        ready = [name for name in names if name not in placed and above[name] <= placed]
+        ordered += ready or [name for name in names if name not in placed]
+    return [names[name] for name in ordered]

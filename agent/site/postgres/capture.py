@@ -332,3 +332,14 @@ def set_origin(conn: psycopg.Connection, origin: str | None) -> None:
     ``origin`` (None: this site's own), as the apply path does; the setting
     ends with the transaction."""
     conn.execute("SELECT pg_catalog.set_config('fieldsync.origin', %s, true)", (origin or "",))
+
+
+def list_written_back(conn: psycopg.Connection, peer: str) -> None:
+    """List in ``fieldsync.returned`` every capture row the current
+    transaction wrote with ``peer`` as their origin (:func:`set_origin`),
+    as rows written back to it whole (no columns listed): what a
+    subscription change or a table published for its subscribers writes
+    (resubscribe.py, new_tables.py).  The unconfirmed rule finds them there
+    (apply/lookups.any_unconfirmed)."""
+    conn.execute("INSERT INTO fieldsync.returned (seq, txid, peer, columns) SELECT seq, txid, %s, '[]'"
+                 " FROM fieldsync.capture WHERE txid = pg_catalog.pg_current_xact_id() AND origin = %s", (peer, peer))

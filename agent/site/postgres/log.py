@@ -160,9 +160,11 @@ def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
     assert found is not None, "fieldsync.cut has its row from install_schema on"
     now, previous, end = found
     finished = conn.execute(_FINISHED, {"previous": previous, "now": now}).fetchall()
-    # Subscriptions ended through a remote's stream whose DELETEs wait for
-    # their log transaction (resubscribe.py): almost always none.
-    ending = {txid for (txid,) in conn.execute("SELECT txid::text FROM fieldsync.subscription_change")}
+    # Subscriptions ended through a remote's stream whose rows wait for
+    # their log transaction (resubscribe.py): almost always none, and
+    # not looked for when no transaction finished (an idle cut).
+    ending = {txid for (txid,) in conn.execute("SELECT txid::text FROM fieldsync.subscription_change")} \
+        if finished else set()
     log_rows: list[tuple[int, str]] = []
     member_rows: list[tuple[int, int, str, str | None]] = []
     last_origin: object = object()  # no writer's origin: the first transaction starts a log transaction

@@ -38,7 +38,7 @@ from psycopg import sql
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_INSERT
 from ..errors import PublicationError
-from .capture import TRIGGER_PREFIX, load_shapes, set_origin, shown_table
+from .capture import TRIGGER_PREFIX, list_written_back, load_shapes, set_origin, shown_table
 from .changes import write_change
 from .extract import remote_table_sql
 from .foreign_keys import foreign_keys, kept_keys
@@ -179,9 +179,7 @@ def _send_to_each(conn: psycopg.Connection, publication: str, schema: str, table
     for remote in remotes:
         set_origin(conn, remote)
         _capture_rows(conn, schema, table, shape_id, FLAG_RETURN_TO_ORIGIN)
-        conn.execute("INSERT INTO fieldsync.returned (seq, txid, peer, columns) SELECT seq, txid, %s, '[]'"
-                     " FROM fieldsync.capture WHERE txid = pg_catalog.pg_current_xact_id() AND origin = %s",
-                     (remote, remote))
+        list_written_back(conn, remote)
     set_origin(conn, None)
 
 

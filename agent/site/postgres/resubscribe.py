@@ -46,11 +46,11 @@ from psycopg import errors as pg_errors, sql
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE
 from ..errors import SiteBusy
 from ..identity import Role, SiteIdentity
-from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed
+from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed, parents_first
 from ..selection import plan_from_rows
 from ..union import UnionView, make_view
 from ..view import View
-from .capture import PgShape, load_shapes, set_origin, shown_table
+from .capture import PgShape, list_written_back, load_shapes, set_origin, shown_table
 from .foreign_keys import foreign_keys
 from .log import cut_in
 from .reading import article_rows
@@ -133,8 +133,7 @@ def change_in(conn: psycopg.Connection, identity: SiteIdentity, remote: str, pub
     inserts = sum(_write(conn, shape, KIND_INSERT, _moving(conn, shape, was, will, value, routes, leaving=False))
                   for shape, was, will in moving)
     if deletes or inserts:
-        conn.execute("INSERT INTO fieldsync.returned (seq, txid, peer, columns) SELECT seq, txid, %s, '[]'"
-                     " FROM fieldsync.capture WHERE txid = pg_catalog.pg_current_xact_id()", (remote,))
+        list_written_back(conn, remote)
     # Rows the remote keeps, through another subscription, whose columns
     # the change alters: an UPDATE of those columns.
     reshaped = sum(_reshape(conn, remote, shape, was, will, value, routes) for shape, was, will in moving)
@@ -159,17 +158,12 @@ def offset_of(conn: psycopg.Connection, txid: str) -> int | None:
 
 
 def _parents_first(conn: psycopg.Connection, moving: list[tuple]) -> list[tuple]:
-    """``moving`` (shape first) ordered so that a table comes after those
-    its foreign keys reference among them; tables in a cycle keep their order."""
-    names = [entry[0].layout.shown for entry in moving]
+    """``moving`` (shape first) ordered parents first, by their foreign keys
+    among them (publication_rules.parents_first)."""
+    by_name = {entry[0].layout.shown: entry for entry in moving}
     keys = foreign_keys(conn)
-    parents = {name: {key.parent for key in keys.get(name, ())} & set(names) - {name} for name in names}
-    ordered: list[str] = []
-    while len(ordered) < len(names):
-        placed = set(ordered)
-        ready = [name for name in names if name not in placed and parents[name] <= placed]
-        ordered += ready or [name for name in names if name not in placed]
-    return [moving[names.index(name)] for name in ordered]
+    ordered = parents_first(list(by_name), lambda name: [key.parent for key in keys.get(name, ())], str)
+    return [by_name[name] for name in ordered]
 
 
 def _candidates(conn: psycopg.Connection, shape: PgShape, was: View | UnionView | None,

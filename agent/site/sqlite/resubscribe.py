@@ -26,7 +26,7 @@ from typing import Iterator
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_UPDATE, Shape
 from ..identity import Role, SiteIdentity
-from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed
+from ..publication_rules import SubscriptionChange, Value, find_subscription, not_subscribed, parents_first
 from ..union import UnionView, make_view
 from ..view import View
 from ._db import quote_ident
@@ -236,14 +236,6 @@ def _matching(conn: sqlite3.Connection, publication: str, value: Value) -> int |
 
 
 def _parents_first(conn: sqlite3.Connection, tables: list[str]) -> list[str]:
-    """``tables`` ordered so that a table comes after those its foreign
-    keys reference (among ``tables``); tables in a cycle keep their order."""
-    names = {table.lower(): table for table in tables}
-    parents = {name: {row[2].lower() for row in conn.execute(f"PRAGMA foreign_key_list({quote_ident(table)})")}
-               & set(names) - {name} for name, table in names.items()}
-    ordered: list[str] = []
-    while len(ordered) < len(names):
-        placed = set(ordered)
-        ready = [name for name in names if name not in placed and parents[name] <= placed]
-        ordered += ready or [name for name in names if name not in placed]
-    return [names[name] for name in ordered]
+    """``tables`` ordered parents first, by their foreign keys (publication_rules.parents_first)."""
+    return parents_first(tables, lambda table: [row[2] for row in conn.execute(
+        f"PRAGMA foreign_key_list({quote_ident(table)})")], str.lower)
