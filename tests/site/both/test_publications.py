@@ -232,6 +232,30 @@ def test_dropping_a_publication_stops_capture_and_subscriptions(backend, hq):
     assert hq.publications() == ()
 
 
+def test_what_a_remote_still_sends_of_a_removed_table(backend, hq):
+    """A remote keeps its copy of a table the consolidated stopped
+    publishing, and its capture (docs/cli.md, "agent publication"): a SQLite
+    consolidated applies what it sends to the table, which captures it for
+    no one; a PostgreSQL one records each operation as an apply error."""
+    hq.apply("north1", [Transaction(5, "north1", (
+        Operation.insert("customer", (1,), {"id": 1, "name": "a", "region": "north"}),))], log_received=5)
+    hq.remove_article("customer")
+    start = hq.scan()
+    result = hq.apply("north1", [Transaction(9, "north1", (
+        Operation.insert("customer", (2,), {"id": 2, "name": "b", "region": "north"}),
+        Operation.update("customer", (1,), {"name": "a"}, {"name": "a2"})))], log_received=9)
+    assert hq.remote("north1").log_received == 9
+    if backend.name == "sqlite":
+        assert (result.operations_applied, result.errors) == (2, 0)
+        assert backend.rows("customer", "id, name") == [(1, "a2"), (2, "b")]
+        assert hq.apply_errors() == ()
+    else:
+        assert (result.operations_applied, result.errors) == (0, 2)
+        assert backend.rows("customer", "id, name") == [(1, "a")]
+        assert [error.problem for error in hq.apply_errors()] == ["no published table 'customer' at this site"] * 2
+    assert backend.read_ops("south1", start) == []
+
+
 def test_unsubscribe(backend, hq):
     assert hq.unsubscribe("north1", "sales", "north").changed
     backend.app().execute("INSERT INTO customer (id, region) VALUES (1, 'north')")
