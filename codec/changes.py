@@ -41,8 +41,13 @@ STEPS: dict[str, tuple[str, ...]] = {
     "drop_index": ("index",),
     # Its table slot holds the subscriber's own site name: no table, no shape.
     "passthrough": ("sql",),
+    # The table stays as it is: no shape.
+    "drop_article": ("publication",),
 }
 PASSTHROUGH = "passthrough"
+DROP_ARTICLE = "drop_article"
+# Steps that name no table whose shape the change gives.
+_SHAPELESS = frozenset({PASSTHROUGH, DROP_ARTICLE})
 RENAME_TABLE = "rename_table"
 _OPTIONAL = {("create_table", 4)}  # (verb, position in the step) that may be nil
 
@@ -54,7 +59,8 @@ class SchemaChange(NamedTuple):
     :data:`STEPS`; a ``passthrough`` step names the subscriber, not a
     table).  ``shapes``: ``(table, columns, key_columns)`` of every
     table a step names, as the subscriber holds it after the change (a
-    table a ``rename_table`` step renames, by its new name)."""
+    table a ``rename_table`` step renames, by its new name), but those a
+    ``drop_article`` step alone names (the table stays as it is)."""
 
     steps: tuple[tuple, ...]
     shapes: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
@@ -97,7 +103,7 @@ def check_change(value: object, where: str = "schema change") -> SchemaChange:
         if verb == RENAME_TABLE:  # the table it names after the change is the new one
             named.pop(table.lower(), None)
             named[arguments[0].lower()] = arguments[0]
-        elif verb != PASSTHROUGH:
+        elif verb not in _SHAPELESS:
             named.setdefault(table.lower(), table)
         checked_steps.append(tuple(step))
     checked_shapes = []

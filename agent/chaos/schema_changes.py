@@ -15,6 +15,10 @@ Rules of this file:
   renamed (``RENAME TO``, now and then with a column added in the same
   change: rows logged under the old name still reach every site); and passthrough
   SQL to one remote, which runs there as its own writes and travels back.
+  Now and then, beside a change, a new table's article is removed
+  (``publication remove``, drawn from a stream of its own): the remotes
+  stop capturing it once they apply the removal, and keep their copies,
+  which every site goes on writing.
   Names are never given twice: a retired name always means the old column
   or table.
 * A site writes what its own schema has (read before each write): the
@@ -49,6 +53,8 @@ WRITE_RATE = 0.6
 CRASH_RATE = 0.1
 # The publication of chaos's world (world.py) and its partitioned table.
 PUBLICATION = "field"
+# The chance that a new table's article is removed beside a change.
+REMOVE_RATE = 0.15
 
 
 class SchemaChanges:
@@ -65,6 +71,7 @@ class SchemaChanges:
         self.index_rng = random.Random(f"schema-index:{seed}")  # _pg_index's own draws
         self.index_number = 0
         self.notes: list[str] = []  # the new tables published, as hq names them now
+        self.remove_rng = random.Random(f"schema-remove:{seed}")  # _remove's own draws
 
     def crash_now(self) -> bool:
         """Whether a remote's next run dies if it applies a schema change
@@ -141,7 +148,18 @@ class SchemaChanges:
             if publish is not None:
                 hq.add_article(PUBLICATION, publish, subscribe_by="region")
                 self.notes.append(publish)
-        return (kind, *(index_kind for _statement, index_kind in also))
+            removed = self._remove(hq)
+        return (kind, *(index_kind for _statement, index_kind in also), *removed)
+
+    def _remove(self, hq) -> tuple[str, ...]:  # type: ignore[no-untyped-def]
+        """Now and then a new table's article removed at ``hq`` (drawn
+        apart, as _pg_index's draws are): the table stays at every site,
+        unpublished."""
+        rng = self.remove_rng
+        if not self.notes or rng.random() >= REMOVE_RATE:
+            return ()
+        hq.remove_article(self.notes.pop(rng.randrange(len(self.notes))))
+        return ("remove table",)
 
     def _pg_index(self) -> list[tuple[str, str]]:
         """With a PostgreSQL consolidated, now and then an index of customer
@@ -197,20 +215,31 @@ class SchemaChanges:
 def differences(places: Sites, sites: list[str]) -> list[str]:
     """What a remote holds otherwise than the consolidated once at rest: the
     schema version, the new tables' names (renamed alike), the columns of
-    the tables it receives, and the new tables' rows of the regions it
+    the tables it receives, the new tables' rows of the regions it
     subscribes to (its own, and those a subscription change gave it:
-    resubscribe.py)."""
+    resubscribe.py).  A new table hq removed is each site's own from then
+    on, as far as its stream had brought it, under the name it had then
+    (docs/site-database.md, "Removing an article"): no remote may still
+    publish it."""
     found = []
     with open_site(places.location("hq")) as site:
         version = site.schema_version()
-    notes = places.tables("hq", "note")
+        published = _published(site)
+        renames = site.table_renames()
+    removed = {table.lower() for table in places.tables("hq", "note")} - published
+    leftovers = removed | {old for old, now in renames.items() if now.lower() in removed}
+    notes = [table for table in places.tables("hq", "note") if table.lower() not in removed]
     values = subscribed(places, sites[1:])
     for remote in sites[1:]:
+        held = places.tables(remote, "note")
         with open_site(places.location(remote)) as site:
             if site.schema_version() != version:
                 found.append(f"{remote}: schema version {site.schema_version()}, hq's is {version}")
-        if places.tables(remote, "note") != notes:
-            found.append(f"{remote}: holds the new tables {places.tables(remote, 'note')}, hq {notes}")
+            kept = [table for table in held if table.lower() in leftovers and table.lower() in _published(site)]
+            if kept:
+                found.append(f"{remote}: still publishes {', '.join(kept)}, which hq removed")
+        if [table for table in held if table.lower() not in leftovers] != notes:
+            found.append(f"{remote}: holds the new tables {held}, hq {notes}")
         for table in ("customer", "product", *notes):
             held, made = places.columns(remote, table), places.columns("hq", table)
             if held != made:
@@ -219,3 +248,8 @@ def differences(places: Sites, sites: list[str]) -> list[str]:
             if places.rows(remote, table) != region_rows(places, table, values[remote]):
                 found.append(f"{remote}: {table} differs from hq's subset")
     return found
+
+
+def _published(site) -> set[str]:  # type: ignore[no-untyped-def]
+    """The tables (lowered) an article of ``site`` publishes."""
+    return {article.table.lower() for publication in site.publications() for article in publication.articles}

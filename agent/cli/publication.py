@@ -145,9 +145,12 @@ def remove(database: Path, tables: tuple[str, ...], name: str | None) -> None:
     """Stop publishing TABLES (in every publication that holds them, or
     in the one --publication names).
 
-    A table no publication holds any more is no longer captured; remotes
-    keep their copies of the tables and the rows in them.
+    A table no publication holds any more is no longer captured.  The
+    extracted remotes subscribed to those publications stop capturing them
+    too, once their streams bring them the change; remotes keep their
+    copies of the tables and the rows in them.
     """
+    reached: set[str] = set()
     with open_site(database) as site:
         published = {article.table for item in site.publications() if name in (None, item.name)
                      for article in item.articles}
@@ -157,9 +160,18 @@ def remove(database: Path, tables: tuple[str, ...], name: str | None) -> None:
             raise click.ClickException(f"not published in {where}: {', '.join(map(repr, unknown))}; nothing "
                                        "was changed (`agent publication list` shows what is)")
         for table in dict.fromkeys(tables):
-            site.remove_article(table, name)
+            reached.update(site.remove_article(table, name))
     console().print(f"Stopped publishing: {', '.join(dict.fromkeys(tables))}"
-                    + ("" if name is None else f" in {name}"), soft_wrap=True)
+                    + ("" if name is None else f" in {name}"), soft_wrap=True, markup=False)
+    _reached(sorted(reached))
+
+
+def _reached(remotes: list[str]) -> None:
+    """The line that says which remotes a removal goes to (none: no line)."""
+    if remotes:
+        console().print(f"It reaches {len(remotes)} extracted remote(s), in order with the data, which stop "
+                        f"capturing it there and keep their rows: {', '.join(remotes)}", soft_wrap=True,
+                        markup=False)
 
 
 @publication.command("drop")
@@ -167,10 +179,13 @@ def remove(database: Path, tables: tuple[str, ...], name: str | None) -> None:
 @click.argument("name", type=PublicationName())
 def drop(database: Path, name: str) -> None:
     """Drop publication NAME: its tables are no longer published and its
-    subscriptions end; remotes keep their copies of the tables."""
+    subscriptions end.  Its extracted remotes stop capturing the tables
+    too, once their streams bring them the change; remotes keep their
+    copies of the tables."""
     with open_site(database) as site:
-        site.drop_publication(name)
-    console().print(f"Dropped publication {name}", soft_wrap=True)
+        reached = site.drop_publication(name)
+    console().print(f"Dropped publication {name}", soft_wrap=True, markup=False)
+    _reached(list(reached))
 
 
 @publication.command("list")

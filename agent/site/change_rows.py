@@ -8,21 +8,26 @@ Rules of this file:
   change's.  Its first value column holds JSON: the steps on published
   tables (docs/message-format.md, "Schema changes"), the shape each such
   table has after the change (by its name after it: a renamed table by
-  its new name), and the columns each index a step makes uses.
+  its new name), the columns each index a step makes uses, and for a
+  ``drop_article`` step the remotes it goes to (``to``: by publication,
+  the extracted remotes subscribed to it when the article was removed,
+  which no later row of the site knows any more).
 * Pure: a subscriber's change is worked out from that row and its plan
   (the article of each table), as its operations are from other rows: the
   steps on the tables it receives, as its article publishes them, the
-  passthrough steps that name it, and the shapes of those tables as it
-  holds them (agent.site.view).
+  passthrough steps that name it, the ``drop_article`` steps whose
+  publication lists it, and the shapes of those tables as it holds them
+  (agent.site.view).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Iterable
 
-from codec.changes import MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaChange
+from codec.changes import DROP_ARTICLE, MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaChange
 from codec.message import CHANGE_VERSION, serialize_transaction
 from codec.ops import OFFSET_MAX, Transaction
 
@@ -53,13 +58,17 @@ class SchemaChangeResult:
     statements: int
 
 
-def row_value(steps: list[tuple], shapes: dict[str, int], indexes: dict[str, list]) -> str:
+def row_value(steps: list[tuple], shapes: dict[str, int], indexes: dict[str, list],
+              to: dict[str, list[str]] | None = None) -> str:
     """The first value column of a change's capture row: ``steps`` on
     published tables (their wire form), the shape id of each such table
-    after the change (by its name as the steps spell it), and the columns
-    of each index a step makes (by index name; None for an expression)."""
-    return json.dumps({"steps": [list(step) for step in steps], "shapes": shapes, "indexes": indexes},
-                      separators=(",", ":"))
+    after the change (by its name as the steps spell it), the columns of
+    each index a step makes (by index name; None for an expression), and
+    for ``drop_article`` steps the remotes of each publication they go to."""
+    value = {"steps": [list(step) for step in steps], "shapes": shapes, "indexes": indexes}
+    if to:
+        value["to"] = to
+    return json.dumps(value, separators=(",", ":"))
 
 
 def check_fits(site: str, published: list[tuple], shapes: Iterable[tuple[str, Shape]]) -> None:
@@ -88,13 +97,17 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
     nothing of it concerns the subscriber."""
     if type(value) is not str:
         return None
-    change = json.loads(value)
+    change, finals, to = _parsed(value)
     kept = []
     views: dict[str, View] = {}
-    for step, final in zip(change["steps"], names_after(change["steps"])):
+    for step, final in zip(change["steps"], finals):
         verb, table = step[0], step[1]
         if verb == PASSTHROUGH:
             if subscriber is not None and table == subscriber:
+                kept.append((tuple(step), None))
+            continue
+        if verb == DROP_ARTICLE:
+            if subscriber is not None and subscriber in to.get(step[2], ()):
                 kept.append((tuple(step), None))
             continue
         article = article_of(final.lower())
@@ -116,6 +129,34 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
             key = tuple(view.names[view.positions.index(position)] for position in view.key_positions)
             shapes.append((final, view.names, key))
     return SchemaChange(tuple(step for step, _final in kept), tuple(shapes))
+
+
+def drop_steps(removed: Iterable[tuple[str, str]], to: dict[str, list[str]],
+               renames: dict[str, str]) -> list[tuple]:
+    """The ``drop_article`` steps of the articles ``removed`` (``(table,
+    publication)``) whose publication has remotes in ``to``: one for the
+    table's name now and one for each name it had before a rename
+    (``renames``, table_renames'), since a remote that was not sent a rename
+    before the removal still holds the table under its old name (a name in
+    the history is never given again)."""
+    steps = []
+    for table, publication in removed:
+        if to.get(publication):
+            steps.append((DROP_ARTICLE, table, publication))
+            steps += [(DROP_ARTICLE, old, publication) for old, now in sorted(renames.items())
+                      if now.lower() == table.lower() and old != table.lower()]
+    return steps
+
+
+@lru_cache(maxsize=16)
+def _parsed(value: str) -> tuple[dict, list[str], dict[str, frozenset[str]]]:
+    """A change's row value read once for every subscriber that reads it
+    (the remotes of a ``drop_article`` may be many): the change, each
+    step's table name after it (:func:`names_after`), and the remotes each
+    publication's ``drop_article`` steps go to.  Read-only."""
+    change = json.loads(value)
+    return (change, names_after(change["steps"]),
+            {publication: frozenset(remotes) for publication, remotes in change.get("to", {}).items()})
 
 
 def names_after(steps: list) -> list[str]:

@@ -82,12 +82,18 @@ class Site(Protocol):
         that subscribe to it get the table and its rows through their
         streams (docs/site-database.md, "Schema changes")."""
 
-    def remove_article(self, table: str, publication: str | None = None) -> None:
+    def remove_article(self, table: str, publication: str | None = None, *,
+                       now: datetime | None = None) -> tuple[str, ...]:
         """Stop publishing ``table`` in ``publication`` (None: in every
         publication that holds it); its capture triggers are dropped with
-        its last article."""
+        its last article.  At the consolidated, the extracted remotes
+        subscribed to those publications get a change that removes the
+        article there too, through their streams; returns them, sorted
+        (docs/site-database.md, "Removing an article")."""
 
-    def drop_publication(self, name: str) -> None: ...
+    def drop_publication(self, name: str, *, now: datetime | None = None) -> tuple[str, ...]:
+        """Drop publication ``name``: its articles, as :meth:`remove_article`
+        removes them (returns the remotes they reach), and its subscriptions."""
 
     def declared_type(self, table: str, column: str) -> str | None:
         """The type a SQLite copy of ``table.column`` declares, from which a

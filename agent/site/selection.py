@@ -137,7 +137,9 @@ def _columns(columns: str | tuple | None) -> tuple[str, ...] | None:
 
 def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
     """How many capture value columns a reader of ``plan`` needs: the widest
-    shape of a table it receives, old and new row."""
+    shape of a table it receives, old and new row; one at least, where a
+    schema change's row holds the change (change_rows), which a subscriber
+    that receives no table may get too (a passthrough, an article removed)."""
     routed = {table for table, entry in plan.articles.items() if is_routed(entry)}
     tables = set(plan.articles).union(*(set(articles) for _, articles in plan.history))
     for _, articles in plan.history:
@@ -146,7 +148,7 @@ def value_columns_read(shapes: Iterable[Shape], plan: SelectionPlan) -> int:
     renames = plan.renames
     return max((2 * len(shape.columns) + (2 if renames.get(name, name) in routed else 0)
                 for shape in shapes for name in (shape.table.lower(),) if renames.get(name, name) in tables),
-               default=0)
+               default=1)
 
 _SHAPE_KIND_FLAGS = itemgetter(1, 2, 3)
 

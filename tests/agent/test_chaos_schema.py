@@ -49,7 +49,7 @@ async def test_seeds_with_schema_changes_find_no_divergence_double_apply_or_loss
     assert schema["seeds"] == SEEDS and schema["changes"] >= SEEDS, schema
     assert set(schema["kinds"]) == {"add customer column", "add product column", "create index", "drop index",
                                     "rename customer column", "drop customer column", "create table",
-                                    "rename table", "passthrough"}, schema
+                                    "rename table", "passthrough", "remove table"}, schema
     assert summary["crashes"] > 0 and summary["faults_total"] > 0
     assert summary["rounds_to_rest"]["stuck"] == 0
 

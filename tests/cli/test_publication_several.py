@@ -14,6 +14,7 @@ from tests.sqlfiles import connected
 
 from .conftest import Agent
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 CUSTOMERS = [(1, "n1", "c1", "note 1", "ann"), (2, "n2", "c2", "note 2", "ann"), (3, "n1", "c3", "note 3", "ann"),
              (4, "n2", "c4", "note 4", "bob"), (5, "n1", "c5", "note 5", "bob")]
 
@@ -92,10 +93,48 @@ def test_remove_with_a_publication_stops_publishing_the_table_there_alone(
         f"agent: not published in 'nosuch' of {hq}: 'customer'; nothing was changed (`agent publication list` shows "
         "what is)"]
     removed = agent("publication", "remove", hq, "customer", "--publication", "desk")
-    assert removed.code == 0 and "Stopped publishing: customer in desk" in removed.out
+    assert removed.code == 0 and removed.out.splitlines() == [
+        "Stopped publishing: customer in desk",
+        "It reaches 1 extracted remote(s), in order with the data, which stop capturing it there and keep their "
+        "rows: n1"]
     document = json.loads(agent("publication", "list", hq, "--json").out)
     assert {item["name"]: [article["table"] for article in item["articles"]]
             for item in document["publications"]} == {"desk": [], "territory": ["customer"]}
     write(hq, "UPDATE customer SET name = 'c3 again' WHERE id = 3")  # still captured for territory
     sync(agent, sites)
     assert rows(sites["n1"], "SELECT name FROM customer WHERE id = 3") == [("c3 again",)]
+    # n1's article of desk went too; its copy, published whole, stays captured through territory's.
+    listed = json.loads(agent("publication", "list", sites["n1"], "--json").out)
+    assert {item["name"]: [article["table"] for article in item["articles"]]
+            for item in listed["publications"]} == {"desk": [], "territory": ["customer"]}
+    write(sites["n1"], "UPDATE customer SET name = 'c3 by n1' WHERE id = 3")
+    sync(agent, sites)
+    assert rows(hq, "SELECT name FROM customer WHERE id = 3") == [("c3 by n1",)]
+    for path in sites.values():
+        assert rows(path, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)]
+
+
+def test_a_dropped_publication_reaches_a_remote_it_leaves_with_no_subscription(
+        sites: dict[str, Path], agent: Agent) -> None:
+    """docs/cli.md ("agent publication") shows this command and what it prints."""
+    hq, n1, n2 = sites["hq"], sites["n1"], sites["n2"]
+    dropped = agent("publication", "drop", hq, "territory")
+    shown = DOC.read_text().split("$ agent publication drop hq.db territory\n", 1)[1].split("```", 1)[0]
+    assert dropped.code == 0 and dropped.out.splitlines() == shown.splitlines() == [
+        "Dropped publication territory",
+        "It reaches 2 extracted remote(s), in order with the data, which stop capturing it there and keep their "
+        "rows: n1, n2"]
+    sync(agent, sites)
+    for path, left in ((n1, {"desk": ["customer"]}), (n2, {})):
+        listed = json.loads(agent("publication", "list", path, "--json").out)
+        assert {item["name"]: [article["table"] for article in item["articles"]]
+                for item in listed["publications"] if item["articles"]} == left, path
+    # n2 keeps its rows and no longer sends its changes to them; n1 still sends desk's.
+    write(n2, "UPDATE customer SET name = 'c4 by n2' WHERE id = 4")
+    write(n1, "UPDATE customer SET note = 'note 5 by n1' WHERE id = 1")
+    sync(agent, sites)
+    assert rows(n2) == [(2, "n2", "c2"), (4, "n2", "c4 by n2")]
+    assert rows(hq, "SELECT id, name, note FROM customer WHERE id IN (1, 4) ORDER BY id") == [
+        (1, "c1", "note 5 by n1"), (4, "c4", "note 4")]
+    for path in sites.values():
+        assert rows(path, "SELECT count(*) FROM fieldsync_apply_error") == [(0,)]

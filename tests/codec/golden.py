@@ -8,7 +8,8 @@ version 1 whatever the folder (its bytes did not change in version 2).
 Version 3 adds schema changes: ``--schema`` made ``fixtures/messages/schema/``,
 a stream in which two of them travel between data messages; passthrough
 SQL: ``--passthrough`` made ``fixtures/messages/passthrough/``; a table
-renamed: ``--rename-table`` made ``fixtures/messages/rename-table/``; and a
+renamed: ``--rename-table`` made ``fixtures/messages/rename-table/``; an
+article removed: ``--drop-article`` made ``fixtures/messages/drop-article/``; and a
 control message's schema version: ``--control-schema`` made
 ``fixtures/messages/control-schema/``.  Version 4 adds a transaction's
 ``applied``: ``--written-back`` made ``fixtures/messages/written-back/``.
@@ -332,6 +333,31 @@ def write_rename(force: bool) -> None:
     _write_folder(RENAME, build_rename(), expected_rename(), force)
 
 
+# An article removed at the consolidated (format version 3): ``python -m
+# tests.codec.golden --write --drop-article`` made fixtures/messages/drop-article/
+# once.
+DROP = FIXTURES / "drop-article"
+DROP_CUSTOMER = SchemaChange((("drop_article", "customer", "sales"),), ())
+
+
+def drop_stream() -> list[Transaction]:
+    """Data of the table, its article removed, then data of another table."""
+    return [transactions()[0], Transaction(923_400, "hq", (DROP_CUSTOMER,)),
+            Transaction(923_500, "hq", (Operation.insert("line", (1, 7), {"order_id": 7, "line_no": 1, "sku": "A"}),))]
+
+
+def build_drop() -> dict[str, bytes]:
+    return _build_around_change(drop_stream())
+
+
+def expected_drop() -> dict:
+    return _expected_around_change(drop_stream())
+
+
+def write_drop(force: bool) -> None:
+    _write_folder(DROP, build_drop(), expected_drop(), force)
+
+
 # A remote's control message carrying its schema version (format version 3):
 # ``python -m tests.codec.golden --write --control-schema`` made
 # fixtures/messages/control-schema/ once.
@@ -414,12 +440,14 @@ if __name__ == "__main__":
                         help="a control message with a schema version (version 3)")
     parser.add_argument("--passthrough", action="store_true", help="passthrough SQL to one remote (version 3)")
     parser.add_argument("--rename-table", action="store_true", help="a published table renamed (version 3)")
+    parser.add_argument("--drop-article", action="store_true", help="an article removed (version 3)")
     parser.add_argument("--written-back", action="store_true",
                         help="rows written back to their origin, with applied (version 4)")
     arguments = parser.parse_args()
     if not arguments.write or [arguments.version is not None, arguments.probe, arguments.schema,
                                arguments.control_schema, arguments.passthrough,
-                               arguments.rename_table, arguments.written_back].count(True) != 1:
+                               arguments.rename_table, arguments.drop_article,
+                               arguments.written_back].count(True) != 1:
         parser.print_help()
         sys.exit(2)
     if arguments.probe:
@@ -432,6 +460,8 @@ if __name__ == "__main__":
         write_passthrough(arguments.force)
     elif arguments.rename_table:
         write_rename(arguments.force)
+    elif arguments.drop_article:
+        write_drop(arguments.force)
     elif arguments.written_back:
         write_written_back(arguments.force)
     else:

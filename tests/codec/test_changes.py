@@ -50,6 +50,9 @@ def entry(commit: int, items: list) -> bytes:
     (((("passthrough", "field1", ""),), ()), "malformed passthrough"),
     (((("passthrough", "", "DELETE FROM visit"),), ()), "malformed passthrough"),
     (((("passthrough", "field1", "DELETE FROM visit"),), ADD.shapes), "exactly the tables"),
+    (((("drop_article", "customer"),), ()), "malformed drop_article"),
+    (((("drop_article", "customer", None),), ()), "malformed drop_article"),
+    (((("drop_article", "customer", "sales"),), ADD.shapes), "exactly the tables"),
 ])
 def test_a_malformed_change_is_refused_naming_the_problem(value, problem):
     with pytest.raises(InvalidValue, match=problem):
@@ -70,6 +73,12 @@ def test_a_renamed_table_is_named_by_its_new_name_after_the_step():
 def test_a_passthrough_step_names_a_site_and_no_table_so_it_has_no_shape():
     change = check_change(((("passthrough", "field1", "UPDATE customer SET name = 'x' WHERE id = 1"),), ()))
     assert change.steps[0][1] == "field1" and change.tables() == ()
+
+
+def test_a_drop_article_step_leaves_its_table_as_it_is_so_it_has_no_shape():
+    change = check_change(((("drop_article", "customer", "sales"), ("add_column", "visit", "at", '"at" TEXT')),
+                           (("visit", ("id", "at"), ("id",)),)))
+    assert change.tables() == ("visit",)
 
 
 def test_a_create_table_may_name_no_subscribe_by_column():

@@ -183,6 +183,14 @@ def test_the_rename_table_stream_decodes_to_the_expected_content_and_is_written_
     assert change["steps"][0] == ["rename_table", "customer", "client"] and change["shapes"][0][0] == "client"
 
 
+def test_the_drop_article_stream_decodes_to_the_expected_content_and_is_written_alike_today():
+    """An article removed at the consolidated (docs/message-format.md,
+    "Schema changes"): a change of one ``drop_article`` step and no shape,
+    between data."""
+    change = _check_change_stream(golden.DROP, golden.expected_drop(), golden.build_drop())
+    assert change["steps"] == [["drop_article", "customer", "sales"]] and change["shapes"] == []
+
+
 def test_a_reader_of_version_2_refuses_only_the_schema_changes(monkeypatch):
     """A site that reads up to version 2 sets the change aside (and asks for
     it again) but reads the data around it: the stream waits at the change

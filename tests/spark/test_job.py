@@ -56,6 +56,21 @@ def middle_commit(site: SiteDatabase, fraction: float) -> int:
                                    (int(end * fraction),)).fetchone()[0]
 
 
+def same_files_as_the_agent(site: SiteDatabase, spark, tmp_path: Path, sends: list[BatchSend]) -> dict[str, set]:
+    """Export ``sends``, run the job on them and check that each subscriber
+    gets files, the agent's byte for byte; returns the message format
+    versions of each subscriber's files."""
+    export_batch(site, sends, tmp_path / "export", max_size=MAX_SIZE)
+    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(site))
+    versions = {}
+    for send in sends:
+        expected = agent_files(site, send)
+        assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
+        versions[send.subscriber] = {(tmp_path / "out" / "files" / send.subscriber / name).read_bytes()[4]
+                                     for name in expected}
+    return versions
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     directory = tmp_path_factory.mktemp("world")
@@ -126,12 +141,7 @@ def test_a_range_across_subscription_changes_is_byte_identical_to_the_agent(spar
     app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 5 = 0")
     end = site.scan()
     app.close()
-    sends = [BatchSend(name, 0, end, 0) for name in names]
-    export_batch(site, sends, tmp_path / "export", max_size=MAX_SIZE)
-    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(site))
-    for send in sends:
-        expected = agent_files(site, send)
-        assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
+    same_files_as_the_agent(site, spark, tmp_path, [BatchSend(name, 0, end, 0) for name in names])
     site.close()
 
 
@@ -148,13 +158,8 @@ def test_a_range_across_a_schema_change_is_byte_identical_to_the_agent(spark, tm
     end = site.scan()
     app.close()
     sends = [BatchSend(name, 0, end, 0) for name in subscriber_names(4)]
-    export_batch(site, sends, tmp_path / "export", max_size=MAX_SIZE)
-    run_job(spark, tmp_path / "export", tmp_path / "out", keys=site_keys(site))
-    for send in sends:
-        expected = agent_files(site, send)
-        assert expected and job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
-        versions = {(tmp_path / "out" / "files" / send.subscriber / name).read_bytes()[4] for name in expected}
-        assert {2, 3} <= versions <= {2, 3, 4}, send.subscriber  # 4: rows written back (with applied)
+    for subscriber, versions in same_files_as_the_agent(site, spark, tmp_path, sends).items():
+        assert {2, 3} <= versions <= {2, 3, 4}, subscriber  # 4: rows written back (with applied)
     site.close()
 
 
@@ -181,6 +186,27 @@ def test_a_range_across_a_table_rename_is_byte_identical_to_the_agent(spark, tmp
     for send in sends:
         expected = agent_files(site, send)
         assert job_files(tmp_path / "out", send.subscriber) == expected, send.subscriber
+    site.close()
+
+
+def test_a_range_across_a_publication_dropped_is_byte_identical_to_the_agent(spark, tmp_path):
+    """The removal of a publication's articles (docs/site-database.md,
+    "Removing an article") goes to the remotes its row lists, those
+    extracted then, from the job as from the agent; the others get nothing
+    of it."""
+    site = build_world(tmp_path, 3_000, 4, seed=17)
+    names = subscriber_names(4)
+    for name in names[:2]:
+        site.extract(name, tmp_path / f"{name}.db")
+    app = sqlite3.connect(tmp_path / "hq.db", isolation_level=None)
+    app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 7 = 0")
+    assert site.drop_publication("catalog") == tuple(sorted(names[:2]))  # both subscribe to catalog
+    app.execute("UPDATE orders SET qty = qty + 1 WHERE id % 5 = 0")
+    end = site.scan()
+    app.close()
+    sends = [BatchSend(name, 0, end, 0) for name in names]
+    for subscriber, versions in same_files_as_the_agent(site, spark, tmp_path, sends).items():
+        assert (3 in versions) == (subscriber in names[:2]), subscriber  # the change, version 3
     site.close()
 
 

@@ -12,13 +12,17 @@ Rules of this file:
 * A column added since is not named: an INSERT gives it its default, an
   UPDATE leaves it as it is.  An UPDATE left with nothing to write (it
   wrote dropped columns only) changes nothing.
+* A table whose article a ``drop_article`` step removed, and that no
+  article publishes now, takes nothing from a remote: what it captured
+  before it applied the removal is dropped, as a dropped column's values
+  are (docs/site-database.md, "Removing an article").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from codec.changes import RENAME_TABLE
+from codec.changes import DROP_ARTICLE, RENAME_TABLE
 from codec.ops import OpKind
 
 _DROPPED = object()
@@ -34,6 +38,13 @@ def column_moves(steps: Iterable[list]) -> dict[str, list[list]]:
         elif step[0] == RENAME_TABLE and step[1].lower() in moves:
             moves[step[2].lower()] = moves.pop(step[1].lower())
     return moves
+
+
+def removed_tables(steps: Iterable[list]) -> frozenset[str]:
+    """The tables (lowered) a ``drop_article`` step of a history names:
+    those whose articles the consolidated removed where remotes held them.
+    Whether one is published again now is the caller's to ask."""
+    return frozenset(step[1].lower() for step in steps if step[0] == DROP_ARTICLE)
 
 
 def reshaped(moves: list[list], columns: tuple[str, ...], column_set: frozenset[str] | set[str],

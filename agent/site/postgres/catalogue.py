@@ -191,10 +191,12 @@ def _resolve(conn: psycopg.Connection, table: str) -> tuple[str, str] | None:
     return None if found is None else (found[0], found[1])
 
 
-def remove_article(conn: psycopg.Connection, target: PgTarget, table: str, publication: str | None = None) -> None:
+def remove_article(conn: psycopg.Connection, target: PgTarget, table: str, publication: str | None = None
+                   ) -> list[tuple[str, str]]:
     """Stop publishing ``table`` (named as it is now, or as its article
     shows it when it is missing) in ``publication`` (None: in every
-    publication that holds it); its capture goes with its last article."""
+    publication that holds it); its capture goes with its last article.
+    Returns the articles removed: ``(shown table, publication)``."""
     resolved = _resolve(conn, table)
     rows = [(schema, name, oid, held) for schema, name, oid, held in conn.execute(
             "SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
@@ -214,6 +216,7 @@ def remove_article(conn: psycopg.Connection, target: PgTarget, table: str, publi
     for row in rows:
         _remove(conn, target, *row)
     route.install_moves(conn)
+    return [(shown, row[3]) for row in rows]
 
 
 def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, oid: int, publication: str) -> None:
@@ -233,15 +236,20 @@ def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, 
         capture_again(conn, target, schema, name, found[0], None)
 
 
-def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> None:
+def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> list[tuple[str, str]]:
+    """Drop publication ``name``, its articles and its subscriptions;
+    returns the articles removed: ``(shown table, publication)``."""
     if not _publication_exists(conn, name):
         raise UnknownPublication(f"no publication named {name!r}")
-    for row in conn.execute("SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
-                            " WHERE publication = %s ORDER BY follows IS NULL", (name,)).fetchall():
+    rows = conn.execute("SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
+                        " WHERE publication = %s ORDER BY follows IS NULL, table_schema, table_name",
+                        (name,)).fetchall()
+    for row in rows:
         _remove(conn, target, *row)  # the articles that follow first: their parents' routes go with them
     route.install_moves(conn)
     conn.execute("DELETE FROM fieldsync.subscription WHERE publication = %s", (name,))
     conn.execute("DELETE FROM fieldsync.publication WHERE name = %s", (name,))
+    return [(shown_table(schema, table), name) for schema, table, _oid, _publication in rows]
 
 
 def missing_tables(conn: psycopg.Connection) -> tuple[str, ...]:

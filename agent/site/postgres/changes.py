@@ -191,11 +191,11 @@ def apply_schema_in(conn: psycopg.Connection, target: PgTarget, site: str, scrip
 
 def write_change(conn: psycopg.Connection, site: str, published: list[tuple], shapes: dict[str, int],
                  steps: list[tuple], statements: list[str], made_at: object, *,
-                 indexes: dict[str, list[str]] | None = None) -> str:
+                 indexes: dict[str, list[str]] | None = None, to: dict[str, list[str]] | None = None) -> str:
     """Log a change in the caller's transaction: its capture row
     (agent.site.change_rows; ``published`` the steps that travel, ``shapes``
     each of their tables' shape id now, ``indexes`` the columns of each
-    index a step makes) and its ``fieldsync.schema_change``
+    index a step makes, ``to`` the remotes of ``drop_article`` steps) and its ``fieldsync.schema_change``
     row (``steps``, all of them).  Returns the writing transaction's id,
     which the cut gives the change's offset by.  SchemaRefused when it
     could not travel in one message."""
@@ -203,7 +203,7 @@ def write_change(conn: psycopg.Connection, site: str, published: list[tuple], sh
     check_fits(site, published, ((table, known[shape_id].shape) for table, shape_id in shapes.items()))
     conn.execute(sql.SQL("INSERT INTO {}.capture (shape, kind, v) VALUES ({}, {}, ARRAY[%s])").format(
         sql.Identifier(SCHEMA), sql.Literal(SCHEMA_SHAPE), sql.Literal(KIND_SCHEMA)),
-        (row_value(published, shapes, indexes or {}),))
+        (row_value(published, shapes, indexes or {}, to),))
     (txid,) = conn.execute("INSERT INTO fieldsync.schema_change (txid, steps, statements, made_at)"
                            " VALUES (pg_catalog.pg_current_xact_id(), %s, %s, %s) RETURNING txid::text",
                            (Jsonb([list(step) for step in steps]), Jsonb(statements), made_at)).fetchone()

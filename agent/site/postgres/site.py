@@ -57,6 +57,7 @@ from ..sqlite.extract_many import extract_remotes
 from . import catalogue, reading, remotes as remote_rows, resubscribe, settings, subscriptions as subscription_rows
 from .agent_runs import count_run
 from .apply import PgApplier, records
+from .article_drops import article_drops_to, send_article_drops_in
 from .capture import describe_table
 from .changes import apply_schema_in, change_offset, schema_version
 from .new_tables import finish_sends, send_new_table_in
@@ -216,14 +217,19 @@ class PostgresSite(RemoteUsers):
                 self._finish_sends()
             return made
 
-    def remove_article(self, table: str, publication: str | None = None) -> None:
+    def remove_article(self, table: str, publication: str | None = None, *,
+                       now: datetime | None = None) -> tuple[str, ...]:
         """Stop publishing ``table`` in ``publication`` (None: in every one); its capture goes with its last."""
-        with self._transaction(f"unpublishing table {table!r}") as conn:
-            catalogue.remove_article(conn, self.target, table, publication)
+        with self._transaction(f"unpublishing table {table!r}") as conn:  # and telling the remotes
+            removed = catalogue.remove_article(conn, self.target, table, publication)
+            to = article_drops_to(conn, [held for _, held in removed])  # its subscriptions stay
+            return send_article_drops_in(conn, self._identity.name, removed, to, now or utc_now())
 
-    def drop_publication(self, name: str) -> None:
+    def drop_publication(self, name: str, *, now: datetime | None = None) -> tuple[str, ...]:
         with self._transaction(f"dropping publication {name!r}") as conn:
-            catalogue.drop_publication(conn, self.target, name)
+            to = article_drops_to(conn, [name])
+            removed = catalogue.drop_publication(conn, self.target, name)
+            return send_article_drops_in(conn, self._identity.name, removed, to, now or utc_now())
 
     def declared_type(self, table: str, column: str) -> str | None:
         """What a SQLite copy of ``table.column`` declares, by the types table

@@ -25,8 +25,8 @@ from typing import Callable, Iterable, NamedTuple
 from codec.changes import PASSTHROUGH, RENAME_TABLE
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_INSERT, KIND_SCHEMA
-from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, check_fits, names_after, row_value, subscriber_change,
-                           table_renames)
+from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, check_fits, drop_steps, names_after, row_value,
+                           subscriber_change, table_renames)
 from ..errors import InvalidSetting, SchemaRefused, WrongRole
 from ..identity import Role, SiteIdentity
 from ._db import quote_ident
@@ -34,8 +34,10 @@ from .capture import ShapeCache, drop_capture, drop_moves, refresh_changed_table
 from .ddl import Action, actions, differences, read_schema, split_statements
 from .extract import published_table_sql
 from .log import cut_locked, log_end
+from .publications import drop_publication_locked, remove_article_locked
 from .schema import SCHEMA_ROWS
 from .route import follows
+from .selection import renames
 
 
 class _Article(NamedTuple):
@@ -396,14 +398,14 @@ def _wire(step: tuple) -> tuple:
 
 def write_change(conn: sqlite3.Connection, identity: SiteIdentity, shapes: ShapeCache, published: list[tuple],
                  shape_ids: dict[str, int], indexes: dict[str, list], steps: list[tuple], statements: list[str] | None,
-                 made_at: str) -> tuple[int, str]:
+                 made_at: str, to: dict[str, list[str]] | None = None) -> tuple[int, str]:
     """Log a change: its capture row (agent.site.change_rows; ``published``
     the steps that travel) alone in a log transaction, and its
     fieldsync_schema_change row (``steps``, all of them).  Returns its
     commit offset and the row's value.  SchemaRefused when it could not
     travel in one message."""
     check_fits(identity.name, published, ((table, shapes.get(shape)) for table, shape in shape_ids.items()))
-    value = row_value(published, shape_ids, indexes)
+    value = row_value(published, shape_ids, indexes, to)
     conn.execute(f"INSERT INTO fieldsync_capture (shape, kind, v0) VALUES ({SCHEMA_SHAPE}, {KIND_SCHEMA}, ?)",
                  (value,))
     offset = cut_locked(conn, identity.name)
@@ -473,3 +475,51 @@ def send_new_article_locked(conn: sqlite3.Connection, identity: SiteIdentity, pu
         if offset != offsets[-1]:
             offsets.append(offset)
     return tuple(offsets)
+
+
+def unpublish_locked(conn: sqlite3.Connection, identity: SiteIdentity, made_at: str, table: str | None,
+                     publication: str | None) -> tuple[str, ...]:
+    """Stop publishing ``table`` in ``publication`` (None: in every one),
+    or drop ``publication`` whole (``table`` None), and send the articles
+    removed to the extracted remotes that hold them
+    (:func:`send_article_drops_locked`); returns those remotes."""
+    if table is None:
+        to = article_drops_to(conn, identity, [publication])
+        return send_article_drops_locked(conn, identity, drop_publication_locked(conn, publication), to, made_at)
+    removed = remove_article_locked(conn, table, publication)
+    to = article_drops_to(conn, identity, [held for _, held in removed])  # its subscriptions stay
+    return send_article_drops_locked(conn, identity, removed, to, made_at)
+
+
+def article_drops_to(conn: sqlite3.Connection, identity: SiteIdentity, publications: Iterable[str]
+                     ) -> dict[str, list[str]]:
+    """By publication: the extracted remotes subscribed to it, which an
+    article removed from it reaches (none at a remote)."""
+    if identity.role is not Role.CONSOLIDATED:
+        return {}
+    found = {}
+    for publication in dict.fromkeys(publications):
+        remotes = [name for (name,) in conn.execute(
+            "SELECT DISTINCT s.remote FROM fieldsync_subscription s JOIN fieldsync_remote r ON r.name = s.remote"
+            " WHERE s.publication = ? AND s.until IS NULL AND r.peer_incarnation IS NOT NULL ORDER BY s.remote",
+            (publication,))]
+        if remotes:
+            found[publication] = remotes
+    return found
+
+
+def send_article_drops_locked(conn: sqlite3.Connection, identity: SiteIdentity, removed: list[tuple[str, str]],
+                              to: dict[str, list[str]], made_at: str) -> tuple[str, ...]:
+    """Right after the articles ``removed`` (``(table, publication)``) went,
+    inside the same write transaction: send each to ``to``, the remotes
+    :func:`article_drops_to` found for its publication before, as a change
+    of ``drop_article`` steps alone in its log transaction, so that they
+    stop capturing the table (docs/site-database.md, "Removing an
+    article").  Returns the remotes it reaches, sorted."""
+    steps = drop_steps(removed, to, renames(conn))
+    if not steps:
+        return ()
+    cut_locked(conn, identity.name)  # what was captured before: the change is alone in its log transaction
+    write_change(conn, identity, ShapeCache(conn), steps, {}, {}, steps, None, made_at,
+                 {publication: to[publication] for publication in dict.fromkeys(step[2] for step in steps)})
+    return tuple(sorted({remote for step in steps for remote in to[step[2]]}))

@@ -46,11 +46,10 @@ from .agent_runs import count_run_locked
 from .apply import Applier, list_apply_errors, list_conflicts, set_policy_locked
 from .apply.schema import record_conflict
 from .capture import ShapeCache, all_shapes, declared_type, refresh_changed_tables
-from .changes import apply_schema_locked, passthrough_locked, schema_version, send_new_article_locked
+from .changes import apply_schema_locked, passthrough_locked, schema_version, send_new_article_locked, unpublish_locked
 from .extract import Consolidated, extract_remote
 from .log import SqliteLog, applied_of, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
-from .publications import (add_article_locked, create_publication_locked, drop_publication_locked, list_publications,
-                           list_subscriptions, missing_tables, remove_article_locked)
+from .publications import add_article_locked, create_publication_locked, list_publications, list_subscriptions, missing_tables
 from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
                       count_rows, get_remote, iter_remote_values_locked, iter_remotes_locked, list_remote_names,
                       list_remotes, open_apply_errors, pairs_due,
@@ -163,13 +162,14 @@ class SiteDatabase:
             send_new_article_locked(self._conn, self._identity, publication, added.table, format_time(now or utc_now()))
             return added
 
-    def remove_article(self, table: str, publication: str | None = None) -> None:
-        with self._lock, self._write(f"unpublishing table {table!r}"):
-            remove_article_locked(self._conn, table, publication)
+    def remove_article(self, table: str, publication: str | None = None, *,
+                       now: datetime | None = None) -> tuple[str, ...]:
+        with self._lock, self._write(f"unpublishing table {table!r}"):  # and telling the remotes
+            return unpublish_locked(self._conn, self._identity, format_time(now or utc_now()), table, publication)
 
-    def drop_publication(self, name: str) -> None:
+    def drop_publication(self, name: str, *, now: datetime | None = None) -> tuple[str, ...]:
         with self._lock, self._write(f"dropping publication {name!r}"):
-            drop_publication_locked(self._conn, name)
+            return unpublish_locked(self._conn, self._identity, format_time(now or utc_now()), None, name)
 
     def declared_type(self, table: str, column: str) -> str | None:
         """The type ``table.column`` declares (None: no such column)."""

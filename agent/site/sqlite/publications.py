@@ -100,9 +100,11 @@ def check_other_articles(conn: sqlite3.Connection, publication: str, table: str,
                                "such a remote")
 
 
-def remove_article_locked(conn: sqlite3.Connection, table: str, publication: str | None = None) -> None:
+def remove_article_locked(conn: sqlite3.Connection, table: str, publication: str | None = None
+                          ) -> list[tuple[str, str]]:
     """Stop publishing ``table`` in ``publication`` (None: in every
-    publication that holds it); its capture goes with its last article."""
+    publication that holds it); its capture goes with its last article.
+    Returns the articles removed: ``(table, publication)``."""
     rows = conn.execute("SELECT table_name, publication FROM fieldsync_article WHERE table_name = ?"
                         + ("" if publication is None else " AND publication = ?"),
                         (table,) if publication is None else (table, publication)).fetchall()
@@ -121,6 +123,7 @@ def remove_article_locked(conn: sqlite3.Connection, table: str, publication: str
         conn.execute("DELETE FROM fieldsync_article WHERE table_name = ? AND publication = ?", (name, other))
     _after_removal(conn, name, routed)
     install_moves(conn)
+    return [(name, other) for _, other in rows]
 
 
 def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
@@ -135,17 +138,20 @@ def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
         shape = install_capture(conn, table_info(conn, table))
         conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
 
-def drop_publication_locked(conn: sqlite3.Connection, name: str) -> None:
+def drop_publication_locked(conn: sqlite3.Connection, name: str) -> list[tuple[str, str]]:
+    """Drop publication ``name``, its articles and its subscriptions;
+    returns the articles removed: ``(table, publication)``."""
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {name!r}")
-    tables = conn.execute("SELECT table_name, follows IS NOT NULL FROM fieldsync_article WHERE publication = ?",
-                          (name,)).fetchall()
+    tables = conn.execute("SELECT table_name, follows IS NOT NULL FROM fieldsync_article WHERE publication = ?"
+                          " ORDER BY rowid", (name,)).fetchall()
     conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
     for table, routed in tables:
         _after_removal(conn, table, bool(routed))
     install_moves(conn)
     conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (name,))
     conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))
+    return [(table, name) for table, _ in tables]
 
 def missing_tables(conn: sqlite3.Connection) -> tuple[str, ...]:
     """Published tables the database no longer has (renamed or dropped by

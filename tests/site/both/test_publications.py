@@ -233,10 +233,12 @@ def test_dropping_a_publication_stops_capture_and_subscriptions(backend, hq):
 
 
 def test_what_a_remote_still_sends_of_a_removed_table(backend, hq):
-    """A remote keeps its copy of a table the consolidated stopped
-    publishing, and its capture (docs/cli.md, "agent publication"): a SQLite
-    consolidated applies what it sends to the table, which captures it for
-    no one; a PostgreSQL one records each operation as an apply error."""
+    """A table the consolidated stopped publishing where no extracted
+    remote held it (nothing went to the remotes; docs/cli.md, "agent
+    publication"): a SQLite consolidated applies what a remote sends to the
+    table, which captures it for no one; a PostgreSQL one records each
+    operation as an apply error.  (Where the removal went to the remotes,
+    tests/site/both/test_article_removal.py.)"""
     hq.apply("north1", [Transaction(5, "north1", (
         Operation.insert("customer", (1,), {"id": 1, "name": "a", "region": "north"}),))], log_received=5)
     hq.remove_article("customer")

@@ -274,7 +274,8 @@ class _Batch:
             return None
         table = self.tables.table(op[0])
         if table is None:
-            self._error(op, f"no published table {op[0]!r} at this site")
+            if not self.tables.removed(op[0]):  # else captured before the remote applied the removal: dropped
+                self._error(op, f"no published table {op[0]!r} at this site")
             return None
         kind, key, before, after = op[1], op[2], op[3], op[4]
         if kind != OpKind.DELETE and not after:

@@ -40,7 +40,7 @@ from psycopg import sql
 from codec.ops import OpKind
 
 from ...apply.batch import Resolution
-from ...apply.reshape import column_moves
+from ...apply.reshape import column_moves, removed_tables
 from ...capture import Shape
 from ...change_rows import table_renames
 from ..capture import PgShape, load_shapes, shown_table
@@ -276,6 +276,8 @@ class Tables:
         self._changes = 0  # schema changes read into _moves
         self._moves: dict[str, list[list]] = {}
         self._renames: dict[str, str] = {}  # old name (lowered) -> name now (change_rows.table_renames)
+        self._removed: frozenset[str] = frozenset()  # tables whose articles a change removed (apply.reshape)
+        self._articled: set[str] = set()  # the tables an article publishes now (lowered)
 
     @property
     def shapes(self) -> dict[int, PgShape]:
@@ -313,11 +315,12 @@ class Tables:
                 tables[shown.lower()] = PgTable(pg_shape, {column: casts[column] for column in pg_shape.layout.columns},
                                                 Resolution(policy or Resolution.INCOMING.value))
             seen[shown.lower()] = signature
-        self._tables, self._seen = tables, seen
+        self._tables, self._seen, self._articled = tables, seen, {shown.lower() for shown in described}
         (changes,) = conn.execute("SELECT count(*) FROM fieldsync.schema_change").fetchone()
         if changes != self._changes:  # changes are only ever added
             steps = history(conn)
             self._changes, self._moves, self._renames = changes, column_moves(steps), table_renames(steps)
+            self._removed = removed_tables(steps)
 
     def moves(self, table: PgTable) -> list[list]:
         """The columns of ``table`` renamed and dropped by schema changes, in
@@ -335,6 +338,13 @@ class Tables:
             now = self._renames.get(name.lower())
             found = None if now is None else self._tables.get(now.lower())
         return found
+
+    def removed(self, name: str) -> bool:
+        """Whether ``name`` names a table whose article was removed where
+        remotes held it, and that no article publishes now: a remote's
+        operations on it are dropped (agent.site.apply.reshape)."""
+        lowered = self._renames.get(name.lower(), name).lower()
+        return lowered in self._removed and lowered not in self._articled
 
     def published(self) -> Iterable[PgTable]:
         return self._tables.values()

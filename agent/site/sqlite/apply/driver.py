@@ -211,8 +211,8 @@ class Applier:
                 applied += 1
                 continue
             ops = transaction.ops
-            if consolidated and self._reshape.renames:  # a table renamed since the peer logged them
-                ops = self._reshape.tables(ops)
+            if consolidated and (self._reshape.renames or self._reshape.removed):  # since the peer logged them
+                ops = self._reshape.tables(ops, statements.published)
             self._apply_operations(ops, batch, consolidated)
             if batch.deferred:
                 self._settle(batch, consolidated)

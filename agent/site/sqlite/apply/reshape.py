@@ -15,6 +15,9 @@ Rules of this file:
 * A column added since is not named: an INSERT gives it its default, an
   UPDATE leaves it as it is.  An UPDATE left with nothing to write (it
   wrote dropped columns only) changes nothing.
+* An operation on a table whose article was removed where remotes held
+  it, and that no article publishes now, is dropped
+  (agent.site.apply.reshape.removed_tables).
 * Only the consolidated reshapes: a remote applies its consolidated's log
   in order, every row in the shape of its time.
 """
@@ -22,10 +25,11 @@ Rules of this file:
 from __future__ import annotations
 
 import sqlite3
+from typing import Callable
 
 from codec.ops import Run
 
-from ...apply.reshape import column_moves, reshaped
+from ...apply.reshape import column_moves, removed_tables, reshaped
 from ...change_rows import table_renames
 from ..changes import history
 from .statements import SqliteTable
@@ -40,6 +44,7 @@ class Reshape:
         self._seen: object = -1
         self._moves: dict[str, list[list]] = {}
         self.renames: dict[str, str] = {}
+        self.removed: frozenset[str] = frozenset()
 
     def refresh(self) -> None:
         """Read the history again when a change was made since (once per batch)."""
@@ -50,15 +55,20 @@ class Reshape:
             steps = history(self._conn)
             self._moves = column_moves(steps)
             self.renames = table_renames(steps)
+            self.removed = removed_tables(steps)
 
-    def tables(self, ops: tuple) -> tuple:
+    def tables(self, ops: tuple, published: Callable[[str], bool]) -> tuple:
         """``ops`` (operations and runs) with each table renamed since under
-        its name of now (the others as they are)."""
-        renames = self.renames
+        its name of now (the others as they are), but those of a table
+        whose article was removed and that ``published(lowered name)`` says
+        no article publishes now: dropped."""
+        renames, removed = self.renames, self.removed
         renamed = []
         for op in ops:
             table = op.table if type(op) is Run else op[0] if isinstance(op, tuple) and op else None
             name = renames.get(table.lower()) if type(table) is str else None  # a malformed one stays so
+            if type(table) is str and (name or table).lower() in removed and not published((name or table).lower()):
+                continue
             if name is None:
                 renamed.append(op)
             elif type(op) is Run:

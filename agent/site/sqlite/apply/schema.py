@@ -21,17 +21,17 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from codec.changes import PASSTHROUGH, RENAME_TABLE, SchemaChange
+from codec.changes import DROP_ARTICLE, PASSTHROUGH, RENAME_TABLE, SchemaChange
 
 from ... import points
-from ...errors import SchemaConflict, SchemaRefused
+from ...errors import PublicationError, SchemaConflict, SchemaRefused
 from ...publication_rules import Article
 from .._db import parse_time, quote_ident
 from ..capture import drop_capture, refresh_changed_tables
 from ..changes import data_only
 from ..ddl import actions, read_schema
 from ..extract import create_index_where_possible
-from ..publications import add_article_locked, create_publication_locked
+from ..publications import add_article_locked, create_publication_locked, remove_article_locked
 from .statements import Statements
 
 _ALTERS = ("add_column", "rename_column", "drop_column")
@@ -60,7 +60,7 @@ class SchemaSteps:
         for step in change.steps:
             try:
                 self._step(step, change, now)
-            except sqlite3.Error as error:
+            except (sqlite3.Error, PublicationError) as error:
                 raise SchemaConflict(f"{where} does not apply here: {_text(step)}: {error}", commit=commit,
                                      table=step[1]) from None
         tables = read_schema(conn).tables
@@ -125,6 +125,12 @@ class SchemaSteps:
             if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ? COLLATE NOCASE",
                             (step[2],)).fetchone() is None:
                 create_index_where_possible(conn, step[3])  # as extraction makes the consolidated's indexes
+        elif verb == DROP_ARTICLE:
+            # Its article goes, and its capture with its last one; the table
+            # and its rows stay (docs/site-database.md, "Removing an article").
+            if conn.execute("SELECT 1 FROM fieldsync_article WHERE table_name = ? AND publication = ?",
+                            (step[1], step[2])).fetchone() is not None:
+                remove_article_locked(conn, step[1], step[2])
         else:
             self._create_table(step, now)
 
@@ -148,7 +154,8 @@ def _text(step: tuple) -> str:
     verb, table = step[0], step[1]
     return f"{verb.replace('_', ' ')} {table}" + (f".{step[2]}" if verb in _ALTERS else
                                                    f" ({step[2]})" if verb.endswith("index") else
-                                                   f" to {step[2]}" if verb == RENAME_TABLE else "")
+                                                   f" to {step[2]}" if verb == RENAME_TABLE else
+                                                   f" from {step[2]}" if verb == DROP_ARTICLE else "")
 
 
 def record_conflict(conn: sqlite3.Connection, peer: str, conflict: SchemaConflict, now: str) -> None:

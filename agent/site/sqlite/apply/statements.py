@@ -116,6 +116,10 @@ class Statements:
             if table is not None:
                 self._attach(lowered, table)
 
+    def published(self, lowered: str) -> bool:
+        """Whether an article publishes the table (its lowered name) here."""
+        return lowered in self._article_shapes
+
     def _attach(self, lowered: str, table: SqliteTable) -> None:
         shape_id = self._article_shapes.get(lowered)
         table.shape = None if shape_id is None else self._shapes.get(shape_id)

@@ -1,0 +1,167 @@
+"""An article removed at the consolidated reaches the extracted remotes that
+hold its table, through their streams, on both backends: each stops
+capturing the table and keeps its rows (docs/site-database.md, "Removing an
+article")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.site import Article
+from agent.site.sqlite.database import SiteDatabase
+from codec.changes import SchemaChange
+from codec.ops import Operation, Transaction, change_of
+
+REGIONS = {"north1": "north", "south1": "south", "north2": "north"}
+
+
+@pytest.fixture
+def hq(backend):
+    """sales: customer (two columns, by region) and line; catalog: line.
+    north1 and south1 subscribe to sales, north1 to catalog too; none is
+    extracted yet."""
+    site = backend.site
+    site.create_publication("sales", [Article("customer", columns=["name", "region"], subscribe_by="region"),
+                                      Article("line")])
+    site.create_publication("catalog", [Article("line")])
+    for remote, region in REGIONS.items():
+        site.add_remote(remote, address=f"inbox/{remote}")
+        site.subscribe(remote, "sales", region)
+    site.subscribe("north1", "catalog")
+    backend.app().run(*[("INSERT INTO customer (id, name, region) VALUES (%s, %s, %s)",
+                         (row_id, f"c{row_id}", ("north", "south")[row_id % 2])) for row_id in range(1, 7)],
+                      "INSERT INTO line VALUES (1, 1, 'sku-1', 2)")
+    return site
+
+
+def changes(hq, remote: str, start: int, end: int) -> list[SchemaChange]:
+    return [change_of(t) for t in hq.read_log(remote, start, end) if change_of(t) is not None]
+
+
+def deliver(hq, remote: SiteDatabase, end: int) -> None:
+    """hq's stream to ``remote`` up to ``end``, applied there; no error."""
+    name = remote.identity.name
+    start = remote.remote("hq").log_received
+    remote.apply("hq", list(hq.read_log(name, start, end)), log_received=end)
+    assert remote.apply_errors() == ()
+
+
+def sent_tables(remote: SiteDatabase) -> set[str]:
+    """The tables of the operations ``remote`` would send hq now."""
+    end = remote.scan()
+    return {op.table for t in remote.read_log("hq", remote.remote("hq").log_sent, end) for op in t.ops}
+
+
+def articles(remote: SiteDatabase) -> list[tuple[str, str]]:
+    return sorted((publication.name, article.table) for publication in remote.publications()
+                  for article in publication.articles)
+
+
+def test_a_removed_article_reaches_each_extracted_subscriber_which_stops_capturing_its_table(
+        backend, hq, tmp_path: Path):
+    paths = {name: hq.extract(name, tmp_path / f"{name}.db").path for name in ("north1", "south1")}
+    start = hq.scan()
+    assert hq.remove_article("customer") == ("north1", "south1")  # north2 was never extracted
+    end = hq.scan()
+    for name in ("north1", "south1"):
+        assert changes(hq, name, start, end) == [SchemaChange((("drop_article", "customer", "sales"),), ())]
+    assert list(hq.read_log("north2", start, end)) == []
+    with SiteDatabase.open(paths["north1"]) as north1:
+        held = north1.connection.execute("SELECT * FROM customer ORDER BY id").fetchall()
+        assert len(held) == 3
+        north1.connection.execute("UPDATE customer SET name = 'before' WHERE id = 2")  # captured, not sent yet
+        deliver(hq, north1, end)
+        assert articles(north1) == [("catalog", "line"), ("sales", "line")]
+        assert north1.connection.execute("SELECT id, name FROM customer ORDER BY id").fetchall() == [
+            (2, "before"), (4, "c4"), (6, "c6")]
+        north1.connection.execute("UPDATE customer SET name = 'after' WHERE id = 4")
+        north1.connection.execute("INSERT INTO line VALUES (2, 1, 'sku-2', 1)")
+        # Neither write to customer goes to hq: the one captured before the
+        # removal is read with the articles of now, like every later one.
+        assert sent_tables(north1) == {"line"}
+    assert hq.open_apply_errors() == {}
+
+
+def test_a_dropped_publication_reaches_a_remote_that_reads_its_stream_later(backend, hq, tmp_path: Path):
+    path = hq.extract("south1", tmp_path / "south1.db").path
+    start = hq.scan()
+    assert hq.drop_publication("sales") == ("south1",)
+    backend.app().execute("UPDATE line SET qty = 5")  # line is still in catalog, which south1 does not get
+    end = hq.scan()
+    assert hq.subscriptions("south1") == ()
+    assert changes(hq, "south1", start, end) == [SchemaChange(
+        (("drop_article", "customer", "sales"), ("drop_article", "line", "sales")), ())]
+    with SiteDatabase.open(path) as south1:
+        deliver(hq, south1, end)
+        assert articles(south1) == []
+        south1.connection.execute("UPDATE line SET qty = 9")
+        assert sent_tables(south1) == set()
+        assert south1.connection.execute("SELECT count(*) FROM customer").fetchone() == (3,)
+
+
+def test_a_table_the_remote_gets_through_another_publication_stays_captured_there(backend, hq, tmp_path: Path):
+    path = hq.extract("north1", tmp_path / "north1.db").path
+    start = hq.scan()
+    assert hq.remove_article("line", "sales") == ("north1",)  # south1 was never extracted
+    end = hq.scan()
+    assert changes(hq, "north1", start, end) == [SchemaChange((("drop_article", "line", "sales"),), ())]
+    with SiteDatabase.open(path) as north1:
+        deliver(hq, north1, end)
+        assert articles(north1) == [("catalog", "line"), ("sales", "customer")]
+        north1.connection.execute("UPDATE line SET qty = 3")
+        assert sent_tables(north1) == {"line"}
+
+
+def test_an_article_no_extracted_remote_holds_writes_nothing_to_the_log(backend, hq):
+    end = hq.scan()
+    assert hq.remove_article("customer") == ()
+    assert hq.drop_publication("catalog") == ()
+    assert hq.scan() == end
+
+
+def test_what_a_remote_captured_before_it_applied_the_removal_is_dropped_at_the_consolidated(
+        backend, hq, tmp_path: Path):
+    """As a dropped column's values are (agent.site.apply.reshape): no apply
+    error for a remote that could not know; the rest of its transaction
+    applies."""
+    path = hq.extract("north1", tmp_path / "north1.db").path
+    with SiteDatabase.open(path) as north1:
+        north1.connection.execute("BEGIN")
+        north1.connection.execute("UPDATE customer SET name = 'by north1' WHERE id = 2")
+        north1.connection.execute("INSERT INTO line VALUES (3, 1, 'sku-3', 1)")
+        north1.connection.execute("COMMIT")
+        end = north1.scan()
+        sent = list(north1.read_log("hq", north1.remote("hq").log_sent, end))
+    assert {op.table for t in sent for op in t.ops} == {"customer", "line"}
+    hq.remove_article("customer")
+    result = hq.apply("north1", sent, log_received=end)
+    assert (result.errors, hq.open_apply_errors()) == (0, {})
+    assert backend.rows("customer", "id, name", "WHERE id = 2") == [(2, "c2")]
+    assert backend.rows("line", "order_id, line_no, sku") == [(1, 1, "sku-1"), (3, 1, "sku-3")]
+    # Published again, the table takes a remote's rows again.
+    hq.add_article("sales", "customer", subscribe_by="region")
+    result = hq.apply("north1", [Transaction(end + 1, "north1", (
+        Operation.update("customer", (2,), {"name": "c2"}, {"name": "again"}),))], log_received=end + 1)
+    assert result.errors == 0 and backend.rows("customer", "id, name", "WHERE id = 2") == [(2, "again")]
+
+
+def test_a_remote_that_missed_a_rename_before_the_removal_stops_capturing_the_table_by_its_old_name(
+        backend, hq, tmp_path: Path):
+    """The rename, logged before the removal and read after it, no longer
+    concerns the remote (the table has no article then): the removal names
+    every name the table had (change_rows.drop_steps)."""
+    path = hq.extract("north1", tmp_path / "north1.db").path
+    start = hq.scan()
+    hq.apply_schema(["ALTER TABLE line RENAME TO order_line"])
+    assert hq.remove_article("order_line") == ("north1",)
+    end = hq.scan()
+    (change,) = changes(hq, "north1", start, end)
+    assert sorted(change.steps) == [("drop_article", "line", "catalog"), ("drop_article", "line", "sales"),
+                                    ("drop_article", "order_line", "catalog"), ("drop_article", "order_line", "sales")]
+    with SiteDatabase.open(path) as north1:
+        deliver(hq, north1, end)
+        assert articles(north1) == [("sales", "customer")]
+        north1.connection.execute("UPDATE line SET qty = 4")
+        assert sent_tables(north1) == set()
