@@ -200,6 +200,37 @@ def test_run_once_both_ways_between_postgresql_and_a_field_site(agent, app_uri, 
     assert [peer["name"] for peer in status["remotes"]] == ["north"]
 
 
+def test_a_publication_dropped_at_postgresql_reaches_the_field_site_which_stops_sending(
+        agent, app_uri, tmp_path) -> None:
+    """`agent publication drop` at PostgreSQL goes to north through its
+    stream (docs/site-database.md, "Removing an article"): north keeps its
+    rows and stops capturing customer; what it wrote before it applied the
+    removal is dropped at hq with no apply error, and what it writes after
+    is not sent."""
+    north = consolidated_with_north(agent, app_uri, tmp_path)
+    with open_site(north) as remote:
+        remote.connection.execute("UPDATE customer SET name = 'before' WHERE id = 1")
+    code, out, err = agent("run", north, "--once", "-O", "min_age=0")  # sent before it knows
+    assert (code, err) == (0, ""), err
+    code, out, err = agent("publication", "drop", app_uri, "sales")
+    assert code == 0 and out.splitlines()[-1].endswith(": north"), (out, err)
+    for _ in range(2):
+        for site in (app_uri, north):
+            code, out, err = agent("run", site, "--once", "-O", "min_age=0")
+            assert (code, err) == (0, ""), err
+    with open_site(north) as remote:
+        assert remote.publications()[0].articles == ()
+        assert remote.connection.execute("SELECT id, name FROM customer").fetchall() == [(1, "before")]
+        remote.connection.execute("UPDATE customer SET name = 'after' WHERE id = 1")
+    for site in (north, app_uri):
+        code, out, err = agent("run", site, "--once", "-O", "min_age=0")
+        assert (code, err) == (0, ""), err
+    with connect(app_uri) as conn:
+        assert conn.execute("SELECT id, name FROM customer").fetchall() == [(1, "Ann")]
+    with open_site(app_uri) as site:
+        assert site.apply_errors() == () and site.remote("north").log_received > 0
+
+
 def test_orders_follow_their_customer_from_the_command_line(agent, app_uri, tmp_path) -> None:
     """`customer@region orders@->customer` at PostgreSQL, as the agent's
     own role (no superuser): an order goes with its customer to north, and
