@@ -41,7 +41,7 @@ from psycopg.types.json import Jsonb
 from ..clock import in_utc
 from ..errors import PublicationError, SiteError, UnknownPublication
 from ..publication_rules import (Article, Publication, as_article, check_followed_once, check_publication_name,
-                                 check_table_articles, published_columns, subscribe_by_column)
+                                 check_table_articles, parents_first, published_columns, subscribe_by_column)
 from . import route
 from .capture import PgShape, describe_table, drop_capture_of, install_capture, shown_table
 from .uri import PgTarget
@@ -238,12 +238,15 @@ def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, 
 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> list[tuple[str, str]]:
     """Drop publication ``name``, its articles and its subscriptions;
-    returns the articles removed: ``(shown table, publication)``."""
+    returns the articles removed: ``(shown table, publication)``, those
+    that follow a parent before it (the order a remote can remove them in)."""
     if not _publication_exists(conn, name):
         raise UnknownPublication(f"no publication named {name!r}")
-    rows = conn.execute("SELECT table_schema, table_name, table_oid, publication FROM fieldsync.article"
-                        " WHERE publication = %s ORDER BY follows IS NULL, table_schema, table_name",
-                        (name,)).fetchall()
+    found = {shown_table(row[0], row[1]): row for row in conn.execute(
+        "SELECT table_schema, table_name, table_oid, publication, follows FROM fieldsync.article"
+        " WHERE publication = %s ORDER BY table_schema, table_name", (name,)).fetchall()}
+    rows = [found[shown][:4] for shown in reversed(parents_first(
+        list(found), lambda shown: [found[shown][4]] if found[shown][4] else [], str))]
     for row in rows:
         _remove(conn, target, *row)  # the articles that follow first: their parents' routes go with them
     route.install_moves(conn)

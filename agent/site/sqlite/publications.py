@@ -31,7 +31,7 @@ from ..clock import utc_now
 from ..errors import PublicationError, UnknownPublication, UnknownRemote
 from ..publication_rules import (Article, Publication, Subscription, Value, as_article, check_followed_once,
                                  check_publication_name, check_subscription_value, check_table_articles,
-                                 published_columns, subscribe_by_column)
+                                 parents_first, published_columns, subscribe_by_column)
 from ._db import format_time, parse_time
 from .capture import drop_capture, install_capture, install_moves, table_info
 from .selection import renames
@@ -140,11 +140,14 @@ def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
 
 def drop_publication_locked(conn: sqlite3.Connection, name: str) -> list[tuple[str, str]]:
     """Drop publication ``name``, its articles and its subscriptions;
-    returns the articles removed: ``(table, publication)``."""
+    returns the articles removed: ``(table, publication)``, those that
+    follow a parent before it (the order a remote can remove them in)."""
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {name!r}")
-    tables = conn.execute("SELECT table_name, follows IS NOT NULL FROM fieldsync_article WHERE publication = ?"
-                          " ORDER BY rowid", (name,)).fetchall()
+    follows = dict(conn.execute("SELECT table_name, follows FROM fieldsync_article WHERE publication = ?"
+                                " ORDER BY rowid", (name,)).fetchall())
+    tables = [(table, follows[table] is not None) for table in reversed(parents_first(
+        list(follows), lambda table: [follows[table]] if follows[table] else [], str.lower))]
     conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
     for table, routed in tables:
         _after_removal(conn, table, bool(routed))

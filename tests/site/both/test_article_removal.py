@@ -165,3 +165,29 @@ def test_a_remote_that_missed_a_rename_before_the_removal_stops_capturing_the_ta
         assert articles(north1) == [("sales", "customer")]
         north1.connection.execute("UPDATE line SET qty = 4")
         assert sent_tables(north1) == set()
+
+
+def test_a_dropped_follow_chain_is_removed_at_the_remote_children_first(backend, tmp_path: Path):
+    """A remote removes an article only once none follows it (as the
+    command does): the change lists the chain's children before their
+    parents."""
+    site = backend.site
+    backend.app().run("CREATE TABLE orders (id integer PRIMARY KEY, customer_id integer REFERENCES customer (id))",
+                      "CREATE TABLE item (id integer PRIMARY KEY, order_id integer REFERENCES orders (id))",
+                      "INSERT INTO customer (id, name, region) VALUES (1, 'c1', 'north')",
+                      "INSERT INTO orders VALUES (1, 1)", "INSERT INTO item VALUES (1, 1)")
+    site.create_publication("chain", [Article("customer", subscribe_by="region"),
+                                      Article("orders", follows="customer"), Article("item", follows="orders")])
+    site.add_remote("north1", address="inbox/north1")
+    site.subscribe("north1", "chain", "north")
+    path = site.extract("north1", tmp_path / "north1.db").path
+    start = site.scan()
+    assert site.drop_publication("chain") == ("north1",)
+    end = site.scan()
+    assert changes(site, "north1", start, end) == [SchemaChange(
+        (("drop_article", "item", "chain"), ("drop_article", "orders", "chain"), ("drop_article", "customer", "chain")),
+        ())]
+    with SiteDatabase.open(path) as north1:
+        deliver(site, north1, end)
+        assert articles(north1) == []
+        assert north1.connection.execute("SELECT count(*) FROM item").fetchone() == (1,)
