@@ -245,8 +245,8 @@ def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> l
     found = {shown_table(row[0], row[1]): row for row in conn.execute(
         "SELECT table_schema, table_name, table_oid, publication, follows FROM fieldsync.article"
         " WHERE publication = %s ORDER BY table_schema, table_name", (name,)).fetchall()}
-    rows = [found[shown][:4] for shown in reversed(parents_first(
-        list(found), lambda shown: [found[shown][4]] if found[shown][4] else [], str))]
+    rows = [found[shown][:4] for shown in parents_first(  # each after those that follow it
+        list(found), lambda shown: [child for child, row in found.items() if row[4] == shown], str)]
     for row in rows:
         _remove(conn, target, *row)  # the articles that follow first: their parents' routes go with them
     route.install_moves(conn)

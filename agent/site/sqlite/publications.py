@@ -146,8 +146,9 @@ def drop_publication_locked(conn: sqlite3.Connection, name: str) -> list[tuple[s
         raise UnknownPublication(f"no publication named {name!r}")
     follows = dict(conn.execute("SELECT table_name, follows FROM fieldsync_article WHERE publication = ?"
                                 " ORDER BY rowid", (name,)).fetchall())
-    tables = [(table, follows[table] is not None) for table in reversed(parents_first(
-        list(follows), lambda table: [follows[table]] if follows[table] else [], str.lower))]
+    tables = [(table, follows[table] is not None) for table in parents_first(  # each after those that follow it
+        list(follows), lambda table: [child for child, parent in follows.items()
+                                      if parent is not None and parent.lower() == table.lower()], str.lower)]
     conn.execute("DELETE FROM fieldsync_article WHERE publication = ?", (name,))
     for table, routed in tables:
         _after_removal(conn, table, bool(routed))

@@ -63,7 +63,7 @@ def test_seeds_with_a_postgresql_consolidated_are_clean(own_database, capsys):
     schema = summary["schema"]
     assert schema["seeds"] >= SEEDS // 4 and set(schema["kinds"]) <= {
         "add customer column", "add product column", "rename customer column", "drop customer column",
-        "create table", "create index", "drop index", "rename table"}, schema
+        "create table", "create index", "drop index", "rename table", "remove table"}, schema
     assert {"add customer column", "rename customer column", "create index"} <= set(schema["kinds"]), schema
     # Half of them change remotes' subscriptions at PostgreSQL (docs/postgres.md, "Changing a remote's
     # subscriptions"), rows moving through the streams.
