@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from codec.changes import DROP_ARTICLE, MAX_CHANGE_BYTES, PASSTHROUGH, RENAME_TABLE, SchemaChange
 from codec.message import CHANGE_VERSION, serialize_transaction
@@ -131,21 +131,32 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
     return SchemaChange(tuple(step for step, _final in kept), tuple(shapes))
 
 
-def drop_steps(removed: Iterable[tuple[str, str]], to: dict[str, list[str]],
-               renames: dict[str, str]) -> list[tuple]:
-    """The ``drop_article`` steps of the articles ``removed`` (``(table,
-    publication)``) whose publication has remotes in ``to``: one for the
-    table's name now and one for each name it had before a rename
-    (``renames``, table_renames'), since a remote that was not sent a rename
-    before the removal still holds the table under its old name (a name in
-    the history is never given again)."""
+class DropChange(NamedTuple):
+    """What removing articles sends (:func:`drop_change`): the
+    ``drop_article`` steps, the remotes of each of their publications
+    (``to`` of the change's row), and all those remotes, sorted."""
+
+    steps: list[tuple]
+    to: dict[str, list[str]]
+    reached: tuple[str, ...]
+
+
+def drop_change(removed: Iterable[tuple[str, str]], to: dict[str, list[str]],
+                renames: dict[str, str]) -> DropChange:
+    """The change that sends the articles ``removed`` (``(table,
+    publication)``) to the remotes ``to`` lists for their publication (none:
+    no step): one step for the table's name now and one for each name it
+    had before a rename (``renames``, table_renames'), since a remote that
+    was not sent a rename before the removal still holds the table under its
+    old name (a name in the history is never given again)."""
     steps = []
     for table, publication in removed:
         if to.get(publication):
             steps.append((DROP_ARTICLE, table, publication))
             steps += [(DROP_ARTICLE, old, publication) for old, now in sorted(renames.items())
                       if now.lower() == table.lower() and old != table.lower()]
-    return steps
+    sent = {publication: to[publication] for publication in dict.fromkeys(step[2] for step in steps)}
+    return DropChange(steps, sent, tuple(sorted({remote for remotes in sent.values() for remote in remotes})))
 
 
 @lru_cache(maxsize=16)

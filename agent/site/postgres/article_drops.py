@@ -19,7 +19,7 @@ from typing import Iterable
 
 import psycopg
 
-from ..change_rows import drop_steps
+from ..change_rows import drop_change
 from .changes import write_change
 from .reading import table_renames
 
@@ -41,10 +41,7 @@ def send_article_drops_in(conn: psycopg.Connection, site: str, removed: list[tup
     table, publication)``): the change of ``drop_article`` steps that sends
     each to ``to``, the remotes :func:`article_drops_to` found for its
     publication before.  Returns the remotes it reaches, sorted."""
-    steps = drop_steps(removed, to, table_renames(conn))
-    if not steps:
-        return ()
-    publications = list(dict.fromkeys(step[2] for step in steps))
-    write_change(conn, site, steps, {}, steps, [], made_at,
-                 to={publication: to[publication] for publication in publications})
-    return tuple(sorted({remote for publication in publications for remote in to[publication]}))
+    change = drop_change(removed, to, table_renames(conn))
+    if change.steps:
+        write_change(conn, site, change.steps, {}, change.steps, [], made_at, to=change.to)
+    return change.reached

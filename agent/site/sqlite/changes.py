@@ -25,7 +25,7 @@ from typing import Callable, Iterable, NamedTuple
 from codec.changes import PASSTHROUGH, RENAME_TABLE
 
 from ..capture import FLAG_RETURN_TO_ORIGIN, KIND_INSERT, KIND_SCHEMA
-from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, check_fits, drop_steps, names_after, row_value,
+from ..change_rows import (SCHEMA_SHAPE, SchemaChangeResult, check_fits, drop_change, names_after, row_value,
                            subscriber_change, table_renames)
 from ..errors import InvalidSetting, SchemaRefused, WrongRole
 from ..identity import Role, SiteIdentity
@@ -516,10 +516,8 @@ def send_article_drops_locked(conn: sqlite3.Connection, identity: SiteIdentity, 
     of ``drop_article`` steps alone in its log transaction, so that they
     stop capturing the table (docs/site-database.md, "Removing an
     article").  Returns the remotes it reaches, sorted."""
-    steps = drop_steps(removed, to, renames(conn))
-    if not steps:
-        return ()
-    cut_locked(conn, identity.name)  # what was captured before: the change is alone in its log transaction
-    write_change(conn, identity, ShapeCache(conn), steps, {}, {}, steps, None, made_at,
-                 {publication: to[publication] for publication in dict.fromkeys(step[2] for step in steps)})
-    return tuple(sorted({remote for step in steps for remote in to[step[2]]}))
+    change = drop_change(removed, to, renames(conn))
+    if change.steps:
+        cut_locked(conn, identity.name)  # what was captured before: the change is alone in its log transaction
+        write_change(conn, identity, ShapeCache(conn), change.steps, {}, {}, change.steps, None, made_at, change.to)
+    return change.reached

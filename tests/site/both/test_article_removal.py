@@ -151,7 +151,7 @@ def test_a_remote_that_missed_a_rename_before_the_removal_stops_capturing_the_ta
         backend, hq, tmp_path: Path):
     """The rename, logged before the removal and read after it, no longer
     concerns the remote (the table has no article then): the removal names
-    every name the table had (change_rows.drop_steps)."""
+    every name the table had (change_rows.drop_change)."""
     path = hq.extract("north1", tmp_path / "north1.db").path
     start = hq.scan()
     hq.apply_schema(["ALTER TABLE line RENAME TO order_line"])

@@ -67,7 +67,8 @@ class Reshape:
         for op in ops:
             table = op.table if type(op) is Run else op[0] if isinstance(op, tuple) and op else None
             name = renames.get(table.lower()) if type(table) is str else None  # a malformed one stays so
-            if type(table) is str and (name or table).lower() in removed and not published((name or table).lower()):
+            now = (name or table).lower() if type(table) is str else ""  # "" names no table
+            if now in removed and not published(now):
                 continue
             if name is None:
                 renamed.append(op)
