@@ -169,6 +169,12 @@ class Site(Protocol):
         (lowered) and the table's name now (change_rows.table_renames): what
         a reader made elsewhere (the Spark job) needs besides selection_rows."""
 
+    def removed_articles(self) -> list[tuple]:
+        """The articles removed since the log's truncation point: ``(table,
+        publication, columns JSON, subscribe_by, until)``, each holding for
+        the log transactions before ``until`` (None: every one logged),
+        the commit offset of its removal (selection.plan_from_rows)."""
+
     def check_log_range(self, after: int, until: int) -> None: ...
 
     def concerned_reads(self, reads: Sequence[tuple[str, int, int]]) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from itertools import islice
 from types import MappingProxyType
-from typing import Callable, Generator, Iterator, Mapping, NamedTuple, Protocol
+from typing import Callable, Generator, Iterator, Mapping, NamedTuple, Protocol, Sequence
 
 from codec.changes import SchemaChange
 from codec.ops import Operation, PartialTransaction, Transaction, op_count
@@ -79,12 +79,15 @@ class ReaderRows(NamedTuple):
     returned_columns: Callable[[int], str | None]
     # The site's table renames, old name -> name now (change_rows.table_renames).
     renames: Mapping[str, str] = MappingProxyType({})
+    # The articles removed since the log's truncation point (plan_from_rows).
+    removed: Sequence[tuple] = ()
 
     def readers(self, identity: SiteIdentity, shapes: Shapes, subscribers: list[str], *, runs: bool = False
                 ) -> list[SubscriberReader]:
         """A reader for each of ``subscribers``, finding shapes in ``shapes``."""
         return SubscriberReader.many_from_rows(identity, shapes, self.shapes, self.articles, self.subscriptions,
-                                               subscribers, self.returned_columns, runs=runs, renames=self.renames)
+                                               subscribers, self.returned_columns, runs=runs, renames=self.renames,
+                                               removed=self.removed)
 
 
 def worth_a_look(identity: SiteIdentity, reads: int) -> bool:

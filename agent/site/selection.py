@@ -73,13 +73,18 @@ def _unknown(identity: SiteIdentity, subscriber: str) -> UnknownRemote:
     return UnknownRemote(f"no remote named {subscriber!r} at site {identity.name!r}")
 
 def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subscriptions: Iterable[tuple],
-                   renames: Mapping[str, str] = MappingProxyType({})) -> SelectionPlan:
+                   renames: Mapping[str, str] = MappingProxyType({}), removed: Iterable[tuple] = ()
+                   ) -> SelectionPlan:
     """The plan from the rows of ``fieldsync_article`` (table, publication,
     columns as JSON or None, subscribe_by) and the subscriber's rows of
     ``fieldsync_subscription``: (publication, value) for subscriptions that
     hold, or (publication, value, since, until) with the commit offsets
     between which each holds (``until`` None: still), which make the plan's
-    ``history``; ``renames``, the plan's (change_rows.table_renames)."""
+    ``history``; ``renames``, the plan's (change_rows.table_renames);
+    ``removed``, the articles removed since the log's truncation point, as
+    article rows with the commit offset of their removal last (None: not
+    cut yet), each of which holds for the log transactions before it
+    (docs/site-database.md, "Removing an article")."""
     articles = list(articles)
     # Only the consolidated writes rows back to an origin; at a remote the
     # subscriber's (the consolidated's) log transactions hold nothing for it.
@@ -93,14 +98,18 @@ def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subsc
                              renames=renames)
     spans = [(row[0], row[1], row[2] if len(row) > 2 else 0, row[3] if len(row) > 3 else None)
              for row in subscriptions]
+    ended = sorted(((row[:4], row[4]) for row in removed if row[4] is not None), key=itemgetter(1))
+    # A removal not cut yet holds for every log transaction there is.
+    articles = _held(articles, [row[:4] for row in removed if row[4] is None])
     current = _articles(articles, [(pub, value) for pub, value, _, until in spans if until is None])
     bounds = sorted({since for _, _, since, _ in spans if since > 0}
-                    | {until for _, _, _, until in spans if until is not None})
+                    | {until for _, _, _, until in spans if until is not None} | {until for _, until in ended})
     history = []
     start = 0
     for bound in bounds:
-        held = _articles(articles, [(pub, value) for pub, value, since, until in spans
-                                    if since <= start and (until is None or start < until)])
+        held = _articles(_held(articles, [row for row, until in ended if start < until]),
+                         [(pub, value) for pub, value, since, until in spans
+                          if since <= start and (until is None or start < until)])
         if history and history[-1][1] == held:
             history[-1] = (bound, held)  # one span with the one before
         else:
@@ -109,6 +118,18 @@ def plan_from_rows(subscriber: str, role: Role, articles: Iterable[tuple], subsc
     while history and history[-1][1] == current:  # the last spans before the change hold the current plan
         history.pop()
     return SelectionPlan(subscriber, current, returned_flag, tuple(history), renames)
+
+def _held(articles: list[tuple], removed: list[tuple]) -> list[tuple]:
+    """The article rows that hold where the ``removed`` ones still do: a
+    removed article in place of the one its table and publication have now
+    (published again since, perhaps with other columns); of an article
+    removed twice, the first of ``removed`` (the earlier removal)."""
+    if not removed:
+        return articles
+    first: dict[tuple[str, str], tuple] = {}
+    for row in removed:
+        first.setdefault((row[0].lower(), row[1]), row)
+    return [row for row in articles if (row[0].lower(), row[1]) not in first] + list(first.values())
 
 def _articles(articles: list[tuple], subscriptions: Iterable[tuple]
               ) -> dict[str, tuple[tuple[str, ...] | None, str | None, frozenset | None]]:
@@ -192,22 +213,26 @@ class SubscriberReader:
     def many_from_rows(cls, identity: SiteIdentity, shapes: "Shapes", every_shape: Iterable[Shape],
                        articles: Iterable[tuple], subscriptions: Mapping[str, Iterable[tuple]],
                        subscribers: list[str], returned_columns: Callable[[int], str | None], *,
-                       runs: bool = False, renames: Mapping[str, str] = MappingProxyType({})
-                       ) -> list["SubscriberReader"]:
+                       runs: bool = False, renames: Mapping[str, str] = MappingProxyType({}),
+                       removed: Iterable[tuple] = ()) -> list["SubscriberReader"]:
         """A reader for each of ``subscribers`` from a site's rows, whatever
         its backend: the article rows (ARTICLE_ROWS' columns), each
         subscriber's subscription rows ``(publication, value, since,
-        until)``, every shape (how wide the capture rows are read) and the
-        site's table renames (change_rows.table_renames)."""
+        until)``, every shape (how wide the capture rows are read), the
+        site's table renames (change_rows.table_renames) and the articles
+        removed since the log's truncation point (plan_from_rows)."""
         # The article columns are parsed once, and the width is worked out
         # once per kind of plan (which tables, which routed), not per subscriber.
         articles = [(table, publication, None if columns is None else tuple(json.loads(columns)), subscribe_by)
                     for table, publication, columns, subscribe_by in articles]
+        removed = [(table, publication, None if columns is None else tuple(json.loads(columns)), *rest)
+                   for table, publication, columns, *rest in removed]
         every_shape = list(every_shape)
         widths: dict[tuple, int] = {}
         readers = []
         for subscriber in subscribers:
-            plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()), renames)
+            plan = plan_from_rows(subscriber, identity.role, articles, subscriptions.get(subscriber, ()), renames,
+                                  removed)
             kind = (tuple((table, is_routed(entry)) for table, entry in plan.articles.items()),
                     tuple(tuple((table, is_routed(entry)) for table, entry in held.items())
                           for _, held in plan.history))

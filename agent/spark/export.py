@@ -34,7 +34,7 @@ from ..site import Site
 from ..site.selection import plan_from_rows, value_columns_read
 from .errors import SparkBatchError
 
-FORMAT = 6
+FORMAT = 7
 ROWS_PER_FILE = 250_000
 ROWS_PER_GROUP = 50_000
 _VALUES = itemgetter(slice(4, None))  # a capture row's value columns
@@ -79,10 +79,10 @@ def export_batch(db: Site, sends: Iterable[BatchSend], directory: str | os.PathL
         db.check_log_range(send.read_start, send.end)
     identity = db.identity
     shapes, articles, subscriptions = db.selection_rows(send.subscriber for send in sends)
-    renames = db.table_renames()
+    renames, removed = db.table_renames(), db.removed_articles()
     width = max((value_columns_read(shapes, plan_from_rows(send.subscriber, identity.role, articles,
                                                            [row[1:] for row in subscriptions
-                                                            if row[0] == send.subscriber], renames))
+                                                            if row[0] == send.subscriber], renames, removed))
                  for send in sends), default=0)
     low, high = min(send.read_start for send in sends), max(send.end for send in sends)
     job = {
@@ -94,6 +94,8 @@ def export_batch(db: Site, sends: Iterable[BatchSend], directory: str | os.PathL
         "articles": [{"table": table, "publication": publication, "columns": columns, "subscribe_by": by}
                      for table, publication, columns, by in articles],
         "renames": renames,
+        "removed": [{"table": table, "publication": publication, "columns": columns, "subscribe_by": by,
+                     "until": until} for table, publication, columns, by, until in removed],
         "sends": [send.to_json() for send in sends],
         "range": [low, high],
     }

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-FORMAT = 6
+FORMAT = 7
 OUTPUT_FORMAT = 1
 # The driver fetches the payloads one partition at a time, as many
 # partitions as tasks, more for a large export: one for about this many
@@ -142,10 +142,11 @@ def _pack_group(job: dict, files: list[str], groups: int, fail_after: int | None
     shapes = ShapeTable(Shape(s["id"], s["table"], tuple(s["columns"]), tuple(s["key_columns"]))
                         for s in job["shapes"])
     articles = [(a["table"], a["publication"], a["columns"], a["subscribe_by"]) for a in job["articles"]]
+    removed = [(a["table"], a["publication"], a["columns"], a["subscribe_by"], a["until"]) for a in job["removed"]]
     returned: dict[int, str] = {}
     readers = [SubscriberReader(plan_from_rows(sends[index]["subscriber"], role, articles,
                                                job["subscriptions"].get(sends[index]["subscriber"], []),
-                                               job["renames"]),
+                                               job["renames"], removed),
                                 shapes, returned.get, job["value_columns"], runs=True)
                for index in members]
     ranges = [(sends[index]["read"], sends[index]["end"]) for index in members]

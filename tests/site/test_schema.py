@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -356,9 +356,7 @@ def test_a_site_of_layout_11_gains_the_peers_schema_versions_when_opened(tmp_pat
         assert site.remote("r1").peer_schema_version == 2741
         with pytest.raises(InvalidSetting, match="peer_schema_version must be a non-negative integer"):
             site.update_remote("r1", peer_schema_version=-1)
-    with contextlib.closing(sqlite3.connect(path)) as upgraded, contextlib.closing(sqlite3.connect(fresh)) as new:
-        assert (upgraded.execute("PRAGMA table_info(fieldsync_remote)").fetchall()
-                == new.execute("PRAGMA table_info(fieldsync_remote)").fetchall())
+    same_columns(path, fresh, "fieldsync_remote")
 
 
 def test_a_site_of_layout_13_gains_what_its_applies_wrote_back_when_opened(tmp_path):
@@ -370,7 +368,26 @@ def test_a_site_of_layout_13_gains_what_its_applies_wrote_back_when_opened(tmp_p
     back_to_layout(path, 13, "ALTER TABLE fieldsync_log DROP COLUMN applied")
     with SiteDatabase.open(path) as site:
         assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] == SCHEMA_VERSION
+    assert [row[1] for row in same_columns(path, fresh, "fieldsync_log")][-1] == "applied"
+
+
+def test_a_site_of_layout_14_gains_the_removed_articles_when_opened(tmp_path):
+    """Layout 15: fieldsync_removed_article, empty (no article removed
+    before was kept); the upgraded table is a new site's."""
+    path, fresh = tmp_path / "hq.db", tmp_path / "fresh.db"
+    for made in (path, fresh):
+        SiteDatabase.init(made, name="hq", role="consolidated").close()
+    back_to_layout(path, 14, "DROP TABLE fieldsync_removed_article")
+    with SiteDatabase.open(path) as site:
+        assert (site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0],
+                site.removed_articles()) == (SCHEMA_VERSION, [])
+    assert same_columns(path, fresh, "fieldsync_removed_article") != []
+
+
+def same_columns(path: Path, fresh: Path, table: str) -> list[tuple]:
+    """``table``'s columns in the upgraded site ``path``, which a new site
+    (``fresh``) is made with too."""
     with contextlib.closing(sqlite3.connect(path)) as upgraded, contextlib.closing(sqlite3.connect(fresh)) as new:
-        assert (upgraded.execute("PRAGMA table_info(fieldsync_log)").fetchall()
-                == new.execute("PRAGMA table_info(fieldsync_log)").fetchall())
-        assert [row[1] for row in new.execute("PRAGMA table_info(fieldsync_log)")][-1] == "applied"
+        columns = upgraded.execute(f"PRAGMA table_info({table})").fetchall()
+        assert columns == new.execute(f"PRAGMA table_info({table})").fetchall(), table
+    return columns

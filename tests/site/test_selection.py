@@ -401,6 +401,33 @@ def test_a_table_in_several_publications_is_one_plan_entry():
     assert plan_from_rows("hq", Role.REMOTE, articles[:3], ()).articles == {"t": (("id", "x", "y"), None, None)}
 
 
+def test_a_removed_article_holds_for_the_log_transactions_before_its_removal():
+    """plan_from_rows' ``removed``: each removed article is in the plan's
+    history up to its removal, in place of the article its table has in
+    that publication now (published again with other columns), the earlier
+    of two removals first; one not cut yet (None) holds now; none is
+    anything to a subscriber that was not subscribed then."""
+    from agent.site.identity import Role
+    from agent.site.selection import plan_from_rows
+
+    articles = [("t", "a", '["id", "y"]', None)]  # published again, with y
+    removed = [("u", "a", None, "region", 40), ("t", "a", '["id", "x"]', None, 30),
+               ("t", "a", '["id", "z"]', None, 20)]
+    plan = plan_from_rows("r", Role.CONSOLIDATED, articles, [("a", "n", 0, None)], removed=removed)
+    assert plan.articles == {"t": (("id", "y"), None, None)}
+    assert plan.history == (
+        (20, {"t": (("id", "z"), None, None), "u": (None, "region", frozenset({"n"}))}),
+        (30, {"t": (("id", "x"), None, None), "u": (None, "region", frozenset({"n"}))}),
+        (40, {"t": (("id", "y"), None, None), "u": (None, "region", frozenset({"n"}))}))
+    uncut = plan_from_rows("r", Role.CONSOLIDATED, articles, [("a", "n", 0, None)],
+                           removed=[("u", "a", None, "region", None)])
+    assert (uncut.articles, uncut.history) == ({"t": (("id", "y"), None, None),
+                                                "u": (None, "region", frozenset({"n"}))}, ())
+    # Subscribed from 35 on: the removals before it are nothing to it.
+    late = plan_from_rows("r", Role.CONSOLIDATED, articles, [("a", "n", 35, None)], removed=removed)
+    assert late.history == ((35, {}), (40, {"t": (("id", "y"), None, None), "u": (None, "region", frozenset({"n"}))}))
+
+
 @pytest.mark.parametrize("columns, subscribe_by", [(None, None), (("id", "b", "c"), None), (None, "a")])
 def test_update_runs_stand_for_the_operations_update_makes_of_each_row(columns, subscribe_by):
     """View.update_runs compares the columns of most rows in C and picks

@@ -21,7 +21,7 @@ from agent.outbound import BatchSend
 from agent.spark.export import export_batch
 from benchmarks.spark_world import build_world, subscriber_names
 from codec.keys import SiteKeys
-from codec.ops import Operation
+from codec.ops import Operation, change_of
 from codec.packing import pack_messages
 from contrib.spark.job import run_job
 
@@ -193,7 +193,9 @@ def test_a_range_across_a_publication_dropped_is_byte_identical_to_the_agent(spa
     """The removal of a publication's articles (docs/site-database.md,
     "Removing an article") goes to the remotes its row lists, those
     extracted then, from the job as from the agent; the others get nothing
-    of it."""
+    of it.  The rows of its tables logged before it are read with the
+    articles as they were (export format 7's ``removed``), and the
+    publication's subscriptions as they were (ended, not deleted)."""
     site = build_world(tmp_path, 3_000, 4, seed=17)
     names = subscriber_names(4)
     for name in names[:2]:
@@ -207,6 +209,13 @@ def test_a_range_across_a_publication_dropped_is_byte_identical_to_the_agent(spa
     sends = [BatchSend(name, 0, end, 0) for name in names]
     for subscriber, versions in same_files_as_the_agent(site, spark, tmp_path, sends).items():
         assert (3 in versions) == (subscriber in names[:2]), subscriber  # the change, version 3
+    (removed,) = json.loads((tmp_path / "export" / "job.json").read_text())["removed"]
+    change = next(t.commit for t in site.read_log(names[0], 0, end) if change_of(t) is not None)
+    assert removed == {"table": "product", "publication": "catalog", "columns": '["sku", "name", "price"]',
+                       "subscribe_by": None, "until": change}
+    for name in (names[0], names[2]):  # extracted or not, subscribed to catalog until the drop
+        tables = {op.table for t in site.read_log(name, 0, end) for op in t.ops if isinstance(op, Operation)}
+        assert "product" in tables, name
     site.close()
 
 

@@ -237,8 +237,9 @@ def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, 
 
 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> list[tuple[str, str]]:
-    """Drop publication ``name``, its articles and its subscriptions;
-    returns the articles removed: ``(shown table, publication)``, those
+    """Drop publication ``name`` and its articles (not its subscriptions:
+    article_drops.send_article_drops_in ends them); returns the articles
+    removed: ``(shown table, publication)``, those
     that follow a parent before it (the order a remote can remove them in)."""
     if not _publication_exists(conn, name):
         raise UnknownPublication(f"no publication named {name!r}")
@@ -250,7 +251,6 @@ def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> l
     for row in rows:
         _remove(conn, target, *row)  # the articles that follow first: their parents' routes go with them
     route.install_moves(conn)
-    conn.execute("DELETE FROM fieldsync.subscription WHERE publication = %s", (name,))
     conn.execute("DELETE FROM fieldsync.publication WHERE name = %s", (name,))
     return [(shown_table(schema, table), name) for schema, table, _oid, _publication in rows]
 

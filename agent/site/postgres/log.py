@@ -180,7 +180,10 @@ def cut_in(conn: psycopg.Connection, origin: str) -> Cut:
         member_rows.append((end, position, txid, writer_origin))
         position += 1
         if alone:  # a log transaction of its own, whatever comes next
-            (changes if change else ended).append((end, txid))
+            if change:
+                changes.append((end, txid))
+            if txid in ending:  # a subscription change's DELETEs, or a dropped publication's change
+                ended.append((end, txid))
             last_origin = object()
     with conn.cursor() as cursor:
         if log_rows:

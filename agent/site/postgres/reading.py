@@ -44,6 +44,17 @@ def article_rows(conn: psycopg.Connection) -> list[tuple]:
     return sorted(rows, key=lambda row: table_order(row[0]))
 
 
+def removed_articles(conn: psycopg.Connection) -> list[tuple]:
+    """The articles removed since the log's truncation point, as
+    :func:`article_rows` reads them with the commit offset of their removal
+    last (None: no cut has given it one yet; agent.site.selection.plan_from_rows)."""
+    return [(table, publication, columns, ROUTE if routed else subscribe_by, until)
+            for table, publication, columns, subscribe_by, routed, until in conn.execute(
+                "SELECT r.table_name, r.publication, r.columns, r.subscribe_by, r.routed, c.commit_offset"
+                " FROM fieldsync.removed_article r JOIN fieldsync.schema_change c ON c.txid = r.txid"
+                " ORDER BY c.commit_offset NULLS LAST, r.txid")]
+
+
 def subscription_rows(conn: psycopg.Connection, remotes: Iterable[str] | None) -> dict[str, list[tuple]]:
     """The subscriptions of ``remotes`` (None: of every remote), ended ones
     included, as ``remote -> [(publication, value, since, until)]`` by
@@ -96,7 +107,7 @@ def reader_rows(conn: psycopg.Connection, identity: SiteIdentity, subscribers: l
     if subscribers is not None:
         check_remotes(conn, identity, subscribers)
     return ReaderRows(every_shape(conn), article_rows(conn), subscription_rows(conn, subscribers),
-                      returned_columns(conn), table_renames(conn))
+                      returned_columns(conn), table_renames(conn), removed_articles(conn))
 
 
 def concern_rows(conn: psycopg.Connection) -> ConcernRows:
@@ -104,7 +115,9 @@ def concern_rows(conn: psycopg.Connection) -> ConcernRows:
     (agent.site.reading.concerned_indexes), inside the caller's snapshot:
     the subscription rows are asked for once the range's rows are known,
     and only those that can match (agent.site.concern.Concern.wanted)."""
-    return ConcernRows(article_rows(conn), table_renames(conn), lambda found: _concerned_subscriptions(conn, found))
+    # A removed article still concerns the log transactions before its removal.
+    articles = article_rows(conn) + [row[:4] for row in removed_articles(conn)]
+    return ConcernRows(articles, table_renames(conn), lambda found: _concerned_subscriptions(conn, found))
 
 
 def _concerned_subscriptions(conn: psycopg.Connection, found: Concern) -> dict[str, list[tuple]]:

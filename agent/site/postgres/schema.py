@@ -22,9 +22,9 @@ Rules of this file:
   ``conflict_policy``, ``returned``; layout 4: ``remote.peer_schema_version``;
   layout 5: ``returned`` without a foreign key; layout 6: follows; layout 8:
   ``applied``; layout 9: ``schema_change``, ``table_send``; layout 10:
-  ``subscription_change``) has the columns of a SQLite site's
-  tables (agent/site/sqlite/schema.py) in PostgreSQL's types: times are
-  ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
+  ``subscription_change``; layout 11: ``removed_article``) has the columns
+  of a SQLite site's tables (agent/site/sqlite/schema.py) in PostgreSQL's
+  types: times are ``timestamptz``, offsets ``bigint``, blobs ``bytea``.
 * Each shape has two partial indexes on the capture table by key
   (:func:`shape_indexes`, made with the shape: capture.py), as a SQLite
   consolidated has.
@@ -78,7 +78,13 @@ CHANGE_ROWS = "coalesce(steps -> 0 ->> 0, '') <> 'passthrough'"
 # 10: ``subscription_change``, a subscription ended through a remote's
 #    stream whose DELETEs no cut has given a log transaction yet
 #    (resubscribe.py).
-SCHEMA_VERSION = 10
+# 11: ``removed_article``, the articles removed where extracted remotes held
+#    them, read for the log transactions before their removal; a
+#    subscription of a dropped publication ends instead of going, so
+#    ``subscription.publication`` no longer references ``publication``,
+#    and ``subscription_change`` is keyed by transaction and subscription
+#    (docs/site-database.md, "Removing an article").
+SCHEMA_VERSION = 11
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -396,6 +402,25 @@ CREATE TABLE IF NOT EXISTS fieldsync.subscription_change (
 );
 """
 
+# Layout 11: an article removed where extracted remotes held its table, as
+# reading.article_rows reads it (``routed``: it followed its parent), holds for the log transactions before the
+# change that removed it (found by its writing transaction, ``txid``, until
+# a cut gives it its offset); truncation past the change deletes it.
+_REMOVED_ARTICLES = """
+CREATE TABLE IF NOT EXISTS fieldsync.removed_article (
+    table_name   text NOT NULL,
+    publication  text NOT NULL,
+    columns      text,
+    subscribe_by text,
+    routed       boolean NOT NULL,
+    txid         xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id()
+);
+ALTER TABLE fieldsync.subscription DROP CONSTRAINT IF EXISTS subscription_publication_fkey;
+-- A publication dropped ends each of its subscriptions in one transaction.
+ALTER TABLE fieldsync.subscription_change DROP CONSTRAINT IF EXISTS subscription_change_pkey;
+ALTER TABLE fieldsync.subscription_change ADD PRIMARY KEY (txid, ends);
+"""
+
 
 def _upgrade_to_3(conn: psycopg.Connection) -> None:
     conn.execute(_APPLY)
@@ -408,7 +433,8 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
     3: "ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS peer_schema_version bigint"
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
     4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS,
-    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED, 8: _SCHEMA_CHANGES, 9: _SUBSCRIPTION_CHANGES}
+    6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED, 8: _SCHEMA_CHANGES, 9: _SUBSCRIPTION_CHANGES,
+    10: _REMOVED_ARTICLES}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -430,6 +456,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             conn.execute(_APPLIED)
             conn.execute(_SCHEMA_CHANGES)
             conn.execute(_SUBSCRIPTION_CHANGES)
+            conn.execute(_REMOVED_ARTICLES)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.

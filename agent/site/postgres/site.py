@@ -221,15 +221,19 @@ class PostgresSite(RemoteUsers):
                        now: datetime | None = None) -> tuple[str, ...]:
         """Stop publishing ``table`` in ``publication`` (None: in every one); its capture goes with its last."""
         with self._transaction(f"unpublishing table {table!r}") as conn:  # and telling the remotes
+            held = {row[:2]: row for row in reading.article_rows(conn)}  # as they are before they go
             removed = catalogue.remove_article(conn, self.target, table, publication)
             to = article_drops_to(conn, [held for _, held in removed])  # its subscriptions stay
-            return send_article_drops_in(conn, self._identity.name, removed, to, now or utc_now())
+            return send_article_drops_in(conn, self._identity.name, [held[pair] for pair in removed], to,
+                                         now or utc_now())
 
     def drop_publication(self, name: str, *, now: datetime | None = None) -> tuple[str, ...]:
         with self._transaction(f"dropping publication {name!r}") as conn:
             to = article_drops_to(conn, [name])
+            held = {row[:2]: row for row in reading.article_rows(conn)}  # as they are before they go
             removed = catalogue.drop_publication(conn, self.target, name)
-            return send_article_drops_in(conn, self._identity.name, removed, to, now or utc_now())
+            return send_article_drops_in(conn, self._identity.name, [held[pair] for pair in removed], to,
+                                         now or utc_now(), dropped=name)
 
     def declared_type(self, table: str, column: str) -> str | None:
         """What a SQLite copy of ``table.column`` declares, by the types table
@@ -424,6 +428,10 @@ class PostgresSite(RemoteUsers):
         name now (change_rows.table_renames)."""
         with self._transaction("reading the table renames") as conn:
             return reading.table_renames(conn)
+
+    def removed_articles(self) -> list[tuple]:
+        with self._transaction("reading the removed articles") as conn:
+            return reading.removed_articles(conn)
 
     def check_log_range(self, after: int, until: int) -> None:
         """Raise as :meth:`read_log` would for the range ``(after, until]``."""

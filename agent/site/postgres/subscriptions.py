@@ -109,9 +109,10 @@ def change_subscription(conn: psycopg.Connection, identity: SiteIdentity, remote
 
 
 def list_subscriptions(conn: psycopg.Connection, remote: str | None = None) -> tuple[Subscription, ...]:
-    """The subscriptions that hold (ended ones are history, kept for the log's readers)."""
-    query = (f"SELECT remote, publication, {VALUE_COLUMNS}, created_at FROM fieldsync.subscription"
-             " WHERE until IS NULL")
+    """The subscriptions that hold (ended ones are history, kept for the log's
+    readers; so are those of a dropped publication, which the next cut ends)."""
+    query = (f"SELECT remote, publication, {VALUE_COLUMNS}, created_at FROM fieldsync.subscription s"
+             " WHERE until IS NULL AND EXISTS (SELECT 1 FROM fieldsync.publication p WHERE p.name = s.publication)")
     params: tuple = ()
     if remote is not None:
         query += " AND remote = %s"
@@ -180,6 +181,9 @@ def matching(conn: psycopg.Connection, publication: str, value: Value) -> int | 
 def forget_before(conn: psycopg.Connection, bound: int) -> None:
     """After truncation through ``bound``: subscriptions that ended at or
     below it no longer concern any read (every read starts above it), nor
-    does a start at or below it (as on SQLite, agent.site.sqlite.log)."""
+    does a start at or below it, nor an article removed at or below it
+    (as on SQLite, agent.site.sqlite.log)."""
     conn.execute("DELETE FROM fieldsync.subscription WHERE until <= %s", (bound,))
     conn.execute("UPDATE fieldsync.subscription SET since = 0 WHERE since > 0 AND since <= %s", (bound,))
+    conn.execute("DELETE FROM fieldsync.removed_article r USING fieldsync.schema_change c"
+                 " WHERE c.txid = r.txid AND c.commit_offset <= %s", (bound,))  # likewise

@@ -36,7 +36,7 @@ from .extract import published_table_sql
 from .log import cut_locked, log_end
 from .publications import drop_publication_locked, remove_article_locked
 from .schema import SCHEMA_ROWS
-from .route import follows
+from .route import ARTICLE_ROWS, follows
 from .selection import renames
 
 
@@ -483,12 +483,15 @@ def unpublish_locked(conn: sqlite3.Connection, identity: SiteIdentity, made_at: 
     or drop ``publication`` whole (``table`` None), and send the articles
     removed to the extracted remotes that hold them
     (:func:`send_article_drops_locked`); returns those remotes."""
+    held = {(row[0].lower(), row[1]): row for row in conn.execute(ARTICLE_ROWS)}  # as they are before they go
     if table is None:
         to = article_drops_to(conn, identity, [publication])
-        return send_article_drops_locked(conn, identity, drop_publication_locked(conn, publication), to, made_at)
-    removed = remove_article_locked(conn, table, publication)
-    to = article_drops_to(conn, identity, [held for _, held in removed])  # its subscriptions stay
-    return send_article_drops_locked(conn, identity, removed, to, made_at)
+        removed = drop_publication_locked(conn, publication)
+    else:
+        removed = remove_article_locked(conn, table, publication)
+        to = article_drops_to(conn, identity, [held for _, held in removed])  # its subscriptions stay
+    rows = [held[name.lower(), publication] for name, publication in removed]
+    return send_article_drops_locked(conn, identity, rows, to, made_at, dropped=publication if table is None else None)
 
 
 def article_drops_to(conn: sqlite3.Connection, identity: SiteIdentity, publications: Iterable[str]
@@ -508,16 +511,28 @@ def article_drops_to(conn: sqlite3.Connection, identity: SiteIdentity, publicati
     return found
 
 
-def send_article_drops_locked(conn: sqlite3.Connection, identity: SiteIdentity, removed: list[tuple[str, str]],
-                              to: dict[str, list[str]], made_at: str) -> tuple[str, ...]:
-    """Right after the articles ``removed`` (``(table, publication)``) went,
+def send_article_drops_locked(conn: sqlite3.Connection, identity: SiteIdentity, removed: list[tuple],
+                              to: dict[str, list[str]], made_at: str, *, dropped: str | None = None) -> tuple[str, ...]:
+    """Right after the articles ``removed`` (their ARTICLE_ROWS) went,
     inside the same write transaction: send each to ``to``, the remotes
     :func:`article_drops_to` found for its publication before, as a change
     of ``drop_article`` steps alone in its log transaction, so that they
     stop capturing the table (docs/site-database.md, "Removing an
-    article").  Returns the remotes it reaches, sorted."""
-    change = drop_change(removed, to, renames(conn))
+    article").  The articles sent, and the subscriptions of a publication
+    ``dropped`` whole, hold for the log transactions before the change:
+    a remote that has not read them yet is sent them as they were
+    logged.  Returns the remotes it reaches, sorted."""
+    change = drop_change([row[:2] for row in removed], to, renames(conn))
+    offset = None
     if change.steps:
         cut_locked(conn, identity.name)  # what was captured before: the change is alone in its log transaction
-        write_change(conn, identity, ShapeCache(conn), change.steps, {}, {}, change.steps, None, made_at, change.to)
+        offset, _ = write_change(conn, identity, ShapeCache(conn), change.steps, {}, {}, change.steps, None, made_at,
+                                 change.to)
+        conn.executemany("INSERT INTO fieldsync_removed_article (table_name, publication, columns, subscribe_by,"
+                         " until) VALUES (?, ?, ?, ?, ?)", [(*row, offset) for row in removed if row[1] in change.to])
+    if dropped is not None and dropped in change.to:
+        conn.execute("UPDATE fieldsync_subscription SET until = ? WHERE publication = ? AND until IS NULL",
+                     (offset, dropped))
+    elif dropped is not None:  # no remote reads it any more
+        conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (dropped,))
     return change.reached

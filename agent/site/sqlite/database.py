@@ -57,9 +57,9 @@ from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_re
                       record_stream_stopped_locked, remove_remote_locked, replaced_incarnations, update_remote_locked,
                       update_remotes_locked)
 from .resubscribe import change_locked
-from .route import ARTICLE_ROWS
 from .schema import SecretStore, init_database, open_database, read_identity
-from .selection import SubscriberReader, concern_rows, reader_rows, renames, selection_plan, subscriber_reader
+from .selection import (SubscriberReader, concern_rows, export_rows, reader_rows, removed_articles, renames,
+                        subscriber_reader)
 from .settings import read_all_options, read_options, set_transport_locked
 
 
@@ -335,13 +335,17 @@ class SiteDatabase:
         publication, columns JSON, subscribe_by or route.ROUTE) and the subscribers' subscription rows (remote,
         publication, value, since, until), ended ones included.  Raises for an unknown remote."""
         with self._lock, self._read("reading publications for a batch export"):
-            articles, subscriptions = _export_rows(self._conn, self._identity, list(subscribers))
+            articles, subscriptions = export_rows(self._conn, self._identity, list(subscribers))
             return all_shapes(self._conn), articles, subscriptions
 
     def table_renames(self) -> dict[str, str]:
         """The changes made here (the consolidated) or applied (a remote), in order."""
         with self._lock, self._read("reading the table renames"):
             return renames(self._conn)
+
+    def removed_articles(self) -> list[tuple]:
+        with self._lock, self._read("reading the removed articles"):
+            return removed_articles(self._conn)
 
     def check_log_range(self, after: int, until: int) -> None:
         """Raise as :meth:`read_log` would for the range ``(after, until]``."""
@@ -584,17 +588,3 @@ class SiteDatabase:
             yield self.extract(extraction.remote, extraction.path, keys=extraction.keys, now=now,
                                options=extraction.options)
 
-
-def _export_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]
-                ) -> tuple[list[tuple], list[tuple]]:
-    """What a batch export carries to select for ``subscribers``: the
-    article rows (ARTICLE_ROWS, by table) and their subscription rows
-    (remote, publication, value, since, until), ended ones included.
-    Raises for an unknown remote."""
-    for name in subscribers:
-        selection_plan(conn, identity, name)  # checks the remote exists
-    articles = conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
-    subscriptions = [row for name in subscribers for row in conn.execute(
-        "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
-        " ORDER BY publication, rowid", (name,))]
-    return articles, subscriptions

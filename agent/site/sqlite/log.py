@@ -314,6 +314,7 @@ def truncate_locked(conn: sqlite3.Connection) -> int:
     # Subscriptions that ended at or below the bound no longer concern any
     # read (every read starts above it), nor does a start at or below it.
     conn.execute("DELETE FROM fieldsync_subscription WHERE until <= ?", (bound,))
+    conn.execute("DELETE FROM fieldsync_removed_article WHERE until <= ?", (bound,))  # likewise
     conn.execute("UPDATE fieldsync_subscription SET since = 0 WHERE since > 0 AND since <= ?", (bound,))
     conn.execute("UPDATE fieldsync_site SET truncated_through = ? WHERE id = 1", (bound,))
     return bound

@@ -139,8 +139,8 @@ def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
         conn.execute("UPDATE fieldsync_article SET shape = ? WHERE table_name = ?", (shape, table))
 
 def drop_publication_locked(conn: sqlite3.Connection, name: str) -> list[tuple[str, str]]:
-    """Drop publication ``name``, its articles and its subscriptions;
-    returns the articles removed: ``(table, publication)``, those that
+    """Drop publication ``name`` and its articles (not its subscriptions:
+    changes.send_article_drops_locked ends them); returns the articles removed: ``(table, publication)``, those that
     follow a parent before it (the order a remote can remove them in)."""
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {name!r}")
@@ -153,7 +153,6 @@ def drop_publication_locked(conn: sqlite3.Connection, name: str) -> list[tuple[s
     for table, routed in tables:
         _after_removal(conn, table, bool(routed))
     install_moves(conn)
-    conn.execute("DELETE FROM fieldsync_subscription WHERE publication = ?", (name,))
     conn.execute("DELETE FROM fieldsync_publication WHERE name = ?", (name,))
     return [(table, name) for table, _ in tables]
 

@@ -59,7 +59,10 @@ log = logging.getLogger("fieldsync.site")
 # 14: fieldsync_log.applied, for the log transaction of an apply that wrote
 #    rows back to the peer: the peer's offset the apply reached (docs/protocol.md,
 #    "What a data message says of the recipient's own changes").
-SCHEMA_VERSION = 14
+# 15: fieldsync_removed_article, the articles removed where extracted remotes
+#    held them, read for the log transactions before their removal
+#    (docs/site-database.md, "Removing an article").
+SCHEMA_VERSION = 15
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -239,6 +242,18 @@ SCHEMA_CHANGE_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_schema_change (\n"
                        "    made_at       TEXT NOT NULL\n)")
 
 
+# An article the consolidated removed where extracted remotes held its
+# table, as ARTICLE_ROWS reads it: it still holds for the log transactions
+# before ``until``, the commit offset of the change that removed it, and
+# goes when the log is truncated past it (docs/site-database.md, "Removing
+# an article").
+REMOVED_ARTICLE_TABLE = ("CREATE TABLE IF NOT EXISTS fieldsync_removed_article (\n"
+                         "    table_name   TEXT NOT NULL,\n"
+                         "    publication  TEXT NOT NULL,\n"
+                         "    columns      TEXT,\n"
+                         "    subscribe_by TEXT,\n"
+                         "    until        INTEGER NOT NULL\n)")
+
 # The rows of fieldsync_schema_change that are schema changes: a
 # passthrough (its steps all ``passthrough``: docs/site-database.md,
 # "Passthrough") is recorded there too, but it changes no schema, so it is
@@ -250,7 +265,7 @@ def _create_statements() -> list[str]:
     value_columns = ",\n    ".join(value_column(i) for i in range(INITIAL_VALUE_COLUMNS))
     text = (_TABLES.replace("{site}", SITE_TABLE).replace("{value_columns}", value_columns)
             .replace("{replaced_copy}", REPLACED_COPY_TABLE).replace("{applying}", APPLYING_TABLE + ";")
-            .replace("{schema_change}", SCHEMA_CHANGE_TABLE)
+            .replace("{schema_change}", SCHEMA_CHANGE_TABLE + ";\n" + REMOVED_ARTICLE_TABLE)
             .replace("{apply_error_open}", APPLY_ERROR_OPEN_INDEX))
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
@@ -476,11 +491,17 @@ def _add_log_applied(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE fieldsync_log ADD COLUMN applied INTEGER")
 
 
+def _add_removed_articles(conn: sqlite3.Connection) -> None:
+    """Layout 15: the articles removed, for the log transactions before
+    their removal (those removed before were read as gone)."""
+    conn.execute(REMOVED_ARTICLE_TABLE)
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
              5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
              9: _add_follows, 10: _add_schema_changes, 11: _add_peer_schema_version,
-             12: _key_articles_by_publication, 13: _add_log_applied}
+             12: _key_articles_by_publication, 13: _add_log_applied, 14: _add_removed_articles}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

@@ -30,7 +30,30 @@ def selection_plan(conn: sqlite3.Connection, identity: SiteIdentity, subscriber:
     articles = conn.execute(ARTICLE_ROWS).fetchall()
     subscriptions = conn.execute("SELECT publication, value, since, until FROM fieldsync_subscription"
                                  " WHERE remote = ?", (subscriber,)).fetchall()
-    return plan_from_rows(subscriber, identity.role, articles, subscriptions, renames(conn))
+    return plan_from_rows(subscriber, identity.role, articles, subscriptions, renames(conn), removed_articles(conn))
+
+
+def removed_articles(conn: sqlite3.Connection) -> list[tuple]:
+    """The articles removed since the log's truncation point, as
+    ARTICLE_ROWS reads them with the commit offset of their removal last
+    (agent.site.selection.plan_from_rows)."""
+    return conn.execute("SELECT table_name, publication, columns, subscribe_by, until FROM fieldsync_removed_article"
+                        " ORDER BY until, rowid").fetchall()
+
+
+def export_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]
+                ) -> tuple[list[tuple], list[tuple]]:
+    """What a batch export carries to select for ``subscribers``: the
+    article rows (ARTICLE_ROWS, by table) and their subscription rows
+    (remote, publication, value, since, until), ended ones included.
+    Raises for an unknown remote."""
+    for name in subscribers:
+        selection_plan(conn, identity, name)  # checks the remote exists
+    articles = conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
+    subscriptions = [row for name in subscribers for row in conn.execute(
+        "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
+        " ORDER BY publication, rowid", (name,))]
+    return articles, subscriptions
 
 
 def renames(conn: sqlite3.Connection) -> dict[str, str]:
@@ -68,7 +91,7 @@ def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: l
             parameters):
         subscriptions.setdefault(remote, []).append((publication, value, since, until))
     return ReaderRows(all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(), subscriptions,
-                      _returned_columns(conn), renames(conn))
+                      _returned_columns(conn), renames(conn), removed_articles(conn))
 
 
 def _returned_columns(conn: sqlite3.Connection) -> Callable[[int], str | None]:
@@ -99,4 +122,6 @@ def concern_rows(conn: sqlite3.Connection) -> ConcernRows:
             rows.setdefault(remote, []).append((publication, value, since, until))
         return rows
 
-    return ConcernRows(conn.execute(ARTICLE_ROWS).fetchall(), renames(conn), subscriptions)
+    # A removed article still concerns the log transactions before its removal.
+    articles = conn.execute(ARTICLE_ROWS).fetchall() + [row[:4] for row in removed_articles(conn)]
+    return ConcernRows(articles, renames(conn), subscriptions)

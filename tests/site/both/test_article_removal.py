@@ -101,6 +101,61 @@ def test_a_dropped_publication_reaches_a_remote_that_reads_its_stream_later(back
         assert south1.connection.execute("SELECT count(*) FROM customer").fetchone() == (3,)
 
 
+def test_rows_logged_before_a_removal_reach_a_remote_that_reads_them_after_it(backend, hq, tmp_path: Path):
+    """A removed article holds for the log transactions before its removal:
+    a remote that had not read them yet gets them, in order, then the
+    removal; what the consolidated writes to the table afterwards is not
+    sent (it is not captured any more).  A read of many remotes at once
+    (the fan-out of a send phase) selects the same."""
+    paths = {name: hq.extract(name, tmp_path / f"{name}.db").path for name in ("north1", "south1")}
+    start = hq.scan()
+    app = backend.app()
+    app.run("UPDATE customer SET name = 'late' WHERE id IN (1, 2)",
+            ("INSERT INTO customer (id, name, region) VALUES (%s, %s, %s)", (8, "new", "north")))
+    hq.scan()
+    assert hq.remove_article("customer") == ("north1", "south1")
+    app.run("UPDATE customer SET name = 'after' WHERE id IN (1, 2)")
+    end = hq.scan()
+    alone = {name: list(hq.read_log(name, start, end)) for name in ("north1", "south1")}
+    together = {name: [] for name in ("north1", "south1")}
+    for index, transaction in hq.read_logs([("north1", start, end), ("south1", start, end)]):
+        together[("north1", "south1")[index]].append(transaction)
+    assert together == alone
+    for name, wanted in (("north1", [(2, "late"), (4, "c4"), (6, "c6"), (8, "new")]),
+                         ("south1", [(1, "late"), (3, "c3"), (5, "c5")])):
+        assert [change_of(t) for t in alone[name]][-1] == SchemaChange((("drop_article", "customer", "sales"),), ())
+        with SiteDatabase.open(paths[name]) as remote:
+            deliver(hq, remote, end)
+            assert remote.connection.execute("SELECT id, name FROM customer ORDER BY id").fetchall() == wanted
+            assert articles(remote) == ([("catalog", "line")] if name == "north1" else []) + [("sales", "line")]
+    assert hq.open_apply_errors() == {}
+
+
+def test_a_dropped_publication_holds_for_what_was_logged_before_it(backend, hq, tmp_path: Path):
+    """Its articles and its subscriptions (ended, not deleted) hold for the
+    log transactions before the drop, for a remote that reads them later;
+    once every remote confirmed past the drop, truncation forgets them."""
+    path = hq.extract("south1", tmp_path / "south1.db").path
+    start = hq.scan()
+    backend.app().run("UPDATE customer SET name = 'late' WHERE id = 3", "UPDATE line SET qty = 7")
+    hq.scan()
+    assert hq.drop_publication("sales") == ("south1",)
+    assert hq.subscriptions("south1") == ()  # ended (on PostgreSQL, by the next cut)
+    end = hq.scan()
+    with SiteDatabase.open(path) as south1:
+        deliver(hq, south1, end)
+        assert south1.connection.execute("SELECT id, name FROM customer ORDER BY id").fetchall() == [
+            (1, "c1"), (3, "late"), (5, "c5")]
+        assert south1.connection.execute("SELECT qty FROM line").fetchall() == [(7,)]
+        assert articles(south1) == []
+    assert len(hq.removed_articles()) == 2
+    for remote in REGIONS:
+        hq.update_remote(remote, log_sent=end, confirm_sent=end)
+    assert hq.truncate_log() == end
+    assert hq.removed_articles() == []
+    assert list(hq.read_log("south1", end)) == []
+
+
 def test_a_table_the_remote_gets_through_another_publication_stays_captured_there(backend, hq, tmp_path: Path):
     path = hq.extract("north1", tmp_path / "north1.db").path
     start = hq.scan()
@@ -147,23 +202,28 @@ def test_what_a_remote_captured_before_it_applied_the_removal_is_dropped_at_the_
     assert result.errors == 0 and backend.rows("customer", "id, name", "WHERE id = 2") == [(2, "again")]
 
 
-def test_a_remote_that_missed_a_rename_before_the_removal_stops_capturing_the_table_by_its_old_name(
+def test_a_remote_that_had_not_read_a_rename_before_the_removal_applies_it_then_the_removal(
         backend, hq, tmp_path: Path):
-    """The rename, logged before the removal and read after it, no longer
-    concerns the remote (the table has no article then): the removal names
-    every name the table had (change_rows.drop_change)."""
+    """The rename, logged before the removal and read after it, is read
+    with the article as it was then (the removed article holds for the log
+    transactions before its removal): the remote renames its table, then
+    removes it.  The removal names every name the table had as well
+    (change_rows.drop_change); a remote ignores a name it has no article of."""
     path = hq.extract("north1", tmp_path / "north1.db").path
     start = hq.scan()
     hq.apply_schema(["ALTER TABLE line RENAME TO order_line"])
     assert hq.remove_article("order_line") == ("north1",)
     end = hq.scan()
-    (change,) = changes(hq, "north1", start, end)
-    assert sorted(change.steps) == [("drop_article", "line", "catalog"), ("drop_article", "line", "sales"),
-                                    ("drop_article", "order_line", "catalog"), ("drop_article", "order_line", "sales")]
+    rename, removal = changes(hq, "north1", start, end)
+    assert [step[:3] for step in rename.steps] == [("rename_table", "line", "order_line")]
+    assert sorted(removal.steps) == [("drop_article", "line", "catalog"), ("drop_article", "line", "sales"),
+                                     ("drop_article", "order_line", "catalog"), ("drop_article", "order_line", "sales")]
     with SiteDatabase.open(path) as north1:
         deliver(hq, north1, end)
         assert articles(north1) == [("sales", "customer")]
-        north1.connection.execute("UPDATE line SET qty = 4")
+        assert north1.connection.execute("SELECT order_id, line_no, sku FROM order_line").fetchall() == \
+            backend.rows("order_line", "order_id, line_no, sku")
+        north1.connection.execute("UPDATE order_line SET qty = 4")
         assert sent_tables(north1) == set()
 
 

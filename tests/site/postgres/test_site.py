@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.site import AlreadyASite, InvalidSetting, NotASite, Role, SiteError, UnsupportedSiteVersion, WrongRole
+from agent.site import (AlreadyASite, Article, InvalidSetting, NotASite, Role, SiteError, UnsupportedSiteVersion,
+                        WrongRole)
 from agent.site.postgres.connect import connect
 from agent.site.postgres.schema import SCHEMA_VERSION, schema_installed
 from agent.site.postgres.site import PostgresSite
@@ -42,7 +43,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 10
+        assert layout == SCHEMA_VERSION == 11
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -365,6 +366,30 @@ def test_truncation_forgets_subscription_offsets_below_it(hq, app):
     held = conn.execute("SELECT value_text, since, until FROM fieldsync.subscription ORDER BY id").fetchall()
     assert held == [("south", 0, None), ("east", offsets[2], None)]
     assert [item.value for item in hq.subscriptions("r1")] == ["south", "east"]
+
+def test_open_upgrades_layout_10_with_the_removed_articles(hq, target):
+    """Layout 11: ``fieldsync.removed_article`` (none kept before), a
+    subscription's publication no longer a foreign key (a dropped
+    publication's subscriptions end), and ``subscription_change`` keyed by
+    transaction and subscription (a drop ends several in one)."""
+    hq.create_publication("sales", [Article("customer")])
+    hq.add_remote("r1")
+    hq.subscribe("r1", "sales")
+    _back_to_layout(hq, target, 10, "DROP TABLE fieldsync.removed_article",
+                    "ALTER TABLE fieldsync.subscription ADD CONSTRAINT subscription_publication_fkey"
+                    " FOREIGN KEY (publication) REFERENCES fieldsync.publication (name)",
+                    "ALTER TABLE fieldsync.subscription_change DROP CONSTRAINT subscription_change_pkey",
+                    "ALTER TABLE fieldsync.subscription_change ADD PRIMARY KEY (txid)")
+    with PostgresSite.open(target) as site:
+        assert _layout(site) == SCHEMA_VERSION
+        assert site.removed_articles() == []
+        keys = site.connection.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid IN"
+            " ('fieldsync.subscription'::regclass, 'fieldsync.subscription_change'::regclass)"
+            " AND contype IN ('f', 'p') ORDER BY conname").fetchall()
+        assert keys == [("subscription_change_pkey", "PRIMARY KEY (txid, ends)"),
+                        ("subscription_pkey", "PRIMARY KEY (id)")]
+
 
 # The methods are held to the Site interface's, with SiteDatabase's, by tests/site/test_interface.py.
 
