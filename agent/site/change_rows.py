@@ -131,6 +131,26 @@ def subscriber_change(value: object, article_of: Callable[[str], Article | None]
     return SchemaChange(tuple(step for step, _final in kept), tuple(shapes))
 
 
+def addressed(value: object) -> frozenset[str] | None:
+    """The only subscribers the change whose capture row holds ``value`` can
+    concern, when each of its steps names its own: the remote a passthrough
+    step names, the remotes ``to`` lists for a ``drop_article`` step's
+    publication.  None: a step on a table, which concerns any subscriber
+    of it (agent.site.concern)."""
+    if type(value) is not str:
+        return None
+    change, _finals, to = _parsed(value)
+    named: set[str] = set()
+    for step in change["steps"]:
+        if step[0] == PASSTHROUGH:
+            named.add(step[1])
+        elif step[0] == DROP_ARTICLE:
+            named.update(to.get(step[2], ()))
+        else:
+            return None
+    return frozenset(named)
+
+
 class DropChange(NamedTuple):
     """What removing articles sends (:func:`drop_change`): the
     ``drop_article`` steps, the remotes of each of their publications

@@ -12,7 +12,9 @@ Rules of this file:
   row by: a row goes to the subscribers of its table's publications that
   take every row, to those whose SUBSCRIBE BY value (or route, for a row
   that follows its parent) is its old or new value, and, written back to
-  its origin, to the origin; a schema change's row may concern anyone.
+  its origin, to the origin; a schema change's row may concern anyone,
+  but one whose steps each name their remotes (passthrough SQL, an
+  article removed) concerns those alone (change_rows.addressed).
   Subscribers left out would have been given nothing, so readers are made
   only for the others, and the result of a read is unchanged.
 * Bounded: past ``limit`` capture rows the answer is "anyone" (None), and
@@ -28,6 +30,7 @@ from types import MappingProxyType
 from typing import Iterable, Mapping
 
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_SCHEMA, KIND_UPDATE
+from .change_rows import addressed
 from .selection import Shapes, _columns
 from .view import View
 
@@ -41,12 +44,13 @@ CONCERN_MIN_SUBSCRIBERS = 16
 class Concern:
     """What the capture rows of a range can concern: every subscriber of the
     ``whole`` publications, those of a publication in ``values`` whose
-    SUBSCRIBE BY value is one of the values held there, and the ``origins``
-    of rows written back to them."""
+    SUBSCRIBE BY value is one of the values held there, the ``origins``
+    of rows written back to them, and the remotes changes ``named``."""
 
     whole: frozenset[str]
     values: Mapping[str, frozenset]
     origins: frozenset[str]
+    named: frozenset[str] = frozenset()
 
     def wanted(self) -> tuple[list[str], list[list]]:
         """What a backend asks its subscription rows for, a superset of the
@@ -88,6 +92,7 @@ def concern(shapes: Shapes, articles: Iterable[tuple], chunks: Iterable[tuple[in
     whole: set[str] = set()  # publications a row concerns every subscriber of
     values: dict[str, set] = {}  # publication -> SUBSCRIBE BY values the rows hold
     origins: set[str] = set()
+    named: set[str] = set()  # the remotes of changes that name theirs
     views: dict[tuple[int, str], View | None] = {}
     seen = 0
     for _commit, origin, rows in chunks:
@@ -97,7 +102,11 @@ def concern(shapes: Shapes, articles: Iterable[tuple], chunks: Iterable[tuple[in
         for row in rows:
             kind, flags = row[2], row[3]
             if kind == KIND_SCHEMA:
-                return None
+                remotes = addressed(row[4])
+                if remotes is None:
+                    return None
+                named.update(remotes)
+                continue
             if flags and flags & FLAG_RETURN_TO_ORIGIN:
                 origins.add(origin)
                 continue
@@ -118,7 +127,7 @@ def concern(shapes: Shapes, articles: Iterable[tuple], chunks: Iterable[tuple[in
                     if kind == KIND_UPDATE:
                         held.add(row[view.new_filter])
     return Concern(frozenset(whole), MappingProxyType({publication: frozenset(held) for publication, held
-                                                        in values.items()}), frozenset(origins))
+                                                        in values.items()}), frozenset(origins), frozenset(named))
 
 
 def concerned_by(found: Concern, subscriptions: Mapping[str, Iterable[tuple]], subscribers: Iterable[str],
@@ -128,7 +137,7 @@ def concerned_by(found: Concern, subscriptions: Mapping[str, Iterable[tuple]], s
     :meth:`Concern.wanted` names are enough) that ``found`` concerns, for a
     range after ``after``."""
     asked = subscribers if isinstance(subscribers, (set, frozenset)) else set(subscribers)
-    result = {origin for origin in found.origins if origin in asked}
+    result = {name for name in found.origins | found.named if name in asked}
     for subscriber, spans in subscriptions.items():
         if subscriber in result or subscriber not in asked:
             continue

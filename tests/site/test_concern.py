@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from agent.site.capture import (FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE, Shape,
                                 ShapeTable)
+from agent.site.change_rows import row_value
 from agent.site.concern import concerned
 
 SHAPES = ShapeTable([Shape(1, "customer", ("id", "region"), ("id",)), Shape(2, "note", ("id", "text"), ("id",))])
@@ -48,11 +49,22 @@ def test_a_row_written_back_concerns_its_origin():
 
 
 def test_a_schema_change_or_a_large_range_concerns_anyone():
-    schema = (6, 0, KIND_SCHEMA, 0, "{}")
+    schema = (6, 0, KIND_SCHEMA, 0, row_value([("add_column", "customer", "note", "TEXT", None)], {"customer": 1}, {}))
     assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(schema), 0) is None
     many = [(seq, 1, KIND_INSERT, 0, seq, "n") for seq in range(1, 12)]
     assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(*many), 0, limit=10) is None
     assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(*many), 0, limit=11) == {"north"}
+
+
+def test_a_change_whose_steps_each_name_their_remotes_concerns_those_alone():
+    """Passthrough steps name their remote, drop_article steps the remotes
+    of their publication (change_rows.addressed)."""
+    passthrough = (6, 0, KIND_SCHEMA, 0, row_value([("passthrough", "north", "UPDATE t SET a = 1")], {}, {}))
+    drop = (7, 0, KIND_SCHEMA, 0, row_value([("drop_article", "customer", "sales")], {}, {},
+                                            {"sales": ["gone", "north"]}))
+    assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(passthrough), 0) == {"north"}
+    assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, EVERYONE, rows(drop), 0) == {"north", "gone"}
+    assert concerned(SHAPES, ARTICLES, SUBSCRIPTIONS, ["north"], rows(passthrough, drop), 0) == {"north"}
 
 
 def test_only_the_subscribers_asked_about_are_named():

@@ -95,6 +95,24 @@ def test_no_subscriber_a_read_yields_for_is_left_out(backend, hq):
     assert concerned(hq, offsets[-2], offsets[-1]) < set(names())  # one step concerns few
 
 
+def test_a_change_whose_steps_name_their_remotes_concerns_those_alone(backend, hq, tmp_path):
+    """Passthrough SQL to one remote, an article removed where two were
+    extracted: only they read the range (change_rows.addressed); a change
+    of a published table may concern anyone, so everyone reads."""
+    for name in ("r03", "r18"):
+        hq.extract(name, tmp_path / f"{name}.db")
+    start = hq.scan()
+    hq.passthrough(["UPDATE customer SET name = 'mended' WHERE id = 1"], ["r03"])
+    after = hq.scan()
+    assert concerned(hq, start, after) == yielding(hq, start, after) == {"r03"}
+    assert hq.remove_article("line") == ("r18",)
+    end = hq.scan()
+    assert concerned(hq, after, end) == yielding(hq, after, end) == {"r18"}
+    assert concerned(hq, start, end) == {"r03", "r18"}
+    hq.apply_schema(["ALTER TABLE customer ADD COLUMN note text"])
+    assert concerned(hq, end, hq.scan()) == set(names())
+
+
 def test_a_range_the_log_cannot_serve_is_named_for_its_read_to_say_so(backend, hq):
     app = backend.app()
     start = hq.scan()
