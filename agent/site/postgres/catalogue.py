@@ -239,8 +239,8 @@ def _remove(conn: psycopg.Connection, target: PgTarget, schema: str, name: str, 
 def drop_publication(conn: psycopg.Connection, target: PgTarget, name: str) -> list[tuple[str, str]]:
     """Drop publication ``name`` and its articles (not its subscriptions:
     article_drops.send_article_drops_in ends them); returns the articles
-    removed: ``(shown table, publication)``, those
-    that follow a parent before it (the order a remote can remove them in)."""
+    removed: ``(shown table, publication)``, those that follow a parent
+    before it (the order a remote can remove them in)."""
     if not _publication_exists(conn, name):
         raise UnknownPublication(f"no publication named {name!r}")
     found = {shown_table(row[0], row[1]): row for row in conn.execute(

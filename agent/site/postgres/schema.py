@@ -403,9 +403,10 @@ CREATE TABLE IF NOT EXISTS fieldsync.subscription_change (
 """
 
 # Layout 11: an article removed where extracted remotes held its table, as
-# reading.article_rows reads it (``routed``: it followed its parent), holds for the log transactions before the
-# change that removed it (found by its writing transaction, ``txid``, until
-# a cut gives it its offset); truncation past the change deletes it.
+# reading.article_rows reads it (``routed``: it followed its parent), holds
+# for the log transactions before the change that removed it (found by its
+# writing transaction, ``txid``, until a cut gives it its offset);
+# truncation past the change deletes it.
 _REMOVED_ARTICLES = """
 CREATE TABLE IF NOT EXISTS fieldsync.removed_article (
     table_name   text NOT NULL,

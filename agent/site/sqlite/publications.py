@@ -140,8 +140,9 @@ def _after_removal(conn: sqlite3.Connection, table: str, routed: bool) -> None:
 
 def drop_publication_locked(conn: sqlite3.Connection, name: str) -> list[tuple[str, str]]:
     """Drop publication ``name`` and its articles (not its subscriptions:
-    changes.send_article_drops_locked ends them); returns the articles removed: ``(table, publication)``, those that
-    follow a parent before it (the order a remote can remove them in)."""
+    changes.send_article_drops_locked ends them); returns the articles
+    removed: ``(table, publication)``, those that follow a parent before it
+    (the order a remote can remove them in)."""
     if conn.execute("SELECT 1 FROM fieldsync_publication WHERE name = ?", (name,)).fetchone() is None:
         raise UnknownPublication(f"no publication named {name!r}")
     follows = dict(conn.execute("SELECT table_name, follows FROM fieldsync_article WHERE publication = ?"
