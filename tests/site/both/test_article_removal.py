@@ -106,14 +106,18 @@ def test_rows_logged_before_a_removal_reach_a_remote_that_reads_them_after_it(ba
     a remote that had not read them yet gets them, in order, then the
     removal; what the consolidated writes to the table afterwards is not
     sent (it is not captured any more).  A read of many remotes at once
-    (the fan-out of a send phase) selects the same."""
+    (the fan-out of a send phase) selects the same, and a range before the
+    removal read again after it (a message sent again) holds what it held."""
     paths = {name: hq.extract(name, tmp_path / f"{name}.db").path for name in ("north1", "south1")}
     start = hq.scan()
     app = backend.app()
     app.run("UPDATE customer SET name = 'late' WHERE id IN (1, 2)",
             ("INSERT INTO customer (id, name, region) VALUES (%s, %s, %s)", (8, "new", "north")))
-    hq.scan()
+    middle = hq.scan()
+    sent = {name: list(hq.read_log(name, start, middle)) for name in ("north1", "south1")}
     assert hq.remove_article("customer") == ("north1", "south1")
+    # Sent again after the removal, a range before it holds what it held.
+    assert {name: list(hq.read_log(name, start, middle)) for name in ("north1", "south1")} == sent
     app.run("UPDATE customer SET name = 'after' WHERE id IN (1, 2)")
     end = hq.scan()
     alone = {name: list(hq.read_log(name, start, end)) for name in ("north1", "south1")}
