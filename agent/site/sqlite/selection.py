@@ -47,8 +47,7 @@ def export_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: l
     article rows (ARTICLE_ROWS, by table) and their subscription rows
     (remote, publication, value, since, until), ended ones included.
     Raises for an unknown remote."""
-    for name in subscribers:
-        selection_plan(conn, identity, name)  # checks the remote exists
+    _check_remotes(conn, identity, subscribers)
     articles = conn.execute(ARTICLE_ROWS + " ORDER BY table_name").fetchall()
     subscriptions = [row for name in subscribers for row in conn.execute(
         "SELECT remote, publication, value, since, until FROM fieldsync_subscription WHERE remote = ?"
@@ -80,11 +79,8 @@ def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: l
     # consolidated of 100,000 is a few thousand of them).
     where, parameters = "", ()
     if subscribers is not None:
-        wanted = json.dumps(subscribers)
-        check_subscribers(identity, {name for (name,) in conn.execute(
-            "SELECT name FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))", (wanted,))},
-            subscribers)
-        where, parameters = " WHERE remote IN (SELECT value FROM json_each(?))", (wanted,)
+        _check_remotes(conn, identity, subscribers)
+        where, parameters = " WHERE remote IN (SELECT value FROM json_each(?))", (json.dumps(subscribers),)
     subscriptions: dict[str, list[tuple]] = {}
     for remote, publication, value, since, until in conn.execute(
             f"SELECT remote, publication, value, since, until FROM fieldsync_subscription{where} ORDER BY rowid",
@@ -92,6 +88,13 @@ def reader_rows(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: l
         subscriptions.setdefault(remote, []).append((publication, value, since, until))
     return ReaderRows(all_shapes(conn), conn.execute(ARTICLE_ROWS).fetchall(), subscriptions,
                       _returned_columns(conn), renames(conn), removed_articles(conn))
+
+
+def _check_remotes(conn: sqlite3.Connection, identity: SiteIdentity, subscribers: list[str]) -> None:
+    """Raise UnknownRemote for the first of ``subscribers`` that is no remote, in one query."""
+    known = {name for (name,) in conn.execute(
+        "SELECT name FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(subscribers),))}
+    check_subscribers(identity, known, subscribers)
 
 
 def _returned_columns(conn: sqlite3.Connection) -> Callable[[int], str | None]:
