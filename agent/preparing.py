@@ -1,6 +1,7 @@
 """Making the files of a send phase's sends and queueing them durably: on
 Spark for a large backlog (docs/spark.md), else packed here in one pass
-over the log (agent.outbound); and the control messages.  The send path
+over the log (agent.outbound), on packing workers from their threshold on
+(agent.pack_workers); and the control messages.  The send path
 (agent.sending) records the sends afterwards.
 
 Rules of this file:
@@ -27,7 +28,8 @@ from codec.message import EncodedMessage, encode_control_message
 
 from .contexts import Outbox
 from .errors import AgentError
-from .outbound import SEND_ERRORS, BatchSend, Packed, pack_sends
+from .outbound import SEND_ERRORS, BatchSend, Packed
+from .pack_workers import pack_due_sends, uses_workers
 from .pairs import Peer
 from .protocol import SendControl, SendData
 from .site import Role
@@ -164,10 +166,15 @@ class Preparer:
             send = batch_sends[index]
             outbox.queues.put_outbound(send.subscriber, message.name, message.data, send.resend_count)
 
+        options = outbox.options
+        if uses_workers(batch_sends, options.pack_workers, options.pack_workers_from):
+            log.info("packing %d sends (backlog %d log offsets) on %d workers", len(batch_sends),
+                     sum(send.backlog for send in batch_sends), min(options.pack_workers, len(batch_sends)))
         try:
             with outbox.queues.group_commit():
-                return pack_sends(outbox.db, outbox.keys, batch_sends, put, max_size=outbox.options.max_message_size,
-                                  version=outbox.options.message_format)
+                return pack_due_sends(outbox.db, outbox.keys, batch_sends, put, max_size=options.max_message_size,
+                                      version=options.message_format, workers=options.pack_workers,
+                                      workers_from=options.pack_workers_from)
         except (AgentError, OSError) as error:
             # The block's wait for durability failed: none of its puts counts as queued.
             return [Packed(0, error) for _ in sends]

@@ -16,6 +16,7 @@ from codec.message import DATA_VERSION, check_version
 from codec.packing import DEFAULT_MAX_SIZE, check_max_size
 
 from .errors import AgentError
+from .pack_workers import PACK_WORKERS_FROM, default_workers
 from .protocol import Settings
 from .quarantine import QuarantineLimits
 from .spark.engine import SparkOptions
@@ -58,6 +59,11 @@ class RunOptions:
     named_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     spark: SparkOptions = field(default_factory=SparkOptions)  # large outbound batches (docs/spark.md)
     quarantine: QuarantineLimits = field(default_factory=QuarantineLimits)  # caps (docs/security.md)
+    # Processes that pack a large send phase's sends (agent.pack_workers):
+    # the cores this process may run on, at most 8, unless given; used from
+    # a backlog of pack_workers_from log offsets over the due sends.
+    pack_workers: int = field(default_factory=default_workers)
+    pack_workers_from: int = PACK_WORKERS_FROM
 
     def __post_init__(self) -> None:
         check_max_size(self.max_message_size)
@@ -65,6 +71,8 @@ class RunOptions:
             check_version(self.message_format)
         except InvalidValue as error:
             raise AgentError(f"--message-format: {error}") from None
+        if self.pack_workers < 1 or self.pack_workers_from < 0:
+            raise AgentError("--pack-workers must be 1 or more")
         if not (self.receive or self.send):
             raise AgentError("--receive-only and --send-only exclude each other")
         if self.receive_delay <= 0 or self.send_delay <= 0:

@@ -8,11 +8,17 @@ built once, at the largest size; a backlog of k operations is the log range
 subscriber (one send of ``(0, end]`` each): only the range matters to both
 paths.
 
-* agent: the agent's single-process path (``agent.outbound.pack_sends``, what
-  ``Agent.send_phase`` runs on the local engine): one pass over the log for
-  every subscriber, each subscriber's transactions packed as they come,
-  each file written as the job's driver writes its files (temporary name,
-  rename).
+* agent: the agent's own path (``agent.pack_workers.pack_due_sends``, what
+  ``Agent.send_phase`` runs on the local engine) on ``--agent-workers``
+  packing workers (default: the master's cores, so both sides get the same
+  cores), each a share of the subscribers: one pass over the log for its
+  subscribers, each subscriber's transactions packed as they come, each
+  file written as the job's driver writes its files (temporary name,
+  rename).  ``agent_one_core``: the same in the agent's one process
+  (``agent.outbound.pack_sends``: ``--pack-workers 1``).
+* agent_workers_startup_s: what the first batch on workers costs beyond a
+  later one (the workers' server starting: agent.pack_workers), measured
+  on the smallest backlog.
 * spark: ``agent.spark.export.export_batch`` then
   ``contrib.spark.job.run_job`` on a SparkSession started beforehand
   (``--master``, default ``local[2]``).
@@ -21,7 +27,7 @@ paths.
   SparkContext, Python workers, stop.  Measured on the smallest backlog.
 
 * efficiency: what a core of Spark does against the agent's one core, at
-  the largest size: ``agent_us_per_op / spark_core_us_per_op``, the Spark
+  the largest size: ``agent_one_core_us_per_op / spark_core_us_per_op``, the Spark
   figure counting the export (the agent's one core) and the job (wall time
   x the master's cores): ``(export_s + job_s x cores) / operations``.
 * local_scaling: the job's time on ``local[1]`` over its time on the master
@@ -58,9 +64,9 @@ from typing import Any, Callable
 
 from agent.admin import site_keys
 from agent.keyfiles import key_path
-from agent.outbound import pack_sends
-from agent.site import SiteDatabase
 from agent.outbound import BatchSend
+from agent.pack_workers import pack_due_sends
+from agent.site import SiteDatabase
 from agent.spark.export import export_batch
 from benchmarks.common import timed
 from benchmarks.spark_world import build_world, subscriber_names
@@ -82,6 +88,7 @@ class Point:
 
     operations: int
     agent_s: float
+    agent_one_s: float  # in the agent's one process
     export_s: float
     job_s: float
     files: int
@@ -103,7 +110,9 @@ def commit_ends(db: SiteDatabase, sizes: list[int]) -> list[int]:
     return sorted(ends)
 
 
-def send_with_agent(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, folder: Path) -> None:
+def send_with_agent(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, folder: Path,
+                    workers: int = 1) -> None:
+    """The agent's path on ``workers`` packing workers (1: in this process)."""
     sends = [BatchSend(name, 0, end, 0) for name in names]
     for name in names:
         (folder / name).mkdir(parents=True)
@@ -112,7 +121,8 @@ def send_with_agent(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int
         # The job's own write, so writing files costs the same on both sides.
         _write_atomic(folder / names[index] / message.name, message.data)
 
-    for send, outcome in zip(sends, pack_sends(db, keys, sends, put, max_size=MAX_SIZE)):
+    for send, outcome in zip(sends, pack_due_sends(db, keys, sends, put, max_size=MAX_SIZE, workers=workers,
+                                                   workers_from=0)):
         if outcome.error is not None:
             raise SystemExit(f"the agent could not pack its send to {send.subscriber}: {outcome.error}")
 
@@ -129,37 +139,42 @@ def count_files(folder: Path) -> tuple[int, int]:
 
 
 def measure_point(db: SiteDatabase, keys: SiteKeys, names: list[str], end: int, spark: Any, folder: Path,
-                  rounds: int) -> Point:
+                  rounds: int, workers: int) -> Point:
     """Time both paths on ``(0, end]``, the best of ``rounds`` each (which
-    goes first alternates); the last round's outputs stay in ``folder``
-    (agent/, export/, spark/) for the caller to check and delete."""
+    goes first alternates), the agent's on ``workers`` and in one process;
+    the last round's outputs stay in ``folder`` (agent/, agent-1/, export/,
+    spark/) for the caller to check and delete."""
     sends = [BatchSend(name, 0, end, 0) for name in names]
 
     def agent() -> float:
-        return timed(lambda: send_with_agent(db, keys, names, end, folder / "agent"))[0]
+        return timed(lambda: send_with_agent(db, keys, names, end, folder / "agent", workers))[0]
+
+    def agent_one() -> float:
+        return timed(lambda: send_with_agent(db, keys, names, end, folder / "agent-1"))[0]
 
     def spark_path() -> tuple[float, float, dict]:
         export_s, _ = timed(lambda: export_batch(db, sends, folder / "export", max_size=MAX_SIZE))
         job_s, summary = timed(lambda: run_job(spark, folder / "export", folder / "spark", keys=keys))
         return export_s, job_s, summary
 
-    agent_best, spark_best = float("inf"), (float("inf"), 0.0, 0.0)
+    agent_best, one_best, spark_best = float("inf"), float("inf"), (float("inf"), 0.0, 0.0)
     for round_number in range(rounds):
         shutil.rmtree(folder, ignore_errors=True)
         if round_number % 2 == 0:
-            agent_s = agent()
+            agent_s, one_s = agent(), agent_one()
             export_s, job_s, summary = spark_path()
         else:
             export_s, job_s, summary = spark_path()
-            agent_s = agent()
+            one_s, agent_s = agent_one(), agent()
         files, size = count_files(folder / "agent")
         if (files, size) != (summary["files"], summary["bytes"]) or \
-                (files, size) != count_files(folder / "spark" / "files"):
+                (files, size) != count_files(folder / "spark" / "files") or \
+                (files, size) != count_files(folder / "agent-1"):
             raise SystemExit(f"backlog {end}: the agent made {files} files of {size} bytes, the Spark job "
-                             f"{summary['files']} of {summary['bytes']}: the two paths did different work")
-        agent_best = min(agent_best, agent_s)
+                             f"{summary['files']} of {summary['bytes']}: the paths did different work")
+        agent_best, one_best = min(agent_best, agent_s), min(one_best, one_s)
         spark_best = min(spark_best, (export_s + job_s, export_s, job_s))
-    return Point(end, agent_best, spark_best[1], spark_best[2], files, size)
+    return Point(end, agent_best, one_best, spark_best[1], spark_best[2], files, size)
 
 
 def verify_same_files(agent_folder: Path, spark_files: Path) -> None:
@@ -272,6 +287,12 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         names = subscriber_names(args.subscribers)
         flat_ends = commit_ends(db, sizes)
         ends = sorted(set(flat_ends) | set(commit_ends(db, small)))
+        workers = args.agent_workers or master_cores(args.master)
+        progress(f"the agent on {workers} packing workers: the first batch, then again")
+        startup_folder = work / "runs" / "workers-startup"
+        cold_s = timed(lambda: send_with_agent(db, keys, names, ends[0], startup_folder / "cold", workers))[0]
+        warm_s = timed(lambda: send_with_agent(db, keys, names, ends[0], startup_folder / "warm", workers))[0]
+        shutil.rmtree(startup_folder)
         progress(f"starting Spark ({args.master})")
         spark_session_s, spark = timed(lambda: start_spark(args.master))
         # The first job of a session starts its Python workers: part of the
@@ -285,12 +306,14 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         for end in ends:
             progress(f"backlog {end:,}: agent, then export + job")
             folder = work / "runs" / str(end)
-            point = measure_point(db, keys, names, end, spark, folder, args.rounds)
+            point = measure_point(db, keys, names, end, spark, folder, args.rounds, workers)
             points.append(point)
-            progress(f"  agent {point.agent_s:.1f} s, spark {point.export_s:.1f} + {point.job_s:.1f} s, "
+            progress(f"  agent {point.agent_s:.1f} s ({point.agent_one_s:.1f} s in one process), "
+                     f"spark {point.export_s:.1f} + {point.job_s:.1f} s, "
                      f"{point.files} files")
             if end == ends[-1]:
                 verify_same_files(folder / "agent", folder / "spark" / "files")
+                verify_same_files(folder / "agent-1", folder / "spark" / "files")
                 agent_digests = file_digests(folder / "agent")
             if end == ends[0]:
                 continue  # spark-submit runs on its export below
@@ -320,7 +343,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None]) -> dict:
         shutil.rmtree(warm)
         db.close()
         return figures(args, points, flat_ends, world_build_s, spark_session_s, submit_s - points[0].job_s,
-                       single_s, min(again_s, points[-1].job_s))
+                       single_s, min(again_s, points[-1].job_s), workers, cold_s - warm_s)
     finally:
         if spark is not None:
             spark.stop()
@@ -350,7 +373,8 @@ def open_world(work: Path, args: argparse.Namespace, progress: Callable[[str], N
 
 
 def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int], world_build_s: float | None,
-            spark_session_s: float, startup: float, single_s: float, master_job_s: float) -> dict:
+            spark_session_s: float, startup: float, single_s: float, master_job_s: float, workers: int,
+            workers_startup_s: float) -> dict:
     by_end = {point.operations: point for point in points}
     flat = [by_end[end] for end in flat_ends]
     largest = flat[-1]
@@ -359,6 +383,7 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
     at, method = crossover(points, startup)
     cores = master_cores(args.master)
     agent_us_per_op = largest.agent_s / largest.operations * 1e6
+    one_core_us_per_op = largest.agent_one_s / largest.operations * 1e6
     spark_core_us_per_op = (largest.export_s + largest.job_s * cores) / largest.operations * 1e6
     return {
         "benchmark": "spark_batches",
@@ -376,9 +401,13 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
         "spark_startup_s": round(startup, 2),
         "spark_session_s": round(spark_session_s, 2),
         "cores": cores,
+        "agent_workers": workers,
+        "agent_workers_startup_s": round(workers_startup_s, 3),
         "agent_us_per_op": round(agent_us_per_op, 3),
+        "agent_one_core_us_per_op": round(one_core_us_per_op, 3),
+        "agent_workers_speedup": round(largest.agent_one_s / largest.agent_s, 3),
         "spark_core_us_per_op": round(spark_core_us_per_op, 3),
-        "efficiency": round(agent_us_per_op / spark_core_us_per_op, 3),
+        "efficiency": round(one_core_us_per_op / spark_core_us_per_op, 3),
         "export_us_per_op": round(largest.export_s / largest.operations * 1e6, 3),
         "job_us_per_op": round(largest.job_s / largest.operations * 1e6, 3),
         "local_1_job_s": round(single_s, 3),
@@ -386,7 +415,8 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
         "local_scaling": round(single_s / master_job_s, 3),
         "load_average": [round(value, 2) for value in os.getloadavg()],
         "sizes": flat_ends,
-        "efficiency_by_size": [round(point.agent_s / (point.export_s + point.job_s * cores), 3) for point in flat],
+        "efficiency_by_size": [round(point.agent_one_s / (point.export_s + point.job_s * cores), 3)
+                               for point in flat],
         "spark_us_per_op_by_size": [round(value, 3) for value in spark_us],
         "agent_us_per_op_by_size": [round(value, 3) for value in agent_us],
         "spark_flatness": round(max(spark_us) / min(spark_us), 3),
@@ -395,12 +425,13 @@ def figures(args: argparse.Namespace, points: list[Point], flat_ends: list[int],
         "crossover_backlog": None if at is None else at * args.subscribers,
         "crossover_method": method,
         "points": [{"operations": point.operations, "agent_s": round(point.agent_s, 3),
+                    "agent_one_core_s": round(point.agent_one_s, 3),
                     "spark_export_s": round(point.export_s, 3), "spark_job_s": round(point.job_s, 3),
                     "files": point.files, "bytes": point.bytes} for point in points],
         "files": largest.files,
         "bytes": largest.bytes,
-        "verified": "same file names, sizes and SHA-256 from the agent and the job (on the master and on "
-                    "local[1]) at the largest backlog",
+        "verified": "same file names, sizes and SHA-256 from the agent (on its workers and in one process) and "
+                    "the job (on the master and on local[1]) at the largest backlog",
         "targets": {"ratio": TARGET_RATIO, "spark_flatness": TARGET_FLATNESS, "efficiency": TARGET_EFFICIENCY,
                     "local_scaling": TARGET_SCALING},
     }
@@ -426,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crossover-sizes", type=sizes_list, default=[20_000, 50_000, 100_000, 200_000],
                         help="small backlogs, measured too, to place the crossover")
     parser.add_argument("--master", default="local[2]", help="Spark master of the job")
+    parser.add_argument("--agent-workers", type=int, default=0, metavar="N",
+                        help="the agent's packing workers (default: the master's cores; 1: in one process)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds per backlog, order alternating; the best of each path is kept")
     parser.add_argument("--seed", type=int, default=1)
@@ -434,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if max(args.sizes + args.crossover_sizes) > args.operations:
         parser.error(f"sizes must not exceed --operations ({args.operations})")
+    if args.agent_workers < 0:
+        parser.error("--agent-workers must be at least 1")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     progress = (lambda text: None) if args.json else (lambda text: print(text, file=sys.stderr, flush=True))
@@ -450,9 +485,12 @@ def main(argv: list[str] | None = None) -> int:
           f"with startup {result['ratio_with_startup']}")
     print(f"  spark startup      {result['spark_startup_s']:>8} s (spark-submit; session alone "
           f"{result['spark_session_s']} s)")
+    print(f"  agent              {result['agent_us_per_op']:>8} us/op on {result['agent_workers']} packing workers "
+          f"({result['agent_one_core_us_per_op']} in one process; the workers' start "
+          f"{result['agent_workers_startup_s']} s)")
     print(f"  efficiency         {result['efficiency']:>8}   (target >= {TARGET_EFFICIENCY}): agent "
-          f"{result['agent_us_per_op']} us/op, Spark {result['spark_core_us_per_op']} core-us/op on "
-          f"{result['cores']} cores")
+          f"{result['agent_one_core_us_per_op']} us/op on one core, Spark {result['spark_core_us_per_op']} "
+          f"core-us/op on {result['cores']} cores")
     print(f"  local_scaling      {result['local_scaling']:>8}   (target >= {TARGET_SCALING}): job on local[1] "
           f"{result['local_1_job_s']} s")
     print(f"  us per operation   spark {result['spark_us_per_op_by_size']}, agent "

@@ -13,7 +13,10 @@ Rules of this file:
 * Half the seeds make schema changes at the consolidated while the faults
   last (schema_changes.py); drawn after the rest.
 * Half the seeds change remotes' subscriptions while the faults last
-  (resubscribe.py); drawn last of all.
+  (resubscribe.py); drawn after the rest.
+* A seed in four packs the consolidated's sends on two worker processes
+  (agent.pack_workers), every send phase of two sends or more; drawn last
+  of all.
 * ``command()`` gives back exactly what differs from the seed's draws, so
   that ``agent chaos --seed N ...`` replays the run.
 """
@@ -82,6 +85,7 @@ class ChaosParams:
     chain: bool = False  # the follow chain is published and written (chain.py)
     schema: bool = False  # the consolidated makes schema changes (schema_changes.py)
     resubscribe: bool = False  # the consolidated changes remotes' subscriptions (resubscribe.py)
+    pack_workers: bool = False  # the consolidated packs its sends on two worker processes (agent.pack_workers)
     unsafe_without_stale_rule: bool = False
     unsafe_without_duplicate_rule: bool = False
     # The consolidated: a PostgreSQL database (libpq URI, no password),
@@ -111,6 +115,7 @@ class ChaosParams:
         values.update(chain=rng.random() < 2 / 3)
         values.update(schema=rng.random() < 1 / 2)
         values.update(resubscribe=rng.random() < 1 / 2)
+        values.update(pack_workers=rng.random() < 1 / 4)
         values.update(overrides)
         if "confirm_timeout" not in overrides:
             values["confirm_timeout"] = min(values["confirm_timeout"], values["heartbeat"])  # type: ignore[type-var]
@@ -155,6 +160,8 @@ class ChaosParams:
             parts.append("--schema-changes" if self.schema else "--no-schema-changes")
         if self.resubscribe != drawn.resubscribe:
             parts.append("--resubscribe" if self.resubscribe else "--no-resubscribe")
+        if self.pack_workers != drawn.pack_workers:
+            parts.append("--pack-workers" if self.pack_workers else "--no-pack-workers")
         if self.rates != drawn.rates:
             default = FaultRates()
             changed = [name for name in FaultRates.__dataclass_fields__

@@ -127,6 +127,7 @@ def summarize(results: list[ChaosResult]) -> dict:
         "resubscribe": {"seeds": sum(1 for r in results if r.params.resubscribe),
                         "changes": sum(r.subscription_changes for r in results),
                         "rows": sum(r.subscription_rows for r in results)},
+        "pack_workers": {"seeds": sum(1 for r in results if r.params.pack_workers)},
         "rounds_to_rest": rest_figures(results),
         "timers": {
             "heartbeat": _counts(duration_text(r.params.heartbeat) for r in results),

@@ -62,7 +62,7 @@ async def run_seeds(seeds: Iterable[int], *, keep_going: bool = True, progress=N
 def shrink(params: ChaosParams) -> ChaosParams:
     """A smaller failing case, where one exists: fewer steps, then no crashes,
     then no follow chain, then no schema changes, then no subscription
-    changes, then fewer fault kinds."""
+    changes, then no packing workers, then fewer fault kinds."""
     def fails(candidate: ChaosParams) -> bool:
         return not asyncio.run(run_seed(candidate)).ok
 
@@ -80,6 +80,8 @@ def shrink(params: ChaosParams) -> ChaosParams:
         best = dataclasses.replace(best, schema=False)
     if best.resubscribe and fails(dataclasses.replace(best, resubscribe=False)):
         best = dataclasses.replace(best, resubscribe=False)
+    if best.pack_workers and fails(dataclasses.replace(best, pack_workers=False)):
+        best = dataclasses.replace(best, pack_workers=False)
     for kind in ("partition", "delay", "reorder", "duplicate", "corrupt", "drop"):
         if getattr(best.rates, kind):
             candidate = dataclasses.replace(best, rates=dataclasses.replace(best.rates, **{kind: 0.0}))

@@ -134,11 +134,14 @@ class Simulation:
         index = self.sites.index(site)
         fault_options = {"seed": self.params.seed * 100 + index, "rates": self.params.rates,
                          "hold_dir": str(self.root / "held" / site), "active": faults}
+        # Workers for every send phase of two sends or more, where the seed draws them.
+        workers = dict(pack_workers=2, pack_workers_from=0) if self.params.pack_workers and index == 0 else \
+            dict(pack_workers=1)
         return RunOptions(transport=f"faults+{self.params.transport}", address=self.address(site),
                           max_message_size=self.params.max_message_size, patience=self.params.patience,
                           resend_urgency=0.0, heartbeat=self.params.heartbeat,
                           confirm_timeout=self.params.confirm_timeout, named_options={"faults": fault_options},
-                          transport_options=self.transport_options(site))
+                          transport_options=self.transport_options(site), **workers)
 
     def _settings_patch(self, agent: Agent) -> None:
         if self.params.unsafe_without_stale_rule or self.params.unsafe_without_duplicate_rule:

@@ -97,6 +97,10 @@ class ConsolidatedUri(click.ParamType):
               help="Change remotes' subscriptions at the consolidated while the faults last (a remote gains "
                    "another region, or loses one it gained: the rows go through its stream), or not (default: "
                    "from the seed, half the seeds).")
+@click.option("--pack-workers/--no-pack-workers", "pack_workers", default=None,
+              help="The consolidated packs its sends on two worker processes at every send phase of two sends or "
+                   "more (agent run --pack-workers), or in its own process (default: from the seed, a seed in "
+                   "four).")
 @click.option("--fault-rate", "fault_rates", multiple=True, type=FaultRate(),
               help="NAME=VALUE of the faults wrapper (drop, corrupt, duplicate, reorder, delay, partition, "
                    "max_hold_ticks, partition_ticks); given once or more, these replace the seed's rates "
@@ -131,7 +135,7 @@ def chaos(**arguments: Any) -> int:
 def _chaos(count: int, start: int, seed: int | None, steps: int | None, transport: str, address_template: str,
            send_address_template: str | None, transport_options: tuple, crash_rate: float | None,
            reextract_rate: float | None, heartbeat: float | None, confirm_timeout: float | None,
-           chain: bool | None, schema: bool | None, resubscribe: bool | None,
+           chain: bool | None, schema: bool | None, resubscribe: bool | None, pack_workers: bool | None,
            fault_rates: tuple[tuple[str, float], ...], consolidated: str | None, as_json: bool,
            keep_going: bool, unsafe_without_stale_rule: bool, unsafe_without_duplicate_rule: bool) -> int:
     link = TransportOptions.from_items(transport_options)
@@ -147,7 +151,7 @@ def _chaos(count: int, start: int, seed: int | None, steps: int | None, transpor
                            consolidated=consolidated)
     for name, value in (("steps", steps), ("crash_rate", crash_rate), ("reextract_rate", reextract_rate),
                         ("heartbeat", heartbeat), ("confirm_timeout", confirm_timeout), ("chain", chain),
-                        ("schema", schema), ("resubscribe", resubscribe)):
+                        ("schema", schema), ("resubscribe", resubscribe), ("pack_workers", pack_workers)):
         if value is not None:
             overrides[name] = value
     if heartbeat is not None and confirm_timeout is not None and confirm_timeout > heartbeat:
@@ -224,6 +228,9 @@ def _print(summary: dict) -> None:
     if moved:
         table.add_row("seeds with subscription changes, changes made, rows moved",
                       f"{moved['seeds']}, {moved['changes']}, {moved['rows']}")
+    workers = summary.get("pack_workers")
+    if workers:
+        table.add_row("seeds packing on workers", str(workers["seeds"]))
     rest = summary.get("rounds_to_rest")
     if rest and "max" in rest:
         table.add_row(f"clean rounds to rest (bound {rest['bound']}): most, p50/p90/p99",

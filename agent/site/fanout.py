@@ -12,6 +12,7 @@ Rules of this file:
 from __future__ import annotations
 
 from itertools import groupby, islice
+from operator import itemgetter
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
@@ -19,10 +20,14 @@ from codec.ops import RUN_ROWS, Operation, Run, Transaction, op_count
 from .capture import FLAG_RETURN_TO_ORIGIN, KIND_DELETE, KIND_INSERT, KIND_SCHEMA, KIND_UPDATE
 from .errors import InvalidSetting
 from .folding import folded_alike, folded_row, make_transaction
-from .selection import _SHAPE_KIND_FLAGS, SubscriberReader
+from .selection import SubscriberReader
 from .view import View
 
 _new = tuple.__new__
+_KIND = itemgetter(2)
+# Consecutive capture rows of one shape and flags: the rows a plan
+# (_hand_rows) takes together, whatever their kinds.
+_SHAPE_FLAGS = itemgetter(1, 3)
 
 
 class _Route(NamedTuple):
@@ -79,7 +84,7 @@ class Router:
         self.runs = bool(readers) and readers[0].runs  # a pass serves readers of one form
         self._index = {reader.subscriber: index for index, reader in enumerate(readers)}
         self._routes: dict[int, _Route] = {}
-        self._plans: dict[tuple, _Plan] = {}  # (shape, kind, flags) -> how its rows go (_hand_rows)
+        self._plans: dict[tuple, _Plan] = {}  # (shape, flags) -> how its rows go (_hand_rows)
 
     def route(self, shape_id: int) -> _Route:
         route = self._routes.get(shape_id)
@@ -138,12 +143,18 @@ class Router:
         added = 0
         owned: dict[int, list] = {}  # a member's joined run's rows (_hand_runs)
         plans = self._plans
-        for key, group in groupby(rows, _SHAPE_KIND_FLAGS):
+        for key, group in groupby(rows, _SHAPE_FLAGS):
             plan = plans.get(key)
-            if plan is None:
-                added += self._select_group(key, list(group), origin, origin_index, ops, owned)
-            else:  # the common case: rows routed one by one
+            if plan is not None:  # the common case: rows routed one by one, whatever their kinds
                 added += _hand_rows(plan, group, origin_index, ops, owned)
+                continue
+            for kind, same in groupby(group, _KIND):
+                plan = plans.get(key)
+                if plan is not None:  # made for the rows before
+                    added += _hand_rows(plan, same, origin_index, ops, owned)
+                else:
+                    added += self._select_group((key[0], kind, key[1]), list(same), origin, origin_index, ops,
+                                                owned)
         return added
 
     def _select_group(self, key: tuple, group: list[tuple], origin: str, origin_index: int | None,
@@ -174,7 +185,7 @@ class Router:
         if not route.classes:
             return added
         if self.runs and route.filters and route.plain:
-            plan = self._plans[key] = _plan(route, kind)
+            plan = self._plans[shape_id, flags] = _plan(route)
             return _hand_rows(plan, group, origin_index, ops, owned)
         buckets: dict[int, list[tuple]]
         if not route.filters:
@@ -218,12 +229,10 @@ class Router:
 
 
 class _Plan(NamedTuple):
-    """How :func:`_hand_rows` hands over the capture rows of one shape, kind
-    and flags whose route sends them to classes of plain views by their
-    values (in runs): made once per router, as its route is."""
+    """How :func:`_hand_rows` hands over the capture rows of one shape and
+    flags whose route sends them to classes of plain views by their values
+    (in runs): made once per router, as its route is."""
 
-    kind: int
-    update: bool
     # One SUBSCRIBE BY column and no class offered every row (the common
     # case): a row's classes are those of its value (``by_value`` of the
     # value at ``old_at``), or of its old and new ones where an UPDATE moved
@@ -232,32 +241,41 @@ class _Plan(NamedTuple):
     old_at: int
     new_at: int
     numbers: Callable[[int, tuple], tuple[int, ...]]
-    # For each class: what makes a row's run row (an UPDATE's: its head
+    # By kind (KIND_INSERT, KIND_UPDATE, KIND_DELETE; no other), for each
+    # class: what makes a row's run row (an UPDATE's: its head
     # too, View.update_row), what makes an UPDATE's that its value kept in
     # the subset (View.kept_row), the head of an INSERT's or DELETE's run,
     # the members, and the one member of a class of one (-1: several).
-    classes: tuple[tuple[Callable, Callable | None, tuple | None, tuple[int, ...], int], ...]
+    kinds: dict[int, tuple[tuple[Callable, Callable | None, tuple | None, tuple[int, ...], int], ...]]
 
 
-def _plan(route: _Route, kind: int) -> _Plan:
-    update = kind == KIND_UPDATE
+def _plan(route: _Route) -> _Plan:
     old_at, new_at, by_value = route.filters[0] if len(route.filters) == 1 and not route.every else (0, 0, None)
-    classes = tuple((view.update_row if update else view.old_row, view.kept_row if update else None,
-                     None if update else view.run_heads[kind], members, members[0] if len(members) == 1 else -1)
-                    for view, members in route.classes)
-    return _Plan(kind, update, by_value, old_at, new_at, route.numbers, classes)
+    kinds = {}
+    for kind in (KIND_INSERT, KIND_UPDATE, KIND_DELETE):
+        update = kind == KIND_UPDATE
+        kinds[kind] = tuple((view.update_row if update else view.old_row, view.kept_row if update else None,
+                             None if update else view.run_heads[kind], members,
+                             members[0] if len(members) == 1 else -1)
+                            for view, members in route.classes)
+    return _Plan(by_value, old_at, new_at, route.numbers, kinds)
 
 
 def _hand_rows(plan: _Plan, rows: Iterable[tuple], origin_index: int | None, ops: list[list[Operation]],
                owned: dict[int, list]) -> int:
-    """:meth:`Router.select` of capture ``rows`` of one shape, kind and
-    flags whose route sends them to classes of plain views by their values,
-    in runs (``plan``): row by row, each row's run row made once for each
+    """:meth:`Router.select` of capture ``rows`` of one shape and flags
+    whose route sends them to classes of plain views by their values, in
+    runs (``plan``): row by row, each row's run row made once for each
     class it concerns (an INSERT's or DELETE's is in the class's subset: it
     is not looked at again) and joined to each member's runs."""
     added = 0
-    kind, update, by_value, old_at, new_at, numbers_of, classes = plan
+    by_value, old_at, new_at, numbers_of, kinds = plan
     for row in rows:
+        kind = row[2]
+        classes = kinds.get(kind)
+        if classes is None:
+            continue  # no kind of operation: nothing, as Router._select_group does
+        update = kind == KIND_UPDATE
         if by_value is None or (update and row[new_at] != row[old_at]):
             numbers = numbers_of(kind, row)
             kept = False

@@ -246,10 +246,14 @@ def _read_fanout(source: CaptureSource, fanout: Fanout, hold: int, piece: int | 
                  ) -> Iterator[tuple[int, Transaction]]:
     readers, ranges = fanout.readers, fanout.ranges
     width = max(reader.value_columns for reader in readers)
+    # INSERT and DELETE rows hold one image: read that narrow unless a
+    # reader's tables have routes (which come after the widest image).
+    images = [reader.image_columns for reader in readers]
+    image_width = None if None in images else max(images)  # type: ignore[type-var]
     position = min(after for after, _ in ranges)
     until = max(until for _, until in ranges)
     while position < until:
-        chunks = source.iter_capture(position, until, value_columns=width)
+        chunks = source.iter_capture(position, until, value_columns=width, image_columns=image_width)
         dropped = None
         for commit, origin, rows in chunks:
             yield from fanout.add(commit, origin, rows)

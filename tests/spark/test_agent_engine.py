@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -79,9 +79,10 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def send_phase(database: Path, spark: SparkOptions, *, force_controls: bool = True) -> Sent:
+def send_phase(database: Path, spark: SparkOptions, *, force_controls: bool = True, **options: Any) -> Sent:
     """One send phase (as `agent run --once --send-only` does before it
-    flushes), with the fieldsync log lines it wrote."""
+    flushes), with the fieldsync log lines it wrote; ``options`` go to
+    RunOptions."""
     handler = _Lines()
     logger = logging.getLogger("fieldsync")
     saved = logger.level
@@ -89,7 +90,7 @@ def send_phase(database: Path, spark: SparkOptions, *, force_controls: bool = Tr
     logger.addHandler(handler)
 
     async def run() -> Sent:
-        async with Agent(database, RunOptions(receive=False, spark=spark)) as agent:
+        async with Agent(database, RunOptions(receive=False, spark=spark, **options)) as agent:
             await agent.send_phase(force_controls=force_controls)
             outbound = {peer: [(name, agent.queues.read_outbound(peer, name)) for name in agent.queues.outbound(peer)]
                         for peer in agent.peers}

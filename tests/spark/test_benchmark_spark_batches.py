@@ -27,7 +27,8 @@ def test_benchmark_prints_one_json_object(tmp_path):
     figures = json.loads(lines[0])
     for field in ("spark_ops_per_s", "agent_ops_per_s", "ratio", "ratio_with_startup", "spark_startup_s",
                   "spark_session_s", "spark_flatness", "agent_flatness", "world_build_s", "files", "bytes",
-                  "agent_us_per_op", "spark_core_us_per_op", "efficiency", "local_scaling", "local_1_job_s"):
+                  "agent_us_per_op", "agent_one_core_us_per_op", "agent_workers_speedup", "spark_core_us_per_op",
+                  "efficiency", "local_scaling", "local_1_job_s"):
         assert figures[field] > 0, field
     assert figures["subscribers"] == 5
     sizes = figures["sizes"]
@@ -46,16 +47,22 @@ def test_benchmark_prints_one_json_object(tmp_path):
     agent_us = [points[end]["agent_s"] / end * 1e6 for end in sizes]
     assert figures["spark_us_per_op_by_size"] == pytest.approx(spark_us, rel=1e-2)
     assert figures["agent_us_per_op_by_size"] == pytest.approx(agent_us, rel=1e-2)
-    # Efficiency: the agent's core against Spark's, the export on one core, the job on local[2]'s two.
-    assert figures["cores"] == 2
+    # The agent on as many packing workers as local[2] has cores, and in one process.
+    assert figures["cores"] == figures["agent_workers"] == 2
+    assert isinstance(figures["agent_workers_startup_s"], float)
     assert figures["agent_us_per_op"] == pytest.approx(agent_us[-1], rel=1e-2)
+    one_core_us = largest["agent_one_core_s"] / figures["operations"] * 1e6
+    assert figures["agent_one_core_us_per_op"] == pytest.approx(one_core_us, rel=1e-2)
+    assert figures["agent_workers_speedup"] == pytest.approx(largest["agent_one_core_s"] / largest["agent_s"],
+                                                             rel=1e-2)
+    # Efficiency: the agent's one core against Spark's, the export on one core, the job on local[2]'s two.
     core_us = (largest["spark_export_s"] + 2 * largest["spark_job_s"]) / figures["operations"] * 1e6
     assert figures["spark_core_us_per_op"] == pytest.approx(core_us, rel=1e-2)
     # Efficiencies are rounded to 3 decimals: at the small sizes here (0.05) a step is 2%, so within one step too.
-    assert figures["efficiency"] == pytest.approx(figures["agent_us_per_op"] / core_us, rel=1e-2, abs=1e-3)
+    assert figures["efficiency"] == pytest.approx(one_core_us / core_us, rel=1e-2, abs=1e-3)
     assert figures["efficiency_by_size"] == pytest.approx(
-        [points[end]["agent_s"] / (points[end]["spark_export_s"] + 2 * points[end]["spark_job_s"]) for end in sizes],
-        rel=1e-2, abs=1e-3)
+        [points[end]["agent_one_core_s"] / (points[end]["spark_export_s"] + 2 * points[end]["spark_job_s"])
+         for end in sizes], rel=1e-2, abs=1e-3)
     assert 0 < figures["master_job_s"] <= largest["spark_job_s"]
     assert figures["local_scaling"] == pytest.approx(figures["local_1_job_s"] / figures["master_job_s"], rel=1e-2)
     assert len(figures["load_average"]) == 3

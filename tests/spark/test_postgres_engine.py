@@ -107,3 +107,18 @@ def test_a_spark_batch_of_a_postgresql_consolidated_is_the_agents_own_files(post
         changes = [op.steps for transaction in site.read_log("field0", 0, site.log_end()) for op in transaction.ops
                    if isinstance(op, SchemaChange)]
         assert changes == [(("add_column", "orders", "label", "\"label\" TEXT DEFAULT 'none'"),)]
+
+
+def test_packing_workers_of_a_postgresql_consolidated_make_the_agents_own_files(postgres, tmp_path) -> None:
+    """agent.pack_workers: each worker opens the database again with the
+    agent's URI; the files are those one process packs."""
+    uri = consolidated(postgres, tmp_path / "world")
+    copy = copy_consolidated(postgres, uri, tmp_path / "copy-home")
+    reference = send_phase(uri, local(), pack_workers=1)
+    workers = send_phase(copy, local(), pack_workers=2, pack_workers_from=0)
+    assert workers.report.ok, workers.report
+    assert [line for line in workers.logs if line.startswith("packing ")] == [
+        "packing 3 sends (backlog 183 log offsets) on 2 workers"]
+    assert not any(line.startswith("packing ") for line in reference.logs)
+    assert_same(workers, reference)
+    assert all(files for files in workers.outbound.values())
