@@ -192,12 +192,13 @@ class PackingPass(Generic[_Output]):
 
 def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
                put: Callable[[int, EncodedMessage], None], *, max_size: int,
-               version: int = DATA_VERSION) -> list[Packed]:
+               version: int = DATA_VERSION, packing_memory: int | None = None) -> list[Packed]:
     """Make the messages of ``sends`` (at most one per subscriber; the due
     sends, as a Spark batch takes them too) and hand each to ``put(index
     into sends, message)``, each send's in order, in message format
     ``version``; return what became of each send.  An error reading the log itself (not one send's range) is
-    raised."""
+    raised.  ``packing_memory``: what the packers of one pass may hold
+    (default ``PACKING_MEMORY``; a packing worker gets its share of it)."""
     incarnation = db.identity.incarnation
     errors: dict[int, Exception] = {}
     counts = [0] * len(sends)
@@ -224,7 +225,7 @@ def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
                              resend_count=send.resend_count, start=send.start, max_size=max_size, end=send.end,
                              seal_to=send.seal_to, version=version)
 
-    for group in _groups(chosen, max_size):
+    for group in _groups(chosen, max_size, PACKING_MEMORY if packing_memory is None else packing_memory):
         reads = [(sends[index].subscriber, sends[index].read_start, sends[index].end) for index in group]
         packing: PackingPass[EncodedMessage] = PackingPass(len(group), partial(packer_for, group),
                                                            isolate=SEND_ERRORS)
@@ -241,10 +242,10 @@ def pack_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
     return [Packed(counts[index], errors.get(index)) for index in range(len(sends))]
 
 
-def _groups(indexes: list[int], max_size: int) -> list[list[int]]:
+def _groups(indexes: list[int], max_size: int, memory: int) -> list[list[int]]:
     """The sends packed together in one pass: as many as keep the packers'
     memory (a message being filled and its look-ahead, a few times
-    ``max_size`` each) within ``PACKING_MEMORY``; one pass for all of them
-    at the default ``-l``."""
-    size = max(1, PACKING_MEMORY // (PACKER_MEMORY_FACTOR * max_size))
+    ``max_size`` each) within ``memory``; one pass for all of them at the
+    default ``-l`` and ``PACKING_MEMORY``."""
+    size = max(1, memory // (PACKER_MEMORY_FACTOR * max_size))
     return [indexes[start:start + size] for start in range(0, len(indexes), size)]

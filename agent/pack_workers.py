@@ -13,8 +13,10 @@ Rules of this file:
   dealt out in turn, so each worker gets a like share of subscribers.
 * Only the agent puts: each message comes back through its worker's pipe
   and goes to ``put`` as it arrives, a send's messages in their order.  A
-  worker waits while its pipe is full, so memory holds what each worker's
-  pass holds and a message in flight per worker, whatever the backlog.
+  worker waits while its pipe is full, and each worker's packers get their
+  share of ``PACKING_MEMORY`` (a worker with more sends than fit makes
+  more passes), so the workers together hold what one process's pass
+  holds, and a message in flight per worker, whatever the backlog.
 * Workers are forked from a server process started for the purpose
   (multiprocessing's ``forkserver``): the agent has threads, so it never
   forks itself.  The server starts at the first use (about half a second:
@@ -49,6 +51,7 @@ from codec.keys import SiteKeys
 from codec.message import DATA_VERSION, EncodedMessage
 
 from .errors import AgentError
+from . import outbound
 from .outbound import SEND_ERRORS, BatchSend, Packed, pack_sends
 from .site import Site
 from .site.errors import SiteError
@@ -115,7 +118,8 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
     reported: set[int] = set()  # sends a worker reported on
     running: dict[Any, tuple[Any, list[int]]] = {}
     try:
-        _start(running, parts, location, keys.to_text(), sends, max_size, version)
+        _start(running, parts, location, keys.to_text(), sends, max_size, version,
+               outbound.PACKING_MEMORY // len(parts))
         while running:
             for conn in wait(list(running)):
                 process, part = running[conn]
@@ -199,14 +203,14 @@ class _Worker(multiprocessing.context.ForkServerProcess):
 
 
 def _start(running: dict, parts: list[list[int]], location: str, key_text: str, sends: Sequence[BatchSend],
-           max_size: int, version: int) -> None:
+           max_size: int, version: int, memory: int) -> None:
     global _unavailable
     context = _workers_context()
     for number, part in enumerate(parts, start=1):
         ours, theirs = context.Pipe(duplex=False)
         process = _Worker(target=_work, name=f"fieldsync-pack-{number}", daemon=True,
                                   args=(location, key_text, [sends[index] for index in part], max_size, version,
-                                        theirs))
+                                        memory, theirs))
         try:
             process.start()
         except (OSError, RuntimeError, ValueError) as error:
@@ -224,7 +228,7 @@ class _AgentGone(BaseException):
     """The agent's end of a worker's pipe is closed."""
 
 
-def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, version: int,
+def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, version: int, memory: int,
           conn: Connection) -> None:
     """A worker: pack ``sends`` from the site at ``location``, each message
     sent back through ``conn``; then their errors (or the error raised)."""
@@ -241,7 +245,8 @@ def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, v
         try:
             keys = SiteKeys.from_text(key_text)
             with open_site(location) as site:
-                packed = pack_sends(site, keys, sends, put, max_size=max_size, version=version)
+                packed = pack_sends(site, keys, sends, put, max_size=max_size, version=version,
+                                    packing_memory=memory)
         except (SiteError, *SEND_ERRORS) as error:
             conn.send(("raised", _portable(error)))
             return

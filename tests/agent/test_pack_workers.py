@@ -71,6 +71,33 @@ def test_workers_make_the_files_one_process_makes(site: Path, workers: int) -> N
     assert made == one == {send.subscriber: reference.files[send.subscriber] for send in sends}
 
 
+def test_workers_share_the_packers_memory_of_one_pass(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Room for the packers of four sends in one pass: two workers get room
+    for two each, so each packs its three sends in two passes; the files
+    are the same."""
+    import agent.outbound as outbound
+
+    monkeypatch.setattr(outbound, "PACKING_MEMORY", 4 * outbound.PACKER_MEMORY_FACTOR * MAX_SIZE)
+    shares: list[int] = []
+    start = pack_workers._start  # noqa: SLF001
+
+    def recorded(*args):  # type: ignore[no-untyped-def]
+        shares.append(args[-1])
+        return start(*args)
+
+    monkeypatch.setattr(pack_workers, "_start", recorded)
+    reference = expected(site)
+    with SiteDatabase.open(site) as db:
+        sends = due_sends(db, reference) + [BatchSend("field006", 0, reference.end, 0)]
+        outcomes, made = pack(db, sends, workers=2)
+        one: dict[str, list[tuple[str, bytes]]] = {send.subscriber: [] for send in sends}
+        pack_sends(db, site_keys(db), sends, lambda index, message: one[sends[index].subscriber].append(
+            (message.name, message.data)), max_size=MAX_SIZE)
+    assert shares == [2 * outbound.PACKER_MEMORY_FACTOR * MAX_SIZE]
+    assert [outcome.error for outcome in outcomes] == [None] * 6
+    assert made == one and all(made.values())
+
+
 def test_when_workers_are_used() -> None:
     sends = [BatchSend("a", 0, 600, 0), BatchSend("b", 100, 600, 0, read_from=200)]
     assert uses_workers(sends, 2, 900)  # 600 + 400 offsets
