@@ -32,7 +32,10 @@ Rules of this file:
   carries its error (also one its worker met, or a worker that stopped
   before it finished: the send's files put so far stay put, and the next
   run sends again); an error reading the log itself is raised.  Workers
-  that cannot be started leave the batch to this process (logged once).
+  that cannot be started leave the batch to this process (logged once); a
+  worker that cannot open the site (a PostgreSQL server at its
+  connection limit) leaves its share to this process, once the others are
+  done (logged each time).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
     errors: dict[int, Exception] = {}
     reported: set[int] = set()  # sends a worker reported on
     running: dict[Any, tuple[Any, list[int]]] = {}
+    here: list[int] = []  # the sends of workers that could not open the site
     try:
         _start(running, parts, location, keys.to_text(), sends, max_size, version,
                outbound.PACKING_MEMORY // len(parts))
@@ -150,6 +154,11 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
                         reported.add(part[position])
                         if error is not None:
                             errors.setdefault(part[position], error)
+                elif what[0] == "unopened":  # nothing of its share was made: made here instead
+                    log.warning("a packing worker could not open %s (%s); its %d sends are packed in the agent's "
+                                "process", location, what[1], len(part))
+                    reported.update(part)
+                    here.extend(part)
                 else:  # "raised": reading the log failed, which stops the whole batch
                     raise what[1]
     finally:
@@ -157,6 +166,14 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
             process.kill()
             process.join()
             conn.close()
+    if here:
+        here.sort()
+        made = pack_sends(db, keys, [sends[index] for index in here],
+                          lambda position, message: put(here[position], message), max_size=max_size, version=version)
+        for index, outcome in zip(here, made):
+            counts[index] = outcome.messages
+            if outcome.error is not None:
+                errors[index] = outcome.error
     return [Packed(counts[index], errors.get(index)) for index in range(len(sends))]
 
 
@@ -175,7 +192,13 @@ def _workers_context() -> Any:
 
 class _Popen(popen_forkserver.Popen):
     """multiprocessing's forkserver launch, without the main module in what
-    the worker is told to prepare: a worker needs this module alone."""
+    the worker is told to prepare: a worker needs this module alone.  The
+    launch asks ``spawn.get_preparation_data``, which is wrapped for its
+    duration, under a lock (nothing else in the agent starts processes
+    with multiprocessing).  Python 3.11's server would not take the main
+    module ahead either: it looks for a ``main_path`` the preparation data
+    names ``init_main_from_path``.
+    tests/agent/test_pack_workers.py holds a worker to not running it."""
 
     _launching = threading.Lock()
 
@@ -244,10 +267,15 @@ def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, v
     try:
         try:
             keys = SiteKeys.from_text(key_text)
-            with open_site(location) as site:
+            site = open_site(location)
+        except (SiteError, *SEND_ERRORS) as error:
+            conn.send(("unopened", str(error)))
+            return
+        try:
+            with site:
                 packed = pack_sends(site, keys, sends, put, max_size=max_size, version=version,
                                     packing_memory=memory)
-        except (SiteError, *SEND_ERRORS) as error:
+        except Exception as error:  # noqa: BLE001 - raised in the agent, as pack_sends raises it there
             conn.send(("raised", _portable(error)))
             return
         conn.send(("done", [_portable(outcome.error) for outcome in packed]))

@@ -180,16 +180,41 @@ def test_a_worker_that_dies_fails_its_unfinished_sends(site: Path) -> None:
     assert outcomes[0].error is not None and len(made[sends[0].subscriber]) < len(reference.files["field001"])
 
 
-def test_an_error_reading_the_site_is_raised(site: Path) -> None:
+def test_a_worker_that_cannot_open_the_site_leaves_its_share_to_this_process(
+        site: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that cannot open the site (here it is moved away; a
+    PostgreSQL server at its connection limit does the same): its sends
+    are packed here, once the others are done, and the files are the
+    same."""
     reference = expected(site)
     with SiteDatabase.open(site) as db:
         sends = due_sends(db, reference)
-        os.rename(site, site.with_name("moved.db"))  # the workers cannot open it
+        os.rename(site, site.with_name("moved.db"))  # this connection stays open; the workers find nothing
         try:
-            with pytest.raises(SiteError, match="moved|no such|not found|does not exist|unable to open"):
-                pack(db, sends, workers=2)
+            outcomes, made = pack(db, sends, workers=2)
         finally:
             os.rename(site.with_name("moved.db"), site)
+    assert [outcome.error for outcome in outcomes] == [None] * len(sends)
+    assert made == {send.subscriber: reference.files[send.subscriber] for send in sends}
+    opened = [record.getMessage() for record in caplog.records if "could not open" in record.getMessage()]
+    assert len(opened) == 2 and all(line.startswith(f"a packing worker could not open {site} (") for line in opened)
+    assert sorted(int(line.split("; its ")[1].split()[0]) for line in opened) == [2, 3]
+
+
+def test_an_error_reading_the_log_in_a_worker_is_raised(site: Path) -> None:
+    """As pack_sends raises it in one process: here the capture table is gone."""
+    import sqlite3
+
+    reference = expected(site)
+    with SiteDatabase.open(site) as db:
+        sends = due_sends(db, reference)
+        with sqlite3.connect(site) as other:
+            other.execute("DROP TABLE fieldsync_capture")
+        with pytest.raises(Exception, match="fieldsync_capture") as alone:
+            pack_sends(db, site_keys(db), sends, lambda index, message: None, max_size=MAX_SIZE)
+        with pytest.raises(Exception, match="fieldsync_capture") as on_workers:
+            pack(db, sends, workers=2)
+    assert type(on_workers.value) is type(alone.value) and str(on_workers.value) == str(alone.value)
 
 
 def test_workers_that_cannot_start_leave_the_sends_to_this_process(site: Path, monkeypatch: pytest.MonkeyPatch,
