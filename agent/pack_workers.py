@@ -8,7 +8,9 @@ Rules of this file:
   counts it) reaches ``workers_from``, and only with more than one worker;
   else :func:`agent.outbound.pack_sends` here, in this process.
 * A send is packed whole by one worker, as ``pack_sends`` packs it (each
-  worker runs it on its share, over its own connection to the site), so
+  worker runs it on its share, over its own connection to the site, made
+  with the agent's environment of the moment: libpq reads its password
+  file and service file from there), so
   the files are byte for byte those one process makes.  The sends are
   dealt out in turn, so each worker gets a like share of subscribers.
 * Only the agent puts: each message comes back through its worker's pipe
@@ -123,7 +125,7 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
     here: list[int] = []  # the sends of workers that could not open the site
     try:
         _start(running, parts, location, keys.to_text(), sends, max_size, version,
-               outbound.PACKING_MEMORY // len(parts))
+               outbound.PACKING_MEMORY // len(parts), dict(os.environ))
         while running:
             for conn in wait(list(running)):
                 process, part = running[conn]
@@ -226,14 +228,14 @@ class _Worker(multiprocessing.context.ForkServerProcess):
 
 
 def _start(running: dict, parts: list[list[int]], location: str, key_text: str, sends: Sequence[BatchSend],
-           max_size: int, version: int, memory: int) -> None:
+           max_size: int, version: int, memory: int, environment: dict[str, str]) -> None:
     global _unavailable
     context = _workers_context()
     for number, part in enumerate(parts, start=1):
         ours, theirs = context.Pipe(duplex=False)
         process = _Worker(target=_work, name=f"fieldsync-pack-{number}", daemon=True,
                                   args=(location, key_text, [sends[index] for index in part], max_size, version,
-                                        memory, theirs))
+                                        memory, environment, theirs))
         try:
             process.start()
         except (OSError, RuntimeError, ValueError) as error:
@@ -252,11 +254,15 @@ class _AgentGone(BaseException):
 
 
 def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, version: int, memory: int,
-          conn: Connection) -> None:
+          environment: dict[str, str], conn: Connection) -> None:
     """A worker: pack ``sends`` from the site at ``location``, each message
-    sent back through ``conn``; then their errors (or the error raised)."""
+    sent back through ``conn``; then their errors (or the error raised).
+    It runs with the agent's ``environment`` (the server it is forked from
+    has the one the agent had when the server started)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.environ.clear()
+    os.environ.update(environment)
 
     def put(position: int, message: EncodedMessage) -> None:
         try:

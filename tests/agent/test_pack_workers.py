@@ -82,7 +82,7 @@ def test_workers_share_the_packers_memory_of_one_pass(site: Path, monkeypatch: p
     start = pack_workers._start  # noqa: SLF001
 
     def recorded(*args):  # type: ignore[no-untyped-def]
-        shares.append(args[-1])
+        shares.append(args[-2])  # (..., memory, environment)
         return start(*args)
 
     monkeypatch.setattr(pack_workers, "_start", recorded)

@@ -19,7 +19,7 @@ from agent.site import Article, open_site
 from agent.site.postgres.connect import connect
 from agent.site.postgres.site import PostgresSite
 from codec.changes import SchemaChange
-from tests.pgserver import PostgresServer, ServerFailed
+from tests.pgserver import PostgresServer, ServerFailed, write_pgpass
 
 from .test_agent_engine import assert_same, local, on_spark, send_phase
 
@@ -122,3 +122,46 @@ def test_packing_workers_of_a_postgresql_consolidated_make_the_agents_own_files(
     assert not any(line.startswith("packing ") for line in reference.logs)
     assert_same(workers, reference)
     assert all(files for files in workers.outbound.values())
+
+
+def test_packing_workers_connect_with_the_agents_environment_of_the_moment(postgres, tmp_path, monkeypatch,
+                                                                          caplog) -> None:
+    """The workers' server keeps the environment it started with; a worker
+    connects with the agent's: here the password file is named only after
+    the server started (an earlier batch started it), and each worker still
+    finds the role's password there and packs its share itself."""
+    from agent.admin import init_site as init
+    from agent.admin import site_keys
+    from agent.outbound import BatchSend, pack_sends
+    from agent.pack_workers import pack_due_sends
+
+    first = send_phase(copy_consolidated(postgres, consolidated(postgres, tmp_path / "world"), tmp_path / "first"),
+                       local(), pack_workers=2, pack_workers_from=0)  # the server runs from here on
+    assert first.report.ok and any(line.startswith("packing 3 sends") for line in first.logs)
+    role = postgres.create_role(password="workers-pw")
+    database = postgres.create_database(owner=role)
+    monkeypatch.setenv("PGPASSFILE", str(write_pgpass(tmp_path / "pgpass",
+                                                      [("127.0.0.1", postgres.port, database, role, "workers-pw")])))
+    uri = f"postgresql://{role}@127.0.0.1:{postgres.port}/{database}"
+    with connect(uri) as app:
+        app.execute("CREATE TABLE product (sku text PRIMARY KEY, name text, price double precision)")
+    site = init(uri, name="hq", role="consolidated", address=str(tmp_path / "hq-inbox"), home=tmp_path / "home")
+    with site:
+        site.create_publication("catalog", ["product"])
+        for name in ("field1", "field2", "field3"):
+            site.add_remote(name, address=str(tmp_path / name), transport="folder", start=0)
+            site.subscribe(name, "catalog")
+        with connect(uri) as app:
+            app.execute("INSERT INTO product SELECT 'sku' || n, 'product ' || n, n FROM generate_series(1, 500) AS n")
+        site.scan()
+        sends = [BatchSend(name, 0, site.log_end(), 0) for name in ("field1", "field2", "field3")]
+        keys = site_keys(site)
+        alone: list[tuple[int, str]] = []
+        pack_sends(site, keys, sends, lambda index, message: alone.append((index, message.name)), max_size=10_000)
+        caplog.clear()
+        made: list[tuple[int, str]] = []
+        outcomes = pack_due_sends(site, keys, sends, lambda index, message: made.append((index, message.name)),
+                                  max_size=10_000, workers=2, workers_from=0)
+    assert [outcome.error for outcome in outcomes] == [None] * 3
+    assert sorted(made) == sorted(alone) and len({index for index, _ in made}) == 3
+    assert not [record for record in caplog.records if "could not open" in record.getMessage()]
