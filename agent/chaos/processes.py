@@ -63,6 +63,9 @@ class ProcessSimulation(Simulation):
                     "-O", f"faults.partition_ticks={params.rates.partition_ticks}"]
         for name, value in self.transport_options(site).items():
             command += ["-O", f"{name}={value}"]
+        # Workers for every send phase of two sends or more, where the seed draws them (as in-process).
+        command += ["--pack-workers", "2", "--pack-workers-from", "0"] if params.pack_workers and index == 0 else \
+            ["--pack-workers", "1"]
         process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL,
                                                        stderr=asyncio.subprocess.PIPE)
         kill_after = self.rng.uniform(0.2, 1.0) if faults and self.rng.random() < self.kill_rate else None

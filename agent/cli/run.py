@@ -27,6 +27,7 @@ from codec.packing import DEFAULT_MAX_SIZE, MAX_MAX_SIZE, MIN_MAX_SIZE
 
 from ..errors import AgentError
 from ..metrics import SiteMetrics, rewriting, serving, write_metrics_file
+from ..pack_workers import PACK_WORKERS_FROM
 from ..queues import MessageQueues, QueueDepth, Settled
 from ..spark.engine import DEFAULT_EXECUTOR_WAIT, DEFAULT_TIMEOUT, ENGINES, SparkOptions, work_folder
 from ..transport_options import TransportOptions
@@ -380,9 +381,11 @@ def _check_metrics_options(once: bool, metrics_file: Path | None, metrics_port: 
               help="How long a cluster has to give the Spark job an executor (default: 2m; 0: no limit); "
                    "its batch fails as a failed job does.")
 @click.option("--pack-workers", type=Whole(min=1), metavar="N",
-              help="Processes that pack the sends of a send phase whose backlog reaches a million log offsets, "
+              help="Processes that pack the sends of a send phase whose backlog reaches --pack-workers-from, "
                    "each a share of the peers (default: the cores this process may use, at most 8; 1: always in "
                    "the agent's process).")
+@click.option("--pack-workers-from", type=Whole(min=0), default=PACK_WORKERS_FROM, show_default=True, metavar="N",
+              help="Backlog (log offsets over the due sends) from which --pack-workers packs on workers.")
 @click.option("--quarantine-limit", "quarantine_limits", multiple=True, type=QuarantineLimit(),
               help="A cap of the quarantine: peer-files, peer-bytes, total-files or total-bytes=VALUE "
                    "(defaults 1000, 64m, 10000, 512m); the oldest files go first. Repeatable.")
@@ -401,7 +404,8 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
         resend_urgency: float | None, receive_delay: float, send_delay: float, heartbeat: float,
         confirm_timeout: float | None, engine: str, spark_threshold: int | None,
         spark_master: str, spark_work: Path | None, spark_conf: tuple, spark_submit: str | None,
-        spark_timeout: float, spark_executor_wait: float, pack_workers: int | None, quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
+        spark_timeout: float, spark_executor_wait: float, pack_workers: int | None, pack_workers_from: int,
+        quarantine_limits: tuple, metrics_file: Path | None, metrics_port: int | None,
         metrics_address: str | None, verbose: bool, log_file: Path | None) -> int:
     """Run the message agent of the site in DATABASE.
 
@@ -440,7 +444,7 @@ def run(database: Path, once: bool, transport: str | None, address: str | None, 
                          resend_urgency=resend_urgency, receive_delay=receive_delay, send_delay=send_delay,
                          heartbeat=heartbeat, confirm_timeout=confirm_timeout,
                          transport_options=dict(link.plain), named_options={name: dict(values) for name, values in link.named.items()},
-                         spark=spark, quarantine=limits,
+                         spark=spark, quarantine=limits, pack_workers_from=pack_workers_from,
                          **({} if pack_workers is None else {"pack_workers": pack_workers}))
     out = console()
     metrics = None

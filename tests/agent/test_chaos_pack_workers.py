@@ -49,3 +49,67 @@ async def test_seeds_packing_on_workers_find_no_divergence_double_apply_or_loss(
     assert several > 0 and len(batches) >= several and min(batches) >= 2, (several, batches)
     assert summary["crashes"] > 0 and summary["faults_total"] > 0
     assert summary["rounds_to_rest"]["stuck"] == 0
+
+
+def _orphaned_servers() -> set[int]:
+    """Workers' servers (and their workers) whose agent is gone: their
+    parent is init."""
+    return {pid for pid, parent in _servers() if parent == 1}
+
+
+def _servers() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every workers' server and worker running."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read()
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"multiprocessing.forkserver" in command:
+            found.append((int(entry), parent))
+    return found
+
+
+@pytest.mark.slow
+async def test_agent_processes_killed_while_workers_pack_leave_nothing_behind():
+    """`agent run --once --pack-workers 2 --pack-workers-from 0` processes
+    for the consolidated, SIGKILLed at random moments as the process suite
+    does: every seed comes to rest clean, and no workers' server or worker
+    outlives its agent for long."""
+    import asyncio
+
+    from agent.chaos import run_process_seed
+
+    before = _orphaned_servers()
+    seen: set[int] = set()
+
+    async def watch() -> None:  # the workers' servers the agents start, seen while they run
+        while True:
+            seen.update(pid for pid, _ in _servers())
+            await asyncio.sleep(0.05)
+
+    watching = asyncio.create_task(watch())
+    seeds = [seed for seed in range(1000, 1100) if ChaosParams.random(seed).remotes > 1][:4]
+    failures, kills = [], 0
+    try:
+        for seed in seeds:
+            result = await run_process_seed(ChaosParams.random(seed, steps=3, pack_workers=True))
+            kills += result.crashes
+            if not result.ok:
+                failures.append(f"{result.params.command()}: {result.summary()}")
+    finally:
+        watching.cancel()
+    assert not failures, failures
+    assert kills > 0
+    assert len(seen - before) >= 4, "the consolidated's agents packed on workers"
+    for _ in range(50):  # a worker busy reading the log stops at its next message
+        left = _orphaned_servers() - before
+        if not left:
+            break
+        await asyncio.sleep(0.2)
+    assert not left, f"left running after their agent was killed: {sorted(left)}"
