@@ -94,8 +94,11 @@ def default_workers() -> int:
 
 def uses_workers(sends: Sequence[BatchSend], workers: int, workers_from: int) -> bool:
     """Whether :func:`pack_due_sends` packs ``sends`` in worker processes."""
-    return workers > 1 and len(sends) > 1 and _unavailable is None and \
-        sum(send.backlog for send in sends) >= workers_from
+    return workers > 1 and len(sends) > 1 and _unavailable is None and _backlog(sends) >= workers_from
+
+
+def _backlog(sends: Sequence[BatchSend]) -> int:
+    return sum(send.backlog for send in sends)
 
 
 def pack_due_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
@@ -104,6 +107,8 @@ def pack_due_sends(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
     """:func:`agent.outbound.pack_sends` of ``sends``, by ``workers`` worker
     processes where the rules above say so."""
     if uses_workers(sends, workers, workers_from):
+        log.info("packing %d sends (backlog %d log offsets) on %d workers", len(sends), _backlog(sends),
+                 min(workers, len(sends)))
         try:
             return pack_in_workers(db, keys, sends, put, max_size=max_size, version=version, workers=workers)
         except _NotStarted as error:

@@ -29,7 +29,7 @@ from codec.message import EncodedMessage, encode_control_message
 from .contexts import Outbox
 from .errors import AgentError
 from .outbound import SEND_ERRORS, BatchSend, Packed
-from .pack_workers import pack_due_sends, uses_workers
+from .pack_workers import pack_due_sends
 from .pairs import Peer
 from .protocol import SendControl, SendData
 from .site import Role
@@ -167,9 +167,6 @@ class Preparer:
             outbox.queues.put_outbound(send.subscriber, message.name, message.data, send.resend_count)
 
         options = outbox.options
-        if uses_workers(batch_sends, options.pack_workers, options.pack_workers_from):
-            log.info("packing %d sends (backlog %d log offsets) on %d workers", len(batch_sends),
-                     sum(send.backlog for send in batch_sends), min(options.pack_workers, len(batch_sends)))
         try:
             with outbox.queues.group_commit():
                 return pack_due_sends(outbox.db, outbox.keys, batch_sends, put, max_size=options.max_message_size,

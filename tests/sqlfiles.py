@@ -10,6 +10,7 @@ only commits, it does not close: use :func:`connected`.
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,3 +26,10 @@ def connected(path: str | Path, **options: Any) -> Iterator[sqlite3.Connection]:
             yield conn
     finally:
         conn.close()
+
+
+def seq_ranges(statements: list[str]) -> set[str]:
+    """The ranges of seqs (``seq > A AND seq <= B``) that the capture reads
+    among ``statements`` (a connection's trace) cover."""
+    return {match.group(0) for statement in statements
+            for match in [re.search(r"seq > \d+ AND seq <= \d+", statement)] if match}

@@ -36,6 +36,7 @@ from codec.errors import InvalidValue
 from codec.keys import SiteKeys
 from codec.names import Kind, MessageName
 from codec.packing import MIN_MAX_SIZE, pack_messages
+from tests.sqlfiles import seq_ranges
 
 SUBSCRIBERS = 6
 NAMES = subscriber_names(SUBSCRIBERS)
@@ -152,7 +153,7 @@ def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
     # statement of the same range of seqs).
     chunks = [statement for statement in statements if "FROM fieldsync_capture WHERE seq > " in statement]
     assert 0 < len(chunks) <= 2 * (reference.end // 1000 + 2)
-    assert 0 < len(_seq_ranges(chunks)) <= reference.end // 1000 + 2
+    assert 0 < len(seq_ranges(chunks)) <= reference.end // 1000 + 2
     assert reference.files["field006"] == [] and len(reference.files["field001"]) >= 3  # several files
     resent = [MessageName.parse(name).header for name, _ in reference.files["field002"]]
     assert resent[0].prev == reference.starts["field002"] > 0 and {h.resend_count for h in resent} == {1}
@@ -160,14 +161,6 @@ def test_a_send_phase_queues_what_each_send_alone_would(site: Path) -> None:
     assert sum(len(data_files(phase.outbound[peer])) for peer in NAMES) == sum(
         len(files) for files in reference.files.values())
     assert phase.report.sent == 0
-
-
-def _seq_ranges(statements: list[str]) -> set[str]:
-    """The ranges of seqs the capture reads among ``statements`` cover."""
-    import re
-
-    return {match.group(0) for statement in statements for match in [re.search(r"seq > \d+ AND seq <= \d+",
-                                                                                 statement)] if match}
 
 
 def cancel_then_send_again(site: Path, stick: Callable[[Agent, asyncio.Event], tuple[object, str]]) -> Phase:

@@ -10,6 +10,7 @@ from codec.ops import Operation, Run, Transaction, operations_of
 
 from .conftest import app_connection
 from .publishing import hq, read_ops  # noqa: F401  (hq: a fixture)
+from tests.sqlfiles import seq_ranges
 
 
 def test_the_router_offers_each_row_to_the_subscribers_it_can_concern_and_no_fewer(hq):
@@ -341,15 +342,7 @@ def test_one_pass_reads_each_capture_row_once(hq):
     # The log is under one chunk: one range of seqs read once for all four
     # (INSERT and DELETE rows, which hold one image, by a narrower statement
     # of the same range); alone, each subscriber reads it again.
-    assert len(_ranges(together)) == 1 and len(together) <= 2 and len(alone) >= 4
-
-
-def _ranges(statements: list[str]) -> set[str]:
-    """The ranges of seqs the capture reads among ``statements`` cover."""
-    import re
-
-    return {match.group(0) for statement in statements for match in [re.search(r"seq > \d+ AND seq <= \d+",
-                                                                                 statement)] if match}
+    assert len(seq_ranges(together)) == 1 and len(together) <= 2 and len(alone) >= 4
 
 
 def test_the_router_leaves_each_reader_its_own_transactions(hq):
