@@ -27,7 +27,7 @@ below it, never one above (docs/protocol.md, "Layers"):
    files, administration and crash points;
 6. the engines behind them: the recovery-log spool (``agent.spool``),
    the Spark batch path (``agent.spark``, and the job in ``contrib``) and
-   the packing workers (``agent.pack_workers``);
+   the packing workers (``agent.pack_workers``, ``agent.pack_processes``);
 7. the agent's core: the sans-I/O protocol (``agent.protocol``,
    ``agent.controls``, ``agent.pair_values``), packing sends
    (``agent.outbound``), key files, and the queue interface (``agent.queue_interface``) that the
@@ -69,7 +69,8 @@ LAYERS = (
     Layer("what the runner drives", ("agent.pairs", "agent.peers", "agent.pair_files", "agent.working_set", "agent.queues", "agent.run_options",
                                      "agent.transport_options", "agent.transport_pool", "agent.schedule", "agent.quarantine", "agent.restore",
                                      "agent.left_files", "agent.admin", "agent.crashpoints", "agent.signals")),
-    Layer("the engines", ("agent.spool", "agent.spark", "agent.pack_workers", "contrib.spark")),
+    Layer("the engines", ("agent.spool", "agent.spark", "agent.pack_workers", "agent.pack_processes",
+                              "contrib.spark")),
     Layer("the agent's core", ("agent.protocol", "agent.controls", "agent.pair_values", "agent.outbound",
                                "agent.keyfiles", "agent.queue_interface")),
     Layer("the error tree", ("agent.errors",)),

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from agent import pack_workers
+from agent import pack_processes
 from agent.chaos import ChaosParams, run_seeds, summarize
 
 pytestmark = pytest.mark.timeout(900)
@@ -33,13 +33,13 @@ def test_a_seed_in_four_draws_packing_workers_drawn_after_everything_else():
 
 async def test_seeds_packing_on_workers_find_no_divergence_double_apply_or_loss(monkeypatch):
     batches: list[int] = []
-    real = pack_workers.pack_in_workers
+    real = pack_processes.pack_in_workers
 
     def counted(*args, **options):  # type: ignore[no-untyped-def]
         batches.append(len(args[2]))
         return real(*args, **options)
 
-    monkeypatch.setattr(pack_workers, "pack_in_workers", counted)
+    monkeypatch.setattr(pack_processes, "pack_in_workers", counted)
     results = await run_seeds(range(SEEDS), pack_workers=True)
     summary = summarize(results)
     assert summary["failing_seeds"] == [], summary["failing_seeds"][:5]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from agent import pack_workers
+from agent import pack_processes, pack_workers
 from agent.admin import site_keys
+from agent.keyfiles import copy_site_keys
 from agent.outbound import BatchSend, pack_sends
-from agent.pack_workers import PackWorkerError, pack_due_sends, uses_workers
+from agent.pack_processes import PackWorkerError
+from agent.pack_workers import pack_due_sends, uses_workers
 from agent.runner import Agent, RunOptions
 from agent.site import SiteDatabase
 from agent.site.errors import SiteError
@@ -81,13 +84,13 @@ def test_workers_share_the_packers_memory_of_one_pass(site: Path, monkeypatch: p
 
     monkeypatch.setattr(outbound, "PACKING_MEMORY", 4 * outbound.PACKER_MEMORY_FACTOR * MAX_SIZE)
     shares: list[int] = []
-    start = pack_workers._start  # noqa: SLF001
+    start = pack_processes._start  # noqa: SLF001
 
     def recorded(*args):  # type: ignore[no-untyped-def]
         shares.append(args[-2])  # (..., memory, environment)
         return start(*args)
 
-    monkeypatch.setattr(pack_workers, "_start", recorded)
+    monkeypatch.setattr(pack_processes, "_start", recorded)
     reference = expected(site)
     with SiteDatabase.open(site) as db:
         sends = due_sends(db, reference) + [BatchSend("field006", 0, reference.end, 0)]
@@ -231,7 +234,7 @@ def test_workers_that_cannot_start_leave_the_sends_to_this_process(site: Path, m
         def start(self) -> None:
             raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(pack_workers, "_Worker", Refused)
+    monkeypatch.setattr(pack_processes, "_Worker", Refused)
     monkeypatch.setattr(pack_workers, "_unavailable", None)
     reference = expected(site)
     with SiteDatabase.open(site) as db:
@@ -299,3 +302,36 @@ if __name__ == "__main__":
                                timeout=120)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert notes.read_text() == "__main__\n"
+
+
+def test_an_agent_that_packs_in_its_own_process_never_imports_multiprocessing(site: Path, tmp_path: Path) -> None:
+    """The processes' module (and multiprocessing with it) is imported at
+    the first batch on workers, not when the agent starts: a fresh
+    interpreter with the command line and the runner loaded runs a send
+    phase below ``--pack-workers-from`` without it, then one above with
+    it."""
+    script = tmp_path / "phases.py"
+    script.write_text(f"""
+import asyncio, sys
+import agent.cli.run
+from agent.runner import Agent, RunOptions
+from agent.spark.engine import SparkOptions
+
+async def phase(path, workers_from):
+    options = RunOptions(receive=False, max_message_size={MAX_SIZE}, spark=SparkOptions(engine="local"),
+                         pack_workers=2, pack_workers_from=workers_from)
+    async with Agent(path, options) as agent:
+        await agent.send_phase(force_controls=True)
+        assert agent.report.ok, agent.report
+    return "multiprocessing" in sys.modules, "agent.pack_processes" in sys.modules
+
+print(asyncio.run(phase(sys.argv[1], 10 ** 12)), asyncio.run(phase(sys.argv[2], 0)))
+""")
+    again = tmp_path / "again" / "hq.db"  # the same sends for the second phase
+    again.parent.mkdir()
+    shutil.copy(site, again)
+    copy_site_keys(site, again)
+    completed = subprocess.run([sys.executable, str(script), str(site), str(again)], capture_output=True,
+                               text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.split() == ["(False,", "False)", "(True,", "True)"]
