@@ -14,6 +14,9 @@ Rules of this file:
 * Workers ignore Ctrl-C and SIGTERM: the agent decides when they stop (it
   kills those still running when it leaves early), and a worker whose
   agent is gone stops at its next message.
+* A worker logs through its pipe, with the agent's levels: the agent hands
+  each record to its own handlers, so a worker's lines go where the
+  agent's go (``--log-file``), not to a terminal of the worker's own.
 * A worker that cannot open the site (a PostgreSQL server at its
   connection limit) leaves its share to the agent's process, once the
   others are done (logged each time); when no worker can be started at
@@ -28,6 +31,7 @@ import os
 import pickle
 import signal
 import threading
+from dataclasses import dataclass
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
@@ -66,8 +70,8 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
     running: dict[Any, tuple[Any, list[int]]] = {}
     here: list[int] = []  # the sends of workers that could not open the site
     try:
-        _start(running, parts, location, keys.to_text(), sends, max_size, version,
-               outbound.PACKING_MEMORY // len(parts), dict(os.environ))
+        _start(running, parts, sends, _Job(location, keys.to_text(), max_size, version,
+                                           outbound.PACKING_MEMORY // len(parts), dict(os.environ), _levels()))
         while running:
             for conn in wait(list(running)):
                 process, part = running[conn]
@@ -93,6 +97,9 @@ def pack_in_workers(db: Site, keys: SiteKeys, sends: Sequence[BatchSend],
                         errors[index] = error
                     else:
                         counts[index] += 1
+                elif what[0] == "log":
+                    record = logging.makeLogRecord(what[1])
+                    logging.getLogger(record.name).handle(record)
                 elif what[0] == "done":
                     for position, error in enumerate(what[1]):
                         reported.add(part[position])
@@ -169,14 +176,29 @@ class _Worker(multiprocessing.context.ForkServerProcess):
         return _Popen(process_obj)
 
 
-def _start(running: dict, parts: list[list[int]], location: str, key_text: str, sends: Sequence[BatchSend],
-           max_size: int, version: int, memory: int, environment: dict[str, str]) -> None:
+@dataclass(frozen=True)
+class _Job:
+    """What every worker of a batch is given, beside its share of sends."""
+
+    location: str  # the site: an absolute path, or a PostgreSQL URI
+    key_text: str
+    max_size: int
+    version: int
+    memory: int  # its packers' share of PACKING_MEMORY
+    environment: dict[str, str]  # the agent's, of the moment
+    levels: dict[str, int]  # the agent's logging levels: logger name ("" for the root) to level
+
+
+def _levels() -> dict[str, int]:
+    return {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "fieldsync")}
+
+
+def _start(running: dict, parts: list[list[int]], sends: Sequence[BatchSend], job: _Job) -> None:
     context = _workers_context()
     for number, part in enumerate(parts, start=1):
         ours, theirs = context.Pipe(duplex=False)
         process = _Worker(target=_work, name=f"fieldsync-pack-{number}", daemon=True,
-                                  args=(location, key_text, [sends[index] for index in part], max_size, version,
-                                        memory, environment, theirs))
+                          args=(job, [sends[index] for index in part], theirs))
         try:
             process.start()
         except (OSError, RuntimeError, ValueError) as error:
@@ -193,16 +215,39 @@ class _AgentGone(BaseException):
     """The agent's end of a worker's pipe is closed."""
 
 
-def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, version: int, memory: int,
-          environment: dict[str, str], conn: Connection) -> None:
-    """A worker: pack ``sends`` from the site at ``location``, each message
-    sent back through ``conn``; then their errors (or the error raised).
-    It runs with the agent's ``environment`` (the server it is forked from
-    has the one the agent had when the server started)."""
+class _PipeHandler(logging.Handler):
+    """A worker's log records, sent to the agent, which hands them to its
+    own handlers (its terminal, ``--log-file``) as if logged there."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self.conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = {name: value for name, value in vars(record).items()
+                  if isinstance(value, (str, int, float, bool, type(None)))}  # what travels as it is
+        fields.update(msg=record.getMessage(), args=None, exc_info=None, exc_text=record.exc_text or (
+            logging.Formatter().formatException(record.exc_info) if record.exc_info else None))
+        try:
+            self.conn.send(("log", fields))
+        except OSError:
+            pass  # the agent is gone: the worker stops at its next message
+
+
+def _work(job: _Job, sends: list[BatchSend], conn: Connection) -> None:
+    """A worker: pack ``sends`` from the site of ``job``, each message (and
+    log record) sent back through ``conn``; then their errors (or the error
+    raised).  It runs with the agent's environment and logging levels (the
+    server it is forked from has the environment the agent had when the
+    server started, and no logging set up)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.environ.clear()
-    os.environ.update(environment)
+    os.environ.update(job.environment)
+    root = logging.getLogger()
+    root.handlers[:] = [_PipeHandler(conn)]
+    for name, level in job.levels.items():
+        logging.getLogger(name).setLevel(level)
 
     def put(position: int, message: EncodedMessage) -> None:
         try:
@@ -212,15 +257,15 @@ def _work(location: str, key_text: str, sends: list[BatchSend], max_size: int, v
 
     try:
         try:
-            keys = SiteKeys.from_text(key_text)
-            site = open_site(location)
+            keys = SiteKeys.from_text(job.key_text)
+            site = open_site(job.location)
         except (SiteError, *SEND_ERRORS) as error:
             conn.send(("unopened", str(error)))
             return
         try:
             with site:
-                packed = pack_sends(site, keys, sends, put, max_size=max_size, version=version,
-                                    packing_memory=memory)
+                packed = pack_sends(site, keys, sends, put, max_size=job.max_size, version=job.version,
+                                    packing_memory=job.memory)
         except Exception as error:  # noqa: BLE001 - raised in the agent, as pack_sends raises it there
             conn.send(("raised", _portable(error)))
             return

@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from agent import pack_processes, pack_workers
-from agent.admin import site_keys
+from agent.admin import init_site, site_keys
 from agent.keyfiles import copy_site_keys
 from agent.outbound import BatchSend, pack_sends
 from agent.pack_processes import PackWorkerError
 from agent.pack_workers import pack_due_sends, uses_workers
 from agent.runner import Agent, RunOptions
-from agent.site import SiteDatabase
+from agent.site import Article, SiteDatabase
 from agent.site.errors import SiteError
 from agent.spark.engine import SparkOptions
 from codec.errors import InvalidValue
@@ -87,7 +87,7 @@ def test_workers_share_the_packers_memory_of_one_pass(site: Path, monkeypatch: p
     start = pack_processes._start  # noqa: SLF001
 
     def recorded(*args):  # type: ignore[no-untyped-def]
-        shares.append(args[-2])  # (..., memory, environment)
+        shares.append(args[-1].memory)  # (running, parts, sends, job)
         return start(*args)
 
     monkeypatch.setattr(pack_processes, "_start", recorded)
@@ -335,3 +335,25 @@ print(asyncio.run(phase(sys.argv[1], 10 ** 12)), asyncio.run(phase(sys.argv[2], 
                                text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.split() == ["(False,", "False)", "(True,", "True)"]
+
+
+def test_a_workers_log_records_reach_the_agents_handlers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """What a worker logs (here a TEXT value of the log that is not UTF-8,
+    read by each worker) goes to the agent's handlers (its terminal and
+    ``--log-file``; here the test's), said by the worker that met it."""
+    db = init_site(tmp_path / "hq.db", name="hq", role="consolidated", address="hq@example.org")
+    with db:
+        db.connection.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        db.create_publication("p", [Article("t")])
+        for name in ("n1", "n2"):
+            db.add_remote(name, address=f"{name}@example.org")
+            db.subscribe(name, "p")
+        with connected(db.path) as app:
+            app.execute("INSERT INTO t VALUES (1, CAST(x'ff41' AS TEXT)), (2, 'ok')")
+        sends = [BatchSend(name, 0, db.scan(), 0) for name in ("n1", "n2")]
+        with caplog.at_level("INFO", logger="fieldsync"):
+            outcomes, made = pack(db, sends, workers=2)
+    assert [outcome.error for outcome in outcomes] == [None, None] and all(made.values())
+    said = [record for record in caplog.records if "is not valid UTF-8 (b'\\xffA'...)" in record.getMessage()]
+    assert sorted(record.processName for record in said) == ["fieldsync-pack-1", "fieldsync-pack-2"]
+    assert all(record.name == "fieldsync.site" and record.levelname == "WARNING" for record in said)
