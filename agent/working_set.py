@@ -15,8 +15,11 @@ only when something may be due for it; the core then decides what is:
   whose new log range may hold something for it (rule 5), both found by
   the database (``Site.pairs_due``, agent.site.due; ``concerned_reads``).
   The pairs a new range holds nothing for are not built: their
-  ``log_send`` and ``log_read`` move in one statement per value
-  (``Site.update_remotes``), as each pair's empty send would move them.
+  ``log_send`` and ``log_read`` move as each pair's empty send would move
+  them, by one write of the site's common read position for those that
+  follow it, and by one statement for the others, which then follow it
+  (``Site.move_reads``; docs/protocol.md, "The common read position"):
+  a run's writes grow with the pairs it has work for, not with the fleet.
 
 A pair built stays built for the agent's life.  Continuous runs build
 every pair (agent.pairs.PairStore.load).
@@ -30,8 +33,6 @@ Rules of this file:
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from .controls import HEARTBEAT_SPREAD, MAX_PROBE_DOUBLINGS
 from .pairs import PairStore, Peer
@@ -52,8 +53,10 @@ def load_for_sends(store: PairStore, peers: dict[str, Peer], settings: Settings,
                    now: float, everyone: bool = False) -> int:
     """Before a send phase: build the pairs that may owe a control message or
     whose new range may hold something for them; move the read positions of
-    those it holds nothing for.  Returns how many read positions moved.
-    ``everyone``: build every pair (each is sent a confirmation)."""
+    those it holds nothing for (the pairs that follow the common read
+    position and are built leave it first: their sends move their own).
+    Returns how many read positions moved.  ``everyone``: build every pair
+    (each is sent a confirmation)."""
     db = store.db
     if everyone:
         store.load_named(peers, [remote.name for remote in db.remotes()], settings)
@@ -68,16 +71,15 @@ def load_for_sends(store: PairStore, peers: dict[str, Peer], settings: Settings,
     asked = [(name, start, end) for _, start, end, names in reads if end > start for name in names]
     concerned = {asked[index][0] for index in db.concerned_reads(asked)} if asked else set()
     store.load_named(peers, sorted(due.controls | concerned), settings)
-    moves: dict[str, dict[str, Any]] = {}
-    for read, start, end, names in reads:
-        move = {"log_send": end} if end > read.log_send else {}
-        if end > start:  # the range holds nothing for the peer: read through it (an empty send)
-            move["log_read"] = max(read.log_read, end)
-        if move:  # one change for the group, shared (Site.update_remotes checks it once)
-            moves.update(dict.fromkeys([name for name in names if name not in peers], move))
-    if moves:
-        db.update_remotes(moves)
-    return len(moves)
+    if not due.reads:
+        return 0
+    # Every pair due reads up to the log end (read_range), and so does the
+    # common position: the pairs not built move there, the built followers
+    # keep where they are (their sends move them).
+    leave = [name for read in due.reads if read.follows for name in read.names if name in peers]
+    join = [name for read in due.reads if not read.follows for name in read.names if name not in peers]
+    db.move_reads(log_end, leave=leave, join=join)
+    return sum(1 for read in due.reads if read.follows for name in read.names if name not in peers) + len(join)
 
 
 def read_range(read: ReadDue, log_end: int, log_start: int) -> tuple[int, int]:

@@ -31,7 +31,12 @@ timed, not the interpreter's start).
   pays each time it fires; ``process_idle_rss_mb`` is that process's peak
   resident memory (its own VmHWM: a child's rusage would count this
   benchmark's memory from before the exec).  The
-  median of ``--repeat`` such runs.
+  median of ``--repeat`` such runs.  ``process_idle_written_kb`` and
+  ``process_one_change_written_kb`` (the latter after one row of one
+  remote's region changed): what such a process wrote to storage (its
+  ``write_bytes`` in ``/proc/self/io``: the database, its WAL, the spool
+  and the files), the medians; a run's writes follow its work, not the
+  fleet (docs/protocol.md, "The common read position").
 * ``baseline_write_n_files_s``: N times write a small file, fsync it and
   ``os.replace`` it into a folder, the least a run that writes one file
   per remote costs; ``all_change_vs_baseline`` is ``all_change_s`` over it.
@@ -134,12 +139,13 @@ def baseline_write_files(folder: Path, count: int) -> float:
 # counts the parent's memory from before its exec).
 _CHILD = ("import sys\nfrom agent.cli import main\ntry:\n    code = main(sys.argv[1:])\nfinally:\n"
           "    peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')]\n"
-          "    print('vmhwm-kib', *peak, file=sys.stderr)\nsys.exit(code)\n")
+          "    written = [line.split()[1] for line in open('/proc/self/io') if line.startswith('write_bytes')]\n"
+          "    print('vmhwm-kib', *peak, *written, file=sys.stderr)\nsys.exit(code)\n")
 
 
-def process_run(hq: Path) -> tuple[float, float]:
+def process_run(hq: Path) -> tuple[float, float, float]:
     """``agent run HQ --once`` as a process of its own: its seconds, start
-    included, and its peak resident memory in MB."""
+    included, its peak resident memory in MB and the KB it wrote to storage."""
     started = time.perf_counter()
     completed = subprocess.run([sys.executable, "-c", _CHILD, "run", str(hq), "--once"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
@@ -147,7 +153,8 @@ def process_run(hq: Path) -> tuple[float, float]:
     *lines, last = completed.stderr.strip().splitlines() or [""]
     if completed.returncode != 0 or not last.startswith("vmhwm-kib "):
         raise SystemExit(f"agent run {hq} --once: exit {completed.returncode}: {completed.stderr.strip()}")
-    return elapsed, int(last.split()[1]) / 1024
+    _, peak, written = last.split()
+    return elapsed, int(peak) / 1024, int(written) / 1024
 
 
 def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
@@ -179,9 +186,15 @@ def measure(count: int, extract_at_most: int, repeats: int = 3) -> dict:
         result["all_change_ms_per_remote"] = round(result["all_change_s"] * 1000 / count, 3)
         timed_run(root, hq)  # what the last change left is sent: the process runs below are idle
         processes = [process_run(hq) for _ in range(repeats)]
-        result["process_idle_s"] = round(statistics.median(seconds for seconds, _ in processes), 3)
-        result["process_idle_runs_s"] = [round(seconds, 3) for seconds, _ in processes]
-        result["process_idle_rss_mb"] = round(max(memory for _, memory in processes), 1)
+        result["process_idle_s"] = round(statistics.median(seconds for seconds, _, _ in processes), 3)
+        result["process_idle_runs_s"] = [round(seconds, 3) for seconds, _, _ in processes]
+        result["process_idle_rss_mb"] = round(max(memory for _, memory, _ in processes), 1)
+        result["process_idle_written_kb"] = round(statistics.median(written for _, _, written in processes), 1)
+        changed = []
+        for repeat in range(repeats):
+            change(hq, f"WHERE id = {repeats + 1 + repeat}")
+            changed.append(process_run(hq)[2])
+        result["process_one_change_written_kb"] = round(statistics.median(changed), 1)
         result.update(status_figures("status_after_runs", hq, repeats))
         baseline = statistics.median(baseline_write_files(workdir / f"baseline{repeat}", count)
                                      for repeat in range(repeats))

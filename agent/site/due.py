@@ -61,11 +61,14 @@ class DueQuery:
 @dataclass(frozen=True, slots=True)
 class ReadDue:
     """The pairs the log holds a range for that was not read for them yet,
-    grouped by their read positions (at a fleet, most pairs share them)."""
+    grouped by their read positions (at a fleet, most pairs share them)
+    and by whether they follow the common read position (``follows``:
+    docs/protocol.md, "The common read position")."""
 
     log_send: int
     log_sent: int
     log_read: int
+    follows: bool
     names: tuple[str, ...]
 
 
@@ -90,8 +93,8 @@ def find_pairs_due(execute: Callable[..., Iterable[tuple]], controls_sql: Any, r
                   "timeout": query.confirm_timeout, "doublings": query.max_doublings}
     controls = frozenset(name for (name,) in execute(controls_sql, parameters))
     groups: dict[tuple, list[str]] = {}
-    for row in execute(reads_sql, {"end": query.log_end}):  # (name, log_send, log_sent, log_read)
-        positions = row[1:]
+    for row in execute(reads_sql, {"end": query.log_end}):  # (name, log_send, log_sent, log_read, follows)
+        positions = (*row[1:4], bool(row[4]))
         names = groups.get(positions)
         if names is None:
             names = groups[positions] = []

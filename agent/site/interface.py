@@ -284,6 +284,15 @@ class Site(Protocol):
         peers a message of arrived while their stream runs, whose errors in
         force are over (:meth:`record_heard`), in the same transaction."""
 
+    def move_reads(self, end: int, *, leave: Collection[str], join: Collection[str]) -> None:
+        """A batch run's send phase's moves of the read positions, in one
+        transaction (docs/protocol.md, "The common read position"): the
+        pairs of ``leave`` that follow the common read position (the range
+        concerns them, or the run built them) leave it at its value of now;
+        the pairs of ``join`` (the range holds nothing for them; none
+        follows it) move to ``end`` and follow it; the common position
+        moves to ``end``, the log end, and with it every other follower."""
+
     def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
         """:meth:`record_send` for several ``(name, log_sent, messages)``, in
         one transaction: a send phase records its sends at once."""

@@ -19,8 +19,11 @@ def test_fleet_benchmark_counts_the_files_each_kind_of_run_writes(capsys) -> Non
     for kind in ("status", "status_after_runs"):  # the median of as many calls
         calls = figures[f"{kind}_runs_s"]
         assert len(calls) == 2 and figures[f"{kind}_s"] == sum(calls) / 2
+    # A change is written (its log, the pair's row, the spool, its file); an idle run writes less.
+    assert figures["process_one_change_written_kb"] > figures["process_idle_written_kb"] >= 0
     # A process pays the interpreter's start and imports the in-process runs do not.
     assert figures["process_idle_s"] > figures["idle_s"]
     for key in ("idle_s", "one_change_s", "all_change_s", "all_change_ms_per_remote", "status_s", "bulk_add_s",
-                "bulk_extract_s", "baseline_write_n_files_s", "process_idle_s", "process_idle_rss_mb"):
+                "bulk_extract_s", "baseline_write_n_files_s", "process_idle_s", "process_idle_rss_mb",
+                "process_one_change_written_kb"):
         assert figures[key] > 0, key

@@ -175,3 +175,48 @@ async def test_pairs_at_different_read_positions_are_each_read_through_the_range
         assert rows[name].log_sent == positions[name][1]  # nothing sent
     await world.settle()
     world.check_converged()
+
+
+def stored_rows(world: World, names: tuple[str, ...]) -> dict[str, tuple]:
+    """hq's remote-user rows of ``names`` as stored, every column."""
+    with world.connect("hq") as conn:
+        return {row[0]: row for row in conn.execute(
+            f"SELECT * FROM fieldsync_remote WHERE name IN ({', '.join('?' * len(names))})", names)}
+
+
+async def test_the_pairs_a_range_holds_nothing_for_follow_the_common_read_position_unwritten(world):
+    """A pair moved through a range that held nothing for it follows the
+    common read position from then on: the next such range moves it with
+    one write of the site row, its own row as it was, where the agent reads
+    the positions a move of the row would have written.  The pair a change
+    is for leaves it (its send moves its own positions), and rejoins it
+    when a later range holds nothing for it."""
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(21), 3, ("f1",), start=8000))
+    assert (await run(world))[0] == ["f1"]  # f2 and f3 join the common position at the log end
+    await quiet(world)
+    joined = stored_rows(world, ("f2", "f3"))
+    with world.connect("hq") as conn:
+        assert conn.execute("SELECT name FROM fieldsync_remote WHERE follows_common ORDER BY name").fetchall() == [
+            ("f2",), ("f3",)]
+    world.write("hq", *random_rows(random.Random(22), 3, ("f1",), start=9000))
+    assert (await run(world))[0] == ["f1"]
+    end = log_end(world)
+    assert stored_rows(world, ("f2", "f3")) == joined  # not written
+    with world.connect("hq") as conn:
+        assert conn.execute("SELECT common_read FROM fieldsync_site").fetchone() == (end,)
+        stored = dict(conn.execute("SELECT name, log_read FROM fieldsync_remote WHERE name IN ('f2', 'f3')"))
+    rows, _ = world.remote_rows("hq")
+    for name in ("f2", "f3"):
+        assert (rows[name].log_send, rows[name].log_read) == (end, end) and stored[name] < end, name
+        assert rows[name].log_sent == joined[name][2]  # nothing sent (the column after log_send)
+    # A change for f2 alone: f2 leaves the common position, sends, and its row is its own.
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(23), 2, ("f2",), start=9500))
+    assert (await run(world))[0] == ["f2"]
+    with world.connect("hq") as conn:
+        following = dict(conn.execute("SELECT name, follows_common FROM fieldsync_remote"))
+    assert following == {"f1": 1, "f2": 0, "f3": 1}
+    await world.settle()
+    world.check_converged()
+    assert len(world.rows("f2", "customer", "WHERE id >= 9500")) == 2

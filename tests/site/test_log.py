@@ -213,9 +213,15 @@ def test_the_horizon_is_one_rule_in_python_and_in_sql():
     from agent.site.remote_rules import horizon
 
     conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE TABLE fieldsync_remote (log_read INTEGER, log_sent INTEGER, confirm_sent INTEGER)")
-    states = list(itertools.product(range(4), repeat=3))
-    conn.executemany("INSERT INTO fieldsync_remote VALUES (?, ?, ?)", states)
-    in_sql = conn.execute(f"SELECT log_read, log_sent, confirm_sent, {HORIZON_SQL} FROM fieldsync_remote").fetchall()
-    assert [row[3] for row in in_sql] == [horizon(*row[:3]) for row in in_sql]
-    assert {row[3] for row in in_sql} == {0, 1, 2, 3}
+    # A row that follows the common read position (here 2) reads its log_read as at least there.
+    conn.execute("CREATE TABLE fieldsync_site (id INTEGER PRIMARY KEY, common_read INTEGER)")
+    conn.execute("INSERT INTO fieldsync_site VALUES (1, 2)")
+    conn.execute("CREATE TABLE fieldsync_remote (log_read INTEGER, log_sent INTEGER, confirm_sent INTEGER,"
+                 " follows_common INTEGER)")
+    states = list(itertools.product(range(4), range(4), range(4), (0, 1)))
+    conn.executemany("INSERT INTO fieldsync_remote VALUES (?, ?, ?, ?)", states)
+    in_sql = conn.execute(f"SELECT log_read, log_sent, confirm_sent, follows_common, {HORIZON_SQL}"
+                          " FROM fieldsync_remote").fetchall()
+    assert [row[4] for row in in_sql] == [horizon(max(read, 2) if follows else read, sent, confirmed)
+                                          for read, sent, confirmed, follows, _ in in_sql]
+    assert {row[4] for row in in_sql} == {0, 1, 2, 3}

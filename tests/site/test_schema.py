@@ -311,8 +311,9 @@ def test_layout_7_gains_the_outstanding_columns_when_opened(tmp_path):
     conn.execute("DROP INDEX fieldsync_apply_error_open")
     conn.execute("ALTER TABLE fieldsync_apply_error DROP COLUMN acknowledged_at")
     for column in ("confirm_timeout", "data_sent_at", "peer_confirmed", "probes", "confirm_owed", "error_count",
-                   "error_seen_at", "stream_stopped", "stream_stopped_at", "peer_schema_version"):
+                   "error_seen_at", "stream_stopped", "stream_stopped_at", "peer_schema_version", "follows_common"):
         conn.execute(f"ALTER TABLE fieldsync_remote DROP COLUMN {column}")
+    conn.execute("ALTER TABLE fieldsync_site DROP COLUMN common_read")
     conn.execute("UPDATE fieldsync_site SET schema_version = 7")
     conn.commit()
     conn.close()
@@ -349,7 +350,9 @@ def test_a_site_of_layout_11_gains_the_peers_schema_versions_when_opened(tmp_pat
     with SiteDatabase.init(path, name="hq", role="consolidated") as site:
         site.add_remote("r1")
     SiteDatabase.init(fresh, name="hq", role="consolidated").close()
-    back_to_layout(path, 11, "ALTER TABLE fieldsync_remote DROP COLUMN peer_schema_version")
+    back_to_layout(path, 11, "ALTER TABLE fieldsync_remote DROP COLUMN peer_schema_version",
+                   "ALTER TABLE fieldsync_remote DROP COLUMN follows_common",
+                   "ALTER TABLE fieldsync_site DROP COLUMN common_read")
     with SiteDatabase.open(path) as site:
         assert site.remote("r1").peer_schema_version is None
         site.update_remotes({"r1": {"peer_schema_version": 2741}})
@@ -382,6 +385,30 @@ def test_a_site_of_layout_14_gains_the_removed_articles_when_opened(tmp_path):
         assert (site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0],
                 site.removed_articles()) == (SCHEMA_VERSION, [])
     assert same_columns(path, fresh, "fieldsync_removed_article") != []
+
+
+def test_a_site_of_layout_15_gains_the_common_read_position_when_opened(tmp_path):
+    """Layout 16: the common read position (0) and each remote's mark of
+    following it, which no remote does yet: each keeps its own positions;
+    the upgraded tables are a new site's."""
+    path, fresh = tmp_path / "hq.db", tmp_path / "fresh.db"
+    for made in (path, fresh):
+        SiteDatabase.init(made, name="hq", role="consolidated").close()
+    with SiteDatabase.open(path) as site:
+        site.add_remote("r1")
+        site.connection.execute("CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        site.connection.execute("INSERT INTO t VALUES (1)")
+        end = site.scan()
+        site.update_remote("r1", log_read=end)
+    back_to_layout(path, 15, "ALTER TABLE fieldsync_remote DROP COLUMN follows_common",
+                   "ALTER TABLE fieldsync_site DROP COLUMN common_read")
+    with SiteDatabase.open(path) as site:
+        assert site.connection.execute("SELECT schema_version, common_read FROM fieldsync_site").fetchone() == (
+            SCHEMA_VERSION, 0)
+        assert site.connection.execute("SELECT follows_common FROM fieldsync_remote").fetchall() == [(0,)]
+        assert site.remote("r1").log_read == end
+    assert [row[1] for row in same_columns(path, fresh, "fieldsync_remote")][-1] == "follows_common"
+    assert [row[1] for row in same_columns(path, fresh, "fieldsync_site")][-1] == "common_read"
 
 
 def same_columns(path: Path, fresh: Path, table: str) -> list[tuple]:

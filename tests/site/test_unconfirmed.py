@@ -377,7 +377,7 @@ def test_a_database_of_the_previous_layout_is_upgraded_when_opened(tmp_path):
         assert all("INSERT OR FAIL INTO fieldsync_capture" not in sql for sql in triggers(r1))
         for site in (hq, r1):
             assert site.connection.execute("SELECT schema_version FROM fieldsync_site").fetchone()[0] \
-                == SCHEMA_VERSION == 15
+                == SCHEMA_VERSION == 16
             assert site.replaced_incarnations("r1") == frozenset()
         write(r1, "ALTER TABLE orders ADD COLUMN extra TEXT")
         ops = sent_back(hq, r1, ["UPDATE orders SET qty = 50 WHERE id = 3"],

@@ -62,6 +62,7 @@ from .connect import connect, translate
 from .foreign_keys import ACTIONS, PgForeignKey, foreign_keys, kept_keys
 from .indexes import indexes, kept_indexes
 from .log import begin_cut, cut_in, truncated_through
+from .read_positions import leaving
 from .schema import CHANGE_ROWS
 from .subscriptions import VALUE_COLUMNS, candidate_texts, stored_value
 from .typemap import KINDS, loader
@@ -238,9 +239,9 @@ class PgConsolidated:
             current = remote_rows.get_remote(conn, change.remote, for_update=True)
             change.check(current, truncated_through(conn))
             columns = change.columns
-            conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = %s").format(
-                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(name)) for name in columns)),
-                (*columns.values(), change.remote))
+            conn.execute(sql.SQL("UPDATE fieldsync.remote SET {}{} WHERE name = %s").format(
+                sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(name)) for name in columns),
+                leaving(columns)), (*columns.values(), change.remote))
             if current.peer_incarnation is not None:
                 conn.execute("INSERT INTO fieldsync.replaced_copy (remote, incarnation, replaced_at)"
                              " VALUES (%s, %s, now()) ON CONFLICT DO NOTHING",

@@ -21,12 +21,14 @@ from ..clock import in_utc
 from .changes import schema_version
 from .connect import connect, translate
 from .log import log_end
+from .read_positions import effective
 from .remotes import IN_ERROR_SQL
 from .uri import PgTarget, parse_uri
 
 # agent/site/sqlite/log.py's HORIZON_SQL in PostgreSQL's words (GREATEST for SQLite's scalar max);
 # tests/site/postgres/test_metrics_rows.py holds the two to the one horizon rule.
-HORIZON_SQL = "(CASE WHEN confirm_sent >= log_sent THEN GREATEST(log_read, log_sent) ELSE confirm_sent END)"
+HORIZON_SQL = (f"(CASE WHEN confirm_sent >= log_sent THEN GREATEST({effective('log_read')}, log_sent)"
+               " ELSE confirm_sent END)")
 
 _REMOTES = ("SELECT name, log_sent, confirm_sent, log_received, created_at, last_received_at, last_sent_at,"
             f" {HORIZON_SQL}, heard_at, {IN_ERROR_SQL}, peer_schema_version FROM fieldsync.remote")

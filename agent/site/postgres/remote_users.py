@@ -21,7 +21,9 @@ from ..clock import utc_now
 from ..due import DueQuery, PairsDue
 from ..identity import SiteIdentity
 from ..remote_rules import NewRemote, RemoteFilter, RemoteUser, plain_values
+from . import read_positions
 from . import remotes as remote_rows
+from .log import log_end
 
 
 class RemoteUsers:
@@ -116,6 +118,11 @@ class RemoteUsers:
         with self._transaction(f"updating {len(changes)} remotes") as conn:
             remote_rows.update_remotes(conn, changes)
             remote_rows.record_heard(conn, heard)
+
+    def move_reads(self, end: int, *, leave: Collection[str], join: Collection[str]) -> None:
+        """A send phase's moves of the read positions (agent.site.interface)."""
+        with self._transaction(f"moving the read positions to {end}") as conn:
+            read_positions.move_reads(conn, end, log_end(conn), leave, join)
 
     def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
         """:meth:`record_send` for several ``(name, log_sent, messages)``, in one transaction."""

@@ -36,10 +36,11 @@ from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, Remote
                             check_text, check_updatable, checked_update, horizon, is_pair_update, read_moves,
                             remote_exists)
 from .log import log_end
+from .read_positions import effective, leaving, selected
 from .settings import forget_scope
 from .subscriptions import insert_subscriptions
 
-_SELECT = sql.SQL("SELECT {} FROM fieldsync.remote").format(sql.SQL(", ").join(map(sql.Identifier, COLUMNS)))
+_SELECT = sql.SQL("SELECT {} FROM fieldsync.remote").format(sql.SQL(", ").join(map(selected, COLUMNS)))
 _BY_NAME = sql.SQL(' ORDER BY name COLLATE "C"')
 #: The peer is in error now: a transport error or a stopped stream in force,
 #: or apply errors not yet acknowledged (the partial index apply_error_open).
@@ -90,8 +91,9 @@ _CONTROLS_DUE_SQL = (
     " OR (confirm_sent < log_sent AND GREATEST(control_sent_at, data_sent_at) <= %(now)s"
     f" - LEAST(LEAST(COALESCE(NULLIF(confirm_timeout, 0), %(timeout)s), {_BEAT})"
     f" * (1 << LEAST(probes, %(doublings)s)::integer), {_BEAT} * %(share)s) * %(margin)s)")
-_READS_DUE_SQL = ("SELECT name, log_send, log_sent, log_read FROM fieldsync.remote"
-                  " WHERE GREATEST(log_send, %(end)s) > GREATEST(log_read, log_sent)")
+_READS_DUE_SQL = (f"SELECT name, {effective('log_send')}, log_sent, {effective('log_read')}, follows_common"
+                  f" FROM fieldsync.remote WHERE GREATEST({effective('log_send')}, %(end)s) >"
+                  f" GREATEST({effective('log_read')}, log_sent)")
 
 
 def pairs_due(conn: psycopg.Connection, query: DueQuery) -> PairsDue:
@@ -201,7 +203,8 @@ def update_remote(conn: psycopg.Connection, name: str, changes: dict[str, Any]) 
     stored = checked_update(current, changes, lambda: log_end(conn))
     if not stored:
         return current
-    conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = %s").format(_assignments(stored)),
+    conn.execute(sql.SQL("UPDATE fieldsync.remote SET {}{} WHERE name = %s").format(_assignments(stored),
+                                                                                     leaving(stored)),
                  (*stored.values(), name))
     return get_remote(conn, name)
 
@@ -220,15 +223,15 @@ def update_remotes(conn: psycopg.Connection, changes: dict[str, dict[str, Any]])
 
     def write(move: tuple[tuple[str, int], ...], names: list[str]) -> int:
         assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(column)) for column, _ in move)
-        return conn.execute(sql.SQL("UPDATE fieldsync.remote SET {} WHERE name = ANY(%s)").format(assignments),
-                            (*(value for _, value in move), names)).rowcount
+        return conn.execute(sql.SQL("UPDATE fieldsync.remote SET {}{} WHERE name = ANY(%s)").format(
+            assignments, leaving([column for column, _ in move])), (*(value for _, value in move), names)).rowcount
 
     changes = read_moves(changes, end, write)
     if not changes:
         return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(
         sql.SQL("SELECT name, {} FROM fieldsync.remote WHERE name = ANY(%s) FOR UPDATE").format(
-            sql.SQL(", ").join(map(sql.Identifier, PAIR_CHECKED))), (list(changes),))}
+            sql.SQL(", ").join(map(selected, PAIR_CHECKED))), (list(changes),))}
     plain: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for name, columns in changes.items():
         row = current.get(name)
@@ -239,10 +242,10 @@ def update_remotes(conn: psycopg.Connection, changes: dict[str, dict[str, Any]])
         key = tuple(sorted(columns))
         plain.setdefault(key, []).append({"name": name, **{column: _json_value(columns[column]) for column in key}})
     for key, rows in plain.items():
-        conn.execute(sql.SQL("UPDATE fieldsync.remote AS r SET {} FROM pg_catalog.jsonb_populate_recordset("
+        conn.execute(sql.SQL("UPDATE fieldsync.remote AS r SET {}{} FROM pg_catalog.jsonb_populate_recordset("
                              "NULL::fieldsync.remote, %s) AS v WHERE r.name = v.name").format(
-            sql.SQL(", ").join(sql.SQL("{0} = v.{0}").format(sql.Identifier(column)) for column in key)),
-            (Jsonb(rows),))
+            sql.SQL(", ").join(sql.SQL("{0} = v.{0}").format(sql.Identifier(column)) for column in key),
+            leaving(key, "r")), (Jsonb(rows),))
 
 
 def _json_value(value: Any) -> Any:
@@ -322,7 +325,7 @@ def lowest_horizon(conn: psycopg.Connection) -> int | None:
     """The smallest horizon of every remote (None: there is none): the log
     after it is what some peer may still need."""
     horizons = [horizon(*row) for row in conn.execute(
-        "SELECT log_read, log_sent, confirm_sent FROM fieldsync.remote")]
+        f"SELECT {effective('log_read')}, log_sent, confirm_sent FROM fieldsync.remote")]
     return min(horizons, default=None)
 
 

@@ -84,7 +84,10 @@ CHANGE_ROWS = "coalesce(steps -> 0 ->> 0, '') <> 'passthrough'"
 #    ``subscription.publication`` no longer references ``publication``,
 #    and ``subscription_change`` is keyed by transaction and subscription
 #    (docs/site-database.md, "Removing an article").
-SCHEMA_VERSION = 11
+# 12: ``site.common_read`` and ``remote.follows_common``: the read position
+#    a send phase moves once for every pair its range holds nothing for
+#    (read_positions.py; docs/protocol.md, "The common read position").
+SCHEMA_VERSION = 12
 
 _TABLES = """
 CREATE SCHEMA fieldsync;
@@ -422,6 +425,13 @@ ALTER TABLE fieldsync.subscription_change DROP CONSTRAINT IF EXISTS subscription
 ALTER TABLE fieldsync.subscription_change ADD PRIMARY KEY (txid, ends);
 """
 
+# Layout 12: the common read position, which no pair follows yet (each row
+# keeps its own positions until a send phase moves it).
+_COMMON_READ = """
+ALTER TABLE fieldsync.site ADD COLUMN IF NOT EXISTS common_read bigint NOT NULL DEFAULT 0;
+ALTER TABLE fieldsync.remote ADD COLUMN IF NOT EXISTS follows_common boolean NOT NULL DEFAULT false;
+"""
+
 
 def _upgrade_to_3(conn: psycopg.Connection) -> None:
     conn.execute(_APPLY)
@@ -435,7 +445,7 @@ _UPGRADES: dict[int, str | Callable[[psycopg.Connection], None]] = {
        " CHECK (peer_schema_version IS NULL OR peer_schema_version >= 0);",
     4: "ALTER TABLE fieldsync.returned DROP CONSTRAINT IF EXISTS returned_txid_seq_fkey", 5: _FOLLOWS,
     6: _ARTICLE_BY_PUBLICATION, 7: _APPLIED, 8: _SCHEMA_CHANGES, 9: _SUBSCRIPTION_CHANGES,
-    10: _REMOVED_ARTICLES}
+    10: _REMOVED_ARTICLES, 11: _COMMON_READ}
 
 
 def schema_installed(conn: psycopg.Connection) -> bool:
@@ -458,6 +468,7 @@ def install_schema(conn: psycopg.Connection, target: PgTarget) -> None:
             conn.execute(_SCHEMA_CHANGES)
             conn.execute(_SUBSCRIPTION_CHANGES)
             conn.execute(_REMOVED_ARTICLES)
+            conn.execute(_COMMON_READ)
             conn.execute("INSERT INTO fieldsync.site (id, schema_version) VALUES (1, %s)", (SCHEMA_VERSION,))
             # The first cut's snapshot: no transaction visible in it can have
             # written a capture row, since the capture table did not exist.

@@ -50,6 +50,7 @@ from .changes import apply_schema_locked, passthrough_locked, schema_version, se
 from .extract import Consolidated, extract_remote
 from .log import SqliteLog, applied_of, cut_locked, iter_capture_returned, log_end, truncate_locked, truncated_through
 from .publications import add_article_locked, create_publication_locked, list_publications, list_subscriptions, missing_tables
+from .read_positions import move_reads_locked
 from .remotes import (acknowledge_apply_errors_locked, add_remote_locked, add_remotes_locked, all_replaced_incarnations,
                       count_rows, get_remote, iter_remote_values_locked, iter_remotes_locked, list_remote_names,
                       list_remotes, open_apply_errors, pairs_due,
@@ -460,6 +461,10 @@ class SiteDatabase:
         with self._lock, self._write(f"updating {len(changes)} remotes"):
             update_remotes_locked(self._conn, changes)
             record_heard_locked(self._conn, heard)
+
+    def move_reads(self, end: int, *, leave: Collection[str], join: Collection[str]) -> None:
+        with self._lock, self._write(f"moving the read positions to {end}"):
+            move_reads_locked(self._conn, end, log_end(self._conn), leave, join)
 
     def record_sends(self, sends: Sequence[tuple[str, int, int]], *, now: datetime | None = None) -> None:
         if not sends:

@@ -53,6 +53,7 @@ from ..publication_rules import Article
 from ..remote_rules import RemoteUser
 from ..settings import SITE_SCOPE
 from ._db import format_time, quote_ident, read_transaction, translate, write_transaction
+from .read_positions import leaving
 from .capture import TableInfo, refresh_changed_tables, table_info
 from .foreign_keys import ForeignKey, foreign_keys, remote_definition
 from .log import cut_locked, truncated_through
@@ -113,8 +114,8 @@ class Consolidated:
             current = get_remote(conn, change.remote)
             change.check(current, truncated_through(conn))
             columns = change.columns
-            conn.execute(f"UPDATE fieldsync_remote SET {', '.join(f'{name} = ?' for name in columns)} WHERE name = ?",
-                         (*columns.values(), change.remote))
+            conn.execute(f"UPDATE fieldsync_remote SET {', '.join(f'{name} = ?' for name in columns)}"
+                         f"{leaving(columns)} WHERE name = ?", (*columns.values(), change.remote))
             record_replaced_locked(conn, change.remote, current.peer_incarnation)
             name_copy()
 

@@ -28,6 +28,7 @@ from typing import ContextManager, Generator, Iterator
 
 from ..capture import KIND_DELETE, KIND_INSERT
 from ..errors import LogOffsetError, LogTruncated
+from .read_positions import EFFECTIVE
 
 READ_CHUNK = 1000
 log = logging.getLogger("fieldsync.site")
@@ -282,7 +283,8 @@ class SqliteLog:
 
 #: The horizon of a remote-user row (agent.site.remote_rules.horizon, rule 8
 #: of docs/protocol.md) over fieldsync_remote's columns (a test holds them equal).
-HORIZON_SQL = "(CASE WHEN confirm_sent >= log_sent THEN max(log_read, log_sent) ELSE confirm_sent END)"
+HORIZON_SQL = (f"(CASE WHEN confirm_sent >= log_sent THEN max({EFFECTIVE['log_read']}, log_sent)"
+               " ELSE confirm_sent END)")
 
 
 def truncate_locked(conn: sqlite3.Connection) -> int:

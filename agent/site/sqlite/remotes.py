@@ -29,8 +29,9 @@ from ..remote_rules import (BULK_CHUNK, COLUMNS, NewRemote, PAIR_CHECKED, Remote
                             one_consolidated, read_moves, remote_exists)
 from ._db import format_time, parse_time
 from .log import HORIZON_SQL, log_end
+from .read_positions import EFFECTIVE, leaving, selected
 
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM fieldsync_remote"
+_SELECT = f"SELECT {', '.join(map(selected, COLUMNS))} FROM fieldsync_remote"
 # The row's plain values (remote_rules.plain_values) as SQLite has them:
 # times are stored as ISO 8601 text in UTC and send_at as time.isoformat
 # writes it, confirm_owed as 0 or 1; an incarnation id (16 bytes, the
@@ -39,8 +40,8 @@ _UUID_SQL = ("lower(substr(hex(peer_incarnation), 1, 8) || '-' || substr(hex(pee
              " substr(hex(peer_incarnation), 13, 4) || '-' || substr(hex(peer_incarnation), 17, 4) || '-' ||"
              " substr(hex(peer_incarnation), 21))")
 _PLAIN_SELECT = "SELECT " + ", ".join(
-    f"CASE WHEN peer_incarnation IS NULL THEN NULL ELSE {_UUID_SQL} END" if column == "peer_incarnation" else column
-    for column in COLUMNS) + " FROM fieldsync_remote"
+    f"CASE WHEN peer_incarnation IS NULL THEN NULL ELSE {_UUID_SQL} END" if column == "peer_incarnation"
+    else selected(column) for column in COLUMNS) + " FROM fieldsync_remote"
 
 
 _SEND_AT, _CONFIRM_OWED_AT = COLUMNS.index("send_at"), COLUMNS.index("confirm_owed")
@@ -93,8 +94,9 @@ _CONTROLS_DUE_SQL = (
     " OR (confirm_sent < log_sent AND max(control_sent_at, COALESCE(data_sent_at, control_sent_at)) <= :now"
     f" - min(min(COALESCE(NULLIF(confirm_timeout, 0), :timeout), {_BEAT}) * (1 << min(probes, :doublings)),"
     f" {_BEAT} * :share) * :margin)")
-_READS_DUE_SQL = ("SELECT name, log_send, log_sent, log_read FROM fieldsync_remote"
-                  " WHERE max(log_send, :end) > max(log_read, log_sent)")
+_READS_DUE_SQL = (f"SELECT name, {EFFECTIVE['log_send']}, log_sent, {EFFECTIVE['log_read']}, follows_common"
+                  f" FROM fieldsync_remote WHERE max({EFFECTIVE['log_send']}, :end) > max({EFFECTIVE['log_read']},"
+                  " log_sent)")
 
 
 def pairs_due(conn: sqlite3.Connection, query: DueQuery) -> PairsDue:
@@ -217,7 +219,7 @@ def update_remote_locked(conn: sqlite3.Connection, name: str, changes: dict[str,
     stored = _stored(checked_update(current, changes, lambda: log_end(conn)))
     if not stored:
         return current
-    assignments = ", ".join(f"{column} = ?" for column in stored)
+    assignments = ", ".join(f"{column} = ?" for column in stored) + leaving(stored)
     conn.execute(f"UPDATE fieldsync_remote SET {assignments} WHERE name = ?", (*stored.values(), name))
     return get_remote(conn, name)
 
@@ -233,7 +235,7 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
     end = log_end(conn)
 
     def write(move: tuple[tuple[str, int], ...], names: list[str]) -> int:
-        assignments = ", ".join(f"{column} = ?" for column, _ in move)
+        assignments = ", ".join(f"{column} = ?" for column, _ in move) + leaving([column for column, _ in move])
         return conn.execute(f"UPDATE fieldsync_remote SET {assignments} WHERE name IN (SELECT value FROM json_each(?))",
                             (*(value for _, value in move), json.dumps(names))).rowcount
 
@@ -241,7 +243,8 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
     if not changes:
         return
     current = {name: dict(zip(PAIR_CHECKED, values)) for name, *values in conn.execute(
-        f"SELECT name, {', '.join(PAIR_CHECKED)} FROM fieldsync_remote WHERE name IN (SELECT value FROM json_each(?))",
+        f"SELECT name, {', '.join(map(selected, PAIR_CHECKED))} FROM fieldsync_remote"
+        " WHERE name IN (SELECT value FROM json_each(?))",
         (json.dumps(list(changes)),))}
     plain: dict[tuple[str, ...], list[tuple]] = {}
     for name, columns in changes.items():
@@ -253,7 +256,7 @@ def update_remotes_locked(conn: sqlite3.Connection, changes: dict[str, dict[str,
         key = tuple(sorted(columns))
         plain.setdefault(key, []).append((*(columns[column] for column in key), name))
     for key, rows in plain.items():
-        assignments = ", ".join(f"{column} = ?" for column in key)
+        assignments = ", ".join(f"{column} = ?" for column in key) + leaving(key)
         conn.executemany(f"UPDATE fieldsync_remote SET {assignments} WHERE name = ?", rows)
 
 

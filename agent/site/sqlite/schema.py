@@ -62,7 +62,10 @@ log = logging.getLogger("fieldsync.site")
 # 15: fieldsync_removed_article, the articles removed where extracted remotes
 #    held them, read for the log transactions before their removal
 #    (docs/site-database.md, "Removing an article").
-SCHEMA_VERSION = 15
+# 16: fieldsync_site.common_read and fieldsync_remote.follows_common: the
+#    read position a send phase moves once for every pair its range holds
+#    nothing for (read_positions.py; docs/protocol.md, "The common read position").
+SCHEMA_VERSION = 16
 INITIAL_VALUE_COLUMNS = 16
 
 
@@ -179,6 +182,7 @@ CREATE TABLE fieldsync_remote (
     stream_stopped   TEXT,
     stream_stopped_at TEXT,
     peer_schema_version INTEGER,
+    follows_common   INTEGER NOT NULL DEFAULT 0 CHECK (follows_common IN (0, 1)),
     CHECK (0 <= confirm_sent AND confirm_sent <= log_sent),
     CHECK (send_every IS NULL OR send_at IS NULL)
 );
@@ -304,6 +308,7 @@ def init_database(path: str | os.PathLike[str], *, name: str, role: Role | str, 
             for statement in _create_statements():
                 conn.execute(statement)
             _add_transport_settings(conn)
+            _add_common_read(conn)
             conn.execute(
                 "INSERT INTO fieldsync_site (id, schema_version, name, role, incarnation, address, transport,"
                 " public_key, created_at) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -497,11 +502,22 @@ def _add_removed_articles(conn: sqlite3.Connection) -> None:
     conn.execute(REMOVED_ARTICLE_TABLE)
 
 
+def _add_common_read(conn: sqlite3.Connection) -> None:
+    """Layout 16: the common read position, where no pair follows it yet
+    (every row keeps its own positions until a send phase moves it)."""
+    if "common_read" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_site)")}:
+        conn.execute("ALTER TABLE fieldsync_site ADD COLUMN common_read INTEGER NOT NULL DEFAULT 0")
+    if "follows_common" not in {row[1] for row in conn.execute("PRAGMA table_info(fieldsync_remote)")}:
+        conn.execute("ALTER TABLE fieldsync_remote ADD COLUMN follows_common INTEGER NOT NULL DEFAULT 0"
+                     " CHECK (follows_common IN (0, 1))")
+
+
 # What turns layout N into layout N + 1.
 _UPGRADES = {1: _upgrade_capture, 2: _add_replaced_copy, 3: _drop_secret, 4: _add_quiet_columns,
              5: _add_transport_settings, 6: _add_heard_at, 7: _add_layout_8, 8: _add_subscription_span,
              9: _add_follows, 10: _add_schema_changes, 11: _add_peer_schema_version,
-             12: _key_articles_by_publication, 13: _add_log_applied, 14: _add_removed_articles}
+             12: _key_articles_by_publication, 13: _add_log_applied, 14: _add_removed_articles,
+             15: _add_common_read}
 
 
 def _upgrade(conn: sqlite3.Connection, path: str | os.PathLike[str], store_secret: SecretStore | None) -> None:

@@ -17,11 +17,15 @@ MOMENT = datetime(2026, 5, 1, 8, 30, tzinfo=timezone.utc)
 
 
 def test_the_horizon_sql_is_the_one_horizon_rule(site) -> None:
-    combos = [(read, sent, confirmed) for read, sent, confirmed in product(range(4), repeat=3) if confirmed <= sent]
-    values = ", ".join(f"({read}, {sent}, {confirmed})" for read, sent, confirmed in combos)
-    found = site.execute(f"SELECT {HORIZON_SQL} FROM (VALUES {values}) AS t(log_read, log_sent, confirm_sent)"
-                         ).fetchall()
-    assert [row[0] for row in found] == [horizon(*combo) for combo in combos]
+    # A row that follows the common read position (here 2) reads its log_read as at least there.
+    site.execute("UPDATE fieldsync.site SET common_read = 2")
+    combos = [(read, sent, confirmed, follows) for read, sent, confirmed in product(range(4), repeat=3)
+              for follows in (False, True) if confirmed <= sent]
+    values = ", ".join(f"({read}, {sent}, {confirmed}, {follows})" for read, sent, confirmed, follows in combos)
+    found = site.execute(f"SELECT {HORIZON_SQL} FROM (VALUES {values})"
+                         " AS t(log_read, log_sent, confirm_sent, follows_common)").fetchall()
+    assert [row[0] for row in found] == [horizon(max(read, 2) if follows else read, sent, confirmed)
+                                         for read, sent, confirmed, follows in combos]
 
 
 def test_read_site_gives_the_rows_a_sqlite_site_gives(hq, app) -> None:

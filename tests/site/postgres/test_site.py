@@ -43,7 +43,7 @@ def test_init_makes_a_consolidated_site_and_open_reads_it_back(target, tmp_path)
         assert site.home == home and home.is_dir()
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         layout = site.connection.execute("SELECT schema_version FROM fieldsync.site").fetchone()[0]
-        assert layout == SCHEMA_VERSION == 11
+        assert layout == SCHEMA_VERSION == 12
     with PostgresSite.open(target.uri) as again:
         assert again.identity == identity and again.home == home
 
@@ -389,6 +389,20 @@ def test_open_upgrades_layout_10_with_the_removed_articles(hq, target):
             " AND contype IN ('f', 'p') ORDER BY conname").fetchall()
         assert keys == [("subscription_change_pkey", "PRIMARY KEY (txid, ends)"),
                         ("subscription_pkey", "PRIMARY KEY (id)")]
+
+
+def test_open_upgrades_layout_11_with_the_common_read_position(hq, target):
+    """Layout 12: the common read position (0), which no remote follows yet:
+    each keeps its own positions."""
+    hq.add_remote("r1")
+    hq.update_remote("r1", log_read=0)
+    _back_to_layout(hq, target, 11, "ALTER TABLE fieldsync.remote DROP COLUMN follows_common",
+                    "ALTER TABLE fieldsync.site DROP COLUMN common_read")
+    with PostgresSite.open(target) as site:
+        assert _layout(site) == SCHEMA_VERSION
+        assert site.connection.execute("SELECT common_read FROM fieldsync.site").fetchone()[0] == 0
+        assert site.connection.execute("SELECT follows_common FROM fieldsync.remote").fetchall() == [(False,)]
+        assert site.remote("r1").log_read == 0
 
 
 # The methods are held to the Site interface's, with SiteDatabase's, by tests/site/test_interface.py.
