@@ -551,11 +551,12 @@ class LogWriter:
                 pass
         return total
 
-    def close(self, *, clean: bool = True) -> None:
+    def close(self) -> None:
         """Close the files.  Records not synced yet are dropped, as in a
-        crash: callers sync first.  A clean close gives the last segment
-        back its unused zeros; an unclean one (a simulated crash) leaves
-        the files exactly as they are."""
+        crash: callers sync first.  The spare zeros after the end of the log
+        stay: the next writer appends into them, with no change of the
+        file's size, where a batch run's few records had paid writing them
+        again (1 MiB) and cutting them off at every run."""
         with self._cond:
             self._chunks = [(self._assign_base, bytearray())]
             fds = list(self._read_fds.values())
@@ -564,13 +565,7 @@ class LogWriter:
         for fd in fds:
             os.close(fd)
         if write_fd >= 0:
-            try:
-                if clean and self._failed is None and not self._flushing:
-                    os.ftruncate(write_fd, self._write_offset)
-                    if self.fsync:
-                        os.fsync(write_fd)
-            finally:
-                os.close(write_fd)
+            os.close(write_fd)
 
 
 def _datasync(fd: int) -> None:

@@ -142,7 +142,7 @@ def reopen(path: Path, *, cpl_pairs: int, segment_bytes: int, fsync: bool,
         cpl = restart.cleanup(restart.cpl(span.start))
         forget_empty(restart.queues, restart.in_doubt)  # as the running spool does at a checkpoint
     except BaseException:
-        log.close(clean=False)  # the unwritten buffer dies, as with a crash
+        log.close()  # the unwritten buffer dies, as with a crash
         raise
     last_cpl = restart.last_cpl
     stats = RestartStats(

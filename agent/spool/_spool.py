@@ -588,7 +588,7 @@ class SpoolQueues(MessageQueues):
         self._closed = True
         log = getattr(self, "_log", None)
         if log is not None:
-            log.close(clean=False)  # the unwritten buffer dies with the process
+            log.close()  # the unwritten buffer dies with the process
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

@@ -155,6 +155,38 @@ def test_zeros_after_the_end_are_spare_space(tmp_path):
     spool.close()
 
 
+def test_a_close_keeps_the_spare_zeros_and_the_next_writer_appends_into_them(tmp_path, monkeypatch):
+    """A batch run opens the spool, puts a message and closes it: the zeros
+    written ahead stay at the close, so the next run's append overwrites
+    them with no zeros written again and no change of the file's size."""
+    import agent.spool._log as spool_log
+
+    path = tmp_path / "spool"
+    spool = SpoolQueues(path)
+    spool.put_inbound("hq", "a.fsm", b"a" * 100)
+    end = spool._log.next_rba
+    spool.close()
+    segment = segment_holding(path, end).path
+    size = segment.stat().st_size
+    assert size > end  # the spare zeros stayed
+    written: list[int] = []
+    real = os.pwrite
+
+    def counted(fd: int, data: bytes, offset: int) -> int:
+        written.append(len(data))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(spool_log.os, "pwrite", counted)
+    spool = SpoolQueues(path)
+    spool.put_inbound("hq", "b.fsm", b"b" * 100)
+    spool.close()
+    assert segment.stat().st_size == size and 0 < sum(written) < 4096, written
+    assert check_spool(path).ok and check_spool(path).torn_tail is None
+    spool = SpoolQueues(path)
+    assert spool.inbound("hq") == ["a.fsm", "b.fsm"] and spool.last_restart.torn_bytes == 0
+    spool.close()
+
+
 def test_a_corrupt_record_followed_by_a_later_write_is_not_a_torn_tail(tmp_path):
     path = tmp_path / "spool"
     spool = SpoolQueues(path)
