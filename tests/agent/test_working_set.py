@@ -220,3 +220,81 @@ async def test_the_pairs_a_range_holds_nothing_for_follow_the_common_read_positi
     await world.settle()
     world.check_converged()
     assert len(world.rows("f2", "customer", "WHERE id >= 9500")) == 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_pairs_joining_and_leaving_the_common_read_position_under_lost_files_and_crashes_converge(
+        world, monkeypatch, seed):
+    """Batch runs, each a new agent, with changes for one remote or two at
+    a time: the others join the common read position and move with it,
+    while the files of a remote are lost now and then (its gap is waited
+    out and a resend sets the stream back) and hq's runs crash at random
+    points; every site still ends with every row, each once."""
+    from agent import crashpoints
+    from agent.site.sqlite.database import SiteDatabase
+
+    moves = {"joined": 0, "left": 0}
+    move_reads = SiteDatabase.move_reads
+
+    def counted(self, end, *, leave, join):  # type: ignore[no-untyped-def]
+        moves["joined"] += len(join)
+        moves["left"] += len(leave)
+        move_reads(self, end, leave=leave, join=join)
+
+    monkeypatch.setattr(SiteDatabase, "move_reads", counted)
+    rng = random.Random(f"common-read:{seed}")
+    remotes = ("f1", "f2", "f3")
+    await quiet(world)
+    for step in range(24):
+        targets = tuple(rng.sample(remotes, rng.choice((1, 1, 1, 2))))
+        world.write("hq", *random_rows(rng, rng.randint(1, 3), targets, start=20_000 + 10 * step))
+        if rng.random() < 0.2:
+            crashpoints.arm(rng.choice(crashpoints.POINTS), rng.randint(0, 3))
+        try:
+            await run(world)
+        except crashpoints.Crash:
+            pass
+        finally:
+            crashpoints.disarm()
+        for remote in remotes:
+            if rng.random() < 0.15:
+                for path in world.inbox_files(remote):
+                    path.unlink()  # lost
+            if rng.random() < 0.5:
+                world.clock += rng.choice((60.0, HOUR))
+                await world.run(remote)
+    await world.settle(rounds=20)
+    world.check_converged()
+    assert moves["joined"] > 0 and moves["left"] > 0, moves
+    for remote in remotes:
+        assert len(world.rows(remote, "customer", "WHERE id >= 20000")) == len(
+            world.rows("hq", "customer", "WHERE id >= 20000 AND region = ?", (remote,))), remote
+
+
+async def test_a_follower_a_range_concerns_keeps_its_range_when_the_run_dies_before_it_sends(world, monkeypatch):
+    """f2 follows the common read position when a change for it comes; the
+    run moves the position past the change and dies while packing, before
+    f2's send moved anything of its own: f2 left the position before it
+    moved, so the next run still reads the change for it."""
+    from agent import crashpoints, preparing
+
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(31), 2, ("f1",), start=30_000))
+    await run(world)  # f2 and f3 join the common read position
+    await quiet(world)
+    world.write("hq", *random_rows(random.Random(32), 3, ("f2",), start=31_000))
+    pack = preparing.pack_due_sends
+
+    def dies(*args, **options):  # type: ignore[no-untyped-def]
+        raise crashpoints.Crash("packing")
+
+    monkeypatch.setattr(preparing, "pack_due_sends", dies)
+    with pytest.raises(crashpoints.Crash):
+        await run(world)
+    monkeypatch.setattr(preparing, "pack_due_sends", pack)
+    with world.connect("hq") as conn:
+        assert conn.execute("SELECT follows_common FROM fieldsync_remote WHERE name = 'f2'").fetchone() == (0,)
+        assert conn.execute("SELECT common_read FROM fieldsync_site").fetchone() == (log_end(world),)
+    await world.settle()
+    world.check_converged()
+    assert len(world.rows("f2", "customer", "WHERE id >= 31000")) == 3
