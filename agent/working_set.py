@@ -50,17 +50,16 @@ def load_at_start(store: PairStore, peers: dict[str, Peer], settings: Settings, 
 
 
 def load_for_sends(store: PairStore, peers: dict[str, Peer], settings: Settings, options: RunOptions, *,
-                   now: float, everyone: bool = False) -> int:
+                   now: float, everyone: bool = False) -> None:
     """Before a send phase: build the pairs that may owe a control message or
     whose new range may hold something for them; move the read positions of
     those it holds nothing for (the pairs that follow the common read
     position and are built leave it first: their sends move their own).
-    Returns how many read positions moved.  ``everyone``: build every pair
-    (each is sent a confirmation)."""
+    ``everyone``: build every pair (each is sent a confirmation)."""
     db = store.db
     if everyone:
         store.load_named(peers, [remote.name for remote in db.remotes()], settings)
-        return 0
+        return
     log_end, log_start = db.scan(), db.log_start()
     due = db.pairs_due(DueQuery(now=now, log_end=log_end, heartbeat=options.heartbeat,
                                 confirm_timeout=options.probe_after, heartbeat_share=1 - HEARTBEAT_SPREAD,
@@ -72,14 +71,13 @@ def load_for_sends(store: PairStore, peers: dict[str, Peer], settings: Settings,
     concerned = {asked[index][0] for index in db.concerned_reads(asked)} if asked else set()
     store.load_named(peers, sorted(due.controls | concerned), settings)
     if not due.reads:
-        return 0
+        return
     # Every pair due reads up to the log end (read_range), and so does the
     # common position: the pairs not built move there, the built followers
     # keep where they are (their sends move them).
     leave = [name for read in due.reads if read.follows for name in read.names if name in peers]
     join = [name for read in due.reads if not read.follows for name in read.names if name not in peers]
     db.move_reads(log_end, leave=leave, join=join)
-    return sum(1 for read in due.reads if read.follows for name in read.names if name not in peers) + len(join)
 
 
 def read_range(read: ReadDue, log_end: int, log_start: int) -> tuple[int, int]:

@@ -370,6 +370,9 @@ def check_pair_update(name: str, row: Mapping[str, int], columns: Mapping[str, A
 # The columns a send phase moves for every peer when the log end moves:
 # what is due (log_send) and how far the log was read (log_read).
 READ_COLUMNS = ("log_send", "log_read")
+# The columns whose write makes a row leave the common read position
+# (agent/site/*/read_positions.py; docs/protocol.md, "The common read position").
+POSITION_COLUMNS = frozenset({*READ_COLUMNS, "log_sent"})
 
 
 _UNSEEN = object()

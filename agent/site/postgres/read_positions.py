@@ -19,11 +19,9 @@ import psycopg
 from psycopg import sql
 
 from ..errors import InvariantViolation
+from ..remote_rules import POSITION_COLUMNS, READ_COLUMNS
 
 COMMON_SQL = "(SELECT common_read FROM fieldsync.site WHERE id = 1)"
-_READ_COLUMNS = ("log_send", "log_read")
-#: The columns whose write makes a row leave the common position.
-POSITION_COLUMNS = frozenset({"log_send", "log_read", "log_sent"})
 
 
 def effective(column: str, table: str = "") -> str:
@@ -35,7 +33,7 @@ def effective(column: str, table: str = "") -> str:
 
 def selected(column: str) -> sql.Composable:
     """``column`` of fieldsync.remote as a SELECT list names it."""
-    if column in _READ_COLUMNS:
+    if column in READ_COLUMNS:
         return sql.SQL(effective(column) + " AS ") + sql.Identifier(column)
     return sql.Identifier(column)
 
@@ -47,7 +45,7 @@ def leaving(columns: Collection[str], table: str = "") -> sql.Composable:
     none.  ``table``: the alias of the row written."""
     if not POSITION_COLUMNS & set(columns):
         return sql.SQL("")
-    kept = [f"{column} = {effective(column, table)}" for column in _READ_COLUMNS if column not in columns]
+    kept = [f"{column} = {effective(column, table)}" for column in READ_COLUMNS if column not in columns]
     return sql.SQL(", " + ", ".join([*kept, "follows_common = false"]))
 
 

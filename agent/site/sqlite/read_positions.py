@@ -28,13 +28,12 @@ import sqlite3
 from typing import Collection
 
 from ..errors import InvariantViolation
+from ..remote_rules import POSITION_COLUMNS, READ_COLUMNS
 
 COMMON_SQL = "(SELECT common_read FROM fieldsync_site WHERE id = 1)"
 #: ``log_send`` and ``log_read`` of a remote-user row as the agent reads them.
 EFFECTIVE = {column: f"(CASE WHEN follows_common THEN max({column}, {COMMON_SQL}) ELSE {column} END)"
-             for column in ("log_send", "log_read")}
-#: The columns whose write makes a row leave the common position.
-POSITION_COLUMNS = frozenset({"log_send", "log_read", "log_sent"})
+             for column in READ_COLUMNS}
 
 
 def selected(column: str) -> str:
